@@ -1,0 +1,1 @@
+"""Framework-free half of amp-compare: config, data, records, runner, report, CLI."""

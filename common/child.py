@@ -1,0 +1,178 @@
+"""The framework child's side of the protocol, shared by torch_impl and tf_impl.
+
+`python -m torch_impl --config cfg.json --out cells/<cell-id> --run-id <id>` (and the same
+for tf_impl) lands in `child_main`, which reads the config, loads the dataset arrays, calls
+the framework's `train()`, turns what it measured into the three record tables and writes
+them atomically. Progress goes to stdout as lines prefixed with PROGRESS_PREFIX, for the
+parent's progress bar. This module never imports a framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from common import env, records
+from common.config import ConfigError, RunConfig
+from common.data import Dataset, load_dataset
+
+PROGRESS_PREFIX = "@@amp-compare "
+
+
+class Progress:
+    """Writes progress events for the parent; cheap enough to call every step."""
+
+    def __init__(self, stream=None, min_interval_s: float = 0.2):
+        self.stream = stream or sys.stdout
+        self.min_interval_s = min_interval_s
+        self._last = 0.0
+
+    def emit(self, **event) -> None:
+        self.stream.write(PROGRESS_PREFIX + json.dumps(event) + "\n")
+        self.stream.flush()
+
+    def step(self, epoch: int, epochs: int, step: int, steps: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.min_interval_s or step + 1 == steps:
+            self._last = now
+            self.emit(kind="step", epoch=epoch, epochs=epochs, step=step + 1, steps=steps)
+
+
+class CpuPeakMemory:
+    """Peak resident memory of this process during training, above its resident memory just before.
+
+    Linux keeps the peak (VmHWM); writing 5 to /proc/self/clear_refs resets it to the current
+    resident size, so the peak seen afterwards belongs to training alone.
+    """
+
+    kind = "cpu_peak_rss_above_baseline"
+
+    def __init__(self) -> None:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            self.kind = "cpu_peak_rss_above_baseline_unreset"  # peak may predate training
+        self.baseline = self._status_bytes("VmRSS")
+
+    @staticmethod
+    def _status_bytes(key: str) -> int:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def peak_bytes(self) -> int:
+        return max(0, self._status_bytes("VmHWM") - self.baseline)
+
+
+@dataclass
+class TrainResult:
+    """What a framework's train() measured. Lists are per step / per epoch, in order."""
+
+    step_epoch: list[int] = field(default_factory=list)
+    step_loss: list[float] = field(default_factory=list)
+    step_loss_scale: list[float] = field(default_factory=list)  # 1.0 where no loss scaling
+    step_skipped: list[bool] = field(default_factory=list)  # non-finite gradients, update skipped
+    step_time_s: list[float] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)  # keys: REQUIRED["epochs"]
+    peak_memory_bytes: int = 0
+    memory_kind: str = ""
+    info: dict = field(default_factory=dict)  # framework versions, device name, AMP details
+
+
+def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: int) -> dict[str, float]:
+    """One timing protocol for both frameworks: warm-up steps dropped, distribution kept."""
+    times = np.asarray(step_times[warmup_steps:] or step_times, dtype=float)
+    if times.size == 0:
+        return {"median_step_s": float("nan"), "p90_step_s": float("nan"), "p99_step_s": float("nan"),
+                "throughput_img_s": float("nan"), "steps_timed": 0}
+    median = float(np.median(times))
+    return {
+        "median_step_s": median,
+        "p90_step_s": float(np.percentile(times, 90)),
+        "p99_step_s": float(np.percentile(times, 99)),
+        "throughput_img_s": batch_size / median if median > 0 else float("nan"),
+        "steps_timed": int(times.size),
+    }
+
+
+def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Dataset,
+                 wall_s: float) -> dict[str, pd.DataFrame]:
+    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
+                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+    n = len(result.step_loss)
+    steps = pd.DataFrame({
+        **{k: [v] * n for k, v in identity.items()},
+        "epoch": result.step_epoch,
+        "step": list(range(n)),
+        "loss": np.asarray(result.step_loss, dtype=float),
+        "loss_scale": np.asarray(result.step_loss_scale, dtype=float),
+        "skipped": np.asarray(result.step_skipped, dtype=bool),
+        "step_time_s": np.asarray(result.step_time_s, dtype=float),
+    })
+    steps["warmup"] = steps["step"] < cfg.warmup_steps
+    epochs = pd.DataFrame([{**identity, **row} for row in result.epochs])
+    last = result.epochs[-1] if result.epochs else {}
+    train_time = float(sum(e["train_time_s"] for e in result.epochs))
+    images = len(steps) * cfg.batch_size
+    run = {
+        **identity,
+        "schema_version": records.SCHEMA_VERSION,
+        "status": "ok",
+        "error": "",
+        "stderr_tail": "",
+        **{f"cfg_{k}": v for k, v in cfg.to_dict().items() if k not in identity},
+        "dataset_source": dataset.source,
+        "train_samples": len(dataset.x_train),
+        "val_samples": len(dataset.x_val),
+        "final_val_accuracy": last.get("val_accuracy", float("nan")),
+        "final_val_loss": last.get("val_loss", float("nan")),
+        "final_train_loss": last.get("train_loss", float("nan")),
+        **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size),
+        "train_time_s": train_time,
+        "eval_time_s": float(sum(e["eval_time_s"] for e in result.epochs)),
+        "epoch_throughput_img_s": images / train_time if train_time > 0 else float("nan"),
+        "steps_total": len(steps),
+        "skipped_steps": int(steps["skipped"].sum()),
+        "peak_memory_bytes": int(result.peak_memory_bytes),
+        "memory_kind": result.memory_kind,
+        "child_wall_s": wall_s,
+        **env.cpu_info(),
+        **{k: ("" if v is None else v) for k, v in result.info.items()},
+    }
+    return {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
+
+
+TrainFn = Callable[[RunConfig, Dataset, Progress], TrainResult]
+
+
+def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train one amp-compare cell and write its records.")
+    parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON file")
+    parser.add_argument("--out", required=True, type=Path, help="cell folder to write records into")
+    parser.add_argument("--run-id", required=True)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        cfg = RunConfig.from_json(args.config.read_text())
+    except (OSError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    dataset = load_dataset(cfg.dataset)
+    progress = Progress()
+    result = train_fn(cfg, dataset, progress)
+    tables = build_tables(args.run_id, cfg, result, dataset, time.perf_counter() - start)
+    records.write_cell(args.out, tables)
+    progress.emit(kind="done")
+    return 0

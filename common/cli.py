@@ -1,0 +1,241 @@
+"""Command line: `python -m common compare …` runs a matrix; `python -m common report DIR` re-renders.
+
+compare validates the whole matrix before anything is written (bad input: one line, exit 2),
+then runs each cell in its own child process with a progress bar, renders the report and
+prints the summary table and the path of reports/<run-id>/index.html.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from common.config import DATASETS, DEVICES, FRAMEWORKS, MODELS, OPTIMIZERS, PRECISIONS, ConfigError, RunConfig
+
+# Default configuration per device (the matrix is always both frameworks x fp32/fp16/bf16).
+PROFILES = {
+    "cpu": {"datasets": "digits", "epochs": 12, "batch_size": 64},
+    "cuda": {"datasets": "digits", "epochs": 40, "batch_size": 128},
+}
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints usage over several)
+        print(f"amp-compare: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _list(name: str, text: str, choices: tuple[str, ...] | None = None) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise ConfigError(f"--{name} is empty (valid: {', '.join(choices or ())})")
+    for item in items:
+        if choices is not None and item not in choices:
+            raise ConfigError(f"unknown {name.rstrip('s')} {item!r} (valid: {', '.join(choices)})")
+    return list(dict.fromkeys(items))
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in _list("seeds", text)]
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated non-negative integers, got {text!r}") from None
+    return seeds
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="amp-compare", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    c = sub.add_parser("compare", help="train the matrix in both frameworks and write a report")
+    c.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"comma list of {FRAMEWORKS}")
+    c.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma list of {PRECISIONS}")
+    c.add_argument("--models", default="simple_cnn", help=f"comma list of {MODELS}")
+    c.add_argument("--datasets", default=None, help=f"comma list of {DATASETS} (default: digits)")
+    c.add_argument("--seeds", default="0", help="comma list of seeds (default: 0)")
+    c.add_argument("--device", default="auto", help="auto, cpu or cuda (auto: cuda when a GPU is visible)")
+    c.add_argument("--epochs", type=int, default=None, help="epochs per cell (default: 12 on CPU, 40 on GPU)")
+    c.add_argument("--batch-size", type=int, default=None, help="images per step (default: 64 CPU, 128 GPU)")
+    c.add_argument("--steps-per-epoch", type=int, default=None, help="cap on steps per epoch (default: all)")
+    c.add_argument("--optimizer", default="adam", help=f"one of {OPTIMIZERS}")
+    c.add_argument("--lr", type=float, default=RunConfig.lr, help="learning rate")
+    c.add_argument("--init-scale", type=float, default=RunConfig.init_scale, help="fp16 initial loss scale")
+    c.add_argument("--growth-interval", type=int, default=RunConfig.growth_interval,
+                   help="fp16: clean steps before the loss scale doubles")
+    c.add_argument("--warmup-steps", type=int, default=RunConfig.warmup_steps, help="steps excluded from timing")
+    c.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra/inter-op threads, both sides")
+    c.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per cell before it is killed")
+    c.add_argument("--out", type=Path, default=Path("reports"), help="folder for run folders (default: reports)")
+    c.add_argument("--run-id", default=None, help="name of the run folder (default: date-time-device)")
+    r = sub.add_parser("report", help="re-render the report of one or more run folders")
+    r.add_argument("run_dirs", nargs="+", type=Path)
+    return parser
+
+
+def resolve_device(requested: str) -> str:
+    from common.env import nvidia_gpu_present
+
+    if requested not in ("auto", *DEVICES):
+        raise ConfigError(f"unknown device {requested!r} (valid: auto, {', '.join(DEVICES)})")
+    has_gpu = nvidia_gpu_present()
+    if requested == "cuda" and not has_gpu:
+        raise ConfigError("device 'cuda' requested but no NVIDIA GPU is visible (valid here: auto, cpu)")
+    if requested == "auto":
+        return "cuda" if has_gpu else "cpu"
+    return requested
+
+
+def _writable_dir(path: Path) -> None:
+    probe = path.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory {str(path)!r} is not writable ({probe} is not a writable folder)")
+
+
+def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
+    """Validate everything and build the matrix; writes nothing."""
+    from common.data import load_dataset, steps_per_epoch
+
+    device = resolve_device(args.device)
+    profile = PROFILES[device]
+    frameworks = _list("frameworks", args.frameworks, FRAMEWORKS)
+    precisions = _list("precisions", args.precisions, PRECISIONS)
+    models = _list("models", args.models, MODELS)
+    datasets = _list("datasets", args.datasets or profile["datasets"], DATASETS)
+    seeds = _seeds(args.seeds)
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
+    common = dict(device=device, epochs=args.epochs if args.epochs is not None else profile["epochs"],
+                  batch_size=args.batch_size if args.batch_size is not None else profile["batch_size"],
+                  steps_per_epoch=args.steps_per_epoch, optimizer=args.optimizer, lr=args.lr,
+                  init_scale=args.init_scale, growth_interval=args.growth_interval,
+                  warmup_steps=args.warmup_steps, threads=args.threads)
+    cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, **common)
+             for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
+    for d in datasets:
+        n_train = len(load_dataset(d).x_train)
+        if steps_per_epoch(n_train, cells[0].batch_size) == 0:
+            raise ConfigError(f"batch size {cells[0].batch_size} is larger than the {n_train} training "
+                              f"images of {d!r} (valid: 1..{n_train})")
+    _writable_dir(args.out)
+    run_id = args.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
+    if any(c in run_id for c in "/\\") or run_id in (".", ".."):
+        raise ConfigError(f"run id {run_id!r} must be a plain folder name")
+    if (args.out / run_id).exists():
+        raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")
+    matrix = {"frameworks": frameworks, "models": models, "datasets": datasets, "precisions": precisions,
+              "seeds": seeds}
+    defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
+                if k not in ("framework", "model", "dataset", "precision", "seed")}
+    return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device}
+
+
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from common import records
+    from common.env import host_environment
+    from common.runner import run_cell
+
+    run_id, cells, plan = plan_compare(args)
+    run_dir = args.out / run_id
+    run_dir.mkdir(parents=True)
+    command = "python -m common " + " ".join(shlex.quote(a) for a in argv)
+    manifest = {"run_id": run_id, "command": command, **plan, "cells": [c.cell_id for c in cells],
+                "environment": host_environment(), "timeout_s": args.timeout}
+    records.atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
+    console = _console()
+    console.print(f"amp-compare: {len(cells)} cells on {plan['device']} -> {run_dir}")
+    start = time.monotonic()
+    outcomes = []
+    interrupted = False
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        overall = progress.add_task("matrix", total=len(cells))
+        for cfg in cells:
+            task = progress.add_task(f"  {cfg.cell_id}", total=None)
+
+            def on_event(event: dict, task=task) -> None:
+                if event.get("kind") == "step":
+                    total = event["epochs"] * event["steps"]
+                    progress.update(task, total=total, completed=event["epoch"] * event["steps"] + event["step"])
+
+            try:
+                outcome = run_cell(cfg, run_dir, run_id, args.timeout, on_event)
+            except KeyboardInterrupt:
+                interrupted = True
+                progress.update(task, description=f"  {cfg.cell_id} [interrupted]")
+                break
+            outcomes.append(outcome)
+            status = "ok" if outcome.status == "ok" else f"FAILED: {outcome.error}"
+            progress.update(task, description=f"  {cfg.cell_id} [{status}]")
+            progress.advance(overall)
+    index = _render(run_dir, console)
+    failed = [o for o in outcomes if o.status != "ok"]
+    console.print(f"{len(outcomes) - len(failed)} of {len(cells)} cells finished in {time.monotonic() - start:.0f} s"
+                  + (f"; failed: {', '.join(o.cell_id for o in failed)}" if failed else ""))
+    print(index)
+    if interrupted:
+        console.print(f"Interrupted: finished cells are kept in {run_dir}.")
+        return 130
+    return 0
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:  # logs and CI: wide enough for the summary table's 12 columns
+        console.width = 200
+    return console
+
+
+def _render(run_dir: Path, console) -> Path:
+    from rich.table import Table
+
+    from common import records
+    from common.report import load_manifest, render_report
+    from common.summary import findings, formatted_summary, summary_table
+
+    index = render_report(run_dir)
+    tables = records.read_run(run_dir, warn=lambda msg: None)
+    summary = formatted_summary(summary_table(tables["run"]))
+    table = Table(title=f"amp-compare summary ({run_dir.name})")
+    for col in summary.columns:
+        table.add_column(col, justify="left" if col in ("Framework", "Model", "Dataset", "Precision") else "right")
+    for row in summary.itertuples(index=False):
+        table.add_row(*map(str, row))
+    console.print(table)
+    for sentence in findings(tables["run"], tables["steps"], load_manifest(run_dir)["environment"]):
+        console.print(f"- {sentence}")
+    return index
+
+
+def report(args: argparse.Namespace) -> int:
+    for run_dir in args.run_dirs:
+        if not (run_dir / "manifest.json").exists():
+            raise ConfigError(f"{str(run_dir)!r} is not a compare run folder (no manifest.json)")
+    console = _console()
+    for run_dir in args.run_dirs:
+        print(_render(run_dir, console))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "compare":
+            return compare(args, argv)
+        return report(args)
+    except ConfigError as exc:
+        print(f"amp-compare: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,129 @@
+"""One typed source of truth for what a run is.
+
+`RunConfig` describes one cell of a compare matrix (one framework, model, dataset, precision
+and seed). It is frozen, validated on construction, saved as JSON next to every result and
+read back by the framework child, so the parent and both frameworks can never disagree about
+a hyperparameter. Everything here is framework-free: no torch, no tensorflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+FRAMEWORKS = ("torch", "tf")
+# Precision modes, named the same in both frameworks.
+#   fp32: no autocast / float32 policy.
+#   fp16: mixed float16 with dynamic loss scaling (GradScaler / LossScaleOptimizer).
+#   bf16: mixed bfloat16, no loss scaling (bfloat16 has float32's exponent range).
+PRECISIONS = ("fp32", "fp16", "bf16")
+MODELS = ("simple_cnn",)
+DATASETS = ("digits", "synthetic")
+DEVICES = ("cpu", "cuda")
+OPTIMIZERS = ("adam", "sgd")
+
+# Framework package that runs each framework's child process.
+FRAMEWORK_MODULES = {"torch": "torch_impl", "tf": "tf_impl"}
+FRAMEWORK_LABELS = {"torch": "PyTorch", "tf": "TensorFlow/Keras"}
+
+
+class ConfigError(ValueError):
+    """A bad user-supplied value. The message is one line naming the value and valid choices."""
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r} (valid: {', '.join(choices)})")
+
+
+def _positive(name: str, value: Any, kind: type = int) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    if kind is int:
+        ok = ok and float(value).is_integer()
+    if not ok:
+        raise ConfigError(f"{name} must be a positive {kind.__name__}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run: a cell of the compare matrix. Units in the comments."""
+
+    framework: str = "torch"
+    model: str = "simple_cnn"
+    dataset: str = "digits"
+    precision: str = "fp32"
+    seed: int = 0
+    device: str = "cpu"  # resolved device, never "auto"
+    epochs: int = 8
+    batch_size: int = 64  # images per optimizer step
+    steps_per_epoch: int | None = None  # cap on steps per epoch (None: the whole training set)
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    adam_epsilon: float = 1e-7  # set explicitly on both sides (defaults: torch 1e-8, Keras 1e-7)
+    momentum: float = 0.9  # SGD momentum (torch convention; Keras uses the same one for SGD)
+    warmup_steps: int = 5  # first steps of the run, excluded from step-time statistics
+    # Dynamic loss scaler for fp16, set explicitly on both sides
+    # (defaults: torch GradScaler 2**16 / 2000 steps, Keras LossScaleOptimizer 2**15 / 2000).
+    init_scale: float = 2.0**15
+    growth_interval: int = 2000  # steps without overflow before the scale doubles
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # intra- and inter-op
+
+    def __post_init__(self) -> None:
+        _choice("framework", self.framework, FRAMEWORKS)
+        _choice("model", self.model, MODELS)
+        _choice("dataset", self.dataset, DATASETS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("device", self.device, DEVICES)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for name in ("epochs", "batch_size", "growth_interval", "threads"):
+            _positive(name, getattr(self, name))
+        if self.steps_per_epoch is not None:
+            _positive("steps_per_epoch", self.steps_per_epoch)
+        for name in ("lr", "adam_epsilon", "init_scale"):
+            _positive(name, getattr(self, name), float)
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+            raise ConfigError(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
+
+    @property
+    def cell_id(self) -> str:
+        """Unique, readable name of this cell inside a compare run (identity also lives in columns)."""
+        return f"{self.framework}-{self.model}-{self.dataset}-{self.precision}-s{self.seed}"
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision != "fp32"
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self.precision == "fp16"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(unknown)} (valid: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"malformed config JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config JSON must be an object, got {type(data).__name__}")
+        return cls.from_dict(data)

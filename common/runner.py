@@ -1,0 +1,136 @@
+"""Runs one cell in its own child process and turns any outcome into a record.
+
+Each framework trains in a fresh `python -m torch_impl|tf_impl` process: TensorFlow grabs GPU
+memory and never gives it back, peak memory is only honest per process, and a crash in one
+framework must not take the harness down. The child streams progress lines on stdout; its
+stderr goes to `cells/<cell-id>/stderr.log`. A child that crashes, is killed or passes its
+timeout is recorded as a failed cell with the reason and the tail of its stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from common import records
+from common.child import PROGRESS_PREFIX
+from common.config import FRAMEWORK_MODULES, RunConfig
+from common.env import PROJECT_ROOT
+
+STDERR_TAIL_LINES = 25
+
+
+@dataclass
+class CellOutcome:
+    cell_id: str
+    status: str  # "ok" or "failed"
+    error: str
+    wall_s: float
+
+
+def stderr_tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def failed_run_table(cfg: RunConfig, run_id: str, error: str, tail: str) -> pd.DataFrame:
+    """The one-row run record of a cell that produced no result."""
+    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
+                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+    row = {**identity, "schema_version": records.SCHEMA_VERSION, "status": "failed", "error": error,
+           "stderr_tail": tail, **{f"cfg_{k}": v for k, v in cfg.to_dict().items() if k not in identity}}
+    return pd.DataFrame([row])
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The child imports common/ and its framework package from the project root.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
+             on_event: Callable[[dict], None] = lambda event: None) -> CellOutcome:
+    """Train one cell in a child process; always leaves a run record behind."""
+    cell_dir = Path(run_dir) / "cells" / cfg.cell_id
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    config_path = cell_dir / "config.json"
+    records.atomic_write_text(config_path, cfg.to_json())
+    stderr_path = cell_dir / "stderr.log"
+    cmd = [sys.executable, "-m", FRAMEWORK_MODULES[cfg.framework], "--config", str(config_path),
+           "--out", str(cell_dir), "--run-id", run_id]
+    start = time.monotonic()
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                env=child_env(), cwd=PROJECT_ROOT, start_new_session=True)
+        lines: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
+        reader.start()
+        error = ""
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=0.1).decode(errors="replace")
+                    if line.startswith(PROGRESS_PREFIX):
+                        on_event(json.loads(line[len(PROGRESS_PREFIX):]))
+                except queue.Empty:
+                    pass
+                except json.JSONDecodeError:
+                    pass
+                if proc.poll() is not None and not reader.is_alive() and lines.empty():
+                    break
+                if time.monotonic() - start > timeout_s:
+                    _kill(proc)
+                    error = f"timed out after {timeout_s:g} s"
+                    break
+        except BaseException:  # Ctrl-C: stop the child before going up
+            _kill(proc)
+            raise
+        proc.wait()
+    wall = time.monotonic() - start
+    if not error and proc.returncode != 0:
+        error = _describe_exit(proc.returncode)
+    if not error and not (cell_dir / "run.parquet").exists():
+        error = "exited without writing its records"
+    if error:
+        # The child may have died after writing some tables: a failed cell keeps only its run row.
+        for name in ("epochs", "steps", "run"):
+            (cell_dir / f"{name}.parquet").unlink(missing_ok=True)
+        records.write_cell(cell_dir, {"run": failed_run_table(cfg, run_id, error, stderr_tail(stderr_path))})
+        return CellOutcome(cfg.cell_id, "failed", error, wall)
+    return CellOutcome(cfg.cell_id, "ok", "", wall)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (TF and torch start helper threads/processes)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    proc.wait()

@@ -1,0 +1,129 @@
+"""The numbers a reader sees first: one table and a few sentences, computed from the records.
+
+`summary_table` and `findings` are pure functions of the run table; the HTML report, the
+Markdown summary and the terminal table all call them, so the three always agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from common.config import FRAMEWORK_LABELS, PRECISIONS
+from common.env import cpu_half_precision_verdict
+
+GROUP = ["framework", "model", "dataset", "precision"]
+MIB = 2**20
+
+
+def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+
+
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Medians over seeds per framework x model x dataset x precision, with ratios to that framework's fp32."""
+    ok = ok_runs(runs)
+    cols = GROUP + ["runs", "throughput_img_s", "speedup_vs_fp32", "peak_memory_mib", "memory_change_vs_fp32",
+                    "val_accuracy", "accuracy_change_pp", "skipped_steps"]
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    agg = ok.groupby(GROUP, sort=False).agg(
+        runs=("seed", "size"),
+        throughput_img_s=("throughput_img_s", "median"),
+        peak_memory_bytes=("peak_memory_bytes", "median"),
+        val_accuracy=("final_val_accuracy", "median"),
+        skipped_steps=("skipped_steps", "median"),
+    ).reset_index()
+    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
+    base = agg[agg["precision"] == "fp32"].set_index(["framework", "model", "dataset"])
+    key = pd.MultiIndex.from_frame(agg[["framework", "model", "dataset"]])
+
+    def baseline(col: str) -> np.ndarray:
+        return base[col].reindex(key).to_numpy(dtype=float) if not base.empty else np.full(len(agg), np.nan)
+
+    agg["speedup_vs_fp32"] = agg["throughput_img_s"] / baseline("throughput_img_s")
+    agg["memory_change_vs_fp32"] = agg["peak_memory_bytes"] / baseline("peak_memory_bytes") - 1.0
+    agg["accuracy_change_pp"] = (agg["val_accuracy"] - baseline("val_accuracy")) * 100
+    order = {p: i for i, p in enumerate(PRECISIONS)}
+    agg = agg.sort_values(["model", "dataset", "framework", "precision"],
+                          key=lambda s: s.map(order) if s.name == "precision" else s)
+    return agg[cols].reset_index(drop=True)
+
+
+def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The summary table as display strings (HTML, Markdown and terminal use this one)."""
+    def fmt(value, spec, suffix=""):
+        return "n/a" if value is None or not np.isfinite(value) else f"{value:{spec}}{suffix}"
+
+    rows = []
+    for r in table.itertuples():
+        rows.append({
+            "Framework": FRAMEWORK_LABELS.get(r.framework, r.framework),
+            "Model": r.model,
+            "Dataset": r.dataset,
+            "Precision": r.precision,
+            "Runs": str(r.runs),
+            "Images/s": fmt(r.throughput_img_s, ",.0f"),
+            "Speed vs fp32": fmt(r.speedup_vs_fp32, ".2f", "×"),
+            "Peak memory (MiB)": fmt(r.peak_memory_mib, ",.1f"),
+            "Memory vs fp32": fmt(r.memory_change_vs_fp32 * 100, "+.0f", "%"),
+            "Val. accuracy": fmt(r.val_accuracy * 100, ".1f", "%"),
+            "Δ accuracy vs fp32": fmt(r.accuracy_change_pp, "+.1f", " pp"),
+            "Skipped steps": fmt(r.skipped_steps, ".0f"),
+        })
+    return pd.DataFrame(rows)
+
+
+def _label(fw: str) -> str:
+    return FRAMEWORK_LABELS.get(fw, fw)
+
+
+def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict) -> list[str]:
+    """Three to six sentences, each built from measured numbers of this run."""
+    table = summary_table(runs)
+    out: list[str] = []
+    if table.empty:
+        return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
+    # Speed, per framework.
+    for fw, group in table.groupby("framework", sort=False):
+        mixed = group[group["precision"] != "fp32"]
+        fp32 = group[group["precision"] == "fp32"]
+        if mixed.empty or fp32.empty:
+            continue
+        parts = [f"{r.precision} at {r.speedup_vs_fp32:.2f}× ({r.throughput_img_s:,.0f} images/s)"
+                 for r in mixed.itertuples()]
+        out.append(f"{_label(fw)}: against fp32's {fp32['throughput_img_s'].iloc[0]:,.0f} images/s, "
+                   f"{' and '.join(parts)}.")
+    slower = table[(table["precision"] != "fp32") & (table["speedup_vs_fp32"] < 1)]
+    devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
+    if not slower.empty and devices == {"cpu"}:
+        out.append(f"Mixed precision was slower than fp32 in {len(slower)} of "
+                   f"{int((table['precision'] != 'fp32').sum())} mixed cells. "
+                   + cpu_half_precision_verdict(environment))
+    # Memory.
+    mem = table[(table["precision"] != "fp32") & table["memory_change_vs_fp32"].notna()]
+    if not mem.empty:
+        best = mem.loc[mem["memory_change_vs_fp32"].idxmin()]
+        worst = mem.loc[mem["memory_change_vs_fp32"].idxmax()]
+        kinds = ", ".join(sorted(set(ok_runs(runs)["memory_kind"].dropna())))
+        out.append(f"Peak memory ({kinds}) changed from fp32 by between {best.memory_change_vs_fp32:+.0%} "
+                   f"({_label(best.framework)} {best.precision}) and {worst.memory_change_vs_fp32:+.0%} "
+                   f"({_label(worst.framework)} {worst.precision}).")
+    # Accuracy.
+    acc = table[(table["precision"] != "fp32") & table["accuracy_change_pp"].notna()]
+    if not acc.empty:
+        worst = acc.loc[acc["accuracy_change_pp"].abs().idxmax()]
+        out.append(f"Final validation accuracy of every mixed cell was within "
+                   f"{abs(worst.accuracy_change_pp):.1f} percentage points of its framework's fp32 "
+                   f"(largest change: {_label(worst.framework)} {worst.precision}, "
+                   f"{worst.val_accuracy:.1%} vs fp32).")
+    # Loss scaling.
+    fp16 = steps[steps["precision"] == "fp16"] if not steps.empty else steps
+    if not fp16.empty:
+        parts = []
+        for fw, g in fp16.groupby("framework", sort=False):
+            last = g.sort_values("step")["loss_scale"].iloc[-1]
+            parts.append(f"{_label(fw)} skipped {int(g['skipped'].sum())} of {len(g)} steps and ended at "
+                         f"scale 2^{np.log2(last):.0f}")
+        out.append("Dynamic loss scaling (fp16): " + "; ".join(parts) + ".")
+    return out[:6]

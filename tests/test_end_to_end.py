@@ -1,0 +1,53 @@
+"""A tiny real compare: both frameworks, all three precisions, a few steps each, then the report."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from common.config import PRECISIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ["throughput", "step_times", "memory", "accuracy", "loss_curves", "val_accuracy", "loss_scale"]
+
+
+def test_tiny_compare_writes_records_and_report(tmp_path):
+    out = tmp_path / "reports"
+    proc = subprocess.run(
+        [sys.executable, "-m", "common", "compare", "--datasets", "synthetic", "--epochs", "2",
+         "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1", "--out", str(out),
+         "--run-id", "tiny", "--device", "cpu"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = out / "tiny"
+    assert proc.stdout.strip().endswith(str(run_dir / "index.html"))
+    runs = pd.read_parquet(run_dir / "data" / "run.parquet")
+    assert sorted(runs["status"]) == ["ok"] * 6
+    assert set(zip(runs["framework"], runs["precision"])) == {(f, p) for f in ("torch", "tf") for p in PRECISIONS}
+    steps = pd.read_parquet(run_dir / "data" / "steps.parquet")
+    assert steps.groupby("cell_id").size().eq(6).all()
+    fp16 = steps[steps["precision"] == "fp16"]
+    assert (fp16["loss_scale"] == 2.0**15).all()  # aligned initial scale, no overflow in 6 steps
+    assert (steps[steps["precision"] != "fp16"]["loss_scale"] == 1.0).all()
+    epochs = pd.read_parquet(run_dir / "data" / "epochs.parquet")
+    assert epochs.groupby("cell_id").size().eq(2).all() and epochs["val_accuracy"].between(0, 1).all()
+    for key in FIGURES:
+        for ext in ("png", "svg"):
+            assert (run_dir / "figures" / f"{key}.{ext}").stat().st_size > 1000, key
+    html = (run_dir / "index.html").read_text()
+    for key in FIGURES:
+        assert f'src="figures/{key}.png"' in html
+    for section in ("Summary", "Speed", "Memory", "Accuracy", "Loss scaling", "Environment", "Reproduce"):
+        assert f">{section}</h2>" in html
+    md = (run_dir / "summary.md").read_text()
+    assert md.count("| PyTorch |") == 3 and md.count("| TensorFlow/Keras |") == 3
+    assert (out / "index.html").read_text().count("tiny/index.html") == 1
+    # The terminal summary shows the same rows as the report's Markdown summary.
+    table_rows = [line.split("|")[1:-1] for line in md.splitlines() if line.startswith("| PyTorch")
+                  or line.startswith("| TensorFlow")]
+    terminal_rows = [line for line in proc.stderr.splitlines() if "simple_cnn" in line and "│" in line]
+    assert len(terminal_rows) == len(table_rows) == 6
+    for md_cells, line in zip(table_rows, terminal_rows):
+        assert [c.strip() for c in line.split("│")[1:-1]] == [c.strip() for c in md_cells]
