@@ -1,0 +1,56 @@
+"""Every numerical tolerance of the PyTorch/Keras parity tests (tests/test_parity.py), with its reason.
+
+Both frameworks compute in float32 (machine epsilon 2**-23 ~ 1.2e-7) but not in the same order:
+torch's CPU convolutions and matmuls run in oneDNN, TensorFlow's in oneDNN or Eigen, each with
+its own blocking and threading, so every dot product and every BatchNorm mean sums its terms in
+a different order. Such rounding differences scale with the magnitude of the summed terms, not
+with the result (an element near zero after cancellation carries the error of its large
+summands), so a tolerance is relative to the compared tensor's scale, its largest magnitude:
+|a - b| <= atol + rtol * max|b|, per tensor. `atol` only matters for a tensor that is (near)
+zero as a whole.
+
+Each value was fixed from this reasoning before measuring; parity.json records what each test
+measured as a fraction of its tolerance. A real mismatch (a transposed kernel, a shifted
+padding, another BatchNorm epsilon or momentum, a different optimizer rule) shows at >= 1e-3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float  # relative to the tensor's scale, max|expected|
+    atol: float
+
+    def allowed(self, expected: np.ndarray) -> float:
+        return self.atol + self.rtol * float(np.max(np.abs(expected), initial=0.0))
+
+
+# Forward logits, inference and training mode. Up to 9 x 64 products per dot product and
+# ~20 layers; each layer adds a few ulps of reordering error relative to its activations'
+# scale and BatchNorm renormalises that scale in between, so the logits should agree to about
+# 1e-6 of their scale. 1e-5 leaves a 10x margin.
+FORWARD = Tolerance(rtol=1e-5, atol=1e-6)
+
+# Gradients of one step, per parameter tensor. The backward pass is twice as deep as the
+# forward pass, and a weight gradient sums over batch x H x W positions (up to 2048) whose
+# terms largely cancel, so its error relative to the tensor's scale is ~10x the forward one.
+GRADIENT = Tolerance(rtol=1e-4, atol=1e-8)
+
+# The loss of each training step (~2.3): a mean of 8 cross-entropies of the forward logits,
+# so the forward tolerance.
+LOSS = Tolerance(rtol=1e-5, atol=0.0)
+
+# All weights after each training step, BatchNorm running statistics included. A step moves a
+# weight by lr x (its gradient, with the gradient's ~1e-4 relative error), and SGD momentum and
+# Adam's moments carry those errors through the 10 steps; relative to a tensor's scale (~0.1-1)
+# that stays well below 1e-4. Adam divides each element by its own gradient size, so an element
+# whose gradient is itself at rounding-noise level would get an O(1) relative error and an update
+# difference of up to ~lr = 1e-3, failing this tolerance: the tests meet none (parity.json), and
+# the Adam tests use an epsilon on which both frameworks' conventions agree, since a different
+# epsilon convention does exactly that to small gradients (test_parity.ADAM_EPSILON_NEGLIGIBLE).
+WEIGHTS = Tolerance(rtol=1e-4, atol=1e-7)
