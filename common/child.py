@@ -10,6 +10,7 @@ parent's progress bar. This module never imports a framework.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from common import env, records
+from common.atomic import atomic_write_bytes
 from common.config import ConfigError, RunConfig
 from common.data import Dataset, load_dataset
 
@@ -44,6 +46,34 @@ class Progress:
         if now - self._last >= self.min_interval_s or step + 1 == steps:
             self._last = now
             self.emit(kind="step", epoch=epoch, epochs=epochs, step=step + 1, steps=steps)
+
+
+class SharedInit:
+    """One set of initial weights for every cell of a (model, dataset, width, seed).
+
+    The first cell to run saves its framework's freshly initialised weights (canonical numpy
+    layout, see common/weights.py) to `path`; every later cell, in either framework, loads
+    them. With no path each framework keeps its own initialisers.
+    """
+
+    def __init__(self, path: Path | None, framework: str, seed: int):
+        self.path, self.framework, self.seed = path, framework, seed
+
+    def apply(self, model, get_weights: Callable, set_weights: Callable) -> str:
+        """Load or save the shared weights; returns where this run's initial weights came from."""
+        if self.path is None:
+            return f"{self.framework} default initialisers, seed {self.seed}"
+        if self.path.exists():
+            with np.load(self.path, allow_pickle=False) as saved:
+                weights = {k: saved[k] for k in saved.files if k != "__made_by__"}
+                made_by = str(saved["__made_by__"]) if "__made_by__" in saved.files else "unknown"
+            set_weights(model, weights)
+            return f"shared file {self.path.name}, made by {made_by}"
+        made_by = f"{self.framework} default initialisers, seed {self.seed}"
+        buffer = io.BytesIO()
+        np.savez(buffer, __made_by__=np.array(made_by), **get_weights(model))
+        atomic_write_bytes(self.path, buffer.getvalue())
+        return f"shared file {self.path.name}, made by {made_by} (this cell)"
 
 
 class CpuPeakMemory:
@@ -149,12 +179,13 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "memory_kind": result.memory_kind,
         "child_wall_s": wall_s,
         **env.cpu_info(),
-        **{k: ("" if v is None else v) for k, v in result.info.items()},
+        **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
+           for k, v in result.info.items()},
     }
     return {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
 
 
-TrainFn = Callable[[RunConfig, Dataset, Progress], TrainResult]
+TrainFn = Callable[[RunConfig, Dataset, Progress, SharedInit], TrainResult]
 
 
 def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
@@ -162,6 +193,7 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON file")
     parser.add_argument("--out", required=True, type=Path, help="cell folder to write records into")
     parser.add_argument("--run-id", required=True)
+    parser.add_argument("--init-file", type=Path, default=None, help="shared initial weights (.npz)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
@@ -171,7 +203,7 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
         return 2
     dataset = load_dataset(cfg.dataset)
     progress = Progress()
-    result = train_fn(cfg, dataset, progress)
+    result = train_fn(cfg, dataset, progress, SharedInit(args.init_file, cfg.framework, cfg.seed))
     tables = build_tables(args.run_id, cfg, result, dataset, time.perf_counter() - start)
     records.write_cell(args.out, tables)
     progress.emit(kind="done")

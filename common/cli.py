@@ -17,7 +17,18 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from common.config import DATASETS, DEVICES, FRAMEWORKS, MODELS, OPTIMIZERS, PRECISIONS, ConfigError, RunConfig
+from common.config import (
+    COMPARISONS,
+    DATASETS,
+    DEVICES,
+    FRAMEWORKS,
+    INITS,
+    MODELS,
+    OPTIMIZERS,
+    PRECISIONS,
+    ConfigError,
+    RunConfig,
+)
 
 # Default configuration per device (the matrix is always both frameworks x fp32/fp16/bf16).
 PROFILES = {
@@ -65,6 +76,9 @@ def build_parser() -> ArgumentParser:
     c.add_argument("--batch-size", type=int, default=None, help="images per step (default: 64 CPU, 128 GPU)")
     c.add_argument("--steps-per-epoch", type=int, default=None, help="cap on steps per epoch (default: all)")
     c.add_argument("--optimizer", default="adam", help=f"one of {OPTIMIZERS}")
+    c.add_argument("--comparison", default="aligned", help=f"one of {COMPARISONS} (see common/mapping.py)")
+    c.add_argument("--init", default="shared", help=f"one of {INITS}: shared initial weights, or each framework's")
+    c.add_argument("--width", type=int, default=RunConfig.width, help="resnet18 base width")
     c.add_argument("--lr", type=float, default=RunConfig.lr, help="learning rate")
     c.add_argument("--init-scale", type=float, default=RunConfig.init_scale, help="fp16 initial loss scale")
     c.add_argument("--growth-interval", type=int, default=RunConfig.growth_interval,
@@ -116,6 +130,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     common = dict(device=device, epochs=args.epochs if args.epochs is not None else profile["epochs"],
                   batch_size=args.batch_size if args.batch_size is not None else profile["batch_size"],
                   steps_per_epoch=args.steps_per_epoch, optimizer=args.optimizer, lr=args.lr,
+                  comparison=args.comparison, init=args.init, width=args.width,
                   init_scale=args.init_scale, growth_interval=args.growth_interval,
                   warmup_steps=args.warmup_steps, threads=args.threads)
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, **common)
@@ -141,7 +156,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
 def compare(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from common import records
+    from common.atomic import atomic_write_text
     from common.env import host_environment
     from common.runner import run_cell
 
@@ -151,7 +166,7 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
     command = "python -m common " + " ".join(shlex.quote(a) for a in argv)
     manifest = {"run_id": run_id, "command": command, **plan, "cells": [c.cell_id for c in cells],
                 "environment": host_environment(), "timeout_s": args.timeout}
-    records.atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     console = _console()
     console.print(f"amp-compare: {len(cells)} cells on {plan['device']} -> {run_dir}")
     start = time.monotonic()

@@ -20,10 +20,16 @@ FRAMEWORKS = ("torch", "tf")
 #   fp16: mixed float16 with dynamic loss scaling (GradScaler / LossScaleOptimizer).
 #   bf16: mixed bfloat16, no loss scaling (bfloat16 has float32's exponent range).
 PRECISIONS = ("fp32", "fp16", "bf16")
-MODELS = ("simple_cnn",)
+MODELS = ("simple_cnn", "resnet18")
 DATASETS = ("digits", "synthetic")
 DEVICES = ("cpu", "cuda")
 OPTIMIZERS = ("adam", "sgd")
+# aligned: the hyperparameter mapping of common/mapping.py applied, both sides configured equal.
+# defaults: each framework with its own out-of-the-box defaults (what a user switching sees).
+COMPARISONS = ("aligned", "defaults")
+# shared: every cell of a (model, dataset, seed) starts from the same weights, made once by the
+# first cell and handed to the others through numpy; framework: each framework initialises its own.
+INITS = ("shared", "framework")
 
 # Framework package that runs each framework's child process.
 FRAMEWORK_MODULES = {"torch": "torch_impl", "tf": "tf_impl"}
@@ -57,6 +63,9 @@ class RunConfig:
     precision: str = "fp32"
     seed: int = 0
     device: str = "cpu"  # resolved device, never "auto"
+    comparison: str = "aligned"  # one of COMPARISONS
+    init: str = "shared"  # one of INITS
+    width: int = 64  # resnet18 base width (channels of the first stage); simple_cnn ignores it
     epochs: int = 8
     batch_size: int = 64  # images per optimizer step
     steps_per_epoch: int | None = None  # cap on steps per epoch (None: the whole training set)
@@ -78,9 +87,11 @@ class RunConfig:
         _choice("precision", self.precision, PRECISIONS)
         _choice("device", self.device, DEVICES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("comparison", self.comparison, COMPARISONS)
+        _choice("init", self.init, INITS)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("epochs", "batch_size", "growth_interval", "threads"):
+        for name in ("epochs", "batch_size", "growth_interval", "threads", "width"):
             _positive(name, getattr(self, name))
         if self.steps_per_epoch is not None:
             _positive("steps_per_epoch", self.steps_per_epoch)

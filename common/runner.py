@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from common import records
+from common.atomic import atomic_write_text
 from common.child import PROGRESS_PREFIX
 from common.config import FRAMEWORK_MODULES, RunConfig
 from common.env import PROJECT_ROOT
@@ -56,6 +57,11 @@ def failed_run_table(cfg: RunConfig, run_id: str, error: str, tail: str) -> pd.D
     return pd.DataFrame([row])
 
 
+def shared_init_path(run_dir: Path, cfg: RunConfig) -> Path:
+    """Cells that must start from the same weights share this file (precision and framework vary)."""
+    return Path(run_dir) / "init" / f"{cfg.model}-w{cfg.width}-{cfg.dataset}-s{cfg.seed}.npz"
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -80,10 +86,12 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     cell_dir = Path(run_dir) / "cells" / cfg.cell_id
     cell_dir.mkdir(parents=True, exist_ok=True)
     config_path = cell_dir / "config.json"
-    records.atomic_write_text(config_path, cfg.to_json())
+    atomic_write_text(config_path, cfg.to_json())
     stderr_path = cell_dir / "stderr.log"
     cmd = [sys.executable, "-m", FRAMEWORK_MODULES[cfg.framework], "--config", str(config_path),
            "--out", str(cell_dir), "--run-id", run_id]
+    if cfg.init == "shared":
+        cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
     start = time.monotonic()
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,

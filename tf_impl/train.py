@@ -18,10 +18,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.child import CpuPeakMemory, Progress, TrainResult  # noqa: E402
+from common.child import CpuPeakMemory, Progress, SharedInit, TrainResult  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from common.data import Dataset, batch_plan  # noqa: E402
-from tf_impl.models import build_model  # noqa: E402
+from common.mapping import framework_settings  # noqa: E402
+from tf_impl.models import build_model, get_weights, set_weights  # noqa: E402
 
 DTYPE_POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}
 EVAL_BATCH = 512
@@ -29,21 +30,69 @@ EVAL_BATCH = 512
 
 def setup(cfg: RunConfig) -> None:
     keras.utils.set_random_seed(cfg.seed)
-    tf.config.threading.set_intra_op_parallelism_threads(cfg.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(cfg.threads)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(cfg.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(cfg.threads)
+    except RuntimeError:  # only settable before TensorFlow initialises its runtime
+        pass
     keras.config.set_dtype_policy(DTYPE_POLICIES[cfg.precision])  # AMP: layers compute in half precision
 
 
+def describe_defaults() -> dict[str, object]:
+    """This Keras' own defaults for each item of common.mapping.DIFFERENCES, read from fresh objects."""
+    adam = keras.optimizers.Adam()
+    bn = keras.layers.BatchNormalization()
+    scaler = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    conv = keras.layers.Conv2D(1, 3, padding="same")
+    return {
+        "adam_epsilon": adam.epsilon,
+        "bn_momentum": bn.momentum,
+        "bn_epsilon": bn.epsilon,
+        "stride2_padding": f"padding={conv.padding!r}: extra row/column at bottom/right for even inputs",
+        "weight_decay": f"decoupled from the gradient (default {adam.weight_decay})",
+        "loss_reduction": keras.losses.SparseCategoricalCrossentropy().reduction,
+        "init_scale": scaler.initial_scale,
+        "growth_interval": scaler.dynamic_growth_steps,
+        "initial_weights": f"{type(conv.kernel_initializer).__name__} kernels, "
+                           f"{type(conv.bias_initializer).__name__} biases",
+    }
+
+
+def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, cfg: RunConfig) -> dict:
+    """The values this run actually used, read back from the objects it trained with."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    used: dict[str, object] = {"loss_reduction": model.loss.reduction, "weight_decay": inner.weight_decay}
+    if hasattr(inner, "epsilon"):
+        used["adam_epsilon"] = inner.epsilon
+    bn = next((layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)), None)
+    if bn is not None:
+        padding = framework_settings(cfg).get("stride2_padding", "same")
+        used.update(bn_momentum=bn.momentum, bn_epsilon=bn.epsilon, stride2_padding=padding)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        used.update(init_scale=optimizer.initial_scale, growth_interval=optimizer.dynamic_growth_steps)
+    return used
+
+
+def make_model(cfg: RunConfig, data: Dataset) -> keras.Model:
+    settings = framework_settings(cfg)  # empty in 'defaults' mode: Keras' own BatchNorm and padding
+    return build_model(cfg.model, data.input_shape, data.num_classes, model_class=AmpModel, width=cfg.width,
+                       bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),
+                       stride2_padding=settings.get("stride2_padding", "same"))
+
+
 def make_optimizer(cfg: RunConfig) -> keras.optimizers.Optimizer:
+    settings = framework_settings(cfg)
     if cfg.optimizer == "adam":
-        inner = keras.optimizers.Adam(learning_rate=cfg.lr, epsilon=cfg.adam_epsilon)
+        inner = keras.optimizers.Adam(learning_rate=cfg.lr,
+                                      **({"epsilon": settings["adam_epsilon"]} if settings else {}))
     else:
         inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum)
     if not cfg.loss_scaling:
         return inner
     # AMP: dynamic loss scaling for fp16 only, built explicitly (compile would wrap it implicitly).
-    return keras.optimizers.LossScaleOptimizer(inner, initial_scale=cfg.init_scale,
-                                               dynamic_growth_steps=cfg.growth_interval)
+    scaling = ({"initial_scale": settings["init_scale"], "dynamic_growth_steps": settings["growth_interval"]}
+               if settings else {})
+    return keras.optimizers.LossScaleOptimizer(inner, **scaling)
 
 
 def current_scale(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
@@ -56,7 +105,7 @@ def current_scale(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
 class AmpModel(keras.Model):
     def train_step(self, data):
         """One optimizer step. Returns the epoch's running metrics plus this batch's own values."""
-        x, y = data
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)  # fit() and train_on_batch() both land here
         with tf.GradientTape() as tape:
             logits = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=logits)  # float32: the last layer is float32
@@ -123,7 +172,7 @@ def make_dataset(data: Dataset, plan: np.ndarray) -> tf.data.Dataset:
             .prefetch(tf.data.AUTOTUNE))
 
 
-def train(cfg: RunConfig, data: Dataset, progress: Progress) -> TrainResult:
+def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
     gpus = tf.config.list_physical_devices("GPU")
     if cfg.device == "cuda" and not gpus:
@@ -142,11 +191,14 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress) -> TrainResult:
         "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
     })
     with tf.device(device):
-        model = build_model(cfg.model, data.input_shape, data.num_classes, model_class=AmpModel)
+        model = make_model(cfg, data)
+        init_source = shared_init.apply(model, get_weights, set_weights)
         model.compile(optimizer=make_optimizer(cfg),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
         model.optimizer.build(model.trainable_variables)
+        result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
+                           settings_used=settings_used(model, model.optimizer, cfg))
         dataset = make_dataset(data, plan)
         if cfg.device == "cuda":
             tf.config.experimental.reset_memory_stats("GPU:0")

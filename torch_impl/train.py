@@ -13,11 +13,13 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from common.child import CpuPeakMemory, Progress, TrainResult
+from common.child import CpuPeakMemory, Progress, SharedInit, TrainResult
 from common.config import RunConfig
 from common.data import Dataset, epoch_batches
-from torch_impl.models import build_model
+from common.mapping import framework_settings
+from torch_impl.models import build_model, get_weights, set_weights
 
 AMP_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 EVAL_BATCH = 512
@@ -32,16 +34,55 @@ def setup(cfg: RunConfig) -> None:
         pass
 
 
+def describe_defaults() -> dict[str, object]:
+    """This torch's own defaults for each item of common.mapping.DIFFERENCES, read from fresh objects."""
+    adam = torch.optim.Adam([nn.Parameter(torch.zeros(1))])
+    bn = nn.BatchNorm2d(1)
+    scaler = torch.amp.GradScaler("cpu")
+    return {
+        "adam_epsilon": adam.defaults["eps"],
+        "bn_momentum": bn.momentum,
+        "bn_epsilon": bn.eps,
+        "stride2_padding": "padding=1: symmetric",
+        "weight_decay": f"L2 added to the gradient (default {adam.defaults['weight_decay']})",
+        "loss_reduction": nn.CrossEntropyLoss().reduction,
+        "init_scale": scaler.get_scale(),
+        "growth_interval": scaler.get_growth_interval(),
+        "initial_weights": "kaiming_uniform_(a=sqrt(5)) weights, uniform(±1/sqrt(fan_in)) biases",
+    }
+
+
+def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> dict:
+    """The values this run actually used, read back from the objects it trained with."""
+    used: dict[str, object] = {"loss_reduction": "mean", "weight_decay": optimizer.param_groups[0]["weight_decay"]}
+    if "eps" in optimizer.param_groups[0]:
+        used["adam_epsilon"] = optimizer.param_groups[0]["eps"]
+    bn = next((m for m in model.modules() if isinstance(m, nn.BatchNorm2d)), None)
+    if bn is not None:
+        used.update(bn_momentum=bn.momentum, bn_epsilon=bn.eps, stride2_padding="padding=1: symmetric")
+    if scaler.is_enabled():
+        used.update(init_scale=scaler.get_scale(), growth_interval=scaler.get_growth_interval())
+    return used
+
+
+def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
+    settings = framework_settings(cfg)  # empty in 'defaults' mode: torch's own BatchNorm defaults
+    return build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width,
+                       bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"))
+
+
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
+    settings = framework_settings(cfg)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.adam_epsilon)
+        return torch.optim.Adam(params, lr=cfg.lr, **({"eps": settings["adam_epsilon"]} if settings else {}))
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
 
 def make_scaler(cfg: RunConfig) -> torch.amp.GradScaler:
     # AMP: dynamic loss scaling for fp16 only; a disabled scaler makes scale/step/update pass through.
-    return torch.amp.GradScaler(cfg.device, init_scale=cfg.init_scale, growth_interval=cfg.growth_interval,
-                                enabled=cfg.loss_scaling)
+    settings = framework_settings(cfg)
+    scaling = {k: settings[k] for k in ("init_scale", "growth_interval")} if settings else {}
+    return torch.amp.GradScaler(cfg.device, enabled=cfg.loss_scaling, **scaling)
 
 
 def current_scale(scaler: torch.amp.GradScaler, device: torch.device) -> torch.Tensor:
@@ -116,11 +157,13 @@ class StepClock:
         return out
 
 
-def train(cfg: RunConfig, data: Dataset, progress: Progress) -> TrainResult:
+def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
     device = torch.device(cfg.device)
     amp_dtype = AMP_DTYPES[cfg.precision]
-    model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
+    model = make_model(cfg, data)
+    init_source = shared_init.apply(model, get_weights, set_weights)
+    model = model.to(device)
     optimizer = make_optimizer(cfg, model.parameters())
     scaler = make_scaler(cfg)
     x_train, y_train, x_val, y_val = make_dataset(data, device)
@@ -132,6 +175,9 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress) -> TrainResult:
                    ("torch.autocast" if cfg.mixed else "none"),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
+        "init_source": init_source,
+        "framework_defaults": describe_defaults(),
+        "settings_used": settings_used(model, optimizer, scaler),
     })
     if device.type == "cuda":
         torch.cuda.synchronize()
