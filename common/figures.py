@@ -36,7 +36,8 @@ class Figure:
 
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
-    df["Framework"] = df["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f))
+    labels = [FRAMEWORK_LABELS[f] for f in FRAMEWORK_LABELS if f in set(df["framework"])]
+    df["Framework"] = pd.Categorical(df["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)), categories=labels)
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
     return df
 
@@ -53,7 +54,7 @@ def _bar(table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str | N
     fig, ax = plt.subplots(figsize=(7, 4))
     sns.barplot(data=df, x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS, ax=ax)
     if annotate:
-        for container, (_, group) in zip(ax.containers, df.groupby("Framework", sort=False, observed=True)):
+        for container, (_, group) in zip(ax.containers, df.groupby("Framework", observed=True)):
             labels = [fmt.format(v) if np.isfinite(v) else "" for v in group.sort_values("Precision")[annotate]]
             ax.bar_label(container, labels=labels, fontsize=8, padding=2)
     ax.set_title(title)

@@ -15,14 +15,16 @@ import jinja2
 import pandas as pd
 
 from common import records
+from common.atomic import atomic_write_text
 from common.env import cpu_half_precision_verdict
 from common.figures import make_figures
+from common.mapping import DIFFERENCES
 from common.summary import findings, formatted_summary, summary_table
 
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
-            ("loss_scaling", "Loss scaling"), ("cells", "Cells"), ("environment", "Environment"),
-            ("reproduce", "Reproduce")]
+            ("loss_scaling", "Loss scaling"), ("differences", "Framework differences"), ("cells", "Cells"),
+            ("environment", "Environment"), ("reproduce", "Reproduce")]
 
 
 def load_manifest(run_dir: Path) -> dict:
@@ -67,6 +69,43 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
     return out
 
 
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def framework_differences(runs: pd.DataFrame) -> list[dict]:
+    """Each item of common.mapping.DIFFERENCES: both frameworks' defaults as their children read them
+    from the installed versions, and the values this run's cells actually used."""
+    ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+    defaults: dict[str, dict] = {}
+    used: dict[str, dict[str, set]] = {}
+    for row in ok.to_dict("records"):
+        fw = row["framework"]
+        if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
+            defaults.setdefault(fw, json.loads(row["framework_defaults"]))
+        if isinstance(row.get("settings_used"), str) and row["settings_used"]:
+            for key, value in json.loads(row["settings_used"]).items():
+                used.setdefault(fw, {}).setdefault(key, set()).add(_fmt(value))
+        if row.get("init_source"):
+            used.setdefault(fw, {}).setdefault("initial_weights", set()).add(str(row["init_source"]))
+    rows = []
+    for d in DIFFERENCES:
+        rows.append({
+            "item": d.item, "why": d.why,
+            "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
+            "keras_default": _fmt(defaults.get("tf", {}).get(d.key, "n/a")),
+            "torch_used": "; ".join(sorted(used.get("torch", {}).get(d.key, set()))) or "not used",
+            "keras_used": "; ".join(sorted(used.get("tf", {}).get(d.key, set()))) or "not used",
+        })
+    return rows
+
+
+def _seeds_text(seeds: list) -> str:
+    return f"{len(seeds)} seeds ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
+
+
 def render_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     manifest = load_manifest(run_dir)
@@ -92,15 +131,17 @@ def render_report(run_dir: Path) -> Path:
         n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
         summary_html=table_html(summary), findings=sentences, cpu_verdict=cpu_half_precision_verdict(environment),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
-        env_rows=env_rows, command=manifest["command"],
+        env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
+        seeds_text=_seeds_text(manifest["matrix"]["seeds"]),
+        comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),
     )
-    records.atomic_write_text(run_dir / "index.html", page)
+    atomic_write_text(run_dir / "index.html", page)
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           table_markdown(summary), "", *[f"- {s}" for s in sentences]]
     if missing:
         md += ["", f"Missing or failed cells: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
-    records.atomic_write_text(run_dir / "summary.md", "\n".join(md))
+    atomic_write_text(run_dir / "summary.md", "\n".join(md))
     render_runs_index(run_dir.parent)
     return run_dir / "index.html"
 
@@ -127,5 +168,5 @@ def render_runs_index(reports_dir: Path) -> Path:
             "headline": headline or "n/a",
         })
     path = Path(reports_dir) / "index.html"
-    records.atomic_write_text(path, _env().get_template("index.html").render(runs=rows))
+    atomic_write_text(path, _env().get_template("index.html").render(runs=rows))
     return path

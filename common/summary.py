@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from common.config import FRAMEWORK_LABELS, PRECISIONS
+from common.config import FRAMEWORK_LABELS, FRAMEWORKS, PRECISIONS
 from common.env import cpu_half_precision_verdict
 
 GROUP = ["framework", "model", "dataset", "precision"]
@@ -44,9 +44,9 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     agg["speedup_vs_fp32"] = agg["throughput_img_s"] / baseline("throughput_img_s")
     agg["memory_change_vs_fp32"] = agg["peak_memory_bytes"] / baseline("peak_memory_bytes") - 1.0
     agg["accuracy_change_pp"] = (agg["val_accuracy"] - baseline("val_accuracy")) * 100
-    order = {p: i for i, p in enumerate(PRECISIONS)}
+    order = {**{p: i for i, p in enumerate(PRECISIONS)}, **{f: i for i, f in enumerate(FRAMEWORKS)}}
     agg = agg.sort_values(["model", "dataset", "framework", "precision"],
-                          key=lambda s: s.map(order) if s.name == "precision" else s)
+                          key=lambda s: s.map(order) if s.name in ("framework", "precision") else s)
     return agg[cols].reset_index(drop=True)
 
 

@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 BAD = [
-    (["--models", "vgg"], "unknown model 'vgg' (valid: simple_cnn)"),
+    (["--models", "vgg"], "unknown model 'vgg' (valid: simple_cnn, resnet18)"),
     (["--datasets", "imagenet"], "unknown dataset 'imagenet' (valid: digits, synthetic)"),
     (["--precisions", "fp32,fp8"], "unknown precision 'fp8' (valid: fp32, fp16, bf16)"),
     (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf)"),

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common import records
+from common.atomic import atomic_write_text
 from common.child import TrainResult, build_tables, step_time_summary
 from common.config import RunConfig
 from common.data import load_dataset
@@ -58,7 +59,7 @@ def test_missing_columns_are_refused(tmp_path):
 
 
 def test_atomic_write_leaves_no_temporary_files(tmp_path):
-    records.atomic_write_text(tmp_path / "a.txt", "hello")
+    atomic_write_text(tmp_path / "a.txt", "hello")
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
 
 

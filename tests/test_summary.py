@@ -7,7 +7,8 @@ from common.summary import findings, formatted_summary, summary_table
 def _runs():
     rows = []
     for fw in ("torch", "tf"):
-        for prec, thr, mem, acc in (("fp32", 100.0, 200.0, 0.90), ("fp16", 25.0, 150.0, 0.88), ("bf16", 50.0, 100.0, 0.91)):
+        cells = (("fp32", 100.0, 200.0, 0.90), ("fp16", 25.0, 150.0, 0.88), ("bf16", 50.0, 100.0, 0.91))
+        for prec, thr, mem, acc in cells:
             rows.append({"framework": fw, "model": "simple_cnn", "dataset": "digits", "precision": prec, "seed": 0,
                          "status": "ok", "throughput_img_s": thr, "peak_memory_bytes": mem * 2**20,
                          "final_val_accuracy": acc, "skipped_steps": 2 if prec == "fp16" else 0,

@@ -1,0 +1,121 @@
+"""Benchmark: how much faster (or slower) is each mixed-precision mode than fp32, per framework?
+
+Each framework runs in its own child process. Inside it the fp32, fp16 and bf16 versions of the
+same model train on the same in-memory batch, interleaved step by step (fp32, fp16, bf16, fp32,
+…), so machine noise hits all three alike; the ratio of median step times is the result. This
+uses the project's own train_step code. Prints a table and writes it as CSV.
+
+    python benchmarks/amp_speed.py [--model simple_cnn] [--batch-size 64] [--rounds 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common.config import PRECISIONS, RunConfig  # noqa: E402
+from common.data import load_dataset  # noqa: E402
+
+
+def _torch_steppers(model_name: str, batch_size: int):
+    import torch
+
+    from torch_impl.train import AMP_DTYPES, make_dataset, make_model, make_optimizer, make_scaler, setup, train_step
+
+    data = load_dataset("digits")
+    x, y, _, _ = make_dataset(data, torch.device("cpu"))
+    xb, yb = x[:batch_size], y[:batch_size]
+    out = {}
+    for precision in PRECISIONS:
+        cfg = RunConfig(framework="torch", model=model_name, precision=precision, batch_size=batch_size)
+        setup(cfg)
+        model = make_model(cfg, data)
+        optimizer, scaler = make_optimizer(cfg, model.parameters()), make_scaler(cfg)
+        out[precision] = (lambda m=model, o=optimizer, s=scaler, d=AMP_DTYPES[precision]:
+                          train_step(m, o, s, xb, yb, d)[0].item())
+    return out
+
+
+def _tf_steppers(model_name: str, batch_size: int):
+    import keras
+
+    from tf_impl.train import make_model, make_optimizer, setup
+
+    data = load_dataset("digits")
+    xb, yb = data.x_train[:batch_size], data.y_train[:batch_size]
+    out = {}
+    for precision in PRECISIONS:
+        cfg = RunConfig(framework="tf", model=model_name, precision=precision, batch_size=batch_size)
+        setup(cfg)  # sets the global dtype policy the model is built under
+        model = make_model(cfg, data)
+        model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        out[precision] = lambda m=model: m.train_on_batch(xb, yb, return_dict=True)
+    keras.config.set_dtype_policy("float32")
+    return out
+
+
+def child(framework: str, model_name: str, batch_size: int, rounds: int, warmup: int) -> None:
+    steppers = (_torch_steppers if framework == "torch" else _tf_steppers)(model_name, batch_size)
+    times: dict[str, list[float]] = {p: [] for p in steppers}
+    for r in range(warmup + rounds):
+        for precision, step in steppers.items():
+            start = time.perf_counter()
+            step()  # returns host values, so the step has finished
+            if r >= warmup:
+                times[precision].append(time.perf_counter() - start)
+    print(json.dumps({p: float(np.median(t)) for p, t in times.items()}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="simple_cnn")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--child", choices=["torch", "tf"])
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.model, args.batch_size, args.rounds, args.warmup)
+        return 0
+    rows = []
+    for framework in ("torch", "tf"):
+        proc = subprocess.run([sys.executable, __file__, "--child", framework, "--model", args.model,
+                               "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
+                               "--warmup", str(args.warmup)], capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            print(f"{framework}: benchmark child failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return 1
+        medians = json.loads(proc.stdout.strip().splitlines()[-1])
+        for precision, median in medians.items():
+            rows.append({"framework": framework, "model": args.model, "batch_size": args.batch_size,
+                         "precision": precision, "median_step_ms": median * 1000,
+                         "time_vs_fp32": median / medians["fp32"], "speedup_vs_fp32": medians["fp32"] / median})
+    print(f"Mixed precision vs fp32, interleaved in one process per framework ({args.rounds} rounds):")
+    print(f"{'framework':<10}{'precision':<10}{'median step (ms)':>18}{'speed vs fp32':>15}")
+    for r in rows:
+        print(f"{r['framework']:<10}{r['precision']:<10}{r['median_step_ms']:>18.2f}{r['speedup_vs_fp32']:>14.2f}×")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"amp_speed-{datetime.now():%Y%m%d-%H%M%S}.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
