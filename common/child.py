@@ -10,6 +10,7 @@ parent's progress bar. This module never imports a framework.
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import json
 import sys
@@ -27,6 +28,7 @@ from common.config import ConfigError, RunConfig
 from common.data import Dataset, load_dataset
 
 PROGRESS_PREFIX = "@@amp-compare "
+EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the framework is missing or fails to import
 
 
 class Progress:
@@ -118,7 +120,21 @@ class TrainResult:
     epochs: list[dict] = field(default_factory=list)  # keys: REQUIRED["epochs"]
     peak_memory_bytes: int = 0
     memory_kind: str = ""
+    diverged_at_step: int | None = None  # first step of the non-finite run that stopped training
     info: dict = field(default_factory=dict)  # framework versions, device name, AMP details
+
+
+class DivergenceWatch:
+    """Counts consecutive non-finite losses; training stops once the run reaches `limit` steps."""
+
+    def __init__(self, limit: int):
+        self.limit, self.run = limit, 0
+
+    def update(self, losses: list[float], last_step: int) -> int | None:
+        """Feed the losses of the steps up to `last_step`; returns the step the divergence began, or None."""
+        for loss in losses:
+            self.run = 0 if np.isfinite(loss) else self.run + 1
+        return last_step - self.run + 1 if self.run >= self.limit else None
 
 
 def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: int) -> dict[str, float]:
@@ -156,11 +172,14 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
     last = result.epochs[-1] if result.epochs else {}
     train_time = float(sum(e["train_time_s"] for e in result.epochs))
     images = len(steps) * cfg.batch_size
+    diverged = result.diverged_at_step is not None
     run = {
         **identity,
         "schema_version": records.SCHEMA_VERSION,
-        "status": "ok",
-        "error": "",
+        "status": "diverged" if diverged else "ok",
+        "error": (f"non-finite loss for {cfg.diverge_after} consecutive steps from step {result.diverged_at_step}"
+                  if diverged else ""),
+        "diverged_at_step": result.diverged_at_step if diverged else -1,
         "stderr_tail": "",
         **{f"cfg_{k}": v for k, v in cfg.to_dict().items() if k not in identity},
         "dataset_source": dataset.source,
@@ -186,6 +205,16 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
 
 
 TrainFn = Callable[[RunConfig, Dataset, Progress, SharedInit], TrainResult]
+
+
+def child_entry(train_module: str) -> int:
+    """`python -m torch_impl|tf_impl` lands here: a framework that fails to import is 'unavailable'."""
+    try:
+        train_fn = importlib.import_module(train_module).train
+    except ImportError as exc:
+        print(f"unavailable: {train_module} cannot import its framework ({exc})", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    return child_main(train_fn)
 
 
 def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:

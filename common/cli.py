@@ -88,8 +88,14 @@ def build_parser() -> ArgumentParser:
     c.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per cell before it is killed")
     c.add_argument("--out", type=Path, default=Path("reports"), help="folder for run folders (default: reports)")
     c.add_argument("--run-id", default=None, help="name of the run folder (default: date-time-device)")
+    c.add_argument("--diverge-after", type=int, default=RunConfig.diverge_after,
+                   help="stop a cell as diverged after this many consecutive non-finite losses")
+    c.add_argument("--config", type=Path, default=None, help="JSON file of compare options (CLI overrides it)")
+    c.add_argument("--resume", default=None, metavar="RUN_ID",
+                   help="re-run only the missing or failed cells of reports/RUN_ID")
     r = sub.add_parser("report", help="re-render the report of one or more run folders")
     r.add_argument("run_dirs", nargs="+", type=Path)
+    parser.compare_parser = c  # --config and --resume need the compare options' defaults
     return parser
 
 
@@ -132,7 +138,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
                   steps_per_epoch=args.steps_per_epoch, optimizer=args.optimizer, lr=args.lr,
                   comparison=args.comparison, init=args.init, width=args.width,
                   init_scale=args.init_scale, growth_interval=args.growth_interval,
-                  warmup_steps=args.warmup_steps, threads=args.threads)
+                  warmup_steps=args.warmup_steps, threads=args.threads, diverge_after=args.diverge_after)
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
     for d in datasets:
@@ -153,25 +159,80 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device}
 
 
-def compare(args: argparse.Namespace, argv: list[str]) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+# Options that define the matrix: with --resume the run's own saved configuration is used instead.
+MATRIX_OPTIONS = ("frameworks", "precisions", "models", "datasets", "seeds", "device", "epochs", "batch_size",
+                  "steps_per_epoch", "optimizer", "comparison", "init", "width", "lr", "init_scale",
+                  "growth_interval", "warmup_steps", "threads", "diverge_after", "run_id", "config")
 
+
+def plan_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Path, list[RunConfig], dict]:
+    """The cells of an earlier run that are missing or failed; finished cells are left untouched."""
+    import pandas as pd
+
+    from common.report import load_manifest
+
+    run_dir = args.out / args.resume
+    if not (run_dir / "manifest.json").exists():
+        known = sorted(p.name for p in args.out.glob("*") if (p / "manifest.json").exists())
+        raise ConfigError(f"unknown run id {args.resume!r} in {str(args.out)!r} (valid: {', '.join(known) or 'none'})")
+    given = [f"--{k.replace('_', '-')}" for k in MATRIX_OPTIONS
+             if getattr(args, k) != parser.compare_parser.get_default(k)]
+    if given:
+        raise ConfigError(f"--resume reuses the run's saved configuration; drop {', '.join(given)} "
+                          "(valid with --resume: --out, --timeout)")
+    manifest = load_manifest(run_dir)
+    todo = []
+    for cfg in (RunConfig.from_dict(d) for d in manifest["configs"]):
+        path = run_dir / "cells" / cfg.cell_id / "run.parquet"
+        try:
+            status = str(pd.read_parquet(path, columns=["status"])["status"].iloc[0]) if path.exists() else "missing"
+        except Exception:  # an unreadable record is as good as none
+            status = "corrupt"
+        if status not in ("ok", "diverged"):  # a diverged run is a result, not a failure
+            todo.append(cfg)
+    return run_dir, todo, manifest
+
+
+def compare(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser) -> int:
     from common.atomic import atomic_write_text
     from common.env import host_environment
-    from common.runner import run_cell
 
-    run_id, cells, plan = plan_compare(args)
-    run_dir = args.out / run_id
-    run_dir.mkdir(parents=True)
-    command = "python -m common " + " ".join(shlex.quote(a) for a in argv)
-    manifest = {"run_id": run_id, "command": command, **plan, "cells": [c.cell_id for c in cells],
-                "environment": host_environment(), "timeout_s": args.timeout}
+    if args.resume:
+        run_dir, cells, manifest = plan_resume(args, parser)
+        manifest.setdefault("resumed", []).append(
+            {"command": "python -m common " + " ".join(shlex.quote(a) for a in argv), "cells": len(cells)})
+    else:
+        run_id, cells, plan = plan_compare(args)
+        run_dir = args.out / run_id
+        run_dir.mkdir(parents=True)
+        manifest = {"run_id": run_id, "command": "python -m common " + " ".join(shlex.quote(a) for a in argv),
+                    **plan, "cells": [c.cell_id for c in cells], "configs": [c.to_dict() for c in cells],
+                    "environment": host_environment(), "timeout_s": args.timeout}
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     console = _console()
-    console.print(f"amp-compare: {len(cells)} cells on {plan['device']} -> {run_dir}")
+    console.print(f"amp-compare: {len(cells)} cells on {manifest['device']} -> {run_dir}")
     start = time.monotonic()
+    outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], args.timeout, console)
+    index = _render(run_dir, console)
+    done = [o for o in outcomes if o.status in ("ok", "diverged")]
+    bad = [f"{o.cell_id} ({o.status}: {o.error})" for o in outcomes if o not in done]
+    console.print(f"{len(done)} of {len(cells)} cells finished in {time.monotonic() - start:.0f} s"
+                  + (f"; not finished: {'; '.join(bad)}" if bad else ""))
+    print(index)
+    if interrupted:
+        console.print(f"Interrupted: {len(done)} finished cells are kept in {run_dir}. Resume with:\n"
+                      f"  python -m common compare --resume {run_dir.name} --out {shlex.quote(str(args.out))}")
+        return 130
+    return 0
+
+
+def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, console) -> tuple[list, bool]:
+    """Each cell in its own child, with a progress bar over the matrix and one within each cell."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from common.runner import run_cell
+
     outcomes = []
-    interrupted = False
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         overall = progress.add_task("matrix", total=len(cells))
@@ -184,24 +245,15 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
                     progress.update(task, total=total, completed=event["epoch"] * event["steps"] + event["step"])
 
             try:
-                outcome = run_cell(cfg, run_dir, run_id, args.timeout, on_event)
+                outcome = run_cell(cfg, run_dir, run_id, timeout, on_event)
             except KeyboardInterrupt:
-                interrupted = True
                 progress.update(task, description=f"  {cfg.cell_id} [interrupted]")
-                break
+                return outcomes, True
             outcomes.append(outcome)
-            status = "ok" if outcome.status == "ok" else f"FAILED: {outcome.error}"
+            status = outcome.status if outcome.status == "ok" else f"{outcome.status.upper()}: {outcome.error}"
             progress.update(task, description=f"  {cfg.cell_id} [{status}]")
             progress.advance(overall)
-    index = _render(run_dir, console)
-    failed = [o for o in outcomes if o.status != "ok"]
-    console.print(f"{len(outcomes) - len(failed)} of {len(cells)} cells finished in {time.monotonic() - start:.0f} s"
-                  + (f"; failed: {', '.join(o.cell_id for o in failed)}" if failed else ""))
-    print(index)
-    if interrupted:
-        console.print(f"Interrupted: finished cells are kept in {run_dir}.")
-        return 130
-    return 0
+    return outcomes, False
 
 
 def _console():
@@ -244,12 +296,38 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_config_file(path: Path, parser: argparse.ArgumentParser) -> dict:
+    """Compare options from a JSON object (keys as the option names); the command line overrides them."""
+    compare_parser = parser.compare_parser
+    valid = sorted(a.dest for a in compare_parser._actions if a.dest not in ("help", "config", "resume"))
+    try:
+        values = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"malformed config file {str(path)!r}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a JSON object of options")
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)} in config file {str(path)!r} "
+                          f"(valid: {', '.join(valid)})")
+    lists = {k: ",".join(map(str, v)) for k, v in values.items() if isinstance(v, list)}
+    compare_parser.set_defaults(**{**values, **lists})
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         if args.command == "compare":
-            return compare(args, argv)
+            if args.config:
+                load_config_file(args.config, parser)
+                args = parser.parse_args(argv)
+            return compare(args, argv, parser)
         return report(args)
     except ConfigError as exc:
         print(f"amp-compare: error: {exc}", file=sys.stderr)

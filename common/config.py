@@ -33,6 +33,7 @@ INITS = ("shared", "framework")
 
 # Framework package that runs each framework's child process.
 FRAMEWORK_MODULES = {"torch": "torch_impl", "tf": "tf_impl"}
+FRAMEWORK_LIBRARIES = {"torch": "torch", "tf": "tensorflow"}  # what each child must be able to import
 FRAMEWORK_LABELS = {"torch": "PyTorch", "tf": "TensorFlow/Keras"}
 
 
@@ -74,6 +75,7 @@ class RunConfig:
     adam_epsilon: float = 1e-7  # set explicitly on both sides (defaults: torch 1e-8, Keras 1e-7)
     momentum: float = 0.9  # SGD momentum (torch convention; Keras uses the same one for SGD)
     warmup_steps: int = 5  # first steps of the run, excluded from step-time statistics
+    diverge_after: int = 20  # stop, recorded as diverged, after this many consecutive non-finite losses
     # Dynamic loss scaler for fp16, set explicitly on both sides
     # (defaults: torch GradScaler 2**16 / 2000 steps, Keras LossScaleOptimizer 2**15 / 2000).
     init_scale: float = 2.0**15
@@ -91,7 +93,7 @@ class RunConfig:
         _choice("init", self.init, INITS)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("epochs", "batch_size", "growth_interval", "threads", "width"):
+        for name in ("epochs", "batch_size", "growth_interval", "threads", "width", "diverge_after"):
             _positive(name, getattr(self, name))
         if self.steps_per_epoch is not None:
             _positive("steps_per_epoch", self.steps_per_epoch)

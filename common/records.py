@@ -86,6 +86,9 @@ def read_run(run_dir: Path, warn=None) -> dict[str, pd.DataFrame]:
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     cells_dir = Path(run_dir) / "cells"
     for cell_dir in sorted(p for p in cells_dir.glob("*") if p.is_dir()) if cells_dir.exists() else []:
+        if not (cell_dir / "run.parquet").exists():
+            warn(f"skipping unfinished cell {cell_dir.name} (no run.parquet: interrupted or still running)")
+            continue
         try:
             cell = read_cell(cell_dir)
         except Exception as exc:  # a corrupt file must not hide the other cells

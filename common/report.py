@@ -117,7 +117,8 @@ def render_report(run_dir: Path) -> Path:
     summary = formatted_summary(summary_table(runs))
     sentences = findings(runs, steps, environment)
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
-    missing = [c for c in manifest["cells"] if c not in ok_ids]
+    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
+    missing = [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     env_rows = [(k, environment[k]) for k in sorted(environment)]
     for col in ("framework_version", "keras_version", "device_name", "memory_kind"):
@@ -139,7 +140,7 @@ def render_report(run_dir: Path) -> Path:
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           table_markdown(summary), "", *[f"- {s}" for s in sentences]]
     if missing:
-        md += ["", f"Missing or failed cells: {', '.join(missing)}."]
+        md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(md))
     render_runs_index(run_dir.parent)

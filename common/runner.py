@@ -9,6 +9,7 @@ timeout is recorded as a failed cell with the reason and the tail of its stderr.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -25,8 +26,8 @@ import pandas as pd
 
 from common import records
 from common.atomic import atomic_write_text
-from common.child import PROGRESS_PREFIX
-from common.config import FRAMEWORK_MODULES, RunConfig
+from common.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
+from common.config import FRAMEWORK_LIBRARIES, FRAMEWORK_MODULES, RunConfig
 from common.env import PROJECT_ROOT
 
 STDERR_TAIL_LINES = 25
@@ -48,11 +49,11 @@ def stderr_tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def failed_run_table(cfg: RunConfig, run_id: str, error: str, tail: str) -> pd.DataFrame:
-    """The one-row run record of a cell that produced no result."""
+def failed_run_table(cfg: RunConfig, run_id: str, error: str, tail: str, status: str = "failed") -> pd.DataFrame:
+    """The one-row run record of a cell that produced no result ("failed" or "unavailable")."""
     identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
                 "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
-    row = {**identity, "schema_version": records.SCHEMA_VERSION, "status": "failed", "error": error,
+    row = {**identity, "schema_version": records.SCHEMA_VERSION, "status": status, "error": error,
            "stderr_tail": tail, **{f"cfg_{k}": v for k, v in cfg.to_dict().items() if k not in identity}}
     return pd.DataFrame([row])
 
@@ -80,14 +81,35 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def framework_missing(framework: str) -> str | None:
+    """Why a framework cannot run here, found without importing it (None: it is installed)."""
+    library = FRAMEWORK_LIBRARIES[framework]
+    try:
+        found = importlib.util.find_spec(library) is not None
+    except (ImportError, ValueError) as exc:
+        return f"{library} cannot be found ({exc})"
+    return None if found else f"{library} is not installed (pip install -e . installs it)"
+
+
+def remove_partial(cell_dir: Path) -> None:
+    """A cell without its run.parquet never finished: drop whatever tables it left."""
+    for name in records.TABLES:
+        (cell_dir / f"{name}.parquet").unlink(missing_ok=True)
+
+
 def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
              on_event: Callable[[dict], None] = lambda event: None) -> CellOutcome:
     """Train one cell in a child process; always leaves a run record behind."""
     cell_dir = Path(run_dir) / "cells" / cfg.cell_id
     cell_dir.mkdir(parents=True, exist_ok=True)
+    remove_partial(cell_dir)  # a resumed cell starts clean
     config_path = cell_dir / "config.json"
     atomic_write_text(config_path, cfg.to_json())
     stderr_path = cell_dir / "stderr.log"
+    missing = framework_missing(cfg.framework)
+    if missing:
+        records.write_cell(cell_dir, {"run": failed_run_table(cfg, run_id, missing, "", status="unavailable")})
+        return CellOutcome(cfg.cell_id, "unavailable", missing, 0.0)
     cmd = [sys.executable, "-m", FRAMEWORK_MODULES[cfg.framework], "--config", str(config_path),
            "--out", str(cell_dir), "--run-id", run_id]
     if cfg.init == "shared":
@@ -116,22 +138,29 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
                     _kill(proc)
                     error = f"timed out after {timeout_s:g} s"
                     break
-        except BaseException:  # Ctrl-C: stop the child before going up
+        except BaseException:  # Ctrl-C: stop the child, drop its unfinished tables, go up
             _kill(proc)
+            if not (cell_dir / "run.parquet").exists():
+                remove_partial(cell_dir)
             raise
         proc.wait()
     wall = time.monotonic() - start
+    tail = stderr_tail(stderr_path)
+    status = "failed"
+    if not error and proc.returncode == EXIT_UNAVAILABLE:
+        status = "unavailable"
+        error = next((ln for ln in reversed(tail.splitlines()) if ln.startswith("unavailable:")), "unavailable")
     if not error and proc.returncode != 0:
         error = _describe_exit(proc.returncode)
     if not error and not (cell_dir / "run.parquet").exists():
         error = "exited without writing its records"
     if error:
         # The child may have died after writing some tables: a failed cell keeps only its run row.
-        for name in ("epochs", "steps", "run"):
-            (cell_dir / f"{name}.parquet").unlink(missing_ok=True)
-        records.write_cell(cell_dir, {"run": failed_run_table(cfg, run_id, error, stderr_tail(stderr_path))})
-        return CellOutcome(cfg.cell_id, "failed", error, wall)
-    return CellOutcome(cfg.cell_id, "ok", "", wall)
+        remove_partial(cell_dir)
+        records.write_cell(cell_dir, {"run": failed_run_table(cfg, run_id, error, tail, status=status)})
+        return CellOutcome(cfg.cell_id, status, error, wall)
+    run = pd.read_parquet(cell_dir / "run.parquet")
+    return CellOutcome(cfg.cell_id, str(run["status"].iloc[0]), str(run["error"].iloc[0]), wall)
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -103,20 +103,22 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict) -> list
     # Memory.
     mem = table[(table["precision"] != "fp32") & table["memory_change_vs_fp32"].notna()]
     if not mem.empty:
-        best = mem.loc[mem["memory_change_vs_fp32"].idxmin()]
-        worst = mem.loc[mem["memory_change_vs_fp32"].idxmax()]
         kinds = ", ".join(sorted(set(ok_runs(runs)["memory_kind"].dropna())))
-        out.append(f"Peak memory ({kinds}) changed from fp32 by between {best.memory_change_vs_fp32:+.0%} "
-                   f"({_label(best.framework)} {best.precision}) and {worst.memory_change_vs_fp32:+.0%} "
-                   f"({_label(worst.framework)} {worst.precision}).")
+        parts = [f"{_label(r.framework)} {r.precision} {r.memory_change_vs_fp32:+.0%}" for r in mem.itertuples()]
+        out.append(f"Peak memory against fp32 ({kinds}): {', '.join(parts)}.")
     # Accuracy.
     acc = table[(table["precision"] != "fp32") & table["accuracy_change_pp"].notna()]
     if not acc.empty:
         worst = acc.loc[acc["accuracy_change_pp"].abs().idxmax()]
-        out.append(f"Final validation accuracy of every mixed cell was within "
-                   f"{abs(worst.accuracy_change_pp):.1f} percentage points of its framework's fp32 "
-                   f"(largest change: {_label(worst.framework)} {worst.precision}, "
-                   f"{worst.val_accuracy:.1%} vs fp32).")
+        if abs(worst.accuracy_change_pp) < 1e-9:
+            per_fw = ", ".join(f"{_label(r.framework)} {r.val_accuracy:.1%}"
+                               for r in acc.drop_duplicates("framework").itertuples())
+            out.append(f"Final validation accuracy was identical to fp32's in every mixed cell ({per_fw}): "
+                       "on this task half precision cost no accuracy.")
+        else:
+            out.append(f"The largest accuracy change against fp32 was {worst.accuracy_change_pp:+.1f} percentage "
+                       f"points ({_label(worst.framework)} {worst.precision}: {worst.val_accuracy:.1%}); "
+                       f"every mixed cell was within {abs(worst.accuracy_change_pp):.1f} points of its fp32.")
     # Loss scaling.
     fp16 = steps[steps["precision"] == "fp16"] if not steps.empty else steps
     if not fp16.empty:
@@ -126,4 +128,7 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict) -> list
             parts.append(f"{_label(fw)} skipped {int(g['skipped'].sum())} of {len(g)} steps and ended at "
                          f"scale 2^{np.log2(last):.0f}")
         out.append("Dynamic loss scaling (fp16): " + "; ".join(parts) + ".")
+    diverged = runs[runs["status"] == "diverged"] if "status" in runs else runs.iloc[0:0]
+    for r in diverged.itertuples():
+        out.insert(0, f"{_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}.")
     return out[:6]

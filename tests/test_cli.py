@@ -22,6 +22,12 @@ BAD = [
     (["--batch-size", "100000", "--datasets", "digits"], "batch size 100000 is larger than the 1438 training images"),
     (["--seeds", "a,b"], "--seeds must be comma-separated non-negative integers, got 'a,b'"),
     (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+    (["--comparison", "loose"], "unknown comparison 'loose' (valid: aligned, defaults)"),
+    (["--init", "random"], "unknown init 'random' (valid: shared, framework)"),
+    (["--width", "0"], "width must be a positive int, got 0"),
+    (["--diverge-after", "0"], "diverge_after must be a positive int, got 0"),
+    (["--resume", "no-such-run"], "unknown run id 'no-such-run'"),
+    (["--config", "/nonexistent/amp.json"], "cannot read config file '/nonexistent/amp.json'"),
 ]
 
 
@@ -62,6 +68,39 @@ def test_unwritable_output_directory(tmp_path):
         assert proc.returncode == 2 and "is not writable" in proc.stderr
     finally:
         locked.chmod(0o700)
+
+
+def test_malformed_and_unknown_config_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"epochs": 2,')
+    proc = _compare(["--config", str(bad)], tmp_path / "reports")
+    assert proc.returncode == 2 and "malformed config file" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    bad.write_text('{"epochz": 2}')
+    proc = _compare(["--config", str(bad)], tmp_path / "reports")
+    assert proc.returncode == 2 and "unknown option(s) epochz in config file" in proc.stderr
+    assert not (tmp_path / "reports").exists()
+
+
+def test_config_file_values_are_used_and_cli_overrides(tmp_path):
+    from common.cli import build_parser, load_config_file, plan_compare
+
+    cfg = tmp_path / "amp.json"
+    cfg.write_text('{"precisions": ["fp32", "bf16"], "epochs": 3, "datasets": "synthetic", "device": "cpu"}')
+    parser = build_parser()
+    load_config_file(cfg, parser)
+    args = parser.parse_args(["compare", "--epochs", "5", "--out", str(tmp_path / "r")])
+    _, cells, plan = plan_compare(args)
+    assert plan["matrix"]["precisions"] == ["fp32", "bf16"] and {c.epochs for c in cells} == {5}
+    assert {c.dataset for c in cells} == {"synthetic"}
+
+
+def test_resume_refuses_matrix_options(tmp_path):
+    run = tmp_path / "reports" / "r1"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text("{}")
+    proc = _compare(["--resume", "r1", "--epochs", "3"], tmp_path / "reports")
+    assert proc.returncode == 2 and "drop --epochs" in proc.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["manifest.json"]
 
 
 def test_output_path_under_a_file(tmp_path):

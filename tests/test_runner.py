@@ -8,7 +8,8 @@ from common.config import RunConfig
 
 @pytest.mark.parametrize(
     ("mode", "timeout", "expected"),
-    [("crash", 60, "exited with code 3"), ("kill", 60, "killed by signal SIGKILL"), ("hang", 2, "timed out after 2 s")],
+    [("crash", 60, "exited with code 3"), ("kill", 60, "killed by signal SIGKILL"), ("hang", 2, "timed out after 2 s"),
+     ("unavailable", 60, "unavailable: torch_impl.train cannot import its framework (simulated)")],
 )
 def test_failed_child_leaves_a_failed_record(tmp_path, monkeypatch, mode, timeout, expected):
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
@@ -16,9 +17,17 @@ def test_failed_child_leaves_a_failed_record(tmp_path, monkeypatch, mode, timeou
     cfg = RunConfig(dataset="synthetic")
     events = []
     outcome = runner.run_cell(cfg, tmp_path, "r1", timeout, events.append)
-    assert outcome.status == "failed" and outcome.error == expected
+    status = "unavailable" if mode == "unavailable" else "failed"
+    assert outcome.status == status and outcome.error == expected
     assert events and events[0]["kind"] == "step"
     run = records.read_run(tmp_path)["run"]
-    assert run.loc[0, "status"] == "failed" and run.loc[0, "error"] == expected
+    assert run.loc[0, "status"] == status and run.loc[0, "error"] == expected
     if mode == "crash":
         assert "something broke" in run.loc[0, "stderr_tail"]
+
+
+def test_missing_framework_is_found_without_importing_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(runner.FRAMEWORK_LIBRARIES, "tf", "no_such_framework_xyz")
+    outcome = runner.run_cell(RunConfig(framework="tf", dataset="synthetic"), tmp_path, "r1", 60)
+    assert outcome.status == "unavailable" and "no_such_framework_xyz is not installed" in outcome.error
+    assert records.read_run(tmp_path)["run"].loc[0, "status"] == "unavailable"

@@ -2,7 +2,6 @@
 
 import sys
 
-from common.child import child_main
-from tf_impl.train import train
+from common.child import child_entry
 
-sys.exit(child_main(train))
+sys.exit(child_entry("tf_impl.train"))

@@ -18,7 +18,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.child import CpuPeakMemory, Progress, SharedInit, TrainResult  # noqa: E402
+from common.child import CpuPeakMemory, DivergenceWatch, Progress, SharedInit, TrainResult  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from common.data import Dataset, batch_plan  # noqa: E402
 from common.mapping import framework_settings  # noqa: E402
@@ -129,6 +129,7 @@ class StepRecorder(keras.callbacks.Callback):
     def __init__(self, cfg: RunConfig, steps: int, progress: Progress, result: TrainResult):
         super().__init__()
         self.cfg, self.steps, self.progress, self.result = cfg, steps, progress, result
+        self.watch = DivergenceWatch(cfg.diverge_after)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.losses = epoch, []
@@ -144,6 +145,9 @@ class StepRecorder(keras.callbacks.Callback):
         self.result.step_loss_scale.append(float(logs["loss_scale"]))
         self.result.step_skipped.append(bool(logs["skipped"]))
         self.progress.step(self.epoch, self.cfg.epochs, batch, self.steps)
+        self.result.diverged_at_step = self.watch.update(self.losses[-1:], len(self.result.step_loss) - 1)
+        if self.result.diverged_at_step is not None:
+            self.model.stop_training = True  # fit() stops after this batch
 
     def on_test_begin(self, logs=None):
         self.eval_start = time.perf_counter()
@@ -158,7 +162,7 @@ class StepRecorder(keras.callbacks.Callback):
             "train_accuracy": float(logs["accuracy"]),  # running mean over the epoch's equal batches
             "val_loss": float(logs["val_loss"]),
             "val_accuracy": float(logs["val_accuracy"]),
-            "train_time_s": float(sum(self.result.step_time_s[-self.steps:])),
+            "train_time_s": float(sum(self.result.step_time_s[-len(self.losses):])),
             "eval_time_s": self.eval_time,
         })
 
@@ -204,7 +208,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
             tf.config.experimental.reset_memory_stats("GPU:0")
         else:
             cpu_memory = CpuPeakMemory()
-        model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0,
+        model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
                   validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH,
                   callbacks=[StepRecorder(cfg, steps, progress, result)])
     if cfg.device == "cuda":

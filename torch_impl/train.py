@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.child import CpuPeakMemory, Progress, SharedInit, TrainResult
+from common.child import CpuPeakMemory, DivergenceWatch, Progress, SharedInit, TrainResult
 from common.config import RunConfig
 from common.data import Dataset, epoch_batches
 from common.mapping import framework_settings
@@ -186,10 +186,12 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         cpu_memory = CpuPeakMemory()
     model.train()
     clock = StepClock(device)
+    watch = DivergenceWatch(cfg.diverge_after)
+    check_every = 25 if device.type == "cuda" else 1  # reading the loss on the host syncs a GPU
     for epoch in range(cfg.epochs):
         plan = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, epoch,
                                               cfg.steps_per_epoch)).to(device)
-        losses, corrects, scales_used, scales_after = [], [], [], []
+        losses, corrects, scales_used, scales_after, checked = [], [], [], [], 0
         clock.mark()
         for step, idx in enumerate(plan):
             scales_used.append(current_scale(scaler, device))
@@ -199,6 +201,11 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
             corrects.append(correct)
             clock.mark()
             progress.step(epoch, cfg.epochs, step, len(plan))
+            if len(losses) - checked >= check_every or step + 1 == len(plan):
+                fresh, checked = torch.stack(losses[checked:]).float().cpu().tolist(), len(losses)
+                result.diverged_at_step = watch.update(fresh, len(result.step_loss) + step)
+                if result.diverged_at_step is not None:
+                    break
         step_times = clock.intervals()  # synchronises once per epoch
         train_time = float(sum(step_times))
         eval_start = time.perf_counter()
@@ -207,7 +214,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
 
         used, after = torch.stack(scales_used).cpu(), torch.stack(scales_after).cpu()
         epoch_losses = torch.stack(losses).float().cpu().numpy()
-        result.step_epoch += [epoch] * len(plan)
+        result.step_epoch += [epoch] * len(losses)
         result.step_loss += epoch_losses.tolist()
         result.step_loss_scale += used.tolist()
         result.step_skipped += (after < used).tolist()  # the scaler backs off only on a skipped step
@@ -215,12 +222,14 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         result.epochs.append({
             "epoch": epoch,
             "train_loss": float(np.mean(epoch_losses)),
-            "train_accuracy": float(torch.stack(corrects).sum().item()) / (len(plan) * cfg.batch_size),
+            "train_accuracy": float(torch.stack(corrects).sum().item()) / (len(losses) * cfg.batch_size),
             "val_loss": val_loss,
             "val_accuracy": val_accuracy,
             "train_time_s": train_time,
             "eval_time_s": eval_time,
         })
+        if result.diverged_at_step is not None:
+            break
     if device.type == "cuda":
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
         result.memory_kind = "cuda_allocator_peak"

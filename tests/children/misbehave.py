@@ -1,11 +1,21 @@
-"""A stand-in framework child that fails on purpose, selected by AMP_COMPARE_TEST_MODE."""
+"""A stand-in framework child that fails on purpose.
+
+AMP_COMPARE_TEST_MODE picks the failure (crash, hang, kill, unavailable). With
+AMP_COMPARE_TEST_CELL set, only the cell whose --out path contains that text misbehaves; every
+other cell runs the real torch child, so a test can break one cell of a real matrix.
+"""
 
 import os
+import runpy
 import sys
 import time
 
 mode = os.environ.get("AMP_COMPARE_TEST_MODE", "crash")
-print("@@amp-compare {\"kind\": \"step\", \"epoch\": 0, \"epochs\": 1, \"step\": 1, \"steps\": 2}", flush=True)
+only = os.environ.get("AMP_COMPARE_TEST_CELL")
+out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else ""
+if only and only not in out:
+    runpy.run_module("torch_impl", run_name="__main__")  # the real child; exits itself
+print('@@amp-compare {"kind": "step", "epoch": 0, "epochs": 1, "step": 1, "steps": 2}', flush=True)
 if mode == "crash":
     print("Traceback: something broke inside the framework", file=sys.stderr)
     raise SystemExit(3)
@@ -13,3 +23,6 @@ if mode == "hang":
     time.sleep(600)
 if mode == "kill":
     os.kill(os.getpid(), 9)
+if mode == "unavailable":
+    print("unavailable: torch_impl.train cannot import its framework (simulated)", file=sys.stderr)
+    raise SystemExit(69)

@@ -1,0 +1,162 @@
+"""Faults a long compare meets: each test asserts that no finished result is lost.
+
+Real framework children run here (torch: ~3 s a cell); a few tests break exactly one cell of a
+real matrix through tests/children/misbehave.py, which runs the real child for every other cell.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from common import records
+from common.report import render_report
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--datasets", "synthetic", "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1",
+        "--device", "cpu"]
+
+
+def _compare(out: Path, *args: str, env: dict | None = None, wait: bool = True):
+    cmd = [sys.executable, "-m", "common", "compare", "--out", str(out), *args]
+    if wait:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _runs(run_dir: Path) -> pd.DataFrame:
+    return records.read_run(run_dir, warn=lambda m: None)["run"].set_index("cell_id")
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.1)
+
+
+def _child_pid(cell: str) -> int | None:
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"torch_impl" in cmdline and any(cell.encode() in part for part in cmdline):
+                return int(proc.name)
+    return None
+
+
+def _misbehave_env(mode: str, cell: str) -> dict:
+    env = dict(os.environ, AMP_COMPARE_TEST_MODE=mode, AMP_COMPARE_TEST_CELL=cell)
+    return env
+
+
+def test_sigkill_of_a_child_mid_run_loses_nothing(tmp_path):
+    out = tmp_path / "reports"
+    proc = _compare(out, "--frameworks", "torch", "--precisions", "fp32", "--seeds", "0,1,2", "--epochs", "300",
+                    "--run-id", "k", *TINY, wait=False)
+    cell = "torch-simple_cnn-synthetic-fp32-s1"
+    _wait_for(lambda: _child_pid(cell) is not None and (out / "k/cells" / cell / "stderr.log").exists())
+    time.sleep(1.5)  # let it import torch and start training
+    os.kill(_child_pid(cell), signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-2000:]
+    runs = _runs(out / "k")
+    assert runs.loc[cell, "status"] == "failed" and runs.loc[cell, "error"] == "killed by signal SIGKILL"
+    assert (runs.drop(cell)["status"] == "ok").all() and len(runs) == 3
+    html = (out / "k" / "index.html").read_text()
+    assert f"{cell} (failed)" in html and "killed by signal SIGKILL" in html
+
+
+def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch):
+    from common import runner
+
+    monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
+    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "hang")
+    monkeypatch.setenv("AMP_COMPARE_TEST_CELL", "-bf16-")
+    from common.cli import main
+
+    rc = main(["compare", "--out", str(tmp_path), "--frameworks", "torch", "--precisions", "fp32,bf16,fp16",
+               "--epochs", "1", "--run-id", "t", "--timeout", "20", *TINY])
+    assert rc == 0
+    runs = _runs(tmp_path / "t")
+    assert runs.loc["torch-simple_cnn-synthetic-bf16-s0", "error"] == "timed out after 20 s"
+    assert runs.loc["torch-simple_cnn-synthetic-fp32-s0", "status"] == "ok"
+    assert runs.loc["torch-simple_cnn-synthetic-fp16-s0", "status"] == "ok"
+
+
+def test_diverging_configuration_is_a_result_not_a_crash(tmp_path):
+    proc = _compare(tmp_path, "--precisions", "fp32", "--optimizer", "sgd", "--lr", "1e8", "--diverge-after", "3",
+                    "--epochs", "2", "--run-id", "d", *TINY)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = _runs(tmp_path / "d")
+    assert set(runs["status"]) == {"diverged"}
+    assert (runs["diverged_at_step"] >= 0).all()
+    assert runs["error"].str.contains("non-finite loss for 3 consecutive steps from step").all()
+    steps = records.read_run(tmp_path / "d")["steps"]
+    assert steps.groupby("cell_id").size().max() < 6  # stopped early
+    assert "diverged" in (tmp_path / "d" / "index.html").read_text()
+
+
+def test_interrupted_compare_resumes_to_what_a_clean_run_gives(tmp_path):
+    args = ["--frameworks", "torch", "--precisions", "fp32,bf16", "--epochs", "60", *TINY]
+    clean = _compare(tmp_path, *args, "--run-id", "clean")
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    proc = _compare(tmp_path, *args, "--run-id", "cut", wait=False)
+    first = tmp_path / "cut/cells/torch-simple_cnn-synthetic-fp32-s0/run.parquet"
+    _wait_for(lambda: first.exists() and _child_pid("torch-simple_cnn-synthetic-bf16-s0") is not None)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "python -m common compare --resume cut" in stderr
+    kept = first.read_bytes()
+    assert not (tmp_path / "cut/cells/torch-simple_cnn-synthetic-bf16-s0/run.parquet").exists()
+    resumed = _compare(tmp_path, "--resume", "cut")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "1 cells on cpu" in resumed.stderr
+    assert first.read_bytes() == kept  # the finished cell was not touched
+    a, b = records.read_run(tmp_path / "clean"), records.read_run(tmp_path / "cut")
+    assert sorted(a["run"]["status"]) == sorted(b["run"]["status"]) == ["ok", "ok"]
+    key = ["cell_id", "step"]
+    la = a["steps"].sort_values(key)["loss"].to_numpy()
+    lb = b["steps"].sort_values(key)["loss"].to_numpy()
+    np.testing.assert_allclose(la, lb, rtol=1e-6)  # same data, same initial weights, same numbers
+    acc = [df["epochs"].sort_values(["cell_id", "epoch"])["val_accuracy"].to_numpy() for df in (a, b)]
+    np.testing.assert_array_equal(*acc)
+
+
+def test_corrupt_record_among_good_ones(tiny_run, tmp_path):
+    _, run_dir = tiny_run
+    copy = tmp_path / "reports" / "tiny"
+    shutil.copytree(run_dir, copy)
+    bad = copy / "cells" / "tf-simple_cnn-synthetic-fp16-s0" / "steps.parquet"
+    bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])  # truncated mid-write by some fault
+    warnings: list[str] = []
+    tables = records.read_run(copy, warn=warnings.append)
+    assert len(tables["run"]) == 5 and "tf-simple_cnn-synthetic-fp16-s0" in warnings[0]
+    render_report(copy)
+    html = (copy / "index.html").read_text()
+    assert "tf-simple_cnn-synthetic-fp16-s0 (missing)" in html
+    assert html.count("simple_cnn-synthetic-") >= 5
+
+
+def test_framework_that_fails_to_import_is_unavailable_and_the_rest_runs(tmp_path):
+    fake = tmp_path / "fake" / "tensorflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('simulated broken TensorFlow install')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    proc = _compare(tmp_path / "reports", "--precisions", "fp32", "--epochs", "1", "--run-id", "u", *TINY, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = _runs(tmp_path / "reports" / "u")
+    assert runs.loc["tf-simple_cnn-synthetic-fp32-s0", "status"] == "unavailable"
+    assert "simulated broken TensorFlow install" in runs.loc["tf-simple_cnn-synthetic-fp32-s0", "error"]
+    assert runs.loc["torch-simple_cnn-synthetic-fp32-s0", "status"] == "ok"
+    assert "tf-simple_cnn-synthetic-fp32-s0 (unavailable)" in (tmp_path / "reports/u/index.html").read_text()
