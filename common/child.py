@@ -190,6 +190,10 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "final_train_loss": last.get("train_loss", float("nan")),
         **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size),
         "train_time_s": train_time,
+        # The first step carries tracing / compilation (torch.compile, XLA, tf.function) and kernel setup:
+        # its excess over the median step is reported apart from step time.
+        "first_step_overhead_s": (max(0.0, result.step_time_s[0] - float(np.median(result.step_time_s)))
+                                  if result.step_time_s else float("nan")),
         "eval_time_s": float(sum(e["eval_time_s"] for e in result.epochs)),
         "epoch_throughput_img_s": images / train_time if train_time > 0 else float("nan"),
         "steps_total": len(steps),
@@ -230,7 +234,7 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
     except (OSError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    dataset = load_dataset(cfg.dataset)
+    dataset = load_dataset(cfg.dataset, cfg.data_dir)
     progress = Progress()
     result = train_fn(cfg, dataset, progress, SharedInit(args.init_file, cfg.framework, cfg.seed))
     tables = build_tables(args.run_id, cfg, result, dataset, time.perf_counter() - start)

@@ -320,7 +320,11 @@ def load_cifar(
         raise ConfigError(
             f"{path} is not a readable {spec.label} archive ({exc}): delete it and download {spec.url} again"
         ) from None
-    check = "official MD5 verified" if verified else "MD5 not checked"
+    if verified:
+        check = "official MD5 verified"
+    else:  # not enforced (verify_md5=False), but the report still says whether this is the official file
+        check = "MD5 matches the official archive" if _md5(path=path) == spec.md5 else \
+            "MD5 differs from the official archive: not the official release"
     source = (
         f"{spec.label} from {path} ({check}): {len(x_train)} train / {len(x_test)} test images, {len(classes)} classes"
     )

@@ -32,8 +32,11 @@ from common.config import (
 
 # Default configuration per device (the matrix is always both frameworks x fp32/fp16/bf16).
 PROFILES = {
-    "cpu": {"datasets": "digits", "epochs": 12, "batch_size": 64},
-    "cuda": {"datasets": "digits", "epochs": 40, "batch_size": 128},
+    "cpu": {"models": "simple_cnn", "datasets": "digits", "epochs": 12, "batch_size": 64, "augment": False,
+            "seeds": "0,1,2", "channels_last": False},
+    # resnet18 on CIFAR-10 (synthetic data of CIFAR's shape when the archive is absent and cannot be fetched)
+    "cuda": {"models": "resnet18", "datasets": "cifar10", "epochs": 15, "batch_size": 256, "augment": True,
+             "seeds": "0", "channels_last": True},
 }
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -68,9 +71,17 @@ def build_parser() -> ArgumentParser:
     c = sub.add_parser("compare", help="train the matrix in both frameworks and write a report")
     c.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"comma list of {FRAMEWORKS}")
     c.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma list of {PRECISIONS}")
-    c.add_argument("--models", default="simple_cnn", help=f"comma list of {MODELS}")
-    c.add_argument("--datasets", default=None, help=f"comma list of {DATASETS} (default: digits)")
-    c.add_argument("--seeds", default="0", help="comma list of seeds (default: 0)")
+    c.add_argument("--models", default=None, help=f"comma list of {MODELS} (default: simple_cnn CPU, resnet18 GPU)")
+    c.add_argument("--datasets", default=None, help=f"comma list of {DATASETS} (default: digits CPU, cifar10 GPU)")
+    c.add_argument("--seeds", default=None, help="comma list of seeds (default: 0,1,2 on CPU, 0 on GPU)")
+    c.add_argument("--repeats", type=int, default=None, help="N runs per cell with seeds 0..N-1 (instead of --seeds)")
+    c.add_argument("--data-dir", default=None, help="folder to look in first for dataset archives (CIFAR)")
+    c.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                   help="random crop + flip, identical in both frameworks (default: on for GPU/CIFAR)")
+    c.add_argument("--tf32", default="off", help="on|off: TF32 for fp32 matmul/conv on GPUs, both frameworks")
+    c.add_argument("--compile", action="store_true", help="torch.compile / Keras jit_compile (XLA)")
+    c.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch channels_last memory format (default: on for GPU)")
     c.add_argument("--device", default="auto", help="auto, cpu or cuda (auto: cuda when a GPU is visible)")
     c.add_argument("--epochs", type=int, default=None, help="epochs per cell (default: 12 on CPU, 40 on GPU)")
     c.add_argument("--batch-size", type=int, default=None, help="images per step (default: 64 CPU, 128 GPU)")
@@ -128,9 +139,14 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     profile = PROFILES[device]
     frameworks = _list("frameworks", args.frameworks, FRAMEWORKS)
     precisions = _list("precisions", args.precisions, PRECISIONS)
-    models = _list("models", args.models, MODELS)
+    models = _list("models", args.models or profile["models"], MODELS)
     datasets = _list("datasets", args.datasets or profile["datasets"], DATASETS)
-    seeds = _seeds(args.seeds)
+    if args.repeats is not None and args.seeds is not None:
+        raise ConfigError("--repeats and --seeds both choose the seeds; give one of them")
+    if args.repeats is not None and args.repeats < 1:
+        raise ConfigError(f"--repeats must be a positive integer, got {args.repeats}")
+    seeds = list(range(args.repeats)) if args.repeats else _seeds(args.seeds or profile["seeds"])
+    notes = []
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
     common = dict(device=device, epochs=args.epochs if args.epochs is not None else profile["epochs"],
@@ -138,11 +154,20 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
                   steps_per_epoch=args.steps_per_epoch, optimizer=args.optimizer, lr=args.lr,
                   comparison=args.comparison, init=args.init, width=args.width,
                   init_scale=args.init_scale, growth_interval=args.growth_interval,
-                  warmup_steps=args.warmup_steps, threads=args.threads, diverge_after=args.diverge_after)
+                  warmup_steps=args.warmup_steps, threads=args.threads, diverge_after=args.diverge_after,
+                  data_dir=args.data_dir, augment=profile["augment"] if args.augment is None else args.augment,
+                  tf32=args.tf32, compile=args.compile,
+                  channels_last=profile["channels_last"] if args.channels_last is None else args.channels_last)
+    if args.datasets is None and device == "cuda":
+        try:
+            load_dataset("cifar10", args.data_dir)
+        except ConfigError as exc:  # the GPU default still runs, on data of CIFAR's shape, and says so
+            datasets = ["synthetic_cifar"]
+            notes.append(f"CIFAR-10 unavailable ({exc}); the GPU default used synthetic data of CIFAR's shape.")
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
     for d in datasets:
-        n_train = len(load_dataset(d).x_train)
+        n_train = len(load_dataset(d, args.data_dir).x_train)
         if steps_per_epoch(n_train, cells[0].batch_size) == 0:
             raise ConfigError(f"batch size {cells[0].batch_size} is larger than the {n_train} training "
                               f"images of {d!r} (valid: 1..{n_train})")
@@ -156,11 +181,12 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
               "seeds": seeds}
     defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
                 if k not in ("framework", "model", "dataset", "precision", "seed")}
-    return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device}
+    return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device, "notes": notes}
 
 
 # Options that define the matrix: with --resume the run's own saved configuration is used instead.
-MATRIX_OPTIONS = ("frameworks", "precisions", "models", "datasets", "seeds", "device", "epochs", "batch_size",
+MATRIX_OPTIONS = ("frameworks", "precisions", "models", "datasets", "seeds", "repeats", "data_dir", "augment",
+                  "tf32", "compile", "channels_last", "device", "epochs", "batch_size",
                   "steps_per_epoch", "optimizer", "comparison", "init", "width", "lr", "init_scale",
                   "growth_interval", "warmup_steps", "threads", "diverge_after", "run_id", "config")
 

@@ -21,7 +21,7 @@ FRAMEWORKS = ("torch", "tf")
 #   bf16: mixed bfloat16, no loss scaling (bfloat16 has float32's exponent range).
 PRECISIONS = ("fp32", "fp16", "bf16")
 MODELS = ("simple_cnn", "resnet18")
-DATASETS = ("digits", "synthetic")
+DATASETS = ("digits", "synthetic", "synthetic_cifar", "cifar10", "cifar100")
 DEVICES = ("cpu", "cuda")
 OPTIMIZERS = ("adam", "sgd")
 # aligned: the hyperparameter mapping of common/mapping.py applied, both sides configured equal.
@@ -67,6 +67,11 @@ class RunConfig:
     comparison: str = "aligned"  # one of COMPARISONS
     init: str = "shared"  # one of INITS
     width: int = 64  # resnet18 base width (channels of the first stage); simple_cnn ignores it
+    data_dir: str | None = None  # where to look first for dataset archives (CIFAR)
+    augment: bool = False  # random crop (4-pixel padding) + horizontal flip, identical in both frameworks
+    tf32: str = "off"  # TF32 for float32 matmul/conv on NVIDIA GPUs, set the same in both frameworks
+    compile: bool = False  # torch.compile / Keras jit_compile=True (XLA); compile time reported apart
+    channels_last: bool = False  # torch only: NHWC memory format for convolutions (Keras is NHWC already)
     epochs: int = 8
     batch_size: int = 64  # images per optimizer step
     steps_per_epoch: int | None = None  # cap on steps per epoch (None: the whole training set)
@@ -91,6 +96,7 @@ class RunConfig:
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("comparison", self.comparison, COMPARISONS)
         _choice("init", self.init, INITS)
+        _choice("tf32 setting", self.tf32, ("on", "off"))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("epochs", "batch_size", "growth_interval", "threads", "width", "diverge_after"):

@@ -19,7 +19,8 @@ VAL_FRACTION = 0.2
 DIGITS_SIZE = 16  # sklearn's digits are 8x8; the model sees them resized once to 16x16
 SYNTHETIC_SHAPE = (16, 16, 3)
 SYNTHETIC_SAMPLES = 640
-NUM_CLASSES = {"digits": 10, "synthetic": 10}
+SYNTHETIC_CIFAR_SAMPLES = 12_500  # CIFAR's image shape, a fifth of its size: 10,000 train + 2,500 validation
+NUM_CLASSES = {"digits": 10, "synthetic": 10, "synthetic_cifar": 10, "cifar10": 10, "cifar100": 100}
 
 
 @dataclass(frozen=True)
@@ -31,29 +32,35 @@ class Dataset:
     y_val: np.ndarray
     num_classes: int
     source: str  # one line: where the data came from
+    fill: np.ndarray | None = None  # per-channel normalised value of a black pixel (augmentation padding)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
         return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
 
 
+def _standardised(name: str, source: str, num_classes: int, x_train: np.ndarray, y_train: np.ndarray,
+                  x_val: np.ndarray, y_val: np.ndarray) -> Dataset:
+    """Per-channel standardisation with statistics of the training split only."""
+    mean = x_train.mean(axis=(0, 1, 2), keepdims=True, dtype=np.float64)
+    std = x_train.std(axis=(0, 1, 2), keepdims=True, dtype=np.float64) + 1e-6
+    return Dataset(
+        name=name,
+        x_train=((x_train - mean) / std).astype(np.float32),
+        y_train=y_train.astype(np.int64),
+        x_val=((x_val - mean) / std).astype(np.float32),
+        y_val=y_val.astype(np.int64),
+        num_classes=num_classes,
+        source=source,
+        fill=(-mean / std).astype(np.float32).reshape(-1),
+    )
+
+
 def _split(x: np.ndarray, y: np.ndarray, name: str, source: str, num_classes: int) -> Dataset:
     order = np.random.default_rng(SPLIT_SEED).permutation(len(x))
     n_val = int(round(len(x) * VAL_FRACTION))
     val, train = order[:n_val], order[n_val:]
-    x_train, x_val = x[train], x[val]
-    # Per-channel standardisation with statistics of the training split only.
-    mean = x_train.mean(axis=(0, 1, 2), keepdims=True)
-    std = x_train.std(axis=(0, 1, 2), keepdims=True) + 1e-6
-    return Dataset(
-        name=name,
-        x_train=((x_train - mean) / std).astype(np.float32),
-        y_train=y[train].astype(np.int64),
-        x_val=((x_val - mean) / std).astype(np.float32),
-        y_val=y[val].astype(np.int64),
-        num_classes=num_classes,
-        source=source,
-    )
+    return _standardised(name, source, num_classes, x[train], y[train], x[val], y[val])
 
 
 def resize_bilinear(images: np.ndarray, size: int) -> np.ndarray:
@@ -93,13 +100,51 @@ def load_synthetic() -> Dataset:
     return _split(x.astype(np.float32), y, "synthetic", source, NUM_CLASSES["synthetic"])
 
 
-LOADERS = {"digits": load_digits, "synthetic": load_synthetic}
+def load_synthetic_cifar() -> Dataset:
+    """Synthetic data of CIFAR's shape (32x32x3, 10 classes), for a GPU run without the archive."""
+    rng = np.random.default_rng(SPLIT_SEED + 1)
+    templates = rng.normal(size=(10, 32, 32, 3)).astype(np.float32)
+    y = rng.integers(0, 10, size=SYNTHETIC_CIFAR_SAMPLES)
+    x = templates[y] + 2.0 * rng.normal(size=(SYNTHETIC_CIFAR_SAMPLES, 32, 32, 3)).astype(np.float32)
+    source = (f"synthetic data of CIFAR's shape: {SYNTHETIC_CIFAR_SAMPLES} 32x32x3 images, one template per class "
+              "plus noise (not CIFAR: its archive was absent)")
+    return _split(x, y, "synthetic_cifar", source, 10)
 
 
-def load_dataset(name: str) -> Dataset:
+def load_cifar_dataset(name: str, data_dir: str | None) -> Dataset:
+    """The official CIFAR archive (found, or downloaded when the network allows); test set = validation.
+
+    A download is always MD5-verified. A found archive is read only if it is structurally valid;
+    whether its MD5 is the official one is recorded in the run's dataset_source.
+    """
+    from common.cifar import load_cifar
+
+    arrays = load_cifar(name, data_dir=data_dir, download=True, verify_md5=False)
+    return _standardised(name, arrays.source, NUM_CLASSES[name], arrays.x_train.astype(np.float32) / 255.0,
+                         arrays.y_train, arrays.x_test.astype(np.float32) / 255.0, arrays.y_test)
+
+
+LOADERS = {"digits": load_digits, "synthetic": load_synthetic, "synthetic_cifar": load_synthetic_cifar}
+
+
+def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
+    if name in ("cifar10", "cifar100"):
+        return load_cifar_dataset(name, data_dir)
     if name not in LOADERS:
-        raise ConfigError(f"unknown dataset {name!r} (valid: {', '.join(LOADERS)})")
+        raise ConfigError(f"unknown dataset {name!r} (valid: {', '.join([*LOADERS, 'cifar10', 'cifar100'])})")
     return LOADERS[name]()
+
+
+def epoch_images(data: Dataset, seed: int, epoch: int, augment: bool) -> np.ndarray:
+    """The training images one epoch sees: augmented (random crop + flip, seeded by seed and epoch) or as is.
+
+    One implementation for both frameworks, so both train on exactly the same augmented pixels.
+    """
+    if not augment:
+        return data.x_train
+    from common.cifar import augment_batch
+
+    return augment_batch(data.x_train, np.random.default_rng([seed, epoch, 1]), fill=data.fill)
 
 
 def steps_per_epoch(n_train: int, batch_size: int, cap: int | None = None) -> int:

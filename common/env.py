@@ -102,10 +102,28 @@ def nvidia_gpu_present() -> bool:
         return False
 
 
+LIBRARIES = ("torch", "tensorflow", "keras", "numpy", "pandas", "pyarrow", "matplotlib", "seaborn", "scikit-learn",
+             "jinja2", "rich")
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions, read from package metadata (nothing is imported)."""
+    from importlib import metadata
+
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[f"version_{name}"] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[f"version_{name}"] = "not installed"
+    return out
+
+
 def host_environment() -> dict[str, object]:
     """What the parent records once per compare run."""
     return {
         **cpu_info(),
+        **library_versions(),
         "hostname": platform.node(),
         "os": platform.platform(),
         "python": sys.version.split()[0],

@@ -22,7 +22,7 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare") / "reports"
     proc = subprocess.run(
         [sys.executable, "-m", "common", "compare", "--datasets", "synthetic", "--epochs", "2",
-         "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1", "--out", str(out),
+         "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1", "--seeds", "0", "--out", str(out),
          "--run-id", "tiny", "--device", "cpu"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )

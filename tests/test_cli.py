@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 BAD = [
     (["--models", "vgg"], "unknown model 'vgg' (valid: simple_cnn, resnet18)"),
-    (["--datasets", "imagenet"], "unknown dataset 'imagenet' (valid: digits, synthetic)"),
+    (["--datasets", "imagenet"], "unknown dataset 'imagenet' (valid: digits, synthetic, synthetic_cifar, cifar10, cifar100)"),
     (["--precisions", "fp32,fp8"], "unknown precision 'fp8' (valid: fp32, fp16, bf16)"),
     (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf)"),
     (["--device", "tpu"], "unknown device 'tpu' (valid: auto, cpu, cuda)"),
@@ -114,3 +114,56 @@ def test_report_of_a_folder_that_is_no_run(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "common", "report", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "not a compare run folder" in proc.stderr
+
+
+def _cifar_env(tmp_path):
+    """No CIFAR anywhere, and no network use: an empty cache and an unreachable mirror."""
+    import os
+
+    return dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), AMP_COMPARE_DATA=str(tmp_path / "none"))
+
+
+def test_missing_cifar_archive_says_which_file_to_put_where(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--datasets", "cifar10", "--data-dir",
+                           str(tmp_path / "data"), "--out", str(tmp_path / "reports")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=_cifar_env(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    *notices, line = proc.stderr.strip().splitlines()  # a notice of the download attempt may come first
+    assert all(n.startswith("downloading") for n in notices), notices
+    assert line.startswith("amp-compare: error:") and "cifar-10-python.tar.gz not found in" in line
+    assert str(tmp_path / "data") in line and "put it in one of those folders" in line
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "cache" / "amp-compare").exists()
+
+
+def test_corrupt_cifar_archive_is_refused_and_nothing_cached(tmp_path):
+    from tests.cifar_fixtures import write_fake_archive
+
+    (tmp_path / "data").mkdir()
+    archive = write_fake_archive(tmp_path / "data", "cifar10")
+    archive.write_bytes(archive.read_bytes()[:300])  # truncated download
+    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--datasets", "cifar10", "--data-dir",
+                           str(tmp_path / "data"), "--out", str(tmp_path / "reports")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=_cifar_env(tmp_path))
+    assert proc.returncode == 2 and "is not a readable CIFAR-10 archive" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "cache" / "amp-compare").exists()
+
+
+def test_compare_on_a_cifar_archive_in_the_official_format(tmp_path):
+    import pandas as pd
+
+    from tests.cifar_fixtures import write_fake_archive
+
+    (tmp_path / "data").mkdir()
+    write_fake_archive(tmp_path / "data", "cifar10", n_train_per_batch=16, n_test=16)
+    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--datasets", "cifar10", "--data-dir",
+                           str(tmp_path / "data"), "--models", "resnet18", "--width", "4", "--precisions", "fp32",
+                           "--epochs", "2", "--batch-size", "16", "--seeds", "0", "--augment", "--device", "cpu",
+                           "--out", str(tmp_path / "reports"), "--run-id", "c"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=_cifar_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = pd.read_parquet(tmp_path / "reports/c/data/run.parquet")
+    assert list(runs["status"]) == ["ok", "ok"] and (runs["train_samples"] == 80).all()
+    assert runs["dataset_source"].str.contains("CIFAR-10 from").all()
+    assert runs["cfg_augment"].all() and set(runs["cfg_model"] if "cfg_model" in runs else runs["model"]) == {
+        "resnet18"}

@@ -84,7 +84,7 @@ def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch):
     from common.cli import main
 
     rc = main(["compare", "--out", str(tmp_path), "--frameworks", "torch", "--precisions", "fp32,bf16,fp16",
-               "--epochs", "1", "--run-id", "t", "--timeout", "20", *TINY])
+               "--epochs", "1", "--run-id", "t", "--timeout", "20", "--seeds", "0", *TINY])
     assert rc == 0
     runs = _runs(tmp_path / "t")
     assert runs.loc["torch-simple_cnn-synthetic-bf16-s0", "error"] == "timed out after 20 s"
@@ -94,7 +94,7 @@ def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch):
 
 def test_diverging_configuration_is_a_result_not_a_crash(tmp_path):
     proc = _compare(tmp_path, "--precisions", "fp32", "--optimizer", "sgd", "--lr", "1e8", "--diverge-after", "3",
-                    "--epochs", "2", "--run-id", "d", *TINY)
+                    "--epochs", "2", "--run-id", "d", "--seeds", "0", *TINY)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = _runs(tmp_path / "d")
     assert set(runs["status"]) == {"diverged"}
@@ -106,7 +106,7 @@ def test_diverging_configuration_is_a_result_not_a_crash(tmp_path):
 
 
 def test_interrupted_compare_resumes_to_what_a_clean_run_gives(tmp_path):
-    args = ["--frameworks", "torch", "--precisions", "fp32,bf16", "--epochs", "60", *TINY]
+    args = ["--frameworks", "torch", "--precisions", "fp32,bf16", "--epochs", "60", "--seeds", "0", *TINY]
     clean = _compare(tmp_path, *args, "--run-id", "clean")
     assert clean.returncode == 0, clean.stderr[-2000:]
     proc = _compare(tmp_path, *args, "--run-id", "cut", wait=False)
@@ -153,7 +153,8 @@ def test_framework_that_fails_to_import_is_unavailable_and_the_rest_runs(tmp_pat
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('simulated broken TensorFlow install')\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
-    proc = _compare(tmp_path / "reports", "--precisions", "fp32", "--epochs", "1", "--run-id", "u", *TINY, env=env)
+    proc = _compare(tmp_path / "reports", "--precisions", "fp32", "--epochs", "1", "--run-id", "u", "--seeds", "0",
+                    *TINY, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = _runs(tmp_path / "reports" / "u")
     assert runs.loc["tf-simple_cnn-synthetic-fp32-s0", "status"] == "unavailable"

@@ -20,7 +20,7 @@ import tensorflow as tf  # noqa: E402
 
 from common.child import CpuPeakMemory, DivergenceWatch, Progress, SharedInit, TrainResult  # noqa: E402
 from common.config import RunConfig  # noqa: E402
-from common.data import Dataset, batch_plan  # noqa: E402
+from common.data import Dataset, batch_plan, epoch_images  # noqa: E402
 from common.mapping import framework_settings  # noqa: E402
 from tf_impl.models import build_model, get_weights, set_weights  # noqa: E402
 
@@ -36,6 +36,8 @@ def setup(cfg: RunConfig) -> None:
     except RuntimeError:  # only settable before TensorFlow initialises its runtime
         pass
     keras.config.set_dtype_policy(DTYPE_POLICIES[cfg.precision])  # AMP: layers compute in half precision
+    # TF32 decided here, as on the torch side (TF's own default is on), so fp32 means the same in both.
+    tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32 == "on")
 
 
 def describe_defaults() -> dict[str, object]:
@@ -167,8 +169,38 @@ class StepRecorder(keras.callbacks.Callback):
         })
 
 
-def make_dataset(data: Dataset, plan: np.ndarray) -> tf.data.Dataset:
-    """Batches in exactly the order of common.data.batch_plan, gathered from device-resident tensors."""
+def device_info(gpus: list) -> dict[str, object]:
+    """What TensorFlow sees of the accelerator and the CUDA/cuDNN it was built with."""
+    build = tf.sysconfig.get_build_info()
+    info: dict[str, object] = {"tf_cuda_version": build.get("cuda_version", ""),
+                               "tf_cudnn_version": build.get("cudnn_version", "")}
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        capability = details.get("compute_capability")
+        info.update(device_name=details.get("device_name", "GPU"),
+                    compute_capability=".".join(map(str, capability)) if capability else "")
+    else:
+        info["device_name"] = "cpu"
+    return info
+
+
+def make_dataset(data: Dataset, plan: np.ndarray, augment: bool = False, seed: int = 0) -> tf.data.Dataset:
+    """Batches in exactly the order of common.data.batch_plan.
+
+    Without augmentation they are gathered from device-resident tensors; with it, each epoch's
+    augmented images come from common/data.py (the same pixels torch sees) through a prefetching
+    generator.
+    """
+    if augment:
+        def batches():
+            for epoch, epoch_plan in enumerate(plan):
+                x = epoch_images(data, seed, epoch, augment=True)
+                for idx in epoch_plan:
+                    yield x[idx], data.y_train[idx]
+
+        shape = (plan.shape[-1], *data.input_shape)
+        signature = (tf.TensorSpec(shape, tf.float32), tf.TensorSpec(shape[:1], tf.int64))
+        return tf.data.Dataset.from_generator(batches, output_signature=signature).prefetch(tf.data.AUTOTUNE)
     x, y = tf.constant(data.x_train), tf.constant(data.y_train)
     flat = plan.reshape(-1, plan.shape[-1])
     return (tf.data.Dataset.from_tensor_slices(flat)
@@ -187,8 +219,9 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     result = TrainResult(info={
         "framework_version": tf.__version__,
         "keras_version": keras.__version__,
-        "device_name": (tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-                        if cfg.device == "cuda" else "cpu"),
+        **device_info(gpus if cfg.device == "cuda" else []),
+        "tf32": f"tensor_float_32_execution={tf.config.experimental.tensor_float_32_execution_enabled()}",
+        "compiled": "jit_compile=True (XLA)" if cfg.compile else "tf.function (no XLA)",
         "amp_api": "mixed_float16 policy + LossScaleOptimizer" if cfg.loss_scaling else
                    (f"{DTYPE_POLICIES[cfg.precision]} policy" if cfg.mixed else "none"),
         "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
@@ -199,11 +232,11 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         init_source = shared_init.apply(model, get_weights, set_weights)
         model.compile(optimizer=make_optimizer(cfg),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+                      metrics=["accuracy"], jit_compile=cfg.compile)
         model.optimizer.build(model.trainable_variables)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, cfg))
-        dataset = make_dataset(data, plan)
+        dataset = make_dataset(data, plan, cfg.augment, cfg.seed)
         if cfg.device == "cuda":
             tf.config.experimental.reset_memory_stats("GPU:0")
         else:

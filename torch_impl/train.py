@@ -17,7 +17,7 @@ from torch import nn
 
 from common.child import CpuPeakMemory, DivergenceWatch, Progress, SharedInit, TrainResult
 from common.config import RunConfig
-from common.data import Dataset, epoch_batches
+from common.data import Dataset, epoch_batches, epoch_images
 from common.mapping import framework_settings
 from torch_impl.models import build_model, get_weights, set_weights
 
@@ -27,6 +27,9 @@ EVAL_BATCH = 512
 
 def setup(cfg: RunConfig) -> None:
     torch.manual_seed(cfg.seed)
+    # TF32 decided here, as on the Keras side, so fp32 means the same thing in both frameworks.
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32 == "on"
+    torch.backends.cudnn.allow_tf32 = cfg.tf32 == "on"
     torch.set_num_threads(cfg.threads)
     try:
         torch.set_num_interop_threads(cfg.threads)
@@ -122,13 +125,28 @@ def evaluate(model, x, y, amp_dtype) -> tuple[float, float]:
     return loss_sum.item() / len(x), correct.item() / len(x)
 
 
-def make_dataset(data: Dataset, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The whole (small) dataset as device tensors, NHWC -> NCHW once; batches are gathered by index."""
-    def images(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().to(device)
+def to_device_images(x: np.ndarray, device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    """NHWC numpy images -> NCHW device tensor, once per dataset (or per epoch when augmenting)."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(memory_format=fmt).to(device)
 
-    return (images(data.x_train), torch.from_numpy(data.y_train).to(device),
-            images(data.x_val), torch.from_numpy(data.y_val).to(device))
+
+def make_dataset(data: Dataset, device: torch.device, channels_last: bool = False) -> tuple[torch.Tensor, ...]:
+    """The whole dataset as device tensors; batches are gathered from them by index."""
+    return (to_device_images(data.x_train, device, channels_last), torch.from_numpy(data.y_train).to(device),
+            to_device_images(data.x_val, device, channels_last), torch.from_numpy(data.y_val).to(device))
+
+
+def device_info(device: torch.device) -> dict[str, object]:
+    """What torch sees of the accelerator and its libraries."""
+    info: dict[str, object] = {"torch_cuda_version": torch.version.cuda or "", "torch_cudnn_version":
+                               torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else ""}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        info.update(device_name=torch.cuda.get_device_name(device), compute_capability=f"{major}.{minor}")
+    else:
+        info["device_name"] = "cpu"
+    return info
 
 
 class StepClock:
@@ -163,14 +181,18 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     amp_dtype = AMP_DTYPES[cfg.precision]
     model = make_model(cfg, data)
     init_source = shared_init.apply(model, get_weights, set_weights)
-    model = model.to(device)
+    model = model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
     optimizer = make_optimizer(cfg, model.parameters())
     scaler = make_scaler(cfg)
-    x_train, y_train, x_val, y_val = make_dataset(data, device)
+    x_train, y_train, x_val, y_val = make_dataset(data, device, cfg.channels_last)
+    net = torch.compile(model) if cfg.compile else model  # compiles on its first call: see compile_time_s
 
     result = TrainResult(info={
         "framework_version": torch.__version__,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **device_info(device),
+        "tf32": f"matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
+                f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}",
+        "compiled": "torch.compile" if cfg.compile else "eager",
         "amp_api": "torch.autocast + torch.amp.GradScaler" if cfg.loss_scaling else
                    ("torch.autocast" if cfg.mixed else "none"),
         "torch_threads": torch.get_num_threads(),
@@ -191,11 +213,13 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     for epoch in range(cfg.epochs):
         plan = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, epoch,
                                               cfg.steps_per_epoch)).to(device)
+        if cfg.augment:  # the same augmented pixels as the Keras side (common/data.py)
+            x_train = to_device_images(epoch_images(data, cfg.seed, epoch, augment=True), device, cfg.channels_last)
         losses, corrects, scales_used, scales_after, checked = [], [], [], [], 0
         clock.mark()
         for step, idx in enumerate(plan):
             scales_used.append(current_scale(scaler, device))
-            loss, correct = train_step(model, optimizer, scaler, x_train[idx], y_train[idx], amp_dtype)
+            loss, correct = train_step(net, optimizer, scaler, x_train[idx], y_train[idx], amp_dtype)
             scales_after.append(current_scale(scaler, device))
             losses.append(loss)
             corrects.append(correct)
@@ -209,7 +233,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         step_times = clock.intervals()  # synchronises once per epoch
         train_time = float(sum(step_times))
         eval_start = time.perf_counter()
-        val_loss, val_accuracy = evaluate(model, x_val, y_val, amp_dtype)
+        val_loss, val_accuracy = evaluate(net, x_val, y_val, amp_dtype)
         eval_time = time.perf_counter() - eval_start
 
         used, after = torch.stack(scales_used).cpu(), torch.stack(scales_after).cpu()

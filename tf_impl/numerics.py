@@ -1,0 +1,414 @@
+"""Where mixed precision puts each number, in Keras 3: per-layer dtypes, gradient underflow, NaN/Inf.
+
+Read this file beside torch_impl/numerics.py: the public functions have the same names, arguments
+and result rows, and the numpy helpers at the end are kept identical in both files
+(tests/test_numerics.py checks that), so a row from one framework can be compared with the
+same row from the other.
+
+- `dtype_audit`: the dtype every TensorFlow op of one training step computes in, per layer.
+- `apply_fp32_layers`: a copy of the model with named layers in float32 under a mixed policy.
+- `gradient_underflow` / `underflow_summary`: how many gradient elements float16 would flush
+  to zero or overflow, with and without a loss scale.
+- `locate_nonfinite`: the first layer whose output (forward) or gradient (backward) is inf/NaN.
+
+Keras fixes a layer's dtype policy when the layer is built, so these functions take a model
+built under the policy of the precision asked for (tf_impl.train.DTYPE_POLICIES) and never
+change the global policy for good. Layers are named like their torch twins ("conv1",
+"layer1.0.bn1", "fc": "_" -> "."); layers Keras named itself ("max_pooling2d", "flatten") keep
+their Keras name. "loss" is the loss after the model, "" model code outside any layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from common import weights as cw  # noqa: E402
+from tf_impl.models import to_canonical  # noqa: E402
+from tf_impl.train import DTYPE_POLICIES  # noqa: E402
+
+LOSS = "loss"
+GRADIENT_SCOPE = "gradient_tape"  # tape.gradient builds each op's gradient under this + the op's name
+# Graph bookkeeping: constants, variable reads, shapes, placeholders move no numbers.
+BOOKKEEPING_OPS = {"Const", "Identity", "IdentityN", "ReadVariableOp", "NoOp", "Placeholder", "StopGradient",
+                   "Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike", "Fill", "BroadcastGradientArgs"}
+VARIABLE_TO_TORCH = {"kernel": "weight", "bias": "bias", **cw.BN_TO_TORCH}
+
+
+def loss_fn(y, logits):
+    """The training loss of tf_impl/train.py (a Loss object computes in float32, Keras' floatx)."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits)
+
+
+def _policy(precision: str) -> str:
+    if precision not in DTYPE_POLICIES:
+        raise ValueError(f"unknown precision {precision!r} (valid: {', '.join(DTYPE_POLICIES)})")
+    return DTYPE_POLICIES[precision]
+
+
+def _check_policy(model: keras.Model, precision: str) -> None:
+    """The model must have been built under the precision's policy: Keras cannot switch it later."""
+    policy = _policy(precision)
+    if model.dtype_policy.name != policy:
+        raise ValueError(f"model {model.name!r} was built under the {model.dtype_policy.name!r} policy, not "
+                         f"{policy!r}: build it after keras.config.set_dtype_policy({policy!r})")
+
+
+def _snake_case(name: str) -> str:
+    """Keras' own class name -> default layer name rule (keras.src.utils.naming.to_snake_case)."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def canonical_name(layer: keras.layers.Layer) -> str:
+    """The torch module name of a layer ("layer1_0_conv1" -> "layer1.0.conv1").
+
+    A layer Keras named itself ("max_pooling2d_1") has no torch twin and keeps its name.
+    """
+    if re.fullmatch(rf"{_snake_case(type(layer).__name__)}(_\d+)?", layer.name):
+        return layer.name
+    return cw.torch_module_name(layer.name)
+
+
+def _layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """The model's layers in execution order, without the InputLayer (it computes nothing)."""
+    return [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+
+
+def _param_dtype(layer: keras.layers.Layer | None) -> str:
+    """The dtype(s) of a layer's trainable variables ("" for none)."""
+    if layer is None:
+        return ""
+    return ",".join(sorted({keras.backend.standardize_dtype(v.dtype) for v in layer.trainable_weights}))
+
+
+@contextmanager
+def _training_step_state(model: keras.Model) -> Iterator[None]:
+    """The model as it was after a diagnosis: a training-mode call updates BatchNorm's moving
+    statistics, so the non-trainable variables are put back."""
+    saved = [keras.ops.convert_to_numpy(v) for v in model.non_trainable_variables]
+    try:
+        yield
+    finally:
+        for variable, value in zip(model.non_trainable_variables, saved):
+            variable.assign(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# dtype audit
+# ---------------------------------------------------------------------------------------------
+
+@contextmanager
+def _recording_scopes(model: keras.Model) -> Iterator[dict[str, str]]:
+    """Yields {TF name scope -> canonical layer name}, filled in as the model is traced.
+
+    Keras opens a name scope per layer call, but TensorFlow makes scope names unique in a graph
+    ("conv1_1", and "max_pooling2d_1" may be max_pooling2d's scope or max_pooling2d_1's), so
+    the scope is read from inside each layer's call rather than guessed from its name.
+    """
+    scopes: dict[str, str] = {}
+
+    def recording(layer, call):
+        @functools.wraps(call)
+        def wrapper(*args, **kwargs):
+            scopes[tf.get_current_name_scope()] = canonical_name(layer)
+            return call(*args, **kwargs)
+        return wrapper
+
+    layers = _layers(model)
+    for layer in layers:  # object.__setattr__: past Keras' attribute tracking, undone below
+        object.__setattr__(layer, "call", recording(layer, layer.call))
+    try:
+        yield scopes
+    finally:
+        for layer in layers:
+            object.__delattr__(layer, "call")
+
+
+def _owner(name: str, owners: dict[str, str]) -> str | None:
+    """The owner of the longest prefix of an op name ("a/b/c" -> "a/b/c", "a/b", "a") in owners."""
+    parts = name.split("/")
+    for end in range(len(parts), 0, -1):
+        owner = owners.get("/".join(parts[:end]))
+        if owner is not None:
+            return owner
+    return None
+
+
+def _dtypes(op: tf.Operation) -> str:
+    """An op's dtype: the dtypes of its floating outputs ("" if it has none)."""
+    return "+".join(dict.fromkeys(t.dtype.name for t in op.outputs if t.dtype.is_floating))
+
+
+def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
+    """The dtype each op of one training step (forward, loss, backward) computes in, per layer.
+
+    x: NHWC inputs, y: class indices. The step (GradientTape: forward, loss, gradients of the
+    trainable variables) is traced with tf.function and never run, so the model is unchanged;
+    each op of the graph is mapped to its layer through its name scope. Rows, in graph order:
+    {"layer", "op" (TF op type), "phase", "compute_dtype" (the op's floating output dtypes),
+    "param_dtype" (the layer's trainable variables, "" for none), "count"}.
+    """
+    _check_policy(model, precision)
+    marks: dict[str, Any] = {}
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            with tf.name_scope(LOSS):
+                marks["loss_scope"] = tf.get_current_name_scope()
+                loss = loss_fn(y, logits)
+        # Ops are listed in creation order: those made from here on are the backward.
+        marks["backward_start"] = len(tf.compat.v1.get_default_graph().get_operations())
+        return tape.gradient(loss, model.trainable_variables)
+
+    with _recording_scopes(model) as scopes:
+        ops = step.get_concrete_function(tf.constant(x), tf.constant(y)).graph.get_operations()
+    forward, backward = ops[:marks["backward_start"]], ops[marks["backward_start"]:]
+    owners: dict[str, str | None] = {**scopes, marks["loss_scope"]: LOSS}
+    for op in forward:
+        owners[op.name] = _owner(op.name, owners)
+    for op in forward:
+        if owners[op.name] is None:
+            # Layer.__call__ casts a layer's inputs to its compute dtype before opening the
+            # layer's scope: such a cast belongs to the one layer that consumes it.
+            consumers = {_owner(c.name, owners) for t in op.outputs for c in t.consumers()} - {None}
+            owners[op.name] = consumers.pop() if len(consumers) == 1 else ""
+    for op in backward:
+        # A gradient op is named after the forward op it differentiates ("gradient_tape/<name>/…"):
+        # same owner. Others (AddN summing the gradients of a tensor used twice) belong to the
+        # layer whose gradients they sum, or to no layer if they sum several layers' gradients.
+        owner = _owner(op.name.removeprefix(GRADIENT_SCOPE + "/"), owners) if op.name.startswith(
+            GRADIENT_SCOPE + "/") else None
+        if owner is None:
+            producers = {owners.get(t.op.name) for t in op.inputs} - {None}
+            owner = producers.pop() if len(producers) == 1 else ""
+        owners[op.name] = owner
+    counts: Counter[tuple[str, str, str, str]] = Counter()
+    for phase, phase_ops in (("forward", forward), ("backward", backward)):
+        for op in phase_ops:
+            dtype = _dtypes(op)
+            if dtype and op.type not in BOOKKEEPING_OPS:
+                counts[(owners[op.name], op.type, phase, dtype)] += 1
+    layers = {canonical_name(layer): layer for layer in _layers(model)}
+    return [{"layer": layer, "op": op, "phase": phase, "compute_dtype": dtype,
+             "param_dtype": _param_dtype(layers.get(layer)), "count": count}
+            for (layer, op, phase, dtype), count in counts.items()]
+
+
+# ---------------------------------------------------------------------------------------------
+# float32 overrides
+# ---------------------------------------------------------------------------------------------
+
+def _matches(name: str, names: Iterable[str]) -> bool:
+    """`name` is one of `names` or inside one of them ("layer4" matches "layer4.0.conv1")."""
+    return any(name == n or name.startswith(n + ".") for n in names)
+
+
+def _check_names(names: list[str], valid: Iterable[str]) -> None:
+    valid = set(valid)
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown layer name(s) {', '.join(map(repr, unknown))} "
+                         f"(valid: {', '.join(sorted(valid))})")
+
+
+def _block_names(name: str) -> list[str]:
+    """A canonical name and the blocks it sits in: "layer1.0.conv1" -> layer1, layer1.0, layer1.0.conv1."""
+    parts = name.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
+
+
+def apply_fp32_layers(model: keras.Model, names: Iterable[str]) -> keras.Model:
+    """A new model, the same class and weights, whose named layers compute in float32.
+
+    A name matches that layer and every layer inside it ("layer4" matches "layer4_0_conv1").
+    A layer's dtype policy is fixed when the layer is made, so the model is rebuilt from its
+    config with those layers' `dtype` set to "float32", under the original model's policy (put
+    back afterwards), and every variable is copied over by path. The new model is not compiled:
+    compile it as the original was.
+    """
+    names = [names] if isinstance(names, str) else list(names)
+    canonical = {layer.name: canonical_name(layer) for layer in _layers(model)}
+    _check_names(names, {block for name in canonical.values() for block in _block_names(name)})
+    forced = {layer for layer, name in canonical.items() if _matches(name, names)}
+    config = model.get_config()
+    for layer_config in config["layers"]:
+        if layer_config["config"]["name"] in forced:
+            layer_config["config"]["dtype"] = "float32"
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(model.dtype_policy)  # the model's own (Functional) policy
+    try:
+        new = type(model).from_config(config)  # keeps the class, e.g. tf_impl.train.AmpModel
+    finally:
+        keras.config.set_dtype_policy(previous)
+    variables = {v.path: v for v in new.weights}
+    if set(variables) != {v.path for v in model.weights}:
+        raise RuntimeError(f"rebuilt model {model.name!r} has different variables")
+    for v in model.weights:
+        variables[v.path].assign(v)
+    return new
+
+
+# ---------------------------------------------------------------------------------------------
+# gradient underflow
+# ---------------------------------------------------------------------------------------------
+
+def gradient_underflow(model: keras.Model, x, y, precision: str, loss_scale: float,
+                       loss_weight: float = 1.0) -> list[dict]:
+    """Per parameter: how its float32 gradient of one batch would fare in float16.
+
+    The forward runs under the model's policy, the tape gradient of the unscaled loss (times
+    loss_weight, e.g. 1e-9 to make gradients tiny) gives float32 gradients of the float32
+    variables; each is then measured as is and times loss_scale (see gradient_stats). Under
+    mixed_float16 the backward of the float16 layers itself runs in float16, so gradients that
+    already underflowed there show up as exact zeros (zero_fraction), not as flushes. Rows are
+    in canonical naming (weight/bias, torch layout); the model is left unchanged.
+    """
+    _check_policy(model, precision)
+    variables = model.trainable_variables
+    with _training_step_state(model):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)) * loss_weight
+        grads = tape.gradient(loss, variables)
+    grads = [tf.zeros_like(v) if g is None else g for v, g in zip(variables, grads)]
+    rows = []
+    for name, grad in to_canonical(model, grads, variables).items():
+        layer, param = name.rsplit(".", 1)
+        rows.append(gradient_stats(layer, param, grad, loss_scale))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# NaN / Inf locator
+# ---------------------------------------------------------------------------------------------
+
+def _numpy(t) -> np.ndarray:
+    return keras.ops.convert_to_numpy(keras.ops.cast(t, "float32"))
+
+
+def locate_nonfinite(model: keras.Model, x, y, precision: str, loss_scale: float) -> dict | None:
+    """The first place one forward/backward step goes inf or NaN, or None if it stays finite.
+
+    The backward is of loss * loss_scale under fp16 (as LossScaleOptimizer does), of the loss
+    otherwise. A functional model over the same layers (so the same variables) returns every
+    layer's output, and the tape gives gradients w.r.t. those outputs and the variables.
+    Forward: the first layer, in execution order, whose output is non-finite (then "loss").
+    Backward (forward finite): the first layer from the loss backwards whose gradient w.r.t.
+    its output, then w.r.t. its own variables, is non-finite. Returns {"where": "forward" |
+    "backward", "layer", "tensor": "output" or the parameter name, "value": "inf" | "nan"}.
+    """
+    _check_policy(model, precision)
+    layers = _layers(model)
+    probe = keras.Model(model.input, [layer.output for layer in layers])  # model.input: its own structure
+    logits_index = next(i for i, layer in enumerate(layers) if layer.output is model.outputs[0])
+    variables = model.trainable_variables
+    with _training_step_state(model):
+        with tf.GradientTape() as tape:
+            outputs = probe(x, training=True)
+            loss = loss_fn(y, outputs[logits_index])
+            scaled = loss * (loss_scale if precision == "fp16" else 1.0)
+        for layer, output in zip(layers, outputs):
+            kind = nonfinite_kind(_numpy(output))
+            if kind:
+                return {"where": "forward", "layer": canonical_name(layer), "tensor": "output", "value": kind}
+        kind = nonfinite_kind(_numpy(loss))
+        if kind:
+            return {"where": "forward", "layer": LOSS, "tensor": "output", "value": kind}
+        grads = tape.gradient(scaled, [*outputs, *variables])
+    output_grads, variable_grads = grads[:len(outputs)], dict(zip((v.path for v in variables), grads[len(outputs):]))
+    for layer, grad in reversed(list(zip(layers, output_grads))):  # from the loss backwards
+        candidates = [("output", grad)] + [(VARIABLE_TO_TORCH.get(v.name, v.name), variable_grads[v.path])
+                                           for v in layer.trainable_weights]
+        for tensor, g in candidates:
+            kind = None if g is None else nonfinite_kind(_numpy(g))
+            if kind:
+                return {"where": "backward", "layer": canonical_name(layer), "tensor": tensor, "value": kind}
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy helpers: identical in torch_impl/numerics.py and tf_impl/numerics.py
+# ---------------------------------------------------------------------------------------------
+
+FP16_MIN_SUBNORMAL = 2.0**-24  # smallest positive float16; half of it and less rounds to zero
+FP16_MIN_NORMAL = 2.0**-14  # below this float16 is subnormal: fewer significant bits
+FP16_MAX = 65504.0  # largest finite float16; from 65520 up rounds to inf
+LOG2_BINS = range(-40, 17)  # histogram bins of floor(log2|g|); values outside go to the edge bins
+
+
+def nonfinite_kind(values: np.ndarray) -> str | None:
+    """ "nan" if any value is NaN, else "inf" if any is infinite, else None."""
+    values = np.asarray(values, dtype=np.float32)
+    if np.isnan(values).any():
+        return "nan"
+    if np.isinf(values).any():
+        return "inf"
+    return None
+
+
+def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float) -> dict:
+    """How one float32 gradient would fare in float16, unscaled and times loss_scale.
+
+    The fractions are of the non-zero elements and come from actually rounding to float16:
+    "flush" = becomes 0 (|g| <= 2**-25, half the smallest subnormal, rounds to 0), "subnormal" =
+    becomes less than the smallest normal 2**-14 (zeros included: precision is lost or gone),
+    "overflow" = becomes inf (|g| >= 65520, just above float16's max 65504).
+    """
+    magnitude = np.abs(np.asarray(grad, dtype=np.float64)).ravel()
+    nonzero = magnitude[magnitude != 0]
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        unscaled = nonzero.astype(np.float16)
+        scaled = (nonzero * loss_scale).astype(np.float16)
+        exponents = np.floor(np.log2(nonzero[~np.isnan(nonzero)]))
+    bins = np.clip(exponents, LOG2_BINS[0], LOG2_BINS[-1]).astype(np.int64) - LOG2_BINS[0]
+    counts = np.bincount(bins, minlength=len(LOG2_BINS))
+
+    def fraction(mask: np.ndarray) -> float:
+        return float(mask.sum() / len(nonzero)) if len(nonzero) else 0.0
+
+    return {
+        "layer": layer,
+        "param": param,
+        "elements": int(magnitude.size),
+        "nonzero": int(len(nonzero)),
+        "zero_fraction": float(1 - len(nonzero) / magnitude.size) if magnitude.size else 0.0,
+        "flush_fraction_unscaled": fraction(unscaled == 0),
+        "subnormal_fraction_unscaled": fraction(unscaled < FP16_MIN_NORMAL),
+        "flush_fraction_scaled": fraction(scaled == 0),
+        "subnormal_fraction_scaled": fraction(scaled < FP16_MIN_NORMAL),
+        "overflow_fraction_scaled": fraction(np.isinf(scaled)),
+        "loss_scale": float(loss_scale),
+        "log2_hist": dict(zip(LOG2_BINS, counts.tolist())),
+    }
+
+
+def underflow_summary(rows: list[dict]) -> dict:
+    """The whole model's fractions: each row weighted by its number of non-zero elements."""
+    nonzero = sum(r["nonzero"] for r in rows)
+    elements = sum(r["elements"] for r in rows)
+
+    def overall(key: str) -> float:
+        return sum(r[key] * r["nonzero"] for r in rows) / nonzero if nonzero else 0.0
+
+    return {
+        "elements": elements,
+        "nonzero": nonzero,
+        "zero_fraction": 1 - nonzero / elements if elements else 0.0,
+        **{key: overall(key) for key in ("flush_fraction_unscaled", "subnormal_fraction_unscaled",
+                                         "flush_fraction_scaled", "subnormal_fraction_scaled",
+                                         "overflow_fraction_scaled")},
+    }
