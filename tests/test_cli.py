@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 BAD = [
     (["--models", "vgg"], "unknown model 'vgg' (valid: simple_cnn, resnet18)"),
-    (["--datasets", "imagenet"], "unknown dataset 'imagenet' (valid: digits, synthetic, synthetic_cifar, cifar10, cifar100)"),
+    (["--datasets", "imagenet"],
+     "unknown dataset 'imagenet' (valid: digits, synthetic, synthetic_cifar, cifar10, cifar100)"),
     (["--precisions", "fp32,fp8"], "unknown precision 'fp8' (valid: fp32, fp16, bf16)"),
     (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf)"),
     (["--device", "tpu"], "unknown device 'tpu' (valid: auto, cpu, cuda)"),
