@@ -15,7 +15,8 @@ Keras fixes a layer's dtype policy when the layer is built, so these functions t
 built under the policy of the precision asked for (tf_impl.train.DTYPE_POLICIES) and never
 change the global policy for good. Layers are named like their torch twins ("conv1",
 "layer1.0.bn1", "fc": "_" -> "."); layers Keras named itself ("max_pooling2d", "flatten") keep
-their Keras name. "loss" is the loss after the model, "" model code outside any layer.
+their Keras name. "loss" is the loss after the model; "" is what belongs to no single layer
+(in the backward, the AddN summing a residual's two gradient branches).
 """
 
 from __future__ import annotations
@@ -191,8 +192,8 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
         # A gradient op is named after the forward op it differentiates ("gradient_tape/<name>/…"):
         # same owner. Others (AddN summing the gradients of a tensor used twice) belong to the
         # layer whose gradients they sum, or to no layer if they sum several layers' gradients.
-        owner = _owner(op.name.removeprefix(GRADIENT_SCOPE + "/"), owners) if op.name.startswith(
-            GRADIENT_SCOPE + "/") else None
+        differentiated = op.name.removeprefix(GRADIENT_SCOPE + "/")
+        owner = _owner(differentiated, owners) if differentiated != op.name else None
         if owner is None:
             producers = {owners.get(t.op.name) for t in op.inputs} - {None}
             owner = producers.pop() if len(producers) == 1 else ""

@@ -134,7 +134,7 @@ class StepRecorder(keras.callbacks.Callback):
         self.watch = DivergenceWatch(cfg.diverge_after)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.epoch, self.losses = epoch, []
+        self.epoch, self.losses, self.eval_time = epoch, [], 0.0
         self.last = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -162,8 +162,8 @@ class StepRecorder(keras.callbacks.Callback):
             "epoch": epoch,
             "train_loss": float(np.mean(self.losses)),
             "train_accuracy": float(logs["accuracy"]),  # running mean over the epoch's equal batches
-            "val_loss": float(logs["val_loss"]),
-            "val_accuracy": float(logs["val_accuracy"]),
+            "val_loss": float(logs.get("val_loss", np.nan)),
+            "val_accuracy": float(logs.get("val_accuracy", np.nan)),
             "train_time_s": float(sum(self.result.step_time_s[-len(self.losses):])),
             "eval_time_s": self.eval_time,
         })

@@ -12,8 +12,9 @@ same row from the other.
 - `locate_nonfinite`: the first layer whose output (forward) or gradient (backward) is inf/NaN.
 
 Layers are named by their module name ("conv1", "layer1.0.bn1", "fc"), the canonical naming of
-common/weights.py; "loss" is the loss after the model, and "" the model's own code outside any
-submodule (SimpleCNN's functional relu and flatten).
+common/weights.py; "loss" is the loss after the model, and "" what runs in no submodule: the
+model's own code (SimpleCNN's functional relu and flatten) and, in the backward, the autograd
+engine summing a residual's two gradient branches.
 """
 
 from __future__ import annotations

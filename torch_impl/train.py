@@ -9,6 +9,7 @@ per-step host synchronisation on a GPU.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -175,6 +176,49 @@ class StepClock:
         return out
 
 
+@dataclass
+class EpochSteps:
+    """What one epoch measured, per step, copied to the host once at its end."""
+
+    loss: list[float]
+    loss_scale: list[float]
+    skipped: list[bool]
+    step_time_s: list[float]
+    correct: int
+    diverged_at_step: int | None
+
+
+def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, watch: DivergenceWatch,
+              first_step: int = 0, on_step=lambda step: None) -> EpochSteps:
+    """The instrumented training loop of one epoch (benchmarks/overhead.py measures what it costs)."""
+    check_every = 25 if x.device.type == "cuda" else 1  # reading the loss on the host syncs a GPU
+    losses, corrects, scales_used, scales_after, checked, diverged = [], [], [], [], 0, None
+    clock.mark()
+    for step, idx in enumerate(plan):
+        scales_used.append(current_scale(scaler, x.device))
+        loss, correct = train_step(net, optimizer, scaler, x[idx], y[idx], amp_dtype)
+        scales_after.append(current_scale(scaler, x.device))
+        losses.append(loss)
+        corrects.append(correct)
+        clock.mark()
+        on_step(step)
+        if len(losses) - checked >= check_every or step + 1 == len(plan):
+            fresh, checked = torch.stack(losses[checked:]).float().cpu().tolist(), len(losses)
+            diverged = watch.update(fresh, first_step + step)
+            if diverged is not None:
+                break
+    step_times = clock.intervals()  # synchronises once per epoch
+    used, after = torch.stack(scales_used).cpu(), torch.stack(scales_after).cpu()
+    return EpochSteps(
+        loss=torch.stack(losses).float().cpu().tolist(),
+        loss_scale=used.tolist(),
+        skipped=(after < used).tolist(),  # the scaler backs off only on a skipped step
+        step_time_s=step_times,
+        correct=int(torch.stack(corrects).sum().item()),
+        diverged_at_step=diverged,
+    )
+
+
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
     device = torch.device(cfg.device)
@@ -209,47 +253,30 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     model.train()
     clock = StepClock(device)
     watch = DivergenceWatch(cfg.diverge_after)
-    check_every = 25 if device.type == "cuda" else 1  # reading the loss on the host syncs a GPU
     for epoch in range(cfg.epochs):
         plan = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, epoch,
                                               cfg.steps_per_epoch)).to(device)
         if cfg.augment:  # the same augmented pixels as the Keras side (common/data.py)
             x_train = to_device_images(epoch_images(data, cfg.seed, epoch, augment=True), device, cfg.channels_last)
-        losses, corrects, scales_used, scales_after, checked = [], [], [], [], 0
-        clock.mark()
-        for step, idx in enumerate(plan):
-            scales_used.append(current_scale(scaler, device))
-            loss, correct = train_step(net, optimizer, scaler, x_train[idx], y_train[idx], amp_dtype)
-            scales_after.append(current_scale(scaler, device))
-            losses.append(loss)
-            corrects.append(correct)
-            clock.mark()
-            progress.step(epoch, cfg.epochs, step, len(plan))
-            if len(losses) - checked >= check_every or step + 1 == len(plan):
-                fresh, checked = torch.stack(losses[checked:]).float().cpu().tolist(), len(losses)
-                result.diverged_at_step = watch.update(fresh, len(result.step_loss) + step)
-                if result.diverged_at_step is not None:
-                    break
-        step_times = clock.intervals()  # synchronises once per epoch
-        train_time = float(sum(step_times))
+        steps = run_epoch(net, optimizer, scaler, x_train, y_train, plan, amp_dtype, clock, watch,
+                          first_step=len(result.step_loss),
+                          on_step=lambda step, n=len(plan), e=epoch: progress.step(e, cfg.epochs, step, n))
         eval_start = time.perf_counter()
         val_loss, val_accuracy = evaluate(net, x_val, y_val, amp_dtype)
         eval_time = time.perf_counter() - eval_start
-
-        used, after = torch.stack(scales_used).cpu(), torch.stack(scales_after).cpu()
-        epoch_losses = torch.stack(losses).float().cpu().numpy()
-        result.step_epoch += [epoch] * len(losses)
-        result.step_loss += epoch_losses.tolist()
-        result.step_loss_scale += used.tolist()
-        result.step_skipped += (after < used).tolist()  # the scaler backs off only on a skipped step
-        result.step_time_s += step_times
+        result.step_epoch += [epoch] * len(steps.loss)
+        result.step_loss += steps.loss
+        result.step_loss_scale += steps.loss_scale
+        result.step_skipped += steps.skipped
+        result.step_time_s += steps.step_time_s
+        result.diverged_at_step = steps.diverged_at_step
         result.epochs.append({
             "epoch": epoch,
-            "train_loss": float(np.mean(epoch_losses)),
-            "train_accuracy": float(torch.stack(corrects).sum().item()) / (len(losses) * cfg.batch_size),
+            "train_loss": float(np.mean(steps.loss)),
+            "train_accuracy": steps.correct / (len(steps.loss) * cfg.batch_size),
             "val_loss": val_loss,
             "val_accuracy": val_accuracy,
-            "train_time_s": train_time,
+            "train_time_s": float(sum(steps.step_time_s)),
             "eval_time_s": eval_time,
         })
         if result.diverged_at_step is not None:

@@ -1,0 +1,195 @@
+"""Benchmark: does the suite distort what it measures?
+
+For each framework and precision, three loops train copies of the same model (same initial
+weights) on the same batches, interleaved round by round in one process so machine noise hits
+them alike:
+
+  suite     the instrumented loop compare runs (torch: run_epoch with its per-step records and
+            progress; Keras: AmpModel.fit with the StepRecorder callback), real input pipeline
+  minimal   the tutorial's plain loop (forward, loss, scaled backward, step; Keras: a plain
+            model's fit with no callback), same real input pipeline
+  in-memory the minimal loop stepping on one batch already in memory: no input pipeline at all
+
+Printed ratios of median time per step (targets on CPU: both <= 1.05):
+  instrumentation overhead = suite / minimal;  input pipeline cost = minimal / in-memory.
+
+    python benchmarks/overhead.py [--model simple_cnn] [--rounds 15] [--precisions fp32,fp16,bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common.child import DivergenceWatch, Progress, TrainResult  # noqa: E402
+from common.config import PRECISIONS, RunConfig  # noqa: E402
+from common.data import batch_plan, load_dataset  # noqa: E402
+
+EPOCHS_PER_ROUND = 2  # each timed call trains this many epochs of the batch plan
+
+
+def _torch_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from torch_impl.models import get_weights, set_weights
+    from torch_impl.train import (
+        AMP_DTYPES,
+        StepClock,
+        make_dataset,
+        make_model,
+        make_optimizer,
+        make_scaler,
+        run_epoch,
+        setup,
+    )
+
+    setup(cfg)
+    device = torch.device(cfg.device)
+    amp_dtype = AMP_DTYPES[cfg.precision]
+    x, y, _, _ = make_dataset(data, device)
+    plans = [torch.from_numpy(p).to(device) for p in plan]
+    first = make_model(cfg, data)
+    weights = get_weights(first)
+
+    def fresh():
+        model = make_model(cfg, data)
+        set_weights(model, weights)
+        model = model.to(device).train()
+        return model, make_optimizer(cfg, model.parameters()), make_scaler(cfg)
+
+    suite_model, suite_opt, suite_scaler = fresh()
+    clock, progress = StepClock(device), Progress(stream=io.StringIO())
+
+    def suite():
+        for epoch_plan in plans:
+            run_epoch(suite_model, suite_opt, suite_scaler, x, y, epoch_plan, amp_dtype, clock,
+                      DivergenceWatch(cfg.diverge_after),
+                      on_step=lambda step, n=len(epoch_plan): progress.step(0, 1, step, n))
+
+    def minimal_loop(model, optimizer, scaler, batches):
+        for xb, yb in batches:  # the tutorial's loop
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(xb), yb)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        float(loss)  # wait for the last step
+
+    min_state, mem_state = fresh(), fresh()
+    xb, yb = x[plans[0][0]], y[plans[0][0]]
+    n_steps = sum(len(p) for p in plans)
+    return {
+        "suite": suite,
+        "minimal": lambda: minimal_loop(*min_state, ((x[idx], y[idx]) for p in plans for idx in p)),
+        "in-memory": lambda: minimal_loop(*mem_state, ((xb, yb) for _ in range(n_steps))),
+    }
+
+
+def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
+    import keras
+    import tensorflow as tf
+
+    from tf_impl.models import get_weights, set_weights
+    from tf_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer, setup
+
+    setup(cfg)
+    weights = get_weights(make_model(cfg, data))
+    steps = plan.shape[0] * plan.shape[1]
+    dataset = make_dataset(data, plan.reshape(1, steps, -1))
+
+    def compiled(model_class):
+        model = make_model(cfg, data) if model_class is AmpModel else keras.Model.from_config(
+            make_model(cfg, data).get_config())  # the plain Keras model: default train_step
+        set_weights(model, weights)
+        model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    suite_model, min_model, mem_model = compiled(AmpModel), compiled(keras.Model), compiled(keras.Model)
+    recorder = StepRecorder(cfg, steps, Progress(stream=io.StringIO()), TrainResult())
+    first = plan[0, 0]
+    fixed = tf.data.Dataset.from_tensors((data.x_train[first], data.y_train[first])).repeat()
+    kw = {"epochs": 1, "steps_per_epoch": steps, "verbose": 0, "shuffle": False}
+    return {
+        "suite": lambda: suite_model.fit(dataset, callbacks=[recorder], **kw),
+        "minimal": lambda: min_model.fit(dataset, **kw),
+        "in-memory": lambda: mem_model.fit(fixed, **kw),
+    }
+
+
+def child(framework: str, model: str, precision: str, batch_size: int, rounds: int, warmup: int) -> None:
+    cfg = RunConfig(framework=framework, model=model, precision=precision, batch_size=batch_size, init="framework")
+    data = load_dataset(cfg.dataset)
+    plan = batch_plan(len(data.x_train), batch_size, cfg.seed, EPOCHS_PER_ROUND)
+    loops = (_torch_loops if framework == "torch" else _tf_loops)(cfg, data, plan)
+    steps = plan.shape[0] * plan.shape[1]
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    for r in range(warmup + rounds):
+        for name, loop in loops.items():
+            start = time.perf_counter()
+            loop()
+            if r >= warmup:
+                times[name].append((time.perf_counter() - start) / steps)
+    print(json.dumps({name: float(np.median(t)) for name, t in times.items()}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="simple_cnn")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--child", nargs=2, metavar=("FRAMEWORK", "PRECISION"))
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], args.model, args.child[1], args.batch_size, args.rounds, args.warmup)
+        return 0
+    rows = []
+    print(f"Instrumentation and input-pipeline cost, {args.model}, batch {args.batch_size}, {args.rounds} rounds "
+          "interleaved per cell (median time per step):")
+    print(f"{'framework':<10}{'precision':<10}{'suite ms':>10}{'minimal ms':>12}{'in-memory ms':>14}"
+          f"{'overhead':>10}{'pipeline':>10}")
+    for framework in ("torch", "tf"):
+        for precision in args.precisions.split(","):
+            proc = subprocess.run([sys.executable, __file__, "--child", framework, precision, "--model", args.model,
+                                   "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
+                                   "--warmup", str(args.warmup)], capture_output=True, text=True, cwd=ROOT)
+            if proc.returncode != 0:
+                print(f"{framework} {precision}: benchmark child failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+                return 1
+            m = json.loads(proc.stdout.strip().splitlines()[-1])
+            row = {"framework": framework, "precision": precision, "model": args.model, "batch_size": args.batch_size,
+                   "suite_ms": m["suite"] * 1e3, "minimal_ms": m["minimal"] * 1e3, "in_memory_ms": m["in-memory"] * 1e3,
+                   "overhead_ratio": m["suite"] / m["minimal"], "pipeline_ratio": m["minimal"] / m["in-memory"]}
+            rows.append(row)
+            print(f"{framework:<10}{precision:<10}{row['suite_ms']:>10.2f}{row['minimal_ms']:>12.2f}"
+                  f"{row['in_memory_ms']:>14.2f}{row['overhead_ratio']:>9.3f}×{row['pipeline_ratio']:>9.3f}×",
+                  flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"overhead-{datetime.now():%Y%m%d-%H%M%S}.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

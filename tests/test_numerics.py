@@ -1,0 +1,369 @@
+"""Mixed-precision numerics observed in both frameworks: per-layer dtypes, float32 overrides,
+gradient underflow and the NaN/Inf locator (torch_impl/numerics.py beside tf_impl/numerics.py).
+
+The assertions record what this torch and this Keras actually do on CPU. Models are tiny
+(float16 is emulated on this CPU) and, where the frameworks are compared, share weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+torch = pytest.importorskip("torch")
+
+from tf_impl import models as km  # noqa: E402
+from tf_impl import numerics as kn  # noqa: E402
+from tf_impl.train import DTYPE_POLICIES, AmpModel  # noqa: E402
+from torch_impl import models as pm  # noqa: E402
+from torch_impl import numerics as tn  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = {"simple_cnn": (16, 16, 1), "resnet18": (16, 16, 3)}
+WIDTH, BATCH, CLASSES = 4, 8, 10
+HALF = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    """Each test builds its Keras models under the policy it needs; the global one is float32 in between."""
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def batch(name: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """NHWC images in [0, 1) and labels, as common/data.py serves them."""
+    rng = np.random.default_rng(seed)
+    return rng.random((BATCH, *SHAPES[name]), dtype=np.float32), rng.integers(0, CLASSES, BATCH)
+
+
+def torch_batch(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(y)
+
+
+def build_torch(name: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return pm.build_model(name, SHAPES[name], CLASSES, width=WIDTH)
+
+
+def build_keras(name: str, precision: str, weights: dict[str, np.ndarray] | None = None) -> keras.Model:
+    """An AmpModel built under the precision's policy (then float32 again), optionally with canonical weights."""
+    keras.config.set_dtype_policy(DTYPE_POLICIES[precision])
+    try:
+        model = km.build_model(name, SHAPES[name], CLASSES, model_class=AmpModel, width=WIDTH)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    if weights is not None:
+        km.set_weights(model, weights)
+    return model
+
+
+def build_pair(name: str, precision: str) -> tuple[torch.nn.Module, keras.Model]:
+    torch_model = build_torch(name)
+    return torch_model, build_keras(name, precision, pm.get_weights(torch_model))
+
+
+def dtype_of(rows: list[dict], op: str, phase: str = "forward") -> dict[str, str]:
+    """{layer: compute dtype} of one op; fails if a layer ran it in two dtypes."""
+    out: dict[str, str] = {}
+    for r in rows:
+        if r["op"] == op and r["phase"] == phase:
+            assert out.setdefault(r["layer"], r["compute_dtype"]) == r["compute_dtype"], (r, out)
+    return out
+
+
+def layer_dtypes(rows: list[dict], layer: str, phase: str = "forward") -> set[str]:
+    return {r["compute_dtype"] for r in rows if r["layer"] == layer and r["phase"] == phase}
+
+
+def leaf_modules(model: torch.nn.Module) -> set[str]:
+    return {name for name, m in model.named_modules() if name and not list(m.children())}
+
+
+def keras_names(model: keras.Model, cls=None) -> set[str]:
+    return {kn.canonical_name(layer) for layer in model.layers
+            if not isinstance(layer, keras.layers.InputLayer) and (cls is None or isinstance(layer, cls))}
+
+
+# ---------------------------------------------------------------------------------------------
+# dtype audit
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_torch_audit_simple_cnn(precision):
+    model = build_torch("simple_cnn")
+    rows = tn.dtype_audit(model, *torch_batch(*batch("simple_cnn")), precision)
+    half = HALF[precision]
+    assert leaf_modules(model) | {"loss", ""} == {r["layer"] for r in rows}  # "": the functional relu
+    assert {r["phase"] for r in rows} == {"forward", "backward"}
+    # autocast runs conv and linear in half precision, forward and backward...
+    assert dtype_of(rows, "convolution") == {"conv1": half, "conv2": half}
+    assert dtype_of(rows, "convolution_backward", "backward") == {"conv1": half, "conv2": half}
+    assert dtype_of(rows, "addmm") == {"fc": half}
+    assert dtype_of(rows, "mm", "backward") == {"fc": half}
+    # ...and cross-entropy in float32: the half logits are cast up, the gradient cast back down.
+    assert dtype_of(rows, "_log_softmax") == dtype_of(rows, "nll_loss_forward") == {"loss": "float32"}
+    assert dtype_of(rows, "_log_softmax_backward_data", "backward") == {"loss": "float32"}
+    assert dtype_of(rows, "_to_copy", "backward")["loss"] == half
+    # The parameters stay float32: autocast casts a half copy in, and the gradient back out.
+    assert {r["param_dtype"] for r in rows if r["layer"] in ("conv1", "conv2", "fc")} == {"float32"}
+    assert {r["param_dtype"] for r in rows if r["layer"] in ("loss", "", "pool")} == {""}
+    assert dtype_of(rows, "_to_copy", "backward")["conv1"] == "float32"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_keras_audit_simple_cnn(precision):
+    model = build_keras("simple_cnn", precision)
+    rows = kn.dtype_audit(model, *batch("simple_cnn"), precision)
+    half = HALF[precision]
+    assert keras_names(model) | {"loss"} == {r["layer"] for r in rows}
+    assert dtype_of(rows, "Conv2D") == {"conv1": half, "conv2": half}
+    assert dtype_of(rows, "Conv2DBackpropFilter", "backward") == {"conv1": half, "conv2": half}
+    # The last Dense is float32 by construction (tf_impl/models.py), so are the logits and the loss.
+    assert dtype_of(rows, "MatMul") == {"fc": "float32"}
+    assert dtype_of(rows, "SparseSoftmaxCrossEntropyWithLogits") == {"loss": "float32"}
+    assert layer_dtypes(rows, "loss") == layer_dtypes(rows, "loss", "backward") == {"float32"}
+    # Variables stay float32 and each layer computes in its policy's compute dtype.
+    assert {r["param_dtype"] for r in rows if r["layer"] in ("conv1", "conv2", "fc")} == {"float32"}
+    for layer in model.layers[1:]:
+        assert layer.variable_dtype == "float32"
+        main_ops = {r["compute_dtype"] for r in rows if r["layer"] == kn.canonical_name(layer)
+                    and r["phase"] == "forward" and r["op"] in ("Conv2D", "MatMul", "MaxPool", "Reshape")}
+        assert main_ops == {layer.compute_dtype}, layer.name
+
+
+def test_fp32_audits_are_float32_throughout():
+    x, y = batch("simple_cnn")
+    torch_rows = tn.dtype_audit(build_torch("simple_cnn"), *torch_batch(x, y), "fp32")
+    keras_rows = kn.dtype_audit(build_keras("simple_cnn", "fp32"), x, y, "fp32")
+    assert {r["compute_dtype"] for r in torch_rows + keras_rows} == {"float32"}
+    assert not [r for r in torch_rows if r["op"] == "_to_copy"]  # no autocast, no casts
+
+
+def test_batchnorm_and_reductions_differ_under_fp16():
+    """resnet18, fp16: where the frameworks put BatchNorm and the average pool."""
+    x, y = batch("resnet18")
+    torch_model, keras_model = build_pair("resnet18", "fp16")
+    before = {k: v.clone() for k, v in torch_model.state_dict().items()}
+    keras_before = [v.numpy() for v in keras_model.non_trainable_variables]
+    torch_rows = tn.dtype_audit(torch_model, *torch_batch(x, y), "fp16")
+    keras_rows = kn.dtype_audit(keras_model, x, y, "fp16")
+    torch_bn = {n for n, m in torch_model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)}
+    keras_bn = keras_names(keras_model, keras.layers.BatchNormalization)
+    assert torch_bn == keras_bn and len(torch_bn) == 20
+    assert leaf_modules(torch_model) <= {r["layer"] for r in torch_rows}
+    assert keras_names(keras_model) | {"loss"} <= {r["layer"] for r in keras_rows}
+    # torch: BatchNorm takes the float16 activation as is (no cast, float32 weight) and returns
+    # float16, saving float32 batch statistics; the same mixed op runs backward.
+    assert dtype_of(torch_rows, "native_batch_norm") == dict.fromkeys(torch_bn, "float16+float32")
+    assert dtype_of(torch_rows, "native_batch_norm_backward", "backward") == dict.fromkeys(torch_bn, "float16+float32")
+    assert not {r["layer"] for r in torch_rows if r["op"] == "_to_copy" and r["phase"] == "forward"} & torch_bn
+    # Keras: BatchNormalization casts its input to float32, computes moments and the
+    # normalisation in float32, and casts the result back to float16, both ways.
+    for name in keras_bn:
+        assert layer_dtypes(keras_rows, name) == layer_dtypes(keras_rows, name, "backward") == {"float32", "float16"}
+        ops = {r["op"]: r["compute_dtype"] for r in keras_rows if r["layer"] == name and r["op"] != "Cast"}
+        assert set(ops.values()) == {"float32"} and {"Mean", "Rsqrt"} <= set(ops)
+    # The global average pool: a float16 mean in torch, a float32 one in Keras.
+    assert dtype_of(torch_rows, "mean") == {"avgpool": "float16"}
+    assert dtype_of(keras_rows, "Mean")["avgpool"] == "float32"
+    # The classifier: float16 under autocast, float32 by tf_impl/models.py's override.
+    assert dtype_of(torch_rows, "addmm") == {"fc": "float16"}
+    assert dtype_of(keras_rows, "MatMul") == {"fc": "float32"}
+    # Both sum a residual's two gradient branches outside any layer, in float16.
+    assert dtype_of(torch_rows, "add", "backward")[""] == dtype_of(keras_rows, "AddN", "backward")[""] == "float16"
+    # A diagnosis leaves the models as they were (BatchNorm statistics included).
+    assert all(torch.equal(before[k], v) for k, v in torch_model.state_dict().items())
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(keras_before, keras_model.non_trainable_variables))
+
+
+def test_audit_rejects_unknown_precision_and_a_model_built_under_another_policy():
+    x, y = batch("simple_cnn")
+    with pytest.raises(ValueError, match="valid: fp32, fp16, bf16"):
+        tn.dtype_audit(build_torch("simple_cnn"), *torch_batch(x, y), "fp8")
+    with pytest.raises(ValueError, match="'float32' policy, not 'mixed_float16'"):
+        kn.dtype_audit(build_keras("simple_cnn", "fp32"), x, y, "fp16")
+
+
+# ---------------------------------------------------------------------------------------------
+# float32 overrides
+# ---------------------------------------------------------------------------------------------
+
+def test_torch_fp32_override_takes_effect():
+    x, y = torch_batch(*batch("simple_cnn"))
+    model = build_torch("simple_cnn")
+    assert tn.apply_fp32_layers(model, ["conv1", "fc"]) is model
+    rows = tn.dtype_audit(model, x, y, "fp16")
+    assert dtype_of(rows, "convolution") == {"conv1": "float32", "conv2": "float16"}
+    assert dtype_of(rows, "convolution_backward", "backward") == {"conv1": "float32", "conv2": "float16"}
+    assert dtype_of(rows, "addmm") == {"fc": "float32"}
+    assert dtype_of(rows, "_to_copy")["fc"] == "float32"  # its float16 input, cast up
+    with pytest.raises(ValueError, match=r"unknown layer name\(s\) 'conv3' \(valid: conv1, conv2, fc, pool\)"):
+        tn.apply_fp32_layers(model, ["conv3"])
+
+    resnet = tn.apply_fp32_layers(build_torch("resnet18"), ["layer4"])  # a block and everything in it
+    convs = dtype_of(tn.dtype_audit(resnet, *torch_batch(*batch("resnet18")), "fp16"), "convolution")
+    assert {n for n, d in convs.items() if d == "float32"} == {n for n in convs if n.startswith("layer4.")}
+    assert {d for n, d in convs.items() if not n.startswith("layer4.")} == {"float16"}
+
+
+def test_keras_fp32_override_takes_effect():
+    x, y = batch("simple_cnn")
+    model = build_keras("simple_cnn", "fp16")
+    forced = kn.apply_fp32_layers(model, ["conv1"])
+    assert keras.config.dtype_policy().name == "float32"  # the global policy is back
+    assert type(forced) is AmpModel and forced is not model
+    assert forced.dtype_policy.name == "mixed_float16"
+    assert model.get_layer("conv1").dtype_policy.name == "mixed_float16"  # the original is untouched
+    assert {k: v.tolist() for k, v in km.get_weights(forced).items()} == \
+           {k: v.tolist() for k, v in km.get_weights(model).items()}
+    rows = kn.dtype_audit(forced, x, y, "fp16")
+    assert dtype_of(rows, "Conv2D") == {"conv1": "float32", "conv2": "float16"}
+    assert dtype_of(rows, "Conv2DBackpropFilter", "backward") == {"conv1": "float32", "conv2": "float16"}
+    with pytest.raises(ValueError, match=r"unknown layer name\(s\) 'conv3' \(valid: conv1, conv2, fc, flatten"):
+        kn.apply_fp32_layers(model, ["conv3"])
+
+    resnet = kn.apply_fp32_layers(build_keras("resnet18", "fp16"), ["layer4"])
+    convs = dtype_of(kn.dtype_audit(resnet, *batch("resnet18"), "fp16"), "Conv2D")
+    assert {n for n, d in convs.items() if d == "float32"} == {n for n in convs if n.startswith("layer4.")}
+    assert {d for n, d in convs.items() if not n.startswith("layer4.")} == {"float16"}
+
+
+# ---------------------------------------------------------------------------------------------
+# gradient underflow
+# ---------------------------------------------------------------------------------------------
+
+FRACTIONS = ("zero_fraction", "flush_fraction_unscaled", "subnormal_fraction_unscaled", "flush_fraction_scaled",
+             "subnormal_fraction_scaled", "overflow_fraction_scaled")
+
+
+def underflow_both(name: str, precision: str, loss_scale: float, loss_weight: float = 1.0):
+    x, y = batch(name)
+    torch_model, keras_model = build_pair(name, precision)
+    return (tn.gradient_underflow(torch_model, *torch_batch(x, y), precision, loss_scale, loss_weight),
+            kn.gradient_underflow(keras_model, x, y, precision, loss_scale, loss_weight))
+
+
+def test_gradient_stats_round_like_float16():
+    g = np.array([0, 2**-26, 2**-25, 1.5 * 2**-25, 2**-24, 2**-15, 2**-14, 1.0, 40000.0, 2.0**-50], np.float32)
+    row = tn.gradient_stats("fc", "weight", g, 2.0)
+    # Round to nearest even: 2**-26, 2**-50 and the tie 2**-25 become 0, 1.5 * 2**-25 becomes 2**-24.
+    assert row["nonzero"] == 9 and row["zero_fraction"] == pytest.approx(0.1)
+    assert row["flush_fraction_unscaled"] == pytest.approx(3 / 9)  # 2**-26, 2**-25, 2**-50
+    assert row["subnormal_fraction_unscaled"] == pytest.approx(6 / 9)  # and 1.5 * 2**-25, 2**-24, 2**-15
+    assert row["flush_fraction_scaled"] == pytest.approx(2 / 9)  # 2**-25 * 2 is 2**-24: kept
+    assert row["overflow_fraction_scaled"] == pytest.approx(1 / 9)  # 80000 > 65504
+    hist = row["log2_hist"]
+    assert list(hist) == list(range(-40, 17)) and sum(hist.values()) == 9
+    assert hist[-40] == 1 and hist[0] == 1 and hist[15] == 1 and hist[-25] == 2  # 2**-50 clamps to -40
+    assert kn.gradient_stats("fc", "weight", g, 2.0) == row
+
+
+@pytest.mark.parametrize("name", ["simple_cnn", "resnet18"])
+def test_underflow_fractions_are_consistent(name):
+    for scale in (2.0**15, 1.0):
+        for rows in underflow_both(name, "fp16", scale):
+            for r in rows:
+                assert all(0 <= r[k] <= 1 for k in FRACTIONS), r
+                assert r["flush_fraction_scaled"] <= r["flush_fraction_unscaled"]
+                assert r["subnormal_fraction_scaled"] <= r["subnormal_fraction_unscaled"]
+                if scale == 1:
+                    assert r["flush_fraction_scaled"] == r["flush_fraction_unscaled"]
+                    assert r["subnormal_fraction_scaled"] == r["subnormal_fraction_unscaled"]
+                assert sum(r["log2_hist"].values()) == r["nonzero"]
+            summary = tn.underflow_summary(rows)
+            assert summary == kn.underflow_summary(rows)
+            assert summary["flush_fraction_scaled"] <= summary["flush_fraction_unscaled"]
+
+
+def test_same_weights_give_the_same_rows_in_fp32():
+    torch_rows, keras_rows = underflow_both("simple_cnn", "fp32", 2.0**15)
+    by_key = {(r["layer"], r["param"]): r for r in keras_rows}
+    assert set(by_key) == {(r["layer"], r["param"]) for r in torch_rows}
+    for r in torch_rows:
+        other = by_key[(r["layer"], r["param"])]
+        assert r["elements"] == other["elements"]
+        for key in FRACTIONS:
+            assert r[key] == pytest.approx(other[key], abs=0.01), (r["layer"], r["param"], key)
+
+
+def test_loss_scaling_rescues_tiny_gradients():
+    """Gradients 1e-9 times the usual: nearly all flush to zero in float16, almost none once scaled by 2**24.
+
+    fp32 forward and backward, so the float32 gradients are exact and only the float16 rounding is measured.
+    """
+    for rows in underflow_both("simple_cnn", "fp32", 2.0**24, loss_weight=1e-9):
+        summary = tn.underflow_summary(rows)
+        assert summary["flush_fraction_unscaled"] > 0.9
+        assert summary["flush_fraction_scaled"] < 0.05
+        assert summary["overflow_fraction_scaled"] == 0
+
+
+def test_unscaled_fp16_backward_loses_tiny_gradients_before_float32():
+    """Under fp16 the backward of the float16 layers itself underflows: those gradients come out exactly zero.
+
+    torch's classifier is float16 under autocast, so every gradient is lost; Keras' is float32
+    (tf_impl/models.py), so only its own gradients survive.
+    """
+    torch_rows, keras_rows = underflow_both("simple_cnn", "fp16", 1.0, loss_weight=1e-9)
+    assert {r["layer"]: r["zero_fraction"] for r in torch_rows} == {"conv1": 1, "conv2": 1, "fc": 1}
+    zero = {r["layer"]: r["zero_fraction"] for r in keras_rows}
+    assert zero["conv1"] == zero["conv2"] == 1 and zero["fc"] < 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# NaN / Inf locator
+# ---------------------------------------------------------------------------------------------
+
+def overflowing_conv1(precision: str):
+    """conv1 weights all 1 and inputs ~1e4: each 3x3 sum is ~8e4, beyond float16's 65504."""
+    torch_model = build_torch("simple_cnn")
+    weights = pm.get_weights(torch_model)
+    weights["conv1.weight"][:] = 1.0
+    pm.set_weights(torch_model, weights)
+    x, y = batch("simple_cnn")
+    return torch_model, build_keras("simple_cnn", precision, weights), (0.8 + 0.2 * x) * 1e4, y
+
+
+def test_locate_forward_overflow_at_the_same_layer_in_both():
+    torch_model, keras_model, x, y = overflowing_conv1("fp16")
+    expected = {"where": "forward", "layer": "conv1", "tensor": "output", "value": "inf"}
+    assert tn.locate_nonfinite(torch_model, *torch_batch(x, y), "fp16", 2.0**15) == expected
+    assert kn.locate_nonfinite(keras_model, x, y, "fp16", 2.0**15) == expected
+    for precision in ("fp32", "bf16"):  # float32's exponent range: the same sums are finite
+        torch_model, keras_model, x, y = overflowing_conv1(precision)
+        assert tn.locate_nonfinite(torch_model, *torch_batch(x, y), precision, 2.0**15) is None
+        assert kn.locate_nonfinite(keras_model, x, y, precision, 2.0**15) is None
+
+
+def test_locate_backward_overflow_from_a_huge_loss_scale():
+    x, y = batch("simple_cnn")
+    torch_model, keras_model = build_pair("simple_cnn", "fp16")
+    xt, yt = torch_batch(x, y)
+    assert tn.locate_nonfinite(torch_model, xt, yt, "fp16", 2.0**15) is None
+    assert kn.locate_nonfinite(keras_model, x, y, "fp16", 2.0**15) is None
+    # loss * 2**40 stays finite in float32; the first float16 gradient from the loss does not.
+    # That is the gradient of torch's float16 logits (fc's output), but of Keras' flatten output
+    # (the float32 fc computes its gradients in float32 and casts only its input gradient down).
+    assert tn.locate_nonfinite(torch_model, xt, yt, "fp16", 2.0**40) == \
+           {"where": "backward", "layer": "fc", "tensor": "output", "value": "inf"}
+    flatten = kn.canonical_name(next(la for la in keras_model.layers if isinstance(la, keras.layers.Flatten)))
+    assert kn.locate_nonfinite(keras_model, x, y, "fp16", 2.0**40) == \
+           {"where": "backward", "layer": flatten, "tensor": "output", "value": "inf"}
+    # bf16 is not loss-scaled (as in training), so the same scale changes nothing.
+    torch_model, keras_model = build_pair("simple_cnn", "bf16")
+    assert tn.locate_nonfinite(torch_model, xt, yt, "bf16", 2.0**40) is None
+    assert kn.locate_nonfinite(keras_model, x, y, "bf16", 2.0**40) is None
+
+
+def test_numpy_helpers_are_identical_in_both_files():
+    def helpers(path: str) -> str:
+        text = (ROOT / path).read_text()
+        return text[text.index("# numpy helpers"):]
+
+    assert helpers("torch_impl/numerics.py") == helpers("tf_impl/numerics.py")
