@@ -48,6 +48,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks that print ratios measured side by side in one run."""
+    """Benchmarks that print ratios measured side by side in one run (AMP speed, overhead, input pipeline)."""
     _install(session)
     session.run("python", "benchmarks/amp_speed.py", *session.posargs)
+    session.run("python", "benchmarks/overhead.py", *session.posargs)

@@ -6,8 +6,8 @@ them alike:
 
   suite     the instrumented loop compare runs (torch: run_epoch with its per-step records and
             progress; Keras: AmpModel.fit with the StepRecorder callback), real input pipeline
-  minimal   the tutorial's plain loop (forward, loss, scaled backward, step; Keras: a plain
-            model's fit with no callback), same real input pipeline
+  minimal   the tutorial's plain loop (forward, loss, scaled backward, step; Keras: a model
+            whose train_step is just that, fit with no callback), same real input pipeline
   in-memory the minimal loop stepping on one batch already in memory: no input pipeline at all
 
 Printed ratios of median time per step (targets on CPU: both <= 1.05):
@@ -103,30 +103,49 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     import keras
     import tensorflow as tf
 
-    from tf_impl.models import get_weights, set_weights
+    from tf_impl.models import build_model, get_weights, set_weights
     from tf_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer, setup
 
     setup(cfg)
     weights = get_weights(make_model(cfg, data))
     steps = plan.shape[0] * plan.shape[1]
-    dataset = make_dataset(data, plan.reshape(1, steps, -1))
+    indices, device_images = make_dataset(data, plan.reshape(1, steps, -1))
 
-    def compiled(model_class):
-        model = make_model(cfg, data) if model_class is AmpModel else keras.Model.from_config(
-            make_model(cfg, data).get_config())  # the plain Keras model: default train_step
+    class Tutorial(keras.Model):
+        """The tutorial's step: forward, loss, scaled backward, apply; gathers like the suite when given images."""
+
+        images = None
+
+        def train_step(self, data):
+            if self.images is not None:
+                data = (tf.gather(self.images.images, data), tf.gather(self.images.labels, data))
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+                scaled = self.optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            return {"loss": loss}  # fit() needs some output
+
+    def compiled(model_class, images=None):
+        model = build_model(cfg.model, data.input_shape, data.num_classes, model_class=model_class)
         set_weights(model, weights)
-        model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"],
+        model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"] if model_class is AmpModel else None,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        if images is not None:
+            model.device_images = images
+            model.images = images
         return model
 
-    suite_model, min_model, mem_model = compiled(AmpModel), compiled(keras.Model), compiled(keras.Model)
+    suite_model = compiled(AmpModel, device_images)
+    min_model, mem_model = compiled(Tutorial, device_images), compiled(Tutorial)
     recorder = StepRecorder(cfg, steps, Progress(stream=io.StringIO()), TrainResult())
     first = plan[0, 0]
     fixed = tf.data.Dataset.from_tensors((data.x_train[first], data.y_train[first])).repeat()
     kw = {"epochs": 1, "steps_per_epoch": steps, "verbose": 0, "shuffle": False}
     return {
-        "suite": lambda: suite_model.fit(dataset, callbacks=[recorder], **kw),
-        "minimal": lambda: min_model.fit(dataset, **kw),
+        "suite": lambda: suite_model.fit(indices, callbacks=[recorder], **kw),
+        "minimal": lambda: min_model.fit(indices, **kw),
         "in-memory": lambda: mem_model.fit(fixed, **kw),
     }
 

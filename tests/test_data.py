@@ -51,31 +51,54 @@ def test_augmentation_is_one_seeded_implementation():
     assert np.isclose(a[:, 0, :, :], data.fill).any()
 
 
-def test_both_frameworks_get_identical_augmented_batches():
-    from common.data import epoch_images
-    from tf_impl.train import make_dataset as tf_dataset
+def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The batches tf_impl's train_step really sees in fit(), recorded eagerly."""
+    import keras
 
-    data = load_dataset("synthetic")
-    plan = batch_plan(len(data.x_train), 32, seed=5, epochs=2, cap=3)
-    tf_batches = list(tf_dataset(data, plan, augment=True, seed=5).as_numpy_iterator())
-    for k, (epoch, step) in enumerate((e, s) for e in range(2) for s in range(3)):
-        expected = epoch_images(data, 5, epoch, True)[plan[epoch, step]]  # what torch_impl gathers
-        np.testing.assert_array_equal(tf_batches[k][0], expected)
+    from common.config import RunConfig
+    from tf_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer
+
+    seen = []
+
+    class Spy(AmpModel):
+        def batch(self, batch_data):
+            x, y = super().batch(batch_data)
+            seen.append((x.numpy(), y.numpy()))
+            return x, y
+
+    cfg = RunConfig(framework="tf", dataset="synthetic", seed=seed, augment=augment, init="framework")
+    model = make_model(cfg, data)
+    model = Spy(inputs=model.inputs, outputs=model.outputs)
+    model.compile(optimizer=make_optimizer(cfg), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], run_eagerly=True)
+    dataset, model.device_images = make_dataset(data, plan)
+    from common.child import Progress, TrainResult
+
+    recorder = StepRecorder(cfg, plan.shape[1], Progress(stream=open("/dev/null", "w")), TrainResult(),
+                            augment=(data, model.device_images) if augment else None)
+    model.fit(dataset, epochs=plan.shape[0], steps_per_epoch=plan.shape[1], verbose=0, callbacks=[recorder])
+    return seen
 
 
-def test_both_frameworks_get_identical_batches():
+@pytest.mark.parametrize("augment", [False, True])
+def test_both_frameworks_get_identical_batches(augment):
     import torch
 
-    from tf_impl.train import make_dataset as tf_dataset
+    from common.data import epoch_images
     from torch_impl.train import make_dataset as torch_dataset
+    from torch_impl.train import to_device_images
 
     data = load_dataset("synthetic")
-    plan = batch_plan(len(data.x_train), 32, seed=7, epochs=2, cap=4)
-    x_torch, y_torch, _, _ = torch_dataset(data, torch.device("cpu"))
-    tf_batches = list(tf_dataset(data, plan).as_numpy_iterator())
-    assert len(tf_batches) == 8
-    for k, idx in enumerate(plan.reshape(-1, 32)):
-        xt = x_torch[torch.from_numpy(idx)].permute(0, 2, 3, 1).numpy()  # back to NHWC
-        np.testing.assert_array_equal(xt, tf_batches[k][0])
-        np.testing.assert_array_equal(y_torch[torch.from_numpy(idx)].numpy(), tf_batches[k][1])
-        np.testing.assert_array_equal(tf_batches[k][0], data.x_train[idx])
+    plan = batch_plan(len(data.x_train), 32, seed=7, epochs=2, cap=3)
+    keras_batches = _keras_batches(data, plan, augment, seed=7)
+    assert len(keras_batches) == 6
+    _, y_torch, _, _ = torch_dataset(data, torch.device("cpu"))
+    for k, (epoch, step) in enumerate((e, s) for e in range(2) for s in range(3)):
+        idx = plan[epoch, step]
+        images = epoch_images(data, 7, epoch, augment)  # what both frameworks train on this epoch
+        x_torch = to_device_images(images, torch.device("cpu"))[torch.from_numpy(idx)]  # as torch_impl gathers
+        np.testing.assert_array_equal(x_torch.permute(0, 2, 3, 1).numpy(), keras_batches[k][0])
+        np.testing.assert_array_equal(y_torch[torch.from_numpy(idx)].numpy(), keras_batches[k][1])
+        np.testing.assert_array_equal(keras_batches[k][0], images[idx])
+    if augment:
+        assert not np.array_equal(keras_batches[0][0], data.x_train[plan[0, 0]])

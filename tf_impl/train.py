@@ -104,10 +104,33 @@ def current_scale(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
     return tf.ones((), dtype="float32")
 
 
+class DeviceImages:
+    """The training set as device-resident variables; fit() then feeds only batch indices.
+
+    This mirrors torch_impl, which gathers x_train[idx] from device tensors each step: measured
+    here, a tf.data map that gathers batches cost 8-27% per step on a 2-core CPU against a batch
+    already in memory, gathering inside the step about 0% (benchmarks/overhead.py). A plain
+    holder object, so Keras does not track the images as model weights.
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
+        self.images = tf.Variable(images, trainable=False, name="train_images")
+        self.labels = tf.constant(labels)
+
+
 class AmpModel(keras.Model):
+    device_images: DeviceImages | None = None  # set by make_dataset(); None: fit() feeds (x, y) batches
+
+    def batch(self, data) -> tuple[tf.Tensor, tf.Tensor]:
+        """The (images, labels) of a step: gathered on the device from indices, or as fit() gave them."""
+        if self.device_images is not None:
+            return tf.gather(self.device_images.images, data), tf.gather(self.device_images.labels, data)
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)  # train_on_batch() passes (x, y, None)
+        return x, y
+
     def train_step(self, data):
         """One optimizer step. Returns the epoch's running metrics plus this batch's own values."""
-        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)  # fit() and train_on_batch() both land here
+        x, y = self.batch(data)
         with tf.GradientTape() as tape:
             logits = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=logits)  # float32: the last layer is float32
@@ -128,12 +151,16 @@ class AmpModel(keras.Model):
 class StepRecorder(keras.callbacks.Callback):
     """Records every step's values and time, and times validation apart from training."""
 
-    def __init__(self, cfg: RunConfig, steps: int, progress: Progress, result: TrainResult):
+    def __init__(self, cfg: RunConfig, steps: int, progress: Progress, result: TrainResult,
+                 augment: tuple[Dataset, DeviceImages] | None = None):
         super().__init__()
-        self.cfg, self.steps, self.progress, self.result = cfg, steps, progress, result
+        self.cfg, self.steps, self.progress, self.result, self.augment = cfg, steps, progress, result, augment
         self.watch = DivergenceWatch(cfg.diverge_after)
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self.augment:  # the same augmented pixels as the torch side, before the epoch's clock starts
+            data, device_images = self.augment
+            device_images.images.assign(epoch_images(data, self.cfg.seed, epoch, augment=True))
         self.epoch, self.losses, self.eval_time = epoch, [], 0.0
         self.last = time.perf_counter()
 
@@ -184,28 +211,14 @@ def device_info(gpus: list) -> dict[str, object]:
     return info
 
 
-def make_dataset(data: Dataset, plan: np.ndarray, augment: bool = False, seed: int = 0) -> tf.data.Dataset:
-    """Batches in exactly the order of common.data.batch_plan.
+def make_dataset(data: Dataset, plan: np.ndarray) -> tuple[tf.data.Dataset, DeviceImages]:
+    """Batch indices in exactly the order of common.data.batch_plan, and the images they index.
 
-    Without augmentation they are gathered from device-resident tensors; with it, each epoch's
-    augmented images come from common/data.py (the same pixels torch sees) through a prefetching
-    generator.
+    The model gathers each batch inside its train_step (see DeviceImages); with augmentation
+    StepRecorder swaps in each epoch's augmented images (common/data.py: the pixels torch sees).
     """
-    if augment:
-        def batches():
-            for epoch, epoch_plan in enumerate(plan):
-                x = epoch_images(data, seed, epoch, augment=True)
-                for idx in epoch_plan:
-                    yield x[idx], data.y_train[idx]
-
-        shape = (plan.shape[-1], *data.input_shape)
-        signature = (tf.TensorSpec(shape, tf.float32), tf.TensorSpec(shape[:1], tf.int64))
-        return tf.data.Dataset.from_generator(batches, output_signature=signature).prefetch(tf.data.AUTOTUNE)
-    x, y = tf.constant(data.x_train), tf.constant(data.y_train)
-    flat = plan.reshape(-1, plan.shape[-1])
-    return (tf.data.Dataset.from_tensor_slices(flat)
-            .map(lambda idx: (tf.gather(x, idx), tf.gather(y, idx)))
-            .prefetch(tf.data.AUTOTUNE))
+    indices = tf.data.Dataset.from_tensor_slices(plan.reshape(-1, plan.shape[-1])).prefetch(tf.data.AUTOTUNE)
+    return indices, DeviceImages(data.x_train, data.y_train)
 
 
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
@@ -236,14 +249,15 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         model.optimizer.build(model.trainable_variables)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, cfg))
-        dataset = make_dataset(data, plan, cfg.augment, cfg.seed)
+        dataset, model.device_images = make_dataset(data, plan)
         if cfg.device == "cuda":
             tf.config.experimental.reset_memory_stats("GPU:0")
         else:
             cpu_memory = CpuPeakMemory()
         model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
                   validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH,
-                  callbacks=[StepRecorder(cfg, steps, progress, result)])
+                  callbacks=[StepRecorder(cfg, steps, progress, result,
+                                          augment=(data, model.device_images) if cfg.augment else None)])
     if cfg.device == "cuda":
         result.peak_memory_bytes = tf.config.experimental.get_memory_info("GPU:0")["peak"]
         result.memory_kind = "tf_gpu_allocator_peak"
