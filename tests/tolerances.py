@@ -58,7 +58,8 @@ WEIGHTS = Tolerance(rtol=1e-4, atol=1e-7)
 # Adam divides each element's update by that element's own gradient size, so an element whose
 # gradient is at rounding-noise level (e.g. a weight behind an almost-dead ReLU) moves by about
 # +-lr with a sign that is noise, in either framework. Rounding level: the measured one-step
-# gradient differences are ~1e-6 of a tensor's scale (parity.json), so |g| <= 1e-6 x max|g|. Such elements (of any step; their Adam moments carry the
+# gradient differences are ~1e-6 of a tensor's scale (parity.json), so |g| <= 1e-6 x max|g|.
+# Such elements (of any step; their Adam moments carry the
 # noise on) are left out of the Adam weights comparison and counted in parity.json
 # (adam_noise_level_elements_excluded). Every other element must meet WEIGHTS. Seen once: after a
 # change to the data's standardisation, one element of resnet18's layer4.1.conv2 differed by
