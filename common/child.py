@@ -122,6 +122,14 @@ class TrainResult:
     memory_kind: str = ""
     diverged_at_step: int | None = None  # first step of the non-finite run that stopped training
     info: dict = field(default_factory=dict)  # framework versions, device name, AMP details
+    nonfinite: dict | None = None  # the NaN/Inf locator's finding at the first non-finite step
+    # Numerics lab rows: "dtypes" (dtype audit of one step), "underflow" (gradient magnitudes per layer)
+    extra: dict[str, list[dict]] = field(default_factory=dict)
+
+
+def first_nonfinite_parameter(weights: dict[str, np.ndarray]) -> str | None:
+    """The first parameter (canonical name, in model order) holding inf or NaN, if any."""
+    return next((name for name, value in weights.items() if not np.all(np.isfinite(value))), None)
 
 
 class DivergenceWatch:
@@ -205,7 +213,14 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
            for k, v in result.info.items()},
     }
-    return {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
+    nonfinite = result.nonfinite or {}
+    run.update({f"nonfinite_{k}": nonfinite.get(k, "") for k in ("step", "where", "layer", "value", "tensor")})
+    if run["nonfinite_step"] == "":
+        run["nonfinite_step"] = -1
+    tables = {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
+    for name, rows in result.extra.items():
+        tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
+    return tables
 
 
 TrainFn = Callable[[RunConfig, Dataset, Progress, SharedInit], TrainResult]

@@ -20,6 +20,7 @@ from pathlib import Path
 from common.config import (
     COMPARISONS,
     DATASETS,
+    DEFAULT_PRECISIONS,
     DEVICES,
     FRAMEWORKS,
     INITS,
@@ -70,7 +71,7 @@ def build_parser() -> ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     c = sub.add_parser("compare", help="train the matrix in both frameworks and write a report")
     c.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"comma list of {FRAMEWORKS}")
-    c.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma list of {PRECISIONS}")
+    c.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS), help=f"comma list of {PRECISIONS}")
     c.add_argument("--models", default=None, help=f"comma list of {MODELS} (default: simple_cnn CPU, resnet18 GPU)")
     c.add_argument("--datasets", default=None, help=f"comma list of {DATASETS} (default: digits CPU, cifar10 GPU)")
     c.add_argument("--seeds", default=None, help="comma list of seeds (default: 0,1,2 on CPU, 0 on GPU)")
@@ -94,6 +95,10 @@ def build_parser() -> ArgumentParser:
     c.add_argument("--init-scale", type=float, default=RunConfig.init_scale, help="fp16 initial loss scale")
     c.add_argument("--growth-interval", type=int, default=RunConfig.growth_interval,
                    help="fp16: clean steps before the loss scale doubles")
+    c.add_argument("--loss-scale", type=float, default=None, help="fp16-static's fixed loss scale")
+    c.add_argument("--fp32-layers", default="", help="comma list of blocks forced to float32 (e.g. fc,layer4)")
+    c.add_argument("--clip-grad-norm", type=float, default=None,
+                   help="clip the global gradient norm (of the unscaled gradients) to this value")
     c.add_argument("--warmup-steps", type=int, default=RunConfig.warmup_steps, help="steps excluded from timing")
     c.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra/inter-op threads, both sides")
     c.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per cell before it is killed")
@@ -156,7 +161,8 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
                   init_scale=args.init_scale, growth_interval=args.growth_interval,
                   warmup_steps=args.warmup_steps, threads=args.threads, diverge_after=args.diverge_after,
                   data_dir=args.data_dir, augment=profile["augment"] if args.augment is None else args.augment,
-                  tf32=args.tf32, compile=args.compile,
+                  tf32=args.tf32, compile=args.compile, clip_grad_norm=args.clip_grad_norm,
+                  fp32_layers=tuple(n.strip() for n in args.fp32_layers.split(",") if n.strip()),
                   channels_last=profile["channels_last"] if args.channels_last is None else args.channels_last)
     if args.datasets is None and device == "cuda":
         try:
@@ -164,7 +170,11 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
         except ConfigError as exc:  # the GPU default still runs, on data of CIFAR's shape, and says so
             datasets = ["synthetic_cifar"]
             notes.append(f"CIFAR-10 unavailable ({exc}); the GPU default used synthetic data of CIFAR's shape.")
-    cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, **common)
+    if args.loss_scale is not None and "fp16-static" not in precisions:
+        raise ConfigError(f"--loss-scale {args.loss_scale:g} needs precision fp16-static among --precisions "
+                          f"(got {','.join(precisions)})")
+    cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s,
+                       loss_scale=args.loss_scale if p == "fp16-static" else None, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)
@@ -186,6 +196,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
 
 # Options that define the matrix: with --resume the run's own saved configuration is used instead.
 MATRIX_OPTIONS = ("frameworks", "precisions", "models", "datasets", "seeds", "repeats", "data_dir", "augment",
+                  "loss_scale", "fp32_layers", "clip_grad_norm",
                   "tf32", "compile", "channels_last", "device", "epochs", "batch_size",
                   "steps_per_epoch", "optimizer", "comparison", "init", "width", "lr", "init_scale",
                   "growth_interval", "warmup_steps", "threads", "diverge_after", "run_id", "config")

@@ -19,7 +19,13 @@ FRAMEWORKS = ("torch", "tf")
 #   fp32: no autocast / float32 policy.
 #   fp16: mixed float16 with dynamic loss scaling (GradScaler / LossScaleOptimizer).
 #   bf16: mixed bfloat16, no loss scaling (bfloat16 has float32's exponent range).
-PRECISIONS = ("fp32", "fp16", "bf16")
+#   fp16-noscale: mixed float16 with no loss scaling at all (watch gradients underflow).
+#   fp16-static: mixed float16 with a fixed scale (--loss-scale), no growth or backoff.
+PRECISIONS = ("fp32", "fp16", "bf16", "fp16-noscale", "fp16-static")
+DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
+# Blocks --fp32-layers may name (a dotted sub-block such as layer1.0 is allowed too).
+MODEL_BLOCKS = {"simple_cnn": ("conv1", "conv2", "fc"),
+                "resnet18": ("conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc")}
 MODELS = ("simple_cnn", "resnet18")
 DATASETS = ("digits", "synthetic", "synthetic_cifar", "cifar10", "cifar100")
 DEVICES = ("cpu", "cuda")
@@ -85,6 +91,9 @@ class RunConfig:
     # (defaults: torch GradScaler 2**16 / 2000 steps, Keras LossScaleOptimizer 2**15 / 2000).
     init_scale: float = 2.0**15
     growth_interval: int = 2000  # steps without overflow before the scale doubles
+    loss_scale: float | None = None  # fp16-static's fixed scale (required there, refused elsewhere)
+    fp32_layers: tuple[str, ...] = ()  # blocks forced to float32 under mixed precision, in both frameworks
+    clip_grad_norm: float | None = None  # global gradient-norm clipping, applied to unscaled gradients
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # intra- and inter-op
 
     def __post_init__(self) -> None:
@@ -107,6 +116,21 @@ class RunConfig:
             _positive(name, getattr(self, name), float)
         if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
             raise ConfigError(f"warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        if self.precision == "fp16-static" and self.loss_scale is None:
+            raise ConfigError("precision 'fp16-static' needs --loss-scale (a fixed loss scale, e.g. 1024)")
+        if self.loss_scale is not None:
+            if self.precision != "fp16-static":
+                raise ConfigError(f"--loss-scale {self.loss_scale:g} only applies to precision fp16-static "
+                                  f"(got {self.precision!r}; fp16 scales dynamically from --init-scale)")
+            _positive("loss_scale", self.loss_scale, float)
+        if self.clip_grad_norm is not None:
+            _positive("clip_grad_norm", self.clip_grad_norm, float)
+        object.__setattr__(self, "fp32_layers", tuple(self.fp32_layers))  # JSON gives a list
+        for name in self.fp32_layers:
+            blocks = MODEL_BLOCKS[self.model]
+            if name.split(".")[0] not in blocks:
+                raise ConfigError(f"unknown layer {name!r} for --fp32-layers of {self.model} "
+                                  f"(valid: {', '.join(blocks)}, or a dotted sub-block)")
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
 
@@ -120,8 +144,14 @@ class RunConfig:
         return self.precision != "fp32"
 
     @property
-    def loss_scaling(self) -> bool:
-        return self.precision == "fp16"
+    def half(self) -> str | None:
+        """The half-precision format of a mixed mode: "float16", "bfloat16" or None (fp32)."""
+        return None if self.precision == "fp32" else ("bfloat16" if self.precision == "bf16" else "float16")
+
+    @property
+    def loss_scaling(self) -> str | None:
+        """"dynamic", "static" or None."""
+        return {"fp16": "dynamic", "fp16-static": "static"}.get(self.precision)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

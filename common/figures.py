@@ -21,8 +21,9 @@ from common.config import FRAMEWORK_LABELS, PRECISIONS  # noqa: E402
 from common.summary import ok_runs, summary_table  # noqa: E402
 
 FRAMEWORK_COLORS = {"PyTorch": "#d1495b", "TensorFlow/Keras": "#00798c"}
-PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5)}
-PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^"}
+PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
+                    "fp16-static": (8, 2, 2, 2)}
+PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "fp16-noscale": "v", "fp16-static": "D"}
 
 
 @dataclass
@@ -147,18 +148,18 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                               "precision mode slowed learning without changing where it ends.",
                               "Line chart of validation accuracy after each epoch for each framework and precision."))
 
-    scaled = steps[steps["precision"] == "fp16"] if not steps.empty else steps
+    scaled = steps[steps["precision"].isin(["fp16", "fp16-static"])] if not steps.empty else steps
     if not scaled.empty:
         df = _labelled(scaled)
         df["log2_scale"] = np.log2(df["loss_scale"])
         fig, ax = plt.subplots(figsize=(8, 4))
-        sns.lineplot(data=df, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
-                     errorbar=None, drawstyle="steps-post", ax=ax)
+        sns.lineplot(data=df, x="step", y="log2_scale", hue="Framework", style="Precision", palette=FRAMEWORK_COLORS,
+                     dashes=PRECISION_DASHES, errorbar=None, drawstyle="steps-post", ax=ax)
         skipped = df[df["skipped"]]
         if not skipped.empty:
             sns.scatterplot(data=skipped, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
                             marker="X", s=60, legend=False, ax=ax)
-        ax.set_title("Loss scale per step (fp16, dynamic scaling)")
+        ax.set_title("Loss scale per step (fp16: dynamic; fp16-static: fixed)")
         ax.set_xlabel("Optimizer step")
         ax.set_ylabel("Loss scale (log2)")
         _save(fig, out_dir, "loss_scale")
@@ -170,3 +171,32 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                               "of clean steps.",
                               "Step chart of the log2 loss scale per step for fp16 runs of each framework."))
     return figures
+
+
+def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """Fraction of each layer's gradient elements float16 would flush to zero, unscaled vs at the scale in use."""
+    if underflow.empty:
+        return None
+    df = _labelled(underflow[underflow["when"] == "last step"])
+    if df.empty:
+        return None
+    df = df.groupby(["Framework", "Precision", "layer"], observed=True).apply(
+        lambda g: pd.Series({"no scaling": np.average(g["flush_fraction_unscaled"], weights=g["nonzero"] + 1e-12),
+                             "scale in use": np.average(g["flush_fraction_scaled"], weights=g["nonzero"] + 1e-12)}),
+        include_groups=False).reset_index()
+    long = df.melt(id_vars=["Framework", "Precision", "layer"], var_name="Scaling", value_name="flush")
+    long["flush_pct"] = long["flush"] * 100
+    grid = sns.catplot(data=long, kind="bar", x="layer", y="flush_pct", hue="Framework", col="Scaling",
+                       row="Precision", palette=FRAMEWORK_COLORS, height=2.6, aspect=2.0, sharey=False, errorbar=None)
+    grid.set_axis_labels("Layer (canonical name)", "Gradient elements flushed to 0 (%)")
+    grid.set_titles("{row_name}, {col_name}")
+    grid.figure.suptitle("Gradient underflow in float16 at the last step", y=1.02)
+    for ax in grid.axes.flat:
+        ax.tick_params(axis="x", rotation=45)
+    _save(grid.figure, out_dir, "underflow")
+    return Figure("underflow", "numerics", "Gradient underflow per layer",
+                  "Share of each layer's non-zero float32 gradient elements whose magnitude is below float16's "
+                  "smallest subnormal (2^-24) — they would become 0 in float16 — without loss scaling (left) and "
+                  "multiplied by the loss scale the run used (right). Loss scaling exists to shrink the left bars.",
+                  "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
+                  "unscaled and scaled, per framework and precision.")

@@ -24,6 +24,7 @@ import pandas as pd
 
 SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
+OPTIONAL_TABLES = ("dtypes", "underflow")  # the numerics lab's rows, where a cell wrote them
 IDENTITY = ["run_id", "cell_id", "framework", "model", "dataset", "precision", "seed"]
 
 # Columns every table must have (beyond IDENTITY); readers rely on these.
@@ -31,6 +32,8 @@ REQUIRED = {
     "run": ["schema_version", "status", "error"],
     "epochs": ["epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "train_time_s", "eval_time_s"],
     "steps": ["epoch", "step", "loss", "loss_scale", "skipped", "step_time_s"],
+    "dtypes": ["layer", "op", "phase", "compute_dtype", "param_dtype"],
+    "underflow": ["layer", "param", "when", "flush_fraction_unscaled", "flush_fraction_scaled"],
 }
 
 
@@ -58,10 +61,9 @@ def validate_table(name: str, df: pd.DataFrame) -> None:
 
 def write_cell(cell_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
     """Write one cell's tables. `run` is written last: its presence marks the cell complete."""
-    for name in TABLES:
-        if name in tables:
-            validate_table(name, tables[name])
-    for name in ("epochs", "steps"):
+    for name in tables:
+        validate_table(name, tables[name])
+    for name in ("epochs", "steps", *OPTIONAL_TABLES):
         if name in tables:
             atomic_write_table(cell_dir / f"{name}.parquet", tables[name])
     atomic_write_table(cell_dir / "run.parquet", tables["run"])
@@ -69,7 +71,7 @@ def write_cell(cell_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
 
 def read_cell(cell_dir: Path) -> dict[str, pd.DataFrame]:
     out = {}
-    for name in TABLES:
+    for name in (*TABLES, *OPTIONAL_TABLES):
         path = cell_dir / f"{name}.parquet"
         if path.exists():
             df = pd.read_parquet(path)
@@ -83,7 +85,7 @@ def read_cell(cell_dir: Path) -> dict[str, pd.DataFrame]:
 def read_run(run_dir: Path, warn=None) -> dict[str, pd.DataFrame]:
     """All cells of one compare run, concatenated. A corrupt cell is named and skipped."""
     warn = warn or (lambda msg: print(msg, file=sys.stderr))
-    parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
+    parts: dict[str, list[pd.DataFrame]] = {name: [] for name in (*TABLES, *OPTIONAL_TABLES)}
     cells_dir = Path(run_dir) / "cells"
     for cell_dir in sorted(p for p in cells_dir.glob("*") if p.is_dir()) if cells_dir.exists() else []:
         if not (cell_dir / "run.parquet").exists():

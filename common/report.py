@@ -14,16 +14,19 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from common import numerics_report as nr
 from common import records
 from common.atomic import atomic_write_text
+from common.config import FRAMEWORK_LABELS
 from common.env import cpu_half_precision_verdict
-from common.figures import make_figures
+from common.figures import make_figures, make_underflow_figure
 from common.mapping import DIFFERENCES
 from common.summary import findings, formatted_summary, summary_table
 
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
-            ("loss_scaling", "Loss scaling"), ("differences", "Framework differences"), ("cells", "Cells"),
+            ("loss_scaling", "Loss scaling"), ("numerics", "Numerics"), ("what_happened", "What happened"),
+            ("differences", "Framework differences"), ("cells", "Cells"),
             ("environment", "Environment"), ("reproduce", "Reproduce")]
 
 
@@ -40,13 +43,57 @@ def _env() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined)
 
 
-def table_html(df: pd.DataFrame) -> str:
-    head = "".join(f"<th class='l'>{html.escape(c)}</th>" if i < 4 else f"<th>{html.escape(c)}</th>"
-                   for i, c in enumerate(df.columns))
-    rows = "".join("<tr>" + "".join(f"<td class='l'>{html.escape(str(v))}</td>" if i < 4 else
-                                    f"<td>{html.escape(str(v))}</td>" for i, v in enumerate(row)) + "</tr>"
-                   for row in df.itertuples(index=False))
-    return f"<table><tr>{head}</tr>{rows}</table>"
+def table_html(df: pd.DataFrame, highlight: str | None = None) -> str:
+    """A plain HTML table; the first four columns left-aligned; rows where `highlight` is true marked."""
+    cols = [c for c in df.columns if c != highlight]
+    head = "".join(f"<th class='l'>{html.escape(str(c))}</th>" if i < 4 else f"<th>{html.escape(str(c))}</th>"
+                   for i, c in enumerate(cols))
+    rows = []
+    for rec in df.to_dict("records"):
+        cells = "".join(f"<td class='l'>{html.escape(str(rec[c]))}</td>" if i < 4 else
+                        f"<td>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))
+        mark = " class='differs'" if highlight and rec.get(highlight) else ""
+        rows.append(f"<tr{mark}>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _html_or_none(df: pd.DataFrame | None) -> str | None:
+    return table_html(df) if df is not None and not df.empty else None
+
+
+def _scale_counts_table(steps: pd.DataFrame) -> pd.DataFrame:
+    counts = nr.scale_counts(steps)
+    counts = counts[counts["precision"].isin(["fp16", "fp16-static"])] if not counts.empty else counts
+    if counts.empty:
+        return counts
+    return pd.DataFrame({"Framework": counts["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)),
+                         "Precision": counts["precision"], "Steps": counts["steps"].map("{:.0f}".format),
+                         "Skipped": counts["skipped"].map("{:.0f}".format),
+                         "Growth events": counts["growth_events"].map("{:.0f}".format),
+                         "First scale": counts["first_scale"].map("{:g}".format),
+                         "Final scale": counts["final_scale"].map("{:g}".format)})
+
+
+def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
+    s = nr.underflow_summary(underflow)
+    if s.empty:
+        return s
+    return pd.DataFrame({"Framework": s["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)),
+                         "Precision": s["precision"], "When": s["when"],
+                         "Gradient elements": s["elements"].map("{:,}".format),
+                         "Exactly zero": s["zero_fraction"].map("{:.2%}".format),
+                         "Flushed in fp16, no scaling": s["flush_unscaled"].map("{:.3%}".format),
+                         "Loss scale": s["loss_scale"].map("{:g}".format),
+                         "Flushed at that scale": s["flush_scaled"].map("{:.3%}".format)})
+
+
+def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
+    f = nr.nonfinite_findings(runs)
+    if f.empty:
+        return f
+    return pd.DataFrame({"Framework": f["framework"].map(lambda x: FRAMEWORK_LABELS.get(x, x)),
+                         "Precision": f["precision"], "Seed": f["seed"], "Step": f["nonfinite_step"],
+                         "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
 
 
 def table_markdown(df: pd.DataFrame) -> str:
@@ -113,6 +160,10 @@ def render_report(run_dir: Path) -> Path:
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     records.export_tables(run_dir, tables)
     figures = make_figures(runs, epochs, steps, run_dir / "figures")
+    underflow = tables.get("underflow", pd.DataFrame())
+    dtypes = tables.get("dtypes", pd.DataFrame())
+    underflow_figure = make_underflow_figure(underflow, run_dir / "figures") if not underflow.empty else None
+    figures += [underflow_figure] if underflow_figure else []
     environment = manifest["environment"]
     summary = formatted_summary(summary_table(runs))
     sentences = findings(runs, steps, environment)
@@ -133,6 +184,12 @@ def render_report(run_dir: Path) -> Path:
         summary_html=table_html(summary), findings=sentences, cpu_verdict=cpu_half_precision_verdict(environment),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
+        notes=manifest.get("notes", []),
+        scale_counts=_html_or_none(_scale_counts_table(steps)),
+        underflow_table=_html_or_none(_underflow_table(underflow)),
+        dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
+        nonfinite_table=_html_or_none(_nonfinite_table(runs)),
+        what_happened=nr.what_happened(runs, steps, underflow),
         seeds_text=_seeds_text(manifest["matrix"]["seeds"]),
         comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),
     )

@@ -93,7 +93,7 @@ def framework_missing(framework: str) -> str | None:
 
 def remove_partial(cell_dir: Path) -> None:
     """A cell without its run.parquet never finished: drop whatever tables it left."""
-    for name in records.TABLES:
+    for name in (*records.TABLES, *records.OPTIONAL_TABLES):
         (cell_dir / f"{name}.parquet").unlink(missing_ok=True)
 
 

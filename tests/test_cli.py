@@ -12,7 +12,7 @@ BAD = [
     (["--models", "vgg"], "unknown model 'vgg' (valid: simple_cnn, resnet18)"),
     (["--datasets", "imagenet"],
      "unknown dataset 'imagenet' (valid: digits, synthetic, synthetic_cifar, cifar10, cifar100)"),
-    (["--precisions", "fp32,fp8"], "unknown precision 'fp8' (valid: fp32, fp16, bf16)"),
+    (["--precisions", "fp32,fp8"], "unknown precision 'fp8' (valid: fp32, fp16, bf16, fp16-noscale, fp16-static)"),
     (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf)"),
     (["--device", "tpu"], "unknown device 'tpu' (valid: auto, cpu, cuda)"),
     (["--optimizer", "lion"], "unknown optimizer 'lion' (valid: adam, sgd)"),
@@ -29,6 +29,10 @@ BAD = [
     (["--diverge-after", "0"], "diverge_after must be a positive int, got 0"),
     (["--resume", "no-such-run"], "unknown run id 'no-such-run'"),
     (["--config", "/nonexistent/amp.json"], "cannot read config file '/nonexistent/amp.json'"),
+    (["--loss-scale", "8"], "--loss-scale 8 needs precision fp16-static among --precisions"),
+    (["--precisions", "fp16-static"], "precision 'fp16-static' needs --loss-scale"),
+    (["--fp32-layers", "fcc"], "unknown layer 'fcc' for --fp32-layers of simple_cnn (valid: conv1, conv2, fc"),
+    (["--clip-grad-norm", "0"], "clip_grad_norm must be a positive float, got 0.0"),
 ]
 
 

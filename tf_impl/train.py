@@ -9,6 +9,7 @@ logs only a running mean of the loss per batch.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -18,13 +19,21 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from common.child import CpuPeakMemory, DivergenceWatch, Progress, SharedInit, TrainResult  # noqa: E402
+from common.child import (  # noqa: E402
+    CpuPeakMemory,
+    DivergenceWatch,
+    Progress,
+    SharedInit,
+    TrainResult,
+    first_nonfinite_parameter,
+)
 from common.config import RunConfig  # noqa: E402
 from common.data import Dataset, batch_plan, epoch_images  # noqa: E402
 from common.mapping import framework_settings  # noqa: E402
 from tf_impl.models import build_model, get_weights, set_weights  # noqa: E402
 
-DTYPE_POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}
+DTYPE_POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16",
+                  "fp16-noscale": "mixed_float16", "fp16-static": "mixed_float16"}
 EVAL_BATCH = 512
 
 
@@ -77,21 +86,31 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, cfg
 
 def make_model(cfg: RunConfig, data: Dataset) -> keras.Model:
     settings = framework_settings(cfg)  # empty in 'defaults' mode: Keras' own BatchNorm and padding
-    return build_model(cfg.model, data.input_shape, data.num_classes, model_class=AmpModel, width=cfg.width,
-                       bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),
-                       stride2_padding=settings.get("stride2_padding", "same"))
+    model = build_model(cfg.model, data.input_shape, data.num_classes, model_class=AmpModel, width=cfg.width,
+                        bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),
+                        stride2_padding=settings.get("stride2_padding", "same"))
+    if cfg.fp32_layers:  # AMP: these layers get the float32 policy (Keras fixes a policy at construction)
+        from tf_impl.numerics import apply_fp32_layers
+
+        model = apply_fp32_layers(model, cfg.fp32_layers)
+    return model
 
 
 def make_optimizer(cfg: RunConfig) -> keras.optimizers.Optimizer:
     settings = framework_settings(cfg)
+    extra: dict[str, object] = {}
+    if cfg.clip_grad_norm is not None:  # the global norm, as torch's clip_grad_norm_ (clipnorm is per tensor)
+        extra["global_clipnorm"] = cfg.clip_grad_norm
+    if cfg.loss_scaling == "static":  # AMP: Keras' own static scaling: x S before backward, / S after
+        extra["loss_scale_factor"] = cfg.loss_scale
     if cfg.optimizer == "adam":
-        inner = keras.optimizers.Adam(learning_rate=cfg.lr,
+        inner = keras.optimizers.Adam(learning_rate=cfg.lr, **extra,
                                       **({"epsilon": settings["adam_epsilon"]} if settings else {}))
     else:
-        inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum)
-    if not cfg.loss_scaling:
+        inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum, **extra)
+    if cfg.loss_scaling != "dynamic":
         return inner
-    # AMP: dynamic loss scaling for fp16 only, built explicitly (compile would wrap it implicitly).
+    # AMP: dynamic loss scaling for fp16, built explicitly (compile would wrap it implicitly).
     scaling = ({"initial_scale": settings["init_scale"], "dynamic_growth_steps": settings["growth_interval"]}
                if settings else {})
     return keras.optimizers.LossScaleOptimizer(inner, **scaling)
@@ -101,7 +120,7 @@ def current_scale(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
     """The live loss scale as a device tensor."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return tf.identity(optimizer.dynamic_scale)
-    return tf.ones((), dtype="float32")
+    return tf.constant(optimizer.loss_scale_factor or 1.0, dtype="float32")
 
 
 class DeviceImages:
@@ -136,6 +155,7 @@ class AmpModel(keras.Model):
             loss = self.compute_loss(x=x, y=y, y_pred=logits)  # float32: the last layer is float32
             scaled_loss = self.optimizer.scale_loss(loss)  # AMP: loss * scale (unchanged without scaling)
         scale_used = current_scale(self.optimizer)
+        updates_before = tf.identity(self.optimizer.iterations)
         grads = tape.gradient(scaled_loss, self.trainable_variables)  # AMP: backward of loss * scale
         # AMP: LossScaleOptimizer unscales, skips the update if any gradient is inf/NaN,
         # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
@@ -144,17 +164,19 @@ class AmpModel(keras.Model):
             if metric.name == "loss":
                 metric.update_state(loss)
         logs = self.compute_metrics(x, y, logits)
+        # A skipped update leaves the optimizer's step count where it was.
         return {**logs, "batch_loss": loss, "loss_scale": scale_used,
-                "skipped": current_scale(self.optimizer) < scale_used}  # backs off only on a skipped step
+                "skipped": tf.equal(self.optimizer.iterations, updates_before)}
 
 
 class StepRecorder(keras.callbacks.Callback):
     """Records every step's values and time, and times validation apart from training."""
 
     def __init__(self, cfg: RunConfig, steps: int, progress: Progress, result: TrainResult,
-                 augment: tuple[Dataset, DeviceImages] | None = None):
+                 augment: tuple[Dataset, DeviceImages] | None = None, on_nonfinite=None):
         super().__init__()
         self.cfg, self.steps, self.progress, self.result, self.augment = cfg, steps, progress, result, augment
+        self.on_nonfinite = on_nonfinite  # called once, at the first non-finite loss or skipped update
         self.watch = DivergenceWatch(cfg.diverge_after)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -174,6 +196,9 @@ class StepRecorder(keras.callbacks.Callback):
         self.result.step_loss_scale.append(float(logs["loss_scale"]))
         self.result.step_skipped.append(bool(logs["skipped"]))
         self.progress.step(self.epoch, self.cfg.epochs, batch, self.steps)
+        if self.on_nonfinite and (not np.isfinite(self.losses[-1]) or self.result.step_skipped[-1]):
+            self.on_nonfinite(len(self.result.step_loss) - 1, self.epoch, batch)
+            self.on_nonfinite = None
         self.result.diverged_at_step = self.watch.update(self.losses[-1:], len(self.result.step_loss) - 1)
         if self.result.diverged_at_step is not None:
             self.model.stop_training = True  # fit() stops after this batch
@@ -235,28 +260,47 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         **device_info(gpus if cfg.device == "cuda" else []),
         "tf32": f"tensor_float_32_execution={tf.config.experimental.tensor_float_32_execution_enabled()}",
         "compiled": "jit_compile=True (XLA)" if cfg.compile else "tf.function (no XLA)",
-        "amp_api": "mixed_float16 policy + LossScaleOptimizer" if cfg.loss_scaling else
-                   (f"{DTYPE_POLICIES[cfg.precision]} policy" if cfg.mixed else "none"),
+        "amp_api": {"dynamic": "mixed_float16 policy + LossScaleOptimizer",
+                    "static": "mixed_float16 policy + optimizer loss_scale_factor"}.get(
+            cfg.loss_scaling, f"{DTYPE_POLICIES[cfg.precision]} policy, no loss scaling" if cfg.mixed else "none"),
         "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
     })
     with tf.device(device):
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
+        # auto_scale_loss=False: the optimizer above is the whole AMP setup (fp16-noscale stays unscaled).
         model.compile(optimizer=make_optimizer(cfg),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], jit_compile=cfg.compile)
+                      metrics=["accuracy"], jit_compile=cfg.compile, auto_scale_loss=False)
         model.optimizer.build(model.trainable_variables)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, cfg))
         dataset, model.device_images = make_dataset(data, plan)
+        # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
+        from tf_impl import numerics
+
+        probe = (data.x_train[plan[0, 0]], data.y_train[plan[0, 0]])
+        result.extra["dtypes"] = numerics.dtype_audit(model, *probe, cfg.precision)
+        result.extra["underflow"] = underflow_rows(numerics, model, probe, cfg, "first step", 0)
+
+        def on_nonfinite(step: int, epoch: int, batch: int) -> None:
+            """NaN/Inf locator: where the first non-finite loss or gradient came from."""
+            idx = plan[epoch, batch]
+            bad = first_nonfinite_parameter(get_weights(model))
+            found = ({"where": "parameters", "layer": bad, "value": "nan/inf", "tensor": bad} if bad else
+                     numerics.locate_nonfinite(model, tf.gather(model.device_images.images, idx).numpy(),
+                                               data.y_train[idx], cfg.precision,
+                                               float(current_scale(model.optimizer))))
+            result.nonfinite = {"step": step, **(found or {"where": "not reproduced", "layer": "", "value": ""})}
+
         if cfg.device == "cuda":
             tf.config.experimental.reset_memory_stats("GPU:0")
         else:
             cpu_memory = CpuPeakMemory()
         model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
                   validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH,
-                  callbacks=[StepRecorder(cfg, steps, progress, result,
+                  callbacks=[StepRecorder(cfg, steps, progress, result, on_nonfinite=on_nonfinite,
                                           augment=(data, model.device_images) if cfg.augment else None)])
     if cfg.device == "cuda":
         result.peak_memory_bytes = tf.config.experimental.get_memory_info("GPU:0")["peak"]
@@ -264,4 +308,12 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind
+    result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, "last step", len(result.step_loss) - 1)
     return result
+
+
+def underflow_rows(numerics, model, probe, cfg: RunConfig, when: str, step: int) -> list[dict]:
+    """Per-layer gradient magnitudes of one batch against float16's range, at the scale in use then."""
+    scale = float(current_scale(model.optimizer))
+    rows = numerics.gradient_underflow(model, *probe, cfg.precision, loss_scale=scale)
+    return [{**row, "when": when, "at_step": step, "log2_hist": json.dumps(row.get("log2_hist"))} for row in rows]

@@ -8,6 +8,7 @@ per-step host synchronisation on a GPU.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -16,13 +17,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.child import CpuPeakMemory, DivergenceWatch, Progress, SharedInit, TrainResult
+from common.child import (
+    CpuPeakMemory,
+    DivergenceWatch,
+    Progress,
+    SharedInit,
+    TrainResult,
+    first_nonfinite_parameter,
+)
 from common.config import RunConfig
 from common.data import Dataset, epoch_batches, epoch_images
 from common.mapping import framework_settings
 from torch_impl.models import build_model, get_weights, set_weights
 
-AMP_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+AMP_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp16-noscale": torch.float16,
+              "fp16-static": torch.float16}
 EVAL_BATCH = 512
 
 
@@ -71,8 +80,13 @@ def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: to
 
 def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
     settings = framework_settings(cfg)  # empty in 'defaults' mode: torch's own BatchNorm defaults
-    return build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width,
-                       bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"))
+    model = build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width,
+                        bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"))
+    if cfg.fp32_layers:  # AMP: these blocks run with autocast disabled, inputs cast to float32
+        from torch_impl.numerics import apply_fp32_layers
+
+        apply_fp32_layers(model, cfg.fp32_layers)
+    return model
 
 
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -82,11 +96,26 @@ def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
 
+class FixedScaler(torch.amp.GradScaler):
+    """fp16-static: GradScaler's scaling, unscaling and skipping of non-finite steps, with the scale
+    held fixed (GradScaler itself insists on growth > 1 and backoff < 1)."""
+
+    def __init__(self, device: str, scale: float):
+        super().__init__(device, init_scale=scale)
+        self.fixed_scale = float(scale)  # update() takes a float or a tensor, not an int
+
+    def update(self, new_scale=None) -> None:
+        super().update(self.fixed_scale)
+
+
 def make_scaler(cfg: RunConfig) -> torch.amp.GradScaler:
-    # AMP: dynamic loss scaling for fp16 only; a disabled scaler makes scale/step/update pass through.
+    # AMP: loss scaling for fp16 (dynamic) and fp16-static (fixed); a disabled scaler (fp32, bf16,
+    # fp16-noscale) makes scale/step/update pass through.
+    if cfg.loss_scaling == "static":
+        return FixedScaler(cfg.device, cfg.loss_scale)
     settings = framework_settings(cfg)
     scaling = {k: settings[k] for k in ("init_scale", "growth_interval")} if settings else {}
-    return torch.amp.GradScaler(cfg.device, enabled=cfg.loss_scaling, **scaling)
+    return torch.amp.GradScaler(cfg.device, enabled=cfg.loss_scaling == "dynamic", **scaling)
 
 
 def current_scale(scaler: torch.amp.GradScaler, device: torch.device) -> torch.Tensor:
@@ -98,13 +127,16 @@ def current_scale(scaler: torch.amp.GradScaler, device: torch.device) -> torch.T
     return scaler._scale.detach().clone().reshape(())
 
 
-def train_step(model, optimizer, scaler, x, y, amp_dtype):
+def train_step(model, optimizer, scaler, x, y, amp_dtype, clip_grad_norm: float | None = None):
     """One optimizer step. Returns (loss, correct) as device tensors."""
     with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):  # AMP: op-level casts
         logits = model(x)
         loss = F.cross_entropy(logits, y)  # autocast computes this in float32
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()  # AMP: backward of loss * scale
+    if clip_grad_norm is not None:
+        scaler.unscale_(optimizer)  # AMP: clip the true gradients, not the scaled ones
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
     scaler.step(optimizer)  # AMP: unscale gradients; skip the update if any is inf/NaN
     scaler.update()  # AMP: halve the scale on overflow, double it after growth_interval good steps
     return loss.detach(), (logits.argmax(1) == y).sum()
@@ -189,30 +221,44 @@ class EpochSteps:
 
 
 def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, watch: DivergenceWatch,
-              first_step: int = 0, on_step=lambda step: None) -> EpochSteps:
-    """The instrumented training loop of one epoch (benchmarks/overhead.py measures what it costs)."""
+              first_step: int = 0, on_step=lambda step: None, clip_grad_norm: float | None = None,
+              on_nonfinite=None) -> EpochSteps:
+    """The instrumented training loop of one epoch (benchmarks/overhead.py measures what it costs).
+
+    on_nonfinite(step, idx) is called once for the first step whose loss was non-finite or whose
+    update the scaler skipped (non-finite gradients); it returns True once it has handled one.
+    """
     check_every = 25 if x.device.type == "cuda" else 1  # reading the loss on the host syncs a GPU
-    losses, corrects, scales_used, scales_after, checked, diverged = [], [], [], [], 0, None
+    losses, corrects, scales_used, skipped, checked, diverged = [], [], [], [], 0, None
+    updates = [0]  # optimizer steps actually taken: GradScaler skips the step on non-finite gradients
+    hook = optimizer.register_step_post_hook(lambda *args: updates.__setitem__(0, updates[0] + 1))
     clock.mark()
     for step, idx in enumerate(plan):
         scales_used.append(current_scale(scaler, x.device))
-        loss, correct = train_step(net, optimizer, scaler, x[idx], y[idx], amp_dtype)
-        scales_after.append(current_scale(scaler, x.device))
+        taken = updates[0]
+        loss, correct = train_step(net, optimizer, scaler, x[idx], y[idx], amp_dtype, clip_grad_norm)
+        skipped.append(updates[0] == taken)
         losses.append(loss)
         corrects.append(correct)
         clock.mark()
         on_step(step)
         if len(losses) - checked >= check_every or step + 1 == len(plan):
-            fresh, checked = torch.stack(losses[checked:]).float().cpu().tolist(), len(losses)
+            fresh = torch.stack(losses[checked:]).float().cpu().tolist()
+            if on_nonfinite is not None:
+                for k, value in enumerate(fresh, start=checked):
+                    if not np.isfinite(value) or skipped[k]:
+                        on_nonfinite = None if on_nonfinite(first_step + k, plan[k]) else on_nonfinite
+                        break
+            checked = len(losses)
             diverged = watch.update(fresh, first_step + step)
             if diverged is not None:
                 break
     step_times = clock.intervals()  # synchronises once per epoch
-    used, after = torch.stack(scales_used).cpu(), torch.stack(scales_after).cpu()
+    hook.remove()
     return EpochSteps(
         loss=torch.stack(losses).float().cpu().tolist(),
-        loss_scale=used.tolist(),
-        skipped=(after < used).tolist(),  # the scaler backs off only on a skipped step
+        loss_scale=torch.stack(scales_used).cpu().tolist(),
+        skipped=skipped,
         step_time_s=step_times,
         correct=int(torch.stack(corrects).sum().item()),
         diverged_at_step=diverged,
@@ -237,14 +283,32 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         "tf32": f"matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
                 f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}",
         "compiled": "torch.compile" if cfg.compile else "eager",
-        "amp_api": "torch.autocast + torch.amp.GradScaler" if cfg.loss_scaling else
-                   ("torch.autocast" if cfg.mixed else "none"),
+        "amp_api": {"dynamic": "torch.autocast + torch.amp.GradScaler",
+                    "static": "torch.autocast + GradScaler held at a fixed scale"}.get(
+            cfg.loss_scaling, "torch.autocast, no loss scaling" if cfg.mixed else "none"),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "init_source": init_source,
         "framework_defaults": describe_defaults(),
         "settings_used": settings_used(model, optimizer, scaler),
     })
+    # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
+    from torch_impl import numerics
+
+    first = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)[0])
+    probe = (x_train[first.to(device)], y_train[first.to(device)])
+    result.extra["dtypes"] = numerics.dtype_audit(model, *probe, cfg.precision)
+    result.extra["underflow"] = underflow_rows(numerics, model, probe, cfg, scaler, "first step", 0)
+
+    def on_nonfinite(step: int, idx: torch.Tensor) -> bool:
+        """NaN/Inf locator: where the first non-finite loss or gradient came from."""
+        bad = first_nonfinite_parameter(get_weights(model))
+        found = ({"where": "parameters", "layer": bad, "value": "nan/inf", "tensor": bad} if bad else
+                 numerics.locate_nonfinite(model, x_train[idx], y_train[idx], cfg.precision,
+                                           float(current_scale(scaler, device))))
+        result.nonfinite = {"step": step, **(found or {"where": "not reproduced", "layer": "", "value": ""})}
+        return True
+
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
@@ -260,7 +324,9 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
             x_train = to_device_images(epoch_images(data, cfg.seed, epoch, augment=True), device, cfg.channels_last)
         steps = run_epoch(net, optimizer, scaler, x_train, y_train, plan, amp_dtype, clock, watch,
                           first_step=len(result.step_loss),
-                          on_step=lambda step, n=len(plan), e=epoch: progress.step(e, cfg.epochs, step, n))
+                          on_step=lambda step, n=len(plan), e=epoch: progress.step(e, cfg.epochs, step, n),
+                          clip_grad_norm=cfg.clip_grad_norm,
+                          on_nonfinite=on_nonfinite if result.nonfinite is None else None)
         eval_start = time.perf_counter()
         val_loss, val_accuracy = evaluate(net, x_val, y_val, amp_dtype)
         eval_time = time.perf_counter() - eval_start
@@ -281,10 +347,19 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         })
         if result.diverged_at_step is not None:
             break
-    if device.type == "cuda":
+    if device.type == "cuda":  # peak of training alone, before the closing numerics probe
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
         result.memory_kind = "cuda_allocator_peak"
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind
+    result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, scaler, "last step",
+                                                len(result.step_loss) - 1)
     return result
+
+
+def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:
+    """Per-layer gradient magnitudes of one batch against float16's range, at the scale in use then."""
+    scale = float(current_scale(scaler, probe[0].device))
+    rows = numerics.gradient_underflow(model, *probe, cfg.precision, loss_scale=scale)
+    return [{**row, "when": when, "at_step": step, "log2_hist": json.dumps(row.get("log2_hist"))} for row in rows]

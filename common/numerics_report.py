@@ -1,0 +1,125 @@
+"""The report's Numerics and "What happened" sections: pure functions of the record tables.
+
+- loss-scale counts: skipped steps and growth events per framework x precision
+- underflow summary: element-weighted share of gradient elements float16 would flush to zero
+- dtype audit side by side: which dtypes each layer computes in, torch next to Keras
+- NaN/Inf locator findings
+- what happened: sentences, each number taken from the records
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from common.config import FRAMEWORK_LABELS, PRECISIONS
+
+ORDER = {p: i for i, p in enumerate(PRECISIONS)}
+
+
+def _label(fw: str) -> str:
+    return FRAMEWORK_LABELS.get(fw, fw)
+
+
+def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
+    if steps.empty:
+        return pd.DataFrame()
+    rows = []
+    for (fw, prec, _cell), g in steps.sort_values("step").groupby(["framework", "precision", "cell_id"]):
+        scale = g["loss_scale"].to_numpy()
+        rows.append({"framework": fw, "precision": prec, "steps": len(g), "skipped": int(g["skipped"].sum()),
+                     "growth_events": int((np.diff(scale) > 0).sum()), "first_scale": scale[0],
+                     "final_scale": scale[-1]})
+    df = pd.DataFrame(rows).groupby(["framework", "precision"], as_index=False).median(numeric_only=True)
+    return df.sort_values(["framework", "precision"], key=lambda s: s.map(ORDER) if s.name == "precision" else s)
+
+
+def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
+    """Element-weighted flush fractions per framework x precision x when (first / last step)."""
+    if underflow.empty:
+        return pd.DataFrame()
+
+    def weighted(g: pd.DataFrame) -> pd.Series:
+        w = g["nonzero"].to_numpy(dtype=float)
+        total = w.sum() or 1.0
+        return pd.Series({
+            "elements": int(g["elements"].sum()),
+            "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / max(g["elements"].sum(), 1)),
+            "flush_unscaled": float((g["flush_fraction_unscaled"] * w).sum() / total),
+            "flush_scaled": float((g["flush_fraction_scaled"] * w).sum() / total),
+            "loss_scale": float(g["loss_scale"].iloc[0]),
+        })
+
+    # One seed is enough to show the mechanism: the first seed of each cell.
+    first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
+    out = first_seed.groupby(["framework", "precision", "when"]).apply(weighted, include_groups=False).reset_index()
+    return out.sort_values(["framework", "precision", "when"],
+                           key=lambda s: s.map(ORDER) if s.name == "precision" else s)
+
+
+def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per mixed precision: each (layer, phase) with the dtypes torch and Keras computed it in."""
+    out: dict[str, pd.DataFrame] = {}
+    if dtypes.empty:
+        return out
+    first_seed = dtypes[dtypes["seed"] == dtypes["seed"].min()]
+    for prec in sorted(set(first_seed["precision"]) - {"fp32"}, key=lambda p: ORDER.get(p, 99)):
+        d = first_seed[first_seed["precision"] == prec]
+        per_fw = {}
+        for fw, g in d.groupby("framework"):
+            per_fw[fw] = g.groupby(["layer", "phase"], sort=False).agg(
+                dtypes=("compute_dtype", lambda s: ", ".join(sorted(set(s)))),
+                ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
+                params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
+        if not per_fw:
+            continue
+        table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
+        table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
+        dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
+        table["differs"] = table[dtype_cols].fillna("-").nunique(axis=1) > 1 if len(dtype_cols) > 1 else False
+        out[prec] = table.fillna("-")
+    return out
+
+
+def nonfinite_findings(runs: pd.DataFrame) -> pd.DataFrame:
+    if "nonfinite_step" not in runs:
+        return pd.DataFrame()
+    found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
+    cols = ["framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
+            "nonfinite_value"]
+    return found[cols].sort_values(["framework", "precision", "seed"]) if not found.empty else pd.DataFrame()
+
+
+def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame) -> list[str]:
+    """Sentences about loss scaling and numerics, every number from the records."""
+    out: list[str] = []
+    counts = scale_counts(steps)
+    for r in counts.itertuples() if not counts.empty else []:
+        if r.precision == "fp16":
+            out.append(f"{_label(r.framework)} fp16: the dynamic scaler skipped {r.skipped:.0f} of {r.steps:.0f} "
+                       f"steps and grew the scale {r.growth_events:.0f} times, from 2^{np.log2(r.first_scale):.0f} "
+                       f"to 2^{np.log2(r.final_scale):.0f}.")
+        elif r.precision == "fp16-static" and r.skipped:
+            out.append(f"{_label(r.framework)} fp16-static: {r.skipped:.0f} of {r.steps:.0f} steps were skipped "
+                       f"at the fixed scale {r.first_scale:g}.")
+    summary = underflow_summary(underflow)
+    last = summary[summary["when"] == "last step"] if not summary.empty else summary
+    for r in last.itertuples() if not last.empty else []:
+        if r.precision in ("fp16", "fp16-static", "fp16-noscale"):
+            scaled = (f"; at the scale in use ({r.loss_scale:g}) {r.flush_scaled:.2%}"
+                      if r.loss_scale != 1 else "")
+            out.append(f"{_label(r.framework)} {r.precision}: at the last step {r.flush_unscaled:.2%} of the non-zero "
+                       f"gradient elements would flush to zero in float16 without scaling{scaled}.")
+    ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    acc = ok.groupby(["framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
+    for fw in sorted({k[0] for k in acc.index}):
+        with_s, without = acc.get((fw, "fp16")), acc.get((fw, "fp16-noscale"))
+        if with_s is not None and without is not None:
+            out.append(f"{_label(fw)}: validation accuracy {with_s:.1%} with dynamic loss scaling, "
+                       f"{without:.1%} without any.")
+    for r in nonfinite_findings(runs).itertuples():
+        out.append(f"{_label(r.framework)} {r.precision} (seed {r.seed}): the first non-finite value appeared at "
+                   f"step {r.nonfinite_step}, in the {r.nonfinite_where} of layer '{r.nonfinite_layer}' "
+                   f"({r.nonfinite_value}).")
+    return out
