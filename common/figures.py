@@ -187,8 +187,9 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     long = df.melt(id_vars=["Framework", "Precision", "layer"], var_name="Scaling", value_name="flush")
     long["flush_pct"] = long["flush"] * 100
     grid = sns.catplot(data=long, kind="bar", x="layer", y="flush_pct", hue="Framework", col="Scaling",
-                       row="Precision", palette=FRAMEWORK_COLORS, height=2.6, aspect=2.0, sharey=False, errorbar=None)
-    grid.set_axis_labels("Layer (canonical name)", "Gradient elements flushed to 0 (%)")
+                       row="Precision", palette=FRAMEWORK_COLORS, height=2.6, aspect=2.0, sharey=True, errorbar=None)
+    grid.set_axis_labels("Layer (canonical name)", "Flushed to 0 (%)")
+    grid.set(ylim=(0, max(0.01, float(long["flush_pct"].max()) * 1.1)))
     grid.set_titles("{row_name}, {col_name}")
     grid.figure.suptitle("Gradient underflow in float16 at the last step", y=1.02)
     for ax in grid.axes.flat:

@@ -12,9 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from common.config import FRAMEWORK_LABELS, PRECISIONS
+from common.config import FRAMEWORK_LABELS, FRAMEWORKS, PRECISIONS
 
-ORDER = {p: i for i, p in enumerate(PRECISIONS)}
+ORDER = {**{p: i for i, p in enumerate(PRECISIONS)}, **{f: i for i, f in enumerate(FRAMEWORKS)}}
+
+
+def _ordered(s: pd.Series) -> pd.Series:
+    return s.map(ORDER) if s.name in ("framework", "precision") else s
 
 
 def _label(fw: str) -> str:
@@ -32,7 +36,7 @@ def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
                      "growth_events": int((np.diff(scale) > 0).sum()), "first_scale": scale[0],
                      "final_scale": scale[-1]})
     df = pd.DataFrame(rows).groupby(["framework", "precision"], as_index=False).median(numeric_only=True)
-    return df.sort_values(["framework", "precision"], key=lambda s: s.map(ORDER) if s.name == "precision" else s)
+    return df.sort_values(["framework", "precision"], key=_ordered)
 
 
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
@@ -54,8 +58,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     # One seed is enough to show the mechanism: the first seed of each cell.
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
     out = first_seed.groupby(["framework", "precision", "when"]).apply(weighted, include_groups=False).reset_index()
-    return out.sort_values(["framework", "precision", "when"],
-                           key=lambda s: s.map(ORDER) if s.name == "precision" else s)
+    return out.sort_values(["framework", "precision", "when"], key=_ordered)
 
 
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -74,6 +77,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
                 params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
         if not per_fw:
             continue
+        per_fw = dict(sorted(per_fw.items(), key=lambda kv: ORDER.get(kv[0], 99)))
         table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]

@@ -80,7 +80,7 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
         return s
     return pd.DataFrame({"Framework": s["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)),
                          "Precision": s["precision"], "When": s["when"],
-                         "Gradient elements": s["elements"].map("{:,}".format),
+                         "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Exactly zero": s["zero_fraction"].map("{:.2%}".format),
                          "Flushed in fp16, no scaling": s["flush_unscaled"].map("{:.3%}".format),
                          "Loss scale": s["loss_scale"].map("{:g}".format),

@@ -52,6 +52,8 @@ def test_unknown_key_and_malformed_json_are_config_errors():
 )
 def test_any_valid_config_round_trips(framework, model, dataset, precision, seed, epochs, batch_size, lr):
     cfg = RunConfig(framework=framework, model=model, dataset=dataset, precision=precision, seed=seed,
-                    epochs=epochs, batch_size=batch_size, lr=lr)
+                    epochs=epochs, batch_size=batch_size, lr=lr,
+                    loss_scale=1024.0 if precision == "fp16-static" else None)
     assert RunConfig.from_json(cfg.to_json()) == cfg
-    assert cfg.loss_scaling == (precision == "fp16")
+    assert cfg.loss_scaling == {"fp16": "dynamic", "fp16-static": "static"}.get(precision)
+    assert (cfg.half is None) == (precision == "fp32")

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from common.config import PRECISIONS
+from common.config import DEFAULT_PRECISIONS as PRECISIONS
 
 FIGURES = ["throughput", "step_times", "memory", "accuracy", "loss_curves", "val_accuracy", "loss_scale"]
 
