@@ -328,8 +328,15 @@ def report(args: argparse.Namespace) -> int:
         if not (run_dir / "manifest.json").exists():
             raise ConfigError(f"{str(run_dir)!r} is not a compare run folder (no manifest.json)")
     console = _console()
-    for run_dir in args.run_dirs:
-        print(_render(run_dir, console))
+    if len(args.run_dirs) > 1:  # one combined report, the machine as a dimension
+        from common.report import render_combined
+
+        if len({d.resolve() for d in args.run_dirs}) != len(args.run_dirs):
+            raise ConfigError("the same run folder was given twice to report (give each once)")
+        out = args.run_dirs[0].parent / f"combined-{datetime.now():%Y%m%d-%H%M%S}"
+        print(render_combined(args.run_dirs, out))
+        return 0
+    print(_render(args.run_dirs[0], console))
     return 0
 
 

@@ -40,7 +40,14 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     labels = [FRAMEWORK_LABELS[f] for f in FRAMEWORK_LABELS if f in set(df["framework"])]
     df["Framework"] = pd.Categorical(df["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)), categories=labels)
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
+    if "machine" not in df:
+        df["machine"] = ""
     return df
+
+
+def _facet(df: pd.DataFrame) -> dict:
+    """A combined report of several runs puts each machine in its own column of every figure."""
+    return {"col": "machine"} if df["machine"].nunique() > 1 else {}
 
 
 def _save(fig, out_dir: Path, key: str) -> None:
@@ -50,19 +57,47 @@ def _save(fig, out_dir: Path, key: str) -> None:
     plt.close(fig)
 
 
-def _bar(table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str | None, fmt: str):
-    df = _labelled(table)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    sns.barplot(data=df, x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS, ax=ax)
+def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
+    grid.set_axis_labels(xlabel, ylabel)
+    if grid._col_var:  # noqa: SLF001 — seaborn keeps the facet variable here
+        grid.set_titles("{col_name}")
+        grid.figure.suptitle(title, y=1.03)
+    else:
+        grid.ax.set_title(title)
+
+
+def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str | None,
+         fmt: str):
+    """Median over seeds per bar, with the interquartile range as error bar; labels from the summary table."""
+    df = _labelled(runs)
+    grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
+                       estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
     if annotate:
-        for container, (_, group) in zip(ax.containers, df.groupby("Framework", observed=True)):
-            labels = [fmt.format(v) if np.isfinite(v) else "" for v in group.sort_values("Precision")[annotate]]
-            ax.bar_label(container, labels=labels, fontsize=8, padding=2)
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
-    ax.set_xlabel("Precision mode")
-    ax.legend(title="Framework", fontsize=8)
-    return fig
+        labelled = _labelled(table)
+        machines = grid.col_names if _facet(df) else [None]
+        precisions = list(df["Precision"].cat.categories)
+        for machine, ax in zip(machines, grid.axes.flat):
+            part = labelled if machine is None else labelled[labelled["machine"] == machine]
+            # one container per framework, one bar per precision category (empty where no cell ran)
+            for container, framework in zip(ax.containers, df["Framework"].cat.categories):
+                values = part[part["Framework"] == framework].set_index("precision")[annotate]
+                labels = [fmt.format(values[p]) if p in values and np.isfinite(values[p]) else ""
+                          for p in precisions]
+                ax.bar_label(container, labels=labels[:len(container)], fontsize=8, padding=2)
+    _finish(grid, title, "Precision mode", ylabel)
+    return grid.figure
+
+
+def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str, log: bool = False,
+           markers: bool = False):
+    df = _labelled(df)
+    grid = sns.relplot(data=df, kind="line", x=x, y=y, hue="Framework", style="Precision", palette=FRAMEWORK_COLORS,
+                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS if markers else False, errorbar=None,
+                       linewidth=1, height=4.2, aspect=1.7, estimator="median", **_facet(df))
+    if log:
+        grid.set(yscale="log")
+    _finish(grid, title, xlabel, ylabel)
+    return grid.figure
 
 
 def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
@@ -72,77 +107,65 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     figures: list[Figure] = []
     if table.empty:
         return figures
-    ok_ids = set(ok_runs(runs)["cell_id"])
+    ok = ok_runs(runs).copy()
+    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
+    ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
     epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
+    n = int(ok.groupby(["framework", "precision"]).size().max())
+    spread = (f" Bars are medians over {n} runs (seeds); error bars span the interquartile range." if n > 1 else
+              " One run per bar: repeat with --repeats 3 or more to see the spread.")
 
-    _save(_bar(table, "throughput_img_s", "Training throughput (images/s, median step)",
-               "Training throughput", "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
+    _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, median step)", "Training throughput",
+               "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
     figures.append(Figure("throughput", "speed", "Training throughput by precision",
-                          "Bars are images per second from the median step time (warm-up excluded); the label "
-                          "on each bar is the speed-up against the same framework's fp32. Above 1× mixed "
-                          "precision helped; below 1× it cost time.",
+                          "Images per second from the median step time (warm-up excluded); the label on each bar "
+                          "is the speed-up against the same framework's fp32. Above 1× mixed precision helped; "
+                          "below 1× it cost time." + spread,
                           "Bar chart of training images per second for each framework and precision mode."))
 
     if not steps.empty:
         timed = _labelled(steps[~steps["warmup"]])
         timed["step_time_ms"] = timed["step_time_s"] * 1000
-        fig, ax = plt.subplots(figsize=(7, 4))
-        sns.boxplot(data=timed, x="Precision", y="step_time_ms", hue="Framework", palette=FRAMEWORK_COLORS,
-                    ax=ax, showfliers=True, fliersize=2)
-        ax.set_yscale("log")
-        ax.set_title("Step-time distribution (warm-up excluded)")
-        ax.set_ylabel("Time per training step (ms, log scale)")
-        ax.set_xlabel("Precision mode")
-        _save(fig, out_dir, "step_times")
+        grid = sns.catplot(data=timed, kind="box", x="Precision", y="step_time_ms", hue="Framework",
+                           palette=FRAMEWORK_COLORS, fliersize=2, height=4, aspect=1.6, log_scale=True,
+                           **_facet(timed))
+        _finish(grid, "Step-time distribution (warm-up excluded)", "Precision mode",
+                "Time per training step (ms, log scale)")
+        _save(grid.figure, out_dir, "step_times")
         figures.append(Figure("step_times", "speed", "Distribution of step times",
                               "Boxes span the 25th–75th percentile of per-step times, whiskers 1.5× that range. "
                               "A tall box or many outliers means the step time is noisy; compare medians, "
                               "not single steps.",
                               "Box plot of per-step training time in milliseconds for each framework and precision."))
 
-    table_mem = table.copy()
-    _save(_bar(table_mem, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
+    kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
+    _save(_bar(ok, table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_change_vs_fp32", "{:+.0%}"), out_dir, "memory")
-    kinds = ", ".join(sorted(set(ok_runs(runs)["memory_kind"].dropna())))
     figures.append(Figure("memory", "memory", "Peak memory by precision",
                           f"Memory measured as: {kinds}. The label is the change against the same framework's "
                           "fp32. On a CPU this is the process's resident memory, which includes framework "
-                          "workspaces, so half-precision activations need not make it smaller.",
+                          "workspaces, so half-precision activations need not make it smaller." + spread,
                           "Bar chart of peak training memory in MiB for each framework and precision mode."))
 
-    _save(_bar(table, "val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
+    _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
                "val_accuracy", "{:.1%}"), out_dir, "accuracy")
     figures.append(Figure("accuracy", "accuracy", "Final validation accuracy",
-                          "Accuracy on the held-out split after the last epoch. Equal bars mean the precision "
-                          "mode did not cost accuracy on this task.",
+                          "Accuracy on the held-out split after the last epoch. Overlapping error bars mean the "
+                          "precision mode's effect on accuracy is within seed-to-seed noise." + spread,
                           "Bar chart of final validation accuracy for each framework and precision mode."))
 
     if not steps.empty:
-        df = _labelled(steps)
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        sns.lineplot(data=df, x="step", y="loss", hue="Framework", style="Precision", palette=FRAMEWORK_COLORS,
-                     dashes=PRECISION_DASHES, errorbar=None, linewidth=1, ax=ax)
-        ax.set_yscale("log")
-        ax.set_title("Training loss per step")
-        ax.set_xlabel("Optimizer step")
-        ax.set_ylabel("Batch cross-entropy loss (nats, log scale)")
-        _save(fig, out_dir, "loss_curves")
+        _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step",
+                     "Batch cross-entropy loss (nats, log scale)", log=True), out_dir, "loss_curves")
         figures.append(Figure("loss_curves", "accuracy", "Training loss per step",
-                              "Each line is one framework in one precision (median over seeds). Lines of the same "
-                              "colour that overlap mean the precision mode did not change training.",
+                              "Each line is one framework in one precision (median over seeds), all from the same "
+                              "initial weights. Lines that overlap mean the precision mode did not change training.",
                               "Line chart of per-step training loss for each framework and precision."))
 
     if not epochs.empty:
-        df = _labelled(epochs)
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        sns.lineplot(data=df, x="epoch", y="val_accuracy", hue="Framework", style="Precision",
-                     palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
-                     errorbar=None, ax=ax)
-        ax.set_title("Validation accuracy per epoch")
-        ax.set_xlabel("Epoch")
-        ax.set_ylabel("Validation accuracy (fraction)")
-        _save(fig, out_dir, "val_accuracy")
+        _save(_lines(epochs, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch",
+                     "Validation accuracy (fraction)", markers=True), out_dir, "val_accuracy")
         figures.append(Figure("val_accuracy", "accuracy", "Validation accuracy per epoch",
                               "How fast each cell learns. Curves that separate early and meet later mean a "
                               "precision mode slowed learning without changing where it ends.",
@@ -152,17 +175,17 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     if not scaled.empty:
         df = _labelled(scaled)
         df["log2_scale"] = np.log2(df["loss_scale"])
-        fig, ax = plt.subplots(figsize=(8, 4))
-        sns.lineplot(data=df, x="step", y="log2_scale", hue="Framework", style="Precision", palette=FRAMEWORK_COLORS,
-                     dashes=PRECISION_DASHES, errorbar=None, drawstyle="steps-post", ax=ax)
+        grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", hue="Framework", style="Precision",
+                           palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, errorbar=None, drawstyle="steps-post",
+                           estimator="median", height=4, aspect=1.8, **_facet(df))
         skipped = df[df["skipped"]]
-        if not skipped.empty:
-            sns.scatterplot(data=skipped, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
-                            marker="X", s=60, legend=False, ax=ax)
-        ax.set_title("Loss scale per step (fp16: dynamic; fp16-static: fixed)")
-        ax.set_xlabel("Optimizer step")
-        ax.set_ylabel("Loss scale (log2)")
-        _save(fig, out_dir, "loss_scale")
+        for machine, ax in zip(grid.col_names if _facet(df) else [None], grid.axes.flat):
+            part = skipped if machine is None else skipped[skipped["machine"] == machine]
+            if not part.empty:
+                sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
+                                marker="X", s=60, legend=False, ax=ax)
+        _finish(grid, "Loss scale per step (fp16: dynamic; fp16-static: fixed)", "Optimizer step", "Loss scale (log2)")
+        _save(grid.figure, out_dir, "loss_scale")
         counts = ", ".join(f"{FRAMEWORK_LABELS.get(fw, fw)}: {int(g['skipped'].sum())} skipped"
                            for fw, g in scaled.groupby("framework", sort=False))
         figures.append(Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",

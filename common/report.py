@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
@@ -17,7 +18,7 @@ import pandas as pd
 from common import numerics_report as nr
 from common import records
 from common.atomic import atomic_write_text
-from common.config import FRAMEWORK_LABELS
+from common.config import FRAMEWORK_LABELS, FRAMEWORKS, PRECISIONS
 from common.env import cpu_half_precision_verdict
 from common.figures import make_figures, make_underflow_figure
 from common.mapping import DIFFERENCES
@@ -59,6 +60,32 @@ def table_html(df: pd.DataFrame, highlight: str | None = None) -> str:
 
 def _html_or_none(df: pd.DataFrame | None) -> str | None:
     return table_html(df) if df is not None and not df.empty else None
+
+
+def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Step-time percentiles and both throughputs, medians over seeds."""
+    ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+    if ok.empty or "p99_step_s" not in ok:
+        return pd.DataFrame()
+    group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["framework", "precision"]
+    cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "epoch_throughput_img_s",
+            "first_step_overhead_s", "runs"]
+    t = ok.assign(runs=1).groupby(group, sort=False).agg({**{c: "median" for c in cols[:-1]}, "runs": "sum"})
+    t = t.reset_index().sort_values(["framework", "precision"],
+                                    key=lambda c: c.map({**{p: i for i, p in enumerate(PRECISIONS)},
+                                                         **{f: i for i, f in enumerate(FRAMEWORKS)}}))
+    return pd.DataFrame({
+        **({"Machine": t["machine"]} if "machine" in group else {}),
+        "Framework": t["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)), "Precision": t["precision"],
+        "p50 step (ms)": (t["median_step_s"] * 1e3).map("{:.2f}".format),
+        "p90 (ms)": (t["p90_step_s"] * 1e3).map("{:.2f}".format),
+        "p99 (ms)": (t["p99_step_s"] * 1e3).map("{:.2f}".format),
+        "Images/s from p50": t["throughput_img_s"].map("{:,.0f}".format),
+        "Images/s from epoch time": t["epoch_throughput_img_s"].map("{:,.0f}".format),
+        "Gap": (1 - t["epoch_throughput_img_s"] / t["throughput_img_s"]).map("{:+.0%}".format),
+        "First-step overhead (s)": t["first_step_overhead_s"].map("{:.2f}".format),
+        "Runs": t["runs"].astype(int).astype(str),
+    })
 
 
 def _scale_counts_table(steps: pd.DataFrame) -> pd.DataFrame:
@@ -154,9 +181,50 @@ def _seeds_text(seeds: list) -> str:
 
 
 def render_report(run_dir: Path) -> Path:
+    """Render one compare run's folder from its manifest and cell records."""
     run_dir = Path(run_dir)
-    manifest = load_manifest(run_dir)
-    tables = records.read_run(run_dir)
+    return _render(run_dir, load_manifest(run_dir), records.read_run(run_dir))
+
+
+def machine_label(manifest: dict, runs: pd.DataFrame, folder: str) -> str:
+    """How a run is named in a combined report: its accelerator or CPU, and its folder."""
+    gpus = sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
+    where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")
+    return f"{where} · {folder}"
+
+
+def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
+    """One report over several compare runs (a CPU run and a GPU run, two package versions, …): every
+    table gains a `machine` column and every figure a column per machine."""
+    if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
+        raise ValueError("the same run folder was given twice")
+    parts: dict[str, list[pd.DataFrame]] = {}
+    environment, cells, seeds, commands = {}, [], set(), []
+    for run_dir in run_dirs:
+        manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
+        label = machine_label(manifest, tables["run"], Path(run_dir).name)
+        for name, df in tables.items():
+            df = df.assign(machine=label, cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
+            parts.setdefault(name, []).append(df)
+        environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
+        cells += [f"{Path(run_dir).name}/{c}" for c in manifest["cells"]]
+        seeds |= set(manifest["matrix"]["seeds"])
+        commands.append(manifest["command"])
+    first = load_manifest(run_dirs[0])
+    environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+                       cpu_model=" / ".join(dict.fromkeys(load_manifest(d)["environment"].get("cpu_model", "?")
+                                                          for d in run_dirs)))
+    manifest = {"run_id": out_dir.name, "device": "several machines", "cells": cells, "environment": environment,
+                "matrix": {**first["matrix"], "seeds": sorted(seeds)}, "defaults": first["defaults"],
+                "notes": [f"Combined report of {len(run_dirs)} runs: {', '.join(str(d) for d in run_dirs)}."],
+                "command": "python -m common report " + " ".join(str(d) for d in run_dirs)
+                + "\n# the runs: " + "\n# ".join(commands), "sources": [str(d) for d in run_dirs]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
+    return _render(out_dir, manifest, {name: pd.concat(dfs, ignore_index=True) for name, dfs in parts.items()})
+
+
+def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> Path:
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     records.export_tables(run_dir, tables)
     figures = make_figures(runs, epochs, steps, run_dir / "figures")
@@ -172,7 +240,10 @@ def render_report(run_dir: Path) -> Path:
     missing = [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     env_rows = [(k, environment[k]) for k in sorted(environment)]
-    for col in ("framework_version", "keras_version", "device_name", "memory_kind"):
+    for col in ("framework_version", "keras_version", "device_name", "compute_capability", "torch_cuda_version",
+                "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version", "torch_threads",
+                "torch_interop_threads", "tf_intra_op_threads", "tf_inter_op_threads", "tf32", "compiled",
+                "amp_api", "memory_kind", "dataset_source"):
         if col in runs:
             for fw, values in runs.groupby("framework")[col]:
                 vals = sorted({str(v) for v in values.dropna() if str(v)})
@@ -186,6 +257,7 @@ def render_report(run_dir: Path) -> Path:
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
         notes=manifest.get("notes", []),
         scale_counts=_html_or_none(_scale_counts_table(steps)),
+        timing_table=_html_or_none(_timing_table(runs)),
         underflow_table=_html_or_none(_underflow_table(underflow)),
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),

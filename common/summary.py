@@ -20,32 +20,49 @@ def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
 
 
+def _q(p: float):
+    return lambda s: float(np.percentile(s, p))
+
+
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Medians over seeds per framework x model x dataset x precision, with ratios to that framework's fp32."""
-    ok = ok_runs(runs)
-    cols = GROUP + ["runs", "throughput_img_s", "speedup_vs_fp32", "peak_memory_mib", "memory_change_vs_fp32",
-                    "val_accuracy", "accuracy_change_pp", "skipped_steps"]
+    """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges
+    and ratios to that framework's fp32. Accuracy changes are paired by seed before the median."""
+    ok = ok_runs(runs).copy()
+    group = (["machine"] if "machine" in ok else []) + GROUP
+    cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "speedup_vs_fp32",
+                    "peak_memory_mib", "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3",
+                    "accuracy_change_pp", "accuracy_change_q1", "accuracy_change_q3", "skipped_steps"]
     if ok.empty:
         return pd.DataFrame(columns=cols)
-    agg = ok.groupby(GROUP, sort=False).agg(
+    base_keys = [c for c in group if c != "precision"]
+    fp32 = ok[ok["precision"] == "fp32"].set_index(base_keys + ["seed"])["final_val_accuracy"]
+    paired = ok.set_index(base_keys + ["seed"]).index.map(lambda k: fp32.get(k, np.nan))
+    ok["accuracy_change_pp"] = (ok["final_val_accuracy"].to_numpy() - np.asarray(paired, dtype=float)) * 100
+    agg = ok.groupby(group, sort=False).agg(
         runs=("seed", "size"),
         throughput_img_s=("throughput_img_s", "median"),
+        throughput_q1=("throughput_img_s", _q(25)),
+        throughput_q3=("throughput_img_s", _q(75)),
         peak_memory_bytes=("peak_memory_bytes", "median"),
         val_accuracy=("final_val_accuracy", "median"),
+        accuracy_q1=("final_val_accuracy", _q(25)),
+        accuracy_q3=("final_val_accuracy", _q(75)),
+        accuracy_change_pp=("accuracy_change_pp", "median"),
+        accuracy_change_q1=("accuracy_change_pp", _q(25)),
+        accuracy_change_q3=("accuracy_change_pp", _q(75)),
         skipped_steps=("skipped_steps", "median"),
     ).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
-    base = agg[agg["precision"] == "fp32"].set_index(["framework", "model", "dataset"])
-    key = pd.MultiIndex.from_frame(agg[["framework", "model", "dataset"]])
+    base = agg[agg["precision"] == "fp32"].set_index(base_keys)
+    key = pd.MultiIndex.from_frame(agg[base_keys])
 
     def baseline(col: str) -> np.ndarray:
         return base[col].reindex(key).to_numpy(dtype=float) if not base.empty else np.full(len(agg), np.nan)
 
     agg["speedup_vs_fp32"] = agg["throughput_img_s"] / baseline("throughput_img_s")
     agg["memory_change_vs_fp32"] = agg["peak_memory_bytes"] / baseline("peak_memory_bytes") - 1.0
-    agg["accuracy_change_pp"] = (agg["val_accuracy"] - baseline("val_accuracy")) * 100
     order = {**{p: i for i, p in enumerate(PRECISIONS)}, **{f: i for i, f in enumerate(FRAMEWORKS)}}
-    agg = agg.sort_values(["model", "dataset", "framework", "precision"],
+    agg = agg.sort_values([*group[:-4], "model", "dataset", "framework", "precision"],
                           key=lambda s: s.map(order) if s.name in ("framework", "precision") else s)
     return agg[cols].reset_index(drop=True)
 
@@ -55,20 +72,29 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
     def fmt(value, spec, suffix=""):
         return "n/a" if value is None or not np.isfinite(value) else f"{value:{spec}}{suffix}"
 
+    def spread(r, median, q1, q3, spec, scale=1.0, suffix=""):
+        text = fmt(median * scale, spec, suffix)
+        if r.runs > 1 and np.isfinite(q1) and np.isfinite(q3):
+            text += f" [{q1 * scale:{spec}}–{q3 * scale:{spec}}]"
+        return text
+
     rows = []
+    multi = "machine" in table and table["machine"].nunique() > 1
     for r in table.itertuples():
         rows.append({
+            **({"Machine": r.machine} if multi else {}),
             "Framework": FRAMEWORK_LABELS.get(r.framework, r.framework),
             "Model": r.model,
             "Dataset": r.dataset,
             "Precision": r.precision,
             "Runs": str(r.runs),
-            "Images/s": fmt(r.throughput_img_s, ",.0f"),
+            "Images/s": spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f"),
             "Speed vs fp32": fmt(r.speedup_vs_fp32, ".2f", "×"),
             "Peak memory (MiB)": fmt(r.peak_memory_mib, ",.1f"),
             "Memory vs fp32": fmt(r.memory_change_vs_fp32 * 100, "+.0f", "%"),
-            "Val. accuracy": fmt(r.val_accuracy * 100, ".1f", "%"),
-            "Δ accuracy vs fp32": fmt(r.accuracy_change_pp, "+.1f", " pp"),
+            "Val. accuracy": spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%"),
+            "Δ accuracy vs fp32": spread(r, r.accuracy_change_pp, r.accuracy_change_q1, r.accuracy_change_q3,
+                                         "+.1f", 1, " pp"),
             "Skipped steps": fmt(r.skipped_steps, ".0f"),
         })
     return pd.DataFrame(rows)
@@ -96,7 +122,8 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict) -> list
                    f"{' and '.join(parts)}.")
     slower = table[(table["precision"] != "fp32") & (table["speedup_vs_fp32"] < 1)]
     devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
-    if not slower.empty and devices == {"cpu"}:
+    one_machine = "machine" not in runs or runs["machine"].nunique() <= 1
+    if not slower.empty and devices == {"cpu"} and one_machine:
         out.append(f"Mixed precision was slower than fp32 in {len(slower)} of "
                    f"{int((table['precision'] != 'fp32').sum())} mixed cells. "
                    + cpu_half_precision_verdict(environment))

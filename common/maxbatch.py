@@ -1,0 +1,304 @@
+"""`--find-max-batch`: the largest batch that trains a step without running out of memory.
+
+For one cell (framework x model x dataset x precision) the search doubles the batch from `start`
+until a probe fails, then bisects between the last batch that fit and the first that did not.
+Every probe is a fresh `python -m torch_impl.probe|tf_impl.probe` child (each framework keeps
+memory it once used, so one process per batch is the only honest measurement) that builds the
+cell's model, optimizer and loss scaler exactly as training does and runs two steps on one
+random batch; the second step holds the optimizer state, the steady state of training.
+
+The memory cap:
+  * CPU (cfg.device == "cpu"): a cap on the child process's resident memory. The parent
+    enforces it with a watchdog that samples the child's VmRSS every WATCHDOG_INTERVAL_S and
+    kills its process group above the cap; the child itself also compares its peak (VmHWM) with
+    the cap at the end, which catches a spike shorter than the watchdog's interval.
+  * GPU (cfg.device == "cuda"): the device's own memory is the cap. The watchdog and the child's
+    RSS check are off; a probe fails only on the framework's out-of-memory error, and its peak is
+    the framework allocator's (torch max_memory_allocated, TensorFlow get_memory_info).
+
+Both sides of the child protocol live here, framework-free: the parent (`probe`,
+`find_max_batch`) and the child's argument parsing and reporting (`probe_main`), which
+torch_impl/probe.py and tf_impl/probe.py call with their framework's two training steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from common.config import FRAMEWORK_MODULES, ConfigError, RunConfig
+from common.data import NUM_CLASSES, Dataset, load_dataset
+from common.env import PROJECT_ROOT
+from common.runner import child_env, stderr_tail
+
+EXIT_OOM = 75  # sysexits EX_TEMPFAIL: this batch does not fit; a smaller one may
+WATCHDOG_INTERVAL_S = 0.05
+PEAK_RSS_KIND = "cpu_peak_rss"  # absolute VmHWM of the probe process: the cap is on the whole process
+CIFAR_SHAPE = (32, 32, 3)
+
+_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'4GiB' -> 4294967296. Units B, KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024)."""
+    match = _SIZE.fullmatch(str(text))
+    unit = _UNITS.get(match.group(2).lower()) if match else None
+    size = int(float(match.group(1)) * unit) if unit else 0
+    if size < 1:
+        # A bare number is refused: "4" meaning four bytes is never what someone asking for 4 GB meant.
+        raise ConfigError(f"bad memory size {text!r} (valid: a positive number and a unit, B, KB, MB, GB, TB "
+                          "(1000-based) or KiB, MiB, GiB, TiB (1024-based), e.g. 4GiB)")
+    return size
+
+
+def format_size(size: float) -> str:
+    """Bytes as a short 1024-based string, e.g. '1.50 GiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def rss_bytes(pid: int | str = "self", key: str = "VmRSS") -> int:
+    """A process's resident memory (VmRSS) or its peak (VmHWM) from /proc; 0 once it has gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+# --- the child's side ---------------------------------------------------------------------------
+
+
+def shape_dataset(name: str, data_dir: str | None = None) -> Dataset:
+    """A Dataset with the right input shape and class count but no images: all make_model needs.
+
+    CIFAR-shaped datasets are 32x32x3 by definition and are not loaded (hundreds of MB that would
+    land in the very peak being measured); the small ones come from load_dataset, the source of truth.
+    """
+    if name in ("synthetic_cifar", "cifar10", "cifar100"):
+        shape, classes, source = CIFAR_SHAPE, NUM_CLASSES[name], f"{name}: shape only"
+    else:
+        data = load_dataset(name, data_dir)
+        shape, classes, source = data.input_shape, data.num_classes, data.source
+    empty = np.zeros((0, *shape), dtype=np.float32)
+    labels = np.zeros(0, dtype=np.int64)
+    return Dataset(name, empty, labels, empty, labels, classes, source)
+
+
+def random_batch(data: Dataset, batch: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One batch of random NHWC float32 images and int64 labels: memory does not depend on the pixels."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *data.input_shape), dtype=np.float32)
+    return x, rng.integers(0, data.num_classes, size=batch, dtype=np.int64)
+
+
+# two_steps(cfg, data, x, y) -> (peak_bytes, memory_kind): build the cell as training does, run two steps.
+TwoSteps = Callable[[RunConfig, Dataset, np.ndarray, np.ndarray], tuple[int, str]]
+
+
+def probe_main(two_steps: TwoSteps, oom_errors: tuple[type[BaseException], ...], argv: list[str] | None = None) -> int:
+    """`python -m torch_impl.probe|tf_impl.probe`: one JSON line on stdout; exit 0 (fits) or EXIT_OOM.
+
+    Only out-of-memory errors (`oom_errors`, MemoryError included) become EXIT_OOM; anything else
+    raises, so a bug never passes for a batch that is too large.
+    """
+    parser = argparse.ArgumentParser(description="Train two steps of one amp-compare cell at one batch size.")
+    parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON file")
+    parser.add_argument("--batch", required=True, type=int, help="images per step")
+    parser.add_argument("--memory-cap", type=parse_cap, default=None,
+                        help="bytes (or e.g. 4GiB) the process's peak RSS may reach; ignored on a GPU")
+    args = parser.parse_args(argv)
+    cfg = dataclasses.replace(RunConfig.from_json(args.config.read_text()), batch_size=args.batch)
+
+    def report(ok: bool, **fields) -> int:
+        print(json.dumps({"batch": args.batch, "ok": ok, **fields}), flush=True)
+        return 0 if ok else EXIT_OOM
+
+    try:
+        data = shape_dataset(cfg.dataset, cfg.data_dir)
+        x, y = random_batch(data, args.batch, cfg.seed)
+        peak, kind = two_steps(cfg, data, x, y)
+    except (MemoryError, *oom_errors) as exc:
+        message = (str(exc).strip().splitlines() or [""])[0][:300]
+        return report(False, reason=f"{type(exc).__name__}: {message}")
+    if cfg.device == "cpu" and args.memory_cap is not None and peak > args.memory_cap:
+        return report(False, peak_bytes=peak, memory_kind=kind,
+                      reason=f"peak RSS {format_size(peak)} above the cap {format_size(args.memory_cap)}")
+    return report(True, peak_bytes=peak, memory_kind=kind)
+
+
+def parse_cap(text: str) -> int:
+    """--memory-cap: plain bytes (what the parent passes) or a size with a unit."""
+    return int(text) if text.isdigit() and int(text) > 0 else parse_size(text)
+
+
+# --- the parent's side --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    batch: int
+    ok: bool
+    peak_bytes: int | None  # the child's peak; for a killed probe the highest RSS the watchdog saw
+    reason: str = ""  # why it failed ("" when ok)
+    memory_kind: str = ""  # what peak_bytes measures (PEAK_RSS_KIND, or a GPU allocator's peak)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    max_ok: int  # largest batch that fit (0: not even a batch of 1)
+    first_failed: int | None  # smallest batch that did not (None: `limit` fit)
+    probes: list[ProbeResult]  # in the order they ran
+    cap_bytes: int | None  # the CPU cap searched under (on a GPU: as given, but the device's memory rules)
+    cfg: RunConfig | None = None  # the cell searched, for search_table's identity columns
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (frameworks start helper threads and processes)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    proc.wait()
+
+
+def _last_json(text: str) -> dict | None:
+    """The child's report: the last stdout line that is a JSON object (a library may print too)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 300) -> ProbeResult:
+    """Run two training steps of `cfg` at `batch` in a fresh child under the memory cap.
+
+    ok=False when the batch does not fit: the watchdog killed the child (CPU, RSS above the cap),
+    the child reported EXIT_OOM, or it ran past `timeout_s`. Any other failure raises RuntimeError
+    with the child's stderr tail: a crash must not look like a batch that is too large.
+    """
+    watch = cfg.device == "cpu" and cap_bytes is not None  # on a GPU the device's memory is the cap
+    with tempfile.TemporaryDirectory(prefix="amp-compare-probe-") as tmp:
+        config_path, out_path, err_path = Path(tmp) / "config.json", Path(tmp) / "stdout", Path(tmp) / "stderr"
+        config_path.write_text(dataclasses.replace(cfg, batch_size=batch).to_json())
+        cmd = [sys.executable, "-m", f"{FRAMEWORK_MODULES[cfg.framework]}.probe", "--config", str(config_path),
+               "--batch", str(batch)]
+        if cap_bytes is not None:
+            cmd += ["--memory-cap", str(cap_bytes)]
+        # Files, not pipes: nobody reads while the watchdog polls, and a full pipe would stall the child.
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),
+                                    cwd=PROJECT_ROOT, start_new_session=True)
+            start, seen, failure = time.monotonic(), 0, ""
+            try:
+                while proc.poll() is None:
+                    rss = rss_bytes(proc.pid)
+                    seen = max(seen, rss)
+                    if watch and rss > cap_bytes:
+                        _kill_group(proc)
+                        failure = (f"killed: RSS above the cap ({format_size(rss)} > {format_size(cap_bytes)}, "
+                                   "watchdog)")
+                    elif time.monotonic() - start > timeout_s:
+                        _kill_group(proc)
+                        failure = f"timed out after {timeout_s:g} s"
+                    else:
+                        time.sleep(WATCHDOG_INTERVAL_S)
+            finally:  # Ctrl-C or any error here: never leave a child behind
+                _kill_group(proc)
+        if failure:
+            return ProbeResult(batch, False, seen or None, failure, PEAK_RSS_KIND if seen else "")
+        report = _last_json(out_path.read_text(errors="replace"))
+        if proc.returncode in (0, EXIT_OOM) and report is not None:
+            return ProbeResult(batch, bool(report["ok"]) and proc.returncode == 0, report.get("peak_bytes"),
+                               report.get("reason", ""), report.get("memory_kind", ""))
+        raise RuntimeError(f"{cfg.framework} probe at batch {batch} failed (exit code {proc.returncode}, "
+                           f"not an out-of-memory):\n{stderr_tail(err_path)}")
+
+
+def find_max_batch(cfg: RunConfig, cap_bytes: int | None, start: int = 16, limit: int = 2**16,
+                   resolution: float = 0.1, timeout_s: float = 300,
+                   on_probe: Callable[[ProbeResult], None] = lambda result: None) -> SearchResult:
+    """The largest batch (up to `limit`) that trains two steps of `cfg` under the memory cap.
+
+    Doubles from `start` until a probe fails or `limit` fits (if `start` itself fails, halves down
+    to 1 first), then bisects between the last batch that fit and the first that failed until they
+    are within max(1, resolution * fit) of each other. Memory grows with the batch, so every batch
+    below `max_ok` is taken to fit. On a GPU `cap_bytes` is ignored: the device's memory is the cap.
+    """
+    if start < 1 or limit < 1:
+        raise ConfigError(f"start and limit must be positive batch sizes, got start={start!r} limit={limit!r}")
+    if not resolution >= 0:
+        raise ConfigError(f"resolution must be a non-negative fraction, got {resolution!r}")
+    probes: list[ProbeResult] = []
+
+    def fits(batch: int) -> bool:
+        result = probe(cfg, batch, cap_bytes, timeout_s)
+        probes.append(result)
+        on_probe(result)
+        return result.ok
+
+    ok, failed, batch = 0, None, min(start, limit)
+    while True:  # doubling up
+        if not fits(batch):
+            failed = batch
+            break
+        ok = batch
+        if batch >= limit:
+            break
+        batch = min(2 * batch, limit)
+    if ok == 0:  # `start` was already too large: halving down
+        batch = failed // 2
+        while batch >= 1 and not fits(batch):
+            failed, batch = batch, batch // 2
+        ok = batch  # 0: not even a batch of 1 fits
+    while failed is not None and ok > 0 and failed - ok > max(1.0, resolution * ok):  # bisection
+        mid = (ok + failed) // 2
+        if fits(mid):
+            ok = mid
+        else:
+            failed = mid
+    return SearchResult(ok, failed, probes, cap_bytes, cfg)
+
+
+def search_table(results: Iterable[SearchResult]) -> pd.DataFrame:
+    """One row per probe of every search, identity in columns (tidy: filter, group and plot as is)."""
+    rows = []
+    for result in results:
+        cfg = result.cfg
+        identity = ({"framework": cfg.framework, "model": cfg.model, "dataset": cfg.dataset,
+                     "precision": cfg.precision, "device": cfg.device} if cfg is not None else {})
+        for order, p in enumerate(result.probes):
+            rows.append({**identity, "probe": order, "batch": p.batch, "ok": p.ok, "peak_bytes": p.peak_bytes,
+                         "memory_kind": p.memory_kind, "reason": p.reason, "cap_bytes": result.cap_bytes,
+                         "max_ok": result.max_ok, "first_failed": result.first_failed})
+    columns = ["framework", "model", "dataset", "precision", "device", "probe", "batch", "ok", "peak_bytes",
+               "memory_kind", "reason", "cap_bytes", "max_ok", "first_failed"]
+    table = pd.DataFrame(rows, columns=columns)
+    for name in ("peak_bytes", "cap_bytes", "first_failed"):  # None stays missing, not a float NaN
+        table[name] = table[name].astype("Int64")
+    return table.astype({"batch": "int64", "ok": "bool", "max_ok": "int64", "probe": "int64"})

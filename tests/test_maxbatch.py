@@ -1,0 +1,230 @@
+"""--find-max-batch: size parsing, the search algorithm, the probe protocol, and real searches on CPU.
+
+The real searches train simple_cnn on digits in both frameworks under a cap a little above each
+child's own baseline RSS, so they end after a handful of probes; they run side by side
+(threads=1 per child) to keep this file well under two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pandas as pd
+import pytest
+
+from common import maxbatch
+from common.config import ConfigError, RunConfig
+from common.maxbatch import ProbeResult, SearchResult, find_max_batch, parse_size, probe, search_table
+
+MiB = 2**20
+HEADROOM = 150 * MiB  # the cap above a child's baseline: room for a batch of about a thousand digits
+LIMIT = 2**15
+
+
+@pytest.mark.parametrize("text, size", [
+    ("4GiB", 4 * 2**30), ("4gib", 4 * 2**30), ("1.5 GiB", 3 * 2**29), (" 2 MiB ", 2 * MiB), ("1KiB", 1024),
+    ("512MB", 512_000_000), ("1kb", 1000), ("3GB", 3_000_000_000), ("100B", 100), ("100b", 100), ("1TiB", 2**40),
+    (".5KiB", 512),
+])
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["4", "", "GiB", "4 GB GB", "-1GiB", "0GiB", "0.1B", "4XB", "abc", "4 G", "1e3MB"])
+def test_parse_size_refuses_bad_text_in_one_line(text):
+    with pytest.raises(ConfigError) as info:
+        parse_size(text)
+    message = str(info.value)
+    assert "\n" not in message and repr(text) in message
+    assert all(unit in message for unit in ("B", "KB", "MB", "GB", "KiB", "MiB", "GiB"))
+
+
+# --- the search algorithm, with a fake probe -----------------------------------------------------
+
+
+@pytest.fixture
+def fake_probe(monkeypatch):
+    """A probe that fits iff batch <= fits_up_to; records the batches asked for."""
+    asked: list[int] = []
+
+    def install(fits_up_to: int) -> list[int]:
+        def fake(cfg, batch, cap_bytes, timeout_s=300):
+            asked.append(batch)
+            ok = batch <= fits_up_to
+            return ProbeResult(batch, ok, 1000 * batch, "" if ok else "killed: RSS above the cap", "fake")
+
+        monkeypatch.setattr(maxbatch, "probe", fake)
+        return asked
+
+    return install
+
+
+def test_search_doubles_then_bisects(fake_probe):
+    asked = fake_probe(300)
+    seen = []
+    result = find_max_batch(RunConfig(), 10**9, start=16, on_probe=seen.append)
+    # Doubling until 512 fails, then bisection of [256, 512] until the gap is within 10% of the fit.
+    assert asked == [16, 32, 64, 128, 256, 512, 384, 320, 288, 304]
+    assert (result.max_ok, result.first_failed) == (288, 304)
+    assert result.first_failed - result.max_ok <= max(1, 0.1 * result.max_ok) and result.max_ok <= 300
+    assert [p.batch for p in result.probes] == asked and seen == result.probes
+    assert [p.ok for p in result.probes] == [True] * 5 + [False, False, False, True, False]
+
+
+def test_search_halves_when_start_does_not_fit(fake_probe):
+    asked = fake_probe(300)
+    result = find_max_batch(RunConfig(), 10**9, start=1024)
+    assert asked == [1024, 512, 256, 384, 320, 288, 304]
+    assert (result.max_ok, result.first_failed) == (288, 304)
+
+
+def test_search_resolution_zero_is_exact(fake_probe):
+    fake_probe(300)
+    result = find_max_batch(RunConfig(), 10**9, start=16, resolution=0)
+    assert (result.max_ok, result.first_failed) == (300, 301)
+
+
+def test_search_stops_at_the_limit(fake_probe):
+    asked = fake_probe(10**6)
+    result = find_max_batch(RunConfig(), 10**9, start=16, limit=100)
+    assert asked == [16, 32, 64, 100]
+    assert (result.max_ok, result.first_failed) == (100, None)
+
+
+def test_search_when_nothing_fits(fake_probe):
+    asked = fake_probe(0)
+    result = find_max_batch(RunConfig(), 10**9, start=16)
+    assert asked == [16, 8, 4, 2, 1]
+    assert (result.max_ok, result.first_failed) == (0, 1)
+
+
+def test_search_table_is_tidy(fake_probe):
+    fake_probe(300)
+    results = [find_max_batch(RunConfig(framework=fw, precision=p), 10**9) for fw in ("torch", "tf")
+               for p in ("fp32", "bf16")]
+    table = search_table(results)
+    assert len(table) == sum(len(r.probes) for r in results)
+    for column in ("framework", "precision", "model", "dataset", "batch", "ok", "peak_bytes", "reason", "cap_bytes",
+                   "max_ok"):
+        assert column in table.columns
+    assert set(table.groupby(["framework", "precision"])["max_ok"].unique().explode()) == {288}
+    assert table["ok"].dtype == bool and table["batch"].dtype == "int64"
+    assert search_table([SearchResult(16, None, [ProbeResult(16, True, None)], None)])["peak_bytes"].isna().all()
+
+
+# --- the probe protocol ---------------------------------------------------------------------------
+
+
+def _run_probe_main(tmp_path, capsys, two_steps, cap="1MiB", device="cpu"):
+    config = tmp_path / "config.json"
+    config.write_text(RunConfig(device=device).to_json())
+    code = maxbatch.probe_main(two_steps, (), ["--config", str(config), "--batch", "8", "--memory-cap", cap])
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_child_reports_a_peak_above_the_cap_as_out_of_memory(tmp_path, capsys):
+    code, report = _run_probe_main(tmp_path, capsys, lambda cfg, data, x, y: (2 * MiB, "fake"))
+    assert code == maxbatch.EXIT_OOM
+    assert report["ok"] is False and report["batch"] == 8 and report["peak_bytes"] == 2 * MiB
+    assert report["reason"] == "peak RSS 2.00 MiB above the cap 1.00 MiB"
+    code, report = _run_probe_main(tmp_path, capsys, lambda cfg, data, x, y: (MiB // 2, "fake"))
+    assert code == 0 and report == {"batch": 8, "ok": True, "peak_bytes": MiB // 2, "memory_kind": "fake"}
+
+
+def test_child_checks_no_rss_on_a_gpu(tmp_path, capsys):
+    code, report = _run_probe_main(tmp_path, capsys, lambda cfg, data, x, y: (2 * MiB, "gpu"), device="cuda")
+    assert code == 0 and report["ok"] is True
+
+
+def test_child_turns_only_out_of_memory_errors_into_exit_75(tmp_path, capsys):
+    def out_of_memory(cfg, data, x, y):
+        assert x.shape == (8, 16, 16, 1) and x.dtype == "float32" and set(y) <= set(range(10))
+        raise MemoryError("cannot allocate 12 GiB")
+
+    code, report = _run_probe_main(tmp_path, capsys, out_of_memory)
+    assert code == maxbatch.EXIT_OOM and report["reason"] == "MemoryError: cannot allocate 12 GiB"
+
+    def bug(cfg, data, x, y):
+        raise ValueError("a real bug")
+
+    with pytest.raises(ValueError, match="a real bug"):
+        _run_probe_main(tmp_path, capsys, bug)
+
+
+def test_watchdog_kills_a_child_above_the_cap():
+    start = time.monotonic()
+    result = probe(RunConfig(framework="torch", threads=1), 16, cap_bytes=40 * MiB, timeout_s=60)
+    assert not result.ok and result.reason.startswith("killed: RSS above the cap")
+    assert result.peak_bytes > 40 * MiB
+    assert time.monotonic() - start < 10  # killed while importing, long before a step
+
+
+def test_probe_failures_that_are_not_out_of_memory(monkeypatch):
+    # `python -m tests.children.misbehave.probe` imports (so runs) the misbehaving stand-in first.
+    monkeypatch.setitem(maxbatch.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
+    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "crash")
+    with pytest.raises(RuntimeError, match="(?s)exit code 3.*something broke inside the framework"):
+        probe(RunConfig(), 16, 10**12, timeout_s=60)
+    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "kill")
+    with pytest.raises(RuntimeError, match="exit code -9"):
+        probe(RunConfig(), 16, 10**12, timeout_s=60)
+    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "hang")
+    result = probe(RunConfig(), 16, 10**12, timeout_s=1)
+    assert not result.ok and result.reason == "timed out after 1 s"
+
+
+# --- real searches on CPU -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_searches():
+    """Baseline RSS (a batch of one) of each child, then searches under baseline + HEADROOM (and 2x for torch)."""
+    cfgs = {fw: RunConfig(framework=fw, model="simple_cnn", dataset="digits", precision="fp32", device="cpu",
+                          threads=1) for fw in ("torch", "tf")}
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        baselines = dict(zip(cfgs, pool.map(lambda fw: probe(cfgs[fw], 1, None, timeout_s=120), cfgs)))
+        caps = {fw: baselines[fw].peak_bytes + HEADROOM for fw in cfgs}
+
+        def search(fw: str) -> SearchResult:
+            return find_max_batch(cfgs[fw], caps[fw], start=256, limit=LIMIT, resolution=0.25, timeout_s=120)
+
+        small = {fw: pool.submit(search, fw) for fw in cfgs}
+        # A cap twice the headroom, starting where the first torch search failed: that batch must now fit.
+        torch_small = small["torch"].result()
+        larger = pool.submit(find_max_batch, cfgs["torch"], caps["torch"] + HEADROOM, start=torch_small.first_failed,
+                             limit=LIMIT, resolution=1.0, timeout_s=120)
+        small = {fw: future.result() for fw, future in small.items()}
+        larger = larger.result()
+    wall = time.monotonic() - start
+    print("\nbaseline RSS: " + ", ".join(f"{fw} {b.peak_bytes / MiB:.0f} MiB" for fw, b in baselines.items())
+          + "; max_ok: " + ", ".join(f"{fw} {r.max_ok} (first failed {r.first_failed})" for fw, r in small.items())
+          + f"; torch at +{2 * HEADROOM // MiB} MiB: {larger.max_ok}; {wall:.0f} s")
+    return baselines, caps, small, larger
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_real_search_finds_a_max_batch_under_the_cap(real_searches, framework):
+    baselines, caps, small, _ = real_searches
+    baseline, result = baselines[framework], small[framework]
+    assert baseline.ok and baseline.memory_kind == maxbatch.PEAK_RSS_KIND and baseline.peak_bytes > 100 * MiB
+    assert 256 <= result.max_ok < LIMIT and result.first_failed is not None
+    assert result.max_ok < result.first_failed and result.first_failed - result.max_ok <= 0.25 * result.max_ok
+    assert [p.batch for p in result.probes[:2]] == [256, 512]  # doubling first
+    for p in result.probes:
+        if p.ok:  # everything that fit stayed under the cap
+            assert p.batch <= result.max_ok and p.peak_bytes <= caps[framework]
+        else:  # and what did not was stopped by the watchdog or by the child's own check
+            assert p.batch >= result.first_failed
+            assert p.reason.startswith(("killed: RSS above the cap", "peak RSS")), p.reason
+    table = search_table([result])
+    assert (table["framework"] == framework).all() and (table["max_ok"] == result.max_ok).all()
+    assert table["ok"].any() and not table["ok"].all()
+
+
+def test_real_search_larger_cap_larger_batch(real_searches):
+    _, _, small, larger = real_searches
+    assert larger.probes[0].ok and larger.max_ok > small["torch"].max_ok
+    assert isinstance(search_table([small["torch"], larger]), pd.DataFrame)

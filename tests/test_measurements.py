@@ -1,0 +1,45 @@
+"""Repeats with spread, the timing table, and combined reports of several runs."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from common.report import render_combined
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_repeats_give_medians_with_spread(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "common", "compare", "--frameworks", "torch", "--precisions", "fp32,bf16",
+         "--repeats", "3", "--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "4", "--batch-size", "16",
+         "--warmup-steps", "1", "--device", "cpu", "--out", str(tmp_path), "--run-id", "rep"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = pd.read_parquet(tmp_path / "rep/data/run.parquet")
+    assert sorted(runs["seed"]) == [0, 0, 1, 1, 2, 2]
+    md = (tmp_path / "rep/summary.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| PyTorch")]
+    assert len(rows) == 2 and all("| 3 |" in r for r in rows)
+    assert all("[" in r and "–" in r for r in rows)  # interquartile ranges next to the medians
+    html = (tmp_path / "rep/index.html").read_text()
+    assert "medians over 3 runs" in html and "Images/s from epoch time" in html and "p99 (ms)" in html
+
+
+def test_combined_report_has_the_machine_in_every_figure(tiny_run, tmp_path):
+    _, run_dir = tiny_run
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    index = render_combined([run_dir, other], tmp_path / "combined")
+    runs = pd.read_csv(tmp_path / "combined/data/run.csv")
+    assert runs["machine"].nunique() == 2 and len(runs) == 12
+    assert runs["cell_id"].is_unique
+    html = index.read_text()
+    assert "Combined report of 2 runs" in html and html.count("<h2") >= 9
+    for key in ("throughput", "memory", "accuracy", "loss_curves", "val_accuracy", "loss_scale", "step_times"):
+        assert (tmp_path / "combined/figures" / f"{key}.png").stat().st_size > 1000
+    md = (tmp_path / "combined/summary.md").read_text()
+    assert "| Machine |" in md

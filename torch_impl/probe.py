@@ -1,0 +1,45 @@
+"""One --find-max-batch probe in PyTorch: two training steps of a cell at one batch size.
+
+`python -m torch_impl.probe --config cfg.json --batch N --memory-cap BYTES` builds the model,
+optimizer and loss scaler exactly as torch_impl/train.py does, trains two steps on one random
+batch (the second holds the optimizer state) and prints one JSON line; common/maxbatch.py runs
+it and reads that line. Read beside tf_impl/probe.py: same shape, framework lines differ.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from common.config import RunConfig
+from common.data import Dataset
+from common.maxbatch import PEAK_RSS_KIND, probe_main, rss_bytes
+from torch_impl.train import AMP_DTYPES, make_model, make_optimizer, make_scaler, setup, to_device_images, train_step
+
+# What running out of memory raises (torch.cuda.OutOfMemoryError is torch.OutOfMemoryError, CPU allocator too).
+OOM_ERRORS = (torch.OutOfMemoryError,)
+
+
+def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
+    """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
+    setup(cfg)
+    device = torch.device(cfg.device)
+    model = make_model(cfg, data)
+    model = model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
+    optimizer = make_optimizer(cfg, model.parameters())
+    scaler = make_scaler(cfg)
+    net = torch.compile(model) if cfg.compile else model
+    images, labels = to_device_images(x, device, cfg.channels_last), torch.from_numpy(y).to(device)
+    model.train()
+    for _ in range(2):
+        loss, _ = train_step(net, optimizer, scaler, images, labels, AMP_DTYPES[cfg.precision], cfg.clip_grad_norm)
+    loss.item()  # waits for the device: the steps have really run
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "torch_cuda_max_memory_allocated"
+    return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
+
+
+if __name__ == "__main__":
+    sys.exit(probe_main(two_steps, OOM_ERRORS))
