@@ -117,11 +117,12 @@ def random_batch(data: Dataset, batch: int, seed: int) -> tuple[np.ndarray, np.n
 TwoSteps = Callable[[RunConfig, Dataset, np.ndarray, np.ndarray], tuple[int, str]]
 
 
-def probe_main(two_steps: TwoSteps, oom_errors: tuple[type[BaseException], ...], argv: list[str] | None = None) -> int:
+def probe_main(two_steps: TwoSteps, is_out_of_memory: Callable[[Exception], bool],
+               argv: list[str] | None = None) -> int:
     """`python -m torch_impl.probe|tf_impl.probe`: one JSON line on stdout; exit 0 (fits) or EXIT_OOM.
 
-    Only out-of-memory errors (`oom_errors`, MemoryError included) become EXIT_OOM; anything else
-    raises, so a bug never passes for a batch that is too large.
+    Only out-of-memory errors (MemoryError, or what the framework's `is_out_of_memory` accepts)
+    become EXIT_OOM; anything else raises, so a bug never passes for a batch that is too large.
     """
     parser = argparse.ArgumentParser(description="Train two steps of one amp-compare cell at one batch size.")
     parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON file")
@@ -139,7 +140,9 @@ def probe_main(two_steps: TwoSteps, oom_errors: tuple[type[BaseException], ...],
         data = shape_dataset(cfg.dataset, cfg.data_dir)
         x, y = random_batch(data, args.batch, cfg.seed)
         peak, kind = two_steps(cfg, data, x, y)
-    except (MemoryError, *oom_errors) as exc:
+    except Exception as exc:
+        if not (isinstance(exc, MemoryError) or is_out_of_memory(exc)):
+            raise
         message = (str(exc).strip().splitlines() or [""])[0][:300]
         return report(False, reason=f"{type(exc).__name__}: {message}")
     if cfg.device == "cpu" and args.memory_cap is not None and peak > args.memory_cap:
@@ -232,12 +235,16 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
                 _kill_group(proc)
         if failure:
             return ProbeResult(batch, False, seen or None, failure, PEAK_RSS_KIND if seen else "")
-        report = _last_json(out_path.read_text(errors="replace"))
+        report, tail = _last_json(out_path.read_text(errors="replace")), stderr_tail(err_path)
         if proc.returncode in (0, EXIT_OOM) and report is not None:
             return ProbeResult(batch, bool(report["ok"]) and proc.returncode == 0, report.get("peak_bytes"),
                                report.get("reason", ""), report.get("memory_kind", ""))
+        if proc.returncode == -signal.SIGABRT and "std::bad_alloc" in tail:
+            # TensorFlow's CPU runtime aborts on a failed allocation instead of raising: out of memory too.
+            return ProbeResult(batch, False, seen or None, "std::bad_alloc: the framework's C++ allocator failed",
+                               PEAK_RSS_KIND if seen else "")
         raise RuntimeError(f"{cfg.framework} probe at batch {batch} failed (exit code {proc.returncode}, "
-                           f"not an out-of-memory):\n{stderr_tail(err_path)}")
+                           f"not an out-of-memory):\n{tail}")
 
 
 def find_max_batch(cfg: RunConfig, cap_bytes: int | None, start: int = 16, limit: int = 2**16,

@@ -120,7 +120,8 @@ def test_search_table_is_tidy(fake_probe):
 def _run_probe_main(tmp_path, capsys, two_steps, cap="1MiB", device="cpu"):
     config = tmp_path / "config.json"
     config.write_text(RunConfig(device=device).to_json())
-    code = maxbatch.probe_main(two_steps, (), ["--config", str(config), "--batch", "8", "--memory-cap", cap])
+    argv = ["--config", str(config), "--batch", "8", "--memory-cap", cap]
+    code = maxbatch.probe_main(two_steps, lambda exc: False, argv)
     return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 

@@ -22,9 +22,6 @@ from common.data import Dataset  # noqa: E402
 from common.maxbatch import PEAK_RSS_KIND, probe_main, rss_bytes  # noqa: E402
 from tf_impl.train import make_model, make_optimizer, setup  # noqa: E402
 
-# What running out of memory raises (the GPU allocator's OOM and CPU allocation failures alike).
-OOM_ERRORS = (tf.errors.ResourceExhaustedError,)
-
 
 def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
     """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
@@ -45,5 +42,11 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
 
 
+def is_out_of_memory(exc: Exception) -> bool:
+    """ResourceExhaustedError: an allocator ran out. (A failed CPU allocation may abort the process
+    with std::bad_alloc instead; common.maxbatch.probe recognises that from the outside.)"""
+    return isinstance(exc, tf.errors.ResourceExhaustedError)
+
+
 if __name__ == "__main__":
-    sys.exit(probe_main(two_steps, OOM_ERRORS))
+    sys.exit(probe_main(two_steps, is_out_of_memory))

@@ -18,9 +18,6 @@ from common.data import Dataset
 from common.maxbatch import PEAK_RSS_KIND, probe_main, rss_bytes
 from torch_impl.train import AMP_DTYPES, make_model, make_optimizer, make_scaler, setup, to_device_images, train_step
 
-# What running out of memory raises (torch.cuda.OutOfMemoryError is torch.OutOfMemoryError, CPU allocator too).
-OOM_ERRORS = (torch.OutOfMemoryError,)
-
 
 def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
     """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
@@ -41,5 +38,11 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
 
 
+def is_out_of_memory(exc: Exception) -> bool:
+    """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc))
+
+
 if __name__ == "__main__":
-    sys.exit(probe_main(two_steps, OOM_ERRORS))
+    sys.exit(probe_main(two_steps, is_out_of_memory))
