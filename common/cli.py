@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import os
 import shlex
@@ -106,6 +107,11 @@ def build_parser() -> ArgumentParser:
     c.add_argument("--run-id", default=None, help="name of the run folder (default: date-time-device)")
     c.add_argument("--diverge-after", type=int, default=RunConfig.diverge_after,
                    help="stop a cell as diverged after this many consecutive non-finite losses")
+    c.add_argument("--find-max-batch", action="store_true",
+                   help="also search, per framework x precision, the largest batch that trains under the memory cap")
+    c.add_argument("--memory-cap", default="4GiB",
+                   help="CPU memory cap of each --find-max-batch probe process (e.g. 4GiB; on a GPU its memory)")
+    c.add_argument("--max-batch-limit", type=int, default=2**14, help="largest batch --find-max-batch tries")
     c.add_argument("--config", type=Path, default=None, help="JSON file of compare options (CLI overrides it)")
     c.add_argument("--resume", default=None, metavar="RUN_ID",
                    help="re-run only the missing or failed cells of reports/RUN_ID")
@@ -187,15 +193,27 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
         raise ConfigError(f"run id {run_id!r} must be a plain folder name")
     if (args.out / run_id).exists():
         raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")
+    if args.find_max_batch:
+        from common.maxbatch import parse_size
+
+        cap = parse_size(args.memory_cap)
+        if args.max_batch_limit < 1:
+            raise ConfigError(f"--max-batch-limit must be a positive batch size, got {args.max_batch_limit}")
+        notes.append(f"--find-max-batch: largest batch per framework x precision under a {args.memory_cap} "
+                     f"cap ({'the GPU memory' if device == 'cuda' else 'per probe process, CPU'}).")
     matrix = {"frameworks": frameworks, "models": models, "datasets": datasets, "precisions": precisions,
               "seeds": seeds}
     defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
                 if k not in ("framework", "model", "dataset", "precision", "seed")}
-    return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device, "notes": notes}
+    max_batch = ({"cap_bytes": cap, "cap": args.memory_cap, "limit": args.max_batch_limit}
+                 if args.find_max_batch else None)
+    return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device, "notes": notes,
+                           "max_batch": max_batch}
 
 
 # Options that define the matrix: with --resume the run's own saved configuration is used instead.
 MATRIX_OPTIONS = ("frameworks", "precisions", "models", "datasets", "seeds", "repeats", "data_dir", "augment",
+                  "find_max_batch", "memory_cap", "max_batch_limit",
                   "loss_scale", "fp32_layers", "clip_grad_norm",
                   "tf32", "compile", "channels_last", "device", "epochs", "batch_size",
                   "steps_per_epoch", "optimizer", "comparison", "init", "width", "lr", "init_scale",
@@ -250,6 +268,8 @@ def compare(args: argparse.Namespace, argv: list[str], parser: argparse.Argument
     console.print(f"amp-compare: {len(cells)} cells on {manifest['device']} -> {run_dir}")
     start = time.monotonic()
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], args.timeout, console)
+    if manifest.get("max_batch") and not interrupted:
+        interrupted = run_max_batch(cells, run_dir, manifest["max_batch"], args.timeout, console)
     index = _render(run_dir, console)
     done = [o for o in outcomes if o.status in ("ok", "diverged")]
     bad = [f"{o.cell_id} ({o.status}: {o.error})" for o in outcomes if o not in done]
@@ -261,6 +281,37 @@ def compare(args: argparse.Namespace, argv: list[str], parser: argparse.Argument
                       f"  python -m common compare --resume {run_dir.name} --out {shlex.quote(str(args.out))}")
         return 130
     return 0
+
+
+def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout: float, console) -> bool:
+    """--find-max-batch: one search per framework x precision (first model, dataset and seed), each written
+    to maxbatch/<framework>-<precision>.parquet once it finishes. Returns True if interrupted."""
+    from common.atomic import atomic_write_bytes
+    from common.maxbatch import find_max_batch, format_size, search_table
+
+    seen, searches = set(), []
+    for cfg in cells:
+        if (cfg.framework, cfg.precision) not in seen:
+            seen.add((cfg.framework, cfg.precision))
+            searches.append(cfg)
+    for cfg in searches:
+        path = run_dir / "maxbatch" / f"{cfg.framework}-{cfg.precision}.parquet"
+        if path.exists():  # a resumed run keeps finished searches
+            continue
+        console.print(f"max batch {cfg.framework} {cfg.precision} under {format_size(settings['cap_bytes'])}:")
+        try:
+            result = find_max_batch(cfg, settings["cap_bytes"], start=64, limit=settings["limit"], timeout_s=timeout,
+                                    on_probe=lambda p: console.print(f"  batch {p.batch}: "
+                                                                     f"{'fits' if p.ok else p.reason}"))
+        except KeyboardInterrupt:
+            return True
+        except RuntimeError as exc:  # a probe that crashed for another reason than memory
+            console.print(f"  search failed: {exc}")
+            continue
+        buffer = io.BytesIO()
+        search_table([result]).to_parquet(buffer, index=False)
+        atomic_write_bytes(path, buffer.getvalue())
+    return False
 
 
 def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, console) -> tuple[list, bool]:

@@ -124,7 +124,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                           "below 1× it cost time." + spread,
                           "Bar chart of training images per second for each framework and precision mode."))
 
-    if not steps.empty:
+    if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
         timed = _labelled(steps[~steps["warmup"]])
         timed["step_time_ms"] = timed["step_time_s"] * 1000
         grid = sns.catplot(data=timed, kind="box", x="Precision", y="step_time_ms", hue="Framework",
@@ -224,3 +224,23 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
                   "multiplied by the loss scale the run used (right). Loss scaling exists to shrink the left bars.",
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
                   "unscaled and scaled, per framework and precision.")
+
+
+def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """--find-max-batch: the largest batch each precision allowed under the memory cap."""
+    if maxbatch.empty:
+        return None
+    df = _labelled(maxbatch.groupby(["framework", "precision"], as_index=False)["max_ok"].first())
+    grid = sns.catplot(data=df, kind="bar", x="Precision", y="max_ok", hue="Framework", palette=FRAMEWORK_COLORS,
+                       height=4, aspect=1.6, errorbar=None)
+    for container in grid.ax.containers:
+        grid.ax.bar_label(container, fmt="%d", fontsize=8, padding=2)
+    _finish(grid, "Largest batch that trains under the memory cap", "Precision mode", "Batch size (images)")
+    _save(grid.figure, out_dir, "max_batch")
+    cap = maxbatch["cap_bytes"].dropna()
+    cap_text = f"a {cap.iloc[0] / 2**30:.2f} GiB cap on each probe process" if not cap.empty else "the GPU's memory"
+    return Figure("max_batch", "memory", "Largest batch per precision",
+                  f"Found by doubling, then bisection, each probe a fresh process training two steps under {cap_text}. "
+                  "Where half precision halves activation memory, its bar is taller: AMP's memory headroom "
+                  "shown as the batch it makes possible.",
+                  "Bar chart of the largest batch size that trained under the memory cap, per framework and precision.")

@@ -48,6 +48,7 @@ from common.runner import child_env, stderr_tail
 EXIT_OOM = 75  # sysexits EX_TEMPFAIL: this batch does not fit; a smaller one may
 WATCHDOG_INTERVAL_S = 0.05
 PEAK_RSS_KIND = "cpu_peak_rss"  # absolute VmHWM of the probe process: the cap is on the whole process
+SAMPLED_RSS_KIND = "cpu_rss_sampled"  # the highest VmRSS the watchdog saw (a killed or timed-out child)
 CIFAR_SHAPE = (32, 32, 3)
 
 _UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
@@ -143,12 +144,18 @@ def probe_main(two_steps: TwoSteps, is_out_of_memory: Callable[[Exception], bool
     except Exception as exc:
         if not (isinstance(exc, MemoryError) or is_out_of_memory(exc)):
             raise
-        message = (str(exc).strip().splitlines() or [""])[0][:300]
-        return report(False, reason=f"{type(exc).__name__}: {message}")
+        return report(False, reason=f"{type(exc).__name__}: {_oom_line(str(exc))}")
     if cfg.device == "cpu" and args.memory_cap is not None and peak > args.memory_cap:
         return report(False, peak_bytes=peak, memory_kind=kind,
                       reason=f"peak RSS {format_size(peak)} above the cap {format_size(args.memory_cap)}")
     return report(True, peak_bytes=peak, memory_kind=kind)
+
+
+def _oom_line(message: str) -> str:
+    """The informative line of an out-of-memory error (TensorFlow's first line is 'Graph execution error:')."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()] or [""]
+    hits = [line for line in lines if re.search(r"\bOOM\b|out of memory|allocat", line, re.IGNORECASE)]
+    return (hits or lines)[0][:300]
 
 
 def parse_cap(text: str) -> int:
@@ -161,6 +168,8 @@ def parse_cap(text: str) -> int:
 
 @dataclass(frozen=True)
 class ProbeResult:
+    """One child's answer: did two training steps at `batch` fit?"""
+
     batch: int
     ok: bool
     peak_bytes: int | None  # the child's peak; for a killed probe the highest RSS the watchdog saw
@@ -170,6 +179,8 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class SearchResult:
+    """One cell's search: the largest batch that fit and every probe that found it."""
+
     max_ok: int  # largest batch that fit (0: not even a batch of 1)
     first_failed: int | None  # smallest batch that did not (None: `limit` fit)
     probes: list[ProbeResult]  # in the order they ran
@@ -233,16 +244,18 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
                         time.sleep(WATCHDOG_INTERVAL_S)
             finally:  # Ctrl-C or any error here: never leave a child behind
                 _kill_group(proc)
+        # The parent only sees host memory: on a GPU a failed probe has no peak to report.
+        sampled = (seen or None) if cfg.device == "cpu" else None
+        kind = SAMPLED_RSS_KIND if sampled else ""
         if failure:
-            return ProbeResult(batch, False, seen or None, failure, PEAK_RSS_KIND if seen else "")
+            return ProbeResult(batch, False, sampled, failure, kind)
         report, tail = _last_json(out_path.read_text(errors="replace")), stderr_tail(err_path)
         if proc.returncode in (0, EXIT_OOM) and report is not None:
             return ProbeResult(batch, bool(report["ok"]) and proc.returncode == 0, report.get("peak_bytes"),
                                report.get("reason", ""), report.get("memory_kind", ""))
         if proc.returncode == -signal.SIGABRT and "std::bad_alloc" in tail:
             # TensorFlow's CPU runtime aborts on a failed allocation instead of raising: out of memory too.
-            return ProbeResult(batch, False, seen or None, "std::bad_alloc: the framework's C++ allocator failed",
-                               PEAK_RSS_KIND if seen else "")
+            return ProbeResult(batch, False, sampled, "std::bad_alloc: the framework's C++ allocator failed", kind)
         raise RuntimeError(f"{cfg.framework} probe at batch {batch} failed (exit code {proc.returncode}, "
                            f"not an out-of-memory):\n{tail}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from common import records
 from common.atomic import atomic_write_text
 from common.config import FRAMEWORK_LABELS, FRAMEWORKS, PRECISIONS
 from common.env import cpu_half_precision_verdict
-from common.figures import make_figures, make_underflow_figure
+from common.figures import make_figures, make_max_batch_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
 from common.summary import findings, formatted_summary, summary_table
 
@@ -85,6 +86,22 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         "Gap": (1 - t["epoch_throughput_img_s"] / t["throughput_img_s"]).map("{:+.0%}".format),
         "First-step overhead (s)": t["first_step_overhead_s"].map("{:.2f}".format),
         "Runs": t["runs"].astype(int).astype(str),
+    })
+
+
+def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
+    if maxbatch.empty:
+        return maxbatch
+    first = maxbatch.groupby(["framework", "precision"], sort=False).first().reset_index()
+    peak = maxbatch[maxbatch["ok"]].groupby(["framework", "precision"])["peak_bytes"].max()
+    return pd.DataFrame({
+        "Framework": first["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)), "Precision": first["precision"],
+        "Largest batch that fit": first["max_ok"].astype(str),
+        "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
+        "Peak memory at the largest (MiB)": [f"{peak.get((f, p), float('nan')) / 2**20:,.0f}"
+                                             for f, p in zip(first["framework"], first["precision"])],
+        "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
+        "Probes": maxbatch.groupby(["framework", "precision"], sort=False).size().to_numpy().astype(str),
     })
 
 
@@ -183,7 +200,16 @@ def _seeds_text(seeds: list) -> str:
 def render_report(run_dir: Path) -> Path:
     """Render one compare run's folder from its manifest and cell records."""
     run_dir = Path(run_dir)
-    return _render(run_dir, load_manifest(run_dir), records.read_run(run_dir))
+    tables = records.read_run(run_dir)
+    searches = []
+    for path in sorted((run_dir / "maxbatch").glob("*.parquet")):
+        try:
+            searches.append(pd.read_parquet(path))
+        except Exception as exc:  # noqa: BLE001 — a broken search file must not stop the report
+            print(f"skipping unreadable max-batch search {path}: {exc}", file=sys.stderr)
+    if searches:
+        tables["maxbatch"] = pd.concat(searches, ignore_index=True)
+    return _render(run_dir, load_manifest(run_dir), tables)
 
 
 def machine_label(manifest: dict, runs: pd.DataFrame, folder: str) -> str:
@@ -232,6 +258,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     dtypes = tables.get("dtypes", pd.DataFrame())
     underflow_figure = make_underflow_figure(underflow, run_dir / "figures") if not underflow.empty else None
     figures += [underflow_figure] if underflow_figure else []
+    maxbatch = tables.get("maxbatch", pd.DataFrame())
+    maxbatch_figure = make_max_batch_figure(maxbatch, run_dir / "figures") if not maxbatch.empty else None
+    figures += [maxbatch_figure] if maxbatch_figure else []
     environment = manifest["environment"]
     summary = formatted_summary(summary_table(runs))
     sentences = findings(runs, steps, environment)
@@ -258,6 +287,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         notes=manifest.get("notes", []),
         scale_counts=_html_or_none(_scale_counts_table(steps)),
         timing_table=_html_or_none(_timing_table(runs)),
+        maxbatch_table=_html_or_none(_maxbatch_table(maxbatch)),
         underflow_table=_html_or_none(_underflow_table(underflow)),
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),

@@ -7,7 +7,11 @@ child's own baseline RSS, so they end after a handful of probes; they run side b
 
 from __future__ import annotations
 
+import functools
 import json
+import resource
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -147,6 +151,12 @@ def test_child_turns_only_out_of_memory_errors_into_exit_75(tmp_path, capsys):
     code, report = _run_probe_main(tmp_path, capsys, out_of_memory)
     assert code == maxbatch.EXIT_OOM and report["reason"] == "MemoryError: cannot allocate 12 GiB"
 
+    def tf_style(cfg, data, x, y):  # the informative line is not the first one
+        raise MemoryError("Graph execution error:\n\nTraceback...\nOOM when allocating tensor with shape[8,16]\nHint")
+
+    code, report = _run_probe_main(tmp_path, capsys, tf_style)
+    assert code == maxbatch.EXIT_OOM and report["reason"] == "MemoryError: OOM when allocating tensor with shape[8,16]"
+
     def bug(cfg, data, x, y):
         raise ValueError("a real bug")
 
@@ -158,22 +168,59 @@ def test_watchdog_kills_a_child_above_the_cap():
     start = time.monotonic()
     result = probe(RunConfig(framework="torch", threads=1), 16, cap_bytes=40 * MiB, timeout_s=60)
     assert not result.ok and result.reason.startswith("killed: RSS above the cap")
-    assert result.peak_bytes > 40 * MiB
+    assert result.peak_bytes > 40 * MiB and result.memory_kind == maxbatch.SAMPLED_RSS_KIND
     assert time.monotonic() - start < 10  # killed while importing, long before a step
 
 
-def test_probe_failures_that_are_not_out_of_memory(monkeypatch):
-    # `python -m tests.children.misbehave.probe` imports (so runs) the misbehaving stand-in first.
-    monkeypatch.setitem(maxbatch.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
-    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "crash")
-    with pytest.raises(RuntimeError, match="(?s)exit code 3.*something broke inside the framework"):
+@pytest.fixture
+def fake_child(monkeypatch, tmp_path):
+    """Replace the child's interpreter with a shell script: probe() runs `<script> -m ... --batch N ...`."""
+
+    def install(body: str) -> None:
+        script = tmp_path / "fake-python"
+        script.write_text("#!/bin/sh\n" + body + "\n")
+        script.chmod(0o755)
+        monkeypatch.setattr(sys, "executable", str(script))
+
+    return install
+
+
+@pytest.mark.parametrize("body, expected", [
+    ('echo "Traceback: something broke inside the framework" >&2; exit 3', "(?s)exit code 3.*something broke"),
+    ("kill -KILL $$", "exit code -9"),  # killed by someone else (not our watchdog): not taken for a full batch
+    ("exit 75", "exit code 75"),  # EXIT_OOM without its report
+    ("exit 0", "exit code 0"),  # success without its report
+])
+def test_probe_raises_on_failures_that_are_not_out_of_memory(fake_child, body, expected):
+    fake_child(body)
+    with pytest.raises(RuntimeError, match=expected):
         probe(RunConfig(), 16, 10**12, timeout_s=60)
-    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "kill")
-    with pytest.raises(RuntimeError, match="exit code -9"):
-        probe(RunConfig(), 16, 10**12, timeout_s=60)
-    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "hang")
+
+
+def test_probe_timeout_and_abort_on_bad_alloc(fake_child):
+    fake_child("exec sleep 600")
     result = probe(RunConfig(), 16, 10**12, timeout_s=1)
     assert not result.ok and result.reason == "timed out after 1 s"
+    fake_child("echo \"terminate called after throwing an instance of 'std::bad_alloc'\" >&2; kill -ABRT $$")
+    result = probe(RunConfig(framework="tf"), 16, 10**12, timeout_s=60)
+    assert not result.ok and result.reason.startswith("std::bad_alloc")
+
+
+def test_real_cpu_allocation_failure_is_out_of_memory(monkeypatch):
+    """With its address space capped (RLIMIT_AS), torch's CPU allocator fails: a RuntimeError it must recognise.
+
+    (TensorFlow's CPU runtime, capped the same way, raises ResourceExhaustedError, aborts with
+    std::bad_alloc or segfaults, depending on where the allocation fails: not repeatable enough to test.)
+    """
+    # Room for torch itself (a CUDA build maps several GB of libraries), not for the first activation of
+    # 500,000 images (16 GB): the allocation fails at once, without touching memory.
+    limit = 12 * 2**30
+    popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", functools.partial(
+        popen, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))))
+    result = probe(RunConfig(framework="torch", threads=1), 500_000, cap_bytes=None, timeout_s=120)
+    assert not result.ok
+    assert result.reason.startswith("RuntimeError:") and "DefaultCPUAllocator" in result.reason, result.reason
 
 
 # --- real searches on CPU -------------------------------------------------------------------------

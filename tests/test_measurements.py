@@ -43,3 +43,27 @@ def test_combined_report_has_the_machine_in_every_figure(tiny_run, tmp_path):
         assert (tmp_path / "combined/figures" / f"{key}.png").stat().st_size > 1000
     md = (tmp_path / "combined/summary.md").read_text()
     assert "| Machine |" in md
+
+
+def test_find_max_batch_on_cpu_with_a_cap(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "common", "compare", "--frameworks", "torch", "--precisions", "fp32",
+         "--datasets", "synthetic", "--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "16", "--seeds", "0",
+         "--device", "cpu", "--find-max-batch", "--memory-cap", "700MiB", "--max-batch-limit", "1024",
+         "--out", str(tmp_path), "--run-id", "mb"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    search = pd.read_parquet(tmp_path / "mb/maxbatch/torch-fp32.parquet")
+    assert list(search["batch"][:2]) == [64, 128]  # doubling from 64
+    max_ok = int(search["max_ok"].iloc[0])
+    assert 64 <= max_ok <= 1024
+    assert (search.loc[search["ok"], "peak_bytes"] <= 700 * 2**20).all()
+    html = (tmp_path / "mb/index.html").read_text()
+    assert 'src="figures/max_batch.png"' in html and "Largest batch that fit" in html
+
+
+def test_bad_memory_cap_is_refused(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--find-max-batch", "--memory-cap", "lots",
+                           "--out", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "lots" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
