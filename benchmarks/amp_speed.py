@@ -11,12 +11,10 @@ uses the project's own train_step code. Prints a table and writes it as CSV.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +22,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.config import PRECISIONS, RunConfig  # noqa: E402
+from benchmarks.results import write_csv  # noqa: E402
+from common.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa: E402
+from common.config import RunConfig  # noqa: E402
 from common.data import load_dataset  # noqa: E402
 
 
@@ -59,8 +59,9 @@ def _tf_steppers(model_name: str, batch_size: int):
         cfg = RunConfig(framework="tf", model=model_name, precision=precision, batch_size=batch_size)
         setup(cfg)  # sets the global dtype policy the model is built under
         model = make_model(cfg, data)
-        model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"],
+        model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"], auto_scale_loss=False,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.optimizer.build(model.trainable_variables)  # as tf_impl.train does before fit()
         out[precision] = lambda m=model: m.train_on_batch(xb, yb, return_dict=True)
     keras.config.set_dtype_policy("float32")
     return out
@@ -107,13 +108,7 @@ def main() -> int:
     print(f"{'framework':<10}{'precision':<10}{'median step (ms)':>18}{'speed vs fp32':>15}")
     for r in rows:
         print(f"{r['framework']:<10}{r['precision']:<10}{r['median_step_ms']:>18.2f}{r['speedup_vs_fp32']:>14.2f}×")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"amp_speed-{datetime.now():%Y%m%d-%H%M%S}.csv"
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"written: {path}")
+    write_csv(rows, args.out, "amp_speed")
     return 0
 
 

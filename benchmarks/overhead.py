@@ -19,13 +19,11 @@ Printed ratios of median time per step (targets on CPU: both <= 1.05):
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +31,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results import write_csv  # noqa: E402
 from common.child import DivergenceWatch, Progress, TrainResult  # noqa: E402
-from common.config import PRECISIONS, RunConfig  # noqa: E402
+from common.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa: E402
+from common.config import RunConfig  # noqa: E402
 from common.data import batch_plan, load_dataset  # noqa: E402
 
 EPOCHS_PER_ROUND = 2  # each timed call trains this many epochs of the batch plan
@@ -131,7 +131,8 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
         model = build_model(cfg.model, data.input_shape, data.num_classes, model_class=model_class)
         set_weights(model, weights)
         model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"] if model_class is AmpModel else None,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), auto_scale_loss=False)
+        model.optimizer.build(model.trainable_variables)  # as tf_impl.train does before fit()
         if images is not None:
             model.device_images = images
             model.images = images
@@ -200,13 +201,7 @@ def main() -> int:
             print(f"{framework:<10}{precision:<10}{row['suite_ms']:>10.2f}{row['minimal_ms']:>12.2f}"
                   f"{row['in_memory_ms']:>14.2f}{row['overhead_ratio']:>9.3f}×{row['pipeline_ratio']:>9.3f}×",
                   flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"overhead-{datetime.now():%Y%m%d-%H%M%S}.csv"
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"written: {path}")
+    write_csv(rows, args.out, "overhead")
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
 import signal
 import subprocess
@@ -43,7 +42,7 @@ import pandas as pd
 from common.config import FRAMEWORK_MODULES, ConfigError, RunConfig
 from common.data import NUM_CLASSES, Dataset, load_dataset
 from common.env import PROJECT_ROOT
-from common.runner import child_env, stderr_tail
+from common.runner import child_env, kill_group, stderr_tail
 
 EXIT_OOM = 75  # sysexits EX_TEMPFAIL: this batch does not fit; a smaller one may
 WATCHDOG_INTERVAL_S = 0.05
@@ -188,16 +187,6 @@ class SearchResult:
     cfg: RunConfig | None = None  # the cell searched, for search_table's identity columns
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the child's whole process group (frameworks start helper threads and processes)."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
-    proc.wait()
-
-
 def _last_json(text: str) -> dict | None:
     """The child's report: the last stdout line that is a JSON object (a library may print too)."""
     for line in reversed(text.splitlines()):
@@ -234,16 +223,16 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
                     rss = rss_bytes(proc.pid)
                     seen = max(seen, rss)
                     if watch and rss > cap_bytes:
-                        _kill_group(proc)
+                        kill_group(proc)
                         failure = (f"killed: RSS above the cap ({format_size(rss)} > {format_size(cap_bytes)}, "
                                    "watchdog)")
                     elif time.monotonic() - start > timeout_s:
-                        _kill_group(proc)
+                        kill_group(proc)
                         failure = f"timed out after {timeout_s:g} s"
                     else:
                         time.sleep(WATCHDOG_INTERVAL_S)
             finally:  # Ctrl-C or any error here: never leave a child behind
-                _kill_group(proc)
+                kill_group(proc)
         # The parent only sees host memory: on a GPU a failed probe has no peak to report.
         sampled = (seen or None) if cfg.device == "cpu" else None
         kind = SAMPLED_RSS_KIND if sampled else ""

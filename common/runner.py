@@ -135,11 +135,11 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
                 if proc.poll() is not None and not reader.is_alive() and lines.empty():
                     break
                 if time.monotonic() - start > timeout_s:
-                    _kill(proc)
+                    kill_group(proc)
                     error = f"timed out after {timeout_s:g} s"
                     break
         except BaseException:  # Ctrl-C: stop the child, drop its unfinished tables, go up
-            _kill(proc)
+            kill_group(proc)
             if not (cell_dir / "run.parquet").exists():
                 remove_partial(cell_dir)
             raise
@@ -163,7 +163,7 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     return CellOutcome(cfg.cell_id, str(run["status"].iloc[0]), str(run["error"].iloc[0]), wall)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """Kill the child's whole process group (TF and torch start helper threads/processes)."""
     if proc.poll() is None:
         try:
