@@ -158,8 +158,11 @@ def child(framework: str, model: str, precision: str, batch_size: int, rounds: i
     loops = (_torch_loops if framework == "torch" else _tf_loops)(cfg, data, plan)
     steps = plan.shape[0] * plan.shape[1]
     times: dict[str, list[float]] = {name: [] for name in loops}
+    names = list(loops)
     for r in range(warmup + rounds):
-        for name, loop in loops.items():
+        # rotate the order every round, so whatever one loop leaves behind (GC, prefetch threads) hits all alike
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            loop = loops[name]
             start = time.perf_counter()
             loop()
             if r >= warmup:
