@@ -29,7 +29,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
             ("loss_scaling", "Loss scaling"), ("numerics", "Numerics"), ("what_happened", "What happened"),
             ("differences", "Framework differences"), ("cells", "Cells"),
-            ("environment", "Environment"), ("reproduce", "Reproduce")]
+            ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce")]
 
 
 def load_manifest(run_dir: Path) -> dict:

@@ -25,6 +25,7 @@ def test_tiny_compare_writes_records_and_report(tiny_run):
         for ext in ("png", "svg"):
             assert (run_dir / "figures" / f"{key}.{ext}").stat().st_size > 1000, key
     html = (run_dir / "index.html").read_text()
+    assert 'href="#glossary"' in html  # every section is in the navigation
     assert "&lt;table" not in html and html.count("<table") >= 4  # tables render as HTML, not escaped text
     for key in FIGURES:
         assert f'src="figures/{key}.png"' in html
