@@ -145,8 +145,17 @@ class DivergenceWatch:
         return last_step - self.run + 1 if self.run >= self.limit else None
 
 
-def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: int) -> dict[str, float]:
-    """One timing protocol for both frameworks: warm-up steps dropped, distribution kept."""
+def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: int,
+                      train_time_s: float | None = None) -> dict[str, float]:
+    """One timing protocol for both frameworks: warm-up steps dropped, distribution kept.
+
+    Where per-step times were not measured (Keras on a GPU, device mode: NaN), the median step is
+    the training time over the steps and the percentiles stay missing.
+    """
+    if step_times and np.all(np.isnan(step_times)) and train_time_s:
+        median = train_time_s / len(step_times)
+        return {"median_step_s": median, "p90_step_s": float("nan"), "p99_step_s": float("nan"),
+                "throughput_img_s": batch_size / median, "steps_timed": 0}
     times = np.asarray(step_times[warmup_steps:] or step_times, dtype=float)
     if times.size == 0:
         return {"median_step_s": float("nan"), "p90_step_s": float("nan"), "p99_step_s": float("nan"),
@@ -196,12 +205,12 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "final_val_accuracy": last.get("val_accuracy", float("nan")),
         "final_val_loss": last.get("val_loss", float("nan")),
         "final_train_loss": last.get("train_loss", float("nan")),
-        **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size),
+        **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size, train_time),
         "train_time_s": train_time,
         # The first step carries tracing / compilation (torch.compile, XLA, tf.function) and kernel setup:
         # its excess over the median step is reported apart from step time.
         "first_step_overhead_s": (max(0.0, result.step_time_s[0] - float(np.median(result.step_time_s)))
-                                  if result.step_time_s else float("nan")),
+                                  if result.step_time_s and not np.isnan(result.step_time_s[0]) else float("nan")),
         "eval_time_s": float(sum(e["eval_time_s"] for e in result.epochs)),
         "epoch_throughput_img_s": images / train_time if train_time > 0 else float("nan"),
         "steps_total": len(steps),

@@ -78,6 +78,10 @@ class RunConfig:
     tf32: str = "off"  # TF32 for float32 matmul/conv on NVIDIA GPUs, set the same in both frameworks
     compile: bool = False  # torch.compile / Keras jit_compile=True (XLA); compile time reported apart
     channels_last: bool = False  # torch only: NHWC memory format for convolutions (Keras is NHWC already)
+    # Keras only: where per-step values live during an epoch. "host": read after each step (exact step
+    # times; on a GPU a wait per step); "device": kept on the device, read once per epoch (no per-step
+    # times); "auto": device on a GPU, host on a CPU (where reading costs nothing).
+    step_values: str = "auto"
     epochs: int = 8
     batch_size: int = 64  # images per optimizer step
     steps_per_epoch: int | None = None  # cap on steps per epoch (None: the whole training set)
@@ -106,6 +110,7 @@ class RunConfig:
         _choice("comparison", self.comparison, COMPARISONS)
         _choice("init", self.init, INITS)
         _choice("tf32 setting", self.tf32, ("on", "off"))
+        _choice("step_values", self.step_values, ("auto", "host", "device"))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("epochs", "batch_size", "growth_interval", "threads", "width", "diverge_after"):

@@ -137,8 +137,37 @@ class DeviceImages:
         self.labels = tf.constant(labels)
 
 
+class StepLog:
+    """Per-step values kept on the device (GPU): written inside train_step, read once per epoch.
+
+    Reading a step's values on the host every step would synchronise a GPU every step and hide
+    the speed-up being measured; Keras does that as soon as a callback has on_train_batch_end.
+    """
+
+    def __init__(self, steps: int):
+        self.loss = tf.Variable(tf.zeros([steps]), trainable=False)
+        self.scale = tf.Variable(tf.zeros([steps]), trainable=False)
+        self.skipped = tf.Variable(tf.zeros([steps], tf.bool), trainable=False)
+        self.position = tf.Variable(0, dtype=tf.int32, trainable=False)
+
+    def record(self, loss, scale, skipped) -> None:
+        index = tf.reshape(self.position, [1, 1])
+        self.loss.scatter_nd_update(index, tf.reshape(tf.cast(loss, tf.float32), [1]))
+        self.scale.scatter_nd_update(index, tf.reshape(tf.cast(scale, tf.float32), [1]))
+        self.skipped.scatter_nd_update(index, tf.reshape(skipped, [1]))
+        self.position.assign_add(1)
+
+    def drain(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This epoch's values on the host (one synchronisation), and a reset for the next epoch."""
+        n = int(self.position.numpy())
+        values = self.loss.numpy()[:n], self.scale.numpy()[:n], self.skipped.numpy()[:n]
+        self.position.assign(0)
+        return values
+
+
 class AmpModel(keras.Model):
     device_images: DeviceImages | None = None  # set by make_dataset(); None: fit() feeds (x, y) batches
+    step_log: StepLog | None = None  # set for device-side step values (GPU); None: fit() logs carry them
 
     def batch(self, data) -> tuple[tf.Tensor, tf.Tensor]:
         """The (images, labels) of a step: gathered on the device from indices, or as fit() gave them."""
@@ -164,13 +193,14 @@ class AmpModel(keras.Model):
             if metric.name == "loss":
                 metric.update_state(loss)
         logs = self.compute_metrics(x, y, logits)
-        # A skipped update leaves the optimizer's step count where it was.
-        return {**logs, "batch_loss": loss, "loss_scale": scale_used,
-                "skipped": tf.equal(self.optimizer.iterations, updates_before)}
+        skipped = tf.equal(self.optimizer.iterations, updates_before)  # a skipped update leaves the count
+        if self.step_log is not None:
+            self.step_log.record(loss, scale_used, skipped)
+        return {**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped}
 
 
-class StepRecorder(keras.callbacks.Callback):
-    """Records every step's values and time, and times validation apart from training."""
+class EpochRecorder(keras.callbacks.Callback):
+    """Per-epoch records, validation timed apart from training; the base of both step recorders."""
 
     def __init__(self, cfg: RunConfig, steps: int, progress: Progress, result: TrainResult,
                  augment: tuple[Dataset, DeviceImages] | None = None, on_nonfinite=None):
@@ -184,7 +214,38 @@ class StepRecorder(keras.callbacks.Callback):
             data, device_images = self.augment
             device_images.images.assign(epoch_images(data, self.cfg.seed, epoch, augment=True))
         self.epoch, self.losses, self.eval_time = epoch, [], 0.0
-        self.last = time.perf_counter()
+        self.last = self.epoch_start = time.perf_counter()
+
+    def on_test_begin(self, logs=None):
+        self.eval_start = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        self.eval_time = time.perf_counter() - self.eval_start
+
+    def check(self, first: int) -> None:
+        """Locator and divergence over this epoch's steps from index `first` of the records."""
+        for k in range(first, len(self.result.step_loss)):
+            if self.on_nonfinite and (not np.isfinite(self.result.step_loss[k]) or self.result.step_skipped[k]):
+                self.on_nonfinite(k, self.epoch, k - (len(self.result.step_loss) - len(self.losses)))
+                self.on_nonfinite = None
+        self.result.diverged_at_step = self.watch.update(self.result.step_loss[first:], len(self.result.step_loss) - 1)
+        if self.result.diverged_at_step is not None:
+            self.model.stop_training = True  # fit() stops after this batch (this epoch, in device mode)
+
+    def epoch_row(self, epoch: int, logs: dict, train_time: float) -> None:
+        self.result.epochs.append({
+            "epoch": epoch,
+            "train_loss": float(np.mean(self.losses)),
+            "train_accuracy": float(logs["accuracy"]),  # running mean over the epoch's equal batches
+            "val_loss": float(logs.get("val_loss", np.nan)),
+            "val_accuracy": float(logs.get("val_accuracy", np.nan)),
+            "train_time_s": train_time,
+            "eval_time_s": self.eval_time,
+        })
+
+
+class StepRecorder(EpochRecorder):
+    """Host mode (CPU): every step's values and wall time, read from fit()'s logs as each step ends."""
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()  # logs arrive as host values, so the step has finished
@@ -196,29 +257,39 @@ class StepRecorder(keras.callbacks.Callback):
         self.result.step_loss_scale.append(float(logs["loss_scale"]))
         self.result.step_skipped.append(bool(logs["skipped"]))
         self.progress.step(self.epoch, self.cfg.epochs, batch, self.steps)
-        if self.on_nonfinite and (not np.isfinite(self.losses[-1]) or self.result.step_skipped[-1]):
-            self.on_nonfinite(len(self.result.step_loss) - 1, self.epoch, batch)
-            self.on_nonfinite = None
-        self.result.diverged_at_step = self.watch.update(self.losses[-1:], len(self.result.step_loss) - 1)
-        if self.result.diverged_at_step is not None:
-            self.model.stop_training = True  # fit() stops after this batch
-
-    def on_test_begin(self, logs=None):
-        self.eval_start = time.perf_counter()
-
-    def on_test_end(self, logs=None):
-        self.eval_time = time.perf_counter() - self.eval_start
+        self.check(len(self.result.step_loss) - 1)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.result.epochs.append({
-            "epoch": epoch,
-            "train_loss": float(np.mean(self.losses)),
-            "train_accuracy": float(logs["accuracy"]),  # running mean over the epoch's equal batches
-            "val_loss": float(logs.get("val_loss", np.nan)),
-            "val_accuracy": float(logs.get("val_accuracy", np.nan)),
-            "train_time_s": float(sum(self.result.step_time_s[-len(self.losses):])),
-            "eval_time_s": self.eval_time,
-        })
+        self.epoch_row(epoch, logs, float(sum(self.result.step_time_s[-len(self.losses):])))
+
+
+class DeviceStepRecorder(EpochRecorder):
+    """Device mode (GPU): no per-step hook, so fit() never waits for a step; the StepLog is read once
+    per epoch. Per-step times cannot be had without a wait per step: they are recorded as missing and
+    the step-time statistics come from the epoch's training time."""
+
+    def on_test_begin(self, logs=None):
+        if self.losses == []:  # first thing after the epoch's steps: wait for them, then stop the clock
+            self.drain()
+        super().on_test_begin(logs)
+
+    def drain(self) -> None:
+        loss, scale, skipped = self.model.step_log.drain()  # the epoch's one synchronisation
+        self.train_time = time.perf_counter() - self.epoch_start
+        first = len(self.result.step_loss)
+        self.losses = loss.tolist()
+        self.result.step_epoch += [self.epoch] * len(loss)
+        self.result.step_loss += self.losses
+        self.result.step_loss_scale += scale.tolist()
+        self.result.step_skipped += skipped.tolist()
+        self.result.step_time_s += [float("nan")] * len(loss)
+        self.progress.step(self.epoch, self.cfg.epochs, len(loss) - 1, self.steps)
+        self.check(first)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.losses == []:  # no validation ran
+            self.drain()
+        self.epoch_row(epoch, logs, self.train_time)
 
 
 def device_info(gpus: list) -> dict[str, object]:
@@ -277,6 +348,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, cfg))
         dataset, model.device_images = make_dataset(data, plan)
+        device_mode = cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
+        recorder = DeviceStepRecorder if device_mode else StepRecorder
         # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
         from tf_impl import numerics
 
@@ -294,14 +367,15 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                                                float(current_scale(model.optimizer))))
             result.nonfinite = {"step": step, **(found or {"where": "not reproduced", "layer": "", "value": ""})}
 
+        model.step_log = StepLog(steps) if device_mode else None  # after the audit: its trace must not record
         if cfg.device == "cuda":
             tf.config.experimental.reset_memory_stats("GPU:0")
         else:
             cpu_memory = CpuPeakMemory()
         model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
                   validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH,
-                  callbacks=[StepRecorder(cfg, steps, progress, result, on_nonfinite=on_nonfinite,
-                                          augment=(data, model.device_images) if cfg.augment else None)])
+                  callbacks=[recorder(cfg, steps, progress, result, on_nonfinite=on_nonfinite,
+                                      augment=(data, model.device_images) if cfg.augment else None)])
     if cfg.device == "cuda":
         result.peak_memory_bytes = tf.config.experimental.get_memory_info("GPU:0")["peak"]
         result.memory_kind = "tf_gpu_allocator_peak"

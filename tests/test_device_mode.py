@@ -1,0 +1,30 @@
+"""Keras' device mode (the GPU default) records the same per-step values as host mode, without reading
+them on the host every step; forced here on the CPU, where both modes can run."""
+
+import numpy as np
+import pandas as pd
+
+from common import records
+from common.config import RunConfig
+from common.runner import run_cell
+
+
+def test_device_mode_records_what_host_mode_records(tmp_path):
+    tables = {}
+    for mode in ("host", "device"):
+        cfg = RunConfig(framework="tf", dataset="synthetic", precision="fp16", epochs=2, steps_per_epoch=4,
+                        batch_size=16, init="framework", init_scale=2.0**40, step_values=mode)
+        outcome = run_cell(cfg, tmp_path / mode, "r", 300)
+        assert outcome.status == "ok", outcome.error
+        tables[mode] = records.read_run(tmp_path / mode)
+    host, device = tables["host"]["steps"], tables["device"]["steps"]
+    np.testing.assert_allclose(device["loss"], host["loss"], rtol=1e-6)
+    np.testing.assert_array_equal(device["loss_scale"], host["loss_scale"])
+    np.testing.assert_array_equal(device["skipped"], host["skipped"])
+    assert host["skipped"].sum() > 0  # 2**40 overflows: the device log saw the skips too
+    assert device["step_time_s"].isna().all() and host["step_time_s"].notna().all()
+    run = tables["device"]["run"].iloc[0]
+    assert np.isfinite(run["median_step_s"]) and pd.isna(run["p90_step_s"]) and run["throughput_img_s"] > 0
+    assert run["nonfinite_step"] == tables["host"]["run"].iloc[0]["nonfinite_step"] == 0
+    pd.testing.assert_series_equal(tables["device"]["epochs"]["val_loss"], tables["host"]["epochs"]["val_loss"],
+                                   rtol=1e-5)
