@@ -132,3 +132,17 @@ def to_torch(layers: Mapping[str, Mapping[str, np.ndarray]],
             else:
                 raise ValueError(f"{layer}/{name}: unknown Keras variable")
     return out
+
+
+def name_matches(name: str, names) -> bool:
+    """Canonical `name` is one of `names` or inside one of them ("layer4" matches "layer4.0.conv1")."""
+    return any(name == n or name.startswith(n + ".") for n in names)
+
+
+def check_layer_names(names: list[str], valid) -> None:
+    """Refuse names that are not canonical layer or block names of the model."""
+    valid = set(valid)
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown layer name(s) {', '.join(map(repr, unknown))} "
+                         f"(valid: {', '.join(sorted(valid))})")

@@ -40,6 +40,7 @@ from common.fp16 import (  # noqa: E402
     gradient_stats,
     nonfinite_kind,
 )
+from common.weights import check_layer_names, name_matches  # noqa: E402
 from tf_impl.models import to_canonical  # noqa: E402
 from tf_impl.train import DTYPE_POLICIES  # noqa: E402
 
@@ -218,19 +219,6 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
 # float32 overrides
 # ---------------------------------------------------------------------------------------------
 
-def _matches(name: str, names: Iterable[str]) -> bool:
-    """`name` is one of `names` or inside one of them ("layer4" matches "layer4.0.conv1")."""
-    return any(name == n or name.startswith(n + ".") for n in names)
-
-
-def _check_names(names: list[str], valid: Iterable[str]) -> None:
-    valid = set(valid)
-    unknown = [n for n in names if n not in valid]
-    if unknown:
-        raise ValueError(f"unknown layer name(s) {', '.join(map(repr, unknown))} "
-                         f"(valid: {', '.join(sorted(valid))})")
-
-
 def _block_names(name: str) -> list[str]:
     """A canonical name and the blocks it sits in: "layer1.0.conv1" -> layer1, layer1.0, layer1.0.conv1."""
     parts = name.split(".")
@@ -248,8 +236,8 @@ def apply_fp32_layers(model: keras.Model, names: Iterable[str]) -> keras.Model:
     """
     names = [names] if isinstance(names, str) else list(names)
     canonical = {layer.name: canonical_name(layer) for layer in _layers(model)}
-    _check_names(names, {block for name in canonical.values() for block in _block_names(name)})
-    forced = {layer for layer, name in canonical.items() if _matches(name, names)}
+    check_layer_names(names, {block for name in canonical.values() for block in _block_names(name)})
+    forced = {layer for layer, name in canonical.items() if name_matches(name, names)}
     config = model.get_config()
     for layer_config in config["layers"]:
         if layer_config["config"]["name"] in forced:

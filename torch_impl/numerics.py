@@ -35,6 +35,7 @@ from common.fp16 import (
     gradient_stats,
     nonfinite_kind,
 )
+from common.weights import check_layer_names
 from torch_impl.train import AMP_DTYPES
 
 LOSS = "loss"
@@ -245,19 +246,6 @@ def _float32_forward(self: nn.Module, *args, **kwargs):
         return type(self).forward(self, *args, **kwargs)
 
 
-def _matches(name: str, names: Iterable[str]) -> bool:
-    """`name` is one of `names` or inside one of them ("layer4" matches "layer4.0.conv1")."""
-    return any(name == n or name.startswith(n + ".") for n in names)
-
-
-def _check_names(names: list[str], valid: Iterable[str]) -> None:
-    valid = set(valid)
-    unknown = [n for n in names if n not in valid]
-    if unknown:
-        raise ValueError(f"unknown layer name(s) {', '.join(map(repr, unknown))} "
-                         f"(valid: {', '.join(sorted(valid))})")
-
-
 def apply_fp32_layers(model: nn.Module, names: Iterable[str]) -> nn.Module:
     """Make the named modules (and everything inside them) compute in float32 under autocast.
 
@@ -267,7 +255,7 @@ def apply_fp32_layers(model: nn.Module, names: Iterable[str]) -> nn.Module:
     """
     names = [names] if isinstance(names, str) else list(names)
     modules = dict(model.named_modules())
-    _check_names(names, (n for n in modules if n))
+    check_layer_names(names, (n for n in modules if n))
     for name in names:
         modules[name].forward = types.MethodType(_float32_forward, modules[name])
     return model
