@@ -41,6 +41,17 @@ INITS = ("shared", "framework")
 FRAMEWORK_MODULES = {"torch": "torch_impl", "tf": "tf_impl"}
 FRAMEWORK_LIBRARIES = {"torch": "torch", "tf": "tensorflow"}  # what each child must be able to import
 FRAMEWORK_LABELS = {"torch": "PyTorch", "tf": "TensorFlow/Keras"}
+# The order every table and figure lists frameworks and precisions in.
+DISPLAY_ORDER = {**{f: i for i, f in enumerate(FRAMEWORKS)}, **{p: i for i, p in enumerate(PRECISIONS)}}
+
+
+def framework_label(framework: str) -> str:
+    return FRAMEWORK_LABELS.get(framework, framework)
+
+
+def display_order(column):
+    """A sort key for DataFrame.sort_values: framework and precision columns in DISPLAY_ORDER."""
+    return column.map(DISPLAY_ORDER) if column.name in ("framework", "precision") else column
 
 
 class ConfigError(ValueError):

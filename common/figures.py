@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from common.config import FRAMEWORK_LABELS, PRECISIONS  # noqa: E402
+from common.config import FRAMEWORK_LABELS, PRECISIONS, framework_label  # noqa: E402
 from common.summary import ok_runs, summary_table  # noqa: E402
 
 FRAMEWORK_COLORS = {"PyTorch": "#d1495b", "TensorFlow/Keras": "#00798c"}
@@ -38,7 +38,7 @@ class Figure:
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     labels = [FRAMEWORK_LABELS[f] for f in FRAMEWORK_LABELS if f in set(df["framework"])]
-    df["Framework"] = pd.Categorical(df["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)), categories=labels)
+    df["Framework"] = pd.Categorical(df["framework"].map(framework_label), categories=labels)
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
     if "machine" not in df:
         df["machine"] = ""
@@ -186,7 +186,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                                 marker="X", s=60, legend=False, ax=ax)
         _finish(grid, "Loss scale per step (fp16: dynamic; fp16-static: fixed)", "Optimizer step", "Loss scale (log2)")
         _save(grid.figure, out_dir, "loss_scale")
-        counts = ", ".join(f"{FRAMEWORK_LABELS.get(fw, fw)}: {int(g['skipped'].sum())} skipped"
+        counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} skipped"
                            for fw, g in scaled.groupby("framework", sort=False))
         figures.append(Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
                               f"The scale each step used; an X marks a step skipped because a gradient overflowed "

@@ -12,17 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from common.config import FRAMEWORK_LABELS, FRAMEWORKS, PRECISIONS
-
-ORDER = {**{p: i for i, p in enumerate(PRECISIONS)}, **{f: i for i, f in enumerate(FRAMEWORKS)}}
-
-
-def _ordered(s: pd.Series) -> pd.Series:
-    return s.map(ORDER) if s.name in ("framework", "precision") else s
-
-
-def _label(fw: str) -> str:
-    return FRAMEWORK_LABELS.get(fw, fw)
+from common.config import DISPLAY_ORDER, display_order
+from common.config import framework_label as _label
 
 
 def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
@@ -36,7 +27,7 @@ def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
                      "growth_events": int((np.diff(scale) > 0).sum()), "first_scale": scale[0],
                      "final_scale": scale[-1]})
     df = pd.DataFrame(rows).groupby(["framework", "precision"], as_index=False).median(numeric_only=True)
-    return df.sort_values(["framework", "precision"], key=_ordered)
+    return df.sort_values(["framework", "precision"], key=display_order)
 
 
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
@@ -58,7 +49,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     # One seed is enough to show the mechanism: the first seed of each cell.
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
     out = first_seed.groupby(["framework", "precision", "when"]).apply(weighted, include_groups=False).reset_index()
-    return out.sort_values(["framework", "precision", "when"], key=_ordered)
+    return out.sort_values(["framework", "precision", "when"], key=display_order)
 
 
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -67,7 +58,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     if dtypes.empty:
         return out
     first_seed = dtypes[dtypes["seed"] == dtypes["seed"].min()]
-    for prec in sorted(set(first_seed["precision"]) - {"fp32"}, key=lambda p: ORDER.get(p, 99)):
+    for prec in sorted(set(first_seed["precision"]) - {"fp32"}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
         d = first_seed[first_seed["precision"] == prec]
         per_fw = {}
         for fw, g in d.groupby("framework"):
@@ -77,7 +68,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
                 params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
         if not per_fw:
             continue
-        per_fw = dict(sorted(per_fw.items(), key=lambda kv: ORDER.get(kv[0], 99)))
+        per_fw = dict(sorted(per_fw.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99)))
         table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]

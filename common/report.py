@@ -19,7 +19,7 @@ import pandas as pd
 from common import numerics_report as nr
 from common import records
 from common.atomic import atomic_write_text
-from common.config import FRAMEWORK_LABELS, FRAMEWORKS, PRECISIONS
+from common.config import display_order, framework_label
 from common.env import cpu_half_precision_verdict
 from common.figures import make_figures, make_max_batch_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
@@ -72,12 +72,10 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "epoch_throughput_img_s",
             "first_step_overhead_s", "runs"]
     t = ok.assign(runs=1).groupby(group, sort=False).agg({**{c: "median" for c in cols[:-1]}, "runs": "sum"})
-    t = t.reset_index().sort_values(["framework", "precision"],
-                                    key=lambda c: c.map({**{p: i for i, p in enumerate(PRECISIONS)},
-                                                         **{f: i for i, f in enumerate(FRAMEWORKS)}}))
+    t = t.reset_index().sort_values(["framework", "precision"], key=display_order)
     return pd.DataFrame({
         **({"Machine": t["machine"]} if "machine" in group else {}),
-        "Framework": t["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)), "Precision": t["precision"],
+        "Framework": t["framework"].map(framework_label), "Precision": t["precision"],
         "p50 step (ms)": (t["median_step_s"] * 1e3).map("{:.2f}".format),
         "p90 (ms)": (t["p90_step_s"] * 1e3).map("{:.2f}".format),
         "p99 (ms)": (t["p99_step_s"] * 1e3).map("{:.2f}".format),
@@ -95,7 +93,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     first = maxbatch.groupby(["framework", "precision"], sort=False).first().reset_index()
     peak = maxbatch[maxbatch["ok"]].groupby(["framework", "precision"])["peak_bytes"].max()
     return pd.DataFrame({
-        "Framework": first["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)), "Precision": first["precision"],
+        "Framework": first["framework"].map(framework_label), "Precision": first["precision"],
         "Largest batch that fit": first["max_ok"].astype(str),
         "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
         "Peak memory at the largest (MiB)": [f"{peak.get((f, p), float('nan')) / 2**20:,.0f}"
@@ -110,7 +108,7 @@ def _scale_counts_table(steps: pd.DataFrame) -> pd.DataFrame:
     counts = counts[counts["precision"].isin(["fp16", "fp16-static"])] if not counts.empty else counts
     if counts.empty:
         return counts
-    return pd.DataFrame({"Framework": counts["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)),
+    return pd.DataFrame({"Framework": counts["framework"].map(framework_label),
                          "Precision": counts["precision"], "Steps": counts["steps"].map("{:.0f}".format),
                          "Skipped": counts["skipped"].map("{:.0f}".format),
                          "Growth events": counts["growth_events"].map("{:.0f}".format),
@@ -122,7 +120,7 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     s = nr.underflow_summary(underflow)
     if s.empty:
         return s
-    return pd.DataFrame({"Framework": s["framework"].map(lambda f: FRAMEWORK_LABELS.get(f, f)),
+    return pd.DataFrame({"Framework": s["framework"].map(framework_label),
                          "Precision": s["precision"], "When": s["when"],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Exactly zero": s["zero_fraction"].map("{:.2%}".format),
@@ -135,7 +133,7 @@ def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
     f = nr.nonfinite_findings(runs)
     if f.empty:
         return f
-    return pd.DataFrame({"Framework": f["framework"].map(lambda x: FRAMEWORK_LABELS.get(x, x)),
+    return pd.DataFrame({"Framework": f["framework"].map(framework_label),
                          "Precision": f["precision"], "Seed": f["seed"], "Step": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from common.config import FRAMEWORK_LABELS, FRAMEWORKS, PRECISIONS
+from common.config import display_order
+from common.config import framework_label as _label
 from common.env import cpu_half_precision_verdict
 
 GROUP = ["framework", "model", "dataset", "precision"]
@@ -61,9 +62,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
 
     agg["speedup_vs_fp32"] = agg["throughput_img_s"] / baseline("throughput_img_s")
     agg["memory_change_vs_fp32"] = agg["peak_memory_bytes"] / baseline("peak_memory_bytes") - 1.0
-    order = {**{p: i for i, p in enumerate(PRECISIONS)}, **{f: i for i, f in enumerate(FRAMEWORKS)}}
-    agg = agg.sort_values([*group[:-4], "model", "dataset", "framework", "precision"],
-                          key=lambda s: s.map(order) if s.name in ("framework", "precision") else s)
+    agg = agg.sort_values([*group[:-4], "model", "dataset", "framework", "precision"], key=display_order)
     return agg[cols].reset_index(drop=True)
 
 
@@ -83,7 +82,7 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
     for r in table.itertuples():
         rows.append({
             **({"Machine": r.machine} if multi else {}),
-            "Framework": FRAMEWORK_LABELS.get(r.framework, r.framework),
+            "Framework": _label(r.framework),
             "Model": r.model,
             "Dataset": r.dataset,
             "Precision": r.precision,
@@ -98,10 +97,6 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Skipped steps": fmt(r.skipped_steps, ".0f"),
         })
     return pd.DataFrame(rows)
-
-
-def _label(fw: str) -> str:
-    return FRAMEWORK_LABELS.get(fw, fw)
 
 
 def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict) -> list[str]:
