@@ -13,112 +13,194 @@ import io
 import json
 import os
 import shlex
+import signal
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from common.config import (
-    COMPARISONS,
     DATASETS,
     DEFAULT_PRECISIONS,
     DEVICES,
     FRAMEWORKS,
-    INITS,
     MODELS,
-    OPTIMIZERS,
     PRECISIONS,
     ConfigError,
+    Declared,
     RunConfig,
+    declared,
+    from_text,
+    option,
+    run_options,
+    validate_options,
 )
 
-# Default configuration per device (the matrix is always both frameworks x fp32/fp16/bf16).
-PROFILES = {
-    "cpu": {"models": "simple_cnn", "datasets": "digits", "epochs": 12, "batch_size": 64, "augment": False,
-            "seeds": "0,1,2", "channels_last": False},
-    # resnet18 on CIFAR-10 (synthetic data of CIFAR's shape when the archive is absent and cannot be fetched)
-    "cuda": {"models": "resnet18", "datasets": "cifar10", "epochs": 15, "batch_size": 256, "augment": True,
-             "seeds": "0", "channels_last": True},
-}
-DEFAULT_TIMEOUT_S = 1800.0
+# Exit status of `compare` (documented in docs/RELIABILITY.md).
+EXIT_OK = 0  # every cell finished (a diverged cell is a result: it finished)
+EXIT_BAD_INPUT = 2  # refused before anything ran: nothing written
+EXIT_CELLS_FAILED = 3  # the run completed but some cells failed, timed out or were unavailable
+EXIT_INTERRUPTED = 130  # Ctrl-C: finished cells kept, report rendered, resume command printed
+EXIT_TERMINATED = 143  # SIGTERM: the same as Ctrl-C
+
+
+@dataclass
+class CompareOptions:
+    """The harness's own options: the matrix axes, where results go, limits. Each cell's options are
+    RunConfig's fields (common/config.py); the command line and --config accept both."""
+
+    frameworks: tuple[str, ...] = option(FRAMEWORKS, "which frameworks", choices=FRAMEWORKS)
+    precisions: tuple[str, ...] = option(DEFAULT_PRECISIONS, "which precision modes", choices=PRECISIONS)
+    models: tuple[str, ...] = option(("simple_cnn",), "which models", choices=MODELS,
+                                     cpu=("simple_cnn",), cuda=("resnet18",))
+    datasets: tuple[str, ...] = option(("digits",), "which datasets (cuda's default falls back to "
+                                       "synthetic_cifar when CIFAR-10 cannot be had, and says so)",
+                                       choices=DATASETS, cpu=("digits",), cuda=("cifar10",))
+    seeds: tuple[int, ...] = option((0, 1, 2), "seeds; each seed is a cell (the report shows medians with "
+                                 "interquartile "
+                                 "ranges)", ge=0, cpu=(0, 1, 2), cuda=(0,))
+    repeats: int | None = option(None, "N runs per cell with seeds 0..N-1 (instead of --seeds)", gt=0, le=1000)
+    device: str = option("auto", "auto: cuda when an NVIDIA GPU is visible", choices=("auto", *DEVICES))
+    timeout: float = option(1800.0, "seconds per cell before it is killed and recorded as failed", gt=0,
+                            matrix=False)
+    out: Path = option(Path("reports"), "folder for run folders", matrix=False)
+    run_id: str | None = option(None, "name of the run folder", default_text="date-time-device")
+    find_max_batch: bool = option(False, "also search, per framework x precision, the largest batch that trains "
+                                  "under the memory cap")
+    memory_cap: str = option("4GiB", "memory cap of each --find-max-batch probe (CPU: per probe process; "
+                             "GPU: its memory)")
+    max_batch_limit: int = option(2**14, "largest batch --find-max-batch tries", gt=0)
+    config: Path | None = option(None, "JSON file of compare options (keys as the option names; the command "
+                                 "line overrides it)", metavar="FILE")
+    resume: str | None = option(None, "re-run only the missing, failed or incomplete cells of OUT/RUN_ID",
+                                metavar="RUN_ID", matrix=False)
+
+
+def compare_options() -> dict[str, Declared]:
+    """Every option of `compare`: the harness's, then each cell's (RunConfig fields with cli=True)."""
+    harness = declared(CompareOptions)
+    return {**harness, **{n: d for n, d in run_options().items() if d.spec.cli and n not in harness}}
+
+
+NOT_IN_CONFIG_FILE = ("config", "resume")
+# Options that define the matrix: with --resume the run's own saved configuration is used instead.
+MATRIX_OPTIONS = tuple(n for n, d in compare_options().items() if d.spec.matrix)
+
+
+def default_text(d: Declared) -> str:
+    """A default as help and the README show it."""
+    def show(v):
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        if isinstance(v, tuple):
+            return ",".join(map(str, v)) or "none"
+        if isinstance(v, float):
+            return f"{v:g}"
+        return "none" if v is None else str(v)
+
+    if d.spec.default_text:
+        return d.spec.default_text
+    if d.spec.per_device:
+        return ", ".join(f"{show(v)} on {dev}" for dev, v in d.spec.per_device.items())
+    return show(d.default)
+
+
+def help_text(d: Declared) -> str:
+    choices = f"; one of {', '.join(map(str, d.spec.choices))}" if d.spec.choices else ""
+    if d.is_list:
+        choices = f"; comma list{choices.replace('; one', ', each one')}"
+    return f"{d.spec.help}{choices} (default: {default_text(d)})".replace("%", "%%")
+
+
+README_MARKERS = ("<!-- options: generated from the declaration -->", "<!-- end of options -->")
+
+
+def options_markdown() -> str:
+    """The README's options table, from the declaration (tests/test_cli.py checks the README holds it)."""
+    rows = ["| option | default | valid values | what it does |", "|---|---|---|---|"]
+    for d in compare_options().values():
+        flag = f"`{d.flag}` / `--no-{d.flag[2:]}`" if d.item is bool else f"`{d.flag}`"
+        cells = [flag, default_text(d), d.describe(), d.spec.help]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def update_readme(path: Path = Path(__file__).resolve().parent.parent / "README.md") -> None:
+    """Rewrite the README's options table from the declaration."""
+    text = path.read_text()
+    start, end = README_MARKERS
+    head, rest = text.split(start)
+    path.write_text(f"{head}{start}\n{options_markdown()}{end}{rest.split(end)[1]}")
 
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse prints usage over several)
         print(f"amp-compare: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _list(name: str, text: str, choices: tuple[str, ...] | None = None) -> list[str]:
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    if not items:
-        raise ConfigError(f"--{name} is empty (valid: {', '.join(choices or ())})")
-    for item in items:
-        if choices is not None and item not in choices:
-            raise ConfigError(f"unknown {name.rstrip('s')} {item!r} (valid: {', '.join(choices)})")
-    return list(dict.fromkeys(items))
-
-
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in _list("seeds", text)]
-    except ValueError:
-        raise ConfigError(f"--seeds must be comma-separated non-negative integers, got {text!r}") from None
-    return seeds
+        raise SystemExit(EXIT_BAD_INPUT)
 
 
 def build_parser() -> ArgumentParser:
+    """argparse generated from the declared options; an option not given is absent from the result."""
     parser = ArgumentParser(prog="amp-compare", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    c = sub.add_parser("compare", help="train the matrix in both frameworks and write a report")
-    c.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"comma list of {FRAMEWORKS}")
-    c.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS), help=f"comma list of {PRECISIONS}")
-    c.add_argument("--models", default=None, help=f"comma list of {MODELS} (default: simple_cnn CPU, resnet18 GPU)")
-    c.add_argument("--datasets", default=None, help=f"comma list of {DATASETS} (default: digits CPU, cifar10 GPU)")
-    c.add_argument("--seeds", default=None, help="comma list of seeds (default: 0,1,2 on CPU, 0 on GPU)")
-    c.add_argument("--repeats", type=int, default=None, help="N runs per cell with seeds 0..N-1 (instead of --seeds)")
-    c.add_argument("--data-dir", default=None, help="folder to look in first for dataset archives (CIFAR)")
-    c.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help="random crop + flip, identical in both frameworks (default: on for GPU/CIFAR)")
-    c.add_argument("--tf32", default="off", help="on|off: TF32 for fp32 matmul/conv on GPUs, both frameworks")
-    c.add_argument("--compile", action="store_true", help="torch.compile / Keras jit_compile (XLA)")
-    c.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch channels_last memory format (default: on for GPU)")
-    c.add_argument("--device", default="auto", help="auto, cpu or cuda (auto: cuda when a GPU is visible)")
-    c.add_argument("--epochs", type=int, default=None, help="epochs per cell (default: 12 on CPU, 40 on GPU)")
-    c.add_argument("--batch-size", type=int, default=None, help="images per step (default: 64 CPU, 128 GPU)")
-    c.add_argument("--steps-per-epoch", type=int, default=None, help="cap on steps per epoch (default: all)")
-    c.add_argument("--optimizer", default="adam", help=f"one of {OPTIMIZERS}")
-    c.add_argument("--comparison", default="aligned", help=f"one of {COMPARISONS} (see common/mapping.py)")
-    c.add_argument("--init", default="shared", help=f"one of {INITS}: shared initial weights, or each framework's")
-    c.add_argument("--width", type=int, default=RunConfig.width, help="resnet18 base width")
-    c.add_argument("--lr", type=float, default=RunConfig.lr, help="learning rate")
-    c.add_argument("--init-scale", type=float, default=RunConfig.init_scale, help="fp16 initial loss scale")
-    c.add_argument("--growth-interval", type=int, default=RunConfig.growth_interval,
-                   help="fp16: clean steps before the loss scale doubles")
-    c.add_argument("--loss-scale", type=float, default=None, help="fp16-static's fixed loss scale")
-    c.add_argument("--fp32-layers", default="", help="comma list of blocks forced to float32 (e.g. fc,layer4)")
-    c.add_argument("--clip-grad-norm", type=float, default=None,
-                   help="clip the global gradient norm (of the unscaled gradients) to this value")
-    c.add_argument("--warmup-steps", type=int, default=RunConfig.warmup_steps, help="steps excluded from timing")
-    c.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra/inter-op threads, both sides")
-    c.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per cell before it is killed")
-    c.add_argument("--out", type=Path, default=Path("reports"), help="folder for run folders (default: reports)")
-    c.add_argument("--run-id", default=None, help="name of the run folder (default: date-time-device)")
-    c.add_argument("--diverge-after", type=int, default=RunConfig.diverge_after,
-                   help="stop a cell as diverged after this many consecutive non-finite losses")
-    c.add_argument("--find-max-batch", action="store_true",
-                   help="also search, per framework x precision, the largest batch that trains under the memory cap")
-    c.add_argument("--memory-cap", default="4GiB",
-                   help="CPU memory cap of each --find-max-batch probe process (e.g. 4GiB; on a GPU its memory)")
-    c.add_argument("--max-batch-limit", type=int, default=2**14, help="largest batch --find-max-batch tries")
-    c.add_argument("--config", type=Path, default=None, help="JSON file of compare options (CLI overrides it)")
-    c.add_argument("--resume", default=None, metavar="RUN_ID",
-                   help="re-run only the missing or failed cells of reports/RUN_ID")
+    c = sub.add_parser("compare", help="train the matrix in both frameworks and write a report",
+                       argument_default=argparse.SUPPRESS)
+    for d in compare_options().values():
+        kwargs: dict = {"help": help_text(d)}
+        if d.item is bool and not d.is_list:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = d.item if d.item in (int, float) and not d.is_list else str
+            kwargs["metavar"] = d.spec.metavar or d.name.upper()
+        c.add_argument(d.flag, dest=d.name, **kwargs)
     r = sub.add_parser("report", help="re-render the report of one or more run folders")
     r.add_argument("run_dirs", nargs="+", type=Path)
-    parser.compare_parser = c  # --config and --resume need the compare options' defaults
     return parser
+
+
+def load_config_file(path: Path) -> dict:
+    """Compare options from a JSON object (keys as the option names), typed as strictly as the command
+    line: a string is never a number or a boolean, null only where an option allows it."""
+    options = compare_options()
+    valid = sorted(n for n in options if n not in NOT_IN_CONFIG_FILE)
+    try:
+        values = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"malformed config file {str(path)!r}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a JSON object of options")
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)} in config file {str(path)!r} "
+                          f"(valid: {', '.join(valid)})")
+    values = {k: from_text(options[k], v) for k, v in values.items()}
+    try:
+        validate_options(options, {**{n: d.default_for("cpu") for n, d in options.items()}, **values})
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in config file {str(path)!r})") from None
+    return values
+
+
+def compare_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """Every compare option: the command line over the --config file over the declared defaults (per
+    resolved device), validated before anything runs. `given` holds the options the user set."""
+    options = compare_options()
+    cli = {k: v for k, v in vars(args).items() if k in options}
+    try:
+        cli = {k: from_text(options[k], v) for k, v in cli.items()}
+    except ConfigError:
+        raise
+    given = {**(load_config_file(cli["config"]) if cli.get("config") else {}), **cli}
+    requested = given.get("device", "auto")
+    validate_options({"device": options["device"]}, {"device": requested})
+    device = resolve_device(requested)
+    values = validate_options(options, {**{n: d.default_for(device) for n, d in options.items()}, **given})
+    return argparse.Namespace(**values, command="compare", given=set(given), resolved_device=device)
 
 
 def resolve_device(requested: str) -> str:
@@ -135,51 +217,68 @@ def resolve_device(requested: str) -> str:
 
 
 def _writable_dir(path: Path) -> None:
+    """The output folder can be made and written (found by making and removing a probe folder in its
+    nearest existing parent: nothing is left behind)."""
     probe = path.resolve()
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"output directory {str(path)!r} is not writable ({probe} is not a writable folder)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".amp-compare-probe-", dir=probe))
+    except OSError as exc:
+        raise ConfigError(f"output directory {str(path)!r} is not writable ({probe}: {exc.strerror})") from None
+
+
+def _check_run_id(out: Path, run_id: str) -> None:
+    if not run_id or any(c in run_id for c in "/\\\0") or run_id in (".", ".."):
+        raise ConfigError(f"run id {run_id!r} must be a plain folder name")
+    probe = out.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    limit = os.pathconf(probe, "PC_NAME_MAX") if probe.is_dir() else 255
+    for part in (*out.parts, run_id):
+        if len(os.fsencode(part)) > limit:
+            raise ConfigError(f"folder name {part[:40]!r}... is {len(os.fsencode(part))} bytes long, longer than "
+                              f"the file system allows (valid: up to {limit} bytes)")
+
+
+def make_dirs(path: Path) -> None:
+    """mkdir -p that leaves nothing behind when it fails (a bad path is bad input, not a traceback)."""
+    made = []
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    try:
+        for p in missing:
+            p.mkdir()
+            made.append(p)
+    except OSError as exc:
+        for p in reversed(made):
+            p.rmdir()
+        raise ConfigError(f"cannot create the run folder {str(path)!r}: {exc.strerror}") from None
 
 
 def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
-    """Validate everything and build the matrix; writes nothing."""
+    """Validate everything and build the matrix; writes nothing. `args` comes from compare_settings."""
     from common.data import load_dataset, steps_per_epoch
 
-    device = resolve_device(args.device)
-    profile = PROFILES[device]
-    frameworks = _list("frameworks", args.frameworks, FRAMEWORKS)
-    precisions = _list("precisions", args.precisions, PRECISIONS)
-    models = _list("models", args.models or profile["models"], MODELS)
-    datasets = _list("datasets", args.datasets or profile["datasets"], DATASETS)
-    if args.repeats is not None and args.seeds is not None:
+    device = args.resolved_device
+    frameworks, precisions, models, datasets = args.frameworks, args.precisions, args.models, args.datasets
+    if "repeats" in args.given and "seeds" in args.given:
         raise ConfigError("--repeats and --seeds both choose the seeds; give one of them")
-    if args.repeats is not None and args.repeats < 1:
-        raise ConfigError(f"--repeats must be a positive integer, got {args.repeats}")
-    seeds = list(range(args.repeats)) if args.repeats else _seeds(args.seeds or profile["seeds"])
+    seeds = tuple(range(args.repeats)) if args.repeats else args.seeds
     notes = []
-    if args.timeout <= 0:
-        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
-    common = dict(device=device, epochs=args.epochs if args.epochs is not None else profile["epochs"],
-                  batch_size=args.batch_size if args.batch_size is not None else profile["batch_size"],
-                  steps_per_epoch=args.steps_per_epoch, optimizer=args.optimizer, lr=args.lr,
-                  comparison=args.comparison, init=args.init, width=args.width,
-                  init_scale=args.init_scale, growth_interval=args.growth_interval,
-                  warmup_steps=args.warmup_steps, threads=args.threads, diverge_after=args.diverge_after,
-                  data_dir=args.data_dir, augment=profile["augment"] if args.augment is None else args.augment,
-                  tf32=args.tf32, compile=args.compile, clip_grad_norm=args.clip_grad_norm,
-                  fp32_layers=tuple(n.strip() for n in args.fp32_layers.split(",") if n.strip()),
-                  channels_last=profile["channels_last"] if args.channels_last is None else args.channels_last)
-    if args.datasets is None and device == "cuda":
+    cell_options = [n for n, d in run_options().items() if d.spec.cli and n != "loss_scale"]
+    common = {n: getattr(args, n) for n in cell_options}
+    if "datasets" not in args.given and device == "cuda":
         try:
             load_dataset("cifar10", args.data_dir)
         except ConfigError as exc:  # the GPU default still runs, on data of CIFAR's shape, and says so
-            datasets = ["synthetic_cifar"]
+            datasets = ("synthetic_cifar",)
             notes.append(f"CIFAR-10 unavailable ({exc}); the GPU default used synthetic data of CIFAR's shape.")
     if args.loss_scale is not None and "fp16-static" not in precisions:
         raise ConfigError(f"--loss-scale {args.loss_scale:g} needs precision fp16-static among --precisions "
                           f"(got {','.join(precisions)})")
-    cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s,
+    cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
                        loss_scale=args.loss_scale if p == "fp16-static" else None, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
     for d in datasets:
@@ -189,20 +288,17 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
                               f"images of {d!r} (valid: 1..{n_train})")
     _writable_dir(args.out)
     run_id = args.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
-    if any(c in run_id for c in "/\\") or run_id in (".", ".."):
-        raise ConfigError(f"run id {run_id!r} must be a plain folder name")
+    _check_run_id(args.out, run_id)
     if (args.out / run_id).exists():
         raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")
     if args.find_max_batch:
         from common.maxbatch import parse_size
 
         cap = parse_size(args.memory_cap)
-        if args.max_batch_limit < 1:
-            raise ConfigError(f"--max-batch-limit must be a positive batch size, got {args.max_batch_limit}")
         notes.append(f"--find-max-batch: largest batch per framework x precision under a {args.memory_cap} "
                      f"cap ({'the GPU memory' if device == 'cuda' else 'per probe process, CPU'}).")
-    matrix = {"frameworks": frameworks, "models": models, "datasets": datasets, "precisions": precisions,
-              "seeds": seeds}
+    matrix = {"frameworks": list(frameworks), "models": list(models), "datasets": list(datasets),
+              "precisions": list(precisions), "seeds": list(seeds)}
     defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
                 if k not in ("framework", "model", "dataset", "precision", "seed")}
     max_batch = ({"cap_bytes": cap, "cap": args.memory_cap, "limit": args.max_batch_limit}
@@ -211,58 +307,108 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
                            "max_batch": max_batch}
 
 
-# Options that define the matrix: with --resume the run's own saved configuration is used instead.
-MATRIX_OPTIONS = ("frameworks", "precisions", "models", "datasets", "seeds", "repeats", "data_dir", "augment",
-                  "find_max_batch", "memory_cap", "max_batch_limit",
-                  "loss_scale", "fp32_layers", "clip_grad_norm",
-                  "tf32", "compile", "channels_last", "device", "epochs", "batch_size",
-                  "steps_per_epoch", "optimizer", "comparison", "init", "width", "lr", "init_scale",
-                  "growth_interval", "warmup_steps", "threads", "diverge_after", "run_id", "config")
+def read_manifest(run_dir: Path) -> dict:
+    """A run's manifest.json, or one line saying it is unreadable and what to do."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("configs"), list):
+            raise ValueError("no list of cell configurations")
+        configs = [RunConfig.from_dict(c) for c in manifest["configs"]]
+    except (OSError, ValueError, TypeError) as exc:  # JSONDecodeError and ConfigError are ValueErrors
+        raise ConfigError(f"manifest {str(path)!r} is unreadable or incomplete ({str(exc).splitlines()[0]}); "
+                          "its cells' records are intact: restore manifest.json from a backup, or start a new "
+                          "run with another --run-id") from None
+    manifest["_configs"] = configs
+    return manifest
 
 
-def plan_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Path, list[RunConfig], dict]:
-    """The cells of an earlier run that are missing or failed; finished cells are left untouched."""
-    import pandas as pd
+def cell_complete(run_dir: Path, cfg: RunConfig) -> bool:
+    """A finished cell: every table it wrote reads back, with the rows a finished run has."""
+    from common import records
 
-    from common.report import load_manifest
+    cell_dir = Path(run_dir) / "cells" / cfg.cell_id
+    try:
+        tables = records.read_cell(cell_dir)
+        status = str(tables["run"]["status"].iloc[0])
+    except Exception:  # an unreadable table is as good as none
+        return False
+    if status not in ("ok", "diverged"):  # a diverged run is a result, not a failure
+        return False
+    if not all(name in tables and len(tables[name]) for name in records.TABLES):
+        return False
+    return status == "diverged" or len(tables["epochs"]) == cfg.epochs
 
+
+def plan_resume(args: argparse.Namespace) -> tuple[Path, list[RunConfig], dict]:
+    """The cells of an earlier run that are missing, failed or incomplete; finished cells are left untouched."""
     run_dir = args.out / args.resume
     if not (run_dir / "manifest.json").exists():
         known = sorted(p.name for p in args.out.glob("*") if (p / "manifest.json").exists())
         raise ConfigError(f"unknown run id {args.resume!r} in {str(args.out)!r} (valid: {', '.join(known) or 'none'})")
-    given = [f"--{k.replace('_', '-')}" for k in MATRIX_OPTIONS
-             if getattr(args, k) != parser.compare_parser.get_default(k)]
+    options = compare_options()
+    given = [options[k].flag for k in MATRIX_OPTIONS if k in args.given]
     if given:
         raise ConfigError(f"--resume reuses the run's saved configuration; drop {', '.join(given)} "
                           "(valid with --resume: --out, --timeout)")
-    manifest = load_manifest(run_dir)
-    todo = []
-    for cfg in (RunConfig.from_dict(d) for d in manifest["configs"]):
-        path = run_dir / "cells" / cfg.cell_id / "run.parquet"
-        try:
-            status = str(pd.read_parquet(path, columns=["status"])["status"].iloc[0]) if path.exists() else "missing"
-        except Exception:  # an unreadable record is as good as none
-            status = "corrupt"
-        if status not in ("ok", "diverged"):  # a diverged run is a result, not a failure
-            todo.append(cfg)
-    return run_dir, todo, manifest
+    manifest = read_manifest(run_dir)
+    configs = manifest.pop("_configs")
+    return run_dir, [cfg for cfg in configs if not cell_complete(run_dir, cfg)], manifest
 
 
-def compare(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser) -> int:
-    from common.atomic import atomic_write_text
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def lock_run(run_dir: Path):
+    """Hold the run folder's lock: a second compare or --resume of the same run is refused."""
+    import filelock
+
+    lock = filelock.FileLock(str(run_dir / ".lock"))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise ConfigError(f"run {run_dir.name!r} is in use by another compare or --resume "
+                          f"(lock {str(run_dir / '.lock')!r}); wait for it to finish") from None
+    return lock
+
+
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
     from common.env import host_environment
 
+    command = "python -m common " + " ".join(shlex.quote(a) for a in argv)
     if args.resume:
-        run_dir, cells, manifest = plan_resume(args, parser)
-        manifest.setdefault("resumed", []).append(
-            {"command": "python -m common " + " ".join(shlex.quote(a) for a in argv), "cells": len(cells)})
+        run_dir, cells, manifest = plan_resume(args)
+        lock = lock_run(run_dir)
+        try:  # planned again under the lock: a resume that finished meanwhile left nothing to do
+            run_dir, cells, manifest = plan_resume(args)
+        except BaseException:
+            lock.release()
+            raise
+        manifest.setdefault("resumed", []).append({"command": command, "cells": len(cells)})
     else:
         run_id, cells, plan = plan_compare(args)
         run_dir = args.out / run_id
-        run_dir.mkdir(parents=True)
-        manifest = {"run_id": run_id, "command": "python -m common " + " ".join(shlex.quote(a) for a in argv),
+        make_dirs(run_dir)
+        lock = lock_run(run_dir)
+        manifest = {"run_id": run_id, "command": command,
                     **plan, "cells": [c.cell_id for c in cells], "configs": [c.to_dict() for c in cells],
                     "environment": host_environment(), "timeout_s": args.timeout}
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _compare_locked(args, run_dir, cells, manifest)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        lock.release()
+
+
+def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConfig], manifest: dict) -> int:
+    from common.atomic import atomic_write_text
+
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     console = _console()
     console.print(f"amp-compare: {len(cells)} cells on {manifest['device']} -> {run_dir}")
@@ -270,22 +416,30 @@ def compare(args: argparse.Namespace, argv: list[str], parser: argparse.Argument
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], args.timeout, console)
     if manifest.get("max_batch") and not interrupted:
         interrupted = run_max_batch(cells, run_dir, manifest["max_batch"], args.timeout, console)
-    index = _render(run_dir, console)
+    try:
+        index = _render(run_dir, console)
+    except KeyboardInterrupt as exc:  # a second signal while rendering: the records are all there
+        interrupted, index = interrupted or exc, run_dir / "index.html"
     done = [o for o in outcomes if o.status in ("ok", "diverged")]
     bad = [f"{o.cell_id} ({o.status}: {o.error})" for o in outcomes if o not in done]
-    console.print(f"{len(done)} of {len(cells)} cells finished in {time.monotonic() - start:.0f} s"
-                  + (f"; not finished: {'; '.join(bad)}" if bad else ""))
+    if bad:
+        console.print(f"not finished: {'; '.join(bad)}")
     print(index)
     if interrupted:
-        console.print(f"Interrupted: {len(done)} finished cells are kept in {run_dir}. Resume with:\n"
+        console.print(f"{'Terminated' if isinstance(interrupted, Terminated) else 'Interrupted'}: {len(done)} "
+                      f"finished cells are kept in {run_dir}. Resume with:\n"
                       f"  python -m common compare --resume {run_dir.name} --out {shlex.quote(str(args.out))}")
-        return 130
-    return 0
+    status = (EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED if interrupted
+              else EXIT_CELLS_FAILED if bad else EXIT_OK)
+    console.print(f"amp-compare: {len(done)} of {len(cells)} cells finished, {len(bad)} failed"
+                  f"{f', {len(cells) - len(outcomes)} not run (interrupted)' if interrupted else ''}"
+                  f" in {time.monotonic() - start:.0f} s (exit {status})")
+    return status
 
 
-def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout: float, console) -> bool:
+def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout: float, console):
     """--find-max-batch: one search per framework x precision (first model, dataset and seed), each written
-    to maxbatch/<framework>-<precision>.parquet once it finishes. Returns True if interrupted."""
+    to maxbatch/<framework>-<precision>.parquet once it finishes. Returns the interruption, if any."""
     from common.atomic import atomic_write_bytes
     from common.maxbatch import find_max_batch, format_size, search_table
 
@@ -303,18 +457,19 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
             result = find_max_batch(cfg, settings["cap_bytes"], start=64, limit=settings["limit"], timeout_s=timeout,
                                     on_probe=lambda p: console.print(f"  batch {p.batch}: "
                                                                      f"{'fits' if p.ok else p.reason}"))
-        except KeyboardInterrupt:
-            return True
+        except KeyboardInterrupt as exc:
+            return exc
         except RuntimeError as exc:  # a probe that crashed for another reason than memory
             console.print(f"  search failed: {exc}")
             continue
         buffer = io.BytesIO()
         search_table([result]).to_parquet(buffer, index=False)
         atomic_write_bytes(path, buffer.getvalue())
-    return False
+    return None
 
 
-def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, console) -> tuple[list, bool]:
+def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float,
+              console) -> tuple[list, BaseException | None]:
     """Each cell in its own child, with a progress bar over the matrix and one within each cell."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -334,14 +489,14 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
 
             try:
                 outcome = run_cell(cfg, run_dir, run_id, timeout, on_event)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
                 progress.update(task, description=f"  {cfg.cell_id} [interrupted]")
-                return outcomes, True
+                return outcomes, exc
             outcomes.append(outcome)
             status = outcome.status if outcome.status == "ok" else f"{outcome.status.upper()}: {outcome.error}"
             progress.update(task, description=f"  {cfg.cell_id} [{status}]")
             progress.advance(overall)
-    return outcomes, False
+    return outcomes, None
 
 
 def _console():
@@ -378,6 +533,7 @@ def report(args: argparse.Namespace) -> int:
     for run_dir in args.run_dirs:
         if not (run_dir / "manifest.json").exists():
             raise ConfigError(f"{str(run_dir)!r} is not a compare run folder (no manifest.json)")
+        read_manifest(run_dir)
     console = _console()
     if len(args.run_dirs) > 1:  # one combined report, the machine as a dimension
         from common.report import render_combined
@@ -391,39 +547,14 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_config_file(path: Path, parser: argparse.ArgumentParser) -> dict:
-    """Compare options from a JSON object (keys as the option names); the command line overrides them."""
-    compare_parser = parser.compare_parser
-    valid = sorted(a.dest for a in compare_parser._actions if a.dest not in ("help", "config", "resume"))
-    try:
-        values = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"malformed config file {str(path)!r}: {exc}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a JSON object of options")
-    values = {k.replace("-", "_"): v for k, v in values.items()}
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)} in config file {str(path)!r} "
-                          f"(valid: {', '.join(valid)})")
-    lists = {k: ",".join(map(str, v)) for k, v in values.items() if isinstance(v, list)}
-    compare_parser.set_defaults(**{**values, **lists})
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "compare":
-            if args.config:
-                load_config_file(args.config, parser)
-                args = parser.parse_args(argv)
-            return compare(args, argv, parser)
+            return compare(compare_settings(args), argv)
         return report(args)
     except ConfigError as exc:
         print(f"amp-compare: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT

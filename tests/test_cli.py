@@ -16,23 +16,50 @@ BAD = [
     (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf)"),
     (["--device", "tpu"], "unknown device 'tpu' (valid: auto, cpu, cuda)"),
     (["--optimizer", "lion"], "unknown optimizer 'lion' (valid: adam, sgd)"),
-    (["--epochs", "0"], "epochs must be a positive int, got 0"),
-    (["--batch-size", "-1"], "batch_size must be a positive int, got -1"),
-    (["--steps-per-epoch", "0"], "steps_per_epoch must be a positive int, got 0"),
+    (["--epochs", "0"], "epochs must be a positive int (1..9223372036854775807), got 0"),
+    (["--batch-size", "-1"], "batch_size must be a positive int (1..9223372036854775807), got -1"),
+    (["--steps-per-epoch", "0"], "steps_per_epoch must be a positive int (1..9223372036854775807) or null, got 0"),
     (["--epochs", "two"], "argument --epochs: invalid int value: 'two'"),
     (["--batch-size", "100000", "--datasets", "digits"], "batch size 100000 is larger than the 1438 training images"),
-    (["--seeds", "a,b"], "--seeds must be comma-separated non-negative integers, got 'a,b'"),
-    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+    (["--seeds", "a,b"], "--seeds must be comma-separated integers, got 'a,b'"),
+    (["--timeout", "0"], "timeout must be a positive finite float, got 0.0"),
     (["--comparison", "loose"], "unknown comparison 'loose' (valid: aligned, defaults)"),
     (["--init", "random"], "unknown init 'random' (valid: shared, framework)"),
-    (["--width", "0"], "width must be a positive int, got 0"),
-    (["--diverge-after", "0"], "diverge_after must be a positive int, got 0"),
+    (["--width", "0"], "width must be a positive int (1..9223372036854775807), got 0"),
+    (["--diverge-after", "0"], "diverge_after must be a positive int (1..9223372036854775807), got 0"),
     (["--resume", "no-such-run"], "unknown run id 'no-such-run'"),
     (["--config", "/nonexistent/amp.json"], "cannot read config file '/nonexistent/amp.json'"),
     (["--loss-scale", "8"], "--loss-scale 8 needs precision fp16-static among --precisions"),
     (["--precisions", "fp16-static"], "precision 'fp16-static' needs --loss-scale"),
     (["--fp32-layers", "fcc"], "unknown layer 'fcc' for --fp32-layers of simple_cnn (valid: conv1, conv2, fc"),
-    (["--clip-grad-norm", "0"], "clip_grad_norm must be a positive float, got 0.0"),
+    (["--clip-grad-norm", "0"], "clip_grad_norm must be a positive finite float or null, got 0.0"),
+    # Numbers the records cannot store (int64) are refused before anything runs.
+    (["--seeds", str(2**63)], "each a non-negative int (0..9223372036854775807), got 9223372036854775808"),
+    (["--growth-interval", str(2**64)], "growth_interval must be a positive int (1..9223372036854775807), got 1844"),
+    (["--warmup-steps", str(2**63)], "warmup_steps must be a non-negative int (0..9223372036854775807), got 9223"),
+    # Non-finite numbers.
+    (["--timeout", "nan"], "timeout must be a positive finite float, got nan"),
+    (["--lr", "inf"], "lr must be a positive finite float, got inf"),
+    (["--precisions", "fp16-static", "--loss-scale", "inf"],
+     "loss_scale must be a positive finite float or null, got inf"),
+    (["--init-scale=-inf"], "init_scale must be a positive finite float, got -inf"),
+    (["--momentum", "1"], "momentum must be a float in [0, 1), got 1.0"),
+    # Empty and duplicate-after-parsing lists.
+    (["--seeds", ""], "seeds is empty (valid: a non-empty list"),
+    (["--frameworks", ","], "frameworks is empty (valid: a non-empty list"),
+    (["--seeds", "0,00"], "seeds lists 0 more than once"),
+    (["--precisions", "fp32,fp32"], "precisions lists 'fp32' more than once"),
+    (["--repeats", "0"], "repeats must be a positive int (1..1000) or null, got 0"),
+    (["--repeats", "2", "--seeds", "1"], "--repeats and --seeds both choose the seeds"),
+    (["--max-batch-limit", "0"], "max_batch_limit must be a positive int (1..9223372036854775807), got 0"),
+    (["--tf32", "maybe"], "unknown tf32 'maybe' (valid: on, off)"),
+    # Dotted --fp32-layers names are checked against the model's real blocks.
+    (["--models", "resnet18", "--fp32-layers", "layer1.9"], "unknown layer 'layer1.9' for --fp32-layers of resnet18"),
+    (["--fp32-layers", "conv1.weight"], "unknown layer 'conv1.weight' for --fp32-layers of simple_cnn"),
+    (["--fp32-layers", "fc,fc"], "fp32_layers lists 'fc' more than once"),
+    # Output paths the file system refuses.
+    (["--run-id", "x" * 300], "is 300 bytes long, longer than the file system allows (valid: up to 255 bytes)"),
+    (["--run-id", "a/b"], "run id 'a/b' must be a plain folder name"),
 ]
 
 
@@ -41,14 +68,100 @@ def _compare(args, out):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
+def _main(args, capsys) -> tuple[int, str]:
+    """The CLI's own entry point in this process (what `python -m common` calls), its exit status and stderr."""
+    from common.cli import main
+
+    try:
+        rc = main(["compare", "--device", "cpu", *args])
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a)[:60] for a, _ in BAD])
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
     out = tmp_path / "reports"
-    proc = _compare(args, out)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+    rc, err = _main([*args, "--out", str(out)], capsys)
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
     assert not out.exists()
+
+
+def test_bad_input_through_the_real_entry_point(tmp_path):
+    proc = _compare(["--lr", "inf"], tmp_path / "reports")
+    assert proc.returncode == 2 and proc.stderr == "amp-compare: error: lr must be a positive finite float, got inf\n"
+    assert not (tmp_path / "reports").exists()
+
+
+def test_output_under_proc_leaves_nothing(tmp_path, capsys):
+    rc, err = _main(["--out", "/proc/amp-compare-test/reports"], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "'/proc/amp-compare-test/reports' is not" in err, err
+    assert not Path("/proc/amp-compare-test").exists()
+
+
+def test_a_folder_that_cannot_be_made_leaves_no_empty_parents(tmp_path):
+    from common.cli import make_dirs
+    from common.config import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot create the run folder"):
+        make_dirs(tmp_path / "a" / "b" / ("x" * 300))
+    assert list(tmp_path.iterdir()) == []
+
+
+CONFIG_BAD = [
+    ('{"seeds": 5}', "seeds must be a non-empty list (or comma-separated text) of distinct values, each a "
+                     "non-negative int (0..9223372036854775807), got 5"),
+    ('{"seeds": []}', "seeds is empty"),
+    ('{"seeds": ["0"]}', "got '0'"),
+    ('{"timeout": null}', "timeout must be a positive finite float, got None"),
+    ('{"out": 5}', "out must be a path, got 5"),
+    ('{"augment": "false"}', "augment must be true or false, got 'false'"),
+    ('{"compile": 1}', "compile must be true or false, got 1"),
+    ('{"epochs": "3"}', "epochs must be a positive int (1..9223372036854775807), got '3'"),
+    ('{"epochs": 2.5}', "epochs must be a positive int"),
+    ('{"lr": 1e999}', "lr must be a positive finite float, got inf"),
+    ('{"growth_interval": 18446744073709551616}', "growth_interval must be a positive int"),
+    ('{"precisions": ["fp32", "fp32"]}', "precisions lists 'fp32' more than once"),
+    ('{"resume": "r1"}', "unknown option(s) resume in config file"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), CONFIG_BAD, ids=[t for t, _ in CONFIG_BAD])
+def test_config_file_is_typed_as_strictly_as_the_command_line(tmp_path, capsys, text, message):
+    path = tmp_path / "amp.json"
+    path.write_text(text)
+    rc, err = _main(["--config", str(path), "--out", str(tmp_path / "reports")], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
+    """The help's per-device defaults come from the declaration that plan_compare uses."""
+    from common.cli import build_parser, compare_options, compare_settings, plan_compare
+
+    help_text = build_parser()._subparsers._group_actions[0].choices["compare"].format_help()
+    flat = " ".join(help_text.split())
+    assert "epochs per cell (default: 12 on cpu, 15 on cuda)" in flat
+    assert "images per optimizer step (default: 64 on cpu, 256 on cuda)" in flat
+    args = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path)]))
+    _, cells, _ = plan_compare(args)
+    options = compare_options()
+    assert {c.epochs for c in cells} == {options["epochs"].default_for("cpu")} == {12}
+    assert {c.batch_size for c in cells} == {options["batch_size"].default_for("cpu")}
+    assert sorted({c.seed for c in cells}) == list(options["seeds"].default_for("cpu"))
+
+
+def test_readme_options_table_is_the_declaration():
+    """README's options table is generated from the declaration (common.cli.update_readme rewrites it)."""
+    from common.cli import options_markdown
+
+    readme = (ROOT / "README.md").read_text()
+    start, end = "<!-- options: generated from the declaration -->", "<!-- end of options -->"
+    assert start in readme and end in readme, "README lacks the options table markers"
+    table = readme.split(start)[1].split(end)[0].strip()
+    assert table == options_markdown().strip(), "stale README table: run common.cli.update_readme()"
 
 
 def test_cuda_without_gpu_is_refused(tmp_path):
@@ -87,16 +200,15 @@ def test_malformed_and_unknown_config_files(tmp_path):
 
 
 def test_config_file_values_are_used_and_cli_overrides(tmp_path):
-    from common.cli import build_parser, load_config_file, plan_compare
+    from common.cli import build_parser, compare_settings, plan_compare
 
     cfg = tmp_path / "amp.json"
-    cfg.write_text('{"precisions": ["fp32", "bf16"], "epochs": 3, "datasets": "synthetic", "device": "cpu"}')
-    parser = build_parser()
-    load_config_file(cfg, parser)
-    args = parser.parse_args(["compare", "--epochs", "5", "--out", str(tmp_path / "r")])
-    _, cells, plan = plan_compare(args)
+    cfg.write_text('{"precisions": ["fp32", "bf16"], "epochs": 3, "datasets": "synthetic", "device": "cpu", '
+                   '"augment": false}')
+    args = build_parser().parse_args(["compare", "--config", str(cfg), "--epochs", "5", "--out", str(tmp_path / "r")])
+    _, cells, plan = plan_compare(compare_settings(args))
     assert plan["matrix"]["precisions"] == ["fp32", "bf16"] and {c.epochs for c in cells} == {5}
-    assert {c.dataset for c in cells} == {"synthetic"}
+    assert {c.dataset for c in cells} == {"synthetic"} and not any(c.augment for c in cells)
 
 
 def test_resume_refuses_matrix_options(tmp_path):

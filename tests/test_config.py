@@ -57,3 +57,58 @@ def test_any_valid_config_round_trips(framework, model, dataset, precision, seed
     assert RunConfig.from_json(cfg.to_json()) == cfg
     assert cfg.loss_scaling == {"fp16": "dynamic", "fp16-static": "static"}.get(precision)
     assert (cfg.half is None) == (precision == "fp32")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("augment", "false", "true or false"),  # a string is never a boolean
+        ("epochs", "3", "positive int"),  # nor a number
+        ("epochs", True, "positive int"),
+        ("seed", 2**63, "0..9223372036854775807"),  # what the records' int64 columns hold
+        ("growth_interval", 2**64, "1..9223372036854775807"),
+        ("lr", float("nan"), "finite"),
+        ("init_scale", float("inf"), "finite"),
+        ("momentum", 1.0, "[0, 1)"),
+        ("fp32_layers", "fc", "list"),
+        ("fp32_layers", ("fc", "fc"), "more than once"),
+    ],
+)
+def test_strict_types_and_ranges_the_records_can_store(field, value, needle):
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**{field: value})
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_from_json_is_strict_and_keeps_tuples():
+    with pytest.raises(ConfigError, match="augment must be true or false, got 'false'"):
+        RunConfig.from_json('{"augment": "false"}')
+    cfg = RunConfig.from_json('{"model": "resnet18", "fp32_layers": ["layer1.0.conv1", "fc"], "lr": 1}')
+    assert cfg.fp32_layers == ("layer1.0.conv1", "fc") and cfg.lr == 1.0 and isinstance(cfg.lr, float)
+
+
+def test_every_option_is_declared_once_with_help():
+    from common.cli import compare_options
+
+    options = compare_options()
+    assert all(d.spec.help for d in options.values())
+    assert len({d.flag for d in options.values()}) == len(options)
+    assert {"epochs", "seeds", "timeout", "fp32_layers", "loss_scale"} <= set(options)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_layer_names_are_those_both_real_models_have(model):
+    """--fp32-layers is checked in the parent against model_layer_names; it must be exactly the
+    block names both frameworks' models share (torch module names, Keras' canonical layer names)."""
+    from common.config import model_layer_names
+
+    torch_models = pytest.importorskip("torch_impl.models")
+    pytest.importorskip("tensorflow")
+    from tf_impl import models as km
+    from tf_impl import numerics as kn
+
+    shape = (32, 32, 3) if model == "resnet18" else (8, 8, 1)
+    torch_names = {n for n, _ in torch_models.build_model(model, shape[::-1], 10, width=4).named_modules() if n}
+    keras = km.build_model(model, shape, 10, width=4)
+    keras_names = {b for layer in kn._layers(keras) for b in kn._block_names(kn.canonical_name(layer))}
+    assert set(model_layer_names(model)) == torch_names & keras_names
