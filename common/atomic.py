@@ -2,6 +2,10 @@
 
 A reader never sees a half-written file: it sees the old one or the new one. Used for every
 record, report and cached download.
+
+`tempfile.mkstemp` creates its file with mode 0600, and a rename keeps that mode: every file
+written here is given the mode a plain `open(path, "w")` would give it instead (0666 less the
+umask), so a report folder can be served or shared like any other.
 """
 
 from __future__ import annotations
@@ -11,10 +15,41 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: read it by setting it, and put it back at once
+    os.umask(mask)
+    return mask
+
+
+def usual_file_mode() -> int:
+    """The mode open() gives a new file: 0666 less the umask (0644 under the common umask 022)."""
+    return 0o666 & ~current_umask()
+
+
+def temporary_sibling(path: Path) -> tuple[int, str]:
+    """mkstemp beside `path` (same file system, so the rename is atomic), with the usual file mode."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, usual_file_mode())
+    except BaseException:
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return fd, tmp
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = temporary_sibling(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -500,32 +500,21 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
 
 
 def _console():
-    from rich.console import Console
+    from common.terminal import console_for_stderr
 
-    console = Console(stderr=True)
-    if not console.is_terminal:  # logs and CI: wide enough for the summary table's 12 columns
-        console.width = 200
-    return console
+    return console_for_stderr()
 
 
 def _render(run_dir: Path, console) -> Path:
-    from rich.table import Table
-
     from common import records
     from common.report import load_manifest, render_report
-    from common.summary import findings, formatted_summary, summary_table
+    from common.summary import findings
+    from common.terminal import print_summary
 
     index = render_report(run_dir)
     tables = records.read_run(run_dir, warn=lambda msg: None)
-    summary = formatted_summary(summary_table(tables["run"]))
-    table = Table(title=f"amp-compare summary ({run_dir.name})")
-    for col in summary.columns:
-        table.add_column(col, justify="left" if col in ("Framework", "Model", "Dataset", "Precision") else "right")
-    for row in summary.itertuples(index=False):
-        table.add_row(*map(str, row))
-    console.print(table)
-    for sentence in findings(tables["run"], tables["steps"], load_manifest(run_dir)["environment"]):
-        console.print(f"- {sentence}")
+    print_summary(console, f"amp-compare summary ({run_dir.name})", tables["run"],
+                  findings(tables["run"], tables["steps"], load_manifest(run_dir)["environment"]))
     return index
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -17,7 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from common.config import FRAMEWORK_LABELS, PRECISIONS, framework_label  # noqa: E402
+from common.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from common.summary import ok_runs, summary_table  # noqa: E402
 
 FRAMEWORK_COLORS = {"PyTorch": "#d1495b", "TensorFlow/Keras": "#00798c"}
@@ -88,16 +89,101 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
     return grid.figure
 
 
+def _stagger_markers(grid, every: int | None = None) -> None:
+    """Lines that coincide hide each other; each line gets its markers at its own offset (fp32 at steps 0, k,
+    2k…; fp16 at 1, k+1…), so every framework x precision stays visible even where the lines overlap."""
+    for ax in grid.axes.flat:
+        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
+        for i, line in enumerate(lines):
+            n = len(line.get_xdata())
+            step = every or max(len(lines), n // 8, 1)
+            line.set_markevery((i % step, step) if n > len(lines) else None)
+
+
+def _plain_log_ticks(grid) -> None:
+    """A log axis over a narrow range: ticks as plain numbers (2.3), not 2.3 x 10^0."""
+    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    for ax in grid.axes.flat:
+        ax.yaxis.set_major_formatter(formatter)
+        ax.yaxis.set_minor_formatter(formatter)
+
+
 def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str, log: bool = False,
-           markers: bool = False):
+           split_frameworks: bool = False):
+    """One line per framework x precision (median over seeds), a marker per precision staggered along the line.
+    split_frameworks: one panel per framework (per machine and framework in a combined report)."""
     df = _labelled(df)
+    facet = _facet(df)
+    if split_frameworks:
+        facet = {"col": "machine", "row": "Framework"} if facet else {"col": "Framework"}
     grid = sns.relplot(data=df, kind="line", x=x, y=y, hue="Framework", style="Precision", palette=FRAMEWORK_COLORS,
-                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS if markers else False, errorbar=None,
-                       linewidth=1, height=4.2, aspect=1.7, estimator="median", **_facet(df))
+                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, errorbar=None, markersize=6,
+                       linewidth=1.2, height=4.2 if not split_frameworks else 3.6,
+                       aspect=1.7 if not split_frameworks else 1.3, estimator="median", **facet)
+    _stagger_markers(grid)
     if log:
         grid.set(yscale="log")
-    _finish(grid, title, xlabel, ylabel)
+        _plain_log_ticks(grid)
+    grid.set_axis_labels(xlabel, ylabel)
+    if facet:
+        grid.set_titles("{row_name} · {col_name}" if "row" in facet else "{col_name}")
+        grid.figure.suptitle(title, y=1.03)
+    else:
+        grid.ax.set_title(title)
     return grid.figure
+
+
+def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
+    """The largest relative gap, over every step and framework, between a precision's median curve and the same
+    framework's fp32 curve (None without an fp32 curve to compare with)."""
+    keys = [k for k in ("machine", "framework") if k in frame]
+    med = frame.groupby([*keys, "precision", x], observed=True)[y].median()
+    gaps = []
+    for _, part in med.groupby(level=list(range(len(keys))) if keys else None):
+        curves = part.unstack("precision") if "precision" in part.index.names else part
+        if "fp32" not in curves:
+            continue
+        base = curves["fp32"]
+        for prec in curves.columns.drop("fp32"):
+            rel = ((curves[prec] - base).abs() / base.abs().clip(lower=1e-12)).dropna()
+            if not rel.empty:
+                gaps.append(float(rel.max()))
+    return max(gaps) if gaps else None
+
+
+def _log2_axis(grid, log2_values: pd.Series) -> None:
+    """A log2 scale axis with whole powers of two only, labelled 2^k: a flat line at 2^15 shows 2^14–2^16,
+    never 14.2, 14.4 … 15.8."""
+    finite = log2_values[np.isfinite(log2_values)]
+    low, high = (float(finite.min()), float(finite.max())) if not finite.empty else (0.0, 1.0)
+    low, high = np.floor(low) - 1, np.ceil(high) + 1
+    for ax in grid.axes.flat:
+        ax.set_ylim(low - 0.2, high + 0.2)
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=8, min_n_ticks=3))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"$2^{{{int(round(v))}}}$"))
+
+
+def loss_scale_grid(scaled: pd.DataFrame):
+    """The loss scale per step of the loss-scaled cells (fp16, fp16-static): a step line per framework x precision,
+    an X on each skipped step, whole powers of two on the axis, and a title naming only the modes the run had."""
+    df = _labelled(scaled)
+    df["log2_scale"] = np.log2(df["loss_scale"])
+    grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", hue="Framework", style="Precision",
+                       palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+                       markersize=6, errorbar=None, drawstyle="steps-post", estimator="median", height=4,
+                       aspect=1.8, **_facet(df))
+    _stagger_markers(grid)
+    skipped = df[df["skipped"]]
+    for machine, ax in zip(grid.col_names if _facet(df) else [None], grid.axes.flat):
+        part = skipped if machine is None else skipped[skipped["machine"] == machine]
+        if not part.empty:
+            sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
+                            marker="X", s=60, legend=False, ax=ax)
+    _log2_axis(grid, df["log2_scale"])
+    present = [p for p in ("fp16", "fp16-static") if p in set(scaled["precision"])]
+    kinds = "; ".join({"fp16": "fp16: dynamic", "fp16-static": "fp16-static: fixed"}[p] for p in present)
+    _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step", "Loss scale")
+    return grid
 
 
 def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
@@ -157,15 +243,22 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
 
     if not steps.empty:
         _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step",
-                     "Batch cross-entropy loss (nats, log scale)", log=True), out_dir, "loss_curves")
+                     "Batch cross-entropy loss (nats, log scale)", log=True, split_frameworks=True),
+              out_dir, "loss_curves")
+        gap = curves_coincide(steps, "step", "loss")
+        overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
+                   f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
+                   "markers show each one." if gap is not None and gap < 0.02 else "")
         figures.append(Figure("loss_curves", "accuracy", "Training loss per step",
-                              "Each line is one framework in one precision (median over seeds), all from the same "
-                              "initial weights. Lines that overlap mean the precision mode did not change training.",
-                              "Line chart of per-step training loss for each framework and precision."))
+                              "One panel per framework; each line is one precision (median over seeds), all from the "
+                              "same initial weights, with its own marker. Lines that overlap mean the precision mode "
+                              "did not change training." + overlap,
+                              "Line charts of per-step training loss, one panel per framework, one line per "
+                              "precision."))
 
     if not epochs.empty:
         _save(_lines(epochs, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch",
-                     "Validation accuracy (fraction)", markers=True), out_dir, "val_accuracy")
+                     "Validation accuracy (fraction)"), out_dir, "val_accuracy")
         figures.append(Figure("val_accuracy", "accuracy", "Validation accuracy per epoch",
                               "How fast each cell learns. Curves that separate early and meet later mean a "
                               "precision mode slowed learning without changing where it ends.",
@@ -173,26 +266,18 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
 
     scaled = steps[steps["precision"].isin(["fp16", "fp16-static"])] if not steps.empty else steps
     if not scaled.empty:
-        df = _labelled(scaled)
-        df["log2_scale"] = np.log2(df["loss_scale"])
-        grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", hue="Framework", style="Precision",
-                           palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, errorbar=None, drawstyle="steps-post",
-                           estimator="median", height=4, aspect=1.8, **_facet(df))
-        skipped = df[df["skipped"]]
-        for machine, ax in zip(grid.col_names if _facet(df) else [None], grid.axes.flat):
-            part = skipped if machine is None else skipped[skipped["machine"] == machine]
-            if not part.empty:
-                sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
-                                marker="X", s=60, legend=False, ax=ax)
-        _finish(grid, "Loss scale per step (fp16: dynamic; fp16-static: fixed)", "Optimizer step", "Loss scale (log2)")
+        grid = loss_scale_grid(scaled)
         _save(grid.figure, out_dir, "loss_scale")
-        counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} skipped"
-                           for fw, g in scaled.groupby("framework", sort=False))
+        runs_of = (lambda g: f" in {g['cell_id'].nunique()} runs") if "cell_id" in scaled else (lambda g: "")
+        counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
+                           for fw, g in scaled.sort_values("framework", key=display_order)
+                           .groupby("framework", sort=False))
         figures.append(Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
                               f"The scale each step used; an X marks a step skipped because a gradient overflowed "
                               f"({counts}). The scale halves on each skip and doubles after every growth interval "
                               "of clean steps.",
-                              "Step chart of the log2 loss scale per step for fp16 runs of each framework."))
+                              "Step chart of the loss scale per step, in powers of two, for the loss-scaled runs "
+                              "of each framework."))
     return figures
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+from common.atomic import temporary_sibling
 
 SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
@@ -39,8 +40,7 @@ REQUIRED = {
 
 def atomic_write_table(path: Path, df: pd.DataFrame) -> None:
     """Write a DataFrame as Parquet (or CSV by suffix) via a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temporary_sibling(path)  # the usual file mode, not mkstemp's 0600
     os.close(fd)
     try:
         if path.suffix == ".csv":

@@ -178,7 +178,9 @@ def framework_differences(runs: pd.DataFrame) -> list[dict]:
             for key, value in json.loads(row["settings_used"]).items():
                 used.setdefault(fw, {}).setdefault(key, set()).add(_fmt(value))
         if row.get("init_source"):
-            used.setdefault(fw, {}).setdefault("initial_weights", set()).add(str(row["init_source"]))
+            # "(this cell)" marks the cell that wrote the shared file: the same file, listed once
+            source = str(row["init_source"]).removesuffix(" (this cell)")
+            used.setdefault(fw, {}).setdefault("initial_weights", set()).add(source)
     rows = []
     for d in DIFFERENCES:
         rows.append({
@@ -248,6 +250,58 @@ def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
     return _render(out_dir, manifest, {name: pd.concat(dfs, ignore_index=True) for name, dfs in parts.items()})
 
 
+# Per-framework columns of the run table shown in the Environment section, with how each is labelled.
+ENV_COLUMNS = {
+    "framework_version": "version", "keras_version": "Keras version", "device_name": "device",
+    "compute_capability": "compute capability",
+    "torch_cuda_version": "CUDA version PyTorch was built with (torch.version.cuda; build info)",
+    "torch_cudnn_version": "cuDNN version PyTorch loads (torch.backends.cudnn.version())",
+    "tf_cuda_version": "CUDA version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
+    "tf_cudnn_version": "cuDNN version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
+    "torch_threads": "intra-op threads", "torch_interop_threads": "inter-op threads",
+    "tf_intra_op_threads": "intra-op threads", "tf_inter_op_threads": "inter-op threads",
+    "tf32": "TF32", "compiled": "compilation", "amp_api": "AMP API per precision", "memory_kind": "memory measured as",
+    "dataset_source": "dataset",
+}
+BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
+
+
+def _env_value(value) -> str:
+    """One value as a reader expects it: 2 not 2.0 (a thread count read back through a float column)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, str | list[str]]]:
+    """The Environment table: the host as the parent recorded it, then what each framework's cells reported.
+    A value is a string, or a list where cells differ (amp_api: one item per precision). CUDA/cuDNN versions
+    a framework was built with are labelled as build info, and on a run that used no GPU say so."""
+    rows: list[tuple[str, str | list[str]]] = [(k, _env_value(environment[k])) for k in sorted(environment)]
+    if runs.empty or "framework" not in runs:
+        return rows
+    ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
+    for col, label in ENV_COLUMNS.items():
+        if col not in ordered:
+            continue
+        for fw, part in ordered.groupby("framework", sort=False):
+            if col == "amp_api" and "precision" in part:
+                pairs = dict.fromkeys(f"{p}: {_env_value(v)}" for p, v in zip(part["precision"], part[col])
+                                      if pd.notna(v) and str(v))
+                if pairs:
+                    rows.append((f"{framework_label(fw)}: {label}", list(pairs)))
+                continue
+            values = list(dict.fromkeys(_env_value(v) for v in part[col].dropna() if str(v)))
+            if not values:
+                continue
+            text = ", ".join(values)
+            devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
+            if col in BUILD_INFO and devices <= {"cpu", ""}:
+                text += " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
+            rows.append((f"{framework_label(fw)}: {label}", text))
+    return rows
+
+
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> Path:
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     records.export_tables(run_dir, tables)
@@ -266,16 +320,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
     missing = [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
-    env_rows = [(k, environment[k]) for k in sorted(environment)]
-    for col in ("framework_version", "keras_version", "device_name", "compute_capability", "torch_cuda_version",
-                "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version", "torch_threads",
-                "torch_interop_threads", "tf_intra_op_threads", "tf_inter_op_threads", "tf32", "compiled",
-                "amp_api", "memory_kind", "dataset_source"):
-        if col in runs:
-            for fw, values in runs.groupby("framework")[col]:
-                vals = sorted({str(v) for v in values.dropna() if str(v)})
-                if vals:
-                    env_rows.append((f"{fw}: {col}", ", ".join(vals)))
+    env_rows = environment_rows(environment, runs)
     page = _env().get_template("report.html").render(
         run_id=manifest["run_id"], env=environment, device=manifest["device"], device_names=device_names,
         n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,

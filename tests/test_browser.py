@@ -1,5 +1,6 @@
 """The report opens in a real browser from disk: every image loads, every internal link resolves,
-the console shows no errors. Needs Debian's chromium + chromium-driver (.ci/run installs them)."""
+the console shows no errors, and nothing is wider than the page (tables, the dtype audit's included).
+Needs Debian's chromium + chromium-driver (.ci/run installs them)."""
 
 import shutil
 from pathlib import Path
@@ -53,15 +54,46 @@ def _check_page(driver, page: Path) -> dict:
     return {"images": len(images), "links": len(links)}
 
 
+# Page and every table, figure and code block: scrollWidth against clientWidth (the page scrolls sideways, or a
+# table is wider than the column it sits in, when a cell holds an unbreakable name).
+LAYOUT_JS = """
+const doc = document.documentElement;
+const inner = el => { const s = getComputedStyle(el);
+  return el.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); };
+const wide = Array.from(document.querySelectorAll('table, figure, pre')).map(el => {
+  const where = el.closest('[id]') ? el.closest('[id]').id : '';
+  const section = Array.from(document.querySelectorAll('h2, h3, h4')).filter(
+    h => h.compareDocumentPosition(el) & Node.DOCUMENT_POSITION_FOLLOWING).map(h => h.textContent).pop() || '';
+  return [el.tagName + ' in ' + (where || section), Math.round(el.getBoundingClientRect().width),
+          Math.round(inner(el.parentElement)), el.scrollWidth, el.clientWidth];
+}).filter(([_, width, room, scroll, client]) => width > room + 1 || scroll > client + 1);
+return {page: [doc.scrollWidth, doc.clientWidth], wide: wide, tables: document.querySelectorAll('table').length};
+"""
+
+
+def _check_layout(driver, page: Path, width: int) -> int:
+    driver.set_window_size(width, 900)
+    driver.get(page.as_uri())
+    layout = driver.execute_script(LAYOUT_JS)
+    scroll, client = layout["page"]
+    assert scroll <= client, f"{page.name} at {width}px: the page scrolls sideways ({scroll} > {client})"
+    assert not layout["wide"], f"{page.name} at {width}px: wider than their column: {layout['wide']}"
+    return layout["tables"]
+
+
 def test_report_renders_in_chromium(browser, tiny_run):
     _, run_dir = tiny_run
     counts = _check_page(browser, run_dir / "index.html")
     assert counts["images"] >= 7 and counts["links"] >= 15
     html = (run_dir / "index.html").read_text()
     assert "http://" not in html and "https://" not in html  # no CDN, no network
+    for width in (1280, 1024):  # the dtype audit's tables were ~1,300 px in a 1,100 px page
+        assert _check_layout(browser, run_dir / "index.html", width) >= 6
+        browser.set_window_size(1280, 900)
     height = browser.execute_script("return document.documentElement.scrollHeight;")
     browser.set_window_size(1280, min(height + 50, 16000))
     shot = artifacts_dir() / "report.png"
     browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000
     _check_page(browser, run_dir.parent / "index.html")
+    _check_layout(browser, run_dir.parent / "index.html", 1024)

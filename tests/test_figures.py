@@ -1,0 +1,69 @@
+"""Figures a reader can read: the loss-scale axis in whole powers of two, a title naming only the modes the run
+had, and loss curves where lines that coincide stay distinguishable (panels, staggered markers, a note)."""
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.figures import _lines, curves_coincide, loss_scale_grid
+
+
+def _steps(precisions=("fp32", "fp16", "bf16"), scale=2.0**15, n=24, gap=0.0):
+    rows = []
+    for fw in ("torch", "tf"):
+        for i, prec in enumerate(precisions):
+            for step in range(n):
+                rows.append({"framework": fw, "precision": prec, "cell_id": f"{fw}-{prec}", "seed": 0, "step": step,
+                             "loss": 2.3 - 0.01 * step + gap * i, "skipped": False,
+                             "loss_scale": scale if prec.startswith("fp16") else 1.0})
+    return pd.DataFrame(rows)
+
+
+def _tick_labels(ax):
+    ax.figure.canvas.draw()
+    return [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+
+
+def test_flat_loss_scale_has_whole_power_of_two_ticks_and_names_only_dynamic_fp16():
+    steps = _steps(precisions=("fp16",))
+    grid = loss_scale_grid(steps)
+    ax = grid.ax
+    ticks = ax.get_yticks()
+    visible = ticks[(ticks >= ax.get_ylim()[0]) & (ticks <= ax.get_ylim()[1])]
+    assert len(visible) >= 3 and np.allclose(visible, np.round(visible)), visible  # not 14.2, 14.4 … 15.8
+    assert "$2^{15}$" in _tick_labels(ax)
+    assert ax.get_title() == "Loss scale per step (fp16: dynamic)"  # no fp16-static in a run without one
+    plt.close(grid.figure)
+
+
+def test_loss_scale_title_names_fp16_static_when_the_run_had_it():
+    steps = _steps(precisions=("fp16", "fp16-static"))
+    steps.loc[(steps["precision"] == "fp16") & (steps["step"] >= 5), "loss_scale"] = 2.0**14
+    grid = loss_scale_grid(steps)
+    assert grid.ax.get_title() == "Loss scale per step (fp16: dynamic; fp16-static: fixed)"
+    ticks = grid.ax.get_yticks()
+    assert np.allclose(ticks, np.round(ticks))
+    plt.close(grid.figure)
+
+
+def test_coinciding_loss_curves_stay_distinguishable():
+    steps = _steps()  # six identical curves: what a tiny run from shared weights draws
+    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
+                 split_frameworks=True)
+    axes = fig.axes[:2]
+    assert [ax.get_title() for ax in axes] == ["PyTorch", "TensorFlow/Keras"]  # one panel per framework
+    for ax in axes:
+        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
+        assert len(lines) == 3
+        assert len({ln.get_marker() for ln in lines}) == 3  # a marker per precision
+        starts = [ln.get_markevery()[0] for ln in lines]
+        assert len(set(starts)) == 3, starts  # at different steps, so none hides another
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("gap, coincide", [(0.0, True), (0.001, True), (0.5, False)])
+def test_curves_coincide_measures_the_largest_gap_to_fp32(gap, coincide):
+    value = curves_coincide(_steps(gap=gap), "step", "loss")
+    assert (value < 0.02) == coincide
+    assert value == pytest.approx(max(2 * gap / (2.3 - 0.01 * s) for s in range(24)), rel=1e-6)

@@ -1,0 +1,87 @@
+"""Without nox: a machine missing a dependency gets one line saying what to install (exit 2, nothing written),
+and rendering a report needs no framework (the light `nox -s report` environment)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.requirements import declared
+from tests.conftest import ROOT
+
+# Runs `python -m common ARGS` as if the distributions in HIDE were not installed: importing them fails and
+# their package metadata is absent (what a fresh machine without them looks like).
+HIDDEN_RUN = r"""
+import importlib.abc, importlib.metadata as md, runpy, sys
+hide, imports_only, argv = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3:]
+modules = {"scikit-learn": "sklearn"}
+blocked = {modules.get(h, h) for h in hide + imports_only if h}
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Hide())
+real = md.distribution
+def distribution(name):
+    if name.lower() in hide:
+        raise md.PackageNotFoundError(name)
+    return real(name)
+md.distribution = distribution
+sys.argv = ["common", *argv]
+runpy.run_module("common", run_name="__main__", alter_sys=True)
+"""
+
+
+def _run(hide: list[str], args: list[str], imports_only: list[str] = (), timeout: int = 120):
+    return subprocess.run([sys.executable, "-c", HIDDEN_RUN, ",".join(hide), ",".join(imports_only), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(proc, *words):
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_report_dependencies_name_no_framework():
+    needs = declared()
+    assert not {"torch", "tensorflow", "keras"} & {d.lower() for d in needs["report"]}
+    assert {"torch", "tensorflow", "keras"} <= {d.lower() for d in needs["compare"]}
+
+
+def test_compare_without_pandas_says_what_to_install(tmp_path):
+    proc = _run(["pandas"], ["compare", "--datasets", "synthetic", "--out", str(tmp_path / "reports")])
+    _one_line_error(proc, "pandas", "pip install -e '.[compare]'", "nox -s compare")
+    assert not (tmp_path / "reports").exists()
+
+
+def test_report_without_seaborn_says_what_to_install(tmp_path):
+    proc = _run(["seaborn"], ["report", str(tmp_path)])
+    _one_line_error(proc, "seaborn", "pip install -e .", "nox -s report")
+
+
+def test_compare_without_either_framework_says_what_to_install(tmp_path):
+    proc = _run(["torch", "tensorflow", "keras"], ["compare", "--out", str(tmp_path / "reports")])
+    _one_line_error(proc, "PyTorch or TensorFlow", "pip install -e '.[compare]'")
+    assert not (tmp_path / "reports").exists()
+
+
+def test_an_undeclared_missing_module_is_one_line_too(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")  # a run folder, so that report goes on to import its renderer
+    proc = _run([], ["report", str(tmp_path)], imports_only=["jinja2"])  # installed per metadata, import fails
+    _one_line_error(proc, "'jinja2'", "pip install")
+
+
+def test_report_renders_without_any_framework(tiny_run, tmp_path):
+    """What the light `nox -s report` environment can do: re-render a run with torch, TensorFlow, Keras and
+    scikit-learn absent."""
+    _, run_dir = tiny_run
+    copy = tmp_path / "reports" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    (copy / "index.html").unlink()
+    proc = _run(["torch", "tensorflow", "keras", "scikit-learn"], ["report", str(copy)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert Path(proc.stdout.strip().splitlines()[-1]) == copy / "index.html"
+    assert (copy / "index.html").stat().st_size > 10_000
