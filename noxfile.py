@@ -36,7 +36,7 @@ def report(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite (CPU; GPU tests skip without a GPU)."""
     _install(session, "[test]")
-    session.run("pytest", *(session.posargs or ["-q"]))
+    session.run("pytest", *(session.posargs or ["-q", "--durations=10"]))  # the 10 slowest tests, every run
 
 
 @nox.session

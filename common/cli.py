@@ -190,11 +190,7 @@ def compare_settings(args: argparse.Namespace) -> argparse.Namespace:
     """Every compare option: the command line over the --config file over the declared defaults (per
     resolved device), validated before anything runs. `given` holds the options the user set."""
     options = compare_options()
-    cli = {k: v for k, v in vars(args).items() if k in options}
-    try:
-        cli = {k: from_text(options[k], v) for k, v in cli.items()}
-    except ConfigError:
-        raise
+    cli = {k: from_text(options[k], v) for k, v in vars(args).items() if k in options}
     given = {**(load_config_file(cli["config"]) if cli.get("config") else {}), **cli}
     requested = given.get("device", "auto")
     validate_options({"device": options["device"]}, {"device": requested})
@@ -287,7 +283,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
             raise ConfigError(f"batch size {cells[0].batch_size} is larger than the {n_train} training "
                               f"images of {d!r} (valid: 1..{n_train})")
     _writable_dir(args.out)
-    run_id = args.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
+    run_id = args.run_id if args.run_id is not None else f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
     _check_run_id(args.out, run_id)
     if (args.out / run_id).exists():
         raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")

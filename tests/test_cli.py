@@ -60,6 +60,7 @@ BAD = [
     # Output paths the file system refuses.
     (["--run-id", "x" * 300], "is 300 bytes long, longer than the file system allows (valid: up to 255 bytes)"),
     (["--run-id", "a/b"], "run id 'a/b' must be a plain folder name"),
+    (["--run-id", ""], "run id '' must be a plain folder name"),
 ]
 
 
