@@ -190,11 +190,7 @@ def compare_settings(args: argparse.Namespace) -> argparse.Namespace:
     """Every compare option: the command line over the --config file over the declared defaults (per
     resolved device), validated before anything runs. `given` holds the options the user set."""
     options = compare_options()
-    cli = {k: v for k, v in vars(args).items() if k in options}
-    try:
-        cli = {k: from_text(options[k], v) for k, v in cli.items()}
-    except ConfigError:
-        raise
+    cli = {k: from_text(options[k], v) for k, v in vars(args).items() if k in options}
     given = {**(load_config_file(cli["config"]) if cli.get("config") else {}), **cli}
     requested = given.get("device", "auto")
     validate_options({"device": options["device"]}, {"device": requested})
@@ -287,7 +283,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
             raise ConfigError(f"batch size {cells[0].batch_size} is larger than the {n_train} training "
                               f"images of {d!r} (valid: 1..{n_train})")
     _writable_dir(args.out)
-    run_id = args.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
+    run_id = args.run_id if args.run_id is not None else f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
     _check_run_id(args.out, run_id)
     if (args.out / run_id).exists():
         raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")
@@ -340,8 +336,9 @@ def cell_complete(run_dir: Path, cfg: RunConfig) -> bool:
     return status == "diverged" or len(tables["epochs"]) == cfg.epochs
 
 
-def plan_resume(args: argparse.Namespace) -> tuple[Path, list[RunConfig], dict]:
-    """The cells of an earlier run that are missing, failed or incomplete; finished cells are left untouched."""
+def plan_resume(args: argparse.Namespace):
+    """The cells of an earlier run that are missing, failed or incomplete (finished cells are left
+    untouched), planned under the run folder's lock, which the caller releases."""
     run_dir = args.out / args.resume
     if not (run_dir / "manifest.json").exists():
         known = sorted(p.name for p in args.out.glob("*") if (p / "manifest.json").exists())
@@ -351,9 +348,14 @@ def plan_resume(args: argparse.Namespace) -> tuple[Path, list[RunConfig], dict]:
     if given:
         raise ConfigError(f"--resume reuses the run's saved configuration; drop {', '.join(given)} "
                           "(valid with --resume: --out, --timeout)")
-    manifest = read_manifest(run_dir)
-    configs = manifest.pop("_configs")
-    return run_dir, [cfg for cfg in configs if not cell_complete(run_dir, cfg)], manifest
+    lock = lock_run(run_dir)
+    try:
+        manifest = read_manifest(run_dir)
+        configs = manifest.pop("_configs")
+        return run_dir, [cfg for cfg in configs if not cell_complete(run_dir, cfg)], manifest, lock
+    except BaseException:
+        lock.release()
+        raise
 
 
 class Terminated(KeyboardInterrupt):
@@ -382,13 +384,7 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
 
     command = "python -m common " + " ".join(shlex.quote(a) for a in argv)
     if args.resume:
-        run_dir, cells, manifest = plan_resume(args)
-        lock = lock_run(run_dir)
-        try:  # planned again under the lock: a resume that finished meanwhile left nothing to do
-            run_dir, cells, manifest = plan_resume(args)
-        except BaseException:
-            lock.release()
-            raise
+        run_dir, cells, manifest, lock = plan_resume(args)
         manifest.setdefault("resumed", []).append({"command": command, "cells": len(cells)})
     else:
         run_id, cells, plan = plan_compare(args)
@@ -492,11 +488,25 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
             except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
                 progress.update(task, description=f"  {cfg.cell_id} [interrupted]")
                 return outcomes, exc
+            except Exception as exc:  # a harness fault in one cell: recorded, and the other cells run
+                outcome = harness_fault(cfg, run_dir, run_id, exc)
             outcomes.append(outcome)
             status = outcome.status if outcome.status == "ok" else f"{outcome.status.upper()}: {outcome.error}"
             progress.update(task, description=f"  {cfg.cell_id} [{status}]")
             progress.advance(overall)
     return outcomes, None
+
+
+def harness_fault(cfg: RunConfig, run_dir: Path, run_id: str, exc: Exception):
+    """The outcome (and, where it can be written, the record) of a cell the harness itself failed on."""
+    from common.runner import CellOutcome, failed_run_table, write_failed_record
+
+    error = f"harness error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    try:
+        write_failed_record(run_dir / "cells" / cfg.cell_id, failed_run_table(cfg, run_id, error, ""))
+    except Exception as again:  # noqa: BLE001 - nothing more can be recorded; the outcome still counts it
+        error += f" (record not written: {again})"
+    return CellOutcome(cfg.cell_id, "failed", error, 0.0)
 
 
 def _console():

@@ -58,6 +58,22 @@ def failed_run_table(cfg: RunConfig, run_id: str, error: str, tail: str, status:
     return pd.DataFrame([row])
 
 
+def write_failed_record(cell_dir: Path, run: pd.DataFrame) -> None:
+    """Write a failed cell's one-row run record, whatever its values: a value Parquet cannot store
+    (an integer past int64, an odd object) is written as text rather than crash the harness."""
+    try:
+        records.write_cell(cell_dir, {"run": run})
+        return
+    except (OverflowError, ValueError, TypeError, ArithmeticError) as exc:  # pyarrow's errors derive from these
+        note = f" [record stored as text: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}]"
+    text = run.copy()
+    for col in text.columns:
+        if col not in ("schema_version",):
+            text[col] = text[col].map(lambda v: v if v is None or isinstance(v, str) else str(v))
+    text["error"] = text["error"].astype(str) + note
+    records.write_cell(cell_dir, {"run": text})
+
+
 def shared_init_path(run_dir: Path, cfg: RunConfig) -> Path:
     """Cells that must start from the same weights share this file (precision and framework vary)."""
     return Path(run_dir) / "init" / f"{cfg.model}-w{cfg.width}-{cfg.dataset}-s{cfg.seed}.npz"
@@ -108,7 +124,7 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     stderr_path = cell_dir / "stderr.log"
     missing = framework_missing(cfg.framework)
     if missing:
-        records.write_cell(cell_dir, {"run": failed_run_table(cfg, run_id, missing, "", status="unavailable")})
+        write_failed_record(cell_dir, failed_run_table(cfg, run_id, missing, "", status="unavailable"))
         return CellOutcome(cfg.cell_id, "unavailable", missing, 0.0)
     cmd = [sys.executable, "-m", FRAMEWORK_MODULES[cfg.framework], "--config", str(config_path),
            "--out", str(cell_dir), "--run-id", run_id]
@@ -157,9 +173,15 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     if error:
         # The child may have died after writing some tables: a failed cell keeps only its run row.
         remove_partial(cell_dir)
-        records.write_cell(cell_dir, {"run": failed_run_table(cfg, run_id, error, tail, status=status)})
+        write_failed_record(cell_dir, failed_run_table(cfg, run_id, error, tail, status=status))
         return CellOutcome(cfg.cell_id, status, error, wall)
-    run = pd.read_parquet(cell_dir / "run.parquet")
+    try:
+        run = pd.read_parquet(cell_dir / "run.parquet")
+    except Exception as exc:  # the child's own record is unreadable: a failed cell, not a harness crash
+        error = f"its run record is unreadable ({type(exc).__name__}: {exc})"
+        remove_partial(cell_dir)
+        write_failed_record(cell_dir, failed_run_table(cfg, run_id, error, tail))
+        return CellOutcome(cfg.cell_id, "failed", error, wall)
     return CellOutcome(cfg.cell_id, str(run["status"].iloc[0]), str(run["error"].iloc[0]), wall)
 
 

@@ -60,6 +60,7 @@ BAD = [
     # Output paths the file system refuses.
     (["--run-id", "x" * 300], "is 300 bytes long, longer than the file system allows (valid: up to 255 bytes)"),
     (["--run-id", "a/b"], "run id 'a/b' must be a plain folder name"),
+    (["--run-id", ""], "run id '' must be a plain folder name"),
 ]
 
 
@@ -275,7 +276,7 @@ def test_compare_on_a_cifar_archive_in_the_official_format(tmp_path):
     write_fake_archive(tmp_path / "data", "cifar10", n_train_per_batch=16, n_test=16)
     proc = subprocess.run([sys.executable, "-m", "common", "compare", "--datasets", "cifar10", "--data-dir",
                            str(tmp_path / "data"), "--models", "resnet18", "--width", "4", "--precisions", "fp32",
-                           "--epochs", "2", "--batch-size", "16", "--seeds", "0", "--augment", "--device", "cpu",
+                           "--epochs", "1", "--batch-size", "16", "--seeds", "0", "--augment", "--device", "cpu",
                            "--out", str(tmp_path / "reports"), "--run-id", "c"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=_cifar_env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,6 +14,8 @@ def test_tiny_compare_writes_records_and_report(tiny_run):
     proc, run_dir = tiny_run
     out = run_dir.parent
     assert proc.stdout.strip().endswith(str(run_dir / "index.html"))
+    assert proc.returncode == 0  # every cell finished
+    assert proc.stderr.strip().splitlines()[-1].startswith("amp-compare: 6 of 6 cells finished, 0 failed in ")
     runs = pd.read_parquet(run_dir / "data" / "run.parquet")
     assert sorted(runs["status"]) == ["ok"] * 6
     assert set(zip(runs["framework"], runs["precision"])) == {(f, p) for f in ("torch", "tf") for p in PRECISIONS}

@@ -76,3 +76,19 @@ def test_steps_round_trip(tmp_path_factory, rows):
     df = pd.DataFrame(rows, columns=["loss", "loss_scale", "skipped", "step_time_s"])
     records.atomic_write_table(path, df)
     pd.testing.assert_frame_equal(pd.read_parquet(path), df)
+
+
+def test_a_record_parquet_cannot_store_is_written_as_text_not_a_crash(tmp_path):
+    """Validation keeps such values out; should one get through, the harness still writes the failed
+    record (as text) instead of dying on pyarrow's OverflowError and losing the remaining cells."""
+    from common.runner import failed_run_table, write_failed_record
+
+    cfg = RunConfig(dataset="synthetic")
+    object.__setattr__(cfg, "growth_interval", 2**64)  # past int64, bypassing validation on purpose
+    run = failed_run_table(cfg, "r1", "exited with code 1", "")
+    with pytest.raises((OverflowError, ValueError, TypeError)):
+        records.write_cell(tmp_path / "plain", {"run": run})  # what crashed the harness before
+    write_failed_record(tmp_path / "cells" / cfg.cell_id, run)
+    back = records.read_run(tmp_path)["run"].iloc[0]
+    assert back["status"] == "failed" and back["cfg_growth_interval"] == str(2**64)
+    assert back["error"].startswith("exited with code 1 [record stored as text: ")
