@@ -112,6 +112,7 @@ def build_parser() -> ArgumentParser:
     c.add_argument("--memory-cap", default="4GiB",
                    help="CPU memory cap of each --find-max-batch probe process (e.g. 4GiB; on a GPU its memory)")
     c.add_argument("--max-batch-limit", type=int, default=2**14, help="largest batch --find-max-batch tries")
+    c.add_argument("--target-accuracy", type=float, default=None, help="time-to-accuracy target (0-1)")
     c.add_argument("--config", type=Path, default=None, help="JSON file of compare options (CLI overrides it)")
     c.add_argument("--resume", default=None, metavar="RUN_ID",
                    help="re-run only the missing or failed cells of reports/RUN_ID")
@@ -145,6 +146,7 @@ def _writable_dir(path: Path) -> None:
 def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     """Validate everything and build the matrix; writes nothing."""
     from common.data import load_dataset, steps_per_epoch
+    from common.order import interleaved_order
 
     device = resolve_device(args.device)
     profile = PROFILES[device]
@@ -169,7 +171,8 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
                   data_dir=args.data_dir, augment=profile["augment"] if args.augment is None else args.augment,
                   tf32=args.tf32, compile=args.compile, clip_grad_norm=args.clip_grad_norm,
                   fp32_layers=tuple(n.strip() for n in args.fp32_layers.split(",") if n.strip()),
-                  channels_last=profile["channels_last"] if args.channels_last is None else args.channels_last)
+                  channels_last=profile["channels_last"] if args.channels_last is None else args.channels_last,
+                  target_accuracy=args.target_accuracy)
     if args.datasets is None and device == "cuda":
         try:
             load_dataset("cifar10", args.data_dir)
@@ -182,6 +185,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s,
                        loss_scale=args.loss_scale if p == "fp16-static" else None, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
+    cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (common/order.py)
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)
         if steps_per_epoch(n_train, cells[0].batch_size) == 0:
@@ -217,7 +221,7 @@ MATRIX_OPTIONS = ("frameworks", "precisions", "models", "datasets", "seeds", "re
                   "loss_scale", "fp32_layers", "clip_grad_norm",
                   "tf32", "compile", "channels_last", "device", "epochs", "batch_size",
                   "steps_per_epoch", "optimizer", "comparison", "init", "width", "lr", "init_scale",
-                  "growth_interval", "warmup_steps", "threads", "diverge_after", "run_id", "config")
+                  "growth_interval", "warmup_steps", "threads", "diverge_after", "run_id", "config", "target_accuracy")
 
 
 def plan_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Path, list[RunConfig], dict]:
@@ -249,6 +253,7 @@ def plan_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tu
 
 
 def compare(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser) -> int:
+    from common import calibrate
     from common.atomic import atomic_write_text
     from common.env import host_environment
 
@@ -267,7 +272,10 @@ def compare(args: argparse.Namespace, argv: list[str], parser: argparse.Argument
     console = _console()
     console.print(f"amp-compare: {len(cells)} cells on {manifest['device']} -> {run_dir}")
     start = time.monotonic()
+    manifest["environment"].update(calibrate.measure("before"))  # machine steadiness (common/calibrate.py)
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], args.timeout, console)
+    manifest["environment"].update(calibrate.measure("after"))
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     if manifest.get("max_batch") and not interrupted:
         interrupted = run_max_batch(cells, run_dir, manifest["max_batch"], args.timeout, console)
     index = _render(run_dir, console)
@@ -358,18 +366,19 @@ def _render(run_dir: Path, console) -> Path:
 
     from common import records
     from common.report import load_manifest, render_report
-    from common.summary import findings, formatted_summary, summary_table
+    from common.summary import findings, formatted_summary, full_table
 
     index = render_report(run_dir)
     tables = records.read_run(run_dir, warn=lambda msg: None)
-    summary = formatted_summary(summary_table(tables["run"]))
+    environment = load_manifest(run_dir)["environment"]
+    summary = formatted_summary(full_table(tables["run"], tables["steps"], tables["epochs"], environment))
     table = Table(title=f"amp-compare summary ({run_dir.name})")
     for col in summary.columns:
         table.add_column(col, justify="left" if col in ("Framework", "Model", "Dataset", "Precision") else "right")
     for row in summary.itertuples(index=False):
         table.add_row(*map(str, row))
     console.print(table)
-    for sentence in findings(tables["run"], tables["steps"], load_manifest(run_dir)["environment"]):
+    for sentence in findings(tables["run"], tables["steps"], environment, tables["epochs"]):
         console.print(f"- {sentence}")
     return index
 

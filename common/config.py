@@ -110,6 +110,7 @@ class RunConfig:
     fp32_layers: tuple[str, ...] = ()  # blocks forced to float32 under mixed precision, in both frameworks
     clip_grad_norm: float | None = None  # global gradient-norm clipping, applied to unscaled gradients
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # intra- and inter-op
+    target_accuracy: float | None = None  # time-to-accuracy target, fraction 0-1 (None: 95% of fp32's)
 
     def __post_init__(self) -> None:
         _choice("framework", self.framework, FRAMEWORKS)
@@ -147,6 +148,9 @@ class RunConfig:
             if name.split(".")[0] not in blocks:
                 raise ConfigError(f"unknown layer {name!r} for --fp32-layers of {self.model} "
                                   f"(valid: {', '.join(blocks)}, or a dotted sub-block)")
+        if self.target_accuracy is not None and not (isinstance(self.target_accuracy, (int, float))
+                                                     and 0 < self.target_accuracy <= 1):
+            raise ConfigError(f"--target-accuracy must be a fraction in (0, 1], e.g. 0.9, got {self.target_accuracy!r}")
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
 

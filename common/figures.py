@@ -244,3 +244,51 @@ def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | Non
                   "Where half precision halves activation memory, its bar is taller: AMP's memory headroom "
                   "shown as the batch it makes possible.",
                   "Bar chart of the largest batch size that trained under the memory cap, per framework and precision.")
+
+
+def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
+                                 out_dir: Path) -> Figure | None:
+    """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
+    target accuracy (from `acc`, common.summary.accuracy_statistics) as a horizontal line."""
+    ok = ok_runs(runs)
+    if ok.empty or epochs.empty or acc.empty:
+        return None
+    keys = (["machine"] if "machine" in ok else []) + ["model", "dataset"]
+    e = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))].sort_values(["cell_id", "epoch"]).copy()
+    if e.empty:
+        return None
+    meta = ok.set_index("cell_id")
+    for k in keys:
+        if k not in e:
+            e[k] = e["cell_id"].map(meta[k])
+    e["train_wall_s"] = e.groupby("cell_id")["train_time_s"].cumsum()
+    e["val_accuracy_pct"] = e["val_accuracy"] * 100
+    e["panel"] = e[keys].astype(str).agg(" · ".join, axis=1)
+    df = _labelled(e)
+    panels = list(dict.fromkeys(df["panel"]))
+    grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", hue="Framework",
+                       style="Precision", units="cell_id", estimator=None, palette=FRAMEWORK_COLORS,
+                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, linewidth=1, height=4.2, aspect=1.7,
+                       **({"col": "panel", "col_order": panels} if len(panels) > 1 else {}))
+    targets = acc.drop_duplicates(keys).copy()
+    targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
+    for panel, ax in zip(panels, grid.axes.flat):
+        row = targets[targets["panel"] == panel]
+        if not row.empty and np.isfinite(row["target"].iloc[0]):
+            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
+            ax.annotate(f"target {row['target'].iloc[0]:.1%}", xy=(0, row["target"].iloc[0] * 100),
+                        xycoords=("axes fraction", "data"), xytext=(4, 3), textcoords="offset points",
+                        fontsize=8, color="#555")
+    _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
+            "excluded)", "Validation accuracy (%)")
+    if len(panels) == 1:
+        grid.ax.set_title(f"Validation accuracy against training time ({panels[0]})")
+    _save(grid.figure, out_dir, "time_to_accuracy")
+    basis = acc["target_basis"].dropna().iloc[0] if acc["target_basis"].notna().any() else ""
+    return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
+                  f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
+                  f"the training time spent so far. The dotted line is the target ({basis}); the first point above it "
+                  "is that cell's time to accuracy. A line that never crosses it did not reach the target — a "
+                  "result, not an error. Panels: " + "; ".join(panels) + ".",
+                  "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
+                  "with a dotted horizontal target line.")

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
+import numpy as np
 import pandas as pd
 
 from common import numerics_report as nr
@@ -21,9 +22,16 @@ from common import records
 from common.atomic import atomic_write_text
 from common.config import display_order, framework_label
 from common.env import cpu_half_precision_verdict
-from common.figures import make_figures, make_max_batch_figure, make_underflow_figure
+from common.figures import make_figures, make_max_batch_figure, make_time_to_accuracy_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
-from common.summary import findings, formatted_summary, summary_table
+from common.summary import (
+    accuracy_statistics,
+    findings,
+    formatted_summary,
+    full_table,
+    seed_counts_text,
+    summary_table,
+)
 
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
@@ -136,6 +144,35 @@ def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"Framework": f["framework"].map(framework_label),
                          "Precision": f["precision"], "Seed": f["seed"], "Step": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
+
+
+def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
+    """The accuracy section's table: each mixed cell's paired test against fp32 and every cell's time to target."""
+    if acc.empty:
+        return acc
+    multi = "machine" in acc and acc["machine"].nunique() > 1
+
+    def num(v, spec):
+        return "" if v is None or not np.isfinite(v) else f"{v:{spec}}"
+
+    rows = []
+    for r in acc.itertuples():
+        tested = np.isfinite(r.p_value) if isinstance(r.p_value, float) else False
+        rows.append({
+            **({"Machine": r.machine} if multi else {}),
+            "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
+            "Precision": r.precision,
+            "Δ vs fp32 (pp)": num(r.diff_pp, "+.2f") if tested else "",
+            "95% interval (pp)": f"[{r.ci_low:+.2f}, {r.ci_high:+.2f}]" if tested else "",
+            "p": num(r.p_value, ".3g") if tested else "",
+            "Test": r.test if tested else "",
+            "Comparable": "no: " + r.too_short if r.too_short else "yes",
+            "Target": num(r.target * 100, ".1f") + "%" if np.isfinite(r.target) else "",
+            "Time to target (s)": ("not reached" if np.isfinite(r.target) and not np.isfinite(r.time_to_target_s)
+                                   else num(r.time_to_target_s, ".1f")),
+            "Seeds reaching it": r.reached,
+        })
+    return pd.DataFrame(rows)
 
 
 def table_markdown(df: pd.DataFrame) -> str:
@@ -260,8 +297,12 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     maxbatch_figure = make_max_batch_figure(maxbatch, run_dir / "figures") if not maxbatch.empty else None
     figures += [maxbatch_figure] if maxbatch_figure else []
     environment = manifest["environment"]
-    summary = formatted_summary(summary_table(runs))
-    sentences = findings(runs, steps, environment)
+    summary = formatted_summary(full_table(runs, steps, epochs, environment))
+    sentences = findings(runs, steps, environment, epochs)
+    acc_stats = accuracy_statistics(runs, epochs)
+    tta_figure = make_time_to_accuracy_figure(runs, epochs, acc_stats, run_dir / "figures")
+    figures += [tta_figure] if tta_figure else []
+    verdict = cpu_half_precision_verdict(environment)
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
     missing = [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]
@@ -279,7 +320,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     page = _env().get_template("report.html").render(
         run_id=manifest["run_id"], env=environment, device=manifest["device"], device_names=device_names,
         n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
-        summary_html=table_html(summary), findings=sentences, cpu_verdict=cpu_half_precision_verdict(environment),
+        summary_html=table_html(summary), findings=sentences,
+        cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
+        accuracy_table=_html_or_none(_accuracy_table(acc_stats)),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
         notes=manifest.get("notes", []),
@@ -290,7 +333,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),
         what_happened=nr.what_happened(runs, steps, underflow),
-        seeds_text=_seeds_text(manifest["matrix"]["seeds"]),
+        seeds_text=seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"]),
         comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),
     )
     atomic_write_text(run_dir / "index.html", page)
