@@ -19,7 +19,7 @@ VAL_FRACTION = 0.2
 DIGITS_SIZE = 16  # sklearn's digits are 8x8; the model sees them resized once to 16x16
 SYNTHETIC_SHAPE = (16, 16, 3)
 SYNTHETIC_SAMPLES = 2000  # 1,600 train + 400 validation
-SYNTHETIC_NOISE = 3.0  # std of the pixel noise on stripes of amplitude 0.6-1.4
+SYNTHETIC_NOISE = 2.5  # std of the pixel noise on stripes of amplitude 0.6-1.4
 SYNTHETIC_CIFAR_SAMPLES = 12_500  # CIFAR's image shape, a fifth of its size: 10,000 train + 2,500 validation
 NUM_CLASSES = {"digits": 10, "synthetic": 10, "synthetic_cifar": 10, "cifar10": 10, "cifar100": 100}
 

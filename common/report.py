@@ -25,6 +25,7 @@ from common.env import cpu_half_precision_verdict
 from common.figures import make_figures, make_max_batch_figure, make_time_to_accuracy_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
 from common.summary import (
+    LEGEND,
     accuracy_statistics,
     findings,
     formatted_summary,
@@ -322,7 +323,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
         summary_html=table_html(summary), findings=sentences,
         cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
-        accuracy_table=_html_or_none(_accuracy_table(acc_stats)),
+        accuracy_table=_html_or_none(_accuracy_table(acc_stats)), legend=LEGEND,
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
         notes=manifest.get("notes", []),
@@ -338,7 +339,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     )
     atomic_write_text(run_dir / "index.html", page)
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
-          table_markdown(summary), "", *[f"- {s}" for s in sentences]]
+          table_markdown(summary), "", LEGEND, "", *[f"- {s}" for s in sentences]]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]

@@ -170,6 +170,8 @@ TARGET_FRACTION = 0.95  # default target: this fraction of the fp32 median final
 def time_to_accuracy(epochs: pd.DataFrame, target: float) -> float:
     """Training wall time (s, cumulative over epochs, validation excluded) until val accuracy >= target;
     inf when not reached."""
+    if epochs.empty or "epoch" not in epochs:
+        return float("nan")  # no per-epoch record: unknown, not "not reached"
     e = epochs.sort_values("epoch")
     reached = (e["val_accuracy"].to_numpy(float) >= target)
     if not reached.any():

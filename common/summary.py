@@ -89,12 +89,11 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Precision": r.precision,
             "Runs": str(r.runs),
             "Images/s": spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f"),
-            "Speed vs fp32": (speed_text(r) if hasattr(r, "speed_note") and r.precision != "fp32"
-                              and np.isfinite(r.speedup_vs_fp32) else fmt(r.speedup_vs_fp32, ".2f", "×")),
+            "Speed vs fp32": fmt(r.speedup_vs_fp32, ".2f", "×") + (" ⚠" if getattr(r, "speed_note", "") else ""),
             "Peak memory (MiB)": fmt(r.peak_memory_mib, ",.1f"),
             "Memory vs fp32": fmt(r.memory_change_vs_fp32 * 100, "+.0f", "%"),
             "Val. accuracy": spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%"),
-            "Δ accuracy vs fp32": (accuracy_text(r) if hasattr(r, "p_value") and r.precision != "fp32" else
+            "Δ accuracy vs fp32": (short_accuracy_text(r) if hasattr(r, "p_value") and r.precision != "fp32" else
                                    spread(r, r.accuracy_change_pp, r.accuracy_change_q1, r.accuracy_change_q3,
                                           "+.1f", 1, " pp")),
             "Skipped steps": fmt(r.skipped_steps, ".0f"),
@@ -148,6 +147,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):
             times = [stats.time_to_accuracy(epochs[epochs["cell_id"] == c], target)
                      for c in cells["cell_id"]] if np.isfinite(target) else []
+            times = [t for t in times if not np.isnan(t)]
             finite = [t for t in times if np.isfinite(t)]
             median = float(np.median(times)) if times else float("nan")
             row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
@@ -169,7 +169,7 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
     ok = ok_runs(runs)
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "speed_low", "speed_high", "timed_steps", "spread_p90_p50", "speed_note"]
-    if ok.empty or steps is None or steps.empty:
+    if ok.empty or steps is None or steps.empty or "step_time_s" not in steps:
         return pd.DataFrame(columns=cols)
     timed = steps[steps["cell_id"].isin(set(ok["cell_id"]))]
     timed = timed[~timed["warmup"].astype(bool)] if "warmup" in timed else timed
@@ -235,8 +235,18 @@ def accuracy_text(r) -> str:
     return f"higher by {r.diff_pp:.1f} pp [{r.ci_low:.1f}, {r.ci_high:.1f}] ({ptext})"
 
 
+def short_accuracy_text(r) -> str:
+    """The table's form of accuracy_text: the change with its interval, or why there is none."""
+    if getattr(r, "too_short", ""):
+        return "not comparable ⚠"
+    if not np.isfinite(getattr(r, "p_value", np.nan)):
+        return "n/a"
+    mark = "" if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high}) else " (n.s.)"
+    return f"{r.diff_pp:+.1f} [{r.ci_low:+.1f}, {r.ci_high:+.1f}] pp{mark}"
+
+
 def _time_text(r) -> str:
-    if not np.isfinite(r.target):
+    if not np.isfinite(r.target) or r.reached.endswith("/0"):
         return "n/a"
     if not np.isfinite(r.time_to_target_s):
         return f"not reached ({r.reached} seeds reached it)"
@@ -360,3 +370,8 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
         return f"{_seeds(n)} ({', '.join(map(str, seeds))})" if n > 1 else f"one seed ({seeds[0]})"
     multi = "machine" in ok and ok["machine"].nunique() > 1
     return " and ".join(f"{_seeds(int(n))} for {_group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
+
+
+LEGEND = ("⚠ marks a speed ratio whose 95% interval is too wide to support it (or too few steps were timed), or an "
+          "accuracy change the run is too short to judge; the findings say why. [a, b] is a 95% interval of the "
+          "paired accuracy change; (n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero).")
