@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from common.config import FRAMEWORK_LABELS, PRECISIONS, framework_label  # noqa: E402
-from common.summary import ok_runs, summary_table  # noqa: E402
+from common.summary import ok_runs, seed_counts_text, summary_table  # noqa: E402
 
 FRAMEWORK_COLORS = {"PyTorch": "#d1495b", "TensorFlow/Keras": "#00798c"}
 PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
@@ -112,8 +112,8 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
     epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
-    n = int(ok.groupby(["framework", "precision"]).size().max())
-    spread = (f" Bars are medians over {n} runs (seeds); error bars span the interquartile range." if n > 1 else
+    n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
+    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
               " One run per bar: repeat with --repeats 3 or more to see the spread.")
 
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, median step)", "Training throughput",

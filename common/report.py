@@ -262,9 +262,13 @@ def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
         raise ValueError("the same run folder was given twice")
     parts: dict[str, list[pd.DataFrame]] = {}
     environment, cells, seeds, commands = {}, [], set(), []
+    hardware, devices, matrices = set(), set(), []
     for run_dir in run_dirs:
         manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
         label = machine_label(manifest, tables["run"], Path(run_dir).name)
+        hardware.add(label.rsplit(" · ", 1)[0])  # the machine without the folder
+        devices.add(manifest["device"])
+        matrices.append(manifest["matrix"])
         for name, df in tables.items():
             df = df.assign(machine=label, cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
             parts.setdefault(name, []).append(df)
@@ -273,11 +277,18 @@ def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
         seeds |= set(manifest["matrix"]["seeds"])
         commands.append(manifest["command"])
     first = load_manifest(run_dirs[0])
+    for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware"):  # the CPU verdict, where runs agree
+        values = {str(load_manifest(d)["environment"].get(key)) for d in run_dirs}
+        if len(values) == 1 and key in first["environment"]:
+            environment[key] = first["environment"][key]
     environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
                        cpu_model=" / ".join(dict.fromkeys(load_manifest(d)["environment"].get("cpu_model", "?")
                                                           for d in run_dirs)))
-    manifest = {"run_id": out_dir.name, "device": "several machines", "cells": cells, "environment": environment,
-                "matrix": {**first["matrix"], "seeds": sorted(seeds)}, "defaults": first["defaults"],
+    # Every run's frameworks, models, datasets, precisions and seeds (the run list's Matrix column).
+    matrix = {k: list(dict.fromkeys(v for m in matrices for v in m.get(k, []))) for k in first["matrix"]}
+    device = "several machines" if len(hardware) > 1 else devices.pop() if len(devices) == 1 else "several devices"
+    manifest = {"run_id": out_dir.name, "device": device, "cells": cells, "environment": environment,
+                "matrix": {**matrix, "seeds": sorted(seeds)}, "defaults": first["defaults"],
                 "notes": [f"Combined report of {len(run_dirs)} runs: {', '.join(str(d) for d in run_dirs)}."],
                 "command": "python -m common report " + " ".join(str(d) for d in run_dirs)
                 + "\n# the runs: " + "\n# ".join(commands), "sources": [str(d) for d in run_dirs]}
@@ -358,8 +369,10 @@ def render_runs_index(reports_dir: Path) -> Path:
         except (OSError, ValueError, pd.errors.ParserError):
             continue
         table = summary_table(runs) if runs is not None and not runs.empty else pd.DataFrame()
-        headline = "; ".join(f"{r.framework} {r.precision}: {r.speedup_vs_fp32:.2f}× fp32 speed, "
-                             f"{r.val_accuracy:.1%} acc." for r in table.itertuples() if r.precision != "fp32")
+        several = not table.empty and len(table.groupby(["model", "dataset"])) > 1
+        headline = "; ".join(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: "
+                             f"{r.speedup_vs_fp32:.2f}× fp32 speed, {r.val_accuracy:.1%} acc."
+                             for r in table.itertuples() if r.precision != "fp32")
         m = manifest["matrix"]
         rows.append({
             "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),

@@ -107,8 +107,19 @@ def _keys(runs: pd.DataFrame) -> list[str]:
     return (["machine"] if "machine" in runs else []) + ["model", "dataset"]
 
 
-def _group_label(key: dict, multi_machine: bool) -> str:
+def named_machines(table: pd.DataFrame) -> set:
+    """(model, dataset) pairs that ran on more than one machine (run folder): only their sentences need to
+    name the machine."""
+    if "machine" not in table or table.empty:
+        return set()
+    n = table.groupby(["model", "dataset"])["machine"].nunique()
+    return set(n[n > 1].index)
+
+
+def _group_label(key: dict, multi_machine) -> str:
     text = f"{key['model']} on {key['dataset']}"
+    if isinstance(multi_machine, set):
+        multi_machine = (key["model"], key["dataset"]) in multi_machine
     return text + (f" ({key['machine']})" if multi_machine and "machine" in key else "")
 
 
@@ -262,7 +273,7 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     if table.empty:
         return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
     out: list[str] = []
-    multi = "machine" in table and table["machine"].nunique() > 1
+    multi = named_machines(table)
     keys = [k for k in ("machine", "model", "dataset") if k in table]
     groups = [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in table.groupby(keys, sort=False)]
     # Speed, per model/dataset and framework.
@@ -286,7 +297,8 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         out.append(steadiness)
     slower = table[(table["precision"] != "fp32") & (table["speedup_vs_fp32"] < 1)]
     devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
-    if not slower.empty and devices == {"cpu"} and not multi:
+    one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
+    if not slower.empty and devices == {"cpu"} and one_cpu:
         out.append(f"Mixed precision was slower than fp32 in {len(slower)} of "
                    f"{int((table['precision'] != 'fp32').sum())} mixed cells. "
                    + cpu_half_precision_verdict(environment))
@@ -347,7 +359,7 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                 n = float(np.median([len(g) for g in cells]))
                 last = float(np.median([g["loss_scale"].iloc[-1] for g in cells]))
                 parts.append(f"{_label(fw)} skipped {skipped:.0f} of {n:.0f} steps and ended at scale "
-                             f"2^{np.log2(last):.0f} ({_seeds(len(cells))}, median per seed)")
+                             f"2^{np.log2(last):.0f} ({_seeds(len(cells))}{', median per seed' if len(cells) > 1 else ''})")
             if parts:
                 out.append(f"{_group_label(key, multi)}, dynamic loss scaling (fp16): " + "; ".join(parts) + ".")
     diverged = runs[runs["status"] == "diverged"] if "status" in runs else runs.iloc[0:0]
@@ -368,7 +380,7 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
         seeds = sorted(set(ok["seed"]))
         n = int(counts.iloc[0])
         return f"{_seeds(n)} ({', '.join(map(str, seeds))})" if n > 1 else f"one seed ({seeds[0]})"
-    multi = "machine" in ok and ok["machine"].nunique() > 1
+    multi = named_machines(ok)
     return " and ".join(f"{_seeds(int(n))} for {_group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
 
 
