@@ -358,8 +358,9 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                 skipped = float(np.median([g["skipped"].sum() for g in cells]))
                 n = float(np.median([len(g) for g in cells]))
                 last = float(np.median([g["loss_scale"].iloc[-1] for g in cells]))
+                per_seed = ", median per seed" if len(cells) > 1 else ""
                 parts.append(f"{_label(fw)} skipped {skipped:.0f} of {n:.0f} steps and ended at scale "
-                             f"2^{np.log2(last):.0f} ({_seeds(len(cells))}{', median per seed' if len(cells) > 1 else ''})")
+                             f"2^{np.log2(last):.0f} ({_seeds(len(cells))}{per_seed})")
             if parts:
                 out.append(f"{_group_label(key, multi)}, dynamic loss scaling (fp16): " + "; ".join(parts) + ".")
     diverged = runs[runs["status"] == "diverged"] if "status" in runs else runs.iloc[0:0]

@@ -118,3 +118,13 @@ def test_synthetic_data_is_seeded_and_its_classes_have_learnable_structure(loade
     centroids = np.stack([ftr[a.y_train == c].mean(0) for c in range(10)])
     pred = np.argmin(((fva[:, None, :] - centroids[None]) ** 2).sum(-1), axis=1)
     assert (pred == a.y_val).mean() > 0.6
+
+
+def test_a_target_accuracy_outside_0_1_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    from common.cli import main
+
+    code = main(["compare", "--device", "cpu", "--target-accuracy", "95", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0
+    assert "--target-accuracy must be a fraction in (0, 1], e.g. 0.9, got 95.0" in err
+    assert not (tmp_path / "r").exists()
