@@ -20,6 +20,7 @@ import pandas as pd
 from common import numerics_report as nr
 from common import records
 from common.atomic import atomic_write_text
+from common.calibrate import describe as describe_steadiness
 from common.config import display_order, framework_label
 from common.env import cpu_half_precision_verdict
 from common.figures import make_figures, make_max_batch_figure, make_time_to_accuracy_figure, make_underflow_figure
@@ -145,6 +146,24 @@ def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"Framework": f["framework"].map(framework_label),
                          "Precision": f["precision"], "Seed": f["seed"], "Step": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
+
+
+def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
+    """The Speed section's table: every mixed cell's speed ratio with its 95% interval and verdict."""
+    mixed = full[full["precision"] != "fp32"] if "speed_note" in full else full.iloc[0:0]
+    if mixed.empty:
+        return mixed
+    multi = "machine" in mixed and mixed["machine"].nunique() > 1
+    return pd.DataFrame({
+        **({"Machine": mixed["machine"]} if multi else {}),
+        "Model": mixed["model"], "Dataset": mixed["dataset"], "Framework": mixed["framework"].map(framework_label),
+        "Precision": mixed["precision"], "Speed vs fp32": mixed["speedup_vs_fp32"].map("{:.2f}×".format),
+        "95% interval": [f"{lo:.2f}–{hi:.2f}×" if np.isfinite(lo) else "n/a"
+                         for lo, hi in zip(mixed["speed_low"], mixed["speed_high"])],
+        "Timed steps per cell": mixed["timed_steps"].map(lambda v: "n/a" if pd.isna(v) else f"{int(v)}"),
+        "Slowest p90/p50": mixed["spread_p90_p50"].map(lambda v: "n/a" if pd.isna(v) else f"{v:.1f}×"),
+        "Supported?": mixed["speed_note"].map(lambda v: f"⚠ {v}" if v else "yes"),
+    })
 
 
 def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
@@ -309,7 +328,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     maxbatch_figure = make_max_batch_figure(maxbatch, run_dir / "figures") if not maxbatch.empty else None
     figures += [maxbatch_figure] if maxbatch_figure else []
     environment = manifest["environment"]
-    summary = formatted_summary(full_table(runs, steps, epochs, environment))
+    full = full_table(runs, steps, epochs, environment)
+    summary = formatted_summary(full)
     sentences = findings(runs, steps, environment, epochs)
     acc_stats = accuracy_statistics(runs, epochs)
     tta_figure = make_time_to_accuracy_figure(runs, epochs, acc_stats, run_dir / "figures")
@@ -335,6 +355,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         summary_html=table_html(summary), findings=sentences,
         cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
         accuracy_table=_html_or_none(_accuracy_table(acc_stats)), legend=LEGEND,
+        speed_ratio_table=_html_or_none(_speed_ratio_table(full)), steadiness=describe_steadiness(environment),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
         notes=manifest.get("notes", []),
