@@ -274,7 +274,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
     for panel, ax in zip(panels, grid.axes.flat):
         row = targets[targets["panel"] == panel]
-        if not row.empty and np.isfinite(row["target"].iloc[0]):
+        if not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]:
             ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
             ax.annotate(f"target {row['target'].iloc[0]:.1%}", xy=(0, row["target"].iloc[0] * 100),
                         xycoords=("axes fraction", "data"), xytext=(4, 3), textcoords="offset points",
@@ -285,10 +285,12 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
         grid.ax.set_title(f"Validation accuracy against training time ({panels[0]})")
     _save(grid.figure, out_dir, "time_to_accuracy")
     basis = acc["target_basis"].dropna().iloc[0] if acc["target_basis"].notna().any() else ""
+    judged = targets[targets["too_short"] == ""]
+    target_text = (f"The dotted line is the target ({basis}); the first point above it is that cell's time to "
+                   "accuracy. A line that never crosses it did not reach the target — a result, not an error."
+                   if not judged.empty else "No target line: the run is too short to judge accuracy (see the note).")
     return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
-                  f"the training time spent so far. The dotted line is the target ({basis}); the first point above it "
-                  "is that cell's time to accuracy. A line that never crosses it did not reach the target — a "
-                  "result, not an error. Panels: " + "; ".join(panels) + ".",
+                  f"the training time spent so far. {target_text} Panels: " + "; ".join(panels) + ".",
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")

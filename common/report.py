@@ -177,7 +177,8 @@ def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
 
     rows = []
     for r in acc.itertuples():
-        tested = np.isfinite(r.p_value) if isinstance(r.p_value, float) else False
+        tested = (np.isfinite(r.p_value) if isinstance(r.p_value, float) else False) and not r.too_short
+        timed = np.isfinite(r.target) and not r.too_short
         rows.append({
             **({"Machine": r.machine} if multi else {}),
             "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
@@ -187,10 +188,10 @@ def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
             "p": num(r.p_value, ".3g") if tested else "",
             "Test": r.test if tested else "",
             "Comparable": "no: " + r.too_short if r.too_short else "yes",
-            "Target": num(r.target * 100, ".1f") + "%" if np.isfinite(r.target) else "",
-            "Time to target (s)": ("not reached" if np.isfinite(r.target) and not np.isfinite(r.time_to_target_s)
+            "Target": num(r.target * 100, ".1f") + "%" if timed else "",
+            "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
                                    else num(r.time_to_target_s, ".1f")),
-            "Seeds reaching it": r.reached,
+            "Seeds reaching it": r.reached if timed else "",
         })
     return pd.DataFrame(rows)
 
@@ -355,7 +356,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         summary_html=table_html(summary), findings=sentences,
         cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
         accuracy_table=_html_or_none(_accuracy_table(acc_stats)), legend=LEGEND,
-        speed_ratio_table=_html_or_none(_speed_ratio_table(full)), steadiness=describe_steadiness(environment),
+        speed_ratio_table=_html_or_none(_speed_ratio_table(full)),
+        accuracy_warnings=[s for s in sentences if s.startswith("Accuracy cannot be compared")],
+        steadiness=describe_steadiness(environment),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
         notes=manifest.get("notes", []),
