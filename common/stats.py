@@ -56,6 +56,12 @@ def unpack_correct(text: str, n: int) -> np.ndarray:
 
 # ---- accuracy ----------------------------------------------------------------------------------
 
+def no_discordance_bound(n: int) -> float:
+    """No image differed: the 95% upper bound (Clopper-Pearson, 0 of n) on the share of images that could
+    differ, in percentage points — the interval is ± this, not [0, 0]."""
+    return 100.0 * (1.0 - ((1.0 - CONFIDENCE) / 2) ** (1.0 / n))
+
+
 def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     """McNemar's exact test on one pair of per-example correctness vectors.
 
@@ -67,7 +73,8 @@ def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     k = lost + gained
     diff = 100.0 * (gained - lost) / n
     if k == 0:
-        return {"diff_pp": 0.0, "ci_low": 0.0, "ci_high": 0.0, "p_value": 1.0, "test": "McNemar exact",
+        bound = no_discordance_bound(n)
+        return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "test": "McNemar exact",
                 "discordant": 0, "images": n}
     res = st.binomtest(gained, k, 0.5)
     ci = res.proportion_ci(confidence_level=CONFIDENCE, method="exact")
@@ -87,8 +94,9 @@ def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     base = {"diff_pp": diff, "test": f"paired bootstrap over images, {len(fp32)} seeds", "images": fp32.shape[1],
             "discordant": int(np.sum(fp32 != mixed)), "sign_test_p": sign_p,
             "seeds_lower": int((per_seed < 0).sum()), "seeds_higher": int((per_seed > 0).sum())}
-    if np.all(per_image == 0):
-        return {**base, "ci_low": 0.0, "ci_high": 0.0, "p_value": 1.0}
+    if np.all(fp32 == mixed):  # no image differed in any seed
+        bound = no_discordance_bound(fp32.shape[1])
+        return {**base, "ci_low": -bound, "ci_high": bound, "p_value": 1.0}
     res = st.bootstrap((per_image,), np.mean, confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
                        method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED))
     dist = res.bootstrap_distribution

@@ -31,7 +31,9 @@ def test_mcnemar_matches_the_exact_binomial_on_discordant_pairs():
     assert res["p_value"] == pytest.approx(2 * (1 + 14 + 91) / 2**14)
     assert res["ci_low"] < res["diff_pp"] < res["ci_high"] < 0
     same = stats.mcnemar_exact(fp32, fp32)
-    assert same["p_value"] == 1.0 and same["ci_low"] == same["ci_high"] == 0.0
+    # no image differed: the interval is the 0-of-400 Clopper-Pearson bound, not a false [0, 0]
+    assert same["p_value"] == 1.0 and same["diff_pp"] == 0.0
+    assert same["ci_high"] == -same["ci_low"] == pytest.approx(100 * (1 - 0.025 ** (1 / 400)))
 
 
 def test_paired_bootstrap_over_seeds_finds_a_consistent_drop_and_not_noise():
