@@ -53,7 +53,8 @@ def report(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite (CPU; GPU tests skip without a GPU)."""
     python = _framework_python(session)
-    session.run(python, "-m", "pytest", *(session.posargs or ["-q", "--durations=10"]), external=True)  # the 10 slowest tests, every run
+    # --durations=10: the 10 slowest tests, printed every run
+    session.run(python, "-m", "pytest", *(session.posargs or ["-q", "--durations=10"]), external=True)
 
 
 @nox.session

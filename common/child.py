@@ -26,6 +26,7 @@ from common import env, records
 from common.atomic import atomic_write_bytes
 from common.config import ConfigError, RunConfig
 from common.data import Dataset, load_dataset
+from common.stats import pack_correct
 
 PROGRESS_PREFIX = "@@amp-compare "
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the framework is missing or fails to import
@@ -125,6 +126,9 @@ class TrainResult:
     nonfinite: dict | None = None  # the NaN/Inf locator's finding at the first non-finite step
     # Numerics lab rows: "dtypes" (dtype audit of one step), "underflow" (gradient magnitudes per layer)
     extra: dict[str, list[dict]] = field(default_factory=dict)
+    # Per validation image (in order), whether the final model classified it correctly: the paired
+    # accuracy tests of common/stats.py compare these between precisions.
+    val_correct: np.ndarray | None = None
 
 
 def first_nonfinite_parameter(weights: dict[str, np.ndarray]) -> str | None:
@@ -203,6 +207,7 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "train_samples": len(dataset.x_train),
         "val_samples": len(dataset.x_val),
         "final_val_accuracy": last.get("val_accuracy", float("nan")),
+        "val_correct": pack_correct(result.val_correct) if result.val_correct is not None else "",
         "final_val_loss": last.get("val_loss", float("nan")),
         "final_train_loss": last.get("train_loss", float("nan")),
         **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size, train_time),

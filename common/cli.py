@@ -256,6 +256,7 @@ def make_dirs(path: Path) -> None:
 def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     """Validate everything and build the matrix; writes nothing. `args` comes from compare_settings."""
     from common.data import load_dataset, steps_per_epoch
+    from common.order import interleaved_order
 
     device = args.resolved_device
     frameworks, precisions, models, datasets = args.frameworks, args.precisions, args.models, args.datasets
@@ -277,6 +278,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
                        loss_scale=args.loss_scale if p == "fp16-static" else None, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
+    cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (common/order.py)
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)
         if steps_per_epoch(n_train, cells[0].batch_size) == 0:
@@ -403,13 +405,17 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConfig], manifest: dict) -> int:
+    from common import calibrate
     from common.atomic import atomic_write_text
 
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     console = _console()
     console.print(f"amp-compare: {len(cells)} cells on {manifest['device']} -> {run_dir}")
     start = time.monotonic()
+    manifest["environment"].update(calibrate.measure("before"))  # machine steadiness (common/calibrate.py)
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], args.timeout, console)
+    manifest["environment"].update(calibrate.measure("after"))
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     if manifest.get("max_batch") and not interrupted:
         interrupted = run_max_batch(cells, run_dir, manifest["max_batch"], args.timeout, console)
     try:
@@ -518,13 +524,15 @@ def _console():
 def _render(run_dir: Path, console) -> Path:
     from common import records
     from common.report import load_manifest, render_report
-    from common.summary import findings
+    from common.summary import findings, full_table
     from common.terminal import print_summary
 
     index = render_report(run_dir)
     tables = records.read_run(run_dir, warn=lambda msg: None)
+    environment = load_manifest(run_dir)["environment"]
+    table = full_table(tables["run"], tables["steps"], tables["epochs"], environment)
     print_summary(console, f"amp-compare summary ({run_dir.name})", tables["run"],
-                  findings(tables["run"], tables["steps"], load_manifest(run_dir)["environment"]))
+                  findings(tables["run"], tables["steps"], environment, tables["epochs"]), table=table)
     return index
 
 

@@ -336,6 +336,8 @@ class RunConfig:
                                           "inside the LossScaleOptimizer)", gt=0)
     threads: int = option(help="intra- and inter-op threads, both frameworks", gt=0,
                           factory=lambda: os.cpu_count() or 1, default_text="the number of CPUs")
+    target_accuracy: float | None = option(None, "time-to-accuracy target as a fraction in (0, 1] (null: 95% of "
+                                           "what fp32 reaches)", gt=0, le=1)
 
     def __post_init__(self) -> None:
         # Strict: JSON's list is the one other form of a tuple (comma text is the CLI's, not RunConfig's).

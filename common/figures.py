@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from common.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
-from common.summary import ok_runs, summary_table  # noqa: E402
+from common.summary import ok_runs, seed_counts_text, summary_table  # noqa: E402
 
 FRAMEWORK_COLORS = {"PyTorch": "#d1495b", "TensorFlow/Keras": "#00798c"}
 PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
@@ -198,8 +198,8 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
     epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
-    n = int(ok.groupby(["framework", "precision"]).size().max())
-    spread = (f" Bars are medians over {n} runs (seeds); error bars span the interquartile range." if n > 1 else
+    n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
+    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
               " One run per bar: repeat with --repeats 3 or more to see the spread.")
 
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, median step)", "Training throughput",
@@ -329,3 +329,53 @@ def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | Non
                   "Where half precision halves activation memory, its bar is taller: AMP's memory headroom "
                   "shown as the batch it makes possible.",
                   "Bar chart of the largest batch size that trained under the memory cap, per framework and precision.")
+
+
+def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
+                                 out_dir: Path) -> Figure | None:
+    """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
+    target accuracy (from `acc`, common.summary.accuracy_statistics) as a horizontal line."""
+    ok = ok_runs(runs)
+    if ok.empty or epochs.empty or acc.empty:
+        return None
+    keys = (["machine"] if "machine" in ok else []) + ["model", "dataset"]
+    e = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))].sort_values(["cell_id", "epoch"]).copy()
+    if e.empty:
+        return None
+    meta = ok.set_index("cell_id")
+    for k in keys:
+        if k not in e:
+            e[k] = e["cell_id"].map(meta[k])
+    e["train_wall_s"] = e.groupby("cell_id")["train_time_s"].cumsum()
+    e["val_accuracy_pct"] = e["val_accuracy"] * 100
+    e["panel"] = e[keys].astype(str).agg(" · ".join, axis=1)
+    df = _labelled(e)
+    panels = list(dict.fromkeys(df["panel"]))
+    grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", hue="Framework",
+                       style="Precision", units="cell_id", estimator=None, palette=FRAMEWORK_COLORS,
+                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, linewidth=1, height=4.2, aspect=1.7,
+                       **({"col": "panel", "col_order": panels} if len(panels) > 1 else {}))
+    targets = acc.drop_duplicates(keys).copy()
+    targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
+    for panel, ax in zip(panels, grid.axes.flat):
+        row = targets[targets["panel"] == panel]
+        if not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]:
+            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
+            ax.annotate(f"target {row['target'].iloc[0]:.1%}", xy=(0, row["target"].iloc[0] * 100),
+                        xycoords=("axes fraction", "data"), xytext=(4, 3), textcoords="offset points",
+                        fontsize=8, color="#555")
+    _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
+            "excluded)", "Validation accuracy (%)")
+    if len(panels) == 1:
+        grid.ax.set_title(f"Validation accuracy against training time ({panels[0]})")
+    _save(grid.figure, out_dir, "time_to_accuracy")
+    basis = acc["target_basis"].dropna().iloc[0] if acc["target_basis"].notna().any() else ""
+    judged = targets[targets["too_short"] == ""]
+    target_text = (f"The dotted line is the target ({basis}); the first point above it is that cell's time to "
+                   "accuracy. A line that never crosses it did not reach the target — a result, not an error."
+                   if not judged.empty else "No target line: the run is too short to judge accuracy (see the note).")
+    return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
+                  f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
+                  f"the training time spent so far. {target_text} Panels: " + "; ".join(panels) + ".",
+                  "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
+                  "with a dotted horizontal target line.")

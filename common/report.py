@@ -14,16 +14,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
+import numpy as np
 import pandas as pd
 
 from common import numerics_report as nr
 from common import records
 from common.atomic import atomic_write_text
+from common.calibrate import describe as describe_steadiness
 from common.config import display_order, framework_label
 from common.env import cpu_half_precision_verdict
-from common.figures import make_figures, make_max_batch_figure, make_underflow_figure
+from common.figures import make_figures, make_max_batch_figure, make_time_to_accuracy_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
-from common.summary import findings, formatted_summary, summary_table
+from common.summary import (
+    LEGEND,
+    accuracy_statistics,
+    findings,
+    formatted_summary,
+    full_table,
+    seed_counts_text,
+    summary_table,
+)
 
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
@@ -138,6 +148,54 @@ def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
 
 
+def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
+    """The Speed section's table: every mixed cell's speed ratio with its 95% interval and verdict."""
+    mixed = full[full["precision"] != "fp32"] if "speed_note" in full else full.iloc[0:0]
+    if mixed.empty:
+        return mixed
+    multi = "machine" in mixed and mixed["machine"].nunique() > 1
+    return pd.DataFrame({
+        **({"Machine": mixed["machine"]} if multi else {}),
+        "Model": mixed["model"], "Dataset": mixed["dataset"], "Framework": mixed["framework"].map(framework_label),
+        "Precision": mixed["precision"], "Speed vs fp32": mixed["speedup_vs_fp32"].map("{:.2f}×".format),
+        "95% interval": [f"{lo:.2f}–{hi:.2f}×" if np.isfinite(lo) else "n/a"
+                         for lo, hi in zip(mixed["speed_low"], mixed["speed_high"])],
+        "Timed steps per cell": mixed["timed_steps"].map(lambda v: "n/a" if pd.isna(v) else f"{int(v)}"),
+        "Slowest p90/p50": mixed["spread_p90_p50"].map(lambda v: "n/a" if pd.isna(v) else f"{v:.1f}×"),
+        "Supported?": mixed["speed_note"].map(lambda v: f"⚠ {v}" if v else "yes"),
+    })
+
+
+def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
+    """The accuracy section's table: each mixed cell's paired test against fp32 and every cell's time to target."""
+    if acc.empty:
+        return acc
+    multi = "machine" in acc and acc["machine"].nunique() > 1
+
+    def num(v, spec):
+        return "" if v is None or not np.isfinite(v) else f"{v:{spec}}"
+
+    rows = []
+    for r in acc.itertuples():
+        tested = (np.isfinite(r.p_value) if isinstance(r.p_value, float) else False) and not r.too_short
+        timed = np.isfinite(r.target) and not r.too_short
+        rows.append({
+            **({"Machine": r.machine} if multi else {}),
+            "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
+            "Precision": r.precision,
+            "Δ vs fp32 (pp)": num(r.diff_pp, "+.2f") if tested else "",
+            "95% interval (pp)": f"[{r.ci_low:+.2f}, {r.ci_high:+.2f}]" if tested else "",
+            "p": num(r.p_value, ".3g") if tested else "",
+            "Test": r.test if tested else "",
+            "Comparable": "no: " + r.too_short if r.too_short else "yes",
+            "Target": num(r.target * 100, ".1f") + "%" if timed else "",
+            "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
+                                   else num(r.time_to_target_s, ".1f")),
+            "Seeds reaching it": r.reached if timed else "",
+        })
+    return pd.DataFrame(rows)
+
+
 def table_markdown(df: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
@@ -226,9 +284,13 @@ def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
         raise ValueError("the same run folder was given twice")
     parts: dict[str, list[pd.DataFrame]] = {}
     environment, cells, seeds, commands = {}, [], set(), []
+    hardware, devices, matrices = set(), set(), []
     for run_dir in run_dirs:
         manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
         label = machine_label(manifest, tables["run"], Path(run_dir).name)
+        hardware.add(label.rsplit(" · ", 1)[0])  # the machine without the folder
+        devices.add(manifest["device"])
+        matrices.append(manifest["matrix"])
         for name, df in tables.items():
             df = df.assign(machine=label, cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
             parts.setdefault(name, []).append(df)
@@ -237,11 +299,18 @@ def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
         seeds |= set(manifest["matrix"]["seeds"])
         commands.append(manifest["command"])
     first = load_manifest(run_dirs[0])
+    for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware"):  # the CPU verdict, where runs agree
+        values = {str(load_manifest(d)["environment"].get(key)) for d in run_dirs}
+        if len(values) == 1 and key in first["environment"]:
+            environment[key] = first["environment"][key]
     environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
                        cpu_model=" / ".join(dict.fromkeys(load_manifest(d)["environment"].get("cpu_model", "?")
                                                           for d in run_dirs)))
-    manifest = {"run_id": out_dir.name, "device": "several machines", "cells": cells, "environment": environment,
-                "matrix": {**first["matrix"], "seeds": sorted(seeds)}, "defaults": first["defaults"],
+    # Every run's frameworks, models, datasets, precisions and seeds (the run list's Matrix column).
+    matrix = {k: list(dict.fromkeys(v for m in matrices for v in m.get(k, []))) for k in first["matrix"]}
+    device = "several machines" if len(hardware) > 1 else devices.pop() if len(devices) == 1 else "several devices"
+    manifest = {"run_id": out_dir.name, "device": device, "cells": cells, "environment": environment,
+                "matrix": {**matrix, "seeds": sorted(seeds)}, "defaults": first["defaults"],
                 "notes": [f"Combined report of {len(run_dirs)} runs: {', '.join(str(d) for d in run_dirs)}."],
                 "command": "python -m common report " + " ".join(str(d) for d in run_dirs)
                 + "\n# the runs: " + "\n# ".join(commands), "sources": [str(d) for d in run_dirs]}
@@ -314,8 +383,13 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     maxbatch_figure = make_max_batch_figure(maxbatch, run_dir / "figures") if not maxbatch.empty else None
     figures += [maxbatch_figure] if maxbatch_figure else []
     environment = manifest["environment"]
-    summary = formatted_summary(summary_table(runs))
-    sentences = findings(runs, steps, environment)
+    full = full_table(runs, steps, epochs, environment)
+    summary = formatted_summary(full)
+    sentences = findings(runs, steps, environment, epochs)
+    acc_stats = accuracy_statistics(runs, epochs)
+    tta_figure = make_time_to_accuracy_figure(runs, epochs, acc_stats, run_dir / "figures")
+    figures += [tta_figure] if tta_figure else []
+    verdict = cpu_half_precision_verdict(environment)
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
     missing = [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]
@@ -324,7 +398,12 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     page = _env().get_template("report.html").render(
         run_id=manifest["run_id"], env=environment, device=manifest["device"], device_names=device_names,
         n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
-        summary_html=table_html(summary), findings=sentences, cpu_verdict=cpu_half_precision_verdict(environment),
+        summary_html=table_html(summary), findings=sentences,
+        cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
+        accuracy_table=_html_or_none(_accuracy_table(acc_stats)), legend=LEGEND,
+        speed_ratio_table=_html_or_none(_speed_ratio_table(full)),
+        accuracy_warnings=[s for s in sentences if s.startswith("Accuracy cannot be compared")],
+        steadiness=describe_steadiness(environment),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
         notes=manifest.get("notes", []),
@@ -335,12 +414,12 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),
         what_happened=nr.what_happened(runs, steps, underflow),
-        seeds_text=_seeds_text(manifest["matrix"]["seeds"]),
+        seeds_text=seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"]),
         comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),
     )
     atomic_write_text(run_dir / "index.html", page)
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
-          table_markdown(summary), "", *[f"- {s}" for s in sentences]]
+          table_markdown(summary), "", LEGEND, "", *[f"- {s}" for s in sentences]]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
@@ -359,8 +438,10 @@ def render_runs_index(reports_dir: Path) -> Path:
         except (OSError, ValueError, pd.errors.ParserError):
             continue
         table = summary_table(runs) if runs is not None and not runs.empty else pd.DataFrame()
-        headline = "; ".join(f"{r.framework} {r.precision}: {r.speedup_vs_fp32:.2f}× fp32 speed, "
-                             f"{r.val_accuracy:.1%} acc." for r in table.itertuples() if r.precision != "fp32")
+        several = not table.empty and len(table.groupby(["model", "dataset"])) > 1
+        headline = "; ".join(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: "
+                             f"{r.speedup_vs_fp32:.2f}× fp32 speed, {r.val_accuracy:.1%} acc."
+                             for r in table.itertuples() if r.precision != "fp32")
         m = manifest["matrix"]
         rows.append({
             "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),

@@ -60,12 +60,13 @@ def _table(title: str, part: pd.DataFrame, columns: list[str], ranges: bool):
     return table
 
 
-def summary_tables(runs: pd.DataFrame, width: int) -> tuple[list, str | None]:
+def summary_tables(runs: pd.DataFrame, width: int, table: pd.DataFrame | None = None) -> tuple[list, str | None]:
     """The terminal's summary tables (rich renderables) for `width` columns, and a footnote naming
-    what the report shows that they leave out (None when nothing was left out)."""
+    what the report shows that they leave out (None when nothing was left out). `table` is the
+    aggregated table the report's summary is formatted from (common.summary.full_table), when known."""
     from rich.console import Console
 
-    summary = formatted_summary(summary_table(runs))
+    summary = formatted_summary(summary_table(runs) if table is None else table)
     if summary.empty:
         return [], None
     groups = [c for c in GROUP_COLUMNS if c in summary.columns]
@@ -89,9 +90,10 @@ def summary_tables(runs: pd.DataFrame, width: int) -> tuple[list, str | None]:
     return tables, footnote
 
 
-def print_summary(console, title: str, runs: pd.DataFrame, sentences: list[str]) -> None:
+def print_summary(console, title: str, runs: pd.DataFrame, sentences: list[str],
+                  table: pd.DataFrame | None = None) -> None:
     """The summary tables, their footnote and the findings, fitted to `console`'s width."""
-    tables, footnote = summary_tables(runs, console.width)
+    tables, footnote = summary_tables(runs, console.width, table)
     console.print(title)
     for table in tables:
         console.print(table)

@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
 
-from common.summary import findings, formatted_summary, summary_table
+from common.summary import findings, formatted_summary, full_table, summary_table
 
 
 def _runs():
@@ -28,11 +28,111 @@ def test_ratios_against_each_frameworks_fp32_ignoring_failed_cells():
 
 
 def test_findings_are_sentences_from_the_numbers():
-    steps = pd.DataFrame({"framework": ["torch", "torch"], "precision": ["fp16", "fp16"], "step": [0, 1],
+    steps = pd.DataFrame({"cell_id": "torch-fp16", "framework": ["torch", "torch"], "precision": ["fp16", "fp16"],
+                          "step": [0, 1], "step_time_s": [0.1, 0.1],
                           "loss_scale": [2.0**15, 2.0**14], "skipped": [True, False]})
     env = {"cpu_amp_flags": "avx2,f16c", "cpu_bf16_hardware": False, "cpu_fp16_hardware": False}
     text = findings(_runs(), steps, env)
-    assert 3 <= len(text) <= 6
-    assert any("fp16 at 0.25× (25 images/s)" in s for s in text)
+    assert len(text) >= 3
+    assert any("fp16 at 0.25× ⚠ too few timed steps (0) to judge (25 images/s)" in s for s in text)
     assert any("emulate" in s for s in text)
     assert any("skipped 1 of 2 steps" in s and "2^14" in s for s in text)
+
+
+# ---- findings worded from the statistics (issue 14) --------------------------------------------
+
+import numpy as np  # noqa: E402
+
+from common.stats import pack_correct  # noqa: E402
+
+N_VAL = 400
+
+
+def _cells(model="simple_cnn", dataset="digits", seeds=(0,), fp32_acc=0.95, lost=0, gained=0, curve=None,
+           step_s=None, machine=None):
+    """Finished cells of torch fp32 and fp16 with per-image results: fp16 loses `lost` and gains `gained`
+    images against fp32 in every seed; `curve` is fp32's validation accuracy per epoch."""
+    rng = np.random.default_rng(0)
+    curve = curve or [fp32_acc - 0.01, fp32_acc]
+    runs, epochs, steps = [], [], []
+    for seed in seeds:
+        base = np.zeros(N_VAL, bool)
+        base[rng.choice(N_VAL, int(round(fp32_acc * N_VAL)), replace=False)] = True
+        mixed = base.copy()
+        mixed[np.flatnonzero(base)[:lost]] = False
+        mixed[np.flatnonzero(~base)[:gained]] = True
+        for prec, correct in (("fp32", base), ("fp16", mixed)):
+            cell = f"torch-{model}-{dataset}-{prec}-s{seed}"
+            acc = correct.mean()
+            runs.append({"run_id": "r", "cell_id": cell, "framework": "torch", "model": model, "dataset": dataset,
+                         "precision": prec, "seed": seed, "status": "ok", "throughput_img_s": 100.0,
+                         "peak_memory_bytes": 2**20, "final_val_accuracy": acc, "skipped_steps": 0,
+                         "memory_kind": "test", "cfg_device": "cpu", "val_samples": N_VAL,
+                         "val_correct": pack_correct(correct), **({"machine": machine} if machine else {})})
+            for e, a in enumerate(curve):
+                epochs.append({"cell_id": cell, "framework": "torch", "precision": prec, "seed": seed, "epoch": e,
+                               "val_accuracy": a if prec == "fp32" else acc, "train_time_s": 1.0})
+            times = step_s(prec) if step_s else np.full(40, 0.01 if prec == "fp32" else 0.02)
+            for i, t in enumerate(times):
+                steps.append({"cell_id": cell, "framework": "torch", "precision": prec, "seed": seed, "step": i,
+                              "step_time_s": t, "warmup": False, "loss_scale": 2.0**15 if prec == "fp16" else 1.0,
+                              "skipped": False, "model": model, "dataset": dataset})
+    return pd.DataFrame(runs), pd.DataFrame(epochs), pd.DataFrame(steps)
+
+
+ENV = {"cpu_amp_flags": "avx2,f16c", "cpu_bf16_hardware": False, "cpu_fp16_hardware": False}
+
+
+def _findings(runs, epochs, steps, env=ENV):
+    return findings(runs, steps, env, epochs)
+
+
+def test_no_significant_difference_is_worded_with_its_p_value_and_interval():
+    text = _findings(*_cells(lost=2, gained=1))
+    acc = [s for s in text if "final validation accuracy" in s]
+    assert acc == ["simple_cnn on digits, PyTorch (1 seed): final validation accuracy against fp32's 95.0%: fp16 no "
+                   "detectable difference (-0.2 pp [-0.7, +0.6], p = 1); McNemar's exact test on 400 validation "
+                   "images."]
+
+
+def test_a_significant_drop_is_worded_lower_by_with_interval_and_p():
+    text = _findings(*_cells(seeds=(0, 1, 2), lost=12))
+    acc = next(s for s in text if "final validation accuracy" in s)
+    assert "simple_cnn on digits, PyTorch (3 seeds)" in acc
+    assert "fp16 lower by 3.0 pp [" in acc and "(p = 0.0005)" in acc
+    assert "paired bootstrap over 400 validation images × 3 seeds" in acc
+    runs, epochs, steps = _cells(seeds=(0, 1, 2), lost=12)
+    f = formatted_summary(full_table(runs, steps, epochs))
+    assert f["Δ accuracy vs fp32"].iloc[1].startswith("-3.0 [")
+
+
+def test_near_chance_fp32_says_accuracy_cannot_be_compared_and_what_to_change():
+    text = _findings(*_cells(fp32_acc=0.12, lost=20, curve=[0.1, 0.12]))
+    assert not any("final validation accuracy" in s for s in text)
+    short = [s for s in text if s.startswith("Accuracy cannot be compared")]
+    assert short == ["Accuracy cannot be compared from this run for simple_cnn on digits: fp32 reached only 12.0% "
+                     "after 2 epochs (chance is 10%). Train longer (more --epochs, no --steps-per-epoch cap) or on "
+                     "the real dataset before reading accuracy differences."]
+
+
+def test_a_noisy_speed_ratio_is_marked_next_to_the_number():
+    rng = np.random.default_rng(3)
+
+    def noisy(prec):  # load switching on and off in stretches of 10 steps
+        load = np.repeat(rng.random(8) < 0.5, 10) * 4 + 1
+        return (0.01 if prec == "fp32" else 0.02) * load
+
+    runs, epochs, steps = _cells(step_s=noisy)
+    speed = next(s for s in _findings(runs, epochs, steps) if "images/s" in s)
+    assert speed.startswith("simple_cnn on digits, PyTorch (1 seed): against fp32's 100 images/s, fp16 at 1.00× [")
+    assert "⚠ noisy: interval" in speed
+    assert formatted_summary(full_table(runs, steps, epochs))["Speed vs fp32"].iloc[1] == "1.00× ⚠"
+    steady = next(s for s in _findings(*_cells()) if "images/s" in s)
+    assert "⚠" not in steady
+
+
+def test_time_to_accuracy_and_not_reached():
+    runs, epochs, steps = _cells(fp32_acc=0.95, lost=40, curve=[0.94, 0.95])
+    tta = next(s for s in _findings(runs, epochs, steps) if "training time to" in s)
+    assert tta == ("simple_cnn on digits, training time to 90.2% validation accuracy (95% of fp32's 95.0%; median "
+                   "over seeds, validation excluded): PyTorch fp32 1.0 s, fp16 not reached (0/1 seeds reached it).")

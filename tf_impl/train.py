@@ -382,6 +382,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind
+    # Per validation image, right or wrong: the final model's predictions for the paired tests (common/stats.py).
+    result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, "last step", len(result.step_loss) - 1)
     return result
 

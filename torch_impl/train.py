@@ -158,6 +158,19 @@ def evaluate(model, x, y, amp_dtype) -> tuple[float, float]:
     return loss_sum.item() / len(x), correct.item() / len(x)
 
 
+@torch.no_grad()
+def val_correct(model, x, y, amp_dtype) -> np.ndarray:
+    """Per validation image, whether the model classifies it correctly (the final validation pass's
+    predictions, recomputed the same way as evaluate() for the paired tests of common/stats.py)."""
+    model.eval()
+    hits = []
+    for i in range(0, len(x), EVAL_BATCH):
+        with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            hits.append((model(x[i:i + EVAL_BATCH]).argmax(1) == y[i:i + EVAL_BATCH]).cpu())
+    model.train()
+    return torch.cat(hits).numpy()
+
+
 def to_device_images(x: np.ndarray, device: torch.device, channels_last: bool = False) -> torch.Tensor:
     """NHWC numpy images -> NCHW device tensor, once per dataset (or per epoch when augmenting)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -353,6 +366,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind
+    result.val_correct = val_correct(net, x_val, y_val, amp_dtype)
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, scaler, "last step",
                                                 len(result.step_loss) - 1)
     return result

@@ -1,0 +1,132 @@
+"""The statistics behind accuracy and speed statements, the cell order and the calibration (issue 14)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common import calibrate, stats
+from common.config import RunConfig
+from common.data import load_synthetic, load_synthetic_cifar
+from common.order import interleaved_order
+
+
+def test_correctness_round_trips_in_one_bit_per_image():
+    correct = np.random.default_rng(0).random(359) < 0.9
+    packed = stats.pack_correct(correct)
+    assert len(packed) <= 4 * (359 // 8 + 1) // 3 + 4  # base64 of 45 bytes
+    assert np.array_equal(stats.unpack_correct(packed, 359), correct)
+    with pytest.raises(ValueError, match="fewer than"):
+        stats.unpack_correct(packed, 400)
+
+
+def test_mcnemar_matches_the_exact_binomial_on_discordant_pairs():
+    fp32 = np.ones(400, bool)
+    mixed = fp32.copy()
+    mixed[:12] = False  # 12 images lost, 2 gained
+    fp32[398:] = False
+    res = stats.mcnemar_exact(fp32, mixed)
+    assert res["discordant"] == 14
+    assert res["diff_pp"] == pytest.approx(100 * (2 - 12) / 400)
+    # two-sided exact binomial P(X <= 2 or X >= 12 | n=14, 1/2) = 2 * 106 / 16384
+    assert res["p_value"] == pytest.approx(2 * (1 + 14 + 91) / 2**14)
+    assert res["ci_low"] < res["diff_pp"] < res["ci_high"] < 0
+    same = stats.mcnemar_exact(fp32, fp32)
+    # no image differed: the interval is the 0-of-400 Clopper-Pearson bound, not a false [0, 0]
+    assert same["p_value"] == 1.0 and same["diff_pp"] == 0.0
+    assert same["ci_high"] == -same["ci_low"] == pytest.approx(100 * (1 - 0.025 ** (1 / 400)))
+
+
+def test_paired_bootstrap_over_seeds_finds_a_consistent_drop_and_not_noise():
+    rng = np.random.default_rng(1)
+    fp32 = rng.random((3, 400)) < 0.9
+    drop = fp32.copy()
+    drop[:, :20] = False  # every seed loses the same 20 (or fewer) images
+    res = stats.paired_bootstrap(fp32, drop)
+    assert res["p_value"] < 0.01 and res["ci_high"] < 0 and stats.detectable(res)
+    noise = fp32.copy()
+    for s in range(3):  # three images flip each way in each seed
+        noise[s, rng.choice(np.flatnonzero(fp32[s]), 3, replace=False)] = False
+        noise[s, rng.choice(np.flatnonzero(~fp32[s]), 3, replace=False)] = True
+    res = stats.paired_bootstrap(fp32, noise)
+    assert not stats.detectable(res) and res["ci_low"] < 0 < res["ci_high"]
+
+
+def test_too_short_names_near_chance_single_epoch_and_steep_curves():
+    def epochs(curve):
+        return pd.DataFrame({"cell_id": "c", "epoch": range(len(curve)), "val_accuracy": curve})
+
+    assert "only 12.0% after 3 epochs (chance is 10%)" in stats.too_short(epochs([0.1, 0.11, 0.12]), "digits")
+    assert "single epoch" in stats.too_short(epochs([0.8]), "digits")
+    assert "still improving steeply (+10.0 points" in stats.too_short(epochs([0.5, 0.7, 0.8]), "digits")
+    assert stats.too_short(epochs([0.95, 0.985, 0.99]), "digits") is None
+
+
+def test_time_to_accuracy_is_training_time_until_the_first_epoch_at_target():
+    e = pd.DataFrame({"epoch": [0, 1, 2], "val_accuracy": [0.5, 0.91, 0.95], "train_time_s": [2.0, 3.0, 4.0]})
+    assert stats.time_to_accuracy(e, 0.9) == 5.0
+    assert stats.time_to_accuracy(e, 0.99) == float("inf")
+
+
+def test_speed_interval_is_narrow_on_steady_steps_and_flagged_on_noisy_ones():
+    rng = np.random.default_rng(2)
+    steady = stats.speed_interval([0.010 + rng.normal(0, 1e-4, 200)], [0.020 + rng.normal(0, 2e-4, 200)])
+    assert steady["ratio"] == pytest.approx(0.5, rel=0.02)
+    assert stats.speed_verdict(steady["ratio"], steady["low"], steady["high"], steady["timed_steps"]) == ""
+    # load switching on and off in stretches: step times jump 5x for blocks of steps
+    load = np.repeat(rng.random(20) < 0.5, 10) * 4 + 1
+    noisy = stats.speed_interval([0.010 * load], [0.020 * load[::-1]])
+    assert stats.speed_verdict(noisy["ratio"], noisy["low"], noisy["high"], noisy["timed_steps"]).startswith("noisy")
+    assert "too few timed steps (3)" in stats.speed_verdict(1.3, 1.2, 1.4, 3)
+    assert "machine speed changed by 50%" in stats.speed_verdict(0.5, 0.49, 0.51, 200, machine_drift=0.5)
+
+
+def test_interleaved_order_rotates_precisions_over_seeds_and_keeps_every_cell():
+    cells = [RunConfig(framework=fw, precision=p, seed=s) for s in (0, 1, 2) for p in ("fp32", "fp16", "bf16")
+             for fw in ("torch", "tf")]
+    order = interleaved_order(cells)
+    assert sorted(c.cell_id for c in order) == sorted(c.cell_id for c in cells)
+    firsts = [[c.precision for c in order if c.seed == s][::2] for s in (0, 1, 2)]
+    assert firsts == [["fp32", "fp16", "bf16"], ["fp16", "bf16", "fp32"], ["bf16", "fp32", "fp16"]]
+    # every precision in every position exactly once over the three repeats (a Latin square)
+    for position in range(3):
+        assert sorted(f[position] for f in firsts) == ["bf16", "fp16", "fp32"]
+    assert [c.framework for c in order[:2]] == ["torch", "tf"]
+    assert interleaved_order(cells) == order  # pure: same matrix, same order
+
+
+def test_calibration_records_before_after_and_drift():
+    entry = calibrate.measure("before")
+    assert entry["calibration_before_ms"] > 0 and entry["calibration_before_spread"] >= 0
+    env = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0, "calibration_before_spread": 0.02,
+           "calibration_after_spread": 0.05}
+    assert calibrate.drift(env) == pytest.approx(0.5)
+    assert "50% apart" in calibrate.describe(env) and "unreliable" in calibrate.describe(env)
+    assert calibrate.describe({}) is None
+
+
+def _phase_free_features(x: np.ndarray) -> np.ndarray:
+    """Magnitude spectrum of the channel mean: drops the per-image phase, keeps orientation and frequency."""
+    return np.abs(np.fft.fft2(x.mean(axis=-1))).reshape(len(x), -1)
+
+
+@pytest.mark.parametrize("loader", [load_synthetic, load_synthetic_cifar])
+def test_synthetic_data_is_seeded_and_its_classes_have_learnable_structure(loader):
+    a, b = loader(), loader()
+    assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_val, b.y_val)
+    assert a.source.startswith("synthetic") and "stripes" in a.source
+    assert np.bincount(a.y_train, minlength=10).min() > len(a.y_train) / 20  # every class present
+    # A nearest-centroid classifier on phase-free features: the class lives in the image structure.
+    ftr, fva = _phase_free_features(a.x_train), _phase_free_features(a.x_val)
+    centroids = np.stack([ftr[a.y_train == c].mean(0) for c in range(10)])
+    pred = np.argmin(((fva[:, None, :] - centroids[None]) ** 2).sum(-1), axis=1)
+    assert (pred == a.y_val).mean() > 0.6
+
+
+def test_a_target_accuracy_outside_0_1_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    from common.cli import main
+
+    code = main(["compare", "--device", "cpu", "--target-accuracy", "95", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0
+    assert "--target-accuracy must be a fraction in (0, 1], e.g. 0.9, got 95.0" in err
+    assert not (tmp_path / "r").exists()
