@@ -128,5 +128,5 @@ def test_a_target_accuracy_outside_0_1_is_one_line_exit_2_and_writes_nothing(tmp
     code = main(["compare", "--device", "cpu", "--target-accuracy", "95", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
-    assert "--target-accuracy must be a fraction in (0, 1], e.g. 0.9, got 95.0" in err
+    assert "target_accuracy must be a float in (0, 1] or null, got 95.0" in err
     assert not (tmp_path / "r").exists()
