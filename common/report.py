@@ -23,6 +23,7 @@ from common.config import display_order, framework_label
 from common.env import cpu_half_precision_verdict
 from common.figures import make_figures, make_max_batch_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
+from common.settings_check import side_by_side
 from common.summary import findings, formatted_summary, summary_table
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -291,6 +292,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),
         what_happened=nr.what_happened(runs, steps, underflow),
         seeds_text=_seeds_text(manifest["matrix"]["seeds"]),
+        settings_check=side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else []),
         comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),
     )
     atomic_write_text(run_dir / "index.html", page)
