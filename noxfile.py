@@ -1,4 +1,4 @@
-"""nox sessions: compare (default), report, tests, lint, bench.
+"""nox sessions: compare (default), report, tests, lint, bench, mutants.
 
 Dependencies are declared once, in pyproject.toml; every session installs the project from it.
 Options after `--` pass through: `nox -s compare -- --precisions fp32,bf16 --epochs 3`.
@@ -52,3 +52,10 @@ def bench(session: nox.Session) -> None:
     _install(session)
     session.run("python", "benchmarks/amp_speed.py", *session.posargs)
     session.run("python", "benchmarks/overhead.py", *session.posargs)
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """Mutation check: deliberate single-line mapping/optimizer/model errors, each must fail tests/test_parity.py."""
+    _install(session, "[test]")
+    session.run("python", "tests/mutants.py", *session.posargs)

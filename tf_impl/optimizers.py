@@ -10,6 +10,11 @@ keras.optimizers.Adam adds it to the uncorrected sqrt(v) (the paper's "epsilon h
 
 Multiplying torch's numerator and denominator by sqrt(1 - beta_2**t) shows torch's rule is
 Keras' with eps replaced by eps * sqrt(1 - beta_2**t), which is all this subclass changes.
+One more difference is rounding, not formula: keras.optimizers.Adam casts beta_2 through a float32
+tensor before taking 1 - beta_2**t, and 1 - float32(0.999) is 1.3e-5 off 0.001, so its step size
+at t = 1 is 6.5e-6 off (relative); torch computes the bias corrections in Python double. TorchAdam
+computes them in float64 too, then casts to the variable's dtype.
+
 torch stays the reference (its fused/foreach kernels implement the same formula), so in aligned
 mode both frameworks run one formula at the same epsilon; tests/test_parity.py checks it step
 by step, with no element left out.
@@ -34,13 +39,15 @@ class TorchAdam(keras.optimizers.Adam):
     def update_step(self, gradient, variable, learning_rate):
         lr = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
-        local_step = ops.cast(self.iterations + 1, variable.dtype)
-        beta_1_power = ops.power(ops.cast(self.beta_1, variable.dtype), local_step)
-        beta_2_power = ops.power(ops.cast(self.beta_2, variable.dtype), local_step)
+        # Bias corrections in float64 from the exact Python betas (ops.cast(0.999, ...) goes through float32).
+        local_step = ops.cast(self.iterations + 1, "float64")
+        correction_1 = 1 - ops.power(ops.convert_to_tensor(self.beta_1, "float64"), local_step)
+        correction_2_sqrt = ops.sqrt(1 - ops.power(ops.convert_to_tensor(self.beta_2, "float64"), local_step))
         m = self._momentums[self._get_variable_index(variable)]
         v = self._velocities[self._get_variable_index(variable)]
-        alpha = lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-        epsilon_hat = ops.cast(self.epsilon, variable.dtype) * ops.sqrt(1 - beta_2_power)  # torch's eps, rescaled
+        alpha = lr * ops.cast(correction_2_sqrt / correction_1, variable.dtype)
+        # torch's eps, rescaled to the uncorrected sqrt(v) this update divides by
+        epsilon_hat = ops.cast(ops.convert_to_tensor(self.epsilon, "float64") * correction_2_sqrt, variable.dtype)
         self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
         self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
         self.assign_sub(variable, ops.divide(ops.multiply(m, alpha), ops.add(ops.sqrt(v), epsilon_hat)))
