@@ -111,8 +111,8 @@ def make_copy(dest: Path, files: list[str], mutant: Mutant) -> None:
     path.write_text(text.replace(mutant.old, mutant.new))
 
 
-def start_child(tree: Path, log: Path) -> int:
-    """Fork a child that runs pytest on the mutated tree; returns its pid (exit status 0: tests passed)."""
+def start_child(tree: Path, log: Path, args: tuple[str, ...] = ("-x", *ORDER)) -> int:
+    """Fork a child that runs pytest on the (mutated) tree; returns its pid (exit status 0: tests passed)."""
     pid = os.fork()
     if pid == 0:  # child: only the mutated copy is importable as the project
         code = 3
@@ -126,19 +126,19 @@ def start_child(tree: Path, log: Path) -> int:
             os.environ["AMP_COMPARE_ARTIFACTS"] = str(tree / "test-artifacts")
             import pytest
 
-            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *ORDER]))
+            code = int(pytest.main(["-q", "-p", "no:cacheprovider", *args]))
         finally:
             sys.stdout.flush()
             os._exit(code)
     return pid
 
 
-def check_order() -> None:
+def check_order(log: Path) -> None:
     """ORDER must name every test of the parity suite (a new test would otherwise never run here)."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                          PARITY], cwd=ROOT, capture_output=True, text=True).stdout
-    collected = {line.strip() for line in out.splitlines() if line.startswith(PARITY + "::")}
-    if collected != set(ORDER):
+    _, status = os.waitpid(start_child(ROOT, log, ("--collect-only", PARITY)), 0)
+    lines = log.read_text(errors="replace").splitlines()
+    collected = {line.strip() for line in lines if line.startswith(PARITY + "::")}
+    if os.waitstatus_to_exitcode(status) != 0 or collected != set(ORDER):
         print(f"tests/mutants.py ORDER is stale: missing {sorted(collected - set(ORDER))}, "
               f"unknown {sorted(set(ORDER) - collected)}", file=sys.stderr)
         sys.exit(2)
@@ -150,12 +150,12 @@ def main() -> int:
     import tensorflow  # noqa: F401
     import torch  # noqa: F401
 
-    check_order()
     files = tracked_files()
     start, results = time.perf_counter(), {}
     print(f"{len(MUTANTS)} mutants, each running {PARITY} (-x, quick tests first) on a mutated copy of the tree, "
           f"{JOBS} at a time", flush=True)
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        check_order(Path(tmp) / "collect.log")
         pending, running = list(enumerate(MUTANTS)), {}
         while pending or running:
             while pending and len(running) < JOBS:

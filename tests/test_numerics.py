@@ -355,10 +355,15 @@ def test_locate_backward_overflow_from_a_huge_loss_scale():
     flatten = kn.canonical_name(next(la for la in keras_model.layers if isinstance(la, keras.layers.Flatten)))
     assert kn.locate_nonfinite(keras_model, x, y, "fp16", 2.0**40) == \
            {"where": "backward", "layer": flatten, "tensor": "output", "value": "inf"}
-    # bf16 is not loss-scaled (as in training), so the same scale changes nothing.
+    # fp16-static: the run's fixed scale is used as it is (seen: Keras fp16-static at 2**40 recorded "ok").
+    assert tn.locate_nonfinite(torch_model, xt, yt, "fp16-static", 2.0**40) == \
+           {"where": "backward", "layer": "fc", "tensor": "output", "value": "inf"}
+    assert kn.locate_nonfinite(keras_model, x, y, "fp16-static", 2.0**40) == \
+           {"where": "backward", "layer": flatten, "tensor": "output", "value": "inf"}
+    # bf16 is not loss-scaled: a run passes its scale, 1.0 (current_scale of a disabled scaler).
     torch_model, keras_model = build_pair("simple_cnn", "bf16")
-    assert tn.locate_nonfinite(torch_model, xt, yt, "bf16", 2.0**40) is None
-    assert kn.locate_nonfinite(keras_model, x, y, "bf16", 2.0**40) is None
+    assert tn.locate_nonfinite(torch_model, xt, yt, "bf16", 1.0) is None
+    assert kn.locate_nonfinite(keras_model, x, y, "bf16", 1.0) is None
 
 
 def test_both_frameworks_share_the_numpy_helpers():

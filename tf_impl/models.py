@@ -21,11 +21,12 @@ def simple_cnn(input_shape: tuple[int, int, int], num_classes: int,
                output_dtype: str | None = "float32") -> tuple[keras.KerasTensor, keras.KerasTensor]:
     """The tutorial network: conv3x3(32)-ReLU-maxpool2 -> conv3x3(64)-ReLU-maxpool2 -> flatten -> dense."""
     inputs = keras.Input(shape=input_shape)
-    x = layers.Conv2D(32, 3, padding="same", activation="relu", name="conv1")(inputs)
-    x = layers.MaxPooling2D(2)(x)
-    x = layers.Conv2D(64, 3, padding="same", activation="relu", name="conv2")(x)
-    x = layers.MaxPooling2D(2)(x)
-    x = layers.Flatten()(x)  # flattens (H, W, C): NHWC order
+    # Layer names as the torch twin's modules, so the dtype audits align row by row.
+    x = layers.Conv2D(32, 3, padding="same", name="conv1")(inputs)
+    x = layers.MaxPooling2D(2, name="pool1")(layers.ReLU(name="relu1")(x))
+    x = layers.Conv2D(64, 3, padding="same", name="conv2")(x)
+    x = layers.MaxPooling2D(2, name="pool2")(layers.ReLU(name="relu2")(x))
+    x = layers.Flatten(name="flatten")(x)  # flattens (H, W, C): NHWC order
     # output_dtype "float32": Keras' mixed-precision idiom (float32 logits). None: the global policy,
     # so under a mixed policy the output matmul runs in the half dtype, as torch autocast's Linear.
     outputs = layers.Dense(num_classes, dtype=output_dtype, name="fc")(x)

@@ -25,6 +25,7 @@ from common.child import (  # noqa: E402
     Progress,
     SharedInit,
     TrainResult,
+    check_final_weights,
     first_nonfinite_parameter,
 )
 from common.config import RunConfig  # noqa: E402
@@ -410,6 +411,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind
+    check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, "last step", len(result.step_loss) - 1)
     return result
 

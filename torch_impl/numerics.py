@@ -331,7 +331,7 @@ def locate_nonfinite(model: nn.Module, x, y, precision: str, loss_scale: float) 
             if first_bad_output or nonfinite_kind(_numpy(loss)):
                 layer, kind = first_bad_output[0] if first_bad_output else (LOSS, nonfinite_kind(_numpy(loss)))
                 return {"where": "forward", "layer": layer, "tensor": "output", "value": kind}
-            scale = loss_scale if precision == "fp16" else 1.0
+            scale = loss_scale  # whatever scaled this run: dynamic, fp16-static, or 1.0
             grads = torch.autograd.grad(loss * scale, [p for _, p in named], allow_unused=True)
     finally:
         for handle in handles:

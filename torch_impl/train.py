@@ -23,6 +23,7 @@ from common.child import (
     Progress,
     SharedInit,
     TrainResult,
+    check_final_weights,
     first_nonfinite_parameter,
 )
 from common.config import RunConfig
@@ -372,6 +373,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind
+    check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, scaler, "last step",
                                                 len(result.step_loss) - 1)
     return result
