@@ -63,7 +63,9 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         per_fw = {}
         for fw, g in d.groupby("framework"):
             per_fw[fw] = g.groupby(["layer", "phase"], sort=False).agg(
-                dtypes=("compute_dtype", lambda s: ", ".join(sorted(set(s)))),
+                # the set of dtypes the layer's ops produced: torch's one batch_norm op with a float16 output
+                # and float32 statistics ("float16+float32") is Keras' float16 and float32 ops
+                dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
                 ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
                 params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
         if not per_fw:

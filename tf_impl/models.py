@@ -74,7 +74,13 @@ def resnet18(input_shape: tuple[int, int, int], num_classes: int, width: int = 6
     for i, (mult, stride) in enumerate([(1, 1), (2, 2), (4, 2), (8, 2)], start=1):
         x = _basic_block(x, width * mult, stride, f"layer{i}_0", bn_args, stride2_padding)
         x = _basic_block(x, width * mult, 1, f"layer{i}_1", bn_args, stride2_padding)
-    x = layers.GlobalAveragePooling2D(name="avgpool")(x)
+    if output_dtype is None:
+        # Aligned: average pooling in the policy's dtype, as torch autocast's adaptive_avg_pool2d
+        # (GlobalAveragePooling2D's mean casts half inputs to float32 and back). Same numbers up to rounding.
+        x = layers.AveragePooling2D(pool_size=tuple(x.shape[1:3]), name="avgpool")(x)
+        x = layers.Flatten(name="avgpool_flatten")(x)
+    else:
+        x = layers.GlobalAveragePooling2D(name="avgpool")(x)
     outputs = layers.Dense(num_classes, dtype=output_dtype, name="fc")(x)  # see simple_cnn
     return inputs, outputs
 
@@ -87,7 +93,8 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
 
     output_dtype: the final Dense layer's dtype policy. "float32" (the default, Keras' recommended
     mixed-precision idiom) gives float32 logits; None follows the global policy, i.e. the half dtype
-    under a mixed policy, which is what torch autocast does with the final Linear (aligned mode).
+    under a mixed policy, which is what torch autocast does with the final Linear (aligned mode);
+    resnet18's average pooling then also stays in the half dtype, as torch's does.
 
     bn_momentum / bn_epsilon are in Keras' convention (see common/mapping.py); None keeps Keras'
     default. stride2_padding: "symmetric" pads like torch, "same" is Keras' own padding.

@@ -213,9 +213,25 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
             if dtype and op.type not in BOOKKEEPING_OPS and op.type not in VIEW_OPS:
                 counts[(owners[op.name], op.type, phase, dtype)] += 1
     layers = {canonical_name(layer): layer for layer in _layers(model)}
+    merged: Counter[tuple[str, str, str, str]] = Counter()
+    for (layer, op, phase, dtype), count in counts.items():
+        merged[(audit_name(layer), op, phase, dtype)] += count
     return [{"layer": layer, "op": op, "phase": phase, "compute_dtype": dtype,
              "param_dtype": _param_dtype(layers.get(layer)), "count": count}
-            for (layer, op, phase, dtype), count in counts.items()]
+            for (layer, op, phase, dtype), count in merged.items()]
+
+
+# Keras layers whose work torch does inside another module: the explicit padding before a strided
+# conv (torch's Conv2d pads itself), the residual add (torch's BasicBlock.forward adds), the Flatten
+# after the aligned average pooling. The audit files their ops under torch's module.
+AUDIT_ALIASES = (r"\.pad$", r"\.add$", r"\.flatten$")
+
+
+def audit_name(layer: str) -> str:
+    """The torch module a Keras layer's ops belong to in the dtype audit ("layer2.0.conv1.pad" -> "layer2.0.conv1")."""
+    for pattern in AUDIT_ALIASES:
+        layer = re.sub(pattern, "", layer)
+    return layer
 
 
 # ---------------------------------------------------------------------------------------------

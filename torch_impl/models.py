@@ -50,16 +50,17 @@ class BasicBlock(nn.Module):
         self.bn1 = norm(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
         self.bn2 = norm(planes)
-        self.relu = nn.ReLU(inplace=True)
+        self.relu1 = nn.ReLU(inplace=True)  # one module per ReLU, named as the Keras twin's layers
+        self.relu2 = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or in_planes != planes:  # torchvision's name for the projection shortcut
             self.downsample = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), norm(planes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        return self.relu2(out + identity)  # the add is the block's own op (Keras: layer<i>_<j>_add)
 
 
 class ResNet18(nn.Module):

@@ -43,6 +43,10 @@ LOSS = "loss"
 BOOKKEEPING_OPS = {"detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty",
                    "new_empty_strided", "zeros_like", "ones_like", "fill_", "zero_"}
 
+# Layout-only copies (a flatten of a channels-last tensor is clone + _unsafe_view): skipped as views
+# are, and as tf_impl/numerics.py skips Reshape, so the two audits list the same layers.
+LAYOUT_OPS = {"clone", "_unsafe_view", "contiguous"}
+
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The training loss of torch_impl/train.py (autocast computes it in float32)."""
@@ -126,7 +130,7 @@ class _OpRecorder(TorchDispatchMode):
         # An op's dtype is the dtype of its floating outputs: BatchNorm's is "float16+float32"
         # (the normalised output, then the float32 batch statistics it saves for backward).
         dtypes = dict.fromkeys(_dtype_name(t.dtype) for t in _tensors(out) if t.is_floating_point())
-        if dtypes and not func.is_view and name not in BOOKKEEPING_OPS:
+        if dtypes and not func.is_view and name not in BOOKKEEPING_OPS and name not in LAYOUT_OPS:
             self.counts[(self.layer, name, self.phase, "+".join(dtypes))] += 1
         return out
 
