@@ -289,6 +289,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         maxbatch_table=_html_or_none(_maxbatch_table(maxbatch)),
         underflow_table=_html_or_none(_underflow_table(underflow)),
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
+        dtype_facts=nr.op_dtype_facts(dtypes, manifest["device"]),
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),
         what_happened=nr.what_happened(runs, steps, underflow),
         seeds_text=_seeds_text(manifest["matrix"]["seeds"]),

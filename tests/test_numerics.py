@@ -411,4 +411,29 @@ def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     assert not table["differs"].any(), table[table["differs"]].to_string()
     fc = table[(table["layer"] == "fc") & (table["phase"] == "forward")]
     assert fc.iloc[0]["PyTorch dtypes"] == fc.iloc[0]["TensorFlow/Keras dtypes"] == HALF[precision]
+    # The report's glossary sentences come from these rows (common/numerics_report.op_dtype_facts).
+    from common.numerics_report import op_dtype_facts
 
+    facts = op_dtype_facts(rows, "cpu")
+    assert facts["device"] == "CPU" and facts["differing"][precision]["rows"] == 0
+    assert facts["torch_fc"] == facts["keras_fc"] == HALF[precision]
+    assert facts["torch_loss"] == facts["keras_loss"] == "float32"
+    assert {"_log_softmax", "nll_loss_forward"} <= set(facts["torch_float32_ops"])
+    assert "convolution" in facts["torch_half_ops"]
+    # CPU autocast: softmax-free, but BatchNorm's normalised output stays half (not on a float32 list)
+    assert "native_batch_norm" not in facts["torch_float32_ops"]
+
+
+
+def test_nonfinite_weights_behind_a_finite_loss_mark_the_run_diverged():
+    """Seen: Keras fp16-static at 2**40, every conv weight NaN after step 0, loss finite, recorded "ok"."""
+    from common.child import TrainResult, check_final_weights
+
+    result = TrainResult(step_loss=[2.3, 2.3, 2.3])
+    check_final_weights(result, {"conv1.weight": np.ones(3), "conv2.weight": np.array([1.0, np.nan])})
+    assert result.diverged_at_step == 2 and "conv2.weight" in result.diverged_reason
+    assert result.nonfinite == {"step": 2, "where": "parameters", "layer": "conv2.weight", "value": "nan/inf",
+                                "tensor": "conv2.weight"}
+    finite = TrainResult(step_loss=[2.3])
+    check_final_weights(finite, {"conv1.weight": np.ones(3)})
+    assert finite.diverged_at_step is None and finite.nonfinite is None
