@@ -151,6 +151,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype("tf", "fc"),
                  keras_loss=layer_dtype("tf", "loss"), torch_loss=layer_dtype("torch", "loss"))
     for p, table in dtype_side_by_side(dtypes).items():
+        differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
         facts["differing"][p] = {"rows": int(table["differs"].sum()), "of": len(table),
-                                 "layers": list(dict.fromkeys(table.loc[table["differs"], "layer"]))[:8]}
+                                 "layers": list(dict.fromkeys(differing))[:8]}
     return facts

@@ -50,7 +50,7 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
         k_norm = TO_TORCH_CONVENTION["tf"].get(key, lambda v: v)(k) if key in keras_used else None
         match = key in torch_used and key in keras_used and _same(t_norm, k_norm)
         rows.append({"key": key, "torch": t, "keras": k, "torch_as_torch": t_norm, "keras_as_torch": k_norm,
-                     "match": match})
+                     "recorded": {"torch": key in torch_used, "keras": key in keras_used}, "match": match})
     return rows
 
 
@@ -104,8 +104,8 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
     for cell in checked:
         for row in cell["rows"]:
             entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "bad": []})
-            entry["torch"].add(_fmt(row["torch"]) if row["torch"] is not None else "not recorded")
-            entry["keras"].add(_fmt(row["keras"]) if row["keras"] is not None else "not recorded")
+            for fw in ("torch", "keras"):
+                entry[fw].add(_fmt(row[fw]) if row["recorded"][fw] else "not recorded")
             if not row["match"]:
                 entry["bad"].append(cell["cell"])
     rows = [{"setting": key, "torch": "; ".join(sorted(e["torch"])), "keras": "; ".join(sorted(e["keras"])),
