@@ -1,4 +1,4 @@
-"""nox sessions: compare (default), report, tests, lint, bench.
+"""nox sessions: compare (default), report, tests, lint, bench, mutants.
 
 Dependencies are declared once, in pyproject.toml; every session installs the project from it.
 Options after `--` pass through: `nox -s compare -- --precisions fp32,bf16 --epochs 3`.
@@ -70,3 +70,10 @@ def bench(session: nox.Session) -> None:
     python = _framework_python(session)
     session.run(python, "benchmarks/amp_speed.py", *session.posargs, external=True)
     session.run(python, "benchmarks/overhead.py", *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def mutants(session: nox.Session) -> None:
+    """Mutation check: deliberate single-line mapping/optimizer/model errors, each must fail tests/test_parity.py."""
+    python = _framework_python(session)
+    session.run(python, "tests/mutants.py", *session.posargs, external=True)

@@ -122,6 +122,7 @@ class TrainResult:
     peak_memory_bytes: int = 0
     memory_kind: str = ""
     diverged_at_step: int | None = None  # first step of the non-finite run that stopped training
+    diverged_reason: str = ""  # set when the run diverged for another reason than non-finite losses
     info: dict = field(default_factory=dict)  # framework versions, device name, AMP details
     nonfinite: dict | None = None  # the NaN/Inf locator's finding at the first non-finite step
     # Numerics lab rows: "dtypes" (dtype audit of one step), "underflow" (gradient magnitudes per layer)
@@ -134,6 +135,22 @@ class TrainResult:
 def first_nonfinite_parameter(weights: dict[str, np.ndarray]) -> str | None:
     """The first parameter (canonical name, in model order) holding inf or NaN, if any."""
     return next((name for name, value in weights.items() if not np.all(np.isfinite(value))), None)
+
+
+def check_final_weights(result: TrainResult, weights: dict[str, np.ndarray]) -> None:
+    """A run whose weights became non-finite diverged, even when its loss stayed finite.
+
+    Seen: Keras fp16-static at scale 2**40 turned every conv weight NaN after step 0 while
+    max-pooling kept the loss finite, and the run was recorded "ok". Called once after training.
+    """
+    bad = first_nonfinite_parameter(weights)
+    if bad is None or result.diverged_at_step is not None:
+        return
+    last = len(result.step_loss) - 1
+    result.diverged_at_step = last
+    result.diverged_reason = f"non-finite weights ({bad}) after the last step ({last}) while the loss stayed finite"
+    if result.nonfinite is None:
+        result.nonfinite = {"step": last, "where": "parameters", "layer": bad, "value": "nan/inf", "tensor": bad}
 
 
 class DivergenceWatch:
@@ -198,7 +215,8 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         **identity,
         "schema_version": records.SCHEMA_VERSION,
         "status": "diverged" if diverged else "ok",
-        "error": (f"non-finite loss for {cfg.diverge_after} consecutive steps from step {result.diverged_at_step}"
+        "error": (result.diverged_reason or
+                  f"non-finite loss for {cfg.diverge_after} consecutive steps from step {result.diverged_at_step}"
                   if diverged else ""),
         "diverged_at_step": result.diverged_at_step if diverged else -1,
         "stderr_tail": "",

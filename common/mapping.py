@@ -38,9 +38,22 @@ DIFFERENCES = [
     Difference("adam_epsilon", "Adam epsilon",
                "torch adds eps to the bias-corrected sqrt(v); Keras adds it to the uncorrected sqrt(v) (the "
                "paper's epsilon-hat), so equal values are not equal behaviour: in the first steps Keras' eps "
-               "acts up to 1/sqrt(1-beta2)≈32× larger, and weights with tiny gradients move differently "
-               "(tests/test_parity.py measures it). Aligned: the same value on both sides; no constant closes "
-               "the gap exactly."),
+               "acts up to 1/sqrt(1-beta2)≈32× larger, and weights with tiny gradients move differently. "
+               "Aligned: the same value on both sides and Keras runs tf_impl/optimizers.TorchAdam, torch's "
+               "formula (tests/test_parity.py checks the two agree step by step); defaults: each framework's "
+               "own Adam."),
+    Difference("adam_formula", "Adam update formula",
+               "Aligned: Keras uses tf_impl/optimizers.TorchAdam (eps added to the bias-corrected sqrt(v), bias "
+               "corrections in float64, as torch.optim.Adam). Defaults: keras.optimizers.Adam, whose step at t=1 "
+               "is lr·g/(|g| + eps/sqrt(1-beta2)) against torch's lr·g/(|g| + eps), so a weight whose gradient "
+               "is near eps moves less in Keras; it also rounds 1 - beta2 through float32, a 6.5e-6 relative "
+               "step-size error at t=1 (both figures derived in tf_impl/optimizers.py, not measured per run)."),
+    Difference("output_dtype", "Output layer dtype (mixed precision)",
+               "torch autocast runs the final Linear in the half dtype and casts cross_entropy's input to "
+               "float32. Keras' mixed-precision guide keeps the output layer float32: the logits, and the "
+               "output layer's matmul, are then float32 in Keras but half in torch. Aligned: Keras' output "
+               "Dense follows the policy (half), the loss is float32 on both sides; defaults: Keras' float32 "
+               "output layer."),
     Difference("bn_momentum", "BatchNorm momentum",
                "Opposite conventions: torch's momentum weights the new batch, Keras' weights the old average. "
                "Aligned: torch 0.1 == Keras 0.9."),
@@ -77,6 +90,8 @@ def framework_settings(cfg: RunConfig) -> dict[str, object]:
         "stride2_padding": "symmetric",
         "init_scale": cfg.init_scale,
         "growth_interval": cfg.growth_interval,
+        "adam_formula": "torch",  # Keras: tf_impl/optimizers.TorchAdam
+        "output_dtype": "policy",  # the output layer computes in the mixed policy's half dtype, as autocast's Linear
     }
     settings["bn_momentum"] = (BN_MOMENTUM_TORCH if cfg.framework == "torch"
                                else keras_bn_momentum(BN_MOMENTUM_TORCH))

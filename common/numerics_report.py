@@ -63,7 +63,9 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         per_fw = {}
         for fw, g in d.groupby("framework"):
             per_fw[fw] = g.groupby(["layer", "phase"], sort=False).agg(
-                dtypes=("compute_dtype", lambda s: ", ".join(sorted(set(s)))),
+                # the set of dtypes the layer's ops produced: torch's one batch_norm op with a float16 output
+                # and float32 statistics ("float16+float32") is Keras' float16 and float32 ops
+                dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
                 ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
                 params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
         if not per_fw:
@@ -118,3 +120,38 @@ def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFra
                    f"step {r.nonfinite_step}, in the {r.nonfinite_where} of layer '{r.nonfinite_layer}' "
                    f"({r.nonfinite_value}).")
     return out
+
+
+def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
+    """What the glossary and the dtype-audit section say about op dtypes, taken from this run's own audit.
+
+    Nothing here is typed from documentation: the op lists are the ops the torch child's audit saw
+    (first seed, first mixed precision), under the autocast of `device` (torch's CPU and CUDA autocast
+    lists differ; only the one that ran is described). Empty when the run audited no mixed precision.
+    """
+    facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "torch_float32_ops": [],
+                   "torch_half_ops": [], "keras_fc": "", "keras_loss": "", "torch_fc": "", "differing": {}}
+    if dtypes.empty:
+        return facts
+    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["precision"] != "fp32")]
+    if first.empty:
+        return facts
+    prec = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
+    facts["precision"] = prec
+    d = first[(first["precision"] == prec) & (first["phase"] == "forward")]
+    torch_rows = d[(d["framework"] == "torch") & (d["op"] != "_to_copy")]
+    per_op = torch_rows.groupby("op")["compute_dtype"].agg(lambda s: {x for v in s for x in v.split("+")})
+    facts["torch_float32_ops"] = sorted(op for op, ds in per_op.items() if ds == {"float32"})
+    facts["torch_half_ops"] = sorted(op for op, ds in per_op.items() if "float32" not in ds)
+
+    def layer_dtype(fw: str, layer: str) -> str:
+        rows = d[(d["framework"] == fw) & (d["layer"] == layer) & ~d["op"].isin(["_to_copy", "Cast"])]
+        return ", ".join(sorted({x for v in rows["compute_dtype"] for x in v.split("+")}))
+
+    facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype("tf", "fc"),
+                 keras_loss=layer_dtype("tf", "loss"), torch_loss=layer_dtype("torch", "loss"))
+    for p, table in dtype_side_by_side(dtypes).items():
+        differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
+        facts["differing"][p] = {"rows": int(table["differs"].sum()), "of": len(table),
+                                 "layers": list(dict.fromkeys(differing))[:8]}
+    return facts

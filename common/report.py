@@ -25,6 +25,7 @@ from common.config import display_order, framework_label
 from common.env import cpu_half_precision_verdict
 from common.figures import make_figures, make_max_batch_figure, make_time_to_accuracy_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
+from common.settings_check import side_by_side
 from common.summary import (
     LEGEND,
     accuracy_statistics,
@@ -412,9 +413,11 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         maxbatch_table=_html_or_none(_maxbatch_table(maxbatch)),
         underflow_table=_html_or_none(_underflow_table(underflow)),
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
+        dtype_facts=nr.op_dtype_facts(dtypes, manifest["device"]),
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),
         what_happened=nr.what_happened(runs, steps, underflow),
         seeds_text=seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"]),
+        settings_check=side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else []),
         comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),
     )
     atomic_write_text(run_dir / "index.html", page)

@@ -100,7 +100,7 @@ def test_torch_audit_simple_cnn(precision):
     model = build_torch("simple_cnn")
     rows = tn.dtype_audit(model, *torch_batch(*batch("simple_cnn")), precision)
     half = HALF[precision]
-    assert leaf_modules(model) | {"loss", ""} == {r["layer"] for r in rows}  # "": the functional relu
+    assert leaf_modules(model) - {"flatten"} | {"loss"} == {r["layer"] for r in rows}  # flatten: a view
     assert {r["phase"] for r in rows} == {"forward", "backward"}
     # autocast runs conv and linear in half precision, forward and backward...
     assert dtype_of(rows, "convolution") == {"conv1": half, "conv2": half}
@@ -113,7 +113,7 @@ def test_torch_audit_simple_cnn(precision):
     assert dtype_of(rows, "_to_copy", "backward")["loss"] == half
     # The parameters stay float32: autocast casts a half copy in, and the gradient back out.
     assert {r["param_dtype"] for r in rows if r["layer"] in ("conv1", "conv2", "fc")} == {"float32"}
-    assert {r["param_dtype"] for r in rows if r["layer"] in ("loss", "", "pool")} == {""}
+    assert {r["param_dtype"] for r in rows if r["layer"] in ("loss", "relu1", "pool1")} == {""}
     assert dtype_of(rows, "_to_copy", "backward")["conv1"] == "float32"
 
 
@@ -122,7 +122,8 @@ def test_keras_audit_simple_cnn(precision):
     model = build_keras("simple_cnn", precision)
     rows = kn.dtype_audit(model, *batch("simple_cnn"), precision)
     half = HALF[precision]
-    assert keras_names(model) | {"loss"} == {r["layer"] for r in rows}
+    # Flatten only reshapes: skipped, as torch's audit skips views
+    assert keras_names(model) - {"flatten"} | {"loss"} == {r["layer"] for r in rows}
     assert dtype_of(rows, "Conv2D") == {"conv1": half, "conv2": half}
     assert dtype_of(rows, "Conv2DBackpropFilter", "backward") == {"conv1": half, "conv2": half}
     # The last Dense is float32 by construction (tf_impl/models.py), so are the logits and the loss.
@@ -133,8 +134,10 @@ def test_keras_audit_simple_cnn(precision):
     assert {r["param_dtype"] for r in rows if r["layer"] in ("conv1", "conv2", "fc")} == {"float32"}
     for layer in model.layers[1:]:
         assert layer.variable_dtype == "float32"
+        if isinstance(layer, keras.layers.Flatten):
+            continue
         main_ops = {r["compute_dtype"] for r in rows if r["layer"] == kn.canonical_name(layer)
-                    and r["phase"] == "forward" and r["op"] in ("Conv2D", "MatMul", "MaxPool", "Reshape")}
+                    and r["phase"] == "forward" and r["op"] in ("Conv2D", "MatMul", "MaxPool", "Relu")}
         assert main_ops == {layer.compute_dtype}, layer.name
 
 
@@ -158,7 +161,7 @@ def test_batchnorm_and_reductions_differ_under_fp16():
     keras_bn = keras_names(keras_model, keras.layers.BatchNormalization)
     assert torch_bn == keras_bn and len(torch_bn) == 20
     assert leaf_modules(torch_model) <= {r["layer"] for r in torch_rows}
-    assert keras_names(keras_model) | {"loss"} <= {r["layer"] for r in keras_rows}
+    assert {kn.audit_name(n) for n in keras_names(keras_model)} | {"loss"} <= {r["layer"] for r in keras_rows}
     # torch: BatchNorm takes the float16 activation as is (no cast, float32 weight) and returns
     # float16, saving float32 batch statistics; the same mixed op runs backward.
     assert dtype_of(torch_rows, "native_batch_norm") == dict.fromkeys(torch_bn, "float16+float32")
@@ -204,7 +207,8 @@ def test_torch_fp32_override_takes_effect():
     assert dtype_of(rows, "convolution_backward", "backward") == {"conv1": "float32", "conv2": "float16"}
     assert dtype_of(rows, "addmm") == {"fc": "float32"}
     assert dtype_of(rows, "_to_copy")["fc"] == "float32"  # its float16 input, cast up
-    with pytest.raises(ValueError, match=r"unknown layer name\(s\) 'conv3' \(valid: conv1, conv2, fc, pool\)"):
+    with pytest.raises(ValueError, match=r"unknown layer name\(s\) 'conv3' \(valid: conv1, conv2, fc, flatten, pool1, "
+                                         r"pool2, relu1, relu2\)"):
         tn.apply_fp32_layers(model, ["conv3"])
 
     resnet = tn.apply_fp32_layers(build_torch("resnet18"), ["layer4"])  # a block and everything in it
@@ -355,10 +359,15 @@ def test_locate_backward_overflow_from_a_huge_loss_scale():
     flatten = kn.canonical_name(next(la for la in keras_model.layers if isinstance(la, keras.layers.Flatten)))
     assert kn.locate_nonfinite(keras_model, x, y, "fp16", 2.0**40) == \
            {"where": "backward", "layer": flatten, "tensor": "output", "value": "inf"}
-    # bf16 is not loss-scaled (as in training), so the same scale changes nothing.
+    # fp16-static: the run's fixed scale is used as it is (seen: Keras fp16-static at 2**40 recorded "ok").
+    assert tn.locate_nonfinite(torch_model, xt, yt, "fp16-static", 2.0**40) == \
+           {"where": "backward", "layer": "fc", "tensor": "output", "value": "inf"}
+    assert kn.locate_nonfinite(keras_model, x, y, "fp16-static", 2.0**40) == \
+           {"where": "backward", "layer": flatten, "tensor": "output", "value": "inf"}
+    # bf16 is not loss-scaled: a run passes its scale, 1.0 (current_scale of a disabled scaler).
     torch_model, keras_model = build_pair("simple_cnn", "bf16")
-    assert tn.locate_nonfinite(torch_model, xt, yt, "bf16", 2.0**40) is None
-    assert kn.locate_nonfinite(keras_model, x, y, "bf16", 2.0**40) is None
+    assert tn.locate_nonfinite(torch_model, xt, yt, "bf16", 1.0) is None
+    assert kn.locate_nonfinite(keras_model, x, y, "bf16", 1.0) is None
 
 
 def test_both_frameworks_share_the_numpy_helpers():
@@ -366,3 +375,65 @@ def test_both_frameworks_share_the_numpy_helpers():
 
     assert tn.gradient_stats is kn.gradient_stats is fp16.gradient_stats
     assert tn.nonfinite_kind is kn.nonfinite_kind is fp16.nonfinite_kind
+
+
+# ---------------------------------------------------------------------------------------------
+# aligned mode: dtype-identical mixed models
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("name", ["simple_cnn", "resnet18"])
+def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
+    """Built as an aligned compare builds them (make_model), both audits list the same (layer, phase)
+    rows and every row computes in the same dtypes: the classifier and the loss included."""
+    import pandas as pd
+
+    from common.config import RunConfig
+    from common.numerics_report import dtype_side_by_side
+    from tf_impl import train as kt
+    from torch_impl import train as pt
+
+    def cfg(framework):
+        return RunConfig(framework=framework, model=name, dataset="synthetic", width=WIDTH, precision=precision,
+                         comparison="aligned")
+
+    x, y = batch(name)
+    data = type("Data", (), {"input_shape": SHAPES[name], "num_classes": CLASSES})()
+    torch_rows = tn.dtype_audit(pt.make_model(cfg("torch"), data), *torch_batch(x, y), precision)
+    keras.config.set_dtype_policy(kt.DTYPE_POLICIES[precision])
+    keras_rows = kn.dtype_audit(kt.make_model(cfg("tf"), data), x, y, precision)
+    rows = pd.DataFrame([{**r, "framework": "torch", "seed": 0, "precision": precision} for r in torch_rows]
+                        + [{**r, "framework": "tf", "seed": 0, "precision": precision} for r in keras_rows])
+    table = dtype_side_by_side(rows)[precision]
+    keys = {fw: {(r["layer"], r["phase"]) for r in fw_rows} for fw, fw_rows in (("torch", torch_rows),
+                                                                                ("tf", keras_rows))}
+    assert keys["torch"] == keys["tf"], (keys["torch"] ^ keys["tf"])
+    assert not table["differs"].any(), table[table["differs"]].to_string()
+    fc = table[(table["layer"] == "fc") & (table["phase"] == "forward")]
+    assert fc.iloc[0]["PyTorch dtypes"] == fc.iloc[0]["TensorFlow/Keras dtypes"] == HALF[precision]
+    # The report's glossary sentences come from these rows (common/numerics_report.op_dtype_facts).
+    from common.numerics_report import op_dtype_facts
+
+    facts = op_dtype_facts(rows, "cpu")
+    assert facts["device"] == "CPU" and facts["differing"][precision]["rows"] == 0
+    assert facts["torch_fc"] == facts["keras_fc"] == HALF[precision]
+    assert facts["torch_loss"] == facts["keras_loss"] == "float32"
+    assert {"_log_softmax", "nll_loss_forward"} <= set(facts["torch_float32_ops"])
+    assert "convolution" in facts["torch_half_ops"]
+    # CPU autocast: softmax-free, but BatchNorm's normalised output stays half (not on a float32 list)
+    assert "native_batch_norm" not in facts["torch_float32_ops"]
+
+
+
+def test_nonfinite_weights_behind_a_finite_loss_mark_the_run_diverged():
+    """Seen: Keras fp16-static at 2**40, every conv weight NaN after step 0, loss finite, recorded "ok"."""
+    from common.child import TrainResult, check_final_weights
+
+    result = TrainResult(step_loss=[2.3, 2.3, 2.3])
+    check_final_weights(result, {"conv1.weight": np.ones(3), "conv2.weight": np.array([1.0, np.nan])})
+    assert result.diverged_at_step == 2 and "conv2.weight" in result.diverged_reason
+    assert result.nonfinite == {"step": 2, "where": "parameters", "layer": "conv2.weight", "value": "nan/inf",
+                                "tensor": "conv2.weight"}
+    finite = TrainResult(step_loss=[2.3])
+    check_final_weights(finite, {"conv1.weight": np.ones(3)})
+    assert finite.diverged_at_step is None and finite.nonfinite is None

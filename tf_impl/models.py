@@ -17,17 +17,19 @@ from common import weights as cw
 STRIDE2_PADDINGS = ("symmetric", "same")
 
 
-def simple_cnn(input_shape: tuple[int, int, int], num_classes: int) -> tuple[keras.KerasTensor, keras.KerasTensor]:
+def simple_cnn(input_shape: tuple[int, int, int], num_classes: int,
+               output_dtype: str | None = "float32") -> tuple[keras.KerasTensor, keras.KerasTensor]:
     """The tutorial network: conv3x3(32)-ReLU-maxpool2 -> conv3x3(64)-ReLU-maxpool2 -> flatten -> dense."""
     inputs = keras.Input(shape=input_shape)
-    x = layers.Conv2D(32, 3, padding="same", activation="relu", name="conv1")(inputs)
-    x = layers.MaxPooling2D(2)(x)
-    x = layers.Conv2D(64, 3, padding="same", activation="relu", name="conv2")(x)
-    x = layers.MaxPooling2D(2)(x)
-    x = layers.Flatten()(x)  # flattens (H, W, C): NHWC order
-    # float32 override: under a mixed policy the logits (and so the loss) are computed in
-    # float32, as torch autocast computes cross-entropy in float32.
-    outputs = layers.Dense(num_classes, dtype="float32", name="fc")(x)
+    # Layer names as the torch twin's modules, so the dtype audits align row by row.
+    x = layers.Conv2D(32, 3, padding="same", name="conv1")(inputs)
+    x = layers.MaxPooling2D(2, name="pool1")(layers.ReLU(name="relu1")(x))
+    x = layers.Conv2D(64, 3, padding="same", name="conv2")(x)
+    x = layers.MaxPooling2D(2, name="pool2")(layers.ReLU(name="relu2")(x))
+    x = layers.Flatten(name="flatten")(x)  # flattens (H, W, C): NHWC order
+    # output_dtype "float32": Keras' mixed-precision idiom (float32 logits). None: the global policy,
+    # so under a mixed policy the output matmul runs in the half dtype, as torch autocast's Linear.
+    outputs = layers.Dense(num_classes, dtype=output_dtype, name="fc")(x)
     return inputs, outputs
 
 
@@ -58,7 +60,8 @@ def _basic_block(x, filters: int, stride: int, name: str, bn_args: dict, stride2
 
 def resnet18(input_shape: tuple[int, int, int], num_classes: int, width: int = 64,
              bn_momentum: float | None = None, bn_epsilon: float | None = None,
-             stride2_padding: str = "symmetric") -> tuple[keras.KerasTensor, keras.KerasTensor]:
+             stride2_padding: str = "symmetric",
+             output_dtype: str | None = "float32") -> tuple[keras.KerasTensor, keras.KerasTensor]:
     """ResNet-18 for small images (the CIFAR variant): 3x3 stride-1 stem, no max-pool."""
     if stride2_padding not in STRIDE2_PADDINGS:
         raise ValueError(f"unknown stride2_padding {stride2_padding!r} (valid: {', '.join(STRIDE2_PADDINGS)})")
@@ -71,25 +74,37 @@ def resnet18(input_shape: tuple[int, int, int], num_classes: int, width: int = 6
     for i, (mult, stride) in enumerate([(1, 1), (2, 2), (4, 2), (8, 2)], start=1):
         x = _basic_block(x, width * mult, stride, f"layer{i}_0", bn_args, stride2_padding)
         x = _basic_block(x, width * mult, 1, f"layer{i}_1", bn_args, stride2_padding)
-    x = layers.GlobalAveragePooling2D(name="avgpool")(x)
-    outputs = layers.Dense(num_classes, dtype="float32", name="fc")(x)  # float32 logits, as in simple_cnn
+    if output_dtype is None:
+        # Aligned: average pooling in the policy's dtype, as torch autocast's adaptive_avg_pool2d
+        # (GlobalAveragePooling2D's mean casts half inputs to float32 and back). Same numbers up to rounding.
+        x = layers.AveragePooling2D(pool_size=tuple(x.shape[1:3]), name="avgpool")(x)
+        x = layers.Flatten(name="avgpool_flatten")(x)
+    else:
+        x = layers.GlobalAveragePooling2D(name="avgpool")(x)
+    outputs = layers.Dense(num_classes, dtype=output_dtype, name="fc")(x)  # see simple_cnn
     return inputs, outputs
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
                 model_class: type[keras.Model] = keras.Model, width: int = 64,
                 bn_momentum: float | None = None, bn_epsilon: float | None = None,
-                stride2_padding: str = "symmetric") -> keras.Model:
+                stride2_padding: str = "symmetric", output_dtype: str | None = "float32") -> keras.Model:
     """input_shape is (H, W, C). model_class lets train.py add its train_step to the same graph.
+
+    output_dtype: the final Dense layer's dtype policy. "float32" (the default, Keras' recommended
+    mixed-precision idiom) gives float32 logits; None follows the global policy, i.e. the half dtype
+    under a mixed policy, which is what torch autocast does with the final Linear (aligned mode);
+    resnet18's average pooling then also stays in the half dtype, as torch's does.
 
     bn_momentum / bn_epsilon are in Keras' convention (see common/mapping.py); None keeps Keras'
     default. stride2_padding: "symmetric" pads like torch, "same" is Keras' own padding.
     simple_cnn has no BatchNorm, no strided conv and a fixed width, so it ignores all four.
     """
     if name == "simple_cnn":
-        inputs, outputs = simple_cnn(input_shape, num_classes)
+        inputs, outputs = simple_cnn(input_shape, num_classes, output_dtype)
     elif name == "resnet18":
-        inputs, outputs = resnet18(input_shape, num_classes, width, bn_momentum, bn_epsilon, stride2_padding)
+        inputs, outputs = resnet18(input_shape, num_classes, width, bn_momentum, bn_epsilon, stride2_padding,
+                                   output_dtype)
     else:
         raise ValueError(f"unknown model {name!r}")
     return model_class(inputs=inputs, outputs=outputs, name=name)

@@ -49,6 +49,9 @@ GRADIENT_SCOPE = "gradient_tape"  # tape.gradient builds each op's gradient unde
 # Graph bookkeeping: constants, variable reads, shapes, placeholders move no numbers.
 BOOKKEEPING_OPS = {"Const", "Identity", "IdentityN", "ReadVariableOp", "NoOp", "Placeholder", "StopGradient",
                    "Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike", "Fill", "BroadcastGradientArgs"}
+# Pure layout changes, skipped as torch's audit skips view ops (func.is_view): a Flatten then shows no
+# compute in either framework, and the two audits list the same layers.
+VIEW_OPS = {"Reshape", "Squeeze", "ExpandDims"}
 VARIABLE_TO_TORCH = {"kernel": "weight", "bias": "bias", **cw.BN_TO_TORCH}
 
 
@@ -207,12 +210,28 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
     for phase, phase_ops in (("forward", forward), ("backward", backward)):
         for op in phase_ops:
             dtype = _dtypes(op)
-            if dtype and op.type not in BOOKKEEPING_OPS:
+            if dtype and op.type not in BOOKKEEPING_OPS and op.type not in VIEW_OPS:
                 counts[(owners[op.name], op.type, phase, dtype)] += 1
     layers = {canonical_name(layer): layer for layer in _layers(model)}
+    merged: Counter[tuple[str, str, str, str]] = Counter()
+    for (layer, op, phase, dtype), count in counts.items():
+        merged[(audit_name(layer), op, phase, dtype)] += count
     return [{"layer": layer, "op": op, "phase": phase, "compute_dtype": dtype,
              "param_dtype": _param_dtype(layers.get(layer)), "count": count}
-            for (layer, op, phase, dtype), count in counts.items()]
+            for (layer, op, phase, dtype), count in merged.items()]
+
+
+# Keras layers whose work torch does inside another module: the explicit padding before a strided
+# conv (torch's Conv2d pads itself), the residual add (torch's BasicBlock.forward adds), the Flatten
+# after the aligned average pooling. The audit files their ops under torch's module.
+AUDIT_ALIASES = (r"\.pad$", r"\.add$", r"\.flatten$")
+
+
+def audit_name(layer: str) -> str:
+    """The torch module a Keras layer's ops belong to in the dtype audit ("layer2.0.conv1.pad" -> "layer2.0.conv1")."""
+    for pattern in AUDIT_ALIASES:
+        layer = re.sub(pattern, "", layer)
+    return layer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,9 +315,10 @@ def _numpy(t) -> np.ndarray:
 def locate_nonfinite(model: keras.Model, x, y, precision: str, loss_scale: float) -> dict | None:
     """The first place one forward/backward step goes inf or NaN, or None if it stays finite.
 
-    The backward is of loss * loss_scale under fp16 (as LossScaleOptimizer does), of the loss
-    otherwise. A functional model over the same layers (so the same variables) returns every
-    layer's output, and the tape gives gradients w.r.t. those outputs and the variables.
+    The backward is of loss * loss_scale, the scale the run used at that step (as LossScaleOptimizer
+    or a fixed fp16-static scale does; the caller passes 1.0 for a run without loss scaling). A
+    functional model over the same layers (so the same variables) returns every layer's output,
+    and the tape gives gradients w.r.t. those outputs and the variables.
     Forward: the first layer, in execution order, whose output is non-finite (then "loss").
     Backward (forward finite): the first layer from the loss backwards whose gradient w.r.t.
     its output, then w.r.t. its own variables, is non-finite. Returns {"where": "forward" |
@@ -313,7 +333,7 @@ def locate_nonfinite(model: keras.Model, x, y, precision: str, loss_scale: float
         with tf.GradientTape() as tape:
             outputs = probe(x, training=True)
             loss = loss_fn(y, outputs[logits_index])
-            scaled = loss * (loss_scale if precision == "fp16" else 1.0)
+            scaled = loss * loss_scale  # the run's own scale: dynamic, fp16-static, or 1.0
         for layer, output in zip(layers, outputs):
             kind = nonfinite_kind(_numpy(output))
             if kind:

@@ -25,6 +25,7 @@ from common.child import (  # noqa: E402
     Progress,
     SharedInit,
     TrainResult,
+    check_final_weights,
     first_nonfinite_parameter,
 )
 from common.config import RunConfig  # noqa: E402
@@ -69,18 +70,35 @@ def describe_defaults() -> dict[str, object]:
     }
 
 
-def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, cfg: RunConfig) -> dict:
-    """The values this run actually used, read back from the objects it trained with."""
+def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, cfg: RunConfig | None = None) -> dict:
+    """The values this run actually used, read back from the objects it trained with.
+
+    Recorded in Keras' own convention (BatchNorm momentum weights the old average);
+    common/settings_check.py maps and compares them with the torch child's. cfg is unused: kept
+    so callers need not change.
+    """
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     used: dict[str, object] = {"loss_reduction": model.loss.reduction, "weight_decay": inner.weight_decay}
-    if hasattr(inner, "epsilon"):
-        used["adam_epsilon"] = inner.epsilon
+    if isinstance(inner, keras.optimizers.Adam):
+        used.update(adam_epsilon=inner.epsilon, adam_beta_1=inner.beta_1, adam_beta_2=inner.beta_2,
+                    adam_formula=getattr(inner, "formula", "keras"))
+    if isinstance(inner, keras.optimizers.SGD):
+        used.update(sgd_momentum=inner.momentum, sgd_nesterov=inner.nesterov)
+    used["learning_rate"] = float(keras.ops.convert_to_numpy(inner.learning_rate))
     bn = next((layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)), None)
     if bn is not None:
-        padding = framework_settings(cfg).get("stride2_padding", "same")
-        used.update(bn_momentum=bn.momentum, bn_epsilon=bn.epsilon, stride2_padding=padding)
+        used.update(bn_momentum=bn.momentum, bn_epsilon=bn.epsilon)
+    strided = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)
+               and tuple(layer.strides) != (1, 1) and tuple(layer.kernel_size) == (3, 3)]
+    if strided:
+        names = {layer.name for layer in model.layers}
+        padded = {f"{layer.name}_pad" in names and layer.padding == "valid" for layer in strided}
+        used["stride2_padding"] = "symmetric" if padded == {True} else f"padding={strided[0].padding!r}"
+    used["output_dtype"] = model.layers[-1].dtype_policy.compute_dtype
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         used.update(init_scale=optimizer.initial_scale, growth_interval=optimizer.dynamic_growth_steps)
+    elif inner.loss_scale_factor:
+        used["static_loss_scale"] = inner.loss_scale_factor
     return used
 
 
@@ -88,7 +106,9 @@ def make_model(cfg: RunConfig, data: Dataset) -> keras.Model:
     settings = framework_settings(cfg)  # empty in 'defaults' mode: Keras' own BatchNorm and padding
     model = build_model(cfg.model, data.input_shape, data.num_classes, model_class=AmpModel, width=cfg.width,
                         bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),
-                        stride2_padding=settings.get("stride2_padding", "same"))
+                        stride2_padding=settings.get("stride2_padding", "same"),
+                        # aligned: the output layer in the policy's dtype, as torch autocast's Linear
+                        output_dtype=None if settings.get("output_dtype") == "policy" else "float32")
     if cfg.fp32_layers:  # AMP: these layers get the float32 policy (Keras fixes a policy at construction)
         from tf_impl.numerics import apply_fp32_layers
 
@@ -104,8 +124,12 @@ def make_optimizer(cfg: RunConfig) -> keras.optimizers.Optimizer:
     if cfg.loss_scaling == "static":  # AMP: Keras' own static scaling: x S before backward, / S after
         extra["loss_scale_factor"] = cfg.loss_scale
     if cfg.optimizer == "adam":
-        inner = keras.optimizers.Adam(learning_rate=cfg.lr, **extra,
-                                      **({"epsilon": settings["adam_epsilon"]} if settings else {}))
+        if settings.get("adam_formula") == "torch":  # aligned: torch.optim.Adam's formula (tf_impl/optimizers.py)
+            from tf_impl.optimizers import TorchAdam
+
+            inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], **extra)
+        else:
+            inner = keras.optimizers.Adam(learning_rate=cfg.lr, **extra)
     else:
         inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum, **extra)
     if cfg.loss_scaling != "dynamic":
@@ -114,6 +138,12 @@ def make_optimizer(cfg: RunConfig) -> keras.optimizers.Optimizer:
     scaling = ({"initial_scale": settings["init_scale"], "dynamic_growth_steps": settings["growth_interval"]}
                if settings else {})
     return keras.optimizers.LossScaleOptimizer(inner, **scaling)
+
+
+def make_loss(cfg: RunConfig) -> keras.losses.Loss:
+    """The training loss: mean cross-entropy over the batch, computed in float32 (the loss's dtype is
+    floatx, float32, whatever the policy: it casts the logits up, as torch autocast does for cross_entropy)."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def current_scale(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
@@ -181,7 +211,7 @@ class AmpModel(keras.Model):
         x, y = self.batch(data)
         with tf.GradientTape() as tape:
             logits = self(x, training=True)
-            loss = self.compute_loss(x=x, y=y, y_pred=logits)  # float32: the last layer is float32
+            loss = self.compute_loss(x=x, y=y, y_pred=logits)  # float32: the loss casts the logits up
             scaled_loss = self.optimizer.scale_loss(loss)  # AMP: loss * scale (unchanged without scaling)
         scale_used = current_scale(self.optimizer)
         updates_before = tf.identity(self.optimizer.iterations)
@@ -342,8 +372,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         init_source = shared_init.apply(model, get_weights, set_weights)
         # auto_scale_loss=False: the optimizer above is the whole AMP setup (fp16-noscale stays unscaled).
         model.compile(optimizer=make_optimizer(cfg),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], jit_compile=cfg.compile, auto_scale_loss=False)
+                      loss=make_loss(cfg), metrics=["accuracy"], jit_compile=cfg.compile, auto_scale_loss=False)
         model.optimizer.build(model.trainable_variables)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, cfg))
@@ -384,6 +413,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         result.memory_kind = cpu_memory.kind
     # Per validation image, right or wrong: the final model's predictions for the paired tests (common/stats.py).
     result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val
+    check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, "last step", len(result.step_loss) - 1)
     return result
 

@@ -18,19 +18,27 @@ from common import weights as cw
 
 
 class SimpleCNN(nn.Module):
-    """The tutorial network: conv3x3(32)-ReLU-maxpool2 -> conv3x3(64)-ReLU-maxpool2 -> flatten -> linear."""
+    """The tutorial network: conv3x3(32)-ReLU-maxpool2 -> conv3x3(64)-ReLU-maxpool2 -> flatten -> linear.
+
+    One module per step (relu1, pool1, ..., flatten), each named as its Keras twin's layer, so the
+    two dtype audits (torch_impl/numerics.py, tf_impl/numerics.py) list the same layers row by row.
+    """
 
     def __init__(self, in_channels: int, image_size: int, num_classes: int):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=3, padding=1)
+        self.relu1 = nn.ReLU()
+        self.pool1 = nn.MaxPool2d(2)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=3, padding=1)
-        self.pool = nn.MaxPool2d(2)
+        self.relu2 = nn.ReLU()
+        self.pool2 = nn.MaxPool2d(2)
+        self.flatten = nn.Flatten()  # flattens (C, H, W): NCHW order
         self.fc = nn.Linear(64 * (image_size // 4) ** 2, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(torch.relu(self.conv1(x)))
-        x = self.pool(torch.relu(self.conv2(x)))
-        return self.fc(torch.flatten(x, 1))  # flattens (C, H, W): NCHW order
+        x = self.pool1(self.relu1(self.conv1(x)))
+        x = self.pool2(self.relu2(self.conv2(x)))
+        return self.fc(self.flatten(x))
 
 
 class BasicBlock(nn.Module):
@@ -42,16 +50,17 @@ class BasicBlock(nn.Module):
         self.bn1 = norm(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
         self.bn2 = norm(planes)
-        self.relu = nn.ReLU(inplace=True)
+        self.relu1 = nn.ReLU(inplace=True)  # one module per ReLU, named as the Keras twin's layers
+        self.relu2 = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or in_planes != planes:  # torchvision's name for the projection shortcut
             self.downsample = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), norm(planes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        return self.relu2(out + identity)  # the add is the block's own op (Keras: layer<i>_<j>_add)
 
 
 class ResNet18(nn.Module):

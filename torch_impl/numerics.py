@@ -43,6 +43,10 @@ LOSS = "loss"
 BOOKKEEPING_OPS = {"detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty",
                    "new_empty_strided", "zeros_like", "ones_like", "fill_", "zero_"}
 
+# Layout-only copies (a flatten of a channels-last tensor is clone + _unsafe_view): skipped as views
+# are, and as tf_impl/numerics.py skips Reshape, so the two audits list the same layers.
+LAYOUT_OPS = {"clone", "_unsafe_view", "contiguous"}
+
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The training loss of torch_impl/train.py (autocast computes it in float32)."""
@@ -126,7 +130,7 @@ class _OpRecorder(TorchDispatchMode):
         # An op's dtype is the dtype of its floating outputs: BatchNorm's is "float16+float32"
         # (the normalised output, then the float32 batch statistics it saves for backward).
         dtypes = dict.fromkeys(_dtype_name(t.dtype) for t in _tensors(out) if t.is_floating_point())
-        if dtypes and not func.is_view and name not in BOOKKEEPING_OPS:
+        if dtypes and not func.is_view and name not in BOOKKEEPING_OPS and name not in LAYOUT_OPS:
             self.counts[(self.layer, name, self.phase, "+".join(dtypes))] += 1
         return out
 
@@ -331,7 +335,7 @@ def locate_nonfinite(model: nn.Module, x, y, precision: str, loss_scale: float) 
             if first_bad_output or nonfinite_kind(_numpy(loss)):
                 layer, kind = first_bad_output[0] if first_bad_output else (LOSS, nonfinite_kind(_numpy(loss)))
                 return {"where": "forward", "layer": layer, "tensor": "output", "value": kind}
-            scale = loss_scale if precision == "fp16" else 1.0
+            scale = loss_scale  # whatever scaled this run: dynamic, fp16-static, or 1.0
             grads = torch.autograd.grad(loss * scale, [p for _, p in named], allow_unused=True)
     finally:
         for handle in handles:

@@ -23,6 +23,7 @@ from common.child import (
     Progress,
     SharedInit,
     TrainResult,
+    check_final_weights,
     first_nonfinite_parameter,
 )
 from common.config import RunConfig
@@ -65,15 +66,34 @@ def describe_defaults() -> dict[str, object]:
     }
 
 
-def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> dict:
-    """The values this run actually used, read back from the objects it trained with."""
-    used: dict[str, object] = {"loss_reduction": "mean", "weight_decay": optimizer.param_groups[0]["weight_decay"]}
-    if "eps" in optimizer.param_groups[0]:
-        used["adam_epsilon"] = optimizer.param_groups[0]["eps"]
+def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                  amp_dtype: torch.dtype | None = None) -> dict:
+    """The values this run actually used, read back from the objects it trained with.
+
+    Recorded in torch's own convention; common/settings_check.py compares them with the Keras child's.
+    amp_dtype: the autocast dtype the run trains under (None: no autocast), which decides the dtype of
+    the final Linear (autocast runs linear/addmm in the half dtype).
+    """
+    group = optimizer.param_groups[0]
+    used: dict[str, object] = {"loss_reduction": "mean", "weight_decay": group["weight_decay"]}
+    if isinstance(optimizer, torch.optim.Adam):
+        used.update(adam_epsilon=group["eps"], adam_beta_1=group["betas"][0], adam_beta_2=group["betas"][1],
+                    adam_formula="torch")
+    if isinstance(optimizer, torch.optim.SGD):
+        used.update(sgd_momentum=group["momentum"], sgd_nesterov=group["nesterov"])
+    used["learning_rate"] = group["lr"]
     bn = next((m for m in model.modules() if isinstance(m, nn.BatchNorm2d)), None)
     if bn is not None:
-        used.update(bn_momentum=bn.momentum, bn_epsilon=bn.eps, stride2_padding="padding=1: symmetric")
-    if scaler.is_enabled():
+        used.update(bn_momentum=bn.momentum, bn_epsilon=bn.eps)
+    strided = [m for m in model.modules()
+               if isinstance(m, nn.Conv2d) and m.stride != (1, 1) and m.kernel_size == (3, 3)]
+    if strided:
+        pads = {m.padding for m in strided}
+        used["stride2_padding"] = "symmetric" if pads == {(1, 1)} else "; ".join(map(str, sorted(pads)))
+    used["output_dtype"] = str(amp_dtype or torch.float32).removeprefix("torch.")
+    if isinstance(scaler, FixedScaler):
+        used["static_loss_scale"] = scaler.fixed_scale
+    elif scaler.is_enabled():
         used.update(init_scale=scaler.get_scale(), growth_interval=scaler.get_growth_interval())
     return used
 
@@ -303,7 +323,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         "torch_interop_threads": torch.get_num_interop_threads(),
         "init_source": init_source,
         "framework_defaults": describe_defaults(),
-        "settings_used": settings_used(model, optimizer, scaler),
+        "settings_used": settings_used(model, optimizer, scaler, amp_dtype),
     })
     # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
     from torch_impl import numerics
@@ -367,6 +387,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind
     result.val_correct = val_correct(net, x_val, y_val, amp_dtype)
+    check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, scaler, "last step",
                                                 len(result.step_loss) - 1)
     return result

@@ -1,0 +1,185 @@
+"""Mutation check of the parity suite: `nox -s mutants` (or python tests/mutants.py).
+
+Each MUTANT is one deliberate single-line error on the path a compare run takes from a RunConfig to
+the models, optimizers, losses and loss scalers of both frameworks (common/mapping.py, common/weights.py,
+*_impl/train.py, tf_impl/optimizers.py). Each is applied to a temporary copy of the tree (never in
+place); tests/test_parity.py then runs on that copy and must fail. Prints caught / not caught per
+mutant and the percentage; exits 1 unless every mutant is caught (and 2 if a mutant's line is no
+longer in its file, so the list cannot silently go stale).
+
+Speed: torch, tensorflow and keras are imported once here and each mutant runs in a forked child,
+so a mutant costs only its tests (pytest -x stops at the first failure). No project module is
+imported before the fork: every child imports the mutated copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PARITY = "tests/test_parity.py"
+# Every test of the parity suite, the quick ones first: pytest -x stops at the first failure and keeps
+# the command line's order, so most mutants cost seconds. Checked against the collected tests in main().
+ORDER = [f"{PARITY}::{test}" for test in (
+    "test_forward_inference_mode[simple_cnn]", "test_forward_training_mode[simple_cnn]",
+    "test_gradients_of_one_step[simple_cnn]", "test_training_steps_agree[simple_cnn-sgd]",
+    "test_training_steps_agree[simple_cnn-adam]", "test_loss_scaler_sequence",
+    "test_forward_inference_mode[resnet18]", "test_forward_training_mode[resnet18]",
+    "test_gradients_of_one_step[resnet18]", "test_training_steps_agree[resnet18-sgd]",
+    "test_training_steps_agree[resnet18-adam]")]
+JOBS = 2  # mutants run two at a time (a 2-core machine)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str  # must occur exactly once in the file
+    new: str
+
+
+MUTANTS = [
+    Mutant("Adam epsilon x10 (Keras)", "tf_impl/train.py",
+           'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], **extra)',
+           'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"] * 10, **extra)'),
+    Mutant("Adam beta_2 0.998 (Keras)", "tf_impl/train.py",
+           'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], **extra)',
+           'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], beta_2=0.998, **extra)'),
+    Mutant("Adam beta_1 0.85 (Keras)", "tf_impl/train.py",
+           'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], **extra)',
+           'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], beta_1=0.85, **extra)'),
+    Mutant("Keras' own Adam formula in aligned mode", "tf_impl/train.py",
+           'if settings.get("adam_formula") == "torch":', 'if False:'),
+    Mutant("Keras Adam epsilon on the uncorrected sqrt(v)", "tf_impl/optimizers.py",
+           'epsilon_hat = ops.cast(ops.convert_to_tensor(self.epsilon, "float64") * correction_2_sqrt, variable.dtype)',
+           'epsilon_hat = ops.cast(self.epsilon, variable.dtype)'),
+    Mutant("SGD momentum x0.99 (Keras)", "tf_impl/train.py",
+           "inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum, **extra)",
+           "inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum * 0.99, **extra)"),
+    Mutant("BatchNorm momentum 0.91 (Keras)", "common/mapping.py",
+           "else keras_bn_momentum(BN_MOMENTUM_TORCH))", "else 0.91)"),
+    Mutant("BatchNorm momentum convention (Keras gets torch's 0.1)", "common/mapping.py",
+           "else keras_bn_momentum(BN_MOMENTUM_TORCH))", "else BN_MOMENTUM_TORCH)"),
+    Mutant("BatchNorm epsilon 1e-3 (Keras)", "tf_impl/train.py",
+           'bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),\n'
+           '                        stride2_padding',
+           'bn_momentum=settings.get("bn_momentum"), bn_epsilon=1e-3,\n                        stride2_padding'),
+    Mutant("stride-2 padding 'same' (Keras)", "common/mapping.py",
+           '"stride2_padding": "symmetric",', '"stride2_padding": "same",'),
+    Mutant("weight transfer: conv kernel transposed (H <-> W)", "common/weights.py",
+           "return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))",
+           "return np.ascontiguousarray(weight.transpose(3, 2, 1, 0))"),
+    Mutant("loss reduction sum instead of mean (Keras)", "tf_impl/train.py",
+           "return keras.losses.SparseCategoricalCrossentropy(from_logits=True)",
+           'return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")'),
+    Mutant("loss reduction sum instead of mean (torch)", "torch_impl/train.py",
+           "loss = F.cross_entropy(logits, y)  # autocast computes this in float32",
+           'loss = F.cross_entropy(logits, y, reduction="sum")'),
+    Mutant("loss-scale growth interval doubled (Keras)", "tf_impl/train.py",
+           '"dynamic_growth_steps": settings["growth_interval"]}',
+           '"dynamic_growth_steps": 2 * settings["growth_interval"]}'),
+    Mutant("initial loss scale halved (torch)", "torch_impl/train.py",
+           'scaling = {k: settings[k] for k in ("init_scale", "growth_interval")} if settings else {}',
+           'scaling = {"init_scale": settings["init_scale"] / 2, "growth_interval": settings["growth_interval"]}'),
+]
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    return [line for line in out.splitlines() if line and (ROOT / line).is_file()]
+
+
+def make_copy(dest: Path, files: list[str], mutant: Mutant) -> None:
+    for name in files:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    path = dest / mutant.path
+    text = path.read_text()
+    if text.count(mutant.old) != 1:
+        print(f"mutant {mutant.name!r}: its line occurs {text.count(mutant.old)} times in {mutant.path}, "
+              "expected once (update tests/mutants.py)", file=sys.stderr)
+        sys.exit(2)
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def start_child(tree: Path, log: Path, args: tuple[str, ...] = ("-x", *ORDER)) -> int:
+    """Fork a child that runs pytest on the (mutated) tree; returns its pid (exit status 0: tests passed)."""
+    pid = os.fork()
+    if pid == 0:  # child: only the mutated copy is importable as the project
+        code = 3
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.chdir(tree)
+            sys.path[:] = [str(tree)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+            os.environ["PYTHONPATH"] = str(tree)
+            os.environ["AMP_COMPARE_ARTIFACTS"] = str(tree / "test-artifacts")
+            import pytest
+
+            code = int(pytest.main(["-q", "-p", "no:cacheprovider", *args]))
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    return pid
+
+
+def check_order(log: Path) -> None:
+    """ORDER must name every test of the parity suite (a new test would otherwise never run here)."""
+    _, status = os.waitpid(start_child(ROOT, log, ("--collect-only", PARITY)), 0)
+    lines = log.read_text(errors="replace").splitlines()
+    collected = {line.strip() for line in lines if line.startswith(PARITY + "::")}
+    if os.waitstatus_to_exitcode(status) != 0 or collected != set(ORDER):
+        print(f"tests/mutants.py ORDER is stale: missing {sorted(collected - set(ORDER))}, "
+              f"unknown {sorted(set(ORDER) - collected)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras  # noqa: F401  (imported once, before the forks)
+    import tensorflow  # noqa: F401
+    import torch  # noqa: F401
+
+    files = tracked_files()
+    start, results = time.perf_counter(), {}
+    print(f"{len(MUTANTS)} mutants, each running {PARITY} (-x, quick tests first) on a mutated copy of the tree, "
+          f"{JOBS} at a time", flush=True)
+    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        check_order(Path(tmp) / "collect.log")
+        pending, running = list(enumerate(MUTANTS)), {}
+        while pending or running:
+            while pending and len(running) < JOBS:
+                i, mutant = pending.pop(0)
+                tree = Path(tmp) / f"m{i}"
+                make_copy(tree, files, mutant)
+                running[start_child(tree, Path(tmp) / f"m{i}.log")] = (i, mutant, time.perf_counter())
+            pid, status = os.wait()
+            i, mutant, t0 = running.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            lines = (Path(tmp) / f"m{i}.log").read_text(errors="replace").strip().splitlines()
+            tail = [line.split(" - ")[0].removeprefix("FAILED ") for line in lines if line.startswith("FAILED ")]
+            tail = [f"failed {tail[0]}"] if tail else lines[-1:]
+            shutil.rmtree(Path(tmp) / f"m{i}", ignore_errors=True)
+            # pytest exit 1: tests failed (caught). 0: all passed (not caught). Anything else: the run broke.
+            verdict = {1: "caught", 0: "NOT CAUGHT"}.get(code, f"ERROR (pytest exit {code})")
+            results[i] = code == 1
+            print(f"  {verdict:<11} {mutant.name}  [{mutant.path}; {time.perf_counter() - t0:.0f} s; "
+                  f"{tail[0] if tail else ''}]", flush=True)
+    caught = sum(results.values())
+    share = 100.0 * caught / len(MUTANTS)
+    print(f"{caught}/{len(MUTANTS)} caught ({share:.0f}%) in {time.perf_counter() - start:.0f} s")
+    return 0 if caught == len(MUTANTS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Every run checks itself: settings read back from the live objects, compared across frameworks.
+
+The records come from the functions a compare child calls (make_model, make_optimizer, make_scaler,
+make_loss, settings_used); a deliberately wrong mapping must be flagged, in the comparison rows and
+in the report's side-by-side table and note.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common import mapping
+from common.config import RunConfig
+from common.data import load_synthetic
+from common.settings_check import compare_settings, side_by_side
+
+keras = pytest.importorskip("keras")
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def restore_policy():
+    previous = keras.config.dtype_policy().name
+    yield
+    keras.config.set_dtype_policy(previous)
+
+
+def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = "aligned") -> tuple[dict, dict]:
+    """Both children's settings_used for one resnet18 cell, built as a compare run builds it."""
+    from tf_impl import train as kt
+    from torch_impl import train as pt
+
+    data = load_synthetic()
+    kw = dict(model="resnet18", dataset="synthetic", width=4, precision=precision, optimizer=optimizer,
+              comparison=comparison)
+    cfg = RunConfig(framework="torch", **kw)
+    model = pt.make_model(cfg, data)
+    torch_used = pt.settings_used(model, pt.make_optimizer(cfg, model.parameters()), pt.make_scaler(cfg),
+                                  pt.AMP_DTYPES[precision])
+    cfg = RunConfig(framework="tf", **kw)
+    keras.config.set_dtype_policy(kt.DTYPE_POLICIES[precision])
+    kmodel = kt.make_model(cfg, data)
+    kmodel.compile(optimizer=kt.make_optimizer(cfg), loss=kt.make_loss(cfg), auto_scale_loss=False)
+    return torch_used, kt.settings_used(kmodel, kmodel.optimizer)
+
+
+def cell_records(torch_used: dict, keras_used: dict) -> list[dict]:
+    cell = {"model": "resnet18", "dataset": "synthetic", "precision": "fp16", "seed": 0}
+    return [{**cell, "framework": "torch", "settings_used": json.dumps(torch_used)},
+            {**cell, "framework": "tf", "settings_used": json.dumps(keras_used)}]
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_aligned_settings_match_row_by_row(optimizer):
+    rows = compare_settings(*records(optimizer=optimizer))
+    assert [r["key"] for r in rows if not r["match"]] == [], rows
+    keys = {r["key"] for r in rows}
+    assert {"bn_momentum", "bn_epsilon", "stride2_padding", "output_dtype", "loss_reduction", "init_scale",
+            "growth_interval", "learning_rate"} <= keys
+    assert ({"adam_epsilon", "adam_beta_1", "adam_beta_2", "adam_formula"} if optimizer == "adam"
+            else {"sgd_momentum"}) <= keys
+
+
+def test_a_wrong_mapping_is_flagged(monkeypatch):
+    """Keras given torch's BatchNorm momentum convention (0.1) and Keras' own padding: both rows flagged."""
+    from tf_impl import train as kt
+
+    def wrong(cfg):
+        settings = mapping.framework_settings(cfg)
+        return {**settings, "bn_momentum": mapping.BN_MOMENTUM_TORCH, "stride2_padding": "same"} if settings else {}
+
+    monkeypatch.setattr(kt, "framework_settings", wrong)
+    torch_used, keras_used = records()
+    flagged = {r["key"] for r in compare_settings(torch_used, keras_used) if not r["match"]}
+    assert flagged == {"bn_momentum", "stride2_padding"}
+    table = side_by_side(cell_records(torch_used, keras_used))
+    marks = {r["setting"]: r["match"] for r in table["rows"]}
+    assert marks["bn_momentum"].startswith("✗ MISMATCH") and marks["bn_epsilon"] == "✓"
+    assert "SETTINGS MISMATCH" in table["note"] and "bn_momentum" in table["note"]
+
+
+def test_defaults_mode_differs_where_the_frameworks_do():
+    flagged = {r["key"] for r in compare_settings(*records(comparison="defaults")) if not r["match"]}
+    assert {"adam_epsilon", "adam_formula", "bn_momentum", "bn_epsilon", "stride2_padding", "output_dtype",
+            "init_scale"} <= flagged
