@@ -31,6 +31,7 @@ from common.config import (
     ConfigError,
     RunConfig,
 )
+from common.perf import expand_cells
 
 # Default configuration per device (the matrix is always both frameworks x fp32/fp16/bf16).
 PROFILES = {
@@ -112,6 +113,8 @@ def build_parser() -> ArgumentParser:
     c.add_argument("--memory-cap", default="4GiB",
                    help="CPU memory cap of each --find-max-batch probe process (e.g. 4GiB; on a GPU its memory)")
     c.add_argument("--max-batch-limit", type=int, default=2**14, help="largest batch --find-max-batch tries")
+    c.add_argument("--step", default="plain", help="plain, tuned or plain,tuned: the training loop (README)")
+    c.add_argument("--batch-sizes", default=None, help="comma list of batch sizes: a cell at each (e.g. 64,256,1024)")
     c.add_argument("--config", type=Path, default=None, help="JSON file of compare options (CLI overrides it)")
     c.add_argument("--resume", default=None, metavar="RUN_ID",
                    help="re-run only the missing or failed cells of reports/RUN_ID")
@@ -182,10 +185,11 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s,
                        loss_scale=args.loss_scale if p == "fp16-static" else None, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
+    cells = expand_cells(cells, args.step, args.batch_sizes)  # common/perf.py
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)
-        if steps_per_epoch(n_train, cells[0].batch_size) == 0:
-            raise ConfigError(f"batch size {cells[0].batch_size} is larger than the {n_train} training "
+        if steps_per_epoch(n_train, max(c.batch_size for c in cells)) == 0:
+            raise ConfigError(f"batch size {max(c.batch_size for c in cells)} is larger than the {n_train} training "
                               f"images of {d!r} (valid: 1..{n_train})")
     _writable_dir(args.out)
     run_id = args.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
@@ -213,7 +217,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
 
 # Options that define the matrix: with --resume the run's own saved configuration is used instead.
 MATRIX_OPTIONS = ("frameworks", "precisions", "models", "datasets", "seeds", "repeats", "data_dir", "augment",
-                  "find_max_batch", "memory_cap", "max_batch_limit",
+                  "find_max_batch", "memory_cap", "max_batch_limit", "step", "batch_sizes",
                   "loss_scale", "fp32_layers", "clip_grad_norm",
                   "tf32", "compile", "channels_last", "device", "epochs", "batch_size",
                   "steps_per_epoch", "optimizer", "comparison", "init", "width", "lr", "init_scale",

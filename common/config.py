@@ -36,6 +36,9 @@ COMPARISONS = ("aligned", "defaults")
 # shared: every cell of a (model, dataset, seed) starts from the same weights, made once by the
 # first cell and handed to the others through numpy; framework: each framework initialises its own.
 INITS = ("shared", "framework")
+# plain: the tutorial loop (eager, the default optimizer); tuned: what the framework offers to go fast
+# (torch fused optimizer + torch.compile, CUDA graphs on a GPU; Keras jit_compile/XLA). See README.
+STEPS = ("plain", "tuned")
 
 # Framework package that runs each framework's child process.
 FRAMEWORK_MODULES = {"torch": "torch_impl", "tf": "tf_impl"}
@@ -110,6 +113,8 @@ class RunConfig:
     fp32_layers: tuple[str, ...] = ()  # blocks forced to float32 under mixed precision, in both frameworks
     clip_grad_norm: float | None = None  # global gradient-norm clipping, applied to unscaled gradients
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # intra- and inter-op
+    step: str = "plain"  # one of STEPS: the training loop (common/perf.py, README "plain and tuned steps")
+    batch_sweep: bool = False  # a cell of a --batch-sizes sweep: its batch size is part of its cell id
 
     def __post_init__(self) -> None:
         _choice("framework", self.framework, FRAMEWORKS)
@@ -122,6 +127,7 @@ class RunConfig:
         _choice("init", self.init, INITS)
         _choice("tf32 setting", self.tf32, ("on", "off"))
         _choice("step_values", self.step_values, ("auto", "host", "device"))
+        _choice("step", self.step, STEPS)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("epochs", "batch_size", "growth_interval", "threads", "width", "diverge_after"):
@@ -153,7 +159,8 @@ class RunConfig:
     @property
     def cell_id(self) -> str:
         """Unique, readable name of this cell inside a compare run (identity also lives in columns)."""
-        return f"{self.framework}-{self.model}-{self.dataset}-{self.precision}-s{self.seed}"
+        return (f"{self.framework}-{self.model}-{self.dataset}-{self.precision}-s{self.seed}"
+                + (f"-b{self.batch_size}" if self.batch_sweep else "") + ("-tuned" if self.step == "tuned" else ""))
 
     @property
     def mixed(self) -> bool:

@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from common.config import FRAMEWORK_LABELS, PRECISIONS, framework_label  # noqa: E402
-from common.summary import ok_runs, summary_table  # noqa: E402
+from common.summary import ok_runs, summary_table, with_loop_columns  # noqa: E402
 
 FRAMEWORK_COLORS = {"PyTorch": "#d1495b", "TensorFlow/Keras": "#00798c"}
 PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
@@ -107,7 +107,8 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     figures: list[Figure] = []
     if table.empty:
         return figures
-    ok = ok_runs(runs).copy()
+    full_table = table
+    ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
@@ -116,12 +117,12 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     spread = (f" Bars are medians over {n} runs (seeds); error bars span the interquartile range." if n > 1 else
               " One run per bar: repeat with --repeats 3 or more to see the spread.")
 
-    _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, median step)", "Training throughput",
-               "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
+    _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
+               "Training throughput", "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
     figures.append(Figure("throughput", "speed", "Training throughput by precision",
-                          "Images per second from the median step time (warm-up excluded); the label on each bar "
-                          "is the speed-up against the same framework's fp32. Above 1× mixed precision helped; "
-                          "below 1× it cost time." + spread,
+                          "Images per second over the wall time of the timed steps (warm-up excluded): what a "
+                          "user's epoch takes. The label on each bar is the speed-up against the same framework's "
+                          "fp32. Above 1× mixed precision helped; below 1× it cost time." + spread + sweep_note,
                           "Bar chart of training images per second for each framework and precision mode."))
 
     if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
@@ -193,7 +194,69 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                               f"({counts}). The scale halves on each skip and doubles after every growth interval "
                               "of clean steps.",
                               "Step chart of the log2 loss scale per step for fp16 runs of each framework."))
+    figures += make_batch_figures(full_table, out_dir)
     return figures
+
+
+def primary_cells(ok: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The cells the per-precision figures show when a run has several batch sizes or step loops: the
+    plain loop (else tuned) at the largest batch size; the sweep has its own figures (make_batch_figures)."""
+    if table.empty or (table["batch_size"].nunique() <= 1 and table["step_loop"].nunique() <= 1):
+        return ok, table, ""
+    step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
+    batch = table.loc[table["step_loop"] == step, "batch_size"].max()
+    keep = (ok["step_loop"] == step) & (ok["batch_size"] == batch)
+    return (ok[keep], table[(table["step_loop"] == step) & (table["batch_size"] == batch)],
+            f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
+            "speed-up-vs-batch figure and the summary table.")
+
+
+def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
+    """--batch-sizes: speed-up against fp32 and MFU per batch size, per framework and precision
+    (one column per step loop). Pure function of the summary table."""
+    if table.empty or table["batch_size"].nunique() < 2:
+        return []
+    facet = {"col": "Step"} if table["step_loop"].nunique() > 1 else {}
+    out = []
+    for key, y, ylabel, title, caption in [
+        ("speedup_vs_batch", "speedup_vs_fp32", "Speed-up against fp32 at the same batch (×)",
+         "Mixed-precision speed-up vs batch size",
+         "Each line is one framework in one mixed precision: its throughput (wall time) over the same framework's "
+         "fp32 at the same batch size and loop. A speed-up that grows with the batch means the smaller batches "
+         "were bound by per-step host cost (Python, kernel launches, syncs), not by arithmetic: a property of the "
+         "loop and the batch size, not of AMP."),
+        ("mfu_vs_batch", "mfu_pct", "MFU (% of the measured matmul peak for the dtype)",
+         "Model FLOPs utilisation vs batch size",
+         "Achieved training FLOP/s (FLOPs per image counted once from the shared layer shapes, times images/s) "
+         "over the peak of a large matmul in the cell's dtype, measured by the cell at its start. Low and rising "
+         "with the batch: host-bound; flat: the device's work sets the pace (see Bound in the summary table)."),
+    ]:
+        data = table.assign(mfu_pct=table["mfu_measured"] * 100, Step=table["step_loop"])
+        if y == "speedup_vs_fp32":
+            data = data[data["precision"] != "fp32"]
+        data = data[np.isfinite(data[y].astype(float))]
+        if data.empty:
+            continue
+        data = _labelled(data)
+        grid = sns.relplot(data=data, kind="line", x="batch_size", y=y, hue="Framework", style="Precision",
+                           palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+                           errorbar=None, height=4, aspect=1.5, **facet)
+        grid.set(xscale="log")
+        for ax in grid.axes.flat:
+            sizes = sorted(table["batch_size"].unique())
+            ax.set_xticks(sizes, [f"{b:.0f}" for b in sizes])
+            ax.minorticks_off()
+            if y == "speedup_vs_fp32":
+                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        if facet:
+            grid.set_titles("{col_name} loop")
+        grid.set_axis_labels("Batch size (images per step, log scale)", ylabel)
+        grid.figure.suptitle(title, y=1.03)
+        _save(grid.figure, out_dir, key)
+        out.append(Figure(key, "speed", title, caption,
+                          f"Line chart of {ylabel.split(' (')[0].lower()} against batch size for each framework "
+                          "and precision."))
+    return out
 
 
 def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:

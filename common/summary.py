@@ -12,8 +12,10 @@ import pandas as pd
 from common.config import display_order
 from common.config import framework_label as _label
 from common.env import cpu_half_precision_verdict
+from common.perf import bound_verdicts, timing_note
 
 GROUP = ["framework", "model", "dataset", "precision"]
+LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
 MIB = 2**20
 
 
@@ -28,18 +30,19 @@ def _q(p: float):
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges
     and ratios to that framework's fp32. Accuracy changes are paired by seed before the median."""
-    ok = ok_runs(runs).copy()
-    group = (["machine"] if "machine" in ok else []) + GROUP
+    ok = with_loop_columns(ok_runs(runs).copy())
+    group = (["machine"] if "machine" in ok else []) + GROUP[:-1] + LOOP + GROUP[-1:]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "speedup_vs_fp32",
                     "peak_memory_mib", "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3",
-                    "accuracy_change_pp", "accuracy_change_q1", "accuracy_change_q3", "skipped_steps"]
+                    "accuracy_change_pp", "accuracy_change_q1", "accuracy_change_q3", "skipped_steps",
+                    *PERF_COLS]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     base_keys = [c for c in group if c != "precision"]
     fp32 = ok[ok["precision"] == "fp32"].set_index(base_keys + ["seed"])["final_val_accuracy"]
     paired = ok.set_index(base_keys + ["seed"]).index.map(lambda k: fp32.get(k, np.nan))
     ok["accuracy_change_pp"] = (ok["final_val_accuracy"].to_numpy() - np.asarray(paired, dtype=float)) * 100
-    agg = ok.groupby(group, sort=False).agg(
+    agg = ok.groupby(group, sort=False, dropna=False).agg(
         runs=("seed", "size"),
         throughput_img_s=("throughput_img_s", "median"),
         throughput_q1=("throughput_img_s", _q(25)),
@@ -52,6 +55,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         accuracy_change_q1=("accuracy_change_pp", _q(25)),
         accuracy_change_q3=("accuracy_change_pp", _q(75)),
         skipped_steps=("skipped_steps", "median"),
+        **{c: (c, "median") for c in PERF_MEDIANS},
+        peak_dtype=("peak_dtype", "first"),
     ).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
     base = agg[agg["precision"] == "fp32"].set_index(base_keys)
@@ -62,8 +67,31 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
 
     agg["speedup_vs_fp32"] = agg["throughput_img_s"] / baseline("throughput_img_s")
     agg["memory_change_vs_fp32"] = agg["peak_memory_bytes"] / baseline("peak_memory_bytes") - 1.0
-    agg = agg.sort_values([*group[:-4], "model", "dataset", "framework", "precision"], key=display_order)
+    agg["timing_note"] = [timing_note(w, m) for w, m in zip(agg["throughput_img_s"],
+                                                             agg["median_step_throughput_img_s"])]
+    agg["bound"] = bound_verdicts(agg, group)
+    agg = agg.sort_values([*group[:-6], "model", "dataset", "step_loop", "batch_size", "framework", "precision"],
+                          key=display_order)
     return agg[cols].reset_index(drop=True)
+
+
+# Per-cell performance columns (issue 13): medians over seeds, from the run table (common/child.py).
+PERF_MEDIANS = ["median_step_throughput_img_s", "compile_warmup_s", "flops_per_image", "achieved_flops",
+                "peak_flops_measured", "peak_flops_table", "mfu_measured", "mfu_table"]
+PERF_COLS = [*PERF_MEDIANS, "peak_dtype", "timing_note", "bound"]
+
+
+def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
+    """step_loop and batch_size columns, and the performance columns, on runs recorded before them too."""
+    if "step_loop" not in runs:
+        runs["step_loop"] = runs["cfg_step"] if "cfg_step" in runs else "plain"
+    runs["batch_size"] = runs["cfg_batch_size"] if "cfg_batch_size" in runs else np.nan
+    for col in PERF_MEDIANS:
+        if col not in runs:
+            runs[col] = np.nan
+    if "peak_dtype" not in runs:
+        runs["peak_dtype"] = ""
+    return runs
 
 
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -85,9 +113,12 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Framework": _label(r.framework),
             "Model": r.model,
             "Dataset": r.dataset,
+            "Step": r.step_loop,
+            "Batch": fmt(r.batch_size, ".0f"),
             "Precision": r.precision,
             "Runs": str(r.runs),
             "Images/s": spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f"),
+            "Images/s (median step)": fmt(r.median_step_throughput_img_s, ",.0f"),
             "Speed vs fp32": fmt(r.speedup_vs_fp32, ".2f", "×"),
             "Peak memory (MiB)": fmt(r.peak_memory_mib, ",.1f"),
             "Memory vs fp32": fmt(r.memory_change_vs_fp32 * 100, "+.0f", "%"),
@@ -95,6 +126,15 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Δ accuracy vs fp32": spread(r, r.accuracy_change_pp, r.accuracy_change_q1, r.accuracy_change_q3,
                                          "+.1f", 1, " pp"),
             "Skipped steps": fmt(r.skipped_steps, ".0f"),
+            "GFLOP/image": fmt(r.flops_per_image / 1e9, ".3g"),
+            "Achieved TFLOP/s": fmt(r.achieved_flops / 1e12, ".3g"),
+            "Peak TFLOP/s (measured)": fmt(r.peak_flops_measured / 1e12, ".3g") + f" {r.peak_dtype}".rstrip(),
+            "MFU": fmt(r.mfu_measured * 100, ".1f", "%"),
+            **({"MFU (data-sheet peak)": fmt(r.mfu_table * 100, ".1f", "%")}
+               if table["mfu_table"].notna().any() else {}),
+            "Bound": r.bound,
+            "Compile/warm-up (s)": fmt(r.compile_warmup_s, ".2f"),
+            "Timing note": r.timing_note or "—",
         })
     return pd.DataFrame(rows)
 
