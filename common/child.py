@@ -119,6 +119,21 @@ class CpuPeakMemory:
         return before
 
 
+class FirstStepWindow:
+    """The first step carries one-off work (tracing, compilation, CUDA-graph capture, lazy allocations):
+    on a CPU its memory peak is reported apart (first_step_peak_memory_bytes) and the training peak's
+    window restarts after it, so the peak is the steady training state's. (On a GPU the allocators'
+    peaks count tensors only, not compiler memory: the window stays whole; pass cpu_memory=None.)
+    Called from the loop after step 0 is timed: its cost (a write to /proc) falls in step 1, a warm-up step."""
+
+    def __init__(self, cpu_memory: CpuPeakMemory | None):
+        self.cpu_memory, self.peak_bytes = cpu_memory, 0
+
+    def after(self, epoch: int, step: int) -> None:
+        if epoch == 0 and step == 0 and self.cpu_memory is not None:
+            self.peak_bytes = self.cpu_memory.restart_window()
+
+
 @dataclass
 class TrainResult:
     """What a framework's train() measured. Lists are per step / per epoch, in order."""

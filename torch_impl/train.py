@@ -20,6 +20,7 @@ from torch import nn
 from common.child import (
     CpuPeakMemory,
     DivergenceWatch,
+    FirstStepWindow,
     Progress,
     SharedInit,
     TrainResult,
@@ -355,7 +356,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         torch.cuda.reset_peak_memory_stats(device)
     else:
         cpu_memory = CpuPeakMemory()
-    first_step = CompileWindow(device, cpu_memory if device.type == "cpu" else None)
+    first_step = FirstStepWindow(cpu_memory if device.type == "cpu" else None)
     model.train()
     clock = StepClock(device)
     watch = DivergenceWatch(cfg.diverge_after)
@@ -402,20 +403,6 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, scaler, "last step",
                                                 len(result.step_loss) - 1)
     return result
-
-
-class CompileWindow:
-    """The first step carries one-off work (tracing, compilation, CUDA-graph capture, lazy allocations):
-    on a CPU its memory peak is reported apart (first_step_peak_memory_bytes) and the training peak's
-    window restarts after it, so the peak is the steady training state's. (On a GPU the allocator's
-    peak counts tensors only, not compiler memory: the window stays whole.)"""
-
-    def __init__(self, device: torch.device, cpu_memory: CpuPeakMemory | None):
-        self.cpu_memory, self.peak_bytes = cpu_memory, 0
-
-    def after(self, epoch: int, step: int) -> None:
-        if epoch == 0 and step == 0 and self.cpu_memory is not None:
-            self.peak_bytes = self.cpu_memory.restart_window()
 
 
 def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
