@@ -33,7 +33,7 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
         # auto_scale_loss=False: the optimizer is the whole AMP setup, as in train().
         model.compile(optimizer=make_optimizer(cfg),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], jit_compile=cfg.compile, auto_scale_loss=False)
+                      metrics=["accuracy"], jit_compile=cfg.compile or cfg.step == "tuned", auto_scale_loss=False)
         model.optimizer.build(model.trainable_variables)
         for _ in range(2):  # train_on_batch returns host values: the step has finished
             model.train_on_batch(x, y)
