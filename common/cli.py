@@ -110,8 +110,9 @@ def build_parser() -> ArgumentParser:
                    help="stop a cell as diverged after this many consecutive non-finite losses")
     c.add_argument("--find-max-batch", action="store_true",
                    help="also search, per framework x precision, the largest batch that trains under the memory cap")
-    c.add_argument("--memory-cap", default="4GiB",
-                   help="CPU memory cap of each --find-max-batch probe process (e.g. 4GiB; on a GPU its memory)")
+    c.add_argument("--memory-cap", default=None,
+                   help="--find-max-batch cap: CPU memory per probe process (default 4GiB); on a GPU a cap on its "
+                        "memory, enforced on the device (default: the GPU's whole memory)")
     c.add_argument("--max-batch-limit", type=int, default=2**14, help="largest batch --find-max-batch tries")
     c.add_argument("--step", default="plain", help="plain, tuned or plain,tuned: the training loop (README)")
     c.add_argument("--batch-sizes", default=None, help="comma list of batch sizes: a cell at each (e.g. 64,256,1024)")
@@ -198,13 +199,12 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     if (args.out / run_id).exists():
         raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")
     if args.find_max_batch:
-        from common.maxbatch import parse_size
+        from common.maxbatch import cap_label, parse_size
 
-        cap = parse_size(args.memory_cap)
+        cap = parse_size(args.memory_cap or "4GiB") if device == "cpu" or args.memory_cap else None
         if args.max_batch_limit < 1:
             raise ConfigError(f"--max-batch-limit must be a positive batch size, got {args.max_batch_limit}")
-        notes.append(f"--find-max-batch: largest batch per framework x precision under a {args.memory_cap} "
-                     f"cap ({'the GPU memory' if device == 'cuda' else 'per probe process, CPU'}).")
+        notes.append(f"--find-max-batch: largest batch per framework x precision under {cap_label(device, cap)}.")
     matrix = {"frameworks": frameworks, "models": models, "datasets": datasets, "precisions": precisions,
               "seeds": seeds}
     defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
@@ -291,7 +291,7 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
     """--find-max-batch: one search per framework x precision (first model, dataset and seed), each written
     to maxbatch/<framework>-<precision>.parquet once it finishes. Returns True if interrupted."""
     from common.atomic import atomic_write_bytes
-    from common.maxbatch import find_max_batch, format_size, search_table
+    from common.maxbatch import cap_label, find_max_batch, search_table
 
     seen, searches = set(), []
     for cfg in cells:
@@ -302,7 +302,8 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
         path = run_dir / "maxbatch" / f"{cfg.framework}-{cfg.precision}.parquet"
         if path.exists():  # a resumed run keeps finished searches
             continue
-        console.print(f"max batch {cfg.framework} {cfg.precision} under {format_size(settings['cap_bytes'])}:")
+        console.print(f"max batch {cfg.framework} {cfg.precision} under {cap_label(cfg.device, settings['cap_bytes'])}"
+                      ":")
         try:
             result = find_max_batch(cfg, settings["cap_bytes"], start=64, limit=settings["limit"], timeout_s=timeout,
                                     on_probe=lambda p: console.print(f"  batch {p.batch}: "
@@ -312,6 +313,8 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
         except RuntimeError as exc:  # a probe that crashed for another reason than memory
             console.print(f"  search failed: {exc}")
             continue
+        if result.stopped_early:
+            console.print(f"  {result.stopped_early}: batch {result.max_ok}")
         buffer = io.BytesIO()
         search_table([result]).to_parquet(buffer, index=False)
         atomic_write_bytes(path, buffer.getvalue())

@@ -290,20 +290,38 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
 
 
 def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """--find-max-batch: the largest batch each precision allowed under the memory cap."""
+    """--find-max-batch: per precision the largest batch under the memory cap, labelled with the memory it used."""
+    from common.maxbatch import cap_label
+
     if maxbatch.empty:
         return None
+    fitted = maxbatch[maxbatch["ok"] & (maxbatch["batch"] == maxbatch["max_ok"])]
+    used = fitted.groupby(["framework", "precision"])["peak_bytes"].max()
     df = _labelled(maxbatch.groupby(["framework", "precision"], as_index=False)["max_ok"].first())
     grid = sns.catplot(data=df, kind="bar", x="Precision", y="max_ok", hue="Framework", palette=FRAMEWORK_COLORS,
                        height=4, aspect=1.6, errorbar=None)
-    for container in grid.ax.containers:
-        grid.ax.bar_label(container, fmt="%d", fontsize=8, padding=2)
+    precisions = list(df["Precision"].cat.categories)
+    for container, framework in zip(grid.ax.containers, df["Framework"].cat.categories):
+        fw = next(k for k, v in FRAMEWORK_LABELS.items() if v == framework)
+        part = df[df["framework"] == fw].set_index("precision")["max_ok"]
+        labels = []
+        for p in precisions[:len(container)]:
+            memory = used.get((fw, p), pd.NA)
+            labels.append("" if p not in part.index else f"{part[p]:d}" + (
+                f"\n{memory / 2**30:.2f} GiB" if not pd.isna(memory) else ""))
+        grid.ax.bar_label(container, labels=labels, fontsize=8, padding=2)
     _finish(grid, "Largest batch that trains under the memory cap", "Precision mode", "Batch size (images)")
     _save(grid.figure, out_dir, "max_batch")
+    device = str(maxbatch["device"].dropna().iloc[0]) if maxbatch["device"].notna().any() else "cpu"
     cap = maxbatch["cap_bytes"].dropna()
-    cap_text = f"a {cap.iloc[0] / 2**30:.2f} GiB cap on each probe process" if not cap.empty else "the GPU's memory"
+    cap_text = cap_label(device, int(cap.iloc[0]) if not cap.empty else None)
+    stopped = sorted(set(maxbatch.get("stopped_early", pd.Series(dtype=str)).fillna("")) - {""})
+    early = (" Stopped early, so the bar is the largest batch that fit before the search's time ran out: "
+             + "; ".join(stopped) + "." if stopped else "")
     return Figure("max_batch", "memory", "Largest batch per precision",
                   f"Found by doubling, then bisection, each probe a fresh process training two steps under {cap_text}. "
-                  "Where half precision halves activation memory, its bar is taller: AMP's memory headroom "
-                  "shown as the batch it makes possible.",
-                  "Bar chart of the largest batch size that trained under the memory cap, per framework and precision.")
+                  "Under each bar's batch size, the peak memory its probe used (the framework allocator's on a GPU, "
+                  "the process's peak RSS on a CPU). Where half precision halves activation memory, its bar is "
+                  "taller: AMP's memory headroom shown as the batch it makes possible." + early,
+                  "Bar chart of the largest batch size that trained under the memory cap, per framework and precision, "
+                  "labelled with the memory used.")

@@ -169,3 +169,45 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
     for r, steps in zip(runs.itertuples(), timed):  # the headline is wall time of the timed steps
         t = steps.loc[~steps["warmup"], "step_time_s"]
         assert r.throughput_img_s == pytest.approx(r.cfg_batch_size * len(t) / t.sum())
+
+
+def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_path):
+    from common import maxbatch
+
+    calls = []
+
+    def fake_probe(cfg, batch, cap, timeout_s):
+        calls.append(batch)
+        return maxbatch.ProbeResult(batch, batch <= 100, batch * 1000, "" if batch <= 100 else "OOM", "test")
+
+    monkeypatch.setattr(maxbatch, "probe", fake_probe)
+    done = maxbatch.find_max_batch(RunConfig(), None, start=16, budget_s=None)
+    assert 90 <= done.max_ok <= 100 < done.first_failed and done.stopped_early == ""
+    calls.clear()
+    clock = iter(range(0, 10**6, 10))  # a clock that advances 10 s per reading: each probe "takes" 10 s
+    monkeypatch.setattr(maxbatch.time, "monotonic", lambda: next(clock))
+    early = maxbatch.find_max_batch(RunConfig(), None, start=16, budget_s=25)
+    assert calls == [16, 32] and early.max_ok == 32 and "25 s budget" in early.stopped_early
+    table = maxbatch.search_table([done])
+    assert "stopped_early" in table
+    from common.figures import make_max_batch_figure
+
+    fig = make_max_batch_figure(maxbatch.search_table([early, done]).assign(precision="fp32"), tmp_path)
+    assert fig is not None and "Stopped early" in fig.caption
+
+
+def test_gpu_cap_is_enforced_by_the_framework_in_the_probe(tmp_path, capsys):
+    from common import maxbatch
+
+    config = tmp_path / "cfg.json"
+    config.write_text(RunConfig(device="cuda").to_json())
+    limits = []
+
+    def two_steps(cfg, data, x, y):
+        raise MemoryError("CUDA out of memory")
+
+    code = maxbatch.probe_main(two_steps, lambda exc: False, ["--config", str(config), "--batch", "8",
+                                                              "--memory-cap", "1GiB"], limit_gpu=limits.append)
+    assert limits == [2**30] and code == maxbatch.EXIT_OOM
+    assert maxbatch.cap_label("cuda", None) == "the GPU's whole memory"
+    assert "GPU memory cap" in maxbatch.cap_label("cuda", 2**30) and "CPU" in maxbatch.cap_label("cpu", 2**30)

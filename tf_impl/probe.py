@@ -42,6 +42,15 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
 
 
+def limit_gpu(cap_bytes: int) -> str:
+    """--memory-cap on a GPU: a logical device with that memory limit, set before TensorFlow initialises it."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.set_logical_device_configuration(
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cap_bytes // 2**20)])  # MiB
+    return "tf.config.LogicalDeviceConfiguration(memory_limit)"
+
+
 def is_out_of_memory(exc: Exception) -> bool:
     """ResourceExhaustedError: an allocator ran out. (A failed CPU allocation may abort the process
     with std::bad_alloc instead; common.maxbatch.probe recognises that from the outside.)"""
@@ -49,4 +58,4 @@ def is_out_of_memory(exc: Exception) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(probe_main(two_steps, is_out_of_memory))
+    sys.exit(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))

@@ -50,6 +50,13 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
 
 
+def limit_gpu(cap_bytes: int) -> str:
+    """--memory-cap on a GPU: the caching allocator refuses to go past this share of the device's memory."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), 0)
+    return "torch.cuda.set_per_process_memory_fraction"
+
+
 def is_out_of_memory(exc: Exception) -> bool:
     """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead."""
     return isinstance(exc, torch.OutOfMemoryError) or (
@@ -57,4 +64,4 @@ def is_out_of_memory(exc: Exception) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(probe_main(two_steps, is_out_of_memory))
+    sys.exit(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))
