@@ -219,7 +219,7 @@ def main() -> int:
     parser.add_argument("--target-width", type=float, default=0.05, help="stop once the interval is this narrow")
     parser.add_argument("--child", nargs=2, metavar=("FRAMEWORK", "PRECISION"))
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # `nox -s bench -- …` hands amp_speed.py's options here too
     if args.child:
         child(args.child[0], args.model, args.child[1], args.batch_size, args.rounds, args.warmup,
               args.device, args.step, args.budget_s, args.target_width)
