@@ -410,11 +410,11 @@ def measure_peak(device: str, cfg: RunConfig, device_name: str) -> dict:
         with tf.device(device):
             a = tf.cast(tf.random.normal([n, n]), dtype)
             b = tf.cast(tf.random.normal([n, n]), dtype)
-            tf.linalg.matmul(a, b).numpy()  # first call: kernel selection, not timed
+            tf.linalg.matmul(a, b)[0, 0].numpy()  # first call: kernel selection, not timed
             start = time.perf_counter()
             for _ in range(repeats):
                 c = tf.linalg.matmul(a, b)
-            c.numpy()  # waits for the device (ops on one stream run in order)
+            c[0, 0].numpy()  # waits for the device (ops on one stream run in order); copies one element
             return time.perf_counter() - start
 
     flops, size = peak.measure(time_matmul, max_size=8192 if device.startswith("/GPU") else 2048,
