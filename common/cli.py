@@ -356,7 +356,7 @@ def _console():
 
     console = Console(stderr=True)
     if not console.is_terminal:  # logs and CI: wide enough for the summary table's 12 columns
-        console.width = 200
+        console.width = 500  # the summary table with issue 13's timing/MFU columns, unwrapped
     return console
 
 
