@@ -28,27 +28,37 @@ from common.config import RunConfig  # noqa: E402
 from common.data import load_dataset  # noqa: E402
 
 
-def _torch_steppers(model_name: str, batch_size: int):
+def _torch_steppers(model_name: str, batch_size: int, device: str = "cpu", step: str = "plain"):
     import torch
 
-    from torch_impl.train import AMP_DTYPES, make_dataset, make_model, make_optimizer, make_scaler, setup, train_step
+    from torch_impl.train import (
+        AMP_DTYPES,
+        make_dataset,
+        make_model,
+        make_scaler,
+        make_step_optimizer,
+        setup,
+        train_step,
+    )
 
     data = load_dataset("digits")
-    x, y, _, _ = make_dataset(data, torch.device("cpu"))
+    x, y, _, _ = make_dataset(data, torch.device(device))
     xb, yb = x[:batch_size], y[:batch_size]
     out = {}
     for precision in PRECISIONS:
-        cfg = RunConfig(framework="torch", model=model_name, precision=precision, batch_size=batch_size)
+        cfg = RunConfig(framework="torch", model=model_name, precision=precision, batch_size=batch_size,
+                        device=device, step=step)
         setup(cfg)
-        model = make_model(cfg, data)
-        optimizer, scaler = make_optimizer(cfg, model.parameters()), make_scaler(cfg)
+        model = make_model(cfg, data).to(device)
+        optimizer, scaler = make_step_optimizer(cfg, model.parameters()), make_scaler(cfg)
         out[precision] = (lambda m=model, o=optimizer, s=scaler, d=AMP_DTYPES[precision]:
                           train_step(m, o, s, xb, yb, d)[0].item())
     return out
 
 
-def _tf_steppers(model_name: str, batch_size: int):
+def _tf_steppers(model_name: str, batch_size: int, device: str = "cpu", step: str = "plain"):
     import keras
+    import tensorflow as tf
 
     from tf_impl.train import make_model, make_optimizer, setup
 
@@ -56,19 +66,23 @@ def _tf_steppers(model_name: str, batch_size: int):
     xb, yb = data.x_train[:batch_size], data.y_train[:batch_size]
     out = {}
     for precision in PRECISIONS:
-        cfg = RunConfig(framework="tf", model=model_name, precision=precision, batch_size=batch_size)
+        cfg = RunConfig(framework="tf", model=model_name, precision=precision, batch_size=batch_size,
+                        device=device, step=step)
         setup(cfg)  # sets the global dtype policy the model is built under
-        model = make_model(cfg, data)
-        model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"], auto_scale_loss=False,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        model.optimizer.build(model.trainable_variables)  # as tf_impl.train does before fit()
+        with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
+            model = make_model(cfg, data)
+            model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"], auto_scale_loss=False,
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          jit_compile=step == "tuned")
+            model.optimizer.build(model.trainable_variables)  # as tf_impl.train does before fit()
         out[precision] = lambda m=model: m.train_on_batch(xb, yb, return_dict=True)
     keras.config.set_dtype_policy("float32")
     return out
 
 
-def child(framework: str, model_name: str, batch_size: int, rounds: int, warmup: int) -> None:
-    steppers = (_torch_steppers if framework == "torch" else _tf_steppers)(model_name, batch_size)
+def child(framework: str, model_name: str, batch_size: int, rounds: int, warmup: int, device: str = "cpu",
+          step: str = "plain") -> None:
+    steppers = (_torch_steppers if framework == "torch" else _tf_steppers)(model_name, batch_size, device, step)
     times: dict[str, list[float]] = {p: [] for p in steppers}
     for r in range(warmup + rounds):
         for precision, step in steppers.items():
@@ -86,16 +100,20 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--child", choices=["torch", "tf"])
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--step", default="plain", choices=("plain", "tuned"), help="the optimizer / XLA of the step")
+    parser.add_argument("--frameworks", default="torch,tf")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # `nox -s bench -- …` hands overhead.py's options here too
     if args.child:
-        child(args.child, args.model, args.batch_size, args.rounds, args.warmup)
+        child(args.child, args.model, args.batch_size, args.rounds, args.warmup, args.device, args.step)
         return 0
     rows = []
-    for framework in ("torch", "tf"):
+    for framework in args.frameworks.split(","):
         proc = subprocess.run([sys.executable, __file__, "--child", framework, "--model", args.model,
                                "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
-                               "--warmup", str(args.warmup)], capture_output=True, text=True, cwd=ROOT)
+                               "--warmup", str(args.warmup), "--device", args.device, "--step", args.step],
+                              capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
             print(f"{framework}: benchmark child failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
             return 1

@@ -108,6 +108,32 @@ class CpuPeakMemory:
     def peak_bytes(self) -> int:
         return max(0, self._status_bytes("VmHWM") - self.baseline)
 
+    def restart_window(self) -> int:
+        """Ends the window so far (returns its peak) and starts a new one at the current resident size,
+        with the same baseline: what is still resident (weights, optimizer state) keeps counting,
+        a one-off spike before now (tracing, compilation) no longer does."""
+        before = self.peak_bytes()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+        return before
+
+
+class FirstStepWindow:
+    """The first step carries one-off work (tracing, compilation, CUDA-graph capture, lazy allocations):
+    on a CPU its memory peak is reported apart (first_step_peak_memory_bytes) and the training peak's
+    window restarts after it, so the peak is the steady training state's. (On a GPU the allocators'
+    peaks count tensors only, not compiler memory: the window stays whole; pass cpu_memory=None.)
+    Called from the loop after step 0 is timed: its cost (a write to /proc) falls in step 1, a warm-up step."""
+
+    def __init__(self, cpu_memory: CpuPeakMemory | None):
+        self.cpu_memory, self.peak_bytes = cpu_memory, 0
+
+    def after(self, epoch: int, step: int) -> None:
+        if epoch == 0 and step == 0 and self.cpu_memory is not None:
+            self.peak_bytes = self.cpu_memory.restart_window()
+
 
 @dataclass
 class TrainResult:
@@ -170,24 +196,35 @@ def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: in
                       train_time_s: float | None = None) -> dict[str, float]:
     """One timing protocol for both frameworks: warm-up steps dropped, distribution kept.
 
-    Where per-step times were not measured (Keras on a GPU, device mode: NaN), the median step is
-    the training time over the steps and the percentiles stay missing.
+    The headline, throughput_img_s, is wall time: the images of the timed steps over the time they took
+    together (the marks are back to back, so stalls, host syncs and slow steps count, as in a user's
+    epoch). median_step_throughput_img_s (batch / median step) is the secondary figure; a gap between
+    the two over TIMING_GAP is called out in the report (common/perf.py). compile_warmup_s: what the
+    warm-up steps took beyond as many median steps (tracing, compilation, CUDA-graph capture).
+
+    Where per-step times were not measured (Keras on a GPU, device mode: NaN), both come from the
+    training time over the steps and the percentiles stay missing.
     """
+    nan = float("nan")
     if step_times and np.all(np.isnan(step_times)) and train_time_s:
         median = train_time_s / len(step_times)
-        return {"median_step_s": median, "p90_step_s": float("nan"), "p99_step_s": float("nan"),
-                "throughput_img_s": batch_size / median, "steps_timed": 0}
+        return {"median_step_s": median, "p90_step_s": nan, "p99_step_s": nan,
+                "throughput_img_s": batch_size / median, "median_step_throughput_img_s": batch_size / median,
+                "steps_timed": 0, "compile_warmup_s": nan}
     times = np.asarray(step_times[warmup_steps:] or step_times, dtype=float)
     if times.size == 0:
-        return {"median_step_s": float("nan"), "p90_step_s": float("nan"), "p99_step_s": float("nan"),
-                "throughput_img_s": float("nan"), "steps_timed": 0}
-    median = float(np.median(times))
+        return {"median_step_s": nan, "p90_step_s": nan, "p99_step_s": nan, "throughput_img_s": nan,
+                "median_step_throughput_img_s": nan, "steps_timed": 0, "compile_warmup_s": nan}
+    median, wall = float(np.median(times)), float(times.sum())
+    warm = np.asarray(step_times[:warmup_steps], dtype=float) if times.size < len(step_times) else times[:0]
     return {
         "median_step_s": median,
         "p90_step_s": float(np.percentile(times, 90)),
         "p99_step_s": float(np.percentile(times, 99)),
-        "throughput_img_s": batch_size / median if median > 0 else float("nan"),
+        "throughput_img_s": batch_size * times.size / wall if wall > 0 else nan,
+        "median_step_throughput_img_s": batch_size / median if median > 0 else nan,
         "steps_timed": int(times.size),
+        "compile_warmup_s": float(np.maximum(warm - median, 0).sum()) if warm.size else nan,
     }
 
 
@@ -239,12 +276,17 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "steps_total": len(steps),
         "skipped_steps": int(steps["skipped"].sum()),
         "peak_memory_bytes": int(result.peak_memory_bytes),
+        **performance_columns(cfg, dataset, result.info),
         "memory_kind": result.memory_kind,
         "child_wall_s": wall_s,
         **env.cpu_info(),
         **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
            for k, v in result.info.items()},
     }
+    run["achieved_flops"] = run["flops_per_image"] * run["throughput_img_s"]
+    for kind in ("measured", "table"):
+        peak = float(run.get(f"peak_flops_{kind}", float("nan")) or float("nan"))
+        run[f"mfu_{kind}"] = run["achieved_flops"] / peak if peak > 0 else float("nan")
     nonfinite = result.nonfinite or {}
     run.update({f"nonfinite_{k}": nonfinite.get(k, "") for k in ("step", "where", "layer", "value", "tensor")})
     if run["nonfinite_step"] == "":
@@ -253,6 +295,15 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
     for name, rows in result.extra.items():
         tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
     return tables
+
+
+def performance_columns(cfg: RunConfig, dataset: Dataset, info: dict) -> dict:
+    """FLOPs per image (common/flops.py: one count for both frameworks); the throughput-based columns
+    (achieved FLOP/s, MFU) are derived in build_tables' caller from these and the headline throughput."""
+    from common.flops import train_flops
+
+    return {"flops_per_image": float(train_flops(cfg.model, dataset.input_shape, dataset.num_classes, cfg.width)),
+            "step_loop": cfg.step}
 
 
 TrainFn = Callable[[RunConfig, Dataset, Progress, SharedInit], TrainResult]

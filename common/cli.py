@@ -28,6 +28,7 @@ from common.config import (
     FRAMEWORKS,
     MODELS,
     PRECISIONS,
+    STEPS,
     ConfigError,
     Declared,
     RunConfig,
@@ -37,6 +38,7 @@ from common.config import (
     run_options,
     validate_options,
 )
+from common.perf import expand_cells
 
 # Exit status of `compare` (documented in docs/RELIABILITY.md).
 EXIT_OK = 0  # every cell finished (a diverged cell is a result: it finished)
@@ -69,9 +71,15 @@ class CompareOptions:
     run_id: str | None = option(None, "name of the run folder", default_text="date-time-device")
     find_max_batch: bool = option(False, "also search, per framework x precision, the largest batch that trains "
                                   "under the memory cap")
-    memory_cap: str = option("4GiB", "memory cap of each --find-max-batch probe (CPU: per probe process; "
-                             "GPU: its memory)")
+    memory_cap: str | None = option(None, "--find-max-batch cap: CPU memory per probe process; on a GPU a cap on "
+                                    "its memory, enforced on the device",
+                                    default_text="4GiB on cpu, the GPU's whole memory on cuda")
     max_batch_limit: int = option(2**14, "largest batch --find-max-batch tries", gt=0)
+    step: tuple[str, ...] = option(("plain",), "the training loop: plain (the tutorials' eager loop, default "
+                                   "optimizer) or tuned (fused optimizer + torch.compile / CUDA graphs; Keras XLA); "
+                                   "plain,tuned runs both side by side", choices=STEPS)
+    batch_sizes: tuple[int, ...] | None = option(None, "a cell at each of these batch sizes (e.g. 64,256,1024) "
+                                                 "instead of --batch-size: the speed-up-vs-batch figure", gt=0)
     config: Path | None = option(None, "JSON file of compare options (keys as the option names; the command "
                                  "line overrides it)", metavar="FILE")
     resume: str | None = option(None, "re-run only the missing, failed or incomplete cells of OUT/RUN_ID",
@@ -278,11 +286,13 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
                        loss_scale=args.loss_scale if p == "fp16-static" else None, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
+    cells = expand_cells(cells, ",".join(args.step),  # --step and --batch-sizes (common/perf.py)
+                         ",".join(map(str, args.batch_sizes)) if args.batch_sizes else None)
     cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (common/order.py)
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)
-        if steps_per_epoch(n_train, cells[0].batch_size) == 0:
-            raise ConfigError(f"batch size {cells[0].batch_size} is larger than the {n_train} training "
+        if steps_per_epoch(n_train, max(c.batch_size for c in cells)) == 0:
+            raise ConfigError(f"batch size {max(c.batch_size for c in cells)} is larger than the {n_train} training "
                               f"images of {d!r} (valid: 1..{n_train})")
     _writable_dir(args.out)
     run_id = args.run_id if args.run_id is not None else f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
@@ -290,11 +300,10 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     if (args.out / run_id).exists():
         raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")
     if args.find_max_batch:
-        from common.maxbatch import parse_size
+        from common.maxbatch import cap_label, parse_size
 
-        cap = parse_size(args.memory_cap)
-        notes.append(f"--find-max-batch: largest batch per framework x precision under a {args.memory_cap} "
-                     f"cap ({'the GPU memory' if device == 'cuda' else 'per probe process, CPU'}).")
+        cap = parse_size(args.memory_cap or "4GiB") if device == "cpu" or args.memory_cap else None
+        notes.append(f"--find-max-batch: largest batch per framework x precision under {cap_label(device, cap)}.")
     matrix = {"frameworks": list(frameworks), "models": list(models), "datasets": list(datasets),
               "precisions": list(precisions), "seeds": list(seeds)}
     defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
@@ -443,7 +452,7 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
     """--find-max-batch: one search per framework x precision (first model, dataset and seed), each written
     to maxbatch/<framework>-<precision>.parquet once it finishes. Returns the interruption, if any."""
     from common.atomic import atomic_write_bytes
-    from common.maxbatch import find_max_batch, format_size, search_table
+    from common.maxbatch import cap_label, find_max_batch, search_table
 
     seen, searches = set(), []
     for cfg in cells:
@@ -454,7 +463,8 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
         path = run_dir / "maxbatch" / f"{cfg.framework}-{cfg.precision}.parquet"
         if path.exists():  # a resumed run keeps finished searches
             continue
-        console.print(f"max batch {cfg.framework} {cfg.precision} under {format_size(settings['cap_bytes'])}:")
+        console.print(f"max batch {cfg.framework} {cfg.precision} under {cap_label(cfg.device, settings['cap_bytes'])}"
+                      ":")
         try:
             result = find_max_batch(cfg, settings["cap_bytes"], start=64, limit=settings["limit"], timeout_s=timeout,
                                     on_probe=lambda p: console.print(f"  batch {p.batch}: "
@@ -464,6 +474,8 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
         except RuntimeError as exc:  # a probe that crashed for another reason than memory
             console.print(f"  search failed: {exc}")
             continue
+        if result.stopped_early:
+            console.print(f"  {result.stopped_early}: batch {result.max_ok}")
         buffer = io.BytesIO()
         search_table([result]).to_parquet(buffer, index=False)
         atomic_write_bytes(path, buffer.getvalue())

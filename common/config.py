@@ -42,6 +42,9 @@ COMPARISONS = ("aligned", "defaults")
 # shared: every cell of a (model, dataset, seed) starts from the same weights, made once by the
 # first cell and handed to the others through numpy; framework: each framework initialises its own.
 INITS = ("shared", "framework")
+# plain: the tutorial loop (eager, the default optimizer); tuned: what the framework offers to go fast
+# (torch fused optimizer + torch.compile, CUDA graphs on a GPU; Keras jit_compile/XLA). See README.
+STEPS = ("plain", "tuned")
 
 # Framework package that runs each framework's child process.
 FRAMEWORK_MODULES = {"torch": "torch_impl", "tf": "tf_impl"}
@@ -338,6 +341,10 @@ class RunConfig:
                           factory=lambda: os.cpu_count() or 1, default_text="the number of CPUs")
     target_accuracy: float | None = option(None, "time-to-accuracy target as a fraction in (0, 1] (null: 95% of "
                                            "what fp32 reaches)", gt=0, le=1)
+    # Set by the harness from --step and --batch-sizes (common/perf.py expands the matrix).
+    step: str = option("plain", "the training loop: plain or tuned (common/perf.py)", choices=STEPS, cli=False)
+    batch_sweep: bool = option(False, "a cell of a --batch-sizes sweep: its batch size is part of its cell id",
+                               cli=False)
 
     def __post_init__(self) -> None:
         # Strict: JSON's list is the one other form of a tuple (comma text is the CLI's, not RunConfig's).
@@ -360,7 +367,8 @@ class RunConfig:
     @property
     def cell_id(self) -> str:
         """Unique, readable name of this cell inside a compare run (identity also lives in columns)."""
-        return f"{self.framework}-{self.model}-{self.dataset}-{self.precision}-s{self.seed}"
+        return (f"{self.framework}-{self.model}-{self.dataset}-{self.precision}-s{self.seed}"
+                + (f"-b{self.batch_size}" if self.batch_sweep else "") + ("-tuned" if self.step == "tuned" else ""))
 
     @property
     def mixed(self) -> bool:

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from common.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
-from common.summary import ok_runs, seed_counts_text, summary_table  # noqa: E402
+from common.summary import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
 
 FRAMEWORK_COLORS = {"PyTorch": "#d1495b", "TensorFlow/Keras": "#00798c"}
 PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
@@ -193,7 +193,8 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     figures: list[Figure] = []
     if table.empty:
         return figures
-    ok = ok_runs(runs).copy()
+    full_table = table
+    ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
@@ -202,12 +203,12 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
               " One run per bar: repeat with --repeats 3 or more to see the spread.")
 
-    _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, median step)", "Training throughput",
-               "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
+    _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
+               "Training throughput", "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
     figures.append(Figure("throughput", "speed", "Training throughput by precision",
-                          "Images per second from the median step time (warm-up excluded); the label on each bar "
-                          "is the speed-up against the same framework's fp32. Above 1× mixed precision helped; "
-                          "below 1× it cost time." + spread,
+                          "Images per second over the wall time of the timed steps (warm-up excluded): what a "
+                          "user's epoch takes. The label on each bar is the speed-up against the same framework's "
+                          "fp32. Above 1× mixed precision helped; below 1× it cost time." + spread + sweep_note,
                           "Bar chart of training images per second for each framework and precision mode."))
 
     if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
@@ -278,7 +279,69 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                               "of clean steps.",
                               "Step chart of the loss scale per step, in powers of two, for the loss-scaled runs "
                               "of each framework."))
+    figures += make_batch_figures(full_table, out_dir)
     return figures
+
+
+def primary_cells(ok: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The cells the per-precision figures show when a run has several batch sizes or step loops: the
+    plain loop (else tuned) at the largest batch size; the sweep has its own figures (make_batch_figures)."""
+    if table.empty or (table["batch_size"].nunique() <= 1 and table["step_loop"].nunique() <= 1):
+        return ok, table, ""
+    step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
+    batch = table.loc[table["step_loop"] == step, "batch_size"].max()
+    keep = (ok["step_loop"] == step) & (ok["batch_size"] == batch)
+    return (ok[keep], table[(table["step_loop"] == step) & (table["batch_size"] == batch)],
+            f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
+            "speed-up-vs-batch figure and the summary table.")
+
+
+def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
+    """--batch-sizes: speed-up against fp32 and MFU per batch size, per framework and precision
+    (one column per step loop). Pure function of the summary table."""
+    if table.empty or table["batch_size"].nunique() < 2:
+        return []
+    facet = {"col": "Step"} if table["step_loop"].nunique() > 1 else {}
+    out = []
+    for key, y, ylabel, title, caption in [
+        ("speedup_vs_batch", "speedup_vs_fp32", "Speed-up against fp32 at the same batch (×)",
+         "Mixed-precision speed-up vs batch size",
+         "Each line is one framework in one mixed precision: its throughput (wall time) over the same framework's "
+         "fp32 at the same batch size and loop. A speed-up that grows with the batch means the smaller batches "
+         "were bound by per-step host cost (Python, kernel launches, syncs), not by arithmetic: a property of the "
+         "loop and the batch size, not of AMP."),
+        ("mfu_vs_batch", "mfu_pct", "MFU (% of the measured matmul peak for the dtype)",
+         "Model FLOPs utilisation vs batch size",
+         "Achieved training FLOP/s (FLOPs per image counted once from the shared layer shapes, times images/s) "
+         "over the peak of a large matmul in the cell's dtype, measured by the cell at its start. Low and rising "
+         "with the batch: host-bound; flat: the device's work sets the pace (see Bound in the summary table)."),
+    ]:
+        data = table.assign(mfu_pct=table["mfu_measured"] * 100, Step=table["step_loop"])
+        if y == "speedup_vs_fp32":
+            data = data[data["precision"] != "fp32"]
+        data = data[np.isfinite(data[y].astype(float))]
+        if data.empty:
+            continue
+        data = _labelled(data)
+        grid = sns.relplot(data=data, kind="line", x="batch_size", y=y, hue="Framework", style="Precision",
+                           palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+                           errorbar=None, height=4, aspect=1.5, **facet)
+        grid.set(xscale="log")
+        for ax in grid.axes.flat:
+            sizes = sorted(table["batch_size"].unique())
+            ax.set_xticks(sizes, [f"{b:.0f}" for b in sizes])
+            ax.minorticks_off()
+            if y == "speedup_vs_fp32":
+                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        if facet:
+            grid.set_titles("{col_name} loop")
+        grid.set_axis_labels("Batch size (images per step, log scale)", ylabel)
+        grid.figure.suptitle(title, y=1.03)
+        _save(grid.figure, out_dir, key)
+        out.append(Figure(key, "speed", title, caption,
+                          f"Line chart of {ylabel.split(' (')[0].lower()} against batch size for each framework "
+                          "and precision."))
+    return out
 
 
 def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
@@ -312,23 +375,41 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
 
 
 def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """--find-max-batch: the largest batch each precision allowed under the memory cap."""
+    """--find-max-batch: per precision the largest batch under the memory cap, labelled with the memory it used."""
+    from common.maxbatch import cap_label
+
     if maxbatch.empty:
         return None
+    fitted = maxbatch[maxbatch["ok"] & (maxbatch["batch"] == maxbatch["max_ok"])]
+    used = fitted.groupby(["framework", "precision"])["peak_bytes"].max()
     df = _labelled(maxbatch.groupby(["framework", "precision"], as_index=False)["max_ok"].first())
     grid = sns.catplot(data=df, kind="bar", x="Precision", y="max_ok", hue="Framework", palette=FRAMEWORK_COLORS,
                        height=4, aspect=1.6, errorbar=None)
-    for container in grid.ax.containers:
-        grid.ax.bar_label(container, fmt="%d", fontsize=8, padding=2)
+    precisions = list(df["Precision"].cat.categories)
+    for container, framework in zip(grid.ax.containers, df["Framework"].cat.categories):
+        fw = next(k for k, v in FRAMEWORK_LABELS.items() if v == framework)
+        part = df[df["framework"] == fw].set_index("precision")["max_ok"]
+        labels = []
+        for p in precisions[:len(container)]:
+            memory = used.get((fw, p), pd.NA)
+            labels.append("" if p not in part.index else f"{part[p]:d}" + (
+                f"\n{memory / 2**30:.2f} GiB" if not pd.isna(memory) else ""))
+        grid.ax.bar_label(container, labels=labels, fontsize=8, padding=2)
     _finish(grid, "Largest batch that trains under the memory cap", "Precision mode", "Batch size (images)")
     _save(grid.figure, out_dir, "max_batch")
+    device = str(maxbatch["device"].dropna().iloc[0]) if maxbatch["device"].notna().any() else "cpu"
     cap = maxbatch["cap_bytes"].dropna()
-    cap_text = f"a {cap.iloc[0] / 2**30:.2f} GiB cap on each probe process" if not cap.empty else "the GPU's memory"
+    cap_text = cap_label(device, int(cap.iloc[0]) if not cap.empty else None)
+    stopped = sorted(set(maxbatch.get("stopped_early", pd.Series(dtype=str)).fillna("")) - {""})
+    early = (" Stopped early, so the bar is the largest batch that fit before the search's time ran out: "
+             + "; ".join(stopped) + "." if stopped else "")
     return Figure("max_batch", "memory", "Largest batch per precision",
                   f"Found by doubling, then bisection, each probe a fresh process training two steps under {cap_text}. "
-                  "Where half precision halves activation memory, its bar is taller: AMP's memory headroom "
-                  "shown as the batch it makes possible.",
-                  "Bar chart of the largest batch size that trained under the memory cap, per framework and precision.")
+                  "Under each bar's batch size, the peak memory its probe used (the framework allocator's on a GPU, "
+                  "the process's peak RSS on a CPU). Where half precision halves activation memory, its bar is "
+                  "taller: AMP's memory headroom shown as the batch it makes possible." + early,
+                  "Bar chart of the largest batch size that trained under the memory cap, per framework and precision, "
+                  "labelled with the memory used.")
 
 
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,

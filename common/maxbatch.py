@@ -118,7 +118,7 @@ TwoSteps = Callable[[RunConfig, Dataset, np.ndarray, np.ndarray], tuple[int, str
 
 
 def probe_main(two_steps: TwoSteps, is_out_of_memory: Callable[[Exception], bool],
-               argv: list[str] | None = None) -> int:
+               argv: list[str] | None = None, limit_gpu: Callable[[int], str] | None = None) -> int:
     """`python -m torch_impl.probe|tf_impl.probe`: one JSON line on stdout; exit 0 (fits) or EXIT_OOM.
 
     Only out-of-memory errors (MemoryError, or what the framework's `is_out_of_memory` accepts)
@@ -128,7 +128,8 @@ def probe_main(two_steps: TwoSteps, is_out_of_memory: Callable[[Exception], bool
     parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON file")
     parser.add_argument("--batch", required=True, type=int, help="images per step")
     parser.add_argument("--memory-cap", type=parse_cap, default=None,
-                        help="bytes (or e.g. 4GiB) the process's peak RSS may reach; ignored on a GPU")
+                        help="bytes (or e.g. 4GiB) the process's peak RSS may reach (CPU) or the GPU memory "
+                             "the framework may allocate (GPU, enforced by limit_gpu)")
     args = parser.parse_args(argv)
     cfg = dataclasses.replace(RunConfig.from_json(args.config.read_text()), batch_size=args.batch)
 
@@ -137,6 +138,8 @@ def probe_main(two_steps: TwoSteps, is_out_of_memory: Callable[[Exception], bool
         return 0 if ok else EXIT_OOM
 
     try:
+        if cfg.device == "cuda" and args.memory_cap is not None and limit_gpu is not None:
+            limit_gpu(args.memory_cap)  # before the framework allocates anything on the device
         data = shape_dataset(cfg.dataset, cfg.data_dir)
         x, y = random_batch(data, args.batch, cfg.seed)
         peak, kind = two_steps(cfg, data, x, y)
@@ -183,8 +186,9 @@ class SearchResult:
     max_ok: int  # largest batch that fit (0: not even a batch of 1)
     first_failed: int | None  # smallest batch that did not (None: `limit` fit)
     probes: list[ProbeResult]  # in the order they ran
-    cap_bytes: int | None  # the CPU cap searched under (on a GPU: as given, but the device's memory rules)
+    cap_bytes: int | None  # the cap searched under: CPU RSS per probe, or GPU memory (None: the GPU's own)
     cfg: RunConfig | None = None  # the cell searched, for search_table's identity columns
+    stopped_early: str = ""  # why the search stopped before it converged ("" when it did)
 
 
 def _last_json(text: str) -> dict | None:
@@ -205,7 +209,7 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
     the child reported EXIT_OOM, or it ran past `timeout_s`. Any other failure raises RuntimeError
     with the child's stderr tail: a crash must not look like a batch that is too large.
     """
-    watch = cfg.device == "cpu" and cap_bytes is not None  # on a GPU the device's memory is the cap
+    watch = cfg.device == "cpu" and cap_bytes is not None  # on a GPU the framework enforces the cap itself
     with tempfile.TemporaryDirectory(prefix="amp-compare-probe-") as tmp:
         config_path, out_path, err_path = Path(tmp) / "config.json", Path(tmp) / "stdout", Path(tmp) / "stderr"
         config_path.write_text(dataclasses.replace(cfg, batch_size=batch).to_json())
@@ -249,34 +253,71 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
                            f"not an out-of-memory):\n{tail}")
 
 
+def cap_label(device: str, cap_bytes: int | None) -> str:
+    """What a search's memory cap is, in words (console, report note, figure caption)."""
+    if device == "cuda":
+        return ("the GPU's whole memory" if cap_bytes is None else
+                f"a {format_size(cap_bytes)} GPU memory cap (torch set_per_process_memory_fraction, "
+                "TensorFlow logical-device memory limit)")
+    return f"a {format_size(cap_bytes)} cap on each probe process's CPU memory (RSS)" if cap_bytes else "no cap"
+
+
+class SearchBudgetSpent(Exception):
+    pass
+
+
 def find_max_batch(cfg: RunConfig, cap_bytes: int | None, start: int = 16, limit: int = 2**16,
                    resolution: float = 0.1, timeout_s: float = 300,
-                   on_probe: Callable[[ProbeResult], None] = lambda result: None) -> SearchResult:
+                   on_probe: Callable[[ProbeResult], None] = lambda result: None,
+                   budget_s: float | None = 540.0) -> SearchResult:
     """The largest batch (up to `limit`) that trains two steps of `cfg` under the memory cap.
 
     Doubles from `start` until a probe fails or `limit` fits (if `start` itself fails, halves down
     to 1 first), then bisects between the last batch that fit and the first that failed until they
     are within max(1, resolution * fit) of each other. Memory grows with the batch, so every batch
-    below `max_ok` is taken to fit. On a GPU `cap_bytes` is ignored: the device's memory is the cap.
+    below `max_ok` is taken to fit. On a GPU the cap, if given, is enforced by the framework in the
+    probe (cap_label); None: the device's own memory. The whole search stops once budget_s has passed
+    (no new probe starts; a running probe is bounded by timeout_s) and says so in stopped_early.
     """
     if start < 1 or limit < 1:
         raise ConfigError(f"start and limit must be positive batch sizes, got start={start!r} limit={limit!r}")
     if not resolution >= 0:
         raise ConfigError(f"resolution must be a non-negative fraction, got {resolution!r}")
     probes: list[ProbeResult] = []
+    deadline = None if budget_s is None else time.monotonic() + budget_s
 
     def fits(batch: int) -> bool:
+        if deadline is not None and time.monotonic() > deadline:
+            raise SearchBudgetSpent
         result = probe(cfg, batch, cap_bytes, timeout_s)
         probes.append(result)
         on_probe(result)
         return result.ok
 
+    state = {"ok": 0, "failed": None}
+    try:
+        search(fits, start, limit, resolution, state)
+    except SearchBudgetSpent:
+        return SearchResult(state["ok"], state["failed"], probes, cap_bytes, cfg,
+                            stopped_early=f"stopped early: the search's {budget_s:g} s budget was spent "
+                                          f"after {len(probes)} probes (largest batch that fit so far)")
+    return SearchResult(state["ok"], state["failed"], probes, cap_bytes, cfg)
+
+
+def search(fits: Callable[[int], bool], start: int, limit: int, resolution: float, state: dict) -> None:
+    """Doubling, halving, bisection; state["ok"] / state["failed"] are current after every probe."""
     ok, failed, batch = 0, None, min(start, limit)
+
+    def seen(new_ok, new_failed):
+        state.update(ok=new_ok, failed=new_failed)
+
     while True:  # doubling up
         if not fits(batch):
             failed = batch
+            seen(ok, failed)
             break
         ok = batch
+        seen(ok, failed)
         if batch >= limit:
             break
         batch = min(2 * batch, limit)
@@ -284,14 +325,16 @@ def find_max_batch(cfg: RunConfig, cap_bytes: int | None, start: int = 16, limit
         batch = failed // 2
         while batch >= 1 and not fits(batch):
             failed, batch = batch, batch // 2
+            seen(ok, failed)
         ok = batch  # 0: not even a batch of 1 fits
+        seen(ok, failed)
     while failed is not None and ok > 0 and failed - ok > max(1.0, resolution * ok):  # bisection
         mid = (ok + failed) // 2
         if fits(mid):
             ok = mid
         else:
             failed = mid
-    return SearchResult(ok, failed, probes, cap_bytes, cfg)
+        seen(ok, failed)
 
 
 def search_table(results: Iterable[SearchResult]) -> pd.DataFrame:
@@ -304,9 +347,10 @@ def search_table(results: Iterable[SearchResult]) -> pd.DataFrame:
         for order, p in enumerate(result.probes):
             rows.append({**identity, "probe": order, "batch": p.batch, "ok": p.ok, "peak_bytes": p.peak_bytes,
                          "memory_kind": p.memory_kind, "reason": p.reason, "cap_bytes": result.cap_bytes,
-                         "max_ok": result.max_ok, "first_failed": result.first_failed})
+                         "max_ok": result.max_ok, "first_failed": result.first_failed,
+                         "stopped_early": result.stopped_early})
     columns = ["framework", "model", "dataset", "precision", "device", "probe", "batch", "ok", "peak_bytes",
-               "memory_kind", "reason", "cap_bytes", "max_ok", "first_failed"]
+               "memory_kind", "reason", "cap_bytes", "max_ok", "first_failed", "stopped_early"]
     table = pd.DataFrame(rows, columns=columns)
     for name in ("peak_bytes", "cap_bytes", "first_failed"):  # None stays missing, not a float NaN
         table[name] = table[name].astype("Int64")

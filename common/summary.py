@@ -13,8 +13,10 @@ from common import calibrate, stats
 from common.config import display_order
 from common.config import framework_label as _label
 from common.env import cpu_half_precision_verdict
+from common.perf import bound_verdicts, timing_note
 
 GROUP = ["framework", "model", "dataset", "precision"]
+LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
 MIB = 2**20
 
 
@@ -29,18 +31,19 @@ def _q(p: float):
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges
     and ratios to that framework's fp32. Accuracy changes are paired by seed before the median."""
-    ok = ok_runs(runs).copy()
-    group = (["machine"] if "machine" in ok else []) + GROUP
+    ok = with_loop_columns(ok_runs(runs).copy())
+    group = (["machine"] if "machine" in ok else []) + GROUP[:-1] + LOOP + GROUP[-1:]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "speedup_vs_fp32",
                     "peak_memory_mib", "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3",
-                    "accuracy_change_pp", "accuracy_change_q1", "accuracy_change_q3", "skipped_steps"]
+                    "accuracy_change_pp", "accuracy_change_q1", "accuracy_change_q3", "skipped_steps",
+                    *PERF_COLS]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     base_keys = [c for c in group if c != "precision"]
     fp32 = ok[ok["precision"] == "fp32"].set_index(base_keys + ["seed"])["final_val_accuracy"]
     paired = ok.set_index(base_keys + ["seed"]).index.map(lambda k: fp32.get(k, np.nan))
     ok["accuracy_change_pp"] = (ok["final_val_accuracy"].to_numpy() - np.asarray(paired, dtype=float)) * 100
-    agg = ok.groupby(group, sort=False).agg(
+    agg = ok.groupby(group, sort=False, dropna=False).agg(
         runs=("seed", "size"),
         throughput_img_s=("throughput_img_s", "median"),
         throughput_q1=("throughput_img_s", _q(25)),
@@ -53,6 +56,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         accuracy_change_q1=("accuracy_change_pp", _q(25)),
         accuracy_change_q3=("accuracy_change_pp", _q(75)),
         skipped_steps=("skipped_steps", "median"),
+        **{c: (c, "median") for c in PERF_MEDIANS},
+        peak_dtype=("peak_dtype", "first"),
     ).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
     base = agg[agg["precision"] == "fp32"].set_index(base_keys)
@@ -63,8 +68,31 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
 
     agg["speedup_vs_fp32"] = agg["throughput_img_s"] / baseline("throughput_img_s")
     agg["memory_change_vs_fp32"] = agg["peak_memory_bytes"] / baseline("peak_memory_bytes") - 1.0
-    agg = agg.sort_values([*group[:-4], "model", "dataset", "framework", "precision"], key=display_order)
+    agg["timing_note"] = [timing_note(w, m) for w, m in zip(agg["throughput_img_s"],
+                                                             agg["median_step_throughput_img_s"])]
+    agg["bound"] = bound_verdicts(agg, group)
+    agg = agg.sort_values([*group[:-6], "model", "dataset", "step_loop", "batch_size", "framework", "precision"],
+                          key=display_order)
     return agg[cols].reset_index(drop=True)
+
+
+# Per-cell performance columns (issue 13): medians over seeds, from the run table (common/child.py).
+PERF_MEDIANS = ["median_step_throughput_img_s", "compile_warmup_s", "flops_per_image", "achieved_flops",
+                "peak_flops_measured", "peak_flops_table", "mfu_measured", "mfu_table"]
+PERF_COLS = [*PERF_MEDIANS, "peak_dtype", "timing_note", "bound"]
+
+
+def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
+    """step_loop and batch_size columns, and the performance columns, on runs recorded before them too."""
+    if "step_loop" not in runs:
+        runs["step_loop"] = runs["cfg_step"] if "cfg_step" in runs else "plain"
+    runs["batch_size"] = runs["cfg_batch_size"] if "cfg_batch_size" in runs else np.nan
+    for col in PERF_MEDIANS:
+        if col not in runs:
+            runs[col] = np.nan
+    if "peak_dtype" not in runs:
+        runs["peak_dtype"] = ""
+    return runs
 
 
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -86,9 +114,12 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Framework": _label(r.framework),
             "Model": r.model,
             "Dataset": r.dataset,
+            "Step": r.step_loop,
+            "Batch": fmt(r.batch_size, ".0f"),
             "Precision": r.precision,
             "Runs": str(r.runs),
             "Images/s": spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f"),
+            "Images/s (median step)": fmt(r.median_step_throughput_img_s, ",.0f"),
             "Speed vs fp32": fmt(r.speedup_vs_fp32, ".2f", "×") + (" ⚠" if getattr(r, "speed_note", "") else ""),
             "Peak memory (MiB)": fmt(r.peak_memory_mib, ",.1f"),
             "Memory vs fp32": fmt(r.memory_change_vs_fp32 * 100, "+.0f", "%"),
@@ -97,6 +128,15 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
                                    spread(r, r.accuracy_change_pp, r.accuracy_change_q1, r.accuracy_change_q3,
                                           "+.1f", 1, " pp")),
             "Skipped steps": fmt(r.skipped_steps, ".0f"),
+            "GFLOP/image": fmt(r.flops_per_image / 1e9, ".3g"),
+            "Achieved TFLOP/s": fmt(r.achieved_flops / 1e12, ".3g"),
+            "Peak TFLOP/s (measured)": fmt(r.peak_flops_measured / 1e12, ".3g") + f" {r.peak_dtype}".rstrip(),
+            "MFU": fmt(r.mfu_measured * 100, ".1f", "%"),
+            **({"MFU (data-sheet peak)": fmt(r.mfu_table * 100, ".1f", "%")}
+               if table["mfu_table"].notna().any() else {}),
+            "Bound": r.bound,
+            "Compile/warm-up (s)": fmt(r.compile_warmup_s, ".2f"),
+            "Timing note": r.timing_note or "—",
         })
     return pd.DataFrame(rows)
 
@@ -104,7 +144,14 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
 # ---- statistics per group, for the table, the findings and the report's accuracy section -------
 
 def _keys(runs: pd.DataFrame) -> list[str]:
-    return (["machine"] if "machine" in runs else []) + ["model", "dataset"]
+    """The identity of a comparison group: (machine,) model, dataset and, where recorded, the step loop and
+    batch size (a fp32 cell is compared with the mixed cells of the same loop and batch size only)."""
+    return (["machine"] if "machine" in runs else []) + ["model", "dataset"] + [k for k in LOOP if k in runs]
+
+
+def _varying(table: pd.DataFrame) -> set:
+    """The loop keys (step loop, batch size) that take several values in a table: sentences must name them."""
+    return {k for k in LOOP if k in table and table[k].nunique(dropna=False) > 1}
 
 
 def named_machines(table: pd.DataFrame) -> set:
@@ -116,8 +163,12 @@ def named_machines(table: pd.DataFrame) -> set:
     return set(n[n > 1].index)
 
 
-def _group_label(key: dict, multi_machine) -> str:
+def _group_label(key: dict, multi_machine, varying: set = frozenset()) -> str:
     text = f"{key['model']} on {key['dataset']}"
+    if "step_loop" in varying and "step_loop" in key:
+        text += f", {key['step_loop']} step"
+    if "batch_size" in varying and "batch_size" in key:
+        text += f", batch {key['batch_size']:.0f}"
     if isinstance(multi_machine, set):
         multi_machine = (key["model"], key["dataset"]) in multi_machine
     return text + (f" ({key['machine']})" if multi_machine and "machine" in key else "")
@@ -138,7 +189,7 @@ def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (machine x) model x dataset x framework x precision: the paired test against fp32, whether the run
     was too short to judge, and the time to the target accuracy. Rows in the summary table's order."""
-    ok = ok_runs(runs)
+    ok = with_loop_columns(ok_runs(runs).copy())
     cols = [*_keys(ok), "framework", "precision", "diff_pp", "ci_low", "ci_high", "p_value", "test", "seeds",
             "images", "too_short", "target", "target_basis", "time_to_target_s", "reached"]
     if ok.empty:
@@ -171,13 +222,12 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
                                           "images"]].to_dict())
             rows.append(row)
     out = pd.DataFrame(rows).reindex(columns=cols)
-    return out.sort_values([*keys[:-2], "model", "dataset", "framework", "precision"],
-                           key=display_order).reset_index(drop=True)
+    return out.sort_values([*keys, "framework", "precision"], key=display_order).reset_index(drop=True)
 
 
 def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict | None = None) -> pd.DataFrame:
     """Per mixed (machine x) model x dataset x framework x precision: the speed ratio's interval and verdict."""
-    ok = ok_runs(runs)
+    ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "speed_low", "speed_high", "timed_steps", "spread_p90_p50", "speed_note"]
     if ok.empty or steps is None or steps.empty or "step_time_s" not in steps:
@@ -207,7 +257,7 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     table = summary_table(runs)
     if table.empty:
         return table
-    keys = [c for c in ("machine", "model", "dataset", "framework", "precision") if c in table]
+    keys = [c for c in ("machine", "model", "dataset", *LOOP, "framework", "precision") if c in table]
     speed = speed_statistics(runs, steps, environment)
     acc = accuracy_statistics(runs, epochs)
     out = table.merge(speed, on=keys, how="left").merge(acc, on=keys, how="left")
@@ -274,11 +324,12 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
     out: list[str] = []
     multi = named_machines(table)
-    keys = [k for k in ("machine", "model", "dataset") if k in table]
+    varying = _varying(table)
+    keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
     groups = [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in table.groupby(keys, sort=False)]
     # Speed, per model/dataset and framework.
     for key, group in groups:
-        label = _group_label(key, multi)
+        label = _group_label(key, multi, varying)
         for fw, g in group.groupby("framework", sort=False):
             mixed, fp32 = g[g["precision"] != "fp32"], g[g["precision"] == "fp32"]
             if mixed.empty or fp32.empty:
@@ -308,10 +359,10 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         mem = group[(group["precision"] != "fp32") & group["memory_change_vs_fp32"].notna()]
         if not mem.empty:
             parts = [f"{_label(r.framework)} {r.precision} {r.memory_change_vs_fp32:+.0%}" for r in mem.itertuples()]
-            out.append(f"{_group_label(key, multi)}, peak memory against fp32 ({kinds}): {', '.join(parts)}.")
+            out.append(f"{_group_label(key, multi, varying)}, peak memory against fp32 ({kinds}): {', '.join(parts)}.")
     # Accuracy: the paired tests, or why the run cannot answer.
     for key, group in groups:
-        label = _group_label(key, multi)
+        label = _group_label(key, multi, varying)
         short = group["too_short"].iloc[0]
         if short:
             out.append(f"Accuracy cannot be compared from this run for {label}: {short}. Train longer "
@@ -338,7 +389,7 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         first = group.iloc[0]
         parts = [f"{_label(fw)} " + ", ".join(f"{r.precision} {_time_text(r)}" for r in g.itertuples())
                  for fw, g in group.groupby("framework", sort=False)]
-        out.append(f"{_group_label(key, multi)}, training time to {first.target:.1%} validation accuracy "
+        out.append(f"{_group_label(key, multi, varying)}, training time to {first.target:.1%} validation accuracy "
                    f"({first.target_basis}; median over seeds, validation excluded): {'; '.join(parts)}.")
     # Loss scaling: per cell, medians over seeds (the loss-scaling table's numbers).
     fp16 = steps[(steps["precision"] == "fp16") & steps["cell_id"].isin(set(ok_runs(runs)["cell_id"]))] \
@@ -362,7 +413,8 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                 parts.append(f"{_label(fw)} skipped {skipped:.0f} of {n:.0f} steps and ended at scale "
                              f"2^{np.log2(last):.0f} ({_seeds(len(cells))}{per_seed})")
             if parts:
-                out.append(f"{_group_label(key, multi)}, dynamic loss scaling (fp16): " + "; ".join(parts) + ".")
+                label = _group_label(key, multi, varying)
+                out.append(f"{label}, dynamic loss scaling (fp16): " + "; ".join(parts) + ".")
     diverged = runs[runs["status"] == "diverged"] if "status" in runs else runs.iloc[0:0]
     for r in diverged.itertuples():
         out.insert(0, f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) "

@@ -33,13 +33,22 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
         # auto_scale_loss=False: the optimizer is the whole AMP setup, as in train().
         model.compile(optimizer=make_optimizer(cfg),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], jit_compile=cfg.compile, auto_scale_loss=False)
+                      metrics=["accuracy"], jit_compile=cfg.compile or cfg.step == "tuned", auto_scale_loss=False)
         model.optimizer.build(model.trainable_variables)
         for _ in range(2):  # train_on_batch returns host values: the step has finished
             model.train_on_batch(x, y)
     if cfg.device == "cuda":
         return tf.config.experimental.get_memory_info("GPU:0")["peak"], "tf_gpu_allocator_peak"
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
+
+
+def limit_gpu(cap_bytes: int) -> str:
+    """--memory-cap on a GPU: a logical device with that memory limit, set before TensorFlow initialises it."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.set_logical_device_configuration(
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cap_bytes // 2**20)])  # MiB
+    return "tf.config.LogicalDeviceConfiguration(memory_limit)"
 
 
 def is_out_of_memory(exc: Exception) -> bool:
@@ -49,4 +58,4 @@ def is_out_of_memory(exc: Exception) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(probe_main(two_steps, is_out_of_memory))
+    sys.exit(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))

@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 from common.child import (  # noqa: E402
     CpuPeakMemory,
     DivergenceWatch,
+    FirstStepWindow,
     Progress,
     SharedInit,
     TrainResult,
@@ -238,6 +239,7 @@ class EpochRecorder(keras.callbacks.Callback):
         self.cfg, self.steps, self.progress, self.result, self.augment = cfg, steps, progress, result, augment
         self.on_nonfinite = on_nonfinite  # called once, at the first non-finite loss or skipped update
         self.watch = DivergenceWatch(cfg.diverge_after)
+        self.first_step = FirstStepWindow(None)  # train() sets the CPU's memory window
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.augment:  # the same augmented pixels as the torch side, before the epoch's clock starts
@@ -287,6 +289,7 @@ class StepRecorder(EpochRecorder):
         self.result.step_loss_scale.append(float(logs["loss_scale"]))
         self.result.step_skipped.append(bool(logs["skipped"]))
         self.progress.step(self.epoch, self.cfg.epochs, batch, self.steps)
+        self.first_step.after(self.epoch, batch)
         self.check(len(self.result.step_loss) - 1)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -360,25 +363,30 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         "keras_version": keras.__version__,
         **device_info(gpus if cfg.device == "cuda" else []),
         "tf32": f"tensor_float_32_execution={tf.config.experimental.tensor_float_32_execution_enabled()}",
-        "compiled": "jit_compile=True (XLA)" if cfg.compile else "tf.function (no XLA)",
         "amp_api": {"dynamic": "mixed_float16 policy + LossScaleOptimizer",
                     "static": "mixed_float16 policy + optimizer loss_scale_factor"}.get(
             cfg.loss_scaling, f"{DTYPE_POLICIES[cfg.precision]} policy, no loss scaling" if cfg.mixed else "none"),
         "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
     })
+    tuned = cfg.compile or cfg.step == "tuned"  # --step tuned: XLA (jit_compile=True)
+    result.info.update(compiled="jit_compile=True (XLA)" if tuned else "tf.function (no XLA)", step_loop=cfg.step,
+                       optimizer_impl="keras default", **measure_peak(device, cfg, result.info["device_name"]))
     with tf.device(device):
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
         # auto_scale_loss=False: the optimizer above is the whole AMP setup (fp16-noscale stays unscaled).
         model.compile(optimizer=make_optimizer(cfg),
-                      loss=make_loss(cfg), metrics=["accuracy"], jit_compile=cfg.compile, auto_scale_loss=False)
+                      loss=make_loss(cfg), metrics=["accuracy"], jit_compile=tuned, auto_scale_loss=False)
         model.optimizer.build(model.trainable_variables)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, cfg))
         dataset, model.device_images = make_dataset(data, plan)
         device_mode = cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
         recorder = DeviceStepRecorder if device_mode else StepRecorder
+        # host mode reads each step's values (a wait per step on a GPU); device mode reads once per epoch
+        result.info["host_syncs_per_step"] = 0 if device_mode else 1
+        dataset_bytes = int(data.x_train.nbytes + data.y_train.nbytes)  # DeviceImages: same arrays
         # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
         from tf_impl import numerics
 
@@ -401,21 +409,49 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
             tf.config.experimental.reset_memory_stats("GPU:0")
         else:
             cpu_memory = CpuPeakMemory()
+        callback = recorder(cfg, steps, progress, result, on_nonfinite=on_nonfinite,
+                            augment=(data, model.device_images) if cfg.augment else None)
+        callback.first_step = FirstStepWindow(cpu_memory if cfg.device == "cpu" else None)
         model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
-                  validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH,
-                  callbacks=[recorder(cfg, steps, progress, result, on_nonfinite=on_nonfinite,
-                                      augment=(data, model.device_images) if cfg.augment else None)])
+                  validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH, callbacks=[callback])
     if cfg.device == "cuda":
-        result.peak_memory_bytes = tf.config.experimental.get_memory_info("GPU:0")["peak"]
-        result.memory_kind = "tf_gpu_allocator_peak"
+        # the training images held on the device (DeviceImages) are reported apart, not as training memory
+        result.peak_memory_bytes = max(0, tf.config.experimental.get_memory_info("GPU:0")["peak"] - dataset_bytes)
+        result.memory_kind = "tf_gpu_allocator_peak_minus_dataset"
+        result.info["dataset_device_bytes"] = dataset_bytes
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
-        result.memory_kind = cpu_memory.kind
+        result.memory_kind = cpu_memory.kind + "_after_first_step"
+        result.info["dataset_device_bytes"] = 0
+    result.info["first_step_peak_memory_bytes"] = callback.first_step.peak_bytes
     # Per validation image, right or wrong: the final model's predictions for the paired tests (common/stats.py).
     result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, "last step", len(result.step_loss) - 1)
     return result
+
+
+def measure_peak(device: str, cfg: RunConfig, device_name: str) -> dict:
+    """The device's matmul peak for this cell's dtype (common/peak.py), measured before training."""
+    from common import peak
+
+    dtype = {"fp16": tf.float16, "bf16": tf.bfloat16, "tf32": tf.float32, "fp32": tf.float32}[
+        peak.matmul_dtype(cfg.precision, cfg.tf32)]
+
+    def time_matmul(n: int, repeats: int) -> float:
+        with tf.device(device):
+            a = tf.cast(tf.random.normal([n, n]), dtype)
+            b = tf.cast(tf.random.normal([n, n]), dtype)
+            tf.linalg.matmul(a, b)[0, 0].numpy()  # first call: kernel selection, not timed
+            start = time.perf_counter()
+            for _ in range(repeats):
+                c = tf.linalg.matmul(a, b)
+            c[0, 0].numpy()  # waits for the device (ops on one stream run in order); copies one element
+            return time.perf_counter() - start
+
+    flops, size = peak.measure(time_matmul, max_size=8192 if device.startswith("/GPU") else 2048,
+                               budget_s=1.0 if device.startswith("/GPU") else 0.5)
+    return peak.peak_info(device_name, cfg.precision, cfg.tf32, flops, size)
 
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, when: str, step: int) -> list[dict]:

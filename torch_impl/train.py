@@ -20,6 +20,7 @@ from torch import nn
 from common.child import (
     CpuPeakMemory,
     DivergenceWatch,
+    FirstStepWindow,
     Progress,
     SharedInit,
     TrainResult,
@@ -147,8 +148,35 @@ def current_scale(scaler: torch.amp.GradScaler, device: torch.device) -> torch.T
     return scaler._scale.detach().clone().reshape(())
 
 
+def make_step_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
+    """make_optimizer's optimizer; with --step tuned the same hyperparameters in its fused implementation,
+    which takes GradScaler's found_inf on the device (the default one makes GradScaler.step read it on
+    the host: one synchronisation per step on a GPU)."""
+    params = list(params)
+    optimizer = make_optimizer(cfg, params)
+    if cfg.step == "tuned":
+        optimizer = type(optimizer)(params, **{**optimizer.defaults, "foreach": None, "fused": True})
+    return optimizer
+
+
+def host_sync_per_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> int:
+    """Host synchronisations per step the training step itself makes on a GPU (the loop adds none):
+    GradScaler.step reads found_inf on the host unless the optimizer takes it on the device."""
+    return int(scaler.is_enabled() and not getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, device: torch.device) -> torch.Tensor:
+    """Whether scaler.step skipped this step's update (non-finite gradients), as a device tensor: read
+    between scaler.step() and scaler.update(), which clears it."""
+    state = scaler._per_optimizer_states.get(id(optimizer), {}) if scaler.is_enabled() else {}
+    found = state.get("found_inf_per_device")
+    if not found:
+        return torch.zeros((), dtype=torch.bool, device=device)
+    return sum(v.to(device, non_blocking=True) for v in found.values()).reshape(()) > 0
+
+
 def train_step(model, optimizer, scaler, x, y, amp_dtype, clip_grad_norm: float | None = None):
-    """One optimizer step. Returns (loss, correct) as device tensors."""
+    """One optimizer step. Returns (loss, correct, skipped) as device tensors."""
     with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):  # AMP: op-level casts
         logits = model(x)
         loss = F.cross_entropy(logits, y)  # autocast computes this in float32
@@ -158,8 +186,9 @@ def train_step(model, optimizer, scaler, x, y, amp_dtype, clip_grad_norm: float 
         scaler.unscale_(optimizer)  # AMP: clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
     scaler.step(optimizer)  # AMP: unscale gradients; skip the update if any is inf/NaN
+    skipped = found_inf(scaler, optimizer, x.device)
     scaler.update()  # AMP: halve the scale on overflow, double it after growth_interval good steps
-    return loss.detach(), (logits.argmax(1) == y).sum()
+    return loss.detach(), (logits.argmax(1) == y).sum(), skipped
 
 
 @torch.no_grad()
@@ -185,7 +214,7 @@ def val_correct(model, x, y, amp_dtype) -> np.ndarray:
     model.eval()
     hits = []
     for i in range(0, len(x), EVAL_BATCH):
-        with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             hits.append((model(x[i:i + EVAL_BATCH]).argmax(1) == y[i:i + EVAL_BATCH]).cpu())
     model.train()
     return torch.cat(hits).numpy()
@@ -255,31 +284,34 @@ class EpochSteps:
 
 def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, watch: DivergenceWatch,
               first_step: int = 0, on_step=lambda step: None, clip_grad_norm: float | None = None,
-              on_nonfinite=None) -> EpochSteps:
+              on_nonfinite=None, check_every: int | None = None, graphs: bool = False) -> EpochSteps:
     """The instrumented training loop of one epoch (benchmarks/overhead.py measures what it costs).
 
     on_nonfinite(step, idx) is called once for the first step whose loss was non-finite or whose
     update the scaler skipped (non-finite gradients); it returns True once it has handled one.
+    Losses are read on the host every check_every steps (default: 25 on a GPU, where a read waits
+    for the device; every step on a CPU, where it costs nothing); nothing else is read per step
+    (tests/test_perf.py counts the reads). graphs: CUDA graphs (--step tuned on a GPU) start a step.
     """
-    check_every = 25 if x.device.type == "cuda" else 1  # reading the loss on the host syncs a GPU
+    check_every = check_every or (25 if x.device.type == "cuda" else 1)
     losses, corrects, scales_used, skipped, checked, diverged = [], [], [], [], 0, None
-    updates = [0]  # optimizer steps actually taken: GradScaler skips the step on non-finite gradients
-    hook = optimizer.register_step_post_hook(lambda *args: updates.__setitem__(0, updates[0] + 1))
     clock.mark()
     for step, idx in enumerate(plan):
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         scales_used.append(current_scale(scaler, x.device))
-        taken = updates[0]
-        loss, correct = train_step(net, optimizer, scaler, x[idx], y[idx], amp_dtype, clip_grad_norm)
-        skipped.append(updates[0] == taken)
+        loss, correct, step_skipped = train_step(net, optimizer, scaler, x[idx], y[idx], amp_dtype, clip_grad_norm)
+        skipped.append(step_skipped)
         losses.append(loss)
         corrects.append(correct)
         clock.mark()
         on_step(step)
         if len(losses) - checked >= check_every or step + 1 == len(plan):
             fresh = torch.stack(losses[checked:]).float().cpu().tolist()
+            fresh_skipped = torch.stack(skipped[checked:]).cpu().tolist()
             if on_nonfinite is not None:
                 for k, value in enumerate(fresh, start=checked):
-                    if not np.isfinite(value) or skipped[k]:
+                    if not np.isfinite(value) or fresh_skipped[k - checked]:
                         on_nonfinite = None if on_nonfinite(first_step + k, plan[k]) else on_nonfinite
                         break
             checked = len(losses)
@@ -287,11 +319,10 @@ def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, w
             if diverged is not None:
                 break
     step_times = clock.intervals()  # synchronises once per epoch
-    hook.remove()
     return EpochSteps(
         loss=torch.stack(losses).float().cpu().tolist(),
         loss_scale=torch.stack(scales_used).cpu().tolist(),
-        skipped=skipped,
+        skipped=torch.stack(skipped).cpu().tolist(),
         step_time_s=step_times,
         correct=int(torch.stack(corrects).sum().item()),
         diverged_at_step=diverged,
@@ -305,17 +336,28 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     model = make_model(cfg, data)
     init_source = shared_init.apply(model, get_weights, set_weights)
     model = model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
-    optimizer = make_optimizer(cfg, model.parameters())
+    optimizer = make_step_optimizer(cfg, model.parameters())
     scaler = make_scaler(cfg)
+    peak = measure_peak(device, cfg)  # before the dataset and the memory window
     x_train, y_train, x_val, y_val = make_dataset(data, device, cfg.channels_last)
-    net = torch.compile(model) if cfg.compile else model  # compiles on its first call: see compile_time_s
+    dataset_bytes = sum(t.nbytes for t in (x_train, y_train, x_val, y_val))
+    graphs = cfg.step == "tuned" and device.type == "cuda"  # CUDA graphs: compile's reduce-overhead mode
+    compiled = cfg.compile or cfg.step == "tuned"
+    # compiles (and on a GPU records its CUDA graphs) during the first steps: see compile_warmup_s
+    net = torch.compile(model, mode="reduce-overhead" if graphs else "default") if compiled else model
 
     result = TrainResult(info={
         "framework_version": torch.__version__,
         **device_info(device),
         "tf32": f"matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
                 f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}",
-        "compiled": "torch.compile" if cfg.compile else "eager",
+        "compiled": (f"torch.compile(mode={'reduce-overhead' if graphs else 'default'})" if compiled else "eager"),
+        "step_loop": cfg.step,
+        "optimizer_impl": "fused" if optimizer.defaults.get("fused") else
+                          ("foreach" if device.type == "cuda" else "for-loop") + " (torch default)",
+        "host_syncs_per_step": host_sync_per_step(optimizer, scaler),
+        **peak,
+        "dataset_device_bytes": int(dataset_bytes) if device.type == "cuda" else 0,
         "amp_api": {"dynamic": "torch.autocast + torch.amp.GradScaler",
                     "static": "torch.autocast + GradScaler held at a fixed scale"}.get(
             cfg.loss_scaling, "torch.autocast, no loss scaling" if cfg.mixed else "none"),
@@ -347,6 +389,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         torch.cuda.reset_peak_memory_stats(device)
     else:
         cpu_memory = CpuPeakMemory()
+    first_step = FirstStepWindow(cpu_memory if device.type == "cpu" else None)
     model.train()
     clock = StepClock(device)
     watch = DivergenceWatch(cfg.diverge_after)
@@ -354,12 +397,14 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         plan = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, epoch,
                                               cfg.steps_per_epoch)).to(device)
         if cfg.augment:  # the same augmented pixels as the Keras side (common/data.py)
+            x_train = None  # freed before its replacement lands: one copy of the images in the peak
             x_train = to_device_images(epoch_images(data, cfg.seed, epoch, augment=True), device, cfg.channels_last)
         steps = run_epoch(net, optimizer, scaler, x_train, y_train, plan, amp_dtype, clock, watch,
                           first_step=len(result.step_loss),
-                          on_step=lambda step, n=len(plan), e=epoch: progress.step(e, cfg.epochs, step, n),
+                          on_step=lambda step, n=len(plan), e=epoch: (progress.step(e, cfg.epochs, step, n),
+                                                                      first_step.after(e, step)),
                           clip_grad_norm=cfg.clip_grad_norm,
-                          on_nonfinite=on_nonfinite if result.nonfinite is None else None)
+                          on_nonfinite=on_nonfinite if result.nonfinite is None else None, graphs=graphs)
         eval_start = time.perf_counter()
         val_loss, val_accuracy = evaluate(net, x_val, y_val, amp_dtype)
         eval_time = time.perf_counter() - eval_start
@@ -381,16 +426,43 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         if result.diverged_at_step is not None:
             break
     if device.type == "cuda":  # peak of training alone, before the closing numerics probe
-        result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
-        result.memory_kind = "cuda_allocator_peak"
+        # the dataset held on the device is reported apart (dataset_device_bytes), not as training memory
+        result.peak_memory_bytes = max(0, torch.cuda.max_memory_allocated(device) - dataset_bytes)
+        result.memory_kind = "cuda_allocator_peak_minus_dataset"
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
-        result.memory_kind = cpu_memory.kind
+        result.memory_kind = cpu_memory.kind + "_after_first_step"
+    result.info["first_step_peak_memory_bytes"] = first_step.peak_bytes
     result.val_correct = val_correct(net, x_val, y_val, amp_dtype)
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, scaler, "last step",
                                                 len(result.step_loss) - 1)
     return result
+
+
+def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
+    """The device's matmul peak for this cell's dtype (common/peak.py), measured before training."""
+    from common import peak
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[
+        peak.matmul_dtype(cfg.precision, cfg.tf32)]
+
+    def time_matmul(n: int, repeats: int) -> float:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        torch.mm(a, b)  # first call: kernel selection, not timed
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    flops, size = peak.measure(time_matmul, max_size=8192 if device.type == "cuda" else 2048,
+                               budget_s=1.0 if device.type == "cuda" else 0.5)
+    return peak.peak_info(device_info(device)["device_name"], cfg.precision, cfg.tf32, flops, size)
 
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:

@@ -1,0 +1,213 @@
+"""Issue 13: the timed loop adds no per-step host sync, the wall-time headline, FLOPs counted once,
+peaks, the --step / --batch-sizes matrix, the bound verdict, and a sweep rendered into the report."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common import flops, peak
+from common.child import step_time_summary
+from common.cli import build_parser, plan_compare
+from common.config import ConfigError, RunConfig
+from common.perf import bound_verdicts, timing_note
+from tests.conftest import ROOT
+
+torch = pytest.importorskip("torch")
+
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+@pytest.mark.parametrize("model, shape, width", [("simple_cnn", (8, 8, 1), 64), ("resnet18", (32, 32, 3), 8)])
+def test_flops_from_shared_shapes_match_torch_flop_counter(model, shape, width):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from torch_impl.models import build_model
+
+    net = build_model(model, shape, 10, width=width)
+    x = torch.randn(2, shape[2], shape[0], shape[1])
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(net(x), torch.tensor([1, 2])).backward()
+    assert flops.train_flops(model, shape, 10, width) == counter.get_total_flops() / 2  # per image
+
+
+def _epoch(cfg: RunConfig, steps: int, counts: dict | None = None, check_every: int = 25):
+    """run_epoch as train() calls it, on a tiny model; counts host reads of tensors made during the steps."""
+    from common.child import DivergenceWatch
+    from torch_impl import train as tt
+    from torch_impl.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("simple_cnn", (8, 8, 1), 10)
+    optimizer = tt.make_step_optimizer(cfg, model.parameters())
+    scaler = tt.make_scaler(cfg)
+    x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    plan = torch.arange(steps * 8).reshape(steps, 8) % 64
+    clock = tt.StepClock(torch.device("cpu"))
+    originals = {}
+    if counts is not None:  # only inside the loop: count every way a tensor's value reaches the host
+        def counting(name, original):
+            def wrapper(self, *args, **kwargs):
+                counts[name] = counts.get(name, 0) + 1
+                return original(self, *args, **kwargs)
+            return wrapper
+
+        originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, counting(name, original))
+    try:
+        out = tt.run_epoch(model, optimizer, scaler, x, y, plan, tt.AMP_DTYPES[cfg.precision], clock,
+                           DivergenceWatch(20), check_every=check_every)
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    return out, optimizer, scaler
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_tuned_loop_reads_nothing_on_the_host_per_step(precision):
+    """The loop's host reads do not grow with the steps (GPU check interval), in every precision mode."""
+    cfg = RunConfig(precision=precision, step="tuned", steps_per_epoch=24, warmup_steps=0)
+    few, many = {}, {}
+    _epoch(cfg, 3, few)
+    _epoch(cfg, 12, many)
+    assert sum(many.values()) == sum(few.values()), (few, many)
+
+
+def test_plain_fp16_records_the_gradscaler_sync_and_tuned_avoids_it():
+    from torch_impl.train import host_sync_per_step
+
+    for step, expected in (("plain", 1), ("tuned", 0)):
+        cfg = RunConfig(precision="fp16", step=step)
+        _, optimizer, scaler = _epoch(cfg, 2)
+        assert host_sync_per_step(optimizer, scaler) == expected
+        assert bool(optimizer.defaults.get("fused")) == (step == "tuned")
+    _, optimizer, scaler = _epoch(RunConfig(precision="bf16", step="plain"), 2)
+    assert host_sync_per_step(optimizer, scaler) == 0  # no scaler: GradScaler.step passes through
+
+
+@pytest.mark.parametrize("step", ["plain", "tuned"])
+def test_skipped_steps_are_seen_with_either_optimizer(step):
+    """fp16 with a scale that overflows: the first steps are skipped (found_inf on the device with fused)."""
+    cfg = RunConfig(precision="fp16", step=step, init_scale=2.0**100)
+    out, _, _ = _epoch(cfg, 4, check_every=1)
+    assert out.skipped[0] is True and out.loss_scale[1] < out.loss_scale[0]
+    cfg = RunConfig(precision="fp16", step=step)
+    assert not any(_epoch(cfg, 3)[0].skipped)
+
+
+def test_headline_is_wall_time_and_a_stall_is_called_out():
+    s = step_time_summary([5.0, 1.0, 1.0, 1.0, 1.0, 6.0], warmup_steps=1, batch_size=10)
+    assert s["throughput_img_s"] == pytest.approx(50 / 10.0)  # 5 timed steps of 10 images in 10 s
+    assert s["median_step_throughput_img_s"] == pytest.approx(10.0)
+    assert s["compile_warmup_s"] == pytest.approx(4.0)
+    assert "stalled" in timing_note(s["throughput_img_s"], s["median_step_throughput_img_s"])
+    assert timing_note(95.0, 100.0) == ""
+
+
+def test_known_peaks_pick_the_right_gpu():
+    assert peak.known_peak("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4e12)
+    assert peak.known_peak("NVIDIA H100 PCIe", "fp16") == pytest.approx(756e12)
+    assert peak.known_peak("NVIDIA A100-SXM4-80GB", "fp32") == pytest.approx(19.5e12)  # not the A10
+    assert peak.known_peak("cpu", "fp32") is None and peak.known_peak("Tesla T4", "bf16") is None
+    assert peak.matmul_dtype("fp16-static") == "fp16" and peak.matmul_dtype("fp32", "on") == "tf32"
+    # a device doing 1e10 FLOP/s: n doubles until one product takes 20 ms (n=512: 27 ms)
+    flops_s, n = peak.measure(lambda n, r: r * 2 * n**3 / 1e10, max_size=4096, budget_s=0.2)
+    assert flops_s == pytest.approx(1e10) and n == 512
+
+
+def test_bound_verdict_from_the_sweep():
+    t = pd.DataFrame({"framework": "torch", "precision": "fp16", "step_loop": "plain",
+                      "batch_size": [64, 256, 1024], "throughput_img_s": [100.0, 300.0, 330.0],
+                      "mfu_measured": [0.01, 0.03, 0.04]})
+    assert list(bound_verdicts(t, ["framework", "step_loop", "batch_size", "precision"])) == [
+        "host-bound", "compute-bound", "compute-bound"]
+    one = t.iloc[:1].assign(mfu_measured=0.7)
+    assert list(bound_verdicts(one, ["framework", "batch_size"])) == ["compute-bound"]
+
+
+def _args(*extra):
+    return build_parser().parse_args(["compare", "--device", "cpu", "--datasets", "synthetic", "--seeds", "0",
+                                      "--frameworks", "torch", "--precisions", "fp32", *extra])
+
+
+def test_step_and_batch_sizes_expand_the_matrix(tmp_path):
+    _, cells, _ = plan_compare(_args("--out", str(tmp_path), "--step", "plain,tuned", "--batch-sizes", "16,8"))
+    assert [c.cell_id for c in cells] == [
+        "torch-simple_cnn-synthetic-fp32-s0-b8", "torch-simple_cnn-synthetic-fp32-s0-b8-tuned",
+        "torch-simple_cnn-synthetic-fp32-s0-b16", "torch-simple_cnn-synthetic-fp32-s0-b16-tuned"]
+    for bad, word in ((("--step", "fast"), "'fast'"), (("--batch-sizes", "64,x"), "'64,x'")):
+        with pytest.raises(ConfigError, match=word):
+            plan_compare(_args("--out", str(tmp_path), *bad))
+
+
+def test_bad_step_is_one_line_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--device", "cpu", "--step", "fast",
+                           "--out", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "plain" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "common", "compare", "--device", "cpu", "--frameworks", "torch", "--datasets",
+         "synthetic", "--precisions", "fp32,bf16", "--batch-sizes", "8,16", "--epochs", "1", "--steps-per-epoch",
+         "3", "--warmup-steps", "1", "--seeds", "0", "--out", str(tmp_path), "--run-id", "sweep"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "sweep"
+    assert (run / "figures" / "speedup_vs_batch.png").exists() and (run / "figures" / "mfu_vs_batch.png").exists()
+    summary = (run / "summary.md").read_text()
+    for column in ("MFU", "Peak TFLOP/s (measured)", "Bound", "Images/s (median step)", "Batch", "Step"):
+        assert column in summary
+    runs = pd.concat(pd.read_parquet(p) for p in (run / "cells").glob("*/run.parquet"))
+    assert sorted(runs["cfg_batch_size"]) == [8, 8, 16, 16]
+    assert (runs["peak_flops_measured"] > 0).all() and np.isfinite(runs["mfu_measured"]).all()
+    timed = [pd.read_parquet(p.parent / "steps.parquet") for p in (run / "cells").glob("*/run.parquet")]
+    for r, steps in zip(runs.itertuples(), timed):  # the headline is wall time of the timed steps
+        t = steps.loc[~steps["warmup"], "step_time_s"]
+        assert r.throughput_img_s == pytest.approx(r.cfg_batch_size * len(t) / t.sum())
+
+
+def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_path):
+    from common import maxbatch
+
+    calls = []
+
+    def fake_probe(cfg, batch, cap, timeout_s):
+        calls.append(batch)
+        return maxbatch.ProbeResult(batch, batch <= 100, batch * 1000, "" if batch <= 100 else "OOM", "test")
+
+    monkeypatch.setattr(maxbatch, "probe", fake_probe)
+    done = maxbatch.find_max_batch(RunConfig(), None, start=16, budget_s=None)
+    assert 90 <= done.max_ok <= 100 < done.first_failed and done.stopped_early == ""
+    calls.clear()
+    clock = iter(range(0, 10**6, 10))  # a clock that advances 10 s per reading: each probe "takes" 10 s
+    monkeypatch.setattr(maxbatch.time, "monotonic", lambda: next(clock))
+    early = maxbatch.find_max_batch(RunConfig(), None, start=16, budget_s=25)
+    assert calls == [16, 32] and early.max_ok == 32 and "25 s budget" in early.stopped_early
+    table = maxbatch.search_table([done])
+    assert "stopped_early" in table
+    from common.figures import make_max_batch_figure
+
+    fig = make_max_batch_figure(maxbatch.search_table([early, done]).assign(precision="fp32"), tmp_path)
+    assert fig is not None and "Stopped early" in fig.caption
+
+
+def test_gpu_cap_is_enforced_by_the_framework_in_the_probe(tmp_path, capsys):
+    from common import maxbatch
+
+    config = tmp_path / "cfg.json"
+    config.write_text(RunConfig(device="cuda").to_json())
+    limits = []
+
+    def two_steps(cfg, data, x, y):
+        raise MemoryError("CUDA out of memory")
+
+    code = maxbatch.probe_main(two_steps, lambda exc: False, ["--config", str(config), "--batch", "8",
+                                                              "--memory-cap", "1GiB"], limit_gpu=limits.append)
+    assert limits == [2**30] and code == maxbatch.EXIT_OOM
+    assert maxbatch.cap_label("cuda", None) == "the GPU's whole memory"
+    assert "GPU memory cap" in maxbatch.cap_label("cuda", 2**30) and "CPU" in maxbatch.cap_label("cpu", 2**30)
