@@ -16,8 +16,9 @@ bit array, base64). From those:
 A difference is "detectable" only when p < ALPHA *and* the 95% interval excludes zero.
 
 Speed. A speed ratio is fp32's median step time over the mixed cell's. Its interval comes from a
-moving-block bootstrap of the timed steps of both cells (blocks keep the slow stretches a load
-change causes together), the median over seeds of each resample's per-seed ratios. A ratio is
+moving-block bootstrap of the timed steps of every cell (blocks keep the slow stretches a load
+change causes together), recomputing the summary's own statistic: the median over seeds of mixed's
+throughput over the median over seeds of fp32's. A ratio is
 marked noisy when that interval is wide (high/low > NOISY_WIDTH) or straddles 1, or when too few
 steps were timed to judge.
 """
@@ -199,8 +200,9 @@ def _block_resample(times: np.ndarray, rng: np.random.Generator, reps: int) -> n
 
 
 def speed_interval(fp32_steps: list[np.ndarray], mixed_steps: list[np.ndarray], reps: int = 1000) -> dict:
-    """Ratio (fp32 median step / mixed median step, i.e. mixed's speed-up) with a 95% block-bootstrap
-    interval; lists hold one array of timed step times per seed, paired by seed."""
+    """Mixed's speed-up against fp32 as the summary table computes it (median over seeds of each cell's
+    throughput, batch / median step, mixed over fp32) with a 95% block-bootstrap interval of that same
+    statistic; lists hold one array of timed step times per seed."""
     pairs = [(np.asarray(a, float), np.asarray(b, float)) for a, b in zip(fp32_steps, mixed_steps)]
     pairs = [(a[np.isfinite(a)], b[np.isfinite(b)]) for a, b in pairs]
     pairs = [(a, b) for a, b in pairs if len(a) and len(b)]
@@ -208,9 +210,11 @@ def speed_interval(fp32_steps: list[np.ndarray], mixed_steps: list[np.ndarray], 
         return {"ratio": float("nan"), "low": float("nan"), "high": float("nan"), "timed_steps": 0,
                 "spread_p90_p50": float("nan")}
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    point = float(np.median([np.median(a) / np.median(b) for a, b in pairs]))
-    boot = np.median(np.stack([_block_resample(a, rng, reps) / _block_resample(b, rng, reps) for a, b in pairs]),
-                     axis=0)
+    # The summary's ratio: median over seeds of mixed's throughput (1 / median step) over the same for fp32.
+    point = float(np.median([1 / np.median(b) for _, b in pairs]) / np.median([1 / np.median(a) for a, _ in pairs]))
+    fp32_boot = np.median(np.stack([1 / _block_resample(a, rng, reps) for a, _ in pairs]), axis=0)
+    mixed_boot = np.median(np.stack([1 / _block_resample(b, rng, reps) for _, b in pairs]), axis=0)
+    boot = mixed_boot / fp32_boot
     spread = max(float(np.percentile(x, 90) / np.median(x)) for pair in pairs for x in pair)
     return {"ratio": point, "low": float(np.percentile(boot, 2.5)), "high": float(np.percentile(boot, 97.5)),
             "timed_steps": int(min(min(len(a), len(b)) for a, b in pairs)), "spread_p90_p50": spread}

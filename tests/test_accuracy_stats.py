@@ -130,3 +130,13 @@ def test_a_target_accuracy_outside_0_1_is_one_line_exit_2_and_writes_nothing(tmp
     assert code == 2 and err.count("\n") == 0
     assert "target_accuracy must be a float in (0, 1] or null, got 95.0" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_speed_interval_brackets_the_ratio_the_summary_prints():
+    # Seeds at very different machine speeds: the summary's ratio is median throughput over median throughput.
+    rng = np.random.default_rng(4)
+    fp32 = [0.01 * (1 + 0.01 * rng.random(60)), 0.1 * (1 + 0.01 * rng.random(60))]
+    mixed = [0.1 * (1 + 0.01 * rng.random(60)), 0.02 * (1 + 0.01 * rng.random(60))]
+    res = stats.speed_interval(fp32, mixed)
+    assert res["ratio"] == pytest.approx(np.median([10, 50]) / np.median([100, 10]), rel=0.02)
+    assert res["low"] <= res["ratio"] <= res["high"]
