@@ -395,7 +395,7 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     fp16 = steps[(steps["precision"] == "fp16") & steps["cell_id"].isin(set(ok_runs(runs)["cell_id"]))] \
         if not steps.empty else steps
     if not fp16.empty:
-        runs_keys = ok_runs(runs).set_index("cell_id")
+        runs_keys = with_loop_columns(ok_runs(runs).copy()).set_index("cell_id")
         fp16 = fp16.assign(**{k: fp16["cell_id"].map(runs_keys[k]) for k in keys if k not in fp16})
         for key, group in groups:
             sel = fp16

@@ -16,8 +16,12 @@ import pandas as pd
 from common.summary import formatted_summary, summary_table
 
 # Display columns of formatted_summary, in the order they are given up when the table is too wide.
-GROUP_COLUMNS = ("Machine", "Model", "Dataset")  # shown in each table's title, not as columns
-DROP_ORDER = ("Runs", "Skipped steps", "Memory vs fp32", "Peak memory (MiB)")
+GROUP_COLUMNS = ("Machine", "Model", "Dataset", "Step", "Batch")  # shown in each table's title, not as columns
+# The hardware-efficiency columns (MFU, FLOPs, bound verdict, timing note) are the report's detail: a terminal
+# drops them first, then the minor columns.
+DROP_ORDER = ("Timing note", "Compile/warm-up (s)", "Peak TFLOP/s (measured)", "MFU (data-sheet peak)",
+              "Achieved TFLOP/s", "GFLOP/image", "Bound", "MFU", "Images/s (median step)",
+              "Runs", "Skipped steps", "Memory vs fp32", "Peak memory (MiB)")
 SHORT_HEADERS = {  # the terminal's headers, on two lines so that no header is wider than its values
     "Framework": "Framework", "Precision": "Precision", "Runs": "Runs", "Images/s": "Images/s",
     "Speed vs fp32": "Speed\nvs fp32", "Peak memory (MiB)": "Peak\nMiB", "Memory vs fp32": "Memory\nvs fp32",
@@ -73,7 +77,10 @@ def summary_tables(runs: pd.DataFrame, width: int, table: pd.DataFrame | None = 
     columns = [c for c in summary.columns if c not in groups]
     measure = Console(width=10_000, color_system=None)
     parts = list(summary.groupby(groups, sort=False)) if groups else [((), summary)]
-    titled = [(" · ".join(map(str, key if isinstance(key, tuple) else (key,))), part) for key, part in parts]
+    titles = {"Step": "{} step", "Batch": "batch {}"}  # the loop's values named, not bare
+    titled = [(" · ".join(titles.get(g, "{}").format(v) for g, v in zip(groups, key if isinstance(key, tuple)
+                                                                           else (key,))), part)
+              for key, part in parts]
     chosen = None
     for kept, ranges in _layouts(columns):
         tables = [_table(title, part, kept, ranges) for title, part in titled]
