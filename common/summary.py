@@ -149,6 +149,11 @@ def _keys(runs: pd.DataFrame) -> list[str]:
     return (["machine"] if "machine" in runs else []) + ["model", "dataset"] + [k for k in LOOP if k in runs]
 
 
+def _same(column: pd.Series, value) -> pd.Series:
+    """column == value, with a missing value (e.g. a batch size older records lack) equal to itself."""
+    return column.isna() if pd.isna(value) else column == value
+
+
 def _varying(table: pd.DataFrame) -> set:
     """The loop keys (step loop, batch size) that take several values in a table: sentences must name them."""
     return {k for k in LOOP if k in table and table[k].nunique(dropna=False) > 1}
@@ -199,7 +204,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
     epochs = epochs if epochs is not None and not epochs.empty else pd.DataFrame(columns=["cell_id"])
     epochs = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]
     rows = []
-    for key, group in ok.groupby(keys, sort=False):
+    for key, group in ok.groupby(keys, sort=False, dropna=False):
         key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
         fp32 = group[group["precision"] == "fp32"]
         fp32_epochs = epochs[epochs["cell_id"].isin(set(fp32["cell_id"]))]
@@ -216,7 +221,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
                    "target_basis": basis, "time_to_target_s": median, "reached": f"{len(finite)}/{len(times)}"}
             match = tests
             for k, v in {**key, "framework": fw, "precision": prec}.items():
-                match = match[match[k] == v] if not match.empty else match
+                match = match[_same(match[k], v)] if not match.empty else match
             if not match.empty:
                 row.update(match.iloc[0][["diff_pp", "ci_low", "ci_high", "p_value", "test", "seeds",
                                           "images"]].to_dict())
@@ -237,7 +242,7 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
     by_cell = {c: g["step_time_s"].to_numpy(float) for c, g in timed.groupby("cell_id")}
     drift = calibrate.drift(environment or {})
     rows = []
-    for key, group in ok.groupby(keys, sort=False):
+    for key, group in ok.groupby(keys, sort=False, dropna=False):
         fp32 = {r.seed: r.cell_id for r in group[group["precision"] == "fp32"].itertuples()}
         for prec, cells in group[group["precision"] != "fp32"].groupby("precision", sort=False):
             pairs = [(by_cell.get(fp32[r.seed], np.array([])), by_cell.get(r.cell_id, np.array([])))
@@ -326,7 +331,8 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     multi = named_machines(table)
     varying = _varying(table)
     keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
-    groups = [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in table.groupby(keys, sort=False)]
+    groups = [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g)
+              for k, g in table.groupby(keys, sort=False, dropna=False)]
     # Speed, per model/dataset and framework.
     for key, group in groups:
         label = _group_label(key, multi, varying)
@@ -400,7 +406,7 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         for key, group in groups:
             sel = fp16
             for k, v in key.items():
-                sel = sel[sel[k] == v]
+                sel = sel[_same(sel[k], v)]
             parts = []
             for fw in group["framework"].drop_duplicates():
                 cells = [g.sort_values("step") for _, g in sel[sel["framework"] == fw].groupby("cell_id")]
@@ -428,7 +434,7 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
     if ok.empty:
         return ""
     keys = _keys(ok)
-    counts = ok.groupby(keys, sort=False)["seed"].nunique()
+    counts = ok.groupby(keys, sort=False, dropna=False)["seed"].nunique()
     if counts.nunique() == 1:
         seeds = sorted(set(ok["seed"]))
         n = int(counts.iloc[0])
