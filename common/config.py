@@ -271,13 +271,13 @@ def model_layer_names(model: str) -> tuple[str, ...]:
     the same module (torch's module names; Keras' layer names canonicalised). tests/test_config.py
     checks this list against both real models."""
     if model == "simple_cnn":
-        return ("conv1", "conv2", "fc")
+        return ("conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "flatten", "fc")
     names = ["conv1", "bn1", "relu"]
     for stage in range(1, 5):
         names.append(f"layer{stage}")
         for block in range(2):
             prefix = f"layer{stage}.{block}"
-            names += [prefix, *(f"{prefix}.{part}" for part in ("conv1", "bn1", "conv2", "bn2"))]
+            names += [prefix, *(f"{prefix}.{part}" for part in ("conv1", "bn1", "conv2", "bn2", "relu1", "relu2"))]
             if stage > 1 and block == 0:
                 names += [f"{prefix}.downsample", f"{prefix}.downsample.0", f"{prefix}.downsample.1"]
     return (*names, "avgpool", "fc")

@@ -304,7 +304,7 @@ def accuracy_text(r) -> str:
 def short_accuracy_text(r) -> str:
     """The table's form of accuracy_text: the change with its interval, or why there is none."""
     if getattr(r, "too_short", ""):
-        return "not comparable ⚠"
+        return "too short ⚠"  # the run is too short to judge (accuracy_text says so in words)
     if not np.isfinite(getattr(r, "p_value", np.nan)):
         return "n/a"
     mark = "" if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high}) else " (n.s.)"

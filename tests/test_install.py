@@ -69,7 +69,8 @@ def test_compare_without_either_framework_says_what_to_install(tmp_path):
 
 
 def test_an_undeclared_missing_module_is_one_line_too(tmp_path):
-    (tmp_path / "manifest.json").write_text("{}")  # a run folder, so that report goes on to import its renderer
+    # a run folder whose manifest reads, so that report goes on to import its renderer
+    (tmp_path / "manifest.json").write_text('{"configs": []}')
     proc = _run([], ["report", str(tmp_path)], imports_only=["jinja2"])  # installed per metadata, import fails
     _one_line_error(proc, "'jinja2'", "pip install")
 
