@@ -26,11 +26,13 @@ def interleaved_order(cells: Sequence[RunConfig]) -> list[RunConfig]:
     for group in groups.values():
         seeds = list(dict.fromkeys(c.seed for c in group))
         precisions = list(dict.fromkeys(c.precision for c in group))
-        frameworks = list(dict.fromkeys(c.framework for c in group))
-        index = {(c.seed, c.precision, c.framework): c for c in group}
+        # each (seed, precision): its frameworks, step loops and batch sizes in the matrix's own order
+        index: dict[tuple, list[RunConfig]] = {}
+        for c in group:
+            index.setdefault((c.seed, c.precision), []).append(c)
         for i, seed in enumerate(seeds):
             k = i % len(precisions)
             for precision in precisions[k:] + precisions[:k]:
-                out += [index[(seed, precision, fw)] for fw in frameworks if (seed, precision, fw) in index]
+                out += index.get((seed, precision), [])
     assert len(out) == len(cells), "interleaved_order lost or duplicated a cell"
     return out

@@ -10,7 +10,7 @@ import pytest
 
 from common import flops, peak
 from common.child import step_time_summary
-from common.cli import build_parser, plan_compare
+from common.cli import build_parser, compare_settings, plan_compare
 from common.config import ConfigError, RunConfig
 from common.perf import bound_verdicts, timing_note
 from tests.conftest import ROOT
@@ -129,8 +129,10 @@ def test_bound_verdict_from_the_sweep():
 
 
 def _args(*extra):
-    return build_parser().parse_args(["compare", "--device", "cpu", "--datasets", "synthetic", "--seeds", "0",
-                                      "--frameworks", "torch", "--precisions", "fp32", *extra])
+    """The validated settings a compare plans from (the one option declaration, common/cli.py)."""
+    return compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--datasets", "synthetic",
+                                                       "--seeds", "0", "--frameworks", "torch", "--precisions",
+                                                       "fp32", *extra]))
 
 
 def test_step_and_batch_sizes_expand_the_matrix(tmp_path):
