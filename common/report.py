@@ -141,10 +141,18 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"Framework": s["framework"].map(framework_label),
                          "Precision": s["precision"], "When": s["when"],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
-                         "Exactly zero": s["zero_fraction"].map("{:.2%}".format),
-                         "Flushed in fp16, no scaling": s["flush_unscaled"].map("{:.3%}".format),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
-                         "Flushed at that scale": s["flush_scaled"].map("{:.3%}".format)})
+                         "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
+                         "float32 reference: would flush in fp16, no scaling": s["flush_unscaled"].map(_pct(3)),
+                         "float32 reference: would flush at that scale": s["flush_scaled"].map(_pct(3)),
+                         "mixed backward: exactly zero": s["zero_fraction_mixed"].map(_pct(2)),
+                         "mixed backward: lost, no scaling": s["lost_unscaled"].map(_pct(3)),
+                         "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3))})
+
+
+def _pct(digits: int):
+    """A fraction as a percentage, "n/a" where the records hold no such measurement."""
+    return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
 
 
 def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -419,6 +427,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         timing_table=_html_or_none(_timing_table(runs)),
         maxbatch_table=_html_or_none(_maxbatch_table(maxbatch)),
         underflow_table=_html_or_none(_underflow_table(underflow)),
+        underflow_methods=nr.UNDERFLOW_METHODS,
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
         dtype_facts=nr.op_dtype_facts(dtypes, manifest["device"]),
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),
