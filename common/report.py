@@ -25,7 +25,7 @@ from common.config import display_order, framework_label
 from common.env import cpu_half_precision_verdict
 from common.figures import make_figures, make_max_batch_figure, make_time_to_accuracy_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
-from common.settings_check import side_by_side
+from common.settings_check import adam_gap_text, side_by_side
 from common.summary import (
     LEGEND,
     accuracy_statistics,
@@ -256,9 +256,10 @@ def framework_differences(runs: pd.DataFrame) -> list[dict]:
             source = str(row["init_source"]).removesuffix(" (this cell)")
             used.setdefault(fw, {}).setdefault("initial_weights", set()).add(source)
     rows = []
+    adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
     for d in DIFFERENCES:
         rows.append({
-            "item": d.item, "why": d.why,
+            "item": d.item, "why": d.why, "measured": adam_gap if d.key == "adam_formula" else "",
             "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
             "keras_default": _fmt(defaults.get("tf", {}).get(d.key, "n/a")),
             "torch_used": "; ".join(sorted(used.get("torch", {}).get(d.key, set()))) or "not used",

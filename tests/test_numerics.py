@@ -494,3 +494,62 @@ def test_report_shows_both_underflow_methods_for_both_frameworks():
     # Records from before the mixed-backward columns: "n/a", not a number the run never measured.
     old = frame.drop(columns=["zero_fraction_mixed", "lost_fraction_mixed_unscaled", "lost_fraction_mixed_scaled"])
     assert set(_underflow_table(old)["mixed backward: lost, no scaling"]) == {"n/a"}
+
+
+# ---------------------------------------------------------------------------------------------
+# defaults mode: the two Adam formulas, measured on the run's own gradients
+# ---------------------------------------------------------------------------------------------
+
+def test_adam_default_epsilons_are_the_installed_frameworks():
+    from common.settings_check import ADAM_DEFAULT_EPSILON
+
+    assert ADAM_DEFAULT_EPSILON["torch"] == torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]).defaults["eps"]
+    assert ADAM_DEFAULT_EPSILON["tf"] == pytest.approx(keras.optimizers.Adam().epsilon, rel=1e-12)
+
+
+def test_adam_first_step_gap_is_what_the_real_optimizers_do():
+    """The shared formulas against one real step of torch.optim.Adam and keras.optimizers.Adam, default eps each."""
+    from common.settings_check import ADAM_DEFAULT_EPSILON, adam_first_step_gap
+
+    rng = np.random.default_rng(0)
+    g = (rng.standard_normal(4000) * 10.0 ** rng.uniform(-10, 0, 4000)).astype(np.float32)
+    lr = 1e-3
+    p = torch.nn.Parameter(torch.zeros(g.size))
+    opt = torch.optim.Adam([p], lr=lr)
+    p.grad = torch.from_numpy(g.copy())
+    opt.step()
+    torch_update = -p.detach().numpy().astype(np.float64)
+    v = keras.Variable(np.zeros(g.size, np.float32))
+    keras.optimizers.Adam(learning_rate=lr).apply([g], [v])
+    keras_update = -keras.ops.convert_to_numpy(v).astype(np.float64)
+    real = np.abs(torch_update - keras_update) / np.abs(torch_update)
+    gap = adam_first_step_gap([g], lr, 0.9, 0.999, ADAM_DEFAULT_EPSILON["torch"], ADAM_DEFAULT_EPSILON["tf"])
+    assert gap["adam_gap_elements"] == g.size
+    assert gap["adam_gap_max"] == pytest.approx(real.max(), rel=1e-3) and gap["adam_gap_max"] > 0.5
+    assert gap["adam_gap_median"] == pytest.approx(np.median(real), rel=1e-2, abs=1e-5)
+    assert gap["adam_gap_over_1pct"] == pytest.approx((real > 0.01).mean(), abs=0.002)
+    same = adam_first_step_gap([g], lr, 0.9, 0.999, 1e-8, 1e-8 * np.sqrt(1 - 0.999))  # Keras' eps-hat = torch's eps
+    assert same["adam_gap_max"] < 1e-9
+
+
+def test_defaults_mode_adam_gap_from_both_children_and_in_the_differences_table():
+    """adam_formula_gap of both frameworks (the functions the children call in defaults mode) on the same
+    weights and batch, then the sentence the report's differences table shows, numbers from the records."""
+    import pandas as pd
+
+    from common.report import framework_differences
+
+    x, y = batch("simple_cnn")
+    torch_model, keras_model = build_pair("simple_cnn", "fp32")
+    torch_gap = tn.adam_formula_gap(torch_model, *torch_batch(x, y), "fp32",
+                                    torch.optim.Adam(torch_model.parameters(), lr=1e-3))
+    keras_gap = kn.adam_formula_gap(keras_model, x, y, "fp32", keras.optimizers.Adam(learning_rate=1e-3))
+    for key in ("adam_gap_elements", "adam_gap_median", "adam_gap_over_1pct"):
+        assert torch_gap[key] == pytest.approx(keras_gap[key], rel=0.05, abs=1e-6), key
+    assert torch_gap["adam_gap_median"] > 0 and torch_gap["adam_gap_elements"] > 1000
+    runs = pd.DataFrame([{"framework": fw, "status": "ok", **gap} for fw, gap in (("torch", torch_gap),
+                                                                                   ("tf", keras_gap))])
+    row = next(d for d in framework_differences(runs) if d["item"] == "Adam update formula")
+    assert f"median {torch_gap['adam_gap_median']:.3g}" in row["measured"]
+    assert f"median {keras_gap['adam_gap_median']:.3g}" in row["measured"]
+    assert all(d["measured"] == "" for d in framework_differences(runs.drop(columns=list(torch_gap))))

@@ -334,6 +334,30 @@ def gradient_underflow(model: keras.Model, x, y, precision: str, loss_scale: flo
     return rows
 
 
+def adam_formula_gap(model: keras.Model, x, y, precision: str, optimizer) -> dict:
+    """Defaults mode: how far torch's and Keras' Adam formulas move apart on this run's own first batch.
+
+    The gradient is the real one of the first step (forward and backward under the model's policy,
+    the unscaled loss, as the optimizer sees it once unscaled); one Adam step of each formula is
+    applied to it with this optimizer's lr and betas, Keras' epsilon from the live optimizer
+    (inside a LossScaleOptimizer) and torch's default epsilon (common/settings_check.py
+    adam_first_step_gap). The model is unchanged.
+    """
+    from common.settings_check import ADAM_DEFAULT_EPSILON, adam_first_step_gap
+
+    _check_policy(model, precision)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    variables = model.trainable_variables
+    with _training_step_state(model):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, variables)
+    lr = float(keras.ops.convert_to_numpy(inner.learning_rate))
+    return adam_first_step_gap([_numpy(g) for g in grads if g is not None], lr, float(inner.beta_1),
+                               float(inner.beta_2), eps_torch=ADAM_DEFAULT_EPSILON["torch"],
+                               eps_keras=float(inner.epsilon))
+
+
 # ---------------------------------------------------------------------------------------------
 # NaN / Inf locator
 # ---------------------------------------------------------------------------------------------

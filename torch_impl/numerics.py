@@ -301,6 +301,28 @@ def gradient_underflow(model: nn.Module, x, y, precision: str, loss_scale: float
     return rows
 
 
+def adam_formula_gap(model: nn.Module, x, y, precision: str, optimizer: torch.optim.Optimizer) -> dict:
+    """Defaults mode: how far torch's and Keras' Adam formulas move apart on this run's own first batch.
+
+    The gradient is the real one of the first step (forward and backward under `precision`, the
+    unscaled loss, as the optimizer sees it once unscaled); one Adam step of each formula is
+    applied to it with this optimizer's lr and betas, torch's epsilon from the live optimizer and
+    Keras' default epsilon (common/settings_check.py adam_first_step_gap). The model is unchanged.
+    """
+    from common.settings_check import ADAM_DEFAULT_EPSILON, adam_first_step_gap
+
+    x, y = _as_tensors(model, x, y)
+    params = [p for p in model.parameters() if p.requires_grad]
+    with _training_step_state(model):
+        with _autocast(x, precision):
+            loss = loss_fn(model(x), y)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    group = optimizer.param_groups[0]
+    return adam_first_step_gap([_numpy(g) for g in grads if g is not None], float(group["lr"]),
+                               float(group["betas"][0]), float(group["betas"][1]),
+                               eps_torch=float(group["eps"]), eps_keras=ADAM_DEFAULT_EPSILON["tf"])
+
+
 # ---------------------------------------------------------------------------------------------
 # NaN / Inf locator
 # ---------------------------------------------------------------------------------------------
