@@ -24,16 +24,33 @@ def nonfinite_kind(values: np.ndarray) -> str | None:
     return None
 
 
-def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float) -> dict:
-    """How one float32 gradient would fare in float16, unscaled and times loss_scale.
+# How gradient_underflow measures, the same in both frameworks (tests/test_numerics.py holds both to it):
+# the float32 reference gradient (forward and backward in float32, as if mixed precision were off) is
+# rounded to float16 to count what *would* flush, and the real mixed backward (forward and backward
+# under the run's precision, unscaled and at the scale in use) is read for exact zeros, to count what
+# *did* underflow on the way. Both numbers, both frameworks: a row says which method it holds.
+UNDERFLOW_METHOD = "float32 reference rounded to float16; mixed backward exact zeros"
 
-    The fractions are of the non-zero elements and come from actually rounding to float16:
-    "flush" = becomes 0 (|g| <= 2**-25, half the smallest subnormal, rounds to 0), "subnormal" =
-    becomes less than the smallest normal 2**-14 (zeros included: precision is lost or gone),
-    "overflow" = becomes inf (|g| >= 65520, just above float16's max 65504).
+
+def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float,
+                   mixed: np.ndarray | None = None, mixed_scaled: np.ndarray | None = None) -> dict:
+    """How one gradient fares in float16, by the two methods of UNDERFLOW_METHOD.
+
+    grad: the float32 reference gradient (forward and backward in float32) of the unscaled loss.
+    The would-flush fractions are of its non-zero elements and come from actually rounding it to
+    float16: "flush" = becomes 0 (|g| <= 2**-25, half the smallest subnormal, rounds to 0),
+    "subnormal" = becomes less than the smallest normal 2**-14 (zeros included: precision is lost or
+    gone), "overflow" = becomes inf (|g| >= 65520, just above float16's max 65504); unscaled and
+    times loss_scale.
+    mixed / mixed_scaled: the same parameter's gradient from the real mixed backward (forward and
+    backward under the run's precision) of the unscaled loss / of loss * loss_scale (None: the
+    reference itself, i.e. a float32 run). "lost" = the share of the reference's non-zero elements
+    that came out exactly zero there: underflowed inside the half-precision backward, where no
+    rounding of a float32 gradient can show it.
     """
     magnitude = np.abs(np.asarray(grad, dtype=np.float64)).ravel()
-    nonzero = magnitude[magnitude != 0]
+    nonzero_mask = magnitude != 0
+    nonzero = magnitude[nonzero_mask]
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         unscaled = nonzero.astype(np.float16)
         scaled = (nonzero * loss_scale).astype(np.float16)
@@ -44,9 +61,21 @@ def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float) 
     def fraction(mask: np.ndarray) -> float:
         return float(mask.sum() / len(nonzero)) if len(nonzero) else 0.0
 
+    def zeros(values: np.ndarray | None) -> np.ndarray:
+        """Exact zeros of a gradient of the same shape as grad (the reference's own for None)."""
+        if values is None:
+            return ~nonzero_mask
+        values = np.asarray(values, dtype=np.float64).ravel()
+        if values.shape != magnitude.shape:
+            raise ValueError(f"{layer}.{param}: mixed gradient has {values.size} elements, "
+                             f"the reference {magnitude.size}")
+        return values == 0
+
+    mixed_zero, scaled_zero = zeros(mixed), zeros(mixed if mixed_scaled is None else mixed_scaled)
     return {
         "layer": layer,
         "param": param,
+        "method": UNDERFLOW_METHOD,
         "elements": int(magnitude.size),
         "nonzero": int(len(nonzero)),
         "zero_fraction": float(1 - len(nonzero) / magnitude.size) if magnitude.size else 0.0,
@@ -55,6 +84,9 @@ def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float) 
         "flush_fraction_scaled": fraction(scaled == 0),
         "subnormal_fraction_scaled": fraction(scaled < FP16_MIN_NORMAL),
         "overflow_fraction_scaled": fraction(np.isinf(scaled)),
+        "zero_fraction_mixed": float(mixed_zero.mean()) if magnitude.size else 0.0,
+        "lost_fraction_mixed_unscaled": fraction(mixed_zero[nonzero_mask]),
+        "lost_fraction_mixed_scaled": fraction(scaled_zero[nonzero_mask]),
         "loss_scale": float(loss_scale),
         "log2_hist": dict(zip(LOG2_BINS, counts.tolist())),
     }
@@ -72,7 +104,10 @@ def underflow_summary(rows: list[dict]) -> dict:
         "elements": elements,
         "nonzero": nonzero,
         "zero_fraction": 1 - nonzero / elements if elements else 0.0,
+        "zero_fraction_mixed": (sum(r["zero_fraction_mixed"] * r["elements"] for r in rows) / elements
+                                if elements else 0.0),
         **{key: overall(key) for key in ("flush_fraction_unscaled", "subnormal_fraction_unscaled",
                                          "flush_fraction_scaled", "subnormal_fraction_scaled",
-                                         "overflow_fraction_scaled")},
+                                         "overflow_fraction_scaled", "lost_fraction_mixed_unscaled",
+                                         "lost_fraction_mixed_scaled")},
     }

@@ -47,7 +47,8 @@ DIFFERENCES = [
                "corrections in float64, as torch.optim.Adam). Defaults: keras.optimizers.Adam, whose step at t=1 "
                "is lr·g/(|g| + eps/sqrt(1-beta2)) against torch's lr·g/(|g| + eps), so a weight whose gradient "
                "is near eps moves less in Keras; it also rounds 1 - beta2 through float32, a 6.5e-6 relative "
-               "step-size error at t=1 (both figures derived in tf_impl/optimizers.py, not measured per run)."),
+               "step-size error at t=1 (both figures derived in tf_impl/optimizers.py). In defaults mode each child "
+               "also measures the gap on its own first-batch gradient (shown here when it ran)."),
     Difference("output_dtype", "Output layer dtype (mixed precision)",
                "torch autocast runs the final Linear in the half dtype and casts cross_entropy's input to "
                "float32. Keras' mixed-precision guide keeps the output layer float32: the logits, and the "

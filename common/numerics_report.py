@@ -30,20 +30,44 @@ def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["framework", "precision"], key=display_order)
 
 
+# What each underflow column counts: the same method in both frameworks (common/fp16.py UNDERFLOW_METHOD).
+UNDERFLOW_METHODS = (
+    "Would flush: the float32 reference gradient (forward and backward in float32, mixed precision off) "
+    "rounded to float16, unscaled and times the scale in use; share of its non-zero elements that become 0.",
+    "Lost in the mixed backward: the real backward under the run's precision (the half-precision ops "
+    "autocast / the dtype policy chose), of the unscaled loss and of the loss times the scale in use; share "
+    "of the reference's non-zero elements that came out exactly zero there.",
+)
+
+
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
-    """Element-weighted flush fractions per framework x precision x when (first / last step)."""
+    """Element-weighted underflow fractions per framework x precision x when (first / last step).
+
+    Both methods of UNDERFLOW_METHODS for both frameworks. Records written before the mixed-backward
+    columns existed give NaN there ("n/a" in the report), never a number the run did not measure.
+    """
     if underflow.empty:
         return pd.DataFrame()
 
     def weighted(g: pd.DataFrame) -> pd.Series:
         w = g["nonzero"].to_numpy(dtype=float)
         total = w.sum() or 1.0
+        elements = max(g["elements"].sum(), 1)
+
+        def by_nonzero(col: str) -> float:
+            return float((g[col] * w).sum() / total) if col in g and g[col].notna().all() else float("nan")
+
         return pd.Series({
             "elements": int(g["elements"].sum()),
-            "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / max(g["elements"].sum(), 1)),
-            "flush_unscaled": float((g["flush_fraction_unscaled"] * w).sum() / total),
-            "flush_scaled": float((g["flush_fraction_scaled"] * w).sum() / total),
+            "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / elements),
+            "zero_fraction_mixed": float((g["zero_fraction_mixed"] * g["elements"]).sum() / elements)
+            if "zero_fraction_mixed" in g and g["zero_fraction_mixed"].notna().all() else float("nan"),
+            "flush_unscaled": by_nonzero("flush_fraction_unscaled"),
+            "flush_scaled": by_nonzero("flush_fraction_scaled"),
+            "lost_unscaled": by_nonzero("lost_fraction_mixed_unscaled"),
+            "lost_scaled": by_nonzero("lost_fraction_mixed_scaled"),
             "loss_scale": float(g["loss_scale"].iloc[0]),
+            "method": g["method"].iloc[0] if "method" in g else "",
         })
 
     # One seed is enough to show the mechanism: the first seed of each cell.
@@ -106,8 +130,15 @@ def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFra
         if r.precision in ("fp16", "fp16-static", "fp16-noscale"):
             scaled = (f"; at the scale in use ({r.loss_scale:g}) {r.flush_scaled:.2%}"
                       if r.loss_scale != 1 else "")
+            lost = ""
+            if pd.notna(r.lost_unscaled):
+                lost_scaled = (f", {r.lost_scaled:.2%} at the scale in use" if r.loss_scale != 1
+                               and pd.notna(r.lost_scaled) else "")
+                lost = (f" In the real {r.precision} backward, {r.lost_unscaled:.2%} of them came out exactly zero "
+                        f"without scaling{lost_scaled}.")
             out.append(f"{_label(r.framework)} {r.precision}: at the last step {r.flush_unscaled:.2%} of the non-zero "
-                       f"gradient elements would flush to zero in float16 without scaling{scaled}.")
+                       f"float32 reference gradient elements would flush to zero in float16 without "
+                       f"scaling{scaled}.{lost}")
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     acc = ok.groupby(["framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
     for fw in sorted({k[0] for k in acc.index}):

@@ -25,7 +25,7 @@ from common.config import display_order, framework_label
 from common.env import cpu_half_precision_verdict
 from common.figures import make_figures, make_max_batch_figure, make_time_to_accuracy_figure, make_underflow_figure
 from common.mapping import DIFFERENCES
-from common.settings_check import side_by_side
+from common.settings_check import adam_gap_text, side_by_side
 from common.summary import (
     LEGEND,
     accuracy_statistics,
@@ -141,10 +141,18 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"Framework": s["framework"].map(framework_label),
                          "Precision": s["precision"], "When": s["when"],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
-                         "Exactly zero": s["zero_fraction"].map("{:.2%}".format),
-                         "Flushed in fp16, no scaling": s["flush_unscaled"].map("{:.3%}".format),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
-                         "Flushed at that scale": s["flush_scaled"].map("{:.3%}".format)})
+                         "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
+                         "float32 reference: would flush in fp16, no scaling": s["flush_unscaled"].map(_pct(3)),
+                         "float32 reference: would flush at that scale": s["flush_scaled"].map(_pct(3)),
+                         "mixed backward: exactly zero": s["zero_fraction_mixed"].map(_pct(2)),
+                         "mixed backward: lost, no scaling": s["lost_unscaled"].map(_pct(3)),
+                         "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3))})
+
+
+def _pct(digits: int):
+    """A fraction as a percentage, "n/a" where the records hold no such measurement."""
+    return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
 
 
 def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -248,9 +256,10 @@ def framework_differences(runs: pd.DataFrame) -> list[dict]:
             source = str(row["init_source"]).removesuffix(" (this cell)")
             used.setdefault(fw, {}).setdefault("initial_weights", set()).add(source)
     rows = []
+    adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
     for d in DIFFERENCES:
         rows.append({
-            "item": d.item, "why": d.why,
+            "item": d.item, "why": d.why, "measured": adam_gap if d.key == "adam_formula" else "",
             "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
             "keras_default": _fmt(defaults.get("tf", {}).get(d.key, "n/a")),
             "torch_used": "; ".join(sorted(used.get("torch", {}).get(d.key, set()))) or "not used",
@@ -419,6 +428,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         timing_table=_html_or_none(_timing_table(runs)),
         maxbatch_table=_html_or_none(_maxbatch_table(maxbatch)),
         underflow_table=_html_or_none(_underflow_table(underflow)),
+        underflow_methods=nr.UNDERFLOW_METHODS,
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
         dtype_facts=nr.op_dtype_facts(dtypes, manifest["device"]),
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),

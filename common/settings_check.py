@@ -15,6 +15,8 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 from common.mapping import keras_bn_momentum
 
 # What a record's value means in torch's convention, per key (identity when absent).
@@ -112,3 +114,58 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
              "match": "✓" if not e["bad"] else f"✗ MISMATCH ({', '.join(e['bad'])})", "ok": not e["bad"]}
             for key, e in sorted(by_key.items())]
     return {"rows": rows, "cells": len(checked), "note": mismatch_note(checked)}
+
+
+# Each framework's own Adam epsilon, for the defaults-mode gap below: a child knows its own from the live
+# optimizer and takes the other's from here (tests/test_numerics.py checks both against the installed versions).
+ADAM_DEFAULT_EPSILON = {"torch": 1e-8, "tf": 1e-7}
+
+
+def adam_first_step_gap(grads: Iterable, lr: float, beta_1: float, beta_2: float, eps_torch: float,
+                        eps_keras: float) -> dict:
+    """One Adam step from a fresh state, both frameworks' formulas, applied to the same real gradients.
+
+    torch.optim.Adam: lr/(1-b1) * m / (sqrt(v)/sqrt(1-b2) + eps_torch), eps added to the bias-corrected
+    sqrt(v). keras.optimizers.Adam: lr*sqrt(1-b2)/(1-b1) * m / (sqrt(v) + eps_keras), eps added to the
+    uncorrected one. m = (1-b1) g, v = (1-b2) g**2 at step 1. In float64, so the figure is the formulas'
+    difference on this gradient, not float32 rounding. Over the elements with a non-zero gradient:
+    the max and median of |u_torch - u_keras| / |u_torch|, and the share above 1%.
+    """
+    g = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in grads])
+    g = g[(g != 0) & np.isfinite(g)]
+    if not len(g):
+        return {"adam_gap_elements": 0, "adam_gap_max": float("nan"), "adam_gap_median": float("nan"),
+                "adam_gap_over_1pct": float("nan")}
+    m, v = (1 - beta_1) * g, (1 - beta_2) * g**2
+    torch_update = lr / (1 - beta_1) * m / (np.sqrt(v) / np.sqrt(1 - beta_2) + eps_torch)
+    keras_update = lr * np.sqrt(1 - beta_2) / (1 - beta_1) * m / (np.sqrt(v) + eps_keras)
+    rel = np.abs(torch_update - keras_update) / np.abs(torch_update)
+    return {"adam_gap_elements": int(len(g)), "adam_gap_max": float(rel.max()),
+            "adam_gap_median": float(np.median(rel)), "adam_gap_over_1pct": float((rel > 0.01).mean())}
+
+
+def adam_gap_text(records: Iterable[Mapping]) -> str:
+    """The defaults-mode Adam gap as the run measured it, per framework's own first-batch gradients ("" if none).
+
+    Medians over the cells that recorded it (adam_formula_gap in each *_impl/numerics.py); the max is
+    the largest over those cells.
+    """
+    by_fw: dict[str, list[Mapping]] = {}
+    for r in records:
+        value = r.get("adam_gap_max")
+        if isinstance(value, (int, float)) and math.isfinite(value) and r.get("framework") in ("torch", "tf"):
+            by_fw.setdefault(r["framework"], []).append(r)
+    parts = []
+    for fw, label in (("torch", "PyTorch"), ("tf", "Keras")):
+        rows = by_fw.get(fw)
+        if not rows:
+            continue
+        parts.append(f"on {label}'s gradients ({len(rows)} cell{'s' * (len(rows) > 1)}): max "
+                     f"{max(r['adam_gap_max'] for r in rows):.3g}, median "
+                     f"{float(np.median([r['adam_gap_median'] for r in rows])):.3g}, "
+                     f"{float(np.median([r['adam_gap_over_1pct'] for r in rows])):.2%} of elements above 1%")
+    if not parts:
+        return ""
+    return ("Measured in this run: one Adam step of both formulas (each framework's default epsilon) applied to "
+            "each cell's own first-batch gradient; relative difference |torch − Keras| / |torch| of the "
+            "update, " + "; ".join(parts) + ".")

@@ -312,12 +312,41 @@ def test_unscaled_fp16_backward_loses_tiny_gradients_before_float32():
     """Under fp16 the backward of the float16 layers itself underflows: those gradients come out exactly zero.
 
     torch's classifier is float16 under autocast, so every gradient is lost; Keras' is float32
-    (tf_impl/models.py), so only its own gradients survive.
+    (tf_impl/models.py), so only its own gradients survive. The float32 reference has none of these zeros.
     """
     torch_rows, keras_rows = underflow_both("simple_cnn", "fp16", 1.0, loss_weight=1e-9)
-    assert {r["layer"]: r["zero_fraction"] for r in torch_rows} == {"conv1": 1, "conv2": 1, "fc": 1}
-    zero = {r["layer"]: r["zero_fraction"] for r in keras_rows}
+    assert {r["layer"]: r["zero_fraction_mixed"] for r in torch_rows} == {"conv1": 1, "conv2": 1, "fc": 1}
+    zero = {r["layer"]: r["zero_fraction_mixed"] for r in keras_rows}
     assert zero["conv1"] == zero["conv2"] == 1 and zero["fc"] < 0.5
+    for rows in (torch_rows, keras_rows):
+        assert all(r["zero_fraction"] < 0.5 for r in rows)  # the reference: float32 forward and backward
+
+
+SAME_METHOD_KEYS = ("zero_fraction", "flush_fraction_unscaled", "subnormal_fraction_unscaled",
+                    "flush_fraction_scaled", "subnormal_fraction_scaled", "overflow_fraction_scaled")
+
+
+def test_underflow_is_measured_the_same_way_in_both_frameworks():
+    """Requirement 9: both sides round a float32 reference gradient and read the real mixed backward's zeros.
+
+    Same weights, same batch, gradients 1e-4 times the usual, fp16 at scale 2**10: the reference
+    numbers agree element-weighted to 0.5 points and are far from zero (a side that took its
+    "would flush" from the float16 backward instead reads ~0, its zeros being excluded), and both
+    mixed backwards lose a comparable share of the reference's elements.
+    """
+    from common.fp16 import UNDERFLOW_METHOD
+
+    torch_rows, keras_rows = underflow_both("simple_cnn", "fp16", 2.0**10, loss_weight=1e-4)
+    assert {r["method"] for r in torch_rows + keras_rows} == {UNDERFLOW_METHOD}
+    t, k = underflow_summary(torch_rows), underflow_summary(keras_rows)
+    assert t["flush_fraction_unscaled"] > 0.05 and t["subnormal_fraction_scaled"] > 0.05
+    for key in SAME_METHOD_KEYS:
+        assert t[key] == pytest.approx(k[key], abs=0.005), key
+    for s in (t, k):
+        assert s["lost_fraction_mixed_unscaled"] > 0.05  # the float16 backward really loses them
+        assert s["lost_fraction_mixed_scaled"] < 0.01  # the scale rescues them
+        assert s["zero_fraction_mixed"] > s["zero_fraction"] + 0.05
+    assert t["lost_fraction_mixed_unscaled"] == pytest.approx(k["lost_fraction_mixed_unscaled"], abs=0.03)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,3 +466,90 @@ def test_nonfinite_weights_behind_a_finite_loss_mark_the_run_diverged():
     finite = TrainResult(step_loss=[2.3])
     check_final_weights(finite, {"conv1.weight": np.ones(3)})
     assert finite.diverged_at_step is None and finite.nonfinite is None
+
+
+def test_report_shows_both_underflow_methods_for_both_frameworks():
+    """The report's underflow table and sentences carry both methods' numbers, each as measured, per framework."""
+    import pandas as pd
+
+    from common import numerics_report as nr
+    from common.report import _underflow_table
+
+    torch_rows, keras_rows = underflow_both("simple_cnn", "fp16", 2.0**10, loss_weight=1e-4)
+    frame = pd.DataFrame([{**r, "framework": fw, "precision": "fp16", "seed": 0, "when": "last step"}
+                          for fw, rows in (("torch", torch_rows), ("tf", keras_rows)) for r in rows])
+    summary = nr.underflow_summary(frame).set_index("framework")
+    for fw, rows in (("torch", torch_rows), ("tf", keras_rows)):
+        direct = underflow_summary(rows)
+        assert summary.loc[fw, "flush_unscaled"] == pytest.approx(direct["flush_fraction_unscaled"])
+        assert summary.loc[fw, "lost_unscaled"] == pytest.approx(direct["lost_fraction_mixed_unscaled"])
+        assert summary.loc[fw, "lost_scaled"] == pytest.approx(direct["lost_fraction_mixed_scaled"])
+        assert summary.loc[fw, "zero_fraction_mixed"] == pytest.approx(direct["zero_fraction_mixed"])
+    table = _underflow_table(frame)
+    assert {"float32 reference: would flush in fp16, no scaling", "mixed backward: lost, no scaling"} <= set(table)
+    lost = table.set_index("Framework")["mixed backward: lost, no scaling"]
+    assert lost["PyTorch"] == f"{summary.loc['torch', 'lost_unscaled']:.3%}"
+    sentences = [s for s in nr.what_happened(pd.DataFrame(), pd.DataFrame(), frame) if "float32 reference" in s]
+    assert len(sentences) == 2 and all("real fp16 backward" in s for s in sentences)
+    # Records from before the mixed-backward columns: "n/a", not a number the run never measured.
+    old = frame.drop(columns=["zero_fraction_mixed", "lost_fraction_mixed_unscaled", "lost_fraction_mixed_scaled"])
+    assert set(_underflow_table(old)["mixed backward: lost, no scaling"]) == {"n/a"}
+
+
+# ---------------------------------------------------------------------------------------------
+# defaults mode: the two Adam formulas, measured on the run's own gradients
+# ---------------------------------------------------------------------------------------------
+
+def test_adam_default_epsilons_are_the_installed_frameworks():
+    from common.settings_check import ADAM_DEFAULT_EPSILON
+
+    assert ADAM_DEFAULT_EPSILON["torch"] == torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]).defaults["eps"]
+    assert ADAM_DEFAULT_EPSILON["tf"] == pytest.approx(keras.optimizers.Adam().epsilon, rel=1e-12)
+
+
+def test_adam_first_step_gap_is_what_the_real_optimizers_do():
+    """The shared formulas against one real step of torch.optim.Adam and keras.optimizers.Adam, default eps each."""
+    from common.settings_check import ADAM_DEFAULT_EPSILON, adam_first_step_gap
+
+    rng = np.random.default_rng(0)
+    g = (rng.standard_normal(4000) * 10.0 ** rng.uniform(-10, 0, 4000)).astype(np.float32)
+    lr = 1e-3
+    p = torch.nn.Parameter(torch.zeros(g.size))
+    opt = torch.optim.Adam([p], lr=lr)
+    p.grad = torch.from_numpy(g.copy())
+    opt.step()
+    torch_update = -p.detach().numpy().astype(np.float64)
+    v = keras.Variable(np.zeros(g.size, np.float32))
+    keras.optimizers.Adam(learning_rate=lr).apply([g], [v])
+    keras_update = -keras.ops.convert_to_numpy(v).astype(np.float64)
+    real = np.abs(torch_update - keras_update) / np.abs(torch_update)
+    gap = adam_first_step_gap([g], lr, 0.9, 0.999, ADAM_DEFAULT_EPSILON["torch"], ADAM_DEFAULT_EPSILON["tf"])
+    assert gap["adam_gap_elements"] == g.size
+    assert gap["adam_gap_max"] == pytest.approx(real.max(), rel=1e-3) and gap["adam_gap_max"] > 0.5
+    assert gap["adam_gap_median"] == pytest.approx(np.median(real), rel=1e-2, abs=1e-5)
+    assert gap["adam_gap_over_1pct"] == pytest.approx((real > 0.01).mean(), abs=0.002)
+    same = adam_first_step_gap([g], lr, 0.9, 0.999, 1e-8, 1e-8 * np.sqrt(1 - 0.999))  # Keras' eps-hat = torch's eps
+    assert same["adam_gap_max"] < 1e-9
+
+
+def test_defaults_mode_adam_gap_from_both_children_and_in_the_differences_table():
+    """adam_formula_gap of both frameworks (the functions the children call in defaults mode) on the same
+    weights and batch, then the sentence the report's differences table shows, numbers from the records."""
+    import pandas as pd
+
+    from common.report import framework_differences
+
+    x, y = batch("simple_cnn")
+    torch_model, keras_model = build_pair("simple_cnn", "fp32")
+    torch_gap = tn.adam_formula_gap(torch_model, *torch_batch(x, y), "fp32",
+                                    torch.optim.Adam(torch_model.parameters(), lr=1e-3))
+    keras_gap = kn.adam_formula_gap(keras_model, x, y, "fp32", keras.optimizers.Adam(learning_rate=1e-3))
+    for key in ("adam_gap_elements", "adam_gap_median", "adam_gap_over_1pct"):
+        assert torch_gap[key] == pytest.approx(keras_gap[key], rel=0.05, abs=1e-6), key
+    assert torch_gap["adam_gap_median"] > 0 and torch_gap["adam_gap_elements"] > 1000
+    runs = pd.DataFrame([{"framework": fw, "status": "ok", **gap} for fw, gap in (("torch", torch_gap),
+                                                                                   ("tf", keras_gap))])
+    row = next(d for d in framework_differences(runs) if d["item"] == "Adam update formula")
+    assert f"median {torch_gap['adam_gap_median']:.3g}" in row["measured"]
+    assert f"median {keras_gap['adam_gap_median']:.3g}" in row["measured"]
+    assert all(d["measured"] == "" for d in framework_differences(runs.drop(columns=list(torch_gap))))

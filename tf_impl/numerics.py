@@ -279,29 +279,83 @@ def apply_fp32_layers(model: keras.Model, names: Iterable[str]) -> keras.Model:
 # gradient underflow
 # ---------------------------------------------------------------------------------------------
 
+@contextmanager
+def _float32_policy(model: keras.Model) -> Iterator[None]:
+    """The model and every layer in it compute in float32 for the duration, then as built.
+
+    The float32 reference of gradient_underflow: torch gets it by switching autocast off; a Keras
+    layer reads its dtype policy at each call, so setting it to float32 on every layer does the same
+    (the variables are float32 already). Eager calls only: a traced train_function keeps its graph.
+    """
+    layers = [model, *model._flatten_layers(include_self=False, recursive=True)]
+    saved = [layer.dtype_policy for layer in layers]
+    try:
+        for layer in layers:
+            layer.dtype_policy = keras.DTypePolicy("float32")
+        yield
+    finally:
+        for layer, policy in zip(layers, saved):
+            layer.dtype_policy = policy
+
+
 def gradient_underflow(model: keras.Model, x, y, precision: str, loss_scale: float,
                        loss_weight: float = 1.0) -> list[dict]:
-    """Per parameter: how its float32 gradient of one batch would fare in float16.
+    """Per parameter: how its gradient of one batch fares in float16, by common.fp16.UNDERFLOW_METHOD.
 
-    The forward runs under the model's policy, the tape gradient of the unscaled loss (times
-    loss_weight, e.g. 1e-9 to make gradients tiny) gives float32 gradients of the float32
-    variables; each is then measured as is and times loss_scale (see gradient_stats). Under
-    mixed_float16 the backward of the float16 layers itself runs in float16, so gradients that
-    already underflowed there show up as exact zeros (zero_fraction), not as flushes. Rows are
-    in canonical naming (weight/bias, torch layout); the model is left unchanged.
+    Exactly as torch_impl/numerics.py measures it: the float32 reference gradient of the unscaled
+    loss (times loss_weight, e.g. 1e-9 to make gradients tiny), forward and backward with every
+    layer's policy float32, is rounded to float16 unscaled and times loss_scale; the real mixed
+    backward (the model's own policy) of the same unscaled loss, and of loss * loss_scale as
+    LossScaleOptimizer takes it, is read for exact zeros (see gradient_stats). A float32 run's
+    mixed backward is the reference. Rows are in canonical naming (weight/bias, torch layout);
+    the model is left unchanged.
     """
     _check_policy(model, precision)
     variables = model.trainable_variables
-    with _training_step_state(model):
+
+    def grads(scale: float) -> dict[str, np.ndarray]:
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True)) * loss_weight
-        grads = tape.gradient(loss, variables)
-    grads = [tf.zeros_like(v) if g is None else g for v, g in zip(variables, grads)]
+            if scale != 1:
+                loss = loss * scale
+        out = tape.gradient(loss, variables)
+        out = [tf.zeros_like(v) if g is None else tf.cast(g, "float32") for v, g in zip(variables, out)]
+        return to_canonical(model, out, variables)
+
+    with _training_step_state(model):
+        with _float32_policy(model):
+            reference = grads(1.0)
+        mixed = grads(1.0) if _policy(precision) != "float32" else reference
+        mixed_scaled = grads(loss_scale) if mixed is not reference and loss_scale != 1 else mixed
     rows = []
-    for name, grad in to_canonical(model, grads, variables).items():
+    for name, grad in reference.items():
         layer, param = name.rsplit(".", 1)
-        rows.append(gradient_stats(layer, param, grad, loss_scale))
+        rows.append(gradient_stats(layer, param, grad, loss_scale, mixed[name], mixed_scaled[name]))
     return rows
+
+
+def adam_formula_gap(model: keras.Model, x, y, precision: str, optimizer) -> dict:
+    """Defaults mode: how far torch's and Keras' Adam formulas move apart on this run's own first batch.
+
+    The gradient is the real one of the first step (forward and backward under the model's policy,
+    the unscaled loss, as the optimizer sees it once unscaled); one Adam step of each formula is
+    applied to it with this optimizer's lr and betas, Keras' epsilon from the live optimizer
+    (inside a LossScaleOptimizer) and torch's default epsilon (common/settings_check.py
+    adam_first_step_gap). The model is unchanged.
+    """
+    from common.settings_check import ADAM_DEFAULT_EPSILON, adam_first_step_gap
+
+    _check_policy(model, precision)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    variables = model.trainable_variables
+    with _training_step_state(model):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, variables)
+    lr = float(keras.ops.convert_to_numpy(inner.learning_rate))
+    return adam_first_step_gap([_numpy(g) for g in grads if g is not None], lr, float(inner.beta_1),
+                               float(inner.beta_2), eps_torch=ADAM_DEFAULT_EPSILON["torch"],
+                               eps_keras=float(inner.epsilon))
 
 
 # ---------------------------------------------------------------------------------------------

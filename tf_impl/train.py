@@ -393,6 +393,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         probe = (data.x_train[plan[0, 0]], data.y_train[plan[0, 0]])
         result.extra["dtypes"] = numerics.dtype_audit(model, *probe, cfg.precision)
         result.extra["underflow"] = underflow_rows(numerics, model, probe, cfg, "first step", 0)
+        if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
+            result.info.update(numerics.adam_formula_gap(model, *probe, cfg.precision, model.optimizer))
 
         def on_nonfinite(step: int, epoch: int, batch: int) -> None:
             """NaN/Inf locator: where the first non-finite loss or gradient came from."""

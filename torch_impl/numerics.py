@@ -271,26 +271,56 @@ def apply_fp32_layers(model: nn.Module, names: Iterable[str]) -> nn.Module:
 
 def gradient_underflow(model: nn.Module, x, y, precision: str, loss_scale: float,
                        loss_weight: float = 1.0) -> list[dict]:
-    """Per parameter: how its float32 gradient of one batch would fare in float16.
+    """Per parameter: how its gradient of one batch fares in float16, by common.fp16.UNDERFLOW_METHOD.
 
-    The forward runs under `precision`, the backward of the unscaled loss (times loss_weight,
-    e.g. 1e-9 to make gradients tiny) gives float32 gradients of the float32 parameters; each is
-    then measured as is and times loss_scale (see gradient_stats). Under fp16 the backward itself
-    runs in float16 through autocast's ops, so gradients that already underflowed there show up
-    as exact zeros (zero_fraction), not as flushes. The model is left unchanged.
+    Exactly as tf_impl/numerics.py measures it: the float32 reference gradient of the unscaled loss
+    (times loss_weight, e.g. 1e-9 to make gradients tiny), forward and backward with autocast off,
+    is rounded to float16 unscaled and times loss_scale; the real mixed backward (forward under
+    `precision`'s autocast) of the same unscaled loss, and of loss * loss_scale as GradScaler takes
+    it, is read for exact zeros (see gradient_stats). A float32 run's mixed backward is the
+    reference. The model is left unchanged.
     """
     x, y = _as_tensors(model, x, y)
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+
+    def grads(amp_precision: str, scale: float) -> list[np.ndarray]:
+        with _autocast(x, amp_precision):
+            loss = loss_fn(model(x), y) * loss_weight
+        out = torch.autograd.grad(loss * scale if scale != 1 else loss, params, allow_unused=True)
+        return [_numpy(torch.zeros_like(p) if g is None else g) for p, g in zip(params, out)]
+
+    with _training_step_state(model):
+        reference = grads("fp32", 1.0)
+        mixed = grads(precision, 1.0) if _amp_dtype(precision) is not None else reference
+        mixed_scaled = grads(precision, loss_scale) if mixed is not reference and loss_scale != 1 else mixed
+    rows = []
+    for (name, _), ref, mix, mix_scaled in zip(named, reference, mixed, mixed_scaled):
+        layer, param = name.rsplit(".", 1)
+        rows.append(gradient_stats(layer, param, ref, loss_scale, mix, mix_scaled))
+    return rows
+
+
+def adam_formula_gap(model: nn.Module, x, y, precision: str, optimizer: torch.optim.Optimizer) -> dict:
+    """Defaults mode: how far torch's and Keras' Adam formulas move apart on this run's own first batch.
+
+    The gradient is the real one of the first step (forward and backward under `precision`, the
+    unscaled loss, as the optimizer sees it once unscaled); one Adam step of each formula is
+    applied to it with this optimizer's lr and betas, torch's epsilon from the live optimizer and
+    Keras' default epsilon (common/settings_check.py adam_first_step_gap). The model is unchanged.
+    """
+    from common.settings_check import ADAM_DEFAULT_EPSILON, adam_first_step_gap
+
+    x, y = _as_tensors(model, x, y)
+    params = [p for p in model.parameters() if p.requires_grad]
     with _training_step_state(model):
         with _autocast(x, precision):
-            loss = loss_fn(model(x), y) * loss_weight
-        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    rows = []
-    for (name, p), grad in zip(named, grads):
-        layer, param = name.rsplit(".", 1)
-        grad = torch.zeros_like(p) if grad is None else grad
-        rows.append(gradient_stats(layer, param, grad.detach().float().cpu().numpy(), loss_scale))
-    return rows
+            loss = loss_fn(model(x), y)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    group = optimizer.param_groups[0]
+    return adam_first_step_gap([_numpy(g) for g in grads if g is not None], float(group["lr"]),
+                               float(group["betas"][0]), float(group["betas"][1]),
+                               eps_torch=float(group["eps"]), eps_keras=ADAM_DEFAULT_EPSILON["tf"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -374,6 +374,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     probe = (x_train[first.to(device)], y_train[first.to(device)])
     result.extra["dtypes"] = numerics.dtype_audit(model, *probe, cfg.precision)
     result.extra["underflow"] = underflow_rows(numerics, model, probe, cfg, scaler, "first step", 0)
+    if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
+        result.info.update(numerics.adam_formula_gap(model, *probe, cfg.precision, optimizer))
 
     def on_nonfinite(step: int, idx: torch.Tensor) -> bool:
         """NaN/Inf locator: where the first non-finite loss or gradient came from."""
