@@ -117,6 +117,9 @@ class CpuPeakMemory:
             Path("/proc/self/clear_refs").write_text("5")
         except OSError:
             pass
+        # Memory freed since the baseline (the pre-training numerics probe's buffers, released by the first
+        # step) must not hide the training peak: the baseline is the lowest resident size before the window.
+        self.baseline = min(self.baseline, self._status_bytes("VmRSS"))
         return before
 
 
