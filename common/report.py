@@ -27,12 +27,14 @@ from common.figures import make_figures, make_max_batch_figure, make_time_to_acc
 from common.mapping import DIFFERENCES
 from common.settings_check import adam_gap_text, side_by_side
 from common.summary import (
+    HARDWARE_COLUMNS,
     LEGEND,
     accuracy_statistics,
     findings,
     formatted_summary,
     full_table,
     seed_counts_text,
+    split_summary,
     summary_table,
 )
 
@@ -415,7 +417,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     page = _env().get_template("report.html").render(
         run_id=manifest["run_id"], env=environment, device=manifest["device"], device_names=device_names,
         n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
-        summary_html=table_html(summary), findings=sentences,
+        summary_html=table_html(split_summary(summary)[0]), findings=sentences, loop_text=split_summary(summary)[2],
+        hardware_table=_html_or_none(split_summary(summary)[1]) if any(c in summary for c in HARDWARE_COLUMNS)
+        else None,
         cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
         accuracy_table=_html_or_none(_accuracy_table(acc_stats)), legend=LEGEND,
         speed_ratio_table=_html_or_none(_speed_ratio_table(full)),

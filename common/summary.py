@@ -95,6 +95,24 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+# formatted_summary's hardware-efficiency columns (issue 13): the report shows them in their own table in the
+# Speed section (the summary table would not fit the page with them), summary.md keeps them in its one table.
+HARDWARE_COLUMNS = ("GFLOP/image", "Achieved TFLOP/s", "Peak TFLOP/s (measured)", "MFU", "MFU (data-sheet peak)",
+                    "Bound", "Compile/warm-up (s)", "Timing note")
+IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch", "Precision")
+
+
+def split_summary(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The formatted summary as (the summary table, the hardware-efficiency table, the loop text): both tables
+    with the identity columns, less Step and Batch where every row has the same one (the loop text names it)."""
+    hardware = [c for c in HARDWARE_COLUMNS if c in summary]
+    constant = [c for c in ("Step", "Batch") if c in summary and summary[c].nunique() == 1]
+    loop = {"Step": "{} step loop", "Batch": "batch size {}"}
+    text = ", ".join(loop[c].format(summary[c].iloc[0]) for c in constant)
+    identity = [c for c in IDENTITY_COLUMNS if c in summary and c not in constant]
+    return summary.drop(columns=hardware + constant), summary[identity + hardware], text
+
+
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
     """The summary table as display strings (HTML, Markdown and terminal use this one)."""
     def fmt(value, spec, suffix=""):

@@ -13,13 +13,12 @@ import re
 
 import pandas as pd
 
-from common.summary import formatted_summary, summary_table
+from common.summary import HARDWARE_COLUMNS, formatted_summary, summary_table
 
 # Display columns of formatted_summary, in the order they are given up when the table is too wide.
 GROUP_COLUMNS = ("Machine", "Model", "Dataset", "Step", "Batch")  # shown in each table's title, not as columns
 # The report's hardware-efficiency detail (issue 13), never in the terminal: the report and summary.md have it.
-REPORT_ONLY = ("Timing note", "Compile/warm-up (s)", "Peak TFLOP/s (measured)", "MFU (data-sheet peak)",
-               "Achieved TFLOP/s", "GFLOP/image", "Bound", "MFU", "Images/s (median step)")
+REPORT_ONLY = (*HARDWARE_COLUMNS, "Images/s (median step)")
 DROP_ORDER = ("Runs", "Skipped steps", "Memory vs fp32", "Peak memory (MiB)")
 SHORT_HEADERS = {  # the terminal's headers, on two lines so that no header is wider than its values
     "Framework": "Framework", "Precision": "Precision", "Runs": "Runs", "Images/s": "Images/s",
