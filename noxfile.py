@@ -53,8 +53,11 @@ def report(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite (CPU; GPU tests skip without a GPU)."""
     python = _framework_python(session)
-    # --durations=10: the 10 slowest tests, printed every run
-    session.run(python, "-m", "pytest", *(session.posargs or ["-q", "--durations=10"]), external=True)
+    # --durations=10: the 10 slowest tests, printed every run. -n 2: two pytest-xdist workers (most of the
+    # suite waits on child processes; two cores), whole files per worker, longest files first
+    # (tests/conftest.py LONG_FIRST), so module fixtures run once and the shared tiny compare once.
+    default = ["-q", "--durations=10", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
+    session.run(python, "-m", "pytest", *(session.posargs or default), external=True)
 
 
 @nox.session

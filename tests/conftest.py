@@ -1,12 +1,16 @@
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import filelock
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = Path(__file__).resolve().parent.parent
+TINY_ARGS = ["--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "16",
+             "--warmup-steps", "1", "--seeds", "0", "--run-id", "tiny", "--device", "cpu"]
 
 
 def artifacts_dir() -> Path:
@@ -16,15 +20,44 @@ def artifacts_dir() -> Path:
     return path
 
 
+def shared_dir(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this session sees (the session's own basetemp without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """One tiny real compare (both frameworks x fp32/fp16/bf16, a few steps), shared by the tests that read it."""
-    out = tmp_path_factory.mktemp("compare") / "reports"
-    proc = subprocess.run(
-        [sys.executable, "-m", "common", "compare", "--datasets", "synthetic", "--epochs", "2",
-         "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1", "--seeds", "0", "--out", str(out),
-         "--run-id", "tiny", "--device", "cpu"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )
+    """One tiny real compare (both frameworks x fp32/fp16/bf16, a few steps), shared by the tests that read it.
+
+    Run once per session even under pytest-xdist: the first worker that needs it runs it under a file
+    lock and leaves its exit status and output beside it; the other workers wait on the lock and read them.
+    Tests only read this run; the ones that change a run change a copy.
+    """
+    root = shared_dir(tmp_path_factory) / "tiny-compare"
+    root.mkdir(exist_ok=True)
+    out, result = root / "reports", root / "result.json"
+    with filelock.FileLock(str(root / ".lock"), timeout=900):
+        if not result.exists():
+            proc = subprocess.run([sys.executable, "-m", "common", "compare", *TINY_ARGS, "--out", str(out)],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=600)
+            result.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout,
+                                          "stderr": proc.stderr}))
+    proc = subprocess.CompletedProcess(**json.loads(result.read_text()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, out / "tiny"
+
+
+# Under pytest-xdist (nox -s tests: -n 2 --dist loadfile --no-loadscope-reorder) whole files go to the two
+# workers in this order, longest first, so that no long file starts last and keeps one core busy alone.
+# test_end_to_end.py first: it runs the shared tiny compare that six other files read (the other worker
+# starts on test_parity.py meanwhile instead of waiting on the lock). Without xdist the order is pytest's.
+LONG_FIRST = ["test_end_to_end.py", "test_parity.py", "test_amp_modes.py", "test_faults.py", "test_maxbatch.py",
+              "test_measurements.py", "test_cli.py", "test_perf.py", "test_device_mode.py", "test_numerics.py",
+              "test_browser.py", "test_install.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(LONG_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable: same order within a file

@@ -55,14 +55,17 @@ def _wait_for(predicate, timeout: float = 300.0, what: str = "") -> None:
         time.sleep(0.1)
 
 
-def _child_pid(cell: str, module: bytes = b"torch_impl") -> int | None:
+def _child_pid(cell: str, where: Path, module: bytes = b"misbehave") -> int | None:
+    """The child training `cell` of the run under `where` (this test's own folder: other tests, xdist
+    workers and other checkouts on the machine run children of the same cell ids at the same time)."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if any(module in part for part in cmdline) and any(cell.encode() in part for part in cmdline):
+            if any(module in part for part in cmdline) and any(
+                    cell.encode() in part and str(where).encode() in part for part in cmdline):
                 return int(proc.name)
     return None
 
@@ -72,8 +75,8 @@ def test_sigkill_of_a_child_mid_run_loses_nothing(tmp_path):
     cell = "torch-simple_cnn-synthetic-fp32-s1"  # hangs mid-run until killed from outside
     proc = _harness(out, "--frameworks", "torch", "--precisions", "fp32", "--seeds", "0,1,2", "--epochs", "1",
                     "--run-id", "k", *TINY, cell=cell)
-    _wait_for(lambda: _child_pid(cell, b"misbehave") is not None, what=f"the child of {cell}")
-    os.kill(_child_pid(cell, b"misbehave"), signal.SIGKILL)
+    _wait_for(lambda: _child_pid(cell, out) is not None, what=f"the child of {cell}")
+    os.kill(_child_pid(cell, out), signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 3, stderr[-2000:]  # some cells failed: not 0, not a crash
     assert stderr.strip().splitlines()[-1].startswith("amp-compare: 2 of 3 cells finished, 1 failed"), stderr
@@ -93,11 +96,11 @@ def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch, ca
     from common.cli import main
 
     rc = main(["compare", "--out", str(tmp_path), "--frameworks", "torch", "--precisions", "bf16,fp32",
-               "--epochs", "1", "--run-id", "t", "--timeout", "20", "--seeds", "0", *TINY])
+               "--epochs", "1", "--run-id", "t", "--timeout", "30", "--seeds", "0", *TINY])
     assert rc == 3
     assert "1 of 2 cells finished, 1 failed" in capsys.readouterr().err.strip().splitlines()[-1]
     runs = _runs(tmp_path / "t")
-    assert runs.loc["torch-simple_cnn-synthetic-bf16-s0", "error"] == "timed out after 20 s"
+    assert runs.loc["torch-simple_cnn-synthetic-bf16-s0", "error"] == "timed out after 30 s"
     assert runs.loc["torch-simple_cnn-synthetic-fp32-s0", "status"] == "ok"
 
 
@@ -119,16 +122,16 @@ def _interrupt(tmp_path: Path, sig: int, run_id: str) -> tuple[subprocess.Popen,
     proc = _harness(tmp_path, "--frameworks", "torch", "--precisions", "fp32,bf16", "--epochs", "2", "--seeds", "0",
                     "--run-id", run_id, *TINY, cell="-bf16-")
     first = tmp_path / run_id / "cells/torch-simple_cnn-synthetic-fp32-s0/run.parquet"
-    _wait_for(lambda: first.exists() and _child_pid("bf16-s0", b"misbehave") is not None, what="the second cell")
+    _wait_for(lambda: first.exists() and _child_pid("bf16-s0", tmp_path / run_id) is not None,
+              what="the second cell")
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=300)
     return proc, stderr, first
 
 
-def test_interrupted_compare_resumes_to_what_a_clean_run_gives(tmp_path):
-    clean = _compare(tmp_path, "--frameworks", "torch", "--precisions", "fp32,bf16", "--epochs", "2", "--seeds", "0",
-                     "--run-id", "clean", *TINY)
-    assert clean.returncode == 0, clean.stderr[-2000:]
+def test_interrupted_compare_resumes_to_what_a_clean_run_gives(tiny_run, tmp_path):
+    # The clean run: the shared tiny compare (tests/conftest.py), whose torch fp32/bf16 cells have this run's
+    # settings (TINY, two epochs, seed 0; its torch fp32 cell makes the shared initial weights, as here).
     proc, stderr, first = _interrupt(tmp_path, signal.SIGINT, "cut")
     assert proc.returncode == 130, stderr[-2000:]
     assert "python -m common compare --resume cut" in stderr
@@ -138,7 +141,11 @@ def test_interrupted_compare_resumes_to_what_a_clean_run_gives(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "1 cells on cpu" in resumed.stderr
     assert first.read_bytes() == kept  # the finished cell was not touched
-    a, b = records.read_run(tmp_path / "clean"), records.read_run(tmp_path / "cut")
+    cells = ["torch-simple_cnn-synthetic-fp32-s0", "torch-simple_cnn-synthetic-bf16-s0"]
+    clean = records.read_run(tiny_run[1])
+    a = {name: clean[name][clean[name]["cell_id"].isin(cells)] for name in ("run", "steps", "epochs")}
+    b = records.read_run(tmp_path / "cut")
+    assert sorted(a["run"]["cell_id"]) == sorted(b["run"]["cell_id"]) == sorted(cells)
     assert sorted(a["run"]["status"]) == sorted(b["run"]["status"]) == ["ok", "ok"]
     key = ["cell_id", "step"]
     la = a["steps"].sort_values(key)["loss"].to_numpy()
@@ -153,7 +160,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     assert proc.returncode == 143, stderr[-2000:]
     assert "Terminated: 1 finished cells are kept" in stderr and "--resume term" in stderr
     assert first.exists() and (tmp_path / "term" / "index.html").exists()  # report rendered from what finished
-    assert _child_pid("bf16-s0", b"misbehave") is None  # the child was stopped, not left training
+    assert _child_pid("bf16-s0", tmp_path / "term") is None  # the child was stopped, not left training
     assert not (tmp_path / "term/cells/torch-simple_cnn-synthetic-bf16-s0/run.parquet").exists()
 
 
