@@ -133,6 +133,16 @@ def start_child(tree: Path, log: Path, args: tuple[str, ...] = ("-x", *ORDER)) -
     return pid
 
 
+def check_unmutated(log: Path) -> None:
+    """The parity suite must pass on the tree as it is: otherwise every mutant would look "caught"."""
+    _, status = os.waitpid(start_child(ROOT, log, ORDER), 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        failed = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("FAILED ")]
+        print(f"the parity suite fails without any mutation ({'; '.join(failed) or 'see ' + str(log)}): "
+              "fix it first, no mutant can be judged", file=sys.stderr)
+        sys.exit(2)
+
+
 def check_order(log: Path) -> None:
     """ORDER must name every test of the parity suite (a new test would otherwise never run here)."""
     _, status = os.waitpid(start_child(ROOT, log, ("--collect-only", PARITY)), 0)
@@ -156,6 +166,8 @@ def main() -> int:
           f"{JOBS} at a time", flush=True)
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         check_order(Path(tmp) / "collect.log")
+        check_unmutated(Path(tmp) / "unmutated.log")
+        print(f"  unmutated tree: the parity suite passes ({time.perf_counter() - start:.0f} s)", flush=True)
         pending, running = list(enumerate(MUTANTS)), {}
         while pending or running:
             while pending and len(running) < JOBS:

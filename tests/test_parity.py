@@ -289,8 +289,8 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
     for idx in plan:
         torch_side["scales"].append(float(pt.current_scale(scaler, torch.device("cpu"))))
         taken = updates[0]
-        loss, _ = pt.train_step(torch_model, opt, scaler, nchw(data.x_train[idx], dtype),
-                                torch.from_numpy(data.y_train[idx]), amp_dtype=pt.AMP_DTYPES[cfg_t.precision])
+        loss, _, _ = pt.train_step(torch_model, opt, scaler, nchw(data.x_train[idx], dtype),
+                                   torch.from_numpy(data.y_train[idx]), amp_dtype=pt.AMP_DTYPES[cfg_t.precision])
         torch_side["skipped"].append(updates[0] == taken)
         torch_side["losses"].append(float(loss))
         torch_side["weights"].append(pm.get_weights(torch_model))
