@@ -111,9 +111,14 @@ def test_diverging_configuration_is_a_result_not_a_crash(tmp_path):
     runs = _runs(tmp_path / "d")
     assert set(runs["status"]) == {"diverged"}
     assert (runs["diverged_at_step"] >= 0).all()
-    assert runs["error"].str.contains("non-finite loss for 3 consecutive steps from step").all()
-    steps = records.read_run(tmp_path / "d")["steps"]
-    assert steps.groupby("cell_id").size().max() < 6  # stopped early
+    # Either watch may fire first: the loss non-finite for --diverge-after steps (training stops early), or
+    # weights non-finite while the loss stays finite (max-pooling can keep it so; found after the last step).
+    reasons = runs["error"].str.extract(r"(non-finite loss for 3 consecutive steps from step|non-finite weights)")[0]
+    assert reasons.notna().all(), runs["error"].tolist()
+    steps = records.read_run(tmp_path / "d")["steps"].set_index("cell_id")
+    for cell, reason in reasons.items():
+        if reason.startswith("non-finite loss"):
+            assert len(steps.loc[[cell]]) < 6  # stopped early
     assert "diverged" in (tmp_path / "d" / "index.html").read_text()
 
 
