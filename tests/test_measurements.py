@@ -26,7 +26,7 @@ def test_repeats_give_medians_with_spread(tmp_path):
     assert len(rows) == 2 and all("| 3 |" in r for r in rows)
     assert all("[" in r and "–" in r for r in rows)  # interquartile ranges next to the medians
     html = (tmp_path / "rep/index.html").read_text()
-    assert "medians over 3 runs" in html and "Images/s from epoch time" in html and "p99 (ms)" in html
+    assert "medians over 3 seeds (0, 1, 2)" in html and "Images/s from epoch time" in html and "p99 (ms)" in html
 
 
 def test_combined_report_has_the_machine_in_every_figure(tiny_run, tmp_path):
