@@ -404,6 +404,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     environment = manifest["environment"]
     full = full_table(runs, steps, epochs, environment)
     summary = formatted_summary(full)
+    main_table, hardware, loop_text = split_summary(summary)
     sentences = findings(runs, steps, environment, epochs)
     acc_stats = accuracy_statistics(runs, epochs)
     tta_figure = make_time_to_accuracy_figure(runs, epochs, acc_stats, run_dir / "figures")
@@ -417,9 +418,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     page = _env().get_template("report.html").render(
         run_id=manifest["run_id"], env=environment, device=manifest["device"], device_names=device_names,
         n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
-        summary_html=table_html(split_summary(summary)[0]), findings=sentences, loop_text=split_summary(summary)[2],
-        hardware_table=_html_or_none(split_summary(summary)[1]) if any(c in summary for c in HARDWARE_COLUMNS)
-        else None,
+        summary_html=table_html(main_table), findings=sentences, loop_text=loop_text,
+        hardware_table=_html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
         cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
         accuracy_table=_html_or_none(_accuracy_table(acc_stats)), legend=LEGEND,
         speed_ratio_table=_html_or_none(_speed_ratio_table(full)),
