@@ -29,7 +29,9 @@ import base64
 
 import numpy as np
 import pandas as pd
-from scipy import stats as st
+
+# scipy is imported inside the tests that use it: a framework child imports this module for pack_correct only,
+# and scipy.stats costs it seconds of start-up per cell.
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
@@ -77,6 +79,8 @@ def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
         bound = no_discordance_bound(n)
         return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "test": "McNemar exact",
                 "discordant": 0, "images": n}
+    from scipy import stats as st
+
     res = st.binomtest(gained, k, 0.5)
     ci = res.proportion_ci(confidence_level=CONFIDENCE, method="exact")
     scale = 100.0 * k / n  # diff = k/n * (2*share_gained - 1)
@@ -86,6 +90,8 @@ def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
 
 def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     """Several seeds: arrays of shape (seeds, images), paired by seed and image."""
+    from scipy import stats as st
+
     fp32, mixed = np.asarray(fp32, float), np.asarray(mixed, float)
     per_image = (mixed - fp32).mean(axis=0)  # mean over seeds, per validation image
     diff = 100.0 * float(per_image.mean())

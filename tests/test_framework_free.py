@@ -18,3 +18,13 @@ def test_importing_all_of_common_loads_no_framework():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert len(modules) >= 8
+
+
+def test_a_framework_child_starts_without_the_report_stack():
+    """Every cell starts a child: what it imports besides its framework is paid once per cell. scipy
+    (seconds) and matplotlib/seaborn belong to the parent's report, never to the child."""
+    code = ("import sys\nimport common.child\n"
+            "heavy = [m for m in ('scipy', 'matplotlib', 'seaborn', 'jinja2') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
