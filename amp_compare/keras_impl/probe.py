@@ -1,0 +1,61 @@
+"""One --find-max-batch probe in TensorFlow/Keras: two training steps of a cell at one batch size.
+
+`python -m amp_compare.keras_impl.probe --config cfg.json --batch N --memory-cap BYTES` builds and compiles the
+model and optimizer exactly as keras_impl/train.py does, trains two steps on one random batch (the
+second holds the optimizer state) and prints one JSON line; harness/maxbatch.py runs it and
+reads that line. Read beside torch_impl/probe.py: same shape, framework lines differ.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from amp_compare.contract.config import RunConfig  # noqa: E402
+from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes  # noqa: E402
+from amp_compare.keras_impl.train import make_model, make_optimizer, setup  # noqa: E402
+from amp_compare.kit.data import Dataset  # noqa: E402
+
+
+def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
+    """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
+    setup(cfg)
+    if cfg.device == "cuda" and not tf.config.list_physical_devices("GPU"):
+        raise RuntimeError("device 'cuda' requested but TensorFlow sees no GPU")
+    with tf.device("/GPU:0" if cfg.device == "cuda" else "/CPU:0"):
+        model = make_model(cfg, data)  # an AmpModel: its train_step is the one fit() runs
+        # auto_scale_loss=False: the optimizer is the whole AMP setup, as in train().
+        model.compile(optimizer=make_optimizer(cfg),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], jit_compile=cfg.compile or cfg.step == "tuned", auto_scale_loss=False)
+        model.optimizer.build(model.trainable_variables)
+        for _ in range(2):  # train_on_batch returns host values: the step has finished
+            model.train_on_batch(x, y)
+    if cfg.device == "cuda":
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"], "tf_gpu_allocator_peak"
+    return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
+
+
+def limit_gpu(cap_bytes: int) -> str:
+    """--memory-cap on a GPU: a logical device with that memory limit, set before TensorFlow initialises it."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.set_logical_device_configuration(
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cap_bytes // 2**20)])  # MiB
+    return "tf.config.LogicalDeviceConfiguration(memory_limit)"
+
+
+def is_out_of_memory(exc: Exception) -> bool:
+    """ResourceExhaustedError: an allocator ran out. (A failed CPU allocation may abort the process
+    with std::bad_alloc instead; amp_compare.harness.maxbatch.probe recognises that from the outside.)"""
+    return isinstance(exc, tf.errors.ResourceExhaustedError)
+
+
+if __name__ == "__main__":
+    sys.exit(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))
