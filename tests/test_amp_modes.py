@@ -22,7 +22,7 @@ def lab_run(tmp_path_factory):
         [sys.executable, "-m", "amp_compare", "compare", "--precisions", "fp16,fp16-noscale,fp16-static",
          "--loss-scale", "1024", "--init-scale", str(2.0**40), "--fp32-layers", "fc", "--datasets", "synthetic",
          "--epochs", "1", "--steps-per-epoch", "4", "--batch-size", "16", "--seeds", "0", "--device", "cpu",
-         "--warmup-steps", "1", "--out", str(out), "--run-id", "lab"],
+         "--warmup-steps", "1", "--no-figures", "--out", str(out), "--run-id", "lab"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = out / "lab" / "data"
@@ -78,7 +78,7 @@ def test_report_has_the_numerics_sections(lab_run):
     html = (run_dir / "index.html").read_text()
     for heading in (">Numerics</h2>", ">What happened</h2>"):
         assert heading in html
-    assert 'src="figures/underflow.png"' in html and "backward" in html
+    assert "backward" in html  # the underflow figure is drawn in the shared tiny compare (test_end_to_end.py)
 
 
 # Clipping: with a large loss scale the scaled gradients are 2**14 times the true ones. Clipping

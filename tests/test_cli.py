@@ -277,7 +277,7 @@ def test_compare_on_a_cifar_archive_in_the_official_format(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--datasets", "cifar10", "--data-dir",
                            str(tmp_path / "data"), "--models", "resnet18", "--width", "4", "--precisions", "fp32",
                            "--frameworks", "torch", "--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "16",
-                           "--seeds", "0", "--augment", "--device", "cpu",
+                           "--seeds", "0", "--augment", "--device", "cpu", "--no-figures",
                            "--out", str(tmp_path / "reports"), "--run-id", "c"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=_cifar_env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]

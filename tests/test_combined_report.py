@@ -57,7 +57,7 @@ def test_combined_report_names_each_findings_model_and_counts_its_seeds(tmp_path
     reports = tmp_path / "reports"
     a = _fake_run(reports / "run-a", "simple_cnn", "digits", (0, 1, 2), 2000.0)
     b = _fake_run(reports / "run-b", "resnet18", "synthetic", (0,), 100.0)
-    index = render_combined([a, b], reports / "combined")
+    index = render_combined([a, b], reports / "combined", figures=False)  # figures: test_measurements.py
     manifest = json.loads((reports / "combined" / "manifest.json").read_text())
     assert manifest["device"] == "cpu"  # two runs on one machine are not "several machines"
     assert manifest["matrix"]["models"] == ["simple_cnn", "resnet18"]

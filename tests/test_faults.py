@@ -19,8 +19,10 @@ from amp_compare.contract import records
 from amp_compare.harness.report import render_report
 
 ROOT = Path(__file__).resolve().parent.parent
+# --no-figures: these tests read records and the report's text; drawing figures (seconds of CPU per run) is
+# tested on the shared tiny compare, the combined reports and the figure tests.
 TINY = ["--datasets", "synthetic", "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1",
-        "--device", "cpu"]
+        "--device", "cpu", "--no-figures"]
 
 
 def _compare(out: Path, *args: str, env: dict | None = None, wait: bool = True):
@@ -86,6 +88,8 @@ def test_sigkill_of_a_child_mid_run_loses_nothing(tmp_path):
     assert (runs.drop(cell)["status"] == "ok").all() and len(runs) == 3
     html = (out / "k" / "index.html").read_text()
     assert f"{cell} (failed)" in html and "killed by signal SIGKILL" in html
+    assert "Figures were not drawn for this run (--no-figures)" in html and "<img" not in html
+    assert not (out / "k" / "figures").exists()
 
 
 def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch, capsys):
@@ -143,7 +147,7 @@ def test_interrupted_compare_resumes_to_what_a_clean_run_gives(tiny_run, tmp_pat
     assert "python -m amp_compare compare --resume cut" in stderr
     kept = first.read_bytes()
     assert not (tmp_path / "cut/cells/torch-simple_cnn-synthetic-bf16-s0/run.parquet").exists()
-    resumed = _compare(tmp_path, "--resume", "cut")  # the real child this time
+    resumed = _compare(tmp_path, "--resume", "cut", "--no-figures")  # the real child this time
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "1 cells on cpu" in resumed.stderr
     assert first.read_bytes() == kept  # the finished cell was not touched
@@ -187,7 +191,7 @@ def test_resume_reruns_cells_whose_tables_are_not_all_readable_and_complete(tiny
     epochs = copy / "cells" / short / "epochs.parquet"
     pd.read_parquet(epochs).head(1).to_parquet(epochs)  # readable, but one of its two epochs
     untouched = {p: p.read_bytes() for p in (copy / "cells").glob("tf-*/*.parquet")}
-    proc = _compare(copy.parent, "--resume", copy.name)
+    proc = _compare(copy.parent, "--resume", copy.name, "--no-figures")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "2 cells on cpu" in proc.stderr
     tables = records.read_run(copy)

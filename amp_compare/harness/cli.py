@@ -84,6 +84,8 @@ class CompareOptions:
                                  "line overrides it)", metavar="FILE")
     resume: str | None = option(None, "re-run only the missing, failed or incomplete cells of OUT/RUN_ID",
                                 metavar="RUN_ID", matrix=False)
+    figures: bool = option(True, "draw the report's figures (PNG + SVG, about 10-20 s of CPU); --no-figures writes "
+                           "the tables, findings and data only, and `report RUN` draws them later", matrix=False)
 
 
 def compare_options() -> dict[str, Declared]:
@@ -429,7 +431,7 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
     if manifest.get("max_batch") and not interrupted:
         interrupted = run_max_batch(cells, run_dir, manifest["max_batch"], args.timeout, console)
     try:
-        index = _render(run_dir, console)
+        index = _render(run_dir, console, figures=args.figures)
     except KeyboardInterrupt as exc:  # a second signal while rendering: the records are all there
         interrupted, index = interrupted or exc, run_dir / "index.html"
     done = [o for o in outcomes if o.status in ("ok", "diverged")]
@@ -534,13 +536,13 @@ def _console():
     return console_for_stderr()
 
 
-def _render(run_dir: Path, console) -> Path:
+def _render(run_dir: Path, console, figures: bool = True) -> Path:
     from amp_compare.contract import records
     from amp_compare.harness.report import load_manifest, render_report
     from amp_compare.harness.summary import findings, full_table
     from amp_compare.harness.terminal import print_summary
 
-    index = render_report(run_dir)
+    index = render_report(run_dir, figures=figures)
     tables = records.read_run(run_dir, warn=lambda msg: None)
     environment = load_manifest(run_dir)["environment"]
     table = full_table(tables["run"], tables["steps"], tables["epochs"], environment)

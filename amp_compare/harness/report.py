@@ -279,8 +279,9 @@ def _seeds_text(seeds: list) -> str:
     return f"{len(seeds)} seeds ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
 
 
-def render_report(run_dir: Path) -> Path:
-    """Render one compare run's folder from its manifest and cell records."""
+def render_report(run_dir: Path, figures: bool = True) -> Path:
+    """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn;
+    the page says so and how to draw them)."""
     run_dir = Path(run_dir)
     tables = records.read_run(run_dir)
     searches = []
@@ -291,7 +292,7 @@ def render_report(run_dir: Path) -> Path:
             print(f"skipping unreadable max-batch search {path}: {exc}", file=sys.stderr)
     if searches:
         tables["maxbatch"] = pd.concat(searches, ignore_index=True)
-    return _render(run_dir, load_manifest(run_dir), tables)
+    return _render(run_dir, load_manifest(run_dir), tables, draw=figures)
 
 
 def machine_label(manifest: dict, runs: pd.DataFrame, folder: str) -> str:
@@ -301,7 +302,7 @@ def machine_label(manifest: dict, runs: pd.DataFrame, folder: str) -> str:
     return f"{where} · {folder}"
 
 
-def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
+def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -> Path:
     """One report over several compare runs (a CPU run and a GPU run, two package versions, …): every
     table gains a `machine` column and every figure a column per machine."""
     if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
@@ -340,7 +341,8 @@ def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
                 + "\n# the runs: " + "\n# ".join(commands), "sources": [str(d) for d in run_dirs]}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
-    return _render(out_dir, manifest, {name: pd.concat(dfs, ignore_index=True) for name, dfs in parts.items()})
+    return _render(out_dir, manifest, {name: pd.concat(dfs, ignore_index=True) for name, dfs in parts.items()},
+                   draw=figures)
 
 
 # Per-framework columns of the run table shown in the Environment section, with how each is labelled.
@@ -395,16 +397,16 @@ def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, s
     return rows
 
 
-def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> Path:
+def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Path:
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     records.export_tables(run_dir, tables)
-    figures = make_figures(runs, epochs, steps, run_dir / "figures")
+    figures = make_figures(runs, epochs, steps, run_dir / "figures") if draw else []
     underflow = tables.get("underflow", pd.DataFrame())
     dtypes = tables.get("dtypes", pd.DataFrame())
-    underflow_figure = make_underflow_figure(underflow, run_dir / "figures") if not underflow.empty else None
+    underflow_figure = make_underflow_figure(underflow, run_dir / "figures") if draw and not underflow.empty else None
     figures += [underflow_figure] if underflow_figure else []
     maxbatch = tables.get("maxbatch", pd.DataFrame())
-    maxbatch_figure = make_max_batch_figure(maxbatch, run_dir / "figures") if not maxbatch.empty else None
+    maxbatch_figure = make_max_batch_figure(maxbatch, run_dir / "figures") if draw and not maxbatch.empty else None
     figures += [maxbatch_figure] if maxbatch_figure else []
     environment = manifest["environment"]
     full = full_table(runs, steps, epochs, environment)
@@ -412,7 +414,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
     main_table, hardware, loop_text = split_summary(summary)
     sentences = findings(runs, steps, environment, epochs)
     acc_stats = accuracy_statistics(runs, epochs)
-    tta_figure = make_time_to_accuracy_figure(runs, epochs, acc_stats, run_dir / "figures")
+    tta_figure = make_time_to_accuracy_figure(runs, epochs, acc_stats, run_dir / "figures") if draw else None
     figures += [tta_figure] if tta_figure else []
     verdict = cpu_half_precision_verdict(environment)
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
@@ -432,7 +434,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> P
         steadiness=describe_steadiness(environment),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
-        notes=manifest.get("notes", []),
+        notes=manifest.get("notes", []) + ([] if draw else [
+            "Figures were not drawn for this run (--no-figures): the tables below are complete; "
+            f"python -m amp_compare report {run_dir} draws them."]),
         scale_counts=_html_or_none(_scale_counts_table(steps)),
         timing_table=_html_or_none(_timing_table(runs)),
         maxbatch_table=_html_or_none(_maxbatch_table(maxbatch)),
