@@ -167,6 +167,9 @@ def build_parser() -> ArgumentParser:
         c.add_argument(d.flag, dest=d.name, **kwargs)
     r = sub.add_parser("report", help="re-render the report of one or more run folders")
     r.add_argument("run_dirs", nargs="+", type=Path)
+    figures = compare_options()["figures"]  # the same declared option as compare's
+    r.add_argument(figures.flag, dest=figures.name, action=argparse.BooleanOptionalAction, default=figures.default,
+                   help=help_text(figures))
     return parser
 
 
@@ -563,9 +566,9 @@ def report(args: argparse.Namespace) -> int:
         if len({d.resolve() for d in args.run_dirs}) != len(args.run_dirs):
             raise ConfigError("the same run folder was given twice to report (give each once)")
         out = args.run_dirs[0].parent / f"combined-{datetime.now():%Y%m%d-%H%M%S}"
-        print(render_combined(args.run_dirs, out))
+        print(render_combined(args.run_dirs, out, figures=args.figures))
         return 0
-    print(_render(args.run_dirs[0], console))
+    print(_render(args.run_dirs[0], console, figures=args.figures))
     return 0
 
 
