@@ -29,6 +29,7 @@ def restore_policy():
 
 def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = "aligned") -> tuple[dict, dict]:
     """Both children's settings_used for one resnet18 cell, built as a compare run builds it."""
+    from amp_compare.keras_impl import amp as kamp
     from amp_compare.keras_impl import train as kt
     from amp_compare.torch_impl import train as pt
 
@@ -37,13 +38,13 @@ def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = 
               comparison=comparison)
     cfg = RunConfig(framework="torch", **kw)
     model = pt.make_model(cfg, data)
-    torch_used = pt.settings_used(model, pt.make_optimizer(cfg, model.parameters()), pt.make_scaler(cfg),
-                                  pt.AMP_DTYPES[precision])
+    torch_used = pt.settings_used(model, pt.make_optimizer(cfg, model.parameters()), pt.make_scaler(cfg), cfg)
     cfg = RunConfig(framework="tf", **kw)
-    keras.config.set_dtype_policy(kt.DTYPE_POLICIES[precision])
+    kamp.mixed_precision(precision)
     kmodel = kt.make_model(cfg, data)
-    kmodel.compile(optimizer=kt.make_optimizer(cfg), loss=kt.make_loss(cfg), auto_scale_loss=False)
-    return torch_used, kt.settings_used(kmodel, kmodel.optimizer)
+    kmodel.compile(optimizer=kt.make_optimizer(cfg, kmodel.trainable_variables), loss=kt.make_loss(cfg),
+                   auto_scale_loss=False)
+    return torch_used, kt.settings_used(kmodel, kmodel.optimizer, kmodel.optimizer, cfg)
 
 
 def cell_records(torch_used: dict, keras_used: dict) -> list[dict]:

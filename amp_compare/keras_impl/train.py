@@ -1,10 +1,10 @@
 """TensorFlow/Keras 3 training for one amp-compare cell: `model.fit` with a recording callback.
 
-Read this file beside torch_impl/train.py: the functions have the same names and order, and
-the AMP lines (marked `# AMP:`) are where the frameworks differ. `train_step` is the Keras
-way to customise fit(); ours is the default one plus the per-step values we record (the
-batch's own loss, the loss scale it used, whether the update was skipped), because Keras
-logs only a running mean of the loss per batch.
+Read this file beside torch_impl/train.py: the functions of contract/twins.py have one signature
+in both, the AMP idiom itself is amp.py, and the AMP lines here are marked `# AMP:`. `train_step`
+is the Keras way to customise fit(); ours is amp.py's scaled step plus the per-step values we record
+(the batch's own loss, the loss scale it used, whether the update was skipped), because Keras logs
+only a running mean of the loss per batch.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ import tensorflow as tf  # noqa: E402
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.contract.mapping import framework_settings  # noqa: E402
+from amp_compare.keras_impl import numerics  # noqa: E402
+from amp_compare.keras_impl.amp import current_scale, describe_amp, make_scaler, mixed_precision  # noqa: E402
+from amp_compare.keras_impl.amp import train_step as scaled_step  # noqa: E402
 from amp_compare.keras_impl.models import build_model, get_weights, set_weights  # noqa: E402
 from amp_compare.kit.child import (  # noqa: E402
     CpuPeakMemory,
@@ -34,8 +37,6 @@ from amp_compare.kit.child import (  # noqa: E402
 )
 from amp_compare.kit.data import Dataset, batch_plan, epoch_images  # noqa: E402
 
-DTYPE_POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16",
-                  "fp16-noscale": "mixed_float16", "fp16-static": "mixed_float16"}
 EVAL_BATCH = 512
 
 
@@ -46,7 +47,7 @@ def setup(cfg: RunConfig) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(cfg.threads)
     except RuntimeError:  # only settable before TensorFlow initialises its runtime
         pass
-    keras.config.set_dtype_policy(DTYPE_POLICIES[cfg.precision])  # AMP: layers compute in half precision
+    mixed_precision(cfg.precision)  # AMP: layers built from now on compute in half precision
     # TF32 decided here, as on the torch side (TF's own default is on), so fp32 means the same in both.
     tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32 == "on")
 
@@ -71,12 +72,14 @@ def describe_defaults() -> dict[str, object]:
     }
 
 
-def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, cfg: RunConfig | None = None) -> dict:
+def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, scaler: keras.optimizers.Optimizer,
+                  cfg: RunConfig) -> dict:
     """The values this run actually used, read back from the objects it trained with.
 
     Recorded in Keras' own convention (BatchNorm momentum weights the old average);
-    harness/settings_check.py maps and compares them with the torch child's. cfg is unused: kept
-    so callers need not change.
+    harness/settings_check.py maps and compares them with the torch child's. scaler: what
+    amp.make_scaler returned, the optimizer itself (a LossScaleOptimizer for fp16). cfg: the twin
+    contract's argument; Keras reads everything from the live objects.
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     used: dict[str, object] = {"loss_reduction": model.loss.reduction, "weight_decay": inner.weight_decay}
@@ -96,8 +99,8 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, cfg
         padded = {f"{layer.name}_pad" in names and layer.padding == "valid" for layer in strided}
         used["stride2_padding"] = "symmetric" if padded == {True} else f"padding={strided[0].padding!r}"
     used["output_dtype"] = model.layers[-1].dtype_policy.compute_dtype
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        used.update(init_scale=optimizer.initial_scale, growth_interval=optimizer.dynamic_growth_steps)
+    if isinstance(scaler, keras.optimizers.LossScaleOptimizer):
+        used.update(init_scale=scaler.initial_scale, growth_interval=scaler.dynamic_growth_steps)
     elif inner.loss_scale_factor:
         used["static_loss_scale"] = inner.loss_scale_factor
     return used
@@ -111,19 +114,17 @@ def make_model(cfg: RunConfig, data: Dataset) -> keras.Model:
                         # aligned: the output layer in the policy's dtype, as torch autocast's Linear
                         output_dtype=None if settings.get("output_dtype") == "policy" else "float32")
     if cfg.fp32_layers:  # AMP: these layers get the float32 policy (Keras fixes a policy at construction)
-        from amp_compare.keras_impl.numerics import apply_fp32_layers
-
-        model = apply_fp32_layers(model, cfg.fp32_layers)
+        model = numerics.apply_fp32_layers(model, cfg.fp32_layers)
     return model
 
 
-def make_optimizer(cfg: RunConfig) -> keras.optimizers.Optimizer:
+def make_optimizer(cfg: RunConfig, params) -> keras.optimizers.Optimizer:
+    """The cell's optimizer, loss scaling included (amp.make_scaler), built on params (the model's
+    trainable variables) as fit() would build it."""
     settings = framework_settings(cfg)
     extra: dict[str, object] = {}
     if cfg.clip_grad_norm is not None:  # the global norm, as torch's clip_grad_norm_ (clipnorm is per tensor)
         extra["global_clipnorm"] = cfg.clip_grad_norm
-    if cfg.loss_scaling == "static":  # AMP: Keras' own static scaling: x S before backward, / S after
-        extra["loss_scale_factor"] = cfg.loss_scale
     if cfg.optimizer == "adam":
         if settings.get("adam_formula") == "torch":  # aligned: torch.optim.Adam's formula (keras_impl/optimizers.py)
             from amp_compare.keras_impl.optimizers import TorchAdam
@@ -133,12 +134,9 @@ def make_optimizer(cfg: RunConfig) -> keras.optimizers.Optimizer:
             inner = keras.optimizers.Adam(learning_rate=cfg.lr, **extra)
     else:
         inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum, **extra)
-    if cfg.loss_scaling != "dynamic":
-        return inner
-    # AMP: dynamic loss scaling for fp16, built explicitly (compile would wrap it implicitly).
-    scaling = ({"initial_scale": settings["init_scale"], "dynamic_growth_steps": settings["growth_interval"]}
-               if settings else {})
-    return keras.optimizers.LossScaleOptimizer(inner, **scaling)
+    optimizer = make_scaler(cfg, inner)  # AMP: loss scaling wraps the optimizer (fp16, fp16-static)
+    optimizer.build(params)
+    return optimizer
 
 
 def make_loss(cfg: RunConfig) -> keras.losses.Loss:
@@ -147,11 +145,12 @@ def make_loss(cfg: RunConfig) -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def current_scale(optimizer: keras.optimizers.Optimizer) -> tf.Tensor:
-    """The live loss scale as a device tensor."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return tf.identity(optimizer.dynamic_scale)
-    return tf.constant(optimizer.loss_scale_factor or 1.0, dtype="float32")
+def compile_model(cfg: RunConfig, model: keras.Model) -> None:
+    """fit()'s setup, for train() and the probe alike: the optimizer (auto_scale_loss=False: make_optimizer
+    is the whole AMP setup, so fp16-noscale stays unscaled), the loss, accuracy, XLA (jit_compile) for
+    --compile or --step tuned; the optimizer is built on the model's variables before fit()."""
+    model.compile(optimizer=make_optimizer(cfg, model.trainable_variables), loss=make_loss(cfg), metrics=["accuracy"],
+                  jit_compile=cfg.compile or cfg.step == "tuned", auto_scale_loss=False)
 
 
 class DeviceImages:
@@ -210,21 +209,11 @@ class AmpModel(keras.Model):
     def train_step(self, data):
         """One optimizer step. Returns the epoch's running metrics plus this batch's own values."""
         x, y = self.batch(data)
-        with tf.GradientTape() as tape:
-            logits = self(x, training=True)
-            loss = self.compute_loss(x=x, y=y, y_pred=logits)  # float32: the loss casts the logits up
-            scaled_loss = self.optimizer.scale_loss(loss)  # AMP: loss * scale (unchanged without scaling)
-        scale_used = current_scale(self.optimizer)
-        updates_before = tf.identity(self.optimizer.iterations)
-        grads = tape.gradient(scaled_loss, self.trainable_variables)  # AMP: backward of loss * scale
-        # AMP: LossScaleOptimizer unscales, skips the update if any gradient is inf/NaN,
-        # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        loss, logits, scale_used, skipped = scaled_step(self, x, y)  # AMP: the scaled step (amp.py)
         for metric in self.metrics:  # epoch running means: loss, then the compiled accuracy
             if metric.name == "loss":
                 metric.update_state(loss)
         logs = self.compute_metrics(x, y, logits)
-        skipped = tf.equal(self.optimizer.iterations, updates_before)  # a skipped update leaves the count
         if self.step_log is not None:
             self.step_log.record(loss, scale_used, skipped)
         return {**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped}
@@ -340,12 +329,14 @@ def device_info(gpus: list) -> dict[str, object]:
     return info
 
 
-def make_dataset(data: Dataset, plan: np.ndarray) -> tuple[tf.data.Dataset, DeviceImages]:
-    """Batch indices in exactly the order of amp_compare.kit.data.batch_plan, and the images they index.
+def make_dataset(cfg: RunConfig, data: Dataset) -> tuple[tf.data.Dataset, DeviceImages]:
+    """Batch indices in exactly the order of the cell's amp_compare.kit.data.batch_plan (every epoch's
+    batches in a row: fit() takes steps_per_epoch of them per epoch), and the images they index.
 
     The model gathers each batch inside its train_step (see DeviceImages); with augmentation
     StepRecorder swaps in each epoch's augmented images (kit/data.py: the pixels torch sees).
     """
+    plan = batch_plan(len(data.x_train), cfg.batch_size, cfg.seed, cfg.epochs, cfg.steps_per_epoch)
     indices = tf.data.Dataset.from_tensor_slices(plan.reshape(-1, plan.shape[-1])).prefetch(tf.data.AUTOTUNE)
     return indices, DeviceImages(data.x_train, data.y_train)
 
@@ -363,9 +354,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         "keras_version": keras.__version__,
         **device_info(gpus if cfg.device == "cuda" else []),
         "tf32": f"tensor_float_32_execution={tf.config.experimental.tensor_float_32_execution_enabled()}",
-        "amp_api": {"dynamic": "mixed_float16 policy + LossScaleOptimizer",
-                    "static": "mixed_float16 policy + optimizer loss_scale_factor"}.get(
-            cfg.loss_scaling, f"{DTYPE_POLICIES[cfg.precision]} policy, no loss scaling" if cfg.mixed else "none"),
+        "amp_api": describe_amp(cfg),
         "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
     })
@@ -375,28 +364,23 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     with tf.device(device):
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
-        # auto_scale_loss=False: the optimizer above is the whole AMP setup (fp16-noscale stays unscaled).
-        model.compile(optimizer=make_optimizer(cfg),
-                      loss=make_loss(cfg), metrics=["accuracy"], jit_compile=tuned, auto_scale_loss=False)
-        model.optimizer.build(model.trainable_variables)
+        compile_model(cfg, model)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
-                           settings_used=settings_used(model, model.optimizer, cfg))
-        dataset, model.device_images = make_dataset(data, plan)
+                           settings_used=settings_used(model, model.optimizer, model.optimizer, cfg))
+        dataset, model.device_images = make_dataset(cfg, data)
         device_mode = cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
         recorder = DeviceStepRecorder if device_mode else StepRecorder
         # host mode reads each step's values (a wait per step on a GPU); device mode reads once per epoch
         result.info["host_syncs_per_step"] = 0 if device_mode else 1
         dataset_bytes = int(data.x_train.nbytes + data.y_train.nbytes)  # DeviceImages: same arrays
         # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
-        from amp_compare.keras_impl import numerics
-
         probe = (data.x_train[plan[0, 0]], data.y_train[plan[0, 0]])
         result.extra["dtypes"] = numerics.dtype_audit(model, *probe, cfg.precision)
-        result.extra["underflow"] = underflow_rows(numerics, model, probe, cfg, "first step", 0)
+        result.extra["underflow"] = underflow_rows(numerics, model, probe, cfg, model.optimizer, "first step", 0)
         if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
             result.info.update(numerics.adam_formula_gap(model, *probe, cfg.precision, model.optimizer))
 
-        def on_nonfinite(step: int, epoch: int, batch: int) -> None:
+        def on_nonfinite(step: int, epoch: int, batch: int) -> bool:
             """NaN/Inf locator: where the first non-finite loss or gradient came from."""
             idx = plan[epoch, batch]
             bad = first_nonfinite_parameter(get_weights(model))
@@ -405,6 +389,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                                                data.y_train[idx], cfg.precision,
                                                float(current_scale(model.optimizer))))
             result.nonfinite = {"step": step, **(found or {"where": "not reproduced", "layer": "", "value": ""})}
+            return True
 
         model.step_log = StepLog(steps) if device_mode else None  # after the audit: its trace must not record
         if cfg.device == "cuda":
@@ -429,7 +414,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     # Per validation image, right or wrong: the final model's predictions for the paired tests (harness/stats.py).
     result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
-    result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, "last step", len(result.step_loss) - 1)
+    result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, model.optimizer, "last step",
+                                                len(result.step_loss) - 1)
     return result
 
 
@@ -456,8 +442,8 @@ def measure_peak(device: str, cfg: RunConfig, device_name: str) -> dict:
     return peak.peak_info(device_name, cfg.precision, cfg.tf32, flops, size)
 
 
-def underflow_rows(numerics, model, probe, cfg: RunConfig, when: str, step: int) -> list[dict]:
+def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:
     """Per-layer gradient magnitudes of one batch against float16's range, at the scale in use then."""
-    scale = float(current_scale(model.optimizer))
+    scale = float(current_scale(scaler))
     rows = numerics.gradient_underflow(model, *probe, cfg.precision, loss_scale=scale)
     return [{**row, "when": when, "at_step": step, "log2_hist": json.dumps(row.get("log2_hist"))} for row in rows]
