@@ -36,11 +36,12 @@ def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = 
     kw = dict(model="resnet18", dataset="synthetic", width=4, precision=precision, optimizer=optimizer,
               comparison=comparison)
     cfg = RunConfig(framework="torch", **kw)
+    pt.setup(cfg)  # as the child does: TF32 (read back into settings_used) among others
     model = pt.make_model(cfg, data)
     torch_used = pt.settings_used(model, pt.make_optimizer(cfg, model.parameters()), pt.make_scaler(cfg),
                                   pt.AMP_DTYPES[precision])
     cfg = RunConfig(framework="tf", **kw)
-    keras.config.set_dtype_policy(kt.DTYPE_POLICIES[precision])
+    kt.setup(cfg)  # sets the policy, TF32, threads and seed as the child does
     kmodel = kt.make_model(cfg, data)
     kmodel.compile(optimizer=kt.make_optimizer(cfg), loss=kt.make_loss(cfg), auto_scale_loss=False)
     return torch_used, kt.settings_used(kmodel, kmodel.optimizer)
