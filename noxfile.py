@@ -37,7 +37,7 @@ def _framework_python(session: nox.Session) -> str:
 def compare(session: nox.Session) -> None:
     """Train the default matrix in both frameworks and write reports/<run-id>/index.html."""
     python = _framework_python(session)
-    session.run(python, "-m", "common", "compare", *session.posargs, external=True)
+    session.run(python, "-m", "amp_compare", "compare", *session.posargs, external=True)
 
 
 @nox.session
@@ -46,7 +46,7 @@ def report(session: nox.Session) -> None:
     if not session.posargs:
         session.error("give one or more run folders: nox -s report -- reports/<run-id>")
     session.install("-e", ".")
-    session.run("python", "-m", "common", "report", *session.posargs)
+    session.run("python", "-m", "amp_compare", "report", *session.posargs)
 
 
 @nox.session(venv_backend="none")

@@ -22,16 +22,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa: E402
+from amp_compare.contract.config import RunConfig  # noqa: E402
+from amp_compare.kit.data import load_dataset  # noqa: E402
 from benchmarks.results import write_csv  # noqa: E402
-from common.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa: E402
-from common.config import RunConfig  # noqa: E402
-from common.data import load_dataset  # noqa: E402
 
 
 def _torch_steppers(model_name: str, batch_size: int, device: str = "cpu", step: str = "plain"):
     import torch
 
-    from torch_impl.train import (
+    from amp_compare.torch_impl.train import (
         AMP_DTYPES,
         make_dataset,
         make_model,
@@ -60,7 +60,7 @@ def _tf_steppers(model_name: str, batch_size: int, device: str = "cpu", step: st
     import keras
     import tensorflow as tf
 
-    from tf_impl.train import make_model, make_optimizer, setup
+    from amp_compare.keras_impl.train import make_model, make_optimizer, setup
 
     data = load_dataset("digits")
     xb, yb = data.x_train[:batch_size], data.y_train[:batch_size]
@@ -74,7 +74,7 @@ def _tf_steppers(model_name: str, batch_size: int, device: str = "cpu", step: st
             model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"], auto_scale_loss=False,
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           jit_compile=step == "tuned")
-            model.optimizer.build(model.trainable_variables)  # as tf_impl.train does before fit()
+            model.optimizer.build(model.trainable_variables)  # as amp_compare.keras_impl.train does before fit()
         out[precision] = lambda m=model: m.train_on_batch(xb, yb, return_dict=True)
     keras.config.set_dtype_policy("float32")
     return out

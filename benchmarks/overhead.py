@@ -41,11 +41,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa: E402
+from amp_compare.contract.config import RunConfig  # noqa: E402
+from amp_compare.kit.child import DivergenceWatch, Progress, TrainResult  # noqa: E402
+from amp_compare.kit.data import batch_plan, load_dataset  # noqa: E402
 from benchmarks.results import write_csv  # noqa: E402
-from common.child import DivergenceWatch, Progress, TrainResult  # noqa: E402
-from common.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa: E402
-from common.config import RunConfig  # noqa: E402
-from common.data import batch_plan, load_dataset  # noqa: E402
 
 EPOCHS_PER_ROUND = 2  # each timed call trains this many epochs of the batch plan
 
@@ -54,8 +54,8 @@ def _torch_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from torch_impl.models import get_weights, set_weights
-    from torch_impl.train import (
+    from amp_compare.torch_impl.models import get_weights, set_weights
+    from amp_compare.torch_impl.train import (
         AMP_DTYPES,
         StepClock,
         make_dataset,
@@ -113,8 +113,8 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     import keras
     import tensorflow as tf
 
-    from tf_impl.models import build_model, get_weights, set_weights
-    from tf_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer, setup
+    from amp_compare.keras_impl.models import build_model, get_weights, set_weights
+    from amp_compare.keras_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer, setup
 
     setup(cfg)
     weights = get_weights(make_model(cfg, data))
@@ -143,7 +143,7 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
         model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"] if model_class is AmpModel else None,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), auto_scale_loss=False,
                       jit_compile=cfg.step == "tuned")
-        model.optimizer.build(model.trainable_variables)  # as tf_impl.train does before fit()
+        model.optimizer.build(model.trainable_variables)  # as amp_compare.keras_impl.train does before fit()
         if images is not None:
             model.device_images = images
             model.images = images

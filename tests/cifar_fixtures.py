@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cifar import SPECS
+from amp_compare.kit.cifar import SPECS
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 STRAY_MEMBERS = {"cifar10": "cifar-10-batches-py/readme.html", "cifar100": "cifar-100-python/file.txt~"}

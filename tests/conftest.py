@@ -39,7 +39,7 @@ def tiny_run(tmp_path_factory):
     out, result = root / "reports", root / "result.json"
     with filelock.FileLock(str(root / ".lock"), timeout=900):
         if not result.exists():
-            proc = subprocess.run([sys.executable, "-m", "common", "compare", *TINY_ARGS, "--out", str(out)],
+            proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", *TINY_ARGS, "--out", str(out)],
                                   cwd=ROOT, capture_output=True, text=True, timeout=600)
             result.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout,
                                           "stderr": proc.stderr}))

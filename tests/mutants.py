@@ -1,8 +1,8 @@
 """Mutation check of the parity suite: `nox -s mutants` (or python tests/mutants.py).
 
 Each MUTANT is one deliberate single-line error on the path a compare run takes from a RunConfig to
-the models, optimizers, losses and loss scalers of both frameworks (common/mapping.py, common/weights.py,
-*_impl/train.py, tf_impl/optimizers.py). Each is applied to a temporary copy of the tree (never in
+the models, optimizers, losses and loss scalers of both frameworks (contract/mapping.py, kit/weights.py,
+*_impl/train.py, keras_impl/optimizers.py). Each is applied to a temporary copy of the tree (never in
 place); tests/test_parity.py then runs on that copy and must fail. Prints caught / not caught per
 mutant and the percentage; exits 1 unless every mutant is caught (and 2 if a mutant's line is no
 longer in its file, so the list cannot silently go stale).
@@ -46,46 +46,46 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("Adam epsilon x10 (Keras)", "tf_impl/train.py",
+    Mutant("Adam epsilon x10 (Keras)", "amp_compare/keras_impl/train.py",
            'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], **extra)',
            'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"] * 10, **extra)'),
-    Mutant("Adam beta_2 0.998 (Keras)", "tf_impl/train.py",
+    Mutant("Adam beta_2 0.998 (Keras)", "amp_compare/keras_impl/train.py",
            'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], **extra)',
            'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], beta_2=0.998, **extra)'),
-    Mutant("Adam beta_1 0.85 (Keras)", "tf_impl/train.py",
+    Mutant("Adam beta_1 0.85 (Keras)", "amp_compare/keras_impl/train.py",
            'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], **extra)',
            'inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], beta_1=0.85, **extra)'),
-    Mutant("Keras' own Adam formula in aligned mode", "tf_impl/train.py",
+    Mutant("Keras' own Adam formula in aligned mode", "amp_compare/keras_impl/train.py",
            'if settings.get("adam_formula") == "torch":', 'if False:'),
-    Mutant("Keras Adam epsilon on the uncorrected sqrt(v)", "tf_impl/optimizers.py",
+    Mutant("Keras Adam epsilon on the uncorrected sqrt(v)", "amp_compare/keras_impl/optimizers.py",
            'epsilon_hat = ops.cast(ops.convert_to_tensor(self.epsilon, "float64") * correction_2_sqrt, variable.dtype)',
            'epsilon_hat = ops.cast(self.epsilon, variable.dtype)'),
-    Mutant("SGD momentum x0.99 (Keras)", "tf_impl/train.py",
+    Mutant("SGD momentum x0.99 (Keras)", "amp_compare/keras_impl/train.py",
            "inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum, **extra)",
            "inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum * 0.99, **extra)"),
-    Mutant("BatchNorm momentum 0.91 (Keras)", "common/mapping.py",
+    Mutant("BatchNorm momentum 0.91 (Keras)", "amp_compare/contract/mapping.py",
            "else keras_bn_momentum(BN_MOMENTUM_TORCH))", "else 0.91)"),
-    Mutant("BatchNorm momentum convention (Keras gets torch's 0.1)", "common/mapping.py",
+    Mutant("BatchNorm momentum convention (Keras gets torch's 0.1)", "amp_compare/contract/mapping.py",
            "else keras_bn_momentum(BN_MOMENTUM_TORCH))", "else BN_MOMENTUM_TORCH)"),
-    Mutant("BatchNorm epsilon 1e-3 (Keras)", "tf_impl/train.py",
+    Mutant("BatchNorm epsilon 1e-3 (Keras)", "amp_compare/keras_impl/train.py",
            'bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),\n'
            '                        stride2_padding',
            'bn_momentum=settings.get("bn_momentum"), bn_epsilon=1e-3,\n                        stride2_padding'),
-    Mutant("stride-2 padding 'same' (Keras)", "common/mapping.py",
+    Mutant("stride-2 padding 'same' (Keras)", "amp_compare/contract/mapping.py",
            '"stride2_padding": "symmetric",', '"stride2_padding": "same",'),
-    Mutant("weight transfer: conv kernel transposed (H <-> W)", "common/weights.py",
+    Mutant("weight transfer: conv kernel transposed (H <-> W)", "amp_compare/kit/weights.py",
            "return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))",
            "return np.ascontiguousarray(weight.transpose(3, 2, 1, 0))"),
-    Mutant("loss reduction sum instead of mean (Keras)", "tf_impl/train.py",
+    Mutant("loss reduction sum instead of mean (Keras)", "amp_compare/keras_impl/train.py",
            "return keras.losses.SparseCategoricalCrossentropy(from_logits=True)",
            'return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")'),
-    Mutant("loss reduction sum instead of mean (torch)", "torch_impl/train.py",
+    Mutant("loss reduction sum instead of mean (torch)", "amp_compare/torch_impl/train.py",
            "loss = F.cross_entropy(logits, y)  # autocast computes this in float32",
            'loss = F.cross_entropy(logits, y, reduction="sum")'),
-    Mutant("loss-scale growth interval doubled (Keras)", "tf_impl/train.py",
+    Mutant("loss-scale growth interval doubled (Keras)", "amp_compare/keras_impl/train.py",
            '"dynamic_growth_steps": settings["growth_interval"]}',
            '"dynamic_growth_steps": 2 * settings["growth_interval"]}'),
-    Mutant("initial loss scale halved (torch)", "torch_impl/train.py",
+    Mutant("initial loss scale halved (torch)", "amp_compare/torch_impl/train.py",
            'scaling = {k: settings[k] for k in ("init_scale", "growth_interval")} if settings else {}',
            'scaling = {"init_scale": settings["init_scale"] / 2, "growth_interval": settings["growth_interval"]}'),
 ]

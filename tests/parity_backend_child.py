@@ -54,9 +54,9 @@ def prepare_process() -> None:
 
 def tf32_read_back(tp) -> None:
     """--tf32 on and off, each set by the child's setup() and read back from the backend into settings_used."""
-    from common.config import RunConfig
-    from common.data import load_digits
-    from tf_impl import train as kt
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.keras_impl import train as kt
+    from amp_compare.kit.data import load_digits
 
     data = load_digits()
     for tf32 in ("on", "off"):

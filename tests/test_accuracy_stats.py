@@ -4,19 +4,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common import calibrate, stats
-from common.config import RunConfig
-from common.data import load_synthetic, load_synthetic_cifar
-from common.order import interleaved_order
+from amp_compare.contract import records
+from amp_compare.contract.config import RunConfig
+from amp_compare.harness import calibrate, stats
+from amp_compare.harness.order import interleaved_order
+from amp_compare.kit.data import load_synthetic, load_synthetic_cifar
 
 
 def test_correctness_round_trips_in_one_bit_per_image():
     correct = np.random.default_rng(0).random(359) < 0.9
-    packed = stats.pack_correct(correct)
+    packed = records.pack_correct(correct)
     assert len(packed) <= 4 * (359 // 8 + 1) // 3 + 4  # base64 of 45 bytes
-    assert np.array_equal(stats.unpack_correct(packed, 359), correct)
+    assert np.array_equal(records.unpack_correct(packed, 359), correct)
     with pytest.raises(ValueError, match="fewer than"):
-        stats.unpack_correct(packed, 400)
+        records.unpack_correct(packed, 400)
 
 
 def test_mcnemar_matches_the_exact_binomial_on_discordant_pairs():
@@ -123,7 +124,7 @@ def test_synthetic_data_is_seeded_and_its_classes_have_learnable_structure(loade
 
 
 def test_a_target_accuracy_outside_0_1_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
-    from common.cli import main
+    from amp_compare.harness.cli import main
 
     code = main(["compare", "--device", "cpu", "--target-accuracy", "95", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.config import RunConfig
-from common.data import load_dataset
+from amp_compare.contract.config import RunConfig
+from amp_compare.kit.data import load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ def lab_run(tmp_path_factory):
     """fp16 (built to overflow: initial scale 2**40), fp16-noscale and fp16-static, fc forced to float32."""
     out = tmp_path_factory.mktemp("lab")
     proc = subprocess.run(
-        [sys.executable, "-m", "common", "compare", "--precisions", "fp16,fp16-noscale,fp16-static",
+        [sys.executable, "-m", "amp_compare", "compare", "--precisions", "fp16,fp16-noscale,fp16-static",
          "--loss-scale", "1024", "--init-scale", str(2.0**40), "--fp32-layers", "fc", "--datasets", "synthetic",
          "--epochs", "1", "--steps-per-epoch", "4", "--batch-size", "16", "--seeds", "0", "--device", "cpu",
          "--warmup-steps", "1", "--out", str(out), "--run-id", "lab"],
@@ -99,8 +99,8 @@ def _move(before: dict, after: dict) -> float:
 def test_torch_clipping_sees_the_unscaled_gradient_norm():
     import torch
 
-    from torch_impl.models import get_weights
-    from torch_impl.train import AMP_DTYPES, make_model, make_optimizer, make_scaler, train_step
+    from amp_compare.torch_impl.models import get_weights
+    from amp_compare.torch_impl.train import AMP_DTYPES, make_model, make_optimizer, make_scaler, train_step
 
     cfg, data = _cfg("torch"), load_dataset("synthetic")
     model = make_model(cfg, data)
@@ -116,8 +116,8 @@ def test_torch_clipping_sees_the_unscaled_gradient_norm():
 def test_keras_clipping_sees_the_unscaled_gradient_norm():
     import keras
 
-    from tf_impl.models import get_weights
-    from tf_impl.train import make_model, make_optimizer, setup
+    from amp_compare.keras_impl.models import get_weights
+    from amp_compare.keras_impl.train import make_model, make_optimizer, setup
 
     cfg, data = _cfg("tf"), load_dataset("synthetic")
     setup(cfg)
@@ -125,7 +125,7 @@ def test_keras_clipping_sees_the_unscaled_gradient_norm():
         model = make_model(cfg, data)
         model.compile(optimizer=make_optimizer(cfg), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"], auto_scale_loss=False)
-        model.optimizer.build(model.trainable_variables)  # as tf_impl.train does before fit()
+        model.optimizer.build(model.trainable_variables)  # as amp_compare.keras_impl.train does before fit()
         before = get_weights(model)
         logs = model.train_on_batch(data.x_train[:16], data.y_train[:16], return_dict=True)
         assert logs["loss_scale"] == 2.0**14 and not logs["skipped"]

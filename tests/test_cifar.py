@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import cifar
-from common.cifar import PAD, SPECS, augment_batch, cache_dir, find_archive, load_cifar, search_dirs
-from common.config import ConfigError
+from amp_compare.contract.config import ConfigError
+from amp_compare.kit import cifar
+from amp_compare.kit.cifar import PAD, SPECS, augment_batch, cache_dir, find_archive, load_cifar, search_dirs
 from tests.cifar_fixtures import CIFAR10_NAMES, fake_members, write_fake_archive
 
 NAMES = ("cifar10", "cifar100")

@@ -65,13 +65,13 @@ BAD = [
 
 
 def _compare(args, out):
-    return subprocess.run([sys.executable, "-m", "common", "compare", "--out", str(out), *args],
+    return subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--out", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def _main(args, capsys) -> tuple[int, str]:
-    """The CLI's own entry point in this process (what `python -m common` calls), its exit status and stderr."""
-    from common.cli import main
+    """The CLI's own entry point in this process (what `python -m amp_compare` calls), its exit status and stderr."""
+    from amp_compare.harness.cli import main
 
     try:
         rc = main(["compare", "--device", "cpu", *args])
@@ -103,8 +103,8 @@ def test_output_under_proc_leaves_nothing(tmp_path, capsys):
 
 
 def test_a_folder_that_cannot_be_made_leaves_no_empty_parents(tmp_path):
-    from common.cli import make_dirs
-    from common.config import ConfigError
+    from amp_compare.contract.config import ConfigError
+    from amp_compare.harness.cli import make_dirs
 
     with pytest.raises(ConfigError, match="cannot create the run folder"):
         make_dirs(tmp_path / "a" / "b" / ("x" * 300))
@@ -140,7 +140,7 @@ def test_config_file_is_typed_as_strictly_as_the_command_line(tmp_path, capsys, 
 
 def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
     """The help's per-device defaults come from the declaration that plan_compare uses."""
-    from common.cli import build_parser, compare_options, compare_settings, plan_compare
+    from amp_compare.harness.cli import build_parser, compare_options, compare_settings, plan_compare
 
     help_text = build_parser()._subparsers._group_actions[0].choices["compare"].format_help()
     flat = " ".join(help_text.split())
@@ -155,18 +155,18 @@ def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
 
 
 def test_readme_options_table_is_the_declaration():
-    """README's options table is generated from the declaration (common.cli.update_readme rewrites it)."""
-    from common.cli import options_markdown
+    """README's options table is generated from the declaration (amp_compare.harness.cli.update_readme rewrites it)."""
+    from amp_compare.harness.cli import options_markdown
 
     readme = (ROOT / "README.md").read_text()
     start, end = "<!-- options: generated from the declaration -->", "<!-- end of options -->"
     assert start in readme and end in readme, "README lacks the options table markers"
     table = readme.split(start)[1].split(end)[0].strip()
-    assert table == options_markdown().strip(), "stale README table: run common.cli.update_readme()"
+    assert table == options_markdown().strip(), "stale README table: run amp_compare.harness.cli.update_readme()"
 
 
 def test_cuda_without_gpu_is_refused(tmp_path):
-    from common.env import nvidia_gpu_present
+    from amp_compare.contract.env import nvidia_gpu_present
 
     if nvidia_gpu_present():
         pytest.skip("this machine has a GPU")
@@ -201,7 +201,7 @@ def test_malformed_and_unknown_config_files(tmp_path):
 
 
 def test_config_file_values_are_used_and_cli_overrides(tmp_path):
-    from common.cli import build_parser, compare_settings, plan_compare
+    from amp_compare.harness.cli import build_parser, compare_settings, plan_compare
 
     cfg = tmp_path / "amp.json"
     cfg.write_text('{"precisions": ["fp32", "bf16"], "epochs": 3, "datasets": "synthetic", "device": "cpu", '
@@ -229,7 +229,7 @@ def test_output_path_under_a_file(tmp_path):
 
 
 def test_report_of_a_folder_that_is_no_run(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "common", "report", str(tmp_path)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "amp_compare", "report", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "not a compare run folder" in proc.stderr
 
@@ -242,7 +242,7 @@ def _cifar_env(tmp_path):
 
 
 def test_missing_cifar_archive_says_which_file_to_put_where(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--datasets", "cifar10", "--data-dir",
+    proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--datasets", "cifar10", "--data-dir",
                            str(tmp_path / "data"), "--out", str(tmp_path / "reports")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=_cifar_env(tmp_path))
     assert proc.returncode == 2, proc.stderr
@@ -259,7 +259,7 @@ def test_corrupt_cifar_archive_is_refused_and_nothing_cached(tmp_path):
     (tmp_path / "data").mkdir()
     archive = write_fake_archive(tmp_path / "data", "cifar10")
     archive.write_bytes(archive.read_bytes()[:300])  # truncated download
-    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--datasets", "cifar10", "--data-dir",
+    proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--datasets", "cifar10", "--data-dir",
                            str(tmp_path / "data"), "--out", str(tmp_path / "reports")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=_cifar_env(tmp_path))
     assert proc.returncode == 2 and "is not a readable CIFAR-10 archive" in proc.stderr, proc.stderr
@@ -274,7 +274,7 @@ def test_compare_on_a_cifar_archive_in_the_official_format(tmp_path):
 
     (tmp_path / "data").mkdir()
     write_fake_archive(tmp_path / "data", "cifar10", n_train_per_batch=16, n_test=16)
-    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--datasets", "cifar10", "--data-dir",
+    proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--datasets", "cifar10", "--data-dir",
                            str(tmp_path / "data"), "--models", "resnet18", "--width", "4", "--precisions", "fp32",
                            "--frameworks", "torch", "--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "16",
                            "--seeds", "0", "--augment", "--device", "cpu",
@@ -282,7 +282,7 @@ def test_compare_on_a_cifar_archive_in_the_official_format(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=_cifar_env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = pd.read_parquet(tmp_path / "reports/c/data/run.parquet")
-    # One framework: the archive is read by common/cifar.py, the same code for both children.
+    # One framework: the archive is read by kit/cifar.py, the same code for both children.
     assert list(runs["status"]) == ["ok"] and (runs["train_samples"] == 80).all()
     assert runs["dataset_source"].str.contains("CIFAR-10 from").all()
     assert runs["cfg_augment"].all() and set(runs["cfg_model"] if "cfg_model" in runs else runs["model"]) == {

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pandas as pd
 
-from common import records
-from common.report import render_combined
-from common.stats import pack_correct
+from amp_compare.contract import records
+from amp_compare.contract.records import pack_correct
+from amp_compare.harness.report import render_combined
 
 CPU = "Test CPU 9000"
 ENV = {"cpu_model": CPU, "cpu_amp_flags": "avx2,f16c", "cpu_bf16_hardware": False, "cpu_fp16_hardware": False,
@@ -47,7 +47,8 @@ def _fake_run(run_dir, model, dataset, seeds, thr):
     manifest = {"run_id": run_dir.name, "device": "cpu", "cells": cells, "environment": ENV,
                 "matrix": {"frameworks": ["torch", "tf"], "models": [model], "datasets": [dataset],
                            "precisions": ["fp32", "fp16"], "seeds": list(seeds)},
-                "defaults": {"warmup_steps": 2}, "command": f"python -m common compare --models {model}", "notes": []}
+                "defaults": {"warmup_steps": 2}, "command": f"python -m amp_compare compare --models {model}",
+                "notes": []}
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     return run_dir
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.config import DATASETS, FRAMEWORKS, MODELS, PRECISIONS, ConfigError, RunConfig
+from amp_compare.contract.config import DATASETS, FRAMEWORKS, MODELS, PRECISIONS, ConfigError, RunConfig
 
 
 def test_defaults_are_valid_and_round_trip_through_json():
@@ -88,7 +88,7 @@ def test_from_json_is_strict_and_keeps_tuples():
 
 
 def test_every_option_is_declared_once_with_help():
-    from common.cli import compare_options
+    from amp_compare.harness.cli import compare_options
 
     options = compare_options()
     assert all(d.spec.help for d in options.values())
@@ -100,12 +100,12 @@ def test_every_option_is_declared_once_with_help():
 def test_layer_names_are_those_both_real_models_have(model):
     """--fp32-layers is checked in the parent against model_layer_names; it must be exactly the
     block names both frameworks' models share (torch module names, Keras' canonical layer names)."""
-    from common.config import model_layer_names
+    from amp_compare.contract.config import model_layer_names
 
-    torch_models = pytest.importorskip("torch_impl.models")
+    torch_models = pytest.importorskip("amp_compare.torch_impl.models")
     pytest.importorskip("tensorflow")
-    from tf_impl import models as km
-    from tf_impl import numerics as kn
+    from amp_compare.keras_impl import models as km
+    from amp_compare.keras_impl import numerics as kn
 
     shape = (32, 32, 3) if model == "resnet18" else (8, 8, 1)
     torch_names = {n for n, _ in torch_models.build_model(model, shape[::-1], 10, width=4).named_modules() if n}

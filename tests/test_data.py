@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from common.data import batch_plan, epoch_batches, load_dataset, resize_bilinear
+from amp_compare.kit.data import batch_plan, epoch_batches, load_dataset, resize_bilinear
 
 
 @pytest.mark.parametrize("name", ["digits", "synthetic"])
@@ -40,7 +40,7 @@ def test_epoch_batches_shuffle_per_seed_and_epoch_without_repeats():
 
 
 def test_augmentation_is_one_seeded_implementation():
-    from common.data import epoch_images
+    from amp_compare.kit.data import epoch_images
 
     data = load_dataset("synthetic")
     a, b = epoch_images(data, 3, 0, True), epoch_images(data, 3, 0, True)
@@ -52,11 +52,11 @@ def test_augmentation_is_one_seeded_implementation():
 
 
 def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The batches tf_impl's train_step really sees in fit(), recorded eagerly."""
+    """The batches keras_impl's train_step really sees in fit(), recorded eagerly."""
     import keras
 
-    from common.config import RunConfig
-    from tf_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.keras_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer
 
     seen = []
 
@@ -72,7 +72,7 @@ def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarra
     model.compile(optimizer=make_optimizer(cfg), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], run_eagerly=True)
     dataset, model.device_images = make_dataset(data, plan)
-    from common.child import Progress, TrainResult
+    from amp_compare.kit.child import Progress, TrainResult
 
     recorder = StepRecorder(cfg, plan.shape[1], Progress(stream=open("/dev/null", "w")), TrainResult(),
                             augment=(data, model.device_images) if augment else None)
@@ -84,9 +84,9 @@ def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarra
 def test_both_frameworks_get_identical_batches(augment):
     import torch
 
-    from common.data import epoch_images
-    from torch_impl.train import make_dataset as torch_dataset
-    from torch_impl.train import to_device_images
+    from amp_compare.kit.data import epoch_images
+    from amp_compare.torch_impl.train import make_dataset as torch_dataset
+    from amp_compare.torch_impl.train import to_device_images
 
     data = load_dataset("synthetic")
     plan = batch_plan(len(data.x_train), 32, seed=7, epochs=2, cap=3)

@@ -4,9 +4,9 @@ them on the host every step; forced here on the CPU, where both modes can run.""
 import numpy as np
 import pandas as pd
 
-from common import records
-from common.config import RunConfig
-from common.runner import run_cell
+from amp_compare.contract import records
+from amp_compare.contract.config import RunConfig
+from amp_compare.harness.runner import run_cell
 
 
 def test_device_mode_records_what_host_mode_records(tmp_path):

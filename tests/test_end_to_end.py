@@ -5,7 +5,7 @@ import re
 
 import pandas as pd
 
-from common.config import DEFAULT_PRECISIONS as PRECISIONS
+from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS
 
 FIGURES = ["throughput", "step_times", "memory", "accuracy", "loss_curves", "val_accuracy", "loss_scale"]
 

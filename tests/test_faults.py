@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common import records
-from common.report import render_report
+from amp_compare.contract import records
+from amp_compare.harness.report import render_report
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--datasets", "synthetic", "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1",
@@ -24,17 +24,18 @@ TINY = ["--datasets", "synthetic", "--steps-per-epoch", "3", "--batch-size", "16
 
 
 def _compare(out: Path, *args: str, env: dict | None = None, wait: bool = True):
-    cmd = [sys.executable, "-m", "common", "compare", "--out", str(out), *args]
+    cmd = [sys.executable, "-m", "amp_compare", "compare", "--out", str(out), *args]
     if wait:
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-# The real harness (common.cli.main) in a process of its own, whose torch cells run through
+# The real harness (amp_compare.harness.cli.main) in a process of its own, whose torch cells run through
 # tests/children/misbehave.py: the cell whose id contains `cell` misbehaves (`mode`), every other
 # cell runs the real torch child.
-HARNESS = ("import sys; from common import runner; runner.FRAMEWORK_MODULES['torch'] = 'tests.children.misbehave'; "
-           "from common.cli import main; sys.exit(main(sys.argv[1:]))")
+HARNESS = ("import sys; from amp_compare.harness import runner; "
+           "runner.FRAMEWORK_MODULES['torch'] = 'tests.children.misbehave'; "
+           "from amp_compare.harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 def _harness(out: Path, *args: str, cell: str, mode: str = "hang") -> subprocess.Popen:
@@ -88,12 +89,12 @@ def test_sigkill_of_a_child_mid_run_loses_nothing(tmp_path):
 
 
 def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch, capsys):
-    from common import runner
+    from amp_compare.harness import runner
 
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
     monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "hang")
     monkeypatch.setenv("AMP_COMPARE_TEST_CELL", "-bf16-")
-    from common.cli import main
+    from amp_compare.harness.cli import main
 
     rc = main(["compare", "--out", str(tmp_path), "--frameworks", "torch", "--precisions", "bf16,fp32",
                "--epochs", "1", "--run-id", "t", "--timeout", "30", "--seeds", "0", *TINY])
@@ -139,7 +140,7 @@ def test_interrupted_compare_resumes_to_what_a_clean_run_gives(tiny_run, tmp_pat
     # settings (TINY, two epochs, seed 0; its torch fp32 cell makes the shared initial weights, as here).
     proc, stderr, first = _interrupt(tmp_path, signal.SIGINT, "cut")
     assert proc.returncode == 130, stderr[-2000:]
-    assert "python -m common compare --resume cut" in stderr
+    assert "python -m amp_compare compare --resume cut" in stderr
     kept = first.read_bytes()
     assert not (tmp_path / "cut/cells/torch-simple_cnn-synthetic-bf16-s0/run.parquet").exists()
     resumed = _compare(tmp_path, "--resume", "cut")  # the real child this time
@@ -201,7 +202,7 @@ def test_corrupt_manifest_is_one_line_in_report_and_resume(tiny_run, tmp_path):
     manifest = copy / "manifest.json"
     manifest.write_text(manifest.read_text()[:200])  # truncated
     for cmd in (["report", str(copy)], ["compare", "--resume", copy.name, "--out", str(copy.parent)]):
-        proc = subprocess.run([sys.executable, "-m", "common", *cmd], cwd=ROOT, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "amp_compare", *cmd], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

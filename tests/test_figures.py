@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.figures import _lines, curves_coincide, loss_scale_grid
+from amp_compare.harness.figures import _lines, curves_coincide, loss_scale_grid
 
 
 def _steps(precisions=("fp32", "fp16", "bf16"), scale=2.0**15, n=24, gap=0.0):

@@ -6,10 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.requirements import declared
+from amp_compare.harness.requirements import declared
 from tests.conftest import ROOT
 
-# Runs `python -m common ARGS` as if the distributions in HIDE were not installed: importing them fails and
+# Runs `python -m amp_compare ARGS` as if the distributions in HIDE were not installed: importing them fails and
 # their package metadata is absent (what a fresh machine without them looks like).
 HIDDEN_RUN = r"""
 import importlib.abc, importlib.metadata as md, runpy, sys
@@ -27,8 +27,8 @@ def distribution(name):
         raise md.PackageNotFoundError(name)
     return real(name)
 md.distribution = distribution
-sys.argv = ["common", *argv]
-runpy.run_module("common", run_name="__main__", alter_sys=True)
+sys.argv = ["amp_compare", *argv]
+runpy.run_module("amp_compare", run_name="__main__", alter_sys=True)
 """
 
 

@@ -18,9 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pandas as pd
 import pytest
 
-from common import maxbatch
-from common.config import ConfigError, RunConfig
-from common.maxbatch import ProbeResult, SearchResult, find_max_batch, parse_size, probe, search_table
+from amp_compare.contract.config import ConfigError, RunConfig
+from amp_compare.harness import maxbatch
+from amp_compare.harness.maxbatch import ProbeResult, SearchResult, find_max_batch, probe, search_table
+from amp_compare.kit import probe as probe_child
+from amp_compare.kit.probe import parse_size
 
 MiB = 2**20
 HEADROOM = 150 * MiB  # the cap above a child's baseline: room for a batch of about a thousand digits
@@ -125,7 +127,7 @@ def _run_probe_main(tmp_path, capsys, two_steps, cap="1MiB", device="cpu"):
     config = tmp_path / "config.json"
     config.write_text(RunConfig(device=device).to_json())
     argv = ["--config", str(config), "--batch", "8", "--memory-cap", cap]
-    code = maxbatch.probe_main(two_steps, lambda exc: False, argv)
+    code = probe_child.probe_main(two_steps, lambda exc: False, argv)
     return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -257,7 +259,7 @@ def real_searches():
 def test_real_search_finds_a_max_batch_under_the_cap(real_searches, framework):
     baselines, caps, small, _ = real_searches
     baseline, result = baselines[framework], small[framework]
-    assert baseline.ok and baseline.memory_kind == maxbatch.PEAK_RSS_KIND and baseline.peak_bytes > 100 * MiB
+    assert baseline.ok and baseline.memory_kind == probe_child.PEAK_RSS_KIND and baseline.peak_bytes > 100 * MiB
     assert 256 <= result.max_ok < LIMIT and result.first_failed is not None
     assert result.max_ok < result.first_failed and result.first_failed - result.max_ok <= 0.25 * result.max_ok
     assert [p.batch for p in result.probes[:2]] == [256, 512]  # doubling first

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from common.report import render_combined
+from amp_compare.harness.report import render_combined
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_repeats_give_medians_with_spread(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "common", "compare", "--frameworks", "torch", "--precisions", "fp32,bf16",
+        [sys.executable, "-m", "amp_compare", "compare", "--frameworks", "torch", "--precisions", "fp32,bf16",
          "--repeats", "3", "--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "4", "--batch-size", "16",
          "--warmup-steps", "1", "--device", "cpu", "--out", str(tmp_path), "--run-id", "rep"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -47,7 +47,7 @@ def test_combined_report_has_the_machine_in_every_figure(tiny_run, tmp_path):
 
 def test_find_max_batch_on_cpu_with_a_cap(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "common", "compare", "--frameworks", "torch", "--precisions", "fp32",
+        [sys.executable, "-m", "amp_compare", "compare", "--frameworks", "torch", "--precisions", "fp32",
          "--datasets", "synthetic", "--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "16", "--seeds", "0",
          "--device", "cpu", "--find-max-batch", "--memory-cap", "700MiB", "--max-batch-limit", "128",
          "--out", str(tmp_path), "--run-id", "mb"],
@@ -63,7 +63,7 @@ def test_find_max_batch_on_cpu_with_a_cap(tmp_path):
 
 
 def test_bad_memory_cap_is_refused(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--find-max-batch", "--memory-cap", "lots",
+    proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--find-max-batch", "--memory-cap", "lots",
                            "--out", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "lots" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from common import weights as cw
+from amp_compare.kit import weights as cw
 
 SIMPLE_CNN = [("conv1", 320), ("conv2", 18496), ("fc", 10250)]
 CASES = {"simple_cnn": ((16, 16, 1), {}), "resnet18": ((16, 16, 3), {"width": 4})}
@@ -12,8 +12,8 @@ RESNET18_LAYERS = 41  # stem conv + BN, 8 blocks x (2 conv + 2 BN), 3 projection
 
 
 def build_both(name, **kwargs):
-    from tf_impl.models import build_model as build_keras
-    from torch_impl.models import build_model as build_torch
+    from amp_compare.keras_impl.models import build_model as build_keras
+    from amp_compare.torch_impl.models import build_model as build_torch
 
     shape, defaults = CASES[name]
     kwargs = {**defaults, **kwargs}
@@ -21,7 +21,7 @@ def build_both(name, **kwargs):
 
 
 def build_keras(name, **kwargs):
-    from tf_impl.models import build_model
+    from amp_compare.keras_impl.models import build_model
 
     shape, defaults = CASES[name]
     return build_model(name, shape, 10, **{**defaults, **kwargs})
@@ -78,10 +78,10 @@ def test_full_width_resnet18_has_the_usual_parameter_count():
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_torch_weights_round_trip_through_keras(name):
-    from tf_impl.models import get_weights as keras_get
-    from tf_impl.models import set_weights as keras_set
-    from torch_impl.models import get_weights as torch_get
-    from torch_impl.models import set_weights as torch_set
+    from amp_compare.keras_impl.models import get_weights as keras_get
+    from amp_compare.keras_impl.models import set_weights as keras_set
+    from amp_compare.torch_impl.models import get_weights as torch_get
+    from amp_compare.torch_impl.models import set_weights as torch_set
 
     torch_model, keras_model = build_both(name)
     torch_set(torch_model, randomised(torch_get(torch_model)))
@@ -97,10 +97,10 @@ def test_torch_weights_round_trip_through_keras(name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_keras_weights_round_trip_through_torch(name):
-    from tf_impl.models import get_weights as keras_get
-    from tf_impl.models import set_weights as keras_set
-    from torch_impl.models import get_weights as torch_get
-    from torch_impl.models import set_weights as torch_set
+    from amp_compare.keras_impl.models import get_weights as keras_get
+    from amp_compare.keras_impl.models import set_weights as keras_set
+    from amp_compare.torch_impl.models import get_weights as torch_get
+    from amp_compare.torch_impl.models import set_weights as torch_set
 
     torch_model, keras_model = build_both(name)
     for variable in keras_model.weights:  # randomise Keras' own variables, in Keras layout
@@ -116,9 +116,9 @@ def test_keras_weights_round_trip_through_torch(name):
 
 
 def test_set_weights_rejects_missing_and_misshapen_weights():
-    from tf_impl.models import set_weights as keras_set
-    from torch_impl.models import get_weights as torch_get
-    from torch_impl.models import set_weights as torch_set
+    from amp_compare.keras_impl.models import set_weights as keras_set
+    from amp_compare.torch_impl.models import get_weights as torch_get
+    from amp_compare.torch_impl.models import set_weights as torch_set
 
     torch_model, keras_model = build_both("resnet18")
     weights = torch_get(torch_model)
@@ -175,7 +175,7 @@ def test_model_options_reach_the_layers():
 
 def test_resnet18_same_padding_shifts_the_stride2_convolutions():
     """'same' pads an even input only bottom/right: other outputs than torch's padding=1 ('defaults' mode)."""
-    from tf_impl.models import get_weights, set_weights
+    from amp_compare.keras_impl.models import get_weights, set_weights
 
     symmetric, same = build_keras("resnet18"), build_keras("resnet18", stride2_padding="same")
     set_weights(same, get_weights(symmetric))
@@ -186,7 +186,7 @@ def test_resnet18_same_padding_shifts_the_stride2_convolutions():
 def test_keras_logits_are_float32_under_mixed_policy():
     import keras
 
-    from tf_impl.models import build_model
+    from amp_compare.keras_impl.models import build_model
 
     keras.config.set_dtype_policy("mixed_float16")
     try:

@@ -1,5 +1,5 @@
 """Mixed-precision numerics observed in both frameworks: per-layer dtypes, float32 overrides,
-gradient underflow and the NaN/Inf locator (torch_impl/numerics.py beside tf_impl/numerics.py).
+gradient underflow and the NaN/Inf locator (torch_impl/numerics.py beside keras_impl/numerics.py).
 
 The assertions record what this torch and this Keras actually do on CPU. Models are tiny
 (float16 is emulated on this CPU) and, where the frameworks are compared, share weights.
@@ -16,12 +16,12 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 torch = pytest.importorskip("torch")
 
-from common.fp16 import underflow_summary  # noqa: E402
-from tf_impl import models as km  # noqa: E402
-from tf_impl import numerics as kn  # noqa: E402
-from tf_impl.train import DTYPE_POLICIES, AmpModel  # noqa: E402
-from torch_impl import models as pm  # noqa: E402
-from torch_impl import numerics as tn  # noqa: E402
+from amp_compare.keras_impl import models as km  # noqa: E402
+from amp_compare.keras_impl import numerics as kn  # noqa: E402
+from amp_compare.keras_impl.train import DTYPE_POLICIES, AmpModel  # noqa: E402
+from amp_compare.kit.fp16 import underflow_summary  # noqa: E402
+from amp_compare.torch_impl import models as pm  # noqa: E402
+from amp_compare.torch_impl import numerics as tn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"simple_cnn": (16, 16, 1), "resnet18": (16, 16, 3)}
@@ -38,7 +38,7 @@ def float32_policy():
 
 
 def batch(name: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """NHWC images in [0, 1) and labels, as common/data.py serves them."""
+    """NHWC images in [0, 1) and labels, as kit/data.py serves them."""
     rng = np.random.default_rng(seed)
     return rng.random((BATCH, *SHAPES[name]), dtype=np.float32), rng.integers(0, CLASSES, BATCH)
 
@@ -126,7 +126,7 @@ def test_keras_audit_simple_cnn(precision):
     assert keras_names(model) - {"flatten"} | {"loss"} == {r["layer"] for r in rows}
     assert dtype_of(rows, "Conv2D") == {"conv1": half, "conv2": half}
     assert dtype_of(rows, "Conv2DBackpropFilter", "backward") == {"conv1": half, "conv2": half}
-    # The last Dense is float32 by construction (tf_impl/models.py), so are the logits and the loss.
+    # The last Dense is float32 by construction (keras_impl/models.py), so are the logits and the loss.
     assert dtype_of(rows, "MatMul") == {"fc": "float32"}
     assert dtype_of(rows, "SparseSoftmaxCrossEntropyWithLogits") == {"loss": "float32"}
     assert layer_dtypes(rows, "loss") == layer_dtypes(rows, "loss", "backward") == {"float32"}
@@ -176,7 +176,7 @@ def test_batchnorm_and_reductions_differ_under_fp16():
     # The global average pool: a float16 mean in torch, a float32 one in Keras.
     assert dtype_of(torch_rows, "mean") == {"avgpool": "float16"}
     assert dtype_of(keras_rows, "Mean")["avgpool"] == "float32"
-    # The classifier: float16 under autocast, float32 by tf_impl/models.py's override.
+    # The classifier: float16 under autocast, float32 by keras_impl/models.py's override.
     assert dtype_of(torch_rows, "addmm") == {"fc": "float16"}
     assert dtype_of(keras_rows, "MatMul") == {"fc": "float32"}
     # Both sum a residual's two gradient branches outside any layer, in float16.
@@ -312,7 +312,7 @@ def test_unscaled_fp16_backward_loses_tiny_gradients_before_float32():
     """Under fp16 the backward of the float16 layers itself underflows: those gradients come out exactly zero.
 
     torch's classifier is float16 under autocast, so every gradient is lost; Keras' is float32
-    (tf_impl/models.py), so only its own gradients survive. The float32 reference has none of these zeros.
+    (keras_impl/models.py), so only its own gradients survive. The float32 reference has none of these zeros.
     """
     torch_rows, keras_rows = underflow_both("simple_cnn", "fp16", 1.0, loss_weight=1e-9)
     assert {r["layer"]: r["zero_fraction_mixed"] for r in torch_rows} == {"conv1": 1, "conv2": 1, "fc": 1}
@@ -334,7 +334,7 @@ def test_underflow_is_measured_the_same_way_in_both_frameworks():
     "would flush" from the float16 backward instead reads ~0, its zeros being excluded), and both
     mixed backwards lose a comparable share of the reference's elements.
     """
-    from common.fp16 import UNDERFLOW_METHOD
+    from amp_compare.kit.fp16 import UNDERFLOW_METHOD
 
     torch_rows, keras_rows = underflow_both("simple_cnn", "fp16", 2.0**10, loss_weight=1e-4)
     assert {r["method"] for r in torch_rows + keras_rows} == {UNDERFLOW_METHOD}
@@ -400,7 +400,7 @@ def test_locate_backward_overflow_from_a_huge_loss_scale():
 
 
 def test_both_frameworks_share_the_numpy_helpers():
-    from common import fp16
+    from amp_compare.kit import fp16
 
     assert tn.gradient_stats is kn.gradient_stats is fp16.gradient_stats
     assert tn.nonfinite_kind is kn.nonfinite_kind is fp16.nonfinite_kind
@@ -417,10 +417,10 @@ def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     rows and every row computes in the same dtypes: the classifier and the loss included."""
     import pandas as pd
 
-    from common.config import RunConfig
-    from common.numerics_report import dtype_side_by_side
-    from tf_impl import train as kt
-    from torch_impl import train as pt
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.numerics_report import dtype_side_by_side
+    from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import train as pt
 
     def cfg(framework):
         return RunConfig(framework=framework, model=name, dataset="synthetic", width=WIDTH, precision=precision,
@@ -440,8 +440,8 @@ def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     assert not table["differs"].any(), table[table["differs"]].to_string()
     fc = table[(table["layer"] == "fc") & (table["phase"] == "forward")]
     assert fc.iloc[0]["PyTorch dtypes"] == fc.iloc[0]["Keras (TF) dtypes"] == HALF[precision]
-    # The report's glossary sentences come from these rows (common/numerics_report.op_dtype_facts).
-    from common.numerics_report import op_dtype_facts
+    # The report's glossary sentences come from these rows (harness/numerics_report.op_dtype_facts).
+    from amp_compare.harness.numerics_report import op_dtype_facts
 
     facts = op_dtype_facts(rows, "cpu")
     assert facts["device"] == "CPU" and facts["differing"][precision]["rows"] == 0
@@ -456,7 +456,7 @@ def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
 
 def test_nonfinite_weights_behind_a_finite_loss_mark_the_run_diverged():
     """Seen: Keras fp16-static at 2**40, every conv weight NaN after step 0, loss finite, recorded "ok"."""
-    from common.child import TrainResult, check_final_weights
+    from amp_compare.kit.child import TrainResult, check_final_weights
 
     result = TrainResult(step_loss=[2.3, 2.3, 2.3])
     check_final_weights(result, {"conv1.weight": np.ones(3), "conv2.weight": np.array([1.0, np.nan])})
@@ -472,8 +472,8 @@ def test_report_shows_both_underflow_methods_for_both_frameworks():
     """The report's underflow table and sentences carry both methods' numbers, each as measured, per framework."""
     import pandas as pd
 
-    from common import numerics_report as nr
-    from common.report import _underflow_table
+    from amp_compare.harness import numerics_report as nr
+    from amp_compare.harness.report import _underflow_table
 
     torch_rows, keras_rows = underflow_both("simple_cnn", "fp16", 2.0**10, loss_weight=1e-4)
     frame = pd.DataFrame([{**r, "framework": fw, "precision": "fp16", "seed": 0, "when": "last step"}
@@ -501,7 +501,7 @@ def test_report_shows_both_underflow_methods_for_both_frameworks():
 # ---------------------------------------------------------------------------------------------
 
 def test_adam_default_epsilons_are_the_installed_frameworks():
-    from common.settings_check import ADAM_DEFAULT_EPSILON
+    from amp_compare.kit.adam_gap import ADAM_DEFAULT_EPSILON
 
     assert ADAM_DEFAULT_EPSILON["torch"] == torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]).defaults["eps"]
     assert ADAM_DEFAULT_EPSILON["tf"] == pytest.approx(keras.optimizers.Adam().epsilon, rel=1e-12)
@@ -509,7 +509,7 @@ def test_adam_default_epsilons_are_the_installed_frameworks():
 
 def test_adam_first_step_gap_is_what_the_real_optimizers_do():
     """The shared formulas against one real step of torch.optim.Adam and keras.optimizers.Adam, default eps each."""
-    from common.settings_check import ADAM_DEFAULT_EPSILON, adam_first_step_gap
+    from amp_compare.kit.adam_gap import ADAM_DEFAULT_EPSILON, adam_first_step_gap
 
     rng = np.random.default_rng(0)
     g = (rng.standard_normal(4000) * 10.0 ** rng.uniform(-10, 0, 4000)).astype(np.float32)
@@ -537,7 +537,7 @@ def test_defaults_mode_adam_gap_from_both_children_and_in_the_differences_table(
     weights and batch, then the sentence the report's differences table shows, numbers from the records."""
     import pandas as pd
 
-    from common.report import framework_differences
+    from amp_compare.harness.report import framework_differences
 
     x, y = batch("simple_cnn")
     torch_model, keras_model = build_pair("simple_cnn", "fp32")

@@ -2,8 +2,8 @@
 
 Every model, optimizer, loss and loss scaler here comes from a `RunConfig` through the functions
 a compare child calls (`make_model`, `make_optimizer`, `make_scaler`, `make_loss` and, through
-them, common/mapping.py's `framework_settings`), and torch's weights reach Keras through
-common/weights.py as `--init shared` hands them over. So an error anywhere on that path (a wrong
+them, contract/mapping.py's `framework_settings`), and torch's weights reach Keras through
+kit/weights.py as `--init shared` hands them over. So an error anywhere on that path (a wrong
 convention in the mapping, an optimizer argument, a padding, a transposed kernel) fails a test;
 `nox -s mutants` (tests/mutants.py) proves it for a list of such errors.
 
@@ -31,8 +31,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from common.config import KERAS_BACKENDS, RunConfig
-from common.data import epoch_batches, load_digits, load_synthetic
+from amp_compare.contract.config import KERAS_BACKENDS, RunConfig
+from amp_compare.kit.data import epoch_batches, load_digits, load_synthetic
 from tests import tolerances
 from tests.conftest import artifacts_dir
 
@@ -115,10 +115,10 @@ def nchw(x: np.ndarray, dtype=None):
 def build_pair(name: str, data, optimizer: str = "sgd", float64: bool = False, **overrides):
     """Both children's models for one cell, built by their make_model; torch's weights (BatchNorm state
     randomised) copied into Keras as --init shared does. float64: both in double precision."""
-    from tf_impl import models as tm
-    from tf_impl import train as kt
-    from torch_impl import models as pm
-    from torch_impl import train as pt
+    from amp_compare.keras_impl import models as tm
+    from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import models as pm
+    from amp_compare.torch_impl import train as pt
 
     cfg_t, cfg_k = config("torch", name, optimizer, **overrides), config(KERAS_FRAMEWORK, name, optimizer, **overrides)
     torch_model = pt.make_model(cfg_t, data)
@@ -127,7 +127,7 @@ def build_pair(name: str, data, optimizer: str = "sgd", float64: bool = False, *
         keras.config.set_floatx("float64")  # Input layers and the loss follow floatx
         keras.config.set_dtype_policy("float64")
     else:
-        keras.config.set_dtype_policy(kt.DTYPE_POLICIES[cfg_k.precision])  # as tf_impl.train.setup
+        keras.config.set_dtype_policy(kt.DTYPE_POLICIES[cfg_k.precision])  # as amp_compare.keras_impl.train.setup
     keras_model = kt.make_model(cfg_k, data)
     weights = pm.get_weights(torch_model)
     # Fresh BatchNorm is an identity in inference mode (mean 0, var 1, gamma 1, beta 0): randomise it so
@@ -173,7 +173,7 @@ def unbiased_factors(keras_model) -> dict[str, float]:
     torch's running_var takes the unbiased batch variance, Keras' the biased one (both normalise with
     the biased one; documented for torch.nn.BatchNorm2d).
     """
-    from common.weights import torch_module_name
+    from amp_compare.kit.weights import torch_module_name
 
     out = {}
     for layer in keras_model.layers:
@@ -199,7 +199,7 @@ def to_torch_convention(keras_weights, initial, factors, updates: int, momentum:
 
 
 def keras_momentum() -> float:
-    from common.mapping import BN_MOMENTUM_TORCH
+    from amp_compare.contract.mapping import BN_MOMENTUM_TORCH
 
     return 1.0 - BN_MOMENTUM_TORCH  # torch's convention turned around by hand, not by the code under test
 
@@ -220,8 +220,8 @@ def test_forward_inference_mode(name, datasets, parity_record):
 @pytest.mark.parametrize("name", sorted(LOADERS))
 def test_forward_training_mode(name, datasets, parity_record):
     """Batch statistics: both normalise with the biased batch variance; running stats get one update."""
-    from tf_impl import models as tm
-    from torch_impl import models as pm
+    from amp_compare.keras_impl import models as tm
+    from amp_compare.torch_impl import models as pm
 
     x, _ = first_batch(datasets[name])
     (_, torch_model), (_, keras_model) = build_pair(name, datasets[name])
@@ -244,11 +244,11 @@ def test_forward_training_mode(name, datasets, parity_record):
 @pytest.mark.parametrize("name", sorted(LOADERS))
 def test_gradients_of_one_step(name, datasets, parity_record):
     """One step's gradients, each side's loss from the training code (torch's train_step, Keras' make_loss),
-    Keras' through the backend's own autodiff as the numerics lab takes them (tf_impl/backends.gradients)."""
-    from tf_impl import models as tm
-    from tf_impl.backends import gradients
-    from tf_impl.train import make_loss
-    from torch_impl.train import make_optimizer, make_scaler, train_step
+    Keras' through the backend's own autodiff as the numerics lab takes them (keras_impl/backends.gradients)."""
+    from amp_compare.keras_impl import models as tm
+    from amp_compare.keras_impl.backends import gradients
+    from amp_compare.keras_impl.train import make_loss
+    from amp_compare.torch_impl.train import make_optimizer, make_scaler, train_step
 
     x, y = first_batch(datasets[name])
     (cfg_t, torch_model), (cfg_k, keras_model) = build_pair(name, datasets[name])
@@ -275,8 +275,8 @@ class Stepper(keras.callbacks.Callback):
         self.losses, self.scales, self.skipped, self.weights = [], [], [], []
 
     def on_train_batch_end(self, batch, logs=None):
-        from tf_impl import models as tm
-        from tf_impl.train import sync_state
+        from amp_compare.keras_impl import models as tm
+        from amp_compare.keras_impl.train import sync_state
 
         sync_state(self.model)  # JAX's fit keeps the state apart from the model's variables
         self.losses.append(float(logs["batch_loss"]))
@@ -288,12 +288,12 @@ class Stepper(keras.callbacks.Callback):
 def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overrides) -> dict[str, object]:
     """`steps` steps of each framework's own training code from the same weights, each on its own trajectory.
 
-    torch: torch_impl.train.train_step with make_optimizer / make_scaler. Keras: model.fit over the same
-    batches as tf_impl/train.py runs it (AmpModel.train_step, make_optimizer, make_loss, make_dataset).
+    torch: amp_compare.torch_impl.train.train_step with make_optimizer / make_scaler. Keras: model.fit over the same
+    batches as keras_impl/train.py runs it (AmpModel.train_step, make_optimizer, make_loss, make_dataset).
     """
-    from tf_impl import train as kt
-    from torch_impl import models as pm
-    from torch_impl import train as pt
+    from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import models as pm
+    from amp_compare.torch_impl import train as pt
 
     (cfg_t, torch_model), (cfg_k, keras_model) = build_pair(name, data, optimizer, float64, **overrides)
     dtype = torch.float64 if float64 else None
@@ -315,7 +315,7 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
 
     keras_model.compile(optimizer=kt.make_optimizer(cfg_k), loss=kt.make_loss(cfg_k), metrics=["accuracy"],
                         auto_scale_loss=False)
-    keras_model.optimizer.build(keras_model.trainable_variables)  # as tf_impl.train.train does
+    keras_model.optimizer.build(keras_model.trainable_variables)  # as amp_compare.keras_impl.train.train does
     stepper = Stepper()
     dataset, _ = kt.attach_dataset(keras_model, data, plan)
     keras_model.fit(dataset, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[stepper])

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common import flops, peak
-from common.child import step_time_summary
-from common.cli import build_parser, compare_settings, plan_compare
-from common.config import ConfigError, RunConfig
-from common.perf import bound_verdicts, timing_note
+from amp_compare.contract.config import ConfigError, RunConfig
+from amp_compare.harness.cli import build_parser, compare_settings, plan_compare
+from amp_compare.harness.perf import bound_verdicts, timing_note
+from amp_compare.kit import flops, peak
+from amp_compare.kit.child import step_time_summary
 from tests.conftest import ROOT
 
 torch = pytest.importorskip("torch")
@@ -24,7 +24,7 @@ SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__in
 def test_flops_from_shared_shapes_match_torch_flop_counter(model, shape, width):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from torch_impl.models import build_model
+    from amp_compare.torch_impl.models import build_model
 
     net = build_model(model, shape, 10, width=width)
     x = torch.randn(2, shape[2], shape[0], shape[1])
@@ -35,9 +35,9 @@ def test_flops_from_shared_shapes_match_torch_flop_counter(model, shape, width):
 
 def _epoch(cfg: RunConfig, steps: int, counts: dict | None = None, check_every: int = 25):
     """run_epoch as train() calls it, on a tiny model; counts host reads of tensors made during the steps."""
-    from common.child import DivergenceWatch
-    from torch_impl import train as tt
-    from torch_impl.models import build_model
+    from amp_compare.kit.child import DivergenceWatch
+    from amp_compare.torch_impl import train as tt
+    from amp_compare.torch_impl.models import build_model
 
     torch.manual_seed(0)
     model = build_model("simple_cnn", (8, 8, 1), 10)
@@ -77,7 +77,7 @@ def test_tuned_loop_reads_nothing_on_the_host_per_step(precision):
 
 
 def test_plain_fp16_records_the_gradscaler_sync_and_tuned_avoids_it():
-    from torch_impl.train import host_sync_per_step
+    from amp_compare.torch_impl.train import host_sync_per_step
 
     for step, expected in (("plain", 1), ("tuned", 0)):
         cfg = RunConfig(precision="fp16", step=step)
@@ -129,7 +129,7 @@ def test_bound_verdict_from_the_sweep():
 
 
 def _args(*extra):
-    """The validated settings a compare plans from (the one option declaration, common/cli.py)."""
+    """The validated settings a compare plans from (the one option declaration, harness/cli.py)."""
     return compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--datasets", "synthetic",
                                                        "--seeds", "0", "--frameworks", "torch", "--precisions",
                                                        "fp32", *extra]))
@@ -146,7 +146,7 @@ def test_step_and_batch_sizes_expand_the_matrix(tmp_path):
 
 
 def test_bad_step_is_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "common", "compare", "--device", "cpu", "--step", "fast",
+    proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--device", "cpu", "--step", "fast",
                            "--out", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "plain" in proc.stderr
     assert not (tmp_path / "r").exists()
@@ -154,7 +154,7 @@ def test_bad_step_is_one_line_exit_2(tmp_path):
 
 def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "common", "compare", "--device", "cpu", "--frameworks", "torch", "--datasets",
+        [sys.executable, "-m", "amp_compare", "compare", "--device", "cpu", "--frameworks", "torch", "--datasets",
          "synthetic", "--precisions", "fp32,bf16", "--batch-sizes", "8,16", "--epochs", "1", "--steps-per-epoch",
          "3", "--warmup-steps", "1", "--seeds", "0", "--out", str(tmp_path), "--run-id", "sweep"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -174,7 +174,7 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
 
 
 def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_path):
-    from common import maxbatch
+    from amp_compare.harness import maxbatch
 
     calls = []
 
@@ -192,14 +192,15 @@ def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_
     assert calls == [16, 32] and early.max_ok == 32 and "25 s budget" in early.stopped_early
     table = maxbatch.search_table([done])
     assert "stopped_early" in table
-    from common.figures import make_max_batch_figure
+    from amp_compare.harness.figures import make_max_batch_figure
 
     fig = make_max_batch_figure(maxbatch.search_table([early, done]).assign(precision="fp32"), tmp_path)
     assert fig is not None and "Stopped early" in fig.caption
 
 
 def test_gpu_cap_is_enforced_by_the_framework_in_the_probe(tmp_path, capsys):
-    from common import maxbatch
+    from amp_compare.harness import maxbatch
+    from amp_compare.kit import probe as probe_child
 
     config = tmp_path / "cfg.json"
     config.write_text(RunConfig(device="cuda").to_json())
@@ -208,7 +209,7 @@ def test_gpu_cap_is_enforced_by_the_framework_in_the_probe(tmp_path, capsys):
     def two_steps(cfg, data, x, y):
         raise MemoryError("CUDA out of memory")
 
-    code = maxbatch.probe_main(two_steps, lambda exc: False, ["--config", str(config), "--batch", "8",
+    code = probe_child.probe_main(two_steps, lambda exc: False, ["--config", str(config), "--batch", "8",
                                                               "--memory-cap", "1GiB"], limit_gpu=limits.append)
     assert limits == [2**30] and code == maxbatch.EXIT_OOM
     assert maxbatch.cap_label("cuda", None) == "the GPU's whole memory"

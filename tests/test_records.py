@@ -4,11 +4,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import records
-from common.atomic import atomic_write_text
-from common.child import TrainResult, build_tables, step_time_summary
-from common.config import RunConfig
-from common.data import load_dataset
+from amp_compare.contract import records
+from amp_compare.contract.atomic import atomic_write_text
+from amp_compare.contract.config import RunConfig
+from amp_compare.kit.child import TrainResult, build_tables, step_time_summary
+from amp_compare.kit.data import load_dataset
 
 
 def _result(n_steps=6, epochs=2):
@@ -81,7 +81,7 @@ def test_steps_round_trip(tmp_path_factory, rows):
 def test_a_record_parquet_cannot_store_is_written_as_text_not_a_crash(tmp_path):
     """Validation keeps such values out; should one get through, the harness still writes the failed
     record (as text) instead of dying on pyarrow's OverflowError and losing the remaining cells."""
-    from common.runner import failed_run_table, write_failed_record
+    from amp_compare.harness.runner import failed_run_table, write_failed_record
 
     cfg = RunConfig(dataset="synthetic")
     object.__setattr__(cfg, "growth_interval", 2**64)  # past int64, bypassing validation on purpose

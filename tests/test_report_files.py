@@ -10,10 +10,10 @@ from contextlib import contextmanager
 import pandas as pd
 import pytest
 
-from common.atomic import atomic_write_text, usual_file_mode
-from common.records import atomic_write_table
-from common.summary import formatted_summary, summary_table
-from common.terminal import print_summary
+from amp_compare.contract.atomic import atomic_write_text, usual_file_mode
+from amp_compare.contract.records import atomic_write_table
+from amp_compare.harness.summary import formatted_summary, summary_table
+from amp_compare.harness.terminal import print_summary
 
 
 @contextmanager

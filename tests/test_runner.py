@@ -2,14 +2,15 @@
 
 import pytest
 
-from common import records, runner
-from common.config import RunConfig
+from amp_compare.contract import records
+from amp_compare.contract.config import RunConfig
+from amp_compare.harness import runner
 
 
 @pytest.mark.parametrize(
     ("mode", "timeout", "expected"),
     [("crash", 60, "exited with code 3"), ("kill", 60, "killed by signal SIGKILL"), ("hang", 2, "timed out after 2 s"),
-     ("unavailable", 60, "unavailable: torch_impl.train cannot import its framework (simulated)")],
+     ("unavailable", 60, "unavailable: amp_compare.torch_impl.train cannot import its framework (simulated)")],
 )
 def test_failed_child_leaves_a_failed_record(tmp_path, monkeypatch, mode, timeout, expected):
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")

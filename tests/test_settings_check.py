@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from common import mapping
-from common.config import RunConfig
-from common.data import load_synthetic
-from common.settings_check import compare_settings, side_by_side
+from amp_compare.contract import mapping
+from amp_compare.contract.config import RunConfig
+from amp_compare.harness.settings_check import compare_settings, side_by_side
+from amp_compare.kit.data import load_synthetic
 
 keras = pytest.importorskip("keras")
 torch = pytest.importorskip("torch")
@@ -29,8 +29,8 @@ def restore_policy():
 
 def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = "aligned") -> tuple[dict, dict]:
     """Both children's settings_used for one resnet18 cell, built as a compare run builds it."""
-    from tf_impl import train as kt
-    from torch_impl import train as pt
+    from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import train as pt
 
     data = load_synthetic()
     kw = dict(model="resnet18", dataset="synthetic", width=4, precision=precision, optimizer=optimizer,
@@ -66,7 +66,7 @@ def test_aligned_settings_match_row_by_row(optimizer):
 
 def test_a_wrong_mapping_is_flagged(monkeypatch):
     """Keras given torch's BatchNorm momentum convention (0.1) and Keras' own padding: both rows flagged."""
-    from tf_impl import train as kt
+    from amp_compare.keras_impl import train as kt
 
     def wrong(cfg):
         settings = mapping.framework_settings(cfg)

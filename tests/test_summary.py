@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
 
-from common.summary import findings, formatted_summary, full_table, summary_table
+from amp_compare.harness.summary import findings, formatted_summary, full_table, summary_table
 
 
 def _runs():
@@ -43,7 +43,7 @@ def test_findings_are_sentences_from_the_numbers():
 
 import numpy as np  # noqa: E402
 
-from common.stats import pack_correct  # noqa: E402
+from amp_compare.contract.records import pack_correct  # noqa: E402
 
 N_VAL = 400
 

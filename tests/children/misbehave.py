@@ -14,7 +14,7 @@ mode = os.environ.get("AMP_COMPARE_TEST_MODE", "crash")
 only = os.environ.get("AMP_COMPARE_TEST_CELL")
 out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else ""
 if only and only not in out:
-    runpy.run_module("torch_impl", run_name="__main__")  # the real child; exits itself
+    runpy.run_module("amp_compare.torch_impl", run_name="__main__")  # the real child; exits itself
 print('@@amp-compare {"kind": "step", "epoch": 0, "epochs": 1, "step": 1, "steps": 2}', flush=True)
 if mode == "crash":
     print("Traceback: something broke inside the framework", file=sys.stderr)
@@ -24,5 +24,5 @@ if mode == "hang":
 if mode == "kill":
     os.kill(os.getpid(), 9)
 if mode == "unavailable":
-    print("unavailable: torch_impl.train cannot import its framework (simulated)", file=sys.stderr)
+    print("unavailable: amp_compare.torch_impl.train cannot import its framework (simulated)", file=sys.stderr)
     raise SystemExit(69)

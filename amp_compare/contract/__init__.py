@@ -1,0 +1,1 @@
+"""What both process sides share: the run configuration, records, atomic writes, the environment."""

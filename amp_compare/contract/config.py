@@ -1,0 +1,445 @@
+"""One typed source of truth for what a run is.
+
+`RunConfig` describes one cell of a compare matrix (one framework, model, dataset, precision
+and seed). It is frozen, validated on construction, saved as JSON next to every result and
+read back by the framework child, so the parent and both frameworks can never disagree about
+a hyperparameter. Everything here is framework-free: no torch, no tensorflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pydantic
+
+# Frameworks: native PyTorch, and the same Keras model code on each of Keras 3's backends ("tf" is Keras on
+# TensorFlow; "keras-tf" is accepted for it and normalised to "tf", so old runs and new ones read the same).
+FRAMEWORKS = ("torch", "tf", "keras-jax", "keras-torch")
+DEFAULT_FRAMEWORKS = ("torch", "tf")
+FRAMEWORK_ALIASES = {"keras-tf": "tf"}
+# Keras' backend per Keras framework: the child's KERAS_BACKEND, set before Keras is imported (harness/runner.py).
+KERAS_BACKENDS = {"tf": "tensorflow", "keras-jax": "jax", "keras-torch": "torch"}
+# Precision modes, named the same in both frameworks.
+#   fp32: no autocast / float32 policy.
+#   fp16: mixed float16 with dynamic loss scaling (GradScaler / LossScaleOptimizer).
+#   bf16: mixed bfloat16, no loss scaling (bfloat16 has float32's exponent range).
+#   fp16-noscale: mixed float16 with no loss scaling at all (watch gradients underflow).
+#   fp16-static: mixed float16 with a fixed scale (--loss-scale), no growth or backoff.
+PRECISIONS = ("fp32", "fp16", "bf16", "fp16-noscale", "fp16-static")
+DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
+# Blocks --fp32-layers may name (a dotted sub-block such as layer1.0 is allowed too).
+MODEL_BLOCKS = {"simple_cnn": ("conv1", "conv2", "fc"),
+                "resnet18": ("conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc")}
+MODELS = ("simple_cnn", "resnet18")
+DATASETS = ("digits", "synthetic", "synthetic_cifar", "cifar10", "cifar100")
+DEVICES = ("cpu", "cuda")
+OPTIMIZERS = ("adam", "sgd")
+# aligned: the hyperparameter mapping of contract/mapping.py applied, both sides configured equal.
+# defaults: each framework with its own out-of-the-box defaults (what a user switching sees).
+COMPARISONS = ("aligned", "defaults")
+# shared: every cell of a (model, dataset, seed) starts from the same weights, made once by the
+# first cell and handed to the others through numpy; framework: each framework initialises its own.
+INITS = ("shared", "framework")
+# plain: the tutorial loop (eager, the default optimizer); tuned: what the framework offers to go fast
+# (torch fused optimizer + torch.compile, CUDA graphs on a GPU; Keras jit_compile/XLA). See README.
+STEPS = ("plain", "tuned")
+
+# Framework package that runs each framework's child process.
+FRAMEWORK_MODULES = {"torch": "amp_compare.torch_impl", **{fw: "amp_compare.keras_impl" for fw in KERAS_BACKENDS}}
+# What each child must be able to import (its Keras backend's library first, then keras).
+FRAMEWORK_LIBRARIES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "keras-jax": ("jax", "keras"),
+                       "keras-torch": ("torch", "keras")}
+# The pip extra that installs a framework's libraries (pyproject.toml's optional dependencies).
+FRAMEWORK_EXTRAS = {"torch": "compare", "tf": "compare", "keras-jax": "jax", "keras-torch": "compare"}
+FRAMEWORK_LABELS = {"torch": "PyTorch", "tf": "Keras (TF)", "keras-jax": "Keras (JAX)", "keras-torch": "Keras (torch)"}
+# The order every table and figure lists frameworks and precisions in.
+DISPLAY_ORDER = {**{f: i for i, f in enumerate(FRAMEWORKS)}, **{p: i for i, p in enumerate(PRECISIONS)}}
+
+
+def framework_label(framework: str) -> str:
+    return FRAMEWORK_LABELS.get(framework, framework)
+
+
+def is_keras(framework: str) -> bool:
+    """Whether a framework is the Keras model code (on any backend), not native PyTorch."""
+    return framework in KERAS_BACKENDS
+
+
+def display_order(column):
+    """A sort key for DataFrame.sort_values: framework and precision columns in DISPLAY_ORDER."""
+    return column.map(DISPLAY_ORDER) if column.name in ("framework", "precision") else column
+
+
+class ConfigError(ValueError):
+    """A bad user-supplied value. The message is one line naming the value and valid choices."""
+
+
+# ---------------------------------------------------------------------------------------------
+# One declaration of every option
+#
+# Every option is one dataclass field declared with `option(...)`: its type (the annotation),
+# default (and per-device defaults for the CLI), valid range or choices, and help. From those
+# fields come the argparse options (harness/cli.py), the strict `--config` JSON file, RunConfig's
+# own validation (pydantic, strict: a string is never a number or a boolean) and the README's
+# options table. Adding an option is one `option(...)` field here (a value of each cell) or in
+# harness/cli.py's CompareOptions (a value of the harness).
+# ---------------------------------------------------------------------------------------------
+
+INT64_MAX = 2**63 - 1  # records store integers as int64: nothing larger passes validation
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    help: str
+    choices: tuple | None = None  # valid values (of each item, for a list option)
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    per_device: dict | None = None  # the command line's default per resolved device, where it differs
+    default_text: str | None = None  # how help and README show the default, where repr would not do
+    cli: bool = True  # a command-line / --config option (False: set by the harness, e.g. the matrix axes)
+    matrix: bool = True  # defines the run (refused with --resume, which reuses the run's saved values)
+    flag: str | None = None  # "--name-with-dashes" by default
+    metavar: str | None = None
+    empty_ok: bool = False  # a list option that may be empty
+    aliases: dict | None = None  # other accepted spellings of a choice, normalised to it before validation
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, cpu: Any = _UNSET,
+           cuda: Any = _UNSET, **spec: Any) -> Any:
+    """A dataclass field that declares one option (see OptionSpec for the keywords)."""
+    per_device = {k: v for k, v in (("cpu", cpu), ("cuda", cuda)) if v is not _UNSET} or None
+    metadata = {"option": OptionSpec(help=help, per_device=per_device, **spec)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One declared option, as the CLI, the config file and the validators see it."""
+
+    name: str
+    type: Any  # the resolved annotation, e.g. int, float | None, tuple[str, ...]
+    spec: OptionSpec
+    default: Any
+
+    @property
+    def flag(self) -> str:
+        return self.spec.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def base(self) -> Any:
+        """The type without None: int, float, bool, str, Path or tuple[X, ...]."""
+        args = [a for a in typing.get_args(self.type) if a is not type(None)]
+        return args[0] if typing.get_origin(self.type) in (types.UnionType, typing.Union) else self.type
+
+    @property
+    def optional(self) -> bool:
+        return type(None) in typing.get_args(self.type)
+
+    @property
+    def is_list(self) -> bool:
+        return typing.get_origin(self.base) is tuple
+
+    @property
+    def item(self) -> Any:
+        return typing.get_args(self.base)[0] if self.is_list else self.base
+
+    def default_for(self, device: str | None) -> Any:
+        if self.spec.per_device and device in self.spec.per_device:
+            return self.spec.per_device[device]
+        return self.default
+
+    def describe(self) -> str:
+        """What a valid value is, in words: "a positive int (1..9223372036854775807)"."""
+        s, item = self.spec, self.item
+        if s.choices:
+            what = f"one of {', '.join(map(str, s.choices))}"
+        elif item is bool:
+            what = "true or false"
+        elif item in (int, float):
+            noun = "int" if item is int else "finite float"
+            lo = s.gt if s.gt is not None else s.ge
+            sign = ("positive " if s.gt == 0 else "non-negative " if s.ge == 0 else "")
+            hi = s.lt if s.lt is not None else s.le
+            if item is int:
+                lo_i = (int(s.gt) + 1) if s.gt is not None else (int(s.ge) if s.ge is not None else -INT64_MAX - 1)
+                hi_i = (int(s.lt) - 1) if s.lt is not None else (int(s.le) if s.le is not None else INT64_MAX)
+                what = f"a {sign}{noun} ({lo_i}..{hi_i})"
+            elif hi is not None:
+                what = (f"a float in {'(' if s.gt is not None else '['}{lo:g}, {hi:g}"
+                        f"{')' if s.lt is not None else ']'}")
+            else:
+                what = f"a {sign}{noun}" if lo in (None, 0) else f"a {noun} > {lo:g}"
+        elif item is Path:
+            what = "a path"
+        else:
+            what = "a string"
+        if self.is_list:
+            what = (f"a {'' if s.empty_ok else 'non-empty '}list (or comma-separated text) of distinct values, "
+                    f"each {what}")
+        return what + (" or null" if self.optional else "")
+
+
+def declared(cls: type) -> dict[str, Declared]:
+    """The declared options of a dataclass, by field name, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get("option")
+        if spec is None:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out[f.name] = Declared(f.name, hints[f.name], spec, default)
+    return out
+
+
+def _annotation(d: Declared) -> Any:
+    """The pydantic type of a declared option: choices as Literal, ranges as constraints."""
+    s = d.spec
+    item: Any = d.item
+    if s.choices:
+        item = Literal[s.choices]  # type: ignore[valid-type]
+    elif item is int:
+        item = Annotated[int, pydantic.Field(gt=s.gt, lt=s.lt, ge=s.ge if s.ge is not None else (
+            None if s.gt is not None else -INT64_MAX - 1), le=s.le if s.le is not None else (
+            None if s.lt is not None else INT64_MAX))]
+    elif item is float:
+        item = Annotated[float, pydantic.Field(gt=s.gt, ge=s.ge, lt=s.lt, le=s.le, allow_inf_nan=False)]
+    if d.is_list:
+        item = Annotated[tuple[item, ...], pydantic.Field(min_length=0 if s.empty_ok else 1)]
+    return item | None if d.optional else item
+
+
+_VALIDATORS: dict[tuple[str, ...], type[pydantic.BaseModel]] = {}
+
+
+def _validator(options: dict[str, Declared]) -> type[pydantic.BaseModel]:
+    """A strict pydantic model of these options (made once per set of options)."""
+    key = tuple(options)
+    if key not in _VALIDATORS:
+        fields: dict[str, Any] = {d.name: (_annotation(d), ...) for d in options.values()}
+        _VALIDATORS[key] = pydantic.create_model(
+            "Options", __config__=pydantic.ConfigDict(strict=True, extra="forbid"), **fields)
+    return _VALIDATORS[key]
+
+
+def from_text(d: Declared, value: Any) -> Any:
+    """The one lenience, the same on the command line and in a config file: a list option may be
+    given as comma-separated text (or a JSON list), a path as a string. Everything else is strict."""
+    if d.is_list and isinstance(value, str):
+        items = [s.strip() for s in value.split(",") if s.strip()]
+        if d.item is int:
+            try:
+                items = [int(s) for s in items]
+            except ValueError:
+                raise ConfigError(f"{d.flag} must be comma-separated integers, got {value!r} "
+                                  f"(valid: {d.describe()})") from None
+        return tuple(items)
+    if d.is_list and isinstance(value, list):
+        return tuple(value)
+    if d.item is Path and isinstance(value, str):
+        return Path(value)
+    return value
+
+
+def validate_options(options: dict[str, Declared], values: dict[str, Any]) -> dict[str, Any]:
+    """Validate values (name -> value, every option present) against their declarations, strictly.
+
+    Returns the validated values; raises ConfigError with one line naming the option, the bad
+    value and what is valid (duplicates in a list included)."""
+    values = dict(values)
+    for name, d in options.items():  # accepted aliases become their canonical choice (keras-tf -> tf)
+        if d.spec.aliases and name in values:
+            value = values[name]
+            if d.is_list and isinstance(value, (tuple, list)):
+                values[name] = type(value)(d.spec.aliases.get(v, v) if isinstance(v, str) else v for v in value)
+            elif isinstance(value, str):
+                values[name] = d.spec.aliases.get(value, value)
+    try:
+        model = _validator(options).model_validate(values)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0])
+        d = options[name]
+        value = values.get(name) if len(err["loc"]) == 1 else err["input"]
+        if d.spec.choices and err["type"] == "literal_error":
+            noun = name.rstrip("s") if d.is_list else name
+            raise ConfigError(f"unknown {noun} {err['input']!r} (valid: {', '.join(map(str, d.spec.choices))})")\
+                from None
+        if d.is_list and err["type"] == "too_short":
+            raise ConfigError(f"{name} is empty (valid: {d.describe()})") from None
+        raise ConfigError(f"{name} must be {d.describe()}, got {value!r}") from None
+    out = {name: getattr(model, name) for name in options}
+    for name, value in out.items():
+        if options[name].is_list and value is not None and len(set(value)) != len(value):
+            twice = next(v for v in value if value.count(v) > 1)
+            raise ConfigError(f"{name} lists {twice!r} more than once, got {values[name]!r} "
+                              f"(valid: {options[name].describe()})")
+    return out
+
+
+def model_layer_names(model: str) -> tuple[str, ...]:
+    """Every block and sub-block --fp32-layers may name in `model`: the names both frameworks give
+    the same module (torch's module names; Keras' layer names canonicalised). tests/test_config.py
+    checks this list against both real models."""
+    if model == "simple_cnn":
+        return ("conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "flatten", "fc")
+    names = ["conv1", "bn1", "relu"]
+    for stage in range(1, 5):
+        names.append(f"layer{stage}")
+        for block in range(2):
+            prefix = f"layer{stage}.{block}"
+            names += [prefix, *(f"{prefix}.{part}" for part in ("conv1", "bn1", "conv2", "bn2", "relu1", "relu2"))]
+            if stage > 1 and block == 0:
+                names += [f"{prefix}.downsample", f"{prefix}.downsample.0", f"{prefix}.downsample.1"]
+    return (*names, "avgpool", "fc")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run: a cell of the compare matrix. Units in the help texts.
+
+    Each field is a declared option (see `option`); `cli=False` ones are set by the harness."""
+
+    framework: str = option("torch", "framework of this cell", choices=FRAMEWORKS, cli=False,
+                            aliases=FRAMEWORK_ALIASES)
+    model: str = option("simple_cnn", "model of this cell", choices=MODELS, cli=False)
+    dataset: str = option("digits", "dataset of this cell", choices=DATASETS, cli=False)
+    precision: str = option("fp32", "precision mode of this cell", choices=PRECISIONS, cli=False)
+    seed: int = option(0, "seed of this cell", ge=0, cli=False)
+    device: str = option("cpu", "resolved device, never auto", choices=DEVICES, cli=False)
+    comparison: str = option("aligned", "aligned: hyperparameters that look equal but are not are mapped (Adam eps, "
+                             "BatchNorm momentum convention and eps, stride-2 padding, loss-scale init/growth; "
+                             "contract/mapping.py); defaults: each framework's own defaults", choices=COMPARISONS)
+    init: str = option("shared", "shared: every cell of a model/dataset/seed starts from the same weights; "
+                       "framework: each framework's own initialisers", choices=INITS)
+    width: int = option(64, "resnet18 base width (channels of the first stage); simple_cnn ignores it", gt=0)
+    data_dir: str | None = option(None, "folder to look in first for dataset archives (CIFAR)")
+    augment: bool = option(False, "random crop (4-pixel padding) + horizontal flip, identical in both frameworks",
+                           cpu=False, cuda=True)
+    tf32: str = option("off", "TF32 for float32 matmul/conv on NVIDIA GPUs, set the same in every framework and "
+                       "backend (JAX: jax_default_matmul_precision)",
+                       choices=("on", "off"))
+    compile: bool = option(False, "torch.compile / Keras jit_compile=True (XLA); compile time reported apart")
+    channels_last: bool = option(False, "torch only: NHWC memory format for convolutions (Keras is NHWC already)",
+                                 cpu=False, cuda=True)
+    # Keras only: where per-step values live during an epoch. "host": read after each step (exact step
+    # times; on a GPU a wait per step); "device": kept on the device, read once per epoch (no per-step
+    # times); "auto": device on a GPU, host on a CPU (where reading costs nothing).
+    step_values: str = option("auto", "Keras only: per-step values read each step (host) or once per epoch "
+                              "(device); auto: device on a GPU, host on a CPU", choices=("auto", "host", "device"))
+    epochs: int = option(8, "epochs per cell", gt=0, cpu=12, cuda=15)
+    batch_size: int = option(64, "images per optimizer step", gt=0, cpu=64, cuda=256)
+    steps_per_epoch: int | None = option(None, "cap on steps per epoch (null: the whole training set)", gt=0)
+    optimizer: str = option("adam", "optimizer, set explicitly and equally on both sides", choices=OPTIMIZERS)
+    lr: float = option(1e-3, "learning rate", gt=0)
+    adam_epsilon: float = option(1e-7, "Adam epsilon, set on both sides (defaults: torch 1e-8, Keras 1e-7)", gt=0)
+    momentum: float = option(0.9, "SGD momentum (torch convention; Keras uses the same one for SGD)", ge=0, lt=1)
+    warmup_steps: int = option(5, "first steps of the run, excluded from step-time statistics", ge=0)
+    diverge_after: int = option(20, "stop a cell, recorded as diverged, after this many consecutive non-finite "
+                                "losses", gt=0)
+    # Dynamic loss scaler for fp16, set explicitly on both sides
+    # (defaults: torch GradScaler 2**16 / 2000 steps, Keras LossScaleOptimizer 2**15 / 2000).
+    init_scale: float = option(2.0**15, "fp16's initial dynamic loss scale", gt=0)
+    growth_interval: int = option(2000, "fp16: steps without overflow before the loss scale doubles", gt=0)
+    loss_scale: float | None = option(None, "fp16-static's fixed loss scale (required there, refused elsewhere)",
+                                      gt=0)
+    fp32_layers: tuple[str, ...] = option((), "blocks forced to float32 under mixed precision in both frameworks, "
+                                          "e.g. fc or layer4 or layer1.0.conv1; the dtype audit shows it took "
+                                          "effect", default_text="none",
+                                          empty_ok=True)
+    clip_grad_norm: float | None = option(None, "global gradient-norm clipping on the unscaled gradients "
+                                          "(torch: scaler.unscale_ then clip_grad_norm_; Keras: global_clipnorm "
+                                          "inside the LossScaleOptimizer)", gt=0)
+    threads: int = option(help="intra- and inter-op threads, both frameworks", gt=0,
+                          factory=lambda: os.cpu_count() or 1, default_text="the number of CPUs")
+    target_accuracy: float | None = option(None, "time-to-accuracy target as a fraction in (0, 1] (null: 95% of "
+                                           "what fp32 reaches)", gt=0, le=1)
+    # Set by the harness from --step and --batch-sizes (harness/perf.py expands the matrix).
+    step: str = option("plain", "the training loop: plain or tuned (harness/perf.py)", choices=STEPS, cli=False)
+    batch_sweep: bool = option(False, "a cell of a --batch-sizes sweep: its batch size is part of its cell id",
+                               cli=False)
+
+    def __post_init__(self) -> None:
+        # Strict: JSON's list is the one other form of a tuple (comma text is the CLI's, not RunConfig's).
+        values = {name: tuple(v) if d.is_list and isinstance(v := getattr(self, name), list) else getattr(self, name)
+                  for name, d in run_options().items()}
+        for name, value in validate_options(run_options(), values).items():
+            object.__setattr__(self, name, value)
+        if self.precision == "fp16-static" and self.loss_scale is None:
+            raise ConfigError("precision 'fp16-static' needs --loss-scale (a fixed loss scale, e.g. 1024)")
+        if self.loss_scale is not None and self.precision != "fp16-static":
+            raise ConfigError(f"--loss-scale {self.loss_scale:g} only applies to precision fp16-static "
+                              f"(got {self.precision!r}; fp16 scales dynamically from --init-scale)")
+        valid = model_layer_names(self.model)
+        for name in self.fp32_layers:
+            if name not in valid:
+                sub = ", or a sub-block such as layer1.0.conv1" if self.model == "resnet18" else ""
+                raise ConfigError(f"unknown layer {name!r} for --fp32-layers of {self.model} "
+                                  f"(valid: {', '.join(MODEL_BLOCKS[self.model])}{sub})")
+
+    @property
+    def cell_id(self) -> str:
+        """Unique, readable name of this cell inside a compare run (identity also lives in columns)."""
+        return (f"{self.framework}-{self.model}-{self.dataset}-{self.precision}-s{self.seed}"
+                + (f"-b{self.batch_size}" if self.batch_sweep else "") + ("-tuned" if self.step == "tuned" else ""))
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision != "fp32"
+
+    @property
+    def half(self) -> str | None:
+        """The half-precision format of a mixed mode: "float16", "bfloat16" or None (fp32)."""
+        return None if self.precision == "fp32" else ("bfloat16" if self.precision == "bf16" else "float16")
+
+    @property
+    def loss_scaling(self) -> str | None:
+        """"dynamic", "static" or None."""
+        return {"fp16": "dynamic", "fp16-static": "static"}.get(self.precision)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(unknown)} (valid: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"malformed config JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config JSON must be an object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+
+def run_options() -> dict[str, Declared]:
+    """RunConfig's declared fields (cached)."""
+    return _run_options()
+
+
+@functools.cache
+def _run_options() -> dict[str, Declared]:
+    return declared(RunConfig)

@@ -1,0 +1,132 @@
+"""Framework-free facts about the machine: CPU model and the flags that decide AMP speed.
+
+Half precision only helps on hardware that computes in it. On x86 CPUs that means
+AVX-512 BF16 / AMX-BF16 (bfloat16) and AVX-512 FP16 / AMX-FP16 (float16); F16C only
+converts between float16 and float32, so without the others both frameworks emulate half
+precision with conversions and mixed precision runs slower than float32.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+# CPU flags that matter for mixed precision, and what each one means.
+AMP_CPU_FLAGS = {
+    "avx512_bf16": "AVX-512 BF16: bfloat16 dot products",
+    "amx_bf16": "AMX BF16: bfloat16 matrix tiles",
+    "avx512_fp16": "AVX-512 FP16: float16 arithmetic",
+    "amx_fp16": "AMX FP16: float16 matrix tiles",
+    "avx512f": "AVX-512 foundation",
+    "avx2": "AVX2",
+    "fma": "fused multiply-add",
+    "f16c": "F16C: float16<->float32 conversion only",
+}
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
+    """CPU model name and which AMP-relevant flags it has (Linux /proc/cpuinfo; else unknown)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model, flags = platform.processor() or "unknown", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and value.strip():
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    present = [f for f in AMP_CPU_FLAGS if f in flags]
+    return {
+        "cpu_model": model,
+        "cpu_amp_flags": ",".join(present),
+        "cpu_bf16_hardware": any(f in flags for f in ("avx512_bf16", "amx_bf16")),
+        "cpu_fp16_hardware": any(f in flags for f in ("avx512_fp16", "amx_fp16")),
+        "cpu_count": os.cpu_count() or 1,
+    }
+
+
+def cpu_half_precision_verdict(info: dict[str, object]) -> str:
+    """One sentence: which half-precision formats this CPU computes in hardware, which it emulates."""
+    bf16, fp16 = bool(info.get("cpu_bf16_hardware")), bool(info.get("cpu_fp16_hardware"))
+    flags = str(info.get("cpu_amp_flags") or "none")
+    if bf16 and fp16:
+        return f"This CPU computes both bfloat16 and float16 in hardware (AMP-relevant flags: {flags})."
+    emulated = [name for name, has in (("bfloat16", bf16), ("float16", fp16)) if not has]
+    missing = [f for f, has in (("avx512_bf16/amx_bf16", bf16), ("avx512_fp16/amx_fp16", fp16)) if not has]
+    native = "bfloat16" if bf16 else ("float16" if fp16 else "")
+    return (
+        (f"This CPU computes {native} in hardware but " if native else "This CPU ")
+        + f"has no {' or '.join(emulated)} arithmetic ({' and '.join(missing)} absent; AMP-relevant flags "
+        f"present: {flags}; F16C only converts), so the frameworks emulate {' and '.join(emulated)} through "
+        "float32 conversions: expect those modes to run slower than fp32 here."
+    )
+
+
+def git_sha(root: Path = PROJECT_ROOT) -> str:
+    if not shutil.which("git"):
+        return "unknown"
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        sha = out.stdout.strip()
+        if not sha:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether an NVIDIA GPU is visible, without importing a framework."""
+    if Path("/proc/driver/nvidia/gpus").exists() and any(Path("/proc/driver/nvidia/gpus").iterdir()):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        return subprocess.run([smi, "-L"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+LIBRARIES = ("torch", "tensorflow", "keras", "numpy", "pandas", "pyarrow", "matplotlib", "seaborn", "scikit-learn",
+             "jinja2", "rich")
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions, read from package metadata (nothing is imported)."""
+    from importlib import metadata
+
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[f"version_{name}"] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[f"version_{name}"] = "not installed"
+    return out
+
+
+def host_environment() -> dict[str, object]:
+    """What the parent records once per compare run."""
+    return {
+        **cpu_info(),
+        **library_versions(),
+        "hostname": platform.node(),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "git_sha": git_sha(),
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+    }

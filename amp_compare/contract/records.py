@@ -1,0 +1,132 @@
+"""Tidy long-format records: what a run wrote, and how to read it back.
+
+One compare run is a folder `reports/<run-id>/`. Each cell (framework x model x dataset x
+precision x seed) writes its own three tables under `cells/<cell-id>/` once, atomically
+(temporary file, then rename), so a crash never leaves a half-written table behind and a
+finished cell is never rewritten:
+
+- run.parquet    one row: identity, config, environment, status and summary numbers
+- epochs.parquet one row per epoch
+- steps.parquet  one row per optimizer step
+
+Identity lives in columns (IDENTITY), never only in file names. `read_run` concatenates all
+cells; `export_tables` writes the combined tables as Parquet and CSV under `data/`.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract.atomic import temporary_sibling
+
+SCHEMA_VERSION = 1
+TABLES = ("run", "epochs", "steps")
+OPTIONAL_TABLES = ("dtypes", "underflow")  # the numerics lab's rows, where a cell wrote them
+IDENTITY = ["run_id", "cell_id", "framework", "model", "dataset", "precision", "seed"]
+
+# Columns every table must have (beyond IDENTITY); readers rely on these.
+REQUIRED = {
+    "run": ["schema_version", "status", "error"],
+    "epochs": ["epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "train_time_s", "eval_time_s"],
+    "steps": ["epoch", "step", "loss", "loss_scale", "skipped", "step_time_s"],
+    "dtypes": ["layer", "op", "phase", "compute_dtype", "param_dtype"],
+    "underflow": ["layer", "param", "when", "flush_fraction_unscaled", "flush_fraction_scaled"],
+}
+
+
+def atomic_write_table(path: Path, df: pd.DataFrame) -> None:
+    """Write a DataFrame as Parquet (or CSV by suffix) via a temporary file and a rename."""
+    fd, tmp = temporary_sibling(path)  # the usual file mode, not mkstemp's 0600
+    os.close(fd)
+    try:
+        if path.suffix == ".csv":
+            df.to_csv(tmp, index=False)
+        else:
+            df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def validate_table(name: str, df: pd.DataFrame) -> None:
+    missing = [c for c in IDENTITY + REQUIRED[name] if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name} table lacks column(s): {', '.join(missing)}")
+
+
+def write_cell(cell_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
+    """Write one cell's tables. `run` is written last: its presence marks the cell complete."""
+    for name in tables:
+        validate_table(name, tables[name])
+    for name in ("epochs", "steps", *OPTIONAL_TABLES):
+        if name in tables:
+            atomic_write_table(cell_dir / f"{name}.parquet", tables[name])
+    atomic_write_table(cell_dir / "run.parquet", tables["run"])
+
+
+def read_cell(cell_dir: Path) -> dict[str, pd.DataFrame]:
+    out = {}
+    for name in (*TABLES, *OPTIONAL_TABLES):
+        path = cell_dir / f"{name}.parquet"
+        if path.exists():
+            df = pd.read_parquet(path)
+            validate_table(name, df)
+            out[name] = df
+    if "run" not in out:
+        raise ValueError("no run.parquet (the cell never finished writing)")
+    return out
+
+
+def read_run(run_dir: Path, warn=None) -> dict[str, pd.DataFrame]:
+    """All cells of one compare run, concatenated. A corrupt cell is named and skipped."""
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    parts: dict[str, list[pd.DataFrame]] = {name: [] for name in (*TABLES, *OPTIONAL_TABLES)}
+    cells_dir = Path(run_dir) / "cells"
+    for cell_dir in sorted(p for p in cells_dir.glob("*") if p.is_dir()) if cells_dir.exists() else []:
+        if not (cell_dir / "run.parquet").exists():
+            warn(f"skipping unfinished cell {cell_dir.name} (no run.parquet: interrupted or still running)")
+            continue
+        try:
+            cell = read_cell(cell_dir)
+        except Exception as exc:  # a corrupt file must not hide the other cells
+            warn(f"skipping unreadable cell {cell_dir}: {exc}")
+            continue
+        for name, df in cell.items():
+            parts[name].append(df)
+    return {
+        name: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame(columns=IDENTITY + REQUIRED[name]))
+        for name, dfs in parts.items()
+    }
+
+
+def export_tables(run_dir: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
+    """Combined tables of a run as Parquet and CSV under data/ (derived, rebuilt on each render)."""
+    written = []
+    for name, df in tables.items():
+        for suffix in (".parquet", ".csv"):
+            path = Path(run_dir) / "data" / f"{name}{suffix}"
+            atomic_write_table(path, df)
+            written.append(path)
+    return written
+
+
+# ---- per-example correctness, compact in the records (the run table's val_correct column) --------
+
+def pack_correct(correct: np.ndarray) -> str:
+    """Booleans (one per validation image, in order) as base64 of a packed bit array: 1 bit per image."""
+    return base64.b64encode(np.packbits(np.asarray(correct, dtype=bool)).tobytes()).decode("ascii")
+
+
+def unpack_correct(text: str, n: int) -> np.ndarray:
+    """The inverse of pack_correct for n images."""
+    bits = np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8))
+    if len(bits) < n:
+        raise ValueError(f"val_correct holds {len(bits)} bits, fewer than the {n} validation images")
+    return bits[:n].astype(bool)

@@ -1,0 +1,584 @@
+"""Command line: `python -m amp_compare compare …` runs a matrix; `python -m amp_compare report DIR` re-renders.
+
+compare validates the whole matrix before anything is written (bad input: one line, exit 2),
+then runs each cell in its own child process with a progress bar, renders the report and
+prints the summary table and the path of reports/<run-id>/index.html.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import os
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from amp_compare.contract.config import (
+    DATASETS,
+    DEFAULT_FRAMEWORKS,
+    DEFAULT_PRECISIONS,
+    DEVICES,
+    FRAMEWORK_ALIASES,
+    FRAMEWORKS,
+    MODELS,
+    PRECISIONS,
+    STEPS,
+    ConfigError,
+    Declared,
+    RunConfig,
+    declared,
+    from_text,
+    option,
+    run_options,
+    validate_options,
+)
+from amp_compare.harness.perf import expand_cells
+
+# Exit status of `compare` (documented in docs/RELIABILITY.md).
+EXIT_OK = 0  # every cell finished (a diverged cell is a result: it finished)
+EXIT_BAD_INPUT = 2  # refused before anything ran: nothing written
+EXIT_CELLS_FAILED = 3  # the run completed but some cells failed, timed out or were unavailable
+EXIT_INTERRUPTED = 130  # Ctrl-C: finished cells kept, report rendered, resume command printed
+EXIT_TERMINATED = 143  # SIGTERM: the same as Ctrl-C
+
+
+@dataclass
+class CompareOptions:
+    """The harness's own options: the matrix axes, where results go, limits. Each cell's options are
+    RunConfig's fields (contract/config.py); the command line and --config accept both."""
+
+    frameworks: tuple[str, ...] = option(DEFAULT_FRAMEWORKS, "which frameworks: torch (native PyTorch) and the one "
+                                         "Keras model on Keras' backends: tf (alias keras-tf), keras-jax, keras-torch",
+                                         choices=FRAMEWORKS, aliases=FRAMEWORK_ALIASES)
+    precisions: tuple[str, ...] = option(DEFAULT_PRECISIONS, "which precision modes", choices=PRECISIONS)
+    models: tuple[str, ...] = option(("simple_cnn",), "which models", choices=MODELS,
+                                     cpu=("simple_cnn",), cuda=("resnet18",))
+    datasets: tuple[str, ...] = option(("digits",), "which datasets (cuda's default falls back to "
+                                       "synthetic_cifar when CIFAR-10 cannot be had, and says so)",
+                                       choices=DATASETS, cpu=("digits",), cuda=("cifar10",))
+    seeds: tuple[int, ...] = option((0, 1, 2), "seeds; each seed is a cell (the report shows medians with "
+                                 "interquartile "
+                                 "ranges)", ge=0, cpu=(0, 1, 2), cuda=(0,))
+    repeats: int | None = option(None, "N runs per cell with seeds 0..N-1 (instead of --seeds)", gt=0, le=1000)
+    device: str = option("auto", "auto: cuda when an NVIDIA GPU is visible", choices=("auto", *DEVICES))
+    timeout: float = option(1800.0, "seconds per cell before it is killed and recorded as failed", gt=0,
+                            matrix=False)
+    out: Path = option(Path("reports"), "folder for run folders", matrix=False)
+    run_id: str | None = option(None, "name of the run folder", default_text="date-time-device")
+    find_max_batch: bool = option(False, "also search, per framework x precision, the largest batch that trains "
+                                  "under the memory cap")
+    memory_cap: str | None = option(None, "--find-max-batch cap: CPU memory per probe process; on a GPU a cap on "
+                                    "its memory, enforced on the device",
+                                    default_text="4GiB on cpu, the GPU's whole memory on cuda")
+    max_batch_limit: int = option(2**14, "largest batch --find-max-batch tries", gt=0)
+    step: tuple[str, ...] = option(("plain",), "the training loop: plain (the tutorials' eager loop, default "
+                                   "optimizer) or tuned (fused optimizer + torch.compile / CUDA graphs; Keras XLA); "
+                                   "plain,tuned runs both side by side", choices=STEPS)
+    batch_sizes: tuple[int, ...] | None = option(None, "a cell at each of these batch sizes (e.g. 64,256,1024) "
+                                                 "instead of --batch-size: the speed-up-vs-batch figure", gt=0)
+    config: Path | None = option(None, "JSON file of compare options (keys as the option names; the command "
+                                 "line overrides it)", metavar="FILE")
+    resume: str | None = option(None, "re-run only the missing, failed or incomplete cells of OUT/RUN_ID",
+                                metavar="RUN_ID", matrix=False)
+
+
+def compare_options() -> dict[str, Declared]:
+    """Every option of `compare`: the harness's, then each cell's (RunConfig fields with cli=True)."""
+    harness = declared(CompareOptions)
+    return {**harness, **{n: d for n, d in run_options().items() if d.spec.cli and n not in harness}}
+
+
+NOT_IN_CONFIG_FILE = ("config", "resume")
+# Options that define the matrix: with --resume the run's own saved configuration is used instead.
+MATRIX_OPTIONS = tuple(n for n, d in compare_options().items() if d.spec.matrix)
+
+
+def default_text(d: Declared) -> str:
+    """A default as help and the README show it."""
+    def show(v):
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        if isinstance(v, tuple):
+            return ",".join(map(str, v)) or "none"
+        if isinstance(v, float):
+            return f"{v:g}"
+        return "none" if v is None else str(v)
+
+    if d.spec.default_text:
+        return d.spec.default_text
+    if d.spec.per_device:
+        return ", ".join(f"{show(v)} on {dev}" for dev, v in d.spec.per_device.items())
+    return show(d.default)
+
+
+def help_text(d: Declared) -> str:
+    choices = f"; one of {', '.join(map(str, d.spec.choices))}" if d.spec.choices else ""
+    if d.is_list:
+        choices = f"; comma list{choices.replace('; one', ', each one')}"
+    return f"{d.spec.help}{choices} (default: {default_text(d)})".replace("%", "%%")
+
+
+README_MARKERS = ("<!-- options: generated from the declaration -->", "<!-- end of options -->")
+
+
+def options_markdown() -> str:
+    """The README's options table, from the declaration (tests/test_cli.py checks the README holds it)."""
+    rows = ["| option | default | valid values | what it does |", "|---|---|---|---|"]
+    for d in compare_options().values():
+        flag = f"`{d.flag}` / `--no-{d.flag[2:]}`" if d.item is bool else f"`{d.flag}`"
+        cells = [flag, default_text(d), d.describe(), d.spec.help]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def update_readme(path: Path = Path(__file__).resolve().parents[2] / "README.md") -> None:
+    """Rewrite the README's options table from the declaration."""
+    text = path.read_text()
+    start, end = README_MARKERS
+    head, rest = text.split(start)
+    path.write_text(f"{head}{start}\n{options_markdown()}{end}{rest.split(end)[1]}")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints usage over several)
+        print(f"amp-compare: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> ArgumentParser:
+    """argparse generated from the declared options; an option not given is absent from the result."""
+    parser = ArgumentParser(prog="amp-compare", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    c = sub.add_parser("compare", help="train the matrix in both frameworks and write a report",
+                       argument_default=argparse.SUPPRESS)
+    for d in compare_options().values():
+        kwargs: dict = {"help": help_text(d)}
+        if d.item is bool and not d.is_list:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = d.item if d.item in (int, float) and not d.is_list else str
+            kwargs["metavar"] = d.spec.metavar or d.name.upper()
+        c.add_argument(d.flag, dest=d.name, **kwargs)
+    r = sub.add_parser("report", help="re-render the report of one or more run folders")
+    r.add_argument("run_dirs", nargs="+", type=Path)
+    return parser
+
+
+def load_config_file(path: Path) -> dict:
+    """Compare options from a JSON object (keys as the option names), typed as strictly as the command
+    line: a string is never a number or a boolean, null only where an option allows it."""
+    options = compare_options()
+    valid = sorted(n for n in options if n not in NOT_IN_CONFIG_FILE)
+    try:
+        values = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"malformed config file {str(path)!r}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a JSON object of options")
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)} in config file {str(path)!r} "
+                          f"(valid: {', '.join(valid)})")
+    values = {k: from_text(options[k], v) for k, v in values.items()}
+    try:
+        validate_options(options, {**{n: d.default_for("cpu") for n, d in options.items()}, **values})
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in config file {str(path)!r})") from None
+    return values
+
+
+def compare_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """Every compare option: the command line over the --config file over the declared defaults (per
+    resolved device), validated before anything runs. `given` holds the options the user set."""
+    options = compare_options()
+    cli = {k: from_text(options[k], v) for k, v in vars(args).items() if k in options}
+    given = {**(load_config_file(cli["config"]) if cli.get("config") else {}), **cli}
+    requested = given.get("device", "auto")
+    validate_options({"device": options["device"]}, {"device": requested})
+    device = resolve_device(requested)
+    values = validate_options(options, {**{n: d.default_for(device) for n, d in options.items()}, **given})
+    return argparse.Namespace(**values, command="compare", given=set(given), resolved_device=device)
+
+
+def resolve_device(requested: str) -> str:
+    from amp_compare.contract.env import nvidia_gpu_present
+
+    if requested not in ("auto", *DEVICES):
+        raise ConfigError(f"unknown device {requested!r} (valid: auto, {', '.join(DEVICES)})")
+    has_gpu = nvidia_gpu_present()
+    if requested == "cuda" and not has_gpu:
+        raise ConfigError("device 'cuda' requested but no NVIDIA GPU is visible (valid here: auto, cpu)")
+    if requested == "auto":
+        return "cuda" if has_gpu else "cpu"
+    return requested
+
+
+def _writable_dir(path: Path) -> None:
+    """The output folder can be made and written (found by making and removing a probe folder in its
+    nearest existing parent: nothing is left behind)."""
+    probe = path.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory {str(path)!r} is not writable ({probe} is not a writable folder)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".amp-compare-probe-", dir=probe))
+    except OSError as exc:
+        raise ConfigError(f"output directory {str(path)!r} is not writable ({probe}: {exc.strerror})") from None
+
+
+def _check_run_id(out: Path, run_id: str) -> None:
+    if not run_id or any(c in run_id for c in "/\\\0") or run_id in (".", ".."):
+        raise ConfigError(f"run id {run_id!r} must be a plain folder name")
+    probe = out.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    limit = os.pathconf(probe, "PC_NAME_MAX") if probe.is_dir() else 255
+    for part in (*out.parts, run_id):
+        if len(os.fsencode(part)) > limit:
+            raise ConfigError(f"folder name {part[:40]!r}... is {len(os.fsencode(part))} bytes long, longer than "
+                              f"the file system allows (valid: up to {limit} bytes)")
+
+
+def make_dirs(path: Path) -> None:
+    """mkdir -p that leaves nothing behind when it fails (a bad path is bad input, not a traceback)."""
+    made = []
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    try:
+        for p in missing:
+            p.mkdir()
+            made.append(p)
+    except OSError as exc:
+        for p in reversed(made):
+            p.rmdir()
+        raise ConfigError(f"cannot create the run folder {str(path)!r}: {exc.strerror}") from None
+
+
+def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
+    """Validate everything and build the matrix; writes nothing. `args` comes from compare_settings."""
+    from amp_compare.harness.order import interleaved_order
+    from amp_compare.kit.data import load_dataset, steps_per_epoch
+
+    device = args.resolved_device
+    frameworks, precisions, models, datasets = args.frameworks, args.precisions, args.models, args.datasets
+    if "repeats" in args.given and "seeds" in args.given:
+        raise ConfigError("--repeats and --seeds both choose the seeds; give one of them")
+    seeds = tuple(range(args.repeats)) if args.repeats else args.seeds
+    notes = []
+    cell_options = [n for n, d in run_options().items() if d.spec.cli and n != "loss_scale"]
+    common = {n: getattr(args, n) for n in cell_options}
+    if "datasets" not in args.given and device == "cuda":
+        try:
+            load_dataset("cifar10", args.data_dir)
+        except ConfigError as exc:  # the GPU default still runs, on data of CIFAR's shape, and says so
+            datasets = ("synthetic_cifar",)
+            notes.append(f"CIFAR-10 unavailable ({exc}); the GPU default used synthetic data of CIFAR's shape.")
+    if args.loss_scale is not None and "fp16-static" not in precisions:
+        raise ConfigError(f"--loss-scale {args.loss_scale:g} needs precision fp16-static among --precisions "
+                          f"(got {','.join(precisions)})")
+    cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
+                       loss_scale=args.loss_scale if p == "fp16-static" else None, **common)
+             for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
+    cells = expand_cells(cells, ",".join(args.step),  # --step and --batch-sizes (harness/perf.py)
+                         ",".join(map(str, args.batch_sizes)) if args.batch_sizes else None)
+    cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (harness/order.py)
+    for d in datasets:
+        n_train = len(load_dataset(d, args.data_dir).x_train)
+        if steps_per_epoch(n_train, max(c.batch_size for c in cells)) == 0:
+            raise ConfigError(f"batch size {max(c.batch_size for c in cells)} is larger than the {n_train} training "
+                              f"images of {d!r} (valid: 1..{n_train})")
+    _writable_dir(args.out)
+    run_id = args.run_id if args.run_id is not None else f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
+    _check_run_id(args.out, run_id)
+    if (args.out / run_id).exists():
+        raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")
+    if args.find_max_batch:
+        from amp_compare.harness.maxbatch import cap_label
+        from amp_compare.kit.probe import parse_size
+
+        cap = parse_size(args.memory_cap or "4GiB") if device == "cpu" or args.memory_cap else None
+        notes.append(f"--find-max-batch: largest batch per framework x precision under {cap_label(device, cap)}.")
+    matrix = {"frameworks": list(frameworks), "models": list(models), "datasets": list(datasets),
+              "precisions": list(precisions), "seeds": list(seeds)}
+    defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
+                if k not in ("framework", "model", "dataset", "precision", "seed")}
+    max_batch = ({"cap_bytes": cap, "cap": args.memory_cap, "limit": args.max_batch_limit}
+                 if args.find_max_batch else None)
+    return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device, "notes": notes,
+                           "max_batch": max_batch}
+
+
+def read_manifest(run_dir: Path) -> dict:
+    """A run's manifest.json, or one line saying it is unreadable and what to do."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("configs"), list):
+            raise ValueError("no list of cell configurations")
+        configs = [RunConfig.from_dict(c) for c in manifest["configs"]]
+    except (OSError, ValueError, TypeError) as exc:  # JSONDecodeError and ConfigError are ValueErrors
+        raise ConfigError(f"manifest {str(path)!r} is unreadable or incomplete ({str(exc).splitlines()[0]}); "
+                          "its cells' records are intact: restore manifest.json from a backup, or start a new "
+                          "run with another --run-id") from None
+    manifest["_configs"] = configs
+    return manifest
+
+
+def cell_complete(run_dir: Path, cfg: RunConfig) -> bool:
+    """A finished cell: every table it wrote reads back, with the rows a finished run has."""
+    from amp_compare.contract import records
+
+    cell_dir = Path(run_dir) / "cells" / cfg.cell_id
+    try:
+        tables = records.read_cell(cell_dir)
+        status = str(tables["run"]["status"].iloc[0])
+    except Exception:  # an unreadable table is as good as none
+        return False
+    if status not in ("ok", "diverged"):  # a diverged run is a result, not a failure
+        return False
+    if not all(name in tables and len(tables[name]) for name in records.TABLES):
+        return False
+    return status == "diverged" or len(tables["epochs"]) == cfg.epochs
+
+
+def plan_resume(args: argparse.Namespace):
+    """The cells of an earlier run that are missing, failed or incomplete (finished cells are left
+    untouched), planned under the run folder's lock, which the caller releases."""
+    run_dir = args.out / args.resume
+    if not (run_dir / "manifest.json").exists():
+        known = sorted(p.name for p in args.out.glob("*") if (p / "manifest.json").exists())
+        raise ConfigError(f"unknown run id {args.resume!r} in {str(args.out)!r} (valid: {', '.join(known) or 'none'})")
+    options = compare_options()
+    given = [options[k].flag for k in MATRIX_OPTIONS if k in args.given]
+    if given:
+        raise ConfigError(f"--resume reuses the run's saved configuration; drop {', '.join(given)} "
+                          "(valid with --resume: --out, --timeout)")
+    lock = lock_run(run_dir)
+    try:
+        manifest = read_manifest(run_dir)
+        configs = manifest.pop("_configs")
+        return run_dir, [cfg for cfg in configs if not cell_complete(run_dir, cfg)], manifest, lock
+    except BaseException:
+        lock.release()
+        raise
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def lock_run(run_dir: Path):
+    """Hold the run folder's lock: a second compare or --resume of the same run is refused."""
+    import filelock
+
+    lock = filelock.FileLock(str(run_dir / ".lock"))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise ConfigError(f"run {run_dir.name!r} is in use by another compare or --resume "
+                          f"(lock {str(run_dir / '.lock')!r}); wait for it to finish") from None
+    return lock
+
+
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
+    from amp_compare.contract.env import host_environment
+
+    command = "python -m amp_compare " + " ".join(shlex.quote(a) for a in argv)
+    if args.resume:
+        run_dir, cells, manifest, lock = plan_resume(args)
+        manifest.setdefault("resumed", []).append({"command": command, "cells": len(cells)})
+    else:
+        run_id, cells, plan = plan_compare(args)
+        run_dir = args.out / run_id
+        make_dirs(run_dir)
+        lock = lock_run(run_dir)
+        manifest = {"run_id": run_id, "command": command,
+                    **plan, "cells": [c.cell_id for c in cells], "configs": [c.to_dict() for c in cells],
+                    "environment": host_environment(), "timeout_s": args.timeout}
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _compare_locked(args, run_dir, cells, manifest)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        lock.release()
+
+
+def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConfig], manifest: dict) -> int:
+    from amp_compare.contract.atomic import atomic_write_text
+    from amp_compare.harness import calibrate
+
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
+    console = _console()
+    console.print(f"amp-compare: {len(cells)} cells on {manifest['device']} -> {run_dir}")
+    start = time.monotonic()
+    manifest["environment"].update(calibrate.measure("before"))  # machine steadiness (harness/calibrate.py)
+    outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], args.timeout, console)
+    manifest["environment"].update(calibrate.measure("after"))
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
+    if manifest.get("max_batch") and not interrupted:
+        interrupted = run_max_batch(cells, run_dir, manifest["max_batch"], args.timeout, console)
+    try:
+        index = _render(run_dir, console)
+    except KeyboardInterrupt as exc:  # a second signal while rendering: the records are all there
+        interrupted, index = interrupted or exc, run_dir / "index.html"
+    done = [o for o in outcomes if o.status in ("ok", "diverged")]
+    bad = [f"{o.cell_id} ({o.status}: {o.error})" for o in outcomes if o not in done]
+    if bad:
+        console.print(f"not finished: {'; '.join(bad)}")
+    print(index)
+    if interrupted:
+        console.print(f"{'Terminated' if isinstance(interrupted, Terminated) else 'Interrupted'}: {len(done)} "
+                      f"finished cells are kept in {run_dir}. Resume with:\n"
+                      f"  python -m amp_compare compare --resume {run_dir.name} --out {shlex.quote(str(args.out))}")
+    status = (EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED if interrupted
+              else EXIT_CELLS_FAILED if bad else EXIT_OK)
+    console.print(f"amp-compare: {len(done)} of {len(cells)} cells finished, {len(bad)} failed"
+                  f"{f', {len(cells) - len(outcomes)} not run (interrupted)' if interrupted else ''}"
+                  f" in {time.monotonic() - start:.0f} s (exit {status})")
+    return status
+
+
+def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout: float, console):
+    """--find-max-batch: one search per framework x precision (first model, dataset and seed), each written
+    to maxbatch/<framework>-<precision>.parquet once it finishes. Returns the interruption, if any."""
+    from amp_compare.contract.atomic import atomic_write_bytes
+    from amp_compare.harness.maxbatch import cap_label, find_max_batch, search_table
+
+    seen, searches = set(), []
+    for cfg in cells:
+        if (cfg.framework, cfg.precision) not in seen:
+            seen.add((cfg.framework, cfg.precision))
+            searches.append(cfg)
+    for cfg in searches:
+        path = run_dir / "maxbatch" / f"{cfg.framework}-{cfg.precision}.parquet"
+        if path.exists():  # a resumed run keeps finished searches
+            continue
+        console.print(f"max batch {cfg.framework} {cfg.precision} under {cap_label(cfg.device, settings['cap_bytes'])}"
+                      ":")
+        try:
+            result = find_max_batch(cfg, settings["cap_bytes"], start=64, limit=settings["limit"], timeout_s=timeout,
+                                    on_probe=lambda p: console.print(f"  batch {p.batch}: "
+                                                                     f"{'fits' if p.ok else p.reason}"))
+        except KeyboardInterrupt as exc:
+            return exc
+        except RuntimeError as exc:  # a probe that crashed for another reason than memory
+            console.print(f"  search failed: {exc}")
+            continue
+        if result.stopped_early:
+            console.print(f"  {result.stopped_early}: batch {result.max_ok}")
+        buffer = io.BytesIO()
+        search_table([result]).to_parquet(buffer, index=False)
+        atomic_write_bytes(path, buffer.getvalue())
+    return None
+
+
+def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float,
+              console) -> tuple[list, BaseException | None]:
+    """Each cell in its own child, with a progress bar over the matrix and one within each cell."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from amp_compare.harness.runner import run_cell
+
+    outcomes = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        overall = progress.add_task("matrix", total=len(cells))
+        for cfg in cells:
+            task = progress.add_task(f"  {cfg.cell_id}", total=None)
+
+            def on_event(event: dict, task=task) -> None:
+                if event.get("kind") == "step":
+                    total = event["epochs"] * event["steps"]
+                    progress.update(task, total=total, completed=event["epoch"] * event["steps"] + event["step"])
+
+            try:
+                outcome = run_cell(cfg, run_dir, run_id, timeout, on_event)
+            except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+                progress.update(task, description=f"  {cfg.cell_id} [interrupted]")
+                return outcomes, exc
+            except Exception as exc:  # a harness fault in one cell: recorded, and the other cells run
+                outcome = harness_fault(cfg, run_dir, run_id, exc)
+            outcomes.append(outcome)
+            status = outcome.status if outcome.status == "ok" else f"{outcome.status.upper()}: {outcome.error}"
+            progress.update(task, description=f"  {cfg.cell_id} [{status}]")
+            progress.advance(overall)
+    return outcomes, None
+
+
+def harness_fault(cfg: RunConfig, run_dir: Path, run_id: str, exc: Exception):
+    """The outcome (and, where it can be written, the record) of a cell the harness itself failed on."""
+    from amp_compare.harness.runner import CellOutcome, failed_run_table, write_failed_record
+
+    error = f"harness error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    try:
+        write_failed_record(run_dir / "cells" / cfg.cell_id, failed_run_table(cfg, run_id, error, ""))
+    except Exception as again:  # noqa: BLE001 - nothing more can be recorded; the outcome still counts it
+        error += f" (record not written: {again})"
+    return CellOutcome(cfg.cell_id, "failed", error, 0.0)
+
+
+def _console():
+    from amp_compare.harness.terminal import console_for_stderr
+
+    return console_for_stderr()
+
+
+def _render(run_dir: Path, console) -> Path:
+    from amp_compare.contract import records
+    from amp_compare.harness.report import load_manifest, render_report
+    from amp_compare.harness.summary import findings, full_table
+    from amp_compare.harness.terminal import print_summary
+
+    index = render_report(run_dir)
+    tables = records.read_run(run_dir, warn=lambda msg: None)
+    environment = load_manifest(run_dir)["environment"]
+    table = full_table(tables["run"], tables["steps"], tables["epochs"], environment)
+    print_summary(console, f"amp-compare summary ({run_dir.name})", tables["run"],
+                  findings(tables["run"], tables["steps"], environment, tables["epochs"]), table=table)
+    return index
+
+
+def report(args: argparse.Namespace) -> int:
+    for run_dir in args.run_dirs:
+        if not (run_dir / "manifest.json").exists():
+            raise ConfigError(f"{str(run_dir)!r} is not a compare run folder (no manifest.json)")
+        read_manifest(run_dir)
+    console = _console()
+    if len(args.run_dirs) > 1:  # one combined report, the machine as a dimension
+        from amp_compare.harness.report import render_combined
+
+        if len({d.resolve() for d in args.run_dirs}) != len(args.run_dirs):
+            raise ConfigError("the same run folder was given twice to report (give each once)")
+        out = args.run_dirs[0].parent / f"combined-{datetime.now():%Y%m%d-%H%M%S}"
+        print(render_combined(args.run_dirs, out))
+        return 0
+    print(_render(args.run_dirs[0], console))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "compare":
+            return compare(compare_settings(args), argv)
+        return report(args)
+    except ConfigError as exc:
+        print(f"amp-compare: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT

@@ -1,0 +1,463 @@
+"""seaborn figures of one compare run: pure functions of the record tables.
+
+Every figure uses one colour per framework and one line style / marker per precision, saves
+PNG and SVG, and comes with a title, axis units, a caption saying what to notice and alt text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
+from amp_compare.harness.summary import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
+
+# One colour per framework label; the Keras backends share a blue-green family, PyTorch stands apart.
+FRAMEWORK_COLORS = dict(zip(FRAMEWORK_LABELS.values(), ("#d1495b", "#00798c", "#edae49", "#66a182")))
+PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
+                    "fp16-static": (8, 2, 2, 2)}
+PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "fp16-noscale": "v", "fp16-static": "D"}
+
+
+@dataclass
+class Figure:
+    key: str  # file stem under figures/
+    section: str  # report section it belongs to
+    title: str
+    caption: str  # what to notice
+    alt: str
+
+
+def _labelled(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    labels = [FRAMEWORK_LABELS[f] for f in FRAMEWORK_LABELS if f in set(df["framework"])]
+    df["Framework"] = pd.Categorical(df["framework"].map(framework_label), categories=labels)
+    df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
+    if "machine" not in df:
+        df["machine"] = ""
+    return df
+
+
+def _facet(df: pd.DataFrame) -> dict:
+    """A combined report of several runs puts each machine in its own column of every figure."""
+    return {"col": "machine"} if df["machine"].nunique() > 1 else {}
+
+
+def _save(fig, out_dir: Path, key: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for ext in ("png", "svg"):
+        fig.savefig(out_dir / f"{key}.{ext}", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
+    grid.set_axis_labels(xlabel, ylabel)
+    if grid._col_var:  # noqa: SLF001 — seaborn keeps the facet variable here
+        grid.set_titles("{col_name}")
+        grid.figure.suptitle(title, y=1.03)
+    else:
+        grid.ax.set_title(title)
+
+
+def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str | None,
+         fmt: str):
+    """Median over seeds per bar, with the interquartile range as error bar; labels from the summary table."""
+    df = _labelled(runs)
+    grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
+                       estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
+    if annotate:
+        labelled = _labelled(table)
+        machines = grid.col_names if _facet(df) else [None]
+        precisions = list(df["Precision"].cat.categories)
+        for machine, ax in zip(machines, grid.axes.flat):
+            part = labelled if machine is None else labelled[labelled["machine"] == machine]
+            # one container per framework, one bar per precision category (empty where no cell ran)
+            for container, framework in zip(ax.containers, df["Framework"].cat.categories):
+                values = part[part["Framework"] == framework].set_index("precision")[annotate]
+                labels = [fmt.format(values[p]) if p in values and np.isfinite(values[p]) else ""
+                          for p in precisions]
+                ax.bar_label(container, labels=labels[:len(container)], fontsize=8, padding=2)
+    _finish(grid, title, "Precision mode", ylabel)
+    return grid.figure
+
+
+def _stagger_markers(grid, every: int | None = None) -> None:
+    """Lines that coincide hide each other; each line gets its markers at its own offset (fp32 at steps 0, k,
+    2k…; fp16 at 1, k+1…), so every framework x precision stays visible even where the lines overlap."""
+    for ax in grid.axes.flat:
+        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
+        for i, line in enumerate(lines):
+            n = len(line.get_xdata())
+            step = every or max(len(lines), n // 8, 1)
+            line.set_markevery((i % step, step) if n > len(lines) else None)
+
+
+def _plain_log_ticks(grid) -> None:
+    """A log axis over a narrow range: ticks as plain numbers (2.3), not 2.3 x 10^0."""
+    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    for ax in grid.axes.flat:
+        ax.yaxis.set_major_formatter(formatter)
+        ax.yaxis.set_minor_formatter(formatter)
+
+
+def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str, log: bool = False,
+           split_frameworks: bool = False):
+    """One line per framework x precision (median over seeds), a marker per precision staggered along the line.
+    split_frameworks: one panel per framework (per machine and framework in a combined report)."""
+    df = _labelled(df)
+    facet = _facet(df)
+    if split_frameworks:
+        facet = {"col": "machine", "row": "Framework"} if facet else {"col": "Framework"}
+    grid = sns.relplot(data=df, kind="line", x=x, y=y, hue="Framework", style="Precision", palette=FRAMEWORK_COLORS,
+                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, errorbar=None, markersize=6,
+                       linewidth=1.2, height=4.2 if not split_frameworks else 3.6,
+                       aspect=1.7 if not split_frameworks else 1.3, estimator="median", **facet)
+    _stagger_markers(grid)
+    if log:
+        grid.set(yscale="log")
+        _plain_log_ticks(grid)
+    grid.set_axis_labels(xlabel, ylabel)
+    if facet:
+        grid.set_titles("{row_name} · {col_name}" if "row" in facet else "{col_name}")
+        grid.figure.suptitle(title, y=1.03)
+    else:
+        grid.ax.set_title(title)
+    return grid.figure
+
+
+def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
+    """The largest relative gap, over every step and framework, between a precision's median curve and the same
+    framework's fp32 curve (None without an fp32 curve to compare with)."""
+    keys = [k for k in ("machine", "framework") if k in frame]
+    med = frame.groupby([*keys, "precision", x], observed=True)[y].median()
+    gaps = []
+    for _, part in med.groupby(level=list(range(len(keys))) if keys else None):
+        curves = part.unstack("precision") if "precision" in part.index.names else part
+        if "fp32" not in curves:
+            continue
+        base = curves["fp32"]
+        for prec in curves.columns.drop("fp32"):
+            rel = ((curves[prec] - base).abs() / base.abs().clip(lower=1e-12)).dropna()
+            if not rel.empty:
+                gaps.append(float(rel.max()))
+    return max(gaps) if gaps else None
+
+
+def _log2_axis(grid, log2_values: pd.Series) -> None:
+    """A log2 scale axis with whole powers of two only, labelled 2^k: a flat line at 2^15 shows 2^14–2^16,
+    never 14.2, 14.4 … 15.8."""
+    finite = log2_values[np.isfinite(log2_values)]
+    low, high = (float(finite.min()), float(finite.max())) if not finite.empty else (0.0, 1.0)
+    low, high = np.floor(low) - 1, np.ceil(high) + 1
+    for ax in grid.axes.flat:
+        ax.set_ylim(low - 0.2, high + 0.2)
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=8, min_n_ticks=3))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"$2^{{{int(round(v))}}}$"))
+
+
+def loss_scale_grid(scaled: pd.DataFrame):
+    """The loss scale per step of the loss-scaled cells (fp16, fp16-static): a step line per framework x precision,
+    an X on each skipped step, whole powers of two on the axis, and a title naming only the modes the run had."""
+    df = _labelled(scaled)
+    df["log2_scale"] = np.log2(df["loss_scale"])
+    grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", hue="Framework", style="Precision",
+                       palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+                       markersize=6, errorbar=None, drawstyle="steps-post", estimator="median", height=4,
+                       aspect=1.8, **_facet(df))
+    _stagger_markers(grid)
+    skipped = df[df["skipped"]]
+    for machine, ax in zip(grid.col_names if _facet(df) else [None], grid.axes.flat):
+        part = skipped if machine is None else skipped[skipped["machine"] == machine]
+        if not part.empty:
+            sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
+                            marker="X", s=60, legend=False, ax=ax)
+    _log2_axis(grid, df["log2_scale"])
+    present = [p for p in ("fp16", "fp16-static") if p in set(scaled["precision"])]
+    kinds = "; ".join({"fp16": "fp16: dynamic", "fp16-static": "fp16-static: fixed"}[p] for p in present)
+    _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step", "Loss scale")
+    return grid
+
+
+def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
+    """Draw every figure the data allows into out_dir; return their descriptions in report order."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    table = summary_table(runs)
+    figures: list[Figure] = []
+    if table.empty:
+        return figures
+    full_table = table
+    ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
+    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
+    ok_ids = set(ok["cell_id"])
+    steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
+    epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
+    n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
+    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
+              " One run per bar: repeat with --repeats 3 or more to see the spread.")
+
+    _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
+               "Training throughput", "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
+    figures.append(Figure("throughput", "speed", "Training throughput by precision",
+                          "Images per second over the wall time of the timed steps (warm-up excluded): what a "
+                          "user's epoch takes. The label on each bar is the speed-up against the same framework's "
+                          "fp32. Above 1× mixed precision helped; below 1× it cost time." + spread + sweep_note,
+                          "Bar chart of training images per second for each framework and precision mode."))
+
+    if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
+        timed = _labelled(steps[~steps["warmup"]])
+        timed["step_time_ms"] = timed["step_time_s"] * 1000
+        grid = sns.catplot(data=timed, kind="box", x="Precision", y="step_time_ms", hue="Framework",
+                           palette=FRAMEWORK_COLORS, fliersize=2, height=4, aspect=1.6, log_scale=True,
+                           **_facet(timed))
+        _finish(grid, "Step-time distribution (warm-up excluded)", "Precision mode",
+                "Time per training step (ms, log scale)")
+        _save(grid.figure, out_dir, "step_times")
+        figures.append(Figure("step_times", "speed", "Distribution of step times",
+                              "Boxes span the 25th–75th percentile of per-step times, whiskers 1.5× that range. "
+                              "A tall box or many outliers means the step time is noisy; compare medians, "
+                              "not single steps.",
+                              "Box plot of per-step training time in milliseconds for each framework and precision."))
+
+    kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
+    _save(_bar(ok, table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
+               "memory_change_vs_fp32", "{:+.0%}"), out_dir, "memory")
+    figures.append(Figure("memory", "memory", "Peak memory by precision",
+                          f"Memory measured as: {kinds}. The label is the change against the same framework's "
+                          "fp32. On a CPU this is the process's resident memory, which includes framework "
+                          "workspaces, so half-precision activations need not make it smaller." + spread,
+                          "Bar chart of peak training memory in MiB for each framework and precision mode."))
+
+    _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
+               "val_accuracy", "{:.1%}"), out_dir, "accuracy")
+    figures.append(Figure("accuracy", "accuracy", "Final validation accuracy",
+                          "Accuracy on the held-out split after the last epoch. Overlapping error bars mean the "
+                          "precision mode's effect on accuracy is within seed-to-seed noise." + spread,
+                          "Bar chart of final validation accuracy for each framework and precision mode."))
+
+    if not steps.empty:
+        _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step",
+                     "Batch cross-entropy loss (nats, log scale)", log=True, split_frameworks=True),
+              out_dir, "loss_curves")
+        gap = curves_coincide(steps, "step", "loss")
+        overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
+                   f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
+                   "markers show each one." if gap is not None and gap < 0.02 else "")
+        figures.append(Figure("loss_curves", "accuracy", "Training loss per step",
+                              "One panel per framework; each line is one precision (median over seeds), all from the "
+                              "same initial weights, with its own marker. Lines that overlap mean the precision mode "
+                              "did not change training." + overlap,
+                              "Line charts of per-step training loss, one panel per framework, one line per "
+                              "precision."))
+
+    if not epochs.empty:
+        _save(_lines(epochs, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch",
+                     "Validation accuracy (fraction)"), out_dir, "val_accuracy")
+        figures.append(Figure("val_accuracy", "accuracy", "Validation accuracy per epoch",
+                              "How fast each cell learns. Curves that separate early and meet later mean a "
+                              "precision mode slowed learning without changing where it ends.",
+                              "Line chart of validation accuracy after each epoch for each framework and precision."))
+
+    scaled = steps[steps["precision"].isin(["fp16", "fp16-static"])] if not steps.empty else steps
+    if not scaled.empty:
+        grid = loss_scale_grid(scaled)
+        _save(grid.figure, out_dir, "loss_scale")
+        runs_of = (lambda g: f" in {g['cell_id'].nunique()} runs") if "cell_id" in scaled else (lambda g: "")
+        counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
+                           for fw, g in scaled.sort_values("framework", key=display_order)
+                           .groupby("framework", sort=False))
+        figures.append(Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
+                              f"The scale each step used; an X marks a step skipped because a gradient overflowed "
+                              f"({counts}). The scale halves on each skip and doubles after every growth interval "
+                              "of clean steps.",
+                              "Step chart of the loss scale per step, in powers of two, for the loss-scaled runs "
+                              "of each framework."))
+    figures += make_batch_figures(full_table, out_dir)
+    return figures
+
+
+def primary_cells(ok: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The cells the per-precision figures show when a run has several batch sizes or step loops: the
+    plain loop (else tuned) at the largest batch size; the sweep has its own figures (make_batch_figures)."""
+    if table.empty or (table["batch_size"].nunique() <= 1 and table["step_loop"].nunique() <= 1):
+        return ok, table, ""
+    step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
+    batch = table.loc[table["step_loop"] == step, "batch_size"].max()
+    keep = (ok["step_loop"] == step) & (ok["batch_size"] == batch)
+    return (ok[keep], table[(table["step_loop"] == step) & (table["batch_size"] == batch)],
+            f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
+            "speed-up-vs-batch figure and the summary table.")
+
+
+def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
+    """--batch-sizes: speed-up against fp32 and MFU per batch size, per framework and precision
+    (one column per step loop). Pure function of the summary table."""
+    if table.empty or table["batch_size"].nunique() < 2:
+        return []
+    facet = {"col": "Step"} if table["step_loop"].nunique() > 1 else {}
+    out = []
+    for key, y, ylabel, title, caption in [
+        ("speedup_vs_batch", "speedup_vs_fp32", "Speed-up against fp32 at the same batch (×)",
+         "Mixed-precision speed-up vs batch size",
+         "Each line is one framework in one mixed precision: its throughput (wall time) over the same framework's "
+         "fp32 at the same batch size and loop. A speed-up that grows with the batch means the smaller batches "
+         "were bound by per-step host cost (Python, kernel launches, syncs), not by arithmetic: a property of the "
+         "loop and the batch size, not of AMP."),
+        ("mfu_vs_batch", "mfu_pct", "MFU (% of the measured matmul peak for the dtype)",
+         "Model FLOPs utilisation vs batch size",
+         "Achieved training FLOP/s (FLOPs per image counted once from the shared layer shapes, times images/s) "
+         "over the peak of a large matmul in the cell's dtype, measured by the cell at its start. Low and rising "
+         "with the batch: host-bound; flat: the device's work sets the pace (see Bound in the summary table)."),
+    ]:
+        data = table.assign(mfu_pct=table["mfu_measured"] * 100, Step=table["step_loop"])
+        if y == "speedup_vs_fp32":
+            data = data[data["precision"] != "fp32"]
+        data = data[np.isfinite(data[y].astype(float))]
+        if data.empty:
+            continue
+        data = _labelled(data)
+        grid = sns.relplot(data=data, kind="line", x="batch_size", y=y, hue="Framework", style="Precision",
+                           palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+                           errorbar=None, height=4, aspect=1.5, **facet)
+        grid.set(xscale="log")
+        for ax in grid.axes.flat:
+            sizes = sorted(table["batch_size"].unique())
+            ax.set_xticks(sizes, [f"{b:.0f}" for b in sizes])
+            ax.minorticks_off()
+            if y == "speedup_vs_fp32":
+                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        if facet:
+            grid.set_titles("{col_name} loop")
+        grid.set_axis_labels("Batch size (images per step, log scale)", ylabel)
+        grid.figure.suptitle(title, y=1.03)
+        _save(grid.figure, out_dir, key)
+        out.append(Figure(key, "speed", title, caption,
+                          f"Line chart of {ylabel.split(' (')[0].lower()} against batch size for each framework "
+                          "and precision."))
+    return out
+
+
+def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """Fraction of each layer's gradient elements float16 would flush to zero, unscaled vs at the scale in use."""
+    if underflow.empty:
+        return None
+    df = _labelled(underflow[underflow["when"] == "last step"])
+    if df.empty:
+        return None
+    df = df.groupby(["Framework", "Precision", "layer"], observed=True).apply(
+        lambda g: pd.Series({"no scaling": np.average(g["flush_fraction_unscaled"], weights=g["nonzero"] + 1e-12),
+                             "scale in use": np.average(g["flush_fraction_scaled"], weights=g["nonzero"] + 1e-12)}),
+        include_groups=False).reset_index()
+    long = df.melt(id_vars=["Framework", "Precision", "layer"], var_name="Scaling", value_name="flush")
+    long["flush_pct"] = long["flush"] * 100
+    grid = sns.catplot(data=long, kind="bar", x="layer", y="flush_pct", hue="Framework", col="Scaling",
+                       row="Precision", palette=FRAMEWORK_COLORS, height=2.6, aspect=2.0, sharey=True, errorbar=None)
+    grid.set_axis_labels("Layer (canonical name)", "Flushed to 0 (%)")
+    grid.set(ylim=(0, max(0.01, float(long["flush_pct"].max()) * 1.1)))
+    grid.set_titles("{row_name}, {col_name}")
+    grid.figure.suptitle("Gradient underflow in float16 at the last step", y=1.02)
+    for ax in grid.axes.flat:
+        ax.tick_params(axis="x", rotation=45)
+    _save(grid.figure, out_dir, "underflow")
+    return Figure("underflow", "numerics", "Gradient underflow per layer",
+                  "Share of each layer's non-zero float32 gradient elements whose magnitude is below float16's "
+                  "smallest subnormal (2^-24) — they would become 0 in float16 — without loss scaling (left) and "
+                  "multiplied by the loss scale the run used (right). Loss scaling exists to shrink the left bars.",
+                  "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
+                  "unscaled and scaled, per framework and precision.")
+
+
+def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """--find-max-batch: per precision the largest batch under the memory cap, labelled with the memory it used."""
+    from amp_compare.harness.maxbatch import cap_label
+
+    if maxbatch.empty:
+        return None
+    fitted = maxbatch[maxbatch["ok"] & (maxbatch["batch"] == maxbatch["max_ok"])]
+    used = fitted.groupby(["framework", "precision"])["peak_bytes"].max()
+    df = _labelled(maxbatch.groupby(["framework", "precision"], as_index=False)["max_ok"].first())
+    grid = sns.catplot(data=df, kind="bar", x="Precision", y="max_ok", hue="Framework", palette=FRAMEWORK_COLORS,
+                       height=4, aspect=1.6, errorbar=None)
+    precisions = list(df["Precision"].cat.categories)
+    for container, framework in zip(grid.ax.containers, df["Framework"].cat.categories):
+        fw = next(k for k, v in FRAMEWORK_LABELS.items() if v == framework)
+        part = df[df["framework"] == fw].set_index("precision")["max_ok"]
+        labels = []
+        for p in precisions[:len(container)]:
+            memory = used.get((fw, p), pd.NA)
+            labels.append("" if p not in part.index else f"{part[p]:d}" + (
+                f"\n{memory / 2**30:.2f} GiB" if not pd.isna(memory) else ""))
+        grid.ax.bar_label(container, labels=labels, fontsize=8, padding=2)
+    _finish(grid, "Largest batch that trains under the memory cap", "Precision mode", "Batch size (images)")
+    _save(grid.figure, out_dir, "max_batch")
+    device = str(maxbatch["device"].dropna().iloc[0]) if maxbatch["device"].notna().any() else "cpu"
+    cap = maxbatch["cap_bytes"].dropna()
+    cap_text = cap_label(device, int(cap.iloc[0]) if not cap.empty else None)
+    stopped = sorted(set(maxbatch.get("stopped_early", pd.Series(dtype=str)).fillna("")) - {""})
+    early = (" Stopped early, so the bar is the largest batch that fit before the search's time ran out: "
+             + "; ".join(stopped) + "." if stopped else "")
+    return Figure("max_batch", "memory", "Largest batch per precision",
+                  f"Found by doubling, then bisection, each probe a fresh process training two steps under {cap_text}. "
+                  "Under each bar's batch size, the peak memory its probe used (the framework allocator's on a GPU, "
+                  "the process's peak RSS on a CPU). Where half precision halves activation memory, its bar is "
+                  "taller: AMP's memory headroom shown as the batch it makes possible." + early,
+                  "Bar chart of the largest batch size that trained under the memory cap, per framework and precision, "
+                  "labelled with the memory used.")
+
+
+def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
+                                 out_dir: Path) -> Figure | None:
+    """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
+    target accuracy (from `acc`, amp_compare.harness.summary.accuracy_statistics) as a horizontal line."""
+    ok = ok_runs(runs)
+    if ok.empty or epochs.empty or acc.empty:
+        return None
+    keys = (["machine"] if "machine" in ok else []) + ["model", "dataset"]
+    e = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))].sort_values(["cell_id", "epoch"]).copy()
+    if e.empty:
+        return None
+    meta = ok.set_index("cell_id")
+    for k in keys:
+        if k not in e:
+            e[k] = e["cell_id"].map(meta[k])
+    e["train_wall_s"] = e.groupby("cell_id")["train_time_s"].cumsum()
+    e["val_accuracy_pct"] = e["val_accuracy"] * 100
+    e["panel"] = e[keys].astype(str).agg(" · ".join, axis=1)
+    df = _labelled(e)
+    panels = list(dict.fromkeys(df["panel"]))
+    grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", hue="Framework",
+                       style="Precision", units="cell_id", estimator=None, palette=FRAMEWORK_COLORS,
+                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, linewidth=1, height=4.2, aspect=1.7,
+                       **({"col": "panel", "col_order": panels} if len(panels) > 1 else {}))
+    targets = acc.drop_duplicates(keys).copy()
+    targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
+    for panel, ax in zip(panels, grid.axes.flat):
+        row = targets[targets["panel"] == panel]
+        if not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]:
+            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
+            ax.annotate(f"target {row['target'].iloc[0]:.1%}", xy=(0, row["target"].iloc[0] * 100),
+                        xycoords=("axes fraction", "data"), xytext=(4, 3), textcoords="offset points",
+                        fontsize=8, color="#555")
+    _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
+            "excluded)", "Validation accuracy (%)")
+    if len(panels) == 1:
+        grid.ax.set_title(f"Validation accuracy against training time ({panels[0]})")
+    _save(grid.figure, out_dir, "time_to_accuracy")
+    basis = acc["target_basis"].dropna().iloc[0] if acc["target_basis"].notna().any() else ""
+    judged = targets[targets["too_short"] == ""]
+    target_text = (f"The dotted line is the target ({basis}); the first point above it is that cell's time to "
+                   "accuracy. A line that never crosses it did not reach the target — a result, not an error."
+                   if not judged.empty else "No target line: the run is too short to judge accuracy (see the note).")
+    return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
+                  f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
+                  f"the training time spent so far. {target_text} Panels: " + "; ".join(panels) + ".",
+                  "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
+                  "with a dotted horizontal target line.")

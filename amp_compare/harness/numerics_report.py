@@ -1,0 +1,209 @@
+"""The report's Numerics and "What happened" sections: pure functions of the record tables.
+
+- loss-scale counts: skipped steps and growth events per framework x precision
+- underflow summary: element-weighted share of gradient elements float16 would flush to zero
+- dtype audit side by side: which dtypes each layer computes in, torch next to Keras
+- NaN/Inf locator findings
+- what happened: sentences, each number taken from the records
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
+from amp_compare.contract.config import framework_label as _label
+
+
+def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
+    if steps.empty:
+        return pd.DataFrame()
+    rows = []
+    for (fw, prec, _cell), g in steps.sort_values("step").groupby(["framework", "precision", "cell_id"]):
+        scale = g["loss_scale"].to_numpy()
+        rows.append({"framework": fw, "precision": prec, "steps": len(g), "skipped": int(g["skipped"].sum()),
+                     "growth_events": int((np.diff(scale) > 0).sum()), "first_scale": scale[0],
+                     "final_scale": scale[-1]})
+    df = pd.DataFrame(rows).groupby(["framework", "precision"], as_index=False).median(numeric_only=True)
+    return df.sort_values(["framework", "precision"], key=display_order)
+
+
+# What each underflow column counts: the same method in both frameworks (kit/fp16.py UNDERFLOW_METHOD).
+UNDERFLOW_METHODS = (
+    "Would flush: the float32 reference gradient (forward and backward in float32, mixed precision off) "
+    "rounded to float16, unscaled and times the scale in use; share of its non-zero elements that become 0.",
+    "Lost in the mixed backward: the real backward under the run's precision (the half-precision ops "
+    "autocast / the dtype policy chose), of the unscaled loss and of the loss times the scale in use; share "
+    "of the reference's non-zero elements that came out exactly zero there.",
+)
+
+
+def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
+    """Element-weighted underflow fractions per framework x precision x when (first / last step).
+
+    Both methods of UNDERFLOW_METHODS for both frameworks. Records written before the mixed-backward
+    columns existed give NaN there ("n/a" in the report), never a number the run did not measure.
+    """
+    if underflow.empty:
+        return pd.DataFrame()
+
+    def weighted(g: pd.DataFrame) -> pd.Series:
+        w = g["nonzero"].to_numpy(dtype=float)
+        total = w.sum() or 1.0
+        elements = max(g["elements"].sum(), 1)
+
+        def by_nonzero(col: str) -> float:
+            return float((g[col] * w).sum() / total) if col in g and g[col].notna().all() else float("nan")
+
+        return pd.Series({
+            "elements": int(g["elements"].sum()),
+            "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / elements),
+            "zero_fraction_mixed": float((g["zero_fraction_mixed"] * g["elements"]).sum() / elements)
+            if "zero_fraction_mixed" in g and g["zero_fraction_mixed"].notna().all() else float("nan"),
+            "flush_unscaled": by_nonzero("flush_fraction_unscaled"),
+            "flush_scaled": by_nonzero("flush_fraction_scaled"),
+            "lost_unscaled": by_nonzero("lost_fraction_mixed_unscaled"),
+            "lost_scaled": by_nonzero("lost_fraction_mixed_scaled"),
+            "loss_scale": float(g["loss_scale"].iloc[0]),
+            "method": g["method"].iloc[0] if "method" in g else "",
+        })
+
+    # One seed is enough to show the mechanism: the first seed of each cell.
+    first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
+    out = first_seed.groupby(["framework", "precision", "when"]).apply(weighted, include_groups=False).reset_index()
+    return out.sort_values(["framework", "precision", "when"], key=display_order)
+
+
+# How each framework's audit was taken, for records written before the audit_method column existed.
+AUDIT_METHOD_DEFAULTS = {"torch": "aten ops seen by a TorchDispatchMode inside autocast",
+                         "tf": "ops of the traced training step (TensorFlow graph), by layer scope"}
+
+
+def audit_methods(dtypes: pd.DataFrame) -> list[str]:
+    """"<framework label>: <how its dtype audit was taken>" per framework in the audit, in display order."""
+    out = []
+    if dtypes.empty:
+        return out
+    for fw in sorted(set(dtypes["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
+        rows = dtypes[dtypes["framework"] == fw]
+        methods = set(rows["audit_method"].dropna()) - {""} if "audit_method" in rows else set()
+        text = "; ".join(sorted(methods)) or AUDIT_METHOD_DEFAULTS.get(fw, "not recorded")
+        out.append(f"{_label(fw)}: {text}")
+    return out
+
+
+def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per mixed precision: each (layer, phase) with the dtypes torch and Keras computed it in."""
+    out: dict[str, pd.DataFrame] = {}
+    if dtypes.empty:
+        return out
+    first_seed = dtypes[dtypes["seed"] == dtypes["seed"].min()]
+    for prec in sorted(set(first_seed["precision"]) - {"fp32"}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
+        d = first_seed[first_seed["precision"] == prec]
+        per_fw = {}
+        for fw, g in d.groupby("framework"):
+            per_fw[fw] = g.groupby(["layer", "phase"], sort=False).agg(
+                # the set of dtypes the layer's ops produced: torch's one batch_norm op with a float16 output
+                # and float32 statistics ("float16+float32") is Keras' float16 and float32 ops
+                dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
+                ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
+                params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
+        if not per_fw:
+            continue
+        per_fw = dict(sorted(per_fw.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99)))
+        table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
+        table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
+        dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
+        table["differs"] = table[dtype_cols].fillna("-").nunique(axis=1) > 1 if len(dtype_cols) > 1 else False
+        out[prec] = table.fillna("-")
+    return out
+
+
+def nonfinite_findings(runs: pd.DataFrame) -> pd.DataFrame:
+    if "nonfinite_step" not in runs:
+        return pd.DataFrame()
+    found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
+    cols = ["framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
+            "nonfinite_value"]
+    return found[cols].sort_values(["framework", "precision", "seed"]) if not found.empty else pd.DataFrame()
+
+
+def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame) -> list[str]:
+    """Sentences about loss scaling and numerics, every number from the records."""
+    out: list[str] = []
+    counts = scale_counts(steps)
+    for r in counts.itertuples() if not counts.empty else []:
+        if r.precision == "fp16":
+            out.append(f"{_label(r.framework)} fp16: the dynamic scaler skipped {r.skipped:.0f} of {r.steps:.0f} "
+                       f"steps and grew the scale {r.growth_events:.0f} times, from 2^{np.log2(r.first_scale):.0f} "
+                       f"to 2^{np.log2(r.final_scale):.0f}.")
+        elif r.precision == "fp16-static" and r.skipped:
+            out.append(f"{_label(r.framework)} fp16-static: {r.skipped:.0f} of {r.steps:.0f} steps were skipped "
+                       f"at the fixed scale {r.first_scale:g}.")
+    summary = underflow_summary(underflow)
+    last = summary[summary["when"] == "last step"] if not summary.empty else summary
+    for r in last.itertuples() if not last.empty else []:
+        if r.precision in ("fp16", "fp16-static", "fp16-noscale"):
+            scaled = (f"; at the scale in use ({r.loss_scale:g}) {r.flush_scaled:.2%}"
+                      if r.loss_scale != 1 else "")
+            lost = ""
+            if pd.notna(r.lost_unscaled):
+                lost_scaled = (f", {r.lost_scaled:.2%} at the scale in use" if r.loss_scale != 1
+                               and pd.notna(r.lost_scaled) else "")
+                lost = (f" In the real {r.precision} backward, {r.lost_unscaled:.2%} of them came out exactly zero "
+                        f"without scaling{lost_scaled}.")
+            out.append(f"{_label(r.framework)} {r.precision}: at the last step {r.flush_unscaled:.2%} of the non-zero "
+                       f"float32 reference gradient elements would flush to zero in float16 without "
+                       f"scaling{scaled}.{lost}")
+    ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    acc = ok.groupby(["framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
+    for fw in sorted({k[0] for k in acc.index}):
+        with_s, without = acc.get((fw, "fp16")), acc.get((fw, "fp16-noscale"))
+        if with_s is not None and without is not None:
+            out.append(f"{_label(fw)}: validation accuracy {with_s:.1%} with dynamic loss scaling, "
+                       f"{without:.1%} without any.")
+    for r in nonfinite_findings(runs).itertuples():
+        out.append(f"{_label(r.framework)} {r.precision} (seed {r.seed}): the first non-finite value appeared at "
+                   f"step {r.nonfinite_step}, in the {r.nonfinite_where} of layer '{r.nonfinite_layer}' "
+                   f"({r.nonfinite_value}).")
+    return out
+
+
+def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
+    """What the glossary and the dtype-audit section say about op dtypes, taken from this run's own audit.
+
+    Nothing here is typed from documentation: the op lists are the ops the torch child's audit saw
+    (first seed, first mixed precision), under the autocast of `device` (torch's CPU and CUDA autocast
+    lists differ; only the one that ran is described). Empty when the run audited no mixed precision.
+    """
+    facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "torch_float32_ops": [],
+                   "torch_half_ops": [], "keras_fc": "", "keras_loss": "", "torch_fc": "", "differing": {},
+                   "keras_label": "Keras", "methods": audit_methods(dtypes)}
+    if dtypes.empty:
+        return facts
+    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["precision"] != "fp32")]
+    if first.empty:
+        return facts
+    prec = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
+    facts["precision"] = prec
+    d = first[(first["precision"] == prec) & (first["phase"] == "forward")]
+    torch_rows = d[(d["framework"] == "torch") & (d["op"] != "_to_copy")]
+    per_op = torch_rows.groupby("op")["compute_dtype"].agg(lambda s: {x for v in s for x in v.split("+")})
+    facts["torch_float32_ops"] = sorted(op for op, ds in per_op.items() if ds == {"float32"})
+    facts["torch_half_ops"] = sorted(op for op, ds in per_op.items() if "float32" not in ds)
+
+    def layer_dtype(fw: str, layer: str) -> str:
+        rows = d[(d["framework"] == fw) & (d["layer"] == layer) & ~d["op"].isin(["_to_copy", "Cast"])]
+        return ", ".join(sorted({x for v in rows["compute_dtype"] for x in v.split("+")}))
+
+    keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(d["framework"])), "tf")  # the first Keras column
+    facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype(keras_fw, "fc"),
+                 keras_loss=layer_dtype(keras_fw, "loss"), torch_loss=layer_dtype("torch", "loss"),
+                 keras_label=_label(keras_fw), methods=audit_methods(dtypes))
+    for p, table in dtype_side_by_side(dtypes).items():
+        differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
+        facts["differing"][p] = {"rows": int(table["differs"].sum()), "of": len(table),
+                                 "layers": list(dict.fromkeys(differing))[:8]}
+    return facts

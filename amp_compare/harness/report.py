@@ -1,0 +1,490 @@
+"""Render a compare run's folder into index.html, summary.md, figures/ and data/.
+
+`render_report(run_dir)` reads only what the run wrote (manifest.json and the cells' record
+tables), so a report can be re-rendered at any time with `nox -s report -- reports/<run-id>`
+and renders from partial results too: missing or failed cells are named, never hidden.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import records
+from amp_compare.contract.atomic import atomic_write_text
+from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.contract.env import cpu_half_precision_verdict
+from amp_compare.contract.mapping import DIFFERENCES
+from amp_compare.harness import numerics_report as nr
+from amp_compare.harness.backend_split import keras_backend_split
+from amp_compare.harness.calibrate import describe as describe_steadiness
+from amp_compare.harness.figures import (
+    make_figures,
+    make_max_batch_figure,
+    make_time_to_accuracy_figure,
+    make_underflow_figure,
+)
+from amp_compare.harness.settings_check import adam_gap_text, side_by_side
+from amp_compare.harness.summary import (
+    HARDWARE_COLUMNS,
+    LEGEND,
+    accuracy_statistics,
+    findings,
+    formatted_summary,
+    full_table,
+    seed_counts_text,
+    split_summary,
+    summary_table,
+)
+
+TEMPLATES = Path(__file__).parent / "templates"
+SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
+            ("loss_scaling", "Loss scaling"), ("numerics", "Numerics"), ("what_happened", "What happened"),
+            ("differences", "Framework differences"), ("cells", "Cells"),
+            ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce")]
+
+
+def load_manifest(run_dir: Path) -> dict:
+    path = Path(run_dir) / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{run_dir} is not a compare run folder (no manifest.json)") from None
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                              undefined=jinja2.StrictUndefined)
+
+
+def table_html(df: pd.DataFrame, highlight: str | None = None) -> str:
+    """A plain HTML table; the first four columns left-aligned; rows where `highlight` is true marked."""
+    cols = [c for c in df.columns if c != highlight]
+    head = "".join(f"<th class='l'>{html.escape(str(c))}</th>" if i < 4 else f"<th>{html.escape(str(c))}</th>"
+                   for i, c in enumerate(cols))
+    rows = []
+    for rec in df.to_dict("records"):
+        cells = "".join(f"<td class='l'>{html.escape(str(rec[c]))}</td>" if i < 4 else
+                        f"<td>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))
+        mark = " class='differs'" if highlight and rec.get(highlight) else ""
+        rows.append(f"<tr{mark}>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _html_or_none(df: pd.DataFrame | None) -> str | None:
+    return table_html(df) if df is not None and not df.empty else None
+
+
+def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Step-time percentiles and both throughputs, medians over seeds."""
+    ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+    if ok.empty or "p99_step_s" not in ok:
+        return pd.DataFrame()
+    group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["framework", "precision"]
+    loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # issue 13's sweep
+    group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
+        "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
+    cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "median_step_throughput_img_s",
+            "epoch_throughput_img_s", "first_step_overhead_s", "runs"]
+    t = ok.assign(runs=1).groupby(group, sort=False).agg({**{c: "median" for c in cols[:-1]}, "runs": "sum"})
+    t = t.reset_index().sort_values(["framework", "precision"], key=display_order)
+    return pd.DataFrame({
+        **({"Machine": t["machine"]} if "machine" in group else {}),
+        "Framework": t["framework"].map(framework_label),
+        **{{"cfg_step": "Step", "cfg_batch_size": "Batch"}[c]: t[c].astype(str) for c in loops},
+        "Precision": t["precision"],
+        "p50 step (ms)": (t["median_step_s"] * 1e3).map("{:.2f}".format),
+        "p90 (ms)": (t["p90_step_s"] * 1e3).map("{:.2f}".format),
+        "p99 (ms)": (t["p99_step_s"] * 1e3).map("{:.2f}".format),
+        "Images/s (wall, headline)": t["throughput_img_s"].map("{:,.0f}".format),
+        "Images/s from p50": t["median_step_throughput_img_s"].map("{:,.0f}".format),
+        "Images/s from epoch time": t["epoch_throughput_img_s"].map("{:,.0f}".format),
+        "Gap (epoch vs p50)": (1 - t["epoch_throughput_img_s"] / t["median_step_throughput_img_s"]).map(
+            "{:+.0%}".format),
+        "First-step overhead (s)": t["first_step_overhead_s"].map("{:.2f}".format),
+        "Runs": t["runs"].astype(int).astype(str),
+    })
+
+
+def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
+    if maxbatch.empty:
+        return maxbatch
+    first = maxbatch.groupby(["framework", "precision"], sort=False).first().reset_index()
+    peak = maxbatch[maxbatch["ok"]].groupby(["framework", "precision"])["peak_bytes"].max()
+    return pd.DataFrame({
+        "Framework": first["framework"].map(framework_label), "Precision": first["precision"],
+        "Largest batch that fit": first["max_ok"].astype(str),
+        "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
+        "Peak memory at the largest (MiB)": [f"{peak.get((f, p), float('nan')) / 2**20:,.0f}"
+                                             for f, p in zip(first["framework"], first["precision"])],
+        "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
+        "Probes": maxbatch.groupby(["framework", "precision"], sort=False).size().to_numpy().astype(str),
+    })
+
+
+def _scale_counts_table(steps: pd.DataFrame) -> pd.DataFrame:
+    counts = nr.scale_counts(steps)
+    counts = counts[counts["precision"].isin(["fp16", "fp16-static"])] if not counts.empty else counts
+    if counts.empty:
+        return counts
+    return pd.DataFrame({"Framework": counts["framework"].map(framework_label),
+                         "Precision": counts["precision"], "Steps": counts["steps"].map("{:.0f}".format),
+                         "Skipped": counts["skipped"].map("{:.0f}".format),
+                         "Growth events": counts["growth_events"].map("{:.0f}".format),
+                         "First scale": counts["first_scale"].map("{:g}".format),
+                         "Final scale": counts["final_scale"].map("{:g}".format)})
+
+
+def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
+    s = nr.underflow_summary(underflow)
+    if s.empty:
+        return s
+    return pd.DataFrame({"Framework": s["framework"].map(framework_label),
+                         "Precision": s["precision"], "When": s["when"],
+                         "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
+                         "Loss scale": s["loss_scale"].map("{:g}".format),
+                         "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
+                         "float32 reference: would flush in fp16, no scaling": s["flush_unscaled"].map(_pct(3)),
+                         "float32 reference: would flush at that scale": s["flush_scaled"].map(_pct(3)),
+                         "mixed backward: exactly zero": s["zero_fraction_mixed"].map(_pct(2)),
+                         "mixed backward: lost, no scaling": s["lost_unscaled"].map(_pct(3)),
+                         "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3))})
+
+
+def _pct(digits: int):
+    """A fraction as a percentage, "n/a" where the records hold no such measurement."""
+    return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
+
+
+def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
+    f = nr.nonfinite_findings(runs)
+    if f.empty:
+        return f
+    return pd.DataFrame({"Framework": f["framework"].map(framework_label),
+                         "Precision": f["precision"], "Seed": f["seed"], "Step": f["nonfinite_step"],
+                         "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
+
+
+def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
+    """The Speed section's table: every mixed cell's speed ratio with its 95% interval and verdict."""
+    mixed = full[full["precision"] != "fp32"] if "speed_note" in full else full.iloc[0:0]
+    if mixed.empty:
+        return mixed
+    multi = "machine" in mixed and mixed["machine"].nunique() > 1
+    return pd.DataFrame({
+        **({"Machine": mixed["machine"]} if multi else {}),
+        "Model": mixed["model"], "Dataset": mixed["dataset"], "Framework": mixed["framework"].map(framework_label),
+        "Precision": mixed["precision"], "Speed vs fp32": mixed["speedup_vs_fp32"].map("{:.2f}×".format),
+        "95% interval": [f"{lo:.2f}–{hi:.2f}×" if np.isfinite(lo) else "n/a"
+                         for lo, hi in zip(mixed["speed_low"], mixed["speed_high"])],
+        "Timed steps per cell": mixed["timed_steps"].map(lambda v: "n/a" if pd.isna(v) else f"{int(v)}"),
+        "Slowest p90/p50": mixed["spread_p90_p50"].map(lambda v: "n/a" if pd.isna(v) else f"{v:.1f}×"),
+        "Supported?": mixed["speed_note"].map(lambda v: f"⚠ {v}" if v else "yes"),
+    })
+
+
+def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
+    """The accuracy section's table: each mixed cell's paired test against fp32 and every cell's time to target."""
+    if acc.empty:
+        return acc
+    multi = "machine" in acc and acc["machine"].nunique() > 1
+
+    def num(v, spec):
+        return "" if v is None or not np.isfinite(v) else f"{v:{spec}}"
+
+    rows = []
+    for r in acc.itertuples():
+        tested = (np.isfinite(r.p_value) if isinstance(r.p_value, float) else False) and not r.too_short
+        timed = np.isfinite(r.target) and not r.too_short
+        rows.append({
+            **({"Machine": r.machine} if multi else {}),
+            "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
+            "Precision": r.precision,
+            "Δ vs fp32 (pp)": num(r.diff_pp, "+.2f") if tested else "",
+            "95% interval (pp)": f"[{r.ci_low:+.2f}, {r.ci_high:+.2f}]" if tested else "",
+            "p": num(r.p_value, ".3g") if tested else "",
+            "Test": r.test if tested else "",
+            "Comparable": "no: " + r.too_short if r.too_short else "yes",
+            "Target": num(r.target * 100, ".1f") + "%" if timed else "",
+            "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
+                                   else num(r.time_to_target_s, ".1f")),
+            "Seeds reaching it": r.reached if timed else "",
+        })
+    return pd.DataFrame(rows)
+
+
+def table_markdown(df: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
+    out = []
+    for r in runs.sort_values("cell_id").to_dict("records"):
+        wall = r.get("child_wall_s")
+        out.append({
+            "cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
+            "stderr_tail": r.get("stderr_tail") or "", "amp_api": r.get("amp_api") or "",
+            "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
+            "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
+            "wall": f"{wall:.1f}" if isinstance(wall, float) and pd.notna(wall) else "",
+        })
+    return out
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def framework_differences(runs: pd.DataFrame) -> list[dict]:
+    """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
+    from the installed versions, and the values this run's cells actually used."""
+    ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+    defaults: dict[str, dict] = {}
+    used: dict[str, dict[str, set]] = {}
+    for row in ok.to_dict("records"):
+        fw = "keras" if is_keras(row["framework"]) else row["framework"]  # every Keras backend's cells together
+        if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
+            defaults.setdefault(fw, json.loads(row["framework_defaults"]))
+        if isinstance(row.get("settings_used"), str) and row["settings_used"]:
+            for key, value in json.loads(row["settings_used"]).items():
+                used.setdefault(fw, {}).setdefault(key, set()).add(_fmt(value))
+        if row.get("init_source"):
+            # "(this cell)" marks the cell that wrote the shared file: the same file, listed once
+            source = str(row["init_source"]).removesuffix(" (this cell)")
+            used.setdefault(fw, {}).setdefault("initial_weights", set()).add(source)
+    rows = []
+    adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
+    for d in DIFFERENCES:
+        rows.append({
+            "item": d.item, "why": d.why, "measured": adam_gap if d.key == "adam_formula" else "",
+            "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
+            "keras_default": _fmt(defaults.get("keras", {}).get(d.key, "n/a")),
+            "torch_used": "; ".join(sorted(used.get("torch", {}).get(d.key, set()))) or "not used",
+            "keras_used": "; ".join(sorted(used.get("keras", {}).get(d.key, set()))) or "not used",
+        })
+    return rows
+
+
+def _seeds_text(seeds: list) -> str:
+    return f"{len(seeds)} seeds ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
+
+
+def render_report(run_dir: Path) -> Path:
+    """Render one compare run's folder from its manifest and cell records."""
+    run_dir = Path(run_dir)
+    tables = records.read_run(run_dir)
+    searches = []
+    for path in sorted((run_dir / "maxbatch").glob("*.parquet")):
+        try:
+            searches.append(pd.read_parquet(path))
+        except Exception as exc:  # noqa: BLE001 — a broken search file must not stop the report
+            print(f"skipping unreadable max-batch search {path}: {exc}", file=sys.stderr)
+    if searches:
+        tables["maxbatch"] = pd.concat(searches, ignore_index=True)
+    return _render(run_dir, load_manifest(run_dir), tables)
+
+
+def machine_label(manifest: dict, runs: pd.DataFrame, folder: str) -> str:
+    """How a run is named in a combined report: its accelerator or CPU, and its folder."""
+    gpus = sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
+    where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")
+    return f"{where} · {folder}"
+
+
+def render_combined(run_dirs: list[Path], out_dir: Path) -> Path:
+    """One report over several compare runs (a CPU run and a GPU run, two package versions, …): every
+    table gains a `machine` column and every figure a column per machine."""
+    if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
+        raise ValueError("the same run folder was given twice")
+    parts: dict[str, list[pd.DataFrame]] = {}
+    environment, cells, seeds, commands = {}, [], set(), []
+    hardware, devices, matrices = set(), set(), []
+    for run_dir in run_dirs:
+        manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
+        label = machine_label(manifest, tables["run"], Path(run_dir).name)
+        hardware.add(label.rsplit(" · ", 1)[0])  # the machine without the folder
+        devices.add(manifest["device"])
+        matrices.append(manifest["matrix"])
+        for name, df in tables.items():
+            df = df.assign(machine=label, cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
+            parts.setdefault(name, []).append(df)
+        environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
+        cells += [f"{Path(run_dir).name}/{c}" for c in manifest["cells"]]
+        seeds |= set(manifest["matrix"]["seeds"])
+        commands.append(manifest["command"])
+    first = load_manifest(run_dirs[0])
+    for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware"):  # the CPU verdict, where runs agree
+        values = {str(load_manifest(d)["environment"].get(key)) for d in run_dirs}
+        if len(values) == 1 and key in first["environment"]:
+            environment[key] = first["environment"][key]
+    environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+                       cpu_model=" / ".join(dict.fromkeys(load_manifest(d)["environment"].get("cpu_model", "?")
+                                                          for d in run_dirs)))
+    # Every run's frameworks, models, datasets, precisions and seeds (the run list's Matrix column).
+    matrix = {k: list(dict.fromkeys(v for m in matrices for v in m.get(k, []))) for k in first["matrix"]}
+    device = "several machines" if len(hardware) > 1 else devices.pop() if len(devices) == 1 else "several devices"
+    manifest = {"run_id": out_dir.name, "device": device, "cells": cells, "environment": environment,
+                "matrix": {**matrix, "seeds": sorted(seeds)}, "defaults": first["defaults"],
+                "notes": [f"Combined report of {len(run_dirs)} runs: {', '.join(str(d) for d in run_dirs)}."],
+                "command": "python -m amp_compare report " + " ".join(str(d) for d in run_dirs)
+                + "\n# the runs: " + "\n# ".join(commands), "sources": [str(d) for d in run_dirs]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
+    return _render(out_dir, manifest, {name: pd.concat(dfs, ignore_index=True) for name, dfs in parts.items()})
+
+
+# Per-framework columns of the run table shown in the Environment section, with how each is labelled.
+ENV_COLUMNS = {
+    "framework_version": "version", "keras_version": "Keras version", "keras_backend": "Keras backend",
+    "device_name": "device",
+    "compute_capability": "compute capability",
+    "torch_cuda_version": "CUDA version PyTorch was built with (torch.version.cuda; build info)",
+    "torch_cudnn_version": "cuDNN version PyTorch loads (torch.backends.cudnn.version())",
+    "tf_cuda_version": "CUDA version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
+    "tf_cudnn_version": "cuDNN version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
+    "torch_threads": "intra-op threads", "torch_interop_threads": "inter-op threads",
+    "tf_intra_op_threads": "intra-op threads", "tf_inter_op_threads": "inter-op threads",
+    "jax_threads": "threads",
+    "tf32": "TF32", "compiled": "compilation", "amp_api": "AMP API per precision", "memory_kind": "memory measured as",
+    "dataset_source": "dataset",
+}
+BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
+
+
+def _env_value(value) -> str:
+    """One value as a reader expects it: 2 not 2.0 (a thread count read back through a float column)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, str | list[str]]]:
+    """The Environment table: the host as the parent recorded it, then what each framework's cells reported.
+    A value is a string, or a list where cells differ (amp_api: one item per precision). CUDA/cuDNN versions
+    a framework was built with are labelled as build info, and on a run that used no GPU say so."""
+    rows: list[tuple[str, str | list[str]]] = [(k, _env_value(environment[k])) for k in sorted(environment)]
+    if runs.empty or "framework" not in runs:
+        return rows
+    ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
+    for col, label in ENV_COLUMNS.items():
+        if col not in ordered:
+            continue
+        for fw, part in ordered.groupby("framework", sort=False):
+            if col == "amp_api" and "precision" in part:
+                pairs = dict.fromkeys(f"{p}: {_env_value(v)}" for p, v in zip(part["precision"], part[col])
+                                      if pd.notna(v) and str(v))
+                if pairs:
+                    rows.append((f"{framework_label(fw)}: {label}", list(pairs)))
+                continue
+            values = list(dict.fromkeys(_env_value(v) for v in part[col].dropna() if str(v)))
+            if not values:
+                continue
+            text = ", ".join(values)
+            devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
+            if col in BUILD_INFO and devices <= {"cpu", ""}:
+                text += " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
+            rows.append((f"{framework_label(fw)}: {label}", text))
+    return rows
+
+
+def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> Path:
+    runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
+    records.export_tables(run_dir, tables)
+    figures = make_figures(runs, epochs, steps, run_dir / "figures")
+    underflow = tables.get("underflow", pd.DataFrame())
+    dtypes = tables.get("dtypes", pd.DataFrame())
+    underflow_figure = make_underflow_figure(underflow, run_dir / "figures") if not underflow.empty else None
+    figures += [underflow_figure] if underflow_figure else []
+    maxbatch = tables.get("maxbatch", pd.DataFrame())
+    maxbatch_figure = make_max_batch_figure(maxbatch, run_dir / "figures") if not maxbatch.empty else None
+    figures += [maxbatch_figure] if maxbatch_figure else []
+    environment = manifest["environment"]
+    full = full_table(runs, steps, epochs, environment)
+    summary = formatted_summary(full)
+    main_table, hardware, loop_text = split_summary(summary)
+    sentences = findings(runs, steps, environment, epochs)
+    acc_stats = accuracy_statistics(runs, epochs)
+    tta_figure = make_time_to_accuracy_figure(runs, epochs, acc_stats, run_dir / "figures")
+    figures += [tta_figure] if tta_figure else []
+    verdict = cpu_half_precision_verdict(environment)
+    ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
+    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
+    missing = [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]
+    device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
+    env_rows = environment_rows(environment, runs)
+    page = _env().get_template("report.html").render(
+        run_id=manifest["run_id"], env=environment, device=manifest["device"], device_names=device_names,
+        n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
+        summary_html=table_html(main_table), findings=sentences, loop_text=loop_text,
+        hardware_table=_html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
+        cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
+        accuracy_table=_html_or_none(_accuracy_table(acc_stats)), legend=LEGEND,
+        speed_ratio_table=_html_or_none(_speed_ratio_table(full)),
+        accuracy_warnings=[s for s in sentences if s.startswith("Accuracy cannot be compared")],
+        steadiness=describe_steadiness(environment),
+        figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
+        env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
+        keras_split={k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
+                     for k, v in keras_backend_split(runs).items()},
+        notes=manifest.get("notes", []),
+        scale_counts=_html_or_none(_scale_counts_table(steps)),
+        timing_table=_html_or_none(_timing_table(runs)),
+        maxbatch_table=_html_or_none(_maxbatch_table(maxbatch)),
+        underflow_table=_html_or_none(_underflow_table(underflow)),
+        underflow_methods=nr.UNDERFLOW_METHODS,
+        dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
+        dtype_facts=nr.op_dtype_facts(dtypes, manifest["device"]),
+        nonfinite_table=_html_or_none(_nonfinite_table(runs)),
+        what_happened=nr.what_happened(runs, steps, underflow),
+        seeds_text=seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"]),
+        settings_check=side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else []),
+        comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),
+    )
+    atomic_write_text(run_dir / "index.html", page)
+    md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
+          table_markdown(summary), "", LEGEND, "", *[f"- {s}" for s in sentences]]
+    if missing:
+        md += ["", f"Cells without a result: {', '.join(missing)}."]
+    md += ["", f"Reproduce: `{manifest['command']}`", ""]
+    atomic_write_text(run_dir / "summary.md", "\n".join(md))
+    render_runs_index(run_dir.parent)
+    return run_dir / "index.html"
+
+
+def render_runs_index(reports_dir: Path) -> Path:
+    """reports/index.html: every compare run in the folder with its headline numbers."""
+    rows = []
+    for run_dir in sorted((p for p in Path(reports_dir).iterdir() if (p / "manifest.json").exists()), reverse=True):
+        try:
+            manifest = load_manifest(run_dir)
+            runs = pd.read_csv(run_dir / "data" / "run.csv") if (run_dir / "data" / "run.csv").exists() else None
+        except (OSError, ValueError, pd.errors.ParserError):
+            continue
+        table = summary_table(runs) if runs is not None and not runs.empty else pd.DataFrame()
+        several = not table.empty and len(table.groupby(["model", "dataset"])) > 1
+        headline = "; ".join(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: "
+                             f"{r.speedup_vs_fp32:.2f}× fp32 speed, {r.val_accuracy:.1%} acc."
+                             for r in table.itertuples() if r.precision != "fp32")
+        m = manifest["matrix"]
+        rows.append({
+            "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
+            "machine": f"{manifest['environment'].get('cpu_model', '')} / {manifest['device']}",
+            "matrix": " × ".join(",".join(map(str, m[k])) for k in ("frameworks", "models", "datasets",
+                                                                      "precisions", "seeds")),
+            "ok": f"{int((runs['status'] == 'ok').sum()) if runs is not None else 0}/{len(manifest['cells'])}",
+            "headline": headline or "n/a",
+        })
+    path = Path(reports_dir) / "index.html"
+    atomic_write_text(path, _env().get_template("index.html").render(runs=rows))
+    return path

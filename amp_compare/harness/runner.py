@@ -1,0 +1,214 @@
+"""Runs one cell in its own child process and turns any outcome into a record.
+
+Each framework trains in a fresh `python -m torch_impl|keras_impl` process: TensorFlow grabs GPU
+memory and never gives it back, peak memory is only honest per process, and a crash in one
+framework must not take the harness down. The child streams progress lines on stdout; its
+stderr goes to `cells/<cell-id>/stderr.log`. A child that crashes, is killed or passes its
+timeout is recorded as a failed cell with the reason and the tail of its stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from amp_compare.contract import records
+from amp_compare.contract.atomic import atomic_write_text
+from amp_compare.contract.config import (
+    FRAMEWORK_EXTRAS,
+    FRAMEWORK_LIBRARIES,
+    FRAMEWORK_MODULES,
+    KERAS_BACKENDS,
+    RunConfig,
+)
+from amp_compare.contract.env import PROJECT_ROOT
+from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
+
+STDERR_TAIL_LINES = 25
+
+
+@dataclass
+class CellOutcome:
+    cell_id: str
+    status: str  # "ok" or "failed"
+    error: str
+    wall_s: float
+
+
+def stderr_tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def failed_run_table(cfg: RunConfig, run_id: str, error: str, tail: str, status: str = "failed") -> pd.DataFrame:
+    """The one-row run record of a cell that produced no result ("failed" or "unavailable")."""
+    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
+                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+    row = {**identity, "schema_version": records.SCHEMA_VERSION, "status": status, "error": error,
+           "stderr_tail": tail, **{f"cfg_{k}": v for k, v in cfg.to_dict().items() if k not in identity}}
+    return pd.DataFrame([row])
+
+
+def write_failed_record(cell_dir: Path, run: pd.DataFrame) -> None:
+    """Write a failed cell's one-row run record, whatever its values: a value Parquet cannot store
+    (an integer past int64, an odd object) is written as text rather than crash the harness."""
+    try:
+        records.write_cell(cell_dir, {"run": run})
+        return
+    except (OverflowError, ValueError, TypeError, ArithmeticError) as exc:  # pyarrow's errors derive from these
+        note = f" [record stored as text: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}]"
+    text = run.copy()
+    for col in text.columns:
+        if col not in ("schema_version",):
+            text[col] = text[col].map(lambda v: v if v is None or isinstance(v, str) else str(v))
+    text["error"] = text["error"].astype(str) + note
+    records.write_cell(cell_dir, {"run": text})
+
+
+def shared_init_path(run_dir: Path, cfg: RunConfig) -> Path:
+    """Cells that must start from the same weights share this file (precision and framework vary)."""
+    return Path(run_dir) / "init" / f"{cfg.model}-w{cfg.width}-{cfg.dataset}-s{cfg.seed}.npz"
+
+
+def child_env(cfg: RunConfig | None = None) -> dict[str, str]:
+    """The child's environment. For a Keras cell, KERAS_BACKEND (read once, when Keras is imported) names the
+    cell's backend, and the device the cell asked for is the one the backend picks (JAX and Keras' torch
+    backend would otherwise take a visible GPU for a --device cpu cell)."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The child imports amp_compare (contract, kit and its framework package) from the project root.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    if cfg is not None and cfg.framework in KERAS_BACKENDS:
+        env["KERAS_BACKEND"] = KERAS_BACKENDS[cfg.framework]
+        if cfg.framework == "keras-jax" and cfg.device == "cpu":
+            env["JAX_PLATFORMS"] = "cpu"
+        if cfg.framework == "keras-torch":
+            env["KERAS_TORCH_DEVICE"] = "cuda" if cfg.device == "cuda" else "cpu"
+    return env
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def framework_missing(framework: str) -> str | None:
+    """Why a framework cannot run here, found without importing it (None: it is installed)."""
+    install = f"pip install -e '.[{FRAMEWORK_EXTRAS[framework]}]' installs it"
+    libraries = FRAMEWORK_LIBRARIES[framework]
+    for library in (libraries,) if isinstance(libraries, str) else libraries:
+        try:
+            found = importlib.util.find_spec(library) is not None
+        except (ImportError, ValueError) as exc:
+            return f"{library} cannot be found ({exc})"
+        if not found:
+            return f"{library} is not installed ({install})"
+    return None
+
+
+def remove_partial(cell_dir: Path) -> None:
+    """A cell without its run.parquet never finished: drop whatever tables it left."""
+    for name in (*records.TABLES, *records.OPTIONAL_TABLES):
+        (cell_dir / f"{name}.parquet").unlink(missing_ok=True)
+
+
+def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
+             on_event: Callable[[dict], None] = lambda event: None) -> CellOutcome:
+    """Train one cell in a child process; always leaves a run record behind."""
+    cell_dir = Path(run_dir) / "cells" / cfg.cell_id
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    remove_partial(cell_dir)  # a resumed cell starts clean
+    config_path = cell_dir / "config.json"
+    atomic_write_text(config_path, cfg.to_json())
+    stderr_path = cell_dir / "stderr.log"
+    missing = framework_missing(cfg.framework)
+    if missing:
+        write_failed_record(cell_dir, failed_run_table(cfg, run_id, missing, "", status="unavailable"))
+        return CellOutcome(cfg.cell_id, "unavailable", missing, 0.0)
+    cmd = [sys.executable, "-m", FRAMEWORK_MODULES[cfg.framework], "--config", str(config_path),
+           "--out", str(cell_dir), "--run-id", run_id]
+    if cfg.init == "shared":
+        cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
+    start = time.monotonic()
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                env=child_env(cfg), cwd=PROJECT_ROOT, start_new_session=True)
+        lines: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
+        reader.start()
+        error = ""
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=0.1).decode(errors="replace")
+                    if line.startswith(PROGRESS_PREFIX):
+                        on_event(json.loads(line[len(PROGRESS_PREFIX):]))
+                except queue.Empty:
+                    pass
+                except json.JSONDecodeError:
+                    pass
+                if proc.poll() is not None and not reader.is_alive() and lines.empty():
+                    break
+                if time.monotonic() - start > timeout_s:
+                    kill_group(proc)
+                    error = f"timed out after {timeout_s:g} s"
+                    break
+        except BaseException:  # Ctrl-C: stop the child, drop its unfinished tables, go up
+            kill_group(proc)
+            if not (cell_dir / "run.parquet").exists():
+                remove_partial(cell_dir)
+            raise
+        proc.wait()
+    wall = time.monotonic() - start
+    tail = stderr_tail(stderr_path)
+    status = "failed"
+    if not error and proc.returncode == EXIT_UNAVAILABLE:
+        status = "unavailable"
+        error = next((ln for ln in reversed(tail.splitlines()) if ln.startswith("unavailable:")), "unavailable")
+    if not error and proc.returncode != 0:
+        error = _describe_exit(proc.returncode)
+    if not error and not (cell_dir / "run.parquet").exists():
+        error = "exited without writing its records"
+    if error:
+        # The child may have died after writing some tables: a failed cell keeps only its run row.
+        remove_partial(cell_dir)
+        write_failed_record(cell_dir, failed_run_table(cfg, run_id, error, tail, status=status))
+        return CellOutcome(cfg.cell_id, status, error, wall)
+    try:
+        run = pd.read_parquet(cell_dir / "run.parquet")
+    except Exception as exc:  # the child's own record is unreadable: a failed cell, not a harness crash
+        error = f"its run record is unreadable ({type(exc).__name__}: {exc})"
+        remove_partial(cell_dir)
+        write_failed_record(cell_dir, failed_run_table(cfg, run_id, error, tail))
+        return CellOutcome(cfg.cell_id, "failed", error, wall)
+    return CellOutcome(cfg.cell_id, str(run["status"].iloc[0]), str(run["error"].iloc[0]), wall)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (TF and torch start helper threads/processes)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    proc.wait()

@@ -1,0 +1,149 @@
+"""Every run checks itself: the settings both frameworks actually trained with, compared per cell.
+
+Each child records `settings_used`, read back from the live model, optimizer and scaler, in its
+own framework's convention (torch_impl/train.py and keras_impl/train.py). In `--comparison aligned`
+the two records of the same cell (model, dataset, precision, seed) must describe the same
+behaviour; `compare_settings` maps the conventions (BatchNorm momentum, loss-reduction names,
+no weight decay) and returns one row per setting with a match flag, and `check_runs` does it for
+every cell pair of a run. The report shows the rows side by side and a loud note on any
+mismatch. Framework-free: no torch, tensorflow or keras here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
+from amp_compare.contract.mapping import keras_bn_momentum
+
+# What a record's value means in torch's convention, per key (identity when absent).
+_REDUCTIONS = {"mean": "mean", "sum_over_batch_size": "mean", "sum": "sum", "none": "none"}
+CELL_KEYS = ("model", "dataset", "precision", "seed")
+
+
+def _no_decay(value):
+    return 0.0 if value in (None, 0, 0.0) else value
+
+
+TO_TORCH_CONVENTION = {
+    "torch": {"weight_decay": _no_decay},
+    "tf": {"bn_momentum": keras_bn_momentum,  # Keras weights the old average: 1 - m is torch's m
+           "loss_reduction": lambda v: _REDUCTIONS.get(v, v),
+           "weight_decay": _no_decay},
+}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        # float32-held values (Keras keeps the learning rate as a float32 variable) read back with ~1e-8 error
+        return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=0.0)
+    return a == b
+
+
+def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, object]) -> list[dict]:
+    """One row per setting either side recorded: both raw values, both in torch's convention, and match."""
+    rows = []
+    for key in sorted(set(torch_used) | set(keras_used)):
+        t, k = torch_used.get(key), keras_used.get(key)
+        t_norm = TO_TORCH_CONVENTION["torch"].get(key, lambda v: v)(t) if key in torch_used else None
+        k_norm = TO_TORCH_CONVENTION["tf"].get(key, lambda v: v)(k) if key in keras_used else None
+        match = key in torch_used and key in keras_used and _same(t_norm, k_norm)
+        rows.append({"key": key, "torch": t, "keras": k, "torch_as_torch": t_norm, "keras_as_torch": k_norm,
+                     "recorded": {"torch": key in torch_used, "keras": key in keras_used}, "match": match})
+    return rows
+
+
+def _settings(record: Mapping) -> dict | None:
+    value = record.get("settings_used")
+    if isinstance(value, str):
+        return json.loads(value) if value else None
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def check_runs(records: Iterable[Mapping]) -> list[dict]:
+    """Every (model, dataset, precision, seed) cell torch and a Keras framework ran: its comparison rows and
+    mismatches, one entry per Keras framework (tf, keras-jax, keras-torch: each against the same torch cell)."""
+    cells: dict[tuple, dict[str, dict]] = {}
+    for record in records:
+        settings = _settings(record)
+        framework = record.get("framework")
+        if settings is not None and (framework == "torch" or is_keras(str(framework))):
+            cell = tuple(record.get(k) for k in CELL_KEYS)
+            cells.setdefault(cell, {})[framework] = settings
+    out = []
+    for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
+        keras_fws = sorted(fw for fw in by_fw if is_keras(fw))
+        if "torch" not in by_fw:
+            continue
+        for fw in keras_fws:
+            rows = compare_settings(by_fw["torch"], by_fw[fw])
+            name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
+            out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]]})
+    return out
+
+
+def mismatch_note(checked: list[dict]) -> str:
+    """One sentence for the report: empty when every cell's settings match."""
+    bad = [c for c in checked if c["mismatches"]]
+    if not bad:
+        return ""
+    listed = "; ".join(f"{c['cell']}: {', '.join(c['mismatches'])}" for c in bad)
+    return (f"SETTINGS MISMATCH in aligned mode: {len(bad)} of {len(checked)} cells trained with settings "
+            f"that differ between the frameworks ({listed}). Their differences are not AMP alone.")
+
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def side_by_side(records: Iterable[Mapping]) -> dict:
+    """The report's settings-used table: one row per setting over all cells, and the mismatch note.
+
+    A row's values are the distinct values over the cells; `match` is "✓" when every cell's two records
+    agree on it (after mapping conventions), else "✗ MISMATCH" with the cells that disagree.
+    """
+    checked = check_runs(records)
+    by_key: dict[str, dict] = {}
+    for cell in checked:
+        for row in cell["rows"]:
+            entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "bad": []})
+            for fw in ("torch", "keras"):
+                entry[fw].add(_fmt(row[fw]) if row["recorded"][fw] else "not recorded")
+            if not row["match"]:
+                entry["bad"].append(cell["cell"])
+    rows = [{"setting": key, "torch": "; ".join(sorted(e["torch"])), "keras": "; ".join(sorted(e["keras"])),
+             "match": "✓" if not e["bad"] else f"✗ MISMATCH ({', '.join(e['bad'])})", "ok": not e["bad"]}
+            for key, e in sorted(by_key.items())]
+    return {"rows": rows, "cells": len(checked), "note": mismatch_note(checked)}
+
+
+def adam_gap_text(records: Iterable[Mapping]) -> str:
+    """The defaults-mode Adam gap as the run measured it, per framework's own first-batch gradients ("" if none).
+
+    Medians over the cells that recorded it (adam_formula_gap in each *_impl/numerics.py); the max is
+    the largest over those cells.
+    """
+    by_fw: dict[str, list[Mapping]] = {}
+    for r in records:
+        value = r.get("adam_gap_max")
+        if isinstance(value, (int, float)) and math.isfinite(value) and (
+                r.get("framework") == "torch" or is_keras(str(r.get("framework")))):
+            by_fw.setdefault(r["framework"], []).append(r)
+    parts = []
+    for fw, label in FRAMEWORK_LABELS.items():
+        rows = by_fw.get(fw)
+        if not rows:
+            continue
+        parts.append(f"on {label}'s gradients ({len(rows)} cell{'s' * (len(rows) > 1)}): max "
+                     f"{max(r['adam_gap_max'] for r in rows):.3g}, median "
+                     f"{float(np.median([r['adam_gap_median'] for r in rows])):.3g}, "
+                     f"{float(np.median([r['adam_gap_over_1pct'] for r in rows])):.2%} of elements above 1%")
+    if not parts:
+        return ""
+    return ("Measured in this run: one Adam step of both formulas (each framework's default epsilon) applied to "
+            "each cell's own first-batch gradient; relative difference |torch − Keras| / |torch| of the "
+            "update, " + "; ".join(parts) + ".")

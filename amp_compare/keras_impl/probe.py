@@ -1,0 +1,88 @@
+"""One --find-max-batch probe in Keras (any backend): two training steps of a cell at one batch size.
+
+`python -m amp_compare.keras_impl.probe --config cfg.json --batch N --memory-cap BYTES` builds and compiles the
+model and optimizer exactly as keras_impl/train.py does, trains two steps on one random batch (the
+second holds the optimizer state) and prints one JSON line; harness/maxbatch.py runs it and
+reads that line. Read beside torch_impl/probe.py: same shape, framework lines differ.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from amp_compare.contract.config import RunConfig  # noqa: E402
+from amp_compare.keras_impl import backends  # noqa: E402
+from amp_compare.keras_impl.train import make_model, make_optimizer, setup  # noqa: E402
+from amp_compare.kit.data import Dataset  # noqa: E402
+from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes  # noqa: E402
+
+
+def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
+    """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
+    setup(cfg)
+    if cfg.device == "cuda" and not backends.gpu_available():
+        raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
+    with backends.device_scope(cfg):
+        model = make_model(cfg, data)  # an AmpModel: its train_step is the one fit() runs
+        # auto_scale_loss=False: the optimizer is the whole AMP setup, as in train().
+        model.compile(optimizer=make_optimizer(cfg),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], jit_compile=cfg.compile or cfg.step == "tuned" or backends.JAX,
+                      auto_scale_loss=False)
+        model.optimizer.build(model.trainable_variables)
+        for _ in range(2):  # train_on_batch returns host values: the step has finished
+            model.train_on_batch(x, y)
+    if cfg.device == "cuda":
+        return backends.peak_memory(cfg)
+    return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
+
+
+def limit_gpu(cap_bytes: int) -> str:
+    """--memory-cap on a GPU, set before the backend allocates on it: TensorFlow a logical device with that
+    memory limit; JAX its preallocated fraction; torch a per-process memory fraction."""
+    if backends.JAX:
+        import jax
+
+        total = jax.devices()[0].memory_stats().get("bytes_limit", cap_bytes) if backends.gpu_available() else 0
+        if total:
+            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, cap_bytes / total):.4f}"
+        return "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    if backends.TORCH:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, cap_bytes / torch.cuda.get_device_properties(0).total_memory))
+        return "torch.cuda.set_per_process_memory_fraction"
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.set_logical_device_configuration(
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=cap_bytes // 2**20)])  # MiB
+    return "tf.config.LogicalDeviceConfiguration(memory_limit)"
+
+
+def is_out_of_memory(exc: Exception) -> bool:
+    """An allocator ran out: TensorFlow's ResourceExhaustedError, torch's OutOfMemoryError, XLA's
+    RESOURCE_EXHAUSTED. (A failed CPU allocation may abort the process with std::bad_alloc instead;
+    amp_compare.harness.maxbatch.probe recognises that from the outside.)"""
+    if backends.TENSORFLOW:
+        import tensorflow as tf
+
+        return isinstance(exc, tf.errors.ResourceExhaustedError)
+    if backends.TORCH:
+        import torch
+
+        return isinstance(exc, torch.OutOfMemoryError)
+    return "RESOURCE_EXHAUSTED" in str(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))

@@ -1,0 +1,344 @@
+"""The framework child's side of the protocol, shared by torch_impl and keras_impl.
+
+`python -m torch_impl --config cfg.json --out cells/<cell-id> --run-id <id>` (and the same
+for keras_impl) lands in `child_main`, which reads the config, loads the dataset arrays, calls
+the framework's `train()`, turns what it measured into the three record tables and writes
+them atomically. Progress goes to stdout as lines prefixed with PROGRESS_PREFIX, for the
+parent's progress bar. This module never imports a framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import env, records
+from amp_compare.contract.atomic import atomic_write_bytes
+from amp_compare.contract.config import ConfigError, RunConfig
+from amp_compare.contract.records import pack_correct
+from amp_compare.kit.data import Dataset, load_dataset
+
+PROGRESS_PREFIX = "@@amp-compare "
+EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the framework is missing or fails to import
+
+
+class Progress:
+    """Writes progress events for the parent; cheap enough to call every step."""
+
+    def __init__(self, stream=None, min_interval_s: float = 0.2):
+        self.stream = stream or sys.stdout
+        self.min_interval_s = min_interval_s
+        self._last = 0.0
+
+    def emit(self, **event) -> None:
+        self.stream.write(PROGRESS_PREFIX + json.dumps(event) + "\n")
+        self.stream.flush()
+
+    def step(self, epoch: int, epochs: int, step: int, steps: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.min_interval_s or step + 1 == steps:
+            self._last = now
+            self.emit(kind="step", epoch=epoch, epochs=epochs, step=step + 1, steps=steps)
+
+
+class SharedInit:
+    """One set of initial weights for every cell of a (model, dataset, width, seed).
+
+    The first cell to run saves its framework's freshly initialised weights (canonical numpy
+    layout, see kit/weights.py) to `path`; every later cell, in either framework, loads
+    them. With no path each framework keeps its own initialisers.
+    """
+
+    def __init__(self, path: Path | None, framework: str, seed: int):
+        self.path, self.framework, self.seed = path, framework, seed
+
+    def apply(self, model, get_weights: Callable, set_weights: Callable) -> str:
+        """Load or save the shared weights; returns where this run's initial weights came from."""
+        if self.path is None:
+            return f"{self.framework} default initialisers, seed {self.seed}"
+        if self.path.exists():
+            with np.load(self.path, allow_pickle=False) as saved:
+                weights = {k: saved[k] for k in saved.files if k != "__made_by__"}
+                made_by = str(saved["__made_by__"]) if "__made_by__" in saved.files else "unknown"
+            set_weights(model, weights)
+            return f"shared file {self.path.name}, made by {made_by}"
+        made_by = f"{self.framework} default initialisers, seed {self.seed}"
+        buffer = io.BytesIO()
+        np.savez(buffer, __made_by__=np.array(made_by), **get_weights(model))
+        atomic_write_bytes(self.path, buffer.getvalue())
+        return f"shared file {self.path.name}, made by {made_by} (this cell)"
+
+
+class CpuPeakMemory:
+    """Peak resident memory of this process during training, above its resident memory just before.
+
+    Linux keeps the peak (VmHWM); writing 5 to /proc/self/clear_refs resets it to the current
+    resident size, so the peak seen afterwards belongs to training alone.
+    """
+
+    kind = "cpu_peak_rss_above_baseline"
+
+    def __init__(self) -> None:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            self.kind = "cpu_peak_rss_above_baseline_unreset"  # peak may predate training
+        self.baseline = self._status_bytes("VmRSS")
+
+    @staticmethod
+    def _status_bytes(key: str) -> int:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def peak_bytes(self) -> int:
+        return max(0, self._status_bytes("VmHWM") - self.baseline)
+
+    def restart_window(self) -> int:
+        """Ends the window so far (returns its peak) and starts a new one at the current resident size,
+        with the same baseline: what is still resident (weights, optimizer state) keeps counting,
+        a one-off spike before now (tracing, compilation) no longer does."""
+        before = self.peak_bytes()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+        # Memory freed since the baseline (the pre-training numerics probe's buffers, released by the first
+        # step) must not hide the training peak: the baseline is the lowest resident size before the window.
+        self.baseline = min(self.baseline, self._status_bytes("VmRSS"))
+        return before
+
+
+class FirstStepWindow:
+    """The first step carries one-off work (tracing, compilation, CUDA-graph capture, lazy allocations):
+    on a CPU its memory peak is reported apart (first_step_peak_memory_bytes) and the training peak's
+    window restarts after it, so the peak is the steady training state's. (On a GPU the allocators'
+    peaks count tensors only, not compiler memory: the window stays whole; pass cpu_memory=None.)
+    Called from the loop after step 0 is timed: its cost (a write to /proc) falls in step 1, a warm-up step."""
+
+    def __init__(self, cpu_memory: CpuPeakMemory | None):
+        self.cpu_memory, self.peak_bytes = cpu_memory, 0
+
+    def after(self, epoch: int, step: int) -> None:
+        if epoch == 0 and step == 0 and self.cpu_memory is not None:
+            self.peak_bytes = self.cpu_memory.restart_window()
+
+
+@dataclass
+class TrainResult:
+    """What a framework's train() measured. Lists are per step / per epoch, in order."""
+
+    step_epoch: list[int] = field(default_factory=list)
+    step_loss: list[float] = field(default_factory=list)
+    step_loss_scale: list[float] = field(default_factory=list)  # 1.0 where no loss scaling
+    step_skipped: list[bool] = field(default_factory=list)  # non-finite gradients, update skipped
+    step_time_s: list[float] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)  # keys: REQUIRED["epochs"]
+    peak_memory_bytes: int = 0
+    memory_kind: str = ""
+    diverged_at_step: int | None = None  # first step of the non-finite run that stopped training
+    diverged_reason: str = ""  # set when the run diverged for another reason than non-finite losses
+    info: dict = field(default_factory=dict)  # framework versions, device name, AMP details
+    nonfinite: dict | None = None  # the NaN/Inf locator's finding at the first non-finite step
+    # Numerics lab rows: "dtypes" (dtype audit of one step), "underflow" (gradient magnitudes per layer)
+    extra: dict[str, list[dict]] = field(default_factory=dict)
+    # Per validation image (in order), whether the final model classified it correctly: the paired
+    # accuracy tests of harness/stats.py compare these between precisions.
+    val_correct: np.ndarray | None = None
+
+
+def first_nonfinite_parameter(weights: dict[str, np.ndarray]) -> str | None:
+    """The first parameter (canonical name, in model order) holding inf or NaN, if any."""
+    return next((name for name, value in weights.items() if not np.all(np.isfinite(value))), None)
+
+
+def check_final_weights(result: TrainResult, weights: dict[str, np.ndarray]) -> None:
+    """A run whose weights became non-finite diverged, even when its loss stayed finite.
+
+    Seen: Keras fp16-static at scale 2**40 turned every conv weight NaN after step 0 while
+    max-pooling kept the loss finite, and the run was recorded "ok". Called once after training.
+    """
+    bad = first_nonfinite_parameter(weights)
+    if bad is None or result.diverged_at_step is not None:
+        return
+    last = len(result.step_loss) - 1
+    result.diverged_at_step = last
+    result.diverged_reason = f"non-finite weights ({bad}) after the last step ({last}) while the loss stayed finite"
+    if result.nonfinite is None:
+        result.nonfinite = {"step": last, "where": "parameters", "layer": bad, "value": "nan/inf", "tensor": bad}
+
+
+class DivergenceWatch:
+    """Counts consecutive non-finite losses; training stops once the run reaches `limit` steps."""
+
+    def __init__(self, limit: int):
+        self.limit, self.run = limit, 0
+
+    def update(self, losses: list[float], last_step: int) -> int | None:
+        """Feed the losses of the steps up to `last_step`; returns the step the divergence began, or None."""
+        for loss in losses:
+            self.run = 0 if np.isfinite(loss) else self.run + 1
+        return last_step - self.run + 1 if self.run >= self.limit else None
+
+
+def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: int,
+                      train_time_s: float | None = None) -> dict[str, float]:
+    """One timing protocol for both frameworks: warm-up steps dropped, distribution kept.
+
+    The headline, throughput_img_s, is wall time: the images of the timed steps over the time they took
+    together (the marks are back to back, so stalls, host syncs and slow steps count, as in a user's
+    epoch). median_step_throughput_img_s (batch / median step) is the secondary figure; a gap between
+    the two over TIMING_GAP is called out in the report (harness/perf.py). compile_warmup_s: what the
+    warm-up steps took beyond as many median steps (tracing, compilation, CUDA-graph capture).
+
+    Where per-step times were not measured (Keras on a GPU, device mode: NaN), both come from the
+    training time over the steps and the percentiles stay missing.
+    """
+    nan = float("nan")
+    if step_times and np.all(np.isnan(step_times)) and train_time_s:
+        median = train_time_s / len(step_times)
+        return {"median_step_s": median, "p90_step_s": nan, "p99_step_s": nan,
+                "throughput_img_s": batch_size / median, "median_step_throughput_img_s": batch_size / median,
+                "steps_timed": 0, "compile_warmup_s": nan}
+    times = np.asarray(step_times[warmup_steps:] or step_times, dtype=float)
+    if times.size == 0:
+        return {"median_step_s": nan, "p90_step_s": nan, "p99_step_s": nan, "throughput_img_s": nan,
+                "median_step_throughput_img_s": nan, "steps_timed": 0, "compile_warmup_s": nan}
+    median, wall = float(np.median(times)), float(times.sum())
+    warm = np.asarray(step_times[:warmup_steps], dtype=float) if times.size < len(step_times) else times[:0]
+    return {
+        "median_step_s": median,
+        "p90_step_s": float(np.percentile(times, 90)),
+        "p99_step_s": float(np.percentile(times, 99)),
+        "throughput_img_s": batch_size * times.size / wall if wall > 0 else nan,
+        "median_step_throughput_img_s": batch_size / median if median > 0 else nan,
+        "steps_timed": int(times.size),
+        "compile_warmup_s": float(np.maximum(warm - median, 0).sum()) if warm.size else nan,
+    }
+
+
+def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Dataset,
+                 wall_s: float) -> dict[str, pd.DataFrame]:
+    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
+                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+    n = len(result.step_loss)
+    steps = pd.DataFrame({
+        **{k: [v] * n for k, v in identity.items()},
+        "epoch": result.step_epoch,
+        "step": list(range(n)),
+        "loss": np.asarray(result.step_loss, dtype=float),
+        "loss_scale": np.asarray(result.step_loss_scale, dtype=float),
+        "skipped": np.asarray(result.step_skipped, dtype=bool),
+        "step_time_s": np.asarray(result.step_time_s, dtype=float),
+    })
+    steps["warmup"] = steps["step"] < cfg.warmup_steps
+    epochs = pd.DataFrame([{**identity, **row} for row in result.epochs])
+    last = result.epochs[-1] if result.epochs else {}
+    train_time = float(sum(e["train_time_s"] for e in result.epochs))
+    images = len(steps) * cfg.batch_size
+    diverged = result.diverged_at_step is not None
+    run = {
+        **identity,
+        "schema_version": records.SCHEMA_VERSION,
+        "status": "diverged" if diverged else "ok",
+        "error": (result.diverged_reason or
+                  f"non-finite loss for {cfg.diverge_after} consecutive steps from step {result.diverged_at_step}"
+                  if diverged else ""),
+        "diverged_at_step": result.diverged_at_step if diverged else -1,
+        "stderr_tail": "",
+        **{f"cfg_{k}": v for k, v in cfg.to_dict().items() if k not in identity},
+        "dataset_source": dataset.source,
+        "train_samples": len(dataset.x_train),
+        "val_samples": len(dataset.x_val),
+        "final_val_accuracy": last.get("val_accuracy", float("nan")),
+        "val_correct": pack_correct(result.val_correct) if result.val_correct is not None else "",
+        "final_val_loss": last.get("val_loss", float("nan")),
+        "final_train_loss": last.get("train_loss", float("nan")),
+        **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size, train_time),
+        "train_time_s": train_time,
+        # The first step carries tracing / compilation (torch.compile, XLA, tf.function) and kernel setup:
+        # its excess over the median step is reported apart from step time.
+        "first_step_overhead_s": (max(0.0, result.step_time_s[0] - float(np.median(result.step_time_s)))
+                                  if result.step_time_s and not np.isnan(result.step_time_s[0]) else float("nan")),
+        "eval_time_s": float(sum(e["eval_time_s"] for e in result.epochs)),
+        "epoch_throughput_img_s": images / train_time if train_time > 0 else float("nan"),
+        "steps_total": len(steps),
+        "skipped_steps": int(steps["skipped"].sum()),
+        "peak_memory_bytes": int(result.peak_memory_bytes),
+        **performance_columns(cfg, dataset, result.info),
+        "memory_kind": result.memory_kind,
+        "child_wall_s": wall_s,
+        **env.cpu_info(),
+        **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
+           for k, v in result.info.items()},
+    }
+    run["achieved_flops"] = run["flops_per_image"] * run["throughput_img_s"]
+    for kind in ("measured", "table"):
+        peak = float(run.get(f"peak_flops_{kind}", float("nan")) or float("nan"))
+        run[f"mfu_{kind}"] = run["achieved_flops"] / peak if peak > 0 else float("nan")
+    nonfinite = result.nonfinite or {}
+    run.update({f"nonfinite_{k}": nonfinite.get(k, "") for k in ("step", "where", "layer", "value", "tensor")})
+    if run["nonfinite_step"] == "":
+        run["nonfinite_step"] = -1
+    tables = {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
+    for name, rows in result.extra.items():
+        tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
+    return tables
+
+
+def performance_columns(cfg: RunConfig, dataset: Dataset, info: dict) -> dict:
+    """FLOPs per image (kit/flops.py: one count for both frameworks); the throughput-based columns
+    (achieved FLOP/s, MFU) are derived in build_tables' caller from these and the headline throughput."""
+    from amp_compare.kit.flops import train_flops
+
+    return {"flops_per_image": float(train_flops(cfg.model, dataset.input_shape, dataset.num_classes, cfg.width)),
+            "step_loop": cfg.step}
+
+
+TrainFn = Callable[[RunConfig, Dataset, Progress, SharedInit], TrainResult]
+
+
+def child_entry(train_module: str) -> int:
+    """`python -m torch_impl|keras_impl` lands here: a framework that fails to import is 'unavailable'."""
+    try:
+        train_fn = importlib.import_module(train_module).train
+    except ImportError as exc:
+        print(f"unavailable: {train_module} cannot import its framework ({exc})", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    return child_main(train_fn)
+
+
+def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train one amp-compare cell and write its records.")
+    parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON file")
+    parser.add_argument("--out", required=True, type=Path, help="cell folder to write records into")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--init-file", type=Path, default=None, help="shared initial weights (.npz)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        cfg = RunConfig.from_json(args.config.read_text())
+    except (OSError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    dataset = load_dataset(cfg.dataset, cfg.data_dir)
+    progress = Progress()
+    result = train_fn(cfg, dataset, progress, SharedInit(args.init_file, cfg.framework, cfg.seed))
+    tables = build_tables(args.run_id, cfg, result, dataset, time.perf_counter() - start)
+    records.write_cell(args.out, tables)
+    progress.emit(kind="done")
+    return 0

@@ -1,0 +1,78 @@
+"""The device's peak FLOP/s for a precision: a measured large matmul, and a table of known GPU peaks.
+
+MFU (model FLOPs utilisation) = achieved FLOP/s of training / the device's peak for the dtype the
+matmuls run in. Two peaks, both recorded per cell:
+  * measured: the best of repeated square matmuls in that dtype, timed by the framework child at the
+    start of the cell, outside the timed loop and the memory window (`measure`). On a CPU it is the
+    only peak there is (no vendor figure fits every CPU), and fp16/bf16 there are whatever the CPU's
+    kernels make of them (emulated on a CPU without AVX-512 FP16/BF16 instructions).
+  * table: NVIDIA's published dense (no sparsity) peaks per GPU model, for the same dtype (`KNOWN_PEAKS`).
+This module never imports a framework: the child passes a function that times one matmul.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+# Dense tensor-core (fp16, bf16, tf32) and CUDA-core (fp32) peaks in TFLOP/s, from NVIDIA's data sheets:
+# H100/H200: "NVIDIA H100 Tensor Core GPU" and "NVIDIA H200" data sheets (SXM; sparsity figures halved);
+# A100: "NVIDIA A100 Tensor Core GPU" data sheet; L40S, L4, A10, V100, T4: their NVIDIA data sheets.
+# Order matters: the first key found in the device name wins ("A100" before "A10", "L40S" before "L4").
+PEAK_SOURCE = "NVIDIA data sheet, dense (no sparsity)"
+KNOWN_PEAKS: dict[str, dict[str, float]] = {
+    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
+    "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},  # SXM5
+    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0},
+    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
+    "A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
+    "V100": {"fp32": 15.7, "fp16": 125.0},
+    "T4": {"fp32": 8.1, "fp16": 65.0},
+}
+
+
+def matmul_dtype(precision: str, tf32: str = "off") -> str:
+    """The dtype a cell's matmuls and convolutions run in: its half format, or fp32 (tf32 where enabled)."""
+    if precision == "bf16":
+        return "bf16"
+    if precision.startswith("fp16"):
+        return "fp16"
+    return "tf32" if tf32 == "on" else "fp32"
+
+
+def known_peak(device_name: str, dtype: str) -> float | None:
+    """The published dense peak in FLOP/s for this GPU and dtype, or None (CPU, unknown GPU, no such dtype)."""
+    name = device_name.upper()
+    for key, peaks in KNOWN_PEAKS.items():
+        if key.upper() in name:
+            value = peaks.get(dtype)
+            return value * 1e12 if value else None
+    return None
+
+
+def measure(time_matmul: Callable[[int, int], float], max_size: int = 4096, budget_s: float = 1.0,
+            min_single_s: float = 0.02) -> tuple[float, int]:
+    """Best FLOP/s of square matmuls: time_matmul(n, repeats) -> seconds for `repeats` n x n @ n x n products
+    (the caller synchronises a GPU). n doubles from 256 until one product takes min_single_s or n reaches
+    max_size; then repeats fill the time budget. Returns (FLOP/s, n)."""
+    n = 256
+    single = time_matmul(n, 1)
+    while single < min_single_s and n < max_size and single * 8 < budget_s / 4:
+        n *= 2
+        single = time_matmul(n, 1)
+    best, deadline = 2 * n**3 / max(single, 1e-12), time.perf_counter() + budget_s
+    repeats = max(1, int(min_single_s / max(single, 1e-9)))
+    while time.perf_counter() < deadline:
+        best = max(best, repeats * 2 * n**3 / max(time_matmul(n, repeats), 1e-12))
+    return best, n
+
+
+def peak_info(device_name: str, precision: str, tf32: str, measured_flops: float, size: int) -> dict:
+    """What a child records about the peak (run-table columns; see kit/child.build_tables)."""
+    dtype = matmul_dtype(precision, tf32)
+    table = known_peak(device_name, dtype)
+    return {"peak_dtype": dtype, "peak_flops_measured": float(measured_flops), "peak_matmul_size": int(size),
+            "peak_flops_table": float(table) if table else float("nan"),
+            "peak_table_source": f"{PEAK_SOURCE}: {device_name} {dtype}" if table else ""}

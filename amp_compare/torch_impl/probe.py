@@ -1,0 +1,67 @@
+"""One --find-max-batch probe in PyTorch: two training steps of a cell at one batch size.
+
+`python -m amp_compare.torch_impl.probe --config cfg.json --batch N --memory-cap BYTES` builds the model,
+optimizer and loss scaler exactly as torch_impl/train.py does, trains two steps on one random
+batch (the second holds the optimizer state) and prints one JSON line; harness/maxbatch.py runs
+it and reads that line. Read beside keras_impl/probe.py: same shape, framework lines differ.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from amp_compare.contract.config import RunConfig
+from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes
+from amp_compare.kit.data import Dataset
+from amp_compare.torch_impl.train import (
+    AMP_DTYPES,
+    make_model,
+    make_scaler,
+    make_step_optimizer,
+    setup,
+    to_device_images,
+    train_step,
+)
+
+
+def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
+    """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
+    setup(cfg)
+    device = torch.device(cfg.device)
+    model = make_model(cfg, data)
+    model = model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
+    optimizer = make_step_optimizer(cfg, model.parameters())  # --step tuned: fused, as train() uses
+    scaler = make_scaler(cfg)
+    graphs = cfg.step == "tuned" and device.type == "cuda"  # as train(): CUDA graphs hold their own pool
+    net = (torch.compile(model, mode="reduce-overhead" if graphs else "default")
+           if cfg.compile or cfg.step == "tuned" else model)
+    images, labels = to_device_images(x, device, cfg.channels_last), torch.from_numpy(y).to(device)
+    model.train()
+    for _ in range(2):
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss, _, _ = train_step(net, optimizer, scaler, images, labels, AMP_DTYPES[cfg.precision], cfg.clip_grad_norm)
+    loss.item()  # waits for the device: the steps have really run
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "torch_cuda_max_memory_allocated"
+    return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
+
+
+def limit_gpu(cap_bytes: int) -> str:
+    """--memory-cap on a GPU: the caching allocator refuses to go past this share of the device's memory."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), 0)
+    return "torch.cuda.set_per_process_memory_fraction"
+
+
+def is_out_of_memory(exc: Exception) -> bool:
+    """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))

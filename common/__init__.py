@@ -1,1 +1,0 @@
-"""Framework-free half of amp-compare: config, data, records, runner, report, CLI."""
