@@ -29,20 +29,11 @@ from benchmarks.results import write_csv  # noqa: E402
 
 
 def _torch_steppers(model_name: str, batch_size: int, device: str = "cpu", step: str = "plain"):
-    import torch
-
-    from amp_compare.torch_impl.train import (
-        AMP_DTYPES,
-        make_dataset,
-        make_model,
-        make_scaler,
-        make_step_optimizer,
-        setup,
-        train_step,
-    )
+    from amp_compare.torch_impl.amp import amp_setting, make_scaler, train_step
+    from amp_compare.torch_impl.train import make_dataset, make_model, make_step_optimizer, setup
 
     data = load_dataset("digits")
-    x, y, _, _ = make_dataset(data, torch.device(device))
+    x, y, _, _ = make_dataset(RunConfig(framework="torch", model=model_name, device=device), data)
     xb, yb = x[:batch_size], y[:batch_size]
     out = {}
     for precision in PRECISIONS:
@@ -51,7 +42,7 @@ def _torch_steppers(model_name: str, batch_size: int, device: str = "cpu", step:
         setup(cfg)
         model = make_model(cfg, data).to(device)
         optimizer, scaler = make_step_optimizer(cfg, model.parameters()), make_scaler(cfg)
-        out[precision] = (lambda m=model, o=optimizer, s=scaler, d=AMP_DTYPES[precision]:
+        out[precision] = (lambda m=model, o=optimizer, s=scaler, d=amp_setting(precision):
                           train_step(m, o, s, xb, yb, d)[0].item())
     return out
 
@@ -60,7 +51,7 @@ def _tf_steppers(model_name: str, batch_size: int, device: str = "cpu", step: st
     import keras
     import tensorflow as tf
 
-    from amp_compare.keras_impl.train import make_model, make_optimizer, setup
+    from amp_compare.keras_impl.train import compile_model, make_model, setup
 
     data = load_dataset("digits")
     xb, yb = data.x_train[:batch_size], data.y_train[:batch_size]
@@ -71,10 +62,7 @@ def _tf_steppers(model_name: str, batch_size: int, device: str = "cpu", step: st
         setup(cfg)  # sets the global dtype policy the model is built under
         with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
             model = make_model(cfg, data)
-            model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"], auto_scale_loss=False,
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          jit_compile=step == "tuned")
-            model.optimizer.build(model.trainable_variables)  # as amp_compare.keras_impl.train does before fit()
+            compile_model(cfg, model)  # as amp_compare.keras_impl.train does before fit()
         out[precision] = lambda m=model: m.train_on_batch(xb, yb, return_dict=True)
     keras.config.set_dtype_policy("float32")
     return out

@@ -54,22 +54,14 @@ def _torch_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from amp_compare.torch_impl.amp import amp_setting, make_scaler, mixed_precision
     from amp_compare.torch_impl.models import get_weights, set_weights
-    from amp_compare.torch_impl.train import (
-        AMP_DTYPES,
-        StepClock,
-        make_dataset,
-        make_model,
-        make_scaler,
-        make_step_optimizer,
-        run_epoch,
-        setup,
-    )
+    from amp_compare.torch_impl.train import StepClock, make_dataset, make_model, make_step_optimizer, run_epoch, setup
 
     setup(cfg)
     device = torch.device(cfg.device)
-    amp_dtype = AMP_DTYPES[cfg.precision]
-    x, y, _, _ = make_dataset(data, device)
+    amp_dtype = amp_setting(cfg.precision)
+    x, y, _, _ = make_dataset(cfg, data)
     plans = [torch.from_numpy(p).to(device) for p in plan]
     first = make_model(cfg, data)
     weights = get_weights(first)
@@ -91,7 +83,7 @@ def _torch_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
 
     def minimal_loop(model, optimizer, scaler, batches):
         for xb, yb in batches:  # the tutorial's loop
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            with mixed_precision(cfg.precision, device.type):
                 loss = F.cross_entropy(model(xb), yb)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
@@ -119,7 +111,7 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     setup(cfg)
     weights = get_weights(make_model(cfg, data))
     steps = plan.shape[0] * plan.shape[1]
-    indices, device_images = make_dataset(data, plan.reshape(1, steps, -1))
+    indices, device_images = make_dataset(cfg, data)  # cfg's batch plan: every epoch's batches in a row, as `plan`
 
     class Tutorial(keras.Model):
         """The tutorial's step: forward, loss, scaled backward, apply; gathers like the suite when given images."""
@@ -140,10 +132,10 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     def compiled(model_class, images=None):
         model = build_model(cfg.model, data.input_shape, data.num_classes, model_class=model_class)
         set_weights(model, weights)
-        model.compile(optimizer=make_optimizer(cfg), metrics=["accuracy"] if model_class is AmpModel else None,
+        model.compile(optimizer=make_optimizer(cfg, model.trainable_variables),  # built, as train() builds it
+                      metrics=["accuracy"] if model_class is AmpModel else None,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), auto_scale_loss=False,
                       jit_compile=cfg.step == "tuned")
-        model.optimizer.build(model.trainable_variables)  # as amp_compare.keras_impl.train does before fit()
         if images is not None:
             model.device_images = images
             model.images = images

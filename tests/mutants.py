@@ -2,7 +2,7 @@
 
 Each MUTANT is one deliberate single-line error on the path a compare run takes from a RunConfig to
 the models, optimizers, losses and loss scalers of both frameworks (contract/mapping.py, kit/weights.py,
-*_impl/train.py, keras_impl/optimizers.py). Each is applied to a temporary copy of the tree (never in
+*_impl/train.py, *_impl/amp.py, keras_impl/optimizers.py). Each is applied to a temporary copy of the tree (never in
 place); tests/test_parity.py then runs on that copy and must fail. Prints caught / not caught per
 mutant and the percentage; exits 1 unless every mutant is caught (and 2 if a mutant's line is no
 longer in its file, so the list cannot silently go stale).
@@ -79,13 +79,13 @@ MUTANTS = [
     Mutant("loss reduction sum instead of mean (Keras)", "amp_compare/keras_impl/train.py",
            "return keras.losses.SparseCategoricalCrossentropy(from_logits=True)",
            'return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")'),
-    Mutant("loss reduction sum instead of mean (torch)", "amp_compare/torch_impl/train.py",
+    Mutant("loss reduction sum instead of mean (torch)", "amp_compare/torch_impl/amp.py",
            "loss = F.cross_entropy(logits, y)  # autocast computes this in float32",
            'loss = F.cross_entropy(logits, y, reduction="sum")'),
-    Mutant("loss-scale growth interval doubled (Keras)", "amp_compare/keras_impl/train.py",
+    Mutant("loss-scale growth interval doubled (Keras)", "amp_compare/keras_impl/amp.py",
            '"dynamic_growth_steps": settings["growth_interval"]}',
            '"dynamic_growth_steps": 2 * settings["growth_interval"]}'),
-    Mutant("initial loss scale halved (torch)", "amp_compare/torch_impl/train.py",
+    Mutant("initial loss scale halved (torch)", "amp_compare/torch_impl/amp.py",
            'scaling = {k: settings[k] for k in ("init_scale", "growth_interval")} if settings else {}',
            'scaling = {"init_scale": settings["init_scale"] / 2, "growth_interval": settings["growth_interval"]}'),
 ]

@@ -63,8 +63,8 @@ def tf32_read_back(tp) -> None:
         cfg = RunConfig(framework=tp.KERAS_FRAMEWORK, dataset="digits", tf32=tf32, threads=1)
         kt.setup(cfg)
         model = kt.make_model(cfg, data)
-        model.compile(optimizer=kt.make_optimizer(cfg), loss=kt.make_loss(cfg), auto_scale_loss=False)
-        used = kt.settings_used(model, model.optimizer, cfg)
+        kt.compile_model(cfg, model)  # as train() does
+        used = kt.settings_used(model, model.optimizer, model.optimizer, cfg)
         assert used["tf32"] == tf32, f"--tf32 {tf32}: the backend reads back {used['tf32']!r}"
 
 

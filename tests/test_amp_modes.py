@@ -99,8 +99,9 @@ def _move(before: dict, after: dict) -> float:
 def test_torch_clipping_sees_the_unscaled_gradient_norm():
     import torch
 
+    from amp_compare.torch_impl.amp import amp_setting, make_scaler, train_step
     from amp_compare.torch_impl.models import get_weights
-    from amp_compare.torch_impl.train import AMP_DTYPES, make_model, make_optimizer, make_scaler, train_step
+    from amp_compare.torch_impl.train import make_model, make_optimizer
 
     cfg, data = _cfg("torch"), load_dataset("synthetic")
     model = make_model(cfg, data)
@@ -108,7 +109,7 @@ def test_torch_clipping_sees_the_unscaled_gradient_norm():
     x = torch.from_numpy(data.x_train[:16]).permute(0, 3, 1, 2).contiguous()
     y = torch.from_numpy(data.y_train[:16])
     before = get_weights(model)
-    train_step(model, opt, scaler, x, y, AMP_DTYPES["fp16"], clip_grad_norm=CLIP)
+    train_step(model, opt, scaler, x, y, amp_setting("fp16"), clip_grad_norm=CLIP)
     assert scaler.get_scale() == 2.0**14  # no overflow: the step was taken
     assert _move(before, get_weights(model)) == pytest.approx(CLIP, rel=1e-2)
 
@@ -123,9 +124,9 @@ def test_keras_clipping_sees_the_unscaled_gradient_norm():
     setup(cfg)
     try:
         model = make_model(cfg, data)
-        model.compile(optimizer=make_optimizer(cfg), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], auto_scale_loss=False)
-        model.optimizer.build(model.trainable_variables)  # as amp_compare.keras_impl.train does before fit()
+        model.compile(optimizer=make_optimizer(cfg, model.trainable_variables),  # built, as train() builds it
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                      auto_scale_loss=False)
         before = get_weights(model)
         logs = model.train_on_batch(data.x_train[:16], data.y_train[:16], return_dict=True)
         assert logs["loss_scale"] == 2.0**14 and not logs["skipped"]

@@ -66,12 +66,15 @@ def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarra
             seen.append((x.numpy(), y.numpy()))
             return x, y
 
-    cfg = RunConfig(framework="tf", dataset="synthetic", seed=seed, augment=augment, init="framework")
+    epochs, steps, batch = plan.shape  # make_dataset reads the same plan from the cell's config
+    cfg = RunConfig(framework="tf", dataset="synthetic", seed=seed, augment=augment, init="framework",
+                    batch_size=batch, epochs=epochs, steps_per_epoch=steps)
     model = make_model(cfg, data)
     model = Spy(inputs=model.inputs, outputs=model.outputs)
-    model.compile(optimizer=make_optimizer(cfg), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], run_eagerly=True)
-    dataset, model.device_images = make_dataset(data, plan)
+    model.compile(optimizer=make_optimizer(cfg, model.trainable_variables),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                  run_eagerly=True)
+    dataset, model.device_images = make_dataset(cfg, data)
     from amp_compare.kit.child import Progress, TrainResult
 
     recorder = StepRecorder(cfg, plan.shape[1], Progress(stream=open("/dev/null", "w")), TrainResult(),
@@ -84,6 +87,7 @@ def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarra
 def test_both_frameworks_get_identical_batches(augment):
     import torch
 
+    from amp_compare.contract.config import RunConfig
     from amp_compare.kit.data import epoch_images
     from amp_compare.torch_impl.train import make_dataset as torch_dataset
     from amp_compare.torch_impl.train import to_device_images
@@ -92,7 +96,7 @@ def test_both_frameworks_get_identical_batches(augment):
     plan = batch_plan(len(data.x_train), 32, seed=7, epochs=2, cap=3)
     keras_batches = _keras_batches(data, plan, augment, seed=7)
     assert len(keras_batches) == 6
-    _, y_torch, _, _ = torch_dataset(data, torch.device("cpu"))
+    _, y_torch, _, _ = torch_dataset(RunConfig(framework="torch", dataset="synthetic", device="cpu"), data)
     for k, (epoch, step) in enumerate((e, s) for e in range(2) for s in range(3)):
         idx = plan[epoch, step]
         images = epoch_images(data, 7, epoch, augment)  # what both frameworks train on this epoch

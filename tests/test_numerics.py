@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 
 from amp_compare.keras_impl import models as km  # noqa: E402
 from amp_compare.keras_impl import numerics as kn  # noqa: E402
-from amp_compare.keras_impl.train import DTYPE_POLICIES, AmpModel  # noqa: E402
+from amp_compare.keras_impl.amp import mixed_precision  # noqa: E402
+from amp_compare.keras_impl.train import AmpModel  # noqa: E402
 from amp_compare.kit.fp16 import underflow_summary  # noqa: E402
 from amp_compare.torch_impl import models as pm  # noqa: E402
 from amp_compare.torch_impl import numerics as tn  # noqa: E402
@@ -54,7 +55,7 @@ def build_torch(name: str, seed: int = 0) -> torch.nn.Module:
 
 def build_keras(name: str, precision: str, weights: dict[str, np.ndarray] | None = None) -> keras.Model:
     """An AmpModel built under the precision's policy (then float32 again), optionally with canonical weights."""
-    keras.config.set_dtype_policy(DTYPE_POLICIES[precision])
+    mixed_precision(precision)
     try:
         model = km.build_model(name, SHAPES[name], CLASSES, model_class=AmpModel, width=WIDTH)
     finally:
@@ -429,7 +430,7 @@ def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     x, y = batch(name)
     data = type("Data", (), {"input_shape": SHAPES[name], "num_classes": CLASSES})()
     torch_rows = tn.dtype_audit(pt.make_model(cfg("torch"), data), *torch_batch(x, y), precision)
-    keras.config.set_dtype_policy(kt.DTYPE_POLICIES[precision])
+    mixed_precision(precision)
     keras_rows = kn.dtype_audit(kt.make_model(cfg("tf"), data), x, y, precision)
     rows = pd.DataFrame([{**r, "framework": "torch", "seed": 0, "precision": precision} for r in torch_rows]
                         + [{**r, "framework": "tf", "seed": 0, "precision": precision} for r in keras_rows])

@@ -25,6 +25,7 @@ on JAX and on Keras' torch backend, one child process per backend (tests/parity_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from contextlib import contextmanager
 
@@ -115,6 +116,7 @@ def nchw(x: np.ndarray, dtype=None):
 def build_pair(name: str, data, optimizer: str = "sgd", float64: bool = False, **overrides):
     """Both children's models for one cell, built by their make_model; torch's weights (BatchNorm state
     randomised) copied into Keras as --init shared does. float64: both in double precision."""
+    from amp_compare.keras_impl import amp as kamp
     from amp_compare.keras_impl import models as tm
     from amp_compare.keras_impl import train as kt
     from amp_compare.torch_impl import models as pm
@@ -127,7 +129,7 @@ def build_pair(name: str, data, optimizer: str = "sgd", float64: bool = False, *
         keras.config.set_floatx("float64")  # Input layers and the loss follow floatx
         keras.config.set_dtype_policy("float64")
     else:
-        keras.config.set_dtype_policy(kt.DTYPE_POLICIES[cfg_k.precision])  # as amp_compare.keras_impl.train.setup
+        kamp.mixed_precision(cfg_k.precision)  # as amp_compare.keras_impl.train.setup
     keras_model = kt.make_model(cfg_k, data)
     weights = pm.get_weights(torch_model)
     # Fresh BatchNorm is an identity in inference mode (mean 0, var 1, gamma 1, beta 0): randomise it so
@@ -292,6 +294,7 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
     batches as keras_impl/train.py runs it (AmpModel.train_step, make_optimizer, make_loss, make_dataset).
     """
     from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import amp as tamp
     from amp_compare.torch_impl import models as pm
     from amp_compare.torch_impl import train as pt
 
@@ -305,19 +308,19 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
     updates = [0]
     opt.register_step_post_hook(lambda *args: updates.__setitem__(0, updates[0] + 1))
     for idx in plan:
-        torch_side["scales"].append(float(pt.current_scale(scaler, torch.device("cpu"))))
+        torch_side["scales"].append(float(tamp.current_scale(scaler)))
         taken = updates[0]
         loss, _, _ = pt.train_step(torch_model, opt, scaler, nchw(data.x_train[idx], dtype),
-                                   torch.from_numpy(data.y_train[idx]), amp_dtype=pt.AMP_DTYPES[cfg_t.precision])
+                                   torch.from_numpy(data.y_train[idx]), amp_dtype=tamp.amp_setting(cfg_t.precision))
         torch_side["skipped"].append(updates[0] == taken)
         torch_side["losses"].append(float(loss))
         torch_side["weights"].append(pm.get_weights(torch_model))
 
-    keras_model.compile(optimizer=kt.make_optimizer(cfg_k), loss=kt.make_loss(cfg_k), metrics=["accuracy"],
-                        auto_scale_loss=False)
-    keras_model.optimizer.build(keras_model.trainable_variables)  # as amp_compare.keras_impl.train.train does
+    keras_model.compile(optimizer=kt.make_optimizer(cfg_k, keras_model.trainable_variables), loss=kt.make_loss(cfg_k),
+                        metrics=["accuracy"], auto_scale_loss=False)  # as amp_compare.keras_impl.train.train does
     stepper = Stepper()
-    dataset, _ = kt.attach_dataset(keras_model, data, plan)
+    # the same batches as `plan`: one epoch of `steps` (make_dataset reads the plan from the cell's config)
+    dataset, _ = kt.attach_dataset(keras_model, dataclasses.replace(cfg_k, steps_per_epoch=steps), data)
     keras_model.fit(dataset, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[stepper])
     return {"torch": torch_side, "keras": stepper, "initial": initial, "keras_model": keras_model}
 

@@ -37,6 +37,7 @@ def _epoch(cfg: RunConfig, steps: int, counts: dict | None = None, check_every: 
     """run_epoch as train() calls it, on a tiny model; counts host reads of tensors made during the steps."""
     from amp_compare.kit.child import DivergenceWatch
     from amp_compare.torch_impl import train as tt
+    from amp_compare.torch_impl.amp import amp_setting
     from amp_compare.torch_impl.models import build_model
 
     torch.manual_seed(0)
@@ -58,7 +59,7 @@ def _epoch(cfg: RunConfig, steps: int, counts: dict | None = None, check_every: 
         for name, original in originals.items():
             setattr(torch.Tensor, name, counting(name, original))
     try:
-        out = tt.run_epoch(model, optimizer, scaler, x, y, plan, tt.AMP_DTYPES[cfg.precision], clock,
+        out = tt.run_epoch(model, optimizer, scaler, x, y, plan, amp_setting(cfg.precision), clock,
                            DivergenceWatch(20), check_every=check_every)
     finally:
         for name, original in originals.items():

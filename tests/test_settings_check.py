@@ -38,13 +38,13 @@ def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = 
     cfg = RunConfig(framework="torch", **kw)
     pt.setup(cfg)  # as the child does: TF32 (read back into settings_used) among others
     model = pt.make_model(cfg, data)
-    torch_used = pt.settings_used(model, pt.make_optimizer(cfg, model.parameters()), pt.make_scaler(cfg),
-                                  pt.AMP_DTYPES[precision])
+    torch_used = pt.settings_used(model, pt.make_optimizer(cfg, model.parameters()), pt.make_scaler(cfg), cfg)
     cfg = RunConfig(framework="tf", **kw)
     kt.setup(cfg)  # sets the policy, TF32, threads and seed as the child does
     kmodel = kt.make_model(cfg, data)
-    kmodel.compile(optimizer=kt.make_optimizer(cfg), loss=kt.make_loss(cfg), auto_scale_loss=False)
-    return torch_used, kt.settings_used(kmodel, kmodel.optimizer)
+    kmodel.compile(optimizer=kt.make_optimizer(cfg, kmodel.trainable_variables), loss=kt.make_loss(cfg),
+                   auto_scale_loss=False)
+    return torch_used, kt.settings_used(kmodel, kmodel.optimizer, kmodel.optimizer, cfg)
 
 
 def cell_records(torch_used: dict, keras_used: dict) -> list[dict]:

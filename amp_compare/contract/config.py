@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
+from amp_compare.contract import precision as precisions
+
 # Frameworks: native PyTorch, and the same Keras model code on each of Keras 3's backends ("tf" is Keras on
 # TensorFlow; "keras-tf" is accepted for it and normalised to "tf", so old runs and new ones read the same).
 FRAMEWORKS = ("torch", "tf", "keras-jax", "keras-torch")
@@ -33,7 +35,7 @@ KERAS_BACKENDS = {"tf": "tensorflow", "keras-jax": "jax", "keras-torch": "torch"
 #   bf16: mixed bfloat16, no loss scaling (bfloat16 has float32's exponent range).
 #   fp16-noscale: mixed float16 with no loss scaling at all (watch gradients underflow).
 #   fp16-static: mixed float16 with a fixed scale (--loss-scale), no growth or backoff.
-PRECISIONS = ("fp32", "fp16", "bf16", "fp16-noscale", "fp16-static")
+PRECISIONS = precisions.NAMES  # contract/precision.py describes each
 DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
 # Blocks --fp32-layers may name (a dotted sub-block such as layer1.0 is allowed too).
 MODEL_BLOCKS = {"simple_cnn": ("conv1", "conv2", "fc"),
@@ -378,11 +380,13 @@ class RunConfig:
                   for name, d in run_options().items()}
         for name, value in validate_options(run_options(), values).items():
             object.__setattr__(self, name, value)
-        if self.precision == "fp16-static" and self.loss_scale is None:
-            raise ConfigError("precision 'fp16-static' needs --loss-scale (a fixed loss scale, e.g. 1024)")
-        if self.loss_scale is not None and self.precision != "fp16-static":
-            raise ConfigError(f"--loss-scale {self.loss_scale:g} only applies to precision fp16-static "
-                              f"(got {self.precision!r}; fp16 scales dynamically from --init-scale)")
+        static = precisions.names(loss_scaling="static")
+        if self.loss_scaling == "static" and self.loss_scale is None:
+            raise ConfigError(f"precision {self.precision!r} needs --loss-scale (a fixed loss scale, e.g. 1024)")
+        if self.loss_scale is not None and self.loss_scaling != "static":
+            raise ConfigError(f"--loss-scale {self.loss_scale:g} only applies to precision {', '.join(static)} "
+                              f"(got {self.precision!r}; {', '.join(precisions.names(loss_scaling='dynamic'))} "
+                              "scales dynamically from --init-scale)")
         valid = model_layer_names(self.model)
         for name in self.fp32_layers:
             if name not in valid:
@@ -397,18 +401,23 @@ class RunConfig:
                 + (f"-b{self.batch_size}" if self.batch_sweep else "") + ("-tuned" if self.step == "tuned" else ""))
 
     @property
+    def precision_spec(self) -> precisions.Precision:
+        """What this cell's precision mode is (contract/precision.py)."""
+        return precisions.of(self.precision)
+
+    @property
     def mixed(self) -> bool:
-        return self.precision != "fp32"
+        return self.precision_spec.mixed
 
     @property
     def half(self) -> str | None:
         """The half-precision format of a mixed mode: "float16", "bfloat16" or None (fp32)."""
-        return None if self.precision == "fp32" else ("bfloat16" if self.precision == "bf16" else "float16")
+        return self.precision_spec.half
 
     @property
     def loss_scaling(self) -> str | None:
         """"dynamic", "static" or None."""
-        return {"fp16": "dynamic", "fp16-static": "static"}.get(self.precision)
+        return self.precision_spec.loss_scaling
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

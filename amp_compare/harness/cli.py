@@ -40,6 +40,7 @@ from amp_compare.contract.config import (
     run_options,
     validate_options,
 )
+from amp_compare.contract.precision import names as precision_names
 from amp_compare.harness.perf import expand_cells
 
 # Exit status of `compare` (documented in docs/RELIABILITY.md).
@@ -284,11 +285,12 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
         except ConfigError as exc:  # the GPU default still runs, on data of CIFAR's shape, and says so
             datasets = ("synthetic_cifar",)
             notes.append(f"CIFAR-10 unavailable ({exc}); the GPU default used synthetic data of CIFAR's shape.")
-    if args.loss_scale is not None and "fp16-static" not in precisions:
-        raise ConfigError(f"--loss-scale {args.loss_scale:g} needs precision fp16-static among --precisions "
+    static = precision_names(loss_scaling="static")
+    if args.loss_scale is not None and not set(static) & set(precisions):
+        raise ConfigError(f"--loss-scale {args.loss_scale:g} needs precision {', '.join(static)} among --precisions "
                           f"(got {','.join(precisions)})")
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
-                       loss_scale=args.loss_scale if p == "fp16-static" else None, **common)
+                       loss_scale=args.loss_scale if p in static else None, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
     cells = expand_cells(cells, ",".join(args.step),  # --step and --batch-sizes (harness/perf.py)
                          ",".join(map(str, args.batch_sizes)) if args.batch_sizes else None)

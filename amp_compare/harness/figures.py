@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.summary import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
 
@@ -142,10 +143,10 @@ def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
     gaps = []
     for _, part in med.groupby(level=list(range(len(keys))) if keys else None):
         curves = part.unstack("precision") if "precision" in part.index.names else part
-        if "fp32" not in curves:
+        if precisions.REFERENCE not in curves:
             continue
-        base = curves["fp32"]
-        for prec in curves.columns.drop("fp32"):
+        base = curves[precisions.REFERENCE]
+        for prec in curves.columns.drop(precisions.REFERENCE):
             rel = ((curves[prec] - base).abs() / base.abs().clip(lower=1e-12)).dropna()
             if not rel.empty:
                 gaps.append(float(rel.max()))
@@ -181,8 +182,8 @@ def loss_scale_grid(scaled: pd.DataFrame):
             sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
                             marker="X", s=60, legend=False, ax=ax)
     _log2_axis(grid, df["log2_scale"])
-    present = [p for p in ("fp16", "fp16-static") if p in set(scaled["precision"])]
-    kinds = "; ".join({"fp16": "fp16: dynamic", "fp16-static": "fp16-static: fixed"}[p] for p in present)
+    present = [p for p in precisions.scaled_names() if p in set(scaled["precision"])]
+    kinds = "; ".join(f"{p}: {precisions.SCALING_WORDS[precisions.of(p).loss_scaling]}" for p in present)
     _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step", "Loss scale")
     return grid
 
@@ -266,7 +267,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                               "precision mode slowed learning without changing where it ends.",
                               "Line chart of validation accuracy after each epoch for each framework and precision."))
 
-    scaled = steps[steps["precision"].isin(["fp16", "fp16-static"])] if not steps.empty else steps
+    scaled = steps[steps["precision"].isin(precisions.scaled_names())] if not steps.empty else steps
     if not scaled.empty:
         grid = loss_scale_grid(scaled)
         _save(grid.figure, out_dir, "loss_scale")
@@ -319,7 +320,7 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
     ]:
         data = table.assign(mfu_pct=table["mfu_measured"] * 100, Step=table["step_loop"])
         if y == "speedup_vs_fp32":
-            data = data[data["precision"] != "fp32"]
+            data = data[precisions.is_mixed(data["precision"])]
         data = data[np.isfinite(data[y].astype(float))]
         if data.empty:
             continue

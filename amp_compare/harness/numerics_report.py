@@ -12,8 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
+
+# fp16 with its dynamic loss scaling and without any: "What happened" compares their accuracy.
+DYNAMIC_FP16 = precisions.names(half="float16", loss_scaling="dynamic")[0]
+UNSCALED_FP16 = precisions.names(half="float16", loss_scaling=None)[0]
 
 
 def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
@@ -100,7 +105,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     if dtypes.empty:
         return out
     first_seed = dtypes[dtypes["seed"] == dtypes["seed"].min()]
-    for prec in sorted(set(first_seed["precision"]) - {"fp32"}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
+    for prec in sorted(set(first_seed["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
         d = first_seed[first_seed["precision"] == prec]
         per_fw = {}
         for fw, g in d.groupby("framework"):
@@ -135,17 +140,17 @@ def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFra
     out: list[str] = []
     counts = scale_counts(steps)
     for r in counts.itertuples() if not counts.empty else []:
-        if r.precision == "fp16":
-            out.append(f"{_label(r.framework)} fp16: the dynamic scaler skipped {r.skipped:.0f} of {r.steps:.0f} "
-                       f"steps and grew the scale {r.growth_events:.0f} times, from 2^{np.log2(r.first_scale):.0f} "
-                       f"to 2^{np.log2(r.final_scale):.0f}.")
-        elif r.precision == "fp16-static" and r.skipped:
-            out.append(f"{_label(r.framework)} fp16-static: {r.skipped:.0f} of {r.steps:.0f} steps were skipped "
+        if r.precision in precisions.names(loss_scaling="dynamic"):
+            out.append(f"{_label(r.framework)} {r.precision}: the dynamic scaler skipped {r.skipped:.0f} of "
+                       f"{r.steps:.0f} steps and grew the scale {r.growth_events:.0f} times, "
+                       f"from 2^{np.log2(r.first_scale):.0f} to 2^{np.log2(r.final_scale):.0f}.")
+        elif r.precision in precisions.names(loss_scaling="static") and r.skipped:
+            out.append(f"{_label(r.framework)} {r.precision}: {r.skipped:.0f} of {r.steps:.0f} steps were skipped "
                        f"at the fixed scale {r.first_scale:g}.")
     summary = underflow_summary(underflow)
     last = summary[summary["when"] == "last step"] if not summary.empty else summary
     for r in last.itertuples() if not last.empty else []:
-        if r.precision in ("fp16", "fp16-static", "fp16-noscale"):
+        if r.precision in precisions.names(half="float16"):
             scaled = (f"; at the scale in use ({r.loss_scale:g}) {r.flush_scaled:.2%}"
                       if r.loss_scale != 1 else "")
             lost = ""
@@ -160,7 +165,7 @@ def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFra
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     acc = ok.groupby(["framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
     for fw in sorted({k[0] for k in acc.index}):
-        with_s, without = acc.get((fw, "fp16")), acc.get((fw, "fp16-noscale"))
+        with_s, without = acc.get((fw, DYNAMIC_FP16)), acc.get((fw, UNSCALED_FP16))
         if with_s is not None and without is not None:
             out.append(f"{_label(fw)}: validation accuracy {with_s:.1%} with dynamic loss scaling, "
                        f"{without:.1%} without any.")
@@ -183,7 +188,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
                    "keras_label": "Keras", "methods": audit_methods(dtypes)}
     if dtypes.empty:
         return facts
-    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["precision"] != "fp32")]
+    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & precisions.is_mixed(dtypes["precision"])]
     if first.empty:
         return facts
     prec = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]

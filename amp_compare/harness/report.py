@@ -17,6 +17,7 @@ import jinja2
 import numpy as np
 import pandas as pd
 
+from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
@@ -131,7 +132,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
 
 def _scale_counts_table(steps: pd.DataFrame) -> pd.DataFrame:
     counts = nr.scale_counts(steps)
-    counts = counts[counts["precision"].isin(["fp16", "fp16-static"])] if not counts.empty else counts
+    counts = counts[counts["precision"].isin(precisions.scaled_names())] if not counts.empty else counts
     if counts.empty:
         return counts
     return pd.DataFrame({"Framework": counts["framework"].map(framework_label),
@@ -174,7 +175,7 @@ def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
     """The Speed section's table: every mixed cell's speed ratio with its 95% interval and verdict."""
-    mixed = full[full["precision"] != "fp32"] if "speed_note" in full else full.iloc[0:0]
+    mixed = full[precisions.is_mixed(full["precision"])] if "speed_note" in full else full.iloc[0:0]
     if mixed.empty:
         return mixed
     multi = "machine" in mixed and mixed["machine"].nunique() > 1
@@ -475,7 +476,7 @@ def render_runs_index(reports_dir: Path) -> Path:
         several = not table.empty and len(table.groupby(["model", "dataset"])) > 1
         headline = "; ".join(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: "
                              f"{r.speedup_vs_fp32:.2f}× fp32 speed, {r.val_accuracy:.1%} acc."
-                             for r in table.itertuples() if r.precision != "fp32")
+                             for r in table.itertuples() if precisions.is_mixed(r.precision))
         m = manifest["matrix"]
         rows.append({
             "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),

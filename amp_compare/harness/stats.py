@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from amp_compare.contract import precision as precisions
 from amp_compare.contract.records import unpack_correct
 
 ALPHA = 0.05
@@ -105,8 +106,8 @@ def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     rows = []
     for key, group in runs.groupby(keys, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        fp32 = {r.seed: r for r in group[group["precision"] == "fp32"].itertuples()}
-        for prec, cells in group[group["precision"] != "fp32"].groupby("precision", sort=False):
+        fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
+        for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
             pairs = []
             for r in cells.itertuples():
                 base = fp32.get(r.seed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.env import cpu_half_precision_verdict
@@ -40,7 +41,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     if ok.empty:
         return pd.DataFrame(columns=cols)
     base_keys = [c for c in group if c != "precision"]
-    fp32 = ok[ok["precision"] == "fp32"].set_index(base_keys + ["seed"])["final_val_accuracy"]
+    fp32 = ok[precisions.is_reference(ok["precision"])].set_index(base_keys + ["seed"])["final_val_accuracy"]
     paired = ok.set_index(base_keys + ["seed"]).index.map(lambda k: fp32.get(k, np.nan))
     ok["accuracy_change_pp"] = (ok["final_val_accuracy"].to_numpy() - np.asarray(paired, dtype=float)) * 100
     agg = ok.groupby(group, sort=False, dropna=False).agg(
@@ -60,7 +61,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         peak_dtype=("peak_dtype", "first"),
     ).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
-    base = agg[agg["precision"] == "fp32"].set_index(base_keys)
+    base = agg[precisions.is_reference(agg["precision"])].set_index(base_keys)
     key = pd.MultiIndex.from_frame(agg[base_keys])
 
     def baseline(col: str) -> np.ndarray:
@@ -144,7 +145,8 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Peak memory (MiB)": fmt(r.peak_memory_mib, ",.1f"),
             "Memory vs fp32": fmt(r.memory_change_vs_fp32 * 100, "+.0f", "%"),
             "Val. accuracy": spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%"),
-            "Δ accuracy vs fp32": (short_accuracy_text(r) if hasattr(r, "p_value") and r.precision != "fp32" else
+            "Δ accuracy vs fp32": (short_accuracy_text(r)
+                                   if hasattr(r, "p_value") and precisions.is_mixed(r.precision) else
                                    spread(r, r.accuracy_change_pp, r.accuracy_change_q1, r.accuracy_change_q3,
                                           "+.1f", 1, " pp")),
             "Skipped steps": fmt(r.skipped_steps, ".0f"),
@@ -226,7 +228,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False):
         key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        fp32 = group[group["precision"] == "fp32"]
+        fp32 = group[precisions.is_reference(group["precision"])]
         fp32_epochs = epochs[epochs["cell_id"].isin(set(fp32["cell_id"]))]
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
         target, basis = (_target(group, float(fp32["final_val_accuracy"].median())) if not fp32.empty
@@ -263,8 +265,8 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
     drift = calibrate.drift(environment or {})
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False):
-        fp32 = {r.seed: r.cell_id for r in group[group["precision"] == "fp32"].itertuples()}
-        for prec, cells in group[group["precision"] != "fp32"].groupby("precision", sort=False):
+        fp32 = {r.seed: r.cell_id for r in group[precisions.is_reference(group["precision"])].itertuples()}
+        for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
             pairs = [(by_cell.get(fp32[r.seed], np.array([])), by_cell.get(r.cell_id, np.array([])))
                      for r in cells.itertuples() if r.seed in fp32]
             res = stats.speed_interval([a for a, _ in pairs], [b for _, b in pairs])
@@ -357,32 +359,32 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     for key, group in groups:
         label = _group_label(key, multi, varying)
         for fw, g in group.groupby("framework", sort=False):
-            mixed, fp32 = g[g["precision"] != "fp32"], g[g["precision"] == "fp32"]
+            mixed, fp32 = g[precisions.is_mixed(g["precision"])], g[precisions.is_reference(g["precision"])]
             if mixed.empty or fp32.empty:
                 continue
             parts = [f"{r.precision} at {speed_text(r)} ({r.throughput_img_s:,.0f} images/s)"
                      for r in mixed.itertuples()]
             out.append(f"{label}, {_label(fw)} ({_seeds(int(fp32['runs'].iloc[0]))}): against fp32's "
                        f"{fp32['throughput_img_s'].iloc[0]:,.0f} images/s, {'; '.join(parts)}.")
-    flagged = table[(table["precision"] != "fp32") & (table["speed_note"] != "")]
+    flagged = table[precisions.is_mixed(table["precision"]) & (table["speed_note"] != "")]
     if not flagged.empty:
-        out.append(f"{len(flagged)} of {int((table['precision'] != 'fp32').sum())} speed ratios are marked ⚠: "
+        out.append(f"{len(flagged)} of {int(precisions.is_mixed(table['precision']).sum())} speed ratios are marked ⚠: "
                    "their 95% interval (block bootstrap over step times and seeds) is too wide, or too few steps "
                    "were timed, to support the ratio; re-run on an idle machine, with more steps or --repeats.")
     steadiness = calibrate.describe(environment)
     if steadiness:
         out.append(steadiness)
-    slower = table[(table["precision"] != "fp32") & (table["speedup_vs_fp32"] < 1)]
+    slower = table[precisions.is_mixed(table["precision"]) & (table["speedup_vs_fp32"] < 1)]
     devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
     one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
     if not slower.empty and devices == {"cpu"} and one_cpu:
         out.append(f"Mixed precision was slower than fp32 in {len(slower)} of "
-                   f"{int((table['precision'] != 'fp32').sum())} mixed cells. "
+                   f"{int(precisions.is_mixed(table['precision']).sum())} mixed cells. "
                    + cpu_half_precision_verdict(environment))
     # Memory.
     kinds = ", ".join(sorted(set(ok_runs(runs)["memory_kind"].dropna())))
     for key, group in groups:
-        mem = group[(group["precision"] != "fp32") & group["memory_change_vs_fp32"].notna()]
+        mem = group[precisions.is_mixed(group["precision"]) & group["memory_change_vs_fp32"].notna()]
         if not mem.empty:
             parts = [f"{_label(r.framework)} {r.precision} {r.memory_change_vs_fp32:+.0%}" for r in mem.itertuples()]
             out.append(f"{_group_label(key, multi, varying)}, peak memory against fp32 ({kinds}): {', '.join(parts)}.")
@@ -396,7 +398,7 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                        "differences.")
             continue
         for fw, g in group.groupby("framework", sort=False):
-            mixed, fp32 = g[g["precision"] != "fp32"], g[g["precision"] == "fp32"]
+            mixed, fp32 = g[precisions.is_mixed(g["precision"])], g[precisions.is_reference(g["precision"])]
             if mixed.empty or fp32.empty:
                 continue
             tested = mixed[np.isfinite(mixed["p_value"].astype(float))]
@@ -418,8 +420,8 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         out.append(f"{_group_label(key, multi, varying)}, training time to {first.target:.1%} validation accuracy "
                    f"({first.target_basis}; median over seeds, validation excluded): {'; '.join(parts)}.")
     # Loss scaling: per cell, medians over seeds (the loss-scaling table's numbers).
-    fp16 = steps[(steps["precision"] == "fp16") & steps["cell_id"].isin(set(ok_runs(runs)["cell_id"]))] \
-        if not steps.empty else steps
+    fp16 = steps[steps["precision"].isin(precisions.names(loss_scaling="dynamic"))
+                 & steps["cell_id"].isin(set(ok_runs(runs)["cell_id"]))] if not steps.empty else steps
     if not fp16.empty:
         runs_keys = with_loop_columns(ok_runs(runs).copy()).set_index("cell_id")
         fp16 = fp16.assign(**{k: fp16["cell_id"].map(runs_keys[k]) for k in keys if k not in fp16})

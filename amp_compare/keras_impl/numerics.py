@@ -13,8 +13,8 @@ same row from the other.
 - `locate_nonfinite`: the first layer whose output (forward) or gradient (backward) is inf/NaN.
 
 Keras fixes a layer's dtype policy when the layer is built, so these functions take a model
-built under the policy of the precision asked for (amp_compare.keras_impl.train.DTYPE_POLICIES) and never
-change the global policy for good. Layers are named like their torch twins ("conv1",
+built under the policy of the precision asked for (keras_impl/amp.py amp_setting) and never change
+the global policy for good. Layers are named like their torch twins ("conv1",
 "layer1.0.bn1", "fc": "_" -> "."); layers Keras named itself ("max_pooling2d", "flatten") keep
 their Keras name. "loss" is the loss after the model; "" is what belongs to no single layer
 (in the backward, the AddN summing a residual's two gradient branches).
@@ -40,8 +40,9 @@ from amp_compare.keras_impl import backends  # noqa: E402
 if backends.TENSORFLOW:  # the graph-op dtype audit reads TensorFlow's traced graph
     import tensorflow as tf
 
+from amp_compare.contract import precision as precisions  # noqa: E402
+from amp_compare.keras_impl.amp import amp_setting  # noqa: E402
 from amp_compare.keras_impl.models import to_canonical  # noqa: E402
-from amp_compare.keras_impl.train import DTYPE_POLICIES  # noqa: E402
 from amp_compare.kit import weights as cw  # noqa: E402
 from amp_compare.kit.fp16 import (  # noqa: E402
     gradient_stats,
@@ -72,9 +73,10 @@ def loss_fn(y, logits):
 
 
 def _policy(precision: str) -> str:
-    if precision not in DTYPE_POLICIES:
-        raise ValueError(f"unknown precision {precision!r} (valid: {', '.join(DTYPE_POLICIES)})")
-    return DTYPE_POLICIES[precision]
+    try:
+        return amp_setting(precision)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
 
 
 def _check_policy(model: keras.Model, precision: str) -> None:
@@ -367,7 +369,7 @@ def gradient_underflow(model: keras.Model, x, y, precision: str, loss_scale: flo
     with _training_step_state(model):
         with _float32_policy(model):
             reference = grads(1.0)
-        mixed = grads(1.0) if _policy(precision) != "float32" else reference
+        mixed = grads(1.0) if precisions.of(precision).mixed else reference
         mixed_scaled = grads(loss_scale) if mixed is not reference and loss_scale != 1 else mixed
     rows = []
     for name, grad in reference.items():

@@ -13,12 +13,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.keras_impl import backends  # noqa: E402
-from amp_compare.keras_impl.train import make_model, make_optimizer, setup  # noqa: E402
+from amp_compare.keras_impl.train import compile_model, make_model, setup  # noqa: E402
 from amp_compare.kit.data import Dataset  # noqa: E402
 from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes  # noqa: E402
 
@@ -30,12 +29,7 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
         raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
     with backends.device_scope(cfg):
         model = make_model(cfg, data)  # an AmpModel: its train_step is the one fit() runs
-        # auto_scale_loss=False: the optimizer is the whole AMP setup, as in train().
-        model.compile(optimizer=make_optimizer(cfg),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], jit_compile=cfg.compile or cfg.step == "tuned" or backends.JAX,
-                      auto_scale_loss=False)
-        model.optimizer.build(model.trainable_variables)
+        compile_model(cfg, model)  # as train()
         for _ in range(2):  # train_on_batch returns host values: the step has finished
             model.train_on_batch(x, y)
     if cfg.device == "cuda":

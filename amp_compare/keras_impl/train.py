@@ -1,10 +1,10 @@
 """Keras 3 training for one amp-compare cell, on any of Keras' backends: `model.fit` with a recording callback.
 
-Read this file beside torch_impl/train.py: the functions have the same names and order, and
-the AMP lines (marked `# AMP:`) are where the frameworks differ. `train_step` is the Keras
-way to customise fit(); ours is the default one plus the per-step values we record (the
-batch's own loss, the loss scale it used, whether the update was skipped), because Keras
-logs only a running mean of the loss per batch.
+Read this file beside torch_impl/train.py: the functions of contract/twins.py have one signature
+in both, the AMP idiom itself is amp.py, and the AMP lines here are marked `# AMP:`. `train_step`
+is the Keras way to customise fit(); ours is amp.py's scaled step plus the per-step values we record
+(the batch's own loss, the loss scale it used, whether the update was skipped), because Keras logs
+only a running mean of the loss per batch.
 
 One model, policy, optimizer (LossScaleOptimizer for fp16), loss and record for the frameworks tf,
 keras-jax and keras-torch: the backend (KERAS_BACKEND, set by the parent before Keras is imported)
@@ -30,13 +30,13 @@ from amp_compare.keras_impl import backends  # noqa: E402
 
 if backends.TENSORFLOW:  # TensorFlow-only code below (tf.data, DeviceImages, StepLog) runs on that backend only
     import tensorflow as tf
-elif backends.JAX:
-    import jax
-else:
-    import torch
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.contract.mapping import framework_settings  # noqa: E402
+from amp_compare.keras_impl import numerics  # noqa: E402
+from amp_compare.keras_impl.amp import current_scale, describe_amp, make_scaler, mixed_precision  # noqa: E402
+from amp_compare.keras_impl.amp import stateless_train_step as stateless_scaled_step  # noqa: E402
+from amp_compare.keras_impl.amp import train_step as scaled_step  # noqa: E402
 from amp_compare.keras_impl.models import build_model, get_weights, set_weights  # noqa: E402
 from amp_compare.kit.child import (  # noqa: E402
     CpuPeakMemory,
@@ -50,8 +50,6 @@ from amp_compare.kit.child import (  # noqa: E402
 )
 from amp_compare.kit.data import Dataset, batch_plan, epoch_images  # noqa: E402
 
-DTYPE_POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16",
-                  "fp16-noscale": "mixed_float16", "fp16-static": "mixed_float16"}
 EVAL_BATCH = 512
 
 
@@ -59,7 +57,7 @@ def setup(cfg: RunConfig) -> None:
     backends.check_backend(cfg)  # the cell's framework names the backend this process's Keras must run on
     keras.utils.set_random_seed(cfg.seed)
     backends.set_threads(cfg.threads)
-    keras.config.set_dtype_policy(DTYPE_POLICIES[cfg.precision])  # AMP: layers compute in half precision
+    mixed_precision(cfg.precision)  # AMP: layers built from now on compute in half precision
     # TF32 decided here, as on the torch side (TF's and JAX's own GPU defaults are on), so fp32 means the same
     # everywhere; read back into settings_used.
     backends.set_tf32(cfg.tf32)
@@ -85,12 +83,14 @@ def describe_defaults() -> dict[str, object]:
     }
 
 
-def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, cfg: RunConfig | None = None) -> dict:
+def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, scaler: keras.optimizers.Optimizer,
+                  cfg: RunConfig) -> dict:
     """The values this run actually used, read back from the objects it trained with.
 
     Recorded in Keras' own convention (BatchNorm momentum weights the old average);
-    harness/settings_check.py maps and compares them with the torch child's. cfg is unused: kept
-    so callers need not change.
+    harness/settings_check.py maps and compares them with the torch child's. scaler: what
+    amp.make_scaler returned, the optimizer itself (a LossScaleOptimizer for fp16). cfg: the twin
+    contract's argument; Keras reads everything from the live objects.
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     used: dict[str, object] = {"loss_reduction": model.loss.reduction, "weight_decay": inner.weight_decay}
@@ -110,8 +110,8 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, cfg
         padded = {f"{layer.name}_pad" in names and layer.padding == "valid" for layer in strided}
         used["stride2_padding"] = "symmetric" if padded == {True} else f"padding={strided[0].padding!r}"
     used["output_dtype"] = model.layers[-1].dtype_policy.compute_dtype
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        used.update(init_scale=optimizer.initial_scale, growth_interval=optimizer.dynamic_growth_steps)
+    if isinstance(scaler, keras.optimizers.LossScaleOptimizer):
+        used.update(init_scale=scaler.initial_scale, growth_interval=scaler.dynamic_growth_steps)
     elif inner.loss_scale_factor:
         used["static_loss_scale"] = inner.loss_scale_factor
     used["tf32"] = backends.tf32_state()[0]  # read back from the backend, not from cfg
@@ -126,19 +126,17 @@ def make_model(cfg: RunConfig, data: Dataset) -> keras.Model:
                         # aligned: the output layer in the policy's dtype, as torch autocast's Linear
                         output_dtype=None if settings.get("output_dtype") == "policy" else "float32")
     if cfg.fp32_layers:  # AMP: these layers get the float32 policy (Keras fixes a policy at construction)
-        from amp_compare.keras_impl.numerics import apply_fp32_layers
-
-        model = apply_fp32_layers(model, cfg.fp32_layers)
+        model = numerics.apply_fp32_layers(model, cfg.fp32_layers)
     return model
 
 
-def make_optimizer(cfg: RunConfig) -> keras.optimizers.Optimizer:
+def make_optimizer(cfg: RunConfig, params) -> keras.optimizers.Optimizer:
+    """The cell's optimizer, loss scaling included (amp.make_scaler), built on params (the model's
+    trainable variables) as fit() would build it."""
     settings = framework_settings(cfg)
     extra: dict[str, object] = {}
     if cfg.clip_grad_norm is not None:  # the global norm, as torch's clip_grad_norm_ (clipnorm is per tensor)
         extra["global_clipnorm"] = cfg.clip_grad_norm
-    if cfg.loss_scaling == "static":  # AMP: Keras' own static scaling: x S before backward, / S after
-        extra["loss_scale_factor"] = cfg.loss_scale
     if cfg.optimizer == "adam":
         if settings.get("adam_formula") == "torch":  # aligned: torch.optim.Adam's formula (keras_impl/optimizers.py)
             from amp_compare.keras_impl.optimizers import TorchAdam
@@ -148,12 +146,9 @@ def make_optimizer(cfg: RunConfig) -> keras.optimizers.Optimizer:
             inner = keras.optimizers.Adam(learning_rate=cfg.lr, **extra)
     else:
         inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum, **extra)
-    if cfg.loss_scaling != "dynamic":
-        return inner
-    # AMP: dynamic loss scaling for fp16, built explicitly (compile would wrap it implicitly).
-    scaling = ({"initial_scale": settings["init_scale"], "dynamic_growth_steps": settings["growth_interval"]}
-               if settings else {})
-    return keras.optimizers.LossScaleOptimizer(inner, **scaling)
+    optimizer = make_scaler(cfg, inner)  # AMP: loss scaling wraps the optimizer (fp16, fp16-static)
+    optimizer.build(params)
+    return optimizer
 
 
 def make_loss(cfg: RunConfig) -> keras.losses.Loss:
@@ -162,11 +157,19 @@ def make_loss(cfg: RunConfig) -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def current_scale(optimizer: keras.optimizers.Optimizer):
-    """The live loss scale as a device tensor (a copy: the step may change the variable afterwards)."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return keras.ops.copy(keras.ops.convert_to_tensor(optimizer.dynamic_scale))
-    return keras.ops.convert_to_tensor(optimizer.loss_scale_factor or 1.0, dtype="float32")
+def jit_compile(cfg: RunConfig) -> bool:
+    """fit()'s jit_compile. --compile / --step tuned: XLA (TensorFlow, JAX), torch.compile (torch backend). plain:
+    TensorFlow traces tf.function without XLA; JAX has no graph mode without XLA (its fit always jits, Keras'
+    default there); Keras' torch backend runs eagerly (its default)."""
+    return cfg.compile or cfg.step == "tuned" or backends.JAX
+
+
+def compile_model(cfg: RunConfig, model: keras.Model) -> None:
+    """fit()'s setup, for train() and the probe alike: the optimizer (auto_scale_loss=False: make_optimizer
+    is the whole AMP setup, so fp16-noscale stays unscaled), the loss, accuracy, jit_compile (above); the
+    optimizer is built on the model's variables before fit()."""
+    model.compile(optimizer=make_optimizer(cfg, model.trainable_variables), loss=make_loss(cfg), metrics=["accuracy"],
+                  jit_compile=jit_compile(cfg), auto_scale_loss=False)
 
 
 class DeviceImages:
@@ -267,79 +270,27 @@ class AmpModel(keras.Model):
 
     if backends.JAX:
         def train_step(self, state, data):
-            """One optimizer step, Keras' JAX step (stateless: the state goes in and comes out) plus the values
-            we record. Returns the epoch's running metrics plus this batch's own values, and the new state."""
-            trainable, non_trainable, optimizer_state, metrics_state = state
+            """One optimizer step: amp.py's scaled step in JAX's stateless form (the state goes in and comes out),
+            plus the epoch's running metrics and this batch's own values."""
             x, y = self.batch(data)
-            position = {id(v): i for i, v in enumerate(self.optimizer.variables)}
-            updates_before = optimizer_state[position[id(self.optimizer.iterations)]]
-            if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-                scale_used = optimizer_state[position[id(self.optimizer.dynamic_scale)]]
-            else:
-                scale_used = current_scale(self.optimizer)
-            # AMP: compute_loss_and_updates returns loss * scale (optimizer.scale_loss) and the unscaled loss;
-            # the gradients are those of loss * scale.
-            grad_fn = jax.value_and_grad(self.compute_loss_and_updates, has_aux=True)
-            (_, (loss, logits, non_trainable, metrics_state)), grads = grad_fn(
-                trainable, non_trainable, metrics_state, x, y, None, training=True,
-                optimizer_variables=optimizer_state)
-            # AMP: LossScaleOptimizer unscales, skips the update if any gradient is inf/NaN,
-            # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
-            trainable, optimizer_state = self.optimizer.stateless_apply(optimizer_state, grads, trainable)
+            loss, logits, scale_used, skipped, state = stateless_scaled_step(self, state, x, y)  # AMP (amp.py)
+            trainable, non_trainable, optimizer_state, metrics_state = state
             logs, metrics_state = self._update_metrics_variables(metrics_state, loss, x, y, logits, None)
-            skipped = optimizer_state[position[id(self.optimizer.iterations)]] == updates_before
             return ({**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped},
                     (trainable, non_trainable, optimizer_state, metrics_state))
-
-    elif backends.TORCH:
-        def train_step(self, data):
-            """One optimizer step, Keras' torch step plus the values we record."""
-            x, y = self.batch(data)
-            logits = self(x, training=True)
-            self.zero_grad()
-            loss = self.compute_loss(x=x, y=y, y_pred=logits)  # float32: the loss casts the logits up
-            scaled_loss = self.optimizer.scale_loss(loss)  # AMP: loss * scale (unchanged without scaling)
-            scale_used = current_scale(self.optimizer)
-            updates_before = keras.ops.copy(keras.ops.convert_to_tensor(self.optimizer.iterations))
-            scaled_loss.backward()  # AMP: backward of loss * scale
-            variables = self.trainable_weights[:]
-            # AMP: LossScaleOptimizer unscales, skips the update if any gradient is inf/NaN,
-            # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
-            with torch.no_grad():
-                self.optimizer.apply([v.value.grad for v in variables], variables)
-            for metric in self.metrics:  # epoch running means: loss, then the compiled accuracy
-                if metric.name == "loss":
-                    metric.update_state(loss)
-            logs = self.compute_metrics(x, y, logits)
-            skipped = keras.ops.equal(keras.ops.convert_to_tensor(self.optimizer.iterations), updates_before)
-            return {**logs, "batch_loss": loss.detach(), "loss_scale": scale_used, "skipped": skipped}
 
     else:
         def train_step(self, data):
             """One optimizer step. Returns the epoch's running metrics plus this batch's own values."""
-            return self.tf_train_step(data)
-
-    def tf_train_step(self, data):
-        """TensorFlow's form of the step (GradientTape), with the in-step gather and the device-side StepLog."""
-        x, y = self.batch(data)
-        with tf.GradientTape() as tape:
-            logits = self(x, training=True)
-            loss = self.compute_loss(x=x, y=y, y_pred=logits)  # float32: the loss casts the logits up
-            scaled_loss = self.optimizer.scale_loss(loss)  # AMP: loss * scale (unchanged without scaling)
-        scale_used = current_scale(self.optimizer)
-        updates_before = tf.identity(self.optimizer.iterations)
-        grads = tape.gradient(scaled_loss, self.trainable_variables)  # AMP: backward of loss * scale
-        # AMP: LossScaleOptimizer unscales, skips the update if any gradient is inf/NaN,
-        # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-        for metric in self.metrics:  # epoch running means: loss, then the compiled accuracy
-            if metric.name == "loss":
-                metric.update_state(loss)
-        logs = self.compute_metrics(x, y, logits)
-        skipped = tf.equal(self.optimizer.iterations, updates_before)  # a skipped update leaves the count
-        if self.step_log is not None:
-            self.step_log.record(loss, scale_used, skipped)
-        return {**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped}
+            x, y = self.batch(data)
+            loss, logits, scale_used, skipped = scaled_step(self, x, y)  # AMP: the scaled step (amp.py)
+            for metric in self.metrics:  # epoch running means: loss, then the compiled accuracy
+                if metric.name == "loss":
+                    metric.update_state(loss)
+            logs = self.compute_metrics(x, y, logits)
+            if self.step_log is not None:  # TensorFlow's device mode
+                self.step_log.record(loss, scale_used, skipped)
+            return {**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped}
 
 
 class EpochRecorder(keras.callbacks.Callback):
@@ -474,26 +425,28 @@ class AsyncStepRecorder(DeviceStepRecorder):
         return np.asarray(loss, float), np.asarray(scale, float), np.asarray(skipped, bool)
 
 
-def make_dataset(data: Dataset, plan: np.ndarray, augment_seed: int | None = None):
-    """What fit() iterates, in exactly the order of amp_compare.kit.data.batch_plan, and the images it draws from.
+def make_dataset(cfg: RunConfig, data: Dataset) -> tuple:
+    """What fit() iterates, in exactly the order of the cell's amp_compare.kit.data.batch_plan (every epoch's
+    batches in a row: fit() takes steps_per_epoch of them per epoch), and the images it draws from.
 
     TensorFlow: batch indices through tf.data, the model gathers each batch inside its train_step (see
     DeviceImages). Other backends: a generator of numpy (x, y) batches (HostImages). With augmentation
     (augment_seed: the cell's seed) the recorder swaps in each epoch's augmented images (kit/data.py:
     the pixels torch sees) before the epoch's clock starts.
     """
+    plan = batch_plan(len(data.x_train), cfg.batch_size, cfg.seed, cfg.epochs, cfg.steps_per_epoch)
     if backends.TENSORFLOW:
         indices = tf.data.Dataset.from_tensor_slices(plan.reshape(-1, plan.shape[-1])).prefetch(tf.data.AUTOTUNE)
         return indices, DeviceImages(data.x_train, data.y_train)
-    first = None if augment_seed is None else epoch_images(data, augment_seed, 0, augment=True)
+    first = epoch_images(data, cfg.seed, 0, augment=True) if cfg.augment else None
     images = HostImages(data.x_train, data.y_train, augmented_first=first)
     return host_batches(images, plan), images
 
 
-def attach_dataset(model: keras.Model, data: Dataset, plan: np.ndarray, augment_seed: int | None = None):
+def attach_dataset(model: keras.Model, cfg: RunConfig, data: Dataset):
     """make_dataset, and the model told where its batches come from: TensorFlow gathers each batch inside the
     step from DeviceImages; the other backends' generator yields (x, y) batches, nothing to gather."""
-    dataset, images = make_dataset(data, plan, augment_seed)
+    dataset, images = make_dataset(cfg, data)
     model.device_images = images if backends.TENSORFLOW else None
     return dataset, images
 
@@ -515,27 +468,18 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         **backends.versions(),
         **backends.device_info(cfg),
         "tf32": tf32_setting,
-        "amp_api": {"dynamic": "mixed_float16 policy + LossScaleOptimizer",
-                    "static": "mixed_float16 policy + optimizer loss_scale_factor"}.get(
-            cfg.loss_scaling, f"{DTYPE_POLICIES[cfg.precision]} policy, no loss scaling" if cfg.mixed else "none"),
+        "amp_api": describe_amp(cfg),
         **backends.thread_info(),
     })
-    tuned = cfg.compile or cfg.step == "tuned"  # --step tuned: XLA (jit_compile=True); torch backend: torch.compile
-    # plain: TensorFlow traces tf.function without XLA; JAX has no graph mode without XLA (its fit always jits,
-    # Keras' default); Keras' torch backend runs eagerly (its default).
-    jit_compile = tuned or backends.JAX
-    result.info.update(compiled=compiled_text(jit_compile), step_loop=cfg.step,
+    result.info.update(compiled=compiled_text(jit_compile(cfg)), step_loop=cfg.step,
                        optimizer_impl="keras default", **measure_peak(cfg, result.info["device_name"]))
     with backends.device_scope(cfg):
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
-        # auto_scale_loss=False: the optimizer above is the whole AMP setup (fp16-noscale stays unscaled).
-        model.compile(optimizer=make_optimizer(cfg),
-                      loss=make_loss(cfg), metrics=["accuracy"], jit_compile=jit_compile, auto_scale_loss=False)
-        model.optimizer.build(model.trainable_variables)
+        compile_model(cfg, model)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
-                           settings_used=settings_used(model, model.optimizer, cfg))
-        dataset, images = attach_dataset(model, data, plan, cfg.seed if cfg.augment else None)
+                           settings_used=settings_used(model, model.optimizer, model.optimizer, cfg))
+        dataset, images = attach_dataset(model, cfg, data)
         device_mode = cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
         recorder = (DeviceStepRecorder if backends.TENSORFLOW else AsyncStepRecorder) if device_mode else StepRecorder
         # host mode reads each step's values (a wait per step on a GPU); device mode reads once per epoch
@@ -544,15 +488,13 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                                       "device: async_safe callback, one wait per epoch") if device_mode else "host"
         dataset_bytes = int(data.x_train.nbytes + data.y_train.nbytes)  # DeviceImages: same arrays
         # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
-        from amp_compare.keras_impl import numerics
-
         probe = (data.x_train[plan[0, 0]], data.y_train[plan[0, 0]])
         result.extra["dtypes"] = numerics.dtype_audit(model, *probe, cfg.precision)
-        result.extra["underflow"] = underflow_rows(numerics, model, probe, cfg, "first step", 0)
+        result.extra["underflow"] = underflow_rows(numerics, model, probe, cfg, model.optimizer, "first step", 0)
         if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
             result.info.update(numerics.adam_formula_gap(model, *probe, cfg.precision, model.optimizer))
 
-        def on_nonfinite(step: int, epoch: int, batch: int) -> None:
+        def on_nonfinite(step: int, epoch: int, batch: int) -> bool:
             """NaN/Inf locator: where the first non-finite loss or gradient came from."""
             idx = plan[epoch, batch]
             sync_state(model)
@@ -563,6 +505,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                      numerics.locate_nonfinite(model, pixels, data.y_train[idx], cfg.precision,
                                                float(current_scale(model.optimizer))))
             result.nonfinite = {"step": step, **(found or {"where": "not reproduced", "layer": "", "value": ""})}
+            return True
 
         on_device = cfg.device == "cuda" and backends.TENSORFLOW  # only TensorFlow holds the images on the device
         model.step_log = StepLog(steps) if device_mode and backends.TENSORFLOW else None  # after the audit
@@ -589,7 +532,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     # Per validation image, right or wrong: the final model's predictions for the paired tests (harness/stats.py).
     result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
-    result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, "last step", len(result.step_loss) - 1)
+    result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, model.optimizer, "last step",
+                                                len(result.step_loss) - 1)
     return result
 
 
@@ -614,8 +558,8 @@ def measure_peak(cfg: RunConfig, device_name: str) -> dict:
     return peak.peak_info(device_name, cfg.precision, cfg.tf32, flops, size)
 
 
-def underflow_rows(numerics, model, probe, cfg: RunConfig, when: str, step: int) -> list[dict]:
+def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:
     """Per-layer gradient magnitudes of one batch against float16's range, at the scale in use then."""
-    scale = float(current_scale(model.optimizer))
+    scale = float(current_scale(scaler))
     rows = numerics.gradient_underflow(model, *probe, cfg.precision, loss_scale=scale)
     return [{**row, "when": when, "at_step": step, "log2_hist": json.dumps(row.get("log2_hist"))} for row in rows]

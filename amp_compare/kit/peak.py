@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from amp_compare.contract import precision as precisions
+
 # Dense tensor-core (fp16, bf16, tf32) and CUDA-core (fp32) peaks in TFLOP/s, from NVIDIA's data sheets:
 # H100/H200: "NVIDIA H100 Tensor Core GPU" and "NVIDIA H200" data sheets (SXM; sparsity figures halved);
 # A100: "NVIDIA A100 Tensor Core GPU" data sheet; L40S, L4, A10, V100, T4: their NVIDIA data sheets.
@@ -35,10 +37,9 @@ KNOWN_PEAKS: dict[str, dict[str, float]] = {
 
 def matmul_dtype(precision: str, tf32: str = "off") -> str:
     """The dtype a cell's matmuls and convolutions run in: its half format, or fp32 (tf32 where enabled)."""
-    if precision == "bf16":
-        return "bf16"
-    if precision.startswith("fp16"):
-        return "fp16"
+    half = precisions.of(precision).half
+    if half is not None:
+        return {"bfloat16": "bf16", "float16": "fp16"}[half]
     return "tf32" if tf32 == "on" else "fp32"
 
 

@@ -31,12 +31,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from amp_compare.contract import precision as precisions
 from amp_compare.kit.fp16 import (
     gradient_stats,
     nonfinite_kind,
 )
 from amp_compare.kit.weights import check_layer_names
-from amp_compare.torch_impl.train import AMP_DTYPES
+from amp_compare.torch_impl.amp import amp_setting, mixed_precision
 
 LOSS = "loss"
 # Aliases and allocations: they move no numbers, and would drown the table.
@@ -54,14 +55,15 @@ def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _amp_dtype(precision: str) -> torch.dtype | None:
-    if precision not in AMP_DTYPES:
-        raise ValueError(f"unknown precision {precision!r} (valid: {', '.join(AMP_DTYPES)})")
-    return AMP_DTYPES[precision]
+    try:
+        return amp_setting(precision)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
 
 
 def _autocast(x: torch.Tensor, precision: str):
-    amp_dtype = _amp_dtype(precision)
-    return torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+    _amp_dtype(precision)  # an unknown precision is a ValueError
+    return mixed_precision(precision, x.device.type)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -291,7 +293,7 @@ def gradient_underflow(model: nn.Module, x, y, precision: str, loss_scale: float
         return [_numpy(torch.zeros_like(p) if g is None else g) for p, g in zip(params, out)]
 
     with _training_step_state(model):
-        reference = grads("fp32", 1.0)
+        reference = grads(precisions.REFERENCE, 1.0)
         mixed = grads(precision, 1.0) if _amp_dtype(precision) is not None else reference
         mixed_scaled = grads(precision, loss_scale) if mixed is not reference and loss_scale != 1 else mixed
     rows = []

@@ -14,36 +14,23 @@ import numpy as np
 import torch
 
 from amp_compare.contract.config import RunConfig
-from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes
 from amp_compare.kit.data import Dataset
-from amp_compare.torch_impl.train import (
-    AMP_DTYPES,
-    make_model,
-    make_scaler,
-    make_step_optimizer,
-    setup,
-    to_device_images,
-    train_step,
-)
+from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes
+from amp_compare.torch_impl.amp import amp_setting, train_step
+from amp_compare.torch_impl.train import compile_model, make_model, setup, to_device_images
 
 
 def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
     """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
     setup(cfg)
     device = torch.device(cfg.device)
-    model = make_model(cfg, data)
-    model = model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
-    optimizer = make_step_optimizer(cfg, model.parameters())  # --step tuned: fused, as train() uses
-    scaler = make_scaler(cfg)
-    graphs = cfg.step == "tuned" and device.type == "cuda"  # as train(): CUDA graphs hold their own pool
-    net = (torch.compile(model, mode="reduce-overhead" if graphs else "default")
-           if cfg.compile or cfg.step == "tuned" else model)
+    model, optimizer, scaler, net, graphs = compile_model(cfg, make_model(cfg, data), device)  # as train()
     images, labels = to_device_images(x, device, cfg.channels_last), torch.from_numpy(y).to(device)
     model.train()
     for _ in range(2):
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        loss, _, _ = train_step(net, optimizer, scaler, images, labels, AMP_DTYPES[cfg.precision], cfg.clip_grad_norm)
+        loss, _, _ = train_step(net, optimizer, scaler, images, labels, amp_setting(cfg.precision), cfg.clip_grad_norm)
     loss.item()  # waits for the device: the steps have really run
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "torch_cuda_max_memory_allocated"

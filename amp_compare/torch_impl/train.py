@@ -1,7 +1,7 @@
 """PyTorch training for one amp-compare cell: an explicit loop, torch.amp end to end.
 
-Read this file beside keras_impl/train.py: the functions have the same names and order, and the
-AMP lines (marked `# AMP:`) are where the frameworks differ. Per-step values stay on the
+Read this file beside keras_impl/train.py: the functions of contract/twins.py have one signature in
+both, the AMP idiom itself is amp.py, and the AMP lines here are marked `# AMP:`. Per-step values stay on the
 device during an epoch and are copied to the host once at its end, so the loop has no
 per-step host synchronisation on a GPU.
 """
@@ -30,10 +30,10 @@ from amp_compare.kit.child import (
     first_nonfinite_parameter,
 )
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
+from amp_compare.torch_impl import numerics
+from amp_compare.torch_impl.amp import FixedScaler, amp_setting, current_scale, describe_amp, make_scaler, train_step
 from amp_compare.torch_impl.models import build_model, get_weights, set_weights
 
-AMP_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp16-noscale": torch.float16,
-              "fp16-static": torch.float16}
 EVAL_BATCH = 512
 
 
@@ -68,12 +68,12 @@ def describe_defaults() -> dict[str, object]:
 
 
 def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                  amp_dtype: torch.dtype | None = None) -> dict:
+                  cfg: RunConfig) -> dict:
     """The values this run actually used, read back from the objects it trained with.
 
     Recorded in torch's own convention; harness/settings_check.py compares them with the Keras child's.
-    amp_dtype: the autocast dtype the run trains under (None: no autocast), which decides the dtype of
-    the final Linear (autocast runs linear/addmm in the half dtype).
+    cfg's precision gives the autocast dtype the run trains under, which decides the dtype of the final
+    Linear (autocast runs linear/addmm in the half dtype).
     """
     group = optimizer.param_groups[0]
     used: dict[str, object] = {"loss_reduction": "mean", "weight_decay": group["weight_decay"]}
@@ -91,7 +91,7 @@ def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: to
     if strided:
         pads = {m.padding for m in strided}
         used["stride2_padding"] = "symmetric" if pads == {(1, 1)} else "; ".join(map(str, sorted(pads)))
-    used["output_dtype"] = str(amp_dtype or torch.float32).removeprefix("torch.")
+    used["output_dtype"] = str(amp_setting(cfg.precision) or torch.float32).removeprefix("torch.")
     if isinstance(scaler, FixedScaler):
         used["static_loss_scale"] = scaler.fixed_scale
     elif scaler.is_enabled():
@@ -107,9 +107,7 @@ def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
     model = build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width,
                         bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"))
     if cfg.fp32_layers:  # AMP: these blocks run with autocast disabled, inputs cast to float32
-        from amp_compare.torch_impl.numerics import apply_fp32_layers
-
-        apply_fp32_layers(model, cfg.fp32_layers)
+        numerics.apply_fp32_layers(model, cfg.fp32_layers)
     return model
 
 
@@ -118,37 +116,6 @@ def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, **({"eps": settings["adam_epsilon"]} if settings else {}))
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
-
-
-class FixedScaler(torch.amp.GradScaler):
-    """fp16-static: GradScaler's scaling, unscaling and skipping of non-finite steps, with the scale
-    held fixed (GradScaler itself insists on growth > 1 and backoff < 1)."""
-
-    def __init__(self, device: str, scale: float):
-        super().__init__(device, init_scale=scale)
-        self.fixed_scale = float(scale)  # update() takes a float or a tensor, not an int
-
-    def update(self, new_scale=None) -> None:
-        super().update(self.fixed_scale)
-
-
-def make_scaler(cfg: RunConfig) -> torch.amp.GradScaler:
-    # AMP: loss scaling for fp16 (dynamic) and fp16-static (fixed); a disabled scaler (fp32, bf16,
-    # fp16-noscale) makes scale/step/update pass through.
-    if cfg.loss_scaling == "static":
-        return FixedScaler(cfg.device, cfg.loss_scale)
-    settings = framework_settings(cfg)
-    scaling = {k: settings[k] for k in ("init_scale", "growth_interval")} if settings else {}
-    return torch.amp.GradScaler(cfg.device, enabled=cfg.loss_scaling == "dynamic", **scaling)
-
-
-def current_scale(scaler: torch.amp.GradScaler, device: torch.device) -> torch.Tensor:
-    """The live loss scale as a device tensor (get_scale() would synchronise every step)."""
-    if not scaler.is_enabled():
-        return torch.ones((), device=device)
-    if scaler._scale is None:  # created lazily by the first scaler.scale()
-        return torch.full((), scaler.get_scale(), device=device)
-    return scaler._scale.detach().clone().reshape(())
 
 
 def make_step_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -162,36 +129,25 @@ def make_step_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     return optimizer
 
 
+def compile_model(cfg: RunConfig, model: nn.Module, device: torch.device):
+    """The model as the training step runs it, for train() and the probe alike: on the device (channels
+    last with --channels-last), its optimizer and loss scaler, and the network the step calls
+    (torch.compile for --compile or --step tuned; with tuned on a GPU, CUDA graphs: compile's
+    reduce-overhead mode). It compiles (and records its CUDA graphs) during the first steps: see
+    compile_warmup_s. Returns (model, optimizer, scaler, net, graphs)."""
+    model = model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
+    optimizer = make_step_optimizer(cfg, model.parameters())
+    scaler = make_scaler(cfg)
+    graphs = cfg.step == "tuned" and device.type == "cuda"  # CUDA graphs hold their own memory pool
+    net = (torch.compile(model, mode="reduce-overhead" if graphs else "default")
+           if cfg.compile or cfg.step == "tuned" else model)
+    return model, optimizer, scaler, net, graphs
+
+
 def host_sync_per_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> int:
     """Host synchronisations per step the training step itself makes on a GPU (the loop adds none):
     GradScaler.step reads found_inf on the host unless the optimizer takes it on the device."""
     return int(scaler.is_enabled() and not getattr(optimizer, "_step_supports_amp_scaling", False))
-
-
-def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, device: torch.device) -> torch.Tensor:
-    """Whether scaler.step skipped this step's update (non-finite gradients), as a device tensor: read
-    between scaler.step() and scaler.update(), which clears it."""
-    state = scaler._per_optimizer_states.get(id(optimizer), {}) if scaler.is_enabled() else {}
-    found = state.get("found_inf_per_device")
-    if not found:
-        return torch.zeros((), dtype=torch.bool, device=device)
-    return sum(v.to(device, non_blocking=True) for v in found.values()).reshape(()) > 0
-
-
-def train_step(model, optimizer, scaler, x, y, amp_dtype, clip_grad_norm: float | None = None):
-    """One optimizer step. Returns (loss, correct, skipped) as device tensors."""
-    with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):  # AMP: op-level casts
-        logits = model(x)
-        loss = F.cross_entropy(logits, y)  # autocast computes this in float32
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()  # AMP: backward of loss * scale
-    if clip_grad_norm is not None:
-        scaler.unscale_(optimizer)  # AMP: clip the true gradients, not the scaled ones
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-    scaler.step(optimizer)  # AMP: unscale gradients; skip the update if any is inf/NaN
-    skipped = found_inf(scaler, optimizer, x.device)
-    scaler.update()  # AMP: halve the scale on overflow, double it after growth_interval good steps
-    return loss.detach(), (logits.argmax(1) == y).sum(), skipped
 
 
 @torch.no_grad()
@@ -229,8 +185,10 @@ def to_device_images(x: np.ndarray, device: torch.device, channels_last: bool = 
     return torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(memory_format=fmt).to(device)
 
 
-def make_dataset(data: Dataset, device: torch.device, channels_last: bool = False) -> tuple[torch.Tensor, ...]:
-    """The whole dataset as device tensors; batches are gathered from them by index."""
+def make_dataset(cfg: RunConfig, data: Dataset) -> tuple[torch.Tensor, ...]:
+    """The whole dataset as device tensors (channels last with --channels-last); the loop gathers each
+    batch from them by index, in the order of kit/data.py's batch plan."""
+    device, channels_last = torch.device(cfg.device), cfg.channels_last
     return (to_device_images(data.x_train, device, channels_last), torch.from_numpy(data.y_train).to(device),
             to_device_images(data.x_val, device, channels_last), torch.from_numpy(data.y_val).to(device))
 
@@ -287,11 +245,12 @@ class EpochSteps:
 
 def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, watch: DivergenceWatch,
               first_step: int = 0, on_step=lambda step: None, clip_grad_norm: float | None = None,
-              on_nonfinite=None, check_every: int | None = None, graphs: bool = False) -> EpochSteps:
+              on_nonfinite=None, check_every: int | None = None, graphs: bool = False, epoch: int = 0) -> EpochSteps:
     """The instrumented training loop of one epoch (benchmarks/overhead.py measures what it costs).
 
-    on_nonfinite(step, idx) is called once for the first step whose loss was non-finite or whose
-    update the scaler skipped (non-finite gradients); it returns True once it has handled one.
+    on_nonfinite(step, epoch, batch) (contract/twins.OnNonfinite) is called once for the first step whose
+    loss was non-finite or whose update the scaler skipped (non-finite gradients); it returns True once it
+    has handled one.
     Losses are read on the host every check_every steps (default: 25 on a GPU, where a read waits
     for the device; every step on a CPU, where it costs nothing); nothing else is read per step
     (tests/test_perf.py counts the reads). graphs: CUDA graphs (--step tuned on a GPU) start a step.
@@ -302,7 +261,7 @@ def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, w
     for step, idx in enumerate(plan):
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        scales_used.append(current_scale(scaler, x.device))
+        scales_used.append(current_scale(scaler))
         loss, correct, step_skipped = train_step(net, optimizer, scaler, x[idx], y[idx], amp_dtype, clip_grad_norm)
         skipped.append(step_skipped)
         losses.append(loss)
@@ -315,7 +274,7 @@ def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, w
             if on_nonfinite is not None:
                 for k, value in enumerate(fresh, start=checked):
                     if not np.isfinite(value) or fresh_skipped[k - checked]:
-                        on_nonfinite = None if on_nonfinite(first_step + k, plan[k]) else on_nonfinite
+                        on_nonfinite = None if on_nonfinite(first_step + k, epoch, k) else on_nonfinite
                         break
             checked = len(losses)
             diverged = watch.update(fresh, first_step + step)
@@ -335,19 +294,14 @@ def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, w
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
     device = torch.device(cfg.device)
-    amp_dtype = AMP_DTYPES[cfg.precision]
+    amp_dtype = amp_setting(cfg.precision)
     model = make_model(cfg, data)
     init_source = shared_init.apply(model, get_weights, set_weights)
-    model = model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
-    optimizer = make_step_optimizer(cfg, model.parameters())
-    scaler = make_scaler(cfg)
+    model, optimizer, scaler, net, graphs = compile_model(cfg, model, device)
+    compiled = net is not model
     peak = measure_peak(device, cfg)  # before the dataset and the memory window
-    x_train, y_train, x_val, y_val = make_dataset(data, device, cfg.channels_last)
+    x_train, y_train, x_val, y_val = make_dataset(cfg, data)
     dataset_bytes = sum(t.nbytes for t in (x_train, y_train, x_val, y_val))
-    graphs = cfg.step == "tuned" and device.type == "cuda"  # CUDA graphs: compile's reduce-overhead mode
-    compiled = cfg.compile or cfg.step == "tuned"
-    # compiles (and on a GPU records its CUDA graphs) during the first steps: see compile_warmup_s
-    net = torch.compile(model, mode="reduce-overhead" if graphs else "default") if compiled else model
 
     result = TrainResult(info={
         "framework_version": torch.__version__,
@@ -361,18 +315,14 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         "host_syncs_per_step": host_sync_per_step(optimizer, scaler),
         **peak,
         "dataset_device_bytes": int(dataset_bytes) if device.type == "cuda" else 0,
-        "amp_api": {"dynamic": "torch.autocast + torch.amp.GradScaler",
-                    "static": "torch.autocast + GradScaler held at a fixed scale"}.get(
-            cfg.loss_scaling, "torch.autocast, no loss scaling" if cfg.mixed else "none"),
+        "amp_api": describe_amp(cfg),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "init_source": init_source,
         "framework_defaults": describe_defaults(),
-        "settings_used": settings_used(model, optimizer, scaler, amp_dtype),
+        "settings_used": settings_used(model, optimizer, scaler, cfg),
     })
     # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
-    from amp_compare.torch_impl import numerics
-
     first = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)[0])
     probe = (x_train[first.to(device)], y_train[first.to(device)])
     result.extra["dtypes"] = numerics.dtype_audit(model, *probe, cfg.precision)
@@ -380,12 +330,13 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
         result.info.update(numerics.adam_formula_gap(model, *probe, cfg.precision, optimizer))
 
-    def on_nonfinite(step: int, idx: torch.Tensor) -> bool:
+    def on_nonfinite(step: int, epoch: int, batch: int) -> bool:
         """NaN/Inf locator: where the first non-finite loss or gradient came from."""
+        idx = plan[batch]  # the epoch's plan, on the device: the loop below runs `epoch`
         bad = first_nonfinite_parameter(get_weights(model))
         found = ({"where": "parameters", "layer": bad, "value": "nan/inf", "tensor": bad} if bad else
                  numerics.locate_nonfinite(model, x_train[idx], y_train[idx], cfg.precision,
-                                           float(current_scale(scaler, device))))
+                                           float(current_scale(scaler))))
         result.nonfinite = {"step": step, **(found or {"where": "not reproduced", "layer": "", "value": ""})}
         return True
 
@@ -409,7 +360,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                           on_step=lambda step, n=len(plan), e=epoch: (progress.step(e, cfg.epochs, step, n),
                                                                       first_step.after(e, step)),
                           clip_grad_norm=cfg.clip_grad_norm,
-                          on_nonfinite=on_nonfinite if result.nonfinite is None else None, graphs=graphs)
+                          on_nonfinite=on_nonfinite if result.nonfinite is None else None, graphs=graphs,
+                          epoch=epoch)
         eval_start = time.perf_counter()
         val_loss, val_accuracy = evaluate(net, x_val, y_val, amp_dtype)
         eval_time = time.perf_counter() - eval_start
@@ -472,6 +424,6 @@ def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:
     """Per-layer gradient magnitudes of one batch against float16's range, at the scale in use then."""
-    scale = float(current_scale(scaler, probe[0].device))
+    scale = float(current_scale(scaler))
     rows = numerics.gradient_underflow(model, *probe, cfg.precision, loss_scale=scale)
     return [{**row, "when": when, "at_step": step, "log2_hist": json.dumps(row.get("log2_hist"))} for row in rows]

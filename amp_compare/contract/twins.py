@@ -1,0 +1,153 @@
+"""The twin contract: what each framework package (torch_impl, keras_impl) provides, with one signature.
+
+Each Protocol below lists the functions one module of a framework package must define, written once:
+parameter names, kinds and defaults are the contract (annotations are each framework's own types, so
+`Any` here). tests/test_twins.py checks both packages against it with inspect.signature, so the two
+implementations cannot drift apart again. Framework-free: nothing here imports a framework.
+
+What is deliberately NOT one signature, because the frameworks' idioms differ (docs/ARCHITECTURE.md):
+  amp.mixed_precision   torch: a context around each forward (device_type); Keras: a global policy set
+                        before the model is built
+  amp.make_scaler       torch: a GradScaler beside the optimizer; Keras: wraps the optimizer it is given
+  amp.train_step        torch: the explicit scaled step; Keras: the core of AmpModel.train_step
+  train.compile_model   torch: to the device, optimizer, scaler, torch.compile; Keras: model.compile
+  the step loop itself  torch: run_epoch + StepClock; Keras: fit() + StepRecorder/DeviceStepRecorder
+  models.build_model    Keras adds model_class, stride2_padding and output_dtype
+  numerics.loss_fn      each framework's own argument order (torch (logits, y), Keras (y, logits))
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+# The modules of each framework package this contract covers, by Protocol.
+MODULES = ("amp", "train", "numerics", "probe", "models")
+
+
+@runtime_checkable
+class Amp(Protocol):
+    """<framework>_impl/amp.py: the framework's AMP idiom."""
+
+    def amp_setting(self, precision: str) -> Any:
+        """What the framework's AMP switch takes for a mode (torch: autocast dtype; Keras: policy name)."""
+
+    def current_scale(self, scaler: Any) -> Any:
+        """The live loss scale as a device tensor (1.0: no loss scaling)."""
+
+    def describe_amp(self, cfg: Any) -> str:
+        """The AMP API a cell used, in words (the run table's amp_api)."""
+
+
+@runtime_checkable
+class Train(Protocol):
+    """<framework>_impl/train.py: one cell's training, entered by kit/child.py."""
+
+    def setup(self, cfg: Any) -> None:
+        """Seeds, threads, TF32 and (Keras) the dtype policy, before anything is built."""
+
+    def describe_defaults(self) -> dict[str, object]:
+        """The framework's own defaults for each item of contract/mapping.DIFFERENCES, from fresh objects."""
+
+    def settings_used(self, model: Any, optimizer: Any, scaler: Any, cfg: Any) -> dict:
+        """The values the run trained with, read back from its live objects (scaler: what amp.make_scaler
+        returned; in Keras the optimizer itself)."""
+
+    def make_model(self, cfg: Any, data: Any) -> Any:
+        """The cell's model (with --fp32-layers applied)."""
+
+    def make_optimizer(self, cfg: Any, params: Any) -> Any:
+        """The cell's optimizer for these parameters (Keras: built on them, loss scaling included)."""
+
+    def make_dataset(self, cfg: Any, data: Any) -> tuple:
+        """The dataset in the form the cell's step reads it (device tensors / batch indices and images)."""
+
+    def train(self, cfg: Any, data: Any, progress: Any, shared_init: Any) -> Any:
+        """Train one cell; returns kit/child.TrainResult."""
+
+    def underflow_rows(self, numerics: Any, model: Any, probe: Any, cfg: Any, scaler: Any, when: str,
+                       step: int) -> list[dict]:
+        """Per-layer gradient magnitudes of one batch against float16's range, at the scale in use then."""
+
+
+@runtime_checkable
+class Numerics(Protocol):
+    """<framework>_impl/numerics.py: the numerics lab; the same rows from both frameworks."""
+
+    def dtype_audit(self, model: Any, x: Any, y: Any, precision: str) -> list[dict]:
+        """The dtype each op of one training step computes in, per layer."""
+
+    def apply_fp32_layers(self, model: Any, names: Any) -> Any:
+        """Keep the named blocks in float32 under mixed precision."""
+
+    def gradient_underflow(self, model: Any, x: Any, y: Any, precision: str, loss_scale: float,
+                           loss_weight: float = 1.0) -> list[dict]:
+        """How many gradient elements float16 would flush to zero, with and without the loss scale."""
+
+    def adam_formula_gap(self, model: Any, x: Any, y: Any, precision: str, optimizer: Any) -> dict:
+        """One Adam step of torch's and Keras' formulas on this batch's real gradient (kit/adam_gap.py)."""
+
+    def locate_nonfinite(self, model: Any, x: Any, y: Any, precision: str, loss_scale: float) -> dict | None:
+        """The first layer whose output or gradient is inf/NaN on this batch."""
+
+
+@runtime_checkable
+class Probe(Protocol):
+    """<framework>_impl/probe.py: one --find-max-batch probe child (kit/probe.py runs it)."""
+
+    def two_steps(self, cfg: Any, data: Any, x: Any, y: Any) -> tuple[int, str]:
+        """Two training steps as train() takes them; (peak bytes, what the peak measures)."""
+
+    def limit_gpu(self, cap_bytes: int) -> str:
+        """Make the framework refuse to allocate past cap_bytes on the GPU; says how."""
+
+    def is_out_of_memory(self, exc: Exception) -> bool:
+        """Whether an exception is the framework's out-of-memory error."""
+
+
+@runtime_checkable
+class Models(Protocol):
+    """<framework>_impl/models.py: the twin models; weights in kit/weights.py's canonical numpy form."""
+
+    def get_weights(self, model: Any) -> dict:
+        """Canonical weights (torch names and layouts) as numpy arrays."""
+
+    def set_weights(self, model: Any, weights: dict) -> None:
+        """Load canonical weights."""
+
+
+PROTOCOLS: dict[str, type] = {"amp": Amp, "train": Train, "numerics": Numerics, "probe": Probe, "models": Models}
+
+
+def _parameters(function: Any, drop_self: bool) -> list[tuple[str, str, object]]:
+    params = list(inspect.signature(function).parameters.values())[1 if drop_self else 0:]
+    return [(p.name, p.kind.name, p.default) for p in params]
+
+
+def _show(params: list[tuple[str, str, object]]) -> str:
+    return ", ".join(n + ("" if d is inspect.Parameter.empty else f"={d!r}") for n, _, d in params)
+
+
+def mismatches(modules: dict[str, ModuleType]) -> list[str]:
+    """Where one framework package breaks the contract: a missing function, or another signature
+    (parameter names, kinds and defaults). modules: {"amp": <module>, "train": <module>, ...}."""
+    out = []
+    for key, protocol in PROTOCOLS.items():
+        module = modules[key]
+        for name in sorted(n for n in vars(protocol) if not n.startswith("_") and callable(getattr(protocol, n))):
+            function = getattr(module, name, None)
+            if not callable(function):
+                out.append(f"{module.__name__}.{name}: missing")
+                continue
+            want, got = _parameters(getattr(protocol, name), True), _parameters(function, False)
+            if got != want:
+                out.append(f"{module.__name__}.{name}({_show(got)}): the contract says ({_show(want)})")
+    return out
+
+
+# The NaN/Inf locator hook both train() functions hand their step loop (torch run_epoch, Keras EpochRecorder):
+# called once, at the first step whose loss was non-finite or whose update was skipped.
+class OnNonfinite(Protocol):
+    def __call__(self, step: int, epoch: int, batch: int) -> bool:
+        """step: the run's step index; epoch, batch: where it is in the batch plan. True: handled."""

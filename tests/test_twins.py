@@ -1,0 +1,49 @@
+"""The twin contract (contract/twins.py): both framework packages provide its functions with one signature."""
+
+import importlib
+import inspect
+import types
+
+import pytest
+
+from amp_compare.contract import twins
+
+
+def package_modules(package: str) -> dict[str, types.ModuleType]:
+    return {key: importlib.import_module(f"amp_compare.{package}.{key}") for key in twins.MODULES}
+
+
+@pytest.mark.parametrize("package, library", [("torch_impl", "torch"), ("keras_impl", "keras")])
+def test_each_framework_package_keeps_the_contract(package, library):
+    pytest.importorskip(library)
+    assert twins.mismatches(package_modules(package)) == []
+
+
+def _keeping(protocol: type, name: str):
+    """A module-level function with exactly the signature the Protocol declares (less self)."""
+    sig = inspect.signature(getattr(protocol, name))
+
+    def function(*args, **kwargs):
+        return None
+
+    function.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])
+    return function
+
+
+def test_the_contract_check_sees_a_drift():
+    """A missing function, a renamed or added parameter, a changed default: each is named."""
+    modules = {key: types.ModuleType(f"fake.{key}") for key in twins.MODULES}
+    for key, protocol in twins.PROTOCOLS.items():
+        for name in [n for n in vars(protocol) if not n.startswith("_") and callable(getattr(protocol, n))]:
+            setattr(modules[key], name, _keeping(protocol, name))
+    assert twins.mismatches(modules) == []
+
+    modules["amp"].current_scale = lambda scaler, device: None  # torch's signature before the contract
+    modules["train"].make_dataset = lambda data, plan: None  # Keras' signature before the contract
+    modules["numerics"].gradient_underflow = lambda model, x, y, precision, loss_scale, loss_weight=2.0: None
+    del modules["probe"].limit_gpu
+    found = twins.mismatches(modules)
+    assert [line.split("(")[0].split(":")[0] for line in found] == [
+        "fake.amp.current_scale", "fake.train.make_dataset", "fake.numerics.gradient_underflow",
+        "fake.probe.limit_gpu"], found
+    assert "loss_weight=2.0" in found[2] and "loss_weight=1.0" in found[2] and found[3].endswith("missing")
