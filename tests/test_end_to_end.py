@@ -43,7 +43,7 @@ def test_tiny_compare_writes_records_and_report(tiny_run):
     # The terminal summary shows the same values as the report's Markdown summary (fewer columns, so that
     # it fits the terminal: each terminal row is the Markdown row with some cells left out).
     table_rows = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines()
-                  if line.startswith("| PyTorch") or line.startswith("| TensorFlow")]
+                  if line.startswith("| PyTorch") or line.startswith("| Keras (TF)")]
     lines = [line for line in proc.stderr.splitlines() if re.match(r"^\s*(PyTorch|Keras \(TF\))\s{2,}", line)]
     terminal_rows = [re.split(r"\s{2,}", line.strip()) for line in lines]
     assert len(terminal_rows) == len(table_rows) == 6

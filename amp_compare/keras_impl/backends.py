@@ -220,11 +220,12 @@ def time_matmul_function(cfg: RunConfig, dtype: str):
             rng = np.random.default_rng(0)
             a = ops.cast(ops.convert_to_tensor(rng.standard_normal((n, n), dtype=np.float32)), dtype)
             b = ops.cast(ops.convert_to_tensor(rng.standard_normal((n, n), dtype=np.float32)), dtype)
-            ops.convert_to_numpy(ops.matmul(a, b)[0, 0])  # first call: kernel selection, not timed
+            # one element, as float32 (numpy has no bfloat16): waits for the device, copies 4 bytes
+            ops.convert_to_numpy(ops.cast(ops.matmul(a, b)[0, 0], "float32"))  # first call: kernel selection
             start = time.perf_counter()
             for _ in range(repeats):
                 c = ops.matmul(a, b)
-            ops.convert_to_numpy(c[0, 0])  # waits for the device (ops run in order); copies one element
+            ops.convert_to_numpy(ops.cast(c[0, 0], "float32"))  # waits for the device (ops run in order)
             return time.perf_counter() - start
 
     return time_matmul
