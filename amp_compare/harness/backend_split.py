@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
+from amp_compare.harness.stats import MIN_TIMED_STEPS
 
 
 def _fmt(value) -> str:
@@ -123,9 +124,15 @@ def split_sentences(runs: pd.DataFrame, frameworks: list[str], keras: pd.DataFra
             continue
         fast, slow = max(speeds, key=speeds.get), min(speeds, key=speeds.get)
         listed = ", ".join(f"{framework_label(fw)} {v:,.0f}" for fw, v in speeds.items())
-        out.append(f"Backend's side, {prec}: the same Keras model and settings trained at {listed} img/s; "
-                   f"{framework_label(fast)} was {speeds[fast] / speeds[slow]:.2f}× {framework_label(slow)} "
-                   f"(median over seeds; the kernels, the step's overhead and compilation are the backend's).")
+        text = (f"Backend's side, {prec}: the same Keras model and settings trained at {listed} img/s; "
+                f"{framework_label(fast)} was {speeds[fast] / speeds[slow]:.2f}× {framework_label(slow)} "
+                f"(median over seeds; the kernels, the step's overhead and compilation are the backend's).")
+        cells = ok[ok["precision"] == prec]
+        timed = pd.to_numeric(cells.get("steps_timed", pd.Series(dtype=float)), errors="coerce")
+        if timed.notna().any() and timed.min() < MIN_TIMED_STEPS:
+            text += (f" ⚠ Only {int(timed.min())} step(s) were timed after the warm-up in some of these cells, so "
+                     f"these figures include tracing and compilation: not a steady-state speed comparison.")
+        out.append(text)
     return out
 
 
