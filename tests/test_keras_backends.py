@@ -64,11 +64,12 @@ def test_keras_cells_get_their_backend_in_the_child_environment():
     assert RunConfig(framework="keras-tf").framework == "tf"  # the alias is stored under one name
 
 
-@pytest.mark.parametrize("framework, step_values", [("keras-jax", "device"), ("keras-torch", "host")])
+@pytest.mark.parametrize("framework, step_values", [("keras-jax", "device")])
 def test_a_keras_backend_cell_runs_through_the_runner(framework, step_values, tmp_path, monkeypatch):
-    """One tiny fp16 cell per backend through the product's path (runner, child, records): the records
-    name the backend, its TF32 read-back, its dtype-audit method; jax runs device mode (AsyncStepRecorder:
-    no per-step wait, per-step times missing), torch host mode (a time per step)."""
+    """One tiny fp16 cell through the product's path (runner, child, records): the records name the backend,
+    its TF32 read-back, its dtype-audit method; device mode (AsyncStepRecorder: no per-step wait, per-step
+    times missing). One backend only, for time (~20 s a cell here); `keras-torch` in host mode passes the same
+    test, and the done-when compare of docs/ARCHITECTURE.md runs every backend."""
     import pandas as pd
 
     from amp_compare.harness.runner import run_cell
