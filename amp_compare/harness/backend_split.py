@@ -130,8 +130,9 @@ def split_sentences(runs: pd.DataFrame, frameworks: list[str], keras: pd.DataFra
         cells = ok[ok["precision"] == prec]
         timed = pd.to_numeric(cells.get("steps_timed", pd.Series(dtype=float)), errors="coerce")
         if timed.notna().any() and timed.min() < MIN_TIMED_STEPS:
-            text += (f" ⚠ Only {int(timed.min())} step(s) were timed after the warm-up in some of these cells, so "
-                     f"these figures include tracing and compilation: not a steady-state speed comparison.")
+            text += (f" ⚠ Only {int(timed.min())} step(s) were timed in some of these cells (a run no longer than its "
+                     f"warm-up times the warm-up too), so these figures may include tracing and compilation: not a "
+                     f"steady-state speed comparison.")
         out.append(text)
     return out
 
