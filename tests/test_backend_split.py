@@ -35,6 +35,7 @@ def test_keras_settings_and_backend_speeds_come_from_the_records():
     sentences = " ".join(split["sentences"])
     assert "2 of 3 settings" in sentences and "adam_epsilon" in sentences
     assert "Keras (JAX) was 8.00× Keras (torch)" in sentences and "⚠" not in sentences
+    assert "One seed per backend" in sentences  # a single measurement is said to be one
 
 
 def test_untimed_steps_are_called_out_and_one_backend_cannot_be_split():

@@ -128,6 +128,10 @@ def split_sentences(runs: pd.DataFrame, frameworks: list[str], keras: pd.DataFra
                 f"{framework_label(fast)} was {speeds[fast] / speeds[slow]:.2f}× {framework_label(slow)} "
                 f"(median over seeds; the kernels, the step's overhead and compilation are the backend's).")
         cells = ok[ok["precision"] == prec]
+        seeds = int(cells.groupby("framework").size().min())
+        if seeds < 2:
+            text += (" One seed per backend: a single measurement each, with no interval; the Speed section's ratios "
+                     "carry the intervals.")
         timed = pd.to_numeric(cells.get("steps_timed", pd.Series(dtype=float)), errors="coerce")
         if timed.notna().any() and timed.min() < MIN_TIMED_STEPS:
             text += (f" ⚠ Only {int(timed.min())} step(s) were timed in some of these cells (a run no longer than its "
