@@ -13,7 +13,7 @@ BAD = [
     (["--datasets", "imagenet"],
      "unknown dataset 'imagenet' (valid: digits, synthetic, synthetic_cifar, cifar10, cifar100)"),
     (["--precisions", "fp32,fp8"], "unknown precision 'fp8' (valid: fp32, fp16, bf16, fp16-noscale, fp16-static)"),
-    (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf)"),
+    (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf, keras-jax, keras-torch)"),
     (["--device", "tpu"], "unknown device 'tpu' (valid: auto, cpu, cuda)"),
     (["--optimizer", "lion"], "unknown optimizer 'lion' (valid: adam, sgd)"),
     (["--epochs", "0"], "epochs must be a positive int (1..9223372036854775807), got 0"),

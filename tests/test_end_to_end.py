@@ -38,13 +38,13 @@ def test_tiny_compare_writes_records_and_report(tiny_run):
                     "Environment", "Glossary", "Reproduce"):
         assert f">{section}</h2>" in html
     md = (run_dir / "summary.md").read_text()
-    assert md.count("| PyTorch |") == 3 and md.count("| TensorFlow/Keras |") == 3
+    assert md.count("| PyTorch |") == 3 and md.count("| Keras (TF) |") == 3
     assert (out / "index.html").read_text().count("tiny/index.html") == 1
     # The terminal summary shows the same values as the report's Markdown summary (fewer columns, so that
     # it fits the terminal: each terminal row is the Markdown row with some cells left out).
     table_rows = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines()
-                  if line.startswith("| PyTorch") or line.startswith("| TensorFlow")]
-    lines = [line for line in proc.stderr.splitlines() if re.match(r"^\s*(PyTorch|TensorFlow/Keras)\s{2,}", line)]
+                  if line.startswith("| PyTorch") or line.startswith("| Keras (TF)")]
+    lines = [line for line in proc.stderr.splitlines() if re.match(r"^\s*(PyTorch|Keras \(TF\))\s{2,}", line)]
     terminal_rows = [re.split(r"\s{2,}", line.strip()) for line in lines]
     assert len(terminal_rows) == len(table_rows) == 6
     for md_cells, cells in zip(table_rows, terminal_rows):

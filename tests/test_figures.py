@@ -52,7 +52,7 @@ def test_coinciding_loss_curves_stay_distinguishable():
     fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
                  split_frameworks=True)
     axes = fig.axes[:2]
-    assert [ax.get_title() for ax in axes] == ["PyTorch", "TensorFlow/Keras"]  # one panel per framework
+    assert [ax.get_title() for ax in axes] == ["PyTorch", "Keras (TF)"]  # one panel per framework
     for ax in axes:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
         assert len(lines) == 3

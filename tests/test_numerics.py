@@ -440,7 +440,7 @@ def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     assert keys["torch"] == keys["tf"], (keys["torch"] ^ keys["tf"])
     assert not table["differs"].any(), table[table["differs"]].to_string()
     fc = table[(table["layer"] == "fc") & (table["phase"] == "forward")]
-    assert fc.iloc[0]["PyTorch dtypes"] == fc.iloc[0]["TensorFlow/Keras dtypes"] == HALF[precision]
+    assert fc.iloc[0]["PyTorch dtypes"] == fc.iloc[0]["Keras (TF) dtypes"] == HALF[precision]
     # The report's glossary sentences come from these rows (harness/numerics_report.op_dtype_facts).
     from amp_compare.harness.numerics_report import op_dtype_facts
 

@@ -17,24 +17,33 @@ convention in the mapping, an optimizer argument, a padding, a transposed kernel
 
 The largest measured differences go to parity.json under $AMP_COMPARE_ARTIFACTS (default:
 test-artifacts/), for people and the report to quote.
+
+Backend-neutral: the Keras side runs on whichever backend this process's Keras was imported with
+(KERAS_BACKEND). pytest runs it on TensorFlow; tests/test_keras_backends.py runs these same functions
+on JAX and on Keras' torch backend, one child process per backend (tests/parity_backend_child.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
-from amp_compare.contract.config import RunConfig
+from amp_compare.contract.config import KERAS_BACKENDS, RunConfig
 from amp_compare.kit.data import epoch_batches, load_digits, load_synthetic
 from tests import tolerances
 from tests.conftest import artifacts_dir
 
 keras = pytest.importorskip("keras")
-tf = pytest.importorskip("tensorflow")
+BACKEND = keras.backend.backend()
+if BACKEND == "tensorflow":
+    pytest.importorskip("tensorflow")
 torch = pytest.importorskip("torch")
+# The framework name of the Keras side: tf, keras-jax or keras-torch, from the backend this Keras runs on.
+KERAS_FRAMEWORK = {backend: fw for fw, backend in KERAS_BACKENDS.items()}[BACKEND]
 
 SEED = 0
 BATCH = 8
@@ -63,20 +72,28 @@ def parity_record():
     yield record
     tol = {k: vars(v) for k, v in vars(tolerances).items() if isinstance(v, tolerances.Tolerance)}
     summary = {"legend": LEGEND, "tolerances": tol, "width": WIDTH, "batch": BATCH, "steps": STEPS,
-               "versions": {"torch": torch.__version__, "tensorflow": tf.__version__, "keras": keras.__version__},
+               "versions": {"torch": torch.__version__, "keras": keras.__version__, "keras_backend": BACKEND},
                "results": dict(sorted(record.items()))}
     (artifacts_dir() / "parity.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-@pytest.fixture(autouse=True)
-def restore_keras_dtypes():
+@contextmanager
+def keras_dtypes_restored():
     """Tests here set float64 or mixed policies; put back what was there. Seeds make failures repeatable."""
     policy, floatx = keras.config.dtype_policy().name, keras.config.floatx()
-    keras.utils.set_random_seed(SEED)  # seeds Python, numpy and TensorFlow
+    keras.utils.set_random_seed(SEED)  # seeds Python, numpy and the backend
     torch.manual_seed(SEED)
-    yield
-    keras.config.set_floatx(floatx)
-    keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
+
+
+@pytest.fixture(autouse=True)
+def restore_keras_dtypes():
+    with keras_dtypes_restored():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +122,7 @@ def build_pair(name: str, data, optimizer: str = "sgd", float64: bool = False, *
     from amp_compare.torch_impl import models as pm
     from amp_compare.torch_impl import train as pt
 
-    cfg_t, cfg_k = config("torch", name, optimizer, **overrides), config("tf", name, optimizer, **overrides)
+    cfg_t, cfg_k = config("torch", name, optimizer, **overrides), config(KERAS_FRAMEWORK, name, optimizer, **overrides)
     torch_model = pt.make_model(cfg_t, data)
     if float64:
         torch_model = torch_model.double()
@@ -196,7 +213,7 @@ def test_forward_inference_mode(name, datasets, parity_record):
     torch_model.eval()
     with torch.no_grad():
         expected = torch_model(nchw(x)).numpy()
-    actual = keras_model(x, training=False).numpy()
+    actual = keras.ops.convert_to_numpy(keras_model(x, training=False))
     measured = max_differences({"logits": actual}, {"logits": expected}, tolerances.FORWARD)
     parity_record.setdefault(name, {})["forward_inference"] = measured
     assert_within(measured, "logits, inference mode")
@@ -214,7 +231,7 @@ def test_forward_training_mode(name, datasets, parity_record):
     torch_model.train()
     with torch.no_grad():
         expected = torch_model(nchw(x)).numpy()
-    actual = keras_model(x, training=True).numpy()
+    actual = keras.ops.convert_to_numpy(keras_model(x, training=True))
     measured = max_differences({"logits": actual}, {"logits": expected}, tolerances.FORWARD)
     record = parity_record.setdefault(name, {})
     record["forward_training"] = measured
@@ -228,8 +245,10 @@ def test_forward_training_mode(name, datasets, parity_record):
 
 @pytest.mark.parametrize("name", sorted(LOADERS))
 def test_gradients_of_one_step(name, datasets, parity_record):
-    """One step's gradients, each side's loss from the training code (torch's train_step, Keras' make_loss)."""
+    """One step's gradients, each side's loss from the training code (torch's train_step, Keras' make_loss),
+    Keras' through the backend's own autodiff as the numerics lab takes them (keras_impl/backends.gradients)."""
     from amp_compare.keras_impl import models as tm
+    from amp_compare.keras_impl.backends import gradients
     from amp_compare.keras_impl.train import make_loss
     from amp_compare.torch_impl.train import make_optimizer, make_scaler, train_step
 
@@ -240,10 +259,7 @@ def test_gradients_of_one_step(name, datasets, parity_record):
     train_step(torch_model, make_optimizer(cfg_t, torch_model.parameters()), make_scaler(cfg_t), nchw(x),
                torch.from_numpy(y), amp_dtype=None)
     expected = {k: p.grad.numpy() for k, p in torch_model.named_parameters()}
-    with tf.GradientTape() as tape:
-        logits = keras_model(x, training=True)
-        loss = make_loss(cfg_k)(y, logits)
-    grads = tape.gradient(loss, keras_model.trainable_variables)
+    _, grads = gradients(keras_model, lambda logits: make_loss(cfg_k)(y, logits), x)
     actual = tm.to_canonical(keras_model, grads, keras_model.trainable_variables)
     measured = max_differences(actual, expected, tolerances.GRADIENT)
     parity_record.setdefault(name, {})["gradients"] = measured
@@ -262,7 +278,9 @@ class Stepper(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         from amp_compare.keras_impl import models as tm
+        from amp_compare.keras_impl.train import sync_state
 
+        sync_state(self.model)  # JAX's fit keeps the state apart from the model's variables
         self.losses.append(float(logs["batch_loss"]))
         self.scales.append(float(logs["loss_scale"]))
         self.skipped.append(bool(logs["skipped"]))
@@ -302,7 +320,7 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
                         metrics=["accuracy"], auto_scale_loss=False)  # as amp_compare.keras_impl.train.train does
     stepper = Stepper()
     # the same batches as `plan`: one epoch of `steps` (make_dataset reads the plan from the cell's config)
-    dataset, keras_model.device_images = kt.make_dataset(dataclasses.replace(cfg_k, steps_per_epoch=steps), data)
+    dataset, _ = kt.attach_dataset(keras_model, dataclasses.replace(cfg_k, steps_per_epoch=steps), data)
     keras_model.fit(dataset, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[stepper])
     return {"torch": torch_side, "keras": stepper, "initial": initial, "keras_model": keras_model}
 

@@ -25,7 +25,7 @@ def _rows(device="cpu"):
 
 def test_thread_counts_are_integers():
     rows = _rows()
-    assert rows["PyTorch: intra-op threads"] == "2" and rows["TensorFlow/Keras: intra-op threads"] == "2"
+    assert rows["PyTorch: intra-op threads"] == "2" and rows["Keras (TF): intra-op threads"] == "2"
     assert rows["cpu_count"] == "2"
 
 

@@ -84,7 +84,7 @@ def test_terminal_summary_fits_the_terminal_without_cutting_a_value(width, kind)
     assert "…" not in text  # nothing cut to "Fram…", "PyTo…"
     # Every row shows the report's own strings: framework and precision whole, medians as the report prints them.
     summary = formatted_summary(summary_table(runs))
-    rows = [re.split(r"\s{2,}", line.strip()) for line in lines if re.match(r"^\s*(PyTorch|TensorFlow/Keras)\s", line)]
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines if re.match(r"^\s*(PyTorch|Keras \(TF\))\s", line)]
     assert len(rows) == len(summary)
     for cells, (_, expected) in zip(rows, summary.iterrows()):
         assert cells[:2] == [expected["Framework"], expected["Precision"]]

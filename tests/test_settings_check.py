@@ -29,7 +29,6 @@ def restore_policy():
 
 def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = "aligned") -> tuple[dict, dict]:
     """Both children's settings_used for one resnet18 cell, built as a compare run builds it."""
-    from amp_compare.keras_impl import amp as kamp
     from amp_compare.keras_impl import train as kt
     from amp_compare.torch_impl import train as pt
 
@@ -37,10 +36,11 @@ def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = 
     kw = dict(model="resnet18", dataset="synthetic", width=4, precision=precision, optimizer=optimizer,
               comparison=comparison)
     cfg = RunConfig(framework="torch", **kw)
+    pt.setup(cfg)  # as the child does: TF32 (read back into settings_used) among others
     model = pt.make_model(cfg, data)
     torch_used = pt.settings_used(model, pt.make_optimizer(cfg, model.parameters()), pt.make_scaler(cfg), cfg)
     cfg = RunConfig(framework="tf", **kw)
-    kamp.mixed_precision(precision)
+    kt.setup(cfg)  # sets the policy, TF32, threads and seed as the child does
     kmodel = kt.make_model(cfg, data)
     kmodel.compile(optimizer=kt.make_optimizer(cfg, kmodel.trainable_variables), loss=kt.make_loss(cfg),
                    auto_scale_loss=False)

@@ -22,7 +22,13 @@ import pydantic
 
 from amp_compare.contract import precision as precisions
 
-FRAMEWORKS = ("torch", "tf")
+# Frameworks: native PyTorch, and the same Keras model code on each of Keras 3's backends ("tf" is Keras on
+# TensorFlow; "keras-tf" is accepted for it and normalised to "tf", so old runs and new ones read the same).
+FRAMEWORKS = ("torch", "tf", "keras-jax", "keras-torch")
+DEFAULT_FRAMEWORKS = ("torch", "tf")
+FRAMEWORK_ALIASES = {"keras-tf": "tf"}
+# Keras' backend per Keras framework: the child's KERAS_BACKEND, set before Keras is imported (harness/runner.py).
+KERAS_BACKENDS = {"tf": "tensorflow", "keras-jax": "jax", "keras-torch": "torch"}
 # Precision modes, named the same in both frameworks.
 #   fp32: no autocast / float32 policy.
 #   fp16: mixed float16 with dynamic loss scaling (GradScaler / LossScaleOptimizer).
@@ -49,15 +55,24 @@ INITS = ("shared", "framework")
 STEPS = ("plain", "tuned")
 
 # Framework package that runs each framework's child process.
-FRAMEWORK_MODULES = {"torch": "amp_compare.torch_impl", "tf": "amp_compare.keras_impl"}
-FRAMEWORK_LIBRARIES = {"torch": "torch", "tf": "tensorflow"}  # what each child must be able to import
-FRAMEWORK_LABELS = {"torch": "PyTorch", "tf": "TensorFlow/Keras"}
+FRAMEWORK_MODULES = {"torch": "amp_compare.torch_impl", **{fw: "amp_compare.keras_impl" for fw in KERAS_BACKENDS}}
+# What each child must be able to import (its Keras backend's library first, then keras).
+FRAMEWORK_LIBRARIES = {"torch": ("torch",), "tf": ("tensorflow", "keras"), "keras-jax": ("jax", "keras"),
+                       "keras-torch": ("torch", "keras")}
+# The pip extra that installs a framework's libraries (pyproject.toml's optional dependencies).
+FRAMEWORK_EXTRAS = {"torch": "compare", "tf": "compare", "keras-jax": "jax", "keras-torch": "compare"}
+FRAMEWORK_LABELS = {"torch": "PyTorch", "tf": "Keras (TF)", "keras-jax": "Keras (JAX)", "keras-torch": "Keras (torch)"}
 # The order every table and figure lists frameworks and precisions in.
 DISPLAY_ORDER = {**{f: i for i, f in enumerate(FRAMEWORKS)}, **{p: i for i, p in enumerate(PRECISIONS)}}
 
 
 def framework_label(framework: str) -> str:
     return FRAMEWORK_LABELS.get(framework, framework)
+
+
+def is_keras(framework: str) -> bool:
+    """Whether a framework is the Keras model code (on any backend), not native PyTorch."""
+    return framework in KERAS_BACKENDS
 
 
 def display_order(column):
@@ -99,6 +114,7 @@ class OptionSpec:
     flag: str | None = None  # "--name-with-dashes" by default
     metavar: str | None = None
     empty_ok: bool = False  # a list option that may be empty
+    aliases: dict | None = None  # other accepted spellings of a choice, normalised to it before validation
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, cpu: Any = _UNSET,
@@ -245,6 +261,14 @@ def validate_options(options: dict[str, Declared], values: dict[str, Any]) -> di
 
     Returns the validated values; raises ConfigError with one line naming the option, the bad
     value and what is valid (duplicates in a list included)."""
+    values = dict(values)
+    for name, d in options.items():  # accepted aliases become their canonical choice (keras-tf -> tf)
+        if d.spec.aliases and name in values:
+            value = values[name]
+            if d.is_list and isinstance(value, (tuple, list)):
+                values[name] = type(value)(d.spec.aliases.get(v, v) if isinstance(v, str) else v for v in value)
+            elif isinstance(value, str):
+                values[name] = d.spec.aliases.get(value, value)
     try:
         model = _validator(options).model_validate(values)
     except pydantic.ValidationError as exc:
@@ -291,7 +315,8 @@ class RunConfig:
 
     Each field is a declared option (see `option`); `cli=False` ones are set by the harness."""
 
-    framework: str = option("torch", "framework of this cell", choices=FRAMEWORKS, cli=False)
+    framework: str = option("torch", "framework of this cell", choices=FRAMEWORKS, cli=False,
+                            aliases=FRAMEWORK_ALIASES)
     model: str = option("simple_cnn", "model of this cell", choices=MODELS, cli=False)
     dataset: str = option("digits", "dataset of this cell", choices=DATASETS, cli=False)
     precision: str = option("fp32", "precision mode of this cell", choices=PRECISIONS, cli=False)
@@ -306,7 +331,8 @@ class RunConfig:
     data_dir: str | None = option(None, "folder to look in first for dataset archives (CIFAR)")
     augment: bool = option(False, "random crop (4-pixel padding) + horizontal flip, identical in both frameworks",
                            cpu=False, cuda=True)
-    tf32: str = option("off", "TF32 for float32 matmul/conv on NVIDIA GPUs, set the same in both frameworks",
+    tf32: str = option("off", "TF32 for float32 matmul/conv on NVIDIA GPUs, set the same in every framework and "
+                       "backend (JAX: jax_default_matmul_precision)",
                        choices=("on", "off"))
     compile: bool = option(False, "torch.compile / Keras jit_compile=True (XLA); compile time reported apart")
     channels_last: bool = option(False, "torch only: NHWC memory format for convolutions (Keras is NHWC already)",

@@ -23,8 +23,10 @@ from pathlib import Path
 
 from amp_compare.contract.config import (
     DATASETS,
+    DEFAULT_FRAMEWORKS,
     DEFAULT_PRECISIONS,
     DEVICES,
+    FRAMEWORK_ALIASES,
     FRAMEWORKS,
     MODELS,
     PRECISIONS,
@@ -54,7 +56,9 @@ class CompareOptions:
     """The harness's own options: the matrix axes, where results go, limits. Each cell's options are
     RunConfig's fields (contract/config.py); the command line and --config accept both."""
 
-    frameworks: tuple[str, ...] = option(FRAMEWORKS, "which frameworks", choices=FRAMEWORKS)
+    frameworks: tuple[str, ...] = option(DEFAULT_FRAMEWORKS, "which frameworks: torch (native PyTorch) and the one "
+                                         "Keras model on Keras' backends: tf (alias keras-tf), keras-jax, keras-torch",
+                                         choices=FRAMEWORKS, aliases=FRAMEWORK_ALIASES)
     precisions: tuple[str, ...] = option(DEFAULT_PRECISIONS, "which precision modes", choices=PRECISIONS)
     models: tuple[str, ...] = option(("simple_cnn",), "which models", choices=MODELS,
                                      cpu=("simple_cnn",), cuda=("resnet18",))

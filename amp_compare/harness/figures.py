@@ -22,7 +22,8 @@ from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.summary import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
 
-FRAMEWORK_COLORS = {"PyTorch": "#d1495b", "TensorFlow/Keras": "#00798c"}
+# One colour per framework label; the Keras backends share a blue-green family, PyTorch stands apart.
+FRAMEWORK_COLORS = dict(zip(FRAMEWORK_LABELS.values(), ("#d1495b", "#00798c", "#edae49", "#66a182")))
 PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
                     "fp16-static": (8, 2, 2, 2)}
 PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "fp16-noscale": "v", "fp16-static": "D"}

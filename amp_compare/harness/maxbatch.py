@@ -97,7 +97,7 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
             cmd += ["--memory-cap", str(cap_bytes)]
         # Files, not pipes: nobody reads while the watchdog polls, and a full pipe would stall the child.
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(),
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(cfg),
                                     cwd=PROJECT_ROOT, start_new_session=True)
             start, seen, failure = time.monotonic(), 0, ""
             try:

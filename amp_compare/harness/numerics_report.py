@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
-from amp_compare.contract.config import DISPLAY_ORDER, display_order
+from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
 
 # fp16 with its dynamic loss scaling and without any: "What happened" compares their accuracy.
@@ -79,6 +79,24 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
     out = first_seed.groupby(["framework", "precision", "when"]).apply(weighted, include_groups=False).reset_index()
     return out.sort_values(["framework", "precision", "when"], key=display_order)
+
+
+# How each framework's audit was taken, for records written before the audit_method column existed.
+AUDIT_METHOD_DEFAULTS = {"torch": "aten ops seen by a TorchDispatchMode inside autocast",
+                         "tf": "ops of the traced training step (TensorFlow graph), by layer scope"}
+
+
+def audit_methods(dtypes: pd.DataFrame) -> list[str]:
+    """"<framework label>: <how its dtype audit was taken>" per framework in the audit, in display order."""
+    out = []
+    if dtypes.empty:
+        return out
+    for fw in sorted(set(dtypes["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
+        rows = dtypes[dtypes["framework"] == fw]
+        methods = set(rows["audit_method"].dropna()) - {""} if "audit_method" in rows else set()
+        text = "; ".join(sorted(methods)) or AUDIT_METHOD_DEFAULTS.get(fw, "not recorded")
+        out.append(f"{_label(fw)}: {text}")
+    return out
 
 
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -166,7 +184,8 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     lists differ; only the one that ran is described). Empty when the run audited no mixed precision.
     """
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "torch_float32_ops": [],
-                   "torch_half_ops": [], "keras_fc": "", "keras_loss": "", "torch_fc": "", "differing": {}}
+                   "torch_half_ops": [], "keras_fc": "", "keras_loss": "", "torch_fc": "", "differing": {},
+                   "keras_label": "Keras", "methods": audit_methods(dtypes)}
     if dtypes.empty:
         return facts
     first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & precisions.is_mixed(dtypes["precision"])]
@@ -184,8 +203,10 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
         rows = d[(d["framework"] == fw) & (d["layer"] == layer) & ~d["op"].isin(["_to_copy", "Cast"])]
         return ", ".join(sorted({x for v in rows["compute_dtype"] for x in v.split("+")}))
 
-    facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype("tf", "fc"),
-                 keras_loss=layer_dtype("tf", "loss"), torch_loss=layer_dtype("torch", "loss"))
+    keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(d["framework"])), "tf")  # the first Keras column
+    facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype(keras_fw, "fc"),
+                 keras_loss=layer_dtype(keras_fw, "loss"), torch_loss=layer_dtype("torch", "loss"),
+                 keras_label=_label(keras_fw), methods=audit_methods(dtypes))
     for p, table in dtype_side_by_side(dtypes).items():
         differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
         facts["differing"][p] = {"rows": int(table["differs"].sum()), "of": len(table),

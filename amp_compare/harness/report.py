@@ -20,10 +20,11 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
-from amp_compare.contract.config import display_order, framework_label
+from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.harness import numerics_report as nr
+from amp_compare.harness.backend_split import keras_backend_split
 from amp_compare.harness.calibrate import describe as describe_steadiness
 from amp_compare.harness.figures import (
     make_figures,
@@ -253,7 +254,7 @@ def framework_differences(runs: pd.DataFrame) -> list[dict]:
     defaults: dict[str, dict] = {}
     used: dict[str, dict[str, set]] = {}
     for row in ok.to_dict("records"):
-        fw = row["framework"]
+        fw = "keras" if is_keras(row["framework"]) else row["framework"]  # every Keras backend's cells together
         if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
             defaults.setdefault(fw, json.loads(row["framework_defaults"]))
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
@@ -269,9 +270,9 @@ def framework_differences(runs: pd.DataFrame) -> list[dict]:
         rows.append({
             "item": d.item, "why": d.why, "measured": adam_gap if d.key == "adam_formula" else "",
             "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
-            "keras_default": _fmt(defaults.get("tf", {}).get(d.key, "n/a")),
+            "keras_default": _fmt(defaults.get("keras", {}).get(d.key, "n/a")),
             "torch_used": "; ".join(sorted(used.get("torch", {}).get(d.key, set()))) or "not used",
-            "keras_used": "; ".join(sorted(used.get("tf", {}).get(d.key, set()))) or "not used",
+            "keras_used": "; ".join(sorted(used.get("keras", {}).get(d.key, set()))) or "not used",
         })
     return rows
 
@@ -348,7 +349,8 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
 
 # Per-framework columns of the run table shown in the Environment section, with how each is labelled.
 ENV_COLUMNS = {
-    "framework_version": "version", "keras_version": "Keras version", "device_name": "device",
+    "framework_version": "version", "keras_version": "Keras version", "keras_backend": "Keras backend",
+    "device_name": "device",
     "compute_capability": "compute capability",
     "torch_cuda_version": "CUDA version PyTorch was built with (torch.version.cuda; build info)",
     "torch_cudnn_version": "cuDNN version PyTorch loads (torch.backends.cudnn.version())",
@@ -356,6 +358,7 @@ ENV_COLUMNS = {
     "tf_cudnn_version": "cuDNN version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
     "torch_threads": "intra-op threads", "torch_interop_threads": "inter-op threads",
     "tf_intra_op_threads": "intra-op threads", "tf_inter_op_threads": "inter-op threads",
+    "jax_threads": "threads",
     "tf32": "TF32", "compiled": "compilation", "amp_api": "AMP API per precision", "memory_kind": "memory measured as",
     "dataset_source": "dataset",
 }
@@ -435,6 +438,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
         steadiness=describe_steadiness(environment),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
+        keras_split={k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
+                     for k, v in keras_backend_split(runs).items()},
         notes=manifest.get("notes", []) + ([] if draw else [
             "Figures were not drawn for this run (--no-figures): the tables below are complete; "
             f"python -m amp_compare report {run_dir} draws them."]),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 DISTRIBUTION = "amp-compare"
-FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
+FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX"}  # any one of them runs some cells
 OPTIONAL_FOR_COMPARE = {"torch", "tensorflow", "keras"}  # each side runs without the other's
 INSTALL = {"report": "python3 -m pip install -e .", "compare": "python3 -m pip install -e '.[compare]'"}
 NOX = {"report": "nox -s report -- reports/<run-id>", "compare": "nox -s compare"}

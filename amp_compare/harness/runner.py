@@ -26,7 +26,13 @@ import pandas as pd
 
 from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
-from amp_compare.contract.config import FRAMEWORK_LIBRARIES, FRAMEWORK_MODULES, RunConfig
+from amp_compare.contract.config import (
+    FRAMEWORK_EXTRAS,
+    FRAMEWORK_LIBRARIES,
+    FRAMEWORK_MODULES,
+    KERAS_BACKENDS,
+    RunConfig,
+)
 from amp_compare.contract.env import PROJECT_ROOT
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
 
@@ -79,12 +85,21 @@ def shared_init_path(run_dir: Path, cfg: RunConfig) -> Path:
     return Path(run_dir) / "init" / f"{cfg.model}-w{cfg.width}-{cfg.dataset}-s{cfg.seed}.npz"
 
 
-def child_env() -> dict[str, str]:
+def child_env(cfg: RunConfig | None = None) -> dict[str, str]:
+    """The child's environment. For a Keras cell, KERAS_BACKEND (read once, when Keras is imported) names the
+    cell's backend, and the device the cell asked for is the one the backend picks (JAX and Keras' torch
+    backend would otherwise take a visible GPU for a --device cpu cell)."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # The child imports amp_compare (contract, kit and its framework package) from the project root.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    if cfg is not None and cfg.framework in KERAS_BACKENDS:
+        env["KERAS_BACKEND"] = KERAS_BACKENDS[cfg.framework]
+        if cfg.framework == "keras-jax" and cfg.device == "cpu":
+            env["JAX_PLATFORMS"] = "cpu"
+        if cfg.framework == "keras-torch":
+            env["KERAS_TORCH_DEVICE"] = "cuda" if cfg.device == "cuda" else "cpu"
     return env
 
 
@@ -99,12 +114,16 @@ def _describe_exit(code: int) -> str:
 
 def framework_missing(framework: str) -> str | None:
     """Why a framework cannot run here, found without importing it (None: it is installed)."""
-    library = FRAMEWORK_LIBRARIES[framework]
-    try:
-        found = importlib.util.find_spec(library) is not None
-    except (ImportError, ValueError) as exc:
-        return f"{library} cannot be found ({exc})"
-    return None if found else f"{library} is not installed (pip install -e . installs it)"
+    install = f"pip install -e '.[{FRAMEWORK_EXTRAS[framework]}]' installs it"
+    libraries = FRAMEWORK_LIBRARIES[framework]
+    for library in (libraries,) if isinstance(libraries, str) else libraries:
+        try:
+            found = importlib.util.find_spec(library) is not None
+        except (ImportError, ValueError) as exc:
+            return f"{library} cannot be found ({exc})"
+        if not found:
+            return f"{library} is not installed ({install})"
+    return None
 
 
 def remove_partial(cell_dir: Path) -> None:
@@ -133,7 +152,7 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     start = time.monotonic()
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                env=child_env(), cwd=PROJECT_ROOT, start_new_session=True)
+                                env=child_env(cfg), cwd=PROJECT_ROOT, start_new_session=True)
         lines: queue.Queue = queue.Queue()
         reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
         reader.start()

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
 
 # What a record's value means in torch's convention, per key (identity when absent).
@@ -64,20 +65,24 @@ def _settings(record: Mapping) -> dict | None:
 
 
 def check_runs(records: Iterable[Mapping]) -> list[dict]:
-    """Every (model, dataset, precision, seed) cell both frameworks ran: its comparison rows and mismatches."""
+    """Every (model, dataset, precision, seed) cell torch and a Keras framework ran: its comparison rows and
+    mismatches, one entry per Keras framework (tf, keras-jax, keras-torch: each against the same torch cell)."""
     cells: dict[tuple, dict[str, dict]] = {}
     for record in records:
         settings = _settings(record)
-        if settings is not None and record.get("framework") in ("torch", "tf"):
+        framework = record.get("framework")
+        if settings is not None and (framework == "torch" or is_keras(str(framework))):
             cell = tuple(record.get(k) for k in CELL_KEYS)
-            cells.setdefault(cell, {})[record["framework"]] = settings
+            cells.setdefault(cell, {})[framework] = settings
     out = []
     for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
-        if set(by_fw) != {"torch", "tf"}:
+        keras_fws = sorted(fw for fw in by_fw if is_keras(fw))
+        if "torch" not in by_fw:
             continue
-        rows = compare_settings(by_fw["torch"], by_fw["tf"])
-        out.append({"cell": "/".join(map(str, cell)), "rows": rows,
-                    "mismatches": [r["key"] for r in rows if not r["match"]]})
+        for fw in keras_fws:
+            rows = compare_settings(by_fw["torch"], by_fw[fw])
+            name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
+            out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]]})
     return out
 
 
@@ -125,10 +130,11 @@ def adam_gap_text(records: Iterable[Mapping]) -> str:
     by_fw: dict[str, list[Mapping]] = {}
     for r in records:
         value = r.get("adam_gap_max")
-        if isinstance(value, (int, float)) and math.isfinite(value) and r.get("framework") in ("torch", "tf"):
+        if isinstance(value, (int, float)) and math.isfinite(value) and (
+                r.get("framework") == "torch" or is_keras(str(r.get("framework")))):
             by_fw.setdefault(r["framework"], []).append(r)
     parts = []
-    for fw, label in (("torch", "PyTorch"), ("tf", "Keras")):
+    for fw, label in FRAMEWORK_LABELS.items():
         rows = by_fw.get(fw)
         if not rows:
             continue

@@ -5,13 +5,13 @@ found_inf, what GradScaler lacks), so `diff` of the two files is the AMP differe
 frameworks. train.py, probe.py, numerics.py and the benchmarks take their policy, scaler and
 scaled step from here. What each precision mode means is one row of
 contract/precision.py. keras.ops where it can be, so the file reads the same on every Keras backend;
-the scaled step's GradientTape is the TensorFlow backend's.
+only the scaled step's autodiff is each backend's own (Keras' per-backend train_step: TensorFlow's
+GradientTape, torch's backward, JAX's stateless value_and_grad), the AMP lines the same in all three.
 """
 
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import RunConfig
@@ -47,13 +47,18 @@ def make_scaler(cfg: RunConfig, optimizer: keras.optimizers.Optimizer) -> keras.
 def current_scale(scaler: keras.optimizers.Optimizer):
     """The live loss scale as a device tensor (scaler: the optimizer make_scaler returned); 1.0: no scaling."""
     if isinstance(scaler, keras.optimizers.LossScaleOptimizer):
-        return keras.ops.copy(scaler.dynamic_scale)
+        return keras.ops.copy(keras.ops.convert_to_tensor(scaler.dynamic_scale))
     return keras.ops.convert_to_tensor(scaler.loss_scale_factor or 1.0, dtype="float32")
 
 
 def train_step(model: keras.Model, x, y):
-    """One scaled optimizer step (Keras' default train_step's core). Returns (loss, logits, scale used,
-    skipped) as device tensors; a step is skipped when the optimizer did not advance its iterations."""
+    """One scaled optimizer step (Keras' default train_step's core), on TensorFlow or Keras' torch backend.
+    Returns (loss, logits, scale used, skipped) as device tensors; a step is skipped when the optimizer did
+    not advance its iterations. JAX's stateless form: stateless_train_step."""
+    if keras.backend.backend() == "torch":
+        return _torch_train_step(model, x, y)
+    import tensorflow as tf
+
     with tf.GradientTape() as tape:
         logits = model(x, training=True)
         loss = model.compute_loss(x=x, y=y, y_pred=logits)  # float32: the loss casts the logits up
@@ -66,6 +71,51 @@ def train_step(model: keras.Model, x, y):
     model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
     skipped = keras.ops.equal(model.optimizer.iterations, updates_before)  # a skipped update leaves the count
     return loss, logits, scale_used, skipped
+
+
+def _torch_train_step(model: keras.Model, x, y):
+    """train_step on Keras' torch backend: Keras' torch step (zero_grad, backward, apply under no_grad)."""
+    import torch
+
+    logits = model(x, training=True)
+    model.zero_grad()
+    loss = model.compute_loss(x=x, y=y, y_pred=logits)  # float32: the loss casts the logits up
+    scaled_loss = model.optimizer.scale_loss(loss)  # AMP: loss * scale (unchanged without scaling)
+    scale_used = current_scale(model.optimizer)
+    updates_before = keras.ops.copy(keras.ops.convert_to_tensor(model.optimizer.iterations))
+    scaled_loss.backward()  # AMP: backward of loss * scale
+    variables = model.trainable_weights[:]
+    # AMP: LossScaleOptimizer unscales, skips the update if any gradient is inf/NaN,
+    # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
+    with torch.no_grad():
+        model.optimizer.apply([v.value.grad for v in variables], variables)
+    skipped = keras.ops.equal(keras.ops.convert_to_tensor(model.optimizer.iterations), updates_before)
+    return loss.detach(), logits.detach(), scale_used, skipped
+
+
+def stateless_train_step(model: keras.Model, state, x, y):
+    """train_step on JAX, whose fit() is stateless: the model's (trainable, non-trainable, optimizer, metrics)
+    values go in and come out. Returns (loss, logits, scale used, skipped, new state); the scale and the
+    iteration count are read from the optimizer's state, not from its variables."""
+    import jax
+
+    trainable, non_trainable, optimizer_state, metrics_state = state
+    position = {id(v): i for i, v in enumerate(model.optimizer.variables)}
+    updates_before = optimizer_state[position[id(model.optimizer.iterations)]]
+    if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+        scale_used = optimizer_state[position[id(model.optimizer.dynamic_scale)]]
+    else:
+        scale_used = current_scale(model.optimizer)
+    # AMP: compute_loss_and_updates returns loss * scale (optimizer.scale_loss) and the unscaled loss;
+    # the gradients are those of loss * scale.
+    grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
+    (_, (loss, logits, non_trainable, metrics_state)), grads = grad_fn(
+        trainable, non_trainable, metrics_state, x, y, None, training=True, optimizer_variables=optimizer_state)
+    # AMP: LossScaleOptimizer unscales, skips the update if any gradient is inf/NaN,
+    # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
+    trainable, optimizer_state = model.optimizer.stateless_apply(optimizer_state, grads, trainable)
+    skipped = optimizer_state[position[id(model.optimizer.iterations)]] == updates_before
+    return loss, logits, scale_used, skipped, (trainable, non_trainable, optimizer_state, metrics_state)
 
 
 def describe_amp(cfg: RunConfig) -> str:

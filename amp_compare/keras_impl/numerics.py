@@ -5,7 +5,8 @@ and result rows, and the numpy helpers at the end are kept identical in both fil
 (tests/test_numerics.py checks that), so a row from one framework can be compared with the
 same row from the other.
 
-- `dtype_audit`: the dtype every TensorFlow op of one training step computes in, per layer.
+- `dtype_audit`: the dtype every TensorFlow op of one training step computes in, per layer (on the
+  JAX and torch backends, which have no graph to read: each layer's dtype policy, see `policy_dtype_audit`).
 - `apply_fp32_layers`: a copy of the model with named layers in float32 under a mixed policy.
 - `gradient_underflow` / `underflow_summary`: how many gradient elements float16 would flush
   to zero or overflow, with and without a loss scale.
@@ -33,7 +34,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+from amp_compare.keras_impl import backends  # noqa: E402
+
+if backends.TENSORFLOW:  # the graph-op dtype audit reads TensorFlow's traced graph
+    import tensorflow as tf
 
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.keras_impl.amp import amp_setting  # noqa: E402
@@ -54,6 +59,12 @@ BOOKKEEPING_OPS = {"Const", "Identity", "IdentityN", "ReadVariableOp", "NoOp", "
 # compute in either framework, and the two audits list the same layers.
 VIEW_OPS = {"Reshape", "Squeeze", "ExpandDims"}
 VARIABLE_TO_TORCH = {"kernel": "weight", "bias": "bias", **cw.BN_TO_TORCH}
+# How a backend's dtype audit is taken (the report names it per column).
+AUDIT_METHODS = {"tensorflow": "ops of the traced training step (TensorFlow graph), by layer scope",
+                 "jax": "each layer's dtype policy (compute_dtype) and variable dtypes; backward: the same "
+                        "dtype, as autodiff keeps each tensor's dtype",
+                 "torch": "each layer's dtype policy (compute_dtype) and variable dtypes; backward: the same "
+                          "dtype, as autodiff keeps each tensor's dtype"}
 
 
 def loss_fn(y, logits):
@@ -158,7 +169,7 @@ def _owner(name: str, owners: dict[str, str]) -> str | None:
     return None
 
 
-def _dtypes(op: tf.Operation) -> str:
+def _dtypes(op) -> str:
     """An op's dtype: the dtypes of its floating outputs ("" if it has none)."""
     return "+".join(dict.fromkeys(t.dtype.name for t in op.outputs if t.dtype.is_floating))
 
@@ -170,9 +181,12 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
     trainable variables) is traced with tf.function and never run, so the model is unchanged;
     each op of the graph is mapped to its layer through its name scope. Rows, in graph order:
     {"layer", "op" (TF op type), "phase", "compute_dtype" (the op's floating output dtypes),
-    "param_dtype" (the layer's trainable variables, "" for none), "count"}.
+    "param_dtype" (the layer's trainable variables, "" for none), "count", "audit_method"}.
+    On the JAX and torch backends: `policy_dtype_audit`.
     """
     _check_policy(model, precision)
+    if not backends.TENSORFLOW:
+        return policy_dtype_audit(model)
     marks: dict[str, Any] = {}
 
     @tf.function
@@ -219,8 +233,36 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
     for (layer, op, phase, dtype), count in counts.items():
         merged[(audit_name(layer), op, phase, dtype)] += count
     return [{"layer": layer, "op": op, "phase": phase, "compute_dtype": dtype,
-             "param_dtype": _param_dtype(layers.get(layer)), "count": count}
+             "param_dtype": _param_dtype(layers.get(layer)), "count": count,
+             "audit_method": AUDIT_METHODS["tensorflow"]}
             for (layer, op, phase, dtype), count in merged.items()]
+
+
+def policy_dtype_audit(model: keras.Model) -> list[dict]:
+    """The backend-neutral audit (JAX, torch backends): per layer, the dtype its policy computes in.
+
+    Keras casts a layer's inputs to its policy's compute_dtype and computes there; the loss computes
+    in its own dtype (floatx, float32). Layers that compute nothing (Flatten, the aligned-mode padding)
+    are listed under their torch module as the graph audit does (audit_name). One forward and one
+    backward row per layer; "op" is the layer's class.
+    """
+    rows = []
+    for layer in _layers(model):
+        if isinstance(layer, (keras.layers.Flatten, keras.layers.Reshape)):
+            continue  # pure layout changes, skipped as in the graph audit (VIEW_OPS)
+        for phase in ("forward", "backward"):
+            rows.append({"layer": audit_name(canonical_name(layer)), "op": type(layer).__name__, "phase": phase,
+                         "compute_dtype": keras.backend.standardize_dtype(layer.compute_dtype),
+                         "param_dtype": _param_dtype(layer), "count": 1,
+                         "audit_method": AUDIT_METHODS[backends.BACKEND]})
+    loss = getattr(model, "loss", None)
+    if loss is not None:
+        for phase in ("forward", "backward"):
+            rows.append({"layer": LOSS, "op": type(loss).__name__, "phase": phase,
+                         "compute_dtype": keras.backend.standardize_dtype(getattr(loss, "dtype", None)
+                                                                          or keras.config.floatx()),
+                         "param_dtype": "", "count": 1, "audit_method": AUDIT_METHODS[backends.BACKEND]})
+    return rows
 
 
 # Keras layers whose work torch does inside another module: the explicit padding before a strided
@@ -316,12 +358,12 @@ def gradient_underflow(model: keras.Model, x, y, precision: str, loss_scale: flo
     variables = model.trainable_variables
 
     def grads(scale: float) -> dict[str, np.ndarray]:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True)) * loss_weight
-            if scale != 1:
-                loss = loss * scale
-        out = tape.gradient(loss, variables)
-        out = [tf.zeros_like(v) if g is None else tf.cast(g, "float32") for v, g in zip(variables, out)]
+        def loss_of(logits):
+            loss = loss_fn(y, logits) * loss_weight
+            return loss * scale if scale != 1 else loss
+
+        _, out = backends.gradients(model, loss_of, x)  # each backend's own autodiff, eager
+        out = [np.zeros(v.shape, np.float32) if g is None else _numpy(g) for v, g in zip(variables, out)]
         return to_canonical(model, out, variables)
 
     with _training_step_state(model):
@@ -349,11 +391,8 @@ def adam_formula_gap(model: keras.Model, x, y, precision: str, optimizer) -> dic
 
     _check_policy(model, precision)
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    variables = model.trainable_variables
     with _training_step_state(model):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, variables)
+        _, grads = backends.gradients(model, lambda logits: loss_fn(y, logits), x)
     lr = float(keras.ops.convert_to_numpy(inner.learning_rate))
     return adam_first_step_gap([_numpy(g) for g in grads if g is not None], lr, float(inner.beta_1),
                                float(inner.beta_2), eps_torch=ADAM_DEFAULT_EPSILON["torch"],
@@ -384,20 +423,21 @@ def locate_nonfinite(model: keras.Model, x, y, precision: str, loss_scale: float
     layers = _layers(model)
     probe = keras.Model(model.input, [layer.output for layer in layers])  # model.input: its own structure
     logits_index = next(i for i, layer in enumerate(layers) if layer.output is model.outputs[0])
-    variables = model.trainable_variables
+    variables = probe.trainable_variables  # the model's, in the order backends.gradients returns them
     with _training_step_state(model):
-        with tf.GradientTape() as tape:
-            outputs = probe(x, training=True)
-            loss = loss_fn(y, outputs[logits_index])
-            scaled = loss * loss_scale  # the run's own scale: dynamic, fp16-static, or 1.0
+        outputs = probe(x, training=True)
         for layer, output in zip(layers, outputs):
             kind = nonfinite_kind(_numpy(output))
             if kind:
                 return {"where": "forward", "layer": canonical_name(layer), "tensor": "output", "value": kind}
-        kind = nonfinite_kind(_numpy(loss))
+        kind = nonfinite_kind(_numpy(loss_fn(y, outputs[logits_index])))
         if kind:
             return {"where": "forward", "layer": LOSS, "tensor": "output", "value": kind}
-        grads = tape.gradient(scaled, [*outputs, *variables])
+    with _training_step_state(model):
+        # the run's own scale: dynamic, fp16-static, or 1.0; gradients w.r.t. every layer's output too
+        # (not on JAX, whose stateless autodiff differentiates w.r.t. inputs of the call only: variables alone)
+        _, grads = backends.gradients(probe, lambda outs: loss_fn(y, outs[logits_index]) * loss_scale, x,
+                                      extra_outputs=range(len(outputs)))
     output_grads, variable_grads = grads[:len(outputs)], dict(zip((v.path for v in variables), grads[len(outputs):]))
     for layer, grad in reversed(list(zip(layers, output_grads))):  # from the loss backwards
         candidates = [("output", grad)] + [(VARIABLE_TO_TORCH.get(v.name, v.name), variable_grads[v.path])

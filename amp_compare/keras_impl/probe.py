@@ -1,4 +1,4 @@
-"""One --find-max-batch probe in TensorFlow/Keras: two training steps of a cell at one batch size.
+"""One --find-max-batch probe in Keras (any backend): two training steps of a cell at one batch size.
 
 `python -m amp_compare.keras_impl.probe --config cfg.json --batch N --memory-cap BYTES` builds and compiles the
 model and optimizer exactly as keras_impl/train.py does, trains two steps on one random batch (the
@@ -14,9 +14,9 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
+from amp_compare.keras_impl import backends  # noqa: E402
 from amp_compare.keras_impl.train import compile_model, make_model, setup  # noqa: E402
 from amp_compare.kit.data import Dataset  # noqa: E402
 from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes  # noqa: E402
@@ -25,20 +25,37 @@ from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes  # noqa: 
 def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
     """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
     setup(cfg)
-    if cfg.device == "cuda" and not tf.config.list_physical_devices("GPU"):
-        raise RuntimeError("device 'cuda' requested but TensorFlow sees no GPU")
-    with tf.device("/GPU:0" if cfg.device == "cuda" else "/CPU:0"):
+    if cfg.device == "cuda" and not backends.gpu_available():
+        raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
+    with backends.device_scope(cfg):
         model = make_model(cfg, data)  # an AmpModel: its train_step is the one fit() runs
         compile_model(cfg, model)  # as train()
         for _ in range(2):  # train_on_batch returns host values: the step has finished
             model.train_on_batch(x, y)
     if cfg.device == "cuda":
-        return tf.config.experimental.get_memory_info("GPU:0")["peak"], "tf_gpu_allocator_peak"
+        return backends.peak_memory(cfg)
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
 
 
 def limit_gpu(cap_bytes: int) -> str:
-    """--memory-cap on a GPU: a logical device with that memory limit, set before TensorFlow initialises it."""
+    """--memory-cap on a GPU, set before the backend allocates on it: TensorFlow a logical device with that
+    memory limit; JAX its preallocated fraction; torch a per-process memory fraction."""
+    if backends.JAX:
+        import jax
+
+        total = jax.devices()[0].memory_stats().get("bytes_limit", cap_bytes) if backends.gpu_available() else 0
+        if total:
+            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, cap_bytes / total):.4f}"
+        return "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    if backends.TORCH:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, cap_bytes / torch.cuda.get_device_properties(0).total_memory))
+        return "torch.cuda.set_per_process_memory_fraction"
+    import tensorflow as tf
+
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.set_logical_device_configuration(
@@ -47,9 +64,18 @@ def limit_gpu(cap_bytes: int) -> str:
 
 
 def is_out_of_memory(exc: Exception) -> bool:
-    """ResourceExhaustedError: an allocator ran out. (A failed CPU allocation may abort the process
-    with std::bad_alloc instead; amp_compare.harness.maxbatch.probe recognises that from the outside.)"""
-    return isinstance(exc, tf.errors.ResourceExhaustedError)
+    """An allocator ran out: TensorFlow's ResourceExhaustedError, torch's OutOfMemoryError, XLA's
+    RESOURCE_EXHAUSTED. (A failed CPU allocation may abort the process with std::bad_alloc instead;
+    amp_compare.harness.maxbatch.probe recognises that from the outside.)"""
+    if backends.TENSORFLOW:
+        import tensorflow as tf
+
+        return isinstance(exc, tf.errors.ResourceExhaustedError)
+    if backends.TORCH:
+        import torch
+
+        return isinstance(exc, torch.OutOfMemoryError)
+    return "RESOURCE_EXHAUSTED" in str(exc)
 
 
 if __name__ == "__main__":

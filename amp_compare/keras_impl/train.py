@@ -1,28 +1,41 @@
-"""TensorFlow/Keras 3 training for one amp-compare cell: `model.fit` with a recording callback.
+"""Keras 3 training for one amp-compare cell, on any of Keras' backends: `model.fit` with a recording callback.
 
 Read this file beside torch_impl/train.py: the functions of contract/twins.py have one signature
 in both, the AMP idiom itself is amp.py, and the AMP lines here are marked `# AMP:`. `train_step`
 is the Keras way to customise fit(); ours is amp.py's scaled step plus the per-step values we record
 (the batch's own loss, the loss scale it used, whether the update was skipped), because Keras logs
 only a running mean of the loss per batch.
+
+One model, policy, optimizer (LossScaleOptimizer for fp16), loss and record for the frameworks tf,
+keras-jax and keras-torch: the backend (KERAS_BACKEND, set by the parent before Keras is imported)
+changes only what keras_impl/backends.py holds, the train_step's autodiff (Keras' own per-backend
+form: GradientTape, jax.value_and_grad over a stateless call, torch's backward) and the input
+pipeline: TensorFlow feeds batch indices through tf.data and gathers the images inside the step;
+the other backends get each batch as numpy arrays from a generator in the same order.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+from amp_compare.keras_impl import backends  # noqa: E402
+
+if backends.TENSORFLOW:  # TensorFlow-only code below (tf.data, DeviceImages, StepLog) runs on that backend only
+    import tensorflow as tf
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.contract.mapping import framework_settings  # noqa: E402
 from amp_compare.keras_impl import numerics  # noqa: E402
 from amp_compare.keras_impl.amp import current_scale, describe_amp, make_scaler, mixed_precision  # noqa: E402
+from amp_compare.keras_impl.amp import stateless_train_step as stateless_scaled_step  # noqa: E402
 from amp_compare.keras_impl.amp import train_step as scaled_step  # noqa: E402
 from amp_compare.keras_impl.models import build_model, get_weights, set_weights  # noqa: E402
 from amp_compare.kit.child import (  # noqa: E402
@@ -41,15 +54,13 @@ EVAL_BATCH = 512
 
 
 def setup(cfg: RunConfig) -> None:
+    backends.check_backend(cfg)  # the cell's framework names the backend this process's Keras must run on
     keras.utils.set_random_seed(cfg.seed)
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(cfg.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(cfg.threads)
-    except RuntimeError:  # only settable before TensorFlow initialises its runtime
-        pass
+    backends.set_threads(cfg.threads)
     mixed_precision(cfg.precision)  # AMP: layers built from now on compute in half precision
-    # TF32 decided here, as on the torch side (TF's own default is on), so fp32 means the same in both.
-    tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32 == "on")
+    # TF32 decided here, as on the torch side (TF's and JAX's own GPU defaults are on), so fp32 means the same
+    # everywhere; read back into settings_used.
+    backends.set_tf32(cfg.tf32)
 
 
 def describe_defaults() -> dict[str, object]:
@@ -103,6 +114,7 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, sca
         used.update(init_scale=scaler.initial_scale, growth_interval=scaler.dynamic_growth_steps)
     elif inner.loss_scale_factor:
         used["static_loss_scale"] = inner.loss_scale_factor
+    used["tf32"] = backends.tf32_state()[0]  # read back from the backend, not from cfg
     return used
 
 
@@ -145,12 +157,19 @@ def make_loss(cfg: RunConfig) -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def jit_compile(cfg: RunConfig) -> bool:
+    """fit()'s jit_compile. --compile / --step tuned: XLA (TensorFlow, JAX), torch.compile (torch backend). plain:
+    TensorFlow traces tf.function without XLA; JAX has no graph mode without XLA (its fit always jits, Keras'
+    default there); Keras' torch backend runs eagerly (its default)."""
+    return cfg.compile or cfg.step == "tuned" or backends.JAX
+
+
 def compile_model(cfg: RunConfig, model: keras.Model) -> None:
     """fit()'s setup, for train() and the probe alike: the optimizer (auto_scale_loss=False: make_optimizer
-    is the whole AMP setup, so fp16-noscale stays unscaled), the loss, accuracy, XLA (jit_compile) for
-    --compile or --step tuned; the optimizer is built on the model's variables before fit()."""
+    is the whole AMP setup, so fp16-noscale stays unscaled), the loss, accuracy, jit_compile (above); the
+    optimizer is built on the model's variables before fit()."""
     model.compile(optimizer=make_optimizer(cfg, model.trainable_variables), loss=make_loss(cfg), metrics=["accuracy"],
-                  jit_compile=cfg.compile or cfg.step == "tuned", auto_scale_loss=False)
+                  jit_compile=jit_compile(cfg), auto_scale_loss=False)
 
 
 class DeviceImages:
@@ -165,6 +184,49 @@ class DeviceImages:
     def __init__(self, images: np.ndarray, labels: np.ndarray):
         self.images = tf.Variable(images, trainable=False, name="train_images")
         self.labels = tf.constant(labels)
+
+    def set_epoch(self, epoch: int, images: np.ndarray) -> None:
+        """This epoch's (augmented) pixels, before the epoch's clock starts."""
+        self.images.assign(images)
+
+
+class HostImages:
+    """The other backends' training set: numpy arrays that `host_batches` slices each step's batch from.
+
+    With augmentation each epoch has its own pixels (kit/data.py), made by the recorder before the
+    epoch's clock starts; the batch generator, which fit() may run ahead of the training loop, waits
+    for them, so no epoch's augmentation falls inside another epoch's timed steps.
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, augmented_first: np.ndarray | None = None):
+        self.base, self.labels = images, labels
+        self.augmented = augmented_first is not None
+        self._by_epoch = {0: augmented_first} if self.augmented else {}
+        self._ready = threading.Condition()
+
+    def set_epoch(self, epoch: int, images: np.ndarray) -> None:
+        with self._ready:
+            if epoch not in self._by_epoch:
+                self._by_epoch = {e: v for e, v in self._by_epoch.items() if e >= epoch - 1} | {epoch: images}
+                self._ready.notify_all()
+
+    def images(self, epoch: int) -> np.ndarray:
+        if not self.augmented:
+            return self.base
+        with self._ready:
+            if not self._ready.wait_for(lambda: epoch in self._by_epoch, timeout=3600):
+                raise RuntimeError(f"the augmented images of epoch {epoch} never came")
+            return self._by_epoch[epoch]
+
+
+def host_batches(images: HostImages, plan: np.ndarray):
+    """(x, y) numpy batches in exactly the order of amp_compare.kit.data.batch_plan, epoch after epoch.
+    plan: (epochs, steps, batch) indices, or one epoch's (steps, batch)."""
+    plan = plan.reshape(-1, *plan.shape[-2:])
+    for epoch in range(plan.shape[0]):
+        pixels = images.images(epoch)
+        for idx in plan[epoch]:
+            yield pixels[idx], images.labels[idx]
 
 
 class StepLog:
@@ -206,17 +268,29 @@ class AmpModel(keras.Model):
         x, y, _ = keras.utils.unpack_x_y_sample_weight(data)  # train_on_batch() passes (x, y, None)
         return x, y
 
-    def train_step(self, data):
-        """One optimizer step. Returns the epoch's running metrics plus this batch's own values."""
-        x, y = self.batch(data)
-        loss, logits, scale_used, skipped = scaled_step(self, x, y)  # AMP: the scaled step (amp.py)
-        for metric in self.metrics:  # epoch running means: loss, then the compiled accuracy
-            if metric.name == "loss":
-                metric.update_state(loss)
-        logs = self.compute_metrics(x, y, logits)
-        if self.step_log is not None:
-            self.step_log.record(loss, scale_used, skipped)
-        return {**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped}
+    if backends.JAX:
+        def train_step(self, state, data):
+            """One optimizer step: amp.py's scaled step in JAX's stateless form (the state goes in and comes out),
+            plus the epoch's running metrics and this batch's own values."""
+            x, y = self.batch(data)
+            loss, logits, scale_used, skipped, state = stateless_scaled_step(self, state, x, y)  # AMP (amp.py)
+            trainable, non_trainable, optimizer_state, metrics_state = state
+            logs, metrics_state = self._update_metrics_variables(metrics_state, loss, x, y, logits, None)
+            return ({**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped},
+                    (trainable, non_trainable, optimizer_state, metrics_state))
+
+    else:
+        def train_step(self, data):
+            """One optimizer step. Returns the epoch's running metrics plus this batch's own values."""
+            x, y = self.batch(data)
+            loss, logits, scale_used, skipped = scaled_step(self, x, y)  # AMP: the scaled step (amp.py)
+            for metric in self.metrics:  # epoch running means: loss, then the compiled accuracy
+                if metric.name == "loss":
+                    metric.update_state(loss)
+            logs = self.compute_metrics(x, y, logits)
+            if self.step_log is not None:  # TensorFlow's device mode
+                self.step_log.record(loss, scale_used, skipped)
+            return {**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped}
 
 
 class EpochRecorder(keras.callbacks.Callback):
@@ -233,7 +307,7 @@ class EpochRecorder(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         if self.augment:  # the same augmented pixels as the torch side, before the epoch's clock starts
             data, device_images = self.augment
-            device_images.images.assign(epoch_images(data, self.cfg.seed, epoch, augment=True))
+            device_images.set_epoch(epoch, epoch_images(data, self.cfg.seed, epoch, augment=True))
         self.epoch, self.losses, self.eval_time = epoch, [], 0.0
         self.last = self.epoch_start = time.perf_counter()
 
@@ -295,8 +369,11 @@ class DeviceStepRecorder(EpochRecorder):
             self.drain()
         super().on_test_begin(logs)
 
+    def read_epoch(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.model.step_log.drain()  # the epoch's one synchronisation
+
     def drain(self) -> None:
-        loss, scale, skipped = self.model.step_log.drain()  # the epoch's one synchronisation
+        loss, scale, skipped = self.read_epoch()
         self.train_time = time.perf_counter() - self.epoch_start
         first = len(self.result.step_loss)
         self.losses = loss.tolist()
@@ -314,64 +391,101 @@ class DeviceStepRecorder(EpochRecorder):
         self.epoch_row(epoch, logs, self.train_time)
 
 
-def device_info(gpus: list) -> dict[str, object]:
-    """What TensorFlow sees of the accelerator and the CUDA/cuDNN it was built with."""
-    build = tf.sysconfig.get_build_info()
-    info: dict[str, object] = {"tf_cuda_version": build.get("cuda_version", ""),
-                               "tf_cudnn_version": build.get("cudnn_version", "")}
-    if gpus:
-        details = tf.config.experimental.get_device_details(gpus[0])
-        capability = details.get("compute_capability")
-        info.update(device_name=details.get("device_name", "GPU"),
-                    compute_capability=".".join(map(str, capability)) if capability else "")
-    else:
-        info["device_name"] = "cpu"
-    return info
+class AsyncStepRecorder(DeviceStepRecorder):
+    """Device mode on JAX and Keras' torch backend: no wait per step either. These backends hand an
+    `async_safe` callback each step's logs on a worker thread, which alone waits for the step's values;
+    the training loop goes on dispatching. The epoch's clock stops once every dispatched step's values
+    have arrived (the one wait per epoch), as DeviceStepRecorder's StepLog read does on TensorFlow."""
+
+    async_safe = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.dispatched, self.arrived = 0, {}
+        self.arrival = threading.Condition()
+        super().on_epoch_begin(epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):  # the training loop's thread: a count, no wait
+        self.dispatched += 1
+        if self.epoch == 0 and batch == 1:
+            # Step 0's dispatch includes tracing and compiling the step (jax.jit / torch.compile happen on the host
+            # before the first step is queued): compile time apart from the per-epoch step time.
+            self.result.info["first_step_dispatch_s"] = time.perf_counter() - self.epoch_start
+
+    def on_train_batch_end(self, batch, logs=None):  # a worker thread: the logs are host values now
+        with self.arrival:
+            self.arrived[batch] = (float(logs["batch_loss"]), float(logs["loss_scale"]), bool(logs["skipped"]))
+            self.arrival.notify_all()
+
+    def read_epoch(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        with self.arrival:
+            if not self.arrival.wait_for(lambda: len(self.arrived) >= self.dispatched, timeout=3600):
+                raise RuntimeError(f"only {len(self.arrived)} of {self.dispatched} steps' values arrived")
+            rows = [self.arrived[k] for k in sorted(self.arrived)]
+        loss, scale, skipped = (np.array(column) for column in zip(*rows)) if rows else ([], [], [])
+        return np.asarray(loss, float), np.asarray(scale, float), np.asarray(skipped, bool)
 
 
-def make_dataset(cfg: RunConfig, data: Dataset) -> tuple[tf.data.Dataset, DeviceImages]:
-    """Batch indices in exactly the order of the cell's amp_compare.kit.data.batch_plan (every epoch's
-    batches in a row: fit() takes steps_per_epoch of them per epoch), and the images they index.
+def make_dataset(cfg: RunConfig, data: Dataset) -> tuple:
+    """What fit() iterates, in exactly the order of the cell's amp_compare.kit.data.batch_plan (every epoch's
+    batches in a row: fit() takes steps_per_epoch of them per epoch), and the images it draws from.
 
-    The model gathers each batch inside its train_step (see DeviceImages); with augmentation
-    StepRecorder swaps in each epoch's augmented images (kit/data.py: the pixels torch sees).
+    TensorFlow: batch indices through tf.data, the model gathers each batch inside its train_step (see
+    DeviceImages). Other backends: a generator of numpy (x, y) batches (HostImages). With augmentation
+    (augment_seed: the cell's seed) the recorder swaps in each epoch's augmented images (kit/data.py:
+    the pixels torch sees) before the epoch's clock starts.
     """
     plan = batch_plan(len(data.x_train), cfg.batch_size, cfg.seed, cfg.epochs, cfg.steps_per_epoch)
-    indices = tf.data.Dataset.from_tensor_slices(plan.reshape(-1, plan.shape[-1])).prefetch(tf.data.AUTOTUNE)
-    return indices, DeviceImages(data.x_train, data.y_train)
+    if backends.TENSORFLOW:
+        indices = tf.data.Dataset.from_tensor_slices(plan.reshape(-1, plan.shape[-1])).prefetch(tf.data.AUTOTUNE)
+        return indices, DeviceImages(data.x_train, data.y_train)
+    first = epoch_images(data, cfg.seed, 0, augment=True) if cfg.augment else None
+    images = HostImages(data.x_train, data.y_train, augmented_first=first)
+    return host_batches(images, plan), images
+
+
+def attach_dataset(model: keras.Model, cfg: RunConfig, data: Dataset):
+    """make_dataset, and the model told where its batches come from: TensorFlow gathers each batch inside the
+    step from DeviceImages; the other backends' generator yields (x, y) batches, nothing to gather."""
+    dataset, images = make_dataset(cfg, data)
+    model.device_images = images if backends.TENSORFLOW else None
+    return dataset, images
+
+
+def sync_state(model: keras.Model) -> None:
+    """JAX's fit keeps the training state apart from the model's variables: put it back before reading them."""
+    if hasattr(model, "jax_state_sync"):
+        model.jax_state_sync()
 
 
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
-    gpus = tf.config.list_physical_devices("GPU")
-    if cfg.device == "cuda" and not gpus:
-        raise RuntimeError("device 'cuda' requested but TensorFlow sees no GPU")
-    device = "/GPU:0" if cfg.device == "cuda" else "/CPU:0"
+    if cfg.device == "cuda" and not backends.gpu_available():
+        raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
     plan = batch_plan(len(data.x_train), cfg.batch_size, cfg.seed, cfg.epochs, cfg.steps_per_epoch)
     steps = plan.shape[1]
+    _, tf32_setting = backends.tf32_state()
     result = TrainResult(info={
-        "framework_version": tf.__version__,
-        "keras_version": keras.__version__,
-        **device_info(gpus if cfg.device == "cuda" else []),
-        "tf32": f"tensor_float_32_execution={tf.config.experimental.tensor_float_32_execution_enabled()}",
+        **backends.versions(),
+        **backends.device_info(cfg),
+        "tf32": tf32_setting,
         "amp_api": describe_amp(cfg),
-        "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-        "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        **backends.thread_info(),
     })
-    tuned = cfg.compile or cfg.step == "tuned"  # --step tuned: XLA (jit_compile=True)
-    result.info.update(compiled="jit_compile=True (XLA)" if tuned else "tf.function (no XLA)", step_loop=cfg.step,
-                       optimizer_impl="keras default", **measure_peak(device, cfg, result.info["device_name"]))
-    with tf.device(device):
+    result.info.update(compiled=compiled_text(jit_compile(cfg)), step_loop=cfg.step,
+                       optimizer_impl="keras default", **measure_peak(cfg, result.info["device_name"]))
+    with backends.device_scope(cfg):
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
         compile_model(cfg, model)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, model.optimizer, cfg))
-        dataset, model.device_images = make_dataset(cfg, data)
+        dataset, images = attach_dataset(model, cfg, data)
         device_mode = cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
-        recorder = DeviceStepRecorder if device_mode else StepRecorder
+        recorder = (DeviceStepRecorder if backends.TENSORFLOW else AsyncStepRecorder) if device_mode else StepRecorder
         # host mode reads each step's values (a wait per step on a GPU); device mode reads once per epoch
         result.info["host_syncs_per_step"] = 0 if device_mode else 1
+        result.info["step_values"] = ("device: StepLog read once per epoch" if backends.TENSORFLOW else
+                                      "device: async_safe callback, one wait per epoch") if device_mode else "host"
         dataset_bytes = int(data.x_train.nbytes + data.y_train.nbytes)  # DeviceImages: same arrays
         # Numerics lab, outside the timed loop: dtype audit and gradient underflow on the first batch.
         probe = (data.x_train[plan[0, 0]], data.y_train[plan[0, 0]])
@@ -383,29 +497,33 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         def on_nonfinite(step: int, epoch: int, batch: int) -> bool:
             """NaN/Inf locator: where the first non-finite loss or gradient came from."""
             idx = plan[epoch, batch]
+            sync_state(model)
             bad = first_nonfinite_parameter(get_weights(model))
+            pixels = (keras.ops.convert_to_numpy(tf.gather(model.device_images.images, idx))
+                      if backends.TENSORFLOW else images.images(epoch)[idx])
             found = ({"where": "parameters", "layer": bad, "value": "nan/inf", "tensor": bad} if bad else
-                     numerics.locate_nonfinite(model, tf.gather(model.device_images.images, idx).numpy(),
-                                               data.y_train[idx], cfg.precision,
+                     numerics.locate_nonfinite(model, pixels, data.y_train[idx], cfg.precision,
                                                float(current_scale(model.optimizer))))
             result.nonfinite = {"step": step, **(found or {"where": "not reproduced", "layer": "", "value": ""})}
             return True
 
-        model.step_log = StepLog(steps) if device_mode else None  # after the audit: its trace must not record
+        on_device = cfg.device == "cuda" and backends.TENSORFLOW  # only TensorFlow holds the images on the device
+        model.step_log = StepLog(steps) if device_mode and backends.TENSORFLOW else None  # after the audit
         if cfg.device == "cuda":
-            tf.config.experimental.reset_memory_stats("GPU:0")
+            backends.reset_peak_memory(cfg)
         else:
             cpu_memory = CpuPeakMemory()
         callback = recorder(cfg, steps, progress, result, on_nonfinite=on_nonfinite,
-                            augment=(data, model.device_images) if cfg.augment else None)
+                            augment=(data, images) if cfg.augment else None)
         callback.first_step = FirstStepWindow(cpu_memory if cfg.device == "cpu" else None)
         model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
                   validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH, callbacks=[callback])
     if cfg.device == "cuda":
-        # the training images held on the device (DeviceImages) are reported apart, not as training memory
-        result.peak_memory_bytes = max(0, tf.config.experimental.get_memory_info("GPU:0")["peak"] - dataset_bytes)
-        result.memory_kind = "tf_gpu_allocator_peak_minus_dataset"
-        result.info["dataset_device_bytes"] = dataset_bytes
+        peak, kind = backends.peak_memory(cfg)
+        # the training images held on the device (DeviceImages, TensorFlow) are reported apart, not as training memory
+        result.peak_memory_bytes = max(0, peak - dataset_bytes) if on_device else peak
+        result.memory_kind = kind + ("_minus_dataset" if on_device else "")
+        result.info["dataset_device_bytes"] = dataset_bytes if on_device else 0
     else:
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind + "_after_first_step"
@@ -419,26 +537,24 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     return result
 
 
-def measure_peak(device: str, cfg: RunConfig, device_name: str) -> dict:
+def compiled_text(jit_compile: bool) -> str:
+    """How the step is compiled on this backend, in words for the report's Environment table."""
+    if backends.TENSORFLOW:
+        return "jit_compile=True (XLA)" if jit_compile else "tf.function (no XLA)"
+    if backends.JAX:
+        return "jax.jit (XLA), Keras' default on JAX"
+    return "jit_compile=True (torch.compile)" if jit_compile else "eager (Keras' torch default)"
+
+
+def measure_peak(cfg: RunConfig, device_name: str) -> dict:
     """The device's matmul peak for this cell's dtype (kit/peak.py), measured before training."""
     from amp_compare.kit import peak
 
-    dtype = {"fp16": tf.float16, "bf16": tf.bfloat16, "tf32": tf.float32, "fp32": tf.float32}[
+    dtype = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}[
         peak.matmul_dtype(cfg.precision, cfg.tf32)]
-
-    def time_matmul(n: int, repeats: int) -> float:
-        with tf.device(device):
-            a = tf.cast(tf.random.normal([n, n]), dtype)
-            b = tf.cast(tf.random.normal([n, n]), dtype)
-            tf.linalg.matmul(a, b)[0, 0].numpy()  # first call: kernel selection, not timed
-            start = time.perf_counter()
-            for _ in range(repeats):
-                c = tf.linalg.matmul(a, b)
-            c[0, 0].numpy()  # waits for the device (ops on one stream run in order); copies one element
-            return time.perf_counter() - start
-
-    flops, size = peak.measure(time_matmul, max_size=8192 if device.startswith("/GPU") else 2048,
-                               budget_s=1.0 if device.startswith("/GPU") else 0.5)
+    gpu = cfg.device == "cuda"
+    flops, size = peak.measure(backends.time_matmul_function(cfg, dtype), max_size=8192 if gpu else 2048,
+                               budget_s=1.0 if gpu else 0.5)
     return peak.peak_info(device_name, cfg.precision, cfg.tf32, flops, size)
 
 

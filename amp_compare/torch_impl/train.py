@@ -96,6 +96,9 @@ def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: to
         used["static_loss_scale"] = scaler.fixed_scale
     elif scaler.is_enabled():
         used.update(init_scale=scaler.get_scale(), growth_interval=scaler.get_growth_interval())
+    # TF32 read back from torch (on, off, or mixed), as every Keras backend records it (keras_impl/backends.py)
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    used["tf32"] = "on" if matmul and cudnn else "off" if not (matmul or cudnn) else "mixed"
     return used
 
 
