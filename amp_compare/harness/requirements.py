@@ -16,7 +16,9 @@ from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 DISTRIBUTION = "amp-compare"
-FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX"}  # any one of them runs some cells
+# What each framework column needs installed; any one of them runs some cells (JAX alone runs nothing: its
+# column is Keras on JAX).
+FRAMEWORKS = {"PyTorch": ("torch",), "Keras on TensorFlow": ("tensorflow", "keras"), "Keras on JAX": ("jax", "keras")}
 OPTIONAL_FOR_COMPARE = {"torch", "tensorflow", "keras"}  # each side runs without the other's
 INSTALL = {"report": "python3 -m pip install -e .", "compare": "python3 -m pip install -e '.[compare]'"}
 NOX = {"report": "nox -s report -- reports/<run-id>", "compare": "nox -s compare"}
@@ -61,7 +63,7 @@ def missing_for(command: str) -> str | None:
     if missing:
         return (f"`{command}` needs Python package(s) that are not installed: {', '.join(missing)}. Install them "
                 f"from the project folder with `{INSTALL[command]}`, or run through nox (`{NOX[command]}`).")
-    if command == "compare" and not any(installed(f) for f in FRAMEWORKS):
+    if command == "compare" and not any(all(installed(d) for d in needs) for needs in FRAMEWORKS.values()):
         return ("`compare` needs PyTorch or TensorFlow and neither is installed. Install them from the project "
                 f"folder with `{INSTALL['compare']}`, or run through nox (`{NOX['compare']}`).")
     return None
