@@ -112,3 +112,20 @@ def test_layer_names_are_those_both_real_models_have(model):
     keras = km.build_model(model, shape, 10, width=4)
     keras_names = {b for layer in kn._layers(keras) for b in kn._block_names(kn.canonical_name(layer))}
     assert set(model_layer_names(model)) == torch_names & keras_names
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="CPU affinity is Linux-only")
+def test_default_threads_are_the_cpus_this_process_may_run_on():
+    """Under taskset or a container's cpuset, --threads defaults to what the process may use, not the machine."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from amp_compare.contract.config import RunConfig; print(RunConfig().threads)")
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "1"
+    assert RunConfig().threads == len(os.sched_getaffinity(0))

@@ -117,6 +117,15 @@ class OptionSpec:
     aliases: dict | None = None  # other accepted spellings of a choice, normalised to it before validation
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: taskset, a container's cpuset), not all the machine has:
+    more threads than that only contend (and OpenMP spins) for the same cores."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, cpu: Any = _UNSET,
            cuda: Any = _UNSET, **spec: Any) -> Any:
     """A dataclass field that declares one option (see OptionSpec for the keywords)."""
@@ -365,8 +374,8 @@ class RunConfig:
     clip_grad_norm: float | None = option(None, "global gradient-norm clipping on the unscaled gradients "
                                           "(torch: scaler.unscale_ then clip_grad_norm_; Keras: global_clipnorm "
                                           "inside the LossScaleOptimizer)", gt=0)
-    threads: int = option(help="intra- and inter-op threads, both frameworks", gt=0,
-                          factory=lambda: os.cpu_count() or 1, default_text="the number of CPUs")
+    threads: int = option(help="intra- and inter-op threads, both frameworks", gt=0, factory=usable_cpus,
+                          default_text="the CPUs this process may run on")
     target_accuracy: float | None = option(None, "time-to-accuracy target as a fraction in (0, 1] (null: 95% of "
                                            "what fp32 reaches)", gt=0, le=1)
     # Set by the harness from --step and --batch-sizes (harness/perf.py expands the matrix).
