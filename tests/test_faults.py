@@ -34,8 +34,10 @@ def _compare(out: Path, *args: str, env: dict | None = None, wait: bool = True):
 
 # The real harness (amp_compare.harness.cli.main) in a process of its own, whose torch cells run through
 # tests/children/misbehave.py: the cell whose id contains `cell` misbehaves (`mode`), every other
-# cell runs the real torch child.
-HARNESS = ("import sys; from amp_compare.harness import runner; "
+# cell runs the real torch child. SIGINT gets Python's own handler (Ctrl-C in a terminal): a suite started
+# in the background by a non-interactive shell inherits SIGINT ignored, and the interrupt test then hung.
+HARNESS = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           "from amp_compare.harness import runner; "
            "runner.FRAMEWORK_MODULES['torch'] = 'tests.children.misbehave'; "
            "from amp_compare.harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
