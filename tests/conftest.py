@@ -8,6 +8,9 @@ import filelock
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# One thread per framework child and per xdist worker (--threads' default follows it): two workers on two
+# cores, each with children of two OpenMP threads, spin-waited for each other's cores (about 10% of the suite's CPU).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 TINY_ARGS = ["--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "16",
              "--warmup-steps", "1", "--seeds", "0", "--run-id", "tiny", "--device", "cpu"]

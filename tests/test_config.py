@@ -125,7 +125,18 @@ def test_default_threads_are_the_cpus_this_process_may_run_on():
             "from amp_compare.contract.config import RunConfig; print(RunConfig().threads)")
     from tests.conftest import ROOT
 
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # tests/conftest.py sets it
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**env, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("value, threads", [("3", 3), ("4,2", 4), (" 5 ", 5), ("0", None), ("many", None),
+                                            ("", None)])
+def test_default_threads_follow_omp_num_threads_where_it_is_a_positive_integer(monkeypatch, value, threads):
+    import os
+
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert RunConfig().threads == (threads or len(os.sched_getaffinity(0)))
+    monkeypatch.delenv("OMP_NUM_THREADS")
     assert RunConfig().threads == len(os.sched_getaffinity(0))

@@ -126,6 +126,13 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def default_threads() -> int:
+    """--threads' default: $OMP_NUM_THREADS where it is set to a positive integer (the usual way to say how many
+    threads a process may use; its first field where it lists one per nesting level), else usable_cpus()."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else usable_cpus()
+
+
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, cpu: Any = _UNSET,
            cuda: Any = _UNSET, **spec: Any) -> Any:
     """A dataclass field that declares one option (see OptionSpec for the keywords)."""
@@ -374,8 +381,8 @@ class RunConfig:
     clip_grad_norm: float | None = option(None, "global gradient-norm clipping on the unscaled gradients "
                                           "(torch: scaler.unscale_ then clip_grad_norm_; Keras: global_clipnorm "
                                           "inside the LossScaleOptimizer)", gt=0)
-    threads: int = option(help="intra- and inter-op threads, both frameworks", gt=0, factory=usable_cpus,
-                          default_text="the CPUs this process may run on")
+    threads: int = option(help="intra- and inter-op threads, both frameworks", gt=0, factory=default_threads,
+                          default_text="$OMP_NUM_THREADS where set, else the CPUs this process may run on")
     target_accuracy: float | None = option(None, "time-to-accuracy target as a fraction in (0, 1] (null: 95% of "
                                            "what fp32 reaches)", gt=0, le=1)
     # Set by the harness from --step and --batch-sizes (harness/perf.py expands the matrix).

@@ -53,6 +53,7 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
         "cpu_fp16_hardware": any(f in flags for f in ("avx512_fp16", "amx_fp16")),
         "cpu_count": os.cpu_count() or 1,
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),  # --threads' default follows it where set
     }
 
 
