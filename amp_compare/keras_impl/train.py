@@ -553,8 +553,7 @@ def measure_peak(cfg: RunConfig, device_name: str) -> dict:
     dtype = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}[
         peak.matmul_dtype(cfg.precision, cfg.tf32)]
     gpu = cfg.device == "cuda"
-    flops, size = peak.measure(backends.time_matmul_function(cfg, dtype), max_size=8192 if gpu else 2048,
-                               budget_s=1.0 if gpu else 0.5)
+    flops, size = peak.measure_on("cuda" if gpu else "cpu", backends.time_matmul_function(cfg, dtype))
     return peak.peak_info(device_name, cfg.precision, cfg.tf32, flops, size)
 
 

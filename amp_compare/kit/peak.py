@@ -53,6 +53,18 @@ def known_peak(device_name: str, dtype: str) -> float | None:
     return None
 
 
+# Per device type: the largest matrix tried and the seconds of repeats after the size is found. On a CPU the best
+# of 0.25 s is within the run-to-run spread of the best of 0.5 s (fp32 ~80 GFLOP/s, emulated fp16/bf16 ~1.4
+# GFLOP/s on the 2-core EPYC of docs), and every cell pays it.
+LIMITS = {"cuda": (8192, 1.0), "cpu": (2048, 0.25)}
+
+
+def measure_on(device_type: str, time_matmul: Callable[[int, int], float]) -> tuple[float, int]:
+    """measure() within LIMITS of this device type ("cuda" or "cpu")."""
+    max_size, budget_s = LIMITS["cuda" if device_type == "cuda" else "cpu"]
+    return measure(time_matmul, max_size=max_size, budget_s=budget_s)
+
+
 def measure(time_matmul: Callable[[int, int], float], max_size: int = 4096, budget_s: float = 1.0,
             min_single_s: float = 0.02) -> tuple[float, int]:
     """Best FLOP/s of square matmuls: time_matmul(n, repeats) -> seconds for `repeats` n x n @ n x n products

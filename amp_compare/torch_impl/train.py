@@ -151,32 +151,21 @@ def host_sync_per_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradS
 
 
 @torch.no_grad()
-def evaluate(model, x, y, amp_dtype) -> tuple[float, float]:
-    """Validation loss and accuracy, under the same precision as training."""
+def evaluate(model, x, y, amp_dtype) -> tuple[float, float, np.ndarray]:
+    """Validation loss, accuracy and, per image, whether it was classified correctly (the last epoch's go to
+    the paired tests of harness/stats.py), under the same precision as training."""
     model.eval()
     loss_sum = torch.zeros((), device=x.device)
-    correct = torch.zeros((), device=x.device, dtype=torch.long)
+    hits = []
     for i in range(0, len(x), EVAL_BATCH):
         xb, yb = x[i:i + EVAL_BATCH], y[i:i + EVAL_BATCH]
         with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = model(xb)
             loss_sum += F.cross_entropy(logits, yb, reduction="sum").float()
-        correct += (logits.argmax(1) == yb).sum()
+        hits.append(logits.argmax(1) == yb)
     model.train()
-    return loss_sum.item() / len(x), correct.item() / len(x)
-
-
-@torch.no_grad()
-def val_correct(model, x, y, amp_dtype) -> np.ndarray:
-    """Per validation image, whether the model classifies it correctly (the final validation pass's
-    predictions, recomputed the same way as evaluate() for the paired tests of harness/stats.py)."""
-    model.eval()
-    hits = []
-    for i in range(0, len(x), EVAL_BATCH):
-        with torch.no_grad(), torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            hits.append((model(x[i:i + EVAL_BATCH]).argmax(1) == y[i:i + EVAL_BATCH]).cpu())
-    model.train()
-    return torch.cat(hits).numpy()
+    correct = torch.cat(hits).cpu().numpy()  # one read of the device per pass
+    return loss_sum.item() / len(x), float(correct.mean()), correct
 
 
 def to_device_images(x: np.ndarray, device: torch.device, channels_last: bool = False) -> torch.Tensor:
@@ -363,7 +352,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                           on_nonfinite=on_nonfinite if result.nonfinite is None else None, graphs=graphs,
                           epoch=epoch)
         eval_start = time.perf_counter()
-        val_loss, val_accuracy = evaluate(net, x_val, y_val, amp_dtype)
+        val_loss, val_accuracy, result.val_correct = evaluate(net, x_val, y_val, amp_dtype)
         eval_time = time.perf_counter() - eval_start
         result.step_epoch += [epoch] * len(steps.loss)
         result.step_loss += steps.loss
@@ -390,7 +379,6 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind + "_after_first_step"
     result.info["first_step_peak_memory_bytes"] = first_step.peak_bytes
-    result.val_correct = val_correct(net, x_val, y_val, amp_dtype)
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, scaler, "last step",
                                                 len(result.step_loss) - 1)
@@ -417,8 +405,7 @@ def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    flops, size = peak.measure(time_matmul, max_size=8192 if device.type == "cuda" else 2048,
-                               budget_s=1.0 if device.type == "cuda" else 0.5)
+    flops, size = peak.measure_on(device.type, time_matmul)
     return peak.peak_info(device_info(device)["device_name"], cfg.precision, cfg.tf32, flops, size)
 
 
