@@ -546,18 +546,13 @@ def _console():
 
 
 def _render(run_dir: Path, console, figures: bool = True) -> Path:
-    from amp_compare.contract import records
-    from amp_compare.harness.report import load_manifest, render_report
-    from amp_compare.harness.summary import findings, full_table
+    from amp_compare.harness.report import render
     from amp_compare.harness.terminal import print_summary
 
-    index = render_report(run_dir, figures=figures)
-    tables = records.read_run(run_dir, warn=lambda msg: None)
-    environment = load_manifest(run_dir)["environment"]
-    table = full_table(tables["run"], tables["steps"], tables["epochs"], environment)
-    print_summary(console, f"amp-compare summary ({run_dir.name})", tables["run"],
-                  findings(tables["run"], tables["steps"], environment, tables["epochs"]), table=table)
-    return index
+    rendered = render(run_dir, figures=figures)
+    print_summary(console, f"amp-compare summary ({run_dir.name})", rendered.runs, rendered.findings,
+                  table=rendered.table)
+    return rendered.index
 
 
 def report(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,12 +27,6 @@ from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.harness import numerics_report as nr
 from amp_compare.harness.backend_split import keras_backend_split
 from amp_compare.harness.calibrate import describe as describe_steadiness
-from amp_compare.harness.figures import (
-    make_figures,
-    make_max_batch_figure,
-    make_time_to_accuracy_figure,
-    make_underflow_figure,
-)
 from amp_compare.harness.settings_check import adam_gap_text, side_by_side
 from amp_compare.harness.summary import (
     HARDWARE_COLUMNS,
@@ -281,9 +276,24 @@ def _seeds_text(seeds: list) -> str:
     return f"{len(seeds)} seeds ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
 
 
+@dataclass
+class Rendered:
+    """What rendering a run wrote (index) and computed on the way, for the terminal summary to reuse."""
+
+    index: Path
+    runs: pd.DataFrame
+    table: pd.DataFrame  # summary.full_table
+    findings: list[str]
+
+
 def render_report(run_dir: Path, figures: bool = True) -> Path:
     """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn;
-    the page says so and how to draw them)."""
+    the page says so and how to draw them). Returns its index.html."""
+    return render(run_dir, figures).index
+
+
+def render(run_dir: Path, figures: bool = True) -> Rendered:
+    """render_report, returning what it computed as well."""
     run_dir = Path(run_dir)
     tables = records.read_run(run_dir)
     searches = []
@@ -344,7 +354,7 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     return _render(out_dir, manifest, {name: pd.concat(dfs, ignore_index=True) for name, dfs in parts.items()},
-                   draw=figures)
+                   draw=figures).index
 
 
 # Per-framework columns of the run table shown in the Environment section, with how each is labelled.
@@ -401,25 +411,32 @@ def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, s
     return rows
 
 
-def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Path:
+def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
+    """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both)."""
+    from amp_compare.harness import figures as fg
+
+    runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
+    underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
+    drawn = [*fg.make_figures(runs, epochs, steps, out),
+             fg.make_underflow_figure(underflow, out) if not underflow.empty else None,
+             fg.make_max_batch_figure(maxbatch, out) if not maxbatch.empty else None,
+             fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out)]
+    return [f for f in drawn if f]
+
+
+def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     records.export_tables(run_dir, tables)
-    figures = make_figures(runs, epochs, steps, run_dir / "figures") if draw else []
     underflow = tables.get("underflow", pd.DataFrame())
     dtypes = tables.get("dtypes", pd.DataFrame())
-    underflow_figure = make_underflow_figure(underflow, run_dir / "figures") if draw and not underflow.empty else None
-    figures += [underflow_figure] if underflow_figure else []
     maxbatch = tables.get("maxbatch", pd.DataFrame())
-    maxbatch_figure = make_max_batch_figure(maxbatch, run_dir / "figures") if draw and not maxbatch.empty else None
-    figures += [maxbatch_figure] if maxbatch_figure else []
     environment = manifest["environment"]
     full = full_table(runs, steps, epochs, environment)
     summary = formatted_summary(full)
     main_table, hardware, loop_text = split_summary(summary)
     sentences = findings(runs, steps, environment, epochs)
     acc_stats = accuracy_statistics(runs, epochs)
-    tta_figure = make_time_to_accuracy_figure(runs, epochs, acc_stats, run_dir / "figures") if draw else None
-    figures += [tta_figure] if tta_figure else []
+    figures = _draw(run_dir, tables, acc_stats) if draw else []
     verdict = cpu_half_precision_verdict(environment)
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
@@ -464,7 +481,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(md))
     render_runs_index(run_dir.parent)
-    return run_dir / "index.html"
+    return Rendered(run_dir / "index.html", runs, full, sentences)
 
 
 def render_runs_index(reports_dir: Path) -> Path:
