@@ -63,3 +63,18 @@ def test_every_cell_started_from_the_same_weights(tiny_run):
     # Same weights, same first batch: the first loss agrees across frameworks and precisions
     # to within half-precision forward error.
     assert first.max() - first.min() < 5e-3, first
+
+
+def test_per_image_correctness_is_the_last_validation_pass(tiny_run):
+    """val_correct (the paired accuracy tests' input) holds one bit per validation image, and its mean is the
+    last epoch's val_accuracy. Torch takes both from one evaluation pass (equal by construction: what bites
+    there is the records' packing); Keras computes val_correct in a predict pass of its own, and this fails
+    when that pass compares against the wrong labels (seen: np.roll(y_val, 1))."""
+    from amp_compare.contract.records import unpack_correct
+
+    for cell in sorted((tiny_run[1] / "cells").iterdir()):
+        run = pd.read_parquet(cell / "run.parquet").iloc[0]
+        last = pd.read_parquet(cell / "epochs.parquet").sort_values("epoch")["val_accuracy"].iloc[-1]
+        correct = unpack_correct(run["val_correct"], int(run["val_samples"]))
+        assert len(correct) == int(run["val_samples"]) == 400, cell.name
+        assert abs(correct.mean() - last) < 1e-6, (cell.name, correct.mean(), last)
