@@ -16,6 +16,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from amp_compare.contract.config import usable_cpus
+
 # CPU flags that matter for mixed precision, and what each one means.
 AMP_CPU_FLAGS = {
     "avx512_bf16": "AVX-512 BF16: bfloat16 dot products",
@@ -52,7 +54,7 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
         "cpu_bf16_hardware": any(f in flags for f in ("avx512_bf16", "amx_bf16")),
         "cpu_fp16_hardware": any(f in flags for f in ("avx512_fp16", "amx_fp16")),
         "cpu_count": os.cpu_count() or 1,
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        "cpus_usable": usable_cpus(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),  # --threads' default follows it where set
     }
 

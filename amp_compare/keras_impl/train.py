@@ -552,8 +552,7 @@ def measure_peak(cfg: RunConfig, device_name: str) -> dict:
 
     dtype = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}[
         peak.matmul_dtype(cfg.precision, cfg.tf32)]
-    gpu = cfg.device == "cuda"
-    flops, size = peak.measure_on("cuda" if gpu else "cpu", backends.time_matmul_function(cfg, dtype))
+    flops, size = peak.measure_on(cfg.device, backends.time_matmul_function(cfg, dtype))
     return peak.peak_info(device_name, cfg.precision, cfg.tf32, flops, size)
 
 
