@@ -32,3 +32,33 @@ def test_missing_framework_is_found_without_importing_it(tmp_path, monkeypatch):
     outcome = runner.run_cell(RunConfig(framework="tf", dataset="synthetic"), tmp_path, "r1", 60)
     assert outcome.status == "unavailable" and "no_such_framework_xyz is not installed" in outcome.error
     assert records.read_run(tmp_path)["run"].loc[0, "status"] == "unavailable"
+
+
+def test_a_signal_while_a_child_starts_is_acted_on_once_it_has_started(monkeypatch):
+    """run_cell starts its child inside signals_deferred: a SIGTERM (or Ctrl-C) that lands inside Popen used to
+    raise there, before run_cell held the handle that stops the child, and left the child running (seen: the
+    SIGTERM test found its hanging child alive 60 s after the harness had exited)."""
+    import os
+    import signal
+
+    from amp_compare.harness.runner import signals_deferred
+
+    class Stop(Exception):
+        pass
+
+    def on_term(signum, frame):
+        raise Stop()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        finished = False
+        with pytest.raises(Stop):
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):  # give Python every chance to run a handler here
+                    sum(range(100))
+                finished = True
+        assert finished  # the body ran to its end; the signal was acted on after it
+        assert signal.getsignal(signal.SIGTERM) is on_term
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -9,6 +9,7 @@ timeout is recorded as a failed cell with the reason and the tail of its stderr.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -150,14 +151,16 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     if cfg.init == "shared":
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
     start = time.monotonic()
+    proc = None
     with open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                env=child_env(cfg), cwd=PROJECT_ROOT, start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
-        reader.start()
-        error = ""
         try:
+            with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                        env=child_env(cfg), cwd=PROJECT_ROOT, start_new_session=True)
+            lines: queue.Queue = queue.Queue()
+            reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
+            reader.start()
+            error = ""
             while True:
                 try:
                     line = lines.get(timeout=0.1).decode(errors="replace")
@@ -174,7 +177,8 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
                     error = f"timed out after {timeout_s:g} s"
                     break
         except BaseException:  # Ctrl-C: stop the child, drop its unfinished tables, go up
-            kill_group(proc)
+            if proc is not None:
+                kill_group(proc)
             if not (cell_dir / "run.parquet").exists():
                 remove_partial(cell_dir)
             raise
@@ -202,6 +206,28 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
         write_failed_record(cell_dir, failed_run_table(cfg, run_id, error, tail))
         return CellOutcome(cfg.cell_id, "failed", error, wall)
     return CellOutcome(cfg.cell_id, str(run["status"].iloc[0]), str(run["error"].iloc[0]), wall)
+
+
+@contextlib.contextmanager
+def signals_deferred(signals=(signal.SIGINT, signal.SIGTERM)):
+    """Hold Ctrl-C and SIGTERM while the body runs (starting a child: Popen returns the handle that stops it),
+    then act on the first that came with the handler that was in place. Only the main thread can set
+    handlers; elsewhere the body runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, left as it is
+                signal.signal(sig, handler)
+        if pending and callable(previous[pending[0]]):
+            previous[pending[0]](pending[0], None)  # raises KeyboardInterrupt / Terminated where those are set
+        elif pending and previous[pending[0]] == signal.SIG_DFL:
+            signal.raise_signal(pending[0])
 
 
 def kill_group(proc: subprocess.Popen) -> None:
