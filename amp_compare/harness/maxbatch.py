@@ -39,7 +39,7 @@ import pandas as pd
 
 from amp_compare.contract.config import FRAMEWORK_MODULES, ConfigError, RunConfig
 from amp_compare.contract.env import PROJECT_ROOT
-from amp_compare.harness.runner import child_env, kill_group, stderr_tail
+from amp_compare.harness.runner import child_env, kill_group, signals_deferred, stderr_tail
 from amp_compare.kit.probe import EXIT_OOM, format_size, rss_bytes
 
 WATCHDOG_INTERVAL_S = 0.05
@@ -97,10 +97,11 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
             cmd += ["--memory-cap", str(cap_bytes)]
         # Files, not pipes: nobody reads while the watchdog polls, and a full pipe would stall the child.
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=child_env(cfg),
-                                    cwd=PROJECT_ROOT, start_new_session=True)
-            start, seen, failure = time.monotonic(), 0, ""
+            proc, start, seen, failure = None, time.monotonic(), 0, ""
             try:
+                with signals_deferred():  # a signal inside Popen would leave its child running (runner.run_cell)
+                    proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                            env=child_env(cfg), cwd=PROJECT_ROOT, start_new_session=True)
                 while proc.poll() is None:
                     rss = rss_bytes(proc.pid)
                     seen = max(seen, rss)
@@ -114,7 +115,8 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
                     else:
                         time.sleep(WATCHDOG_INTERVAL_S)
             finally:  # Ctrl-C or any error here: never leave a child behind
-                kill_group(proc)
+                if proc is not None:
+                    kill_group(proc)
         # The parent only sees host memory: on a GPU a failed probe has no peak to report.
         sampled = (seen or None) if cfg.device == "cpu" else None
         kind = SAMPLED_RSS_KIND if sampled else ""
