@@ -16,17 +16,19 @@ ratio is their geometric mean with a 95% t-interval. Rounds continue past --roun
 interval is narrower than --target-width (5%: narrower than the 5% it judges) or the cell's --budget-s is
 spent; the table says which, so a cell that could not be resolved on a noisy machine is visible.
 
-Scheduling regimes. Each timed call also records the process's CPU time, so cores busy = CPU / wall. On
-the 2-core VM this was built on, TensorFlow ran each fit() call either on ~1.9 cores or on ~1.0 (the same
-CPU work, up to 1.9x the wall time), at random from call to call and for every loop alike (measured
-2026-11-23: bf16 steps 62 or 116 ms, fp32 9.5 or 14.2 ms; pinning its busiest threads to separate cores did
-not change it). A round whose two calls ran in different regimes measures the scheduler, not the loop.
-Where a cell's calls fall into two such clusters (`regimes`), the overhead is judged on the rounds where
-both loops ran in the same regime (the "pairs" column: those rounds / all rounds), the all-rounds ratio
-is kept in the CSV, and the verdict says how often each side landed in the slow regime: if the suite
-landed there significantly more often (binomial test over the mixed rounds), that is overhead, and the
-verdict says so. The CPU-time ratio beside it is the work the instrumentation adds, which no regime
-changes; it is not the headline, since a sync costs wall time without costing CPU.
+Scheduling regimes. Each timed call also records the process's CPU time, so cores busy = CPU / wall. On the
+2-core VM this was built on, TensorFlow ran each fit() call either on ~1.9 cores or on ~1.0 (the same CPU
+work, up to 1.9x the wall time), at random from call to call, in each of the three loops (measured 2026-11-23:
+bf16 steps 62 or 116 ms, fp32 9.5 or 14.2 ms; pinning its busiest threads to separate cores did not change
+it). A compare run, one model per process, was not hit: the median step of every Keras epoch, 72 of 72 (fp32
+and bf16, 3 seeds, 12 epochs), was at the fast regime's time; the bench, which holds three models in one
+process, was hit in about half its calls. A round whose two calls ran in different regimes measures the
+scheduler, not the loop. Where a cell's calls fall into two such clusters (`regimes`), the overhead is
+judged on the rounds where both loops ran in the same regime (the "pairs" column: those rounds / all
+rounds), the all-rounds ratio is kept in the CSV, and the verdict says how often each side landed in the
+slow regime: if the suite landed there significantly more often (binomial test over the mixed rounds), that
+is overhead, and the verdict says so. The CPU-time ratio beside it is the work the instrumentation adds,
+which no regime changes; it is not the headline, since a sync costs wall time without costing CPU.
 
 --device cuda runs the same comparison on a GPU (the loops wait for the device at the end of each timed
 call). --step picks the optimizer both loops use: plain = the framework's default (on a GPU, torch's
