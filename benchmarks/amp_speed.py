@@ -2,8 +2,10 @@
 
 Each framework runs in its own child process. Inside it the fp32, fp16 and bf16 versions of the
 same model train on the same in-memory batch, interleaved step by step (fp32, fp16, bf16, fp32,
-…), so machine noise hits all three alike; the ratio of median step times is the result. This
-uses the project's own train_step code. Prints a table and writes it as CSV.
+…), so machine noise hits all three alike. Each round gives one paired ratio fp32 step / mode step; the
+result is their geometric mean with a 95% t-interval, and the verdict says whether the interval supports
+"faster" or "slower" at all and flags one wider than WIDE (then re-run with more --rounds on an idle
+machine). This uses the project's own train_step code. Prints a table and writes it as CSV.
 
     python benchmarks/amp_speed.py [--model simple_cnn] [--batch-size 64] [--rounds 40]
 """
@@ -25,7 +27,9 @@ sys.path.insert(0, str(ROOT))
 from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa: E402
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.kit.data import load_dataset  # noqa: E402
-from benchmarks.results import write_csv  # noqa: E402
+from benchmarks.results import ratio_interval, write_csv  # noqa: E402
+
+WIDE = 0.10  # an interval wider than this (high / low - 1) is flagged as too wide to support the ratio
 
 
 def _torch_steppers(model_name: str, batch_size: int, device: str = "cpu", step: str = "plain"):
@@ -78,7 +82,17 @@ def child(framework: str, model_name: str, batch_size: int, rounds: int, warmup:
             step()  # returns host values, so the step has finished
             if r >= warmup:
                 times[precision].append(time.perf_counter() - start)
-    print(json.dumps({p: float(np.median(t)) for p, t in times.items()}))
+    print(json.dumps({"median": {p: float(np.median(t)) for p, t in times.items()},
+                      "speedup": {p: ratio_interval(times["fp32"], t) for p, t in times.items()}}))
+
+
+def speed_verdict(ratio: float, lo: float, hi: float) -> str:
+    """What a speed-up interval supports: faster, slower or neither, and whether it is too wide to lean on."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "too few rounds for an interval"
+    words = "faster" if lo > 1 else "slower" if hi < 1 else "not distinguishable from fp32"
+    wide = hi / lo - 1 > WIDE
+    return words + (f"; ⚠ interval wider than {WIDE:.0%}: re-run idle, with more --rounds" if wide else "")
 
 
 def main() -> int:
@@ -105,15 +119,20 @@ def main() -> int:
         if proc.returncode != 0:
             print(f"{framework}: benchmark child failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
             return 1
-        medians = json.loads(proc.stdout.strip().splitlines()[-1])
+        measured = json.loads(proc.stdout.strip().splitlines()[-1])
+        medians = measured["median"]
         for precision, median in medians.items():
+            ratio, lo, hi = measured["speedup"][precision]
             rows.append({"framework": framework, "model": args.model, "batch_size": args.batch_size,
                          "precision": precision, "median_step_ms": median * 1000,
-                         "time_vs_fp32": median / medians["fp32"], "speedup_vs_fp32": medians["fp32"] / median})
-    print(f"Mixed precision vs fp32, interleaved in one process per framework ({args.rounds} rounds):")
-    print(f"{'framework':<10}{'precision':<10}{'median step (ms)':>18}{'speed vs fp32':>15}")
+                         "speedup_vs_fp32": ratio, "speedup_lo": lo, "speedup_hi": hi,
+                         "verdict": speed_verdict(ratio, lo, hi) if precision != "fp32" else ""})
+    print(f"Mixed precision vs fp32, interleaved in one process per framework ({args.rounds} rounds; speed-up: "
+          "geometric mean of per-round fp32/mode step-time ratios [95% interval]):")
+    print(f"{'framework':<10}{'precision':<10}{'median step (ms)':>18}{'speed-up vs fp32 [95%]':>28}  verdict")
     for r in rows:
-        print(f"{r['framework']:<10}{r['precision']:<10}{r['median_step_ms']:>18.2f}{r['speedup_vs_fp32']:>14.2f}×")
+        interval = f"{r['speedup_vs_fp32']:.2f}× [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
+        print(f"{r['framework']:<10}{r['precision']:<10}{r['median_step_ms']:>18.2f}{interval:>28}  {r['verdict']}")
     write_csv(rows, args.out, "amp_speed")
     return 0
 

@@ -59,7 +59,7 @@ from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.kit.child import DivergenceWatch, Progress, TrainResult  # noqa: E402
 from amp_compare.kit.data import batch_plan, load_dataset  # noqa: E402
-from benchmarks.results import write_csv  # noqa: E402
+from benchmarks.results import ratio_interval, write_csv  # noqa: E402
 
 EPOCHS_PER_ROUND = 2  # each timed call trains this many epochs of the batch plan
 
@@ -166,20 +166,6 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
         "minimal": lambda: min_model.fit(indices, **kw),
         "in-memory": lambda: mem_model.fit(fixed, **kw),
     }
-
-
-def ratio_interval(num, den) -> tuple[float, float, float]:
-    """Geometric mean of the per-round ratios num/den and its 95% t-interval: (ratio, low, high)."""
-    from scipy import stats
-
-    logs = np.log(np.asarray(num, dtype=float) / np.asarray(den, dtype=float))
-    if logs.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    mean = float(logs.mean())
-    if logs.size < 2:
-        return float(np.exp(mean)), float("nan"), float("nan")
-    half = float(stats.t.ppf(0.975, logs.size - 1) * logs.std(ddof=1) / np.sqrt(logs.size))
-    return float(np.exp(mean)), float(np.exp(mean - half)), float(np.exp(mean + half))
 
 
 REGIME_GAP = 0.10  # two clusters of cores-in-use at least this far apart (relative) are two scheduling regimes

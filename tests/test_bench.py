@@ -1,4 +1,4 @@
-"""The overhead benchmark's statistics (benchmarks/overhead.py), on recorded-style numbers.
+"""The benchmarks' statistics (benchmarks/overhead.py, amp_speed.py), on recorded-style numbers.
 
 The timings below have the shape measured on a 2-core VM (2026-11-23): TensorFlow ran each fit() call on
 either ~1.9 or ~1.0 cores, at random, so a round whose two calls landed in different regimes compares the
@@ -71,3 +71,13 @@ def test_a_unimodal_cell_is_judged_on_all_rounds():
     ov = paired(wall, cpu, "suite", "minimal")
     assert not ov["bimodal"] and ov["same"] == ov["all"] and ov["same_pairs"] == 10
     assert verdict({"overhead": ov}, 0.05).startswith("> 1.05")
+
+
+def test_a_speed_up_is_called_only_where_its_interval_supports_it():
+    from benchmarks.amp_speed import speed_verdict
+
+    assert speed_verdict(1.8, 1.75, 1.85) == "faster"
+    assert speed_verdict(0.4, 0.39, 0.41) == "slower"
+    assert speed_verdict(1.02, 0.98, 1.06) == "not distinguishable from fp32"
+    assert "⚠ interval wider than 10%" in speed_verdict(1.5, 1.2, 1.9)
+    assert speed_verdict(1.5, float("nan"), float("nan")) == "too few rounds for an interval"
