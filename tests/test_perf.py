@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from amp_compare.contract import env
 from amp_compare.contract.config import ConfigError, RunConfig
 from amp_compare.harness.cli import build_parser, compare_settings, plan_compare
 from amp_compare.harness.perf import bound_verdicts, timing_note
@@ -119,6 +120,33 @@ def test_known_peaks_pick_the_right_gpu():
     assert flops_s == pytest.approx(1e10) and n == 512
 
 
+def test_an_emulated_half_format_is_measured_against_the_fp32_peak():
+    no_half = {"cpu_bf16_hardware": False, "cpu_fp16_hardware": False}
+    bf16_only = {"cpu_bf16_hardware": True, "cpu_fp16_hardware": False}
+    assert peak.ceiling_dtype("bf16", "off", "cpu", no_half) == ("fp32", "bf16 emulated on this CPU: its arithmetic "
+                                                                 "runs on the fp32 units")
+    assert peak.ceiling_dtype("fp16-static", "off", "cpu", bf16_only)[0] == "fp32"
+    assert peak.ceiling_dtype("bf16", "off", "cpu", bf16_only) == ("bf16", "")
+    assert peak.ceiling_dtype("bf16", "off", "cuda", no_half) == ("bf16", "")  # a GPU's half formats: its own
+    assert peak.ceiling_dtype("fp32", "on", "cpu", no_half) == ("tf32", "")
+    info = peak.peak_info("cpu", "fp32", "bf16 emulated on this CPU: x", 8e10, 1024)
+    assert info["peak_dtype"] == "fp32 (bf16 emulated)" and info["peak_flops_measured"] == 8e10
+
+
+def test_an_mfu_over_100_percent_is_flagged_not_passed_off():
+    from amp_compare.harness.summary import mfu_findings
+
+    table = pd.DataFrame([{"framework": "torch", "precision": "bf16", "batch_size": 64, "mfu_measured": 5.56,
+                           "peak_dtype": "bf16"},
+                          {"framework": "torch", "precision": "fp32", "batch_size": 64, "mfu_measured": 0.29,
+                           "peak_dtype": "fp32"}])
+    said = mfu_findings(table)
+    assert len(said) == 1 and "MFU above 100% in 1 cell(s) (PyTorch bf16 batch 64 (556%))" in said[0]
+    assert mfu_findings(table.assign(peak_dtype=["fp32 (bf16 emulated)", "fp32"], mfu_measured=[0.04, 0.29])) == [
+        "MFU of the bf16 cells is against the fp32 matmul peak: this CPU has no arithmetic for their half format, "
+        "so the frameworks convert to float32 and compute on the fp32 units."]
+
+
 def test_bound_verdict_from_the_sweep():
     t = pd.DataFrame({"framework": "torch", "precision": "fp16", "step_loop": "plain",
                       "batch_size": [64, 256, 1024], "throughput_img_s": [100.0, 300.0, 330.0],
@@ -168,6 +196,15 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
     runs = pd.concat(pd.read_parquet(p) for p in (run / "cells").glob("*/run.parquet"))
     assert sorted(runs["cfg_batch_size"]) == [8, 8, 16, 16]
     assert (runs["peak_flops_measured"] > 0).all() and np.isfinite(runs["mfu_measured"]).all()
+    # the peak is that of the dtype the arithmetic runs in: fp32 where this CPU emulates bf16
+    emulated = not env.cpu_info()["cpu_bf16_hardware"]
+    bf16 = runs[runs["precision"] == "bf16"]
+    assert set(bf16["peak_dtype"]) == ({"fp32 (bf16 emulated)"} if emulated else {"bf16"})
+    if emulated:  # the same ceiling as the fp32 cells, measured in each cell: within a noisy machine's 2x
+        fp32 = runs.loc[runs["precision"] == "fp32", "peak_flops_measured"]
+        ratio = bf16["peak_flops_measured"].median() / fp32.median()
+        assert 0.5 < ratio < 2, ratio
+        assert (bf16["mfu_measured"] < 1).all() and "is against the fp32 matmul peak" in summary
     timed = [pd.read_parquet(p.parent / "steps.parquet") for p in (run / "cells").glob("*/run.parquet")]
     for r, steps in zip(runs.itertuples(), timed):  # the headline is wall time of the timed steps
         t = steps.loc[~steps["warmup"], "step_time_s"]

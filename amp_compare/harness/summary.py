@@ -153,7 +153,7 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "GFLOP/image": fmt(r.flops_per_image / 1e9, ".3g"),
             "Achieved TFLOP/s": fmt(r.achieved_flops / 1e12, ".3g"),
             "Peak TFLOP/s (measured)": fmt(r.peak_flops_measured / 1e12, ".3g") + f" {r.peak_dtype}".rstrip(),
-            "MFU": fmt(r.mfu_measured * 100, ".1f", "%"),
+            "MFU": fmt(r.mfu_measured * 100, ".1f", "%") + (" ⚠" if r.mfu_measured > 1 else ""),
             **({"MFU (data-sheet peak)": fmt(r.mfu_table * 100, ".1f", "%")}
                if table["mfu_table"].notna().any() else {}),
             "Bound": r.bound,
@@ -381,6 +381,7 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         out.append(f"Mixed precision was slower than fp32 in {len(slower)} of "
                    f"{int(precisions.is_mixed(table['precision']).sum())} mixed cells. "
                    + cpu_half_precision_verdict(environment))
+    out += mfu_findings(table)
     # Memory.
     kinds = ", ".join(sorted(set(ok_runs(runs)["memory_kind"].dropna())))
     for key, group in groups:
@@ -447,6 +448,26 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     for r in diverged.itertuples():
         out.insert(0, f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) "
                       f"diverged: {r.error}.")
+    return out
+
+
+def mfu_findings(table: pd.DataFrame) -> list[str]:
+    """What the MFU column is measured against where that is not the cell's own dtype, and any MFU over 100%
+    (the measured matmul is then not the ceiling of the path the cell ran: the number is shown, flagged)."""
+    out = []
+    dtypes = table.get("peak_dtype", pd.Series(dtype=str)).fillna("")
+    emulated = table[dtypes.str.contains("emulated")]
+    if not emulated.empty:
+        which = ", ".join(sorted(set(emulated["precision"])))
+        out.append(f"MFU of the {which} cells is against the fp32 matmul peak: this CPU has no arithmetic for "
+                   "their half format, so the frameworks convert to float32 and compute on the fp32 units.")
+    over = table[table["mfu_measured"] > 1]
+    if not over.empty:
+        cells = ", ".join(f"{_label(r.framework)} {r.precision} batch {r.batch_size:.0f} ({r.mfu_measured:.0%})"
+                          for r in over.itertuples())
+        out.append(f"MFU above 100% in {len(over)} cell(s) ({cells}): the model trained faster than the matmul "
+                   "measured as the peak, so that matmul is not the ceiling of the kernels these cells ran; "
+                   "read their MFU as a ratio of two measured rates, not as a fraction of the hardware.")
     return out
 
 

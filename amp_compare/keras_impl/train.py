@@ -550,10 +550,10 @@ def measure_peak(cfg: RunConfig, device_name: str) -> dict:
     """The device's matmul peak for this cell's dtype (kit/peak.py), measured before training."""
     from amp_compare.kit import peak
 
-    dtype = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}[
-        peak.matmul_dtype(cfg.precision, cfg.tf32)]
+    name, basis = peak.ceiling_dtype(cfg.precision, cfg.tf32, cfg.device)
+    dtype = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}[name]
     flops, size = peak.measure_on(cfg.device, backends.time_matmul_function(cfg, dtype))
-    return peak.peak_info(device_name, cfg.precision, cfg.tf32, flops, size)
+    return peak.peak_info(device_name, name, basis, flops, size)
 
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:

@@ -4,8 +4,11 @@ MFU (model FLOPs utilisation) = achieved FLOP/s of training / the device's peak 
 matmuls run in. Two peaks, both recorded per cell:
   * measured: the best of repeated square matmuls in that dtype, timed by the framework child at the
     start of the cell, outside the timed loop and the memory window (`measure`). On a CPU it is the
-    only peak there is (no vendor figure fits every CPU), and fp16/bf16 there are whatever the CPU's
-    kernels make of them (emulated on a CPU without AVX-512 FP16/BF16 instructions).
+    only peak there is (no vendor figure fits every CPU). A CPU without a half format's arithmetic
+    (no AVX-512 BF16/AMX for bf16, no AVX-512 FP16/AMX for fp16) makes the frameworks convert to
+    float32 and compute there, so that format's ceiling is the fp32 matmul (`ceiling_dtype`): the
+    emulated matmul itself is no ceiling (measured on a 2-core EPYC, 2026-11-23: torch's bf16 matmul
+    1.4 GFLOP/s, while simple_cnn's bf16 convolutions trained at 7.8 GFLOP/s, an "MFU" of 556%).
   * table: NVIDIA's published dense (no sparsity) peaks per GPU model, for the same dtype (`KNOWN_PEAKS`).
 This module never imports a framework: the child passes a function that times one matmul.
 """
@@ -41,6 +44,19 @@ def matmul_dtype(precision: str, tf32: str = "off") -> str:
     if half is not None:
         return {"bfloat16": "bf16", "float16": "fp16"}[half]
     return "tf32" if tf32 == "on" else "fp32"
+
+
+def ceiling_dtype(precision: str, tf32: str, device_type: str, cpu_info: dict | None = None) -> tuple[str, str]:
+    """The dtype whose matmul peak bounds a cell's arithmetic, and the reason where it is not the cell's own
+    matmul dtype: on a CPU without the half format's arithmetic, fp32 (see the module docstring)."""
+    dtype = matmul_dtype(precision, tf32)
+    if device_type == "cpu" and dtype in ("bf16", "fp16"):
+        from amp_compare.contract import env
+
+        info = env.cpu_info() if cpu_info is None else cpu_info
+        if not info.get(f"cpu_{dtype}_hardware"):
+            return "fp32", f"{dtype} emulated on this CPU: its arithmetic runs on the fp32 units"
+    return dtype, ""
 
 
 def known_peak(device_name: str, dtype: str) -> float | None:
@@ -82,10 +98,11 @@ def measure(time_matmul: Callable[[int, int], float], max_size: int = 4096, budg
     return best, n
 
 
-def peak_info(device_name: str, precision: str, tf32: str, measured_flops: float, size: int) -> dict:
-    """What a child records about the peak (run-table columns; see kit/child.build_tables)."""
-    dtype = matmul_dtype(precision, tf32)
+def peak_info(device_name: str, dtype: str, basis: str, measured_flops: float, size: int) -> dict:
+    """What a child records about the peak (run-table columns; see kit/child.build_tables): dtype and basis
+    as ceiling_dtype gives them, the matmul measured in that dtype."""
     table = known_peak(device_name, dtype)
-    return {"peak_dtype": dtype, "peak_flops_measured": float(measured_flops), "peak_matmul_size": int(size),
+    return {"peak_dtype": f"{dtype} ({basis.split(' on ')[0]})" if basis else dtype, "peak_basis": basis,
+            "peak_flops_measured": float(measured_flops), "peak_matmul_size": int(size),
             "peak_flops_table": float(table) if table else float("nan"),
             "peak_table_source": f"{PEAK_SOURCE}: {device_name} {dtype}" if table else ""}

@@ -389,8 +389,8 @@ def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
     """The device's matmul peak for this cell's dtype (kit/peak.py), measured before training."""
     from amp_compare.kit import peak
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[
-        peak.matmul_dtype(cfg.precision, cfg.tf32)]
+    name, basis = peak.ceiling_dtype(cfg.precision, cfg.tf32, device.type)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[name]
 
     def time_matmul(n: int, repeats: int) -> float:
         a = torch.randn(n, n, device=device).to(dtype)
@@ -406,7 +406,7 @@ def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
         return time.perf_counter() - start
 
     flops, size = peak.measure_on(device.type, time_matmul)
-    return peak.peak_info(device_info(device)["device_name"], cfg.precision, cfg.tf32, flops, size)
+    return peak.peak_info(device_info(device)["device_name"], name, basis, flops, size)
 
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:
