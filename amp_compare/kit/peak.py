@@ -50,7 +50,7 @@ def ceiling_dtype(precision: str, tf32: str, device_type: str, cpu_info: dict | 
     """The dtype whose matmul peak bounds a cell's arithmetic, and the reason where it is not the cell's own
     matmul dtype: on a CPU without the half format's arithmetic, fp32 (see the module docstring)."""
     dtype = matmul_dtype(precision, tf32)
-    if device_type == "cpu" and dtype in ("bf16", "fp16"):
+    if device_type == "cpu" and precisions.of(precision).half is not None:
         from amp_compare.contract import env
 
         info = env.cpu_info() if cpu_info is None else cpu_info
