@@ -28,3 +28,36 @@ def test_device_mode_records_what_host_mode_records(tmp_path):
     assert run["nonfinite_step"] == tables["host"]["run"].iloc[0]["nonfinite_step"] == 0
     pd.testing.assert_series_equal(tables["device"]["epochs"]["val_loss"], tables["host"]["epochs"]["val_loss"],
                                    rtol=1e-5)
+
+
+def test_fit_waits_for_the_device_as_often_as_the_run_records(monkeypatch):
+    """Keras' TensorFlow backend converts fit()'s logs to host values after every execution of the train
+    function (CallbackList.pythonify_logs: it never dispatches callbacks asynchronously there), so
+    device mode alone does not spare a wait per step. The run's host_syncs_per_step must say so, and the
+    tuned loop, which runs each epoch as one execution, must wait once per epoch. Counted in train() itself."""
+    import io
+
+    from keras.src import backend as keras_backend
+    from keras.src.callbacks import callback_list
+
+    from amp_compare.keras_impl.train import train
+    from amp_compare.kit.child import Progress, SharedInit
+    from amp_compare.kit.data import load_dataset
+
+    waits = []
+    original = callback_list.CallbackList._on_train_batch_end
+
+    def counting(self, batch, logs=None):
+        waits.append(any(keras_backend.is_tensor(v) for v in (logs or {}).values()))
+        return original(self, batch, logs)
+
+    monkeypatch.setattr(callback_list.CallbackList, "_on_train_batch_end", counting)
+    for step, expected_waits in (("plain", 12), ("tuned", 2)):
+        cfg = RunConfig(framework="tf", dataset="synthetic", precision="fp16", epochs=2, steps_per_epoch=6,
+                        batch_size=16, init="framework", step_values="device", step=step)
+        waits.clear()
+        result = train(cfg, load_dataset(cfg.dataset), Progress(stream=io.StringIO()), SharedInit(None, "tf", 0))
+        steps = len(result.step_loss)
+        assert steps == 12 and np.isfinite(result.step_loss).all(), step
+        assert sum(waits) == expected_waits, (step, waits)
+        assert result.info["host_syncs_per_step"] * steps == expected_waits, (step, result.info)

@@ -31,6 +31,25 @@ TENSORFLOW, JAX, TORCH = BACKEND == "tensorflow", BACKEND == "jax", BACKEND == "
 JAX_MATMUL_PRECISION = {"on": "tensorfloat32", "off": "float32"}
 
 
+def host_syncs_per_step(device_mode: bool, steps_per_execution: int, dynamic_scaling: bool) -> float:
+    """How often fit() waits for the device per training step, from what Keras 3.15 does on each backend
+    (tests/test_device_mode.py counts the TensorFlow conversions):
+    * TensorFlow: its backend is not thread-safe, so CallbackList never dispatches callbacks on a worker
+      thread: after every execution of the train function it converts the logs to host values
+      (pythonify_logs), whether or not a callback reads them. One wait per execution: 1 per step with
+      steps_per_execution=1, one per epoch where train() runs the epoch as one execution (tuned, device mode).
+    * JAX and torch: host mode reads each step's logs (1); device mode hands them to an async_safe
+      callback on a worker thread, so the training loop does not wait (0).
+    * torch: LossScaleOptimizer's dynamic scaling branches twice per step with ops.cond, a Python `if` on a
+      device bool there: 2 more waits (JAX's cond is lax.cond, TensorFlow's tf.cond: on the device).
+    """
+    if TENSORFLOW:
+        waits = 1 / steps_per_execution
+    else:
+        waits = 0.0 if device_mode else 1.0
+    return waits + (2.0 if TORCH and dynamic_scaling else 0.0)
+
+
 def check_backend(cfg: RunConfig) -> None:
     """The cell's framework names the backend Keras must run on; a child on another backend stops here."""
     expected = KERAS_BACKENDS[cfg.framework]

@@ -164,12 +164,12 @@ def jit_compile(cfg: RunConfig) -> bool:
     return cfg.compile or cfg.step == "tuned" or backends.JAX
 
 
-def compile_model(cfg: RunConfig, model: keras.Model) -> None:
+def compile_model(cfg: RunConfig, model: keras.Model, steps_per_execution: int = 1) -> None:
     """fit()'s setup, for train() and the probe alike: the optimizer (auto_scale_loss=False: make_optimizer
     is the whole AMP setup, so fp16-noscale stays unscaled), the loss, accuracy, jit_compile (above); the
-    optimizer is built on the model's variables before fit()."""
+    optimizer is built on the model's variables before fit(). steps_per_execution: see train()."""
     model.compile(optimizer=make_optimizer(cfg, model.trainable_variables), loss=make_loss(cfg), metrics=["accuracy"],
-                  jit_compile=jit_compile(cfg), auto_scale_loss=False)
+                  jit_compile=jit_compile(cfg), auto_scale_loss=False, steps_per_execution=steps_per_execution)
 
 
 class DeviceImages:
@@ -233,26 +233,28 @@ class StepLog:
     """Per-step values kept on the device (GPU): written inside train_step, read once per epoch.
 
     Reading a step's values on the host every step would synchronise a GPU every step and hide
-    the speed-up being measured; Keras does that as soon as a callback has on_train_batch_end.
+    the speed-up being measured. (TensorFlow's fit() still converts each execution's logs: see
+    backends.host_syncs_per_step; the tuned loop runs an epoch per execution.)
     """
 
     def __init__(self, steps: int):
         self.loss = tf.Variable(tf.zeros([steps]), trainable=False)
         self.scale = tf.Variable(tf.zeros([steps]), trainable=False)
-        self.skipped = tf.Variable(tf.zeros([steps], tf.bool), trainable=False)
+        # float32, not bool: TensorFlow registers no GPU kernel of ResourceScatterNdUpdate for bool
+        self.skipped = tf.Variable(tf.zeros([steps]), trainable=False)
         self.position = tf.Variable(0, dtype=tf.int32, trainable=False)
 
     def record(self, loss, scale, skipped) -> None:
         index = tf.reshape(self.position, [1, 1])
         self.loss.scatter_nd_update(index, tf.reshape(tf.cast(loss, tf.float32), [1]))
         self.scale.scatter_nd_update(index, tf.reshape(tf.cast(scale, tf.float32), [1]))
-        self.skipped.scatter_nd_update(index, tf.reshape(skipped, [1]))
+        self.skipped.scatter_nd_update(index, tf.reshape(tf.cast(skipped, tf.float32), [1]))
         self.position.assign_add(1)
 
     def drain(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This epoch's values on the host (one synchronisation), and a reset for the next epoch."""
         n = int(self.position.numpy())
-        values = self.loss.numpy()[:n], self.scale.numpy()[:n], self.skipped.numpy()[:n]
+        values = self.loss.numpy()[:n], self.scale.numpy()[:n], self.skipped.numpy()[:n] > 0
         self.position.assign(0)
         return values
 
@@ -473,17 +475,23 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     })
     result.info.update(compiled=compiled_text(jit_compile(cfg)), step_loop=cfg.step,
                        optimizer_impl="keras default", **measure_peak(cfg, result.info["device_name"]))
+    device_mode = cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
+    # TensorFlow's fit() waits for the logs after every execution of the train function (backends.
+    # host_syncs_per_step). The tuned loop in device mode runs each epoch as one execution, Keras' own way to
+    # cut that per-step cost; the plain loop keeps fit()'s default of one step per execution, as a user has.
+    per_execution = steps if device_mode and backends.TENSORFLOW and cfg.step == "tuned" else 1
     with backends.device_scope(cfg):
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
-        compile_model(cfg, model)
+        compile_model(cfg, model, per_execution)
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, model.optimizer, cfg))
         dataset, images = attach_dataset(model, cfg, data)
-        device_mode = cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
         recorder = (DeviceStepRecorder if backends.TENSORFLOW else AsyncStepRecorder) if device_mode else StepRecorder
-        # host mode reads each step's values (a wait per step on a GPU); device mode reads once per epoch
-        result.info["host_syncs_per_step"] = 0 if device_mode else 1
+        # host mode reads each step's values (a wait per step on a GPU); device mode reads them once per epoch
+        result.info["host_syncs_per_step"] = backends.host_syncs_per_step(device_mode, per_execution,
+                                                                          cfg.loss_scaling == "dynamic")
+        result.info["steps_per_execution"] = per_execution
         result.info["step_values"] = ("device: StepLog read once per epoch" if backends.TENSORFLOW else
                                       "device: async_safe callback, one wait per epoch") if device_mode else "host"
         dataset_bytes = int(data.x_train.nbytes + data.y_train.nbytes)  # DeviceImages: same arrays
