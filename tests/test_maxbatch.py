@@ -226,6 +226,30 @@ def test_real_cpu_allocation_failure_is_out_of_memory(monkeypatch):
     assert result.reason.startswith("RuntimeError:") and "DefaultCPUAllocator" in result.reason, result.reason
 
 
+def test_an_out_of_memory_error_wrapped_by_the_compiler_is_still_out_of_memory():
+    """torch.compile (the tuned loop) can hand an allocator failure on wrapped, e.g. as BackendCompilerFailed."""
+    import torch
+
+    from amp_compare.torch_impl.probe import is_out_of_memory
+
+    class BackendCompilerFailed(RuntimeError):  # torch._dynamo.exc's wrapper has this shape
+        pass
+
+    def wrapped(inner: BaseException) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException as exc:
+                raise BackendCompilerFailed("backend='inductor' raised: ...") from exc
+        except BackendCompilerFailed as outer:
+            return outer
+
+    assert is_out_of_memory(wrapped(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
+    assert is_out_of_memory(wrapped(RuntimeError("CUDA out of memory. Tried to allocate 20 MiB")))
+    assert not is_out_of_memory(wrapped(ValueError("shape mismatch")))
+    assert not is_out_of_memory(RuntimeError("expected scalar type Half"))
+
+
 # --- real searches on CPU -------------------------------------------------------------------------
 
 

@@ -44,10 +44,19 @@ def limit_gpu(cap_bytes: int) -> str:
     return "torch.cuda.set_per_process_memory_fraction"
 
 
-def is_out_of_memory(exc: Exception) -> bool:
-    """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead."""
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc))
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead. torch.compile
+    (the tuned loop) can hand either on wrapped, e.g. as BackendCompilerFailed when memory ran out while it
+    compiled or captured CUDA graphs: the chain of causes is searched too."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, torch.OutOfMemoryError) or (
+                isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in str(exc)
+                                                   or "CUDA out of memory" in str(exc))):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 if __name__ == "__main__":
