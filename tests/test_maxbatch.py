@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from amp_compare.harness import maxbatch
 from amp_compare.harness.maxbatch import ProbeResult, SearchResult, find_max_batch, probe, search_table
 from amp_compare.kit import probe as probe_child
 from amp_compare.kit.probe import parse_size
+from tests.conftest import ROOT
 
 MiB = 2**20
 HEADROOM = 150 * MiB  # the cap above a child's baseline: room for a batch of about a thousand digits
@@ -248,6 +250,22 @@ def test_an_out_of_memory_error_wrapped_by_the_compiler_is_still_out_of_memory()
     assert is_out_of_memory(wrapped(RuntimeError("CUDA out of memory. Tried to allocate 20 MiB")))
     assert not is_out_of_memory(wrapped(ValueError("shape mismatch")))
     assert not is_out_of_memory(RuntimeError("expected scalar type Half"))
+
+
+def test_the_jax_gpu_cap_is_set_before_jax_starts(tmp_path):
+    """JAX reads XLA_PYTHON_CLIENT_MEM_FRACTION once, when its backend starts: limit_gpu must learn the device's
+    memory without starting it (a stand-in nvidia-smi reports an 80 GiB GPU here)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 81920\n")
+    smi.chmod(0o755)
+    code = ("import os; from amp_compare.keras_impl.probe import limit_gpu; print(limit_gpu(20 * 2**30)); "
+            "from jax._src import xla_bridge; print(os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'], "
+            "bool(xla_bridge._backends))")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["XLA_PYTHON_CLIENT_MEM_FRACTION", "0.2500", "False"], proc.stdout
 
 
 # --- real searches on CPU -------------------------------------------------------------------------

@@ -37,13 +37,29 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
 
 
+def gpu_total_bytes() -> int:
+    """The first GPU's total memory from nvidia-smi (0 where there is none), without starting a framework."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=20).stdout
+        return int(float(out.strip().splitlines()[0])) * 2**20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0
+
+
 def limit_gpu(cap_bytes: int) -> str:
     """--memory-cap on a GPU, set before the backend allocates on it: TensorFlow a logical device with that
     memory limit; JAX its preallocated fraction; torch a per-process memory fraction."""
     if backends.JAX:
-        import jax
-
-        total = jax.devices()[0].memory_stats().get("bytes_limit", cap_bytes) if backends.gpu_available() else 0
+        # JAX reads the variable once, when its backend starts: the device's total comes from nvidia-smi, since
+        # asking JAX (jax.devices()) would start the backend first and leave the cap without effect
+        total = gpu_total_bytes()
         if total:
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, cap_bytes / total):.4f}"
         return "XLA_PYTHON_CLIENT_MEM_FRACTION"
