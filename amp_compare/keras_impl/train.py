@@ -186,8 +186,12 @@ class DeviceImages:
         self.labels = tf.constant(labels)
 
     def set_epoch(self, epoch: int, images: np.ndarray) -> None:
-        """This epoch's (augmented) pixels, before the epoch's clock starts."""
-        self.images.assign(images)
+        """This epoch's (augmented) pixels, before the epoch's clock starts. Assigned in eighths: a whole-array
+        assign builds a second full copy on the device beside the old one, inside the memory window (torch
+        frees its old copy first, torch_impl/train.py)."""
+        step = max(1, -(-len(images) // 8))
+        for start in range(0, len(images), step):
+            self.images[start:start + step].assign(images[start:start + step])
 
 
 class HostImages:
@@ -473,8 +477,11 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         "amp_api": describe_amp(cfg),
         **backends.thread_info(),
     })
-    result.info.update(compiled=compiled_text(jit_compile(cfg)), step_loop=cfg.step,
-                       optimizer_impl="keras default", **measure_peak(cfg, result.info["device_name"]))
+    # JAX's GPU peak counts from the process's start (backends.peak_memory): its matmul probe (up to three
+    # 8192x8192 float32 matrices, 768 MiB) waits until the training peak has been read
+    peak_first = not (backends.JAX and cfg.device == "cuda")
+    result.info.update(compiled=compiled_text(jit_compile(cfg)), step_loop=cfg.step, optimizer_impl="keras default",
+                       **(measure_peak(cfg, result.info["device_name"]) if peak_first else {}))
     device_mode = cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
     # TensorFlow's fit() waits for the logs after every execution of the train function (backends.
     # host_syncs_per_step). The tuned loop in device mode runs each epoch as one execution, Keras' own way to
@@ -536,6 +543,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         result.peak_memory_bytes = cpu_memory.peak_bytes()
         result.memory_kind = cpu_memory.kind + "_after_first_step"
         result.info["dataset_device_bytes"] = 0
+    if not peak_first:
+        result.info.update(measure_peak(cfg, result.info["device_name"]))
     result.info["first_step_peak_memory_bytes"] = callback.first_step.peak_bytes
     # Per validation image, right or wrong: the final model's predictions for the paired tests (harness/stats.py).
     result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val

@@ -371,7 +371,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         })
         if result.diverged_at_step is not None:
             break
-    if device.type == "cuda":  # peak of training alone, before the closing numerics probe
+    if device.type == "cuda":  # peak of training and its validation passes (as Keras' fit), before the closing probe
         # the dataset held on the device is reported apart (dataset_device_bytes), not as training memory
         result.peak_memory_bytes = max(0, torch.cuda.max_memory_allocated(device) - dataset_bytes)
         result.memory_kind = "cuda_allocator_peak_minus_dataset"
