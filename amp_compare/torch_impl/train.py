@@ -371,6 +371,13 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         })
         if result.diverged_at_step is not None:
             break
+    if graphs:  # reduce-overhead can fall back to plain kernels (e.g. mutated inputs): say so, not assume graphs
+        from torch._dynamo.utils import counters
+
+        result.info["cudagraph_skips"] = int(counters["inductor"]["cudagraph_skips"])
+        if result.info["cudagraph_skips"]:
+            result.info["compiled"] += (f"; CUDA graphs skipped {result.info['cudagraph_skips']} time(s), "
+                                        "kernels ran without them there (TORCH_LOGS=cudagraphs says why)")
     if device.type == "cuda":  # peak of training and its validation passes (as Keras' fit), before the closing probe
         # the dataset held on the device is reported apart (dataset_device_bytes), not as training memory
         result.peak_memory_bytes = max(0, torch.cuda.max_memory_allocated(device) - dataset_bytes)
