@@ -564,7 +564,8 @@ def compiled_text(jit_compile: bool) -> str:
 
 
 def measure_peak(cfg: RunConfig, device_name: str) -> dict:
-    """The device's matmul peak for this cell's dtype (kit/peak.py), measured before training."""
+    """The device's matmul peak for this cell's dtype (kit/peak.py), measured before training (after it for JAX
+    on a GPU, whose peak memory counts from the process's start: see train())."""
     from amp_compare.kit import peak
 
     name, basis = peak.ceiling_dtype(cfg.precision, cfg.tf32, cfg.device)
