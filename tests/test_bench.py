@@ -81,3 +81,10 @@ def test_a_speed_up_is_called_only_where_its_interval_supports_it():
     assert speed_verdict(1.02, 0.98, 1.06) == "not distinguishable from fp32"
     assert "⚠ interval wider than 10%" in speed_verdict(1.5, 1.2, 1.9)
     assert speed_verdict(1.5, float("nan"), float("nan")) == "too few rounds for an interval"
+
+
+def test_a_gpu_run_is_not_split_into_regimes():
+    # on a GPU the host's CPU time is waiting as much as working: two clusters of it mean nothing
+    wall, cpu = _cell([False, True] * 5, [True, False] * 5)
+    ov = paired(wall, cpu, "suite", "minimal", split=False)
+    assert not ov["bimodal"] and ov["same_pairs"] == ov["pairs"] == 10
