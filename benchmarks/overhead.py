@@ -16,7 +16,7 @@ ratio is their geometric mean with a 95% t-interval. Rounds continue past --roun
 interval is narrower than --target-width (5%: narrower than the 5% it judges) or the cell's --budget-s is
 spent; the table says which, so a cell that could not be resolved on a noisy machine is visible.
 
-Scheduling regimes. Each timed call also records the process's CPU time, so cores busy = CPU / wall. On the
+Scheduling regimes (CPU runs). Each timed call also records the process's CPU time, so cores busy = CPU / wall. On the
 2-core VM this was built on, TensorFlow ran each fit() call either on ~1.9 cores or on ~1.0 (the same CPU
 work, up to 1.9x the wall time), at random from call to call, in each of the three loops (measured 2026-11-23:
 bf16 steps 62 or 116 ms, fp32 9.5 or 14.2 ms; pinning its busiest threads to separate cores did not change
