@@ -106,6 +106,19 @@ def nvidia_gpu_present() -> bool:
         return False
 
 
+def gpu_total_bytes() -> int:
+    """The first GPU's total memory from nvidia-smi (0 where there is none), without starting a framework."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=20).stdout
+        return int(float(out.strip().splitlines()[0])) * 2**20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0
+
+
 LIBRARIES = ("torch", "tensorflow", "keras", "numpy", "pandas", "pyarrow", "matplotlib", "seaborn", "scikit-learn",
              "jinja2", "rich")
 

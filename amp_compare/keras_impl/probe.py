@@ -16,10 +16,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU
 import numpy as np  # noqa: E402
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
+from amp_compare.contract.env import gpu_total_bytes  # noqa: E402
 from amp_compare.keras_impl import backends  # noqa: E402
 from amp_compare.keras_impl.train import compile_model, make_model, setup  # noqa: E402
 from amp_compare.kit.data import Dataset  # noqa: E402
-from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes  # noqa: E402
+from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes  # noqa: E402
 
 
 def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
@@ -35,22 +36,6 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
     if cfg.device == "cuda":
         return backends.peak_memory(cfg)
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND
-
-
-def gpu_total_bytes() -> int:
-    """The first GPU's total memory from nvidia-smi (0 where there is none), without starting a framework."""
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    try:
-        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=20).stdout
-        return int(float(out.strip().splitlines()[0])) * 2**20  # MiB
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return 0
 
 
 def limit_gpu(cap_bytes: int) -> str:
@@ -79,10 +64,15 @@ def limit_gpu(cap_bytes: int) -> str:
     return "tf.config.LogicalDeviceConfiguration(memory_limit)"
 
 
-def is_out_of_memory(exc: Exception) -> bool:
-    """An allocator ran out: TensorFlow's ResourceExhaustedError, torch's OutOfMemoryError, XLA's
-    RESOURCE_EXHAUSTED. (A failed CPU allocation may abort the process with std::bad_alloc instead;
-    amp_compare.harness.maxbatch.probe recognises that from the outside.)"""
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """An allocator ran out, here or behind a wrapper (kit/probe.exception_chain, as in torch_impl/probe.py).
+    (A failed CPU allocation may abort the process with std::bad_alloc instead; amp_compare.harness.maxbatch.probe
+    recognises that from the outside.)"""
+    return any(_ran_out(e) for e in exception_chain(exc))
+
+
+def _ran_out(exc: BaseException) -> bool:
+    """TensorFlow's ResourceExhaustedError, torch's OutOfMemoryError, XLA's RESOURCE_EXHAUSTED."""
     if backends.TENSORFLOW:
         import tensorflow as tf
 

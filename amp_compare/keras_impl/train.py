@@ -568,10 +568,11 @@ def measure_peak(cfg: RunConfig, device_name: str) -> dict:
     on a GPU, whose peak memory counts from the process's start: see train())."""
     from amp_compare.kit import peak
 
-    name, basis = peak.ceiling_dtype(cfg.precision, cfg.tf32, cfg.device)
-    dtype = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}[name]
-    flops, size = peak.measure_on(cfg.device, backends.time_matmul_function(cfg, dtype))
-    return peak.peak_info(device_name, name, basis, flops, size)
+    def matmul_timer(name: str):
+        dtype = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}[name]
+        return backends.time_matmul_function(cfg, dtype)
+
+    return peak.measure_cell_peak(cfg.precision, cfg.tf32, cfg.device, device_name, matmul_timer)
 
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:

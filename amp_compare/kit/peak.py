@@ -98,6 +98,15 @@ def measure(time_matmul: Callable[[int, int], float], max_size: int = 4096, budg
     return best, n
 
 
+def measure_cell_peak(precision: str, tf32: str, device_type: str, device_name: str,
+                      matmul_timer: Callable[[str], Callable[[int, int], float]]) -> dict:
+    """What each child records about its peak: the ceiling dtype (ceiling_dtype), its matmul measured within
+    LIMITS (measure_on), and peak_info. matmul_timer(dtype name: fp32/tf32/fp16/bf16) -> time_matmul in it."""
+    name, basis = ceiling_dtype(precision, tf32, device_type)
+    flops, size = measure_on(device_type, matmul_timer(name))
+    return peak_info(device_name, name, basis, flops, size)
+
+
 def peak_info(device_name: str, dtype: str, basis: str, measured_flops: float, size: int) -> dict:
     """What a child records about the peak (run-table columns; see kit/child.build_tables): dtype and basis
     as ceiling_dtype gives them, the matmul measured in that dtype."""

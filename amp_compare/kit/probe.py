@@ -85,6 +85,16 @@ def random_batch(data: Dataset, batch: int, seed: int) -> tuple[np.ndarray, np.n
     return x, rng.integers(0, data.num_classes, size=batch, dtype=np.int64)
 
 
+def exception_chain(exc: BaseException | None):
+    """exc and the exceptions behind it (__cause__, else __context__): torch.compile, for one, hands an allocator
+    failure on wrapped (BackendCompilerFailed), so is_out_of_memory looks through the whole chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 # two_steps(cfg, data, x, y) -> (peak_bytes, memory_kind): build the cell as training does, run two steps.
 TwoSteps = Callable[[RunConfig, Dataset, np.ndarray, np.ndarray], tuple[int, str]]
 

@@ -15,7 +15,7 @@ import torch
 
 from amp_compare.contract.config import RunConfig
 from amp_compare.kit.data import Dataset
-from amp_compare.kit.probe import PEAK_RSS_KIND, probe_main, rss_bytes
+from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes
 from amp_compare.torch_impl.amp import amp_setting, train_step
 from amp_compare.torch_impl.train import compile_model, make_model, setup, to_device_images
 
@@ -45,18 +45,17 @@ def limit_gpu(cap_bytes: int) -> str:
 
 
 def is_out_of_memory(exc: BaseException | None) -> bool:
-    """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead. torch.compile
-    (the tuned loop) can hand either on wrapped, e.g. as BackendCompilerFailed when memory ran out while it
-    compiled or captured CUDA graphs: the chain of causes is searched too."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, torch.OutOfMemoryError) or (
-                isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in str(exc)
-                                                   or "CUDA out of memory" in str(exc))):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    """An allocator ran out, here or behind a wrapper: torch.compile (the tuned loop) can hand the error on as
+    BackendCompilerFailed when memory ran out while it compiled or captured CUDA graphs (kit/probe.exception_chain,
+    as in keras_impl/probe.py)."""
+    return any(_ran_out(e) for e in exception_chain(exc))
+
+
+def _ran_out(exc: BaseException) -> bool:
+    """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in str(exc)
+                                           or "CUDA out of memory" in str(exc)))
 
 
 if __name__ == "__main__":

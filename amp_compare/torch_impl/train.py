@@ -396,24 +396,26 @@ def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
     """The device's matmul peak for this cell's dtype (kit/peak.py), measured before training."""
     from amp_compare.kit import peak
 
-    name, basis = peak.ceiling_dtype(cfg.precision, cfg.tf32, device.type)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[name]
+    def matmul_timer(name: str):
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[name]
 
-    def time_matmul(n: int, repeats: int) -> float:
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
-        torch.mm(a, b)  # first call: kernel selection, not timed
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, b)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
+        def time_matmul(n: int, repeats: int) -> float:
+            a = torch.randn(n, n, device=device).to(dtype)
+            b = torch.randn(n, n, device=device).to(dtype)
+            torch.mm(a, b)  # first call: kernel selection, not timed
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                torch.mm(a, b)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - start
 
-    flops, size = peak.measure_on(device.type, time_matmul)
-    return peak.peak_info(device_info(device)["device_name"], name, basis, flops, size)
+        return time_matmul
+
+    return peak.measure_cell_peak(cfg.precision, cfg.tf32, device.type, device_info(device)["device_name"],
+                                  matmul_timer)
 
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:
