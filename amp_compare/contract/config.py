@@ -53,6 +53,12 @@ INITS = ("shared", "framework")
 # plain: the tutorial loop (eager, the default optimizer); tuned: what the framework offers to go fast
 # (torch fused optimizer + torch.compile, CUDA graphs on a GPU; Keras jit_compile/XLA). See README.
 STEPS = ("plain", "tuned")
+# The gradient all-reduce's precision in a data-parallel cell (--replicas N > 1; harness/launch.py). fp32, or a half
+# format where the framework's own engine all-reduces in it (torch DDP's fp16/bf16 compress hooks; Keras on JAX in
+# the policy's compute dtype); elsewhere the cell is recorded unavailable with the reason (no home-made casts).
+ALLREDUCES = ("fp32", "fp16", "bf16")
+ALLREDUCE_REFERENCE = ALLREDUCES[0]  # what a reduced-precision all-reduce is compared with (float32)
+ALLREDUCE_DTYPES = dict(zip(ALLREDUCES, ("float32", "float16", "bfloat16")))  # the dtype each one all-reduces in
 
 # Framework package that runs each framework's child process.
 FRAMEWORK_MODULES = {"torch": "amp_compare.torch_impl", **{fw: "amp_compare.keras_impl" for fw in KERAS_BACKENDS}}
@@ -389,6 +395,15 @@ class RunConfig:
     step: str = option("plain", "the training loop: plain or tuned (harness/perf.py)", choices=STEPS, cli=False)
     batch_sweep: bool = option(False, "a cell of a --batch-sizes sweep: its batch size is part of its cell id",
                                cli=False)
+    # Data parallel (harness/launch.py expands --replicas / --allreduce; docs/DATA_PARALLEL.md).
+    replicas: int = option(1, "data-parallel workers: N > 1 adds, beside each 1-worker cell, N-worker cells at the "
+                           "same global batch (torch: torchrun + DistributedDataParallel; Keras on TF: "
+                           "MirroredStrategy; Keras on JAX: keras.distribution.DataParallel) and the 1-worker cell "
+                           "at another thread count (the run-to-run floor)", gt=0, le=1024)
+    allreduce: str = option(ALLREDUCE_REFERENCE, "this cell's gradient all-reduce precision (N-worker cells)",
+                            choices=ALLREDUCES, cli=False)
+    thread_floor: bool = option(False, "the 1-worker cell again at another thread count: the floor a --replicas "
+                                "run's loss gap is judged against", cli=False)
 
     def __post_init__(self) -> None:
         # Strict: JSON's list is the one other form of a tuple (comma text is the CLI's, not RunConfig's).
@@ -414,7 +429,9 @@ class RunConfig:
     def cell_id(self) -> str:
         """Unique, readable name of this cell inside a compare run (identity also lives in columns)."""
         return (f"{self.framework}-{self.model}-{self.dataset}-{self.precision}-s{self.seed}"
-                + (f"-b{self.batch_size}" if self.batch_sweep else "") + ("-tuned" if self.step == "tuned" else ""))
+                + (f"-b{self.batch_size}" if self.batch_sweep else "") + ("-tuned" if self.step == "tuned" else "")
+                + (f"-r{self.replicas}-ar{self.allreduce}" if self.replicas > 1 else "")
+                + (f"-floor-t{self.threads}" if self.thread_floor else ""))
 
     @property
     def precision_spec(self) -> precisions.Precision:
@@ -458,6 +475,18 @@ class RunConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"config JSON must be an object, got {type(data).__name__}")
         return cls.from_dict(data)
+
+
+@dataclass(frozen=True)
+class DataParallelOptions:
+    """The data-parallel matrix axis, a harness option beside RunConfig's `replicas` (harness/cli.py's
+    compare_options reads it; harness/launch.py turns it into cells with their own `allreduce`)."""
+
+    allreduce: tuple[str, ...] = option((ALLREDUCE_REFERENCE,), "gradient all-reduce precisions of the --replicas "
+                                        "N-worker cells (a matrix axis like --precisions): fp32, or fp16/bf16 where "
+                                        "the framework's own engine offers it (torch DDP's compress hooks; Keras on "
+                                        "JAX: the policy's compute dtype); elsewhere the cell is recorded unavailable "
+                                        "with the reason", choices=ALLREDUCES)
 
 
 def run_options() -> dict[str, Declared]:

@@ -32,6 +32,7 @@ from amp_compare.contract.config import (
     PRECISIONS,
     STEPS,
     ConfigError,
+    DataParallelOptions,
     Declared,
     RunConfig,
     declared,
@@ -41,6 +42,7 @@ from amp_compare.contract.config import (
     validate_options,
 )
 from amp_compare.contract.precision import names as precision_names
+from amp_compare.harness.launch import expand_replicas
 from amp_compare.harness.perf import expand_cells
 
 # Exit status of `compare` (documented in docs/RELIABILITY.md).
@@ -95,7 +97,7 @@ class CompareOptions:
 
 def compare_options() -> dict[str, Declared]:
     """Every option of `compare`: the harness's, then each cell's (RunConfig fields with cli=True)."""
-    harness = declared(CompareOptions)
+    harness = {**declared(CompareOptions), **declared(DataParallelOptions)}  # DATA PARALLEL: --allreduce
     return {**harness, **{n: d for n, d in run_options().items() if d.spec.cli and n not in harness}}
 
 
@@ -299,6 +301,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
     cells = expand_cells(cells, ",".join(args.step),  # --step and --batch-sizes (harness/perf.py)
                          ",".join(map(str, args.batch_sizes)) if args.batch_sizes else None)
+    cells = expand_replicas(cells, args.allreduce, device)  # DATA PARALLEL: --replicas/--allreduce (harness/launch.py)
     cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (harness/order.py)
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)

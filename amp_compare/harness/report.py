@@ -24,6 +24,7 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
+from amp_compare.harness import dataparallel_report
 from amp_compare.harness import numerics_report as nr
 from amp_compare.harness.backend_split import keras_backend_split
 from amp_compare.harness.calibrate import describe as describe_steadiness
@@ -43,6 +44,7 @@ from amp_compare.harness.summary import (
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
             ("loss_scaling", "Loss scaling"), ("numerics", "Numerics"), ("what_happened", "What happened"),
+            ("data_parallel", "Data parallel"),
             ("differences", "Framework differences"), ("cells", "Cells"),
             ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce")]
 
@@ -425,8 +427,11 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
 
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
-    runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     records.export_tables(run_dir, tables)
+    all_runs = tables["run"]  # DATA PARALLEL: N-worker and floor cells have their own section; Cells lists them all
+    tables, dp_tables = dataparallel_report.split(tables)
+    data_parallel = dataparallel_report.section(dp_tables, manifest["environment"], manifest["device"])
+    runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     underflow = tables.get("underflow", pd.DataFrame())
     dtypes = tables.get("dtypes", pd.DataFrame())
     maxbatch = tables.get("maxbatch", pd.DataFrame())
@@ -438,14 +443,15 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     acc_stats = accuracy_statistics(runs, epochs)
     figures = _draw(run_dir, tables, acc_stats) if draw else []
     verdict = cpu_half_precision_verdict(environment)
-    ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
-    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
+    ok_ids = set(all_runs.loc[all_runs["status"] == "ok", "cell_id"]) if not all_runs.empty else set()
+    status = dict(zip(all_runs["cell_id"], all_runs["status"])) if not all_runs.empty else {}
     missing = [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     env_rows = environment_rows(environment, runs)
     page = _env().get_template("report.html").render(
         run_id=manifest["run_id"], env=environment, device=manifest["device"], device_names=device_names,
-        n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
+        n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing,
+        sections=dataparallel_report.sections(SECTIONS, data_parallel),
         summary_html=table_html(main_table), findings=sentences, loop_text=loop_text,
         hardware_table=_html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
         cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
@@ -453,7 +459,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
         speed_ratio_table=_html_or_none(_speed_ratio_table(full)),
         accuracy_warnings=[s for s in sentences if s.startswith("Accuracy cannot be compared")],
         steadiness=describe_steadiness(environment),
-        figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
+        figures=figures, warmup=manifest["defaults"]["warmup_steps"],
+        cells=_cells(all_runs, dp_tables.get("epochs", epochs), dp_tables.get("steps", steps)),
+        data_parallel=data_parallel and {**data_parallel, "table": _html_or_none(data_parallel["table"])},
         env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
         keras_split={k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
                      for k, v in keras_backend_split(runs).items()},
@@ -476,6 +484,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     atomic_write_text(run_dir / "index.html", page)
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           table_markdown(summary), "", LEGEND, "", *[f"- {s}" for s in sentences]]
+    if data_parallel and not data_parallel["table"].empty:  # DATA PARALLEL
+        md += ["", "### Data parallel", "", table_markdown(data_parallel["table"]), "",
+               *[f"- {s}" for s in data_parallel["sentences"]]]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]

@@ -35,6 +35,7 @@ from amp_compare.contract.config import (
     RunConfig,
 )
 from amp_compare.contract.env import PROJECT_ROOT
+from amp_compare.harness.launch import child_env_for, kill_tree, launch_command
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
 
 STDERR_TAIL_LINES = 25
@@ -150,13 +151,15 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
            "--out", str(cell_dir), "--run-id", run_id]
     if cfg.init == "shared":
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
+    cmd = launch_command(cfg, cmd)  # DATA PARALLEL: torch's N-worker cells under torchrun (harness/launch.py)
     start = time.monotonic()
     proc = None
     with open(stderr_path, "wb") as err:
         try:
             with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                        env=child_env(cfg), cwd=PROJECT_ROOT, start_new_session=True)
+                                        env=child_env_for(cfg, child_env(cfg), cell_dir),  # DATA PARALLEL
+                                        cwd=PROJECT_ROOT, start_new_session=True)
             lines: queue.Queue = queue.Queue()
             reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
             reader.start()
@@ -231,10 +234,8 @@ def signals_deferred(signals=(signal.SIGINT, signal.SIGTERM)):
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """Kill the child's whole process group (TF and torch start helper threads/processes)."""
+    """Kill the child's whole process group (TF and torch start helper threads/processes) and, DATA PARALLEL, every
+    process below it: torchrun starts each worker in a session of its own (harness/launch.py kill_tree)."""
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
+        kill_tree(proc.pid)
     proc.wait()

@@ -33,7 +33,7 @@ if backends.TENSORFLOW:  # TensorFlow-only code below (tf.data, DeviceImages, St
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.contract.mapping import framework_settings  # noqa: E402
-from amp_compare.keras_impl import numerics  # noqa: E402
+from amp_compare.keras_impl import distributed, numerics  # noqa: E402
 from amp_compare.keras_impl.amp import current_scale, describe_amp, make_scaler, mixed_precision  # noqa: E402
 from amp_compare.keras_impl.amp import stateless_train_step as stateless_scaled_step  # noqa: E402
 from amp_compare.keras_impl.amp import train_step as scaled_step  # noqa: E402
@@ -55,6 +55,7 @@ EVAL_BATCH = 512
 
 def setup(cfg: RunConfig) -> None:
     backends.check_backend(cfg)  # the cell's framework names the backend this process's Keras must run on
+    distributed.prepare(cfg)  # DATA PARALLEL: N devices before the backend starts, or unavailable (distributed.py)
     keras.utils.set_random_seed(cfg.seed)
     backends.set_threads(cfg.threads)
     mixed_precision(cfg.precision)  # AMP: layers built from now on compute in half precision
@@ -282,7 +283,8 @@ class AmpModel(keras.Model):
             loss, logits, scale_used, skipped, state = stateless_scaled_step(self, state, x, y)  # AMP (amp.py)
             trainable, non_trainable, optimizer_state, metrics_state = state
             logs, metrics_state = self._update_metrics_variables(metrics_state, loss, x, y, logits, None)
-            return ({**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped},
+            workers = distributed.device_values(scale_used, skipped)  # DATA PARALLEL: each device's own copy
+            return ({**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped, **workers},
                     (trainable, non_trainable, optimizer_state, metrics_state))
 
     else:
@@ -290,13 +292,14 @@ class AmpModel(keras.Model):
             """One optimizer step. Returns the epoch's running metrics plus this batch's own values."""
             x, y = self.batch(data)
             loss, logits, scale_used, skipped = scaled_step(self, x, y)  # AMP: the scaled step (amp.py)
+            loss, workers = distributed.replica_values(loss, scale_used, skipped)  # DATA PARALLEL: per replica
             for metric in self.metrics:  # epoch running means: loss, then the compiled accuracy
                 if metric.name == "loss":
                     metric.update_state(loss)
             logs = self.compute_metrics(x, y, logits)
             if self.step_log is not None:  # TensorFlow's device mode
                 self.step_log.record(loss, scale_used, skipped)
-            return {**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped}
+            return {**logs, "batch_loss": loss, "loss_scale": scale_used, "skipped": skipped, **workers}
 
 
 class EpochRecorder(keras.callbacks.Callback):
@@ -464,6 +467,7 @@ def sync_state(model: keras.Model) -> None:
 
 
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
+    numerics = distributed.numerics_lab(cfg)  # DATA PARALLEL: an N-worker cell's lab is its 1-worker cell's
     setup(cfg)
     if cfg.device == "cuda" and not backends.gpu_available():
         raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
@@ -487,10 +491,11 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     # host_syncs_per_step). The tuned loop in device mode runs each epoch as one execution, Keras' own way to
     # cut that per-step cost; the plain loop keeps fit()'s default of one step per execution, as a user has.
     per_execution = steps if device_mode and backends.TENSORFLOW and cfg.step == "tuned" else 1
-    with backends.device_scope(cfg):
+    with distributed.scope(cfg):  # DATA PARALLEL: the strategy's scope / the distribution; else device_scope
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
         compile_model(cfg, model, per_execution)
+        distributed.compiled(cfg, model, data)  # DATA PARALLEL: built for the strategy; all-reduce dtype read back
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, model.optimizer, cfg))
         dataset, images = attach_dataset(model, cfg, data)
@@ -532,7 +537,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                             augment=(data, images) if cfg.augment else None)
         callback.first_step = FirstStepWindow(cpu_memory if cfg.device == "cpu" else None)
         model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
-                  validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH, callbacks=[callback])
+                  validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH,
+                  callbacks=[callback, *distributed.callbacks(cfg, steps)])  # DATA PARALLEL: per-worker values
     if cfg.device == "cuda":
         peak, kind = backends.peak_memory(cfg)
         # the training images held on the device (DeviceImages, TensorFlow) are reported apart, not as training memory
@@ -551,6 +557,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, model.optimizer, "last step",
                                                 len(result.step_loss) - 1)
+    distributed.finish(cfg, result)  # DATA PARALLEL: engine, all-reduce dtype read back, per-worker records
     return result
 
 

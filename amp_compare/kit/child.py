@@ -13,6 +13,7 @@ import argparse
 import importlib
 import io
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +31,17 @@ from amp_compare.kit.data import Dataset, load_dataset
 
 PROGRESS_PREFIX = "@@amp-compare "
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the framework is missing or fails to import
+
+
+class Unavailable(RuntimeError):
+    """This cell cannot run on this framework here (e.g. a data-parallel mode its engine does not offer): recorded
+    as "unavailable" with the message, not as a failure."""
+
+
+def writes_records() -> bool:
+    """Whether this process writes the cell's records and progress: always, except the workers of a torchrun
+    launch (data parallel) other than rank 0."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 class Progress:
@@ -336,8 +348,14 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     dataset = load_dataset(cfg.dataset, cfg.data_dir)
-    progress = Progress()
-    result = train_fn(cfg, dataset, progress, SharedInit(args.init_file, cfg.framework, cfg.seed))
+    progress = Progress(None if writes_records() else open(os.devnull, "w"))  # DATA PARALLEL: rank 0 reports
+    try:
+        result = train_fn(cfg, dataset, progress, SharedInit(args.init_file, cfg.framework, cfg.seed))
+    except Unavailable as exc:
+        print(f"unavailable: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if not writes_records():  # DATA PARALLEL: a torchrun worker other than rank 0 trained; rank 0 writes
+        return 0
     tables = build_tables(args.run_id, cfg, result, dataset, time.perf_counter() - start)
     records.write_cell(args.out, tables)
     progress.emit(kind="done")

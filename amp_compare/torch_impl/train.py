@@ -30,7 +30,7 @@ from amp_compare.kit.child import (
     first_nonfinite_parameter,
 )
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
-from amp_compare.torch_impl import numerics
+from amp_compare.torch_impl import distributed, numerics
 from amp_compare.torch_impl.amp import FixedScaler, amp_setting, current_scale, describe_amp, make_scaler, train_step
 from amp_compare.torch_impl.models import build_model, get_weights, set_weights
 
@@ -281,13 +281,16 @@ def run_epoch(net, optimizer, scaler, x, y, plan, amp_dtype, clock: StepClock, w
 
 
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
+    numerics = distributed.numerics_lab(cfg)  # DATA PARALLEL: an N-worker cell's lab is its 1-worker cell's
     setup(cfg)
+    worker = distributed.start(cfg)  # DATA PARALLEL: this process's place in a torchrun launch (distributed.py)
     device = torch.device(cfg.device)
     amp_dtype = amp_setting(cfg.precision)
     model = make_model(cfg, data)
     init_source = shared_init.apply(model, get_weights, set_weights)
     model, optimizer, scaler, net, graphs = compile_model(cfg, model, device)
     compiled = net is not model
+    net = worker.wrap(model, net, graphs)  # DATA PARALLEL: DistributedDataParallel + --allreduce's comm hook
     peak = measure_peak(device, cfg)  # before the dataset and the memory window
     x_train, y_train, x_val, y_val = make_dataset(cfg, data)
     dataset_bytes = sum(t.nbytes for t in (x_train, y_train, x_val, y_val))
@@ -341,6 +344,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     for epoch in range(cfg.epochs):
         plan = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, epoch,
                                               cfg.steps_per_epoch)).to(device)
+        plan = worker.shard(plan)  # DATA PARALLEL: this worker's slice of each global batch
         if cfg.augment:  # the same augmented pixels as the Keras side (kit/data.py)
             x_train = None  # freed before its replacement lands: one copy of the images in the peak
             x_train = to_device_images(epoch_images(data, cfg.seed, epoch, augment=True), device, cfg.channels_last)
@@ -351,6 +355,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                           clip_grad_norm=cfg.clip_grad_norm,
                           on_nonfinite=on_nonfinite if result.nonfinite is None else None, graphs=graphs,
                           epoch=epoch)
+        steps = worker.combine(steps)  # DATA PARALLEL: the global batch's loss; every worker's scale and skips
         eval_start = time.perf_counter()
         val_loss, val_accuracy, result.val_correct = evaluate(net, x_val, y_val, amp_dtype)
         eval_time = time.perf_counter() - eval_start
@@ -389,6 +394,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(numerics, model, probe, cfg, scaler, "last step",
                                                 len(result.step_loss) - 1)
+    worker.finish(result, probe, amp_dtype)  # DATA PARALLEL: all-reduce dtype read back, per-worker records
     return result
 
 

@@ -1,0 +1,265 @@
+"""The report's "Data parallel" section, from a --replicas run's records (framework-free).
+
+harness/launch.py gives every cell of a --replicas N run three kinds of neighbour: its thread-count floor, and its
+N-worker cells (one per --allreduce precision). They are not more cells of the same framework and precision for
+the other sections: `split` takes them out of every table those sections read and keeps them for this one, beside
+the 1-worker cells they are judged against.
+
+Per N-worker cell (`rows`), against its 1-worker cell of the same framework, model, dataset, precision and seed:
+  * throughput N vs 1 with its 95% interval (stats.speed_interval: the same block bootstrap as every speed ratio of
+    the report) and the scaling efficiency (ratio / N);
+  * the all-reduce precision asked for and the dtype it used, read back by the child; its share of the median step
+    where the framework times it (torch DDP), else "not exposed";
+  * the largest relative difference of the per-step losses from the 1-worker run's, beside the floor: the same
+    measure between the 1-worker cell and its floor cell (the same run at another thread count);
+  * whether every worker recorded the same loss scale and skipped flag at every step, and, where the child recorded
+    each worker's own gradients before the all-reduce, whether a non-finite one anywhere skipped the step everywhere
+    (`worker_agreement`);
+  * the accuracy effect of a reduced-precision all-reduce: paired against the fp32 all-reduce cell of the same
+    workers (stats.mcnemar_exact for one seed, stats.paired_bootstrap for several), as the Accuracy section pairs
+    mixed precision with fp32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
+from amp_compare.contract.records import unpack_correct
+from amp_compare.harness import stats
+
+KEY = ["model", "dataset", "framework", "precision", "seed"]
+
+
+def _flag(runs: pd.DataFrame, column: str, default) -> pd.Series:
+    """A cfg_ column of the run table, with its default where the records predate it (or a failed row lacks it)."""
+    if column not in runs:
+        return pd.Series(default, index=runs.index)
+    return runs[column].where(runs[column].notna(), default)
+
+
+def roles(runs: pd.DataFrame) -> pd.Series:
+    """Each run row's role in a --replicas run: "single" (a 1-worker cell: every other section's), "floor" or
+    "workers" (an N-worker cell)."""
+    replicas = _flag(runs, "cfg_replicas", 1).astype(int)
+    floor = _flag(runs, "cfg_thread_floor", False).astype(bool)
+    return pd.Series(np.where(replicas > 1, "workers", np.where(floor, "floor", "single")), index=runs.index)
+
+
+def split(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+    """(the tables without the floor and N-worker cells, all tables) — the first for every other section."""
+    runs = tables["run"]
+    if runs.empty or "cell_id" not in runs:
+        return tables, {}
+    extra = set(runs.loc[roles(runs) != "single", "cell_id"])
+    if not extra:
+        return tables, {}
+    rest = {name: (df[~df["cell_id"].isin(extra)] if "cell_id" in df else df) for name, df in tables.items()}
+    return rest, tables
+
+
+def relative_gap(a: pd.Series, b: pd.Series) -> float:
+    """The largest relative difference between two per-step loss series (by step; finite steps of both)."""
+    both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
+    both = both[np.isfinite(both["a"]) & np.isfinite(both["b"]) & (both["b"] != 0)]
+    if both.empty:
+        return float("nan")
+    return float((both["a"] - both["b"]).abs().div(both["b"].abs()).max())
+
+
+def worker_agreement(workers: pd.DataFrame) -> dict:
+    """Did every worker of one cell record the same loss scale and skipped flag at every step? And where each
+    worker's own (pre-all-reduce) gradient finiteness was recorded: was every step with a non-finite one anywhere
+    skipped by every worker? `agree` is all of that; `disagreement` says the first step where it failed."""
+    if workers.empty:
+        return {"agree": False, "workers": 0, "steps": 0, "disagreement": "no per-worker records"}
+    w = workers.sort_values(["step", "worker"])
+    n_workers, n_steps = w["worker"].nunique(), w["step"].nunique()
+    per_step = w.groupby("step")
+    counts = per_step["worker"].nunique()
+    if (counts != n_workers).any():
+        step = int(counts.index[counts != n_workers][0])
+        return {"agree": False, "workers": n_workers, "steps": n_steps,
+                "disagreement": f"step {step}: {int(counts[step])} of {n_workers} workers recorded it"}
+    for column, what in (("loss_scale", "loss scale"), ("skipped", "skipped flag")):
+        differs = per_step[column].nunique() > 1
+        if differs.any():
+            step = int(differs.index[differs][0])
+            values = ", ".join(f"worker {int(r.worker)}: {getattr(r, column)}" for r in w[w["step"] == step]
+                               .itertuples())
+            return {"agree": False, "workers": n_workers, "steps": n_steps,
+                    "disagreement": f"step {step}: {what} differs ({values})"}
+    local = w["local_nonfinite"] if "local_nonfinite" in w else pd.Series(np.nan, index=w.index)
+    checked = bool(local.notna().any())
+    if checked:
+        overflow = (local.fillna(0) > 0).groupby(w["step"]).any()
+        skipped = w.groupby("step")["skipped"].all()
+        missed = overflow & ~skipped
+        if missed.any():
+            step = int(missed.index[missed][0])
+            bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
+            return {"agree": False, "workers": n_workers, "steps": n_steps, "local_checked": True,
+                    "disagreement": f"step {step}: worker {bad}'s own gradients were non-finite before the "
+                                    "all-reduce, yet the update was applied (the overflow decision was not taken "
+                                    "over every worker's gradients)"}
+    return {"agree": True, "workers": n_workers, "steps": n_steps, "local_checked": checked, "disagreement": ""}
+
+
+def _agreement_text(a: dict) -> str:
+    if not a["agree"]:
+        return f"NO: {a['disagreement']}"
+    local = "; every worker's own overflow skipped the step everywhere" if a.get("local_checked") else ""
+    return f"yes: {a['workers']} workers × {a['steps']} steps, same scale and skips{local}"
+
+
+def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
+    """A reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers (paired by
+    seed and image; several seeds: each row holds one seed, so the pairing is done over the group by the caller)."""
+    if cell["cfg_allreduce"] == ALLREDUCE_REFERENCE:
+        return "reference"
+    base = n_cells[(n_cells["cfg_allreduce"] == ALLREDUCE_REFERENCE) & (n_cells["status"] == "ok")]
+    base = base[(base[["model", "dataset", "framework", "precision", "cfg_replicas"]]
+                 == cell[["model", "dataset", "framework", "precision", "cfg_replicas"]]).all(axis=1)]
+    mine = n_cells[(n_cells["status"] == "ok") & (n_cells["cfg_allreduce"] == cell["cfg_allreduce"])]
+    mine = mine[(mine[["model", "dataset", "framework", "precision", "cfg_replicas"]]
+                 == cell[["model", "dataset", "framework", "precision", "cfg_replicas"]]).all(axis=1)]
+    pairs = []
+    for r in mine.itertuples():
+        ref = base[base["seed"] == r.seed]
+        if ref.empty or not isinstance(r.val_correct, str) or not r.val_correct:
+            continue
+        n = int(r.val_samples)
+        pairs.append((unpack_correct(ref["val_correct"].iloc[0], n), unpack_correct(r.val_correct, n)))
+    if not pairs:
+        return "no fp32 all-reduce cell to pair with"
+    if len(pairs) == 1:
+        res = stats.mcnemar_exact(*pairs[0])
+    else:
+        res = stats.paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs]))
+    verdict = "detectable" if stats.detectable(res) else "no detectable difference"
+    return (f"{res['diff_pp']:+.2f} pp [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], p = {res['p_value']:.3g} "
+            f"({res['test']}, {len(pairs)} seed{'s' if len(pairs) > 1 else ''}): {verdict}")
+
+
+def rows(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor (see the module docstring)."""
+    runs, steps = tables["run"], tables["steps"]
+    workers = tables.get("workers", pd.DataFrame())
+    if runs.empty:
+        return pd.DataFrame()
+    runs = runs.assign(role=roles(runs), cfg_allreduce=_flag(runs, "cfg_allreduce", ALLREDUCE_REFERENCE),
+                       cfg_replicas=_flag(runs, "cfg_replicas", 1).astype(int))
+    n_cells = runs[runs["role"] == "workers"]
+    out = []
+    loss = {cell: g.set_index("step")["loss"] for cell, g in steps.groupby("cell_id")} if not steps.empty else {}
+    timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
+             if not steps.empty and "warmup" in steps else {})
+    for _, cell in n_cells.sort_values(KEY[:4], key=display_order).iterrows():
+        same = (runs[KEY] == cell[KEY]).all(axis=1)
+        single = runs[same & (runs["role"] == "single") & (runs["status"] == "ok")]
+        floor = runs[same & (runs["role"] == "floor") & (runs["status"] == "ok")]
+        row = {"model": cell["model"], "dataset": cell["dataset"], "framework": cell["framework"],
+               "precision": cell["precision"], "seed": cell["seed"], "workers": int(cell["cfg_replicas"]),
+               "allreduce": cell["cfg_allreduce"], "status": cell["status"], "error": cell.get("error") or ""}
+        if cell["status"] != "ok" or single.empty:
+            out.append({**row, "error": row["error"] or "no finished 1-worker cell to compare with"})
+            continue
+        one = single.iloc[0]
+        speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
+                                     [timed.get(cell["cell_id"], np.array([]))])
+        note = stats.speed_verdict(speed["ratio"], speed["low"], speed["high"], speed["timed_steps"])
+        ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
+        none = pd.Series(dtype=float)
+        gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
+        floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))
+                     if not floor.empty else float("nan"))
+        mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
+        agreement = worker_agreement(mine)
+        share = float(cell.get("allreduce_time_s", np.nan)) / float(cell["median_step_s"]) \
+            if pd.notna(cell.get("allreduce_time_s", np.nan)) else float("nan")
+        out.append({**row, "throughput_1": float(one["throughput_img_s"]),
+                    "throughput_n": float(cell["throughput_img_s"]),
+                    "speed_ratio": ratio, "speed_low": speed["low"], "speed_high": speed["high"], "speed_note": note,
+                    "efficiency": ratio / int(cell["cfg_replicas"]),
+                    "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
+                    "allreduce_share": share, "allreduce_time_source": str(cell.get("allreduce_time_source") or ""),
+                    "loss_gap": gap, "floor_gap": floor_gap,
+                    "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
+                    "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
+                    "agree": agreement["agree"], "agreement": _agreement_text(agreement),
+                    "accuracy": _accuracy_vs_fp32_allreduce(cell, n_cells),
+                    "engine": str(cell.get("data_parallel") or "")})
+    return pd.DataFrame(out)
+
+
+def _gap_text(gap: float, floor: float, within) -> str:
+    if not np.isfinite(gap):
+        return "n/a"
+    if within is None:
+        return f"{gap:.2e} (no floor measured)"
+    if within:
+        return f"{gap:.2e} ≤ floor {floor:.2e}: within"
+    return (f"{gap:.2e} > floor {floor:.2e}: outside" + (" (the floor is exactly 0: this framework gave the same "
+                                                         "bits at another thread count)" if floor == 0 else ""))
+
+
+def table(dp: pd.DataFrame) -> pd.DataFrame:
+    """The section's table, as a reader sees it."""
+    ok = dp[dp["status"] == "ok"] if not dp.empty else dp
+    if ok.empty or "speed_ratio" not in ok:
+        return pd.DataFrame()
+    several = ok[["model", "dataset"]].drop_duplicates().shape[0] > 1
+    return pd.DataFrame({
+        **({"Model": ok["model"], "Dataset": ok["dataset"]} if several else {}),
+        "Framework": ok["framework"].map(framework_label), "Precision": ok["precision"],
+        "Seed": ok["seed"].astype(str), "Workers": ok["workers"].astype(str),
+        "All-reduce asked": ok["allreduce"], "All-reduce dtype (read back)": ok["allreduce_dtype"],
+        "Images/s, 1 worker": ok["throughput_1"].map("{:,.0f}".format),
+        "Images/s, N workers": ok["throughput_n"].map("{:,.0f}".format),
+        "N vs 1": [f"{r:.2f}× [{lo:.2f}–{hi:.2f}]" + (f" ⚠ {n}" if n else "") if np.isfinite(lo) else f"{r:.2f}×"
+                   for r, lo, hi, n in zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
+        "Scaling efficiency": ok["efficiency"].map("{:.0%}".format),
+        "All-reduce share of step": ok["allreduce_share"].map(lambda v: "not exposed" if not np.isfinite(v)
+                                                              else f"{v:.0%}"),
+        "Loss gap vs 1 worker (max rel.)": [_gap_text(g, f, w) for g, f, w in
+                                            zip(ok["loss_gap"], ok["floor_gap"], ok["within_floor"])],
+        "Workers agree": ok["agreement"],
+        "Accuracy vs fp32 all-reduce": ok["accuracy"],
+    })
+
+
+def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
+    """What the section says in words, from its rows only."""
+    out = []
+    if device == "cpu":
+        out.append(f"On this CPU ({environment.get('cpu_model', 'CPU')}) the N workers are processes (torch) or "
+                   "devices (Keras: logical devices of one process) sharing the same cores and memory: the speed "
+                   "figures measure that sharing and the engines' overhead, not a network or more hardware.")
+    if dp.empty:
+        return out
+    for r in dp[dp["status"] != "ok"].itertuples():
+        out.append(f"{framework_label(r.framework)} {r.precision}, {r.workers} workers, --allreduce {r.allreduce}: "
+                   f"{r.status} — {r.error}")
+    ok = dp[dp["status"] == "ok"] if "speed_ratio" in dp else dp.iloc[0:0]
+    for r in ok[~ok["agree"].astype(bool)].itertuples():
+        out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
+                   f"agree — {r.agreement}.")
+    mismatch = ok[[str(d).split(",") != [ALLREDUCE_DTYPES[a]] for d, a in zip(ok["allreduce_dtype"], ok["allreduce"])]]
+    for r in mismatch.itertuples():
+        out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the all-reduce ran in "
+                   f"{r.allreduce_dtype} (read back), not only the precision asked for.")
+    return out
+
+
+def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> dict | None:
+    """What the template's Data parallel section shows (None: not a --replicas run)."""
+    if not tables:
+        return None
+    dp = rows(tables)
+    return {"rows": dp, "table": table(dp), "sentences": sentences(dp, environment, device)}
+
+
+def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) -> list[tuple[str, str]]:
+    """The page's navigation: the Data parallel section only where the run has one."""
+    return [s for s in all_sections if s[0] != "data_parallel" or data_parallel]

@@ -1,0 +1,39 @@
+"""What both frameworks' data-parallel modules share (framework-free): the numerics lab's place in a --replicas run.
+
+The numerics lab (dtype audit, gradient underflow, the NaN/Inf locator, the Adam gap) measures a cell's arithmetic on
+its raw model outside the timed loop. An N-worker cell trains the same model in the same precision as its 1-worker
+cell, which runs the lab; the report's numerics sections read the 1-worker cells only (harness/dataparallel_report.py).
+So an N-worker cell's train() takes `NumericsInOneWorkerCell` as its numerics module: it measures nothing and says so
+(TensorFlow's mirrored variables could not even be differentiated outside the strategy's replica context).
+"""
+
+from __future__ import annotations
+
+WHERE = "measured in the 1-worker cell of this configuration (an N-worker cell runs the same arithmetic)"
+
+
+class NumericsInOneWorkerCell:
+    """The numerics module of an N-worker cell: no rows, and the locator's answer names where to look."""
+
+    @staticmethod
+    def dtype_audit(*args, **kwargs) -> list[dict]:
+        return []
+
+    @staticmethod
+    def gradient_underflow(*args, **kwargs) -> list[dict]:
+        return []
+
+    @staticmethod
+    def adam_formula_gap(*args, **kwargs) -> dict:
+        return {}
+
+    @staticmethod
+    def locate_nonfinite(*args, **kwargs) -> dict:
+        return {"where": f"not located here: {WHERE}", "layer": "", "value": ""}
+
+
+def drop_empty_tables(extra: dict[str, list[dict]]) -> None:
+    """An N-worker cell's numerics tables are empty (the lab ran in its 1-worker cell): write none rather than
+    a table without columns."""
+    for name in [name for name, rows in extra.items() if not rows]:
+        del extra[name]
