@@ -82,14 +82,14 @@ def worker_agreement(workers: pd.DataFrame) -> dict:
         step = int(counts.index[counts != n_workers][0])
         return {"agree": False, "workers": n_workers, "steps": n_steps,
                 "disagreement": f"step {step}: {int(counts[step])} of {n_workers} workers recorded it"}
-    for column, what in (("loss_scale", "loss scale"), ("skipped", "skipped flag")):
-        differs = per_step[column].nunique() > 1
-        if differs.any():
-            step = int(differs.index[differs][0])
-            values = ", ".join(f"worker {int(r.worker)}: {getattr(r, column)}" for r in w[w["step"] == step]
-                               .itertuples())
-            return {"agree": False, "workers": n_workers, "steps": n_steps,
-                    "disagreement": f"step {step}: {what} differs ({values})"}
+    differs = {column: per_step[column].nunique() > 1 for column in ("loss_scale", "skipped")}
+    first = {column: int(d.index[d][0]) for column, d in differs.items() if d.any()}
+    if first:  # the earliest step where any worker differs, and in what
+        column = min(first, key=lambda c: (first[c], c != "skipped"))
+        step, what = first[column], {"loss_scale": "loss scale", "skipped": "skipped flag"}[column]
+        values = ", ".join(f"worker {int(r.worker)}: {getattr(r, column)}" for r in w[w["step"] == step].itertuples())
+        return {"agree": False, "workers": n_workers, "steps": n_steps,
+                "disagreement": f"step {step}: {what} differs ({values})"}
     local = w["local_nonfinite"] if "local_nonfinite" in w else pd.Series(np.nan, index=w.index)
     checked = bool(local.notna().any())
     if checked:
@@ -103,14 +103,19 @@ def worker_agreement(workers: pd.DataFrame) -> dict:
                     "disagreement": f"step {step}: worker {bad}'s own gradients were non-finite before the "
                                     "all-reduce, yet the update was applied (the overflow decision was not taken "
                                     "over every worker's gradients)"}
-    return {"agree": True, "workers": n_workers, "steps": n_steps, "local_checked": checked, "disagreement": ""}
+    overflows = int(((local.fillna(0) > 0).groupby(w["step"]).any()).sum()) if checked else None
+    return {"agree": True, "workers": n_workers, "steps": n_steps, "local_checked": checked, "overflows": overflows,
+            "skipped_steps": int(w.groupby("step")["skipped"].all().sum()), "disagreement": ""}
 
 
 def _agreement_text(a: dict) -> str:
     if not a["agree"]:
         return f"NO: {a['disagreement']}"
-    local = "; every worker's own overflow skipped the step everywhere" if a.get("local_checked") else ""
-    return f"yes: {a['workers']} workers × {a['steps']} steps, same scale and skips{local}"
+    text = f"yes: {a['workers']} workers × {a['steps']} steps, same scale and skips ({a['skipped_steps']} skipped)"
+    if a.get("local_checked"):
+        text += (f"; {a['overflows']} step(s) where a worker's own gradients overflowed, each skipped everywhere"
+                 if a["overflows"] else "; no worker's own gradients overflowed")
+    return text
 
 
 def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
@@ -162,6 +167,9 @@ def rows(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         row = {"model": cell["model"], "dataset": cell["dataset"], "framework": cell["framework"],
                "precision": cell["precision"], "seed": cell["seed"], "workers": int(cell["cfg_replicas"]),
                "allreduce": cell["cfg_allreduce"], "status": cell["status"], "error": cell.get("error") or ""}
+        if cell["status"] == "ok" and not single.empty:
+            row.update(skipped_1=int(single.iloc[0].get("skipped_steps", 0)),
+                       skipped_n=int(cell.get("skipped_steps", 0)))
         if cell["status"] != "ok" or single.empty:
             out.append({**row, "error": row["error"] or "no finished 1-worker cell to compare with"})
             continue
@@ -200,8 +208,10 @@ def _gap_text(gap: float, floor: float, within) -> str:
         return f"{gap:.2e} (no floor measured)"
     if within:
         return f"{gap:.2e} ≤ floor {floor:.2e}: within"
-    return (f"{gap:.2e} > floor {floor:.2e}: outside" + (" (the floor is exactly 0: this framework gave the same "
-                                                         "bits at another thread count)" if floor == 0 else ""))
+    if floor == 0:
+        return (f"{gap:.2e} > floor 0: outside (the framework gave the same bits at another thread count; the "
+                "N-worker run does not)")
+    return f"{gap:.2e} > floor {floor:.2e}: outside ({gap / floor:.1f}× the floor)"
 
 
 def table(dp: pd.DataFrame) -> pd.DataFrame:
@@ -246,6 +256,15 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
         out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
                    f"agree — {r.agreement}.")
     mismatch = ok[[str(d).split(",") != [ALLREDUCE_DTYPES[a]] for d, a in zip(ok["allreduce_dtype"], ok["allreduce"])]]
+    if "skipped_1" in ok:
+        for r in ok[ok["skipped_n"] != ok["skipped_1"]].itertuples():
+            out.append(f"{framework_label(r.framework)} {r.precision}, {r.workers} workers, --allreduce {r.allreduce}: "
+                       f"{r.skipped_n} skipped steps against the 1-worker run's {r.skipped_1}: a different loss-scale "
+                       "trajectory, so from there on not the same experiment" + (
+                           " (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and "
+                           "DDP averages the gradients afterwards, so the scaled half-precision gradients in a "
+                           "worker's backward are up to N× larger and overflow at a lower loss scale)."
+                           if r.framework == "torch" else "."))
     for r in mismatch.itertuples():
         out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the all-reduce ran in "
                    f"{r.allreduce_dtype} (read back), not only the precision asked for.")

@@ -504,6 +504,8 @@ def render_runs_index(reports_dir: Path) -> Path:
             runs = pd.read_csv(run_dir / "data" / "run.csv") if (run_dir / "data" / "run.csv").exists() else None
         except (OSError, ValueError, pd.errors.ParserError):
             continue
+        if runs is not None and not runs.empty:  # DATA PARALLEL: the headline is the 1-worker cells'
+            runs = runs[dataparallel_report.roles(runs) == "single"]
         table = summary_table(runs) if runs is not None and not runs.empty else pd.DataFrame()
         several = not table.empty and len(table.groupby(["model", "dataset"])) > 1
         headline = "; ".join(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: "

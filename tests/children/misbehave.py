@@ -1,8 +1,10 @@
 """A stand-in framework child that fails on purpose.
 
-AMP_COMPARE_TEST_MODE picks the failure (crash, hang, kill, unavailable). With
-AMP_COMPARE_TEST_CELL set, only the cell whose --out path contains that text misbehaves; every
-other cell runs the real torch child, so a test can break one cell of a real matrix.
+AMP_COMPARE_TEST_MODE picks the failure (crash, hang, kill, unavailable; crash-rank1: under torchrun, worker 1
+crashes and the others hang). With AMP_COMPARE_TEST_CELL set, only the cell whose --out path contains that text
+misbehaves; every other cell runs the real torch child, so a test can break one cell of a real matrix. With
+AMP_COMPARE_TEST_PIDS set, a misbehaving process first leaves its pid there (a file named by it), so a test can
+check that none is left alive.
 """
 
 import os
@@ -15,7 +17,11 @@ only = os.environ.get("AMP_COMPARE_TEST_CELL")
 out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else ""
 if only and only not in out:
     runpy.run_module("amp_compare.torch_impl", run_name="__main__")  # the real child; exits itself
+if os.environ.get("AMP_COMPARE_TEST_PIDS"):
+    open(os.path.join(os.environ["AMP_COMPARE_TEST_PIDS"], str(os.getpid())), "w").close()
 print('@@amp-compare {"kind": "step", "epoch": 0, "epochs": 1, "step": 1, "steps": 2}', flush=True)
+if mode == "crash-rank1":
+    mode = "crash" if os.environ.get("RANK") == "1" else "hang"
 if mode == "crash":
     print("Traceback: something broke inside the framework", file=sys.stderr)
     raise SystemExit(3)

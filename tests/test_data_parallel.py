@@ -1,0 +1,212 @@
+"""Data parallel (--replicas / --allreduce, issue 25): the same experiment on N = 2 workers, judged by the report.
+
+Real compares run here through the product's own path (cli -> harness/launch.py -> runner -> torchrun or the Keras
+child -> records -> harness/dataparallel_report.py), each engine once: torch DDP under torchrun, Keras on TensorFlow
+(MirroredStrategy over two logical CPUs) and on JAX (DataParallel over two host devices). The mutant
+(tests/children/ddp_local_overflow.py: worker 1 alone sees an overflow after the all-reduce) must fail the
+agreement check; a hanging or crashing worker must end its cell and leave no process behind.
+"""
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from amp_compare.contract import records
+from amp_compare.contract.config import RunConfig
+from amp_compare.harness import dataparallel_report, launch, runner
+from amp_compare.harness.cli import main
+from amp_compare.harness.report import render
+
+# ---- bad input: one line, exit 2, nothing written (no training) --------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--replicas", "0"], "replicas must be a positive int"),
+    (["--replicas", "2", "--allreduce", "fp8"], "unknown allreduce 'fp8' (valid: fp32, fp16, bf16)"),
+    (["--allreduce", "fp16"], "--allreduce fp16 needs --replicas 2 or more"),
+    (["--replicas", "2", "--batch-size", "15"], "batch size 15 does not split into --replicas 2"),
+    (["--replicas", "4", "--device", "cuda"], "--replicas 4 needs 4 GPUs on --device cuda, but 1 is visible"),
+])
+def test_bad_data_parallel_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, says):
+    # --device cuda on this GPU-less machine: a machine with one GPU, as the checks see it
+    monkeypatch.setattr("amp_compare.contract.env.nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(launch, "visible_gpu_count", lambda: 1)
+    out = tmp_path / "reports"
+    device = [] if "--device" in args else ["--device", "cpu"]
+    code = main(["compare", "--out", str(out), "--datasets", "synthetic", "--frameworks", "torch", *device, *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and says in err, err
+    assert not out.exists()
+
+
+# ---- the agreement check itself, on hand-made per-worker records ------------------------------------------------
+
+def _workers(scales, skipped, local=None) -> pd.DataFrame:
+    rows = [{"worker": w, "step": s, "loss_scale": scales[w][s], "skipped": skipped[w][s],
+             "local_nonfinite": float("nan") if local is None else local[w][s]}
+            for w in range(len(scales)) for s in range(len(scales[0]))]
+    return pd.DataFrame(rows)
+
+
+def test_worker_agreement_sees_each_kind_of_disagreement():
+    same = _workers([[8.0, 4.0, 4.0]] * 2, [[True, False, False]] * 2)
+    assert dataparallel_report.worker_agreement(same)["agree"]
+    scale = dataparallel_report.worker_agreement(_workers([[8.0, 4.0], [8.0, 8.0]], [[True, False], [True, False]]))
+    assert not scale["agree"] and "step 1: loss scale differs" in scale["disagreement"]
+    skip = dataparallel_report.worker_agreement(_workers([[8.0, 4.0]] * 2, [[True, False], [False, False]]))
+    assert not skip["agree"] and "step 0: skipped flag differs" in skip["disagreement"]
+    # every worker applied the update although worker 1's own gradients overflowed: a one-worker decision
+    local = dataparallel_report.worker_agreement(_workers([[8.0, 8.0]] * 2, [[False, False]] * 2,
+                                                          local=[[0.0, 0.0], [0.0, 1.0]]))
+    assert not local["agree"] and "step 1: worker 1's own gradients were non-finite" in local["disagreement"]
+
+
+def _runs_and_steps(losses: dict[str, list[float]]) -> dict[str, pd.DataFrame]:
+    """Records of one configuration's 1-worker, floor and 2-worker cells with the given per-step losses."""
+    kinds = {"one": (1, False, "fp32"), "floor": (1, True, "fp32"), "two": (2, False, "fp32")}
+    runs, steps, workers = [], [], []
+    for cell, values in losses.items():
+        replicas, floor, allreduce = kinds[cell]
+        identity = {"cell_id": cell, "framework": "torch", "model": "simple_cnn", "dataset": "synthetic",
+                    "precision": "fp32", "seed": 0}
+        runs.append({**identity, "status": "ok", "error": "", "cfg_replicas": replicas, "cfg_thread_floor": floor,
+                     "cfg_allreduce": allreduce, "cfg_threads": 2 if floor else 1, "throughput_img_s": 100.0 * replicas,
+                     "median_step_s": 0.1, "allreduce_time_s": 0.02 if replicas > 1 else float("nan"),
+                     "allreduce_dtype": "float32", "val_correct": "", "val_samples": 0})
+        steps += [{**identity, "step": i, "loss": v, "step_time_s": 0.1 / replicas, "warmup": i == 0}
+                  for i, v in enumerate(values)]
+        if replicas > 1:
+            workers += [{**identity, "worker": w, "step": i, "loss_scale": 1.0, "skipped": False,
+                         "local_nonfinite": float("nan")} for w in range(2) for i in range(len(values))]
+    return {"run": pd.DataFrame(runs), "steps": pd.DataFrame(steps), "workers": pd.DataFrame(workers)}
+
+
+def test_rows_judge_the_loss_gap_against_the_thread_floor():
+    within = dataparallel_report.rows(_runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0004],
+                                                       "two": [2.0, 1.5003, 1.0]})).iloc[0]
+    assert within["loss_gap"] == pytest.approx(2e-4) and within["floor_gap"] == pytest.approx(4e-4)
+    assert within["within_floor"] and within["agree"] and within["speed_ratio"] == pytest.approx(2.0)
+    assert within["efficiency"] == pytest.approx(1.0) and within["allreduce_share"] == pytest.approx(0.2)
+    outside = dataparallel_report.rows(_runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0],
+                                                        "two": [2.0, 1.5, 1.01]})).iloc[0]
+    assert not outside["within_floor"] and outside["floor_gap"] == 0
+    assert "outside" in dataparallel_report.table(pd.DataFrame([outside]))["Loss gap vs 1 worker (max rel.)"].iloc[0]
+
+
+# ---- each engine, N = 2 on a CPU ---------------------------------------------------------------------------------
+# Each engine's 2-worker cell runs through the runner (what compare calls for it) into a copy of the session's tiny
+# compare (tests/conftest.py tiny_run: the same model, data, seed, steps and shared initial weights), whose 1-worker
+# cells are the baseline. The thread-count floor and the whole report path run in test_report_* below on records.
+
+def _cell(cfg: RunConfig, run_dir: Path) -> dict[str, pd.DataFrame]:
+    outcome = runner.run_cell(cfg, run_dir, "tiny", timeout_s=300)
+    assert outcome.status == "ok", outcome.error
+    return records.read_cell(run_dir / "cells" / cfg.cell_id)
+
+
+def _tiny_copy(tiny_run, tmp_path: Path) -> Path:
+    _, tiny = tiny_run
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(tiny, run_dir, ignore=shutil.ignore_patterns("figures", "data", "*.html", ".lock"))
+    return run_dir
+
+
+def _tiny_cell(framework: str, **changes) -> RunConfig:
+    """A cell of the tiny compare (conftest TINY_ARGS), changed as given."""
+    return RunConfig(framework=framework, dataset="synthetic", precision="fp16", epochs=2, steps_per_epoch=3,
+                     batch_size=16, warmup_steps=1, threads=1, **changes)
+
+
+def _check_sharded_step_0(workers: pd.DataFrame, one_worker: pd.DataFrame) -> None:
+    """Step 0 (the shared initial weights, no update yet): the workers' own losses are those of two different
+    slices, and the global batch's loss (the 1-worker cell's) is their mean: closer to it than either worker is.
+    Workers that trained on the wrong slices (both on one half, overlapping, shuffled) fail this."""
+    w = workers[workers["step"] == 0].sort_values("worker")["loss"].to_numpy()
+    whole = float(one_worker.loc[one_worker["step"] == 0, "loss"].iloc[0])
+    assert len(w) == 2 and w[0] != w[1], w
+    assert abs(w.mean() - whole) < min(abs(w - whole)), (w, whole)
+
+
+def test_torch_ddp_two_workers_train_the_one_worker_experiment(tiny_run, tmp_path):
+    run_dir = _tiny_copy(tiny_run, tmp_path)
+    tables = _cell(_tiny_cell("torch", replicas=2), run_dir)
+    run = tables["run"].iloc[0]
+    assert run["data_parallel"] == "torchrun + DistributedDataParallel (gloo)" and run["world_size"] == 2
+    assert run["allreduce_dtype"] == "float32" and run["allreduce_hook"] == "DDP built-in all-reduce"
+    agreement = dataparallel_report.worker_agreement(tables["workers"])
+    assert agreement["agree"] and agreement["workers"] == 2 and agreement["steps"] == 6, agreement
+    _check_sharded_step_0(tables["workers"], records.read_cell(run_dir / "cells" / _tiny_cell("torch").cell_id)
+                          ["steps"])
+    # the report: the 2-worker cell in its own section, not a second PyTorch fp16 row of the summary
+    rendered = render(run_dir, figures=False)
+    page, summary = (run_dir / "index.html").read_text(), (run_dir / "summary.md").read_text()
+    assert 'id="data_parallel"' in page and "sharing the same cores" in page and "### Data parallel" in summary
+    table = rendered.table
+    assert len(table[(table["framework"] == "torch") & (table["precision"] == "fp16")]) == 1
+
+
+def test_keras_tf_mirrored_strategy_two_replicas_train_the_one_replica_experiment(tiny_run, tmp_path):
+    run_dir = _tiny_copy(tiny_run, tmp_path)
+    tables = _cell(_tiny_cell("tf", replicas=2), run_dir)
+    run = tables["run"].iloc[0]
+    assert run["data_parallel"].startswith("tf.distribute.MirroredStrategy (2 replicas")
+    assert run["allreduce_dtype"] == "float32"  # the gradients handed to Keras' all-reduce, read back
+    agreement = dataparallel_report.worker_agreement(tables["workers"])
+    assert agreement["agree"] and agreement["local_checked"] and agreement["steps"] == 6, agreement
+    _check_sharded_step_0(tables["workers"], records.read_cell(run_dir / "cells" / _tiny_cell("tf").cell_id)
+                          ["steps"])
+
+
+def test_keras_jax_data_parallel_all_reduces_in_the_policy_dtype(tmp_path):
+    """Two host devices under mixed_float16: XLA all-reduces float16 gradients (read back from the compiled
+    step), both devices hold the same scale and skips; asking for a float32 all-reduce there is unavailable."""
+    tables = _cell(_tiny_cell("keras-jax", replicas=2, allreduce="fp16"), tmp_path)
+    run = tables["run"].iloc[0]
+    assert run["data_parallel"] == "keras.distribution.DataParallel (2 devices)"
+    assert run["allreduce_dtype"] == "float16" and run["allreduce_calls"] >= 1, run["allreduce_readback"]
+    agreement = dataparallel_report.worker_agreement(tables["workers"])
+    assert agreement["agree"] and agreement["steps"] == 6, agreement
+    assert not (tmp_path / "cells" / run["cell_id"] / "hlo").exists()  # XLA's dump, read and removed
+
+
+def test_a_rank_local_overflow_decision_fails_the_agreement_check(tmp_path, monkeypatch):
+    """The mutant worker 1 skips a step worker 0 applies: the records show it and the check says where."""
+    monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.ddp_local_overflow")
+    cfg = RunConfig(framework="torch", dataset="synthetic", precision="fp16", epochs=1, steps_per_epoch=3,
+                    batch_size=16, warmup_steps=1, replicas=2, allreduce="fp16", threads=1)
+    outcome = runner.run_cell(cfg, tmp_path, "mutant", timeout_s=300)
+    assert outcome.status == "ok", outcome.error
+    tables = records.read_cell(tmp_path / "cells" / cfg.cell_id)
+    assert tables["run"]["allreduce_dtype"].iloc[0] == "float16"  # fp16_compress_hook, read back
+    agreement = dataparallel_report.worker_agreement(tables["workers"])
+    assert not agreement["agree"] and "step 1: skipped flag differs" in agreement["disagreement"], agreement
+
+
+# ---- faults: a hanging or crashing worker ends its cell; no process is left -------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has stopped: only its exit status is left for its parent
+
+
+@pytest.mark.parametrize("mode, timeout, error", [("hang", 8.0, "timed out after 8 s"),
+                                                  ("crash-rank1", 120.0, "exited with code")])
+def test_a_hanging_or_crashing_worker_ends_the_cell_and_leaves_no_process(tmp_path, monkeypatch, mode, timeout,
+                                                                         error):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
+    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", mode)
+    monkeypatch.setenv("AMP_COMPARE_TEST_PIDS", str(pids))
+    cfg = RunConfig(framework="torch", dataset="synthetic", epochs=1, batch_size=16, replicas=2, threads=1)
+    outcome = runner.run_cell(cfg, tmp_path, "fault", timeout_s=timeout)
+    assert outcome.status == "failed" and error in outcome.error, outcome
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == 2, f"expected both workers to have started, saw {started} (raise the timeout?)"
+    assert not [pid for pid in started if _alive(pid)], "worker processes outlived their cell"
+    run = records.read_cell(tmp_path / "cells" / cfg.cell_id)["run"]
+    assert run["status"].iloc[0] == "failed"
