@@ -27,7 +27,7 @@ import pandas as pd
 
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
 from amp_compare.contract.records import unpack_correct
-from amp_compare.harness import stats
+from amp_compare.harness import calibrate, stats
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
 
@@ -147,8 +147,9 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
             f"({res['test']}, {len(pairs)} seed{'s' if len(pairs) > 1 else ''}): {verdict}")
 
 
-def rows(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor (see the module docstring)."""
+def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd.DataFrame:
+    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor (see the module docstring).
+    environment: the manifest's, whose calibration drift marks speed ratios as the Speed section does."""
     runs, steps = tables["run"], tables["steps"]
     workers = tables.get("workers", pd.DataFrame())
     if runs.empty:
@@ -169,14 +170,16 @@ def rows(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                "allreduce": cell["cfg_allreduce"], "status": cell["status"], "error": cell.get("error") or ""}
         if cell["status"] == "ok" and not single.empty:
             row.update(skipped_1=int(single.iloc[0].get("skipped_steps", 0)),
-                       skipped_n=int(cell.get("skipped_steps", 0)))
+                       skipped_n=int(cell.get("skipped_steps", 0)), threads_1=int(single.iloc[0]["cfg_threads"]),
+                       threads_per_worker=cell.get("threads_per_worker"))
         if cell["status"] != "ok" or single.empty:
             out.append({**row, "error": row["error"] or "no finished 1-worker cell to compare with"})
             continue
         one = single.iloc[0]
         speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
                                      [timed.get(cell["cell_id"], np.array([]))])
-        note = stats.speed_verdict(speed["ratio"], speed["low"], speed["high"], speed["timed_steps"])
+        note = stats.speed_verdict(speed["ratio"], speed["low"], speed["high"], speed["timed_steps"],
+                                   calibrate.drift(environment or {}))
         ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
         none = pd.Series(dtype=float)
         gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
@@ -250,8 +253,14 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
         return out
     for r in dp[dp["status"] != "ok"].itertuples():
         out.append(f"{framework_label(r.framework)} {r.precision}, {r.workers} workers, --allreduce {r.allreduce}: "
-                   f"{r.status} — {r.error}")
+                   f"{r.status} — {str(r.error).removeprefix('unavailable: ')}")
     ok = dp[dp["status"] == "ok"] if "speed_ratio" in dp else dp.iloc[0:0]
+    torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()] if not ok.empty else ok
+    for (threads, per), _ in torch.groupby(["threads_1", "threads_per_worker"]):
+        out.append(f"Threads: each 1-worker cell used {int(threads)}; each torch worker of an N-worker cell used "
+                   f"{int(per)} (the cell's --threads shared among its workers); Keras' replicas share their one "
+                   "process's threads. Where a 1-worker cell's threads contend with other load on the machine, its "
+                   "throughput (and so N vs 1) says more about the contention than about data parallelism.")
     for r in ok[~ok["agree"].astype(bool)].itertuples():
         out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
                    f"agree — {r.agreement}.")
@@ -275,7 +284,7 @@ def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> 
     """What the template's Data parallel section shows (None: not a --replicas run)."""
     if not tables:
         return None
-    dp = rows(tables)
+    dp = rows(tables, environment)
     return {"rows": dp, "table": table(dp), "sentences": sentences(dp, environment, device)}
 
 

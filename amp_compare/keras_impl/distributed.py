@@ -8,10 +8,11 @@
   (`record_allreduce`): float32, the gradients of float32 variables. tf.distribute has no reduced-precision
   all-reduce (CommunicationOptions takes no dtype): fp16/bf16 are unavailable.
 * JAX: `keras.distribution.DataParallel` over N devices (on a CPU, N host devices: XLA_FLAGS set by the parent,
-  harness/launch.py). One SPMD program; XLA's partitioner places the gradient all-reduce, and puts it where the
-  backward computes the gradient, i.e. in the policy's compute dtype (float16 under mixed_float16, read back from the
-  compiled step's optimised HLO, `hlo_allreduce`). Keras offers no option to choose it: another --allreduce than the
-  policy's is unavailable.
+  harness/launch.py). One SPMD program; XLA's partitioner places the gradient all-reduce where the backward computes
+  the gradient, in whatever dtype the compiled step computes it (read back from its optimised HLO, `hlo_allreduce`:
+  float16 under mixed_float16 on this CPU, float32 under mixed_bfloat16, whose dots XLA's CPU backend runs in
+  float32). Keras offers no option to choose it: a cell asking for another dtype stops after its first step and is
+  recorded unavailable with the dtype read back (`jax_allreduce_mismatch`).
 * torch: Keras 3.15 has no data-parallel engine on its torch backend (keras.distribution has no backend library
   there): unavailable.
 
@@ -32,14 +33,12 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, RunConfig
 from amp_compare.keras_impl import backends
 from amp_compare.kit.child import Unavailable
 from amp_compare.kit.dataparallel import NumericsInOneWorkerCell, drop_empty_tables
 
 ENV_DUMP = "AMP_COMPARE_HLO_DUMP"  # harness/launch.py: where XLA dumps a keras-jax N-worker cell's compiled step
-ALLREDUCE_OF = {dtype: name for name, dtype in ALLREDUCE_DTYPES.items()}  # float16 -> fp16
 HLO_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 
 _state: dict = {"strategy": None, "allreduce_dtypes": set()}
@@ -61,15 +60,21 @@ def unavailable_reason(cfg: RunConfig) -> str | None:
                                 .parameters)[1:])  # after self
         return (f"tf.distribute has no reduced-precision all-reduce: CommunicationOptions({params}) takes no dtype, "
                 "and Keras' optimizer all-reduces the gradients as the tape gives them, float32 for float32 "
-                f"variables (read back: float32); --allreduce {cfg.allreduce} would need a home-made cast")
-    if backends.JAX:
-        native = ALLREDUCE_OF[precisions.of(cfg.precision).half or "float32"]
-        if cfg.allreduce != native:
-            params = ", ".join(inspect.signature(keras.distribution.DataParallel).parameters)
-            return (f"keras.distribution.DataParallel({params}) has no all-reduce dtype option: XLA all-reduces the "
-                    f"gradients in the dtype the backward computes them in, the {cfg.precision} policy's "
-                    f"({native}; read back from the compiled step's HLO in the --allreduce {native} cell)")
-    return None
+                f"variables (an --allreduce fp32 cell reads it back); --allreduce {cfg.allreduce} would need a "
+                "home-made cast")
+    return None  # JAX: XLA decides, known once the step is compiled (`jax_allreduce_mismatch`)
+
+
+def jax_allreduce_mismatch(cfg: RunConfig, readback: dict) -> str | None:
+    """JAX: why the cell is unavailable when XLA's compiled step all-reduces in another dtype than --allreduce asks
+    (None: it is the one asked for). DataParallel offers no option to change it."""
+    dtype = readback.get("allreduce_dtype", "")
+    if dtype == ALLREDUCE_DTYPES[cfg.allreduce]:
+        return None
+    params = ", ".join(inspect.signature(keras.distribution.DataParallel).parameters)
+    return (f"keras.distribution.DataParallel({params}) has no all-reduce dtype option, and XLA's compiled step "
+            f"all-reduces the {cfg.precision} gradients in {dtype or 'an unknown dtype'} (read back from its HLO, "
+            f"{readback.get('allreduce_readback', '')}), not {ALLREDUCE_DTYPES[cfg.allreduce]}")
 
 
 def prepare(cfg: RunConfig) -> None:
@@ -198,9 +203,11 @@ class WorkerRecorder(keras.callbacks.Callback):
 
     async_safe = True  # JAX/torch device mode hands logs on a worker thread; nothing here waits
 
-    def __init__(self, steps_per_epoch: int):
+    def __init__(self, cfg: RunConfig, steps_per_epoch: int):
         super().__init__()
-        self.steps_per_epoch, self.epoch, self.rows = steps_per_epoch, 0, []
+        self.cfg, self.steps_per_epoch, self.epoch, self.rows = cfg, steps_per_epoch, 0, []
+        self.readback: dict | None = None
+        self.unavailable: str | None = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -213,6 +220,11 @@ class WorkerRecorder(keras.callbacks.Callback):
         loss = np.asarray(logs.get("worker_loss", np.full(len(scale), np.nan)), float)
         local = np.asarray(logs.get("worker_local_nonfinite", np.full(len(scale), np.nan)), float)
         step = self.epoch * self.steps_per_epoch + batch
+        if step == 0 and os.environ.get(ENV_DUMP):  # JAX: the step is compiled now; stop if XLA chose another dtype
+            self.readback = hlo_allreduce(Path(os.environ[ENV_DUMP]))
+            self.unavailable = jax_allreduce_mismatch(self.cfg, self.readback)
+            if self.unavailable:
+                self.model.stop_training = True
         for worker in range(len(scale)):
             self.rows.append({"worker": worker, "step": step, "loss": float(loss[worker]),
                               "loss_scale": float(scale[worker]), "skipped": bool(skipped[worker] > 0),
@@ -223,7 +235,7 @@ def callbacks(cfg: RunConfig, steps_per_epoch: int) -> list:
     """fit()'s extra callbacks for an N-worker cell (none for one worker)."""
     if cfg.replicas == 1:
         return []
-    _state["recorder"] = WorkerRecorder(steps_per_epoch)
+    _state["recorder"] = WorkerRecorder(cfg, steps_per_epoch)
     return [_state["recorder"]]
 
 
@@ -265,10 +277,12 @@ def finish(cfg: RunConfig, result) -> None:
     else:
         info.update(data_parallel=f"keras.distribution.DataParallel ({cfg.replicas} devices)",
                     allreduce_hook="XLA SPMD partitioner's all-reduce")
-        dump = Path(os.environ.get(ENV_DUMP, ""))
         if os.environ.get(ENV_DUMP):
-            info.update(hlo_allreduce(dump))
-            shutil.rmtree(dump, ignore_errors=True)
+            shutil.rmtree(os.environ[ENV_DUMP], ignore_errors=True)
+        if recorder and recorder.unavailable:
+            raise Unavailable(recorder.unavailable)
+        info.update(recorder.readback if recorder and recorder.readback else
+                    {"allreduce_dtype": "not recorded", "allreduce_readback": "no HLO dump read"})
     result.info.update(info)
     result.extra["workers"] = recorder.rows if recorder else []
     drop_empty_tables(result.extra)
