@@ -54,10 +54,10 @@ def tiny_run(tmp_path_factory):
 
 # Under pytest-xdist (nox -s tests: -n 2 --dist loadfile --no-loadscope-reorder) whole files go to the two
 # workers in this order, longest first, so that no long file starts last and keeps one core busy alone.
-# test_end_to_end.py first: it runs the shared tiny compare that six other files read (the other worker
+# test_end_to_end.py first: it runs the shared tiny compare that seven other files read (the other worker
 # starts on test_parity.py meanwhile instead of waiting on the lock). Without xdist the order is pytest's.
-LONG_FIRST = ["test_end_to_end.py", "test_parity.py", "test_data_parallel.py", "test_amp_modes.py", "test_faults.py",
-              "test_maxbatch.py", "test_keras_backends.py",
+LONG_FIRST = ["test_end_to_end.py", "test_parity.py", "test_amp_modes.py", "test_faults.py", "test_maxbatch.py",
+              "test_data_parallel.py", "test_keras_backends.py",
               "test_measurements.py", "test_cli.py", "test_perf.py", "test_device_mode.py", "test_numerics.py",
               "test_browser.py", "test_install.py"]
 
