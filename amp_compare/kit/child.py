@@ -97,13 +97,7 @@ class CpuPeakMemory:
 
     @staticmethod
     def _status_bytes(key: str) -> int:
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
+        return env.proc_status_bytes(key)
 
     def peak_bytes(self) -> int:
         return max(0, self._status_bytes("VmHWM") - self.baseline)
