@@ -297,8 +297,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
                        loss_scale=args.loss_scale if p in static else None, **common)
              for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
-    cells = expand_cells(cells, ",".join(args.step),  # --step and --batch-sizes (harness/perf.py)
-                         ",".join(map(str, args.batch_sizes)) if args.batch_sizes else None)
+    cells = expand_cells(cells, args.step, args.batch_sizes)  # --step and --batch-sizes (harness/perf.py)
     cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (harness/order.py)
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)

@@ -231,7 +231,7 @@ def peak_memory(cfg: RunConfig) -> tuple[int, str]:
 
 
 def time_matmul_function(cfg: RunConfig, dtype: str):
-    """time_matmul(n, repeats) -> seconds for kit/peak.py, in this backend's own ops."""
+    """time_matmul(n, repeats) -> seconds for kit/ceiling.py, in this backend's own ops."""
     ops = keras.ops
 
     def time_matmul(n: int, repeats: int) -> float:

@@ -564,15 +564,15 @@ def compiled_text(jit_compile: bool) -> str:
 
 
 def measure_peak(cfg: RunConfig, device_name: str) -> dict:
-    """The device's matmul peak for this cell's dtype (kit/peak.py), measured before training (after it for JAX
+    """The device's matmul ceiling for this cell's dtype (kit/ceiling.py), measured before training (after it for JAX
     on a GPU, whose peak memory counts from the process's start: see train())."""
-    from amp_compare.kit import peak
+    from amp_compare.kit import ceiling
 
     def matmul_timer(name: str):
         dtype = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}[name]
         return backends.time_matmul_function(cfg, dtype)
 
-    return peak.measure_cell_peak(cfg.precision, cfg.tf32, cfg.device, device_name, matmul_timer)
+    return ceiling.measure_cell_ceiling(cfg.precision, cfg.tf32, cfg.device, device_name, matmul_timer)
 
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:

@@ -282,7 +282,7 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
     }
     run["achieved_flops"] = run["flops_per_image"] * run["throughput_img_s"]
     for kind in ("measured", "table"):
-        peak = float(run.get(f"peak_flops_{kind}", float("nan")) or float("nan"))
+        peak = float(run.get(f"ceiling_flops_{kind}", float("nan")) or float("nan"))
         run[f"mfu_{kind}"] = run["achieved_flops"] / peak if peak > 0 else float("nan")
     nonfinite = result.nonfinite or {}
     run.update({f"nonfinite_{k}": nonfinite.get(k, "") for k in ("step", "where", "layer", "value", "tensor")})

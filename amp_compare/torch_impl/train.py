@@ -393,8 +393,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
 
 
 def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
-    """The device's matmul peak for this cell's dtype (kit/peak.py), measured before training."""
-    from amp_compare.kit import peak
+    """The device's matmul ceiling for this cell's dtype (kit/ceiling.py), measured before training."""
+    from amp_compare.kit import ceiling
 
     def matmul_timer(name: str):
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[name]
@@ -414,8 +414,8 @@ def measure_peak(device: torch.device, cfg: RunConfig) -> dict:
 
         return time_matmul
 
-    return peak.measure_cell_peak(cfg.precision, cfg.tf32, device.type, device_info(device)["device_name"],
-                                  matmul_timer)
+    return ceiling.measure_cell_ceiling(cfg.precision, cfg.tf32, device.type, device_info(device)["device_name"],
+                                        matmul_timer)
 
 
 def underflow_rows(numerics, model, probe, cfg: RunConfig, scaler, when: str, step: int) -> list[dict]:
