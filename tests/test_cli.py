@@ -88,7 +88,11 @@ def _main(args, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a)[:60] for a, _ in BAD])
-def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypatch, args, message):
+    def no_cell_may_run(*args, **kwargs):  # a check that regressed must not start children (--threads 100000 did)
+        raise AssertionError("bad input reached the cells")
+
+    monkeypatch.setattr("amp_compare.harness.cli.run_cells", no_cell_may_run)
     out = tmp_path / "reports"
     rc, err = _main([*args, "--out", str(out)], capsys)
     assert rc == 2, err
