@@ -117,12 +117,13 @@ def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
     out = []
     for key, g in runs.groupby([*_ceiling_key(runs), "_dtype"], sort=False):
         sizes = sorted({int(v) for v in g.get("ceiling_matmul_size", pd.Series(dtype=float)).dropna()})
-        size = (f"{sizes[0]}×{sizes[0]}" if len(sizes) == 1 else
-                f"{sizes[0]}–{sizes[-1]} square (cells recorded before one size was fixed)" if sizes else "a")
+        size = (f"{sizes[0]}×{sizes[0]} matmul" if len(sizes) == 1 else
+                f"square matmul of {sizes[0]} to {sizes[-1]} (cells recorded before one size was fixed)" if sizes
+                else "matmul")
         own = ", ".join(f"{framework_label(fw)} {f.max() / 1e12:.3g}"
                         for fw, f in g.groupby("framework", sort=False)["ceiling_flops_measured"])
         device = f" on {key[-2]}" if len(key) > 1 and str(key[-2]) not in ("", "cpu") else ""
         out.append(f"MFU is measured against one ceiling per device and dtype, the same for every framework: "
                    f"{key[-1]}{device} {g['ceiling_flops_measured'].max() / 1e12:.3g} TFLOP/s, the best {size} "
-                   f"matmul timed in any of the run's {len(g)} cells (each framework's own best: {own}).")
+                   f"timed in any of the run's {len(g)} cells (each framework's own best: {own}).")
     return out

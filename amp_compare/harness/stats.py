@@ -278,18 +278,20 @@ ONE_SEED = "one seed: seed-to-seed spread unknown"
 
 
 def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str = "seeds",
-                  machine: str = "") -> str:
-    """"" when a ratio stands; otherwise why it does not (shown next to the number with ⚠)."""
+                  machine: str = "", as_change: bool = False) -> str:
+    """"" when a ratio stands; otherwise why it does not (shown next to the number with ⚠). as_change: the
+    ratio is shown as a change (memory: -8%), and the note says its interval the same way."""
     if not np.isfinite(ratio):
         return "no paired cells"
     if machine:
         return machine
     if not (np.isfinite(low) and np.isfinite(high)) or low <= 0:
         return f"{ONE_SEED}, no interval" if seeds == 1 else "no interval"
+    interval = f"{low - 1:+.0%} to {high - 1:+.0%}" if as_change else f"{low:.2f}–{high:.2f}×"
     if high / low > NOISY_WIDTH:
-        return f"noisy: interval {low:.2f}–{high:.2f}×"
+        return f"noisy: interval {interval}"
     if low < 1 < high and abs(ratio - 1) > 0.05:
-        return f"noisy: interval {low:.2f}–{high:.2f}× includes 1×"
+        return f"noisy: interval {interval} includes {'no change' if as_change else '1×'}"
     return ""
 
 

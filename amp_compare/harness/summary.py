@@ -365,7 +365,8 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
         rows.append({**dict(zip(keys, key)), "precision": prec, "memory_low": res["low"] - 1,
                      "memory_high": res["high"] - 1,
-                     "memory_note": stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"])})
+                     "memory_note": stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"],
+                                                        as_change=True)})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
 
 
