@@ -445,9 +445,11 @@ def _time_text(r) -> str:
     return text
 
 
-def _notes(notes) -> str:
-    """The distinct ⚠ notes of a sentence's numbers, said once at its end."""
-    notes = list(dict.fromkeys(n for n in notes if isinstance(n, str) and n))
+def _notes(notes, same: str = "1×") -> str:
+    """The distinct ⚠ notes of a sentence's numbers, said once at its end (the intervals themselves are beside
+    the numbers: "noisy" is said once, in words)."""
+    noisy = f"noisy: a 95% interval wider than {stats.NOISY_WIDTH}× end to end, or including {same}"
+    notes = list(dict.fromkeys(noisy if n.startswith("noisy") else n for n in notes if isinstance(n, str) and n))
     return f" ⚠: {'; '.join(notes)}." if notes else ""
 
 
@@ -559,7 +561,7 @@ def memory_findings(groups: Groups, runs: pd.DataFrame) -> list[str]:
         if not mem.empty:
             parts = [f"{_label(r.framework)} {r.precision} {memory_text(r)}" for r in mem.itertuples()]
             out.append(f"{groups.label(key)}, peak memory against fp32 ({kinds}; geometric mean over seeds, 95% "
-                       f"interval): {', '.join(parts)}.{_notes(mem['memory_note'])}")
+                       f"interval): {', '.join(parts)}.{_notes(mem['memory_note'], 'no change')}")
     return out
 
 
