@@ -226,6 +226,7 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
         return []
     sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
     sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
+    sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
     out = []
     for (fw, prec), g in sel.groupby(["framework", "precision"], sort=False):
         scale = float(g["loss_scale"].iloc[0])
