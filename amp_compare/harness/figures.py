@@ -55,9 +55,16 @@ def _facet(df: pd.DataFrame) -> dict:
 
 def _save(fig, out_dir: Path, key: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    for ext in ("png", "svg"):
-        fig.savefig(out_dir / f"{key}.{ext}", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        for ext in ("png", "svg"):
+            path = out_dir / f"{key}.{ext}"
+            try:
+                fig.savefig(path, dpi=110, bbox_inches="tight")
+            except OSError as exc:  # a full disk: no half-written figure, and the error names it
+                path.unlink(missing_ok=True)
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    finally:
+        plt.close(fig)
 
 
 def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
