@@ -47,3 +47,34 @@ def test_the_contract_check_sees_a_drift():
         "fake.amp.current_scale", "fake.train.make_dataset", "fake.numerics.gradient_underflow",
         "fake.probe.limit_gpu"], found
     assert "loss_weight=2.0" in found[2] and "loss_weight=1.0" in found[2] and found[3].endswith("missing")
+
+
+# The framework packages and kit/ (kit/peak.py is the harness side's to split): every function fits a screen.
+SCREEN_LINES = 60
+SHORT_PACKAGES = ("torch_impl", "keras_impl", "kit")
+
+
+def long_functions(paths) -> list[str]:
+    """'path:line name (N lines)' for each function or method longer than SCREEN_LINES, decorators included."""
+    import ast
+
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - first + 1 > SCREEN_LINES:
+                    out.append(f"{path}:{node.lineno} {node.name} ({node.end_lineno - first + 1} lines)")
+    return out
+
+
+def test_no_function_in_the_framework_packages_is_longer_than_a_screen(tmp_path):
+    from pathlib import Path
+
+    root = Path(twins.__file__).resolve().parent.parent
+    paths = [p for package in SHORT_PACKAGES for p in sorted((root / package).glob("*.py"))
+             if p != root / "kit" / "peak.py"]
+    assert len(paths) > 20 and long_functions(paths) == []
+    long = tmp_path / "long.py"  # the check sees one
+    long.write_text("def f():\n" + "    x = 1\n" * SCREEN_LINES)
+    assert long_functions([long]) == [f"{long}:1 f ({SCREEN_LINES + 1} lines)"]

@@ -1,12 +1,13 @@
 """Keras 3's mixed-precision idiom, all of it: a mixed dtype policy + LossScaleOptimizer.
 
-Read beside torch_impl/amp.py: the same functions in the same order (torch adds FixedScaler and
-found_inf, what GradScaler lacks), so `diff` of the two files is the AMP difference between the
-frameworks. train.py, loop.py, probe.py, numerics.py and the benchmarks take their policy, loss
-scaling and scaled step from here. What each precision mode means is one row of
-contract/precision.py. keras.ops where it can be, so the file reads the same on every Keras backend;
-only the scaled step's autodiff is each backend's own (Keras' per-backend train_step: TensorFlow's
-GradientTape, torch's backward, JAX's stateless value_and_grad), the AMP lines the same in all three.
+Read beside the other framework's amp.py (torch_impl/, keras_impl/): the same functions in the same
+order (torch adds FixedScaler and found_inf, what GradScaler lacks), so `diff` of the two files is the
+AMP difference between the frameworks. train.py, loop.py, probe.py, numerics.py and the benchmarks
+take the AMP setting, loss scaling and scaled step from here. What each precision mode means is one
+row of contract/precision.py.
+keras.ops where it can be, so the file reads the same on every Keras backend; only the scaled step's
+autodiff is each backend's own (Keras' per-backend train_step: TensorFlow's GradientTape, torch's
+backward, JAX's stateless value_and_grad), the AMP lines the same in all three.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def with_loss_scaling(cfg: RunConfig, optimizer: keras.optimizers.Optimizer) -> 
 
 
 def current_scale(scaler: keras.optimizers.Optimizer):
-    """The live loss scale as a device tensor (scaler: the optimizer with_loss_scaling returned); 1.0: no scaling."""
+    """The live loss scale as a device tensor, read without waiting for the device; 1.0: no scaling.
+    (scaler: the optimizer with_loss_scaling returned.)"""
     if isinstance(scaler, keras.optimizers.LossScaleOptimizer):
         return keras.ops.copy(keras.ops.convert_to_tensor(scaler.dynamic_scale))
     return keras.ops.convert_to_tensor(scaler.loss_scale_factor or 1.0, dtype="float32")
@@ -61,9 +63,9 @@ def clip_gradients(max_norm: float | None) -> dict:
 
 
 def train_step(model: keras.Model, x, y) -> StepRecord:
-    """One scaled optimizer step (Keras' default train_step's core), on TensorFlow or Keras' torch backend.
-    Returns its StepRecord (kit/training.py) of device tensors; a step is skipped when the optimizer did not
-    advance its iterations. JAX's stateless form: stateless_train_step."""
+    """One scaled optimizer step. Returns its StepRecord (kit/training.py) of device tensors; a step is
+    skipped when the optimizer did not advance its iterations. Keras' default train_step's core, on
+    TensorFlow or Keras' torch backend; JAX's stateless form: stateless_train_step."""
     if keras.backend.backend() == "torch":
         return _torch_train_step(model, x, y)
     import tensorflow as tf

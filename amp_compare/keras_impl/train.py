@@ -1,6 +1,6 @@
 """Keras 3 training for one amp-compare cell, on any of Keras' backends: build, numerics lab, fit(), closing records.
 
-Read this file beside torch_impl/train.py: the functions of contract/twins.py have one signature
+Read this file beside the other framework's train.py: the functions of contract/twins.py have one signature
 in both, the AMP idiom itself is amp.py, the instrumented loop loop.py (fit() over AmpModel with a
 recording callback), and the AMP lines here are marked `# AMP:`.
 
@@ -159,7 +159,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         first_batch = numerics_lab(cfg, data, model, result)  # outside the timed loop
         model.step_log = loop.StepLog(steps) if device_mode(cfg) and backends.TENSORFLOW else None  # after the audit
         memory = backends.start_memory_window(cfg)
-        fit(cfg, data, model, dataset, images, result, progress, memory, steps)
+        train_epochs(cfg, data, model, dataset, images, result, progress, memory, steps)
     close_records(cfg, data, model, result, memory, first_batch)
     if not peak_first:
         result.info.update(backends.measure_peak(cfg, result.info["device_name"]))
@@ -208,8 +208,8 @@ def numerics_lab(cfg: RunConfig, data: Dataset, model: keras.Model, result: Trai
     return first_batch
 
 
-def fit(cfg: RunConfig, data: Dataset, model: keras.Model, dataset, images, result: TrainResult,
-        progress: Progress, memory: CpuPeakMemory | None, steps: int) -> None:
+def train_epochs(cfg: RunConfig, data: Dataset, model: keras.Model, dataset, images, result: TrainResult,
+                 progress: Progress, memory: CpuPeakMemory | None, steps: int) -> None:
     """The timed loop: model.fit over the batch plan, each epoch followed by its validation pass, recorded by
     loop.py's callback for the step-value mode."""
     plan = batch_plan(len(data.x_train), cfg.batch_size, cfg.seed, cfg.epochs, cfg.steps_per_epoch)

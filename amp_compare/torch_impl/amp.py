@@ -1,9 +1,10 @@
 """PyTorch's mixed-precision idiom, all of it: torch.autocast + torch.amp.GradScaler.
 
-Read beside keras_impl/amp.py: the same functions in the same order (torch adds FixedScaler and
-found_inf, what GradScaler lacks), so `diff` of the two files is the AMP difference between the
-frameworks. train.py, loop.py, probe.py, numerics.py and the benchmarks take their autocast, scaler
-and scaled step from here. What each precision mode means is one row of contract/precision.py.
+Read beside the other framework's amp.py (torch_impl/, keras_impl/): the same functions in the same
+order (torch adds FixedScaler and found_inf, what GradScaler lacks), so `diff` of the two files is the
+AMP difference between the frameworks. train.py, loop.py, probe.py, numerics.py and the benchmarks
+take the AMP setting, loss scaling and scaled step from here. What each precision mode means is one
+row of contract/precision.py.
 GradScaler's private fields, which the step's record needs, are read in scaler_state.py only.
 """
 
@@ -56,7 +57,8 @@ def make_scaler(cfg: RunConfig) -> torch.amp.GradScaler:
 
 
 def current_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
-    """The live loss scale as a device tensor (get_scale() would synchronise every step); 1.0: no scaling."""
+    """The live loss scale as a device tensor, read without waiting for the device; 1.0: no scaling.
+    (GradScaler.get_scale() would wait: a Python float.)"""
     state = peek(scaler)  # GradScaler's private fields, read in torch_impl/scaler_state.py only
     if not scaler.is_enabled():
         return torch.ones((), device=state.device)
@@ -85,7 +87,8 @@ def clip_gradients(model, optimizer, scaler: torch.amp.GradScaler, max_norm: flo
 
 
 def train_step(model, optimizer, scaler, x, y, precision: str, clip_grad_norm: float | None = None) -> StepRecord:
-    """One scaled optimizer step. Returns its StepRecord (kit/training.py) of device tensors."""
+    """One scaled optimizer step. Returns its StepRecord (kit/training.py) of device tensors; a step is
+    skipped when GradScaler found non-finite gradients and did not call optimizer.step."""
     scale_used = current_scale(scaler)
     with mixed_precision(precision, x.device.type):  # AMP: op-level casts
         logits = model(x)

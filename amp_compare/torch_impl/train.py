@@ -1,6 +1,6 @@
 """PyTorch training for one amp-compare cell: build, numerics lab, the timed loop, closing records.
 
-Read this file beside keras_impl/train.py: the functions of contract/twins.py have one signature in
+Read this file beside the other framework's train.py: the functions of contract/twins.py have one signature in
 both, the AMP idiom itself is amp.py, the instrumented loop loop.py (an explicit loop over
 amp.train_step), and the AMP lines here are marked `# AMP:`.
 """
