@@ -279,12 +279,14 @@ class Stepper(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         from amp_compare.keras_impl import models as tm
+        from amp_compare.keras_impl.loop import step_row
         from amp_compare.keras_impl.train import sync_state
 
         sync_state(self.model)  # JAX's fit keeps the state apart from the model's variables
-        self.losses.append(float(logs["batch_loss"]))
-        self.scales.append(float(logs["loss_scale"]))
-        self.skipped.append(bool(logs["skipped"]))
+        values = step_row(logs)  # the row AmpModel.train_step returns, as the recorder reads it
+        self.losses.append(values["batch_loss"])
+        self.scales.append(values["loss_scale"])
+        self.skipped.append(bool(values["skipped"]))
         self.weights.append(tm.get_weights(self.model))
 
 

@@ -33,7 +33,13 @@ from amp_compare.kit.child import FirstStepWindow  # noqa: E402
 from amp_compare.kit.data import Dataset, epoch_images  # noqa: E402
 from amp_compare.kit.training import StepBook, StepRecord  # noqa: E402
 
-STEP_VALUES = ("batch_loss", "loss_scale", "skipped", "correct")  # what train_step hands the callback per step
+# What train_step hands the callback per step: one float32 row (fit() converts one value per step, not four).
+STEP_VALUES = ("batch_loss", "loss_scale", "skipped", "correct")
+
+
+def step_row(logs: dict) -> dict[str, float]:
+    """A step's values from fit()'s logs, by STEP_VALUES name."""
+    return dict(zip(STEP_VALUES, (float(v) for v in logs["step"])))
 
 
 class DeviceImages:
@@ -110,8 +116,7 @@ class StepLog:
         self.values = tf.Variable(tf.zeros([steps, len(STEP_VALUES)]), trainable=False)
         self.position = tf.Variable(0, dtype=tf.int32, trainable=False)
 
-    def record(self, values: dict) -> None:
-        row = tf.stack([tf.cast(values[name], tf.float32) for name in STEP_VALUES])
+    def record(self, row) -> None:
         self.values.scatter_nd_update(tf.reshape(self.position, [1, 1]), row[tf.newaxis])
         self.position.assign_add(1)
 
@@ -135,15 +140,16 @@ class AmpModel(keras.Model):
         return x, y
 
     def step_values(self, record: StepRecord, y) -> dict:
-        """What fit() hands the recording callback: the step's record and its correct predictions; on
-        TensorFlow in device mode they go to the StepLog instead, and fit() gets the loss alone (its
-        train function must return something; one value to convert per execution)."""
-        predicted = keras.ops.argmax(record.logits, axis=-1)
-        correct = keras.ops.sum(keras.ops.cast(keras.ops.equal(predicted, keras.ops.cast(y, predicted.dtype)), "int32"))
-        values = dict(zip(STEP_VALUES, (record.loss, record.scale, record.skipped, correct)))
+        """What fit() hands the recording callback: the step's record and its correct predictions, as one
+        float32 row (logs["step"], STEP_VALUES); on TensorFlow in device mode the row goes to the StepLog
+        instead, and fit() gets the loss alone (its train function must return something)."""
+        ops = keras.ops
+        predicted = ops.argmax(record.logits, axis=-1)
+        correct = ops.sum(ops.cast(ops.equal(predicted, ops.cast(y, predicted.dtype)), "int32"))
+        row = ops.stack([ops.cast(v, "float32") for v in (record.loss, record.scale, record.skipped, correct)])
         if self.step_log is None:
-            return values
-        self.step_log.record(values)
+            return {"step": row}
+        self.step_log.record(row)
         return {"batch_loss": record.loss}
 
     def get_metrics_result(self) -> dict:
@@ -213,8 +219,9 @@ class StepRecorder(EpochRecorder):
         now = time.perf_counter()  # logs arrive as host values, so the step has finished
         self.step_times.append(now - self.last)
         self.last = now
-        self.correct += int(logs["correct"])
-        if self.book.add([logs["batch_loss"]], [logs["loss_scale"]], [bool(logs["skipped"])]):
+        loss, scale, skipped, correct = logs["step"].tolist()
+        self.correct += int(correct)
+        if self.book.add([loss], [scale], [skipped > 0]):
             self.model.stop_training = True  # fit() stops after this batch
         self.first_step.after(self.book.epoch, batch)
 
@@ -274,7 +281,7 @@ class AsyncStepRecorder(DeviceStepRecorder):
 
     def on_train_batch_end(self, batch, logs=None):  # a worker thread: the logs are host values now
         with self.arrival:
-            self.arrived[batch] = tuple(float(logs[name]) for name in STEP_VALUES)
+            self.arrived[batch] = logs["step"].tolist()
             self.arrival.notify_all()
 
     def read_epoch(self) -> dict:

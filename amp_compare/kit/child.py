@@ -13,6 +13,7 @@ import argparse
 import importlib
 import io
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -191,7 +192,7 @@ class DivergenceWatch:
     def update(self, losses: list[float], last_step: int) -> int | None:
         """Feed the losses of the steps up to `last_step`; returns the step the divergence began, or None."""
         for loss in losses:
-            self.run = 0 if np.isfinite(loss) else self.run + 1
+            self.run = 0 if math.isfinite(loss) else self.run + 1
         return last_step - self.run + 1 if self.run >= self.limit else None
 
 

@@ -10,6 +10,8 @@ GradScaler's private fields, which the step's record needs, are read in scaler_s
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -61,21 +63,28 @@ def current_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
     (GradScaler.get_scale() would wait: a Python float.)"""
     state = peek(scaler)  # GradScaler's private fields, read in torch_impl/scaler_state.py only
     if not scaler.is_enabled():
-        return torch.ones((), device=state.device)
+        return _constant(state.device, 1.0, torch.float32)
     if state.scale is None:  # created lazily by the first scaler.scale()
         return torch.full((), scaler.get_scale(), device=state.device)
-    return state.scale.detach().clone().reshape(())
+    return state.scale.reshape(()).clone()  # update() changes the scale in place
 
 
 def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """Whether scaler.step skipped this step's update (non-finite gradients), as a device tensor: read
     between scaler.step() and scaler.update(), which clears it."""
     state = peek(scaler, optimizer)
-    if not state.found_inf:
-        return torch.zeros((), dtype=torch.bool, device=state.device)
+    if not state.found_inf:  # a disabled scaler never skips
+        return _constant(state.device, False, torch.bool)
     flags = state.found_inf[0] if len(state.found_inf) == 1 else sum(
         f.to(state.device, non_blocking=True) for f in state.found_inf)
     return flags.reshape(()) > 0
+
+
+@functools.cache
+def _constant(device: str, value: float | bool, dtype: torch.dtype) -> torch.Tensor:
+    """A 0-d tensor made once per device and value: what a disabled scaler reports every step (never
+    written to; the loop copies its records when it reads them)."""
+    return torch.tensor(value, dtype=dtype, device=device)
 
 
 def clip_gradients(model, optimizer, scaler: torch.amp.GradScaler, max_norm: float | None) -> None:
