@@ -1,7 +1,7 @@
 """Keras 3's mixed-precision idiom, all of it: a mixed dtype policy + LossScaleOptimizer.
 
 Read beside the other framework's amp.py (torch_impl/, keras_impl/): the same functions in the same
-order (torch adds FixedScaler and found_inf, what GradScaler lacks), so `diff` of the two files is the
+order (torch adds FixedScaler, what GradScaler lacks), so `diff` of the two files is the
 AMP difference between the frameworks. train.py, loop.py, probe.py, numerics.py and the benchmarks
 take the AMP setting, loss scaling and scaled step from here. What each precision mode means is one
 row of contract/precision.py.

@@ -1,7 +1,7 @@
 """PyTorch's mixed-precision idiom, all of it: torch.autocast + torch.amp.GradScaler.
 
 Read beside the other framework's amp.py (torch_impl/, keras_impl/): the same functions in the same
-order (torch adds FixedScaler and found_inf, what GradScaler lacks), so `diff` of the two files is the
+order (torch adds FixedScaler, what GradScaler lacks), so `diff` of the two files is the
 AMP difference between the frameworks. train.py, loop.py, probe.py, numerics.py and the benchmarks
 take the AMP setting, loss scaling and scaled step from here. What each precision mode means is one
 row of contract/precision.py.
@@ -10,8 +10,6 @@ GradScaler's private fields, which the step's record needs, are read in scaler_s
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +17,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import RunConfig
 from amp_compare.contract.mapping import framework_settings
 from amp_compare.kit.training import StepRecord
-from amp_compare.torch_impl.scaler_state import peek
+from amp_compare.torch_impl.scaler_state import constant, found_inf, peek
 
 
 def amp_setting(precision: str) -> torch.dtype | None:
@@ -63,28 +61,10 @@ def current_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
     (GradScaler.get_scale() would wait: a Python float.)"""
     state = peek(scaler)  # GradScaler's private fields, read in torch_impl/scaler_state.py only
     if not scaler.is_enabled():
-        return _constant(state.device, 1.0, torch.float32)
+        return constant(state.device, 1.0, torch.float32)
     if state.scale is None:  # created lazily by the first scaler.scale()
         return torch.full((), scaler.get_scale(), device=state.device)
     return state.scale.reshape(()).clone()  # update() changes the scale in place
-
-
-def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """Whether scaler.step skipped this step's update (non-finite gradients), as a device tensor: read
-    between scaler.step() and scaler.update(), which clears it."""
-    state = peek(scaler, optimizer)
-    if not state.found_inf:  # a disabled scaler never skips
-        return _constant(state.device, False, torch.bool)
-    flags = state.found_inf[0] if len(state.found_inf) == 1 else sum(
-        f.to(state.device, non_blocking=True) for f in state.found_inf)
-    return flags.reshape(()) > 0
-
-
-@functools.cache
-def _constant(device: str, value: float | bool, dtype: torch.dtype) -> torch.Tensor:
-    """A 0-d tensor made once per device and value: what a disabled scaler reports every step (never
-    written to; the loop copies its records when it reads them)."""
-    return torch.tensor(value, dtype=dtype, device=device)
 
 
 def clip_gradients(model, optimizer, scaler: torch.amp.GradScaler, max_norm: float | None) -> None:
@@ -106,7 +86,7 @@ def train_step(model, optimizer, scaler, x, y, precision: str, clip_grad_norm: f
     scaler.scale(loss).backward()  # AMP: backward of loss * scale
     clip_gradients(model, optimizer, scaler, clip_grad_norm)
     scaler.step(optimizer)  # AMP: unscale gradients; skip the update if any is inf/NaN
-    skipped = found_inf(scaler, optimizer)
+    skipped = found_inf(scaler, optimizer)  # GradScaler's own decision, read on the device (scaler_state.py)
     scaler.update()  # AMP: halve the scale on overflow, double it after growth_interval good steps
     return StepRecord(loss.detach(), logits.detach(), scale_used, skipped)
 
