@@ -34,20 +34,27 @@ def test_flops_from_shared_shapes_match_torch_flop_counter(model, shape, width):
     assert flops.train_flops(model, shape, 10, width) == counter.get_total_flops() / 2  # per image
 
 
-def _epoch(cfg: RunConfig, steps: int, counts: dict | None = None, check_every: int = 25):
-    """run_epoch as train() calls it, on a tiny model; counts host reads of tensors made during the steps."""
-    from amp_compare.kit.child import DivergenceWatch
+def _epoch(cfg: RunConfig, steps: int, counts: dict | None = None, read_every: int = 25):
+    """run_epoch as train() calls it, on a tiny model; counts host reads of tensors made during the steps.
+    Returns the run's records (TrainResult), the optimizer and the scaler."""
+    import io
+
+    from amp_compare.kit.child import Progress, TrainResult
+    from amp_compare.kit.training import StepBook
+    from amp_compare.torch_impl import loop
     from amp_compare.torch_impl import train as tt
-    from amp_compare.torch_impl.amp import amp_setting
+    from amp_compare.torch_impl.amp import make_scaler
     from amp_compare.torch_impl.models import build_model
 
     torch.manual_seed(0)
     model = build_model("simple_cnn", (8, 8, 1), 10)
     optimizer = tt.make_step_optimizer(cfg, model.parameters())
-    scaler = tt.make_scaler(cfg)
+    scaler = make_scaler(cfg)
     x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
     plan = torch.arange(steps * 8).reshape(steps, 8) % 64
-    clock = tt.StepClock(torch.device("cpu"))
+    clock = loop.StepClock(torch.device("cpu"))
+    book = StepBook(cfg, TrainResult(), Progress(stream=io.StringIO()), lambda: {}, None)
+    book.start_epoch(0, steps)
     originals = {}
     if counts is not None:  # only inside the loop: count every way a tensor's value reaches the host
         def counting(name, original):
@@ -60,12 +67,11 @@ def _epoch(cfg: RunConfig, steps: int, counts: dict | None = None, check_every: 
         for name, original in originals.items():
             setattr(torch.Tensor, name, counting(name, original))
     try:
-        out = tt.run_epoch(model, optimizer, scaler, x, y, plan, amp_setting(cfg.precision), clock,
-                           DivergenceWatch(20), check_every=check_every)
+        loop.run_epoch(model, optimizer, scaler, x, y, plan, cfg.precision, clock, book, read_every=read_every)
     finally:
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
-    return out, optimizer, scaler
+    return book.result, optimizer, scaler
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
@@ -79,25 +85,25 @@ def test_tuned_loop_reads_nothing_on_the_host_per_step(precision):
 
 
 def test_plain_fp16_records_the_gradscaler_sync_and_tuned_avoids_it():
-    from amp_compare.torch_impl.train import host_sync_per_step
+    from amp_compare.torch_impl.loop import host_syncs_per_step
 
     for step, expected in (("plain", 1), ("tuned", 0)):
         cfg = RunConfig(precision="fp16", step=step)
         _, optimizer, scaler = _epoch(cfg, 2)
-        assert host_sync_per_step(optimizer, scaler) == expected
+        assert host_syncs_per_step(optimizer, scaler) == expected
         assert bool(optimizer.defaults.get("fused")) == (step == "tuned")
     _, optimizer, scaler = _epoch(RunConfig(precision="bf16", step="plain"), 2)
-    assert host_sync_per_step(optimizer, scaler) == 0  # no scaler: GradScaler.step passes through
+    assert host_syncs_per_step(optimizer, scaler) == 0  # no scaler: GradScaler.step passes through
 
 
 @pytest.mark.parametrize("step", ["plain", "tuned"])
 def test_skipped_steps_are_seen_with_either_optimizer(step):
     """fp16 with a scale that overflows: the first steps are skipped (found_inf on the device with fused)."""
     cfg = RunConfig(precision="fp16", step=step, init_scale=2.0**100)
-    out, _, _ = _epoch(cfg, 4, check_every=1)
-    assert out.skipped[0] is True and out.loss_scale[1] < out.loss_scale[0]
+    out, _, _ = _epoch(cfg, 4, read_every=1)
+    assert out.step_skipped[0] is True and out.step_loss_scale[1] < out.step_loss_scale[0]
     cfg = RunConfig(precision="fp16", step=step)
-    assert not any(_epoch(cfg, 3)[0].skipped)
+    assert not any(_epoch(cfg, 3)[0].step_skipped)
 
 
 def test_headline_is_wall_time_and_a_stall_is_called_out():

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import io
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -185,7 +186,7 @@ class DivergenceWatch:
     def update(self, losses: list[float], last_step: int) -> int | None:
         """Feed the losses of the steps up to `last_step`; returns the step the divergence began, or None."""
         for loss in losses:
-            self.run = 0 if np.isfinite(loss) else self.run + 1
+            self.run = 0 if math.isfinite(loss) else self.run + 1
         return last_step - self.run + 1 if self.run >= self.limit else None
 
 
@@ -225,10 +226,8 @@ def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: in
     }
 
 
-def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Dataset,
-                 wall_s: float) -> dict[str, pd.DataFrame]:
-    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
-                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+def steps_table(identity: dict, result: TrainResult, warmup_steps: int) -> pd.DataFrame:
+    """One row per training step: loss, loss scale, skipped, step time, and whether it is a warm-up step."""
     n = len(result.step_loss)
     steps = pd.DataFrame({
         **{k: [v] * n for k, v in identity.items()},
@@ -239,7 +238,29 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "skipped": np.asarray(result.step_skipped, dtype=bool),
         "step_time_s": np.asarray(result.step_time_s, dtype=float),
     })
-    steps["warmup"] = steps["step"] < cfg.warmup_steps
+    steps["warmup"] = steps["step"] < warmup_steps
+    return steps
+
+
+def derived_columns(run: dict, nonfinite: dict | None) -> dict:
+    """The run row's columns that follow from the others: achieved FLOP/s, MFU against both FLOP/s ceilings (the
+    cell's own; the report recomputes MFU against the run's one ceiling per device and dtype), and the NaN/Inf
+    locator's finding (nonfinite_step -1: none)."""
+    out = {"achieved_flops": run["flops_per_image"] * run["throughput_img_s"]}
+    for kind in ("measured", "table"):
+        ceiling = float(run.get(f"ceiling_flops_{kind}", float("nan")) or float("nan"))
+        out[f"mfu_{kind}"] = out["achieved_flops"] / ceiling if ceiling > 0 else float("nan")
+    out.update({f"nonfinite_{k}": (nonfinite or {}).get(k, "") for k in ("step", "where", "layer", "value", "tensor")})
+    if out["nonfinite_step"] == "":
+        out["nonfinite_step"] = -1
+    return out
+
+
+def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Dataset,
+                 wall_s: float) -> dict[str, pd.DataFrame]:
+    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
+                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+    steps = steps_table(identity, result, cfg.warmup_steps)
     epochs = pd.DataFrame([{**identity, **row} for row in result.epochs])
     last = result.epochs[-1] if result.epochs else {}
     train_time = float(sum(e["train_time_s"] for e in result.epochs))
@@ -280,14 +301,7 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
            for k, v in result.info.items()},
     }
-    run["achieved_flops"] = run["flops_per_image"] * run["throughput_img_s"]
-    for kind in ("measured", "table"):
-        peak = float(run.get(f"ceiling_flops_{kind}", float("nan")) or float("nan"))
-        run[f"mfu_{kind}"] = run["achieved_flops"] / peak if peak > 0 else float("nan")
-    nonfinite = result.nonfinite or {}
-    run.update({f"nonfinite_{k}": nonfinite.get(k, "") for k in ("step", "where", "layer", "value", "tensor")})
-    if run["nonfinite_step"] == "":
-        run["nonfinite_step"] = -1
+    run.update(derived_columns(run, result.nonfinite))
     tables = {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
     for name, rows in result.extra.items():
         tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
