@@ -59,14 +59,17 @@ def ceiling_dtype(precision: str, tf32: str, device_type: str, cpu_info: dict | 
     return dtype, ""
 
 
+def known_row(device_name: str) -> str | None:
+    """The KNOWN_PEAKS row a device name matches (the first key found in it), or None."""
+    name = device_name.upper()
+    return next((key for key in KNOWN_PEAKS if key.upper() in name), None)
+
+
 def known_peak(device_name: str, dtype: str) -> float | None:
     """The published dense peak in FLOP/s for this GPU and dtype, or None (CPU, unknown GPU, no such dtype)."""
-    name = device_name.upper()
-    for key, peaks in KNOWN_PEAKS.items():
-        if key.upper() in name:
-            value = peaks.get(dtype)
-            return value * 1e12 if value else None
-    return None
+    row = known_row(device_name)
+    value = KNOWN_PEAKS[row].get(dtype) if row else None
+    return value * 1e12 if value else None
 
 
 # Per device type: the largest matrix tried and the seconds of repeats after the size is found. On a CPU the best
@@ -114,4 +117,6 @@ def peak_info(device_name: str, dtype: str, basis: str, measured_flops: float, s
     return {"peak_dtype": f"{dtype} ({basis.split(' on ')[0]})" if basis else dtype, "peak_basis": basis,
             "peak_flops_measured": float(measured_flops), "peak_matmul_size": int(size),
             "peak_flops_table": float(table) if table else float("nan"),
-            "peak_table_source": f"{PEAK_SOURCE}: {device_name} {dtype}" if table else ""}
+            # the row itself, not only the device: "H100" (SXM5) is also what an H100 variant the table lacks matches
+            "peak_table_source": (f"{PEAK_SOURCE}: {known_row(device_name)} row, {dtype} {table / 1e12:g} TFLOP/s, "
+                                  f"for {device_name}") if table else ""}
