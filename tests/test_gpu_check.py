@@ -121,7 +121,7 @@ def test_a_stopped_phase_leaves_no_process_behind(tmp_path):
 def test_the_whole_check_in_smoke_mode(tmp_path):
     out = tmp_path / "gpu-check"
     proc = _run("run", "--device", "cpu", "--smoke", "--no-install", "--out", str(out), "--work", str(tmp_path / "w"),
-                "--phases", "tests,torch-256,keras-jax-256,keras-torch-tuned", timeout=900)
+                "--budget-s", "1800", "--phases", "tests,torch-256,keras-jax-256,keras-torch-tuned", timeout=2400)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     _returned(out)
     table = pd.read_csv(out / "table.csv")
