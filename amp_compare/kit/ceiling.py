@@ -62,14 +62,17 @@ def ceiling_dtype(precision: str, tf32: str, device_type: str, cpu_info: dict | 
     return dtype, ""
 
 
+def known_row(device_name: str) -> str | None:
+    """The KNOWN_CEILINGS row a device name matches (the first key found in it), or None."""
+    name = device_name.upper()
+    return next((key for key in KNOWN_CEILINGS if key.upper() in name), None)
+
+
 def known_ceiling(device_name: str, dtype: str) -> float | None:
     """The published dense peak in FLOP/s for this GPU and dtype, or None (CPU, unknown GPU, no such dtype)."""
-    name = device_name.upper()
-    for key, peaks in KNOWN_CEILINGS.items():
-        if key.upper() in name:
-            value = peaks.get(dtype)
-            return value * 1e12 if value else None
-    return None
+    row = known_row(device_name)
+    value = KNOWN_CEILINGS[row].get(dtype) if row else None
+    return value * 1e12 if value else None
 
 
 # Per device type: the one matmul size every cell of a run times (so the run's best is over one named size,
@@ -114,5 +117,6 @@ def ceiling_info(device_name: str, dtype: str, basis: str, measured_flops: float
     return {"ceiling_dtype": f"{dtype} ({basis.split(' on ')[0]})" if basis else dtype, "ceiling_basis": basis,
             "ceiling_flops_measured": float(measured_flops), "ceiling_matmul_size": int(size),
             "ceiling_flops_table": float(table) if table else float("nan"),
-            "ceiling_table_source": f"{CEILING_SOURCE}: {device_name} {dtype}" if table else ""}
-
+            # the row itself, not only the device: "H100" (SXM5) is also what an H100 variant the table lacks matches
+            "ceiling_table_source": (f"{CEILING_SOURCE}: {known_row(device_name)} row, {dtype} {table / 1e12:g} "
+                                     f"TFLOP/s, for {device_name}") if table else ""}

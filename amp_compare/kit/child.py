@@ -191,7 +191,8 @@ class DivergenceWatch:
 
 
 def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: int,
-                      train_time_s: float | None = None) -> dict[str, float]:
+                      train_time_s: float | None = None,
+                      epoch_times: list[tuple[float, int]] | None = None) -> dict[str, float]:
     """One timing protocol for both frameworks: warm-up steps dropped, distribution kept.
 
     The headline, throughput_img_s, is wall time: the images of the timed steps over the time they took
@@ -200,15 +201,22 @@ def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: in
     the two over TIMING_GAP is called out in the report (harness/perf.py). compile_warmup_s: what the
     warm-up steps took beyond as many median steps (tracing, compilation, CUDA-graph capture).
 
-    Where per-step times were not measured (Keras on a GPU, device mode: NaN), both come from the
-    training time over the steps and the percentiles stay missing.
+    Where per-step times were not measured (Keras on a GPU, device mode: NaN), both come from training time
+    over steps and the percentiles stay missing. epoch_times: (training seconds, steps) per epoch. The first
+    epoch holds the tracing and compilation (XLA, torch.compile) as the warm-up steps do in host mode: where
+    later epochs ran, they alone are timed and compile_warmup_s is what the first took beyond as many of
+    their steps (without them, all epochs: compilation included, compile_warmup_s missing).
     """
     nan = float("nan")
     if step_times and np.all(np.isnan(step_times)) and train_time_s:
-        median = train_time_s / len(step_times)
+        later = [(t, n) for t, n in (epoch_times or [])[1:] if n > 0]
+        median, warm = train_time_s / len(step_times), nan
+        if later:
+            median = sum(t for t, _ in later) / sum(n for _, n in later)
+            warm = max(0.0, epoch_times[0][0] - epoch_times[0][1] * median)
         return {"median_step_s": median, "p90_step_s": nan, "p99_step_s": nan,
                 "throughput_img_s": batch_size / median, "median_step_throughput_img_s": batch_size / median,
-                "steps_timed": 0, "compile_warmup_s": nan}
+                "steps_timed": 0, "compile_warmup_s": warm}
     times = np.asarray(step_times[warmup_steps:] or step_times, dtype=float)
     if times.size == 0:
         return {"median_step_s": nan, "p90_step_s": nan, "p99_step_s": nan, "throughput_img_s": nan,
@@ -283,7 +291,8 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "val_correct": pack_correct(result.val_correct) if result.val_correct is not None else "",
         "final_val_loss": last.get("val_loss", float("nan")),
         "final_train_loss": last.get("train_loss", float("nan")),
-        **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size, train_time),
+        **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size, train_time,
+                            [(e["train_time_s"], result.step_epoch.count(e["epoch"])) for e in result.epochs]),
         "train_time_s": train_time,
         # The first step carries tracing / compilation (torch.compile, XLA, tf.function) and kernel setup:
         # its excess over the median step is reported apart from step time.
