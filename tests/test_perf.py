@@ -232,10 +232,7 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
     emulated = not env.cpu_info()["cpu_bf16_hardware"]
     bf16 = runs[runs["precision"] == "bf16"]
     assert set(bf16["ceiling_dtype"]) == ({"fp32 (bf16 emulated)"} if emulated else {"bf16"})
-    if emulated:  # the same ceiling as the fp32 cells, measured in each cell: within a noisy machine's 2x
-        fp32 = runs.loc[runs["precision"] == "fp32", "ceiling_flops_measured"]
-        ratio = bf16["ceiling_flops_measured"].median() / fp32.median()
-        assert 0.5 < ratio < 2, ratio
+    if emulated:  # the fp32 cells' ceiling (no timing ratio asserted here: timings belong in benchmarks)
         assert "is against the fp32 matmul ceiling" in summary and "MFU is measured against one ceiling" in summary
     timed = [pd.read_parquet(p.parent / "steps.parquet") for p in (run / "cells").glob("*/run.parquet")]
     for r, steps in zip(runs.itertuples(), timed):  # the headline is wall time of the timed steps
