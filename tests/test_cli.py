@@ -165,15 +165,17 @@ def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
     assert sorted({c.seed for c in cells}) == list(options["seeds"].default_for("cpu"))
 
 
-def test_readme_options_table_is_the_declaration():
-    """README's options table is generated from the declaration (amp_compare.harness.cli.update_readme rewrites it)."""
+def test_options_page_is_the_declaration():
+    """docs/OPTIONS.md's table is generated from the declaration (amp_compare.harness.cli.update_options_page
+    rewrites it), and the README links the page."""
     from amp_compare.harness.cli import options_markdown
 
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "OPTIONS.md").read_text()
     start, end = "<!-- options: generated from the declaration -->", "<!-- end of options -->"
-    assert start in readme and end in readme, "README lacks the options table markers"
-    table = readme.split(start)[1].split(end)[0].strip()
-    assert table == options_markdown().strip(), "stale README table: run amp_compare.harness.cli.update_readme()"
+    assert start in page and end in page, "docs/OPTIONS.md lacks the options table markers"
+    table = page.split(start)[1].split(end)[0].strip()
+    assert table == options_markdown().strip(), "stale options table: run amp_compare.harness.cli.update_options_page()"
+    assert "docs/OPTIONS.md" in (ROOT / "README.md").read_text()
 
 
 def test_cuda_without_gpu_is_refused(tmp_path):

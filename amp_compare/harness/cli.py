@@ -107,7 +107,7 @@ MATRIX_OPTIONS = tuple(n for n, d in compare_options().items() if d.spec.matrix)
 
 
 def default_text(d: Declared) -> str:
-    """A default as help and the README show it."""
+    """A default as help and docs/OPTIONS.md show it."""
     def show(v):
         if isinstance(v, bool):
             return "on" if v else "off"
@@ -131,11 +131,12 @@ def help_text(d: Declared) -> str:
     return f"{d.spec.help}{choices} (default: {default_text(d)})".replace("%", "%%")
 
 
-README_MARKERS = ("<!-- options: generated from the declaration -->", "<!-- end of options -->")
+OPTIONS_MARKERS = ("<!-- options: generated from the declaration -->", "<!-- end of options -->")
+OPTIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "OPTIONS.md"
 
 
 def options_markdown() -> str:
-    """The README's options table, from the declaration (tests/test_cli.py checks the README holds it)."""
+    """docs/OPTIONS.md's table, from the declaration (tests/test_cli.py checks the page holds it)."""
     rows = ["| option | default | valid values | what it does |", "|---|---|---|---|"]
     for d in compare_options().values():
         flag = f"`{d.flag}` / `--no-{d.flag[2:]}`" if d.item is bool else f"`{d.flag}`"
@@ -144,10 +145,10 @@ def options_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-def update_readme(path: Path = Path(__file__).resolve().parents[2] / "README.md") -> None:
-    """Rewrite the README's options table from the declaration."""
+def update_options_page(path: Path = OPTIONS_PAGE) -> None:
+    """Rewrite docs/OPTIONS.md's table from the declaration."""
     text = path.read_text()
-    start, end = README_MARKERS
+    start, end = OPTIONS_MARKERS
     head, rest = text.split(start)
     path.write_text(f"{head}{start}\n{options_markdown()}{end}{rest.split(end)[1]}")
 
