@@ -176,11 +176,12 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
             out.append({**row, "error": row["error"] or "no finished 1-worker cell to compare with"})
             continue
         one = single.iloc[0]
-        speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
-                                     [timed.get(cell["cell_id"], np.array([]))])
-        note = stats.speed_verdict(speed["ratio"], speed["low"], speed["high"], speed["timed_steps"],
-                                   calibrate.drift(environment or {}))
         ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
+        # the Speed section's interval and verdict: one seed's pair, so batch means of its steps; ⚠ where the
+        # calibrations between cells saw the machine busy or its speed change (calibrate.unsteady_reason)
+        speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
+                                     [timed.get(cell["cell_id"], np.array([]))], [float(np.log(ratio))])
+        note = stats.speed_verdict(speed, calibrate.unsteady_reason(environment or {}))
         none = pd.Series(dtype=float)
         gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
         floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))

@@ -16,9 +16,11 @@
 * torch: Keras 3.15 has no data-parallel engine on its torch backend (keras.distribution has no backend library
   there): unavailable.
 
-Per step every worker's loss scale and skipped flag is recorded (`replica_values` in TensorFlow's replica context,
-`device_values` on JAX: each device's own copy of the replicated values), with, on TensorFlow, whether that
-replica's own gradients (before the all-reduce) were finite. `WorkerRecorder` puts them in the `workers` table.
+Per step every worker's loss scale and skipped flag is recorded (`replica_step`, called inside the step by
+loop.AmpModel: `replica_values` in TensorFlow's replica context, `device_values` on JAX, each device's own copy of
+the replicated values), with, on TensorFlow, each worker's own loss and whether its own gradients (before the
+all-reduce) were finite. `WorkerRecorder` puts them in the `workers` table. N-worker cells record in host mode
+(train.device_mode): the per-worker values come with fit()'s logs of each step.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy as np
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, RunConfig
 from amp_compare.keras_impl import backends
 from amp_compare.kit.child import Unavailable
-from amp_compare.kit.dataparallel import NumericsInOneWorkerCell, drop_empty_tables
+from amp_compare.kit.dataparallel import drop_empty_tables
 
 ENV_DUMP = "AMP_COMPARE_HLO_DUMP"  # harness/launch.py: where XLA dumps a keras-jax N-worker cell's compiled step
 HLO_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
@@ -156,26 +158,35 @@ def record_allreduce(optimizer) -> None:
     optimizer.apply = apply_noting_local_finite
 
 
-def replica_values(loss, scale, skipped) -> tuple:
-    """TensorFlow, in a replica context: the replica's own batch loss (Keras divided it by N for the gradient sum)
-    and every replica's loss scale, skipped flag, loss and gradient finiteness gathered (the same vectors on all
-    replicas, so fit()'s mean over replicas keeps them). The logs take them last (they replace `skipped`)."""
-    if not backends.TENSORFLOW or _state["strategy"] is None:
-        return loss, {}
+def replica_step(record, correct) -> tuple[tuple, dict]:
+    """A step's (loss, scale, skipped, correct) for fit()'s logs, and every worker's own values beside them
+    (loop.AmpModel.step_values calls this inside the step; a 1-worker cell: as they are, none beside)."""
+    values = (record.loss, record.scale, record.skipped, correct)
+    if backends.TENSORFLOW and _state["strategy"] is not None:
+        return replica_values(record, correct)
+    if backends.JAX and keras.distribution.distribution() is not None:
+        return values, device_values(record.scale, record.skipped)
+    return values, {}
+
+
+def replica_values(record, correct) -> tuple[tuple, dict]:
+    """TensorFlow, in a replica context. fit() averages each log over the replicas: the row is made so that its
+    mean is the global batch's (the replica's own loss, which Keras' compute_loss divided by N for the gradient
+    sum, unscaled by Keras' own unscale_loss_for_distribution; the correct count times N); every replica's loss,
+    scale, skipped flag and own-gradient finiteness gathered (the same vectors on all replicas)."""
     import tensorflow as tf
+    from keras.src.losses.loss import unscale_loss_for_distribution
 
     ctx = tf.distribute.get_replica_context()
-    n = ctx.num_replicas_in_sync
-    loss = loss * tf.cast(n, loss.dtype)
+    loss = unscale_loss_for_distribution(record.loss)
 
     def gather(value):
         return ctx.all_gather(tf.reshape(tf.cast(value, tf.float32), [1]), axis=0)
 
     local_nonfinite = tf.logical_not(_state.get(("local_finite", id(ctx)), tf.constant(True)))
-    return loss, {"worker_loss": gather(loss), "worker_scale": gather(scale), "worker_skipped": gather(skipped),
-                  "worker_local_nonfinite": gather(local_nonfinite),
-                  # fit() averages each log over the replicas, which a bool cannot be: the flag as 0.0 / 1.0
-                  "skipped": tf.cast(skipped, tf.float32)}
+    return ((loss, record.scale, record.skipped, correct * ctx.num_replicas_in_sync),
+            {"worker_loss": gather(loss), "worker_scale": gather(record.scale),
+             "worker_skipped": gather(record.skipped), "worker_local_nonfinite": gather(local_nonfinite)})
 
 
 def device_values(scale, skipped) -> dict:
@@ -287,9 +298,3 @@ def finish(cfg: RunConfig, result) -> None:
     result.extra["workers"] = recorder.rows if recorder else []
     drop_empty_tables(result.extra)
 
-
-def numerics_lab(cfg: RunConfig):
-    """The numerics module train() measures with: the real one, or for an N-worker cell none (kit/dataparallel.py)."""
-    from amp_compare.keras_impl import numerics
-
-    return numerics if cfg.replicas == 1 else NumericsInOneWorkerCell

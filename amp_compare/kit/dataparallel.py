@@ -3,8 +3,9 @@
 The numerics lab (dtype audit, gradient underflow, the NaN/Inf locator, the Adam gap) measures a cell's arithmetic on
 its raw model outside the timed loop. An N-worker cell trains the same model in the same precision as its 1-worker
 cell, which runs the lab; the report's numerics sections read the 1-worker cells only (harness/dataparallel_report.py).
-So an N-worker cell's train() takes `NumericsInOneWorkerCell` as its numerics module: it measures nothing and says so
-(TensorFlow's mirrored variables could not even be differentiated outside the strategy's replica context).
+So an N-worker cell's train() takes `NumericsInOneWorkerCell` as its numerics module (`numerics_for`, called by
+both train.py's): it measures nothing and says so (TensorFlow's mirrored variables could not even be differentiated
+outside the strategy's replica context).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class NumericsInOneWorkerCell:
     @staticmethod
     def locate_nonfinite(*args, **kwargs) -> dict:
         return {"where": f"not located here: {WHERE}", "layer": "", "value": ""}
+
+
+def numerics_for(cfg, numerics):
+    """The numerics module a cell measures with: the framework's own, or for an N-worker cell none."""
+    return numerics if cfg.replicas == 1 else NumericsInOneWorkerCell
 
 
 def drop_empty_tables(extra: dict[str, list[dict]]) -> None:

@@ -10,9 +10,10 @@ harness/launch.py starts an N-worker cell as `python -m torch.distributed.run --
   * each step's global batch (kit/data.py's seeded plan, the 1-worker batch) cut in N contiguous slices: worker k
     trains on slice k, so the N-worker run is the 1-worker experiment; GradScaler then sees the all-reduced
     gradients, the same on every worker, and takes the same skip decision everywhere;
-  * after each epoch the workers' batch losses are averaged (the global batch's loss, what a 1-worker run records)
-    and every worker's loss scale and skipped flags are gathered to rank 0, which alone writes the records
-    (kit/child.py) — the per-worker table `workers` is how a reader sees that the workers agreed;
+  * loop.run_epoch hands the epoch's steps to the run's StepBook once, at the epoch's end (`read_every`), through
+    `WorkersBook`: every worker's losses, loss scales and skipped flags are gathered (outside the timed steps), the
+    book records their mean loss (the global batch's, what a 1-worker run records), and rank 0 alone writes the
+    records (kit/child.py) — the per-worker table `workers` is how a reader sees that the workers agreed;
   * after training, one profiled forward/backward of the DDP model reads back the dtype the backend all-reduced in
     (gloo's / NCCL's own record of the tensor: `input_dtypes` of its all_reduce event), and DDP's own timing of the
     backward's communication is recorded.
@@ -22,7 +23,6 @@ A 1-worker cell gets `Single`, which changes nothing.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import signal
 
@@ -32,7 +32,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from amp_compare.contract.config import RunConfig
-from amp_compare.kit.dataparallel import NumericsInOneWorkerCell, drop_empty_tables
+from amp_compare.kit.dataparallel import drop_empty_tables
+from amp_compare.kit.training import StepBook
+from amp_compare.torch_impl.amp import mixed_precision
 
 # --allreduce -> the name of DDP's communication hook in default_hooks (None: DDP's built-in all-reduce of the
 # float32 gradient buckets)
@@ -47,16 +49,22 @@ class Single:
 
     rank, world = 0, 1
 
-    def wrap(self, model, net, graphs: bool):
-        return net
+    def __init__(self, cfg: RunConfig):
+        self.device = torch.device(cfg.device)
+
+    def wrap(self, run):
+        return run
+
+    def book(self, book: StepBook) -> StepBook:
+        return book
 
     def shard(self, plan: torch.Tensor) -> torch.Tensor:
         return plan
 
-    def combine(self, steps):
-        return steps
+    def read_every(self, steps: int) -> int | None:
+        return None  # loop.run_epoch's own choice
 
-    def finish(self, result, probe, amp_dtype) -> None:
+    def finish(self, result, first_batch: tuple, precision: str) -> None:
         pass
 
 
@@ -69,7 +77,7 @@ def comm_hook(allreduce: str):
 
 def start(cfg: RunConfig) -> Single | Worker:
     """The cell's worker: `Single` for one worker, else this process's place in the torchrun launch."""
-    return Single() if cfg.replicas == 1 else Worker(cfg)
+    return Single(cfg) if cfg.replicas == 1 else Worker(cfg)
 
 
 def die_with_parent() -> None:
@@ -105,42 +113,57 @@ class Worker:
         self.steps_done = 0
         self.ddp: DistributedDataParallel | None = None
 
-    def wrap(self, model: torch.nn.Module, net, graphs: bool):
-        """DDP around the model, with --allreduce's communication hook; compiled again where the cell compiles
-        (torch.compile of the DDP module: DDP's recommended order)."""
-        self.ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda"
+    def wrap(self, run):
+        """The compiled run (train.Compiled) with DDP around its model and --allreduce's communication hook as the
+        network the step calls; compiled again where the cell compiles (torch.compile of the DDP module: DDP's
+        recommended order)."""
+        self.ddp = DistributedDataParallel(run.model, device_ids=[self.device.index] if self.device.type == "cuda"
                                            else None)
         hook = comm_hook(self.cfg.allreduce)
         if hook is not None:
             self.ddp.register_comm_hook(None, hook)  # None: the default (whole world) process group
-        if net is model:
-            return self.ddp
-        return torch.compile(self.ddp, mode="reduce-overhead" if graphs else "default")
+        net = self.ddp if run.net is run.model else torch.compile(
+            self.ddp, mode="reduce-overhead" if run.graphs else "default")
+        return run._replace(net=net)
+
+    def book(self, book: StepBook) -> WorkersBook:
+        """The run's StepBook behind every worker's steps (WorkersBook)."""
+        return WorkersBook(self, book)
+
+    def read_every(self, steps: int) -> int:
+        """The epoch's steps reach the book once, at its end: gathering every worker's values is a collective,
+        kept out of the timed steps (the book's divergence verdict, taken on the gathered values, is then the
+        same on every worker, so none stops while another waits in the next all-reduce)."""
+        return steps
 
     def shard(self, plan: torch.Tensor) -> torch.Tensor:
         """This worker's contiguous slice of every step's global batch (plan: steps x batch indices)."""
         per = plan.shape[1] // self.world
         return plan[:, self.rank * per:(self.rank + 1) * per]
 
-    def combine(self, steps):
-        """An epoch's EpochSteps as the global batch saw it (the workers' mean loss, their summed correct count),
-        with every worker's loss, scale and skipped flag kept for the `workers` table."""
-        local = torch.tensor(np.array([steps.loss, steps.loss_scale, np.asarray(steps.skipped, float)]),
-                             dtype=torch.float64, device=self.device)
+    def gather(self, losses: list[float], scales: list[float], skipped: list[bool]) -> np.ndarray:
+        """Every worker's losses, scales and skipped flags of the same steps: (worker, [loss, scale, skipped], step);
+        their rows kept for the `workers` table."""
+        local = torch.tensor(np.array([losses, scales, np.asarray(skipped, float)]), dtype=torch.float64,
+                             device=self.device)
         gathered = [torch.empty_like(local) for _ in range(self.world)]
         dist.all_gather(gathered, local)
-        correct = torch.tensor([steps.correct], dtype=torch.int64, device=self.device)
-        dist.all_reduce(correct)
-        values = torch.stack(gathered).cpu().numpy()  # (worker, [loss, scale, skipped], step)
+        values = torch.stack(gathered).cpu().numpy()
         for worker in range(self.world):
             for i in range(values.shape[2]):
                 self.rows.append({"worker": worker, "step": self.steps_done + i, "loss": float(values[worker, 0, i]),
                                   "loss_scale": float(values[worker, 1, i]), "skipped": bool(values[worker, 2, i]),
                                   "local_nonfinite": float("nan")})  # GradScaler sees only all-reduced grads
         self.steps_done += values.shape[2]
-        return dataclasses.replace(steps, loss=values[:, 0, :].mean(axis=0).tolist(), correct=int(correct.item()))
+        return values
 
-    def readback(self, x: torch.Tensor, y: torch.Tensor, amp_dtype) -> dict:
+    def total(self, count: int) -> int:
+        """A count summed over the workers (correct predictions of the global batch)."""
+        value = torch.tensor([count], dtype=torch.int64, device=self.device)
+        dist.all_reduce(value)
+        return int(value.item())
+
+    def readback(self, x: torch.Tensor, y: torch.Tensor, precision: str) -> dict:
         """One profiled forward/backward of the DDP model on this worker's slice of a batch (eval mode: BatchNorm's
         running statistics stay as they are; no optimizer step), read for the dtype and size of what the backend
         all-reduced. The gradients it leaves are cleared."""
@@ -152,7 +175,7 @@ class Worker:
         was_training = self.ddp.training
         self.ddp.eval()
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            with mixed_precision(precision, self.device.type):  # AMP: as the training step's forward
                 loss = F.cross_entropy(self.ddp(xb), yb)
             loss.backward()
             if self.device.type == "cuda":
@@ -168,9 +191,9 @@ class Worker:
                 "allreduce_elements": elements, "allreduce_readback": f"torch.profiler: {events[0].name} input dtype"
                 if events else "torch.profiler: no all_reduce event"}
 
-    def finish(self, result, probe, amp_dtype) -> None:
+    def finish(self, result, first_batch: tuple, precision: str) -> None:
         """Read back what the all-reduce did, record the workers' values, leave the process group."""
-        info = self.readback(*probe, amp_dtype)
+        info = self.readback(*first_batch, precision)
         timing = self.ddp._get_ddp_logging_data()  # DDP's own timing of sampled iterations, in ns
         comm = timing.get("avg_backward_comm_time")
         hook = COMM_HOOKS[self.cfg.allreduce]
@@ -190,8 +213,28 @@ class Worker:
         dist.destroy_process_group()
 
 
-def numerics_lab(cfg: RunConfig):
-    """The numerics module train() measures with: the real one, or for an N-worker cell none (kit/dataparallel.py)."""
-    from amp_compare.torch_impl import numerics
 
-    return numerics if cfg.replicas == 1 else NumericsInOneWorkerCell
+class WorkersBook:
+    """The run's StepBook as the global batch sees it (kit/training.py), for one worker of an N-worker cell: each
+    batch of steps handed to add() is gathered from every worker first; the book records their mean loss (the
+    global batch's, what a 1-worker run records) and this worker's scale and skipped flag (the `workers` table
+    shows whether all agreed); the correct predictions of an epoch are summed over the workers."""
+
+    def __init__(self, worker: Worker, book: StepBook):
+        self.worker, self.inner = worker, book
+
+    @property
+    def epoch(self) -> int:
+        return self.inner.epoch
+
+    def start_epoch(self, epoch: int, steps: int) -> None:
+        self.inner.start_epoch(epoch, steps)
+
+    def add(self, losses: list[float], scales: list[float], skipped: list[bool]) -> bool:
+        values = self.worker.gather(losses, scales, skipped)
+        return self.inner.add(values[:, 0, :].mean(axis=0).tolist(), scales, skipped)
+
+    def end_epoch(self, step_times: list[float], train_time_s: float, eval_time_s: float, correct: int,
+                  val_loss: float, val_accuracy: float) -> None:
+        self.inner.end_epoch(step_times, train_time_s, eval_time_s, self.worker.total(correct), val_loss,
+                             val_accuracy)
