@@ -12,6 +12,7 @@ arithmetic are checked on records (test_rows_*), the whole report path in the to
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -135,24 +136,40 @@ def _check_sharded_step_0(workers: pd.DataFrame, one_worker: pd.DataFrame) -> No
     assert abs(w.mean() - whole) < min(abs(w - whole)), (w, whole)
 
 
-def test_torch_ddp_two_workers_train_the_one_worker_experiment(tiny_run, tmp_path, monkeypatch):
-    """One worker's own overflow (step 1) is skipped by both: DDP all-reduces before GradScaler looks."""
-    run_dir = _tiny_copy(tiny_run, tmp_path)
-    tables = _cell(_tiny_cell("torch", replicas=2), run_dir, monkeypatch)
-    run = tables["run"].iloc[0]
-    assert run["data_parallel"] == "torchrun + DistributedDataParallel (gloo)" and run["world_size"] == 2
-    assert run["allreduce_dtype"] == "float32" and run["allreduce_hook"] == "DDP built-in all-reduce"
-    agreement = dataparallel_report.worker_agreement(tables["workers"])
-    assert agreement["agree"] and agreement["workers"] == 2 and agreement["steps"] == 6, agreement
-    assert agreement["skipped_steps"] == 1 and tables["steps"]["skipped"].tolist()[:2] == [False, True]
-    _check_sharded_step_0(tables["workers"], records.read_cell(run_dir / "cells" / _tiny_cell("torch").cell_id)
-                          ["steps"])
-    # the report: the 2-worker cell in its own section, not a second PyTorch fp16 row of the summary
+def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path, monkeypatch):
+    """`compare --replicas 2` for torch fp16, the whole path (plan -> torchrun -> records -> report), every cell fed
+    the same data that overflows float16 in worker 1's half of step 1: the 1-worker cell, its floor at 2 threads and
+    the 2-worker cell. DDP all-reduces before GradScaler looks, so both workers skip step 1 as the 1-worker run does.
+    The report's own rows (Rendered.data_parallel) state the 2-worker run's loss gap beside the measured floor."""
+    monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.poison_one_worker")
+    monkeypatch.setenv("AMP_COMPARE_TEST_FRAMEWORK_MODULE", "amp_compare.torch_impl")
+    out = tmp_path / "reports"
+    assert main(["compare", "--out", str(out), "--frameworks", "torch", "--precisions", "fp16", "--datasets",
+                 "synthetic", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1",
+                 "--seeds", "0", "--run-id", "dp", "--device", "cpu", "--threads", "1", "--replicas", "2",
+                 "--no-figures"]) == 0
+    run_dir = out / "dp"
     rendered = render(run_dir, figures=False)
+    row = rendered.data_parallel.iloc[0]
+    assert len(rendered.data_parallel) == 1 and row["status"] == "ok", row
+    assert row["engine"] == "torchrun + DistributedDataParallel (gloo)" and row["allreduce_dtype"] == "float32"
+    assert row["agree"] and row["skipped_n"] == row["skipped_1"] == 1, row["agreement"]
+    assert row["floor_threads"] == 2 and np.isfinite(row["floor_gap"]) and np.isfinite(row["loss_gap"]), row
+    gap_text = dataparallel_report.table(rendered.data_parallel)["Loss gap vs 1 worker (max rel.)"].iloc[0]
+    # the verdict on this machine: floor 0 (torch's CPU autocast gives the same bits at 1 and 2 threads) and the
+    # 2-worker run's gap outside it (docs/DATA_PARALLEL.md says why); asserted is that the page says what was measured
+    assert gap_text.startswith(f"{row['loss_gap']:.2e} ") and " floor " in gap_text, gap_text
+    assert ("within" in gap_text) == bool(row["within_floor"]) and ("outside" in gap_text) != row["within_floor"]
+    cells = {c.name: records.read_cell(c) for c in (run_dir / "cells").iterdir()}
+    one = cells[_tiny_cell("torch").cell_id]
+    two = cells[_tiny_cell("torch", replicas=2).cell_id]
+    assert two["steps"]["skipped"].tolist()[:2] == one["steps"]["skipped"].tolist()[:2] == [False, True]
+    _check_sharded_step_0(two["workers"], one["steps"])
+    # the report: the 2-worker and floor cells in their own section, not more PyTorch fp16 rows of the summary
     page, summary = (run_dir / "index.html").read_text(), (run_dir / "summary.md").read_text()
     assert 'id="data_parallel"' in page and "sharing the same cores" in page and "### Data parallel" in summary
-    table = rendered.table
-    assert len(table[(table["framework"] == "torch") & (table["precision"] == "fp16")]) == 1
+    assert gap_text in summary and "3 of 3 cells finished" in page
+    assert len(rendered.table[(rendered.table["framework"] == "torch") & (rendered.table["precision"] == "fp16")]) == 1
 
 
 def test_keras_tf_mirrored_strategy_applies_an_update_one_replica_overflowed(tiny_run, tmp_path, monkeypatch):

@@ -312,6 +312,7 @@ class Rendered:
     runs: pd.DataFrame
     table: pd.DataFrame  # summary.full_table
     findings: list[str]
+    data_parallel: pd.DataFrame | None = None  # dataparallel_report.rows: the Data parallel section's rows
 
 
 def render_report(run_dir: Path, figures: bool = True) -> Path:
@@ -558,7 +559,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(md))
     render_runs_index(run_dir.parent)
-    return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"])
+    return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
+                    (context["data_parallel"] or {}).get("rows"))
 
 
 def render_runs_index(reports_dir: Path) -> Path:
