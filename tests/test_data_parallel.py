@@ -97,6 +97,26 @@ def test_rows_judge_the_loss_gap_against_the_thread_floor():
     assert "outside" in dataparallel_report.table(pd.DataFrame([outside]))["Loss gap vs 1 worker (max rel.)"].iloc[0]
 
 
+def test_section_sentences_fit_what_ran():
+    """Sentences name only the engines whose N-worker cells ran, and say so when the calibrations between cells saw
+    the machine change (harness/wording.py); an unavailable cell's reason is said once, without the prefix."""
+    tables = _runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0], "two": [2.0, 1.5, 1.0]})
+    tables["run"]["threads_per_worker"] = [np.nan, np.nan, 1]
+    steady = {"cpu_model": "Test CPU", "calibrations": [{"ms": 10.0, "spread": 0.01}, {"ms": 10.1, "spread": 0.01}]}
+    said = " ".join(dataparallel_report.sentences(dataparallel_report.rows(tables, steady), steady, "cpu"))
+    assert "processes (torch" in said and "Keras" not in said and "each torch worker of an N-worker cell used 1" in said
+    assert "unsteady" not in said
+    changed = {**steady, "calibrations": [{"ms": 10.0, "spread": 0.01}, {"ms": 20.0, "spread": 0.01}]}
+    said = " ".join(dataparallel_report.sentences(dataparallel_report.rows(tables, changed), changed, "cpu"))
+    assert "saw the machine unsteady (machine speed changed by 100% between cells)" in said
+    keras = pd.DataFrame([{"framework": "keras-torch", "precision": "fp16", "workers": 2, "allreduce": "fp32",
+                           "status": "unavailable", "error": "unavailable: Keras 3.15 has no data-parallel engine"}])
+    said = dataparallel_report.sentences(keras, steady, "cpu")
+    assert "logical devices of one process" in said[0] and "processes (torch" not in said[0]
+    assert said[1] == ("Keras (torch) fp16, 2 workers, --allreduce fp32: unavailable — Keras 3.15 has no "
+                       "data-parallel engine")
+
+
 # ---- each engine, N = 2 on a CPU ---------------------------------------------------------------------------------
 # Each engine's 2-worker cell runs through the runner (what compare calls for it) into a copy of the session's tiny
 # compare (tests/conftest.py tiny_run: the same model, data, seed, steps and shared initial weights), whose 1-worker

@@ -27,7 +27,7 @@ import pandas as pd
 
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
 from amp_compare.contract.records import unpack_correct
-from amp_compare.harness import calibrate, stats
+from amp_compare.harness import calibrate, stats, wording
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
 
@@ -244,24 +244,25 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
 
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
-    """What the section says in words, from its rows only."""
-    out = []
-    if device == "cpu":
-        out.append(f"On this CPU ({environment.get('cpu_model', 'CPU')}) the N workers are processes (torch) or "
-                   "devices (Keras: logical devices of one process) sharing the same cores and memory: the speed "
-                   "figures measure that sharing and the engines' overhead, not a network or more hardware.")
+    """What the section says in words, from its rows only (harness/wording.py: sentences fit what ran)."""
+    facts = wording.RunFacts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [], precisions=[],
+                             seeds=[], device=device, rotated=False)
+    out = [s for s in [wording.data_parallel_workers(facts, environment.get("cpu_model", ""))] if s]
     if dp.empty:
         return out
     for r in dp[dp["status"] != "ok"].itertuples():
         out.append(f"{framework_label(r.framework)} {r.precision}, {r.workers} workers, --allreduce {r.allreduce}: "
-                   f"{r.status} — {str(r.error).removeprefix('unavailable: ')}")
-    ok = dp[dp["status"] == "ok"] if "speed_ratio" in dp else dp.iloc[0:0]
-    torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()] if not ok.empty else ok
-    for (threads, per), _ in torch.groupby(["threads_1", "threads_per_worker"]):
-        out.append(f"Threads: each 1-worker cell used {int(threads)}; each torch worker of an N-worker cell used "
-                   f"{int(per)} (the cell's --threads shared among its workers); Keras' replicas share their one "
-                   "process's threads. Where a 1-worker cell's threads contend with other load on the machine, its "
-                   "throughput (and so N vs 1) says more about the contention than about data parallelism.")
+                   f"{r.status} — {unavailable_text(str(r.error))}")
+    # judged rows only: a finished N-worker cell without a finished 1-worker cell has nothing to be judged against
+    ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
+    if ok.empty:  # no N-worker cell finished (all unavailable or failed): nothing more to say
+        return out
+    ran = wording.RunFacts(frameworks=sorted(set(ok["framework"])), precisions=[], seeds=[], device=device,
+                           rotated=False)
+    torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()]
+    per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
+    for threads in sorted(set(ok["threads_1"].astype(int))):
+        out.append(wording.data_parallel_threads(ran, threads, per_worker, calibrate.unsteady_reason(environment)))
     for r in ok[~ok["agree"].astype(bool)].itertuples():
         out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
                    f"agree — {r.agreement}.")
@@ -279,6 +280,15 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
         out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the all-reduce ran in "
                    f"{r.allreduce_dtype} (read back), not only the precision asked for.")
     return out
+
+
+def unavailable_text(error: str) -> str:
+    """A cell's error as the section says it: the child's reason, without the runner's 'unavailable:' prefix or
+    the stderr line's own."""
+    text = error.strip()
+    for prefix in ("unavailable:", "unavailable —", "unavailable"):
+        text = text.removeprefix(prefix).strip()
+    return text or "no reason recorded"
 
 
 def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> dict | None:

@@ -169,3 +169,31 @@ def glossary(facts: RunFacts) -> dict[str, bool]:
             "autocast": facts.torch and bool(facts.halves), "policy": facts.keras and bool(facts.halves),
             "float16": "float16" in facts.halves, "bfloat16": "bfloat16" in facts.halves,
             "tf32": facts.device == "cuda"}
+
+
+def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
+    """The Data parallel section's first sentence on a CPU: what its N workers were, for the engines that ran
+    N-worker cells (facts.frameworks), and that the speed figures measure sharing one CPU (None on a GPU)."""
+    if facts.device != "cpu" or not facts.frameworks:
+        return None
+    what = " and ".join((["processes (torch: torchrun's workers)"] if facts.torch else []) +
+                        (["logical devices of one process (Keras: MirroredStrategy's CPU devices, JAX's host "
+                          "devices)"] if facts.keras else []))
+    return (f"On this CPU ({cpu_model or 'CPU'}) the N workers are {what} sharing the same cores and memory: the "
+            "speed figures measure that sharing and the engines' overhead, not a network or more hardware.")
+
+
+def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | None, unsteady: str) -> str:
+    """How many threads the 1-worker and the N-worker cells had (per_worker: each torch worker's; None: no torch
+    N-worker cell), and, where the calibrations saw the machine unsteady, what that does to N vs 1."""
+    parts = [f"Threads: each 1-worker cell used {threads_1}"]
+    if facts.torch and per_worker is not None:
+        parts.append(f"each torch worker of an N-worker cell used {per_worker} (the cell's --threads shared among "
+                     "its workers, so N workers use the cores one worker would)")
+    if facts.keras:
+        parts.append("Keras' replicas share their one process's threads")
+    text = "; ".join(parts) + "."
+    if unsteady:
+        text += (f" The calibrations between cells saw the machine unsteady ({unsteady}): N vs 1 compares cells "
+                 "that ran at different times, so it carries that change as well as data parallelism (⚠).")
+    return text
