@@ -94,7 +94,10 @@ def test_rows_judge_the_loss_gap_against_the_thread_floor():
     outside = dataparallel_report.rows(_runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0],
                                                         "two": [2.0, 1.5, 1.01]})).iloc[0]
     assert not outside["within_floor"] and outside["floor_gap"] == 0
-    assert "outside" in dataparallel_report.table(pd.DataFrame([outside]))["Loss gap vs 1 worker (max rel.)"].iloc[0]
+    shown = dataparallel_report.table(pd.DataFrame([outside])).iloc[0]
+    assert "outside" in shown["Loss gap vs 1 worker (max rel.)"]
+    # a speed ratio without an interval still carries its ⚠ note (3 timed steps: too few to judge)
+    assert shown["N vs 1"] == "2.00× ⚠ too few timed steps (2) to judge", shown["N vs 1"]
 
 
 def test_section_sentences_fit_what_ran():
