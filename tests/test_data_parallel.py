@@ -1,12 +1,12 @@
 """Data parallel (--replicas / --allreduce, issue 25): N = 2 workers on a CPU in each engine, judged by the report.
 
-Each engine's 2-worker cell runs through the runner (what compare calls for it: harness/launch.py -> torchrun or the
-Keras child -> records) into a copy of the session's tiny compare, whose 1-worker cells are the baseline, with the
-real child fed data that overflows float16 in worker 1's half of step 1 only (tests/children/poison_one_worker.py):
-torch DDP and JAX skip that step on every worker; Keras on TensorFlow applies it (replica 0 decides). The mutant
-(tests/children/ddp_local_overflow.py: worker 1 alone sees an overflow after the all-reduce) must fail the agreement
-check; a hanging or crashing worker must end its cell and leave no process behind. The floor and the report's
-arithmetic are checked on records (test_rows_*), the whole report path in the torch test.
+torch runs the whole `compare --replicas 2` path (1-worker cell, its thread floor, 2-worker cells, the report's
+rows); Keras on TF and on JAX run their 2-worker cell through the runner (TF beside the session's tiny compare,
+whose 1-worker cells are the baseline). Every real child is fed data that overflows float16 in worker 1's half of
+step 1 only (tests/children/poison_one_worker.py): torch DDP and JAX skip that step on every worker; Keras on
+TensorFlow applies it (replica 0 decides). The mutant (tests/children/ddp_local_overflow.py: worker 1 alone sees an
+overflow after the all-reduce) must fail the agreement check through the report's rows; a hanging or crashing
+worker must end its cell and leave no process behind. The report's arithmetic is also checked on hand-made records.
 """
 
 import shutil
@@ -160,29 +160,36 @@ def _check_sharded_step_0(workers: pd.DataFrame, one_worker: pd.DataFrame) -> No
 
 
 def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path, monkeypatch):
-    """`compare --replicas 2` for torch fp16, the whole path (plan -> torchrun -> records -> report), every cell fed
-    the same data that overflows float16 in worker 1's half of step 1: the 1-worker cell, its floor at 2 threads and
-    the 2-worker cell. DDP all-reduces before GradScaler looks, so both workers skip step 1 as the 1-worker run does.
-    The report's own rows (Rendered.data_parallel) state the 2-worker run's loss gap beside the measured floor."""
+    """`compare --replicas 2 --allreduce fp32,fp16` for torch fp16, the whole path (plan -> torchrun -> records ->
+    report), every cell fed the same data that overflows float16 in worker 1's half of step 1: the 1-worker cell, its
+    floor at 2 threads and two 2-worker cells. DDP all-reduces before GradScaler looks, so both workers of the fp32
+    all-reduce cell skip step 1 as the 1-worker run does. The fp16 all-reduce cell is the mutant
+    (tests/children/ddp_local_overflow.py: worker 1 alone sees an overflow at step 3): the same report rows
+    (Rendered.data_parallel) must say its workers did not agree. The rows state each loss gap beside the floor."""
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.poison_one_worker")
-    monkeypatch.setenv("AMP_COMPARE_TEST_FRAMEWORK_MODULE", "amp_compare.torch_impl")
+    monkeypatch.setenv("AMP_COMPARE_TEST_FRAMEWORK_MODULE", "tests.children.ddp_local_overflow")
+    monkeypatch.setenv("AMP_COMPARE_TEST_MUTANT_STEP", "3")
     out = tmp_path / "reports"
     assert main(["compare", "--out", str(out), "--frameworks", "torch", "--precisions", "fp16", "--datasets",
                  "synthetic", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1",
                  "--seeds", "0", "--run-id", "dp", "--device", "cpu", "--threads", "1", "--replicas", "2",
-                 "--no-figures"]) == 0
+                 "--allreduce", "fp32,fp16", "--no-figures"]) == 0
     run_dir = out / "dp"
     rendered = render(run_dir, figures=False)
-    row = rendered.data_parallel.iloc[0]
-    assert len(rendered.data_parallel) == 1 and row["status"] == "ok", row
+    rows = rendered.data_parallel.set_index("allreduce")
+    row, mutant = rows.loc["fp32"], rows.loc["fp16"]
+    assert len(rows) == 2 and row["status"] == mutant["status"] == "ok", rows
     assert row["engine"] == "torchrun + DistributedDataParallel (gloo)" and row["allreduce_dtype"] == "float32"
+    assert mutant["allreduce_dtype"] == "float16"  # fp16_compress_hook, read back
     assert row["agree"] and row["skipped_n"] == row["skipped_1"] == 1, row["agreement"]
+    assert not mutant["agree"] and "step 3: skipped flag differs" in mutant["agreement"], mutant["agreement"]
     assert row["floor_threads"] == 2 and np.isfinite(row["floor_gap"]) and np.isfinite(row["loss_gap"]), row
-    gap_text = dataparallel_report.table(rendered.data_parallel)["Loss gap vs 1 worker (max rel.)"].iloc[0]
+    gap_text = dataparallel_report.table(rendered.data_parallel.iloc[[0]])["Loss gap vs 1 worker (max rel.)"].iloc[0]
     # the verdict on this machine: floor 0 (torch's CPU autocast gives the same bits at 1 and 2 threads) and the
     # 2-worker run's gap outside it (docs/DATA_PARALLEL.md says why); asserted is that the page says what was measured
-    assert gap_text.startswith(f"{row['loss_gap']:.2e} ") and " floor " in gap_text, gap_text
-    assert ("within" in gap_text) == bool(row["within_floor"]) and ("outside" in gap_text) != row["within_floor"]
+    first = rendered.data_parallel.iloc[0]
+    assert gap_text.startswith(f"{first['loss_gap']:.2e} ") and " floor " in gap_text, gap_text
+    assert ("within" in gap_text) == bool(first["within_floor"]) and ("outside" in gap_text) != first["within_floor"]
     cells = {c.name: records.read_cell(c) for c in (run_dir / "cells").iterdir()}
     one = cells[_tiny_cell("torch").cell_id]
     two = cells[_tiny_cell("torch", replicas=2).cell_id]
@@ -191,7 +198,7 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
     # the report: the 2-worker and floor cells in their own section, not more PyTorch fp16 rows of the summary
     page, summary = (run_dir / "index.html").read_text(), (run_dir / "summary.md").read_text()
     assert 'id="data_parallel"' in page and "sharing the same cores" in page and "### Data parallel" in summary
-    assert gap_text in summary and "3 of 3 cells finished" in page
+    assert gap_text in summary and "4 of 4 cells finished" in page and "the workers did not agree" in summary
     assert len(rendered.table[(rendered.table["framework"] == "torch") & (rendered.table["precision"] == "fp16")]) == 1
 
 
@@ -221,19 +228,6 @@ def test_keras_jax_data_parallel_all_reduces_in_the_policy_dtype(tmp_path, monke
     agreement = dataparallel_report.worker_agreement(tables["workers"])
     assert agreement["agree"] and agreement["steps"] == 6 and agreement["skipped_steps"] == 1, agreement
     assert not (tmp_path / "cells" / run["cell_id"] / "hlo").exists()  # XLA's dump, read and removed
-
-
-def test_a_rank_local_overflow_decision_fails_the_agreement_check(tmp_path, monkeypatch):
-    """The mutant worker 1 skips a step worker 0 applies: the records show it and the check says where."""
-    monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.ddp_local_overflow")
-    cfg = RunConfig(framework="torch", dataset="synthetic", precision="fp16", epochs=1, steps_per_epoch=3,
-                    batch_size=16, warmup_steps=1, replicas=2, allreduce="fp16", threads=1)
-    outcome = runner.run_cell(cfg, tmp_path, "mutant", timeout_s=300)
-    assert outcome.status == "ok", outcome.error
-    tables = records.read_cell(tmp_path / "cells" / cfg.cell_id)
-    assert tables["run"]["allreduce_dtype"].iloc[0] == "float16"  # fp16_compress_hook, read back
-    agreement = dataparallel_report.worker_agreement(tables["workers"])
-    assert not agreement["agree"] and "step 1: skipped flag differs" in agreement["disagreement"], agreement
 
 
 # ---- faults: a hanging or crashing worker ends its cell; no process is left -------------------------------------

@@ -546,7 +546,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     # DATA PARALLEL: the floor and N-worker cells of a --replicas run have their own section; the others read the
     # 1-worker cells (dataparallel_report.split); a run without them is `single` unchanged and `every` empty
     single, every = dataparallel_report.split(tables)
-    context = {**_page_context(run_dir, manifest, single, draw), "data_parallel": None}
+    context = {**_page_context(run_dir, manifest, single, draw), "data_parallel": None,
+               "sections": dataparallel_report.sections(SECTIONS, None)}  # no Data parallel link without the section
     if every:
         context.update(_data_parallel_context(every, manifest))
     atomic_write_text(run_dir / "index.html", _env().get_template("report.html").render(**context))
