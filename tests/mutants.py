@@ -30,7 +30,9 @@ PARITY = "tests/test_parity.py"
 ORDER = [f"{PARITY}::{test}" for test in (
     "test_forward_inference_mode[simple_cnn]", "test_forward_training_mode[simple_cnn]",
     "test_gradients_of_one_step[simple_cnn]", "test_training_steps_agree[simple_cnn-sgd]",
-    "test_training_steps_agree[simple_cnn-adam]", "test_loss_scaler_sequence",
+    "test_training_steps_agree[simple_cnn-adam]", "test_loss_scaler_sequence[simple_cnn]",
+    "test_forward_inference_mode[vit]", "test_forward_training_mode[vit]", "test_gradients_of_one_step[vit]",
+    "test_training_steps_agree[vit-adamw]", "test_loss_scaler_sequence[vit]",
     "test_forward_inference_mode[resnet18]", "test_forward_training_mode[resnet18]",
     "test_gradients_of_one_step[resnet18]", "test_training_steps_agree[resnet18-sgd]",
     "test_training_steps_agree[resnet18-adam]")]
@@ -88,6 +90,32 @@ MUTANTS = [
     Mutant("initial loss scale halved (torch)", "amp_compare/torch_impl/amp.py",
            'scaling = {k: settings[k] for k in ("init_scale", "growth_interval")} if settings else {}',
            'scaling = {"init_scale": settings["init_scale"] / 2, "growth_interval": settings["growth_interval"]}'),
+    # The vit (issue 24): attention, normalisation, GELU, head split, position embedding, AdamW, the schedule.
+    Mutant("vit: attention scale 1/d instead of 1/sqrt(d) (torch)", "amp_compare/torch_impl/vit.py",
+           "out = F.scaled_dot_product_attention(q, k, v)",
+           "out = F.scaled_dot_product_attention(q, k, v, scale=1.0 / self.head_dim)"),
+    Mutant("vit: LayerNorm epsilon 1e-6 instead of 1e-5 (Keras)", "amp_compare/keras_impl/vit.py",
+           '"ln_epsilon": settings.get("ln_epsilon"),', '"ln_epsilon": 1e-6,'),
+    Mutant("vit: GELU tanh approximation instead of exact (Keras)", "amp_compare/keras_impl/vit.py",
+           '"gelu_approximate": settings.get("gelu_approximate"),', '"gelu_approximate": True,'),
+    Mutant("vit: head split order (head_dim, heads) (torch)", "amp_compare/torch_impl/vit.py",
+           "return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)",
+           "return t.view(b, n, self.head_dim, self.heads).permute(0, 3, 1, 2)"),
+    Mutant("vit: position embedding not added (torch)", "amp_compare/torch_impl/vit.py",
+           "return x + self.pos", "return x"),
+    Mutant("vit: attention kernels moved as (dim, head_dim, heads) (weights)", "amp_compare/kit/weights.py",
+           "return np.ascontiguousarray(value.T.reshape(value.shape[1], heads, -1))",
+           "return np.ascontiguousarray(value.T.reshape(value.shape[1], -1, heads).transpose(0, 2, 1))"),
+    Mutant("AdamW as Adam with L2 weight decay (torch)", "amp_compare/torch_impl/train.py",
+           "optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,",
+           "optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay,"),
+    Mutant("AdamW without weight decay (Keras)", "amp_compare/keras_impl/train.py",
+           'extra["weight_decay"] = cfg.weight_decay', 'extra["weight_decay"] = 0.0'),
+    Mutant("warm-up + cosine one update ahead (Keras)", "amp_compare/keras_impl/optimizers.py",
+           'update = ops.cast(step, "float64")', 'update = ops.cast(step, "float64") + 1.0'),
+    Mutant("schedule advanced before each update instead of after it (torch)", "amp_compare/torch_impl/schedule.py",
+           "optimizer.register_step_post_hook(lambda *_: scheduler.step())",
+           "optimizer.register_step_pre_hook(lambda *_: scheduler.step())"),
 ]
 
 

@@ -27,7 +27,8 @@ from amp_compare.contract.atomic import temporary_sibling
 
 SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
-OPTIONAL_TABLES = ("dtypes", "underflow")  # the numerics lab's rows, where a cell wrote them
+# the numerics lab's rows, where a cell wrote them; headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ)
+OPTIONAL_TABLES = ("dtypes", "underflow", "headroom")
 IDENTITY = ["run_id", "cell_id", "framework", "model", "dataset", "precision", "seed"]
 
 # Columns every table must have (beyond IDENTITY); readers rely on these.
@@ -37,6 +38,7 @@ REQUIRED = {
     "steps": ["epoch", "step", "loss", "loss_scale", "skipped", "step_time_s"],
     "dtypes": ["layer", "op", "phase", "compute_dtype", "param_dtype"],
     "underflow": ["layer", "param", "when", "flush_fraction_unscaled", "flush_fraction_scaled"],
+    "headroom": ["epoch", "layer", "quantity", "max_abs"],
 }
 
 

@@ -462,3 +462,42 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                   f"the training time spent so far. {target_text} Panels: " + "; ".join(panels) + ".",
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
+
+
+def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
+    framework and precision, on a log axis against float16's largest value (harness/numerics_report.py)."""
+    from amp_compare.harness.numerics_report import FLOAT16_MAX, FP16_EXP_LIMIT, headroom_per_block
+
+    blocks = headroom_per_block(headroom)
+    if blocks.empty:
+        return None
+    df = _labelled(blocks)
+    grid = sns.relplot(data=df, kind="line", x="epoch", y="max_abs", hue="block", style="Framework", col="Precision",
+                       row="quantity_label", markers=True, errorbar=None, estimator="max", height=2.8, aspect=1.35,
+                       facet_kws={"sharey": False, "margin_titles": True})
+    for ax in grid.axes.flat:
+        ax.set_yscale("log")
+        ax.axhline(FLOAT16_MAX, color="#d1495b", linewidth=1, linestyle="--")
+        ax.text(0.01, FLOAT16_MAX, " float16 max 65,504", color="#d1495b", fontsize=7, va="bottom",
+                transform=ax.get_yaxis_transform())
+    naive = "attention" in blocks and (blocks["attention"] == "naive").any()
+    if naive:  # the naive softmax's exp overflows float16 far earlier than the logit itself would
+        for ax in grid.axes[0]:
+            ax.axhline(FP16_EXP_LIMIT, color="#edae49", linewidth=1, linestyle=":")
+            ax.text(0.01, FP16_EXP_LIMIT, " exp overflows float16 past ln(65,504) ≈ 11.1", color="#a0761e",
+                    fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
+    grid.set_axis_labels("Epoch", "Largest |value| (log)")
+    grid.set_titles(row_template="{row_name}", col_template="{col_name}")
+    cpu = ", ".join(sorted(set(runs.get("cpu_model", pd.Series(dtype=str)).dropna().astype(str)) - {""}))
+    grid.figure.suptitle("ViT headroom per block over training", y=1.03)
+    _save(grid.figure, out_dir, "headroom")
+    return Figure("headroom", "numerics", "ViT headroom per block",
+                  "The largest |attention logit| (what enters the softmax) and the largest |input| of the block's "
+                  "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
+                  "the step, read once per epoch), against float16's largest finite value 65,504 (dashed): the "
+                  "distance to the line is the headroom before float16 overflows."
+                  + (" The dotted line: the naive attention's exp overflows float16 once a logit passes "
+                     "ln(65,504) ≈ 11.1." if naive else "") + (f" Measured on {cpu}." if cpu else ""),
+                  "Line charts, log scale, of the largest attention logit and LayerNorm input per epoch for each "
+                  "transformer block, per precision and framework, with float16's maximum as a reference line.")

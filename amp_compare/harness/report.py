@@ -417,8 +417,10 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
+    headroom = tables.get("headroom", pd.DataFrame())
     drawn = [*fg.make_figures(runs, epochs, steps, out),
              fg.make_underflow_figure(underflow, out) if not underflow.empty else None,
+             fg.make_headroom_figure(headroom, runs, out) if not headroom.empty else None,  # the vit
              fg.make_max_batch_figure(maxbatch, out) if not maxbatch.empty else None,
              fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out)]
     return [f for f in drawn if f]
@@ -468,7 +470,10 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
         dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
         dtype_facts=nr.op_dtype_facts(dtypes, manifest["device"]),
         nonfinite_table=_html_or_none(_nonfinite_table(runs)),
-        what_happened=nr.what_happened(runs, steps, underflow),
+        what_happened=nr.what_happened(runs, steps, underflow) + nr.vit_what_happened(
+            runs, tables.get("headroom", pd.DataFrame())),
+        headroom_table=_html_or_none(nr.headroom_table(tables.get("headroom", pd.DataFrame()))),
+        vit_dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()},
         seeds_text=seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"]),
         settings_check=side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else []),
         comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),

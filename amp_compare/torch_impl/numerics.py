@@ -38,6 +38,7 @@ from amp_compare.kit.fp16 import (
 )
 from amp_compare.kit.weights import check_layer_names
 from amp_compare.torch_impl.amp import amp_setting, mixed_precision
+from amp_compare.torch_impl.vit import paused
 
 LOSS = "loss"
 # Aliases and allocations: they move no numbers, and would drown the table.
@@ -90,13 +91,15 @@ def _param_dtype(module: nn.Module | None) -> str:
 def _training_step_state(model: nn.Module) -> Iterator[None]:
     """Train mode for the duration, then the model as it was: a diagnosis leaves no trace.
 
-    A training-mode forward updates BatchNorm's running statistics; they are put back.
+    A training-mode forward updates BatchNorm's running statistics; they are put back. The vit's headroom
+    recorders are paused.
     """
     was_training = model.training
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     model.train()
     try:
-        yield
+        with paused(model):  # the vit's headroom recording off: the audit lists the model's own ops
+            yield
     finally:
         model.train(was_training)
         with torch.no_grad():

@@ -30,7 +30,7 @@ from amp_compare.kit.child import (
     first_nonfinite_parameter,
 )
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
-from amp_compare.torch_impl import numerics
+from amp_compare.torch_impl import numerics, schedule, vit
 from amp_compare.torch_impl.amp import FixedScaler, amp_setting, current_scale, describe_amp, make_scaler, train_step
 from amp_compare.torch_impl.models import build_model, get_weights, set_weights
 
@@ -64,6 +64,7 @@ def describe_defaults() -> dict[str, object]:
         "init_scale": scaler.get_scale(),
         "growth_interval": scaler.get_growth_interval(),
         "initial_weights": "kaiming_uniform_(a=sqrt(5)) weights, uniform(±1/sqrt(fan_in)) biases",
+        **vit.describe_defaults(),  # vit: LayerNorm, GELU, attention, AdamW, schedule, token stream
     }
 
 
@@ -83,6 +84,8 @@ def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: to
     if isinstance(optimizer, torch.optim.SGD):
         used.update(sgd_momentum=group["momentum"], sgd_nesterov=group["nesterov"])
     used["learning_rate"] = group["lr"]
+    used["lr_schedule"] = schedule.describe(optimizer)
+    used.update(vit.settings_used(model, cfg))  # vit: LayerNorm eps, GELU form, token stream dtype
     bn = next((m for m in model.modules() if isinstance(m, nn.BatchNorm2d)), None)
     if bn is not None:
         used.update(bn_momentum=bn.momentum, bn_epsilon=bn.eps)
@@ -105,7 +108,8 @@ def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: to
 def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
     settings = framework_settings(cfg)  # empty in 'defaults' mode: torch's own BatchNorm defaults
     model = build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width,
-                        bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"))
+                        bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),
+                        vit=vit.arguments(cfg, settings))
     if cfg.fp32_layers:  # AMP: these blocks run with autocast disabled, inputs cast to float32
         numerics.apply_fp32_layers(model, cfg.fp32_layers)
     return model
@@ -114,8 +118,13 @@ def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     settings = framework_settings(cfg)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, **({"eps": settings["adam_epsilon"]} if settings else {}))
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+        optimizer = torch.optim.Adam(params, lr=cfg.lr, **({"eps": settings["adam_epsilon"]} if settings else {}))
+    elif cfg.optimizer == "adamw":  # decoupled weight decay, as Keras' (contract/mapping.py)
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                      **({"eps": settings["adam_epsilon"]} if settings else {}))
+    else:
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+    return schedule.attach(optimizer, cfg)  # --lr-schedule warmup-cosine (torch_impl/schedule.py)
 
 
 def make_step_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -126,6 +135,7 @@ def make_step_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     optimizer = make_optimizer(cfg, params)
     if cfg.step == "tuned":
         optimizer = type(optimizer)(params, **{**optimizer.defaults, "foreach": None, "fused": True})
+        optimizer = schedule.attach(optimizer, cfg)  # the new optimizer gets the schedule too
     return optimizer
 
 
@@ -351,6 +361,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                           clip_grad_norm=cfg.clip_grad_norm,
                           on_nonfinite=on_nonfinite if result.nonfinite is None else None, graphs=graphs,
                           epoch=epoch)
+        if headroom := vit.read_headroom(model):  # vit: the epoch's maxima, one read of the device
+            result.extra.setdefault("headroom", []).extend({**row, "epoch": epoch} for row in headroom)
         eval_start = time.perf_counter()
         val_loss, val_accuracy, result.val_correct = evaluate(net, x_val, y_val, amp_dtype)
         eval_time = time.perf_counter() - eval_start
