@@ -49,9 +49,11 @@ LR_SCHEDULES = ("auto", "constant", "warmup-cosine")
 # What "auto" means per model: the recipe each model trains well with. The CNNs keep the project's Adam at a
 # constant rate; the ViT trains as transformers do, AdamW with decoupled weight decay and a linear warm-up
 # into a cosine decay (kit/schedule.py; both frameworks run the same step-indexed schedule).
-MODEL_RECIPES = {"simple_cnn": {"optimizer": "adam", "lr_schedule": "constant"},
-                 "resnet18": {"optimizer": "adam", "lr_schedule": "constant"},
-                 "vit": {"optimizer": "adamw", "lr_schedule": "warmup-cosine"}}
+# The vit's peak rate: 3e-3 reaches 93.6-95.3% validation accuracy on digits in 12 epochs (fp32, seeds 0-2;
+# 1e-3: 89.4% at seed 0), measured with torch_impl/train.py on this project's 2-core CPU.
+MODEL_RECIPES = {"simple_cnn": {"optimizer": "adam", "lr_schedule": "constant", "lr": 1e-3},
+                 "resnet18": {"optimizer": "adam", "lr_schedule": "constant", "lr": 1e-3},
+                 "vit": {"optimizer": "adamw", "lr_schedule": "warmup-cosine", "lr": 3e-3}}
 # builtin: each framework's own attention (torch F.scaled_dot_product_attention, Keras MultiHeadAttention);
 # naive: a handwritten softmax(Q·Kᵀ) in the compute dtype, no max subtraction, no 1/sqrt(d) (the numerics lesson)
 ATTENTIONS = ("builtin", "naive")
@@ -391,7 +393,8 @@ class RunConfig:
     steps_per_epoch: int | None = option(None, "cap on steps per epoch (null: the whole training set)", gt=0)
     optimizer: str = option("auto", "optimizer, set explicitly and equally on both sides; auto: adamw for vit, adam "
                             "for the CNNs", choices=OPTIMIZERS)
-    lr: float = option(1e-3, "learning rate (the peak of a schedule)", gt=0)
+    lr: float | None = option(None, "learning rate (the peak of a schedule); null: the model's, 0.001 for the CNNs, "
+                              "0.003 for vit", gt=0, default_text="0.001 (simple_cnn, resnet18), 0.003 (vit)")
     lr_schedule: str = option("auto", "learning-rate schedule, the same step-indexed function in both frameworks "
                               "(kit/schedule.py); warmup-cosine: linear warm-up over --lr-warmup of the run's "
                               "updates, then cosine decay to 0; auto: warmup-cosine for vit, constant for the CNNs",
@@ -439,8 +442,8 @@ class RunConfig:
             raise ConfigError(f"--loss-scale {self.loss_scale:g} only applies to precision {', '.join(static)} "
                               f"(got {self.precision!r}; {', '.join(precisions.names(loss_scaling='dynamic'))} "
                               "scales dynamically from --init-scale)")
-        for name in ("optimizer", "lr_schedule"):  # auto: the model's recipe, stored resolved
-            if getattr(self, name) == "auto":
+        for name in ("optimizer", "lr_schedule", "lr"):  # auto (lr: null): the model's recipe, stored resolved
+            if getattr(self, name) in ("auto", None):
                 object.__setattr__(self, name, MODEL_RECIPES[self.model][name])
         if self.vit_dim % self.vit_heads:
             raise ConfigError(f"--vit-dim {self.vit_dim} is not a multiple of --vit-heads {self.vit_heads} "

@@ -247,6 +247,17 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
     return out.sort_values(["framework", "precision", "block", "quantity", "epoch"], key=display_order)
 
 
+def _peak(part: pd.DataFrame) -> pd.Series:
+    """The row of the largest magnitude; a non-finite one (inf, or NaN: the recorder saw an overflowed value, and a
+    running maximum that meets NaN stays NaN) wins, at its first epoch."""
+    bad = part[~np.isfinite(part["max_abs"].to_numpy(dtype=float))]
+    return bad.sort_values("epoch").iloc[0] if not bad.empty else part.loc[part["max_abs"].idxmax()]
+
+
+def _magnitude(value: float) -> str:
+    return f"{value:.4g}" if np.isfinite(value) else "non-finite (overflowed)"
+
+
 def headroom_table(headroom: pd.DataFrame) -> pd.DataFrame:
     """The report's headroom table: per framework x precision x block, the largest attention logit and LayerNorm
     input over the whole run (first seed), and how many times float16's 65,504 is above it."""
@@ -261,13 +272,13 @@ def headroom_table(headroom: pd.DataFrame) -> pd.DataFrame:
             part = g[g["quantity"] == quantity]
             if part.empty:
                 continue
-            peak = part.loc[part["max_abs"].idxmax()]
-            row[label] = f"{peak['max_abs']:.4g} (epoch {int(peak['epoch'])})"
+            peak = _peak(part)
+            row[label] = f"{_magnitude(peak['max_abs'])} (epoch {int(peak['epoch'])})"
             row[f"{label.removeprefix('max ')}: float16 headroom"] = (
                 f"{FLOAT16_MAX / peak['max_abs']:.3g}×" if peak["max_abs"] > 0 and np.isfinite(peak["max_abs"])
                 else "none (overflowed)" if not np.isfinite(peak["max_abs"]) else "n/a")
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).fillna("-")
 
 
 # The parts of a vit whose dtype the issue asks for, by canonical layer name (both audits name layers alike).
@@ -338,21 +349,26 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         mine = blocks[(blocks["cell_id"] == r["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
             if not blocks.empty else blocks
         peak = ""
-        if not mine.empty and mine["max_abs"].notna().any():
-            top = mine.loc[mine["max_abs"].idxmax()]
+        if not mine.empty:
+            top = _peak(mine)
             where = f"{top['block']}, epoch {int(top['epoch'])}"
+            finite = bool(np.isfinite(top["max_abs"]))
             peak = (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
-                    f"{FLOAT16_MAX / top['max_abs']:.3g}× below float16's 65,504" if np.isfinite(top["max_abs"])
-                    and top["max_abs"] > 0 else f"the attention logits overflowed ({where})")
-            if naive:
+                    f"{FLOAT16_MAX / top['max_abs']:.3g}× below float16's 65,504" if finite and top["max_abs"] > 0
+                    else f"the attention logits' record went non-finite ({where})")
+            if naive and finite:
                 peak += (f"; the naive softmax's exp overflows float16 past {FP16_EXP_LIMIT:.1f}, "
                          f"{'which it passed' if top['max_abs'] > FP16_EXP_LIMIT else 'which it never reached'}")
         step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
         if naive and step >= 0:
             layer = r.get("nonfinite_layer", "")
-            out.append(f"{who}, --attention naive: the first non-finite value appeared at step {int(step)}, in the "
-                       f"{r.get('nonfinite_where', '')} of layer '{layer}' ({r.get('nonfinite_value', '')}); "
-                       f"the run {'diverged' if r.get('status') == 'diverged' else 'ended ' + str(r.get('status'))}"
+            after = (f"the run diverged (stopped at step {int(r.get('diverged_at_step', -1))})"
+                     if r.get("status") == "diverged" else
+                     f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of "
+                     f"{int(r.get('steps_total', 0))} steps")
+            out.append(f"{who}, --attention naive: the NaN/Inf locator put the first non-finite value at step "
+                       f"{int(step)}, in the {r.get('nonfinite_where', '')} of layer '{layer}' "
+                       f"({r.get('nonfinite_value', '')}), and {after}"
                        + (f" — rerun with --fp32-layers {layer} to compute that layer in float32" if layer and
                           not forced else "") + (f"; {peak}." if peak else "."))
         elif naive:
