@@ -283,8 +283,8 @@ def headroom_table(headroom: pd.DataFrame) -> pd.DataFrame:
 
 # The parts of a vit whose dtype the issue asks for, by canonical layer name (both audits name layers alike).
 VIT_COMPONENTS = (
-    ("LayerNorm", r"(^|\.)(ln1|ln2)$|^norm$"),
-    ("attention: Q/K/V/output projections", r"\.attn\.(query|key|value|out)$"),
+    ("LayerNorm", r"\.ln[12]$|^norm$"),
+    ("attention: Q/K/V/output projections", r"\.attn\.(?:query|key|value|out)$"),
     ("attention core: Q·Kᵀ, softmax, ·V", r"\.attn$"),
     ("GELU", r"\.mlp\.act$"),
     ("residual adds", r"\.res[12]$"),
@@ -380,3 +380,34 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         elif peak:
             out.append(f"{who}: {peak}.")
     return out
+
+
+def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
+    """The measured effect of what aligned mode cannot align (the attention core, contract/mapping.py): per
+    precision, the median over steps of |loss_torch - loss_keras| / loss_torch between the two frameworks' cells of
+    the same seed (shared initial weights, the same batches), median over seeds, against fp32's gap (the floor:
+    summation order alone). Steps up to the first non-finite loss of either. "" when the run has no such pairs."""
+    if steps.empty or "model" not in steps:
+        return ""
+    mine = steps[steps["model"] == model]
+    keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
+    if keras_fw is None or "torch" not in set(mine["framework"]):
+        return ""
+    parts = []
+    for prec in sorted(set(mine["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99)):
+        gaps = []
+        for seed in sorted(set(mine["seed"])):
+            sel = mine[(mine["precision"] == prec) & (mine["seed"] == seed)]
+            t = sel[sel["framework"] == "torch"].set_index("step")["loss"]
+            k = sel[sel["framework"] == keras_fw].set_index("step")["loss"]
+            both = pd.concat([t, k], axis=1, keys=["t", "k"]).dropna(how="any")
+            bad = ~np.isfinite(both.to_numpy()).all(axis=1)
+            both = both.iloc[:int(np.argmax(bad))] if bad.any() else both
+            if len(both):
+                gaps.append(float(np.median(np.abs(both["t"] - both["k"]) / np.abs(both["t"]))))
+        if gaps:
+            parts.append(f"{prec} {float(np.median(gaps)):.2g}")
+    if not parts:
+        return ""
+    return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
+            f"same weights and batches: {', '.join(parts)} (fp32's gap is the floor: summation order alone).")

@@ -242,7 +242,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def framework_differences(runs: pd.DataFrame) -> list[dict]:
+def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
     """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
     from the installed versions, and the values this run's cells actually used."""
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
@@ -261,9 +261,11 @@ def framework_differences(runs: pd.DataFrame) -> list[dict]:
             used.setdefault(fw, {}).setdefault("initial_weights", set()).add(source)
     rows = []
     adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
+    vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
     for d in DIFFERENCES:
         rows.append({
-            "item": d.item, "why": d.why, "measured": adam_gap if d.key == "adam_formula" else "",
+            "item": d.item, "why": d.why,
+            "measured": adam_gap if d.key == "adam_formula" else vit_gap if d.key == "attention_core" else "",
             "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
             "keras_default": _fmt(defaults.get("keras", {}).get(d.key, "n/a")),
             "torch_used": "; ".join(sorted(used.get("torch", {}).get(d.key, set()))) or "not used",
@@ -456,7 +458,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
         accuracy_warnings=[s for s in sentences if s.startswith("Accuracy cannot be compared")],
         steadiness=describe_steadiness(environment),
         figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
-        env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs),
+        env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs, steps),
         keras_split={k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
                      for k, v in keras_backend_split(runs).items()},
         notes=manifest.get("notes", []) + ([] if draw else [

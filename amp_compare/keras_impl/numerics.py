@@ -58,7 +58,7 @@ BOOKKEEPING_OPS = {"Const", "Identity", "IdentityN", "ReadVariableOp", "NoOp", "
                    "Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike", "Fill", "BroadcastGradientArgs"}
 # Pure layout changes, skipped as torch's audit skips view ops (func.is_view): a Flatten then shows no
 # compute in either framework, and the two audits list the same layers.
-VIEW_OPS = {"Reshape", "Squeeze", "ExpandDims"}
+VIEW_OPS = {"Reshape", "Squeeze", "ExpandDims", "StridedSlice"}  # StridedSlice: the vit's class token, x[:, 0]
 VARIABLE_TO_TORCH = {"kernel": "weight", "bias": "bias", **cw.BN_TO_TORCH}
 # How a backend's dtype audit is taken (the report names it per column).
 AUDIT_METHODS = {"tensorflow": "ops of the traced training step (TensorFlow graph), by layer scope",
@@ -162,6 +162,13 @@ def _recording_scopes(model: keras.Model) -> Iterator[dict[str, str]]:
             object.__delattr__(layer, "call")
 
 
+def _common_parent(names: set[str], attentions: set[str]) -> str:
+    """The attention several consumers belong to ("blocks.0.attn" for its query/key/value projections), else "":
+    one cast of a MultiHeadAttention's input feeds its three projections (torch's autocast casts in each Linear)."""
+    parents = {name.rpartition(".")[0] for name in names}
+    return parents.pop() if len(parents) == 1 and parents <= attentions else ""
+
+
 def _audit_layers(model: keras.Model) -> list[tuple[keras.layers.Layer, str]]:
     """(layer, canonical name) of every layer the audit attributes ops to: the model's layers, and inside each
     MultiHeadAttention its projections, named as torch's Linear layers ("blocks.0.attn.query", ".out")."""
@@ -221,12 +228,13 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
     owners: dict[str, str | None] = {**scopes, marks["loss_scope"]: LOSS}
     for op in forward:
         owners[op.name] = _owner(op.name, owners)
+    attentions = {name for layer, name in _audit_layers(model) if isinstance(layer, keras.layers.MultiHeadAttention)}
     for op in forward:
         if owners[op.name] is None:
             # Layer.__call__ casts a layer's inputs to its compute dtype before opening the
             # layer's scope: such a cast belongs to the one layer that consumes it.
             consumers = {_owner(c.name, owners) for t in op.outputs for c in t.consumers()} - {None}
-            owners[op.name] = consumers.pop() if len(consumers) == 1 else ""
+            owners[op.name] = consumers.pop() if len(consumers) == 1 else _common_parent(consumers, attentions)
     for op in backward:
         # A gradient op is named after the forward op it differentiates ("gradient_tape/<name>/…"):
         # same owner. Others (AddN summing the gradients of a tensor used twice) belong to the

@@ -103,6 +103,8 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, sca
         used.update(sgd_momentum=inner.momentum, sgd_nesterov=inner.nesterov)
     used["learning_rate"] = float(keras.ops.convert_to_numpy(inner.learning_rate))
     used["lr_schedule"] = describe_schedule(inner)
+    if cfg.optimizer == "adamw":  # Keras' AdamW is Adam with a decoupled weight decay: its value, read back
+        used["adamw_weight_decay"] = float(inner.weight_decay or 0.0)
     used.update(vit.settings_used(model))  # vit: LayerNorm eps, GELU form, token stream dtype
     bn = next((layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)), None)
     if bn is not None:

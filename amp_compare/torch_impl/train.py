@@ -85,6 +85,8 @@ def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: to
         used.update(sgd_momentum=group["momentum"], sgd_nesterov=group["nesterov"])
     used["learning_rate"] = group["lr"]
     used["lr_schedule"] = schedule.describe(optimizer)
+    if isinstance(optimizer, torch.optim.AdamW):  # decoupled weight decay (contract/mapping.py adamw_weight_decay)
+        used["adamw_weight_decay"] = group["weight_decay"]
     used.update(vit.settings_used(model, cfg))  # vit: LayerNorm eps, GELU form, token stream dtype
     bn = next((m for m in model.modules() if isinstance(m, nn.BatchNorm2d)), None)
     if bn is not None:
