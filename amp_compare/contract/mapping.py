@@ -66,7 +66,8 @@ DIFFERENCES = [
                "Aligned: explicit symmetric ZeroPadding2D then 'valid' in Keras."),
     Difference("weight_decay", "Weight decay semantics",
                "torch Adam's weight_decay is L2 added to the gradient; Keras Adam's is decoupled (AdamW-like). "
-               "Aligned: no weight decay on either side."),
+               "Aligned: Adam trains without weight decay on either side; --optimizer adamw (the vit's) decouples "
+               "it on both (the AdamW row)."),
     Difference("loss_reduction", "Loss reduction",
                "Both average the per-example loss over the batch; named 'mean' in torch and "
                "'sum_over_batch_size' in Keras."),
