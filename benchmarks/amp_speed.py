@@ -33,7 +33,7 @@ WIDE = 0.10  # an interval wider than this (high / low - 1) is flagged as too wi
 
 
 def _torch_steppers(model_name: str, batch_size: int, device: str = "cpu", step: str = "plain"):
-    from amp_compare.torch_impl.amp import amp_setting, make_scaler, train_step
+    from amp_compare.torch_impl.amp import make_scaler, train_step
     from amp_compare.torch_impl.train import make_dataset, make_model, make_step_optimizer, setup
 
     data = load_dataset("digits")
@@ -46,8 +46,8 @@ def _torch_steppers(model_name: str, batch_size: int, device: str = "cpu", step:
         setup(cfg)
         model = make_model(cfg, data).to(device)
         optimizer, scaler = make_step_optimizer(cfg, model.parameters()), make_scaler(cfg)
-        out[precision] = (lambda m=model, o=optimizer, s=scaler, d=amp_setting(precision):
-                          train_step(m, o, s, xb, yb, d)[0].item())
+        out[precision] = (lambda m=model, o=optimizer, s=scaler, p=precision:
+                          train_step(m, o, s, xb, yb, p).loss.item())
     return out
 
 

@@ -4,8 +4,8 @@ For each framework and precision, three loops train copies of the same model (sa
 weights) on the same batches, interleaved round by round in one process so machine noise hits
 them alike:
 
-  suite     the instrumented loop compare runs (torch: run_epoch with its per-step records and
-            progress; Keras: AmpModel.fit with the StepRecorder callback), real input pipeline
+  suite     the instrumented loop compare runs (torch: loop.run_epoch with its StepBook; Keras:
+            AmpModel.fit with the StepRecorder callback and its StepBook), real input pipeline
   minimal   the tutorial's plain loop (forward, loss, scaled backward, step; Keras: a model
             whose train_step is just that, fit with no callback), same real input pipeline
   in-memory the minimal loop stepping on one batch already in memory: no input pipeline at all
@@ -57,24 +57,31 @@ sys.path.insert(0, str(ROOT))
 
 from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS  # noqa: E402
 from amp_compare.contract.config import RunConfig  # noqa: E402
-from amp_compare.kit.child import DivergenceWatch, Progress, TrainResult  # noqa: E402
+from amp_compare.kit.child import Progress, TrainResult  # noqa: E402
 from amp_compare.kit.data import batch_plan, load_dataset  # noqa: E402
+from amp_compare.kit.training import StepBook  # noqa: E402
 from benchmarks.results import ratio_interval, write_csv  # noqa: E402
 
 EPOCHS_PER_ROUND = 2  # each timed call trains this many epochs of the batch plan
+
+
+def _book(cfg: RunConfig) -> StepBook:
+    """The suite's StepBook as train() makes it: progress to a sink; the locator's check runs until the first
+    non-finite or skipped step (as in a run, once), which finds nothing to locate here."""
+    return StepBook(cfg, TrainResult(), Progress(stream=io.StringIO()), lambda: {}, lambda epoch, batch, scale: None)
 
 
 def _torch_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from amp_compare.torch_impl.amp import amp_setting, make_scaler, mixed_precision
+    from amp_compare.torch_impl.amp import make_scaler, mixed_precision
+    from amp_compare.torch_impl.loop import StepClock, run_epoch
     from amp_compare.torch_impl.models import get_weights, set_weights
-    from amp_compare.torch_impl.train import StepClock, make_dataset, make_model, make_step_optimizer, run_epoch, setup
+    from amp_compare.torch_impl.train import make_dataset, make_model, make_step_optimizer, setup
 
     setup(cfg)
     device = torch.device(cfg.device)
-    amp_dtype = amp_setting(cfg.precision)
     x, y, _, _ = make_dataset(cfg, data)
     plans = [torch.from_numpy(p).to(device) for p in plan]
     first = make_model(cfg, data)
@@ -87,13 +94,14 @@ def _torch_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
         return model, make_step_optimizer(cfg, model.parameters()), make_scaler(cfg)
 
     suite_model, suite_opt, suite_scaler = fresh()
-    clock, progress = StepClock(device), Progress(stream=io.StringIO())
+    clock, book = StepClock(device), _book(cfg)
 
-    def suite():
-        for epoch_plan in plans:
-            run_epoch(suite_model, suite_opt, suite_scaler, x, y, epoch_plan, amp_dtype, clock,
-                      DivergenceWatch(cfg.diverge_after),
-                      on_step=lambda step, n=len(epoch_plan): progress.step(0, 1, step, n))
+    def suite():  # as torch_impl/train.py's train_epochs, validation left out
+        for epoch, epoch_plan in enumerate(plans):
+            book.start_epoch(epoch, len(epoch_plan))
+            correct, step_times = run_epoch(suite_model, suite_opt, suite_scaler, x, y, epoch_plan, cfg.precision,
+                                            clock, book)
+            book.end_epoch(step_times, sum(step_times), 0.0, correct, float("nan"), float("nan"))
 
     def minimal_loop(model, optimizer, scaler, batches):
         for xb, yb in batches:  # the tutorial's loop
@@ -119,8 +127,9 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     import keras
     import tensorflow as tf
 
+    from amp_compare.keras_impl.loop import AmpModel, StepRecorder
     from amp_compare.keras_impl.models import build_model, get_weights, set_weights
-    from amp_compare.keras_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer, setup
+    from amp_compare.keras_impl.train import make_dataset, make_model, make_optimizer, setup
 
     setup(cfg)
     weights = get_weights(make_model(cfg, data))
@@ -157,7 +166,7 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
 
     suite_model = compiled(AmpModel, device_images)
     min_model, mem_model = compiled(Tutorial, device_images), compiled(Tutorial)
-    recorder = StepRecorder(cfg, steps, Progress(stream=io.StringIO()), TrainResult())
+    recorder = StepRecorder(_book(cfg), steps)
     first = plan[0, 0]
     fixed = tf.data.Dataset.from_tensors((data.x_train[first], data.y_train[first])).repeat()
     kw = {"epochs": 1, "steps_per_epoch": steps, "verbose": 0, "shuffle": False}

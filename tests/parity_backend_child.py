@@ -60,6 +60,7 @@ def tf32_read_back(tp) -> None:
     """--tf32 on and off, each set by the child's setup() and read back from the backend into settings_used."""
     from amp_compare.contract.config import RunConfig
     from amp_compare.keras_impl import train as kt
+    from amp_compare.keras_impl.settings import settings_used
     from amp_compare.kit.data import load_digits
 
     data = load_digits()
@@ -68,7 +69,7 @@ def tf32_read_back(tp) -> None:
         kt.setup(cfg)
         model = kt.make_model(cfg, data)
         kt.compile_model(cfg, model)  # as train() does
-        used = kt.settings_used(model, model.optimizer, model.optimizer, cfg)
+        used = settings_used(model, model.optimizer, model.optimizer, cfg)
         assert used["tf32"] == tf32, f"--tf32 {tf32}: the backend reads back {used['tf32']!r}"
 
 

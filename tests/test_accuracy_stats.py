@@ -71,14 +71,35 @@ def test_time_to_accuracy_is_training_time_until_the_first_epoch_at_target():
 def test_speed_interval_is_narrow_on_steady_steps_and_flagged_on_noisy_ones():
     rng = np.random.default_rng(2)
     steady = stats.speed_interval([0.010 + rng.normal(0, 1e-4, 200)], [0.020 + rng.normal(0, 2e-4, 200)])
-    assert steady["ratio"] == pytest.approx(0.5, rel=0.02)
-    assert stats.speed_verdict(steady["ratio"], steady["low"], steady["high"], steady["timed_steps"]) == ""
+    assert steady["ratio"] == pytest.approx(0.5, rel=0.02) and steady["basis"] == "steps"
+    assert stats.speed_verdict(steady) == ""
     # load switching on and off in stretches: step times jump 5x for blocks of steps
     load = np.repeat(rng.random(20) < 0.5, 10) * 4 + 1
     noisy = stats.speed_interval([0.010 * load], [0.020 * load[::-1]])
-    assert stats.speed_verdict(noisy["ratio"], noisy["low"], noisy["high"], noisy["timed_steps"]).startswith("noisy")
-    assert "too few timed steps (3)" in stats.speed_verdict(1.3, 1.2, 1.4, 3)
-    assert "machine speed changed by 50%" in stats.speed_verdict(0.5, 0.49, 0.51, 200, machine_drift=0.5)
+    assert stats.speed_verdict(noisy).startswith("noisy")
+    few = stats.speed_interval([np.full(3, 0.01)], [np.full(3, 0.02)])
+    assert "too few timed steps (3)" in stats.speed_verdict(few)
+    assert stats.speed_verdict(steady, "machine speed changed by 50% between cells") == \
+        "machine speed changed by 50% between cells"
+
+
+def test_several_seeds_give_an_interval_that_holds_their_own_ratios():
+    """Issue 28's default run: PyTorch bf16 per-seed ratios 0.70, 1.05, 1.06 were printed "1.04× [1.02–1.05]",
+    two of three seeds outside. The interval over seeds holds every seed's ratio and is flagged."""
+    rng = np.random.default_rng(5)
+    fp32 = [0.010 * (1 + 0.01 * rng.random(200)) for _ in range(3)]
+    mixed = [a / r for a, r in zip(fp32, (0.70, 1.05, 1.06))]
+    res = stats.speed_interval(fp32, mixed)
+    assert res["basis"] == "seeds" and res["seeds"] == 3
+    assert res["ratio"] == pytest.approx(np.exp(np.mean(np.log([0.70, 1.05, 1.06]))), rel=1e-3)  # 0.92
+    assert res["low"] < 0.70 and res["high"] > 1.06
+    assert stats.speed_verdict(res).startswith("noisy")
+    keras = stats.speed_interval(fp32, [a / r for a, r in zip(fp32, (0.22, 0.14, 0.26))])
+    assert keras["low"] < 0.14 and keras["high"] > 0.26  # issue 28: "0.23× [0.22–0.23]"
+    # one seed: the interval is its own steps', and a missing interval says why
+    one = stats.ratio_interval([np.log(0.9)])
+    assert np.isnan(one["low"]) and stats.ratio_verdict(one["ratio"], one["low"], one["high"], 1) == \
+        "one seed: seed-to-seed spread unknown, no interval"
 
 
 def test_interleaved_order_rotates_precisions_over_seeds_and_keeps_every_cell():
@@ -95,14 +116,27 @@ def test_interleaved_order_rotates_precisions_over_seeds_and_keeps_every_cell():
     assert interleaved_order(cells) == order  # pure: same matrix, same order
 
 
-def test_calibration_records_before_after_and_drift():
-    entry = calibrate.measure("before")
-    assert entry["calibration_before_ms"] > 0 and entry["calibration_before_spread"] >= 0
-    env = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0, "calibration_before_spread": 0.02,
-           "calibration_after_spread": 0.05}
-    assert calibrate.drift(env) == pytest.approx(0.5)
-    assert "50% apart" in calibrate.describe(env) and "unreliable" in calibrate.describe(env)
+def test_calibration_is_judged_from_every_check_and_its_rounds():
+    check = calibrate.check("before the matrix")
+    assert check["ms"] > 0 and check["spread"] >= 0 and check["when"] == "before the matrix"
     assert calibrate.describe({}) is None
+
+    def env(*checks):
+        return {"calibrations": [{"when": f"check {i}", "ms": ms, "spread": sp} for i, (ms, sp) in enumerate(checks)]}
+
+    steady = calibrate.steadiness(env((3.0, 0.04), (3.1, 0.05), (3.0, 0.03)))
+    assert steady.unsteady == "" and "held steady at every check" in steady.sentence and "3 times" in steady.sentence
+    # issue 28: 7.9 ms before, 8.0 ms after, rounds within 184%: no idle reference is needed to call it busy
+    busy = calibrate.steadiness(env((7.9, 1.84), (8.0, 0.1)))
+    assert busy.unsteady == "machine busy: rounds of one calibration varied by 184%"
+    assert "the machine was busy (the rounds of one calibration varied by 184%)" in busy.sentence
+    # a transient slowdown between cells, missed by before/after alone
+    changed = calibrate.steadiness(env((3.0, 0.04), (6.0, 0.05), (3.0, 0.04)))
+    assert changed.unsteady == "machine speed changed by 100% between cells" and "held steady" not in changed.sentence
+    old = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0, "calibration_before_spread": 0.02,
+           "calibration_after_spread": 0.05}  # a run recorded before the checks between cells
+    assert "before and after the matrix" in calibrate.describe(old)
+    assert calibrate.unsteady_reason(old) == "machine speed changed by 50% between cells"
 
 
 def _phase_free_features(x: np.ndarray) -> np.ndarray:
@@ -133,11 +167,24 @@ def test_a_target_accuracy_outside_0_1_is_one_line_exit_2_and_writes_nothing(tmp
     assert not (tmp_path / "r").exists()
 
 
-def test_speed_interval_brackets_the_ratio_the_summary_prints():
-    # Seeds at very different machine speeds: the summary's ratio is median throughput over median throughput.
+def test_the_summary_prints_the_statistic_its_interval_is_for():
+    """Issue 28: the lab printed "fp16 at 0.21× [0.19–0.19]", a point outside its own interval (wall-time
+    throughput against median steps). Point and interval are now one statistic, from the same records."""
+    from amp_compare.harness.summary import full_table
+
     rng = np.random.default_rng(4)
-    fp32 = [0.01 * (1 + 0.01 * rng.random(60)), 0.1 * (1 + 0.01 * rng.random(60))]
-    mixed = [0.1 * (1 + 0.01 * rng.random(60)), 0.02 * (1 + 0.01 * rng.random(60))]
-    res = stats.speed_interval(fp32, mixed)
-    assert res["ratio"] == pytest.approx(np.median([10, 50]) / np.median([100, 10]), rel=0.02)
-    assert res["low"] <= res["ratio"] <= res["high"]
+    rows, steps = [], []
+    for seed, (t32, t16) in enumerate([(0.01, 0.05), (0.1, 0.4), (0.02, 0.09)]):  # seeds at different speeds
+        for prec, base in (("fp32", t32), ("fp16", t16)):
+            times = base * (1 + 0.3 * rng.random(60)) * np.where(np.arange(60) % 7 == 0, 3, 1)  # stalls
+            cell = f"torch-{prec}-s{seed}"
+            rows.append({"cell_id": cell, "framework": "torch", "model": "m", "dataset": "d", "precision": prec,
+                         "seed": seed, "status": "ok", "throughput_img_s": 64 * 60 / times.sum(),
+                         "peak_memory_bytes": 2**20, "final_val_accuracy": 0.9, "skipped_steps": 0})
+            steps += [{"cell_id": cell, "step_time_s": t, "warmup": False} for t in times]
+    table = full_table(pd.DataFrame(rows), pd.DataFrame(steps)).set_index("precision")
+    r = table.loc["fp16"]
+    per_seed = [rows[i + 1]["throughput_img_s"] / rows[i]["throughput_img_s"] for i in (0, 2, 4)]
+    assert r["speedup_vs_fp32"] == pytest.approx(np.exp(np.mean(np.log(per_seed))))
+    assert r["speed_low"] <= r["speedup_vs_fp32"] <= r["speed_high"]
+    assert r["speed_low"] <= min(per_seed) and max(per_seed) <= r["speed_high"]

@@ -61,6 +61,13 @@ BAD = [
     (["--run-id", "x" * 300], "is 300 bytes long, longer than the file system allows (valid: up to 255 bytes)"),
     (["--run-id", "a/b"], "run id 'a/b' must be a plain folder name"),
     (["--run-id", ""], "run id '' must be a plain folder name"),
+    # What the machine can run (issue 27): more threads than CPUs, a memory cap of nothing or infinity, a data
+    # folder that is a file (a folder not made yet is named by the missing-archive message instead).
+    (["--threads", "100000"], "--threads 100000 is more than this machine can run: valid 1.."),
+    (["--memory-cap", "0"], "--memory-cap '0' must be a positive, finite size"),
+    (["--memory-cap", "1e400"], "--memory-cap '1e400' must be a positive, finite size"),
+    (["--memory-cap", "1" + "0" * 400 + "GiB"], "must be a positive, finite size"),
+    (["--data-dir", str(ROOT / "pyproject.toml")], "pyproject.toml' is not a folder (valid: a folder to look in"),
 ]
 
 
@@ -81,7 +88,11 @@ def _main(args, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a)[:60] for a, _ in BAD])
-def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypatch, args, message):
+    def no_cell_may_run(*args, **kwargs):  # a check that regressed must not start children (--threads 100000 did)
+        raise AssertionError("bad input reached the cells")
+
+    monkeypatch.setattr("amp_compare.harness.cli.run_cells", no_cell_may_run)
     out = tmp_path / "reports"
     rc, err = _main([*args, "--out", str(out)], capsys)
     assert rc == 2, err
@@ -160,15 +171,17 @@ def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
     assert {c.seed for c in plan_compare(args)[1] if c.model == "vit"} == {0, 1}
 
 
-def test_readme_options_table_is_the_declaration():
-    """README's options table is generated from the declaration (amp_compare.harness.cli.update_readme rewrites it)."""
+def test_options_page_is_the_declaration():
+    """docs/OPTIONS.md's table is generated from the declaration (amp_compare.harness.cli.update_options_page
+    rewrites it), and the README links the page."""
     from amp_compare.harness.cli import options_markdown
 
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "OPTIONS.md").read_text()
     start, end = "<!-- options: generated from the declaration -->", "<!-- end of options -->"
-    assert start in readme and end in readme, "README lacks the options table markers"
-    table = readme.split(start)[1].split(end)[0].strip()
-    assert table == options_markdown().strip(), "stale README table: run amp_compare.harness.cli.update_readme()"
+    assert start in page and end in page, "docs/OPTIONS.md lacks the options table markers"
+    table = page.split(start)[1].split(end)[0].strip()
+    assert table == options_markdown().strip(), "stale options table: run amp_compare.harness.cli.update_options_page()"
+    assert "docs/OPTIONS.md" in (ROOT / "README.md").read_text()
 
 
 def test_cuda_without_gpu_is_refused(tmp_path):
@@ -293,3 +306,56 @@ def test_compare_on_a_cifar_archive_in_the_official_format(tmp_path):
     assert runs["dataset_source"].str.contains("CIFAR-10 from").all()
     assert runs["cfg_augment"].all() and set(runs["cfg_model"] if "cfg_model" in runs else runs["model"]) == {
         "resnet18"}
+
+
+def _disk_full_after(monkeypatch, part: str):
+    """Make every atomic write of a path containing `part` fail as a full disk does (ENOSPC)."""
+    import errno
+
+    from amp_compare.contract import atomic
+
+    real = atomic.atomic_write_bytes
+
+    def full(path, data):
+        if part in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(atomic, "atomic_write_bytes", full)
+    monkeypatch.setattr("amp_compare.contract.records.atomic_write_bytes", full)
+
+
+def test_a_full_disk_while_the_report_is_written_is_one_line_and_keeps_every_cell(tmp_path, monkeypatch, capsys):
+    """Issue 27: a full disk while writing the report ended in a pyarrow traceback (exit 1). Now one line names
+    the path and the command that finishes the job, the exit is non-zero, and every finished record stays."""
+    from amp_compare.contract import records
+    from amp_compare.harness import runner
+    from amp_compare.harness.cli import EXIT_REPORT_UNWRITTEN, main
+    from tests.test_report_sentences import write_run
+
+    source = write_run(tmp_path / "src", frameworks=("torch",), precisions=("fp32", "fp16"), seeds=(0,), steps=30)
+
+    def synthetic_cell(cfg, run_dir, run_id, timeout_s, on_event=lambda e: None):  # no training: a finished cell
+        tables = records.read_cell(source / "cells" / cfg.cell_id.replace("digits", "synthetic"))
+        records.write_cell(run_dir / "cells" / cfg.cell_id, tables)
+        return runner.CellOutcome(cfg.cell_id, "ok", "", 0.0)
+
+    monkeypatch.setattr(runner, "run_cell", synthetic_cell)
+    _disk_full_after(monkeypatch, "/data/")
+    out = tmp_path / "reports"
+    rc = main(["compare", "--device", "cpu", "--frameworks", "torch", "--models", "simple_cnn", "--precisions",
+               "fp32,fp16", "--seeds", "0", "--datasets", "synthetic", "--epochs", "3", "--run-id", "full", "--out",
+               str(out), "--no-figures"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == EXIT_REPORT_UNWRITTEN == 4
+    line = err[-1]
+    assert line.startswith("amp-compare: error: the disk is full (No space left on device: ") and "/data/" in line
+    assert f"python -m amp_compare report {out / 'full'}" in line and "Traceback" not in "\n".join(err)
+    kept = records.read_run(out / "full")["run"]
+    assert sorted(kept["status"]) == ["ok", "ok"]  # nothing finished was lost
+    # the same from `report`, and once there is space again the report renders from the kept records
+    rc = main(["report", str(out / "full"), "--no-figures"])
+    assert rc == 4 and "the disk is full" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["report", str(out / "full"), "--no-figures"]) == 0
+    assert (out / "full" / "index.html").exists()

@@ -56,7 +56,8 @@ def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarra
     import keras
 
     from amp_compare.contract.config import RunConfig
-    from amp_compare.keras_impl.train import AmpModel, StepRecorder, make_dataset, make_model, make_optimizer
+    from amp_compare.keras_impl.loop import AmpModel, StepRecorder
+    from amp_compare.keras_impl.train import make_dataset, make_model, make_optimizer
 
     seen = []
 
@@ -76,9 +77,10 @@ def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarra
                   run_eagerly=True)
     dataset, model.device_images = make_dataset(cfg, data)
     from amp_compare.kit.child import Progress, TrainResult
+    from amp_compare.kit.training import StepBook
 
-    recorder = StepRecorder(cfg, plan.shape[1], Progress(stream=open("/dev/null", "w")), TrainResult(),
-                            augment=(data, model.device_images) if augment else None)
+    book = StepBook(cfg, TrainResult(), Progress(stream=open("/dev/null", "w")), lambda: {}, None)
+    recorder = StepRecorder(book, plan.shape[1], augment=(data, model.device_images) if augment else None)
     model.fit(dataset, epochs=plan.shape[0], steps_per_epoch=plan.shape[1], verbose=0, callbacks=[recorder])
     return seen
 

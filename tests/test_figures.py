@@ -67,3 +67,22 @@ def test_curves_coincide_measures_the_largest_gap_to_fp32(gap, coincide):
     value = curves_coincide(_steps(gap=gap), "step", "loss")
     assert (value < 0.02) == coincide
     assert value == pytest.approx(max(2 * gap / (2.3 - 0.01 * s) for s in range(24)), rel=1e-6)
+
+
+def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path):
+    """Issue 28: the children record log2-magnitude histograms and overflow headroom; the report now draws them
+    per framework, shifted by the loss scale in use, with float16's flush and overflow regions shaded."""
+    import json
+
+    from amp_compare.harness.figures import make_gradient_histogram_figure
+
+    hist = json.dumps({str(k): (10 if -20 <= k <= -6 else 0) for k in range(-40, 17)})
+    rows = [{"framework": fw, "precision": prec, "seed": 0, "when": "last step", "layer": "conv1", "param": "weight",
+             "nonzero": 150, "elements": 150, "overflow_fraction_scaled": 0.0, "loss_scale": scale, "log2_hist": hist}
+            for fw in ("torch", "tf") for prec, scale in (("fp16", 2.0**15), ("fp16-noscale", 1.0))]
+    fig = make_gradient_histogram_figure(pd.DataFrame(rows), tmp_path)
+    assert fig is not None and (tmp_path / "gradient_histogram.png").stat().st_size > 1000
+    assert ("PyTorch fp16, last step: the largest |gradient| was below 2^-5; times the loss scale in use (32768) "
+            "below 1,024 — at least 64× under float16's largest value 65,504, so nothing overflowed.") in fig.caption
+    assert "Keras (TF) fp16-noscale, last step: the largest |gradient| was below 2^-5 — at least" in fig.caption
+    assert make_gradient_histogram_figure(pd.DataFrame(rows).assign(log2_hist="{}"), tmp_path) is None

@@ -69,7 +69,7 @@ def test_a_keras_backend_cell_runs_through_the_runner(framework, step_values, tm
     """One tiny fp16 cell through the product's path (runner, child, records): the records name the backend,
     its TF32 read-back, its dtype-audit method; device mode (AsyncStepRecorder: no per-step wait, per-step
     times missing). One backend only, for time (~20 s a cell here); `keras-torch` in host mode passes the same
-    test, and the four-column compare in README runs every backend."""
+    test, and the four-column compare in docs/BACKENDS.md runs every backend."""
     import pandas as pd
 
     from amp_compare.harness.runner import run_cell

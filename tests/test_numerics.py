@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from amp_compare.keras_impl import models as km  # noqa: E402
 from amp_compare.keras_impl import numerics as kn  # noqa: E402
 from amp_compare.keras_impl.amp import mixed_precision  # noqa: E402
-from amp_compare.keras_impl.train import AmpModel  # noqa: E402
+from amp_compare.keras_impl.loop import AmpModel  # noqa: E402
 from amp_compare.kit.fp16 import underflow_summary  # noqa: E402
 from amp_compare.torch_impl import models as pm  # noqa: E402
 from amp_compare.torch_impl import numerics as tn  # noqa: E402

@@ -256,14 +256,15 @@ def test_gradients_of_one_step(name, datasets, parity_record):
     from amp_compare.keras_impl import models as tm
     from amp_compare.keras_impl.backends import gradients
     from amp_compare.keras_impl.train import make_loss
-    from amp_compare.torch_impl.train import make_optimizer, make_scaler, train_step
+    from amp_compare.torch_impl.amp import make_scaler, train_step
+    from amp_compare.torch_impl.train import make_optimizer
 
     x, y = first_batch(datasets[name])
     (cfg_t, torch_model), (cfg_k, keras_model) = build_pair(name, datasets[name])
     torch_model.train()
     # lr 0 would still be the path a run takes; the gradients are read before anything changes them
     train_step(torch_model, make_optimizer(cfg_t, torch_model.parameters()), make_scaler(cfg_t), nchw(x),
-               torch.from_numpy(y), amp_dtype=None)
+               torch.from_numpy(y), precision="fp32")
     expected = {k: p.grad.numpy() for k, p in torch_model.named_parameters()}
     _, grads = gradients(keras_model, lambda logits: make_loss(cfg_k)(y, logits), x)
     actual = tm.to_canonical(keras_model, grads, keras_model.trainable_variables)
@@ -289,12 +290,14 @@ class Stepper(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         from amp_compare.keras_impl import models as tm
+        from amp_compare.keras_impl.loop import step_row
         from amp_compare.keras_impl.train import sync_state
 
         sync_state(self.model)  # JAX's fit keeps the state apart from the model's variables
-        self.losses.append(float(logs["batch_loss"]))
-        self.scales.append(float(logs["loss_scale"]))
-        self.skipped.append(bool(logs["skipped"]))
+        values = step_row(logs)  # the row AmpModel.train_step returns, as the recorder reads it
+        self.losses.append(values["batch_loss"])
+        self.scales.append(values["loss_scale"])
+        self.skipped.append(bool(values["skipped"]))
         self.weights.append(tm.get_weights(self.model))
         inner = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
         self.lrs.append(float(keras.ops.convert_to_numpy(inner.learning_rate)))  # the rate of the next update
@@ -303,7 +306,7 @@ class Stepper(keras.callbacks.Callback):
 def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overrides) -> dict[str, object]:
     """`steps` steps of each framework's own training code from the same weights, each on its own trajectory.
 
-    torch: amp_compare.torch_impl.train.train_step with make_optimizer / make_scaler. Keras: model.fit over the same
+    torch: amp_compare.torch_impl.amp.train_step with make_optimizer / make_scaler. Keras: model.fit over the same
     batches as keras_impl/train.py runs it (AmpModel.train_step, make_optimizer, make_loss, make_dataset).
     """
     from amp_compare.keras_impl import train as kt
@@ -314,7 +317,7 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
     (cfg_t, torch_model), (cfg_k, keras_model) = build_pair(name, data, optimizer, float64, **overrides)
     dtype = torch.float64 if float64 else None
     plan = epoch_batches(len(data.x_train), BATCH, SEED, 0, steps)
-    opt, scaler = pt.make_optimizer(cfg_t, torch_model.parameters()), pt.make_scaler(cfg_t)
+    opt, scaler = pt.make_optimizer(cfg_t, torch_model.parameters()), tamp.make_scaler(cfg_t)
     torch_model.train()
     initial = pm.get_weights(torch_model)
     torch_side = {"losses": [], "scales": [], "skipped": [], "weights": [], "lrs": []}
@@ -323,10 +326,10 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
     for idx in plan:
         torch_side["scales"].append(float(tamp.current_scale(scaler)))
         taken = updates[0]
-        loss, _, _ = pt.train_step(torch_model, opt, scaler, nchw(data.x_train[idx], dtype),
-                                   torch.from_numpy(data.y_train[idx]), amp_dtype=tamp.amp_setting(cfg_t.precision))
+        record = tamp.train_step(torch_model, opt, scaler, nchw(data.x_train[idx], dtype),
+                                 torch.from_numpy(data.y_train[idx]), cfg_t.precision)
         torch_side["skipped"].append(updates[0] == taken)
-        torch_side["losses"].append(float(loss))
+        torch_side["losses"].append(float(record.loss))
         torch_side["weights"].append(pm.get_weights(torch_model))
         torch_side["lrs"].append(opt.param_groups[0]["lr"])  # the rate of the next update
     kt.compile_model(cfg_k, keras_model)  # as amp_compare.keras_impl.train.train does

@@ -92,3 +92,21 @@ def test_a_record_parquet_cannot_store_is_written_as_text_not_a_crash(tmp_path):
     back = records.read_run(tmp_path)["run"].iloc[0]
     assert back["status"] == "failed" and back["cfg_growth_interval"] == str(2**64)
     assert back["error"].startswith("exited with code 1 [record stored as text: ")
+
+
+def test_one_reader_of_proc_status_for_umask_and_memory():
+    """contract/env.proc_status is the one parser of /proc/<pid>/status (issue 27): atomic.py's umask and the
+    children's memory both read through it."""
+    import os
+
+    from amp_compare.contract import env
+    from amp_compare.contract.atomic import current_umask
+
+    mask = os.umask(0o027)
+    try:
+        assert env.proc_status("Umask") == "0027" and current_umask() == 0o027
+    finally:
+        os.umask(mask)
+    assert env.proc_status_bytes("VmRSS") > 10 * 2**20  # this Python process, pandas loaded
+    assert env.proc_status_bytes("VmHWM") >= env.proc_status_bytes("VmRSS")
+    assert env.proc_status("VmRSS", pid=2**22 + 1) is None and env.proc_status_bytes("VmRSS", pid=2**22 + 1) == 0

@@ -29,8 +29,11 @@ def restore_policy():
 
 def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = "aligned") -> tuple[dict, dict]:
     """Both children's settings_used for one resnet18 cell, built as a compare run builds it."""
+    from amp_compare.keras_impl import settings as ks
     from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import settings as ps
     from amp_compare.torch_impl import train as pt
+    from amp_compare.torch_impl.amp import make_scaler
 
     data = load_synthetic()
     kw = dict(model="resnet18", dataset="synthetic", width=4, precision=precision, optimizer=optimizer,
@@ -38,13 +41,13 @@ def records(precision: str = "fp16", optimizer: str = "adam", comparison: str = 
     cfg = RunConfig(framework="torch", **kw)
     pt.setup(cfg)  # as the child does: TF32 (read back into settings_used) among others
     model = pt.make_model(cfg, data)
-    torch_used = pt.settings_used(model, pt.make_optimizer(cfg, model.parameters()), pt.make_scaler(cfg), cfg)
+    torch_used = ps.settings_used(model, pt.make_optimizer(cfg, model.parameters()), make_scaler(cfg), cfg)
     cfg = RunConfig(framework="tf", **kw)
     kt.setup(cfg)  # sets the policy, TF32, threads and seed as the child does
     kmodel = kt.make_model(cfg, data)
     kmodel.compile(optimizer=kt.make_optimizer(cfg, kmodel.trainable_variables), loss=kt.make_loss(cfg),
                    auto_scale_loss=False)
-    return torch_used, kt.settings_used(kmodel, kmodel.optimizer, kmodel.optimizer, cfg)
+    return torch_used, ks.settings_used(kmodel, kmodel.optimizer, kmodel.optimizer, cfg)
 
 
 def cell_records(torch_used: dict, keras_used: dict) -> list[dict]:

@@ -47,3 +47,31 @@ def test_the_contract_check_sees_a_drift():
         "fake.amp.current_scale", "fake.train.make_dataset", "fake.numerics.gradient_underflow",
         "fake.probe.limit_gpu"], found
     assert "loss_weight=2.0" in found[2] and "loss_weight=1.0" in found[2] and found[3].endswith("missing")
+
+
+def test_step_book_locates_the_first_bad_step_once_at_the_scale_it_used():
+    """Both loops hand host values to kit/training.StepBook: the locator runs once, for the first skipped or
+    non-finite step, with that step's own batch position and loss scale (not the scale after the backoff)."""
+    import io
+
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.kit.child import Progress, TrainResult
+    from amp_compare.kit.training import StepBook
+
+    calls = []
+    cfg = RunConfig(batch_size=4, epochs=2, diverge_after=3)
+    book = StepBook(cfg, TrainResult(), Progress(stream=io.StringIO()), lambda: {},
+                    lambda epoch, batch, scale: calls.append((epoch, batch, scale)) or {"where": "backward"})
+    book.start_epoch(0, 3)
+    assert not book.add([1.0, 2.0], [8.0, 8.0], [False, False])
+    assert not book.add([1.5], [8.0], [False])
+    book.end_epoch([0.1] * 3, 0.3, 0.05, correct=6, val_loss=1.0, val_accuracy=0.5)
+    book.start_epoch(1, 3)
+    assert not book.add([2.0, float("nan")], [8.0, 4.0], [True, True])  # two bad steps read at once
+    assert calls == [(1, 0, 8.0)]  # the first, at its own scale; not again for the second
+    assert book.result.nonfinite == {"step": 3, "where": "backward"}
+    assert book.add([float("inf"), float("nan")], [2.0, 1.0], [True, True])  # 3 non-finite losses in a row
+    assert book.result.diverged_at_step == 4 and calls == [(1, 0, 8.0)]
+    row = book.result.epochs[0]
+    assert row["train_accuracy"] == 6 / (3 * 4) and row["train_loss"] == 1.5 and row["train_time_s"] == 0.3
+    assert book.result.step_epoch == [0, 0, 0, 1, 1, 1, 1] and book.result.step_skipped[3:] == [True] * 4

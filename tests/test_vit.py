@@ -60,7 +60,8 @@ def train(framework: str, precision: str, data, init_file, **overrides):
 
 
 @pytest.mark.parametrize("framework", ["torch", "tf"])
-def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, data, init_file):
+def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, data, init_file, tmp_path):
+    from amp_compare.harness.figures import make_headroom_figure
     from amp_compare.harness.numerics_report import vit_what_happened
 
     broken, cfg = train(framework, "fp16", data, init_file)
@@ -94,3 +95,7 @@ def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, dat
     assert any(f"at step {broken.nonfinite['step']}, in the forward of layer 'blocks.0.attn'" in s
                and "rerun with --fp32-layers blocks.0.attn" in s for s in said), said
     assert any("with --fp32-layers blocks.0.attn: finished with finite losses" in s for s in said), said
+    # the report's headroom figure, drawn from these headroom rows (as from a run's headroom.parquet)
+    figure = make_headroom_figure(headroom, runs, tmp_path)
+    assert figure is not None and figure.key == "headroom" and (tmp_path / "headroom.png").stat().st_size > 0
+    assert "ln(65,504)" in figure.caption  # the naive attention's exp limit is drawn and named

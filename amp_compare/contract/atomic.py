@@ -1,11 +1,12 @@
-"""Atomic file writes (temporary file in the same folder, fsync, rename), standard library only.
+"""Atomic file writes (temporary file in the same folder, fsync, rename).
 
 A reader never sees a half-written file: it sees the old one or the new one. Used for every
 record, report and cached download.
 
 `tempfile.mkstemp` creates its file with mode 0600, and a rename keeps that mode: every file
 written here is given the mode a plain `open(path, "w")` would give it instead (0666 less the
-umask), so a report folder can be served or shared like any other.
+umask), so a report folder can be served or shared like any other. Standard library only, but for
+contract/env.py's reader of /proc/self/status.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pathlib import Path
 
 def current_umask() -> int:
     """The process's umask, read without changing it where Linux shows it (/proc/self/status)."""
+    from amp_compare.contract.env import proc_status  # imported here: everything else in this file is stdlib
+
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
+        return int(proc_status("Umask") or "", 8)
+    except ValueError:
         pass
     mask = os.umask(0o022)  # elsewhere: read it by setting it, and put it back at once
     os.umask(mask)
@@ -56,6 +57,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None:  # a failed write names no file: name the one being written (a full disk)
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

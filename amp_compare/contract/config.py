@@ -64,7 +64,7 @@ COMPARISONS = ("aligned", "defaults")
 # first cell and handed to the others through numpy; framework: each framework initialises its own.
 INITS = ("shared", "framework")
 # plain: the tutorial loop (eager, the default optimizer); tuned: what the framework offers to go fast
-# (torch fused optimizer + torch.compile, CUDA graphs on a GPU; Keras jit_compile/XLA). See README.
+# (torch fused optimizer + torch.compile, CUDA graphs on a GPU; Keras jit_compile/XLA). See docs/MEASUREMENT.md.
 STEPS = ("plain", "tuned")
 
 # Framework package that runs each framework's child process.
@@ -103,7 +103,7 @@ class ConfigError(ValueError):
 # Every option is one dataclass field declared with `option(...)`: its type (the annotation),
 # default (and per-device defaults for the CLI), valid range or choices, and help. From those
 # fields come the argparse options (harness/cli.py), the strict `--config` JSON file, RunConfig's
-# own validation (pydantic, strict: a string is never a number or a boolean) and the README's
+# own validation (pydantic, strict: a string is never a number or a boolean) and docs/OPTIONS.md's
 # options table. Adding an option is one `option(...)` field here (a value of each cell) or in
 # harness/cli.py's CompareOptions (a value of the harness).
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class OptionSpec:
     lt: float | None = None
     le: float | None = None
     per_device: dict | None = None  # the command line's default per resolved device, where it differs
-    default_text: str | None = None  # how help and README show the default, where repr would not do
+    default_text: str | None = None  # how help and docs/OPTIONS.md show the default, where repr would not do
     cli: bool = True  # a command-line / --config option (False: set by the harness, e.g. the matrix axes)
     matrix: bool = True  # defines the run (refused with --resume, which reuses the run's saved values)
     flag: str | None = None  # "--name-with-dashes" by default

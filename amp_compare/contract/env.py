@@ -76,6 +76,27 @@ def cpu_half_precision_verdict(info: dict[str, object]) -> str:
     )
 
 
+def proc_status(key: str, pid: int | str = "self") -> str | None:
+    """One field of Linux's /proc/<pid>/status ("VmRSS" -> "1234 kB", "Umask" -> "0022"): the one reader of
+    that file (contract/atomic.py's umask, kit/child.py's and kit/probe.py's memory). None where unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def proc_status_bytes(key: str, pid: int | str = "self") -> int:
+    """A memory field of /proc/<pid>/status (VmRSS, VmHWM) in bytes; 0 where unreadable (the process has gone)."""
+    value = proc_status(key, pid)
+    try:
+        return int(value.split()[0]) * 1024 if value else 0
+    except (ValueError, IndexError):
+        return 0
+
+
 def git_sha(root: Path = PROJECT_ROOT) -> str:
     if not shutil.which("git"):
         return "unknown"

@@ -7,7 +7,7 @@ children then record the values they actually used, read from the live objects.
 
 The report's "Framework differences" table lists every item of DIFFERENCES with the torch
 default and the Keras default as each child read them from the installed versions (see
-`describe_defaults()` in torch_impl/train.py and keras_impl/train.py), not typed here.
+`describe_defaults()` in torch_impl/settings.py and keras_impl/settings.py), not typed here.
 """
 
 from __future__ import annotations

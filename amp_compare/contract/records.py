@@ -2,7 +2,7 @@
 
 One compare run is a folder `reports/<run-id>/`. Each cell (framework x model x dataset x
 precision x seed) writes its own three tables under `cells/<cell-id>/` once, atomically
-(temporary file, then rename), so a crash never leaves a half-written table behind and a
+(temporary file, fsync, rename: contract/atomic.py), so a crash never leaves a half-written table behind and a
 finished cell is never rewritten:
 
 - run.parquet    one row: identity, config, environment, status and summary numbers
@@ -16,14 +16,14 @@ cells; `export_tables` writes the combined tables as Parquet and CSV under `data
 from __future__ import annotations
 
 import base64
-import os
+import io
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from amp_compare.contract.atomic import temporary_sibling
+from amp_compare.contract.atomic import atomic_write_bytes
 
 SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
@@ -43,18 +43,28 @@ REQUIRED = {
 
 
 def atomic_write_table(path: Path, df: pd.DataFrame) -> None:
-    """Write a DataFrame as Parquet (or CSV by suffix) via a temporary file and a rename."""
-    fd, tmp = temporary_sibling(path)  # the usual file mode, not mkstemp's 0600
-    os.close(fd)
-    try:
-        if path.suffix == ".csv":
-            df.to_csv(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write a DataFrame as Parquet (or CSV by suffix) through contract/atomic.py's one atomic write
+    (temporary file, fsync, rename): the table is serialised in memory first, so a full disk or a value
+    the format cannot store fails before any file is touched."""
+    buffer = io.BytesIO()
+    if Path(path).suffix == ".csv":
+        df.to_csv(buffer, index=False)
+    else:
+        df.to_parquet(buffer, index=False)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+# Run-table columns recorded under older names, renamed on read (read_cell, migrate): the FLOP/s ceiling was
+# called "peak" until "peak" meant only peak memory.
+RENAMED = {"peak_dtype": "ceiling_dtype", "peak_basis": "ceiling_basis",
+           "peak_flops_measured": "ceiling_flops_measured", "peak_matmul_size": "ceiling_matmul_size",
+           "peak_flops_table": "ceiling_flops_table", "peak_table_source": "ceiling_table_source"}
+
+
+def migrate(df: pd.DataFrame) -> pd.DataFrame:
+    """A table read from any schema version with today's column names (RENAMED)."""
+    renames = {old: new for old, new in RENAMED.items() if old in df.columns and new not in df.columns}
+    return df.rename(columns=renames) if renames else df
 
 
 def validate_table(name: str, df: pd.DataFrame) -> None:
@@ -78,7 +88,7 @@ def read_cell(cell_dir: Path) -> dict[str, pd.DataFrame]:
     for name in (*TABLES, *OPTIONAL_TABLES):
         path = cell_dir / f"{name}.parquet"
         if path.exists():
-            df = pd.read_parquet(path)
+            df = migrate(pd.read_parquet(path))
             validate_table(name, df)
             out[name] = df
     if "run" not in out:

@@ -8,10 +8,16 @@ implementations cannot drift apart again. Framework-free: nothing here imports a
 What is deliberately NOT one signature, because the frameworks' idioms differ (docs/ARCHITECTURE.md):
   amp.mixed_precision   torch: a context around each forward (device_type); Keras: a global policy set
                         before the model is built
-  amp.make_scaler       torch: a GradScaler beside the optimizer; Keras: wraps the optimizer it is given
-  amp.train_step        torch: the explicit scaled step; Keras: the core of AmpModel.train_step
-  train.compile_model   torch: to the device, optimizer, scaler, torch.compile; Keras: model.compile
-  the step loop itself  torch: run_epoch + StepClock; Keras: fit() + StepRecorder/DeviceStepRecorder
+  loss scaling          torch: amp.make_scaler(cfg), a GradScaler beside the optimizer; Keras:
+                        amp.with_loss_scaling(cfg, optimizer), the optimizer wrapped (it is the "scaler")
+  amp.clip_gradients    torch: unscale_ + clip_grad_norm_ inside the step; Keras: the optimizer's
+                        global_clipnorm, applied after LossScaleOptimizer unscales
+  amp.train_step        torch: the explicit scaled step; Keras: the core of AmpModel.train_step. Both
+                        return kit/training.StepRecord (loss, logits, scale, skipped) of device tensors
+  train.compile_model   torch: to the device, optimizer, scaler, torch.compile (a Compiled tuple);
+                        Keras: model.compile
+  the step loop itself  loop.py: torch run_epoch + StepClock; Keras fit() + AmpModel + the recorders,
+                        both handing host values to kit/training.StepBook
   models.build_model    Keras adds model_class, stride2_padding and output_dtype
   numerics.loss_fn      each framework's own argument order (torch (logits, y), Keras (y, logits))
 """
@@ -23,7 +29,7 @@ from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 # The modules of each framework package this contract covers, by Protocol.
-MODULES = ("amp", "train", "numerics", "probe", "models")
+MODULES = ("amp", "train", "settings", "numerics", "probe", "models")
 
 
 @runtime_checkable
@@ -47,13 +53,6 @@ class Train(Protocol):
     def setup(self, cfg: Any) -> None:
         """Seeds, threads, TF32 and (Keras) the dtype policy, before anything is built."""
 
-    def describe_defaults(self) -> dict[str, object]:
-        """The framework's own defaults for each item of contract/mapping.DIFFERENCES, from fresh objects."""
-
-    def settings_used(self, model: Any, optimizer: Any, scaler: Any, cfg: Any) -> dict:
-        """The values the run trained with, read back from its live objects (scaler: what amp.make_scaler
-        returned; in Keras the optimizer itself)."""
-
     def make_model(self, cfg: Any, data: Any) -> Any:
         """The cell's model (with --fp32-layers applied)."""
 
@@ -66,9 +65,17 @@ class Train(Protocol):
     def train(self, cfg: Any, data: Any, progress: Any, shared_init: Any) -> Any:
         """Train one cell; returns kit/child.TrainResult."""
 
-    def underflow_rows(self, numerics: Any, model: Any, probe: Any, cfg: Any, scaler: Any, when: str,
-                       step: int) -> list[dict]:
-        """Per-layer gradient magnitudes of one batch against float16's range, at the scale in use then."""
+
+@runtime_checkable
+class Settings(Protocol):
+    """<framework>_impl/settings.py: what a cell trained with, for harness/settings_check.py."""
+
+    def describe_defaults(self) -> dict[str, object]:
+        """The framework's own defaults for each item of contract/mapping.DIFFERENCES, from fresh objects."""
+
+    def settings_used(self, model: Any, optimizer: Any, scaler: Any, cfg: Any) -> dict:
+        """The values the run trained with, read back from its live objects (scaler: torch's GradScaler;
+        in Keras the optimizer itself, as amp.with_loss_scaling returned it)."""
 
 
 @runtime_checkable
@@ -117,7 +124,8 @@ class Models(Protocol):
         """Load canonical weights."""
 
 
-PROTOCOLS: dict[str, type] = {"amp": Amp, "train": Train, "numerics": Numerics, "probe": Probe, "models": Models}
+PROTOCOLS: dict[str, type] = {"amp": Amp, "train": Train, "settings": Settings, "numerics": Numerics,
+                               "probe": Probe, "models": Models}
 
 
 def _parameters(function: Any, drop_self: bool) -> list[tuple[str, str, object]]:
@@ -146,8 +154,9 @@ def mismatches(modules: dict[str, ModuleType]) -> list[str]:
     return out
 
 
-# The NaN/Inf locator hook both train() functions hand their step loop (torch run_epoch, Keras EpochRecorder):
-# called once, at the first step whose loss was non-finite or whose update was skipped.
-class OnNonfinite(Protocol):
-    def __call__(self, step: int, epoch: int, batch: int) -> bool:
-        """step: the run's step index; epoch, batch: where it is in the batch plan. True: handled."""
+# The NaN/Inf locator hook both train() functions hand the run's kit/training.StepBook: called once, for the
+# first step whose loss was non-finite or whose update was skipped (after the book found no non-finite parameter).
+class Locate(Protocol):
+    def __call__(self, epoch: int, batch: int, scale: float) -> dict | None:
+        """Where the batch at (epoch, batch) of the plan first turns non-finite when trained at loss scale
+        `scale` (the scale that step used): numerics.locate_nonfinite's finding, or None if not reproduced."""

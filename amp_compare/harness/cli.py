@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import io
 import json
 import os
@@ -47,6 +48,7 @@ from amp_compare.harness.perf import expand_cells
 EXIT_OK = 0  # every cell finished (a diverged cell is a result: it finished)
 EXIT_BAD_INPUT = 2  # refused before anything ran: nothing written
 EXIT_CELLS_FAILED = 3  # the run completed but some cells failed, timed out or were unavailable
+EXIT_REPORT_UNWRITTEN = 4  # the cells' records are kept but the disk filled while the report was written
 EXIT_INTERRUPTED = 130  # Ctrl-C: finished cells kept, report rendered, resume command printed
 EXIT_TERMINATED = 143  # SIGTERM: the same as Ctrl-C
 
@@ -111,7 +113,7 @@ MATRIX_OPTIONS = tuple(n for n, d in compare_options().items() if d.spec.matrix)
 
 
 def default_text(d: Declared) -> str:
-    """A default as help and the README show it."""
+    """A default as help and docs/OPTIONS.md show it."""
     def show(v):
         if isinstance(v, bool):
             return "on" if v else "off"
@@ -135,11 +137,12 @@ def help_text(d: Declared) -> str:
     return f"{d.spec.help}{choices} (default: {default_text(d)})".replace("%", "%%")
 
 
-README_MARKERS = ("<!-- options: generated from the declaration -->", "<!-- end of options -->")
+OPTIONS_MARKERS = ("<!-- options: generated from the declaration -->", "<!-- end of options -->")
+OPTIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "OPTIONS.md"
 
 
 def options_markdown() -> str:
-    """The README's options table, from the declaration (tests/test_cli.py checks the README holds it)."""
+    """docs/OPTIONS.md's table, from the declaration (tests/test_cli.py checks the page holds it)."""
     rows = ["| option | default | valid values | what it does |", "|---|---|---|---|"]
     for d in compare_options().values():
         flag = f"`{d.flag}` / `--no-{d.flag[2:]}`" if d.item is bool else f"`{d.flag}`"
@@ -148,10 +151,10 @@ def options_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-def update_readme(path: Path = Path(__file__).resolve().parents[2] / "README.md") -> None:
-    """Rewrite the README's options table from the declaration."""
+def update_options_page(path: Path = OPTIONS_PAGE) -> None:
+    """Rewrite docs/OPTIONS.md's table from the declaration."""
     text = path.read_text()
-    start, end = README_MARKERS
+    start, end = OPTIONS_MARKERS
     head, rest = text.split(start)
     path.write_text(f"{head}{start}\n{options_markdown()}{end}{rest.split(end)[1]}")
 
@@ -277,6 +280,32 @@ def make_dirs(path: Path) -> None:
         raise ConfigError(f"cannot create the run folder {str(path)!r}: {exc.strerror}") from None
 
 
+def check_machine_limits(args: argparse.Namespace) -> None:
+    """What the options' declarations cannot know: --threads against the CPUs this process may run on,
+    --memory-cap as a positive finite size (whether or not --find-max-batch uses it), --data-dir a folder (or
+    none yet)."""
+    from amp_compare.contract.config import usable_cpus
+    from amp_compare.kit.probe import parse_size
+
+    limit = usable_cpus()
+    if args.threads > limit:
+        source = "" if "threads" in args.given else " (from $OMP_NUM_THREADS)"
+        raise ConfigError(f"--threads {args.threads}{source} is more than this machine can run: valid 1..{limit}, "
+                          "the CPUs this process may run on")
+    if args.memory_cap is not None:
+        try:
+            cap = parse_size(args.memory_cap)
+        except (ConfigError, OverflowError):
+            cap = 0
+        if not 0 < cap < 2**63:
+            raise ConfigError(f"--memory-cap {args.memory_cap!r} must be a positive, finite size (valid: a number "
+                              "and a unit, B, KB, MB, GB, TB or KiB, MiB, GiB, TiB, e.g. 4GiB)")
+    if args.data_dir is not None and Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
+        # a folder not made yet is fine: the missing-archive message names it as a place to put the archive
+        raise ConfigError(f"--data-dir {args.data_dir!r} is not a folder (valid: a folder to look in for the "
+                          "dataset archives, e.g. one holding cifar-10-python.tar.gz)")
+
+
 def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     """Validate everything and build the matrix; writes nothing. `args` comes from compare_settings."""
     from amp_compare.harness.order import interleaved_order
@@ -286,6 +315,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     frameworks, precisions, models, datasets = args.frameworks, args.precisions, args.models, args.datasets
     if "repeats" in args.given and "seeds" in args.given:
         raise ConfigError("--repeats and --seeds both choose the seeds; give one of them")
+    check_machine_limits(args)
     seeds = tuple(range(args.repeats)) if args.repeats else args.seeds
     chosen = "repeats" in args.given or "seeds" in args.given
 
@@ -307,8 +337,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
                        loss_scale=args.loss_scale if p in static else None, **common)
              for m in models for d in datasets for s in model_seeds(m) for p in precisions for fw in frameworks]
-    cells = expand_cells(cells, ",".join(args.step),  # --step and --batch-sizes (harness/perf.py)
-                         ",".join(map(str, args.batch_sizes)) if args.batch_sizes else None)
+    cells = expand_cells(cells, args.step, args.batch_sizes)  # --step and --batch-sizes (harness/perf.py)
     cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (harness/order.py)
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)
@@ -437,22 +466,19 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConfig], manifest: dict) -> int:
     from amp_compare.contract.atomic import atomic_write_text
-    from amp_compare.harness import calibrate
 
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     console = _console()
     console.print(f"amp-compare: {len(cells)} cells on {manifest['device']} -> {run_dir}")
     start = time.monotonic()
-    manifest["environment"].update(calibrate.measure("before"))  # machine steadiness (harness/calibrate.py)
-    outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], args.timeout, console)
-    manifest["environment"].update(calibrate.measure("after"))
-    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
-    if manifest.get("max_batch") and not interrupted:
-        interrupted = run_max_batch(cells, run_dir, manifest["max_batch"], args.timeout, console)
+    outcomes, interrupted = _run_matrix(cells, run_dir, manifest, args.timeout, console)
     try:
-        index = _render(run_dir, console, figures=args.figures)
-    except KeyboardInterrupt as exc:  # a second signal while rendering: the records are all there
-        interrupted, index = interrupted or exc, run_dir / "index.html"
+        interrupted, index = _finish(args, run_dir, cells, manifest, console, interrupted)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(disk_full(exc, run_dir, args.out, unfinished=len(outcomes) < len(cells)), file=sys.stderr)
+        return EXIT_REPORT_UNWRITTEN
     done = [o for o in outcomes if o.status in ("ok", "diverged")]
     bad = [f"{o.cell_id} ({o.status}: {o.error})" for o in outcomes if o not in done]
     if bad:
@@ -468,6 +494,47 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
                   f"{f', {len(cells) - len(outcomes)} not run (interrupted)' if interrupted else ''}"
                   f" in {time.monotonic() - start:.0f} s (exit {status})")
     return status
+
+
+def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: float, console):
+    """run_cells with the machine's calibration checked before the matrix and after every cell, in the
+    parent while no child runs (harness/calibrate.py); every check lands in manifest["calibrations"]."""
+    from amp_compare.harness import calibrate
+
+    checks = manifest.setdefault("calibrations", [])
+    checks.append(calibrate.check("before the matrix"))
+    outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], timeout, console,
+                                      after_cell=lambda cfg: checks.append(calibrate.check(f"after {cfg.cell_id}")))
+    if len(checks) < 2:
+        checks.append(calibrate.check("after the matrix"))
+    manifest["environment"].update(calibrate.environment_entries(checks[0], checks[-1]))
+    return outcomes, interrupted
+
+
+def _finish(args: argparse.Namespace, run_dir: Path, cells: list[RunConfig], manifest: dict, console, interrupted):
+    """What follows the cells: the manifest with its calibrations, --find-max-batch, the report. Returns the
+    interruption (if any) and the report's index.html."""
+    from amp_compare.contract.atomic import atomic_write_text
+
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
+    if manifest.get("max_batch") and not interrupted:
+        interrupted = run_max_batch(cells, run_dir, manifest["max_batch"], args.timeout, console)
+    try:
+        index = _render(run_dir, console, figures=args.figures)
+    except KeyboardInterrupt as exc:  # a second signal while rendering: the records are all there
+        interrupted, index = interrupted or exc, run_dir / "index.html"
+    return interrupted, index
+
+
+def disk_full(exc: OSError, run_dir: Path, out: Path | None = None, unfinished: bool = False) -> str:
+    """The one line a full disk while writing a report gets: what failed, that nothing finished is lost
+    (every record is written atomically), and the command that finishes the job once there is space."""
+    where = exc.filename or run_dir
+    resume = (f"; cells not run yet: python -m amp_compare compare --resume {run_dir.name} --out "
+              f"{shlex.quote(str(out))}" if unfinished and out is not None else "")
+    return (f"amp-compare: error: the disk is full ({exc.strerror or 'no space left'}: {where}); the report of "
+            f"{run_dir} was not written, every finished cell's records are kept: free space, then run "
+            f"python -m amp_compare report {shlex.quote(str(run_dir))}{resume}")
 
 
 def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout: float, console):
@@ -505,8 +572,9 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
 
 
 def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float,
-              console) -> tuple[list, BaseException | None]:
-    """Each cell in its own child, with a progress bar over the matrix and one within each cell."""
+              console, after_cell=lambda cfg: None) -> tuple[list, BaseException | None]:
+    """Each cell in its own child, with a progress bar over the matrix and one within each cell; after_cell(cfg)
+    runs once each cell has ended (the calibration check between cells)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from amp_compare.harness.runner import run_cell
@@ -531,6 +599,7 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
             except Exception as exc:  # a harness fault in one cell: recorded, and the other cells run
                 outcome = harness_fault(cfg, run_dir, run_id, exc)
             outcomes.append(outcome)
+            after_cell(cfg)
             status = outcome.status if outcome.status == "ok" else f"{outcome.status.upper()}: {outcome.error}"
             progress.update(task, description=f"  {cfg.cell_id} [{status}]")
             progress.advance(overall)
@@ -579,7 +648,13 @@ def report(args: argparse.Namespace) -> int:
         out = args.run_dirs[0].parent / f"combined-{datetime.now():%Y%m%d-%H%M%S}"
         print(render_combined(args.run_dirs, out, figures=args.figures))
         return 0
-    print(_render(args.run_dirs[0], console, figures=args.figures))
+    try:
+        print(_render(args.run_dirs[0], console, figures=args.figures))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(disk_full(exc, args.run_dirs[0]), file=sys.stderr)
+        return EXIT_REPORT_UNWRITTEN
     return 0
 
 

@@ -45,19 +45,32 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
     if "machine" not in df:
         df["machine"] = ""
+    # several models (the default CPU matrix: simple_cnn and vit) or datasets: each its own panel, as a machine is;
+    # one bar or line over two models' cells would be a median of different workloads
+    varied = [c for c in ("model", "dataset") if c in df and df[c].nunique() > 1]
+    if varied:
+        df["machine"] = df[["machine", *varied]].astype(str).agg(lambda r: " · ".join(v for v in r if v), axis=1)
     return df
 
 
 def _facet(df: pd.DataFrame) -> dict:
-    """A combined report of several runs puts each machine in its own column of every figure."""
+    """A combined report of several runs puts each machine in its own column of every figure; a run of several
+    models or datasets each model x dataset (_labelled's "machine" label)."""
     return {"col": "machine"} if df["machine"].nunique() > 1 else {}
 
 
 def _save(fig, out_dir: Path, key: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    for ext in ("png", "svg"):
-        fig.savefig(out_dir / f"{key}.{ext}", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        for ext in ("png", "svg"):
+            path = out_dir / f"{key}.{ext}"
+            try:
+                fig.savefig(path, dpi=110, bbox_inches="tight")
+            except OSError as exc:  # a full disk: no half-written figure, and the error names it
+                path.unlink(missing_ok=True)
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    finally:
+        plt.close(fig)
 
 
 def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
@@ -188,31 +201,17 @@ def loss_scale_grid(scaled: pd.DataFrame):
     return grid
 
 
-def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
-    """Draw every figure the data allows into out_dir; return their descriptions in report order."""
-    sns.set_theme(style="whitegrid", context="notebook")
-    table = summary_table(runs)
-    figures: list[Figure] = []
-    if table.empty:
-        return figures
-    full_table = table
-    ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
-    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
-    ok_ids = set(ok["cell_id"])
-    steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
-    epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
-    n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
-    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
-              " One run per bar: repeat with --repeats 3 or more to see the spread.")
-
+def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
+                        spread: str, sweep_note: str) -> list[Figure]:
+    """The Speed section: throughput per precision and the step-time distribution."""
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
-    figures.append(Figure("throughput", "speed", "Training throughput by precision",
-                          "Images per second over the wall time of the timed steps (warm-up excluded): what a "
-                          "user's epoch takes. The label on each bar is the speed-up against the same framework's "
-                          "fp32. Above 1× mixed precision helped; below 1× it cost time." + spread + sweep_note,
-                          "Bar chart of training images per second for each framework and precision mode."))
-
+    figures = [Figure("throughput", "speed", "Training throughput by precision",
+                      "Images per second over the wall time of the timed steps (warm-up excluded): what a "
+                      "user's epoch takes. The label on each bar is the speed-up against the same framework's "
+                      "fp32 (the geometric mean over seeds of each seed's ratio). Above 1× mixed precision helped; "
+                      "below 1× it cost time." + spread + sweep_note,
+                      "Bar chart of training images per second for each framework and precision mode.")]
     if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
         timed = _labelled(steps[~steps["warmup"]])
         timed["step_time_ms"] = timed["step_time_s"] * 1000
@@ -227,23 +226,31 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                               "A tall box or many outliers means the step time is noisy; compare medians, "
                               "not single steps.",
                               "Box plot of per-step training time in milliseconds for each framework and precision."))
+    return figures
 
+
+def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str) -> list[Figure]:
+    """The Memory section's bar chart and the Accuracy section's final-accuracy bars."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
     _save(_bar(ok, table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_change_vs_fp32", "{:+.0%}"), out_dir, "memory")
-    figures.append(Figure("memory", "memory", "Peak memory by precision",
-                          f"Memory measured as: {kinds}. The label is the change against the same framework's "
-                          "fp32. On a CPU this is the process's resident memory, which includes framework "
-                          "workspaces, so half-precision activations need not make it smaller." + spread,
-                          "Bar chart of peak training memory in MiB for each framework and precision mode."))
-
     _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
                "val_accuracy", "{:.1%}"), out_dir, "accuracy")
-    figures.append(Figure("accuracy", "accuracy", "Final validation accuracy",
-                          "Accuracy on the held-out split after the last epoch. Overlapping error bars mean the "
-                          "precision mode's effect on accuracy is within seed-to-seed noise." + spread,
-                          "Bar chart of final validation accuracy for each framework and precision mode."))
+    return [Figure("memory", "memory", "Peak memory by precision",
+                   f"Memory measured as: {kinds}. The label is the change against the same framework's fp32 (the "
+                   "geometric mean over seeds of each seed's ratio). On a CPU this is the process's resident "
+                   "memory, which includes framework workspaces, so half-precision activations need not make it "
+                   "smaller." + spread,
+                   "Bar chart of peak training memory in MiB for each framework and precision mode."),
+            Figure("accuracy", "accuracy", "Final validation accuracy",
+                   "Accuracy on the held-out split after the last epoch. Overlapping error bars mean the "
+                   "precision mode's effect on accuracy is within seed-to-seed noise." + spread,
+                   "Bar chart of final validation accuracy for each framework and precision mode.")]
 
+
+def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path) -> list[Figure]:
+    """The Accuracy section's curves: training loss per step and validation accuracy per epoch."""
+    figures = []
     if not steps.empty:
         _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step",
                      "Batch cross-entropy loss (nats, log scale)", log=True, split_frameworks=True),
@@ -258,7 +265,6 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                               "did not change training." + overlap,
                               "Line charts of per-step training loss, one panel per framework, one line per "
                               "precision."))
-
     if not epochs.empty:
         _save(_lines(epochs, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch",
                      "Validation accuracy (fraction)"), out_dir, "val_accuracy")
@@ -266,23 +272,45 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                               "How fast each cell learns. Curves that separate early and meet later mean a "
                               "precision mode slowed learning without changing where it ends.",
                               "Line chart of validation accuracy after each epoch for each framework and precision."))
-
-    scaled = steps[steps["precision"].isin(precisions.scaled_names())] if not steps.empty else steps
-    if not scaled.empty:
-        grid = loss_scale_grid(scaled)
-        _save(grid.figure, out_dir, "loss_scale")
-        runs_of = (lambda g: f" in {g['cell_id'].nunique()} runs") if "cell_id" in scaled else (lambda g: "")
-        counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
-                           for fw, g in scaled.sort_values("framework", key=display_order)
-                           .groupby("framework", sort=False))
-        figures.append(Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
-                              f"The scale each step used; an X marks a step skipped because a gradient overflowed "
-                              f"({counts}). The scale halves on each skip and doubles after every growth interval "
-                              "of clean steps.",
-                              "Step chart of the loss scale per step, in powers of two, for the loss-scaled runs "
-                              "of each framework."))
-    figures += make_batch_figures(full_table, out_dir)
     return figures
+
+
+def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
+    """The Loss scaling section: the scale per step of the loss-scaled cells, skipped steps marked."""
+    scaled = steps[steps["precision"].isin(precisions.scaled_names())] if not steps.empty else steps
+    if scaled.empty:
+        return []
+    grid = loss_scale_grid(scaled)
+    _save(grid.figure, out_dir, "loss_scale")
+    runs_of = (lambda g: f" in {g['cell_id'].nunique()} runs") if "cell_id" in scaled else (lambda g: "")
+    counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
+                       for fw, g in scaled.sort_values("framework", key=display_order).groupby("framework", sort=False))
+    dynamic = " The dynamic scale halves on each skip and doubles after every growth interval of clean steps." \
+        if scaled["precision"].isin(precisions.names(loss_scaling="dynamic")).any() else ""
+    return [Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
+                   f"The scale each step used; an X marks a skipped step ({counts})." + dynamic,
+                   "Step chart of the loss scale per step, in powers of two, for the loss-scaled runs "
+                   "of each framework.")]
+
+
+def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
+    """Draw every figure the data allows into out_dir; return their descriptions in report order."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    table = summary_table(runs)
+    if table.empty:
+        return []
+    full_table = table
+    ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
+    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
+    ok_ids = set(ok["cell_id"])
+    steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
+    epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
+    n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
+    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
+              " One run per bar: repeat with --repeats 3 or more to see the spread.")
+    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note),
+            *_memory_and_accuracy_figures(ok, table, out_dir, spread), *_curve_figures(steps, epochs, out_dir),
+            *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
 
 
 def primary_cells(ok: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
@@ -312,11 +340,12 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
          "fp32 at the same batch size and loop. A speed-up that grows with the batch means the smaller batches "
          "were bound by per-step host cost (Python, kernel launches, syncs), not by arithmetic: a property of the "
          "loop and the batch size, not of AMP."),
-        ("mfu_vs_batch", "mfu_pct", "MFU (% of the measured matmul peak for the dtype)",
+        ("mfu_vs_batch", "mfu_pct", "MFU (% of the run's measured matmul ceiling for the dtype)",
          "Model FLOPs utilisation vs batch size",
          "Achieved training FLOP/s (FLOPs per image counted once from the shared layer shapes, times images/s) "
-         "over the peak of a large matmul in the cell's dtype, measured by the cell at its start. Low and rising "
-         "with the batch: host-bound; flat: the device's work sets the pace (see Bound in the summary table)."),
+         "over the run's ceiling for the dtype: the best fixed-size matmul any cell timed, in either framework. "
+         "Low and rising with the batch: host-bound; flat: the device's work sets the pace (see Bound in the "
+         "summary table)."),
     ]:
         data = table.assign(mfu_pct=table["mfu_measured"] * 100, Step=table["step_loop"])
         if y == "speedup_vs_fp32":
@@ -374,6 +403,44 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
                   "multiplied by the loss scale the run used (right). Loss scaling exists to shrink the left bars.",
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
                   "unscaled and scaled, per framework and precision.")
+
+
+def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """Per framework: the magnitudes of the float16 modes' gradients at the last step, times the loss scale in
+    use, as a histogram over powers of two against float16's range (flush below 2^-24, overflow above 65,504)."""
+    from amp_compare.harness import numerics_report as nr
+
+    hist = nr.gradient_histogram(underflow)
+    hist = hist[hist["count"] > 0]  # empty powers of two would draw a flat line across the whole axis
+    if hist.empty:
+        return None
+    hist["scaled_log2"] = hist["log2"] + np.log2(hist["loss_scale"])
+    hist["share_pct"] = 100 * hist["count"] / hist.groupby(["framework", "precision"])["count"].transform("sum")
+    df = _labelled(hist)
+    grid = sns.relplot(data=df, kind="line", x="scaled_log2", y="share_pct", hue="Framework", style="Precision",
+                       col="Framework", palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+                       drawstyle="steps-mid", errorbar=None, height=3.6, aspect=1.5)
+    low, high = float(df["scaled_log2"].min()) - 1, max(float(df["scaled_log2"].max()) + 1, 17.0)
+    for ax in grid.axes.flat:
+        ax.axvspan(min(low, -25), -24, color="#d1495b", alpha=0.12, linewidth=0)
+        ax.axvspan(np.log2(nr.FP16_MAX), high, color="#d1495b", alpha=0.12, linewidth=0)
+        ax.axvline(-14, color="#888", linestyle=":", linewidth=1)
+        ax.set_xlim(min(low, -25), high)
+    grid.set_titles("{col_name}")
+    grid.set_axis_labels("log2 |gradient × loss scale in use| (float16: 0 below −24, inf above 16)",
+                         "Non-zero elements (%)")
+    grid.figure.suptitle("Gradient magnitudes against float16's range, last step", y=1.03)
+    _save(grid.figure, out_dir, "gradient_histogram")
+    headroom = " ".join(nr.headroom_sentences(underflow))
+    return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
+                  "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
+                  "layers), by power of two of |gradient| times the loss scale the cell used. Shaded: what float16 "
+                  "cannot hold — below 2^-24 it flushes to zero, above 65,504 (2^16) it overflows to inf; the dotted "
+                  "line is 2^-14, below which float16 keeps fewer significant bits. Loss scaling moves the whole "
+                  "histogram right: it rescues the left tail as long as the right one stays out of the shade. "
+                  + headroom,
+                  "Step chart per framework of the percentage of gradient elements per power of two of the scaled "
+                  "gradient magnitude, with float16's underflow and overflow regions shaded.")
 
 
 def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
@@ -464,10 +531,33 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                   "with a dotted horizontal target line.")
 
 
+def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
+    """One panel of the headroom figure: a line per block and framework (PyTorch solid, Keras dashed), float16's
+    largest value, and with the naive attention's logits the level where its exp overflows float16."""
+    from amp_compare.harness.numerics_report import FLOAT16_MAX, FP16_EXP_LIMIT
+
+    for (block, label), g in part.groupby(["block", "Framework"], observed=True):
+        g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
+        line, marker = ("-", "o") if str(label) == "PyTorch" else ("--", "s")
+        ax.plot(g["epoch"], g["max_abs"], line, marker=marker, color=colours[block], markersize=4,
+                linewidth=1.2, label=f"{block} · {label}")
+    ax.set_yscale("log")
+    ax.axhline(FLOAT16_MAX, color="#d1495b", linewidth=1, linestyle="--")
+    ax.text(0.02, FLOAT16_MAX, "float16 max 65,504", color="#d1495b", fontsize=7, va="bottom",
+            transform=ax.get_yaxis_transform())
+    if naive_logits:  # exp overflows float16 far below the logit's own limit
+        ax.axhline(FP16_EXP_LIMIT, color="#a0761e", linewidth=1, linestyle=":")
+        ax.text(0.02, FP16_EXP_LIMIT, "naive exp overflows float16: ln(65,504) ≈ 11.1", color="#a0761e",
+                fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
+    low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
+    ax.set_ylim(max(low, 1e-3), FLOAT16_MAX * 4)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
     framework and precision, on a log axis against float16's largest value (harness/numerics_report.py)."""
-    from amp_compare.harness.numerics_report import FLOAT16_MAX, FP16_EXP_LIMIT, QUANTITY_LABELS, headroom_per_block
+    from amp_compare.harness.numerics_report import QUANTITY_LABELS, headroom_per_block
 
     blocks = headroom_per_block(headroom, runs)
     blocks = blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float)) & (blocks["max_abs"] > 0)] \
@@ -479,31 +569,14 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     quantities = [q for q in QUANTITY_LABELS if q in set(df["quantity"])]
     names = sorted(set(df["block"]), key=lambda b: (b == "norm", b))
     colours = dict(zip(names, sns.color_palette("viridis", len(names))))
-    styles = {"PyTorch": ("-", "o")}
     fig, axes = plt.subplots(len(quantities), len(precs), figsize=(3.4 * len(precs), 2.9 * len(quantities)),
                              squeeze=False, sharex=True)
     naive = "attention" in blocks and (blocks["attention"] == "naive").any()
     for r, quantity in enumerate(quantities):
         for c, prec in enumerate(precs):
             ax = axes[r][c]
-            part = df[(df["quantity"] == quantity) & (df["Precision"] == prec)]
-            for (block, label), g in part.groupby(["block", "Framework"], observed=True):
-                g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
-                line, marker = styles.get(str(label), ("--", "s"))
-                ax.plot(g["epoch"], g["max_abs"], line, marker=marker, color=colours[block], markersize=4,
-                        linewidth=1.2, label=f"{block} · {label}")
-            ax.set_yscale("log")
-            ax.axhline(FLOAT16_MAX, color="#d1495b", linewidth=1, linestyle="--")
-            ax.text(0.02, FLOAT16_MAX, "float16 max 65,504", color="#d1495b", fontsize=7, va="bottom",
-                    transform=ax.get_yaxis_transform())
-            top = FLOAT16_MAX * 4
-            if quantity == "attention_logit" and naive:  # exp overflows float16 far below the logit's own limit
-                ax.axhline(FP16_EXP_LIMIT, color="#a0761e", linewidth=1, linestyle=":")
-                ax.text(0.02, FP16_EXP_LIMIT, "naive exp overflows float16: ln(65,504) ≈ 11.1", color="#a0761e",
-                        fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
-            low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
-            ax.set_ylim(max(low, 1e-3), top)
-            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+            _headroom_panel(ax, df[(df["quantity"] == quantity) & (df["Precision"] == prec)], colours,
+                            naive and quantity == "attention_logit")
             ax.set_title(f"{prec} · {QUANTITY_LABELS[quantity]}", fontsize=9)
             if r == len(quantities) - 1:
                 ax.set_xlabel("Epoch")

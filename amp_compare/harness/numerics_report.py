@@ -4,10 +4,15 @@
 - underflow summary: element-weighted share of gradient elements float16 would flush to zero
 - dtype audit side by side: which dtypes each layer computes in, torch next to Keras
 - NaN/Inf locator findings
+- the loss-scaling lab's lesson: whether the dynamic scale could grow in a run this long (growth interval
+  against steps run), how close the scaled gradients came to float16's largest value (headroom, from the
+  log2-magnitude histograms the children record) and where the elements lost in the float16 backward were
 - what happened: sentences, each number taken from the records
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pandas as pd
@@ -135,18 +140,142 @@ def nonfinite_findings(runs: pd.DataFrame) -> pd.DataFrame:
     return found[cols].sort_values(["framework", "precision", "seed"]) if not found.empty else pd.DataFrame()
 
 
-def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame) -> list[str]:
-    """Sentences about loss scaling and numerics, every number from the records."""
-    out: list[str] = []
+FP16_MAX = 65504.0  # float16's largest finite value (kit/fp16.py holds the same; imported here without numpy's)
+
+
+def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
+    """(growth interval, steps each cell ran: the median) of the dynamic-scaling cells in runs/steps, or None
+    where the run recorded no growth interval (older records) or has no such cell."""
+    dynamic = precisions.names(loss_scaling="dynamic")
+    cells = runs[runs["precision"].isin(dynamic)] if "precision" in runs else runs.iloc[0:0]
+    if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all():
+        return None
+    counts = steps[steps["cell_id"].isin(set(cells["cell_id"]))].groupby("cell_id").size()
+    if counts.empty:
+        return None
+    return int(cells["cfg_growth_interval"].dropna().min()), int(np.median(counts))
+
+
+def growth_sentence(runs: pd.DataFrame, steps: pd.DataFrame) -> str:
+    """Whether the dynamic scale could have grown at all: it doubles after growth_interval clean steps."""
+    facts = growth_facts(runs, steps)
+    if facts is None:
+        return ""
+    interval, n = facts
+    if n <= interval:
+        return (f"The scale could not grow in this run: it doubles after {interval:,} consecutive clean steps and "
+                f"each cell ran {n:,}, so it could only back off (a --growth-interval below {n:,} lets it grow).")
+    return f"The scale could grow: it doubles after every {interval:,} consecutive clean steps of the {n:,} run."
+
+
+def _histogram(text) -> dict[int, int]:
+    """A row's log2_hist (JSON text of {floor(log2|g|): count}) as a dict; {} where absent."""
+    if isinstance(text, dict):
+        return {int(k): int(v) for k, v in text.items() if v is not None}
+    try:
+        return {int(k): int(v) for k, v in json.loads(text).items()}
+    except (TypeError, ValueError):
+        return {}
+
+
+def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:
+    """Per framework x float16 precision (first seed): how many non-zero float32 reference gradient elements
+    fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""
+    cols = ["framework", "precision", "log2", "count", "loss_scale"]
+    if underflow.empty or "log2_hist" not in underflow:
+        return pd.DataFrame(columns=cols)
+    sel = underflow[(underflow["when"] == when) & underflow["precision"].isin(precisions.names(half="float16"))]
+    sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
+    rows = []
+    for (fw, prec), g in sel.groupby(["framework", "precision"], sort=False):
+        total: dict[int, int] = {}
+        for text in g["log2_hist"]:
+            for k, v in _histogram(text).items():
+                total[k] = total.get(k, 0) + v
+        scale = float(g["loss_scale"].iloc[0])
+        rows += [{"framework": fw, "precision": prec, "log2": k, "count": v, "loss_scale": scale}
+                 for k, v in sorted(total.items())]
+    out = pd.DataFrame(rows, columns=cols)
+    return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
+
+
+def headroom_sentences(underflow: pd.DataFrame) -> list[str]:
+    """How close the largest scaled gradient came to float16's largest value, per framework x float16 mode."""
+    hist = gradient_histogram(underflow)
+    out = []
+    for (fw, prec), g in hist[hist["count"] > 0].groupby(["framework", "precision"], sort=False):
+        top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
+        bound = 2.0 ** (top + 1) * scale  # |g| < 2^(top+1), so |g| x scale is below this
+        rows = underflow[(underflow["framework"] == fw) & (underflow["precision"] == prec)
+                         & (underflow["when"] == "last step") & (underflow["seed"] == underflow["seed"].min())]
+        w = rows["nonzero"].to_numpy(float)
+        over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
+        scaled = f"; times the loss scale in use ({scale:g}) below {bound:,.4g}" if scale != 1 else ""
+        verdict = (f"at least {FP16_MAX / bound:,.0f}× under float16's largest value 65,504, so nothing overflowed"
+                   if bound <= FP16_MAX else f"within reach of float16's largest value 65,504: {over:.3%} of the "
+                   "elements overflow to inf at that scale")
+        out.append(f"{_label(fw)} {prec}, last step: the largest |gradient| was below 2^{top + 1}{scaled} — "
+                   f"{verdict}.")
+    return out
+
+
+def lost_sentences(underflow: pd.DataFrame) -> list[str]:
+    """Where the elements lost in the real float16 backward (exact zeros where the float32 reference is not
+    zero) were, by layer, per framework x float16 mode at the last step (first seed)."""
+    if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
+        return []
+    sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
+    sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
+    sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
+    out = []
+    for (fw, prec), g in sel.groupby(["framework", "precision"], sort=False):
+        scale = float(g["loss_scale"].iloc[0])
+        column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
+        if g[column].isna().all():
+            continue
+        lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
+        total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
+        at = f" at the scale in use ({scale:g})" if scale != 1 else " (no loss scaling)"
+        if total == 0:
+            out.append(f"{_label(fw)} {prec}, last step: none of the {nonzero:,} non-zero gradient elements came "
+                       f"out exactly zero in the real float16 backward{at}.")
+            continue
+        names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
+        order = np.argsort(-lost.to_numpy(), kind="stable")[:2]
+        where = ", then ".join(f"{names[i]} ({lost.iloc[i]:,}, {lost.iloc[i] / total:.0%})"
+                               for i in order if lost.iloc[i] > 0)
+        out.append(f"{_label(fw)} {prec}, last step: {total:,} of the {nonzero:,} non-zero gradient elements "
+                   f"({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; most were in "
+                   f"{where}.")
+    return out
+
+
+def scaling_sentences(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
+    """Per framework x loss-scaled mode: skipped steps, growth (or why there could be none), the scale's path."""
+    out = []
     counts = scale_counts(steps)
     for r in counts.itertuples() if not counts.empty else []:
         if r.precision in precisions.names(loss_scaling="dynamic"):
-            out.append(f"{_label(r.framework)} {r.precision}: the dynamic scaler skipped {r.skipped:.0f} of "
-                       f"{r.steps:.0f} steps and grew the scale {r.growth_events:.0f} times, "
-                       f"from 2^{np.log2(r.first_scale):.0f} to 2^{np.log2(r.final_scale):.0f}.")
+            cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)]
+            facts = growth_facts(cells, steps)
+            path = f"from 2^{np.log2(r.first_scale):.0f} to 2^{np.log2(r.final_scale):.0f}"
+            if facts and facts[1] <= facts[0]:
+                out.append(f"{_label(r.framework)} {r.precision}: the dynamic scaler skipped {r.skipped:.0f} of "
+                           f"{r.steps:.0f} steps and went {path}; it could not grow the scale in this run (it "
+                           f"doubles after {facts[0]:,} clean steps, each cell ran {facts[1]:,}; a --growth-interval "
+                           f"below {facts[1]:,} lets it).")
+            else:
+                out.append(f"{_label(r.framework)} {r.precision}: the dynamic scaler skipped {r.skipped:.0f} of "
+                           f"{r.steps:.0f} steps and grew the scale {r.growth_events:.0f} times, {path}.")
         elif r.precision in precisions.names(loss_scaling="static") and r.skipped:
             out.append(f"{_label(r.framework)} {r.precision}: {r.skipped:.0f} of {r.steps:.0f} steps were skipped "
                        f"at the fixed scale {r.first_scale:g}.")
+    return out
+
+
+def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame) -> list[str]:
+    """Sentences about loss scaling and numerics, every number from the records."""
+    out = scaling_sentences(runs, steps)
     summary = underflow_summary(underflow)
     last = summary[summary["when"] == "last step"] if not summary.empty else summary
     for r in last.itertuples() if not last.empty else []:
@@ -162,6 +291,7 @@ def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFra
             out.append(f"{_label(r.framework)} {r.precision}: at the last step {r.flush_unscaled:.2%} of the non-zero "
                        f"float32 reference gradient elements would flush to zero in float16 without "
                        f"scaling{scaled}.{lost}")
+    out += headroom_sentences(underflow) + lost_sentences(underflow)
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     acc = ok.groupby(["framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
     for fw in sorted({k[0] for k in acc.index}):

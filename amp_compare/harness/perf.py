@@ -7,7 +7,9 @@
   jit_compile=True (XLA). plain is the default: it is the loop a user writes from the tutorials, so
   the default report answers "what does AMP give me", and tuned shows how much of that is the loop.
 * `--batch-sizes 64,256,1024`: every cell at each batch size (the batch size joins the cell id).
-* verdict per cell, from the measured numbers (`bound_verdicts`).
+* verdict per cell, from the measured numbers (`bound_verdicts`), its rule named where no sweep ran.
+* one FLOP/s ceiling per device and dtype for the whole run, both frameworks' MFU measured against it
+  (`with_run_ceiling`, `ceiling_sentences`).
 This module never imports a framework.
 """
 
@@ -18,40 +20,22 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from amp_compare.contract.config import STEPS, ConfigError, RunConfig
+from amp_compare.contract.config import RunConfig
 
 TIMING_GAP = 0.10  # wall-time vs median-step throughput gap the report calls out
 HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to the next: fixed per-step cost
-COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the measured matmul peak
+COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matmul ceiling
 
 
-def parse_batch_sizes(text: str | None) -> list[int]:
-    if text is None:
-        return []
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or any(b < 1 for b in sizes):
-        raise ConfigError(f"--batch-sizes must be comma-separated positive integers (e.g. 64,256,1024), got {text!r}")
-    return sorted(set(sizes))
-
-
-def parse_steps(text: str) -> list[str]:
-    steps = [s.strip() for s in str(text).split(",") if s.strip()]
-    for step in steps or [""]:
-        if step not in STEPS:
-            raise ConfigError(f"unknown step {step!r} (valid: {', '.join(STEPS)}, or plain,tuned)")
-    return list(dict.fromkeys(steps))
-
-
-def expand_cells(cells: list[RunConfig], step: str, batch_sizes: str | None) -> list[RunConfig]:
-    """The matrix times the step loops times the batch sizes (cli.plan_compare calls this)."""
-    steps, sizes = parse_steps(step), parse_batch_sizes(batch_sizes)
+def expand_cells(cells: list[RunConfig], steps: tuple[str, ...],
+                 batch_sizes: tuple[int, ...] | None) -> list[RunConfig]:
+    """The matrix times the step loops times the batch sizes (cli.plan_compare calls this with the options
+    as the one declaration validated them: known steps, positive batch sizes)."""
+    sizes = sorted(set(batch_sizes or ()))
     out = []
     for cfg in cells:
         for size in sizes or [cfg.batch_size]:
-            for s in steps:
+            for s in dict.fromkeys(steps):
                 out.append(dataclasses.replace(cfg, step=s, batch_size=size, batch_sweep=bool(sizes)))
     return out
 
@@ -68,15 +52,19 @@ def timing_note(wall: float, median: float) -> str:
     return f"wall {-gap:.0%} above median step: uneven step times (a noisy machine)"
 
 
+MFU_RULE = f"MFU ≥ {COMPUTE_BOUND_MFU:.0%}, no --batch-sizes sweep"
+
+
 def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """host-bound / compute-bound per row, from measured numbers only.
+    """host-bound / compute-bound per row, from measured numbers only, each verdict naming its rule.
 
     With a larger batch size of the same cell measured: host-bound if its throughput rose by more than
     HOST_BOUND_GAIN (a per-step cost that does not grow with the batch dominated: Python, kernel
     launches, syncs), else compute-bound (the device's work per image sets the pace; that work may be
     math or memory traffic). The largest batch: compute-bound if throughput had already levelled off
-    from the batch below it, or if MFU against the measured matmul peak reaches COMPUTE_BOUND_MFU;
-    else "undetermined (run --batch-sizes)" (or a larger batch).
+    from the batch below it. Without a sweep the batch size says nothing: "compute-bound (MFU ≥ 50%, …)"
+    where MFU against the run's ceiling reaches COMPUTE_BOUND_MFU, with that rule beside it, else
+    "undetermined (run --batch-sizes)".
     """
     out = pd.Series("undetermined (run --batch-sizes)", index=table.index, dtype=object)
     group = [k for k in keys if k != "batch_size" and k in table]
@@ -89,5 +77,53 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
             elif k > 0 and thr[k - 1] > 0 and thr[k] / thr[k - 1] <= HOST_BOUND_GAIN:
                 out[i] = "compute-bound"  # the largest batch, already past where throughput levelled off
             elif np.isfinite(row.get("mfu_measured", np.nan)) and row["mfu_measured"] >= COMPUTE_BOUND_MFU:
-                out[i] = "compute-bound"
+                out[i] = f"compute-bound ({MFU_RULE})"
+    return out
+
+
+# ---- one FLOP/s ceiling per device and dtype, both frameworks measured against it ------------------------
+
+def _ceiling_key(runs: pd.DataFrame) -> list[str]:
+    return [k for k in ("machine", "device_name") if k in runs]
+
+
+def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each cell's MFU against its run's ceiling: the best ceiling_flops_measured of any cell of the run (both
+    frameworks, every precision) on the same device in the same ceiling dtype ("fp32 (bf16 emulated)" is
+    fp32). Each child times the same matmul size (kit/ceiling.py SIZES) in its own framework; the best of them
+    is the one rate the device was seen to reach, so MFU compares the frameworks on one ceiling rather than
+    each against its own matmul. Adds ceiling_flops; mfu_measured is recomputed from it."""
+    runs = runs.copy()
+    if "ceiling_flops_measured" not in runs or "ceiling_dtype" not in runs:
+        runs["ceiling_flops"] = np.nan
+        return runs
+    base = runs["ceiling_dtype"].fillna("").astype(str).str.split(" ").str[0]
+    keys = [runs[k].astype(str) for k in _ceiling_key(runs)] + [base]
+    best = runs["ceiling_flops_measured"].astype(float).groupby(keys).transform("max")
+    runs["ceiling_flops"] = best.where(base != "")
+    if "achieved_flops" in runs:
+        runs["mfu_measured"] = runs["achieved_flops"].astype(float) / runs["ceiling_flops"]
+    return runs
+
+
+def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
+    """Per device and ceiling dtype: the run's ceiling, the matmul it came from and each framework's own best."""
+    from amp_compare.contract.config import framework_label
+
+    if "ceiling_flops_measured" not in runs or runs["ceiling_flops_measured"].notna().sum() == 0:
+        return []
+    runs = runs[runs["ceiling_flops_measured"].notna()].copy()
+    runs["_dtype"] = runs["ceiling_dtype"].fillna("").astype(str).str.split(" ").str[0]
+    out = []
+    for key, g in runs.groupby([*_ceiling_key(runs), "_dtype"], sort=False):
+        sizes = sorted({int(v) for v in g.get("ceiling_matmul_size", pd.Series(dtype=float)).dropna()})
+        size = (f"{sizes[0]}×{sizes[0]} matmul" if len(sizes) == 1 else
+                f"square matmul of {sizes[0]} to {sizes[-1]} (cells recorded before one size was fixed)" if sizes
+                else "matmul")
+        own = ", ".join(f"{framework_label(fw)} {f.max() / 1e12:.3g}"
+                        for fw, f in g.groupby("framework", sort=False)["ceiling_flops_measured"])
+        device = f" on {key[-2]}" if len(key) > 1 and str(key[-2]) not in ("", "cpu") else ""
+        out.append(f"MFU is measured against one ceiling per device and dtype, the same for every framework: "
+                   f"{key[-1]}{device} {g['ceiling_flops_measured'].max() / 1e12:.3g} TFLOP/s, the best {size} "
+                   f"timed in any of the run's {len(g)} cells (each framework's own best: {own}).")
     return out

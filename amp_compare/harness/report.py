@@ -25,6 +25,7 @@ from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.harness import numerics_report as nr
+from amp_compare.harness import wording
 from amp_compare.harness.backend_split import keras_backend_split
 from amp_compare.harness.calibrate import describe as describe_steadiness
 from amp_compare.harness.settings_check import adam_gap_text, side_by_side
@@ -35,6 +36,7 @@ from amp_compare.harness.summary import (
     findings,
     formatted_summary,
     full_table,
+    interval_method,
     seed_counts_text,
     split_summary,
     summary_table,
@@ -125,15 +127,26 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _scale_counts_table(steps: pd.DataFrame) -> pd.DataFrame:
+def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per framework x loss-scaled mode: steps, skips, growth events ("could not grow" where the growth interval
+    was longer than the run: a 0 there would be no observation) and the first and final scale."""
     counts = nr.scale_counts(steps)
     counts = counts[counts["precision"].isin(precisions.scaled_names())] if not counts.empty else counts
     if counts.empty:
         return counts
+
+    def growth(r) -> str:
+        if r.precision not in precisions.names(loss_scaling="dynamic"):
+            return "n/a (fixed scale)"
+        cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)]
+        facts = nr.growth_facts(cells, steps)
+        return "could not grow (--growth-interval ≥ steps)" if facts and facts[1] <= facts[0] else \
+            f"{r.growth_events:.0f}"
+
     return pd.DataFrame({"Framework": counts["framework"].map(framework_label),
                          "Precision": counts["precision"], "Steps": counts["steps"].map("{:.0f}".format),
                          "Skipped": counts["skipped"].map("{:.0f}".format),
-                         "Growth events": counts["growth_events"].map("{:.0f}".format),
+                         "Growth events": [growth(r) for r in counts.itertuples()],
                          "First scale": counts["first_scale"].map("{:g}".format),
                          "Final scale": counts["final_scale"].map("{:g}".format)})
 
@@ -169,21 +182,34 @@ def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
-    """The Speed section's table: every mixed cell's speed ratio with its 95% interval and verdict."""
+    """The Speed section's table: every mixed cell's speed ratio with its 95% interval, what it is from, and
+    its verdict."""
     mixed = full[precisions.is_mixed(full["precision"])] if "speed_note" in full else full.iloc[0:0]
     if mixed.empty:
         return mixed
     multi = "machine" in mixed and mixed["machine"].nunique() > 1
+    basis = {"seeds": "t over {n} seeds' ratios", "steps": "one seed's timed steps (batch means)", "": "n/a"}
     return pd.DataFrame({
         **({"Machine": mixed["machine"]} if multi else {}),
         "Model": mixed["model"], "Dataset": mixed["dataset"], "Framework": mixed["framework"].map(framework_label),
         "Precision": mixed["precision"], "Speed vs fp32": mixed["speedup_vs_fp32"].map("{:.2f}×".format),
         "95% interval": [f"{lo:.2f}–{hi:.2f}×" if np.isfinite(lo) else "n/a"
                          for lo, hi in zip(mixed["speed_low"], mixed["speed_high"])],
+        "Interval from": [basis.get(b, b).format(n=int(n) if pd.notna(n) else 0)
+                          for b, n in zip(mixed["speed_basis"], mixed["speed_seeds"])],
         "Timed steps per cell": mixed["timed_steps"].map(lambda v: "n/a" if pd.isna(v) else f"{int(v)}"),
         "Slowest p90/p50": mixed["spread_p90_p50"].map(lambda v: "n/a" if pd.isna(v) else f"{v:.1f}×"),
         "Supported?": mixed["speed_note"].map(lambda v: f"⚠ {v}" if v else "yes"),
     })
+
+
+def _ttt_ratio_text(r) -> str:
+    """A mixed cell's time to target against fp32's: ratio, interval, ⚠ and why."""
+    ratio = getattr(r, "ttt_ratio", np.nan)
+    if not isinstance(ratio, float) or not np.isfinite(ratio):
+        return ""
+    text = f"{ratio:.2f}×" + (f" [{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else "")
+    return text + (f" ⚠ {r.ttt_note}" if isinstance(r.ttt_note, str) and r.ttt_note else "")
 
 
 def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
@@ -211,6 +237,7 @@ def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
             "Target": num(r.target * 100, ".1f") + "%" if timed else "",
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
                                    else num(r.time_to_target_s, ".1f")),
+            "vs fp32's time": _ttt_ratio_text(r) if timed else "",
             "Seeds reaching it": r.reached if timed else "",
         })
     return pd.DataFrame(rows)
@@ -423,72 +450,100 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
     drawn = [*fg.make_figures(runs, epochs, steps, out),
              fg.make_underflow_figure(underflow, out) if not underflow.empty else None,
              fg.make_headroom_figure(headroom, runs, out) if not headroom.empty else None,  # the vit
+             fg.make_gradient_histogram_figure(underflow, out) if not underflow.empty else None,
              fg.make_max_batch_figure(maxbatch, out) if not maxbatch.empty else None,
              fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out)]
     return [f for f in drawn if f]
 
 
-def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
+def _evidence(manifest: dict) -> dict:
+    """The environment the statistics judge the machine from: every calibration check of the run with it."""
+    return {**manifest["environment"], "calibrations": manifest.get("calibrations", [])}
+
+
+def _summary_context(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
+    """The Summary and Speed sections: the table, the findings and the sentences built from the run's facts."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    records.export_tables(run_dir, tables)
-    underflow = tables.get("underflow", pd.DataFrame())
-    dtypes = tables.get("dtypes", pd.DataFrame())
-    maxbatch = tables.get("maxbatch", pd.DataFrame())
-    environment = manifest["environment"]
-    full = full_table(runs, steps, epochs, environment)
+    evidence = _evidence(manifest)
+    accuracy = accuracy_statistics(runs, epochs, evidence)
+    full = full_table(runs, steps, epochs, evidence, accuracy)
     summary = formatted_summary(full)
     main_table, hardware, loop_text = split_summary(summary)
-    sentences = findings(runs, steps, environment, epochs)
-    acc_stats = accuracy_statistics(runs, epochs)
-    figures = _draw(run_dir, tables, acc_stats) if draw else []
-    verdict = cpu_half_precision_verdict(environment)
+    sentences = findings(runs, steps, evidence, epochs, table=full)
+    facts = wording.run_facts(manifest, runs, steps)
+    verdict = cpu_half_precision_verdict(manifest["environment"])
+    seeds_text = seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])
+    return {"full": full, "accuracy": accuracy, "summary": summary, "sentences": sentences, "facts": facts,
+            "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
+            "findings": sentences, "loop_text": loop_text, "legend": LEGEND,
+            "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
+            "emulated": full.get("ceiling_dtype", pd.Series(dtype=str)).fillna("").str.contains("emulated").any(),
+            "cpu_verdict": "" if any(verdict in s for s in sentences) else verdict,
+            "speed_ratio_table": _html_or_none(_speed_ratio_table(full)),
+            "speed_intro": wording.speed_intro(facts, interval_method(full)),
+            "steadiness": describe_steadiness(evidence), "seeds_text": seeds_text,
+            "accuracy_warnings": [s for s in sentences if s.startswith("Accuracy cannot be compared")]}
+
+
+def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) -> dict:
+    """The Loss scaling, Numerics and What happened sections."""
+    runs, steps = tables["run"], tables["steps"]
+    underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
+    headroom = tables.get("headroom", pd.DataFrame())
+    return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
+            "glossary": wording.glossary(facts), "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
+            "underflow_table": _html_or_none(_underflow_table(underflow)), "underflow_methods": nr.UNDERFLOW_METHODS,
+            "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
+            "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
+            "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
+            "what_happened": nr.what_happened(runs, steps, underflow) + nr.vit_what_happened(runs, headroom),
+            "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
+            "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
+
+
+def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool) -> dict:
+    """Everything report.html is rendered from."""
+    runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
+    summary = _summary_context(manifest, tables)
+    acc_stats = summary["accuracy"]
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
-    missing = [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
-    env_rows = environment_rows(environment, runs)
-    page = _env().get_template("report.html").render(
-        run_id=manifest["run_id"], env=environment, device=manifest["device"], device_names=device_names,
-        n_ok=len(ok_ids), n_cells=len(manifest["cells"]), missing=missing, sections=SECTIONS,
-        summary_html=table_html(main_table), findings=sentences, loop_text=loop_text,
-        hardware_table=_html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
-        cpu_verdict="" if any(verdict in s for s in sentences) else verdict,
-        accuracy_table=_html_or_none(_accuracy_table(acc_stats)), legend=LEGEND,
-        speed_ratio_table=_html_or_none(_speed_ratio_table(full)),
-        accuracy_warnings=[s for s in sentences if s.startswith("Accuracy cannot be compared")],
-        steadiness=describe_steadiness(environment),
-        figures=figures, warmup=manifest["defaults"]["warmup_steps"], cells=_cells(runs, epochs, steps),
-        env_rows=env_rows, command=manifest["command"], differences=framework_differences(runs, steps),
-        keras_split={k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
-                     for k, v in keras_backend_split(runs).items()},
-        notes=manifest.get("notes", []) + ([] if draw else [
-            "Figures were not drawn for this run (--no-figures): the tables below are complete; "
-            f"python -m amp_compare report {run_dir} draws them."]),
-        scale_counts=_html_or_none(_scale_counts_table(steps)),
-        timing_table=_html_or_none(_timing_table(runs)),
-        maxbatch_table=_html_or_none(_maxbatch_table(maxbatch)),
-        underflow_table=_html_or_none(_underflow_table(underflow)),
-        underflow_methods=nr.UNDERFLOW_METHODS,
-        dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
-        dtype_facts=nr.op_dtype_facts(dtypes, manifest["device"]),
-        nonfinite_table=_html_or_none(_nonfinite_table(runs)),
-        what_happened=nr.what_happened(runs, steps, underflow) + nr.vit_what_happened(
-            runs, tables.get("headroom", pd.DataFrame())),
-        headroom_table=_html_or_none(nr.headroom_table(tables.get("headroom", pd.DataFrame()))),
-        vit_dtype_tables={p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()},
-        seeds_text=seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"]),
-        settings_check=side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else []),
-        comparison=manifest["defaults"].get("comparison", "aligned"), init=manifest["defaults"].get("init", "shared"),
-    )
-    atomic_write_text(run_dir / "index.html", page)
+    notes = manifest.get("notes", []) + ([] if draw else [
+        "Figures were not drawn for this run (--no-figures): the tables below are complete; "
+        f"python -m amp_compare report {run_dir} draws them."])
+    return {
+        **summary, **_numerics_context(manifest, tables, summary["facts"]),
+        "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
+        "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
+        "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
+        "accuracy_table": _html_or_none(_accuracy_table(acc_stats)),
+        "figures": _draw(run_dir, tables, acc_stats) if draw else [], "warmup": manifest["defaults"]["warmup_steps"],
+        "cells": _cells(runs, epochs, steps), "env_rows": environment_rows(manifest["environment"], runs),
+        "command": manifest["command"], "differences": framework_differences(runs, steps),
+        "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
+                        for k, v in keras_backend_split(runs).items()},
+        "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
+        "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
+        "settings_check": side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else []),
+        "comparison": manifest["defaults"].get("comparison", "aligned"),
+        "init": manifest["defaults"].get("init", "shared"),
+    }
+
+
+def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
+    records.export_tables(run_dir, tables)
+    context = _page_context(run_dir, manifest, tables, draw)
+    atomic_write_text(run_dir / "index.html", _env().get_template("report.html").render(**context))
+    environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
-          table_markdown(summary), "", LEGEND, "", *[f"- {s}" for s in sentences]]
+          table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]]]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(md))
     render_runs_index(run_dir.parent)
-    return Rendered(run_dir / "index.html", runs, full, sentences)
+    return Rendered(run_dir / "index.html", tables["run"], context["full"], context["sentences"])
 
 
 def render_runs_index(reports_dir: Path) -> Path:

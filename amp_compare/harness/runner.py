@@ -141,7 +141,6 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     remove_partial(cell_dir)  # a resumed cell starts clean
     config_path = cell_dir / "config.json"
     atomic_write_text(config_path, cfg.to_json())
-    stderr_path = cell_dir / "stderr.log"
     missing = framework_missing(cfg.framework)
     if missing:
         write_failed_record(cell_dir, failed_run_table(cfg, run_id, missing, "", status="unavailable"))
@@ -151,8 +150,16 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     if cfg.init == "shared":
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
     start = time.monotonic()
-    proc = None
-    with open(stderr_path, "wb") as err:
+    returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event)
+    return _outcome(cfg, run_id, cell_dir, returncode, error, time.monotonic() - start)
+
+
+def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
+               on_event: Callable[[dict], None]) -> tuple[int, str]:
+    """Start the child, stream its progress lines to on_event, kill it at the timeout. Returns its exit code
+    and the harness's error ("" unless it timed out); Ctrl-C stops it and drops its unfinished tables."""
+    start, proc, error = time.monotonic(), None, ""
+    with open(cell_dir / "stderr.log", "wb") as err:
         try:
             with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
@@ -160,15 +167,12 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
             lines: queue.Queue = queue.Queue()
             reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
             reader.start()
-            error = ""
             while True:
                 try:
                     line = lines.get(timeout=0.1).decode(errors="replace")
                     if line.startswith(PROGRESS_PREFIX):
                         on_event(json.loads(line[len(PROGRESS_PREFIX):]))
-                except queue.Empty:
-                    pass
-                except json.JSONDecodeError:
+                except (queue.Empty, json.JSONDecodeError):
                     pass
                 if proc.poll() is not None and not reader.is_alive() and lines.empty():
                     break
@@ -183,14 +187,18 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
                 remove_partial(cell_dir)
             raise
         proc.wait()
-    wall = time.monotonic() - start
-    tail = stderr_tail(stderr_path)
+    return proc.returncode, error
+
+
+def _outcome(cfg: RunConfig, run_id: str, cell_dir: Path, returncode: int, error: str, wall: float) -> CellOutcome:
+    """The cell's outcome from how its child ended; a failed cell keeps only its (failed) run row."""
+    tail = stderr_tail(cell_dir / "stderr.log")
     status = "failed"
-    if not error and proc.returncode == EXIT_UNAVAILABLE:
+    if not error and returncode == EXIT_UNAVAILABLE:
         status = "unavailable"
         error = next((ln for ln in reversed(tail.splitlines()) if ln.startswith("unavailable:")), "unavailable")
-    if not error and proc.returncode != 0:
-        error = _describe_exit(proc.returncode)
+    if not error and returncode != 0:
+        error = _describe_exit(returncode)
     if not error and not (cell_dir / "run.parquet").exists():
         error = "exited without writing its records"
     if error:

@@ -1,7 +1,7 @@
 """Every run checks itself: the settings both frameworks actually trained with, compared per cell.
 
 Each child records `settings_used`, read back from the live model, optimizer and scaler, in its
-own framework's convention (torch_impl/train.py and keras_impl/train.py). In `--comparison aligned`
+own framework's convention (torch_impl/settings.py and keras_impl/settings.py). In `--comparison aligned`
 the two records of the same cell (model, dataset, precision, seed) must describe the same
 behaviour; `compare_settings` maps the conventions (BatchNorm momentum, loss-reduction names,
 no weight decay) and returns one row per setting with a match flag, and `check_runs` does it for

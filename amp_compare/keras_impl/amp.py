@@ -1,12 +1,13 @@
 """Keras 3's mixed-precision idiom, all of it: a mixed dtype policy + LossScaleOptimizer.
 
-Read beside torch_impl/amp.py: the same functions in the same order (torch adds FixedScaler and
-found_inf, what GradScaler lacks), so `diff` of the two files is the AMP difference between the
-frameworks. train.py, probe.py, numerics.py and the benchmarks take their policy, scaler and
-scaled step from here. What each precision mode means is one row of
-contract/precision.py. keras.ops where it can be, so the file reads the same on every Keras backend;
-only the scaled step's autodiff is each backend's own (Keras' per-backend train_step: TensorFlow's
-GradientTape, torch's backward, JAX's stateless value_and_grad), the AMP lines the same in all three.
+Read beside the other framework's amp.py (torch_impl/, keras_impl/): the same functions in the same
+order (torch adds FixedScaler, what GradScaler lacks), so `diff` of the two files is the
+AMP difference between the frameworks. train.py, loop.py, probe.py, numerics.py and the benchmarks
+take the AMP setting, loss scaling and scaled step from here. What each precision mode means is one
+row of contract/precision.py.
+keras.ops where it can be, so the file reads the same on every Keras backend; only the scaled step's
+autodiff is each backend's own (Keras' per-backend train_step: TensorFlow's GradientTape, torch's
+backward, JAX's stateless value_and_grad), the AMP lines the same in all three.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import keras
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import RunConfig
 from amp_compare.contract.mapping import framework_settings
+from amp_compare.kit.training import StepRecord
 
 
 def amp_setting(precision: str) -> str:
@@ -29,10 +31,11 @@ def mixed_precision(precision: str) -> None:
     keras.config.set_dtype_policy(amp_setting(precision))
 
 
-def make_scaler(cfg: RunConfig, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-    """AMP: loss scaling, which wraps the optimizer: fp16 dynamic in a LossScaleOptimizer (built
-    explicitly; compile would wrap it implicitly), fp16-static the optimizer's own loss_scale_factor
-    (x S before backward, / S after); other modes train with the optimizer as it is."""
+def with_loss_scaling(cfg: RunConfig, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """AMP: loss scaling, which wraps the optimizer (torch makes a scaler beside it): fp16 dynamic in a
+    LossScaleOptimizer (built explicitly; compile would wrap it implicitly), fp16-static the optimizer's
+    own loss_scale_factor (x S before backward, / S after); other modes train with the optimizer as it is.
+    Returns the optimizer to train with, which is also the "scaler" current_scale and settings_used take."""
     if cfg.loss_scaling == "static":  # AMP: Keras' own static scaling
         optimizer.loss_scale_factor = cfg.loss_scale  # what the constructor's loss_scale_factor sets
         return optimizer
@@ -45,16 +48,24 @@ def make_scaler(cfg: RunConfig, optimizer: keras.optimizers.Optimizer) -> keras.
 
 
 def current_scale(scaler: keras.optimizers.Optimizer):
-    """The live loss scale as a device tensor (scaler: the optimizer make_scaler returned); 1.0: no scaling."""
+    """The live loss scale as a device tensor, read without waiting for the device; 1.0: no scaling.
+    (scaler: the optimizer with_loss_scaling returned.)"""
     if isinstance(scaler, keras.optimizers.LossScaleOptimizer):
         return keras.ops.copy(keras.ops.convert_to_tensor(scaler.dynamic_scale))
     return keras.ops.convert_to_tensor(scaler.loss_scale_factor or 1.0, dtype="float32")
 
 
-def train_step(model: keras.Model, x, y):
-    """One scaled optimizer step (Keras' default train_step's core), on TensorFlow or Keras' torch backend.
-    Returns (loss, logits, scale used, skipped) as device tensors; a step is skipped when the optimizer did
-    not advance its iterations. JAX's stateless form: stateless_train_step."""
+def clip_gradients(max_norm: float | None) -> dict:
+    """--clip-grad-norm on the true gradients: the optimizer's global_clipnorm (as torch's clip_grad_norm_;
+    clipnorm would be per tensor), which Keras applies inside optimizer.apply, after LossScaleOptimizer has
+    unscaled. Returns the optimizer's constructor arguments."""
+    return {} if max_norm is None else {"global_clipnorm": max_norm}  # AMP: clipped after unscaling
+
+
+def train_step(model: keras.Model, x, y) -> StepRecord:
+    """One scaled optimizer step. Returns its StepRecord (kit/training.py) of device tensors; a step is
+    skipped when the optimizer did not advance its iterations. Keras' default train_step's core, on
+    TensorFlow or Keras' torch backend; JAX's stateless form: stateless_train_step."""
     if keras.backend.backend() == "torch":
         return _torch_train_step(model, x, y)
     import tensorflow as tf
@@ -70,7 +81,7 @@ def train_step(model: keras.Model, x, y):
     # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
     model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
     skipped = keras.ops.equal(model.optimizer.iterations, updates_before)  # a skipped update leaves the count
-    return loss, logits, scale_used, skipped
+    return StepRecord(loss, logits, scale_used, skipped)
 
 
 def _torch_train_step(model: keras.Model, x, y):
@@ -90,13 +101,13 @@ def _torch_train_step(model: keras.Model, x, y):
     with torch.no_grad():
         model.optimizer.apply([v.value.grad for v in variables], variables)
     skipped = keras.ops.equal(keras.ops.convert_to_tensor(model.optimizer.iterations), updates_before)
-    return loss.detach(), logits.detach(), scale_used, skipped
+    return StepRecord(loss.detach(), logits.detach(), scale_used, skipped)
 
 
 def stateless_train_step(model: keras.Model, state, x, y):
     """train_step on JAX, whose fit() is stateless: the model's (trainable, non-trainable, optimizer, metrics)
-    values go in and come out. Returns (loss, logits, scale used, skipped, new state); the scale and the
-    iteration count are read from the optimizer's state, not from its variables."""
+    values go in and come out. Returns (StepRecord, new state); the scale and the iteration count are read
+    from the optimizer's state, not from its variables."""
     import jax
 
     trainable, non_trainable, optimizer_state, metrics_state = state
@@ -115,7 +126,8 @@ def stateless_train_step(model: keras.Model, state, x, y):
     # halves the scale on overflow and doubles it after dynamic_growth_steps good steps.
     trainable, optimizer_state = model.optimizer.stateless_apply(optimizer_state, grads, trainable)
     skipped = optimizer_state[position[id(model.optimizer.iterations)]] == updates_before
-    return loss, logits, scale_used, skipped, (trainable, non_trainable, optimizer_state, metrics_state)
+    return (StepRecord(loss, logits, scale_used, skipped),
+            (trainable, non_trainable, optimizer_state, metrics_state))
 
 
 def describe_amp(cfg: RunConfig) -> str:

@@ -3,8 +3,9 @@
 The Keras model, its dtype policy, the optimizer and LossScaleOptimizer, the loss and the recorded
 values are one code path for every backend (keras_impl/train.py). What cannot be backend-neutral lives
 here, one function per concern, each with a branch per backend: threads and TF32 (set and read
-back), the device and its name, the framework version, the accelerator's peak memory, the matmul
-timing of the peak FLOP/s probe, and gradients of a loss for the numerics lab. TensorFlow-only code
+back), the device and its name, the framework version, how the step is compiled, the training memory
+peak, the matmul timing of the peak FLOP/s probe, and gradients of a loss for the numerics lab
+(torch_impl/device.py is the torch side's twin of the device functions). TensorFlow-only code
 (tf.data, tf.config, TF's memory info, the traced-graph dtype audit) stays on the TensorFlow path.
 
 The backend is fixed when Keras is imported, by KERAS_BACKEND (harness/runner.py sets it in the
@@ -23,6 +24,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from amp_compare.contract.config import KERAS_BACKENDS, RunConfig  # noqa: E402
+from amp_compare.kit.child import CpuPeakMemory  # noqa: E402
+from amp_compare.kit.training import TENSOR_DTYPES  # noqa: E402
 
 BACKEND = keras.backend.backend()  # "tensorflow", "jax" or "torch"
 TENSORFLOW, JAX, TORCH = BACKEND == "tensorflow", BACKEND == "jax", BACKEND == "torch"
@@ -200,10 +203,11 @@ def device_info(cfg: RunConfig) -> dict[str, object]:
             "torch_cuda_version": torch.version.cuda or ""}
 
 
-def reset_peak_memory(cfg: RunConfig) -> None:
-    """Start the accelerator's peak-memory window (JAX keeps one peak per process: nothing to reset)."""
+def start_memory_window(cfg: RunConfig) -> CpuPeakMemory | None:
+    """Training's memory window: the accelerator's peak reset (JAX keeps one peak per process: nothing to
+    reset), or the CPU's resident peak from now on."""
     if cfg.device != "cuda":
-        return
+        return CpuPeakMemory()
     if TENSORFLOW:
         import tensorflow as tf
 
@@ -212,6 +216,16 @@ def reset_peak_memory(cfg: RunConfig) -> None:
         import torch
 
         torch.cuda.reset_peak_memory_stats()
+    return None
+
+
+def training_peak(cfg: RunConfig, memory: CpuPeakMemory | None, dataset_bytes: int = 0) -> tuple[int, str]:
+    """The training peak since start_memory_window and what it measures; dataset_bytes: the training images
+    held on the device (DeviceImages, TensorFlow), reported apart, not as training memory."""
+    if memory is not None:
+        return memory.peak_bytes(), memory.kind + "_after_first_step"
+    peak, kind = peak_memory(cfg)
+    return (max(0, peak - dataset_bytes), kind + "_minus_dataset") if dataset_bytes else (peak, kind)
 
 
 def peak_memory(cfg: RunConfig) -> tuple[int, str]:
@@ -230,8 +244,26 @@ def peak_memory(cfg: RunConfig) -> tuple[int, str]:
     return torch.cuda.max_memory_allocated(), "torch_cuda_max_memory_allocated"
 
 
+def measure_ceiling(cfg: RunConfig, device_name: str) -> dict:
+    """The device's matmul FLOP/s ceiling for this cell's dtype (kit/ceiling.py), measured before training (after
+    it for JAX on a GPU, whose peak memory counts from the process's start: see train.train())."""
+    from amp_compare.kit import ceiling
+
+    return ceiling.measure_cell_ceiling(cfg.precision, cfg.tf32, cfg.device, device_name,
+                                        lambda name: time_matmul_function(cfg, TENSOR_DTYPES[name]))
+
+
+def compiled_text(jit_compile: bool) -> str:
+    """How the step is compiled on this backend, in words for the report's Environment table."""
+    if TENSORFLOW:
+        return "jit_compile=True (XLA)" if jit_compile else "tf.function (no XLA)"
+    if JAX:
+        return "jax.jit (XLA), Keras' default on JAX"
+    return "jit_compile=True (torch.compile)" if jit_compile else "eager (Keras' torch default)"
+
+
 def time_matmul_function(cfg: RunConfig, dtype: str):
-    """time_matmul(n, repeats) -> seconds for kit/peak.py, in this backend's own ops."""
+    """time_matmul(n, repeats) -> seconds for kit/ceiling.py, in this backend's own ops."""
     ops = keras.ops
 
     def time_matmul(n: int, repeats: int) -> float:

@@ -90,7 +90,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
                 bn_momentum: float | None = None, bn_epsilon: float | None = None,
                 stride2_padding: str = "symmetric", output_dtype: str | None = "float32",
                 vit: dict | None = None) -> keras.Model:
-    """input_shape is (H, W, C). model_class lets train.py add its train_step to the same graph.
+    """input_shape is (H, W, C). model_class lets loop.py's AmpModel add its train_step to the same graph.
 
     output_dtype: the final Dense layer's dtype policy. "float32" (the default, Keras' recommended
     mixed-precision idiom) gives float32 logits; None follows the global policy, i.e. the half dtype

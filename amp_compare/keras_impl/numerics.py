@@ -196,6 +196,32 @@ def _dtypes(op) -> str:
     return "+".join(dict.fromkeys(t.dtype.name for t in op.outputs if t.dtype.is_floating))
 
 
+def _op_owners(forward: list, backward: list, owners: dict[str, str | None],
+               attentions: set[str]) -> dict[str, str | None]:
+    """The layer (canonical scope name, "" for none) each op of the traced step belongs to, from the name
+    scopes recorded while tracing (owners: scope -> layer, filled in for every op and returned); attentions:
+    the MultiHeadAttention layers, which own a cast shared by their own projections (_common_parent)."""
+    for op in forward:
+        owners[op.name] = _owner(op.name, owners)
+    for op in forward:
+        if owners[op.name] is None:
+            # Layer.__call__ casts a layer's inputs to its compute dtype before opening the
+            # layer's scope: such a cast belongs to the one layer that consumes it.
+            consumers = {_owner(c.name, owners) for t in op.outputs for c in t.consumers()} - {None}
+            owners[op.name] = consumers.pop() if len(consumers) == 1 else _common_parent(consumers, attentions)
+    for op in backward:
+        # A gradient op is named after the forward op it differentiates ("gradient_tape/<name>/…"):
+        # same owner. Others (AddN summing the gradients of a tensor used twice) belong to the
+        # layer whose gradients they sum, or to no layer if they sum several layers' gradients.
+        differentiated = op.name.removeprefix(GRADIENT_SCOPE + "/")
+        owner = _owner(differentiated, owners) if differentiated != op.name else None
+        if owner is None:
+            producers = {owners.get(t.op.name) for t in op.inputs} - {None}
+            owner = producers.pop() if len(producers) == 1 else ""
+        owners[op.name] = owner
+    return owners
+
+
 def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
     """The dtype each op of one training step (forward, loss, backward) computes in, per layer.
 
@@ -225,26 +251,8 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
     with _recording_scopes(model) as scopes, paused(model):  # the vit's headroom recording off
         ops = step.get_concrete_function(tf.constant(x), tf.constant(y)).graph.get_operations()
     forward, backward = ops[:marks["backward_start"]], ops[marks["backward_start"]:]
-    owners: dict[str, str | None] = {**scopes, marks["loss_scope"]: LOSS}
-    for op in forward:
-        owners[op.name] = _owner(op.name, owners)
     attentions = {name for layer, name in _audit_layers(model) if isinstance(layer, keras.layers.MultiHeadAttention)}
-    for op in forward:
-        if owners[op.name] is None:
-            # Layer.__call__ casts a layer's inputs to its compute dtype before opening the
-            # layer's scope: such a cast belongs to the one layer that consumes it.
-            consumers = {_owner(c.name, owners) for t in op.outputs for c in t.consumers()} - {None}
-            owners[op.name] = consumers.pop() if len(consumers) == 1 else _common_parent(consumers, attentions)
-    for op in backward:
-        # A gradient op is named after the forward op it differentiates ("gradient_tape/<name>/…"):
-        # same owner. Others (AddN summing the gradients of a tensor used twice) belong to the
-        # layer whose gradients they sum, or to no layer if they sum several layers' gradients.
-        differentiated = op.name.removeprefix(GRADIENT_SCOPE + "/")
-        owner = _owner(differentiated, owners) if differentiated != op.name else None
-        if owner is None:
-            producers = {owners.get(t.op.name) for t in op.inputs} - {None}
-            owner = producers.pop() if len(producers) == 1 else ""
-        owners[op.name] = owner
+    owners = _op_owners(forward, backward, {**scopes, marks["loss_scope"]: LOSS}, attentions)
     counts: Counter[tuple[str, str, str, str]] = Counter()
     for phase, phase_ops in (("forward", forward), ("backward", backward)):
         for op in phase_ops:

@@ -13,7 +13,8 @@ float32 class token and position embedding keeps the stream (aligned mode, contr
 
 Headroom, as in torch_impl/vit.py: each LayerNorm keeps the largest |input| and each attention the largest
 |Q·Kᵀ| (float32, before any scale) of the training steps in a non-trainable float32 variable, updated inside
-the step; HeadroomRecorder reads and resets them once per epoch. `paused(model)` turns the recording off.
+the step; read_headroom reads and resets them once per epoch (loop.EpochRecorder, into the run's StepBook).
+`paused(model)` turns the recording off.
 `naive=True`: softmax(Q·Kᵀ) written out in the compute dtype, no max subtraction, no 1/√d (torch_impl/vit.py).
 """
 
@@ -217,17 +218,6 @@ def read_headroom(model: keras.Model) -> list[dict]:
                      {"layer": name, "quantity": "attention_logit", "max_abs": value * scale}]
         variable.assign(0.0)
     return rows
-
-
-class HeadroomRecorder(keras.callbacks.Callback):
-    """Reads the headroom variables at each epoch's end (one read per epoch) into rows tagged with the epoch."""
-
-    def __init__(self, rows: list[dict]):
-        super().__init__()
-        self.rows = rows
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.rows += [{**row, "epoch": epoch} for row in read_headroom(self.model)]
 
 
 def arguments(cfg, settings: dict) -> dict | None:

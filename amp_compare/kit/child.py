@@ -13,6 +13,7 @@ import argparse
 import importlib
 import io
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -97,13 +98,7 @@ class CpuPeakMemory:
 
     @staticmethod
     def _status_bytes(key: str) -> int:
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
+        return env.proc_status_bytes(key)
 
     def peak_bytes(self) -> int:
         return max(0, self._status_bytes("VmHWM") - self.baseline)
@@ -191,12 +186,13 @@ class DivergenceWatch:
     def update(self, losses: list[float], last_step: int) -> int | None:
         """Feed the losses of the steps up to `last_step`; returns the step the divergence began, or None."""
         for loss in losses:
-            self.run = 0 if np.isfinite(loss) else self.run + 1
+            self.run = 0 if math.isfinite(loss) else self.run + 1
         return last_step - self.run + 1 if self.run >= self.limit else None
 
 
 def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: int,
-                      train_time_s: float | None = None) -> dict[str, float]:
+                      train_time_s: float | None = None,
+                      epoch_times: list[tuple[float, int]] | None = None) -> dict[str, float]:
     """One timing protocol for both frameworks: warm-up steps dropped, distribution kept.
 
     The headline, throughput_img_s, is wall time: the images of the timed steps over the time they took
@@ -205,15 +201,22 @@ def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: in
     the two over TIMING_GAP is called out in the report (harness/perf.py). compile_warmup_s: what the
     warm-up steps took beyond as many median steps (tracing, compilation, CUDA-graph capture).
 
-    Where per-step times were not measured (Keras on a GPU, device mode: NaN), both come from the
-    training time over the steps and the percentiles stay missing.
+    Where per-step times were not measured (Keras on a GPU, device mode: NaN), both come from training time
+    over steps and the percentiles stay missing. epoch_times: (training seconds, steps) per epoch. The first
+    epoch holds the tracing and compilation (XLA, torch.compile) as the warm-up steps do in host mode: where
+    later epochs ran, they alone are timed and compile_warmup_s is what the first took beyond as many of
+    their steps (without them, all epochs: compilation included, compile_warmup_s missing).
     """
     nan = float("nan")
     if step_times and np.all(np.isnan(step_times)) and train_time_s:
-        median = train_time_s / len(step_times)
+        later = [(t, n) for t, n in (epoch_times or [])[1:] if n > 0]
+        median, warm = train_time_s / len(step_times), nan
+        if later:
+            median = sum(t for t, _ in later) / sum(n for _, n in later)
+            warm = max(0.0, epoch_times[0][0] - epoch_times[0][1] * median)
         return {"median_step_s": median, "p90_step_s": nan, "p99_step_s": nan,
                 "throughput_img_s": batch_size / median, "median_step_throughput_img_s": batch_size / median,
-                "steps_timed": 0, "compile_warmup_s": nan}
+                "steps_timed": 0, "compile_warmup_s": warm}
     times = np.asarray(step_times[warmup_steps:] or step_times, dtype=float)
     if times.size == 0:
         return {"median_step_s": nan, "p90_step_s": nan, "p99_step_s": nan, "throughput_img_s": nan,
@@ -231,10 +234,8 @@ def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: in
     }
 
 
-def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Dataset,
-                 wall_s: float) -> dict[str, pd.DataFrame]:
-    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
-                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+def steps_table(identity: dict, result: TrainResult, warmup_steps: int) -> pd.DataFrame:
+    """One row per training step: loss, loss scale, skipped, step time, and whether it is a warm-up step."""
     n = len(result.step_loss)
     steps = pd.DataFrame({
         **{k: [v] * n for k, v in identity.items()},
@@ -245,7 +246,29 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "skipped": np.asarray(result.step_skipped, dtype=bool),
         "step_time_s": np.asarray(result.step_time_s, dtype=float),
     })
-    steps["warmup"] = steps["step"] < cfg.warmup_steps
+    steps["warmup"] = steps["step"] < warmup_steps
+    return steps
+
+
+def derived_columns(run: dict, nonfinite: dict | None) -> dict:
+    """The run row's columns that follow from the others: achieved FLOP/s, MFU against both FLOP/s ceilings (the
+    cell's own; the report recomputes MFU against the run's one ceiling per device and dtype), and the NaN/Inf
+    locator's finding (nonfinite_step -1: none)."""
+    out = {"achieved_flops": run["flops_per_image"] * run["throughput_img_s"]}
+    for kind in ("measured", "table"):
+        ceiling = float(run.get(f"ceiling_flops_{kind}", float("nan")) or float("nan"))
+        out[f"mfu_{kind}"] = out["achieved_flops"] / ceiling if ceiling > 0 else float("nan")
+    out.update({f"nonfinite_{k}": (nonfinite or {}).get(k, "") for k in ("step", "where", "layer", "value", "tensor")})
+    if out["nonfinite_step"] == "":
+        out["nonfinite_step"] = -1
+    return out
+
+
+def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Dataset,
+                 wall_s: float) -> dict[str, pd.DataFrame]:
+    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
+                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+    steps = steps_table(identity, result, cfg.warmup_steps)
     epochs = pd.DataFrame([{**identity, **row} for row in result.epochs])
     last = result.epochs[-1] if result.epochs else {}
     train_time = float(sum(e["train_time_s"] for e in result.epochs))
@@ -268,7 +291,8 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "val_correct": pack_correct(result.val_correct) if result.val_correct is not None else "",
         "final_val_loss": last.get("val_loss", float("nan")),
         "final_train_loss": last.get("train_loss", float("nan")),
-        **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size, train_time),
+        **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size, train_time,
+                            [(e["train_time_s"], result.step_epoch.count(e["epoch"])) for e in result.epochs]),
         "train_time_s": train_time,
         # The first step carries tracing / compilation (torch.compile, XLA, tf.function) and kernel setup:
         # its excess over the median step is reported apart from step time.
@@ -286,14 +310,7 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
            for k, v in result.info.items()},
     }
-    run["achieved_flops"] = run["flops_per_image"] * run["throughput_img_s"]
-    for kind in ("measured", "table"):
-        peak = float(run.get(f"peak_flops_{kind}", float("nan")) or float("nan"))
-        run[f"mfu_{kind}"] = run["achieved_flops"] / peak if peak > 0 else float("nan")
-    nonfinite = result.nonfinite or {}
-    run.update({f"nonfinite_{k}": nonfinite.get(k, "") for k in ("step", "where", "layer", "value", "tensor")})
-    if run["nonfinite_step"] == "":
-        run["nonfinite_step"] = -1
+    run.update(derived_columns(run, result.nonfinite))
     tables = {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
     for name, rows in result.extra.items():
         tables[name] = pd.DataFrame([{**identity, **row} for row in rows])

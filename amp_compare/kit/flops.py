@@ -75,11 +75,6 @@ def layers(model: str, input_shape: tuple[int, int, int], num_classes: int, widt
     raise ValueError(f"unknown model {model!r} (valid: simple_cnn, resnet18, vit)")
 
 
-def forward_flops(model: str, input_shape: tuple[int, int, int], num_classes: int, width: int = 64,
-                  vit: dict | None = None) -> int:
-    return 2 * sum(layer.macs for layer in layers(model, input_shape, num_classes, width, vit))
-
-
 def train_flops(model: str, input_shape: tuple[int, int, int], num_classes: int, width: int = 64,
                 vit: dict | None = None) -> int:
     """FLOPs of one image's training step: forward, plus weight and input gradients (none for the images).

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from amp_compare.contract.config import ConfigError, RunConfig
+from amp_compare.contract.env import proc_status_bytes
 from amp_compare.kit.data import NUM_CLASSES, Dataset, load_dataset
 
 EXIT_OOM = 75  # sysexits EX_TEMPFAIL: this batch does not fit; a smaller one may
@@ -53,13 +54,7 @@ def format_size(size: float) -> str:
 
 def rss_bytes(pid: int | str = "self", key: str = "VmRSS") -> int:
     """A process's resident memory (VmRSS) or its peak (VmHWM) from /proc; 0 once it has gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
+    return proc_status_bytes(key, pid)
 
 
 def shape_dataset(name: str, data_dir: str | None = None) -> Dataset:

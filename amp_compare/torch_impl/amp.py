@@ -1,10 +1,11 @@
 """PyTorch's mixed-precision idiom, all of it: torch.autocast + torch.amp.GradScaler.
 
-Read beside keras_impl/amp.py: the same functions in the same order (torch adds FixedScaler and
-found_inf, what GradScaler lacks), so `diff` of the two files is the AMP difference between the
-frameworks. train.py, probe.py, numerics.py and the benchmarks take their autocast, scaler and
-scaled step from here. What each precision mode means is one row of
-contract/precision.py.
+Read beside the other framework's amp.py (torch_impl/, keras_impl/): the same functions in the same
+order (torch adds FixedScaler, what GradScaler lacks), so `diff` of the two files is the
+AMP difference between the frameworks. train.py, loop.py, probe.py, numerics.py and the benchmarks
+take the AMP setting, loss scaling and scaled step from here. What each precision mode means is one
+row of contract/precision.py.
+GradScaler's private fields, which the step's record needs, are read in scaler_state.py only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import RunConfig
 from amp_compare.contract.mapping import framework_settings
+from amp_compare.kit.training import StepRecord
+from amp_compare.torch_impl.scaler_state import constant, found_inf, peek
 
 
 def amp_setting(precision: str) -> torch.dtype | None:
@@ -54,38 +57,38 @@ def make_scaler(cfg: RunConfig) -> torch.amp.GradScaler:
 
 
 def current_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
-    """The live loss scale as a device tensor (get_scale() would synchronise every step); 1.0: no scaling."""
+    """The live loss scale as a device tensor, read without waiting for the device; 1.0: no scaling.
+    (GradScaler.get_scale() would wait: a Python float.)"""
+    state = peek(scaler)  # GradScaler's private fields, read in torch_impl/scaler_state.py only
     if not scaler.is_enabled():
-        return torch.ones((), device=scaler._device)
-    if scaler._scale is None:  # created lazily by the first scaler.scale()
-        return torch.full((), scaler.get_scale(), device=scaler._device)
-    return scaler._scale.detach().clone().reshape(())
+        return constant(state.device, 1.0, torch.float32)
+    if state.scale is None:  # created lazily by the first scaler.scale()
+        return torch.full((), scaler.get_scale(), device=state.device)
+    return state.scale.reshape(()).clone()  # update() changes the scale in place
 
 
-def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, device: torch.device) -> torch.Tensor:
-    """Whether scaler.step skipped this step's update (non-finite gradients), as a device tensor: read
-    between scaler.step() and scaler.update(), which clears it."""
-    state = scaler._per_optimizer_states.get(id(optimizer), {}) if scaler.is_enabled() else {}
-    found = state.get("found_inf_per_device")
-    if not found:
-        return torch.zeros((), dtype=torch.bool, device=device)
-    return sum(v.to(device, non_blocking=True) for v in found.values()).reshape(()) > 0
+def clip_gradients(model, optimizer, scaler: torch.amp.GradScaler, max_norm: float | None) -> None:
+    """--clip-grad-norm on the true gradients: unscaled first (clipping the scaled ones would clip at
+    max_norm x scale); scaler.step then knows they are unscaled."""
+    if max_norm is not None:
+        scaler.unscale_(optimizer)  # AMP: clip the true gradients, not the scaled ones
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
-def train_step(model, optimizer, scaler, x, y, amp_dtype, clip_grad_norm: float | None = None):
-    """One scaled optimizer step. Returns (loss, correct, skipped) as device tensors."""
-    with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):  # AMP: op-level casts
+def train_step(model, optimizer, scaler, x, y, precision: str, clip_grad_norm: float | None = None) -> StepRecord:
+    """One scaled optimizer step. Returns its StepRecord (kit/training.py) of device tensors; a step is
+    skipped when GradScaler found non-finite gradients and did not call optimizer.step."""
+    scale_used = current_scale(scaler)
+    with mixed_precision(precision, x.device.type):  # AMP: op-level casts
         logits = model(x)
         loss = F.cross_entropy(logits, y)  # autocast computes this in float32
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()  # AMP: backward of loss * scale
-    if clip_grad_norm is not None:
-        scaler.unscale_(optimizer)  # AMP: clip the true gradients, not the scaled ones
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+    clip_gradients(model, optimizer, scaler, clip_grad_norm)
     scaler.step(optimizer)  # AMP: unscale gradients; skip the update if any is inf/NaN
-    skipped = found_inf(scaler, optimizer, x.device)
+    skipped = found_inf(scaler, optimizer)  # GradScaler's own decision, read on the device (scaler_state.py)
     scaler.update()  # AMP: halve the scale on overflow, double it after growth_interval good steps
-    return loss.detach(), (logits.argmax(1) == y).sum(), skipped
+    return StepRecord(loss.detach(), logits.detach(), scale_used, skipped)
 
 
 def describe_amp(cfg: RunConfig) -> str:

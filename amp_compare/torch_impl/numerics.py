@@ -51,7 +51,7 @@ LAYOUT_OPS = {"clone", "_unsafe_view", "contiguous"}
 
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The training loss of torch_impl/train.py (autocast computes it in float32)."""
+    """The training loss of torch_impl/amp.py's train_step (autocast computes it in float32)."""
     return F.cross_entropy(logits, y)
 
 

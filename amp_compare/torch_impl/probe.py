@@ -16,7 +16,7 @@ import torch
 from amp_compare.contract.config import RunConfig
 from amp_compare.kit.data import Dataset
 from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes
-from amp_compare.torch_impl.amp import amp_setting, train_step
+from amp_compare.torch_impl.amp import train_step
 from amp_compare.torch_impl.train import compile_model, make_model, setup, to_device_images
 
 
@@ -24,14 +24,14 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
     """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
     setup(cfg)
     device = torch.device(cfg.device)
-    model, optimizer, scaler, net, graphs = compile_model(cfg, make_model(cfg, data), device)  # as train()
+    run = compile_model(cfg, make_model(cfg, data), device)  # as train()
     images, labels = to_device_images(x, device, cfg.channels_last), torch.from_numpy(y).to(device)
-    model.train()
+    run.model.train()
     for _ in range(2):
-        if graphs:
+        if run.graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        loss, _, _ = train_step(net, optimizer, scaler, images, labels, amp_setting(cfg.precision), cfg.clip_grad_norm)
-    loss.item()  # waits for the device: the steps have really run
+        record = train_step(run.net, run.optimizer, run.scaler, images, labels, cfg.precision, cfg.clip_grad_norm)
+    record.loss.item()  # waits for the device: the steps have really run
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "torch_cuda_max_memory_allocated"
     return rss_bytes(key="VmHWM"), PEAK_RSS_KIND

@@ -1,0 +1,171 @@
+"""The report's explanatory sentences, built from what the run contains (framework-free, pure).
+
+Section intros, the summary's list of precision modes, the loss-scaling explanation and which glossary
+entries appear are written from `RunFacts`: the precisions, frameworks and seeds that finished, the device,
+whether the precision order rotated per seed, the loss scale, the growth interval against the steps run and
+how many steps were skipped. A mode that did not run is not explained; a method that was not used is not
+named (tests/test_report_sentences.py renders reports from synthetic tables and checks the sentences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from amp_compare.contract import precision as precisions
+from amp_compare.contract.config import display_order, framework_label, is_keras
+
+
+@dataclass
+class RunFacts:
+    frameworks: list[str]
+    precisions: list[str]
+    seeds: list[int]
+    device: str
+    rotated: bool  # the precision order rotated with each seed (harness/order.py), as the run's cells show
+    loss_scale: float | None = None  # fp16-static's fixed scale
+    growth: tuple[int, int] | None = None  # (growth interval, steps each dynamic cell ran)
+    skipped: int | None = None  # steps skipped in all loss-scaled cells; None: no loss-scaled cell
+    halves: set = field(default_factory=set)  # the half formats that ran: float16, bfloat16
+
+    def ran(self, **where) -> list[str]:
+        """The modes of this run with the given attributes (precision.names' keywords)."""
+        return [p for p in precisions.names(**where) if p in self.precisions]
+
+    @property
+    def torch(self) -> bool:
+        return "torch" in self.frameworks
+
+    @property
+    def keras(self) -> bool:
+        return any(is_keras(f) for f in self.frameworks)
+
+
+def rotated_order(manifest: dict) -> bool:
+    """Whether the cells ran with the precision order rotated per seed: two seeds of one model/dataset that
+    started with different precisions (read from the order the manifest lists the cells in)."""
+    firsts: dict[tuple, dict] = {}
+    for c in manifest.get("configs", []) or []:
+        if isinstance(c, dict):
+            firsts.setdefault((c.get("model"), c.get("dataset")), {}).setdefault(c.get("seed"), c.get("precision"))
+    return any(len(set(by_seed.values())) > 1 for by_seed in firsts.values())
+
+
+def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
+    """What the run contains: its finished cells (any cell, where none finished) and the manifest's order."""
+    from amp_compare.harness.numerics_report import growth_facts
+
+    done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs and not runs.empty else runs
+    source = done if not done.empty else runs
+    matrix = manifest.get("matrix", {})
+    frameworks = sorted(set(source["framework"]) if "framework" in source else matrix.get("frameworks", []),
+                        key=lambda f: display_order(pd.Series([f])).iloc[0])
+    modes = [p for p in precisions.NAMES if p in set(source.get("precision", matrix.get("precisions", [])))]
+    seeds = sorted(set(source["seed"]) if "seed" in source else matrix.get("seeds", []))
+    scaled = steps[steps["precision"].isin(precisions.scaled_names())] if "precision" in steps else steps.iloc[0:0]
+    static = done.get("cfg_loss_scale", pd.Series(dtype=float)).dropna() if not done.empty else pd.Series()
+    return RunFacts(frameworks=frameworks, precisions=modes, seeds=seeds, device=manifest.get("device", "cpu"),
+                    rotated=rotated_order(manifest) and len(seeds) > 1,
+                    loss_scale=float(static.iloc[0]) if not static.empty else None,
+                    growth=growth_facts(done, steps) if not done.empty and "cell_id" in steps else None,
+                    skipped=int(scaled["skipped"].sum()) if not scaled.empty else None,
+                    halves={precisions.of(p).half for p in modes} - {None})
+
+
+def _how(facts: RunFacts) -> str:
+    """How each framework that ran computes a mixed mode."""
+    return " and ".join(([ "autocast in PyTorch"] if facts.torch else []) + (["a dtype policy in Keras"]
+                                                                           if facts.keras else []))
+
+
+def mode_text(facts: RunFacts, name: str) -> str:
+    """One precision mode as the summary's intro describes it, for this run's frameworks and settings."""
+    p = precisions.of(name)
+    if p.half is None:
+        return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
+    text = f"{_how(facts)}, computing most layers in {p.half}"
+    if p.loss_scaling == "dynamic":
+        return text + ", with dynamic loss scaling"
+    if p.loss_scaling == "static":
+        scale = f" {facts.loss_scale:g}" if facts.loss_scale else ""
+        return text + f", with the fixed loss scale{scale} (--loss-scale), never grown or backed off"
+    if p.half == "float16":
+        return text + ", with no loss scaling at all (gradients below float16's range flush to zero)"
+    return text + " (float32's exponent range, so no loss scaling)"
+
+
+def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
+    """The Summary section's first paragraph."""
+    who = "Each framework" if len(facts.frameworks) > 1 else (framework_label(facts.frameworks[0])
+                                                              if facts.frameworks else "The run")
+    n = len(facts.precisions)
+    modes = "; ".join(f"{p} ({mode_text(facts, p)})" for p in facts.precisions)
+    text = (f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: "
+            f"{modes}.")
+    if facts.ran(half="float16") or facts.ran(half="bfloat16"):
+        text += " Ratios compare each mixed mode with the same framework's fp32 of the same seed."
+    return text + f" Numbers are medians over {seeds_text}{f'; {loop_text}' if loop_text else ''}."
+
+
+def loss_scaling_intro(facts: RunFacts) -> list[str]:
+    """The Loss scaling section's explanation: only the modes this run had, and what happened to them."""
+    out = []
+    if facts.ran(loss_scaling="dynamic"):
+        apis = " and ".join((["torch.amp.GradScaler"] if facts.torch else []) +
+                            (["Keras' LossScaleOptimizer"] if facts.keras else []))
+        text = (f"{', '.join(facts.ran(loss_scaling='dynamic'))} uses dynamic loss scaling ({apis}): the loss is "
+                "multiplied by a scale before the backward pass so that small gradients survive in float16, the "
+                "gradients are divided by it again before the update, a step whose gradients overflow is skipped "
+                "and the scale halved")
+        if facts.growth:
+            interval, n = facts.growth
+            text += f", and after {interval:,} clean steps in a row the scale doubles"
+            text += (f". Each cell ran {n:,} steps, so in this run the scale could not grow, only back off (a "
+                     f"--growth-interval below {n:,} lets it grow)." if n <= interval else ".")
+        out.append(text + ("" if facts.growth else ", and after a run of clean steps the scale doubles."))
+    for name in facts.ran(loss_scaling="static"):
+        keras = "; Keras: the optimizer's loss_scale_factor, which applies them" if facts.keras else ""
+        torch = "torch: GradScaler held at it, still skipping non-finite steps" if facts.torch else ""
+        scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
+        out.append(f"{name} multiplies the loss by a fixed scale{scale} ({torch}{keras}).".replace("(; ", "("))
+    for name in facts.ran(half="float16", loss_scaling=None):
+        out.append(f"{name} does not scale at all: what float16 cannot hold is lost.")
+    if facts.ran(half="bfloat16"):
+        out.append(f"{', '.join(facts.ran(half='bfloat16'))} has float32's exponent range and needs no scaling.")
+    if facts.skipped is not None:
+        out.append("No step was skipped in this run." if facts.skipped == 0 else
+                   f"{facts.skipped:,} steps were skipped in all (each loss-scaled cell's count is below).")
+    return out or ["No float16 mode ran, so nothing was loss-scaled."]
+
+
+def speed_intro(facts: RunFacts, method: str) -> str:
+    """The Speed section's paragraph on ratios and their intervals, for the seeds and order this run had."""
+    seeds, how = len(facts.seeds), f" ({method})" if method else ""
+    text = (f"Speed ratios with their 95% interval{how}. Each ratio is the geometric mean over "
+            f"{'the seeds' if seeds > 1 else 'the one seed'} of mixed's wall-time throughput over the fp32 cell "
+            "of the same seed. ⚠ marks a ratio the run cannot support: an interval wider than 1.3× from end to "
+            "end or straddling 1×, no interval, fewer than 20 timed steps per cell (one seed), or a machine "
+            "that was busy or changed speed during the run.")
+    if facts.rotated:
+        text += (" Cells of one model and dataset ran seed after seed with the precision order rotated per seed, "
+                 "so a steady drift of the machine does not favour one precision.")
+    return text
+
+
+def numerics_intro(facts: RunFacts) -> str:
+    text = ("Measured outside the timed loop on each cell's first batch: which dtype every layer computes in "
+            "during one training step (the dtype audit)")
+    if "float16" in facts.halves:
+        text += (", and how the float32 gradients of every layer compare with float16's range at the first and "
+                 "the last step (loss scaling exists for the elements below float16's smallest subnormal, 2^-24, "
+                 "and must stay under its largest value, 65,504)")
+    return text + "."
+
+
+def glossary(facts: RunFacts) -> dict[str, bool]:
+    """Which glossary entries this run needs."""
+    return {"loss_scaling": bool(facts.ran(half="float16")), "dynamic": bool(facts.ran(loss_scaling="dynamic")),
+            "autocast": facts.torch and bool(facts.halves), "policy": facts.keras and bool(facts.halves),
+            "float16": "float16" in facts.halves, "bfloat16": "bfloat16" in facts.halves,
+            "tf32": facts.device == "cuda"}

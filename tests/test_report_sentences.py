@@ -1,0 +1,200 @@
+"""Every sentence of a report fits the run that was made (issue 28): reports rendered from synthetic tables.
+
+Each run folder here is written through contract/records.py as a child would write it, with the manifest a
+compare writes (cells in harness/order.py's order), and rendered by the same `report.render` a compare calls
+(no figures: seconds, no training). The cases are the runs issue 28 audited: one seed; the loss-scaling lab
+without bf16; a busy machine; a single framework; and a three-seed run whose seeds disagree.
+"""
+
+import html as html_lib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from amp_compare.contract import records
+from amp_compare.contract.config import RunConfig
+from amp_compare.harness import report
+from amp_compare.harness.order import interleaved_order
+
+CPU = {"cpu_model": "Test CPU", "cpu_amp_flags": "avx2,fma,f16c", "cpu_bf16_hardware": False,
+       "cpu_fp16_hardware": False}
+STEADY = [{"when": "before the matrix", "ms": 3.0, "spread": 0.04}, {"when": "after a", "ms": 3.05, "spread": 0.05}]
+BUSY = [{"when": "before the matrix", "ms": 7.9, "spread": 1.84}, {"when": "after a", "ms": 8.0, "spread": 0.3}]
+N_VAL = 200
+
+
+def _histogram(scale_log2: int) -> str:
+    """A log2-magnitude histogram as the children record it (kit/fp16.py: JSON of {floor(log2|g|): count})."""
+    counts = {k: 0 for k in range(-40, 17)}
+    for k, n in zip(range(-27, -4), [1, 2, 4, 8, 16, 30, 50, 80, 120, 160, 200, 220, 200, 160, 120, 80, 50, 30, 16,
+                                     8, 4, 2, 1]):
+        counts[k] = n
+    return json.dumps({str(k): v for k, v in counts.items()})
+
+
+def _tables(cfg: RunConfig, speed: float, steps: int, rng, epochs: int) -> dict[str, pd.DataFrame]:
+    identity = {"run_id": "r", "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
+                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+    times = 0.01 / speed * (1 + 0.05 * rng.random(steps))
+    dynamic, static = cfg.precision == "fp16", cfg.precision == "fp16-static"
+    scale = 2.0**15 if dynamic else cfg.loss_scale if static else 1.0
+    step_rows = pd.DataFrame({**{k: [v] * steps for k, v in identity.items()}, "epoch": np.arange(steps) * epochs
+                              // steps, "step": np.arange(steps), "loss": 2.0 - np.arange(steps) / steps,
+                              "loss_scale": scale, "skipped": False, "step_time_s": times, "warmup": False})
+    correct = rng.random(N_VAL) < 0.9
+    run = {**identity, "schema_version": records.SCHEMA_VERSION, "status": "ok", "error": "",
+           **{f"cfg_{k}": v for k, v in cfg.to_dict().items() if k not in identity},
+           "throughput_img_s": 64 * steps / times.sum(), "median_step_throughput_img_s": 64 / np.median(times),
+           "median_step_s": np.median(times), "p90_step_s": np.percentile(times, 90),
+           "p99_step_s": np.percentile(times, 99), "epoch_throughput_img_s": 64 * steps / times.sum(),
+           "first_step_overhead_s": 0.0, "peak_memory_bytes": 100 * 2**20 * (0.9 if cfg.precision != "fp32" else 1),
+           "memory_kind": "cpu_peak_rss_above_baseline_after_first_step", "final_val_accuracy": correct.mean(),
+           "val_samples": N_VAL, "val_correct": records.pack_correct(correct), "skipped_steps": 0,
+           "steps_total": steps, "cpu_model": CPU["cpu_model"]}
+    curve = 0.9 - 0.1 * 0.1 ** np.arange(epochs)[::-1]  # levelled off: 0.8, 0.89, 0.899 for 3 epochs
+    epoch_rows = pd.DataFrame([{**identity, "epoch": e, "train_loss": 1.0, "train_accuracy": 0.9, "val_loss": 1.0,
+                                "val_accuracy": curve[e] if e < epochs - 1 else correct.mean(),
+                                "train_time_s": times.sum() / epochs, "eval_time_s": 0.1} for e in range(epochs)])
+    tables = {"run": pd.DataFrame([run]), "epochs": epoch_rows, "steps": step_rows}
+    if cfg.precision.startswith("fp16"):
+        tables["underflow"] = pd.DataFrame([
+            {**identity, "layer": layer, "param": "weight", "when": when, "elements": 1000, "nonzero": 1000,
+             "zero_fraction": 0.0, "flush_fraction_unscaled": 0.02, "subnormal_fraction_unscaled": 0.1,
+             "flush_fraction_scaled": 0.0 if scale > 1 else 0.02, "subnormal_fraction_scaled": 0.01,
+             "overflow_fraction_scaled": 0.0, "zero_fraction_mixed": lost, "lost_fraction_mixed_unscaled": lost,
+             "lost_fraction_mixed_scaled": lost if scale == 1 else 0.0, "loss_scale": scale,
+             "log2_hist": _histogram(0), "method": "test"}
+            for when in ("first step", "last step") for layer, lost in (("conv1", 0.03), ("fc", 0.001))])
+    return tables
+
+
+def write_run(tmp_path, frameworks=("torch", "tf"), precisions=("fp32", "fp16", "bf16"), seeds=(0, 1, 2),
+              speeds=None, steps=200, calibrations=STEADY, loss_scale=None, epochs=3):
+    """A finished compare's folder from synthetic tables; speeds[(framework, precision)] -> per-seed speed."""
+    rng = np.random.default_rng(0)
+    run_dir = tmp_path / "r"
+    cells = interleaved_order([RunConfig(framework=fw, precision=p, seed=s, dataset="synthetic", epochs=epochs,
+                                         loss_scale=loss_scale if p == "fp16-static" else None)
+                               for s in seeds for p in precisions for fw in frameworks])
+    for cfg in cells:
+        speed = (speeds or {}).get((cfg.framework, cfg.precision), [1.0 if cfg.precision == "fp32" else 0.5] * 9)
+        records.write_cell(run_dir / "cells" / cfg.cell_id, _tables(cfg, speed[cfg.seed], steps, rng, epochs))
+    manifest = {"run_id": "r", "command": "python -m amp_compare compare (synthetic)", "device": "cpu", "notes": [],
+                "matrix": {"frameworks": list(frameworks), "models": ["simple_cnn"], "datasets": ["synthetic"],
+                           "precisions": list(precisions), "seeds": list(seeds)},
+                "defaults": {"warmup_steps": 0, "comparison": "aligned", "init": "shared"},
+                "cells": [c.cell_id for c in cells], "configs": [c.to_dict() for c in cells],
+                "environment": {**CPU, "timestamp": "2026-11-23T00:00:00+00:00"}, "calibrations": calibrations}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    return run_dir
+
+
+def make_run(tmp_path, **kwargs) -> tuple:
+    """write_run, rendered as a compare renders it (no figures): (report.Rendered, the page's text)."""
+    run_dir = write_run(tmp_path, **kwargs)
+    rendered = report.render(run_dir, figures=False)
+    return rendered, html_lib.unescape((run_dir / "index.html").read_text())
+
+
+def section(html: str, name: str) -> str:
+    """The text of one report section (from its heading to the next)."""
+    start = html.index(f'<h2 id="{name}">')
+    end = html.find("<h2 ", start + 1)
+    return html[start:end if end > 0 else None]
+
+
+def one(sentences: list[str], text: str) -> str:
+    found = [s for s in sentences if text in s]
+    assert len(found) == 1, (text, sentences)
+    return found[0]
+
+
+def test_one_seed_says_its_spread_is_unknown_and_names_no_method_it_did_not_use(tmp_path):
+    rendered, html = make_run(tmp_path, seeds=(0,))
+    said = rendered.findings
+    one(said, "With one seed a speed interval covers the step-to-step noise of that seed's two cells only")
+    memory = one(said, "peak memory against fp32")
+    assert memory.endswith("⚠: one seed: seed-to-seed spread unknown, no interval.")
+    text = " ".join(said) + section(html, "speed") + section(html, "summary")
+    for absent in ("rotated", "Student's t", "bootstrap over step times and seeds", "seeds'"):
+        assert absent not in text, absent
+    assert "batch means of one seed's timed steps (seed-to-seed spread unknown)" in section(html, "speed")
+    assert "medians over one seed (0)" in section(html, "summary")
+    time = one(said, "training time to")
+    assert "⚠: one seed: seed-to-seed spread unknown, no interval." in time
+    assert "Every cell reached it in the same epoch (0), so these times differ only as the training speed does." \
+        in time
+
+
+def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path):
+    rendered, html = make_run(tmp_path, precisions=("fp32", "fp16", "fp16-noscale", "fp16-static"), seeds=(0,),
+                              loss_scale=1024.0, steps=264)
+    intro = section(html, "summary").split("</p>")[0]
+    assert "trained the same network on the same data in 4 precision modes: fp32 (everything in float32); fp16 (" \
+        in intro
+    assert "fp16-static (autocast in PyTorch and a dtype policy in Keras, computing most layers in float16, with " \
+           "the fixed loss scale 1024 (--loss-scale), never grown or backed off)" in intro
+    for part in (intro, section(html, "loss_scaling"), section(html, "glossary"), section(html, "numerics")):
+        assert "bf16" not in part and "bfloat16" not in part and "three precision modes" not in part
+    scaling = section(html, "loss_scaling")
+    assert ("Each cell ran 264 steps, so in this run the scale could not grow, only back off (a --growth-interval "
+            "below 264 lets it grow).") in scaling
+    assert "could not grow (--growth-interval ≥ steps)" in scaling  # the counts table: no "0 growth events"
+    assert "No step was skipped in this run." in scaling and "No loss-scaled cell" not in scaling
+    assert "grew the scale 0 times" not in html
+    table = rendered.table.set_index(["framework", "precision"])["skipped_steps"]
+    assert np.isnan(table[("torch", "fp16-noscale")]) and np.isnan(table[("torch", "fp32")])
+    assert table[("torch", "fp16")] == 0 and table[("torch", "fp16-static")] == 0
+    assert "| fp16-noscale | 1 |" in (tmp_path / "r" / "summary.md").read_text()
+    happened = section(html, "what_happened")
+    assert ("PyTorch fp16-noscale, last step: 31 of the 2,000 non-zero gradient elements (1.55%) came out exactly "
+            "zero in the real float16 backward (no loss scaling); most were in conv1.weight (30, 97%), then "
+            "fc.weight (1, 3%).") in happened
+    assert ("PyTorch fp16, last step: the largest |gradient| was below 2^-4; times the loss scale in use (32768) "
+            "below 2,048 — at least 32× under float16's largest value 65,504, so nothing overflowed.") in happened
+
+
+def test_a_busy_machine_marks_every_speed_ratio_and_time_and_says_so(tmp_path):
+    rendered, html = make_run(tmp_path, calibrations=BUSY)
+    said = rendered.findings
+    steady = one(said, "Machine steadiness")
+    assert "the machine was busy (the rounds of one calibration varied by 184%)" in steady
+    assert "held steady" not in html
+    mixed = rendered.table[rendered.table["precision"] != "fp32"]
+    assert (mixed["speed_note"] == "machine busy: rounds of one calibration varied by 184%").all()
+    assert (mixed["ttt_note"] == "machine busy: rounds of one calibration varied by 184%").all()
+    assert (mixed["memory_note"] == "").all()  # memory is no timing: the machine's load does not mark it
+    assert one(said, "speed ratios are marked ⚠").startswith("4 of 4 speed ratios are marked ⚠, the run's evidence "
+                                                             "does not support them: 4 for a machine that was not "
+                                                             "steady.")
+
+
+def test_a_single_framework_run_speaks_of_that_framework_only(tmp_path):
+    rendered, html = make_run(tmp_path, frameworks=("torch",))
+    intro = section(html, "summary").split("</p>")[0]
+    assert "PyTorch trained the same network on the same data in 3 precision modes" in intro
+    assert "Each framework" not in intro and "Keras" not in intro
+    for part in (section(html, "loss_scaling"), section(html, "glossary"), section(html, "numerics")):
+        assert "Keras" not in part and "LossScaleOptimizer" not in part
+    assert not any("Keras" in s for s in rendered.findings)
+
+
+def test_seeds_that_disagree_get_an_interval_holding_their_own_ratios(tmp_path):
+    """Issue 28's default run, re-made: PyTorch bf16 per-seed ratios 0.70, 1.05, 1.06 ("1.04× [1.02–1.05]"),
+    Keras fp16 0.22, 0.14, 0.26 ("0.23× [0.22–0.23]"), with the precision order rotated per seed."""
+    speeds = {("torch", "bf16"): [0.70, 1.05, 1.06], ("tf", "fp16"): [0.22, 0.14, 0.26]}
+    rendered, html = make_run(tmp_path, speeds=speeds, steps=200)
+    t = rendered.table.set_index(["framework", "precision"])
+    for key, seeds in speeds.items():
+        r = t.loc[key]
+        assert r["speed_low"] < min(seeds) * 0.99 and r["speed_high"] > max(seeds) * 1.01, (key, r["speed_low"])
+        assert r["speed_low"] <= r["speedup_vs_fp32"] <= r["speed_high"]
+        assert r["speed_note"].startswith("noisy")
+    assert t.loc[("torch", "bf16"), "speedup_vs_fp32"] == pytest.approx(0.92, abs=0.01)  # the seeds' geometric mean
+    speed = section(html, "speed")
+    assert "Student's t over the 3 seeds' own ratios" in speed
+    assert "seed after seed with the precision order rotated per seed" in speed
+    line = one(rendered.findings, "simple_cnn on synthetic, PyTorch (3 seeds): against fp32")
+    assert "bf16 at 0.92× [" in line and "⚠ noisy: interval" in line
