@@ -20,9 +20,9 @@ def lab_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lab")
     proc = subprocess.run(
         [sys.executable, "-m", "amp_compare", "compare", "--precisions", "fp16,fp16-noscale,fp16-static",
-         "--loss-scale", "1024", "--init-scale", str(2.0**40), "--fp32-layers", "fc", "--datasets", "synthetic",
-         "--epochs", "1", "--steps-per-epoch", "4", "--batch-size", "16", "--seeds", "0", "--device", "cpu",
-         "--warmup-steps", "1", "--no-figures", "--out", str(out), "--run-id", "lab"],
+         "--loss-scale", "1024", "--init-scale", str(2.0**40), "--fp32-layers", "fc", "--models", "simple_cnn",
+         "--datasets", "synthetic", "--epochs", "1", "--steps-per-epoch", "4", "--batch-size", "16", "--seeds", "0",
+         "--device", "cpu", "--warmup-steps", "1", "--no-figures", "--out", str(out), "--run-id", "lab"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = out / "lab" / "data"

@@ -9,13 +9,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 BAD = [
-    (["--models", "vgg"], "unknown model 'vgg' (valid: simple_cnn, resnet18)"),
+    (["--models", "vgg"], "unknown model 'vgg' (valid: simple_cnn, resnet18, vit)"),
     (["--datasets", "imagenet"],
      "unknown dataset 'imagenet' (valid: digits, synthetic, synthetic_cifar, cifar10, cifar100)"),
     (["--precisions", "fp32,fp8"], "unknown precision 'fp8' (valid: fp32, fp16, bf16, fp16-noscale, fp16-static)"),
     (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf, keras-jax, keras-torch)"),
     (["--device", "tpu"], "unknown device 'tpu' (valid: auto, cpu, cuda)"),
-    (["--optimizer", "lion"], "unknown optimizer 'lion' (valid: adam, sgd)"),
+    (["--optimizer", "lion"], "unknown optimizer 'lion' (valid: auto, adam, adamw, sgd)"),
     (["--epochs", "0"], "epochs must be a positive int (1..9223372036854775807), got 0"),
     (["--batch-size", "-1"], "batch_size must be a positive int (1..9223372036854775807), got -1"),
     (["--steps-per-epoch", "0"], "steps_per_epoch must be a positive int (1..9223372036854775807) or null, got 0"),
@@ -39,7 +39,7 @@ BAD = [
     (["--warmup-steps", str(2**63)], "warmup_steps must be a non-negative int (0..9223372036854775807), got 9223"),
     # Non-finite numbers.
     (["--timeout", "nan"], "timeout must be a positive finite float, got nan"),
-    (["--lr", "inf"], "lr must be a positive finite float, got inf"),
+    (["--lr", "inf"], "lr must be a positive finite float or null, got inf"),
     (["--precisions", "fp16-static", "--loss-scale", "inf"],
      "loss_scale must be a positive finite float or null, got inf"),
     (["--init-scale=-inf"], "init_scale must be a positive finite float, got -inf"),
@@ -103,7 +103,8 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypatch
 
 def test_bad_input_through_the_real_entry_point(tmp_path):
     proc = _compare(["--lr", "inf"], tmp_path / "reports")
-    assert proc.returncode == 2 and proc.stderr == "amp-compare: error: lr must be a positive finite float, got inf\n"
+    assert proc.returncode == 2
+    assert proc.stderr == "amp-compare: error: lr must be a positive finite float or null, got inf\n"
     assert not (tmp_path / "reports").exists()
 
 
@@ -133,7 +134,7 @@ CONFIG_BAD = [
     ('{"compile": 1}', "compile must be true or false, got 1"),
     ('{"epochs": "3"}', "epochs must be a positive int (1..9223372036854775807), got '3'"),
     ('{"epochs": 2.5}', "epochs must be a positive int"),
-    ('{"lr": 1e999}', "lr must be a positive finite float, got inf"),
+    ('{"lr": 1e999}', "lr must be a positive finite float or null, got inf"),
     ('{"growth_interval": 18446744073709551616}', "growth_interval must be a positive int"),
     ('{"precisions": ["fp32", "fp32"]}', "precisions lists 'fp32' more than once"),
     ('{"resume": "r1"}', "unknown option(s) resume in config file"),
@@ -163,6 +164,11 @@ def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
     assert {c.epochs for c in cells} == {options["epochs"].default_for("cpu")} == {12}
     assert {c.batch_size for c in cells} == {options["batch_size"].default_for("cpu")}
     assert sorted({c.seed for c in cells}) == list(options["seeds"].default_for("cpu"))
+    # the vit beside simple_cnn, at seed 0 only on a CPU (DEFAULT_MODEL_SEEDS), unless seeds are given
+    assert {c.model for c in cells} == {"simple_cnn", "vit"} and {c.seed for c in cells if c.model == "vit"} == {0}
+    args = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path),
+                                                       "--seeds", "0,1"]))
+    assert {c.seed for c in plan_compare(args)[1] if c.model == "vit"} == {0, 1}
 
 
 def test_options_page_is_the_declaration():
@@ -337,8 +343,9 @@ def test_a_full_disk_while_the_report_is_written_is_one_line_and_keeps_every_cel
     monkeypatch.setattr(runner, "run_cell", synthetic_cell)
     _disk_full_after(monkeypatch, "/data/")
     out = tmp_path / "reports"
-    rc = main(["compare", "--device", "cpu", "--frameworks", "torch", "--precisions", "fp32,fp16", "--seeds", "0",
-               "--datasets", "synthetic", "--epochs", "3", "--run-id", "full", "--out", str(out), "--no-figures"])
+    rc = main(["compare", "--device", "cpu", "--frameworks", "torch", "--models", "simple_cnn", "--precisions",
+               "fp32,fp16", "--seeds", "0", "--datasets", "synthetic", "--epochs", "3", "--run-id", "full", "--out",
+               str(out), "--no-figures"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == EXIT_REPORT_UNWRITTEN == 4
     line = err[-1]

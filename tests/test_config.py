@@ -21,7 +21,7 @@ def test_defaults_are_valid_and_round_trip_through_json():
         ("dataset", "imagenet", "valid: digits"),
         ("precision", "fp8", "valid: fp32, fp16, bf16"),
         ("device", "tpu", "valid: cpu, cuda"),
-        ("optimizer", "lion", "valid: adam, sgd"),
+        ("optimizer", "lion", "valid: auto, adam, adamw, sgd"),
         ("epochs", 0, "positive"),
         ("batch_size", -4, "positive"),
         ("steps_per_epoch", 0, "positive"),
@@ -107,8 +107,8 @@ def test_layer_names_are_those_both_real_models_have(model):
     from amp_compare.keras_impl import models as km
     from amp_compare.keras_impl import numerics as kn
 
-    shape = (32, 32, 3) if model == "resnet18" else (8, 8, 1)
-    torch_names = {n for n, _ in torch_models.build_model(model, shape[::-1], 10, width=4).named_modules() if n}
+    shape = {"resnet18": (32, 32, 3), "vit": (16, 16, 1)}.get(model, (8, 8, 1))
+    torch_names = {n for n, _ in torch_models.build_model(model, shape, 10, width=4).named_modules() if n}
     keras = km.build_model(model, shape, 10, width=4)
     keras_names = {b for layer in kn._layers(keras) for b in kn._block_names(kn.canonical_name(layer))}
     assert set(model_layer_names(model)) == torch_names & keras_names

@@ -108,3 +108,21 @@ def test_both_frameworks_get_identical_batches(augment):
         np.testing.assert_array_equal(keras_batches[k][0], images[idx])
     if augment:
         assert not np.array_equal(keras_batches[0][0], data.x_train[plan[0, 0]])
+
+
+def test_train_samples_known_without_loading_are_the_loaded_ones():
+    """kit/schedule.py plans a run's updates from TRAIN_SAMPLES (both children, from the config alone): each bundled
+    dataset's count must be what loading it gives (CIFAR's training sets are 50,000 by definition; synthetic_cifar
+    is split by the same rule as synthetic)."""
+    from amp_compare.kit.data import TRAIN_SAMPLES
+    from amp_compare.kit.schedule import lr_factor, run_updates, warmup_updates
+
+    for name in ("digits", "synthetic"):
+        assert TRAIN_SAMPLES[name] == len(load_dataset(name).x_train), name
+    from amp_compare.contract.config import RunConfig
+
+    cfg = RunConfig(model="vit", dataset="digits", epochs=12, batch_size=64)
+    assert run_updates(cfg) == (12 * (TRAIN_SAMPLES["digits"] // 64), warmup_updates(12 * 22, 0.1)) == (264, 26)
+    factors = [lr_factor(u, 264, 26) for u in range(264)]
+    assert factors[0] == 1 / 26 and factors[25] == 1.0 and factors[26] == 1.0  # warm-up, then the cosine's top
+    assert all(a >= b for a, b in zip(factors[26:], factors[27:])) and 0 < factors[-1] < 1e-3

@@ -6,8 +6,10 @@ import pytest
 from amp_compare.kit import weights as cw
 
 SIMPLE_CNN = [("conv1", 320), ("conv2", 18496), ("fc", 10250)]
-CASES = {"simple_cnn": ((16, 16, 1), {}), "resnet18": ((16, 16, 3), {"width": 4})}
+VIT = {"dim": 16, "depth": 2, "heads": 2, "patch": 4, "mlp_ratio": 2}
+CASES = {"simple_cnn": ((16, 16, 1), {}), "resnet18": ((16, 16, 3), {"width": 4}), "vit": ((16, 16, 1), {"vit": VIT})}
 RESNET18_CIFAR_PARAMS = 11_173_962  # the usual count for CIFAR ResNet-18: width 64, 10 classes
+VIT_LAYERS = 14
 RESNET18_LAYERS = 41  # stem conv + BN, 8 blocks x (2 conv + 2 BN), 3 projection shortcuts x (conv + BN), fc
 
 
@@ -28,21 +30,27 @@ def build_keras(name, **kwargs):
 
 
 def values(model) -> dict[str, np.ndarray]:
-    """Keras' own variables, in Keras layout."""
+    """Keras' own weights, in Keras layout (not the vit's headroom recorders)."""
     import keras
 
-    return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+    return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights if v.name not in cw.RECORDERS}
 
 
 def torch_layers(model) -> list[tuple[str, int, int]]:
-    """(Keras name, trainable, non-trainable) for each module holding weights; buffers count as non-trainable."""
-    rows = []
+    """(Keras name, trainable, non-trainable) for each module holding weights; buffers count as non-trainable.
+    An attention's four projections count towards the attention (Keras' MultiHeadAttention holds its own)."""
+    rows: dict[str, list[int]] = {}
     for name, module in model.named_modules():
         params = sum(p.numel() for p in module.parameters(recurse=False))
         buffers = sum(b.numel() for n, b in module.named_buffers(recurse=False) if n not in cw.SKIPPED)
+        parent, _, part = name.rpartition(".")
+        if parent.endswith(".attn") and part in cw.MHA_TO_KERAS:
+            name = parent
         if params or buffers:
-            rows.append((cw.keras_layer_name(name), params, buffers))
-    return sorted(rows)
+            row = rows.setdefault(cw.keras_layer_name(name), [0, 0])
+            row[0] += params
+            row[1] += buffers
+    return sorted((name, t, n) for name, (t, n) in rows.items())
 
 
 def keras_layers(model) -> list[tuple[str, int, int]]:
@@ -66,6 +74,9 @@ def test_parameter_counts_match_layer_by_layer(name):
     assert sum(p.numel() for p in torch_model.parameters()) == sum(t for _, t, _ in keras_layers(keras_model))
     if name == "simple_cnn":
         assert [(n, trainable) for n, trainable, _ in torch_layers(torch_model)] == SIMPLE_CNN
+    elif name == "vit":  # patch, embed, 2 x (ln1, attn, ln2, fc1, fc2), norm, fc
+        assert len(torch_layers(torch_model)) == VIT_LAYERS
+        assert dict((n, t) for n, t, _ in torch_layers(torch_model))["blocks_0_attn"] == 4 * (16 * 16 + 16)
     else:
         assert len(torch_layers(torch_model)) == RESNET18_LAYERS
 
@@ -192,7 +203,7 @@ def test_keras_logits_are_float32_under_mixed_policy():
     try:
         for name, (shape, kwargs) in CASES.items():
             model = build_model(name, shape, 10, **kwargs)
-            assert model.get_layer("conv1").compute_dtype == "float16"
+            assert model.get_layer("patch" if name == "vit" else "conv1").compute_dtype == "float16"
             assert model.get_layer("fc").compute_dtype == "float32"
             assert model.output.dtype == "float32"
     finally:

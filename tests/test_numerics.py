@@ -554,3 +554,52 @@ def test_defaults_mode_adam_gap_from_both_children_and_in_the_differences_table(
     assert f"median {torch_gap['adam_gap_median']:.3g}" in row["measured"]
     assert f"median {keras_gap['adam_gap_median']:.3g}" in row["measured"]
     assert all(d["measured"] == "" for d in framework_differences(runs.drop(columns=list(torch_gap))))
+
+
+# The rows the two aligned vit audits cannot make equal (contract/mapping.py "attention_core"): torch's fused
+# attention backward runs in the half dtype alone, Keras' attention gradient mixes float32 (its softmax) and
+# half; and Keras sums the gradients of the one cast feeding the query/key/value projections in the half dtype,
+# where torch's engine sums the three float32 gradients of each Linear's own cast (the "" row).
+VIT_AUDIT_DIFFERENCES = {("", "backward"), ("blocks.0.attn", "backward")}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_aligned_vit_audits_agree_but_for_the_attention_gradients(precision):
+    """The vit built as an aligned compare builds it: every (layer, phase) row in both audits, the same dtypes
+    everywhere but the rows VIT_AUDIT_DIFFERENCES names; the component table (harness/numerics_report.py) shows
+    LayerNorm, the token stream and the class-token/position add in float32 and the matmuls in the half dtype in
+    both, and each framework's own attention core."""
+    import pandas as pd
+
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.numerics_report import dtype_side_by_side, vit_dtype_table
+    from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import train as pt
+
+    def cfg(framework):
+        return RunConfig(framework=framework, model="vit", dataset="digits", precision=precision, vit_dim=16,
+                         vit_depth=1, comparison="aligned")
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((BATCH, 16, 16, 1), dtype=np.float32), rng.integers(0, CLASSES, BATCH)
+    data = type("Data", (), {"input_shape": (16, 16, 1), "num_classes": CLASSES})()
+    torch_rows = tn.dtype_audit(pt.make_model(cfg("torch"), data), *torch_batch(x, y), precision)
+    mixed_precision(precision)
+    keras_rows = kn.dtype_audit(kt.make_model(cfg("tf"), data), x, y, precision)
+    rows = pd.DataFrame([{**r, "framework": "torch", "seed": 0, "precision": precision} for r in torch_rows]
+                        + [{**r, "framework": "tf", "seed": 0, "precision": precision} for r in keras_rows])
+    table = dtype_side_by_side(rows)[precision]
+    keys = {fw: {(r["layer"], r["phase"]) for r in fw_rows} for fw, fw_rows in (("torch", torch_rows),
+                                                                                ("tf", keras_rows))}
+    assert keys["torch"] == keys["tf"], keys["torch"] ^ keys["tf"]
+    assert set(zip(table.loc[table["differs"], "layer"], table.loc[table["differs"], "phase"])) == \
+           VIT_AUDIT_DIFFERENCES, table[table["differs"]].to_string()
+    parts = vit_dtype_table(rows)[precision].set_index("component")
+    half = HALF[precision]
+    for component, dtype in (("LayerNorm", "float32"), ("residual adds", "float32"),
+                             ("class token + position embedding", "float32"), ("GELU", half), ("head (fc)", half),
+                             ("attention: Q/K/V/output projections", half)):
+        assert parts.loc[component, "PyTorch math dtypes"] == parts.loc[component, "Keras (TF) math dtypes"] == dtype
+    core = parts.loc["attention core: Q·Kᵀ, softmax, ·V"]
+    assert "scaled_dot_product" in core["PyTorch"]  # torch: one fused kernel, CPU autocast's lower-precision list
+    assert f"Einsum: {half}" in core["Keras (TF)"] and "Softmax: float32" in core["Keras (TF)"]

@@ -49,12 +49,18 @@ SEED = 0
 BATCH = 8
 STEPS = 10
 WIDTH = 8  # a narrow resnet18: the same graph as width 64, a fraction of the compute
-LOADERS = {"simple_cnn": load_digits, "resnet18": load_synthetic}  # (16, 16, 1) and (16, 16, 3)
-DATASET_NAMES = {"simple_cnn": "digits", "resnet18": "synthetic"}
+# A tiny vit: every layer of the default one (17 tokens), one block (each block is the same code; a block costs
+# Keras ~10 s of graph tracing here), narrower. Four heads of 4 features: Keras' TensorFlow attention rounds its
+# 1/sqrt(head_dim) through float32 (tf.cast of a Python float), exact only for head_dim a power of 4; 1/sqrt(8)
+# would be 1.7e-8 off in float64. lr_warmup 0.3: 3 of the 10 steps warm up, so the steps cover both halves of
+# the warm-up + cosine schedule (vit's default). weight_decay 2**-4: a usual value rounded to a power of two, as LR.
+VIT = {"vit_dim": 16, "vit_depth": 1, "vit_heads": 4, "vit_patch": 4, "lr_warmup": 0.3, "weight_decay": 2.0**-4}
+LOADERS = {"simple_cnn": load_digits, "resnet18": load_synthetic, "vit": load_digits}  # (16, 16, 1), (16, 16, 3)
+DATASET_NAMES = {"simple_cnn": "digits", "resnet18": "synthetic", "vit": "digits"}
 # A usual SGD rate (weights move by up to ~1 in 10 steps) and Adam's default, each rounded to a power of
 # two: Keras holds the learning rate in a float32 variable whatever the policy, so 0.05 would be
 # 0.05 * (1 + 1.5e-8) in Keras and 0.05 in float64 torch, a 1e-9 step difference that is no mismatch.
-LR = {"sgd": 2.0**-4, "adam": 2.0**-10}
+LR = {"sgd": 2.0**-4, "adam": 2.0**-10, "adamw": 2.0**-10}
 
 LEGEND = {
     "max_abs": "largest |keras - torch| over all compared tensors",
@@ -105,7 +111,7 @@ def config(framework: str, name: str, optimizer: str = "sgd", **overrides) -> Ru
     """The RunConfig a compare run gives this cell's child (aligned mode, shared initial weights)."""
     return RunConfig(framework=framework, model=name, dataset=DATASET_NAMES[name], optimizer=optimizer,
                      lr=LR[optimizer], width=WIDTH, batch_size=BATCH, steps_per_epoch=STEPS, epochs=1,
-                     comparison="aligned", init="shared", seed=SEED, **overrides)
+                     comparison="aligned", init="shared", seed=SEED, **{**(VIT if name == "vit" else {}), **overrides})
 
 
 def nchw(x: np.ndarray, dtype=None):
@@ -267,7 +273,12 @@ def test_gradients_of_one_step(name, datasets, parity_record):
     assert_within(measured, "gradients")
 
 
-TRAINING_ORDER = ["simple_cnn", "resnet18"]  # the fast one first: pytest -x (tests/mutants.py) stops sooner
+# (model, optimizer), the fast ones first: pytest -x (tests/mutants.py) stops sooner. The vit trains with its own
+# recipe, AdamW (decoupled weight decay) under the warm-up + cosine schedule, both frameworks' own implementations.
+TRAINING_CASES = [("simple_cnn", "sgd"), ("simple_cnn", "adam"), ("vit", "adamw"), ("resnet18", "sgd"),
+                  ("resnet18", "adam")]
+# fp16 dynamic loss scaling from a scale that overflows: per model, measured on its data (test_loss_scaler_sequence)
+SCALER_START = {"simple_cnn": 2.0**19, "vit": 2.0**19}
 
 
 class Stepper(keras.callbacks.Callback):
@@ -275,7 +286,7 @@ class Stepper(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self.losses, self.scales, self.skipped, self.weights = [], [], [], []
+        self.losses, self.scales, self.skipped, self.weights, self.lrs = [], [], [], [], []
 
     def on_train_batch_end(self, batch, logs=None):
         from amp_compare.keras_impl import models as tm
@@ -288,6 +299,8 @@ class Stepper(keras.callbacks.Callback):
         self.scales.append(values["loss_scale"])
         self.skipped.append(bool(values["skipped"]))
         self.weights.append(tm.get_weights(self.model))
+        inner = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        self.lrs.append(float(keras.ops.convert_to_numpy(inner.learning_rate)))  # the rate of the next update
 
 
 def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overrides) -> dict[str, object]:
@@ -307,7 +320,7 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
     opt, scaler = pt.make_optimizer(cfg_t, torch_model.parameters()), tamp.make_scaler(cfg_t)
     torch_model.train()
     initial = pm.get_weights(torch_model)
-    torch_side = {"losses": [], "scales": [], "skipped": [], "weights": []}
+    torch_side = {"losses": [], "scales": [], "skipped": [], "weights": [], "lrs": []}
     updates = [0]
     opt.register_step_post_hook(lambda *args: updates.__setitem__(0, updates[0] + 1))
     for idx in plan:
@@ -318,9 +331,8 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
         torch_side["skipped"].append(updates[0] == taken)
         torch_side["losses"].append(float(record.loss))
         torch_side["weights"].append(pm.get_weights(torch_model))
-
-    keras_model.compile(optimizer=kt.make_optimizer(cfg_k, keras_model.trainable_variables), loss=kt.make_loss(cfg_k),
-                        metrics=["accuracy"], auto_scale_loss=False)  # as amp_compare.keras_impl.train.train does
+        torch_side["lrs"].append(opt.param_groups[0]["lr"])  # the rate of the next update
+    kt.compile_model(cfg_k, keras_model)  # as amp_compare.keras_impl.train.train does
     stepper = Stepper()
     # the same batches as `plan`: one epoch of `steps` (make_dataset reads the plan from the cell's config)
     dataset, _ = kt.attach_dataset(keras_model, dataclasses.replace(cfg_k, steps_per_epoch=steps), data)
@@ -356,29 +368,35 @@ def compare_training(run: dict, steps: int, loss_tol, weights_tol) -> dict[str, 
     }
 
 
-def test_loss_scaler_sequence(datasets, parity_record):
+@pytest.mark.parametrize("name", list(SCALER_START))
+def test_loss_scaler_sequence(name, datasets, parity_record):
     """fp16 dynamic loss scaling through make_scaler / make_optimizer: from a scale that overflows, both
     frameworks must skip, halve, and (growth interval 2) double on the same steps."""
-    # Measured on this data: 2**18 overflows, 2**17 does not; from 2**19 that is skip, skip, then clean
-    # steps with a doubling every 2 (back to 2**18: skip and halve again).
+    # Measured on this data (simple_cnn): 2**18 overflows, 2**17 does not; from 2**19 that is skip, skip, then
+    # clean steps with a doubling every 2 (back to 2**18: skip and halve again).
+    # The vit trains with its recipe (AdamW, warm-up + cosine): a skipped step must not advance either schedule.
     steps = 8
-    run = run_both("simple_cnn", datasets["simple_cnn"], "sgd", steps, float64=False, precision="fp16",
-                   init_scale=2.0**19, growth_interval=2)
+    optimizer = "adamw" if name == "vit" else "sgd"
+    run = run_both(name, datasets[name], optimizer, steps, float64=False, precision="fp16",
+                   init_scale=SCALER_START[name], growth_interval=2)
     torch_side, stepper = run["torch"], run["keras"]
     record = {"torch_scales": torch_side["scales"], "keras_scales": stepper.scales,
-              "torch_skipped": torch_side["skipped"], "keras_skipped": stepper.skipped}
-    parity_record.setdefault("simple_cnn", {})["scaler"] = record
+              "torch_skipped": torch_side["skipped"], "keras_skipped": stepper.skipped,
+              "torch_lrs": torch_side["lrs"], "keras_lrs": stepper.lrs}
+    parity_record.setdefault(name, {})["scaler"] = record
     scales = torch_side["scales"]
     assert any(torch_side["skipped"]), f"the run never overflowed, so backoff is untested: {record}"
     assert any(b > a for a, b in zip(scales, scales[1:])), f"the scale never grew: {record}"
     assert stepper.scales == scales, f"loss-scale sequences differ: {record}"
     assert stepper.skipped == torch_side["skipped"], f"skipped steps differ: {record}"
+    # Keras holds the rate in float32: equal to float32 rounding
+    np.testing.assert_allclose(stepper.lrs, torch_side["lrs"], rtol=1e-6, err_msg=f"learning rates differ: {record}")
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-@pytest.mark.parametrize("name", TRAINING_ORDER)
+@pytest.mark.parametrize("name, optimizer", TRAINING_CASES, ids=[f"{m}-{o}" for m, o in TRAINING_CASES])
 def test_training_steps_agree(name, optimizer, datasets, parity_record):
-    """10 free-running steps at the project's settings (Adam: its epsilon 1e-7), every element compared."""
+    """10 free-running steps at the project's settings (Adam: its epsilon 1e-7), every element compared; the
+    vit with AdamW and its warm-up + cosine schedule, so the rates of both schedules are compared too."""
     run = run_both(name, datasets[name], optimizer, STEPS, float64=True)
     measured = compare_training(run, STEPS, tolerances.LOSS64, tolerances.WEIGHTS64)
     parity_record.setdefault(name, {})[f"train_{optimizer}_float64"] = measured

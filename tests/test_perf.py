@@ -34,6 +34,27 @@ def test_flops_from_shared_shapes_match_torch_flop_counter(model, shape, width):
     assert flops.train_flops(model, shape, 10, width) == counter.get_total_flops() / 2  # per image
 
 
+def test_vit_flops_from_shared_shapes_match_torch_flop_counter():
+    """The ViT's count, attention's two products included, is what FlopCounterMode sees of a torch training step.
+    The math SDPA backend: the counter has no formula for the CPU flash kernel (it would count its products as 0);
+    the math backend runs them as batched matmuls it counts. Headroom recording paused: the model's own work."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from amp_compare.torch_impl.models import build_model
+    from amp_compare.torch_impl.vit import paused
+
+    shape, size = (16, 16, 1), {"dim": 16, "depth": 2, "heads": 2, "patch": 4, "mlp_ratio": 2}
+    net = build_model("vit", shape, 10, vit=size)
+    x = torch.randn(2, 1, 16, 16)
+    with paused(net), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(net(x), torch.tensor([1, 2])).backward()
+    assert flops.train_flops("vit", shape, 10, vit=size) == counter.get_total_flops() / 2  # per image
+    attention = sum(layer.macs for layer in flops.layers("vit", shape, 10, vit=size) if "attn.s" in layer.name
+                    or "attn.m" in layer.name)
+    assert attention == 2 * 2 * 17 * 17 * 16  # two blocks, Q·Kᵀ and weights·V, 17 tokens, width 16
+
+
 def _epoch(cfg: RunConfig, steps: int, counts: dict | None = None, read_every: int = 25):
     """run_epoch as train() calls it, on a tiny model; counts host reads of tensors made during the steps.
     Returns the run's records (TrainResult), the optimizer and the scaler."""
@@ -191,8 +212,8 @@ def test_bound_verdict_from_the_sweep():
 def _args(*extra):
     """The validated settings a compare plans from (the one option declaration, harness/cli.py)."""
     return compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--datasets", "synthetic",
-                                                       "--seeds", "0", "--frameworks", "torch", "--precisions",
-                                                       "fp32", *extra]))
+                                                       "--models", "simple_cnn", "--seeds", "0", "--frameworks",
+                                                       "torch", "--precisions", "fp32", *extra]))
 
 
 def test_step_and_batch_sizes_expand_the_matrix(tmp_path):
@@ -214,9 +235,10 @@ def test_bad_step_is_one_line_exit_2(tmp_path):
 
 def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "amp_compare", "compare", "--device", "cpu", "--frameworks", "torch", "--datasets",
-         "synthetic", "--precisions", "fp32,bf16", "--batch-sizes", "8,16", "--epochs", "1", "--steps-per-epoch",
-         "3", "--warmup-steps", "1", "--seeds", "0", "--out", str(tmp_path), "--run-id", "sweep"],
+        [sys.executable, "-m", "amp_compare", "compare", "--device", "cpu", "--frameworks", "torch",
+         "--models", "simple_cnn", "--datasets", "synthetic", "--precisions", "fp32,bf16", "--batch-sizes", "8,16",
+         "--epochs", "1", "--steps-per-epoch", "3", "--warmup-steps", "1", "--seeds", "0", "--out", str(tmp_path),
+         "--run-id", "sweep"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "sweep"

@@ -64,14 +64,14 @@ class CompareOptions:
                                          "Keras model on Keras' backends: tf (alias keras-tf), keras-jax, keras-torch",
                                          choices=FRAMEWORKS, aliases=FRAMEWORK_ALIASES)
     precisions: tuple[str, ...] = option(DEFAULT_PRECISIONS, "which precision modes", choices=PRECISIONS)
-    models: tuple[str, ...] = option(("simple_cnn",), "which models", choices=MODELS,
-                                     cpu=("simple_cnn",), cuda=("resnet18",))
+    models: tuple[str, ...] = option(("simple_cnn", "vit"), "which models", choices=MODELS,
+                                     cpu=("simple_cnn", "vit"), cuda=("resnet18", "vit"))
     datasets: tuple[str, ...] = option(("digits",), "which datasets (cuda's default falls back to "
                                        "synthetic_cifar when CIFAR-10 cannot be had, and says so)",
                                        choices=DATASETS, cpu=("digits",), cuda=("cifar10",))
     seeds: tuple[int, ...] = option((0, 1, 2), "seeds; each seed is a cell (the report shows medians with "
-                                 "interquartile "
-                                 "ranges)", ge=0, cpu=(0, 1, 2), cuda=(0,))
+                                 "interquartile ranges); on a CPU the vit runs seed 0 only unless seeds are given "
+                                 "(DEFAULT_MODEL_SEEDS)", ge=0, cpu=(0, 1, 2), cuda=(0,))
     repeats: int | None = option(None, "N runs per cell with seeds 0..N-1 (instead of --seeds)", gt=0, le=1000)
     device: str = option("auto", "auto: cuda when an NVIDIA GPU is visible", choices=("auto", *DEVICES))
     timeout: float = option(1800.0, "seconds per cell before it is killed and recorded as failed", gt=0,
@@ -95,6 +95,12 @@ class CompareOptions:
                                 metavar="RUN_ID", matrix=False)
     figures: bool = option(True, "draw the report's figures (PNG + SVG, about 10-20 s of CPU); --no-figures writes "
                            "the tables, findings and data only, and `report RUN` draws them later", matrix=False)
+
+
+# Where a model's cells run fewer seeds than --seeds' default (when neither --seeds nor --repeats is given): the
+# vit on a CPU, so the default compare stays within 4 minutes on a 2-core CPU, whose float16/bfloat16 are emulated
+# (README, "The default matrix"). One seed still gets a paired accuracy test (McNemar, harness/stats.py).
+DEFAULT_MODEL_SEEDS = {"cpu": {"vit": (0,)}}
 
 
 def compare_options() -> dict[str, Declared]:
@@ -313,6 +319,10 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
         raise ConfigError("--repeats and --seeds both choose the seeds; give one of them")
     check_machine_limits(args)
     seeds = tuple(range(args.repeats)) if args.repeats else args.seeds
+    chosen = "repeats" in args.given or "seeds" in args.given
+
+    def model_seeds(model: str) -> tuple[int, ...]:
+        return seeds if chosen else DEFAULT_MODEL_SEEDS.get(device, {}).get(model, seeds)
     notes = []
     cell_options = [n for n, d in run_options().items() if d.spec.cli and n != "loss_scale"]
     common = {n: getattr(args, n) for n in cell_options}
@@ -328,7 +338,7 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
                           f"(got {','.join(precisions)})")
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
                        loss_scale=args.loss_scale if p in static else None, **common)
-             for m in models for d in datasets for s in seeds for p in precisions for fw in frameworks]
+             for m in models for d in datasets for s in model_seeds(m) for p in precisions for fw in frameworks]
     cells = expand_cells(cells, args.step, args.batch_sizes)  # --step and --batch-sizes (harness/perf.py)
     cells = expand_replicas(cells, args.allreduce, device)  # DATA PARALLEL: --replicas/--allreduce (harness/launch.py)
     cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (harness/order.py)

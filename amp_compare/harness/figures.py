@@ -45,11 +45,17 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
     if "machine" not in df:
         df["machine"] = ""
+    # several models (the default CPU matrix: simple_cnn and vit) or datasets: each its own panel, as a machine is;
+    # one bar or line over two models' cells would be a median of different workloads
+    varied = [c for c in ("model", "dataset") if c in df and df[c].nunique() > 1]
+    if varied:
+        df["machine"] = df[["machine", *varied]].astype(str).agg(lambda r: " · ".join(v for v in r if v), axis=1)
     return df
 
 
 def _facet(df: pd.DataFrame) -> dict:
-    """A combined report of several runs puts each machine in its own column of every figure."""
+    """A combined report of several runs puts each machine in its own column of every figure; a run of several
+    models or datasets each model x dataset (_labelled's "machine" label)."""
     return {"col": "machine"} if df["machine"].nunique() > 1 else {}
 
 
@@ -523,3 +529,77 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                   f"the training time spent so far. {target_text} Panels: " + "; ".join(panels) + ".",
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
+
+
+def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
+    """One panel of the headroom figure: a line per block and framework (PyTorch solid, Keras dashed), float16's
+    largest value, and with the naive attention's logits the level where its exp overflows float16."""
+    from amp_compare.harness.numerics_report import FLOAT16_MAX, FP16_EXP_LIMIT
+
+    for (block, label), g in part.groupby(["block", "Framework"], observed=True):
+        g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
+        line, marker = ("-", "o") if str(label) == "PyTorch" else ("--", "s")
+        ax.plot(g["epoch"], g["max_abs"], line, marker=marker, color=colours[block], markersize=4,
+                linewidth=1.2, label=f"{block} · {label}")
+    ax.set_yscale("log")
+    ax.axhline(FLOAT16_MAX, color="#d1495b", linewidth=1, linestyle="--")
+    ax.text(0.02, FLOAT16_MAX, "float16 max 65,504", color="#d1495b", fontsize=7, va="bottom",
+            transform=ax.get_yaxis_transform())
+    if naive_logits:  # exp overflows float16 far below the logit's own limit
+        ax.axhline(FP16_EXP_LIMIT, color="#a0761e", linewidth=1, linestyle=":")
+        ax.text(0.02, FP16_EXP_LIMIT, "naive exp overflows float16: ln(65,504) ≈ 11.1", color="#a0761e",
+                fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
+    low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
+    ax.set_ylim(max(low, 1e-3), FLOAT16_MAX * 4)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
+def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
+    framework and precision, on a log axis against float16's largest value (harness/numerics_report.py)."""
+    from amp_compare.harness.numerics_report import QUANTITY_LABELS, headroom_per_block
+
+    blocks = headroom_per_block(headroom, runs)
+    blocks = blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float)) & (blocks["max_abs"] > 0)] \
+        if not blocks.empty else blocks
+    if blocks.empty:
+        return None
+    df = _labelled(blocks)
+    precs = list(df["Precision"].cat.categories)
+    quantities = [q for q in QUANTITY_LABELS if q in set(df["quantity"])]
+    names = sorted(set(df["block"]), key=lambda b: (b == "norm", b))
+    colours = dict(zip(names, sns.color_palette("viridis", len(names))))
+    fig, axes = plt.subplots(len(quantities), len(precs), figsize=(3.4 * len(precs), 2.9 * len(quantities)),
+                             squeeze=False, sharex=True)
+    naive = "attention" in blocks and (blocks["attention"] == "naive").any()
+    for r, quantity in enumerate(quantities):
+        for c, prec in enumerate(precs):
+            ax = axes[r][c]
+            _headroom_panel(ax, df[(df["quantity"] == quantity) & (df["Precision"] == prec)], colours,
+                            naive and quantity == "attention_logit")
+            ax.set_title(f"{prec} · {QUANTITY_LABELS[quantity]}", fontsize=9)
+            if r == len(quantities) - 1:
+                ax.set_xlabel("Epoch")
+            if c == 0:
+                ax.set_ylabel("Largest |value| (log)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes.flat:  # every block x framework that appears anywhere, once
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="block · framework")
+    fig.suptitle("ViT headroom per block over training", y=1.02)
+    fig.tight_layout()
+    cpu = ", ".join(sorted(set(runs.get("cpu_model", pd.Series(dtype=str)).dropna().astype(str)) - {""}))
+    _save(fig, out_dir, "headroom")
+    return Figure("headroom", "numerics", "ViT headroom per block",
+                  "The largest |attention logit| (what enters the softmax) and the largest |input| of the block's "
+                  "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
+                  "the step, read once per epoch), against float16's largest finite value 65,504 (dashed): the "
+                  "distance to the line is the headroom before float16 overflows. A value that went non-finite is "
+                  "left out (the tables say where)."
+                  + (" The dotted line: the naive attention's exp overflows float16 once a logit passes "
+                     "ln(65,504) ≈ 11.1." if naive else "") + (f" Measured on {cpu}." if cpu else ""),
+                  "Line charts, log scale, of the largest attention logit and LayerNorm input per epoch for each "
+                  "transformer block, per precision and framework, with float16's maximum as a reference line.")

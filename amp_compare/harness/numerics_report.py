@@ -342,3 +342,202 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
         facts["differing"][p] = {"rows": int(table["differs"].sum()), "of": len(table),
                                  "layers": list(dict.fromkeys(differing))[:8]}
     return facts
+
+
+# ---------------------------------------------------------------------------------------------
+# The vit (issue 24): headroom, the attention/normalisation dtype table, the naive attention's story
+# ---------------------------------------------------------------------------------------------
+
+FLOAT16_MAX = 65504.0
+FP16_EXP_LIMIT = float(np.log(FLOAT16_MAX))  # exp(x) overflows float16 past this (~11.09)
+QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layernorm_input": "LayerNorm input"}
+
+
+def _block(layer: str) -> str:
+    """blocks.1.attn -> blocks.1; norm -> norm (the final LayerNorm is a block of its own here)."""
+    parts = layer.split(".")
+    return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
+
+
+def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude (the block's LayerNorms
+    together), with its float16 headroom factor 65504 / max. Quantities: attention_logit and layernorm_input.
+    `attention` (builtin / naive) from the runs' config where given."""
+    if headroom is None or headroom.empty:
+        return pd.DataFrame()
+    df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
+    df["block"] = df["layer"].map(_block)
+    keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
+    out = df.groupby(keys, as_index=False)["max_abs"].max()
+    out["quantity_label"] = out["quantity"].map(QUANTITY_LABELS)
+    out["float16_headroom"] = FLOAT16_MAX / out["max_abs"].replace(0, np.nan)
+    if runs is not None and "cfg_attention" in runs:
+        out = out.merge(runs[["cell_id", "cfg_attention"]].rename(columns={"cfg_attention": "attention"}),
+                        on="cell_id", how="left")
+    return out.sort_values(["framework", "precision", "block", "quantity", "epoch"], key=display_order)
+
+
+def _peak(part: pd.DataFrame) -> pd.Series:
+    """The row of the largest magnitude; a non-finite one (inf, or NaN: the recorder saw an overflowed value, and a
+    running maximum that meets NaN stays NaN) wins, at its first epoch."""
+    bad = part[~np.isfinite(part["max_abs"].to_numpy(dtype=float))]
+    return bad.sort_values("epoch").iloc[0] if not bad.empty else part.loc[part["max_abs"].idxmax()]
+
+
+def _magnitude(value: float) -> str:
+    return f"{value:.4g}" if np.isfinite(value) else "non-finite (overflowed)"
+
+
+def headroom_table(headroom: pd.DataFrame) -> pd.DataFrame:
+    """The report's headroom table: per framework x precision x block, the largest attention logit and LayerNorm
+    input over the whole run (first seed), and how many times float16's 65,504 is above it."""
+    blocks = headroom_per_block(headroom)
+    if blocks.empty:
+        return pd.DataFrame()
+    first = blocks[blocks["seed"] == blocks["seed"].min()]
+    rows = []
+    for (fw, prec, block), g in first.groupby(["framework", "precision", "block"], sort=False):
+        row = {"framework": _label(fw), "precision": prec, "block": block}
+        for quantity, label in (("attention_logit", "max attention logit"), ("layernorm_input", "max LayerNorm input")):
+            part = g[g["quantity"] == quantity]
+            if part.empty:
+                continue
+            peak = _peak(part)
+            row[label] = f"{_magnitude(peak['max_abs'])} (epoch {int(peak['epoch'])})"
+            row[f"{label.removeprefix('max ')}: float16 headroom"] = (
+                f"{FLOAT16_MAX / peak['max_abs']:.3g}×" if peak["max_abs"] > 0 and np.isfinite(peak["max_abs"])
+                else "none (overflowed)" if not np.isfinite(peak["max_abs"]) else "n/a")
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("-")
+
+
+# The parts of a vit whose dtype the issue asks for, by canonical layer name (both audits name layers alike).
+VIT_COMPONENTS = (
+    ("LayerNorm", r"\.ln[12]$|^norm$"),
+    ("attention: Q/K/V/output projections", r"\.attn\.(?:query|key|value|out)$"),
+    ("attention core: Q·Kᵀ, softmax, ·V", r"\.attn$"),
+    ("GELU", r"\.mlp\.act$"),
+    ("residual adds", r"\.res[12]$"),
+    ("class token + position embedding", r"^embed$"),
+    ("head (fc)", r"^fc$"),
+)
+CAST_OPS = {"_to_copy", "Cast"}
+
+
+def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per mixed precision: each vit component (VIT_COMPONENTS) with the ops each framework ran for it in the
+    forward pass of the audited step and their dtypes, e.g. "Softmax: float32", as the audits measured them
+    (first seed, torch's aten ops / Keras' traced TensorFlow ops). Casts listed apart. Empty for the CNNs."""
+    out: dict[str, pd.DataFrame] = {}
+    if dtypes.empty or not dtypes["layer"].astype(str).str.match(r"blocks\.\d+\.attn$").any():
+        return out
+    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["phase"] == "forward")]
+    first = first[first["layer"].astype(str).str.match(r"blocks\.|embed$|norm$|fc$")]
+    for prec in sorted(set(first["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
+        d = first[first["precision"] == prec]
+        rows = []
+        for component, pattern in VIT_COMPONENTS:
+            part = d[d["layer"].astype(str).str.contains(pattern, regex=True)]
+            row = {"component": component}
+            for fw in sorted(set(d["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
+                mine = part[part["framework"] == fw]
+                compute = mine[~mine["op"].isin(CAST_OPS)].groupby("op", sort=False)["compute_dtype"].agg(
+                    lambda s: "+".join(sorted({x for v in s for x in v.split("+")})))
+                casts = sorted({x for v in mine.loc[mine["op"].isin(CAST_OPS), "compute_dtype"] for x in v.split("+")})
+                text = "; ".join(f"{op}: {dt}" for op, dt in compute.items()) or "-"
+                row[_label(fw)] = text + (f" (casts to {', '.join(casts)})" if casts else "")
+                row[f"{_label(fw)} math dtypes"] = ", ".join(sorted({x for v in compute for x in v.split("+")})) or "-"
+            dt_cols = [c for c in row if c.endswith(" math dtypes")]
+            row["differs"] = len({row[c] for c in dt_cols}) > 1
+            rows.append(row)
+        out[prec] = pd.DataFrame(rows)
+    return out
+
+
+def _cfg_text(value) -> str:
+    """A tuple-valued config column (fp32_layers) as read back from parquet: a list/array, a string, or empty."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    if isinstance(value, str):
+        return value
+    return ",".join(map(str, list(value)))
+
+
+def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
+    """Sentences about the vit's numerics, every number from the records: the largest attention logit per cell
+    against float16's range, and with --attention naive where the run overflowed (the NaN/Inf locator's layer) or,
+    with --fp32-layers, that it finished finite."""
+    out: list[str] = []
+    if runs.empty or "model" not in runs or not (runs["model"] == "vit").any():
+        return out
+    blocks = headroom_per_block(headroom)
+    vit_runs = runs[runs["model"] == "vit"].sort_values(["framework", "precision", "seed"], key=display_order)
+    for r in vit_runs.to_dict("records"):
+        who = f"{_label(r['framework'])} {r['precision']} (vit, seed {r['seed']})"
+        naive = r.get("cfg_attention") == "naive"
+        forced = _cfg_text(r.get("cfg_fp32_layers"))
+        mine = blocks[(blocks["cell_id"] == r["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
+            if not blocks.empty else blocks
+        peak = ""
+        if not mine.empty:
+            top = _peak(mine)
+            where = f"{top['block']}, epoch {int(top['epoch'])}"
+            finite = bool(np.isfinite(top["max_abs"]))
+            peak = (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
+                    f"{FLOAT16_MAX / top['max_abs']:.3g}× below float16's 65,504" if finite and top["max_abs"] > 0
+                    else f"the attention logits' record went non-finite ({where})")
+            if naive and finite:
+                peak += (f"; the naive softmax's exp overflows float16 past {FP16_EXP_LIMIT:.1f}, "
+                         f"{'which it passed' if top['max_abs'] > FP16_EXP_LIMIT else 'which it never reached'}")
+        step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
+        if naive and step >= 0:
+            layer = r.get("nonfinite_layer", "")
+            after = (f"the run diverged (stopped at step {int(r.get('diverged_at_step', -1))})"
+                     if r.get("status") == "diverged" else
+                     f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of "
+                     f"{int(r.get('steps_total', 0))} steps")
+            out.append(f"{who}, --attention naive: the NaN/Inf locator put the first non-finite value at step "
+                       f"{int(step)}, in the {r.get('nonfinite_where', '')} of layer '{layer}' "
+                       f"({r.get('nonfinite_value', '')}), and {after}"
+                       + (f" — rerun with --fp32-layers {layer} to compute that layer in float32" if layer and
+                          not forced else "") + (f"; {peak}." if peak else "."))
+        elif naive:
+            finite = np.isfinite(float(r.get("final_train_loss", np.nan))) and r.get("status") == "ok"
+            ending = "finished with finite losses" if finite else f"ended {r.get('status')}"
+            out.append(f"{who}, --attention naive{f' with --fp32-layers {forced}' if forced else ''}: {ending}"
+                       f" (final training loss {float(r.get('final_train_loss', np.nan)):.4g}, validation accuracy "
+                       f"{float(r.get('final_val_accuracy', np.nan)):.1%})" + (f"; {peak}." if peak else "."))
+        elif peak:
+            out.append(f"{who}: {peak}.")
+    return out
+
+
+def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
+    """The measured effect of what aligned mode cannot align (the attention core, contract/mapping.py): per
+    precision, the median over steps of |loss_torch - loss_keras| / loss_torch between the two frameworks' cells of
+    the same seed (shared initial weights, the same batches), median over seeds, against fp32's gap (the floor:
+    summation order alone). Steps up to the first non-finite loss of either. "" when the run has no such pairs."""
+    if steps.empty or "model" not in steps:
+        return ""
+    mine = steps[steps["model"] == model]
+    keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
+    if keras_fw is None or "torch" not in set(mine["framework"]):
+        return ""
+    parts = []
+    for prec in sorted(set(mine["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99)):
+        gaps = []
+        for seed in sorted(set(mine["seed"])):
+            sel = mine[(mine["precision"] == prec) & (mine["seed"] == seed)]
+            t = sel[sel["framework"] == "torch"].set_index("step")["loss"]
+            k = sel[sel["framework"] == keras_fw].set_index("step")["loss"]
+            both = pd.concat([t, k], axis=1, keys=["t", "k"]).dropna(how="any")
+            bad = ~np.isfinite(both.to_numpy()).all(axis=1)
+            both = both.iloc[:int(np.argmax(bad))] if bad.any() else both
+            if len(both):
+                gaps.append(float(np.median(np.abs(both["t"] - both["k"]) / np.abs(both["t"]))))
+        if gaps:
+            parts.append(f"{prec} {float(np.median(gaps)):.2g}")
+    if not parts:
+        return ""
+    return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
+            f"same weights and batches: {', '.join(parts)} (fp32's gap is the floor: summation order alone).")

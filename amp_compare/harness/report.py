@@ -270,7 +270,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def framework_differences(runs: pd.DataFrame) -> list[dict]:
+def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
     """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
     from the installed versions, and the values this run's cells actually used."""
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
@@ -289,9 +289,11 @@ def framework_differences(runs: pd.DataFrame) -> list[dict]:
             used.setdefault(fw, {}).setdefault("initial_weights", set()).add(source)
     rows = []
     adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
+    vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
     for d in DIFFERENCES:
         rows.append({
-            "item": d.item, "why": d.why, "measured": adam_gap if d.key == "adam_formula" else "",
+            "item": d.item, "why": d.why,
+            "measured": adam_gap if d.key == "adam_formula" else vit_gap if d.key == "attention_core" else "",
             "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
             "keras_default": _fmt(defaults.get("keras", {}).get(d.key, "n/a")),
             "torch_used": "; ".join(sorted(used.get("torch", {}).get(d.key, set()))) or "not used",
@@ -446,8 +448,10 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
+    headroom = tables.get("headroom", pd.DataFrame())
     drawn = [*fg.make_figures(runs, epochs, steps, out),
              fg.make_underflow_figure(underflow, out) if not underflow.empty else None,
+             fg.make_headroom_figure(headroom, runs, out) if not headroom.empty else None,  # the vit
              fg.make_gradient_histogram_figure(underflow, out) if not underflow.empty else None,
              fg.make_max_batch_figure(maxbatch, out) if not maxbatch.empty else None,
              fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out)]
@@ -487,13 +491,16 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) ->
     """The Loss scaling, Numerics and What happened sections."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
+    headroom = tables.get("headroom", pd.DataFrame())
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "glossary": wording.glossary(facts), "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow)), "underflow_methods": nr.UNDERFLOW_METHODS,
             "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
             "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
-            "what_happened": nr.what_happened(runs, steps, underflow)}
+            "what_happened": nr.what_happened(runs, steps, underflow) + nr.vit_what_happened(runs, headroom),
+            "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
+            "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
 
 def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool) -> dict:
@@ -515,7 +522,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats)),
         "figures": _draw(run_dir, tables, acc_stats) if draw else [], "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps), "env_rows": environment_rows(manifest["environment"], runs),
-        "command": manifest["command"], "differences": framework_differences(runs),
+        "command": manifest["command"], "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
                         for k, v in keras_backend_split(runs).items()},
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),

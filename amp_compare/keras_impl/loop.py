@@ -22,7 +22,7 @@ import time
 import keras
 import numpy as np
 
-from amp_compare.keras_impl import backends, distributed
+from amp_compare.keras_impl import backends, distributed, vit
 
 if backends.TENSORFLOW:  # TensorFlow-only code below (DeviceImages, StepLog) runs on that backend only
     import tensorflow as tf
@@ -211,6 +211,7 @@ class EpochRecorder(keras.callbacks.Callback):
             self.model.stop_training = True  # fit() stops after this batch (this epoch, in device mode)
 
     def close_epoch(self, logs: dict, train_time: float) -> None:
+        self.book.headroom(vit.read_headroom(self.model))  # vit: the epoch's maxima, one read of the device
         self.book.end_epoch(self.step_times, train_time, self.eval_time, self.correct,
                             float(logs.get("val_loss", np.nan)), float(logs.get("val_accuracy", np.nan)))
 

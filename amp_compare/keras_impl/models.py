@@ -88,7 +88,8 @@ def resnet18(input_shape: tuple[int, int, int], num_classes: int, width: int = 6
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
                 model_class: type[keras.Model] = keras.Model, width: int = 64,
                 bn_momentum: float | None = None, bn_epsilon: float | None = None,
-                stride2_padding: str = "symmetric", output_dtype: str | None = "float32") -> keras.Model:
+                stride2_padding: str = "symmetric", output_dtype: str | None = "float32",
+                vit: dict | None = None) -> keras.Model:
     """input_shape is (H, W, C). model_class lets loop.py's AmpModel add its train_step to the same graph.
 
     output_dtype: the final Dense layer's dtype policy. "float32" (the default, Keras' recommended
@@ -99,8 +100,14 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
     bn_momentum / bn_epsilon are in Keras' convention (see contract/mapping.py); None keeps Keras'
     default. stride2_padding: "symmetric" pads like torch, "same" is Keras' own padding.
     simple_cnn has no BatchNorm, no strided conv and a fixed width, so it ignores all four.
+    vit: keras_impl/vit.py's keyword arguments (size from RunConfig.vit_shape, ln_epsilon, gelu_approximate,
+    attention, token_dtype); the CNNs ignore it.
     """
-    if name == "simple_cnn":
+    if name == "vit":
+        from amp_compare.keras_impl.vit import vit as build_vit
+
+        inputs, outputs = build_vit(input_shape, num_classes, **(vit or {}), output_dtype=output_dtype)
+    elif name == "simple_cnn":
         inputs, outputs = simple_cnn(input_shape, num_classes, output_dtype)
     elif name == "resnet18":
         inputs, outputs = resnet18(input_shape, num_classes, width, bn_momentum, bn_epsilon, stride2_padding,
@@ -122,12 +129,23 @@ def _flatten_chw(model: keras.Model) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def _heads(model: keras.Model) -> dict[str, int]:
+    """The head count of each MultiHeadAttention, keyed by torch module name (kit/weights.py's `heads`)."""
+    return {cw.torch_module_name(layer.name): layer.num_heads for layer in model.layers
+            if isinstance(layer, layers.MultiHeadAttention)}
+
+
+def _weights(model: keras.Model) -> list:
+    """The model's variables that are weights (not the vit's headroom recorders)."""
+    return [v for v in model.weights if v.name not in cw.RECORDERS]
+
+
 def to_canonical(model: keras.Model, values, variables=None) -> dict[str, np.ndarray]:
-    """Arrays aligned with `variables` (default: model.weights) in canonical naming and layout.
+    """Arrays aligned with `variables` (default: the model's weights) in canonical naming and layout.
 
     For gradients: to_canonical(model, grads, model.trainable_variables).
     """
-    variables = model.weights if variables is None else variables
+    variables = _weights(model) if variables is None else variables
     by_layer: cw.KerasWeights = {}
     for variable, value in zip(variables, values, strict=True):
         layer, name = variable.path.rsplit("/", 1)
@@ -137,18 +155,18 @@ def to_canonical(model: keras.Model, values, variables=None) -> dict[str, np.nda
 
 def get_weights(model: keras.Model) -> dict[str, np.ndarray]:
     """The model's weights in the canonical format of kit/weights.py (torch naming and layout)."""
-    return to_canonical(model, model.weights)
+    return to_canonical(model, _weights(model))
 
 
 def set_weights(model: keras.Model, weights: dict[str, np.ndarray]) -> None:
     """Load canonical weights; every weight of the model must be given, and nothing else."""
-    given = cw.to_keras(weights, _flatten_chw(model))
-    expected = {tuple(v.path.rsplit("/", 1)) for v in model.weights}
+    given = cw.to_keras(weights, _flatten_chw(model), _heads(model))
+    expected = {tuple(v.path.rsplit("/", 1)) for v in _weights(model)}
     provided = {(layer, name) for layer, variables in given.items() for name in variables}
     if provided != expected:
         raise KeyError(f"weights do not match the model: missing {sorted(expected - provided)}, "
                        f"unexpected {sorted(provided - expected)}")
-    pairs = [(variable, given[layer][name]) for variable in model.weights
+    pairs = [(variable, given[layer][name]) for variable in _weights(model)
              for layer, name in [variable.path.rsplit("/", 1)]]
     for variable, value in pairs:  # check every shape before changing anything
         if tuple(value.shape) != tuple(variable.shape):

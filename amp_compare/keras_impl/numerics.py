@@ -43,6 +43,7 @@ if backends.TENSORFLOW:  # the graph-op dtype audit reads TensorFlow's traced gr
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.keras_impl.amp import amp_setting  # noqa: E402
 from amp_compare.keras_impl.models import to_canonical  # noqa: E402
+from amp_compare.keras_impl.vit import paused  # noqa: E402
 from amp_compare.kit import weights as cw  # noqa: E402
 from amp_compare.kit.fp16 import (  # noqa: E402
     gradient_stats,
@@ -57,7 +58,7 @@ BOOKKEEPING_OPS = {"Const", "Identity", "IdentityN", "ReadVariableOp", "NoOp", "
                    "Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike", "Fill", "BroadcastGradientArgs"}
 # Pure layout changes, skipped as torch's audit skips view ops (func.is_view): a Flatten then shows no
 # compute in either framework, and the two audits list the same layers.
-VIEW_OPS = {"Reshape", "Squeeze", "ExpandDims"}
+VIEW_OPS = {"Reshape", "Squeeze", "ExpandDims", "StridedSlice"}  # StridedSlice: the vit's class token, x[:, 0]
 VARIABLE_TO_TORCH = {"kernel": "weight", "bias": "bias", **cw.BN_TO_TORCH}
 # How a backend's dtype audit is taken (the report names it per column).
 AUDIT_METHODS = {"tensorflow": "ops of the traced training step (TensorFlow graph), by layer scope",
@@ -122,7 +123,8 @@ def _training_step_state(model: keras.Model) -> Iterator[None]:
     statistics, so the non-trainable variables are put back."""
     saved = [keras.ops.convert_to_numpy(v) for v in model.non_trainable_variables]
     try:
-        yield
+        with paused(model):  # the vit's headroom recording off: the audit lists the model's own ops
+            yield
     finally:
         for variable, value in zip(model.non_trainable_variables, saved):
             variable.assign(value)
@@ -145,11 +147,12 @@ def _recording_scopes(model: keras.Model) -> Iterator[dict[str, str]]:
     def recording(layer, call):
         @functools.wraps(call)
         def wrapper(*args, **kwargs):
-            scopes[tf.get_current_name_scope()] = canonical_name(layer)
+            scopes[tf.get_current_name_scope()] = names[id(layer)]
             return call(*args, **kwargs)
         return wrapper
 
-    layers = _layers(model)
+    names = {id(layer): name for layer, name in _audit_layers(model)}
+    layers = [layer for layer, _ in _audit_layers(model)]
     for layer in layers:  # object.__setattr__: past Keras' attribute tracking, undone below
         object.__setattr__(layer, "call", recording(layer, layer.call))
     try:
@@ -157,6 +160,25 @@ def _recording_scopes(model: keras.Model) -> Iterator[dict[str, str]]:
     finally:
         for layer in layers:
             object.__delattr__(layer, "call")
+
+
+def _common_parent(names: set[str], attentions: set[str]) -> str:
+    """The attention several consumers belong to ("blocks.0.attn" for its query/key/value projections), else "":
+    one cast of a MultiHeadAttention's input feeds its three projections (torch's autocast casts in each Linear)."""
+    parents = {name.rpartition(".")[0] for name in names}
+    return parents.pop() if len(parents) == 1 and parents <= attentions else ""
+
+
+def _audit_layers(model: keras.Model) -> list[tuple[keras.layers.Layer, str]]:
+    """(layer, canonical name) of every layer the audit attributes ops to: the model's layers, and inside each
+    MultiHeadAttention its projections, named as torch's Linear layers ("blocks.0.attn.query", ".out")."""
+    out = []
+    for layer in _layers(model):
+        out.append((layer, canonical_name(layer)))
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            for sub in (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense):
+                out.append((sub, f"{canonical_name(layer)}.{cw.MHA_TO_TORCH[sub.name]}"))
+    return out
 
 
 def _owner(name: str, owners: dict[str, str]) -> str | None:
@@ -174,9 +196,11 @@ def _dtypes(op) -> str:
     return "+".join(dict.fromkeys(t.dtype.name for t in op.outputs if t.dtype.is_floating))
 
 
-def _op_owners(forward: list, backward: list, owners: dict[str, str | None]) -> dict[str, str | None]:
+def _op_owners(forward: list, backward: list, owners: dict[str, str | None],
+               attentions: set[str]) -> dict[str, str | None]:
     """The layer (canonical scope name, "" for none) each op of the traced step belongs to, from the name
-    scopes recorded while tracing (owners: scope -> layer, filled in for every op and returned)."""
+    scopes recorded while tracing (owners: scope -> layer, filled in for every op and returned); attentions:
+    the MultiHeadAttention layers, which own a cast shared by their own projections (_common_parent)."""
     for op in forward:
         owners[op.name] = _owner(op.name, owners)
     for op in forward:
@@ -184,7 +208,7 @@ def _op_owners(forward: list, backward: list, owners: dict[str, str | None]) -> 
             # Layer.__call__ casts a layer's inputs to its compute dtype before opening the
             # layer's scope: such a cast belongs to the one layer that consumes it.
             consumers = {_owner(c.name, owners) for t in op.outputs for c in t.consumers()} - {None}
-            owners[op.name] = consumers.pop() if len(consumers) == 1 else ""
+            owners[op.name] = consumers.pop() if len(consumers) == 1 else _common_parent(consumers, attentions)
     for op in backward:
         # A gradient op is named after the forward op it differentiates ("gradient_tape/<name>/…"):
         # same owner. Others (AddN summing the gradients of a tensor used twice) belong to the
@@ -224,17 +248,18 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
         marks["backward_start"] = len(tf.compat.v1.get_default_graph().get_operations())
         return tape.gradient(loss, model.trainable_variables)
 
-    with _recording_scopes(model) as scopes:
+    with _recording_scopes(model) as scopes, paused(model):  # the vit's headroom recording off
         ops = step.get_concrete_function(tf.constant(x), tf.constant(y)).graph.get_operations()
     forward, backward = ops[:marks["backward_start"]], ops[marks["backward_start"]:]
-    owners = _op_owners(forward, backward, {**scopes, marks["loss_scope"]: LOSS})
+    attentions = {name for layer, name in _audit_layers(model) if isinstance(layer, keras.layers.MultiHeadAttention)}
+    owners = _op_owners(forward, backward, {**scopes, marks["loss_scope"]: LOSS}, attentions)
     counts: Counter[tuple[str, str, str, str]] = Counter()
     for phase, phase_ops in (("forward", forward), ("backward", backward)):
         for op in phase_ops:
             dtype = _dtypes(op)
             if dtype and op.type not in BOOKKEEPING_OPS and op.type not in VIEW_OPS:
                 counts[(owners[op.name], op.type, phase, dtype)] += 1
-    layers = {canonical_name(layer): layer for layer in _layers(model)}
+    layers = {name: layer for layer, name in _audit_layers(model)}
     merged: Counter[tuple[str, str, str, str]] = Counter()
     for (layer, op, phase, dtype), count in counts.items():
         merged[(audit_name(layer), op, phase, dtype)] += count

@@ -1,4 +1,5 @@
-"""TorchAdam: Keras' Adam with torch.optim.Adam's update formula, for `--comparison aligned`.
+"""TorchAdam: Keras' Adam with torch.optim.Adam's update formula, for `--comparison aligned`;
+WarmupCosine: kit/schedule.py's learning-rate schedule as a Keras LearningRateSchedule.
 
 torch (and the Adam paper's Algorithm 1) adds epsilon to the bias-corrected sqrt(v):
 
@@ -18,9 +19,16 @@ computes them in float64 too, then casts to the variable's dtype.
 torch stays the reference (its fused/foreach kernels implement the same formula), so in aligned
 mode both frameworks run one formula at the same epsilon; tests/test_parity.py checks it step
 by step, with no element left out.
+
+AdamW: torch.optim.AdamW and Keras both decouple the weight decay the same way, p -= lr * wd * p before the
+Adam step (torch: param.mul_(1 - lr * wd); Keras' optimizer base class: _apply_weight_decay, variable -=
+variable * wd * lr, with the learning rate of the same update), so TorchAdam given a weight decay is torch's
+AdamW: only the epsilon placement above differed (keras.optimizers.AdamW is itself Adam with a weight decay).
 """
 
 from __future__ import annotations
+
+import math
 
 import keras
 from keras import ops
@@ -51,3 +59,40 @@ class TorchAdam(keras.optimizers.Adam):
         self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
         self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
         self.assign_sub(variable, ops.divide(ops.multiply(m, alpha), ops.add(ops.sqrt(v), epsilon_hat)))
+
+
+class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
+    """kit/schedule.py's lr_factor as a function of optimizer.iterations (the updates made: a step that
+    LossScaleOptimizer skips does not advance it), times the base rate. Computed in float64 from the exact Python
+    values (torch computes the factor in Python floats); the optimizer casts it to each variable's dtype."""
+
+    def __init__(self, base_lr: float, total: int, warmup: int):
+        self.base_lr, self.total, self.warmup = float(base_lr), int(total), int(warmup)
+
+    def __call__(self, step):
+        update = ops.cast(step, "float64")
+        warmup, span = float(self.warmup), float(max(1, self.total - self.warmup))
+        rising = (update + 1.0) / max(warmup, 1.0)
+        progress = ops.minimum(update - warmup, span - 1.0) / span
+        cosine = 0.5 * (1.0 + ops.cos(ops.convert_to_tensor(math.pi, "float64") * progress))
+        return self.base_lr * ops.where(update < warmup, rising, cosine)
+
+    def get_config(self):
+        return {"base_lr": self.base_lr, "total": self.total, "warmup": self.warmup}
+
+
+def learning_rate(cfg):
+    """The optimizer's learning_rate for a cell (a RunConfig): --lr, or kit/schedule.py's warm-up + cosine."""
+    if cfg.lr_schedule != "warmup-cosine":
+        return cfg.lr
+    from amp_compare.kit import schedule
+
+    return WarmupCosine(cfg.lr, *schedule.run_updates(cfg))
+
+
+def describe_schedule(optimizer) -> str:
+    """The schedule a live optimizer runs, as settings_used records it (torch_impl/schedule.describe's twin)."""
+    from amp_compare.kit import schedule
+
+    lr = optimizer._learning_rate
+    return schedule.describe(lr.total, lr.warmup) if isinstance(lr, WarmupCosine) else "constant"

@@ -9,7 +9,8 @@ from __future__ import annotations
 import keras
 
 from amp_compare.contract.config import RunConfig
-from amp_compare.keras_impl import backends
+from amp_compare.keras_impl import backends, vit
+from amp_compare.keras_impl.optimizers import describe_schedule
 
 
 def describe_defaults() -> dict[str, object]:
@@ -29,6 +30,7 @@ def describe_defaults() -> dict[str, object]:
         "growth_interval": scaler.dynamic_growth_steps,
         "initial_weights": f"{type(conv.kernel_initializer).__name__} kernels, "
                            f"{type(conv.bias_initializer).__name__} biases",
+        **vit.describe_defaults(),  # vit: LayerNorm, GELU, attention, AdamW, schedule, token stream
     }
 
 
@@ -49,6 +51,10 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, sca
     if isinstance(inner, keras.optimizers.SGD):
         used.update(sgd_momentum=inner.momentum, sgd_nesterov=inner.nesterov)
     used["learning_rate"] = float(keras.ops.convert_to_numpy(inner.learning_rate))
+    used["lr_schedule"] = describe_schedule(inner)
+    if cfg.optimizer == "adamw":  # Keras' AdamW is Adam with a decoupled weight decay: its value, read back
+        used["adamw_weight_decay"] = float(inner.weight_decay or 0.0)
+    used.update(vit.settings_used(model))  # vit: LayerNorm eps, GELU form, token stream dtype
     bn = next((layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)), None)
     if bn is not None:
         used.update(bn_momentum=bn.momentum, bn_epsilon=bn.epsilon)

@@ -28,8 +28,9 @@ if backends.TENSORFLOW:  # TensorFlow-only code below (tf.data, the locator's ga
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.contract.mapping import framework_settings  # noqa: E402
-from amp_compare.keras_impl import amp, distributed, loop, numerics  # noqa: E402
+from amp_compare.keras_impl import amp, distributed, loop, numerics, vit  # noqa: E402
 from amp_compare.keras_impl.models import build_model, get_weights, set_weights  # noqa: E402
+from amp_compare.keras_impl.optimizers import learning_rate  # noqa: E402
 from amp_compare.keras_impl.settings import describe_defaults, settings_used  # noqa: E402
 from amp_compare.kit.child import (  # noqa: E402
     CpuPeakMemory,
@@ -63,7 +64,8 @@ def make_model(cfg: RunConfig, data: Dataset) -> keras.Model:
                         bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),
                         stride2_padding=settings.get("stride2_padding", "same"),
                         # aligned: the output layer in the policy's dtype, as torch autocast's Linear
-                        output_dtype=None if settings.get("output_dtype") == "policy" else "float32")
+                        output_dtype=None if settings.get("output_dtype") == "policy" else "float32",
+                        vit=vit.arguments(cfg, settings))
     if cfg.fp32_layers:  # AMP: these layers get the float32 policy (Keras fixes a policy at construction)
         model = numerics.apply_fp32_layers(model, cfg.fp32_layers)
     return model
@@ -74,15 +76,19 @@ def make_optimizer(cfg: RunConfig, params) -> keras.optimizers.Optimizer:
     trainable variables) as fit() would build it."""
     settings = framework_settings(cfg)
     extra = amp.clip_gradients(cfg.clip_grad_norm)  # AMP: on the unscaled gradients (amp.py)
-    if cfg.optimizer == "adam":
+    lr = learning_rate(cfg)  # --lr, or kit/schedule.py's warm-up + cosine (keras_impl/optimizers.WarmupCosine)
+    if cfg.optimizer in ("adam", "adamw"):
+        if cfg.optimizer == "adamw":  # decoupled weight decay, as torch's AdamW (contract/mapping.py)
+            extra["weight_decay"] = cfg.weight_decay
         if settings.get("adam_formula") == "torch":  # aligned: torch.optim.Adam's formula (keras_impl/optimizers.py)
             from amp_compare.keras_impl.optimizers import TorchAdam
 
-            inner = TorchAdam(learning_rate=cfg.lr, epsilon=settings["adam_epsilon"], **extra)
+            inner = TorchAdam(learning_rate=lr, epsilon=settings["adam_epsilon"], **extra)
         else:
-            inner = keras.optimizers.Adam(learning_rate=cfg.lr, **extra)
+            inner = (keras.optimizers.AdamW if cfg.optimizer == "adamw" else keras.optimizers.Adam)(
+                learning_rate=lr, **extra)
     else:
-        inner = keras.optimizers.SGD(learning_rate=cfg.lr, momentum=cfg.momentum, **extra)
+        inner = keras.optimizers.SGD(learning_rate=lr, momentum=cfg.momentum, **extra)
     optimizer = amp.with_loss_scaling(cfg, inner)  # AMP: loss scaling wraps the optimizer (fp16, fp16-static)
     optimizer.build(params)
     return optimizer

@@ -334,7 +334,8 @@ def performance_columns(cfg: RunConfig, dataset: Dataset, info: dict) -> dict:
     (achieved FLOP/s, MFU) are derived in build_tables' caller from these and the headline throughput."""
     from amp_compare.kit.flops import train_flops
 
-    return {"flops_per_image": float(train_flops(cfg.model, dataset.input_shape, dataset.num_classes, cfg.width)),
+    return {"flops_per_image": float(train_flops(cfg.model, dataset.input_shape, dataset.num_classes, cfg.width,
+                                                 cfg.vit_shape)),
             "step_loop": cfg.step}
 
 

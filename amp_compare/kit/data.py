@@ -22,6 +22,13 @@ SYNTHETIC_SAMPLES = 2000  # 1,600 train + 400 validation
 SYNTHETIC_NOISE = 2.5  # std of the pixel noise on stripes of amplitude 0.6-1.4
 SYNTHETIC_CIFAR_SAMPLES = 12_500  # CIFAR's image shape, a fifth of its size: 10,000 train + 2,500 validation
 NUM_CLASSES = {"digits": 10, "synthetic": 10, "synthetic_cifar": 10, "cifar10": 10, "cifar100": 100}
+# Training images per dataset, known without loading it (kit/schedule.py plans a run's updates from the config
+# alone); tests/test_data.py checks each against the loaded arrays.
+DIGITS_SAMPLES = 1797
+TRAIN_SAMPLES = {"digits": DIGITS_SAMPLES - int(round(DIGITS_SAMPLES * VAL_FRACTION)),
+                 "synthetic": SYNTHETIC_SAMPLES - int(round(SYNTHETIC_SAMPLES * VAL_FRACTION)),
+                 "synthetic_cifar": SYNTHETIC_CIFAR_SAMPLES - int(round(SYNTHETIC_CIFAR_SAMPLES * VAL_FRACTION)),
+                 "cifar10": 50_000, "cifar100": 50_000}
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,12 @@ class StepBook:
         self.result.nonfinite = {"step": step, **(found or NOT_REPRODUCED)}
         self.locate = None  # once per run
 
+    def headroom(self, rows: list[dict]) -> None:
+        """The vit's headroom maxima read at this epoch's end (the framework's vit.read_headroom: none for a
+        CNN), tagged with the epoch, for the run's headroom table."""
+        if rows:
+            self.result.extra.setdefault("headroom", []).extend({**row, "epoch": self.epoch} for row in rows)
+
     def end_epoch(self, step_times: list[float], train_time_s: float, eval_time_s: float, correct: int,
                   val_loss: float, val_accuracy: float) -> None:
         """The epoch's row (train accuracy: correct predictions over the images of its steps)."""

@@ -9,6 +9,13 @@ framework: the frameworks hand it arrays.
 
 Names: a Keras layer is named after its torch module with "." replaced by "_"
 (`layer1.0.conv1` <-> `layer1_0_conv1`), so torch module names never contain "_".
+
+Attention (the vit): torch's SelfAttention holds four Linear layers `<attn>.query/key/value/out` (out, in);
+Keras' MultiHeadAttention `<attn>` holds the sublayers query/key/value (kernel (dim, heads, head_dim), bias
+(heads, head_dim)) and attention_output (kernel (heads, head_dim, dim), bias (dim,)), whose variables' paths
+are `<attn>/<sublayer>/kernel`. Feature h * head_dim + d of torch's projection is head h's d-th in Keras, so the
+kernels are transposed and reshaped (`heads` names each attention module's head count). The class token and
+position embedding (`embed.cls`, `embed.pos`) have the same layout in both.
 """
 
 from __future__ import annotations
@@ -24,6 +31,12 @@ KerasWeights = dict[str, dict[str, np.ndarray]]  # layer name -> variable name -
 BN_TO_KERAS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
 BN_TO_TORCH = {v: k for k, v in BN_TO_KERAS.items()}
 SKIPPED = ("num_batches_tracked",)  # torch-only bookkeeping, not a weight
+# Headroom recorders (the vit's running maxima, keras_impl/vit.py; torch keeps them as non-persistent buffers)
+RECORDERS = ("max_in", "max_qk")
+# Keras MultiHeadAttention sublayer -> the torch SelfAttention's Linear, and back
+MHA_TO_TORCH = {"query": "query", "key": "key", "value": "value", "attention_output": "out"}
+MHA_TO_KERAS = {v: k for k, v in MHA_TO_TORCH.items()}
+AS_IS = ("cls", "pos")  # the vit's token parameters: the same array in both frameworks
 
 
 def keras_layer_name(module: str) -> str:
@@ -82,14 +95,42 @@ def _kernel_to_torch(module: str, kernel: np.ndarray, flatten_chw: Mapping[str, 
     raise ValueError(f"{module}: no torch layout for a {kernel.ndim}-d kernel")
 
 
+def _attention_parts(module: str, heads: Mapping[str, int]) -> tuple[str, str, int] | None:
+    """(attention module, projection, heads) when `module` is a projection of an attention in `heads`."""
+    parent, _, part = module.rpartition(".")
+    if parent in heads and part in MHA_TO_KERAS:
+        return parent, part, heads[parent]
+    return None
+
+
+def attention_to_keras(part: str, entry: str, value: np.ndarray, heads: int) -> np.ndarray:
+    """A torch projection's weight (out, in) or bias (out,) in MultiHeadAttention's layout."""
+    if entry == "bias":
+        return np.ascontiguousarray(value if part == "out" else value.reshape(heads, -1))
+    if part == "out":  # (dim, heads * head_dim) -> (heads, head_dim, dim)
+        return np.ascontiguousarray(value.T.reshape(heads, -1, value.shape[0]))
+    return np.ascontiguousarray(value.T.reshape(value.shape[1], heads, -1))  # (heads * head_dim, dim) -> (dim, h, d)
+
+
+def attention_to_torch(part: str, name: str, value: np.ndarray) -> np.ndarray:
+    """MultiHeadAttention's kernel / bias of one sublayer in torch's (out, in) / (out,) layout."""
+    if name == "bias":
+        return np.ascontiguousarray(value.reshape(-1))
+    if part == "out":  # (heads, head_dim, dim) -> (dim, heads * head_dim)
+        return np.ascontiguousarray(value.reshape(-1, value.shape[-1]).T)
+    return np.ascontiguousarray(value.reshape(value.shape[0], -1).T)  # (dim, heads, head_dim) -> (h * d, dim)
+
+
 def to_keras(weights: Mapping[str, np.ndarray],
-             flatten_chw: Mapping[str, tuple[int, int, int]] | None = None) -> KerasWeights:
+             flatten_chw: Mapping[str, tuple[int, int, int]] | None = None,
+             heads: Mapping[str, int] | None = None) -> KerasWeights:
     """Canonical weights -> {Keras layer: {variable: array}}.
 
-    flatten_chw maps a torch module name (e.g. "fc") to the (C, H, W) flattened into it.
-    A module with a 1-d `weight` is a BatchNorm (conv and linear weights are 4-d and 2-d).
+    flatten_chw maps a torch module name (e.g. "fc") to the (C, H, W) flattened into it; heads maps an
+    attention module (e.g. "blocks.0.attn") to its head count. A module with a 1-d `weight` is a BatchNorm or
+    a LayerNorm (conv and linear weights are 4-d and 2-d).
     """
-    flatten_chw = flatten_chw or {}
+    flatten_chw, heads = flatten_chw or {}, heads or {}
     modules: dict[str, dict[str, np.ndarray]] = {}
     for key, value in weights.items():
         module, entry = key.rsplit(".", 1)
@@ -97,10 +138,21 @@ def to_keras(weights: Mapping[str, np.ndarray],
             modules.setdefault(module, {})[entry] = np.asarray(value)
     out: KerasWeights = {}
     for module, entries in modules.items():
+        attention = _attention_parts(module, heads)
+        if attention is not None:
+            parent, part, n_heads = attention
+            layer = out.setdefault(f"{keras_layer_name(parent)}/{MHA_TO_KERAS[part]}", {})
+            for entry, value in entries.items():
+                if entry not in ("weight", "bias"):
+                    raise ValueError(f"{module}.{entry}: unknown entry")
+                layer["kernel" if entry == "weight" else "bias"] = attention_to_keras(part, entry, value, n_heads)
+            continue
         is_bn = "running_mean" in entries or ("weight" in entries and entries["weight"].ndim == 1)
         layer = out.setdefault(keras_layer_name(module), {})
         for entry, value in entries.items():
-            if is_bn:
+            if entry in AS_IS:
+                layer[entry] = value
+            elif is_bn:
                 layer[BN_TO_KERAS[entry]] = value
             elif entry == "weight":
                 layer["kernel"] = _kernel_to_keras(module, value, flatten_chw)
@@ -120,10 +172,23 @@ def to_torch(layers: Mapping[str, Mapping[str, np.ndarray]],
     flatten_chw = flatten_chw or {}
     out: Weights = {}
     for layer, variables in layers.items():
+        parent, _, sublayer = layer.rpartition("/")
+        if parent:  # a MultiHeadAttention sublayer: <attn>/query ...
+            if sublayer not in MHA_TO_TORCH:
+                raise ValueError(f"{layer}: unknown attention sublayer")
+            module = f"{torch_module_name(parent)}.{MHA_TO_TORCH[sublayer]}"
+            for name, value in variables.items():
+                if name not in ("kernel", "bias"):
+                    raise ValueError(f"{layer}/{name}: unknown Keras variable")
+                out[f"{module}.{'weight' if name == 'kernel' else 'bias'}"] = attention_to_torch(
+                    MHA_TO_TORCH[sublayer], name, np.asarray(value))
+            continue
         module = torch_module_name(layer)
         for name, value in variables.items():
             value = np.asarray(value)
-            if name in BN_TO_TORCH:
+            if name in AS_IS:
+                out[f"{module}.{name}"] = value
+            elif name in BN_TO_TORCH:
                 out[f"{module}.{BN_TO_TORCH[name]}"] = value
             elif name == "kernel":
                 out[f"{module}.weight"] = _kernel_to_torch(module, value, flatten_chw)

@@ -230,6 +230,9 @@ class WorkersBook:
     def start_epoch(self, epoch: int, steps: int) -> None:
         self.inner.start_epoch(epoch, steps)
 
+    def headroom(self, rows: list[dict]) -> None:
+        self.inner.headroom(rows)  # a vit's maxima as this worker saw them (its slice of each global batch)
+
     def add(self, losses: list[float], scales: list[float], skipped: list[bool]) -> bool:
         values = self.worker.gather(losses, scales, skipped)
         return self.inner.add(values[:, 0, :].mean(axis=0).tolist(), scales, skipped)

@@ -1,4 +1,4 @@
-"""PyTorch models, written the idiomatic PyTorch way (NCHW, nn.Module).
+"""PyTorch models, written the idiomatic PyTorch way (NCHW, nn.Module); the ViT lives in torch_impl/vit.py.
 
 Each model has a twin of the same name in keras_impl/models.py with the same layers, shapes and
 parameter counts; tests/test_models.py checks the counts layer by layer. Module names map to
@@ -90,13 +90,19 @@ class ResNet18(nn.Module):
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, width: int = 64,
-                bn_momentum: float | None = None, bn_epsilon: float | None = None) -> nn.Module:
+                bn_momentum: float | None = None, bn_epsilon: float | None = None,
+                vit: dict | None = None) -> nn.Module:
     """input_shape is (H, W, C), as kit/data.py serves images.
 
     bn_momentum / bn_epsilon are in torch's convention; None keeps torch's default. simple_cnn
-    has no BatchNorm and a fixed width, so it ignores width and both.
+    has no BatchNorm and a fixed width, so it ignores width and both. vit: torch_impl/vit.py's ViT keyword
+    arguments (size from RunConfig.vit_shape, ln_eps, attention); the CNNs ignore it.
     """
     height, _, channels = input_shape
+    if name == "vit":
+        from amp_compare.torch_impl.vit import ViT
+
+        return ViT(channels, height, num_classes, **(vit or {}))
     if name == "simple_cnn":
         return SimpleCNN(channels, height, num_classes)
     if name == "resnet18":

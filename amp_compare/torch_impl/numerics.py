@@ -38,6 +38,7 @@ from amp_compare.kit.fp16 import (
 )
 from amp_compare.kit.weights import check_layer_names
 from amp_compare.torch_impl.amp import amp_setting, mixed_precision
+from amp_compare.torch_impl.vit import paused
 
 LOSS = "loss"
 # Aliases and allocations: they move no numbers, and would drown the table.
@@ -90,13 +91,15 @@ def _param_dtype(module: nn.Module | None) -> str:
 def _training_step_state(model: nn.Module) -> Iterator[None]:
     """Train mode for the duration, then the model as it was: a diagnosis leaves no trace.
 
-    A training-mode forward updates BatchNorm's running statistics; they are put back.
+    A training-mode forward updates BatchNorm's running statistics; they are put back. The vit's headroom
+    recorders are paused.
     """
     was_training = model.training
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     model.train()
     try:
-        yield
+        with paused(model):  # the vit's headroom recording off: the audit lists the model's own ops
+            yield
     finally:
         model.train(was_training)
         with torch.no_grad():
@@ -337,7 +340,8 @@ def locate_nonfinite(model: nn.Module, x, y, precision: str, loss_scale: float) 
     """The first place one forward/backward step goes inf or NaN, or None if it stays finite.
 
     The backward is of loss * loss_scale under fp16 (as GradScaler does), of the loss otherwise.
-    Forward: the first module, in execution order, whose output is non-finite (then "loss").
+    Forward: the first module, in execution order, that turned finite inputs into a non-finite output (else the
+    first with a non-finite output; then "loss").
     Backward (forward finite): the first module from the loss backwards whose gradient w.r.t.
     its output, then w.r.t. its own parameters, is non-finite. Returns {"where": "forward" |
     "backward", "layer", "tensor": "output" or the parameter name, "value": "inf" | "nan"}.
@@ -345,6 +349,7 @@ def locate_nonfinite(model: nn.Module, x, y, precision: str, loss_scale: float) 
     x, y = _as_tensors(model, x, y)
     order: list[str] = []  # modules in the order their forward finished
     first_bad_output: list[tuple[str, str]] = []
+    produced: list[tuple[str, str]] = []  # the first module whose finite inputs gave a non-finite output
     output_grads: dict[str, list[np.ndarray]] = {}
 
     def forward_hook(name):
@@ -354,6 +359,11 @@ def locate_nonfinite(model: nn.Module, x, y, precision: str, loss_scale: float) 
                 kind = nonfinite_kind(_numpy(t))
                 if kind and not first_bad_output:
                     first_bad_output.append((name, kind))
+                # A submodule finishes before its parent: the vit's attention computes its NaN in its own code, and
+                # its out projection, which only passes it on, finishes first. The layer that made the value is the
+                # one whose inputs were finite (Keras' locator, over top-level layers, names the same one).
+                if kind and not produced and not any(nonfinite_kind(_numpy(a)) for a in _tensors(args)):
+                    produced.append((name, kind))
                 if t.requires_grad:  # runs when the gradient w.r.t. this output is computed
                     t.register_hook(lambda grad: output_grads.setdefault(name, []).append(_numpy(grad)))
         return hook
@@ -365,7 +375,8 @@ def locate_nonfinite(model: nn.Module, x, y, precision: str, loss_scale: float) 
             with _autocast(x, precision):
                 loss = loss_fn(model(x), y)
             if first_bad_output or nonfinite_kind(_numpy(loss)):
-                layer, kind = first_bad_output[0] if first_bad_output else (LOSS, nonfinite_kind(_numpy(loss)))
+                found = produced or first_bad_output
+                layer, kind = found[0] if found else (LOSS, nonfinite_kind(_numpy(loss)))
                 return {"where": "forward", "layer": layer, "tensor": "output", "value": kind}
             scale = loss_scale  # whatever scaled this run: dynamic, fp16-static, or 1.0
             grads = torch.autograd.grad(loss * scale, [p for _, p in named], allow_unused=True)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from amp_compare.contract.config import RunConfig
-from amp_compare.torch_impl import amp
+from amp_compare.torch_impl import amp, schedule, vit
 
 
 def describe_defaults() -> dict[str, object]:
@@ -28,6 +28,7 @@ def describe_defaults() -> dict[str, object]:
         "init_scale": scaler.get_scale(),
         "growth_interval": scaler.get_growth_interval(),
         "initial_weights": "kaiming_uniform_(a=sqrt(5)) weights, uniform(±1/sqrt(fan_in)) biases",
+        **vit.describe_defaults(),  # vit: LayerNorm, GELU, attention, AdamW, schedule, token stream
     }
 
 
@@ -47,6 +48,10 @@ def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: to
     if isinstance(optimizer, torch.optim.SGD):
         used.update(sgd_momentum=group["momentum"], sgd_nesterov=group["nesterov"])
     used["learning_rate"] = group["lr"]
+    used["lr_schedule"] = schedule.describe(optimizer)
+    if isinstance(optimizer, torch.optim.AdamW):  # decoupled weight decay (contract/mapping.py adamw_weight_decay)
+        used["adamw_weight_decay"] = group["weight_decay"]
+    used.update(vit.settings_used(model, cfg))  # vit: LayerNorm eps, GELU form, token stream dtype
     bn = next((m for m in model.modules() if isinstance(m, nn.BatchNorm2d)), None)
     if bn is not None:
         used.update(bn_momentum=bn.momentum, bn_epsilon=bn.eps)

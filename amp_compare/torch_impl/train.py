@@ -20,7 +20,7 @@ from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, Shar
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
 from amp_compare.kit.training import StepBook, underflow_rows
-from amp_compare.torch_impl import amp, distributed, numerics
+from amp_compare.torch_impl import amp, distributed, numerics, schedule, vit
 from amp_compare.torch_impl.device import (
     dataset_bytes,
     device_info,
@@ -48,7 +48,8 @@ def setup(cfg: RunConfig) -> None:
 def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
     settings = framework_settings(cfg)  # empty in 'defaults' mode: torch's own BatchNorm defaults
     model = build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width,
-                        bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"))
+                        bn_momentum=settings.get("bn_momentum"), bn_epsilon=settings.get("bn_epsilon"),
+                        vit=vit.arguments(cfg, settings))
     if cfg.fp32_layers:  # AMP: these blocks run with autocast disabled, inputs cast to float32
         numerics.apply_fp32_layers(model, cfg.fp32_layers)
     return model
@@ -57,8 +58,13 @@ def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     settings = framework_settings(cfg)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, **({"eps": settings["adam_epsilon"]} if settings else {}))
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+        optimizer = torch.optim.Adam(params, lr=cfg.lr, **({"eps": settings["adam_epsilon"]} if settings else {}))
+    elif cfg.optimizer == "adamw":  # decoupled weight decay, as Keras' (contract/mapping.py)
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                      **({"eps": settings["adam_epsilon"]} if settings else {}))
+    else:
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+    return schedule.attach(optimizer, cfg)  # --lr-schedule warmup-cosine (torch_impl/schedule.py)
 
 
 def make_step_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -69,6 +75,7 @@ def make_step_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     optimizer = make_optimizer(cfg, params)
     if cfg.step == "tuned":
         optimizer = type(optimizer)(params, **{**optimizer.defaults, "foreach": None, "fused": True})
+        optimizer = schedule.attach(optimizer, cfg)  # the new optimizer gets the schedule too
     return optimizer
 
 
@@ -198,6 +205,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
         correct, step_times = run_epoch(run.net, run.optimizer, run.scaler, x_train, y_train, plan, cfg.precision,
                                         clock, book, cfg.clip_grad_norm, run.graphs, worker.read_every(len(plan)),
                                         first_step=first_step)
+        book.headroom(vit.read_headroom(run.model))  # vit: the epoch's maxima, one read of the device
         eval_start = time.perf_counter()
         val_loss, val_accuracy, result.val_correct = evaluate(run.net, x_val, y_val, cfg.precision)
         book.end_epoch(step_times, float(sum(step_times)), time.perf_counter() - eval_start, correct,
