@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_repeats_give_medians_with_spread(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "amp_compare", "compare", "--frameworks", "torch", "--precisions", "fp32",
+        [sys.executable, "-m", "amp_compare", "compare", "--frameworks", "torch", "--models", "simple_cnn",
+         "--precisions", "fp32",
          "--repeats", "3", "--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "4", "--batch-size", "16",
          "--warmup-steps", "1", "--device", "cpu", "--no-figures", "--out", str(tmp_path), "--run-id", "rep"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -48,7 +49,8 @@ def test_combined_report_has_the_machine_in_every_figure(tiny_run, tmp_path):
 
 def test_find_max_batch_on_cpu_with_a_cap(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "amp_compare", "compare", "--frameworks", "torch", "--precisions", "fp32",
+        [sys.executable, "-m", "amp_compare", "compare", "--frameworks", "torch", "--models", "simple_cnn",
+         "--precisions", "fp32",
          "--datasets", "synthetic", "--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "16", "--seeds", "0",
          "--device", "cpu", "--find-max-batch", "--memory-cap", "700MiB", "--max-batch-limit", "128", "--no-figures",
          "--out", str(tmp_path), "--run-id", "mb"],
