@@ -37,7 +37,8 @@ def test_bad_data_parallel_input_is_one_line_and_exit_2(tmp_path, capsys, monkey
     monkeypatch.setattr(launch, "visible_gpu_count", lambda: 1)
     out = tmp_path / "reports"
     device = [] if "--device" in args else ["--device", "cpu"]
-    code = main(["compare", "--out", str(out), "--datasets", "synthetic", "--frameworks", "torch", *device, *args])
+    code = main(["compare", "--out", str(out), "--datasets", "synthetic", "--frameworks", "torch", "--models",
+                 "simple_cnn", *device, *args])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and says in err, err
     assert not out.exists()
@@ -170,8 +171,9 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
     monkeypatch.setenv("AMP_COMPARE_TEST_FRAMEWORK_MODULE", "tests.children.ddp_local_overflow")
     monkeypatch.setenv("AMP_COMPARE_TEST_MUTANT_STEP", "3")
     out = tmp_path / "reports"
-    assert main(["compare", "--out", str(out), "--frameworks", "torch", "--precisions", "fp16", "--datasets",
-                 "synthetic", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "16", "--warmup-steps", "1",
+    assert main(["compare", "--out", str(out), "--frameworks", "torch", "--models", "simple_cnn", "--precisions",
+                 "fp16", "--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "16",
+                 "--warmup-steps", "1",
                  "--seeds", "0", "--run-id", "dp", "--device", "cpu", "--threads", "1", "--replicas", "2",
                  "--allreduce", "fp32,fp16", "--no-figures"]) == 0
     run_dir = out / "dp"
