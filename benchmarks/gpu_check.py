@@ -676,6 +676,15 @@ def table_markdown(table) -> str:
     return "\n".join(rows)
 
 
+def _against_reference(r, limit: float, reference: str, name: str) -> tuple[str, str, str]:
+    """One target row: every precision's reference ÷ harness throughput at or under `limit`."""
+    ratios = r["reference_over_this"].dropna()
+    if ratios.empty:
+        return name, "not measured", ""
+    return (name, "met" if (ratios <= limit).all() else "missed",
+            ", ".join(f"{p}: {reference} ÷ harness {v:.3f}" for p, v in zip(r.loc[ratios.index, "precision"], ratios)))
+
+
 def targets(table, references: list[dict]) -> list[tuple[str, str, str]]:
     """Issue 26 item 3's targets on an H100-class GPU: (target, verdict, the figures behind it). "not measured"
     where this run has no such row; nothing here is estimated."""
@@ -700,15 +709,8 @@ def targets(table, references: list[dict]) -> list[tuple[str, str, str]]:
         out.append((name, "met" if met else "missed",
                     f"{img:,.0f} img/s; {fmt(x_tuned, '.2f', '×')} tuned fp32, {fmt(x_plain, '.2f', '×')} plain fp32"))
     for batch in (256, 1024):
-        r = rows(framework="torch", step="plain", batch=batch)
-        name = f"plain torch loop within 1.05× of the plain reference loop, batch {batch}"
-        ratios = r["reference_over_this"].dropna()
-        if ratios.empty:
-            out.append((name, "not measured", ""))
-        else:
-            out.append((name, "met" if (ratios <= 1.05).all() else "missed",
-                        ", ".join(f"{p}: ref ÷ harness {v:.3f}" for p, v in zip(r.loc[ratios.index, "precision"],
-                                                                               ratios))))
+        out.append(_against_reference(rows(framework="torch", step="plain", batch=batch), 1.05, "ref",
+                                       f"plain torch loop within 1.05× of the plain reference loop, batch {batch}"))
     r = rows(framework="torch", step="tuned", batch=1024, precision="bf16")
     name = "tuned torch bf16, batch 1024: MFU ≥ 35%"
     if r.empty or not np.isfinite(r["mfu_pct"].iloc[0]):
@@ -720,15 +722,8 @@ def targets(table, references: list[dict]) -> list[tuple[str, str, str]]:
                     f"{fmt(r['mfu_datasheet_pct'].iloc[0], '.1f')}% "
                     "of the data sheet's"))
     for batch in (256, 1024):
-        r = rows(framework="keras-jax", batch=batch)
-        name = f"keras-jax within 10% of a bare Keras-on-JAX fit, batch {batch}"
-        ratios = r["reference_over_this"].dropna()
-        if ratios.empty:
-            out.append((name, "not measured", ""))
-        else:
-            out.append((name, "met" if (ratios <= 1.10).all() else "missed",
-                        ", ".join(f"{p}: bare ÷ harness {v:.3f}" for p, v in zip(r.loc[ratios.index, "precision"],
-                                                                                ratios))))
+        out.append(_against_reference(rows(framework="keras-jax", batch=batch), 1.10, "bare",
+                                      f"keras-jax within 10% of a bare Keras-on-JAX fit, batch {batch}"))
     return out
 
 

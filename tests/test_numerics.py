@@ -411,32 +411,40 @@ def test_both_frameworks_share_the_numpy_helpers():
 # aligned mode: dtype-identical mixed models
 # ---------------------------------------------------------------------------------------------
 
+def _audit_both(cfg, input_shape, x, y, precision):
+    """Both frameworks' dtype audits of the models an aligned compare builds (make_model, cfg(framework)): the
+    (layer, phase) keys each listed, their rows as the records hold them, and the side-by-side table the report
+    shows."""
+    import pandas as pd
+
+    from amp_compare.harness.numerics_report import dtype_side_by_side
+    from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import train as pt
+
+    data = type("Data", (), {"input_shape": input_shape, "num_classes": CLASSES})()
+    torch_rows = tn.dtype_audit(pt.make_model(cfg("torch"), data), *torch_batch(x, y), precision)
+    mixed_precision(precision)
+    keras_rows = kn.dtype_audit(kt.make_model(cfg("tf"), data), x, y, precision)
+    rows = pd.DataFrame([{**r, "framework": "torch", "seed": 0, "precision": precision} for r in torch_rows]
+                        + [{**r, "framework": "tf", "seed": 0, "precision": precision} for r in keras_rows])
+    keys = {fw: {(r["layer"], r["phase"]) for r in fw_rows} for fw, fw_rows in (("torch", torch_rows),
+                                                                                ("tf", keras_rows))}
+    return keys, rows, dtype_side_by_side(rows)[precision]
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("name", ["simple_cnn", "resnet18"])
 def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     """Built as an aligned compare builds them (make_model), both audits list the same (layer, phase)
     rows and every row computes in the same dtypes: the classifier and the loss included."""
-    import pandas as pd
-
     from amp_compare.contract.config import RunConfig
-    from amp_compare.harness.numerics_report import dtype_side_by_side
-    from amp_compare.keras_impl import train as kt
-    from amp_compare.torch_impl import train as pt
 
     def cfg(framework):
         return RunConfig(framework=framework, model=name, dataset="synthetic", width=WIDTH, precision=precision,
                          comparison="aligned")
 
     x, y = batch(name)
-    data = type("Data", (), {"input_shape": SHAPES[name], "num_classes": CLASSES})()
-    torch_rows = tn.dtype_audit(pt.make_model(cfg("torch"), data), *torch_batch(x, y), precision)
-    mixed_precision(precision)
-    keras_rows = kn.dtype_audit(kt.make_model(cfg("tf"), data), x, y, precision)
-    rows = pd.DataFrame([{**r, "framework": "torch", "seed": 0, "precision": precision} for r in torch_rows]
-                        + [{**r, "framework": "tf", "seed": 0, "precision": precision} for r in keras_rows])
-    table = dtype_side_by_side(rows)[precision]
-    keys = {fw: {(r["layer"], r["phase"]) for r in fw_rows} for fw, fw_rows in (("torch", torch_rows),
-                                                                                ("tf", keras_rows))}
+    keys, rows, table = _audit_both(cfg, SHAPES[name], x, y, precision)
     assert keys["torch"] == keys["tf"], (keys["torch"] ^ keys["tf"])
     assert not table["differs"].any(), table[table["differs"]].to_string()
     fc = table[(table["layer"] == "fc") & (table["phase"] == "forward")]
@@ -569,12 +577,8 @@ def test_aligned_vit_audits_agree_but_for_the_attention_gradients(precision):
     everywhere but the rows VIT_AUDIT_DIFFERENCES names; the component table (harness/numerics_report.py) shows
     LayerNorm, the token stream and the class-token/position add in float32 and the matmuls in the half dtype in
     both, and each framework's own attention core."""
-    import pandas as pd
-
     from amp_compare.contract.config import RunConfig
-    from amp_compare.harness.numerics_report import dtype_side_by_side, vit_dtype_table
-    from amp_compare.keras_impl import train as kt
-    from amp_compare.torch_impl import train as pt
+    from amp_compare.harness.numerics_report import vit_dtype_table
 
     def cfg(framework):
         return RunConfig(framework=framework, model="vit", dataset="digits", precision=precision, vit_dim=16,
@@ -582,15 +586,7 @@ def test_aligned_vit_audits_agree_but_for_the_attention_gradients(precision):
 
     rng = np.random.default_rng(0)
     x, y = rng.random((BATCH, 16, 16, 1), dtype=np.float32), rng.integers(0, CLASSES, BATCH)
-    data = type("Data", (), {"input_shape": (16, 16, 1), "num_classes": CLASSES})()
-    torch_rows = tn.dtype_audit(pt.make_model(cfg("torch"), data), *torch_batch(x, y), precision)
-    mixed_precision(precision)
-    keras_rows = kn.dtype_audit(kt.make_model(cfg("tf"), data), x, y, precision)
-    rows = pd.DataFrame([{**r, "framework": "torch", "seed": 0, "precision": precision} for r in torch_rows]
-                        + [{**r, "framework": "tf", "seed": 0, "precision": precision} for r in keras_rows])
-    table = dtype_side_by_side(rows)[precision]
-    keys = {fw: {(r["layer"], r["phase"]) for r in fw_rows} for fw, fw_rows in (("torch", torch_rows),
-                                                                                ("tf", keras_rows))}
+    keys, rows, table = _audit_both(cfg, (16, 16, 1), x, y, precision)
     assert keys["torch"] == keys["tf"], keys["torch"] ^ keys["tf"]
     assert set(zip(table.loc[table["differs"], "layer"], table.loc[table["differs"], "phase"])) == \
            VIT_AUDIT_DIFFERENCES, table[table["differs"]].to_string()

@@ -21,11 +21,12 @@ the step; read_headroom reads and resets them once per epoch (loop.EpochRecorder
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import keras
 import numpy as np
 from keras import layers, ops
+
+from amp_compare.kit.training import recording_paused
 
 PACKAGE = "amp_compare"
 RECORDER_VARIABLES = ("max_in", "max_qk")  # headroom state, not weights (kit/weights.py leaves them out)
@@ -185,19 +186,10 @@ def _recorders(model: keras.Model) -> list:
             if isinstance(layer, (LayerNorm, SelfAttention))]
 
 
-@contextmanager
 def paused(model: keras.Model):
     """No headroom recording for the duration (the numerics lab): the model's own work alone. Read when a step is
     traced, so it covers eager calls and the graphs traced inside it."""
-    recorders = _recorders(model)
-    saved = [layer.record for layer in recorders]
-    for layer in recorders:
-        layer.record = False
-    try:
-        yield
-    finally:
-        for layer, record in zip(recorders, saved):
-            layer.record = record
+    return recording_paused(_recorders(model))
 
 
 def read_headroom(model: keras.Model) -> list[dict]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -109,3 +110,18 @@ def underflow_rows(numerics, model, batch: tuple, precision: str, scale: float, 
     (numerics: the framework's numerics module)."""
     rows = numerics.gradient_underflow(model, *batch, precision, loss_scale=scale)
     return [{**row, "when": when, "at_step": step, "log2_hist": json.dumps(row.get("log2_hist"))} for row in rows]
+
+
+@contextmanager
+def recording_paused(recorders: list) -> Iterator[None]:
+    """Set `record` False on each of the vit's headroom recorders (LayerNorm / attention layers, either framework)
+    for the duration, then restore what each had: the numerics lab and FLOP counting measure the model's work
+    alone."""
+    saved = [layer.record for layer in recorders]
+    for layer in recorders:
+        layer.record = False
+    try:
+        yield
+    finally:
+        for layer, record in zip(recorders, saved):
+            layer.record = record

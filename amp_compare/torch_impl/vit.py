@@ -21,11 +21,11 @@ move exp and sum to float32 and hide the bug).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from amp_compare.kit.training import recording_paused
 
 ATTENTIONS = ("builtin", "naive")
 
@@ -169,18 +169,9 @@ def _recorders(model: nn.Module):
     return [m for m in model.modules() if isinstance(m, (LayerNorm, SelfAttention))]
 
 
-@contextmanager
 def paused(model: nn.Module):
     """No headroom recording for the duration (the numerics lab, FLOP counting): the model's work alone."""
-    recorders = _recorders(model)
-    saved = [m.record for m in recorders]
-    for m in recorders:
-        m.record = False
-    try:
-        yield
-    finally:
-        for m, record in zip(recorders, saved):
-            m.record = record
+    return recording_paused(_recorders(model))
 
 
 def read_headroom(model: nn.Module) -> list[dict]:
