@@ -1,4 +1,4 @@
-"""`python -m amp_compare compare|report …` (see harness/cli.py).
+"""`python -m amp_compare compare|report …` (harness/run/compare.py main; its options: harness/run/cli.py).
 
 Run without nox, on a machine missing a dependency, this says in one line what to install (exit 2)
 instead of ending in a ModuleNotFoundError traceback. Standard library only until the check passed.
@@ -6,7 +6,7 @@ instead of ending in a ModuleNotFoundError traceback. Standard library only unti
 
 import sys
 
-from amp_compare.harness.requirements import missing_for
+from amp_compare.harness.run.requirements import missing_for
 
 
 def main() -> int:
@@ -15,7 +15,7 @@ def main() -> int:
         print(f"amp-compare: error: {problem}", file=sys.stderr)
         return 2
     try:
-        from amp_compare.harness.cli import main as cli_main
+        from amp_compare.harness.run.compare import main as cli_main
 
         return cli_main()
     except ModuleNotFoundError as exc:  # a module the declared dependencies do not cover

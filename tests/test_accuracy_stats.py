@@ -6,8 +6,9 @@ import pytest
 
 from amp_compare.contract import records
 from amp_compare.contract.config import RunConfig
-from amp_compare.harness import calibrate, stats
-from amp_compare.harness.order import interleaved_order
+from amp_compare.harness.report import stats, steadiness
+from amp_compare.harness.run import calibrate
+from amp_compare.harness.run.order import interleaved_order
 from amp_compare.kit.data import load_synthetic, load_synthetic_cifar
 
 
@@ -119,24 +120,24 @@ def test_interleaved_order_rotates_precisions_over_seeds_and_keeps_every_cell():
 def test_calibration_is_judged_from_every_check_and_its_rounds():
     check = calibrate.check("before the matrix")
     assert check["ms"] > 0 and check["spread"] >= 0 and check["when"] == "before the matrix"
-    assert calibrate.describe({}) is None
+    assert steadiness.describe({}) is None
 
     def env(*checks):
         return {"calibrations": [{"when": f"check {i}", "ms": ms, "spread": sp} for i, (ms, sp) in enumerate(checks)]}
 
-    steady = calibrate.steadiness(env((3.0, 0.04), (3.1, 0.05), (3.0, 0.03)))
+    steady = steadiness.steadiness(env((3.0, 0.04), (3.1, 0.05), (3.0, 0.03)))
     assert steady.unsteady == "" and "held steady at every check" in steady.sentence and "3 times" in steady.sentence
     # issue 28: 7.9 ms before, 8.0 ms after, rounds within 184%: no idle reference is needed to call it busy
-    busy = calibrate.steadiness(env((7.9, 1.84), (8.0, 0.1)))
+    busy = steadiness.steadiness(env((7.9, 1.84), (8.0, 0.1)))
     assert busy.unsteady == "machine busy: rounds of one calibration varied by 184%"
     assert "the machine was busy (the rounds of one calibration varied by 184%)" in busy.sentence
     # a transient slowdown between cells, missed by before/after alone
-    changed = calibrate.steadiness(env((3.0, 0.04), (6.0, 0.05), (3.0, 0.04)))
+    changed = steadiness.steadiness(env((3.0, 0.04), (6.0, 0.05), (3.0, 0.04)))
     assert changed.unsteady == "machine speed changed by 100% between cells" and "held steady" not in changed.sentence
     old = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0, "calibration_before_spread": 0.02,
            "calibration_after_spread": 0.05}  # a run recorded before the checks between cells
-    assert "before and after the matrix" in calibrate.describe(old)
-    assert calibrate.unsteady_reason(old) == "machine speed changed by 50% between cells"
+    assert "before and after the matrix" in steadiness.describe(old)
+    assert steadiness.unsteady_reason(old) == "machine speed changed by 50% between cells"
 
 
 def _phase_free_features(x: np.ndarray) -> np.ndarray:
@@ -158,7 +159,7 @@ def test_synthetic_data_is_seeded_and_its_classes_have_learnable_structure(loade
 
 
 def test_a_target_accuracy_outside_0_1_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
-    from amp_compare.harness.cli import main
+    from amp_compare.harness.run.compare import main
 
     code = main(["compare", "--device", "cpu", "--target-accuracy", "95", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
@@ -170,7 +171,7 @@ def test_a_target_accuracy_outside_0_1_is_one_line_exit_2_and_writes_nothing(tmp
 def test_the_summary_prints_the_statistic_its_interval_is_for():
     """Issue 28: the lab printed "fp16 at 0.21× [0.19–0.19]", a point outside its own interval (wall-time
     throughput against median steps). Point and interval are now one statistic, from the same records."""
-    from amp_compare.harness.summary import full_table
+    from amp_compare.harness.report.tables import full_table
 
     rng = np.random.default_rng(4)
     rows, steps = [], []

@@ -1,4 +1,4 @@
-"""The report's "Keras or its backend?" part is made from the run's own records (harness/backend_split.py)."""
+"""The report's "Keras or its backend?" part is made from the run's own records (harness/report/backend_split.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from amp_compare.harness.backend_split import keras_backend_split
+from amp_compare.harness.report.backend_split import keras_backend_split
 
 
 def runs(fp32_speeds: dict[str, float], eps: dict[str, float], steps_timed: int = 50) -> pd.DataFrame:

@@ -78,7 +78,7 @@ def _compare(args, out):
 
 def _main(args, capsys) -> tuple[int, str]:
     """The CLI's own entry point in this process (what `python -m amp_compare` calls), its exit status and stderr."""
-    from amp_compare.harness.cli import main
+    from amp_compare.harness.run.compare import main
 
     try:
         rc = main(["compare", "--device", "cpu", *args])
@@ -92,7 +92,7 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypatch
     def no_cell_may_run(*args, **kwargs):  # a check that regressed must not start children (--threads 100000 did)
         raise AssertionError("bad input reached the cells")
 
-    monkeypatch.setattr("amp_compare.harness.cli.run_cells", no_cell_may_run)
+    monkeypatch.setattr("amp_compare.harness.run.compare.run_cells", no_cell_may_run)
     out = tmp_path / "reports"
     rc, err = _main([*args, "--out", str(out)], capsys)
     assert rc == 2, err
@@ -116,7 +116,7 @@ def test_output_under_proc_leaves_nothing(tmp_path, capsys):
 
 def test_a_folder_that_cannot_be_made_leaves_no_empty_parents(tmp_path):
     from amp_compare.contract.config import ConfigError
-    from amp_compare.harness.cli import make_dirs
+    from amp_compare.harness.run.compare import make_dirs
 
     with pytest.raises(ConfigError, match="cannot create the run folder"):
         make_dirs(tmp_path / "a" / "b" / ("x" * 300))
@@ -152,7 +152,8 @@ def test_config_file_is_typed_as_strictly_as_the_command_line(tmp_path, capsys, 
 
 def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
     """The help's per-device defaults come from the declaration that plan_compare uses."""
-    from amp_compare.harness.cli import build_parser, compare_options, compare_settings, plan_compare
+    from amp_compare.harness.run.cli import build_parser, compare_options, compare_settings
+    from amp_compare.harness.run.compare import plan_compare
 
     help_text = build_parser()._subparsers._group_actions[0].choices["compare"].format_help()
     flat = " ".join(help_text.split())
@@ -172,15 +173,16 @@ def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
 
 
 def test_options_page_is_the_declaration():
-    """docs/OPTIONS.md's table is generated from the declaration (amp_compare.harness.cli.update_options_page
+    """docs/OPTIONS.md's table is generated from the declaration (amp_compare.harness.run.cli.update_options_page
     rewrites it), and the README links the page."""
-    from amp_compare.harness.cli import options_markdown
+    from amp_compare.harness.run.cli import options_markdown
 
     page = (ROOT / "docs" / "OPTIONS.md").read_text()
     start, end = "<!-- options: generated from the declaration -->", "<!-- end of options -->"
     assert start in page and end in page, "docs/OPTIONS.md lacks the options table markers"
     table = page.split(start)[1].split(end)[0].strip()
-    assert table == options_markdown().strip(), "stale options table: run amp_compare.harness.cli.update_options_page()"
+    assert table == options_markdown().strip(), (
+        "stale options table: run amp_compare.harness.run.cli.update_options_page()")
     assert "docs/OPTIONS.md" in (ROOT / "README.md").read_text()
 
 
@@ -220,7 +222,8 @@ def test_malformed_and_unknown_config_files(tmp_path):
 
 
 def test_config_file_values_are_used_and_cli_overrides(tmp_path):
-    from amp_compare.harness.cli import build_parser, compare_settings, plan_compare
+    from amp_compare.harness.run.cli import build_parser, compare_settings
+    from amp_compare.harness.run.compare import plan_compare
 
     cfg = tmp_path / "amp.json"
     cfg.write_text('{"precisions": ["fp32", "bf16"], "epochs": 3, "datasets": "synthetic", "device": "cpu", '
@@ -329,8 +332,9 @@ def test_a_full_disk_while_the_report_is_written_is_one_line_and_keeps_every_cel
     """Issue 27: a full disk while writing the report ended in a pyarrow traceback (exit 1). Now one line names
     the path and the command that finishes the job, the exit is non-zero, and every finished record stays."""
     from amp_compare.contract import records
-    from amp_compare.harness import runner
-    from amp_compare.harness.cli import EXIT_REPORT_UNWRITTEN, main
+    from amp_compare.harness.run import runner
+    from amp_compare.harness.run.cli import EXIT_REPORT_UNWRITTEN
+    from amp_compare.harness.run.compare import main
     from tests.test_report_sentences import write_run
 
     source = write_run(tmp_path / "src", frameworks=("torch",), precisions=("fp32", "fp16"), seeds=(0,), steps=30)

@@ -8,7 +8,7 @@ import pandas as pd
 
 from amp_compare.contract import records
 from amp_compare.contract.records import pack_correct
-from amp_compare.harness.report import render_combined
+from amp_compare.harness.report.render import render_combined
 
 CPU = "Test CPU 9000"
 ENV = {"cpu_model": CPU, "cpu_amp_flags": "avx2,f16c", "cpu_bf16_hardware": False, "cpu_fp16_hardware": False,

@@ -88,7 +88,7 @@ def test_from_json_is_strict_and_keeps_tuples():
 
 
 def test_every_option_is_declared_once_with_help():
-    from amp_compare.harness.cli import compare_options
+    from amp_compare.harness.run.cli import compare_options
 
     options = compare_options()
     assert all(d.spec.help for d in options.values())

@@ -22,7 +22,7 @@ report says so), so that is what it is checked against. Observed coverage over 1
 import numpy as np
 import pytest
 
-from amp_compare.harness import stats
+from amp_compare.harness.report import stats
 
 RUNS, STEPS, RATIO = 1000, 200, 1.3
 

@@ -18,9 +18,10 @@ import pytest
 
 from amp_compare.contract import records
 from amp_compare.contract.config import RunConfig
-from amp_compare.harness import dataparallel_report, launch, runner
-from amp_compare.harness.cli import main
-from amp_compare.harness.report import render
+from amp_compare.harness.report import dataparallel
+from amp_compare.harness.report.render import render
+from amp_compare.harness.run import launch, runner
+from amp_compare.harness.run.compare import main
 
 # ---- bad input: one line, exit 2, nothing written (no training) --------------------------------------------------
 
@@ -55,13 +56,13 @@ def _workers(scales, skipped, local=None) -> pd.DataFrame:
 
 def test_worker_agreement_sees_each_kind_of_disagreement():
     same = _workers([[8.0, 4.0, 4.0]] * 2, [[True, False, False]] * 2)
-    assert dataparallel_report.worker_agreement(same)["agree"]
-    scale = dataparallel_report.worker_agreement(_workers([[8.0, 4.0], [8.0, 8.0]], [[True, False], [True, False]]))
+    assert dataparallel.worker_agreement(same)["agree"]
+    scale = dataparallel.worker_agreement(_workers([[8.0, 4.0], [8.0, 8.0]], [[True, False], [True, False]]))
     assert not scale["agree"] and "step 1: loss scale differs" in scale["disagreement"]
-    skip = dataparallel_report.worker_agreement(_workers([[8.0, 4.0]] * 2, [[True, False], [False, False]]))
+    skip = dataparallel.worker_agreement(_workers([[8.0, 4.0]] * 2, [[True, False], [False, False]]))
     assert not skip["agree"] and "step 0: skipped flag differs" in skip["disagreement"]
     # every worker applied the update although worker 1's own gradients overflowed: a one-worker decision
-    local = dataparallel_report.worker_agreement(_workers([[8.0, 8.0]] * 2, [[False, False]] * 2,
+    local = dataparallel.worker_agreement(_workers([[8.0, 8.0]] * 2, [[False, False]] * 2,
                                                           local=[[0.0, 0.0], [0.0, 1.0]]))
     assert not local["agree"] and "step 1: worker 1's own gradients were non-finite" in local["disagreement"]
 
@@ -87,15 +88,15 @@ def _runs_and_steps(losses: dict[str, list[float]]) -> dict[str, pd.DataFrame]:
 
 
 def test_rows_judge_the_loss_gap_against_the_thread_floor():
-    within = dataparallel_report.rows(_runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0004],
+    within = dataparallel.rows(_runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0004],
                                                        "two": [2.0, 1.5003, 1.0]})).iloc[0]
     assert within["loss_gap"] == pytest.approx(2e-4) and within["floor_gap"] == pytest.approx(4e-4)
     assert within["within_floor"] and within["agree"] and within["speed_ratio"] == pytest.approx(2.0)
     assert within["efficiency"] == pytest.approx(1.0) and within["allreduce_share"] == pytest.approx(0.2)
-    outside = dataparallel_report.rows(_runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0],
+    outside = dataparallel.rows(_runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0],
                                                         "two": [2.0, 1.5, 1.01]})).iloc[0]
     assert not outside["within_floor"] and outside["floor_gap"] == 0
-    shown = dataparallel_report.table(pd.DataFrame([outside])).iloc[0]
+    shown = dataparallel.table(pd.DataFrame([outside])).iloc[0]
     assert "outside" in shown["Loss gap vs 1 worker (max rel.)"]
     # a speed ratio without an interval still carries its ⚠ note (3 timed steps: too few to judge)
     assert shown["N vs 1"] == "2.00× ⚠ too few timed steps (2) to judge", shown["N vs 1"]
@@ -103,19 +104,19 @@ def test_rows_judge_the_loss_gap_against_the_thread_floor():
 
 def test_section_sentences_fit_what_ran():
     """Sentences name only the engines whose N-worker cells ran, and say so when the calibrations between cells saw
-    the machine change (harness/wording.py); an unavailable cell's reason is said once, without the prefix."""
+    the machine change (harness/report/wording.py); an unavailable cell's reason is said once, without the prefix."""
     tables = _runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0], "two": [2.0, 1.5, 1.0]})
     tables["run"]["threads_per_worker"] = [np.nan, np.nan, 1]
     steady = {"cpu_model": "Test CPU", "calibrations": [{"ms": 10.0, "spread": 0.01}, {"ms": 10.1, "spread": 0.01}]}
-    said = " ".join(dataparallel_report.sentences(dataparallel_report.rows(tables, steady), steady, "cpu"))
+    said = " ".join(dataparallel.sentences(dataparallel.rows(tables, steady), steady, "cpu"))
     assert "processes (torch" in said and "Keras" not in said and "each torch worker of an N-worker cell used 1" in said
     assert "unsteady" not in said
     changed = {**steady, "calibrations": [{"ms": 10.0, "spread": 0.01}, {"ms": 20.0, "spread": 0.01}]}
-    said = " ".join(dataparallel_report.sentences(dataparallel_report.rows(tables, changed), changed, "cpu"))
+    said = " ".join(dataparallel.sentences(dataparallel.rows(tables, changed), changed, "cpu"))
     assert "saw the machine unsteady (machine speed changed by 100% between cells)" in said
     keras = pd.DataFrame([{"framework": "keras-torch", "precision": "fp16", "workers": 2, "allreduce": "fp32",
                            "status": "unavailable", "error": "unavailable: Keras 3.15 has no data-parallel engine"}])
-    said = dataparallel_report.sentences(keras, steady, "cpu")
+    said = dataparallel.sentences(keras, steady, "cpu")
     assert "logical devices of one process" in said[0] and "processes (torch" not in said[0]
     assert said[1] == ("Keras (torch) fp16, 2 workers, --allreduce fp32: unavailable — Keras 3.15 has no "
                        "data-parallel engine")
@@ -186,7 +187,7 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
     assert row["agree"] and row["skipped_n"] == row["skipped_1"] == 1, row["agreement"]
     assert not mutant["agree"] and "step 3: skipped flag differs" in mutant["agreement"], mutant["agreement"]
     assert row["floor_threads"] == 2 and np.isfinite(row["floor_gap"]) and np.isfinite(row["loss_gap"]), row
-    gap_text = dataparallel_report.table(rendered.data_parallel.iloc[[0]])["Loss gap vs 1 worker (max rel.)"].iloc[0]
+    gap_text = dataparallel.table(rendered.data_parallel.iloc[[0]])["Loss gap vs 1 worker (max rel.)"].iloc[0]
     # the verdict on this machine: floor 0 (torch's CPU autocast gives the same bits at 1 and 2 threads) and the
     # 2-worker run's gap outside it (docs/DATA_PARALLEL.md says why); asserted is that the page says what was measured
     first = rendered.data_parallel.iloc[0]
@@ -213,7 +214,7 @@ def test_keras_tf_mirrored_strategy_applies_an_update_one_replica_overflowed(tin
     run = tables["run"].iloc[0]
     assert run["data_parallel"].startswith("tf.distribute.MirroredStrategy (2 replicas")
     assert run["allreduce_dtype"] == "float32"  # the gradients handed to Keras' all-reduce, read back
-    agreement = dataparallel_report.worker_agreement(tables["workers"])
+    agreement = dataparallel.worker_agreement(tables["workers"])
     assert not agreement["agree"] and agreement["disagreement"].startswith(
         "step 1: worker 1's own gradients were non-finite before the all-reduce, yet the update was applied"), agreement
     _check_sharded_step_0(tables["workers"], records.read_cell(run_dir / "cells" / _tiny_cell("tf").cell_id)
@@ -227,7 +228,7 @@ def test_keras_jax_data_parallel_all_reduces_in_the_policy_dtype(tmp_path, monke
     run = tables["run"].iloc[0]
     assert run["data_parallel"] == "keras.distribution.DataParallel (2 devices)"
     assert run["allreduce_dtype"] == "float16" and run["allreduce_calls"] >= 1, run["allreduce_readback"]
-    agreement = dataparallel_report.worker_agreement(tables["workers"])
+    agreement = dataparallel.worker_agreement(tables["workers"])
     assert agreement["agree"] and agreement["steps"] == 6 and agreement["skipped_steps"] == 1, agreement
     assert not (tmp_path / "cells" / run["cell_id"] / "hlo").exists()  # XLA's dump, read and removed
 

@@ -6,7 +6,7 @@ import pandas as pd
 
 from amp_compare.contract import records
 from amp_compare.contract.config import RunConfig
-from amp_compare.harness.runner import run_cell
+from amp_compare.harness.run.runner import run_cell
 
 
 def test_device_mode_records_what_host_mode_records(tmp_path):

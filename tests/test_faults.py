@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract import records
-from amp_compare.harness.report import render_report
+from amp_compare.harness.report.render import render_report
 
 ROOT = Path(__file__).resolve().parent.parent
 # --no-figures: these tests read records and the report's text; drawing figures (seconds of CPU per run) is
@@ -33,14 +33,14 @@ def _compare(out: Path, *args: str, env: dict | None = None, wait: bool = True):
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-# The real harness (amp_compare.harness.cli.main) in a process of its own, whose torch cells run through
+# The real harness (amp_compare.harness.run.compare.main) in a process of its own, whose torch cells run through
 # tests/children/misbehave.py: the cell whose id contains `cell` misbehaves (`mode`), every other
 # cell runs the real torch child. SIGINT gets Python's own handler (Ctrl-C in a terminal): a suite started
 # in the background by a non-interactive shell inherits SIGINT ignored, and the interrupt test then hung.
 HARNESS = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-           "from amp_compare.harness import runner; "
+           "from amp_compare.harness.run import runner; "
            "runner.FRAMEWORK_MODULES['torch'] = 'tests.children.misbehave'; "
-           "from amp_compare.harness.cli import main; sys.exit(main(sys.argv[1:]))")
+           "from amp_compare.harness.run.compare import main; sys.exit(main(sys.argv[1:]))")
 
 
 def _harness(out: Path, *args: str, cell: str, mode: str = "hang") -> subprocess.Popen:
@@ -96,12 +96,12 @@ def test_sigkill_of_a_child_mid_run_loses_nothing(tmp_path):
 
 
 def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch, capsys):
-    from amp_compare.harness import runner
+    from amp_compare.harness.run import runner
 
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
     monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "hang")
     monkeypatch.setenv("AMP_COMPARE_TEST_CELL", "-bf16-")
-    from amp_compare.harness.cli import main
+    from amp_compare.harness.run.compare import main
 
     rc = main(["compare", "--out", str(tmp_path), "--frameworks", "torch", "--precisions", "bf16,fp32",
                "--epochs", "1", "--run-id", "t", "--timeout", "30", "--seeds", "0", *TINY])

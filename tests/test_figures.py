@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from amp_compare.harness.figures import _lines, curves_coincide, loss_scale_grid
+from amp_compare.harness.report.figures import _lines, curves_coincide, loss_scale_grid
 
 
 def _steps(precisions=("fp32", "fp16", "bf16"), scale=2.0**15, n=24, gap=0.0):
@@ -74,7 +74,7 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
     per framework, shifted by the loss scale in use, with float16's flush and overflow regions shaded."""
     import json
 
-    from amp_compare.harness.figures import make_gradient_histogram_figure
+    from amp_compare.harness.report.figures import make_gradient_histogram_figure
 
     hist = json.dumps({str(k): (10 if -20 <= k <= -6 else 0) for k in range(-40, 17)})
     rows = [{"framework": fw, "precision": prec, "seed": 0, "when": "last step", "layer": "conv1", "param": "weight",

@@ -1,5 +1,7 @@
 """The parent's side never imports a framework (each framework runs in its own child process), and no
-child-side module imports the parent's side: the layout of amp_compare/ is the process boundary."""
+child-side module imports the parent's side: the layout of amp_compare/ is the process boundary. Within the
+parent, harness/report/ (reads records, renders) never imports harness/run/ (plans and runs the cells): what
+both use sits below both (harness/common.py, contract/)."""
 
 import ast
 import subprocess
@@ -21,8 +23,9 @@ MAY_IMPORT = {
 
 
 def modules(folder: str) -> list[str]:
-    return sorted(f"amp_compare.{folder}.{p.stem}" for p in (PACKAGE / folder).glob("*.py")
-                  if p.stem not in ("__init__", "__main__"))
+    """Every module under amp_compare/<folder>, subpackages included (harness/run, harness/report)."""
+    return sorted("amp_compare." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
+                  for p in (PACKAGE / folder).rglob("*.py") if p.stem not in ("__init__", "__main__"))
 
 
 def imported(path: Path, root: Path = ROOT) -> list[str]:
@@ -46,7 +49,7 @@ def boundary_violations(root: Path = PACKAGE) -> list[str]:
     """'file: imports module' for every import that crosses the process boundary the wrong way."""
     bad = []
     for folder, allowed in MAY_IMPORT.items():
-        for path in sorted((root / folder).glob("*.py")):
+        for path in sorted((root / folder).rglob("*.py")):
             for name in imported(path, root.parent):
                 parts = name.split(".")
                 if parts[0] != "amp_compare" or len(parts) < 2 or parts[1] in ("__main__",):
@@ -60,13 +63,45 @@ def test_no_child_side_module_imports_the_harness():
     assert boundary_violations() == []
 
 
+def report_imports_of_run(root: Path = PACKAGE) -> list[str]:
+    """'file: imports module' for every import of harness/run from harness/report (plain, from, relative, in a
+    function, or `from amp_compare.harness import run`)."""
+    bad = []
+    for path in sorted((root / "harness" / "report").rglob("*.py")):
+        for name in imported(path, root.parent):
+            if name == "amp_compare.harness.run" or name.startswith("amp_compare.harness.run."):
+                bad.append(f"{path.relative_to(root.parent)}: imports {name}")
+    return bad
+
+
+def test_the_report_side_never_imports_the_run_side():
+    """report/ reads records a run left behind; it must work on a machine (or a folder) where nothing runs."""
+    assert (PACKAGE / "harness" / "report").is_dir() and (PACKAGE / "harness" / "run").is_dir()
+    assert report_imports_of_run() == []
+
+
+def test_the_direction_check_sees_a_report_module_importing_the_run_side(tmp_path):
+    report = tmp_path / "amp_compare" / "harness" / "report"
+    (report / "sub").mkdir(parents=True)
+    (report / "a.py").write_text("import amp_compare.harness.run.runner\n")
+    (report / "b.py").write_text("def f():\n    from amp_compare.harness.run.cli import EXIT_OK\n")
+    (report / "c.py").write_text("from ..run import calibrate\n")
+    (report / "d.py").write_text("from amp_compare.harness import run\n")
+    (report / "sub" / "e.py").write_text("from ...run.maxbatch import probe\n")
+    (report / "ok.py").write_text("from amp_compare.harness.common import SIZE\nfrom . import stats\n"
+                                  "from amp_compare.harness.report import runs_table\n")
+    found = report_imports_of_run(tmp_path / "amp_compare")
+    assert sorted({line.split(":")[0] for line in found}) == [
+        f"amp_compare/harness/report/{n}" for n in ("a.py", "b.py", "c.py", "d.py", "sub/e.py")], found
+
+
 def test_the_boundary_check_sees_a_crossing(tmp_path):
     """Every kind of import that would cross is caught: plain, from, relative, inside a function."""
     for folder in MAY_IMPORT:
         (tmp_path / "amp_compare" / folder).mkdir(parents=True)
     kit = tmp_path / "amp_compare" / "kit"
-    (kit / "a.py").write_text("import amp_compare.harness.runner\n")
-    (kit / "b.py").write_text("def f():\n    from amp_compare.harness.stats import pack_correct\n")
+    (kit / "a.py").write_text("import amp_compare.harness.run.runner\n")
+    (kit / "b.py").write_text("def f():\n    from amp_compare.harness.report.stats import pack_correct\n")
     (kit / "c.py").write_text("from ..harness import cli\n")
     (kit / "d.py").write_text("from amp_compare import harness\n")
     (tmp_path / "amp_compare" / "contract" / "e.py").write_text("from amp_compare.kit import data\n")
@@ -79,6 +114,7 @@ def test_the_boundary_check_sees_a_crossing(tmp_path):
 
 
 def test_importing_all_framework_free_modules_loads_no_framework():
+    """contract/, kit/ and the whole harness (run/ and report/) import without torch, TensorFlow, Keras or JAX."""
     names = [m for folder in FRAMEWORK_FREE for m in modules(folder)] + ["amp_compare.__main__"]
     code = (
         "import sys\n"
@@ -89,6 +125,7 @@ def test_importing_all_framework_free_modules_loads_no_framework():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert len(names) >= 25
+    assert {"amp_compare.harness.report.render", "amp_compare.harness.run.compare"} <= set(names)
 
 
 def test_a_framework_child_starts_without_the_report_stack():

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from amp_compare.harness.requirements import declared
+from amp_compare.harness.run.requirements import declared
 from tests.conftest import ROOT
 
 # Runs `python -m amp_compare ARGS` as if the distributions in HIDE were not installed: importing them fails and

@@ -57,7 +57,7 @@ def test_keras_backend_parity(framework, check, backend_results):
 
 
 def test_keras_cells_get_their_backend_in_the_child_environment():
-    from amp_compare.harness.runner import child_env
+    from amp_compare.harness.run.runner import child_env
 
     for framework, backend in KERAS_BACKENDS.items():
         assert child_env(RunConfig(framework=framework))["KERAS_BACKEND"] == backend
@@ -72,7 +72,7 @@ def test_a_keras_backend_cell_runs_through_the_runner(framework, step_values, tm
     test, and the four-column compare in docs/BACKENDS.md runs every backend."""
     import pandas as pd
 
-    from amp_compare.harness.runner import run_cell
+    from amp_compare.harness.run.runner import run_cell
 
     if importlib.util.find_spec(BACKENDS[framework]) is None:
         pytest.skip(f"{BACKENDS[framework]} is not installed")
@@ -96,7 +96,7 @@ def test_a_keras_backend_cell_runs_through_the_runner(framework, step_values, tm
 
 def test_keras_tf_alias_on_the_command_line(tmp_path):
     """--frameworks keras-tf is the tf framework: one name in the matrix, the records and the report."""
-    from amp_compare.harness.cli import build_parser, compare_settings
+    from amp_compare.harness.run.cli import build_parser, compare_settings
 
     args = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path),
                                                        "--frameworks", "keras-tf,torch,keras-jax"]))

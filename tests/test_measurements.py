@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from amp_compare.harness.report import render_combined
+from amp_compare.harness.report.render import render_combined
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -417,7 +417,7 @@ def _audit_both(cfg, input_shape, x, y, precision):
     shows."""
     import pandas as pd
 
-    from amp_compare.harness.numerics_report import dtype_side_by_side
+    from amp_compare.harness.report.numerics import dtype_side_by_side
     from amp_compare.keras_impl import train as kt
     from amp_compare.torch_impl import train as pt
 
@@ -449,8 +449,8 @@ def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     assert not table["differs"].any(), table[table["differs"]].to_string()
     fc = table[(table["layer"] == "fc") & (table["phase"] == "forward")]
     assert fc.iloc[0]["PyTorch dtypes"] == fc.iloc[0]["Keras (TF) dtypes"] == HALF[precision]
-    # The report's glossary sentences come from these rows (harness/numerics_report.op_dtype_facts).
-    from amp_compare.harness.numerics_report import op_dtype_facts
+    # The report's glossary sentences come from these rows (harness/report/numerics.op_dtype_facts).
+    from amp_compare.harness.report.numerics import op_dtype_facts
 
     facts = op_dtype_facts(rows, "cpu")
     assert facts["device"] == "CPU" and facts["differing"][precision]["rows"] == 0
@@ -481,8 +481,8 @@ def test_report_shows_both_underflow_methods_for_both_frameworks():
     """The report's underflow table and sentences carry both methods' numbers, each as measured, per framework."""
     import pandas as pd
 
-    from amp_compare.harness import numerics_report as nr
-    from amp_compare.harness.report import _underflow_table
+    from amp_compare.harness.report import numerics as nr
+    from amp_compare.harness.report.render import _underflow_table
 
     torch_rows, keras_rows = underflow_both("simple_cnn", "fp16", 2.0**10, loss_weight=1e-4)
     frame = pd.DataFrame([{**r, "framework": fw, "precision": "fp16", "seed": 0, "when": "last step"}
@@ -546,7 +546,7 @@ def test_defaults_mode_adam_gap_from_both_children_and_in_the_differences_table(
     weights and batch, then the sentence the report's differences table shows, numbers from the records."""
     import pandas as pd
 
-    from amp_compare.harness.report import framework_differences
+    from amp_compare.harness.report.render import framework_differences
 
     x, y = batch("simple_cnn")
     torch_model, keras_model = build_pair("simple_cnn", "fp32")
@@ -574,11 +574,11 @@ VIT_AUDIT_DIFFERENCES = {("", "backward"), ("blocks.0.attn", "backward")}
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_aligned_vit_audits_agree_but_for_the_attention_gradients(precision):
     """The vit built as an aligned compare builds it: every (layer, phase) row in both audits, the same dtypes
-    everywhere but the rows VIT_AUDIT_DIFFERENCES names; the component table (harness/numerics_report.py) shows
+    everywhere but the rows VIT_AUDIT_DIFFERENCES names; the component table (harness/report/numerics.py) shows
     LayerNorm, the token stream and the class-token/position add in float32 and the matmuls in the half dtype in
     both, and each framework's own attention core."""
     from amp_compare.contract.config import RunConfig
-    from amp_compare.harness.numerics_report import vit_dtype_table
+    from amp_compare.harness.report.numerics import vit_dtype_table
 
     def cfg(framework):
         return RunConfig(framework=framework, model="vit", dataset="digits", precision=precision, vit_dim=16,

@@ -10,8 +10,9 @@ import pytest
 
 from amp_compare.contract import env
 from amp_compare.contract.config import ConfigError, RunConfig
-from amp_compare.harness.cli import build_parser, compare_settings, plan_compare
-from amp_compare.harness.perf import bound_verdicts, timing_note
+from amp_compare.harness.report.hardware import bound_verdicts, timing_note
+from amp_compare.harness.run.cli import build_parser, compare_settings
+from amp_compare.harness.run.compare import plan_compare
 from amp_compare.kit import ceiling, flops
 from amp_compare.kit.child import step_time_summary
 from tests.conftest import ROOT
@@ -166,7 +167,7 @@ def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
     """Issue 28: torch's own fp32 matmul read 0.20 TFLOP/s and Keras' 0.43 on the same CPU, so torch showed MFU
     51.5% and Keras 27.1% although Keras achieved more. Both are now measured against the run's best."""
     from amp_compare.contract.records import migrate
-    from amp_compare.harness.perf import ceiling_sentences, with_run_ceiling
+    from amp_compare.harness.report.hardware import ceiling_sentences, with_run_ceiling
 
     runs = pd.DataFrame({"framework": ["torch", "tf", "torch", "tf"], "precision": ["fp32", "fp32", "bf16", "bf16"],
                          "device_name": "cpu", "achieved_flops": [1.03e11, 1.17e11, 0.5e11, 0.6e11],
@@ -183,7 +184,7 @@ def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
 
 
 def test_an_mfu_over_100_percent_is_flagged_not_passed_off():
-    from amp_compare.harness.summary import mfu_findings
+    from amp_compare.harness.report.findings import mfu_findings
 
     table = pd.DataFrame([{"framework": "torch", "precision": "bf16", "batch_size": 64, "mfu_measured": 5.56,
                            "ceiling_dtype": "bf16"},
@@ -210,7 +211,7 @@ def test_bound_verdict_from_the_sweep():
 
 
 def _args(*extra):
-    """The validated settings a compare plans from (the one option declaration, harness/cli.py)."""
+    """The validated settings a compare plans from (the one option declaration, harness/run/cli.py)."""
     return compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--datasets", "synthetic",
                                                        "--models", "simple_cnn", "--seeds", "0", "--frameworks",
                                                        "torch", "--precisions", "fp32", *extra]))
@@ -263,7 +264,8 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
 
 
 def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_path):
-    from amp_compare.harness import maxbatch
+    from amp_compare.harness.report.maxbatch_table import search_table
+    from amp_compare.harness.run import maxbatch
 
     calls = []
 
@@ -279,16 +281,17 @@ def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_
     monkeypatch.setattr(maxbatch.time, "monotonic", lambda: next(clock))
     early = maxbatch.find_max_batch(RunConfig(), None, start=16, budget_s=25)
     assert calls == [16, 32] and early.max_ok == 32 and "25 s budget" in early.stopped_early
-    table = maxbatch.search_table([done])
+    table = search_table([done])
     assert "stopped_early" in table
-    from amp_compare.harness.figures import make_max_batch_figure
+    from amp_compare.harness.report.figures import make_max_batch_figure
 
-    fig = make_max_batch_figure(maxbatch.search_table([early, done]).assign(precision="fp32"), tmp_path)
+    fig = make_max_batch_figure(search_table([early, done]).assign(precision="fp32"), tmp_path)
     assert fig is not None and "Stopped early" in fig.caption
 
 
 def test_gpu_cap_is_enforced_by_the_framework_in_the_probe(tmp_path, capsys):
-    from amp_compare.harness import maxbatch
+    from amp_compare.harness.report.maxbatch_table import cap_label
+    from amp_compare.harness.run import maxbatch
     from amp_compare.kit import probe as probe_child
 
     config = tmp_path / "cfg.json"
@@ -301,5 +304,5 @@ def test_gpu_cap_is_enforced_by_the_framework_in_the_probe(tmp_path, capsys):
     code = probe_child.probe_main(two_steps, lambda exc: False, ["--config", str(config), "--batch", "8",
                                                               "--memory-cap", "1GiB"], limit_gpu=limits.append)
     assert limits == [2**30] and code == maxbatch.EXIT_OOM
-    assert maxbatch.cap_label("cuda", None) == "the GPU's whole memory"
-    assert "GPU memory cap" in maxbatch.cap_label("cuda", 2**30) and "CPU" in maxbatch.cap_label("cpu", 2**30)
+    assert cap_label("cuda", None) == "the GPU's whole memory"
+    assert "GPU memory cap" in cap_label("cuda", 2**30) and "CPU" in cap_label("cpu", 2**30)

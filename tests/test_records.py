@@ -81,7 +81,7 @@ def test_steps_round_trip(tmp_path_factory, rows):
 def test_a_record_parquet_cannot_store_is_written_as_text_not_a_crash(tmp_path):
     """Validation keeps such values out; should one get through, the harness still writes the failed
     record (as text) instead of dying on pyarrow's OverflowError and losing the remaining cells."""
-    from amp_compare.harness.runner import failed_run_table, write_failed_record
+    from amp_compare.harness.run.runner import failed_run_table, write_failed_record
 
     cfg = RunConfig(dataset="synthetic")
     object.__setattr__(cfg, "growth_interval", 2**64)  # past int64, bypassing validation on purpose

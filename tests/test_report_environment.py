@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from amp_compare.harness.report import environment_rows, framework_differences
+from amp_compare.harness.report.render import environment_rows, framework_differences
 
 
 def _runs(device="cpu"):

@@ -12,8 +12,8 @@ import pytest
 
 from amp_compare.contract.atomic import atomic_write_text, usual_file_mode
 from amp_compare.contract.records import atomic_write_table
-from amp_compare.harness.summary import formatted_summary, summary_table
-from amp_compare.harness.terminal import print_summary
+from amp_compare.harness.report.tables import formatted_summary, summary_table
+from amp_compare.harness.report.terminal import print_summary
 
 
 @contextmanager

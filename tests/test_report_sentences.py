@@ -1,7 +1,7 @@
 """Every sentence of a report fits the run that was made (issue 28): reports rendered from synthetic tables.
 
 Each run folder here is written through contract/records.py as a child would write it, with the manifest a
-compare writes (cells in harness/order.py's order), and rendered by the same `report.render` a compare calls
+compare writes (cells in harness/run/order.py's order), and rendered by the same `report.render` a compare calls
 (no figures: seconds, no training). The cases are the runs issue 28 audited: one seed; the loss-scaling lab
 without bf16; a busy machine; a single framework; and a three-seed run whose seeds disagree.
 """
@@ -15,8 +15,8 @@ import pytest
 
 from amp_compare.contract import records
 from amp_compare.contract.config import RunConfig
-from amp_compare.harness import report
-from amp_compare.harness.order import interleaved_order
+from amp_compare.harness.report import render as report
+from amp_compare.harness.run.order import interleaved_order
 
 CPU = {"cpu_model": "Test CPU", "cpu_amp_flags": "avx2,fma,f16c", "cpu_bf16_hardware": False,
        "cpu_fp16_hardware": False}

@@ -4,7 +4,7 @@ import pytest
 
 from amp_compare.contract import records
 from amp_compare.contract.config import RunConfig
-from amp_compare.harness import runner
+from amp_compare.harness.run import runner
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_a_signal_while_a_child_starts_is_acted_on_once_it_has_started(monkeypat
     import os
     import signal
 
-    from amp_compare.harness.runner import signals_deferred
+    from amp_compare.harness.run.runner import signals_deferred
 
     class Stop(Exception):
         pass

@@ -13,7 +13,7 @@ import pytest
 
 from amp_compare.contract import mapping
 from amp_compare.contract.config import RunConfig
-from amp_compare.harness.settings_check import compare_settings, side_by_side
+from amp_compare.harness.report.settings_check import compare_settings, side_by_side
 from amp_compare.kit.data import load_synthetic
 
 keras = pytest.importorskip("keras")

@@ -1,7 +1,8 @@
 import pandas as pd
 import pytest
 
-from amp_compare.harness.summary import findings, formatted_summary, full_table, summary_table
+from amp_compare.harness.report.findings import findings
+from amp_compare.harness.report.tables import formatted_summary, full_table, summary_table
 
 
 def _runs():

@@ -61,8 +61,8 @@ def train(framework: str, precision: str, data, init_file, **overrides):
 
 @pytest.mark.parametrize("framework", ["torch", "tf"])
 def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, data, init_file, tmp_path):
-    from amp_compare.harness.figures import make_headroom_figure
-    from amp_compare.harness.numerics_report import vit_what_happened
+    from amp_compare.harness.report.figures import make_headroom_figure
+    from amp_compare.harness.report.numerics import vit_what_happened
 
     broken, cfg = train(framework, "fp16", data, init_file)
     # within the first epoch, in the forward: exp of a logit past ln(65504) is inf in float16, inf/inf NaN

@@ -27,7 +27,7 @@ from amp_compare.contract import precision as precisions
 FRAMEWORKS = ("torch", "tf", "keras-jax", "keras-torch")
 DEFAULT_FRAMEWORKS = ("torch", "tf")
 FRAMEWORK_ALIASES = {"keras-tf": "tf"}
-# Keras' backend per Keras framework: the child's KERAS_BACKEND, set before Keras is imported (harness/runner.py).
+# Keras' backend per Keras framework: the child's KERAS_BACKEND, set before Keras is imported (harness/run/runner.py).
 KERAS_BACKENDS = {"tf": "tensorflow", "keras-jax": "jax", "keras-torch": "torch"}
 # Precision modes, named the same in both frameworks.
 #   fp32: no autocast / float32 policy.
@@ -66,7 +66,7 @@ INITS = ("shared", "framework")
 # plain: the tutorial loop (eager, the default optimizer); tuned: what the framework offers to go fast
 # (torch fused optimizer + torch.compile, CUDA graphs on a GPU; Keras jit_compile/XLA). See docs/MEASUREMENT.md.
 STEPS = ("plain", "tuned")
-# The gradient all-reduce's precision in a data-parallel cell (--replicas N > 1; harness/launch.py). fp32, or a half
+# The gradient all-reduce's precision in a data-parallel cell (--replicas N > 1; harness/run/launch.py). fp32, or a half
 # format where the framework's own engine all-reduces in it (torch DDP's fp16/bf16 compress hooks; Keras on JAX in
 # the policy's compute dtype); elsewhere the cell is recorded unavailable with the reason (no home-made casts).
 ALLREDUCES = ("fp32", "fp16", "bf16")
@@ -108,10 +108,10 @@ class ConfigError(ValueError):
 #
 # Every option is one dataclass field declared with `option(...)`: its type (the annotation),
 # default (and per-device defaults for the CLI), valid range or choices, and help. From those
-# fields come the argparse options (harness/cli.py), the strict `--config` JSON file, RunConfig's
+# fields come the argparse options (harness/run/cli.py), the strict `--config` JSON file, RunConfig's
 # own validation (pydantic, strict: a string is never a number or a boolean) and docs/OPTIONS.md's
 # options table. Adding an option is one `option(...)` field here (a value of each cell) or in
-# harness/cli.py's CompareOptions (a value of the harness).
+# harness/run/cli.py's CompareOptions (a value of the harness).
 # ---------------------------------------------------------------------------------------------
 
 INT64_MAX = 2**63 - 1  # records store integers as int64: nothing larger passes validation
@@ -430,11 +430,12 @@ class RunConfig:
                           default_text="$OMP_NUM_THREADS where set, else the CPUs this process may run on")
     target_accuracy: float | None = option(None, "time-to-accuracy target as a fraction in (0, 1] (null: 95% of "
                                            "what fp32 reaches)", gt=0, le=1)
-    # Set by the harness from --step and --batch-sizes (harness/perf.py expands the matrix).
-    step: str = option("plain", "the training loop: plain or tuned (harness/perf.py)", choices=STEPS, cli=False)
+    # Set by the harness from --step and --batch-sizes (harness/run/compare.py expand_cells expands the matrix).
+    step: str = option("plain", "the training loop: plain or tuned (harness/report/hardware.py)",
+                       choices=STEPS, cli=False)
     batch_sweep: bool = option(False, "a cell of a --batch-sizes sweep: its batch size is part of its cell id",
                                cli=False)
-    # Data parallel (harness/launch.py expands --replicas / --allreduce; docs/DATA_PARALLEL.md).
+    # Data parallel (harness/run/launch.py expands --replicas / --allreduce; docs/DATA_PARALLEL.md).
     replicas: int = option(1, "data-parallel workers: N > 1 adds, beside each 1-worker cell, N-worker cells at the "
                            "same global batch (torch: torchrun + DistributedDataParallel; Keras on TF: "
                            "MirroredStrategy; Keras on JAX: keras.distribution.DataParallel) and the 1-worker cell "
@@ -531,8 +532,8 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class DataParallelOptions:
-    """The data-parallel matrix axis, a harness option beside RunConfig's `replicas` (harness/cli.py's
-    compare_options reads it; harness/launch.py turns it into cells with their own `allreduce`)."""
+    """The data-parallel matrix axis, a harness option beside RunConfig's `replicas` (harness/run/cli.py's
+    compare_options reads it; harness/run/launch.py turns it into cells with their own `allreduce`)."""
 
     allreduce: tuple[str, ...] = option((ALLREDUCE_REFERENCE,), "gradient all-reduce precisions of the --replicas "
                                         "N-worker cells (a matrix axis like --precisions): fp32, or fp16/bf16 where "

@@ -68,7 +68,7 @@ class Train(Protocol):
 
 @runtime_checkable
 class Settings(Protocol):
-    """<framework>_impl/settings.py: what a cell trained with, for harness/settings_check.py."""
+    """<framework>_impl/settings.py: what a cell trained with, for harness/report/settings_check.py."""
 
     def describe_defaults(self) -> dict[str, object]:
         """The framework's own defaults for each item of contract/mapping.DIFFERENCES, from fresh objects."""

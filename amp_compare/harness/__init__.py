@@ -1,1 +1,2 @@
-"""The parent process: CLI, planning, runner, report. No child-side module imports this package."""
+"""The parent process: run/ (command line, planning, runner) and report/ (reading records, rendering); report/
+never imports run/, and no child-side module imports this package."""

@@ -8,7 +8,7 @@ peak, the matmul timing of the peak FLOP/s probe, and gradients of a loss for th
 (torch_impl/device.py is the torch side's twin of the device functions). TensorFlow-only code
 (tf.data, tf.config, TF's memory info, the traced-graph dtype audit) stays on the TensorFlow path.
 
-The backend is fixed when Keras is imported, by KERAS_BACKEND (harness/runner.py sets it in the
+The backend is fixed when Keras is imported, by KERAS_BACKEND (harness/run/runner.py sets it in the
 child's environment from the cell's framework: tf, keras-jax, keras-torch).
 """
 
@@ -147,7 +147,7 @@ def gpu_available() -> bool:
 
 def device_scope(cfg: RunConfig):
     """Where the model lives: TensorFlow places by scope; JAX and Keras' torch backend by the child's
-    environment (JAX_PLATFORMS, KERAS_TORCH_DEVICE, set by harness/runner.py), so no scope is needed."""
+    environment (JAX_PLATFORMS, KERAS_TORCH_DEVICE, set by harness/run/runner.py), so no scope is needed."""
     if TENSORFLOW:
         import tensorflow as tf
 

@@ -8,7 +8,7 @@
   (`record_allreduce`): float32, the gradients of float32 variables. tf.distribute has no reduced-precision
   all-reduce (CommunicationOptions takes no dtype): fp16/bf16 are unavailable.
 * JAX: `keras.distribution.DataParallel` over N devices (on a CPU, N host devices: XLA_FLAGS set by the parent,
-  harness/launch.py). One SPMD program; XLA's partitioner places the gradient all-reduce where the backward computes
+  harness/run/launch.py). One SPMD program; XLA's partitioner places the gradient all-reduce where the backward computes
   the gradient, in whatever dtype the compiled step computes it (read back from its optimised HLO, `hlo_allreduce`:
   float16 under mixed_float16 on this CPU, float32 under mixed_bfloat16, whose dots XLA's CPU backend runs in
   float32). Keras offers no option to choose it: a cell asking for another dtype stops after its first step and is
@@ -40,7 +40,7 @@ from amp_compare.keras_impl import backends
 from amp_compare.kit.child import Unavailable
 from amp_compare.kit.dataparallel import drop_empty_tables
 
-ENV_DUMP = "AMP_COMPARE_HLO_DUMP"  # harness/launch.py: where XLA dumps a keras-jax N-worker cell's compiled step
+ENV_DUMP = "AMP_COMPARE_HLO_DUMP"  # harness/run/launch.py: where XLA dumps a keras-jax N-worker cell's compiled step
 HLO_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 
 _state: dict = {"strategy": None, "allreduce_dtypes": set()}

@@ -2,7 +2,7 @@
 
 `python -m amp_compare.keras_impl.probe --config cfg.json --batch N --memory-cap BYTES` builds and compiles the
 model and optimizer exactly as keras_impl/train.py does, trains two steps on one random batch (the
-second holds the optimizer state) and prints one JSON line; harness/maxbatch.py runs it and
+second holds the optimizer state) and prints one JSON line; harness/run/maxbatch.py runs it and
 reads that line. Read beside torch_impl/probe.py: same shape, framework lines differ.
 """
 
@@ -66,7 +66,7 @@ def limit_gpu(cap_bytes: int) -> str:
 
 def is_out_of_memory(exc: BaseException | None) -> bool:
     """An allocator ran out, here or behind a wrapper (kit/probe.exception_chain, as in torch_impl/probe.py).
-    (A failed CPU allocation may abort the process with std::bad_alloc instead; amp_compare.harness.maxbatch.probe
+    (A failed CPU allocation may abort the process with std::bad_alloc instead; amp_compare.harness.run.maxbatch.probe
     recognises that from the outside.)"""
     return any(_ran_out(e) for e in exception_chain(exc))
 

@@ -1,6 +1,6 @@
 """What a Keras cell trained with: Keras' own defaults, and the settings read back from the live objects.
 
-Read beside torch_impl/settings.py; harness/settings_check.py compares the two children's records
+Read beside torch_impl/settings.py; harness/report/settings_check.py compares the two children's records
 per cell (contract/mapping.py lists the items).
 """
 
@@ -39,7 +39,7 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, sca
     """The values this run actually used, read back from the objects it trained with.
 
     Recorded in Keras' own convention (BatchNorm momentum weights the old average);
-    harness/settings_check.py maps and compares them with the torch child's. scaler: what
+    harness/report/settings_check.py maps and compares them with the torch child's. scaler: what
     amp.with_loss_scaling returned, the optimizer itself (a LossScaleOptimizer for fp16). cfg: the twin
     contract's argument; Keras reads everything from the live objects.
     """

@@ -258,7 +258,8 @@ def close_records(cfg: RunConfig, data: Dataset, model: keras.Model, result: Tra
     dataset_bytes = int(data.x_train.nbytes + data.y_train.nbytes) if on_device else 0  # DeviceImages: same arrays
     result.peak_memory_bytes, result.memory_kind = backends.training_peak(cfg, memory, dataset_bytes)
     result.info["dataset_device_bytes"] = dataset_bytes
-    # Per validation image, right or wrong: the final model's predictions for the paired tests (harness/stats.py).
+    # Per validation image, right or wrong: the final model's predictions for the paired tests
+    # (harness/report/stats.py).
     result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     result.extra["underflow"] += underflow_rows(lab, model, first_batch, cfg.precision,

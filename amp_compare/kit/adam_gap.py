@@ -1,7 +1,7 @@
 """The defaults-mode Adam gap: one Adam step of torch's formula and of Keras', on a child's real gradient.
 
 Both numerics.py files call `adam_first_step_gap` on their first batch (`adam_formula_gap`); the report
-words the result (harness/settings_check.py `adam_gap_text`). numpy only, no framework.
+words the result (harness/report/settings_check.py `adam_gap_text`). numpy only, no framework.
 """
 
 from __future__ import annotations

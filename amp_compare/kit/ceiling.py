@@ -5,7 +5,7 @@ matmuls run in. Two ceilings, both recorded per cell:
   * measured: the best of repeated square matmuls of one size per device type (SIZES) in that dtype,
     timed by the framework child at the start of the cell, outside the timed loop and the memory
     window (`measure`). The report takes the best of every cell of the run, both frameworks', per
-    device and dtype (harness/perf.py `run_ceilings`): one ceiling both frameworks' MFU is measured
+    device and dtype (harness/report/hardware.py `run_ceilings`): one ceiling both frameworks' MFU is measured
     against, not each framework's own matmul. On a CPU it is the only ceiling there is (no vendor
     figure fits every CPU). A CPU without a half format's arithmetic
     (no AVX-512 BF16/AMX for bf16, no AVX-512 FP16/AMX for fp16) makes the frameworks convert to

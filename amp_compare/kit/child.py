@@ -164,7 +164,7 @@ class TrainResult:
     # Numerics lab rows: "dtypes" (dtype audit of one step), "underflow" (gradient magnitudes per layer)
     extra: dict[str, list[dict]] = field(default_factory=dict)
     # Per validation image (in order), whether the final model classified it correctly: the paired
-    # accuracy tests of harness/stats.py compare these between precisions.
+    # accuracy tests of harness/report/stats.py compare these between precisions.
     val_correct: np.ndarray | None = None
 
 
@@ -210,7 +210,7 @@ def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: in
     The headline, throughput_img_s, is wall time: the images of the timed steps over the time they took
     together (the marks are back to back, so stalls, host syncs and slow steps count, as in a user's
     epoch). median_step_throughput_img_s (batch / median step) is the secondary figure; a gap between
-    the two over TIMING_GAP is called out in the report (harness/perf.py). compile_warmup_s: what the
+    the two over TIMING_GAP is called out in the report (harness/report/hardware.py). compile_warmup_s: what the
     warm-up steps took beyond as many median steps (tracing, compilation, CUDA-graph capture).
 
     Where per-step times were not measured (Keras on a GPU, device mode: NaN), both come from training time

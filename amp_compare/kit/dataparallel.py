@@ -2,7 +2,7 @@
 
 The numerics lab (dtype audit, gradient underflow, the NaN/Inf locator, the Adam gap) measures a cell's arithmetic on
 its raw model outside the timed loop. An N-worker cell trains the same model in the same precision as its 1-worker
-cell, which runs the lab; the report's numerics sections read the 1-worker cells only (harness/dataparallel_report.py).
+cell, which runs the lab; the report's numerics sections read the 1-worker cells only (harness/report/dataparallel.py).
 So an N-worker cell's train() takes `NumericsInOneWorkerCell` as its numerics module (`numerics_for`, called by
 both train.py's): it measures nothing and says so (TensorFlow's mirrored variables could not even be differentiated
 outside the strategy's replica context).

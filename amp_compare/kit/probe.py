@@ -3,7 +3,7 @@
 A probe child reads the cell's RunConfig, builds a dataset of the right shape (no images), makes one
 random batch, calls its framework's `two_steps` and prints one JSON line: fits (exit 0) or does not
 (exit EXIT_OOM). The parent's side (spawning, the RSS watchdog, the doubling and bisection search) is
-harness/maxbatch.py; this module never imports it, nor any framework. Sizes are parsed and printed here
+harness/run/maxbatch.py; this module never imports it, nor any framework. Sizes are parsed and printed here
 (`parse_size`, `format_size`), since both sides use them.
 """
 

@@ -1,6 +1,6 @@
 """Data parallel for one torch cell: DistributedDataParallel under torchrun, one process per worker.
 
-harness/launch.py starts an N-worker cell as `python -m torch.distributed.run --standalone --nproc-per-node N
+harness/run/launch.py starts an N-worker cell as `python -m torch.distributed.run --standalone --nproc-per-node N
 -m amp_compare.torch_impl ...`; each worker runs train() (torch_impl/train.py) with the `Worker` from `start(cfg)`:
   * the process group from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT): gloo on a CPU, NCCL on CUDA
     with one GPU per worker (LOCAL_RANK); on a CPU the cell's --threads are shared among the workers;
@@ -100,7 +100,7 @@ class Worker:
         if world != cfg.replicas:
             raise RuntimeError(f"cell wants {cfg.replicas} workers but this process is one of {world}: start it "
                                "with python -m torch.distributed.run --nproc-per-node "
-                               f"{cfg.replicas} (harness/launch.py does)")
+                               f"{cfg.replicas} (harness/run/launch.py does)")
         die_with_parent()
         if cfg.device == "cuda":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

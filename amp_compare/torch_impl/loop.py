@@ -87,7 +87,7 @@ def run_epoch(net, optimizer, scaler, x, y, plan, precision: str, clock: StepClo
 @torch.no_grad()
 def evaluate(model, x, y, precision: str) -> tuple[float, float, np.ndarray]:
     """Validation loss, accuracy and, per image, whether it was classified correctly (the last epoch's go to
-    the paired tests of harness/stats.py), under the same precision as training."""
+    the paired tests of harness/report/stats.py), under the same precision as training."""
     model.eval()
     loss_sum = torch.zeros((), device=x.device)
     hits = []

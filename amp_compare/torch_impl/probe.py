@@ -2,7 +2,7 @@
 
 `python -m amp_compare.torch_impl.probe --config cfg.json --batch N --memory-cap BYTES` builds the model,
 optimizer and loss scaler exactly as torch_impl/train.py does, trains two steps on one random
-batch (the second holds the optimizer state) and prints one JSON line; harness/maxbatch.py runs
+batch (the second holds the optimizer state) and prints one JSON line; harness/run/maxbatch.py runs
 it and reads that line. Read beside keras_impl/probe.py: same shape, framework lines differ.
 """
 

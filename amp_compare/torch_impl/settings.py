@@ -1,6 +1,6 @@
 """What a torch cell trained with: torch's own defaults, and the settings read back from the live objects.
 
-Read beside keras_impl/settings.py; harness/settings_check.py compares the two children's records
+Read beside keras_impl/settings.py; harness/report/settings_check.py compares the two children's records
 per cell (contract/mapping.py lists the items).
 """
 
@@ -36,7 +36,7 @@ def settings_used(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: to
                   cfg: RunConfig) -> dict:
     """The values this run actually used, read back from the objects it trained with.
 
-    Recorded in torch's own convention; harness/settings_check.py compares them with the Keras child's.
+    Recorded in torch's own convention; harness/report/settings_check.py compares them with the Keras child's.
     cfg's precision gives the autocast dtype the run trains under, which decides the dtype of the final
     Linear (autocast runs linear/addmm in the half dtype).
     """

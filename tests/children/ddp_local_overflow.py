@@ -5,7 +5,7 @@ change, in the cells whose --allreduce is AMP_COMPARE_TEST_MUTANT_ALLREDUCE (def
 communication hook of torch_impl/distributed.py, after the all-reduce, turns worker 1's reduced gradients into inf at
 step AMP_COMPARE_TEST_MUTANT_STEP (default 1). Worker 1's GradScaler then sees an overflow that worker 0's does not:
 it skips and halves its scale alone, which is what a scaler deciding on its own gradients would do. The per-worker
-agreement check (harness/dataparallel_report.worker_agreement, through the report's rows) must fail on its records.
+agreement check (harness/report/dataparallel.worker_agreement, through the report's rows) must fail on its records.
 """
 
 import json

@@ -2,7 +2,7 @@
 the batch limit), every batch it calls a fit used no more than the cap, and the report's figure shows the cap.
 
 On a GPU the cap is the framework's own (torch.cuda.set_per_process_memory_fraction in each probe child); nothing
-samples host memory there (harness/maxbatch.py).
+samples host memory there (harness/run/maxbatch.py).
 """
 
 from __future__ import annotations

@@ -24,19 +24,18 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
-from amp_compare.harness import dataparallel_report, wording
-from amp_compare.harness import numerics_report as nr
-from amp_compare.harness.backend_split import keras_backend_split
-from amp_compare.harness.calibrate import describe as describe_steadiness
-from amp_compare.harness.settings_check import adam_gap_text, side_by_side
-from amp_compare.harness.summary import (
+from amp_compare.harness.report import dataparallel, wording
+from amp_compare.harness.report import numerics as nr
+from amp_compare.harness.report.backend_split import keras_backend_split
+from amp_compare.harness.report.findings import findings, interval_method
+from amp_compare.harness.report.settings_check import adam_gap_text, side_by_side
+from amp_compare.harness.report.steadiness import describe as describe_steadiness
+from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
     LEGEND,
     accuracy_statistics,
-    findings,
     formatted_summary,
     full_table,
-    interval_method,
     seed_counts_text,
     split_summary,
     summary_table,
@@ -312,9 +311,9 @@ class Rendered:
 
     index: Path
     runs: pd.DataFrame
-    table: pd.DataFrame  # summary.full_table
+    table: pd.DataFrame  # tables.full_table
     findings: list[str]
-    data_parallel: pd.DataFrame | None = None  # dataparallel_report.rows: the Data parallel section's rows
+    data_parallel: pd.DataFrame | None = None  # dataparallel.rows: the Data parallel section's rows
 
 
 def render_report(run_dir: Path, figures: bool = True) -> Path:
@@ -444,7 +443,7 @@ def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, s
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
     """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both)."""
-    from amp_compare.harness import figures as fg
+    from amp_compare.harness.report import figures as fg
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
@@ -534,13 +533,13 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
 
 
 def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> dict:
-    """DATA PARALLEL: the Data parallel section (harness/dataparallel_report.py) and the page's counts over every
+    """DATA PARALLEL: the Data parallel section (harness/report/dataparallel.py) and the page's counts over every
     cell (the other sections' context is built from the 1-worker cells only)."""
     runs = every.get("run", pd.DataFrame())
-    section = dataparallel_report.section(every, _evidence(manifest), manifest["device"])
+    section = dataparallel.section(every, _evidence(manifest), manifest["device"])
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
     return {"data_parallel": section and {**section, "table": _html_or_none(section["table"])},
-            "sections": dataparallel_report.sections(SECTIONS, section),
+            "sections": dataparallel.sections(SECTIONS, section),
             "n_ok": sum(v == "ok" for v in status.values()),
             "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
             "cells": _cells(runs, every["epochs"], every["steps"]), "data_parallel_md": section and (
@@ -551,10 +550,10 @@ def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> di
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
     records.export_tables(run_dir, tables)
     # DATA PARALLEL: the floor and N-worker cells of a --replicas run have their own section; the others read the
-    # 1-worker cells (dataparallel_report.split); a run without them is `single` unchanged and `every` empty
-    single, every = dataparallel_report.split(tables)
+    # 1-worker cells (dataparallel.split); a run without them is `single` unchanged and `every` empty
+    single, every = dataparallel.split(tables)
     context = {**_page_context(run_dir, manifest, single, draw), "data_parallel": None,
-               "sections": dataparallel_report.sections(SECTIONS, None)}  # no Data parallel link without the section
+               "sections": dataparallel.sections(SECTIONS, None)}  # no Data parallel link without the section
     if every:
         context.update(_data_parallel_context(every, manifest))
     atomic_write_text(run_dir / "index.html", _env().get_template("report.html").render(**context))
@@ -582,7 +581,7 @@ def render_runs_index(reports_dir: Path) -> Path:
             continue
         single = runs  # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
         if runs is not None and not runs.empty:
-            single = runs[dataparallel_report.roles(runs) == "single"]
+            single = runs[dataparallel.roles(runs) == "single"]
         table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
         several = not table.empty and len(table.groupby(["model", "dataset"])) > 1
         headline = "; ".join(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: "

@@ -23,7 +23,7 @@ class RunFacts:
     precisions: list[str]
     seeds: list[int]
     device: str
-    rotated: bool  # the precision order rotated with each seed (harness/order.py), as the run's cells show
+    rotated: bool  # the precision order rotated with each seed (harness/run/order.py), as the run's cells show
     loss_scale: float | None = None  # fp16-static's fixed scale
     growth: tuple[int, int] | None = None  # (growth interval, steps each dynamic cell ran)
     skipped: int | None = None  # steps skipped in all loss-scaled cells; None: no loss-scaled cell
@@ -54,7 +54,7 @@ def rotated_order(manifest: dict) -> bool:
 
 def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
     """What the run contains: its finished cells (any cell, where none finished) and the manifest's order."""
-    from amp_compare.harness.numerics_report import growth_facts
+    from amp_compare.harness.report.numerics import growth_facts
 
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs and not runs.empty else runs
     source = done if not done.empty else runs

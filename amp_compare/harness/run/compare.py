@@ -1,8 +1,10 @@
-"""Command line: `python -m amp_compare compare …` runs a matrix; `python -m amp_compare report DIR` re-renders.
+"""Orchestration of `python -m amp_compare compare|report`: `main` parses the command line (cli.py), plans the
+matrix or the resume of a run, holds the run folder's lock, runs each cell in its own child process with a
+progress bar (runner.py), checks the machine's calibration between cells, runs --find-max-batch, and hands the
+run folder to the report (harness/report/render.py).
 
-compare validates the whole matrix before anything is written (bad input: one line, exit 2),
-then runs each cell in its own child process with a progress bar, renders the report and
-prints the summary table and the path of reports/<run-id>/index.html.
+Bad input is refused before anything is written (one line, exit 2); Ctrl-C and SIGTERM keep every finished
+cell, render the report and print the resume command (exit codes: cli.py, docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
@@ -18,227 +20,25 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from amp_compare.contract.config import (
-    DATASETS,
-    DEFAULT_FRAMEWORKS,
-    DEFAULT_PRECISIONS,
-    DEVICES,
-    FRAMEWORK_ALIASES,
-    FRAMEWORKS,
-    MODELS,
-    PRECISIONS,
-    STEPS,
-    ConfigError,
-    DataParallelOptions,
-    Declared,
-    RunConfig,
-    declared,
-    from_text,
-    option,
-    run_options,
-    validate_options,
-)
+from amp_compare.contract.config import ConfigError, RunConfig, run_options
 from amp_compare.contract.precision import names as precision_names
-from amp_compare.harness.launch import expand_replicas
-from amp_compare.harness.perf import expand_cells
-
-# Exit status of `compare` (documented in docs/RELIABILITY.md).
-EXIT_OK = 0  # every cell finished (a diverged cell is a result: it finished)
-EXIT_BAD_INPUT = 2  # refused before anything ran: nothing written
-EXIT_CELLS_FAILED = 3  # the run completed but some cells failed, timed out or were unavailable
-EXIT_REPORT_UNWRITTEN = 4  # the cells' records are kept but the disk filled while the report was written
-EXIT_INTERRUPTED = 130  # Ctrl-C: finished cells kept, report rendered, resume command printed
-EXIT_TERMINATED = 143  # SIGTERM: the same as Ctrl-C
-
-
-@dataclass
-class CompareOptions:
-    """The harness's own options: the matrix axes, where results go, limits. Each cell's options are
-    RunConfig's fields (contract/config.py); the command line and --config accept both."""
-
-    frameworks: tuple[str, ...] = option(DEFAULT_FRAMEWORKS, "which frameworks: torch (native PyTorch) and the one "
-                                         "Keras model on Keras' backends: tf (alias keras-tf), keras-jax, keras-torch",
-                                         choices=FRAMEWORKS, aliases=FRAMEWORK_ALIASES)
-    precisions: tuple[str, ...] = option(DEFAULT_PRECISIONS, "which precision modes", choices=PRECISIONS)
-    models: tuple[str, ...] = option(("simple_cnn", "vit"), "which models", choices=MODELS,
-                                     cpu=("simple_cnn", "vit"), cuda=("resnet18", "vit"))
-    datasets: tuple[str, ...] = option(("digits",), "which datasets (cuda's default falls back to "
-                                       "synthetic_cifar when CIFAR-10 cannot be had, and says so)",
-                                       choices=DATASETS, cpu=("digits",), cuda=("cifar10",))
-    seeds: tuple[int, ...] = option((0, 1, 2), "seeds; each seed is a cell (the report shows medians with "
-                                 "interquartile ranges); on a CPU the vit runs seed 0 only unless seeds are given "
-                                 "(DEFAULT_MODEL_SEEDS)", ge=0, cpu=(0, 1, 2), cuda=(0,))
-    repeats: int | None = option(None, "N runs per cell with seeds 0..N-1 (instead of --seeds)", gt=0, le=1000)
-    device: str = option("auto", "auto: cuda when an NVIDIA GPU is visible", choices=("auto", *DEVICES))
-    timeout: float = option(1800.0, "seconds per cell before it is killed and recorded as failed", gt=0,
-                            matrix=False)
-    out: Path = option(Path("reports"), "folder for run folders", matrix=False)
-    run_id: str | None = option(None, "name of the run folder", default_text="date-time-device")
-    find_max_batch: bool = option(False, "also search, per framework x precision, the largest batch that trains "
-                                  "under the memory cap")
-    memory_cap: str | None = option(None, "--find-max-batch cap: CPU memory per probe process; on a GPU a cap on "
-                                    "its memory, enforced on the device",
-                                    default_text="4GiB on cpu, the GPU's whole memory on cuda")
-    max_batch_limit: int = option(2**14, "largest batch --find-max-batch tries", gt=0)
-    step: tuple[str, ...] = option(("plain",), "the training loop: plain (the tutorials' eager loop, default "
-                                   "optimizer) or tuned (fused optimizer + torch.compile / CUDA graphs; Keras XLA); "
-                                   "plain,tuned runs both side by side", choices=STEPS)
-    batch_sizes: tuple[int, ...] | None = option(None, "a cell at each of these batch sizes (e.g. 64,256,1024) "
-                                                 "instead of --batch-size: the speed-up-vs-batch figure", gt=0)
-    config: Path | None = option(None, "JSON file of compare options (keys as the option names; the command "
-                                 "line overrides it)", metavar="FILE")
-    resume: str | None = option(None, "re-run only the missing, failed or incomplete cells of OUT/RUN_ID",
-                                metavar="RUN_ID", matrix=False)
-    figures: bool = option(True, "draw the report's figures (PNG + SVG, about 10-20 s of CPU); --no-figures writes "
-                           "the tables, findings and data only, and `report RUN` draws them later", matrix=False)
-
-
-# Where a model's cells run fewer seeds than --seeds' default (when neither --seeds nor --repeats is given): the
-# vit on a CPU, so the default compare stays within 4 minutes on a 2-core CPU, whose float16/bfloat16 are emulated
-# (README, "The default matrix"). One seed still gets a paired accuracy test (McNemar, harness/stats.py).
-DEFAULT_MODEL_SEEDS = {"cpu": {"vit": (0,)}}
-
-
-def compare_options() -> dict[str, Declared]:
-    """Every option of `compare`: the harness's, then each cell's (RunConfig fields with cli=True)."""
-    harness = {**declared(CompareOptions), **declared(DataParallelOptions)}  # DATA PARALLEL: --allreduce
-    return {**harness, **{n: d for n, d in run_options().items() if d.spec.cli and n not in harness}}
-
-
-NOT_IN_CONFIG_FILE = ("config", "resume")
-# Options that define the matrix: with --resume the run's own saved configuration is used instead.
-MATRIX_OPTIONS = tuple(n for n, d in compare_options().items() if d.spec.matrix)
-
-
-def default_text(d: Declared) -> str:
-    """A default as help and docs/OPTIONS.md show it."""
-    def show(v):
-        if isinstance(v, bool):
-            return "on" if v else "off"
-        if isinstance(v, tuple):
-            return ",".join(map(str, v)) or "none"
-        if isinstance(v, float):
-            return f"{v:g}"
-        return "none" if v is None else str(v)
-
-    if d.spec.default_text:
-        return d.spec.default_text
-    if d.spec.per_device:
-        return ", ".join(f"{show(v)} on {dev}" for dev, v in d.spec.per_device.items())
-    return show(d.default)
-
-
-def help_text(d: Declared) -> str:
-    choices = f"; one of {', '.join(map(str, d.spec.choices))}" if d.spec.choices else ""
-    if d.is_list:
-        choices = f"; comma list{choices.replace('; one', ', each one')}"
-    return f"{d.spec.help}{choices} (default: {default_text(d)})".replace("%", "%%")
-
-
-OPTIONS_MARKERS = ("<!-- options: generated from the declaration -->", "<!-- end of options -->")
-OPTIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "OPTIONS.md"
-
-
-def options_markdown() -> str:
-    """docs/OPTIONS.md's table, from the declaration (tests/test_cli.py checks the page holds it)."""
-    rows = ["| option | default | valid values | what it does |", "|---|---|---|---|"]
-    for d in compare_options().values():
-        flag = f"`{d.flag}` / `--no-{d.flag[2:]}`" if d.item is bool else f"`{d.flag}`"
-        cells = [flag, default_text(d), d.describe(), d.spec.help]
-        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
-def update_options_page(path: Path = OPTIONS_PAGE) -> None:
-    """Rewrite docs/OPTIONS.md's table from the declaration."""
-    text = path.read_text()
-    start, end = OPTIONS_MARKERS
-    head, rest = text.split(start)
-    path.write_text(f"{head}{start}\n{options_markdown()}{end}{rest.split(end)[1]}")
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2 (argparse prints usage over several)
-        print(f"amp-compare: error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_BAD_INPUT)
-
-
-def build_parser() -> ArgumentParser:
-    """argparse generated from the declared options; an option not given is absent from the result."""
-    parser = ArgumentParser(prog="amp-compare", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    c = sub.add_parser("compare", help="train the matrix in both frameworks and write a report",
-                       argument_default=argparse.SUPPRESS)
-    for d in compare_options().values():
-        kwargs: dict = {"help": help_text(d)}
-        if d.item is bool and not d.is_list:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            kwargs["type"] = d.item if d.item in (int, float) and not d.is_list else str
-            kwargs["metavar"] = d.spec.metavar or d.name.upper()
-        c.add_argument(d.flag, dest=d.name, **kwargs)
-    r = sub.add_parser("report", help="re-render the report of one or more run folders")
-    r.add_argument("run_dirs", nargs="+", type=Path)
-    figures = compare_options()["figures"]  # the same declared option as compare's
-    r.add_argument(figures.flag, dest=figures.name, action=argparse.BooleanOptionalAction, default=figures.default,
-                   help=help_text(figures))
-    return parser
-
-
-def load_config_file(path: Path) -> dict:
-    """Compare options from a JSON object (keys as the option names), typed as strictly as the command
-    line: a string is never a number or a boolean, null only where an option allows it."""
-    options = compare_options()
-    valid = sorted(n for n in options if n not in NOT_IN_CONFIG_FILE)
-    try:
-        values = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"malformed config file {str(path)!r}: {exc}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a JSON object of options")
-    values = {k.replace("-", "_"): v for k, v in values.items()}
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)} in config file {str(path)!r} "
-                          f"(valid: {', '.join(valid)})")
-    values = {k: from_text(options[k], v) for k, v in values.items()}
-    try:
-        validate_options(options, {**{n: d.default_for("cpu") for n, d in options.items()}, **values})
-    except ConfigError as exc:
-        raise ConfigError(f"{exc} (in config file {str(path)!r})") from None
-    return values
-
-
-def compare_settings(args: argparse.Namespace) -> argparse.Namespace:
-    """Every compare option: the command line over the --config file over the declared defaults (per
-    resolved device), validated before anything runs. `given` holds the options the user set."""
-    options = compare_options()
-    cli = {k: from_text(options[k], v) for k, v in vars(args).items() if k in options}
-    given = {**(load_config_file(cli["config"]) if cli.get("config") else {}), **cli}
-    requested = given.get("device", "auto")
-    validate_options({"device": options["device"]}, {"device": requested})
-    device = resolve_device(requested)
-    values = validate_options(options, {**{n: d.default_for(device) for n, d in options.items()}, **given})
-    return argparse.Namespace(**values, command="compare", given=set(given), resolved_device=device)
-
-
-def resolve_device(requested: str) -> str:
-    from amp_compare.contract.env import nvidia_gpu_present
-
-    if requested not in ("auto", *DEVICES):
-        raise ConfigError(f"unknown device {requested!r} (valid: auto, {', '.join(DEVICES)})")
-    has_gpu = nvidia_gpu_present()
-    if requested == "cuda" and not has_gpu:
-        raise ConfigError("device 'cuda' requested but no NVIDIA GPU is visible (valid here: auto, cpu)")
-    if requested == "auto":
-        return "cuda" if has_gpu else "cpu"
-    return requested
+from amp_compare.harness.run.cli import (
+    DEFAULT_MODEL_SEEDS,
+    EXIT_BAD_INPUT,
+    EXIT_CELLS_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REPORT_UNWRITTEN,
+    EXIT_TERMINATED,
+    MATRIX_OPTIONS,
+    build_parser,
+    compare_options,
+    compare_settings,
+)
+from amp_compare.harness.run.launch import expand_replicas
 
 
 def _writable_dir(path: Path) -> None:
@@ -308,9 +108,22 @@ def check_machine_limits(args: argparse.Namespace) -> None:
                           "dataset archives, e.g. one holding cifar-10-python.tar.gz)")
 
 
+def expand_cells(cells: list[RunConfig], steps: tuple[str, ...],
+                 batch_sizes: tuple[int, ...] | None) -> list[RunConfig]:
+    """The matrix times the step loops times the batch sizes (plan_compare calls this with the options
+    as the one declaration validated them: known steps, positive batch sizes)."""
+    sizes = sorted(set(batch_sizes or ()))
+    out = []
+    for cfg in cells:
+        for size in sizes or [cfg.batch_size]:
+            for s in dict.fromkeys(steps):
+                out.append(dataclasses.replace(cfg, step=s, batch_size=size, batch_sweep=bool(sizes)))
+    return out
+
+
 def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     """Validate everything and build the matrix; writes nothing. `args` comes from compare_settings."""
-    from amp_compare.harness.order import interleaved_order
+    from amp_compare.harness.run.order import interleaved_order
     from amp_compare.kit.data import load_dataset, steps_per_epoch
 
     device = args.resolved_device
@@ -339,33 +152,44 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
                        loss_scale=args.loss_scale if p in static else None, **common)
              for m in models for d in datasets for s in model_seeds(m) for p in precisions for fw in frameworks]
-    cells = expand_cells(cells, args.step, args.batch_sizes)  # --step and --batch-sizes (harness/perf.py)
-    cells = expand_replicas(cells, args.allreduce, device)  # DATA PARALLEL: --replicas/--allreduce (harness/launch.py)
-    cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (harness/order.py)
+    cells = expand_cells(cells, args.step, args.batch_sizes)  # --step and --batch-sizes (expand_cells above)
+    cells = expand_replicas(cells, args.allreduce, device)  # DATA PARALLEL: --replicas/--allreduce (launch.py)
+    cells = interleaved_order(cells)  # precision order rotated per seed, so drift cancels (order.py)
     for d in datasets:
         n_train = len(load_dataset(d, args.data_dir).x_train)
         if steps_per_epoch(n_train, max(c.batch_size for c in cells)) == 0:
             raise ConfigError(f"batch size {max(c.batch_size for c in cells)} is larger than the {n_train} training "
                               f"images of {d!r} (valid: 1..{n_train})")
+    run_id = _new_run_id(args, device)
+    max_batch = _max_batch_settings(args, device, notes)
+    matrix = {"frameworks": list(frameworks), "models": list(models), "datasets": list(datasets),
+              "precisions": list(precisions), "seeds": list(seeds)}
+    defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
+                if k not in ("framework", "model", "dataset", "precision", "seed")}
+    return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device, "notes": notes,
+                           "max_batch": max_batch}
+
+
+def _new_run_id(args: argparse.Namespace, device: str) -> str:
+    """The new run's folder name, checked: a writable --out, a plain name the file system takes, not there yet."""
     _writable_dir(args.out)
     run_id = args.run_id if args.run_id is not None else f"{datetime.now():%Y%m%d-%H%M%S}-{device}"
     _check_run_id(args.out, run_id)
     if (args.out / run_id).exists():
         raise ConfigError(f"run folder {str(args.out / run_id)!r} already exists (choose another --run-id)")
-    if args.find_max_batch:
-        from amp_compare.harness.maxbatch import cap_label
-        from amp_compare.kit.probe import parse_size
+    return run_id
 
-        cap = parse_size(args.memory_cap or "4GiB") if device == "cpu" or args.memory_cap else None
-        notes.append(f"--find-max-batch: largest batch per framework x precision under {cap_label(device, cap)}.")
-    matrix = {"frameworks": list(frameworks), "models": list(models), "datasets": list(datasets),
-              "precisions": list(precisions), "seeds": list(seeds)}
-    defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
-                if k not in ("framework", "model", "dataset", "precision", "seed")}
-    max_batch = ({"cap_bytes": cap, "cap": args.memory_cap, "limit": args.max_batch_limit}
-                 if args.find_max_batch else None)
-    return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device, "notes": notes,
-                           "max_batch": max_batch}
+
+def _max_batch_settings(args: argparse.Namespace, device: str, notes: list[str]) -> dict | None:
+    """--find-max-batch's settings for the manifest (None without it), its cap said in `notes`."""
+    if not args.find_max_batch:
+        return None
+    from amp_compare.harness.report.maxbatch_table import cap_label
+    from amp_compare.kit.probe import parse_size
+
+    cap = parse_size(args.memory_cap or "4GiB") if device == "cpu" or args.memory_cap else None
+    notes.append(f"--find-max-batch: largest batch per framework x precision under {cap_label(device, cap)}.")
+    return {"cap_bytes": cap, "cap": args.memory_cap, "limit": args.max_batch_limit}
 
 
 def read_manifest(run_dir: Path) -> dict:
@@ -501,8 +325,8 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
 
 def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: float, console):
     """run_cells with the machine's calibration checked before the matrix and after every cell, in the
-    parent while no child runs (harness/calibrate.py); every check lands in manifest["calibrations"]."""
-    from amp_compare.harness import calibrate
+    parent while no child runs (harness/run/calibrate.py); every check lands in manifest["calibrations"]."""
+    from amp_compare.harness.run import calibrate
 
     checks = manifest.setdefault("calibrations", [])
     checks.append(calibrate.check("before the matrix"))
@@ -544,7 +368,8 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
     """--find-max-batch: one search per framework x precision (first model, dataset and seed), each written
     to maxbatch/<framework>-<precision>.parquet once it finishes. Returns the interruption, if any."""
     from amp_compare.contract.atomic import atomic_write_bytes
-    from amp_compare.harness.maxbatch import cap_label, find_max_batch, search_table
+    from amp_compare.harness.report.maxbatch_table import cap_label, search_table
+    from amp_compare.harness.run.maxbatch import find_max_batch
 
     seen, searches = set(), []
     for cfg in cells:
@@ -580,7 +405,7 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
     runs once each cell has ended (the calibration check between cells)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from amp_compare.harness.runner import run_cell
+    from amp_compare.harness.run.runner import run_cell
 
     outcomes = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -611,7 +436,7 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
 
 def harness_fault(cfg: RunConfig, run_dir: Path, run_id: str, exc: Exception):
     """The outcome (and, where it can be written, the record) of a cell the harness itself failed on."""
-    from amp_compare.harness.runner import CellOutcome, failed_run_table, write_failed_record
+    from amp_compare.harness.run.runner import CellOutcome, failed_run_table, write_failed_record
 
     error = f"harness error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     try:
@@ -622,14 +447,14 @@ def harness_fault(cfg: RunConfig, run_dir: Path, run_id: str, exc: Exception):
 
 
 def _console():
-    from amp_compare.harness.terminal import console_for_stderr
+    from amp_compare.harness.report.terminal import console_for_stderr
 
     return console_for_stderr()
 
 
 def _render(run_dir: Path, console, figures: bool = True) -> Path:
-    from amp_compare.harness.report import render
-    from amp_compare.harness.terminal import print_summary
+    from amp_compare.harness.report.render import render
+    from amp_compare.harness.report.terminal import print_summary
 
     rendered = render(run_dir, figures=figures)
     print_summary(console, f"amp-compare summary ({run_dir.name})", rendered.runs, rendered.findings,
@@ -644,7 +469,7 @@ def report(args: argparse.Namespace) -> int:
         read_manifest(run_dir)
     console = _console()
     if len(args.run_dirs) > 1:  # one combined report, the machine as a dimension
-        from amp_compare.harness.report import render_combined
+        from amp_compare.harness.report.render import render_combined
 
         if len({d.resolve() for d in args.run_dirs}) != len(args.run_dirs):
             raise ConfigError("the same run folder was given twice to report (give each once)")

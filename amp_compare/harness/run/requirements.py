@@ -14,7 +14,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 DISTRIBUTION = "amp-compare"
 # What each framework column needs installed; any one of them runs some cells (JAX alone runs nothing: its
 # column is Keras on JAX).

@@ -1,6 +1,6 @@
 """The report's "Data parallel" section, from a --replicas run's records (framework-free).
 
-harness/launch.py gives every cell of a --replicas N run three kinds of neighbour: its thread-count floor, and its
+harness/run/launch.py gives every cell of a --replicas N run three kinds of neighbour: its thread-count floor, and its
 N-worker cells (one per --allreduce precision). They are not more cells of the same framework and precision for
 the other sections: `split` takes them out of every table those sections read and keeps them for this one, beside
 the 1-worker cells they are judged against.
@@ -27,7 +27,8 @@ import pandas as pd
 
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
 from amp_compare.contract.records import unpack_correct
-from amp_compare.harness import calibrate, stats, wording
+from amp_compare.harness.report import stats, wording
+from amp_compare.harness.report.steadiness import unsteady_reason
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
 
@@ -178,10 +179,10 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
         one = single.iloc[0]
         ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
         # the Speed section's interval and verdict: one seed's pair, so batch means of its steps; ⚠ where the
-        # calibrations between cells saw the machine busy or its speed change (calibrate.unsteady_reason)
+        # calibrations between cells saw the machine busy or its speed change (unsteady_reason)
         speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
                                      [timed.get(cell["cell_id"], np.array([]))], [float(np.log(ratio))])
-        note = stats.speed_verdict(speed, calibrate.unsteady_reason(environment or {}))
+        note = stats.speed_verdict(speed, unsteady_reason(environment or {}))
         none = pd.Series(dtype=float)
         gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
         floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))
@@ -258,7 +259,7 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
 
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
-    """What the section says in words, from its rows only (harness/wording.py: sentences fit what ran)."""
+    """What the section says in words, from its rows only (harness/report/wording.py: sentences fit what ran)."""
     facts = wording.RunFacts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [], precisions=[],
                              seeds=[], device=device, rotated=False)
     out = [s for s in [wording.data_parallel_workers(facts, environment.get("cpu_model", ""))] if s]
@@ -276,7 +277,7 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()]
     per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
     for threads in sorted(set(ok["threads_1"].astype(int))):
-        out.append(wording.data_parallel_threads(ran, threads, per_worker, calibrate.unsteady_reason(environment)))
+        out.append(wording.data_parallel_threads(ran, threads, per_worker, unsteady_reason(environment)))
     for r in ok[~ok["agree"].astype(bool)].itertuples():
         out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
                    f"agree — {r.agreement}.")

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
-from amp_compare.harness.stats import MIN_TIMED_STEPS
+from amp_compare.harness.report.stats import MIN_TIMED_STEPS
 
 
 def _fmt(value) -> str:

@@ -1,4 +1,5 @@
-"""Measuring the hardware, not the loop: the step loops, the batch-size sweep and the bound verdict.
+"""Measuring the hardware, not the loop: what the report says of the step loops, the batch-size sweep and the
+bound verdict (the run side expands the matrix over them: harness/run/compare.py expand_cells).
 
 * `--step plain|tuned` (or `plain,tuned`, both side by side): plain is the tutorial loop, eager with the
   framework's default optimizer; tuned is what the framework offers to go fast: torch's fused optimizer
@@ -15,29 +16,12 @@ This module never imports a framework.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
-
-from amp_compare.contract.config import RunConfig
 
 TIMING_GAP = 0.10  # wall-time vs median-step throughput gap the report calls out
 HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to the next: fixed per-step cost
 COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matmul ceiling
-
-
-def expand_cells(cells: list[RunConfig], steps: tuple[str, ...],
-                 batch_sizes: tuple[int, ...] | None) -> list[RunConfig]:
-    """The matrix times the step loops times the batch sizes (cli.plan_compare calls this with the options
-    as the one declaration validated them: known steps, positive batch sizes)."""
-    sizes = sorted(set(batch_sizes or ()))
-    out = []
-    for cfg in cells:
-        for size in sizes or [cfg.batch_size]:
-            for s in dict.fromkeys(steps):
-                out.append(dataclasses.replace(cfg, step=s, batch_size=size, batch_sweep=bool(sizes)))
-    return out
 
 
 def timing_note(wall: float, median: float) -> str:

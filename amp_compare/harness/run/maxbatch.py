@@ -31,15 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from amp_compare.contract.config import FRAMEWORK_MODULES, ConfigError, RunConfig
 from amp_compare.contract.env import PROJECT_ROOT
-from amp_compare.harness.runner import child_env, kill_group, signals_deferred, stderr_tail
+from amp_compare.harness.run.runner import child_env, kill_group, signals_deferred, stderr_tail
 from amp_compare.kit.probe import EXIT_OOM, format_size, rss_bytes
 
 WATCHDOG_INTERVAL_S = 0.05
@@ -133,15 +131,6 @@ def probe(cfg: RunConfig, batch: int, cap_bytes: int | None, timeout_s: float = 
                            f"not an out-of-memory):\n{tail}")
 
 
-def cap_label(device: str, cap_bytes: int | None) -> str:
-    """What a search's memory cap is, in words (console, report note, figure caption)."""
-    if device == "cuda":
-        return ("the GPU's whole memory" if cap_bytes is None else
-                f"a {format_size(cap_bytes)} GPU memory cap (torch set_per_process_memory_fraction, "
-                "TensorFlow logical-device memory limit)")
-    return f"a {format_size(cap_bytes)} cap on each probe process's CPU memory (RSS)" if cap_bytes else "no cap"
-
-
 class SearchBudgetSpent(Exception):
     pass
 
@@ -217,21 +206,3 @@ def search(fits: Callable[[int], bool], start: int, limit: int, resolution: floa
         seen(ok, failed)
 
 
-def search_table(results: Iterable[SearchResult]) -> pd.DataFrame:
-    """One row per probe of every search, identity in columns (tidy: filter, group and plot as is)."""
-    rows = []
-    for result in results:
-        cfg = result.cfg
-        identity = ({"framework": cfg.framework, "model": cfg.model, "dataset": cfg.dataset,
-                     "precision": cfg.precision, "device": cfg.device} if cfg is not None else {})
-        for order, p in enumerate(result.probes):
-            rows.append({**identity, "probe": order, "batch": p.batch, "ok": p.ok, "peak_bytes": p.peak_bytes,
-                         "memory_kind": p.memory_kind, "reason": p.reason, "cap_bytes": result.cap_bytes,
-                         "max_ok": result.max_ok, "first_failed": result.first_failed,
-                         "stopped_early": result.stopped_early})
-    columns = ["framework", "model", "dataset", "precision", "device", "probe", "batch", "ok", "peak_bytes",
-               "memory_kind", "reason", "cap_bytes", "max_ok", "first_failed", "stopped_early"]
-    table = pd.DataFrame(rows, columns=columns)
-    for name in ("peak_bytes", "cap_bytes", "first_failed"):  # None stays missing, not a float NaN
-        table[name] = table[name].astype("Int64")
-    return table.astype({"batch": "int64", "ok": "bool", "max_ok": "int64", "probe": "int64"})

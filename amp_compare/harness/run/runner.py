@@ -35,7 +35,7 @@ from amp_compare.contract.config import (
     RunConfig,
 )
 from amp_compare.contract.env import PROJECT_ROOT
-from amp_compare.harness.launch import child_env_for, kill_tree, launch_command
+from amp_compare.harness.run.launch import child_env_for, kill_tree, launch_command
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
 
 STDERR_TAIL_LINES = 25
@@ -150,7 +150,7 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
            "--out", str(cell_dir), "--run-id", run_id]
     if cfg.init == "shared":
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
-    cmd = launch_command(cfg, cmd)  # DATA PARALLEL: torch's N-worker cells under torchrun (harness/launch.py)
+    cmd = launch_command(cfg, cmd)  # DATA PARALLEL: torch's N-worker cells under torchrun (harness/run/launch.py)
     start = time.monotonic()
     returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event)
     return _outcome(cfg, run_id, cell_dir, returncode, error, time.monotonic() - start)
@@ -243,7 +243,7 @@ def signals_deferred(signals=(signal.SIGINT, signal.SIGTERM)):
 
 def kill_group(proc: subprocess.Popen) -> None:
     """Kill the child's whole process group (TF and torch start helper threads/processes) and, DATA PARALLEL, every
-    process below it: torchrun starts each worker in a session of its own (harness/launch.py kill_tree)."""
+    process below it: torchrun starts each worker in a session of its own (harness/run/launch.py kill_tree)."""
     if proc.poll() is None:
         kill_tree(proc.pid)
     proc.wait()

@@ -1,52 +1,20 @@
-"""How steady the machine was: a short fixed CPU workload timed before the matrix, after every cell and after.
-
-`check(when)` times a 256x256 float32 numpy matmul (20 products a round, 7 rounds, ~10-60 ms in all) in
-the parent, before the matrix and after every cell, while no child runs, and returns one check: the median
-round in milliseconds and the spread of its rounds. The manifest keeps every check (`calibrations`) and, as
-before, the first and the last in its environment (`calibration_before_ms` / `calibration_after_ms`, with
-their spreads).
+"""How steady the machine was, judged from the calibration checks a run recorded (harness/run/calibrate.py
+times them).
 
 `steadiness` judges the run from all of its checks, against nothing but themselves (no idle reference
 of the CPU is needed): the machine was *busy* when the rounds of one check varied by more than UNSTEADY
 (another process took the cores for part of it), and its speed *changed* when the checks' medians differ
-by more than UNSTEADY between cells. Either marks every speed ratio of the run (harness/stats.py). A
+by more than UNSTEADY between cells. Either marks every speed ratio of the run (harness/report/stats.py). A
 slowdown that began and ended inside one cell, between two checks, is not seen: the sentence says so.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-SIZE = 256
-REPS_PER_ROUND = 20
-ROUNDS = 7
-UNSTEADY = 0.25  # rounds of one check, or checks between cells, differing by more than this: not steady
-
-
-def check(when: str) -> dict[str, object]:
-    """One calibration: {"when", "ms" (median round), "spread" ((p90 - p10) / median of the rounds)}."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((SIZE, SIZE), dtype=np.float32)
-    b = rng.standard_normal((SIZE, SIZE), dtype=np.float32)
-    a @ b  # warm the BLAS threads
-    rounds = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        for _ in range(REPS_PER_ROUND):
-            a @ b
-        rounds.append((time.perf_counter() - start) * 1e3)
-    r = np.asarray(rounds)
-    return {"when": when, "ms": round(float(np.median(r)), 3),
-            "spread": round(float((np.percentile(r, 90) - np.percentile(r, 10)) / np.median(r)), 3)}
-
-
-def environment_entries(first: dict, last: dict) -> dict[str, float]:
-    """The first and the last check as the manifest's environment has always held them."""
-    return {"calibration_before_ms": first["ms"], "calibration_before_spread": first["spread"],
-            "calibration_after_ms": last["ms"], "calibration_after_spread": last["spread"]}
+from amp_compare.harness.common import SIZE, UNSTEADY
 
 
 def checks_of(environment: dict) -> list[dict]:

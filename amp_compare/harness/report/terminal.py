@@ -1,7 +1,7 @@
 """The summary a compare prints to the terminal: a table that fits the terminal it is printed on.
 
 The report holds every column with its interquartile range; the terminal gets the same strings
-(`amp_compare.harness.summary.formatted_summary`, so both agree) in the most detailed layout that fits the
+(`amp_compare.harness.report.tables.formatted_summary`, so both agree) in the most detailed layout that fits the
 console's width: one table per model x dataset (and machine) with those values in its title,
 short headers that wrap, the ranges dropped first and then the least important columns. Nothing
 is cut mid-value: a column that does not fit is left out and the footnote says where to find it.
@@ -13,7 +13,7 @@ import re
 
 import pandas as pd
 
-from amp_compare.harness.summary import HARDWARE_COLUMNS, formatted_summary, summary_table
+from amp_compare.harness.report.tables import HARDWARE_COLUMNS, formatted_summary, summary_table
 
 # Display columns of formatted_summary, in the order they are given up when the table is too wide.
 GROUP_COLUMNS = ("Machine", "Model", "Dataset", "Step", "Batch")  # shown in each table's title, not as columns
@@ -67,7 +67,7 @@ def _table(title: str, part: pd.DataFrame, columns: list[str], ranges: bool):
 def summary_tables(runs: pd.DataFrame, width: int, table: pd.DataFrame | None = None) -> tuple[list, str | None]:
     """The terminal's summary tables (rich renderables) for `width` columns, and a footnote naming
     what the report shows that they leave out (None when nothing was left out). `table` is the
-    aggregated table the report's summary is formatted from (amp_compare.harness.summary.full_table), when known."""
+    aggregated table the report's summary is formatted from (harness/report/tables.py full_table), when known."""
     from rich.console import Console
 
     summary = formatted_summary(summary_table(runs) if table is None else table)

@@ -20,7 +20,7 @@ import seaborn as sns  # noqa: E402
 
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
-from amp_compare.harness.summary import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
+from amp_compare.harness.report.tables import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
 
 # One colour per framework label; the Keras backends share a blue-green family, PyTorch stands apart.
 FRAMEWORK_COLORS = dict(zip(FRAMEWORK_LABELS.values(), ("#d1495b", "#00798c", "#edae49", "#66a182")))
@@ -408,7 +408,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Per framework: the magnitudes of the float16 modes' gradients at the last step, times the loss scale in
     use, as a histogram over powers of two against float16's range (flush below 2^-24, overflow above 65,504)."""
-    from amp_compare.harness import numerics_report as nr
+    from amp_compare.harness.report import numerics as nr
 
     hist = nr.gradient_histogram(underflow)
     hist = hist[hist["count"] > 0]  # empty powers of two would draw a flat line across the whole axis
@@ -445,7 +445,7 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
 
 def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
     """--find-max-batch: per precision the largest batch under the memory cap, labelled with the memory it used."""
-    from amp_compare.harness.maxbatch import cap_label
+    from amp_compare.harness.report.maxbatch_table import cap_label
 
     if maxbatch.empty:
         return None
@@ -484,7 +484,7 @@ def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | Non
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
                                  out_dir: Path) -> Figure | None:
     """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
-    target accuracy (from `acc`, amp_compare.harness.summary.accuracy_statistics) as a horizontal line."""
+    target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line."""
     ok = ok_runs(runs)
     if ok.empty or epochs.empty or acc.empty:
         return None
@@ -534,7 +534,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
 def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
     """One panel of the headroom figure: a line per block and framework (PyTorch solid, Keras dashed), float16's
     largest value, and with the naive attention's logits the level where its exp overflows float16."""
-    from amp_compare.harness.numerics_report import FLOAT16_MAX, FP16_EXP_LIMIT
+    from amp_compare.harness.report.numerics import FLOAT16_MAX, FP16_EXP_LIMIT
 
     for (block, label), g in part.groupby(["block", "Framework"], observed=True):
         g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
@@ -556,8 +556,8 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
 
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
-    framework and precision, on a log axis against float16's largest value (harness/numerics_report.py)."""
-    from amp_compare.harness.numerics_report import QUANTITY_LABELS, headroom_per_block
+    framework and precision, on a log axis against float16's largest value (harness/report/numerics.py)."""
+    from amp_compare.harness.report.numerics import QUANTITY_LABELS, headroom_per_block
 
     blocks = headroom_per_block(headroom, runs)
     blocks = blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float)) & (blocks["max_abs"] > 0)] \

@@ -1,0 +1,6 @@
+"""What both sides of the harness share: the run side (run/) measures with these, the report side (report/)
+judges and words the measurement with them. Kept below both so that report/ never imports run/."""
+
+# The calibration workload (run/calibrate.py times it; report/steadiness.py names it in its sentence).
+SIZE = 256
+UNSTEADY = 0.25  # rounds of one check, or checks between cells, differing by more than this: not steady

@@ -1,0 +1,22 @@
+"""The words of one table cell that both the statistics tables (tables.py) and the findings (findings.py) use:
+the ⚠ mark beside a ratio the run cannot support, and the table's short form of a paired accuracy change."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amp_compare.harness.report import stats
+
+
+def mark(note) -> str:
+    return " ⚠" if isinstance(note, str) and note else ""
+
+
+def short_accuracy_text(r) -> str:
+    """The table's form of accuracy_text: the change with its interval, or why there is none."""
+    if getattr(r, "too_short", ""):
+        return "too short ⚠"  # the run is too short to judge (accuracy_text says so in words)
+    if not np.isfinite(getattr(r, "p_value", np.nan)):
+        return "n/a"
+    mark = "" if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high}) else " (n.s.)"
+    return f"{r.diff_pp:+.1f} [{r.ci_low:+.1f}, {r.ci_high:+.1f}] pp{mark}"

@@ -1,0 +1,310 @@
+"""The findings: the English sentences a reader sees first, each built only from the aggregated table of
+tables.py (full_table) and the run's own records, so the HTML report, summary.md and the terminal agree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import precision as precisions
+from amp_compare.contract.config import framework_label as _label
+from amp_compare.contract.env import cpu_half_precision_verdict
+from amp_compare.harness.report import numerics as nr
+from amp_compare.harness.report import stats
+from amp_compare.harness.report.cell_text import mark
+from amp_compare.harness.report.hardware import ceiling_sentences
+from amp_compare.harness.report.steadiness import describe as describe_steadiness
+from amp_compare.harness.report.tables import (
+    LOOP,
+    full_table,
+    group_label,
+    named_machines,
+    ok_runs,
+    same_value,
+    seeds_text,
+    varying_keys,
+    with_loop_columns,
+)
+
+
+def speed_text(r) -> str:
+    """A mixed cell's speed ratio as the summary and findings show it: with its interval and, where the
+    interval does not support it, why."""
+    text = f"{r.speedup_vs_fp32:.2f}×"
+    if np.isfinite(getattr(r, "speed_low", np.nan)):
+        text += f" [{r.speed_low:.2f}–{r.speed_high:.2f}]"
+    if getattr(r, "speed_note", ""):
+        text += f" ⚠ {r.speed_note}"
+    return text
+
+
+def memory_text(r) -> str:
+    """A mixed cell's peak-memory change against fp32 with its interval, ⚠ where that does not support it."""
+    text = f"{r.memory_change_vs_fp32:+.0%}"
+    if np.isfinite(getattr(r, "memory_low", np.nan)):
+        text += f" [{r.memory_low:+.0%}, {r.memory_high:+.0%}]"
+    return text + mark(getattr(r, "memory_note", ""))
+
+
+def accuracy_text(r) -> str:
+    """A mixed cell's accuracy change, worded from its paired test: never a difference without its interval."""
+    if getattr(r, "too_short", ""):
+        return "not comparable (run too short)"
+    p = getattr(r, "p_value", np.nan)
+    if not np.isfinite(p):
+        return "no paired test (no per-image results)"
+    ptext = f"p = {p:.2g}"
+    if not stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
+        return f"no detectable difference ({r.diff_pp:+.1f} pp [{r.ci_low:+.1f}, {r.ci_high:+.1f}], {ptext})"
+    if r.diff_pp < 0:
+        return f"lower by {-r.diff_pp:.1f} pp [{-r.ci_high:.1f}, {-r.ci_low:.1f}] ({ptext})"
+    return f"higher by {r.diff_pp:.1f} pp [{r.ci_low:.1f}, {r.ci_high:.1f}] ({ptext})"
+
+
+def _time_text(r) -> str:
+    if not np.isfinite(r.target) or r.reached.endswith("/0"):
+        return "n/a"
+    if not np.isfinite(r.time_to_target_s):
+        return f"not reached ({r.reached} seeds reached it)"
+    text = f"{r.time_to_target_s:.1f} s" + (f" ({r.reached} seeds reached it)"
+                                            if r.reached.split("/")[0] != r.reached.split("/")[1] else "")
+    if np.isfinite(getattr(r, "ttt_ratio", np.nan)):
+        interval = f" [{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else ""
+        text += f" ({r.ttt_ratio:.2f}× fp32's{interval}{mark(r.ttt_note)})"
+    return text
+
+
+def _notes(notes, same: str = "1×") -> str:
+    """The distinct ⚠ notes of a sentence's numbers, said once at its end (the intervals themselves are beside
+    the numbers: "noisy" is said once, in words)."""
+    noisy = f"noisy: a 95% interval wider than {stats.NOISY_WIDTH}× end to end, or including {same}"
+    notes = list(dict.fromkeys(noisy if n.startswith("noisy") else n for n in notes if isinstance(n, str) and n))
+    return f" ⚠: {'; '.join(notes)}." if notes else ""
+
+
+@dataclass
+class Groups:
+    """The aggregated table cut into the groups every sentence is about (model/dataset, loop, machine)."""
+
+    table: pd.DataFrame
+    items: list  # [(key dict, rows of the group)]
+    multi: set  # (model, dataset) pairs that ran on several machines: their sentences name it
+    varying: set  # loop keys that take several values: sentences name them
+
+    @classmethod
+    def of(cls, table: pd.DataFrame) -> Groups:
+        keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
+        items = [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g)
+                 for k, g in table.groupby(keys, sort=False, dropna=False)]
+        return cls(table, items, named_machines(table), varying_keys(table))
+
+    def label(self, key: dict) -> str:
+        return group_label(key, self.multi, self.varying)
+
+    def per_framework(self):
+        """(label, framework, its mixed rows, its fp32 rows) wherever a framework has both."""
+        for key, group in self.items:
+            for fw, g in group.groupby("framework", sort=False):
+                mixed, fp32 = g[precisions.is_mixed(g["precision"])], g[precisions.is_reference(g["precision"])]
+                if not mixed.empty and not fp32.empty:
+                    yield self.label(key), fw, mixed, fp32
+
+
+def interval_method(table: pd.DataFrame) -> str:
+    """How this run's speed intervals were made, from the seeds it has (said, never assumed)."""
+    mixed = table[precisions.is_mixed(table["precision"])]
+    bases = set(mixed.get("speed_basis", pd.Series(dtype=str)).dropna()) - {""}
+    seeds = sorted({int(n) for n in mixed.get("speed_seeds", pd.Series(dtype=float)).dropna()})
+    parts = []
+    if "seeds" in bases:
+        several = [n for n in seeds if n > 1]
+        parts.append(f"Student's t over the {'/'.join(map(str, several))} seeds' own ratios")
+    if "steps" in bases:
+        parts.append("batch means of one seed's timed steps (seed-to-seed spread unknown)")
+    return "; ".join(parts)
+
+
+def speed_findings(groups: Groups) -> list[str]:
+    """Per model/dataset and framework: each mixed mode's speed against fp32, then what the ⚠ marks mean."""
+    out = []
+    for label, fw, mixed, fp32 in groups.per_framework():
+        parts = [f"{r.precision} at {speed_text(r)} ({r.throughput_img_s:,.0f} images/s)" for r in mixed.itertuples()]
+        out.append(f"{label}, {_label(fw)} ({seeds_text(int(fp32['runs'].iloc[0]))}): against fp32's "
+                   f"{fp32['throughput_img_s'].iloc[0]:,.0f} images/s, {'; '.join(parts)}.")
+    table = groups.table
+    is_mixed = precisions.is_mixed(table["precision"])
+    if (table.loc[is_mixed, "speed_basis"] == "steps").any():
+        out.append("With one seed a speed interval covers the step-to-step noise of that seed's two cells only: how "
+                   "much the ratio varies from seed to seed is unknown (run --repeats 3 or more to measure it).")
+    flagged = table[is_mixed & (table["speed_note"] != "")]
+    if not flagged.empty:
+        out.append(flagged_sentence(list(flagged["speed_note"]), int(is_mixed.sum()), interval_method(table)))
+    return out
+
+
+# What a ⚠ note starts with -> (its reason in a sentence, what to change).
+NOTE_KINDS = {"too few": ("too few timed steps", "with more steps per cell"),
+              "machine": ("a machine that was not steady", "on an idle machine"),
+              "noisy": ("an interval too wide or including 1×", "with more --repeats"),
+              "one seed": ("one seed and no interval", "with --repeats 3 or more"),
+              "no ": ("no interval", "with more steps or --repeats")}
+
+
+def flagged_sentence(notes: list[str], total: int, method: str) -> str:
+    """How many speed ratios are marked ⚠, for which of the reasons that actually occurred, and what to do."""
+    kinds: dict[str, int] = {}
+    for note in notes:
+        kind = next((k for k in NOTE_KINDS if note.startswith(k)), "")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    reasons = ", ".join(f"{n} for {NOTE_KINDS[k][0] if k else 'other reasons'}" for k, n in kinds.items())
+    advice = " and ".join(dict.fromkeys(NOTE_KINDS[k][1] for k in kinds if k))
+    intervals = f" Their 95% intervals: {method}." if method else ""
+    return (f"{len(notes)} of {total} speed ratios are marked ⚠, the run's evidence does not support them: "
+            f"{reasons}.{intervals} Re-run {advice or 'with more --repeats'} to settle them.")
+
+
+def machine_findings(groups: Groups, runs: pd.DataFrame, environment: dict) -> list[str]:
+    """The machine's steadiness, mixed precision slower than fp32 on a CPU that emulates it, and MFU."""
+    out = []
+    steadiness = describe_steadiness(environment)
+    if steadiness:
+        out.append(steadiness)
+    table = groups.table
+    slower = table[precisions.is_mixed(table["precision"]) & (table["speedup_vs_fp32"] < 1)]
+    devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
+    one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
+    if not slower.empty and devices == {"cpu"} and one_cpu:
+        out.append(f"Mixed precision was slower than fp32 in {len(slower)} of "
+                   f"{int(precisions.is_mixed(table['precision']).sum())} mixed cells. "
+                   + cpu_half_precision_verdict(environment))
+    if table["mfu_measured"].notna().any():
+        out += ceiling_sentences(with_loop_columns(ok_runs(runs).copy()))
+    return out + mfu_findings(table)
+
+
+def memory_findings(groups: Groups, runs: pd.DataFrame) -> list[str]:
+    kinds = ", ".join(sorted(set(ok_runs(runs)["memory_kind"].dropna())))
+    out = []
+    for key, group in groups.items:
+        mem = group[precisions.is_mixed(group["precision"]) & group["memory_change_vs_fp32"].notna()]
+        if not mem.empty:
+            parts = [f"{_label(r.framework)} {r.precision} {memory_text(r)}" for r in mem.itertuples()]
+            out.append(f"{groups.label(key)}, peak memory against fp32 ({kinds}; geometric mean over seeds, 95% "
+                       f"interval): {', '.join(parts)}.{_notes(mem['memory_note'], 'no change')}")
+    return out
+
+
+def accuracy_findings(groups: Groups) -> list[str]:
+    """The paired accuracy tests, or why the run cannot answer."""
+    out = []
+    for key, group in groups.items:
+        label = groups.label(key)
+        short = group["too_short"].iloc[0]
+        if short:
+            out.append(f"Accuracy cannot be compared from this run for {label}: {short}. Train longer "
+                       "(more --epochs, no --steps-per-epoch cap) or on the real dataset before reading accuracy "
+                       "differences.")
+    for label, fw, mixed, fp32 in groups.per_framework():
+        if mixed["too_short"].iloc[0]:
+            continue
+        tested = mixed[np.isfinite(mixed["p_value"].astype(float))]
+        method = ""
+        if not tested.empty:
+            first = tested.iloc[0]
+            method = (f"; McNemar's exact test on {int(first.images)} validation images" if first.seeds == 1 else
+                      f"; paired bootstrap over {int(first.images)} validation images × {int(first.seeds)} seeds")
+        parts = [f"{r.precision} {accuracy_text(r)}" for r in mixed.itertuples()]
+        out.append(f"{label}, {_label(fw)} ({seeds_text(int(fp32['runs'].iloc[0]))}): final validation accuracy "
+                   f"against fp32's {fp32['val_accuracy'].iloc[0]:.1%}: {'; '.join(parts)}{method}.")
+    return out
+
+
+def time_findings(groups: Groups) -> list[str]:
+    """Time to the target accuracy per cell, each mixed one against fp32's with its interval."""
+    out = []
+    for key, group in groups.items:
+        if group["too_short"].iloc[0] or not np.isfinite(group["target"].iloc[0]):
+            continue
+        first = group.iloc[0]
+        parts = [f"{_label(fw)} " + ", ".join(f"{r.precision} {_time_text(r)}" for r in g.itertuples())
+                 for fw, g in group.groupby("framework", sort=False)]
+        epochs = set(group["reached_epochs"].fillna(""))
+        same = (f" Every cell reached it in the same epoch ({epochs.pop()}), so these times differ only as the "
+                "training speed does." if len(epochs) == 1 and "," not in next(iter(epochs)) and next(iter(epochs))
+                and all(r.split("/")[0] == r.split("/")[1] for r in group["reached"]) else "")
+        out.append(f"{groups.label(key)}, training time to {first.target:.1%} validation accuracy "
+                   f"({first.target_basis}; median over seeds, validation excluded): {'; '.join(parts)}."
+                   f"{_notes(group['ttt_note'])}{same}")
+    return out
+
+
+def scaling_findings(groups: Groups, runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
+    """Dynamic loss scaling per model/dataset and framework (medians over seeds, the loss-scaling table's
+    numbers), and whether the scale could have grown at all in a run this long."""
+    ok = with_loop_columns(ok_runs(runs).copy())
+    dynamic = precisions.names(loss_scaling="dynamic")
+    if steps.empty or "precision" not in steps:
+        return []
+    fp16 = steps[steps["precision"].isin(dynamic) & steps["cell_id"].isin(set(ok["cell_id"]))]
+    if fp16.empty:
+        return []
+    keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in groups.table]
+    fp16 = fp16.assign(**{k: fp16["cell_id"].map(ok.set_index("cell_id")[k]) for k in keys if k not in fp16})
+    out = []
+    for key, group in groups.items:
+        sel = fp16
+        for k, v in key.items():
+            sel = sel[same_value(sel[k], v)]
+        parts = []
+        for fw in group["framework"].drop_duplicates():
+            cells = [g.sort_values("step") for _, g in sel[sel["framework"] == fw].groupby("cell_id")]
+            if cells:
+                skipped = float(np.median([g["skipped"].sum() for g in cells]))
+                n = float(np.median([len(g) for g in cells]))
+                last = float(np.median([g["loss_scale"].iloc[-1] for g in cells]))
+                per_seed = ", median per seed" if len(cells) > 1 else ""
+                parts.append(f"{_label(fw)} skipped {skipped:.0f} of {n:.0f} steps and ended at scale "
+                             f"2^{np.log2(last):.0f} ({seeds_text(len(cells))}{per_seed})")
+        if parts:
+            growth = nr.growth_sentence(ok[ok["cell_id"].isin(set(sel["cell_id"]))], sel)
+            out.append(f"{groups.label(key)}, dynamic loss scaling (fp16): " + "; ".join(parts) + "."
+                       + (f" {growth}" if growth else ""))
+    return out
+
+
+def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
+             epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
+    """Sentences built only from the aggregated table (full_table, computed here unless given) and the run's
+    own records, in its order, each naming the model and dataset (and machine, where several) its numbers
+    belong to and how many seeds they are over."""
+    table = full_table(runs, steps, epochs, environment) if table is None else table
+    if table.empty:
+        return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
+    groups = Groups.of(table)
+    out = [*speed_findings(groups), *machine_findings(groups, runs, environment), *memory_findings(groups, runs),
+           *accuracy_findings(groups), *time_findings(groups), *scaling_findings(groups, runs, steps)]
+    diverged = runs[runs["status"] == "diverged"] if "status" in runs else runs.iloc[0:0]
+    return [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}."
+            for r in diverged.itertuples()][::-1] + out
+
+
+def mfu_findings(table: pd.DataFrame) -> list[str]:
+    """What the MFU column is measured against where that is not the cell's own dtype, and any MFU over 100%
+    (the measured matmul is then not the ceiling of the path the cell ran: the number is shown, flagged)."""
+    out = []
+    dtypes = table.get("ceiling_dtype", pd.Series(dtype=str)).fillna("")
+    emulated = table[dtypes.str.contains("emulated")]
+    if not emulated.empty:
+        which = ", ".join(sorted(set(emulated["precision"])))
+        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling: this CPU has no arithmetic for "
+                   "their half format, so the frameworks convert to float32 and compute on the fp32 units.")
+    over = table[table["mfu_measured"] > 1]
+    if not over.empty:
+        cells = ", ".join(f"{_label(r.framework)} {r.precision} batch {r.batch_size:.0f} ({r.mfu_measured:.0%})"
+                          for r in over.itertuples())
+        out.append(f"MFU above 100% in {len(over)} cell(s) ({cells}): the model trained faster than the matmul "
+                   "measured as the ceiling, so that matmul is not the ceiling of the kernels these cells ran; "
+                   "read their MFU as a ratio of two measured rates, not as a fraction of the hardware.")
+    return out
