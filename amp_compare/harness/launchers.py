@@ -83,7 +83,8 @@ def check_launcher(args) -> None:
     """What the declarations cannot check: submitit options without submitit, --parallel against the machine."""
     given = [f"--{n.replace('_', '-')}" for n in SLURM_OPTIONS if n in args.given]
     if given and args.launcher != "submitit":
-        raise ConfigError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --launcher submitit (got --launcher {args.launcher}; valid: "
+        verb = "needs" if len(given) == 1 else "need"
+        raise ConfigError(f"{', '.join(given)} {verb} --launcher submitit (got --launcher {args.launcher}; valid: "
                           f"{', '.join(LAUNCHERS)})")
     extra_parameters(args.slurm_extra)
     if args.launcher == "submitit":
