@@ -212,3 +212,21 @@ def test_bad_launcher_input_is_one_line_exit_2_nothing_written(tmp_path, capsys,
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and message in err, err
     assert not out.exists()
+
+
+def test_a_run_on_two_gpu_models_pairs_ratios_within_each(tiny_run):
+    """Cells of one run on two GPU models (a mixed Slurm partition): the summary keeps them apart, one row per
+    model, each mixed cell against the fp32 cell of its own model."""
+    from amp_compare.harness import summary
+    from amp_compare.harness.launchers import by_gpu_model
+
+    tables = records.read_run(tiny_run[1])
+    assert "machine" not in by_gpu_model(tables)["run"]  # one device: as it is
+    runs = tables["run"].copy()
+    # Keras' fp32 cell on one model, its mixed cells on another; PyTorch's all on the first
+    runs["device_name"] = np.where((runs["framework"] == "tf") & (runs["precision"] != "fp32"), "H100", "A100")
+    split = by_gpu_model({**tables, "run": runs})
+    assert set(split["steps"]["machine"]) == {"A100", "H100"}
+    table = summary.summary_table(split["run"]).set_index(["machine", "framework", "precision"])
+    assert table.loc[("A100", "torch", "bf16"), "speedup_vs_fp32"] > 0
+    assert np.isnan(table.loc[("H100", "tf", "bf16"), "speedup_vs_fp32"])  # no fp32 cell on that model

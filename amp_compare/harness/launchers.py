@@ -446,3 +446,17 @@ def launch(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, p
     if note not in notes:
         notes.append(note)
     return outcomes, interrupted
+
+
+def by_gpu_model(tables: dict) -> dict:
+    """A run whose cells ran on more than one GPU model (a Slurm partition of mixed nodes) gets the combined
+    report's `machine` column, the GPU model each cell ran on, so every ratio pairs cells of one model only;
+    a run on one model (or a CPU) is returned as it is."""
+    runs = tables.get("run")
+    if runs is None or "device_name" not in runs:
+        return tables
+    models = runs.set_index("cell_id")["device_name"]
+    if models[models.notna() & (models != "cpu")].nunique() < 2:
+        return tables
+    return {name: df.assign(machine=df["cell_id"].map(models)) if "cell_id" in df else df
+            for name, df in tables.items()}
