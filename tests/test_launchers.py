@@ -230,3 +230,26 @@ def test_a_run_on_two_gpu_models_pairs_ratios_within_each(tiny_run):
     table = summary.summary_table(split["run"]).set_index(["machine", "framework", "precision"])
     assert table.loc[("A100", "torch", "bf16"), "speedup_vs_fp32"] > 0
     assert np.isnan(table.loc[("H100", "tf", "bf16"), "speedup_vs_fp32"])  # no fp32 cell on that model
+
+
+def test_a_cell_waits_for_the_initial_weights_its_seed_is_making(tmp_path):
+    """Concurrent cells of one seed must not each make their own initial weights: the first to start makes them,
+    the others wait until the file is there (the submitit run above usually wins this race by itself)."""
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.launchers import InitGate
+
+    torch_fp32, tf_bf16, other_seed = (RunConfig(framework=fw, model="simple_cnn", dataset="synthetic",
+                                                 precision=p, seed=s, device="cpu")
+                                       for fw, p, s in (("torch", "fp32", 0), ("tf", "bf16", 0), ("tf", "bf16", 1)))
+    gate = InitGate(tmp_path)
+    assert gate.may_start(torch_fp32)
+    gate.started(torch_fp32)
+    assert not gate.may_start(tf_bf16) and gate.may_start(other_seed)
+    path = gate.key(torch_fp32)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"weights")
+    assert gate.may_start(tf_bf16)
+    gate = InitGate(tmp_path / "other")
+    gate.started(torch_fp32)
+    gate.ended(torch_fp32)  # the maker failed without the file: the next cell of the seed makes it
+    assert gate.may_start(tf_bf16)
