@@ -59,6 +59,18 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
     }
 
 
+def placement() -> dict[str, str]:
+    """Where this process runs, as a cell's run record keeps it: the host, the GPUs it may see
+    (CUDA_VISIBLE_DEVICES: --parallel pins each cell to its own, Slurm sets a job's) and the CPUs it may run on
+    (--parallel on a CPU pins each cell to its own cores). Cells of one run may run on several hosts."""
+    try:
+        cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    except AttributeError:  # not on Linux
+        cpus = ""
+    return {"hostname": platform.node(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "cpu_affinity": cpus, "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
+
+
 def cpu_half_precision_verdict(info: dict[str, object]) -> str:
     """One sentence: which half-precision formats this CPU computes in hardware, which it emulates."""
     bf16, fp16 = bool(info.get("cpu_bf16_hardware")), bool(info.get("cpu_fp16_hardware"))

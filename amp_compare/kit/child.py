@@ -319,6 +319,7 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "memory_kind": result.memory_kind,
         "child_wall_s": wall_s,
         **env.cpu_info(),
+        **env.placement(),  # host, GPUs and CPUs the cell ran on (harness/run/launchers.py places cells)
         **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
            for k, v in result.info.items()},
     }

@@ -1,8 +1,10 @@
 """A stand-in framework child that fails on purpose.
 
 AMP_COMPARE_TEST_MODE picks the failure (crash, hang, kill, unavailable; crash-rank1: under torchrun, worker 1
-crashes and the others hang). With AMP_COMPARE_TEST_CELL set, only the cell whose --out path contains that text
-misbehaves; every other cell runs the real torch child, so a test can break one cell of a real matrix. With
+crashes and the others hang; kill-job: the process that started this child is killed, as a scheduler kills a
+job that ran out of time or was pre-empted, and the child exits). With AMP_COMPARE_TEST_CELL set, only the cell
+whose --out path contains that text misbehaves; every other cell runs the real torch child, so a test can break one
+cell of a real matrix. With
 AMP_COMPARE_TEST_PIDS set, a misbehaving process first leaves its pid there (a file named by it), so a test can
 check that none is left alive.
 """
@@ -27,6 +29,9 @@ if mode == "crash":
     raise SystemExit(3)
 if mode == "hang":
     time.sleep(600)
+if mode == "kill-job":
+    os.kill(os.getppid(), 9)
+    raise SystemExit(1)
 if mode == "kill":
     os.kill(os.getpid(), 9)
 if mode == "unavailable":

@@ -334,7 +334,9 @@ def render(run_dir: Path, figures: bool = True) -> Rendered:
             print(f"skipping unreadable max-batch search {path}: {exc}", file=sys.stderr)
     if searches:
         tables["maxbatch"] = pd.concat(searches, ignore_index=True)
-    return _render(run_dir, load_manifest(run_dir), tables, draw=figures)
+    from amp_compare.harness.report.tables import by_gpu_model
+
+    return _render(run_dir, load_manifest(run_dir), by_gpu_model(tables), draw=figures)
 
 
 def machine_label(manifest: dict, runs: pd.DataFrame, folder: str) -> str:

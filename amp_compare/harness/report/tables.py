@@ -403,3 +403,17 @@ LEGEND = ("Speed and memory against fp32 are geometric means over seeds of each 
           "or an accuracy change the run is too short to judge; the findings say which. [a, b] is a 95% interval "
           "of the paired accuracy change; (n.s.): no detectable difference (p ≥ 0.05 or the interval includes "
           "zero). n/a: not measured, or not applicable (a mode without a loss scaler skips no step).")
+
+
+def by_gpu_model(tables: dict) -> dict:
+    """A run whose cells ran on more than one GPU model (a Slurm partition of mixed nodes) gets the combined
+    report's `machine` column, the GPU model each cell ran on, so every ratio pairs cells of one model only;
+    a run on one model (or a CPU) is returned as it is."""
+    runs = tables.get("run")
+    if runs is None or "device_name" not in runs:
+        return tables
+    models = runs.set_index("cell_id")["device_name"]
+    if models[models.notna() & (models != "cpu")].nunique() < 2:
+        return tables
+    return {name: df.assign(machine=df["cell_id"].map(models)) if "cell_id" in df else df
+            for name, df in tables.items()}

@@ -96,7 +96,10 @@ DEFAULT_MODEL_SEEDS = {"cpu": {"vit": (0,)}}
 
 def compare_options() -> dict[str, Declared]:
     """Every option of `compare`: the harness's, then each cell's (RunConfig fields with cli=True)."""
-    harness = {**declared(CompareOptions), **declared(DataParallelOptions)}  # DATA PARALLEL: --allreduce
+    from amp_compare.harness.run.launchers import LauncherOptions
+
+    harness = {**declared(CompareOptions), **declared(DataParallelOptions),  # DATA PARALLEL: --allreduce
+               **declared(LauncherOptions)}  # where the cells run (harness/run/launchers.py)
     return {**harness, **{n: d for n, d in run_options().items() if d.spec.cli and n not in harness}}
 
 

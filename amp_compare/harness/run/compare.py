@@ -236,7 +236,8 @@ def plan_resume(args: argparse.Namespace):
     given = [options[k].flag for k in MATRIX_OPTIONS if k in args.given]
     if given:
         raise ConfigError(f"--resume reuses the run's saved configuration; drop {', '.join(given)} "
-                          "(valid with --resume: --out, --timeout)")
+                          "(valid with --resume: --out, --timeout, --no-figures and where the cells run: "
+                         "--parallel, --launcher, --slurm-*)")
     lock = lock_run(run_dir)
     try:
         manifest = read_manifest(run_dir)
@@ -270,11 +271,14 @@ def lock_run(run_dir: Path):
 
 def compare(args: argparse.Namespace, argv: list[str]) -> int:
     from amp_compare.contract.env import host_environment
+    from amp_compare.harness.run import launchers
 
     command = "python -m amp_compare " + " ".join(shlex.quote(a) for a in argv)
+    launchers.check_launcher(args)
     if args.resume:
         run_dir, cells, manifest, lock = plan_resume(args)
         manifest.setdefault("resumed", []).append({"command": command, "cells": len(cells)})
+        manifest["launcher"] = launchers.describe(args)  # the launcher of the latest part (each cell's placement)
     else:
         run_id, cells, plan = plan_compare(args)
         run_dir = args.out / run_id
@@ -282,7 +286,8 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
         lock = lock_run(run_dir)
         manifest = {"run_id": run_id, "command": command,
                     **plan, "cells": [c.cell_id for c in cells], "configs": [c.to_dict() for c in cells],
-                    "environment": host_environment(), "timeout_s": args.timeout}
+                    "environment": host_environment(), "timeout_s": args.timeout,
+                    "launcher": launchers.describe(args)}
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _compare_locked(args, run_dir, cells, manifest)
@@ -331,7 +336,8 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     checks = manifest.setdefault("calibrations", [])
     checks.append(calibrate.check("before the matrix"))
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], timeout, console,
-                                      after_cell=lambda cfg: checks.append(calibrate.check(f"after {cfg.cell_id}")))
+                                      after_cell=lambda cfg: checks.append(calibrate.check(f"after {cfg.cell_id}")),
+                                      manifest=manifest)
     if len(checks) < 2:
         checks.append(calibrate.check("after the matrix"))
     manifest["environment"].update(calibrate.environment_entries(checks[0], checks[-1]))
@@ -400,16 +406,20 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
 
 
 def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float,
-              console, after_cell=lambda cfg: None) -> tuple[list, BaseException | None]:
+              console, after_cell=lambda cfg: None, manifest: dict | None = None) -> tuple[list, BaseException | None]:
     """Each cell in its own child, with a progress bar over the matrix and one within each cell; after_cell(cfg)
-    runs once each cell has ended (the calibration check between cells)."""
+    runs once each cell has ended (the calibration check between cells). The manifest's launcher (--parallel,
+    --launcher submitit) may run several at once instead (harness/run/launchers.py)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from amp_compare.harness.run import launchers
     from amp_compare.harness.run.runner import run_cell
 
     outcomes = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
+        if manifest is not None and launchers.concurrent(manifest["launcher"]):
+            return launchers.launch(cells, run_dir, run_id, timeout, progress, manifest, harness_fault)
         overall = progress.add_task("matrix", total=len(cells))
         for cfg in cells:
             task = progress.add_task(f"  {cfg.cell_id}", total=None)

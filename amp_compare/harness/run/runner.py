@@ -135,8 +135,9 @@ def remove_partial(cell_dir: Path) -> None:
 
 
 def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
-             on_event: Callable[[dict], None] = lambda event: None) -> CellOutcome:
-    """Train one cell in a child process; always leaves a run record behind."""
+             on_event: Callable[[dict], None] = lambda event: None, placement=None) -> CellOutcome:
+    """Train one cell in a child process; always leaves a run record behind. `placement` (harness/run/launchers.py,
+    --parallel): the GPUs / CPUs the child is pinned to and the event that stops it."""
     cell_dir = Path(run_dir) / "cells" / cfg.cell_id
     cell_dir.mkdir(parents=True, exist_ok=True)
     remove_partial(cell_dir)  # a resumed cell starts clean
@@ -152,21 +153,25 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
     cmd = launch_command(cfg, cmd)  # DATA PARALLEL: torch's N-worker cells under torchrun (harness/run/launch.py)
     start = time.monotonic()
-    returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event)
+    returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event, placement)
     return _outcome(cfg, run_id, cell_dir, returncode, error, time.monotonic() - start)
 
 
 def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
-               on_event: Callable[[dict], None]) -> tuple[int, str]:
+               on_event: Callable[[dict], None], placement=None) -> tuple[int, str]:
     """Start the child, stream its progress lines to on_event, kill it at the timeout. Returns its exit code
-    and the harness's error ("" unless it timed out); Ctrl-C stops it and drops its unfinished tables."""
+    and the harness's error ("" unless it timed out); Ctrl-C (or the placement's cancel event, set by the parent
+    of cells running at once) stops it and drops its unfinished tables."""
     start, proc, error = time.monotonic(), None, ""
+    env = child_env_for(cfg, child_env(cfg), cell_dir)  # DATA PARALLEL
+    if placement is not None:
+        cmd, env = placement.command(cmd), placement.env(env)
+    cancel = placement.cancel if placement is not None else None
     with open(cell_dir / "stderr.log", "wb") as err:
         try:
             with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                        env=child_env_for(cfg, child_env(cfg), cell_dir),  # DATA PARALLEL
-                                        cwd=PROJECT_ROOT, start_new_session=True)
+                                        env=env, cwd=PROJECT_ROOT, start_new_session=True)
             lines: queue.Queue = queue.Queue()
             reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
             reader.start()
@@ -179,6 +184,8 @@ def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
                     pass
                 if proc.poll() is not None and not reader.is_alive() and lines.empty():
                     break
+                if cancel is not None and cancel.is_set():
+                    raise KeyboardInterrupt
                 if time.monotonic() - start > timeout_s:
                     kill_group(proc)
                     error = f"timed out after {timeout_s:g} s"
