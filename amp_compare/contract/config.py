@@ -387,6 +387,9 @@ class RunConfig:
                        "backend (JAX: jax_default_matmul_precision)",
                        choices=("on", "off"))
     compile: bool = option(False, "torch.compile / Keras jit_compile=True (XLA); compile time reported apart")
+    profile: bool = option(False, "after the timed epochs, profile a few extra steps with the framework's own profiler "
+                           "(trace kept in the cell's folder; top ops, casts, oneDNN vs native/Eigen path; "
+                           "docs/MEASUREMENT.md)")
     channels_last: bool = option(False, "torch only: NHWC memory format for convolutions (Keras is NHWC already)",
                                  cpu=False, cuda=True)
     # Keras only: where per-step values live during an epoch. "host": read after each step (exact step

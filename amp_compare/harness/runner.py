@@ -36,6 +36,7 @@ from amp_compare.contract.config import (
 )
 from amp_compare.contract.env import PROJECT_ROOT
 from amp_compare.harness.launch import child_env_for, kill_tree, launch_command
+from amp_compare.kit.profile import profile_env
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
 
 STDERR_TAIL_LINES = 25
@@ -165,7 +166,7 @@ def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
         try:
             with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                        env=child_env_for(cfg, child_env(cfg), cell_dir),  # DATA PARALLEL
+                                        env=profile_env(cfg, child_env_for(cfg, child_env(cfg), cell_dir), cell_dir),
                                         cwd=PROJECT_ROOT, start_new_session=True)
             lines: queue.Queue = queue.Queue()
             reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
