@@ -36,8 +36,8 @@ from amp_compare.contract.config import (
 )
 from amp_compare.contract.env import PROJECT_ROOT
 from amp_compare.harness.launch import child_env_for, kill_tree, launch_command
-from amp_compare.kit.profile import profile_env
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
+from amp_compare.kit.profile import profile_env
 
 STDERR_TAIL_LINES = 25
 
