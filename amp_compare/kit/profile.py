@@ -195,7 +195,13 @@ def tf_library(op_type: str, eigen_fallback: bool) -> str:
         return "oneDNN (TF _Mkl op)"
     if op_type in ("IDLE", ""):
         return ""
-    return "TF native (Eigen)" + (", oneDNN refused float16 on this CPU" if eigen_fallback else "")
+    refused = eigen_fallback and re.search(r"Conv|MatMul|Pool|BatchNorm|Einsum", op_type)
+    return "TF native (Eigen)" + (", oneDNN refused float16 on this CPU" if refused else "")
+
+
+def xla_library(name: str) -> str:
+    """Where an XLA CPU op ran, from its name: YNNPACK's fusions, or XLA's own generated/Eigen code."""
+    return "XLA CPU: YNNPACK" if name.startswith("ynn") else "XLA CPU (generated code / Eigen)"
 
 
 def op_evidence(ops: list[dict]) -> tuple[list[dict], float]:
