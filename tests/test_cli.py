@@ -62,7 +62,7 @@ BAD = [
     (["--run-id", "a/b"], "run id 'a/b' must be a plain folder name"),
     (["--run-id", ""], "run id '' must be a plain folder name"),
     # What the machine can run (issue 27): more threads than CPUs, a memory cap of nothing or infinity, a data
-    # folder that is a file (a folder not made yet is named by the missing-archive message instead).
+    # folder that is a file (one that does not exist: tests/test_profile_inputs.py).
     (["--threads", "100000"], "--threads 100000 is more than this machine can run: valid 1.."),
     (["--memory-cap", "0"], "--memory-cap '0' must be a positive, finite size"),
     (["--memory-cap", "1e400"], "--memory-cap '1e400' must be a positive, finite size"),
@@ -264,6 +264,7 @@ def _cifar_env(tmp_path):
 
 
 def test_missing_cifar_archive_says_which_file_to_put_where(tmp_path):
+    (tmp_path / "data").mkdir()  # an existing but empty folder (one that does not exist is refused before)
     proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--datasets", "cifar10", "--data-dir",
                            str(tmp_path / "data"), "--out", str(tmp_path / "reports")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=_cifar_env(tmp_path))

@@ -43,6 +43,9 @@ MODEL_BLOCKS = {"simple_cnn": ("conv1", "conv2", "fc"),
                 "vit": ("patch", "embed", "blocks", "norm", "fc")}
 MODELS = ("simple_cnn", "resnet18", "vit")
 DATASETS = ("digits", "synthetic", "synthetic_cifar", "cifar10", "cifar100")
+# Each dataset's square image side in pixels (kit/data.py makes them; tests/test_profile_inputs.py checks the two
+# agree): the vit's patch must divide it, as ViT implementations require.
+IMAGE_SIZES = {"digits": 16, "synthetic": 16, "synthetic_cifar": 32, "cifar10": 32, "cifar100": 32}
 DEVICES = ("cpu", "cuda")
 OPTIMIZERS = ("auto", "adam", "adamw", "sgd")
 LR_SCHEDULES = ("auto", "constant", "warmup-cosine")
@@ -387,6 +390,9 @@ class RunConfig:
                        "backend (JAX: jax_default_matmul_precision)",
                        choices=("on", "off"))
     compile: bool = option(False, "torch.compile / Keras jit_compile=True (XLA); compile time reported apart")
+    profile: bool = option(False, "after the timed epochs, profile a few extra steps with the framework's own profiler "
+                           "(trace kept in the cell's folder; top ops, casts, oneDNN vs native/Eigen path; "
+                           "docs/MEASUREMENT.md)")
     channels_last: bool = option(False, "torch only: NHWC memory format for convolutions (Keras is NHWC already)",
                                  cpu=False, cuda=True)
     # Keras only: where per-step values live during an epoch. "host": read after each step (exact step
@@ -464,6 +470,8 @@ class RunConfig:
         if self.vit_dim % self.vit_heads:
             raise ConfigError(f"--vit-dim {self.vit_dim} is not a multiple of --vit-heads {self.vit_heads} "
                               "(each head gets vit_dim / vit_heads features)")
+        if self.model == "vit":
+            check_vit_patch(self.vit_patch, self.dataset)
         valid = model_layer_names(self.model, self.vit_depth)
         for name in self.fp32_layers:
             if name not in valid:
@@ -528,6 +536,19 @@ class RunConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"config JSON must be an object, got {type(data).__name__}")
         return cls.from_dict(data)
+
+
+def check_vit_patch(patch: int, dataset: str) -> None:
+    """A patch that tiles the dataset's images exactly: a larger one has no patch to embed, one that does not divide
+    the side would silently drop the border pixels."""
+    side = IMAGE_SIZES[dataset]
+    valid = ", ".join(str(p) for p in range(1, side + 1) if side % p == 0)
+    if patch > side:
+        raise ConfigError(f"--vit-patch {patch} is larger than the {side}x{side} images of {dataset!r} "
+                          f"(valid: a divisor of {side}: {valid})")
+    if side % patch:
+        raise ConfigError(f"--vit-patch {patch} does not divide the {side}x{side} images of {dataset!r}: "
+                          f"{side % patch} border pixel(s) would be dropped (valid: {valid})")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
 # the numerics lab's rows, where a cell wrote them; workers: a data-parallel cell's per-worker values per step;
 # headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ)
-OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom")
+OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom", "profile_ops", "profile_primitives")
 IDENTITY = ["run_id", "cell_id", "framework", "model", "dataset", "precision", "seed"]
 
 # Columns every table must have (beyond IDENTITY); readers rely on these.
@@ -41,6 +41,8 @@ REQUIRED = {
     "underflow": ["layer", "param", "when", "flush_fraction_unscaled", "flush_fraction_scaled"],
     "workers": ["worker", "step", "loss_scale", "skipped"],
     "headroom": ["epoch", "layer", "quantity", "max_abs"],
+    "profile_ops": ["rank", "op", "calls", "self_time_s", "share", "dtypes", "library", "cast"],  # kit/profile.py
+    "profile_primitives": ["kind", "prop_kind", "impl", "dtype", "path", "executions", "exec_time_s", "created"],
 }
 
 

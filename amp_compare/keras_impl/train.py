@@ -28,7 +28,7 @@ if backends.TENSORFLOW:  # TensorFlow-only code below (tf.data, the locator's ga
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.contract.mapping import framework_settings  # noqa: E402
-from amp_compare.keras_impl import amp, distributed, loop, numerics, vit  # noqa: E402
+from amp_compare.keras_impl import amp, distributed, loop, numerics, profile, vit  # noqa: E402
 from amp_compare.keras_impl.models import build_model, get_weights, set_weights  # noqa: E402
 from amp_compare.keras_impl.optimizers import learning_rate  # noqa: E402
 from amp_compare.keras_impl.settings import describe_defaults, settings_used  # noqa: E402
@@ -149,6 +149,7 @@ def sync_state(model: keras.Model) -> None:
 
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
+    logs = profile.start_logs(cfg)  # --profile on TF: oneDNN's log and TF's Eigen-fallback line (profile.py)
     if cfg.device == "cuda" and not backends.gpu_available():
         raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
     steps = steps_per_epoch(len(data.x_train), cfg.batch_size, cfg.steps_per_epoch)
@@ -170,6 +171,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
         memory = backends.start_memory_window(cfg)
         train_epochs(cfg, data, model, dataset, images, result, progress, memory, steps)
     close_records(cfg, data, model, result, memory, first_batch)
+    profile.profile_window(cfg, model, data, result, logs)  # --profile: extra steps after the timed ones
     distributed.finish(cfg, result)  # DATA PARALLEL: engine, all-reduce dtype read back, per-worker records
     if not ceiling_first:
         result.info.update(backends.measure_ceiling(cfg, result.info["device_name"]))

@@ -20,7 +20,7 @@ from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, Shar
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
 from amp_compare.kit.training import StepBook, underflow_rows
-from amp_compare.torch_impl import amp, distributed, numerics, schedule, vit
+from amp_compare.torch_impl import amp, distributed, numerics, profile, schedule, vit
 from amp_compare.torch_impl.device import (
     dataset_bytes,
     device_info,
@@ -132,6 +132,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     memory = start_memory_window(device)
     train_epochs(cfg, data, run, tensors, result, progress, memory, worker)
     close_records(cfg, run, result, memory, tensors, first_batch)
+    profile.profile_window(cfg, run, tensors, result)  # --profile: extra steps after the timed ones (profile.py)
     worker.finish(result, first_batch, cfg.precision)  # DATA PARALLEL: all-reduce dtype read back, worker rows
     return result
 

@@ -26,6 +26,7 @@ from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.harness.report import dataparallel, wording
 from amp_compare.harness.report import numerics as nr
+from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import findings, interval_method
 from amp_compare.harness.report.settings_check import adam_gap_text, side_by_side
@@ -558,11 +559,13 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                "sections": dataparallel.sections(SECTIONS, None)}  # no Data parallel link without the section
     if every:
         context.update(_data_parallel_context(every, manifest))
+    profile = profile_report.section(single)  # --profile: where the mixed cells' time went (report/profile.py)
+    context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
     atomic_write_text(run_dir / "index.html", _env().get_template("report.html").render(**context))
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]],
-          *(context.get("data_parallel_md") or [])]
+          *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown)]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]

@@ -102,9 +102,9 @@ def check_machine_limits(args: argparse.Namespace) -> None:
         if not 0 < cap < 2**63:
             raise ConfigError(f"--memory-cap {args.memory_cap!r} must be a positive, finite size (valid: a number "
                               "and a unit, B, KB, MB, GB, TB or KiB, MiB, GiB, TiB, e.g. 4GiB)")
-    if args.data_dir is not None and Path(args.data_dir).exists() and not Path(args.data_dir).is_dir():
-        # a folder not made yet is fine: the missing-archive message names it as a place to put the archive
-        raise ConfigError(f"--data-dir {args.data_dir!r} is not a folder (valid: a folder to look in for the "
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():  # a typo must not start a download
+        what = "is not a folder" if Path(args.data_dir).exists() else "does not exist"
+        raise ConfigError(f"--data-dir {args.data_dir!r} {what} (valid: a folder to look in for the "
                           "dataset archives, e.g. one holding cifar-10-python.tar.gz)")
 
 

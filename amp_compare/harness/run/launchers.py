@@ -43,7 +43,7 @@ POLL_S = 0.2  # how often the parent looks at running cells / jobs (submitit's o
 
 @dataclass
 class LauncherOptions:
-    """Where the cells run (harness/cli.py's compare_options reads these; none of them changes a cell's result,
+    """Where the cells run (harness/run/cli.py's compare_options reads these; none of them changes a cell's result,
     so --resume accepts them: a run started on one node may be finished on a cluster)."""
 
     parallel: int = option(1, "cells at once: on a GPU each on its own device (CUDA_VISIBLE_DEVICES); on a CPU each "

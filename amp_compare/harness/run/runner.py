@@ -37,6 +37,7 @@ from amp_compare.contract.config import (
 from amp_compare.contract.env import PROJECT_ROOT
 from amp_compare.harness.run.launch import child_env_for, kill_tree, launch_command
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
+from amp_compare.kit.profile import profile_env
 
 STDERR_TAIL_LINES = 25
 
@@ -163,7 +164,7 @@ def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
     and the harness's error ("" unless it timed out); Ctrl-C (or the placement's cancel event, set by the parent
     of cells running at once) stops it and drops its unfinished tables."""
     start, proc, error = time.monotonic(), None, ""
-    env = child_env_for(cfg, child_env(cfg), cell_dir)  # DATA PARALLEL
+    env = profile_env(cfg, child_env_for(cfg, child_env(cfg), cell_dir), cell_dir)  # DATA PARALLEL; --profile
     if placement is not None:
         cmd, env = placement.command(cmd), placement.env(env)
     cancel = placement.cancel if placement is not None else None

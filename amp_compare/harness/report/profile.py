@@ -1,0 +1,102 @@
+"""The Profile section: per mixed cell that ran slower or faster than its fp32 cell, the operations and library
+path that account for the difference, from the --profile tables (kit/profile.py); unexplained where a cell has none.
+
+A pure function of the run's tables: run (median_step_s, profile_* columns), profile_ops, profile_primitives.
+The difference is read per profiled step: each op's self time in the mixed cell's window minus the same op's in
+the fp32 cell's (an op that ran in one cell only, e.g. TensorFlow's oneDNN `_Mkl…` op against its Eigen op,
+counts whole on its side). A cell is slow or fast when its timed median step is more than SPEED_BAND away from
+fp32's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from amp_compare.kit.profile import PLAIN_STEPS
+
+SPEED_BAND = 1.1  # mixed vs fp32 median step ratio outside [1/1.1, 1.1]: a slowdown or speed-up worth explaining
+SHOWN_OPS = 3  # operations named per cell
+NO_PROFILE = "unexplained: no profile evidence for this cell or its fp32 cell (run with --profile)"
+
+
+def _per_step(ops: pd.DataFrame, cell: str, steps: float) -> pd.Series:
+    rows = ops[ops["cell_id"] == cell]
+    return rows.groupby("op")["self_time_s"].sum() / max(steps, 1.0)
+
+
+def _fp32_cell(cell_id: str, precision: str) -> str:
+    return cell_id.replace(f"-{precision}-", "-fp32-", 1)
+
+
+def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFrame) -> dict:
+    """One mixed cell against its fp32 cell: the ops that moved most in the direction of the change."""
+    ratio = base["median_step_s"] / run["median_step_s"]  # >1: the mixed cell is faster
+    row = {"cell": run["cell_id"], "vs fp32": f"{ratio:.2f}x ({'faster' if ratio > 1 else 'slower'})"}
+    mine, theirs = (_per_step(ops, c["cell_id"], c.get("profile_steps", float("nan"))) for c in (run, base))
+    if mine.empty or theirs.empty:
+        return {**row, "operations behind the difference": NO_PROFILE, "library path": "", "casts": ""}
+    delta = mine.sub(theirs, fill_value=0.0)
+    moved = (delta.sort_values(ascending=ratio > 1)).head(SHOWN_OPS)
+    moved = moved[(moved < 0) if ratio > 1 else (moved > 0)]
+    total = mine.sum() - theirs.sum()
+    lib = ops[ops["cell_id"].isin([run["cell_id"], base["cell_id"]])].drop_duplicates("op").set_index("op")["library"]
+    names = [f"{op} {d * 1e3:+.1f} ms/step" for op, d in moved.items()]
+    share = moved.sum() / total if total and math.isfinite(total) and (total > 0) == (ratio < 1) else float("nan")
+    text = "; ".join(names) + (f" ({share:.0%} of the window's {total * 1e3:+.1f} ms/step)" if math.isfinite(share)
+                               else "")
+    paths = [f"{op}: {lib.get(op) or 'not reported'}" for op in moved.index]
+    paths += _slow_primitives(prims, run["cell_id"])
+    nan = float("nan")
+    casts = f"{run.get('profile_cast_share', nan):.1%} vs fp32 {base.get('profile_cast_share', nan):.1%}"
+    return {**row, "operations behind the difference": text or "no op moved in that direction in the window",
+            "library path": "; ".join(paths), "casts": casts}
+
+
+def _slow_primitives(prims: pd.DataFrame, cell: str) -> list[str]:
+    """oneDNN's reference (non-JIT) kernels a cell ran: the library path that makes a half precision crawl."""
+    mine = prims[(prims["cell_id"] == cell) & prims["impl"].str.startswith("ref")] if not prims.empty else prims
+    return [f"oneDNN ran its reference kernel {r.impl} for {r.kind} {r.prop_kind} ({r.dtype})"
+            for r in mine.itertuples()]
+
+
+def section(tables: dict[str, pd.DataFrame]) -> dict | None:
+    """The section's table and sentences, or None when no cell of the run was profiled."""
+    runs = tables.get("run", pd.DataFrame())
+    if runs.empty or "profile_step_s" not in runs.columns:
+        return None
+    ops = tables.get("profile_ops", pd.DataFrame(columns=["cell_id", "op", "self_time_s", "library"]))
+    prims = tables.get("profile_primitives", pd.DataFrame(columns=["cell_id", "impl"]))
+    ok = runs[runs["status"] == "ok"].set_index("cell_id", drop=False)
+    rows = []
+    for _, run in ok[ok["precision"] != "fp32"].iterrows():
+        base = ok.loc[_fp32_cell(run["cell_id"], run["precision"])] if _fp32_cell(run["cell_id"], run["precision"]) \
+            in ok.index else None
+        if base is None or not run["median_step_s"] > 0:
+            continue
+        ratio = base["median_step_s"] / run["median_step_s"]
+        if 1 / SPEED_BAND <= ratio <= SPEED_BAND:
+            continue
+        rows.append(explain(run, base, ops, prims))
+    profiled = ok[ok["profile_step_s"].notna()] if "profile_step_s" in ok else ok.iloc[:0]
+    sentences = [overhead_sentence(profiled)] if not profiled.empty else []
+    traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
+    return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces}
+
+
+def overhead_sentence(profiled: pd.DataFrame) -> str:
+    """How the window was kept out of the timed steps, and what the profiler cost per step."""
+    over = profiled["profile_overhead"].dropna()
+    cost = (f"a profiled step took {over.median():.2f}x a bare one (median over {len(over)} cells, range "
+            f"{over.min():.2f}-{over.max():.2f}x)" if len(over) else "no cell timed both windows")
+    return (f"The profiled steps ran after each cell's timed epochs, never among them: {PLAIN_STEPS} bare steps, "
+            f"then {int(profiled['profile_steps'].max())} under the profiler; {cost}.")
+
+
+def markdown(profile: dict | None, table_markdown) -> list[str]:
+    if not profile:
+        return []
+    body = table_markdown(profile["table"]) if not profile["table"].empty else "No mixed cell ran more than 10% " \
+        "slower or faster than its fp32 cell."
+    return ["", "### Profile", "", body, "", *[f"- {s}" for s in profile["sentences"]]]
