@@ -6,8 +6,7 @@ measures: it never installs a framework). It may have no package index; what els
 
   there:  python3 -m pip list --format=freeze > target-packages.txt        (and `python3 --version`)
   here:   python benchmarks/gpu_check.py prepare --installed target-packages.txt --python-version 3.12
-  there, in a copy of the checkout with its wheelhouse/:
-          python3 benchmarks/gpu_check.py run --out gpu-check
+  there, in a copy of the checkout with its wheelhouse/:  python3 benchmarks/gpu_check.py run --out gpu-check
 
 `run` (the standard library and pip until its install) installs from the wheelhouse, runs `pytest -m gpu tests/gpu`
 with AMP_COMPARE_REQUIRE_GPU=1 (a missing GPU or framework fails, not skips), then PHASES: each a real compare
@@ -187,11 +186,11 @@ def environment(device: str) -> dict:
     versions = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     cpu = re.search(r"model name\s*: (.*)", cpuinfo)
+    smi = ["nvidia-smi", "--format=csv,noheader", "--query-gpu=name,driver_version,memory.total,clocks.max.sm"]
     return {"device": device, "started": datetime.now(UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
             "cpu": cpu.group(1) if cpu else platform.processor(), "python": platform.python_version(),
             "versions": {n: versions.get(n) for n in ("torch", "jax", "jaxlib", "keras", "pydantic", "numpy")},
-            "gpu": shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "--format=csv,noheader",
-                "--query-gpu=name,driver_version,memory.total,clocks.max.sm"], capture_output=True, text=True).stdout}
+            "gpu": shutil.which(smi[0]) and subprocess.run(smi, capture_output=True, text=True).stdout.strip()}
 
 
 def check_markdown(table, runs, results: list[Result], skipped: list, info: dict, smoke: bool) -> str:
@@ -235,7 +234,7 @@ def run(args) -> int:
     names = args.phases.split(",") if args.phases else ["tests", "torch-256"] if args.smoke else list(PHASE_NAMES)
     unknown = [n for n in names if n not in PHASE_NAMES]
     error = (f"unknown phase {unknown[0]!r} (valid: {', '.join(PHASE_NAMES)})" if unknown else
-             f"--budget-s must be positive, got {args.budget_s:g}" if (args.budget_s or 1) <= 0 else
+             f"--budget-s must be positive, got {args.budget_s:g}" if args.budget_s <= 0 else
              f"output folder {str(out)!r} is not empty (valid: a new or empty folder)"
              if out.exists() and any(out.iterdir()) else "")
     if error:
@@ -247,7 +246,7 @@ def run(args) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="amp-compare-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     info = {**environment(args.device), "smoke": args.smoke, "work": str(work)}
-    results, skipped, end = [], [], started + (args.budget_s or float("inf"))
+    results, skipped, end = [], [], started + args.budget_s
     for phase in (p for p in PHASES if p.name in names):
         limit, why = limit_for(phase, args.device, args.smoke, end - time.monotonic())
         if not limit:
@@ -277,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     r.add_argument("--smoke", action="store_true", help="tiny settings (a CPU test of the plumbing)")
     r.add_argument("--phases", help=f"comma list, run in this order (default: all): {','.join(PHASE_NAMES)}")
-    r.add_argument("--budget-s", type=float, help="seconds for the whole check: phases that do not fit are skipped")
+    r.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="seconds for the whole check: phases that do not fit are skipped")
     r.add_argument("--wheelhouse", type=Path, default=wheelhouse.WHEELHOUSE, help="default wheelhouse/")
     r.add_argument("--no-install", action="store_true", help="use the packages already there")
     t = sub.add_parser("table", help="the table from compare run folders made earlier")

@@ -36,6 +36,7 @@ def package() -> SimpleNamespace:
 # Beside the package's summary table: medians over seeds of these run-table columns (name, scale, format).
 EXTRA = {"host_syncs_per_step": ("host syncs/step", 1, "g"), "cudagraph_skips": ("cudagraph skips", 1, ".0f"),
          "dataset_device_bytes": ("data on device (MiB)", 2**-20, ",.0f")}
+ADDED = ["plain_fp32", "reference_img_s", "speedup_vs_plain_fp32", "reference_over_this"]
 SHOWN = ["Framework", "Step", "Batch", "Precision", "Images/s", "Images/s (median step)", "Speed vs fp32",
          "× plain fp32", "reference img/s (ref ÷ this)", "MFU", "MFU (data-sheet ceiling)", "Peak memory (MiB)",
          *[name for name, _, _ in EXTRA.values()], "Compile/warm-up (s)", "Timing note"]
@@ -58,7 +59,7 @@ def build_table(runs, references: list[dict]):
     p, keys = package(), ["framework", "model", "dataset", "step_loop", "batch_size", "precision"]
     table = p.summary_table(runs)
     if table.empty:
-        return table
+        return table.reindex(columns=[*table.columns, *EXTRA, *ADDED])
     ok = p.with_loop_columns(p.ok_runs(runs).copy())
     extra = ok.reindex(columns=[*keys, *EXTRA]).groupby(keys, dropna=False)[list(EXTRA)].median().reset_index()
     plain = table[(table["step_loop"] == "plain") & (table["precision"] == "fp32")]
