@@ -7,7 +7,8 @@ them alike:
   suite     the instrumented loop compare runs (torch: loop.run_epoch with its StepBook; Keras:
             AmpModel.fit with the StepRecorder callback and its StepBook), real input pipeline
   minimal   the tutorial's plain loop (forward, loss, scaled backward, step; Keras: a model
-            whose train_step is just that, fit with no callback), same real input pipeline
+            whose train_step is just that, fit with no callback; both in benchmarks/reference_loops.py),
+            same real input pipeline
   in-memory the minimal loop stepping on one batch already in memory: no input pipeline at all
 
 Printed ratios (targets: both <= 1.05): instrumentation overhead = suite / minimal; input pipeline
@@ -60,6 +61,7 @@ from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.kit.child import Progress, TrainResult  # noqa: E402
 from amp_compare.kit.data import batch_plan, load_dataset  # noqa: E402
 from amp_compare.kit.training import StepBook  # noqa: E402
+from benchmarks.reference_loops import tutorial_model, tutorial_step  # noqa: E402
 from benchmarks.results import ratio_interval, write_csv  # noqa: E402
 
 EPOCHS_PER_ROUND = 2  # each timed call trains this many epochs of the batch plan
@@ -73,9 +75,8 @@ def _book(cfg: RunConfig) -> StepBook:
 
 def _torch_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     import torch
-    import torch.nn.functional as F
 
-    from amp_compare.torch_impl.amp import make_scaler, mixed_precision
+    from amp_compare.torch_impl.amp import make_scaler
     from amp_compare.torch_impl.loop import StepClock, run_epoch
     from amp_compare.torch_impl.models import get_weights, set_weights
     from amp_compare.torch_impl.train import make_dataset, make_model, make_step_optimizer, setup
@@ -105,12 +106,7 @@ def _torch_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
 
     def minimal_loop(model, optimizer, scaler, batches):
         for xb, yb in batches:  # the tutorial's loop
-            with mixed_precision(cfg.precision, device.type):
-                loss = F.cross_entropy(model(xb), yb)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            loss = tutorial_step(model, optimizer, scaler, cfg.precision, device.type, xb, yb)
         float(loss.detach())  # wait for the last step
 
     min_state, mem_state = fresh(), fresh()
@@ -135,22 +131,7 @@ def _tf_loops(cfg: RunConfig, data, plan: np.ndarray) -> dict:
     weights = get_weights(make_model(cfg, data))
     steps = plan.shape[0] * plan.shape[1]
     indices, device_images = make_dataset(cfg, data)  # cfg's batch plan: every epoch's batches in a row, as `plan`
-
-    class Tutorial(keras.Model):
-        """The tutorial's step: forward, loss, scaled backward, apply; gathers like the suite when given images."""
-
-        images = None
-
-        def train_step(self, data):
-            if self.images is not None:
-                data = (tf.gather(self.images.images, data), tf.gather(self.images.labels, data))
-            x, y = data
-            with tf.GradientTape() as tape:
-                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
-                scaled = self.optimizer.scale_loss(loss)
-            grads = tape.gradient(scaled, self.trainable_variables)
-            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-            return {"loss": loss}  # fit() needs some output
+    Tutorial = tutorial_model()  # noqa: N806 - a class
 
     def compiled(model_class, images=None):
         model = build_model(cfg.model, data.input_shape, data.num_classes, model_class=model_class)

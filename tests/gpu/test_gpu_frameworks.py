@@ -3,7 +3,7 @@ bf16, and the report renders; what those cells record about the GPU is checked a
 
 One compare (the CLI a user runs) of torch, keras-jax and keras-torch x fp32/fp16/bf16 on a narrow ResNet-18
 (the GPU default model: BatchNorm, channels last, augmentation on) and the small synthetic dataset; the tests
-read its records. TensorFlow is not on the lent GPU image, so `tf` is not among the columns.
+read its records. The GPU check needs no TensorFlow (docs/GPU.md), so `tf` is not among the columns.
 """
 
 from __future__ import annotations
