@@ -22,12 +22,12 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
-from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.harness.report import dataparallel, wording
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report.backend_split import keras_backend_split
-from amp_compare.harness.report.findings import findings, interval_method
+from amp_compare.harness.report import accuracy, speed
+from amp_compare.harness.report.findings import finding_parts, interval_method
 from amp_compare.harness.report.settings_check import adam_gap_text, side_by_side
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
@@ -104,9 +104,9 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         "Images/s (wall, headline)": t["throughput_img_s"].map("{:,.0f}".format),
         "Images/s from p50": t["median_step_throughput_img_s"].map("{:,.0f}".format),
         "Images/s from epoch time": t["epoch_throughput_img_s"].map("{:,.0f}".format),
-        "Gap (epoch vs p50)": (1 - t["epoch_throughput_img_s"] / t["median_step_throughput_img_s"]).map(
-            "{:+.0%}".format),
-        "First-step overhead (s)": t["first_step_overhead_s"].map("{:.2f}".format),
+        "Epoch-time figure vs p50 figure": [speed.relation(e, m) for e, m in
+                                           zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
+        "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
         "Runs": t["runs"].astype(int).astype(str),
     })
 
@@ -462,28 +462,36 @@ def _evidence(manifest: dict) -> dict:
     return {**manifest["environment"], "calibrations": manifest.get("calibrations", [])}
 
 
-def _summary_context(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
+def _log_lines(run_dir: Path, manifest: dict, runs: pd.DataFrame) -> list:
+    """The frameworks' own log lines about kernels, from the run's cells (a combined report: its sources')."""
+    dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]
+    return list(dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs)))
+
+
+def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
     """The Summary and Speed sections: the table, the findings and the sentences built from the run's facts."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    evidence = _evidence(manifest)
+    evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
     accuracy = accuracy_statistics(runs, epochs, evidence)
     full = full_table(runs, steps, epochs, evidence, accuracy)
     summary = formatted_summary(full)
     main_table, hardware, loop_text = split_summary(summary)
-    sentences = findings(runs, steps, evidence, epochs, table=full)
+    parts = finding_parts(runs, steps, evidence, epochs, table=full)
+    sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
-    verdict = cpu_half_precision_verdict(manifest["environment"])
     seeds_text = seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])
     return {"full": full, "accuracy": accuracy, "summary": summary, "sentences": sentences, "facts": facts,
             "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
             "findings": sentences, "loop_text": loop_text, "legend": LEGEND,
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
-            "emulated": full.get("ceiling_dtype", pd.Series(dtype=str)).fillna("").str.contains("emulated").any(),
-            "cpu_verdict": "" if any(verdict in s for s in sentences) else verdict,
+            "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"]),
+                            "hardware": speed.hardware_paragraph(bool(full.get("ceiling_dtype", pd.Series(
+                                dtype=str)).fillna("").str.contains("emulated").any()))},
+            "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
             "speed_ratio_table": _html_or_none(_speed_ratio_table(full)),
-            "speed_intro": wording.speed_intro(facts, interval_method(full)),
+            "speed_intro": speed.speed_intro(facts, interval_method(full)),
             "steadiness": describe_steadiness(evidence), "seeds_text": seeds_text,
-            "accuracy_warnings": [s for s in sentences if s.startswith("Accuracy cannot be compared")]}
+            "accuracy_warnings": parts.accuracy_warnings}
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) -> dict:
@@ -505,7 +513,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) ->
 def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool) -> dict:
     """Everything report.html is rendered from."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    summary = _summary_context(manifest, tables)
+    summary = _summary_context(run_dir, manifest, tables)
     acc_stats = summary["accuracy"]
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
@@ -519,6 +527,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats)),
+        "accuracy_words": accuracy.section_paragraph(acc_stats),
         "figures": _draw(run_dir, tables, acc_stats) if draw else [], "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps), "env_rows": environment_rows(manifest["environment"], runs),
         "command": manifest["command"], "differences": framework_differences(runs, steps),

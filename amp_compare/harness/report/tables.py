@@ -15,6 +15,7 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.cell_text import mark, short_accuracy_text
+from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.steadiness import unsteady_reason
 
@@ -121,7 +122,7 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
 # formatted_summary's hardware-efficiency columns (issue 13): the report shows them in their own table in the
 # Speed section (the summary table would not fit the page with them), summary.md keeps them in its one table.
 HARDWARE_COLUMNS = ("GFLOP/image", "Achieved TFLOP/s", "Ceiling TFLOP/s (measured)", "MFU",
-                    "MFU (data-sheet ceiling)", "Bound", "Compile/warm-up (s)", "Timing note")
+                    "MFU (data-sheet ceiling)", "Bound", "Warm-up steps' extra time (ms)", "Timing note")
 IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch", "Precision")
 
 
@@ -158,7 +159,7 @@ def _hardware_cells(r, data_sheet: bool) -> dict:
         "MFU": _fmt(r.mfu_measured * 100, ".1f", "%") + (" ⚠" if r.mfu_measured > 1 else ""),
         **({"MFU (data-sheet ceiling)": _fmt(r.mfu_table * 100, ".1f", "%")} if data_sheet else {}),
         "Bound": r.bound,
-        "Compile/warm-up (s)": _fmt(r.compile_warmup_s, ".2f"),
+        "Warm-up steps' extra time (ms)": milliseconds(r.compile_warmup_s),
         "Timing note": r.timing_note or "—",
     }
 
