@@ -70,6 +70,9 @@ def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer for fp16), loss and records ran on "
+         "each Keras backend, each in its own process with KERAS_BACKEND set before Keras was imported. What the "
+         "Keras columns share is Keras' own; what differs between them belongs to the backend.")
 BACKEND_MEASURES = {  # run-table column -> (label, how to show a median over cells)
     "throughput_img_s": ("throughput (img/s, median over seeds)", lambda v: f"{v:,.0f}"),
     "median_step_s": ("median step (ms)", lambda v: f"{v * 1e3:.1f}"),

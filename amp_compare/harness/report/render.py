@@ -23,12 +23,13 @@ from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.mapping import DIFFERENCES
-from amp_compare.harness.report import dataparallel, wording
+from amp_compare.harness.report import accuracy, dataparallel, glossary, speed, wording
 from amp_compare.harness.report import numerics as nr
+from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
-from amp_compare.harness.report import accuracy, speed
 from amp_compare.harness.report.findings import finding_parts, interval_method
-from amp_compare.harness.report.settings_check import adam_gap_text, side_by_side
+from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
+from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
@@ -507,6 +508,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) ->
             "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
             "what_happened": nr.what_happened(runs, steps, underflow) + nr.vit_what_happened(runs, headroom),
             "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
+            "words": nr.section_words(facts, nr.op_dtype_facts(dtypes, manifest["device"])),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
 
@@ -521,6 +523,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
         f"python -m amp_compare report {run_dir} draws them."])
+    checked = side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else [])
     return {
         **summary, **_numerics_context(manifest, tables, summary["facts"]),
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
@@ -535,9 +538,18 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
                         for k, v in keras_backend_split(runs).items()},
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "settings_check": side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else []),
+        "differences_words": settings_differences(manifest["defaults"].get("comparison", "aligned"),
+                                                  manifest["defaults"].get("init", "shared")),
+        "keras_split_intro": BACKEND_INTRO,
+        "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], manifest["defaults"].get(
+            "comparison", "aligned")),
         "comparison": manifest["defaults"].get("comparison", "aligned"),
         "init": manifest["defaults"].get("init", "shared"),
+        "glossary_entries": glossary.entries(
+            summary["facts"], nr.op_dtype_facts(tables.get("dtypes", pd.DataFrame()), manifest["device"]),
+            manifest["defaults"].get("comparison", "aligned"), summary["full"],
+            {**manifest["environment"], "device": manifest["device"]},
+            nr.underflow_summary(tables.get("underflow", pd.DataFrame()))),
     }
 
 
@@ -565,7 +577,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                "sections": dataparallel.sections(SECTIONS, None)}  # no Data parallel link without the section
     if every:
         context.update(_data_parallel_context(every, manifest))
-    atomic_write_text(run_dir / "index.html", _env().get_template("report.html").render(**context))
+    page, used = glossary.expand_first_use(_env().get_template("report.html").render(**context))
+    atomic_write_text(run_dir / "index.html", page.replace("<!--abbreviations-->", glossary.abbreviations_html(used)))
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]],
@@ -573,7 +586,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
-    atomic_write_text(run_dir / "summary.md", "\n".join(md))
+    atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     render_runs_index(run_dir.parent)
     return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
                     (context["data_parallel"] or {}).get("rows"))

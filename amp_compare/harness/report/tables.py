@@ -15,8 +15,8 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.cell_text import mark, short_accuracy_text
-from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
+from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.steadiness import unsteady_reason
 
 GROUP = ["framework", "model", "dataset", "precision"]
