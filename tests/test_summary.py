@@ -92,8 +92,8 @@ def test_no_significant_difference_is_worded_with_its_p_value_and_interval():
     text = _findings(*_cells(lost=2, gained=1))
     acc = [s for s in text if "final validation accuracy" in s]
     assert acc == ["simple_cnn on digits, PyTorch (1 seed): final validation accuracy against fp32's 95.0%: fp16 no "
-                   "detectable difference (-0.2 pp [-0.7, +0.6], p = 1); McNemar's exact test on 400 validation "
-                   "images."]
+                   "detectable difference (-0.2 pp [95% exact -0.7, +0.6], p = 1); McNemar's exact test on 400 "
+                   "validation images."]
 
 
 def test_a_significant_drop_is_worded_lower_by_with_interval_and_p():

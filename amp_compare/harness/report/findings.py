@@ -12,7 +12,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.cell_text import mark
+from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark
 from amp_compare.harness.report.hardware import ceiling_sentences
 from amp_compare.harness.report.speed import LogLine, slowdown_sentences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
@@ -34,7 +34,10 @@ def speed_text(r) -> str:
     interval does not support it, why."""
     text = f"{r.speedup_vs_fp32:.2f}×"
     if np.isfinite(getattr(r, "speed_low", np.nan)):
-        text += f" [{r.speed_low:.2f}–{r.speed_high:.2f}]"
+        seeds = getattr(r, "speed_seeds", 0)
+        values = (f"; seeds {r.speed_min:.2f}–{r.speed_max:.2f}" if getattr(r, "speed_basis", "") == "seeds"
+                  and 1 < seeds <= 3 and np.isfinite(getattr(r, "speed_min", np.nan)) else "")
+        text += f" [{interval_kind(r.speed_basis, seeds)}: {r.speed_low:.2f}–{r.speed_high:.2f}{values}]"
     if getattr(r, "speed_note", ""):
         text += f" ⚠ {r.speed_note}"
     return text
@@ -44,7 +47,7 @@ def memory_text(r) -> str:
     """A mixed cell's peak-memory change against fp32 with its interval, ⚠ where that does not support it."""
     text = f"{r.memory_change_vs_fp32:+.0%}"
     if np.isfinite(getattr(r, "memory_low", np.nan)):
-        text += f" [{r.memory_low:+.0%}, {r.memory_high:+.0%}]"
+        text += f" [95% t over {int(r.runs)} seeds: {r.memory_low:+.0%}, {r.memory_high:+.0%}]"
     return text + mark(getattr(r, "memory_note", ""))
 
 
@@ -55,12 +58,12 @@ def accuracy_text(r) -> str:
     p = getattr(r, "p_value", np.nan)
     if not np.isfinite(p):
         return "no paired test (no per-image results)"
-    ptext = f"p = {p:.2g}"
+    ptext, kind = f"p = {p:.2g}", accuracy_interval_kind(getattr(r, "test", ""))
     if not stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
-        return f"no detectable difference ({r.diff_pp:+.1f} pp [{r.ci_low:+.1f}, {r.ci_high:+.1f}], {ptext})"
+        return f"no detectable difference ({r.diff_pp:+.1f} pp [{kind} {r.ci_low:+.1f}, {r.ci_high:+.1f}], {ptext})"
     if r.diff_pp < 0:
-        return f"lower by {-r.diff_pp:.1f} pp [{-r.ci_high:.1f}, {-r.ci_low:.1f}] ({ptext})"
-    return f"higher by {r.diff_pp:.1f} pp [{r.ci_low:.1f}, {r.ci_high:.1f}] ({ptext})"
+        return f"lower by {-r.diff_pp:.1f} pp [{kind} {-r.ci_high:.1f}, {-r.ci_low:.1f}] ({ptext})"
+    return f"higher by {r.diff_pp:.1f} pp [{kind} {r.ci_low:.1f}, {r.ci_high:.1f}] ({ptext})"
 
 
 def _time_text(r) -> str:
