@@ -84,9 +84,9 @@ def test_lessons_carry_the_runs_evidence_for_or_against():
 
 
 def test_every_abbreviation_is_written_out_at_first_use_only():
-    page = "<nav>MFU</nav><p>MFU is high; MFU again. p = 0.5, 3 pp</p><table><tr><th>p</th></tr><tr><td>p50</td></tr>"
+    page = "<nav>MFU</nav><p>MFU is high; MFU again. p = 0.5, 3 pp</p><table><tr><th>p50</th></tr></table>"
     out, used = glossary.expand_first_use(page)
     assert out.count("model FLOP/s utilisation") == 1 and out.startswith("<nav>MFU</nav><p>MFU (model FLOP/s")
-    assert used == ["MFU", "pp", "p"]  # p50 only in a value cell: not prose
-    md, used_md = glossary.expand_first_use("| p50 step (ms) |\n`MFU`", markdown=True)
-    assert "p50 (50th" in md and "`MFU`" in md and "MFU" not in used_md
+    assert used == ["MFU", "pp", "p"]  # p50 only in a table: not prose
+    md, used_md = glossary.expand_first_use("| p50 step (ms) |\n`MFU` and p50 here", markdown=True)
+    assert md.startswith("| p50 step (ms) |\n`MFU` and p50 (50th") and used_md == ["p50/p90/p99"]

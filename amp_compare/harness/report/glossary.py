@@ -33,7 +33,7 @@ ABBREVIATIONS = {
     "GFLOP": (r"\b[GT]FLOP\b", "billion (G) or trillion (T) floating-point operations; /s: per second"),
     "CI": (r"\bCI\b", "confidence interval"),
 }
-SKIP_TAGS = ("style", "title", "code", "pre", "nav", "script", "dt", "td")  # td: values, not prose
+SKIP_TAGS = ("style", "title", "code", "pre", "nav", "script", "dt", "table")  # tables: headers and values, not prose
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,11 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
     """`page` with each abbreviation written out at its first use in visible text, and the abbreviations
     found (in ABBREVIATIONS' order). HTML: text inside SKIP_TAGS is left alone; Markdown: code spans are."""
     found: dict[str, int] = {}
-    parts = re.split(r"(`[^`]*`)" if markdown else r"(<[^>]+>)", page)
+    # Markdown: code spans and table rows are left alone (a header cell is no place for a definition)
+    parts = re.split(r"(`[^`]*`|^\|.*$)" if markdown else r"(<[^>]+>)", page, flags=re.M)
     skipping: list[str] = []
     for i, part in enumerate(parts):
-        if markdown and part.startswith("`") or not markdown and part.startswith("<"):
+        if markdown and part.startswith(("`", "|")) or not markdown and part.startswith("<"):
             tag = re.match(r"</?\s*([a-zA-Z0-9]+)", part) if not markdown else None
             if tag and tag.group(1).lower() in SKIP_TAGS:
                 name = tag.group(1).lower()
