@@ -1,9 +1,8 @@
-"""Framework-free facts about the machine: CPU model and the flags that decide AMP speed.
+"""Framework-free facts about the machine: CPU model and the flags that bear on AMP speed.
 
-Half precision only helps on hardware that computes in it. On x86 CPUs that means
-AVX-512 BF16 / AMX-BF16 (bfloat16) and AVX-512 FP16 / AMX-FP16 (float16); F16C only
-converts between float16 and float32, so without the others both frameworks emulate half
-precision with conversions and mixed precision runs slower than float32.
+On x86 CPUs the flags that give a half format arithmetic are AVX-512 BF16 / AMX-BF16 (bfloat16) and
+AVX-512 FP16 / AMX-FP16 (float16); F16C only converts between float16 and float32. Flags say what the
+CPU can compute, not which kernels a framework runs: the report words them so (harness/report/speed.py).
 """
 
 from __future__ import annotations
@@ -69,23 +68,6 @@ def placement() -> dict[str, str]:
         cpus = ""
     return {"hostname": platform.node(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "cpu_affinity": cpus, "slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
-
-
-def cpu_half_precision_verdict(info: dict[str, object]) -> str:
-    """One sentence: which half-precision formats this CPU computes in hardware, which it emulates."""
-    bf16, fp16 = bool(info.get("cpu_bf16_hardware")), bool(info.get("cpu_fp16_hardware"))
-    flags = str(info.get("cpu_amp_flags") or "none")
-    if bf16 and fp16:
-        return f"This CPU computes both bfloat16 and float16 in hardware (AMP-relevant flags: {flags})."
-    emulated = [name for name, has in (("bfloat16", bf16), ("float16", fp16)) if not has]
-    missing = [f for f, has in (("avx512_bf16/amx_bf16", bf16), ("avx512_fp16/amx_fp16", fp16)) if not has]
-    native = "bfloat16" if bf16 else ("float16" if fp16 else "")
-    return (
-        (f"This CPU computes {native} in hardware but " if native else "This CPU ")
-        + f"has no {' or '.join(emulated)} arithmetic ({' and '.join(missing)} absent; AMP-relevant flags "
-        f"present: {flags}; F16C only converts), so the frameworks emulate {' and '.join(emulated)} through "
-        "float32 conversions: expect those modes to run slower than fp32 here."
-    )
 
 
 def proc_status(key: str, pid: int | str = "self") -> str | None:

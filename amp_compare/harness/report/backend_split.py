@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
+from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.stats import MIN_TIMED_STEPS
 
 
@@ -69,12 +70,15 @@ def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer for fp16), loss and records ran on "
+         "each Keras backend, each in its own process with KERAS_BACKEND set before Keras was imported. What the "
+         "Keras columns share is Keras' own; what differs between them belongs to the backend.")
 BACKEND_MEASURES = {  # run-table column -> (label, how to show a median over cells)
     "throughput_img_s": ("throughput (img/s, median over seeds)", lambda v: f"{v:,.0f}"),
     "median_step_s": ("median step (ms)", lambda v: f"{v * 1e3:.1f}"),
-    "compile_warmup_s": ("warm-up beyond median steps (s): tracing/compilation", lambda v: f"{v:.2f}"),
-    "first_step_overhead_s": ("first step beyond the median (s)", lambda v: f"{v:.2f}"),
-    "first_step_dispatch_s": ("first step's dispatch (s): tracing/compilation, device mode", lambda v: f"{v:.2f}"),
+    "compile_warmup_s": ("warm-up steps' time beyond as many median steps (ms)", milliseconds),
+    "first_step_overhead_s": ("first step's time beyond the median step (ms)", milliseconds),
+    "first_step_dispatch_s": ("first step's dispatch time, device mode (ms)", milliseconds),
     "peak_memory_bytes": ("peak memory (MiB)", lambda v: f"{v / 2**20:,.1f}"),
 }
 BACKEND_TEXT = {"framework_version": "backend version", "compiled": "compilation", "tf32": "TF32 (read back)",
@@ -135,7 +139,7 @@ def split_sentences(runs: pd.DataFrame, frameworks: list[str], keras: pd.DataFra
         timed = pd.to_numeric(cells.get("steps_timed", pd.Series(dtype=float)), errors="coerce")
         if timed.notna().any() and timed.min() < MIN_TIMED_STEPS:
             text += (f" ⚠ Only {int(timed.min())} step(s) were timed in some of these cells (a run no longer than its "
-                     f"warm-up times the warm-up too), so these figures may include tracing and compilation: not a "
+                     f"warm-up times the warm-up too), so these figures include the first steps' extra time: not a "
                      f"steady-state speed comparison.")
         out.append(text)
     return out

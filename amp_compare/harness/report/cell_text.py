@@ -19,4 +19,21 @@ def short_accuracy_text(r) -> str:
     if not np.isfinite(getattr(r, "p_value", np.nan)):
         return "n/a"
     mark = "" if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high}) else " (n.s.)"
-    return f"{r.diff_pp:+.1f} [{r.ci_low:+.1f}, {r.ci_high:+.1f}] pp{mark}"
+    kind = accuracy_interval_kind(getattr(r, "test", ""))
+    return f"{r.diff_pp:+.1f} [{kind} {r.ci_low:+.1f}, {r.ci_high:+.1f}] pp{mark}"
+
+
+def interval_kind(basis: str, seeds) -> str:
+    """What a ratio's bracket is, said inside it: "95% t over 3 seeds" or "95% batch means, one seed"."""
+    if basis == "seeds":
+        return f"95% t over {int(seeds)} seeds"
+    return "95% batch means, one seed" if basis == "steps" else "95%"
+
+
+def accuracy_interval_kind(test) -> str:
+    """What an accuracy change's bracket is, from the test that made it."""
+    test = str(test or "")
+    if test == stats.NO_DIFFERENCE:
+        return "exact 95% bound"
+    return "95% bootstrap" if test.startswith("paired bootstrap") else "95% exact" if test.startswith("McNemar") \
+        else "95%"

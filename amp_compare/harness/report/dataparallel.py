@@ -311,7 +311,24 @@ def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> 
     if not tables:
         return None
     dp = rows(tables, environment)
-    return {"rows": dp, "table": table(dp), "sentences": sentences(dp, environment, device)}
+    return {"rows": dp, "table": table(dp), "sentences": sentences(dp, environment, device), "intro": intro(dp)}
+
+
+def intro(dp: pd.DataFrame) -> str:
+    """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran."""
+    engines = "; ".join(e for e in dp.get("engine", pd.Series(dtype=str)).dropna().unique() if e)
+    return ("Each N-worker cell trained the same experiment as its 1-worker cell: the same global batch from the same "
+            "seeded order, each worker taking its contiguous 1/N of it, through the framework's own engine "
+            f"({engines}). Its per-step losses are compared with the 1-worker run's and judged against the floor: the "
+            "same difference between the 1-worker run and itself at another thread count. Every worker recorded its "
+            "own loss scale and skipped flag at every step; they must be the same on every worker. The all-reduce "
+            "dtype is what the child read back from what ran (torch: the profiler's record of the backend's "
+            "all_reduce; TensorFlow: the gradients handed to the optimizer's all-reduce; JAX: the compiled step's "
+            "HLO), and a reduced-precision all-reduce is paired image by image with the fp32 all-reduce of the same "
+            "workers, as the Accuracy section pairs mixed precision with fp32. Each N vs 1 speed ratio pairs one "
+            "seed's N-worker cell with its 1-worker cell, so its 95% interval comes from batch means of the two "
+            "cells' timed steps (the Speed section's one-seed interval), and it is marked ⚠ as the Speed section's "
+            "are when the calibrations between cells saw the machine busy or its speed change.")
 
 
 def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) -> list[tuple[str, str]]:

@@ -10,11 +10,11 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.cell_text import mark
+from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark
 from amp_compare.harness.report.hardware import ceiling_sentences
+from amp_compare.harness.report.speed import LogLine, slowdown_sentences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
     LOOP,
@@ -34,7 +34,10 @@ def speed_text(r) -> str:
     interval does not support it, why."""
     text = f"{r.speedup_vs_fp32:.2f}×"
     if np.isfinite(getattr(r, "speed_low", np.nan)):
-        text += f" [{r.speed_low:.2f}–{r.speed_high:.2f}]"
+        seeds = getattr(r, "speed_seeds", 0)
+        values = (f"; seeds {r.speed_min:.2f}–{r.speed_max:.2f}" if getattr(r, "speed_basis", "") == "seeds"
+                  and 1 < seeds <= 3 and np.isfinite(getattr(r, "speed_min", np.nan)) else "")
+        text += f" [{interval_kind(r.speed_basis, seeds)}: {r.speed_low:.2f}–{r.speed_high:.2f}{values}]"
     if getattr(r, "speed_note", ""):
         text += f" ⚠ {r.speed_note}"
     return text
@@ -44,7 +47,7 @@ def memory_text(r) -> str:
     """A mixed cell's peak-memory change against fp32 with its interval, ⚠ where that does not support it."""
     text = f"{r.memory_change_vs_fp32:+.0%}"
     if np.isfinite(getattr(r, "memory_low", np.nan)):
-        text += f" [{r.memory_low:+.0%}, {r.memory_high:+.0%}]"
+        text += f" [95% t over {int(r.runs)} seeds: {r.memory_low:+.0%}, {r.memory_high:+.0%}]"
     return text + mark(getattr(r, "memory_note", ""))
 
 
@@ -55,12 +58,12 @@ def accuracy_text(r) -> str:
     p = getattr(r, "p_value", np.nan)
     if not np.isfinite(p):
         return "no paired test (no per-image results)"
-    ptext = f"p = {p:.2g}"
+    ptext, kind = f"p = {p:.2g}", accuracy_interval_kind(getattr(r, "test", ""))
     if not stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
-        return f"no detectable difference ({r.diff_pp:+.1f} pp [{r.ci_low:+.1f}, {r.ci_high:+.1f}], {ptext})"
+        return f"no detectable difference ({r.diff_pp:+.1f} pp [{kind} {r.ci_low:+.1f}, {r.ci_high:+.1f}], {ptext})"
     if r.diff_pp < 0:
-        return f"lower by {-r.diff_pp:.1f} pp [{-r.ci_high:.1f}, {-r.ci_low:.1f}] ({ptext})"
-    return f"higher by {r.diff_pp:.1f} pp [{r.ci_low:.1f}, {r.ci_high:.1f}] ({ptext})"
+        return f"lower by {-r.diff_pp:.1f} pp [{kind} {-r.ci_high:.1f}, {-r.ci_low:.1f}] ({ptext})"
+    return f"higher by {r.diff_pp:.1f} pp [{kind} {r.ci_low:.1f}, {r.ci_high:.1f}] ({ptext})"
 
 
 def _time_text(r) -> str:
@@ -165,20 +168,24 @@ def flagged_sentence(notes: list[str], total: int, method: str) -> str:
             f"{reasons}.{intervals} Re-run {advice or 'with more --repeats'} to settle them.")
 
 
+def slowdown_scope(runs: pd.DataFrame) -> bool:
+    """Whether the run's slowdowns can be explained from one CPU's flags: every cell on a CPU, one CPU model."""
+    devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
+    one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
+    return devices == {"cpu"} and bool(one_cpu)
+
+
 def machine_findings(groups: Groups, runs: pd.DataFrame, environment: dict) -> list[str]:
-    """The machine's steadiness, mixed precision slower than fp32 on a CPU that emulates it, and MFU."""
+    """The machine's steadiness, mixed precision slower than fp32 with what the run's evidence says of why,
+    and MFU."""
     out = []
     steadiness = describe_steadiness(environment)
     if steadiness:
         out.append(steadiness)
     table = groups.table
-    slower = table[precisions.is_mixed(table["precision"]) & (table["speedup_vs_fp32"] < 1)]
-    devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
-    one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
-    if not slower.empty and devices == {"cpu"} and one_cpu:
-        out.append(f"Mixed precision was slower than fp32 in {len(slower)} of "
-                   f"{int(precisions.is_mixed(table['precision']).sum())} mixed cells. "
-                   + cpu_half_precision_verdict(environment))
+    if slowdown_scope(runs):
+        logs = [line for line in environment.get("framework_logs", []) if isinstance(line, LogLine)]
+        out += slowdown_sentences(table, environment, logs)
     if table["mfu_measured"].notna().any():
         out += ceiling_sentences(with_loop_columns(ok_runs(runs).copy()))
     return out + mfu_findings(table)
@@ -196,29 +203,52 @@ def memory_findings(groups: Groups, runs: pd.DataFrame) -> list[str]:
     return out
 
 
-def accuracy_findings(groups: Groups) -> list[str]:
-    """The paired accuracy tests, or why the run cannot answer."""
+def too_short_findings(groups: Groups) -> list[str]:
+    """Per model/dataset whose fp32 did not learn enough: that accuracy cannot be compared, and what to change
+    (the accuracy section repeats these as its warnings)."""
     out = []
     for key, group in groups.items:
-        label = groups.label(key)
         short = group["too_short"].iloc[0]
         if short:
-            out.append(f"Accuracy cannot be compared from this run for {label}: {short}. Train longer "
+            out.append(f"Accuracy cannot be compared from this run for {groups.label(key)}: {short}. Train longer "
                        "(more --epochs, no --steps-per-epoch cap) or on the real dataset before reading accuracy "
                        "differences.")
+    return out
+
+
+def accuracy_findings(groups: Groups) -> list[str]:
+    """The paired accuracy tests, or why the run cannot answer."""
+    out = too_short_findings(groups)
     for label, fw, mixed, fp32 in groups.per_framework():
         if mixed["too_short"].iloc[0]:
             continue
         tested = mixed[np.isfinite(mixed["p_value"].astype(float))]
-        method = ""
-        if not tested.empty:
-            first = tested.iloc[0]
-            method = (f"; McNemar's exact test on {int(first.images)} validation images" if first.seeds == 1 else
-                      f"; paired bootstrap over {int(first.images)} validation images × {int(first.seeds)} seeds")
+        method = _accuracy_method(tested)
         parts = [f"{r.precision} {accuracy_text(r)}" for r in mixed.itertuples()]
         out.append(f"{label}, {_label(fw)} ({seeds_text(int(fp32['runs'].iloc[0]))}): final validation accuracy "
                    f"against fp32's {fp32['val_accuracy'].iloc[0]:.1%}: {'; '.join(parts)}{method}.")
     return out
+
+
+def _accuracy_method(tested: pd.DataFrame) -> str:
+    """How the sentence's accuracy intervals were made: the test each row really ran, the exact bound where
+    every image was predicted as fp32 predicted it (no test ran there)."""
+    if tested.empty:
+        return ""
+    first = tested.iloc[0]
+    images, seeds = int(first.images), int(first.seeds)
+    shortcut = tested["test"] == stats.NO_DIFFERENCE
+    in_seeds = "" if seeds == 1 else f" in each of {seeds} seeds"
+    exact = (f"every one of the {images} validation images was predicted exactly as fp32 predicted it{in_seeds}, "
+             f"so no test ran: ±{stats.no_discordance_bound(images):.1f} pp is the exact 95% bound (Clopper-Pearson, "
+             f"0 of {images}) on the share of images that could differ")
+    test = (f"McNemar's exact test on {images} validation images" if seeds == 1 else
+            f"paired bootstrap over {images} validation images × {seeds} seeds")
+    if shortcut.all():
+        return f"; {exact}"
+    if shortcut.any():
+        return f"; {test} ({', '.join(tested.loc[shortcut, 'precision'])}: {exact})"
+    return f"; {test}"
 
 
 def time_findings(groups: Groups) -> list[str]:
@@ -274,20 +304,40 @@ def scaling_findings(groups: Groups, runs: pd.DataFrame, steps: pd.DataFrame) ->
     return out
 
 
-def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
-             epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
+@dataclass
+class Findings:
+    """The findings as facts the page lays out: every sentence in order, the accuracy warnings among them, and
+    whether a slowdown sentence already explained the CPU (the page then shows no separate flags note)."""
+
+    sentences: list[str]
+    accuracy_warnings: list[str]
+    slowdown_explained: bool
+
+
+def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
+                  epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> Findings:
     """Sentences built only from the aggregated table (full_table, computed here unless given) and the run's
     own records, in its order, each naming the model and dataset (and machine, where several) its numbers
     belong to and how many seeds they are over."""
     table = full_table(runs, steps, epochs, environment) if table is None else table
     if table.empty:
-        return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
+        return Findings(["No cell finished, so there is nothing to compare yet; see the failed cells below."], [],
+                        False)
     groups = Groups.of(table)
     out = [*speed_findings(groups), *machine_findings(groups, runs, environment), *memory_findings(groups, runs),
            *accuracy_findings(groups), *time_findings(groups), *scaling_findings(groups, runs, steps)]
     diverged = runs[runs["status"] == "diverged"] if "status" in runs else runs.iloc[0:0]
-    return [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}."
-            for r in diverged.itertuples()][::-1] + out
+    mixed = table[precisions.is_mixed(table["precision"])]
+    return Findings(
+        [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}."
+         for r in diverged.itertuples()][::-1] + out, too_short_findings(groups),
+        slowdown_scope(runs) and bool((mixed["speedup_vs_fp32"] < 1).any()))
+
+
+def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
+             epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
+    """finding_parts' sentences (the terminal and summary.md show these)."""
+    return finding_parts(runs, steps, environment, epochs, table).sentences
 
 
 def mfu_findings(table: pd.DataFrame) -> list[str]:
@@ -298,8 +348,8 @@ def mfu_findings(table: pd.DataFrame) -> list[str]:
     emulated = table[dtypes.str.contains("emulated")]
     if not emulated.empty:
         which = ", ".join(sorted(set(emulated["precision"])))
-        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling: this CPU has no arithmetic for "
-                   "their half format, so the frameworks convert to float32 and compute on the fp32 units.")
+        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling: this CPU's flags list no "
+                   "arithmetic for their half format (which kernels the frameworks ran was not recorded).")
     over = table[table["mfu_measured"] > 1]
     if not over.empty:
         cells = ", ".join(f"{_label(r.framework)} {r.precision} batch {r.batch_size:.0f} ({r.mfu_measured:.0%})"

@@ -541,3 +541,46 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
         return ""
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
             f"same weights and batches: {', '.join(parts)} (fp32's gap is the floor: summation order alone).")
+
+
+def _layers_text(f: dict) -> str:
+    """A differing-rows entry's layers, with "…" where more rows differ than layers are named."""
+    if not f["layers"]:
+        return ""
+    return f" ({', '.join(f['layers'])}{', …' if f['rows'] > len(f['layers']) else ''})"
+
+
+def section_words(facts, dtype_facts: dict) -> dict[str, str]:
+    """The Numerics section's paragraphs (wording.RunFacts; op_dtype_facts' differing rows and audit methods)."""
+    dtype = "Dtypes each layer computed in during one training step (first seed)."
+    if len(facts.frameworks) > 1:
+        differing = "; ".join(f"{p}: {f['rows']} of {f['of']} rows" + _layers_text(f)
+                              for p, f in dtype_facts.get("differing", {}).items())
+        dtype += (" Rows in red differ between the frameworks" + (f": {differing}" if differing else "")
+                  + ". In aligned mode every row should match (tests/test_numerics.py checks it layer by layer).")
+    if dtype_facts.get("methods"):
+        dtype += f" How each column was taken: {'; '.join(dtype_facts['methods'])}."
+    return {
+        "underflow_intro": "Measured the same way in both frameworks, twice per probe (one batch, first seed, first "
+                           "and last step), the two methods side by side:",
+        "underflow_after": "The first method is what float16 would do to exact float32 gradients; the second is what "
+                           "the run's own half-precision backward did (there underflow shows as exact zeros, never "
+                           "as a flush). Differences between the frameworks in the second method come from which "
+                           "layers each computes in the half dtype (see the dtype audit).",
+        "dtype_audit": dtype,
+        "vit_dtypes": "For each part of the ViT, the dtype it computed in, per framework and precision, as the two "
+                      f"audits recorded the ops that did its arithmetic ({dtype_facts.get('device', 'CPU')} autocast "
+                      "for PyTorch; the dtype policy per layer for Keras). A fused kernel is one op: its inputs' dtype "
+                      "is the dtype it computed in, whatever else it returns (torch's fused attention also returns "
+                      "a float32 log-sum-exp for its backward). Casts are listed apart; rows in red compute in "
+                      "different dtypes. The framework differences table says which of them aligned mode makes "
+                      "identical and how.",
+        "headroom": "Per block, the largest |attention logit| (the softmax's input) and |LayerNorm input| seen in any "
+                    "training step of the run (first seed), recorded inside the step and read once per epoch, and "
+                    "how many times float16's largest value 65,504 lies above it.",
+        "nonfinite": "At the first non-finite loss or skipped update, the run located the first layer whose forward "
+                     "output (or, if the forward was finite, whose gradient) was non-finite:",
+        "no_nonfinite": "No cell met a non-finite loss or gradient.",
+        "nothing_happened": "No loss-scaling or numerics events to report in this run.",
+        "no_scaled": "No loss-scaled cell in this run, so no loss-scale figure.",
+    }

@@ -22,14 +22,15 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
-from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
-from amp_compare.harness.report import dataparallel, wording
+from amp_compare.harness.report import accuracy, dataparallel, glossary, speed, wording
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
+from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
-from amp_compare.harness.report.findings import findings, interval_method
-from amp_compare.harness.report.settings_check import adam_gap_text, side_by_side
+from amp_compare.harness.report.findings import finding_parts, interval_method
+from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
+from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
@@ -105,9 +106,9 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         "Images/s (wall, headline)": t["throughput_img_s"].map("{:,.0f}".format),
         "Images/s from p50": t["median_step_throughput_img_s"].map("{:,.0f}".format),
         "Images/s from epoch time": t["epoch_throughput_img_s"].map("{:,.0f}".format),
-        "Gap (epoch vs p50)": (1 - t["epoch_throughput_img_s"] / t["median_step_throughput_img_s"]).map(
-            "{:+.0%}".format),
-        "First-step overhead (s)": t["first_step_overhead_s"].map("{:.2f}".format),
+        "Epoch-time figure vs p50 figure": [speed.relation(e, m) for e, m in
+                                           zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
+        "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
         "Runs": t["runs"].astype(int).astype(str),
     })
 
@@ -465,28 +466,36 @@ def _evidence(manifest: dict) -> dict:
     return {**manifest["environment"], "calibrations": manifest.get("calibrations", [])}
 
 
-def _summary_context(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
+def _log_lines(run_dir: Path, manifest: dict, runs: pd.DataFrame) -> list:
+    """The frameworks' own log lines about kernels, from the run's cells (a combined report: its sources')."""
+    dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]
+    return list(dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs)))
+
+
+def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
     """The Summary and Speed sections: the table, the findings and the sentences built from the run's facts."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    evidence = _evidence(manifest)
+    evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
     accuracy = accuracy_statistics(runs, epochs, evidence)
     full = full_table(runs, steps, epochs, evidence, accuracy)
     summary = formatted_summary(full)
     main_table, hardware, loop_text = split_summary(summary)
-    sentences = findings(runs, steps, evidence, epochs, table=full)
+    parts = finding_parts(runs, steps, evidence, epochs, table=full)
+    sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
-    verdict = cpu_half_precision_verdict(manifest["environment"])
     seeds_text = seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])
     return {"full": full, "accuracy": accuracy, "summary": summary, "sentences": sentences, "facts": facts,
             "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
             "findings": sentences, "loop_text": loop_text, "legend": LEGEND,
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
-            "emulated": full.get("ceiling_dtype", pd.Series(dtype=str)).fillna("").str.contains("emulated").any(),
-            "cpu_verdict": "" if any(verdict in s for s in sentences) else verdict,
+            "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"]),
+                            "hardware": speed.hardware_paragraph(bool(full.get("ceiling_dtype", pd.Series(
+                                dtype=str)).fillna("").str.contains("emulated").any()))},
+            "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
             "speed_ratio_table": _html_or_none(_speed_ratio_table(full)),
-            "speed_intro": wording.speed_intro(facts, interval_method(full)),
+            "speed_intro": speed.speed_intro(facts, interval_method(full)),
             "steadiness": describe_steadiness(evidence), "seeds_text": seeds_text,
-            "accuracy_warnings": [s for s in sentences if s.startswith("Accuracy cannot be compared")]}
+            "accuracy_warnings": parts.accuracy_warnings}
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) -> dict:
@@ -502,13 +511,14 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) ->
             "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
             "what_happened": nr.what_happened(runs, steps, underflow) + nr.vit_what_happened(runs, headroom),
             "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
+            "words": nr.section_words(facts, nr.op_dtype_facts(dtypes, manifest["device"])),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
 
 def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool) -> dict:
     """Everything report.html is rendered from."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    summary = _summary_context(manifest, tables)
+    summary = _summary_context(run_dir, manifest, tables)
     acc_stats = summary["accuracy"]
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
@@ -516,12 +526,14 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
         f"python -m amp_compare report {run_dir} draws them."])
+    checked = side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else [])
     return {
         **summary, **_numerics_context(manifest, tables, summary["facts"]),
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
         "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats)),
+        "accuracy_words": accuracy.section_paragraph(acc_stats),
         "figures": _draw(run_dir, tables, acc_stats) if draw else [], "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps), "env_rows": environment_rows(manifest["environment"], runs),
         "command": manifest["command"], "differences": framework_differences(runs, steps),
@@ -529,9 +541,18 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
                         for k, v in keras_backend_split(runs).items()},
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "settings_check": side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else []),
+        "differences_words": settings_differences(manifest["defaults"].get("comparison", "aligned"),
+                                                  manifest["defaults"].get("init", "shared")),
+        "keras_split_intro": BACKEND_INTRO,
+        "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], manifest["defaults"].get(
+            "comparison", "aligned")),
         "comparison": manifest["defaults"].get("comparison", "aligned"),
         "init": manifest["defaults"].get("init", "shared"),
+        "glossary_entries": glossary.entries(
+            summary["facts"], nr.op_dtype_facts(tables.get("dtypes", pd.DataFrame()), manifest["device"]),
+            manifest["defaults"].get("comparison", "aligned"), summary["full"],
+            {**manifest["environment"], "device": manifest["device"]},
+            nr.underflow_summary(tables.get("underflow", pd.DataFrame()))),
     }
 
 
@@ -561,7 +582,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
         context.update(_data_parallel_context(every, manifest))
     profile = profile_report.section(single)  # --profile: where the mixed cells' time went (report/profile.py)
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
-    atomic_write_text(run_dir / "index.html", _env().get_template("report.html").render(**context))
+    page, used = glossary.expand_first_use(_env().get_template("report.html").render(**context))
+    atomic_write_text(run_dir / "index.html", page.replace("<!--abbreviations-->", glossary.abbreviations_html(used)))
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]],
@@ -569,7 +591,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
-    atomic_write_text(run_dir / "summary.md", "\n".join(md))
+    atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     render_runs_index(run_dir.parent)
     return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
                     (context["data_parallel"] or {}).get("rows"))

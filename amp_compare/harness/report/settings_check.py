@@ -121,6 +121,26 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
     return {"rows": rows, "cells": len(checked), "note": mismatch_note(checked)}
 
 
+def differences_paragraph(comparison: str, init: str) -> str:
+    """The Framework differences section's first paragraph: the comparison mode and the initial weights."""
+    mode = (" — the mapping below applied, both frameworks configured to the same behaviour" if comparison == "aligned"
+            else " — each framework with its own out-of-the-box defaults")
+    shared = (" — every cell of a model, dataset and seed started from the same weights, copied between frameworks "
+              "through numpy" if init == "shared" else "")
+    return (f"Comparison mode: {comparison}{mode}. Initial weights: {init}{shared}. Defaults are read from the "
+            "installed versions by each framework's child, not typed by hand.")
+
+
+def settings_paragraph(cells: int, comparison: str) -> str:
+    """The paragraph above the settings-used table."""
+    return ("Each child read these back from the model, optimizer and scaler it trained with, in its own framework's "
+            "convention; harness/report/settings_check.py maps the conventions (BatchNorm momentum m in torch is "
+            "1 − m in Keras; Keras' sum_over_batch_size is torch's mean) and compares the two records of each of the "
+            f"{cells} cells both frameworks ran."
+            + (" In aligned mode every row must match." if comparison == "aligned" else
+               " In defaults mode differences are expected: they are the framework differences above."))
+
+
 def adam_gap_text(records: Iterable[Mapping]) -> str:
     """The defaults-mode Adam gap as the run measured it, per framework's own first-batch gradients ("" if none).
 

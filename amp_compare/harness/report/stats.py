@@ -48,6 +48,11 @@ BLOCK = 20  # steps per batch mean, at least (a load burst of up to ~20 steps st
 MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batches)
 
 
+# The `test` of a comparison where every image was predicted as fp32 predicted it: no test is run, the
+# interval is the exact bound of no_discordance_bound (the report says so instead of naming a test).
+NO_DIFFERENCE = "none: no image differed"
+
+
 # ---- accuracy ----------------------------------------------------------------------------------
 
 def no_discordance_bound(n: int) -> float:
@@ -68,7 +73,7 @@ def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     diff = 100.0 * (gained - lost) / n
     if k == 0:
         bound = no_discordance_bound(n)
-        return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "test": "McNemar exact",
+        return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "test": NO_DIFFERENCE,
                 "discordant": 0, "images": n}
     res = st.binomtest(gained, k, 0.5)
     ci = res.proportion_ci(confidence_level=CONFIDENCE, method="exact")
@@ -88,9 +93,9 @@ def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     base = {"diff_pp": diff, "test": f"paired bootstrap over images, {len(fp32)} seeds", "images": fp32.shape[1],
             "discordant": int(np.sum(fp32 != mixed)), "sign_test_p": sign_p,
             "seeds_lower": int((per_seed < 0).sum()), "seeds_higher": int((per_seed > 0).sum())}
-    if np.all(fp32 == mixed):  # no image differed in any seed
+    if np.all(fp32 == mixed):  # no image differed in any seed: no bootstrap is drawn, the bound is exact
         bound = no_discordance_bound(fp32.shape[1])
-        return {**base, "ci_low": -bound, "ci_high": bound, "p_value": 1.0}
+        return {**base, "test": NO_DIFFERENCE, "ci_low": -bound, "ci_high": bound, "p_value": 1.0}
     res = st.bootstrap((per_image,), np.mean, confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
                        method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED))
     dist = res.bootstrap_distribution

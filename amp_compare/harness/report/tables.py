@@ -16,6 +16,7 @@ from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.cell_text import mark, short_accuracy_text
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
+from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.steadiness import unsteady_reason
 
 GROUP = ["framework", "model", "dataset", "precision"]
@@ -54,7 +55,9 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     are paired by seed before the median."""
     ok = with_loop_columns(ok_runs(runs).copy())
     group = (["machine"] if "machine" in ok else []) + GROUP[:-1] + LOOP + GROUP[-1:]
-    cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "speedup_vs_fp32",
+    cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
+                    "speedup_vs_fp32", "speed_min", "speed_max", "accuracy_min", "accuracy_max",
+                    "accuracy_change_min", "accuracy_change_max",
                     "peak_memory_mib", "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3",
                     "accuracy_change_pp", "accuracy_change_q1", "accuracy_change_q3", "skipped_steps",
                     *PERF_COLS]
@@ -71,6 +74,14 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         throughput_q1=("throughput_img_s", _q(25)),
         throughput_q3=("throughput_img_s", _q(75)),
         log_speed=("log_speed", "mean"),
+        log_speed_min=("log_speed", "min"),
+        log_speed_max=("log_speed", "max"),
+        throughput_min=("throughput_img_s", "min"),
+        throughput_max=("throughput_img_s", "max"),
+        accuracy_min=("final_val_accuracy", "min"),
+        accuracy_max=("final_val_accuracy", "max"),
+        accuracy_change_min=("accuracy_change_pp", "min"),
+        accuracy_change_max=("accuracy_change_pp", "max"),
         peak_memory_bytes=("peak_memory_bytes", "median"),
         log_memory=("log_memory", "mean"),
         val_accuracy=("final_val_accuracy", "median"),
@@ -85,6 +96,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
+    agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
     agg["memory_change_vs_fp32"] = np.expm1(agg["log_memory"])
     # a mode without a loss scaler cannot skip a step: n/a, not 0
     agg.loc[~agg["precision"].map(lambda p: precisions.of(p).loss_scaling is not None), "skipped_steps"] = np.nan
@@ -121,7 +133,7 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
 # formatted_summary's hardware-efficiency columns (issue 13): the report shows them in their own table in the
 # Speed section (the summary table would not fit the page with them), summary.md keeps them in its one table.
 HARDWARE_COLUMNS = ("GFLOP/image", "Achieved TFLOP/s", "Ceiling TFLOP/s (measured)", "MFU",
-                    "MFU (data-sheet ceiling)", "Bound", "Compile/warm-up (s)", "Timing note")
+                    "MFU (data-sheet ceiling)", "Bound", "Warm-up steps' extra time (ms)", "Timing note")
 IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch", "Precision")
 
 
@@ -142,11 +154,14 @@ def _fmt(value, spec, suffix=""):
     return "n/a" if value is None or not np.isfinite(value) else f"{value:{spec}}{suffix}"
 
 
-def _spread(r, median, q1, q3, spec, scale=1.0, suffix=""):
-    """A median with its interquartile range where there are several runs."""
+def _spread(r, median, q1, q3, spec, scale=1.0, suffix="", lo=np.nan, hi=np.nan):
+    """A median with its spread where there are several runs, the bracket saying which: the values' min–max for
+    up to 3 runs (an interquartile range of 3 values says little), the IQR above."""
     text = _fmt(median * scale, spec, suffix)
-    if r.runs > 1 and np.isfinite(q1) and np.isfinite(q3):
-        text += f" [{q1 * scale:{spec}}–{q3 * scale:{spec}}]"
+    few = r.runs <= 3 and np.isfinite(lo) and np.isfinite(hi)
+    lo, hi, kind = (lo, hi, "min–max") if few else (q1, q3, "IQR")
+    if r.runs > 1 and np.isfinite(lo) and np.isfinite(hi):
+        text += f" [{kind} {lo * scale:{spec}}–{hi * scale:{spec}}]"
     return text
 
 
@@ -158,7 +173,7 @@ def _hardware_cells(r, data_sheet: bool) -> dict:
         "MFU": _fmt(r.mfu_measured * 100, ".1f", "%") + (" ⚠" if r.mfu_measured > 1 else ""),
         **({"MFU (data-sheet ceiling)": _fmt(r.mfu_table * 100, ".1f", "%")} if data_sheet else {}),
         "Bound": r.bound,
-        "Compile/warm-up (s)": _fmt(r.compile_warmup_s, ".2f"),
+        "Warm-up steps' extra time (ms)": milliseconds(r.compile_warmup_s),
         "Timing note": r.timing_note or "—",
     }
 
@@ -173,16 +188,18 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             **({"Machine": r.machine} if multi else {}),
             "Framework": _label(r.framework), "Model": r.model, "Dataset": r.dataset, "Step": r.step_loop,
             "Batch": _fmt(r.batch_size, ".0f"), "Precision": r.precision, "Runs": str(r.runs),
-            "Images/s": _spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f"),
+            "Images/s": _spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f",
+                                lo=r.throughput_min, hi=r.throughput_max),
             "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
             "Speed vs fp32": _fmt(r.speedup_vs_fp32, ".2f", "×") + mark(getattr(r, "speed_note", "")),
             "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
             "Memory vs fp32": _fmt(r.memory_change_vs_fp32 * 100, "+.0f", "%") + mark(getattr(r, "memory_note", "")),
-            "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%"),
+            "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%",
+                                     lo=r.accuracy_min, hi=r.accuracy_max),
             "Δ accuracy vs fp32": (short_accuracy_text(r)
                                    if hasattr(r, "p_value") and precisions.is_mixed(r.precision) else
                                    _spread(r, r.accuracy_change_pp, r.accuracy_change_q1, r.accuracy_change_q3,
-                                           "+.1f", 1, " pp")),
+                                           "+.1f", 1, " pp", r.accuracy_change_min, r.accuracy_change_max)),
             "Skipped steps": _fmt(r.skipped_steps, ".0f"),
             **_hardware_cells(r, data_sheet),
         })
@@ -400,9 +417,10 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
 LEGEND = ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
           "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
           "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine was not steady; "
-          "or an accuracy change the run is too short to judge; the findings say which. [a, b] is a 95% interval "
-          "of the paired accuracy change; (n.s.): no detectable difference (p ≥ 0.05 or the interval includes "
-          "zero). n/a: not measured, or not applicable (a mode without a loss scaler skips no step).")
+          "or an accuracy change the run is too short to judge; the findings say which. Each bracket names its kind: "
+          "min–max of the seeds' values (3 or fewer), IQR, a 95% interval and how it was made, or an exact bound; "
+          "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
+          "n/a: not measured, or not applicable (a mode without a loss scaler skips no step).")
 
 
 def by_gpu_model(tables: dict) -> dict:

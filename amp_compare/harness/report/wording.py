@@ -139,20 +139,6 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
     return out or ["No float16 mode ran, so nothing was loss-scaled."]
 
 
-def speed_intro(facts: RunFacts, method: str) -> str:
-    """The Speed section's paragraph on ratios and their intervals, for the seeds and order this run had."""
-    seeds, how = len(facts.seeds), f" ({method})" if method else ""
-    text = (f"Speed ratios with their 95% interval{how}. Each ratio is the geometric mean over "
-            f"{'the seeds' if seeds > 1 else 'the one seed'} of mixed's wall-time throughput over the fp32 cell "
-            "of the same seed. ⚠ marks a ratio the run cannot support: an interval wider than 1.3× from end to "
-            "end or straddling 1×, no interval, fewer than 20 timed steps per cell (one seed), or a machine "
-            "that was busy or changed speed during the run.")
-    if facts.rotated:
-        text += (" Cells of one model and dataset ran seed after seed with the precision order rotated per seed, "
-                 "so a steady drift of the machine does not favour one precision.")
-    return text
-
-
 def numerics_intro(facts: RunFacts) -> str:
     text = ("Measured outside the timed loop on each cell's first batch: which dtype every layer computes in "
             "during one training step (the dtype audit)")

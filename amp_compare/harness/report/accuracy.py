@@ -1,0 +1,38 @@
+"""The Accuracy section's words: how the paired comparisons were made, naming only the tests this run ran."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from amp_compare.harness.report import stats
+
+
+def tests_ran(acc: pd.DataFrame) -> set[str]:
+    """Which comparisons the accuracy table holds: "mcnemar", "bootstrap", "exact bound" (no image differed)."""
+    tests = set(acc.get("test", pd.Series(dtype=str)).dropna().astype(str)) - {""}
+    out = {"exact bound"} if stats.NO_DIFFERENCE in tests else set()
+    out |= {"mcnemar"} if any(t.startswith("McNemar") for t in tests) else set()
+    return out | ({"bootstrap"} if any(t.startswith("paired bootstrap") for t in tests) else set())
+
+
+def section_paragraph(acc: pd.DataFrame) -> str:
+    """The paragraph above the accuracy table."""
+    ran = tests_ran(acc)
+    how = []
+    if "mcnemar" in ran:
+        how.append("McNemar's exact test where there is one seed (its interval: Clopper-Pearson, exact)")
+    if "bootstrap" in ran:
+        how.append("a paired bootstrap over images (the same images resampled for every seed) where there are "
+                   "several (its interval: the bootstrap's 95% percentile interval)")
+    if "exact bound" in ran:
+        how.append("no test where every image was predicted exactly as fp32 predicted it: the interval is then the "
+                   "exact 95% bound on the share of images that could differ")
+    text = ("Accuracy differences are paired: cells of one model, dataset and seed start from the same weights and "
+            "are scored on the same validation images, so each mixed cell is compared image by image with its fp32"
+            + (": " + "; ".join(how) if how else "") + ".")
+    return text + (f" A difference counts as detectable only when p (the probability of a difference at least this "
+                   f"large if precision changed nothing) is below {stats.ALPHA} and its 95% interval excludes zero. "
+                   "\"Not comparable\" means fp32 itself was near chance or still improving steeply at the last "
+                   "epoch, so the run is too short to say anything about accuracy. Time to target is the training "
+                   "time (validation excluded) until the validation accuracy, checked after every epoch, first "
+                   "reached the target.")

@@ -1,0 +1,187 @@
+"""The Glossary section and the page's abbreviations, generated from the run.
+
+Entries appear only for what the run had (wording.RunFacts). General lessons ("float16 gradients underflow",
+"a half format is fast only where the hardware computes in it") are worded as lessons, each with this run's
+evidence for or against it, never as truths the run showed. Every abbreviation in ABBREVIATIONS is written out
+where the page (or summary.md) first uses it (`expand_first_use`) and listed in the glossary.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import precision as precisions
+from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic
+
+# abbreviation -> (how it is found in text, its expansion). "p" only where it stands for a p-value.
+ABBREVIATIONS = {
+    "MFU": (r"\bMFU\b", "model FLOP/s utilisation: achieved FLOP/s over the ceiling's"),
+    "pp": (r"(?<=\d )pp\b|\(pp\)", "percentage points: a difference of two percentages"),
+    "p": (r"\bp(?= (?:=|<|&lt;|≥))|^p$", "p-value: the probability of a difference at least this large if "
+                                          "precision changed nothing"),
+    "McNemar": (r"\bMcNemar\b", "McNemar's test: compares two classifiers on the same images from the images "
+                                "exactly one of them got right"),
+    "IQR": (r"\bIQR\b", "interquartile range: the middle half of the values, 25th to 75th percentile"),
+    "p50/p90/p99": (r"\bp(?:50|90|99)\b", "50th (the median), 90th and 99th percentile of the step times"),
+    "RSS": (r"\bRSS\b", "resident set size: the process's memory in RAM"),
+    "ms": (r"\bms\b", "milliseconds"),
+    "GFLOP": (r"\b[GT]FLOP\b", "billion (G) or trillion (T) floating-point operations; /s: per second"),
+    "CI": (r"\bCI\b", "confidence interval"),
+}
+SKIP_TAGS = ("style", "title", "code", "pre", "nav", "script", "dt", "table")  # tables: headers and values, not prose
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    term: str
+    text: str
+
+
+def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]:
+    """`page` with each abbreviation written out at its first use in visible text, and the abbreviations
+    found (in ABBREVIATIONS' order). HTML: text inside SKIP_TAGS is left alone; Markdown: code spans are."""
+    found: dict[str, int] = {}
+    # Markdown: code spans and table rows are left alone (a header cell is no place for a definition)
+    parts = re.split(r"(`[^`]*`|^\|.*$)" if markdown else r"(<[^>]+>)", page, flags=re.M)
+    skipping: list[str] = []
+    for i, part in enumerate(parts):
+        if markdown and part.startswith(("`", "|")) or not markdown and part.startswith("<"):
+            tag = re.match(r"</?\s*([a-zA-Z0-9]+)", part) if not markdown else None
+            if tag and tag.group(1).lower() in SKIP_TAGS:
+                name = tag.group(1).lower()
+                if part.startswith("</"):
+                    skipping = [t for t in skipping if t != name]
+                elif not part.endswith("/>"):
+                    skipping.append(name)
+            continue
+        if skipping or not part.strip():
+            continue
+        for abbr, (pattern, expansion) in ABBREVIATIONS.items():
+            m = None if abbr in found else re.search(pattern, part)
+            if m:  # the patterns match escaped HTML text as well as plain text
+                found[abbr] = i
+                words = f" ({expansion})" if markdown else html.escape(f" ({expansion})", quote=False)
+                part = part[:m.end()] + words + part[m.end():]
+        parts[i] = part
+    return "".join(parts), [a for a in ABBREVIATIONS if a in found]
+
+
+def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
+    """This run's evidence on the lesson "a half format is fast only where the hardware computes in it"."""
+    mixed = table[precisions.is_mixed(table["precision"])] if not table.empty else table
+    rows = mixed[mixed["precision"].map(lambda p: precisions.of(p).half) == half] if not mixed.empty else mixed
+    ratios = rows["speedup_vs_fp32"].dropna().to_numpy(float) if not rows.empty else np.array([])
+    if not ratios.size or environment.get("cpu_model") is None or environment.get("device", "cpu") != "cpu":
+        return ""
+    arithmetic = has_arithmetic(environment, half)
+    span = f"{ratios.min():.2f}×" if len(ratios) == 1 else f"{ratios.min():.2f}–{ratios.max():.2f}×"
+    flags = (f"whose flags list {half} arithmetic" if arithmetic else
+             f"whose flags list no {half} arithmetic ({' and '.join(ARITHMETIC_FLAGS[half])} absent)")
+    faster, slower = bool((ratios > 1).all()), bool((ratios < 1).all())
+    verdict = ("consistent with the lesson" if (arithmetic and faster) or (not arithmetic and slower) else
+               "against the lesson as far as this run goes (which kernels ran was not recorded)" if arithmetic
+               else "against the lesson: faster without the format's arithmetic" if faster else
+               "mixed: some rows faster, some slower")
+    return f" This run: {half} rows at {span} fp32's speed on a CPU {flags}: {verdict}."
+
+
+def _underflow_evidence(underflow: pd.DataFrame | None) -> str:
+    """This run's evidence on the lesson "float16 gradients underflow without loss scaling"."""
+    if underflow is None or underflow.empty or "flush_unscaled" not in underflow:
+        return " This run measured no gradient against float16's range."
+    first = underflow[underflow["when"] == "first step"] if "when" in underflow else underflow
+    share = float(first["flush_unscaled"].max()) if not first.empty else float("nan")
+    if not np.isfinite(share):
+        return " This run measured no gradient against float16's range."
+    if share > 0:
+        return (f" This run: up to {share:.3%} of the non-zero gradient elements of a cell's first step lay below "
+                "float16's range (the Numerics section's underflow table): for the lesson here.")
+    return (" This run: no non-zero gradient element of a first step lay below float16's range: no evidence for the "
+            "lesson here.")
+
+
+def entries(facts, dtype_facts: dict, comparison: str, table: pd.DataFrame, environment: dict,
+            underflow: pd.DataFrame | None) -> list[Entry]:
+    """The glossary's entries for this run's modes, frameworks and device."""
+    out = []
+    if facts.ran(half="float16"):
+        out.append(Entry("gl-loss-scaling", "Loss scaling",
+                         "Multiplying the loss by a factor S before the backward pass, so every gradient is S times "
+                         "larger while it is computed in float16, then dividing the gradients by S before the "
+                         "optimizer uses them. The Loss scaling part of the Numerics section says what it did here."))
+    if facts.ran(loss_scaling="dynamic"):
+        defaults = "".join(([" PyTorch's GradScaler starts at 2^16."] if facts.torch else []) +
+                           ([" Keras' LossScaleOptimizer at 2^15."] if facts.keras else []))
+        interval = f"{facts.growth[0]:,} in this run, " if facts.growth else ""
+        out.append(Entry("gl-dynamic-scaling", "Dynamic loss scaling",
+                         "Choosing S automatically: start high (--init-scale), and when any gradient overflows to "
+                         "inf/NaN skip that update and halve S; after a run of clean steps "
+                         f"({interval}--growth-interval) double it.{defaults}"))
+    if facts.torch and facts.halves:
+        out.append(Entry("gl-autocast", "Autocast op lists (PyTorch)", _autocast_text(dtype_facts)))
+    if facts.keras and facts.halves:
+        out.append(Entry("gl-policy", "Dtype policies (Keras)", _policy_text(facts, dtype_facts, comparison)))
+    if facts.halves:
+        out.append(_half_formats(facts, table, environment, underflow))
+    if facts.device == "cuda":
+        out.append(Entry("gl-tf32", "TF32", "TensorFloat-32: on NVIDIA Ampere and newer GPUs, float32 matrix "
+                         "multiplies and convolutions may internally round inputs to a 10-bit mantissa on tensor "
+                         "cores. It makes \"fp32\" faster and less precise; frameworks differ in whether it is on by "
+                         "default."))
+    return out
+
+
+def abbreviations_html(used: list[str]) -> str:
+    """The glossary's entries of the abbreviations the page used, as <dt>/<dd> pairs."""
+    return "".join(f'<dt id="gl-abbr-{i}">{html.escape(a)}</dt><dd>{html.escape(ABBREVIATIONS[a][1][0].upper())}'
+                   f"{html.escape(ABBREVIATIONS[a][1][1:])}.</dd>\n" for i, a in enumerate(used))
+
+
+def _autocast_text(d: dict) -> str:
+    text = (f"torch.autocast decides per operation, from op lists that differ between devices (CPU and CUDA "
+            f"autocast each have their own); this run used {d['device']} autocast. Parameters stay float32 and are "
+            "cast on the fly.")
+    if d.get("precision"):
+        text += (f" What this run's own dtype audit saw ({d['precision']}, forward pass): ops in float32 only: "
+                 f"{', '.join(d['torch_float32_ops']) or 'none'}; ops in the half dtype: "
+                 f"{', '.join(d['torch_half_ops']) or 'none'}. The final Linear (fc) computed in "
+                 f"{d['torch_fc'] or 'n/a'}, the loss in {d.get('torch_loss') or 'n/a'}.")
+    return text
+
+
+def _policy_text(facts, d: dict, comparison: str) -> str:
+    policies = " or ".join(f"mixed_{h}" for h in sorted(facts.halves))
+    text = (f"Keras decides per layer: under {policies} each layer computes in half precision and keeps float32 "
+            "variables; a layer given dtype=\"float32\" computes in float32 (Keras' guide recommends it for the "
+            "output layer, which defaults mode does; aligned mode keeps the output layer in the policy's dtype as "
+            "torch does). Keras losses compute in float32.")
+    if d.get("precision"):
+        text += (f" In this run's audit ({d['precision']}, {comparison} mode) Keras' fc computed in "
+                 f"{d['keras_fc'] or 'n/a'} and the loss in {d['keras_loss'] or 'n/a'}.")
+    return text
+
+
+def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.DataFrame | None) -> Entry:
+    both = {"float16", "bfloat16"} <= facts.halves
+    term = "bfloat16 vs float16" if both else next(iter(facts.halves))
+    text = ""
+    if "float16" in facts.halves:
+        text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of only "
+                 "±65,504 down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
+                 "Lesson: gradients smaller than that flush to zero in float16, which loss scaling exists to "
+                 "prevent." + _underflow_evidence(underflow) + " ")
+    if "bfloat16" in facts.halves:
+        text += ("bfloat16 has 16 bits, float32's 8 exponent bits and 7 mantissa bits: about 2 decimal digits over "
+                 "float32's whole range, so nothing underflows in it before it would in float32 and no loss scaling "
+                 "is used. ")
+    text += "Lesson: a half format makes training faster only where the hardware computes in it."
+    for half in ("float16", "bfloat16"):
+        if half in facts.halves:
+            text += _format_evidence(table, {**environment, "device": facts.device}, half)
+    return Entry("gl-half-formats", term, text)

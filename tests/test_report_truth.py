@@ -1,0 +1,92 @@
+"""Every statement true for the run (issue 32 item 4) and readable (item 5): each test here guards one kind of
+false or unreadable sentence, through the functions a render calls, on synthetic tables (no training)."""
+
+import pandas as pd
+
+from amp_compare.harness.report import accuracy, glossary, speed, stats
+from amp_compare.harness.report.findings import finding_parts
+from tests.test_summary import _cells, _runs
+
+AVX512_BF16 = {"cpu_model": "Test CPU", "cpu_amp_flags": "avx512f,avx512_bf16,f16c", "cpu_bf16_hardware": True,
+               "cpu_fp16_hardware": False}
+FP16_HW = {"cpu_model": "Test CPU", "cpu_amp_flags": "avx512f,avx512_bf16,avx512_fp16", "cpu_bf16_hardware": True,
+           "cpu_fp16_hardware": True}
+
+
+def test_warm_up_figures_are_in_ms_and_never_round_to_zero():
+    assert speed.milliseconds(0.0031) == "3.1" and speed.milliseconds(0.0004) == "0.40"
+    assert speed.milliseconds(1.234) == "1,234" and speed.milliseconds(float("nan")) == "n/a"
+
+
+def test_the_epoch_time_figure_is_said_lower_or_higher_per_row():
+    assert speed.relation(79.0, 100.0) == "21% lower" and speed.relation(103.0, 100.0) == "3% higher"
+    assert speed.relation(100.2, 100.0) == "equal (within 0.5%)"
+    assert "lower still" not in speed.timing_paragraph(5)
+
+
+def test_a_bf16_slowdown_on_a_cpu_with_bfloat16_arithmetic_is_not_explained_by_emulation():
+    said = " ".join(finding_parts(_runs(), pd.DataFrame(), AVX512_BF16).sentences)
+    assert "bf16 (bfloat16) was slower than fp32 in 2 of 2 bfloat16 rows" in said
+    assert "flags list bfloat16 arithmetic, so they do not explain it" in said
+    assert "flags list no float16 arithmetic (avx512_fp16 and amx_fp16 absent)" in said
+    assert "emulate" not in said
+
+
+def test_flags_for_both_formats_say_what_the_cpu_can_do_not_which_kernels_ran():
+    text = speed.flags_sentence(FP16_HW)
+    assert "float16 arithmetic listed (avx512_fp16)" in text and "not which kernels a framework ran" in text
+    said = " ".join(finding_parts(_runs(), pd.DataFrame(), FP16_HW).sentences)
+    assert "fp16 (float16) was slower than fp32" in said and "flags list float16 arithmetic, so they do not" in said
+    assert "computes both bfloat16 and float16 in hardware" not in said
+
+
+def test_a_framework_log_line_is_the_evidence_it_is(tmp_path):
+    runs = _runs()
+    cell = tmp_path / "cells" / "tf-fp16"
+    cell.mkdir(parents=True)
+    (cell / "stderr.log").write_text("I tensorflow: oneDNN supports DT_HALF only on platforms with AVX-512. Falling "
+                                     "back to the default Eigen-based implementation if present.\n")
+    lines = speed.framework_log_lines(tmp_path, runs)
+    assert [(x.framework, x.precision, x.half) for x in lines] == [("tf", "fp16", "float16")]
+    said = finding_parts(runs, pd.DataFrame(), {**AVX512_BF16, "framework_logs": lines}).sentences
+    assert any(s.startswith("Keras (TF)'s fp16 cells logged: \"oneDNN supports DT_HALF") for s in said)
+
+
+def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
+    runs, epochs, steps = _cells(seeds=(0, 1, 2))
+    parts = finding_parts(runs, steps, {}, epochs)
+    acc = next(s for s in parts.sentences if "final validation accuracy" in s)
+    assert "bootstrap" not in acc and "predicted exactly as fp32 predicted it in each of 3 seeds" in acc
+    assert "exact 95% bound" in acc
+    table = pd.DataFrame({"test": [stats.NO_DIFFERENCE]})
+    assert "bootstrap" not in accuracy.section_paragraph(table)
+
+
+def test_accuracy_warnings_come_from_the_table_not_from_sentence_text():
+    runs, epochs, steps = _cells(fp32_acc=0.12, lost=20, curve=[0.1, 0.12])
+    parts = finding_parts(runs, steps, {}, epochs)
+    assert len(parts.accuracy_warnings) == 1 and parts.accuracy_warnings[0] in parts.sentences
+
+
+def test_lessons_carry_the_runs_evidence_for_or_against():
+    from amp_compare.harness.report.wording import RunFacts
+
+    facts = RunFacts(frameworks=["torch"], precisions=["fp32", "fp16", "bf16"], seeds=[0], device="cpu",
+                     rotated=False, halves={"float16", "bfloat16"})
+    table = pd.DataFrame({"precision": ["fp32", "fp16", "bf16"], "speedup_vs_fp32": [1.0, 0.12, 0.5]})
+    text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, AVX512_BF16, None)
+                if e.id == "gl-half-formats")
+    assert "Lesson: a half format makes training faster only where the hardware computes in it" in text
+    assert "float16 rows at 0.12× fp32's speed on a CPU whose flags list no float16 arithmetic" in text
+    assert "bfloat16 rows at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: against" in text
+    assert "This run measured no gradient against float16's range." in text
+    assert "need loss scaling" not in text
+
+
+def test_every_abbreviation_is_written_out_at_first_use_only():
+    page = "<nav>MFU</nav><p>MFU is high; MFU again. p = 0.5, 3 pp</p><table><tr><th>p50</th></tr></table>"
+    out, used = glossary.expand_first_use(page)
+    assert out.count("model FLOP/s utilisation") == 1 and out.startswith("<nav>MFU</nav><p>MFU (model FLOP/s")
+    assert used == ["MFU", "pp", "p"]  # p50 only in a table: not prose
+    md, used_md = glossary.expand_first_use("| p50 step (ms) |\n`MFU` and p50 here", markdown=True)
+    assert md.startswith("| p50 step (ms) |\n`MFU` and p50 (50th") and used_md == ["p50/p90/p99"]
