@@ -187,7 +187,7 @@ def check_unmutated(log: Path, order: list[str]) -> None:
 
 def collected_order(log: Path) -> list[str]:
     """Every test of the parity suite as pytest collects it, quick ones first (a new test or model runs too)."""
-    _, status = os.waitpid(start_child(ROOT, log, ("--collect-only", "-q", PARITY)), 0)
+    _, status = os.waitpid(start_child(ROOT, log, ("--collect-only", PARITY)), 0)
     lines = log.read_text(errors="replace").splitlines()
     collected = sorted({line.strip() for line in lines if line.startswith(PARITY + "::")}, key=quick_first)
     if os.waitstatus_to_exitcode(status) != 0 or not collected:

@@ -331,7 +331,7 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
 
 def performance_columns(cfg: RunConfig, dataset: Dataset, info: dict) -> dict:
     """FLOPs per image (kit/flops.py: one count for both frameworks); the throughput-based columns
-    (achieved FLOP/s, MFU) are derived in build_tables' caller from these and the headline throughput."""
+    (achieved FLOP/s, MFU) follow from these and the headline throughput in `derived_columns`."""
     from amp_compare.kit.flops import train_flops
 
     return {"flops_per_image": float(train_flops(cfg.model, dataset.input_shape, dataset.num_classes, cfg.width,

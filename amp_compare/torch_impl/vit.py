@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from amp_compare.contract import models as model_specs
+from amp_compare.contract.config import ATTENTIONS
 from amp_compare.kit.training import recording_paused
-
-ATTENTIONS = ("builtin", "naive")
 
 
 class Tokens(nn.Module):
