@@ -40,7 +40,6 @@ import numpy as np
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, RunConfig
 from amp_compare.keras_impl import backends
 from amp_compare.kit.child import Unavailable
-from amp_compare.kit.dataparallel import drop_empty_tables
 
 ENV_DUMP = "AMP_COMPARE_HLO_DUMP"  # harness/launch.py: where XLA dumps a keras-jax N-worker cell's compiled step
 HLO_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
@@ -310,6 +309,5 @@ def finish(cfg: RunConfig, result) -> None:
         info.update(recorder.readback if recorder and recorder.readback else
                     {"allreduce_dtype": "not recorded", "allreduce_readback": "no HLO dump read"})
     result.info.update(info)
-    result.extra["workers"] = recorder.rows if recorder else []
-    drop_empty_tables(result.extra)
+    result.workers = recorder.rows if recorder else []
 

@@ -87,7 +87,7 @@ class StepBook:
         """The vit's headroom maxima read at this epoch's end (the framework's vit.read_headroom: none for a
         CNN), tagged with the epoch, for the run's headroom table."""
         if rows:
-            self.result.extra.setdefault("headroom", []).extend({**row, "epoch": self.epoch} for row in rows)
+            self.result.headroom.extend({**row, "epoch": self.epoch} for row in rows)
 
     def end_epoch(self, step_times: list[float], train_time_s: float, eval_time_s: float, correct: int,
                   val_loss: float, val_accuracy: float) -> None:
@@ -120,15 +120,15 @@ def numerics_lab(cfg: RunConfig, numerics, model, first_batch: tuple, scale: flo
     scale in use, and in defaults mode with Adam the two Adam formulas' gap (numerics: the framework's module; an
     N-worker cell's measures nothing, kit/dataparallel.py)."""
     lab = numerics_for(cfg, numerics)
-    result.extra["dtypes"] = lab.dtype_audit(model, *first_batch, cfg.precision)
-    result.extra["underflow"] = underflow_rows(lab, model, first_batch, cfg.precision, scale, "first step", 0)
+    result.dtypes = lab.dtype_audit(model, *first_batch, cfg.precision)
+    result.underflow = underflow_rows(lab, model, first_batch, cfg.precision, scale, "first step", 0)
     if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
         result.info.update(lab.adam_formula_gap(model, *first_batch, cfg.precision, optimizer))
 
 
 def last_underflow(cfg: RunConfig, numerics, model, first_batch: tuple, scale: float, result: TrainResult) -> None:
     """The underflow rows of the first batch again, at the last step's weights and scale."""
-    result.extra["underflow"] += underflow_rows(numerics_for(cfg, numerics), model, first_batch, cfg.precision,
+    result.underflow += underflow_rows(numerics_for(cfg, numerics), model, first_batch, cfg.precision,
                                                 scale, "last step", len(result.step_loss) - 1)
 
 
