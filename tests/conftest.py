@@ -19,6 +19,16 @@ TINY_ARGS = ["--models", "simple_cnn", "--datasets", "synthetic", "--epochs", "2
              "--batch-size", "16", "--warmup-steps", "1", "--seeds", "0", "--run-id", "tiny", "--device", "cpu"]
 
 
+@pytest.fixture
+def test_models():
+    """The test-only models (tests/model_registry.py) registered while a test runs: a module that parametrises
+    over every model marks its tests with it."""
+    from tests.model_registry import registered
+
+    with registered():
+        yield
+
+
 def artifacts_dir() -> Path:
     """Where tests leave files for people to look at (screenshots, measured differences)."""
     path = Path(os.environ.get("AMP_COMPARE_ARTIFACTS", ROOT / "test-artifacts"))

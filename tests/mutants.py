@@ -2,10 +2,11 @@
 
 Each MUTANT is one deliberate single-line error on the path a compare run takes from a RunConfig to
 the models, optimizers, losses and loss scalers of both frameworks (contract/mapping.py, kit/weights.py,
-*_impl/train.py, *_impl/amp.py, keras_impl/optimizers.py). Each is applied to a temporary copy of the tree (never in
-place); tests/test_parity.py then runs on that copy and must fail. Prints caught / not caught per
-mutant and the percentage; exits 1 unless every mutant is caught (and 2 if a mutant's line is no
-longer in its file, so the list cannot silently go stale).
+*_impl/train.py, *_impl/amp.py, keras_impl/optimizers.py; and tests/model_registry.py's test-only twin). Each is
+applied to a temporary copy of the tree (never in place); tests/test_parity.py then runs on that copy and must
+fail. Prints caught / not caught per mutant and the percentage; exits 1 unless every mutant is caught (and 2
+if a mutant's line is no longer in its file, so the list cannot silently go stale). `--only TEXT` runs the
+mutants whose name or file contains TEXT.
 
 Speed: torch, tensorflow and keras are imported once here and each mutant runs in a forked child,
 so a mutant costs only its tests (pytest -x stops at the first failure). No project module is
@@ -14,6 +15,7 @@ imported before the fork: every child imports the mutated copy.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -25,17 +27,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PARITY = "tests/test_parity.py"
-# Every test of the parity suite, the quick ones first: pytest -x stops at the first failure and keeps
-# the command line's order, so most mutants cost seconds. Checked against the collected tests in main().
-ORDER = [f"{PARITY}::{test}" for test in (
-    "test_forward_inference_mode[simple_cnn]", "test_forward_training_mode[simple_cnn]",
-    "test_gradients_of_one_step[simple_cnn]", "test_training_steps_agree[simple_cnn-sgd]",
-    "test_training_steps_agree[simple_cnn-adam]", "test_loss_scaler_sequence[simple_cnn]",
-    "test_forward_inference_mode[vit]", "test_forward_training_mode[vit]", "test_gradients_of_one_step[vit]",
-    "test_forward_inference_mode[resnet18]", "test_forward_training_mode[resnet18]",
-    "test_gradients_of_one_step[resnet18]", "test_training_steps_agree[vit-adamw]", "test_loss_scaler_sequence[vit]",
-    "test_training_steps_agree[resnet18-sgd]",
-    "test_training_steps_agree[resnet18-adam]")]
+# The parity suite's tests run quick ones first: pytest -x stops at the first failure and keeps the command line's
+# order, so most mutants cost seconds. The tests are what pytest collects (every registered model, the test-only
+# ones of tests/model_registry.py among them), ordered by `quick_first`: the first model's tests, then every
+# model's forward and gradient tests, then the others' training; models in MODEL_ORDER, one registered later after.
+MODEL_ORDER = ("simple_cnn", "vit", "resnet18")
+TEST_ORDER = ("test_forward_inference_mode", "test_forward_training_mode", "test_gradients_of_one_step",
+              "test_training_steps_agree", "test_loss_scaler_sequence")
+
+
+def quick_first(test_id: str) -> tuple[int, int, int]:
+    """Sort key of a collected test id, tests/test_parity.py::<test>[<model>(-<optimizer>)]."""
+    test, _, param = test_id.partition("::")[2].partition("[")
+    model = param.rstrip("]").split("-")[0]
+    model_rank = MODEL_ORDER.index(model) if model in MODEL_ORDER else len(MODEL_ORDER)
+    test_rank = TEST_ORDER.index(test) if test in TEST_ORDER else len(TEST_ORDER)
+    return (int(model_rank > 0 and test_rank > 2), model_rank, test_rank)
+
+
 JOBS = 2  # mutants run two at a time (a 2-core machine)
 
 
@@ -116,6 +125,11 @@ MUTANTS = [
     Mutant("schedule advanced before each update instead of after it (torch)", "amp_compare/torch_impl/schedule.py",
            "optimizer.register_step_post_hook(lambda *_: scheduler.step())",
            "optimizer.register_step_pre_hook(lambda *_: scheduler.step())"),
+    # A model the suite was not written for (tests/model_registry.py, test-only): parametrised over the registry,
+    # the suite checks its twins as well.
+    Mutant("test-only mlp: hidden ReLU left out (its Keras twin)", "tests/model_registry.py",
+           'x = layers.ReLU(name="act")(layers.Dense(HIDDEN, name="hidden")(x))',
+           'x = layers.Activation("linear", name="act")(layers.Dense(HIDDEN, name="hidden")(x))'),
 ]
 
 
@@ -139,7 +153,7 @@ def make_copy(dest: Path, files: list[str], mutant: Mutant) -> None:
     path.write_text(text.replace(mutant.old, mutant.new))
 
 
-def start_child(tree: Path, log: Path, args: tuple[str, ...] = ("-x", *ORDER)) -> int:
+def start_child(tree: Path, log: Path, args: tuple[str, ...]) -> int:
     """Fork a child that runs pytest on the (mutated) tree; returns its pid (exit status 0: tests passed)."""
     pid = os.fork()
     if pid == 0:  # child: only the mutated copy is importable as the project
@@ -161,9 +175,9 @@ def start_child(tree: Path, log: Path, args: tuple[str, ...] = ("-x", *ORDER)) -
     return pid
 
 
-def check_unmutated(log: Path) -> None:
+def check_unmutated(log: Path, order: list[str]) -> None:
     """The parity suite must pass on the tree as it is: otherwise every mutant would look "caught"."""
-    _, status = os.waitpid(start_child(ROOT, log, ORDER), 0)
+    _, status = os.waitpid(start_child(ROOT, log, tuple(order)), 0)
     if os.waitstatus_to_exitcode(status) != 0:
         failed = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("FAILED ")]
         print(f"the parity suite fails without any mutation ({'; '.join(failed) or 'see ' + str(log)}): "
@@ -171,18 +185,31 @@ def check_unmutated(log: Path) -> None:
         sys.exit(2)
 
 
-def check_order(log: Path) -> None:
-    """ORDER must name every test of the parity suite (a new test would otherwise never run here)."""
+def collected_order(log: Path) -> list[str]:
+    """Every test of the parity suite as pytest collects it, quick ones first (a new test or model runs too)."""
     _, status = os.waitpid(start_child(ROOT, log, ("--collect-only", PARITY)), 0)
     lines = log.read_text(errors="replace").splitlines()
-    collected = {line.strip() for line in lines if line.startswith(PARITY + "::")}
-    if os.waitstatus_to_exitcode(status) != 0 or collected != set(ORDER):
-        print(f"tests/mutants.py ORDER is stale: missing {sorted(collected - set(ORDER))}, "
-              f"unknown {sorted(set(ORDER) - collected)}", file=sys.stderr)
+    collected = sorted({line.strip() for line in lines if line.startswith(PARITY + "::")}, key=quick_first)
+    if os.waitstatus_to_exitcode(status) != 0 or not collected:
+        print(f"could not collect {PARITY} (see {log})", file=sys.stderr)
         sys.exit(2)
+    return collected
 
 
-def main() -> int:
+def selected(argv: list[str] | None) -> list[Mutant]:
+    parser = argparse.ArgumentParser(description="Run the parity suite on mutated copies of the tree; every mutant "
+                                                 "must make it fail.")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="only the mutants whose name or file contains TEXT (repeatable; default: all)")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or any(t in m.name or t in m.path for t in args.only)]
+    if not chosen:
+        parser.error(f"no mutant matches {args.only} (names: {'; '.join(m.name for m in MUTANTS)})")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    mutants = selected(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras  # noqa: F401  (imported once, before the forks)
     import tensorflow  # noqa: F401
@@ -190,19 +217,20 @@ def main() -> int:
 
     files = tracked_files()
     start, results = time.perf_counter(), {}
-    print(f"{len(MUTANTS)} mutants, each running {PARITY} (-x, quick tests first) on a mutated copy of the tree, "
+    print(f"{len(mutants)} mutants, each running {PARITY} (-x, quick tests first) on a mutated copy of the tree, "
           f"{JOBS} at a time", flush=True)
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
-        check_order(Path(tmp) / "collect.log")
-        check_unmutated(Path(tmp) / "unmutated.log")
+        order = collected_order(Path(tmp) / "collect.log")
+        check_unmutated(Path(tmp) / "unmutated.log", order)
         print(f"  unmutated tree: the parity suite passes ({time.perf_counter() - start:.0f} s)", flush=True)
-        pending, running = list(enumerate(MUTANTS)), {}
+        pending, running = list(enumerate(mutants)), {}
         while pending or running:
             while pending and len(running) < JOBS:
                 i, mutant = pending.pop(0)
                 tree = Path(tmp) / f"m{i}"
                 make_copy(tree, files, mutant)
-                running[start_child(tree, Path(tmp) / f"m{i}.log")] = (i, mutant, time.perf_counter())
+                running[start_child(tree, Path(tmp) / f"m{i}.log", ("-x", *order))] = (i, mutant,
+                                                                                       time.perf_counter())
             pid, status = os.wait()
             i, mutant, t0 = running.pop(pid)
             code = os.waitstatus_to_exitcode(status)
@@ -216,9 +244,9 @@ def main() -> int:
             print(f"  {verdict:<11} {mutant.name}  [{mutant.path}; {time.perf_counter() - t0:.0f} s; "
                   f"{tail[0] if tail else ''}]", flush=True)
     caught = sum(results.values())
-    share = 100.0 * caught / len(MUTANTS)
-    print(f"{caught}/{len(MUTANTS)} caught ({share:.0f}%) in {time.perf_counter() - start:.0f} s")
-    return 0 if caught == len(MUTANTS) else 1
+    share = 100.0 * caught / len(mutants)
+    print(f"{caught}/{len(mutants)} caught ({share:.0f}%) in {time.perf_counter() - start:.0f} s")
+    return 0 if caught == len(mutants) else 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amp_compare.contract.config import DATASETS, FRAMEWORKS, MODELS, PRECISIONS, ConfigError, RunConfig
+from tests import model_registry
 
 
 def test_defaults_are_valid_and_round_trip_through_json():
@@ -96,7 +97,8 @@ def test_every_option_is_declared_once_with_help():
     assert {"epochs", "seeds", "timeout", "fp32_layers", "loss_scale"} <= set(options)
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.usefixtures("test_models")
+@pytest.mark.parametrize("model", model_registry.names())  # every model, the test-only MLP among them
 def test_layer_names_are_those_both_real_models_have(model):
     """--fp32-layers is checked in the parent against model_layer_names; it must be exactly the
     block names both frameworks' models share (torch module names, Keras' canonical layer names)."""

@@ -253,6 +253,18 @@ def test_an_out_of_memory_error_wrapped_by_the_compiler_is_still_out_of_memory()
     assert not is_out_of_memory(RuntimeError("expected scalar type Half"))
 
 
+def test_keras_on_torch_recognises_the_cpu_allocators_error_as_torch_does():
+    """Keras on torch meets torch's allocators: the CPU one's plain RuntimeError is out of memory there too."""
+    pytest.importorskip("torch")
+    code = ("from amp_compare.keras_impl.probe import is_out_of_memory\n"
+            "assert is_out_of_memory(RuntimeError(\"[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: "
+            "can't allocate memory: you tried to allocate 8589934592 bytes.\"))\n"
+            "assert not is_out_of_memory(RuntimeError('expected scalar type Half'))\n")
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_the_jax_gpu_cap_is_set_before_jax_starts(tmp_path):
     """JAX reads XLA_PYTHON_CLIENT_MEM_FRACTION once, when its backend starts: limit_gpu must learn the device's
     memory without starting it (a stand-in nvidia-smi reports an 80 GiB GPU here)."""

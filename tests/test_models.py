@@ -4,10 +4,15 @@ import numpy as np
 import pytest
 
 from amp_compare.kit import weights as cw
+from tests import model_registry
+
+pytestmark = pytest.mark.usefixtures("test_models")  # every registered model, the test-only MLP among them
 
 SIMPLE_CNN = [("conv1", 320), ("conv2", 18496), ("fc", 10250)]
 VIT = {"dim": 16, "depth": 2, "heads": 2, "patch": 4, "mlp_ratio": 2}
-CASES = {"simple_cnn": ((16, 16, 1), {}), "resnet18": ((16, 16, 3), {"width": 4}), "vit": ((16, 16, 1), {"vit": VIT})}
+SIZES = {"vit": {"vit": VIT}}  # a vit of 2 narrow blocks; the others at their spec's example size
+CASES = {name: (model_registry.example_shape(name), SIZES.get(name, model_registry.example_build(name)))
+         for name in model_registry.names()}
 RESNET18_CIFAR_PARAMS = 11_173_962  # the usual count for CIFAR ResNet-18: width 64, 10 classes
 VIT_LAYERS = 14
 RESNET18_LAYERS = 41  # stem conv + BN, 8 blocks x (2 conv + 2 BN), 3 projection shortcuts x (conv + BN), fc
@@ -77,7 +82,7 @@ def test_parameter_counts_match_layer_by_layer(name):
     elif name == "vit":  # patch, embed, 2 x (ln1, attn, ln2, fc1, fc2), norm, fc
         assert len(torch_layers(torch_model)) == VIT_LAYERS
         assert dict((n, t) for n, t, _ in torch_layers(torch_model))["blocks_0_attn"] == 4 * (16 * 16 + 16)
-    else:
+    elif name == "resnet18":
         assert len(torch_layers(torch_model)) == RESNET18_LAYERS
 
 
@@ -203,7 +208,7 @@ def test_keras_logits_are_float32_under_mixed_policy():
     try:
         for name, (shape, kwargs) in CASES.items():
             model = build_model(name, shape, 10, **kwargs)
-            assert model.get_layer("patch" if name == "vit" else "conv1").compute_dtype == "float16"
+            assert model.get_layer(model_registry.spec(name).blocks[0]).compute_dtype == "float16"
             assert model.get_layer("fc").compute_dtype == "float32"
             assert model.output.dtype == "float32"
     finally:

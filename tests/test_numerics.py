@@ -23,9 +23,14 @@ from amp_compare.keras_impl.loop import AmpModel  # noqa: E402
 from amp_compare.kit.fp16 import underflow_summary  # noqa: E402
 from amp_compare.torch_impl import models as pm  # noqa: E402
 from amp_compare.torch_impl import numerics as tn  # noqa: E402
+from tests import model_registry  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = {"simple_cnn": (16, 16, 1), "resnet18": (16, 16, 3)}
+# Every registered model (tests/model_registry.py: the test-only MLP among them) on its example's image shape:
+# simple_cnn (16, 16, 1), resnet18 (16, 16, 3). The vit's audit and underflow rows have their own tests (below).
+pytestmark = pytest.mark.usefixtures("test_models")
+MODELS = [name for name in model_registry.names() if "vit" not in model_registry.spec(name).hooks]
+SHAPES = {name: model_registry.example_shape(name) for name in MODELS}
 WIDTH, BATCH, CLASSES = 4, 8, 10
 HALF = {"fp16": "float16", "bf16": "bfloat16"}
 
@@ -270,7 +275,7 @@ def test_gradient_stats_round_like_float16():
     assert kn.gradient_stats("fc", "weight", g, 2.0) == row
 
 
-@pytest.mark.parametrize("name", ["simple_cnn", "resnet18"])
+@pytest.mark.parametrize("name", MODELS)
 def test_underflow_fractions_are_consistent(name):
     for scale in (2.0**15, 1.0):
         for rows in underflow_both(name, "fp16", scale):
@@ -432,8 +437,11 @@ def _audit_both(cfg, input_shape, x, y, precision):
     return keys, rows, dtype_side_by_side(rows)[precision]
 
 
+FIRST_OP = {"mlp": "addmm"}  # the op of each model's first layer that autocast runs in the half dtype
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("name", ["simple_cnn", "resnet18"])
+@pytest.mark.parametrize("name", MODELS)
 def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     """Built as an aligned compare builds them (make_model), both audits list the same (layer, phase)
     rows and every row computes in the same dtypes: the classifier and the loss included."""
@@ -457,7 +465,7 @@ def test_aligned_dtype_audits_agree_layer_by_layer(name, precision):
     assert facts["torch_fc"] == facts["keras_fc"] == HALF[precision]
     assert facts["torch_loss"] == facts["keras_loss"] == "float32"
     assert {"_log_softmax", "nll_loss_forward"} <= set(facts["torch_float32_ops"])
-    assert "convolution" in facts["torch_half_ops"]
+    assert FIRST_OP.get(name, "convolution") in facts["torch_half_ops"]
     # CPU autocast: softmax-free, but BatchNorm's normalised output stays half (not on a float32 list)
     assert "native_batch_norm" not in facts["torch_float32_ops"]
 

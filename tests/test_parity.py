@@ -33,8 +33,9 @@ import numpy as np
 import pytest
 
 from amp_compare.contract.config import KERAS_BACKENDS, RunConfig
-from amp_compare.kit.data import epoch_batches, load_digits, load_synthetic
-from tests import tolerances
+from amp_compare.kit.data import LOADERS as DATA_LOADERS
+from amp_compare.kit.data import epoch_batches
+from tests import model_registry, tolerances
 from tests.conftest import artifacts_dir
 
 keras = pytest.importorskip("keras")
@@ -55,8 +56,11 @@ WIDTH = 8  # a narrow resnet18: the same graph as width 64, a fraction of the co
 # would be 1.7e-8 off in float64. lr_warmup 0.3: 3 of the 10 steps warm up, so the steps cover both halves of
 # the warm-up + cosine schedule (vit's default). weight_decay 2**-4: a usual value rounded to a power of two, as LR.
 VIT = {"vit_dim": 16, "vit_depth": 1, "vit_heads": 4, "vit_patch": 4, "lr_warmup": 0.3, "weight_decay": 2.0**-4}
-LOADERS = {"simple_cnn": load_digits, "resnet18": load_synthetic, "vit": load_digits}  # (16, 16, 1), (16, 16, 3)
-DATASET_NAMES = {"simple_cnn": "digits", "resnet18": "synthetic", "vit": "digits"}
+# Every registered model (tests/model_registry.py: the test-only MLP among them), on its spec's example dataset:
+# digits (16, 16, 1) or synthetic (16, 16, 3).
+pytestmark = pytest.mark.usefixtures("test_models")
+DATASET_NAMES = {name: model_registry.spec(name).example.dataset for name in model_registry.names()}
+LOADERS = {name: DATA_LOADERS[dataset] for name, dataset in DATASET_NAMES.items()}
 # A usual SGD rate (weights move by up to ~1 in 10 steps) and Adam's default, each rounded to a power of
 # two: Keras holds the learning rate in a float32 variable whatever the policy, so 0.05 would be
 # 0.05 * (1 + 1.5e-8) in Keras and 0.05 in float64 torch, a 1e-9 step difference that is no mismatch.
@@ -104,7 +108,8 @@ def restore_keras_dtypes():
 
 @pytest.fixture(scope="module")
 def datasets():
-    return {name: loader() for name, loader in LOADERS.items()}
+    loaded = {dataset: DATA_LOADERS[dataset]() for dataset in set(DATASET_NAMES.values())}  # each once
+    return {name: loaded[dataset] for name, dataset in DATASET_NAMES.items()}
 
 
 def config(framework: str, name: str, optimizer: str = "sgd", **overrides) -> RunConfig:
@@ -273,10 +278,12 @@ def test_gradients_of_one_step(name, datasets, parity_record):
     assert_within(measured, "gradients")
 
 
-# (model, optimizer), the fast ones first: pytest -x (tests/mutants.py) stops sooner. The vit trains with its own
+# (model, optimizer); tests/mutants.py puts the fast ones first (pytest -x stops sooner). The vit trains with its own
 # recipe, AdamW (decoupled weight decay) under the warm-up + cosine schedule, both frameworks' own implementations.
-TRAINING_CASES = [("simple_cnn", "sgd"), ("simple_cnn", "adam"), ("vit", "adamw"), ("resnet18", "sgd"),
-                  ("resnet18", "adam")]
+# Each model with its recipe's optimizer; one trained with Adam is also trained with SGD (momentum).
+TRAINING_CASES = [(name, optimizer) for name in DATASET_NAMES
+                  for optimizer in (("sgd", "adam") if model_registry.spec(name).recipe["optimizer"] == "adam"
+                                     else (model_registry.spec(name).recipe["optimizer"],))]
 # fp16 dynamic loss scaling from a scale that overflows: per model, measured on its data (test_loss_scaler_sequence)
 SCALER_START = {"simple_cnn": 2.0**19, "vit": 2.0**19}
 

@@ -15,6 +15,7 @@ from amp_compare.harness.run.cli import build_parser, compare_settings
 from amp_compare.harness.run.compare import plan_compare
 from amp_compare.kit import ceiling, flops
 from amp_compare.kit.child import step_time_summary
+from tests import model_registry
 from tests.conftest import ROOT
 
 torch = pytest.importorskip("torch")
@@ -22,7 +23,15 @@ torch = pytest.importorskip("torch")
 SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
 
-@pytest.mark.parametrize("model, shape, width", [("simple_cnn", (8, 8, 1), 64), ("resnet18", (32, 32, 3), 8)])
+# The CNNs at chosen sizes, and every other model without the vit's hook (tests/model_registry.py's test-only MLP)
+# at its example's (the vit has its own test below: its attention needs the math backend)
+FLOP_CASES = [("simple_cnn", (8, 8, 1), 64), ("resnet18", (32, 32, 3), 8),
+              *[(name, model_registry.example_shape(name), 64) for name in model_registry.names()
+                if name not in ("simple_cnn", "resnet18") and "vit" not in model_registry.spec(name).hooks]]
+
+
+@pytest.mark.usefixtures("test_models")
+@pytest.mark.parametrize("model, shape, width", FLOP_CASES)
 def test_flops_from_shared_shapes_match_torch_flop_counter(model, shape, width):
     from torch.utils.flop_counter import FlopCounterMode
 

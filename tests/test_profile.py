@@ -67,10 +67,10 @@ def test_torch_window_writes_a_trace_and_tables_outside_the_timed_steps(tmp_path
     assert (tmp_path / "profile" / "trace.json").stat().st_size > 0
     assert result.step_time_s == [] and result.info["profile_steps"] == kit.WINDOW_STEPS  # no timed step added
     assert result.info["profile_overhead"] > 0 and 0 <= result.info["profile_cast_share"] < 1
-    ops = pd.DataFrame(result.extra["profile_ops"])
+    ops = pd.DataFrame(result.profile_ops)
     conv = ops[ops["op"] == "aten::mkldnn_convolution"].iloc[0]
     assert "BFloat16" in conv["dtypes"] and conv["library"].startswith("oneDNN")
-    assert any(p["kind"] == "convolution" and p["executions"] for p in result.extra["profile_primitives"])
+    assert any(p["kind"] == "convolution" and p["executions"] for p in result.profile_primitives)
 
 
 def _tables(profiled: bool) -> dict:

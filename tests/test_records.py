@@ -58,6 +58,39 @@ def test_missing_columns_are_refused(tmp_path):
     assert not (tmp_path / "run.parquet").exists()
 
 
+def test_a_mistyped_column_is_named_where_read_and_where_written(tmp_path):
+    """A record whose column holds another kind than its declaration (contract/tables.py) is refused on reading,
+    naming table and column; the child's own tables are checked, undeclared columns included, before writing."""
+    from amp_compare.contract.tables import TableError
+
+    cfg = RunConfig(dataset="synthetic")
+    tables = build_tables("r1", cfg, _result(), load_dataset("synthetic"), 1.0)
+    records.write_cell(tmp_path / "cells" / cfg.cell_id, tables)
+    steps = tables["steps"].assign(loss=["high"] * len(tables["steps"]))
+    records.atomic_write_table(tmp_path / "cells" / cfg.cell_id / "steps.parquet", steps)
+    warnings = []
+    assert records.read_run(tmp_path, warn=warnings.append)["run"].empty
+    assert "steps table: column 'loss' holds" in warnings[0] and "expected float (nats)" in warnings[0], warnings
+    result = _result()
+    result.underflow = [{"layer": "fc", "param": "weight", "when": "first step", "flush_fraction_unscaled": 0.0,
+                         "flush_fraction_scaled": 0.0, "flush_fraction": 0.0}]
+    with pytest.raises(TableError, match="underflow table: column 'flush_fraction' is not declared"):
+        build_tables("r1", cfg, result, load_dataset("synthetic"), 1.0)
+
+
+def test_train_results_report_only_declared_columns_of_their_kind():
+    from amp_compare.contract.tables import TableError
+
+    result = _result()
+    result.info["torch_threads"] = 2
+    with pytest.raises(TableError, match="'torch_thread' is not a declared reported column"):
+        result.info["torch_thread"] = 2
+    with pytest.raises(TableError, match="'torch_threads' = 'two' is not int"):
+        result.info.update(torch_threads="two")
+    with pytest.raises(TableError, match="'device_name'"):
+        TrainResult(info={"device_name": 3})
+
+
 def test_atomic_write_leaves_no_temporary_files(tmp_path):
     atomic_write_text(tmp_path / "a.txt", "hello")
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]

@@ -72,7 +72,7 @@ def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, dat
     assert broken.nonfinite["value"] in ("inf", "nan")
     assert not np.isfinite(broken.step_loss[broken.nonfinite["step"]]) and broken.step_skipped[broken.nonfinite["step"]]
     # the headroom record saw why: the largest logit past float16's exp limit, the true value (recorded in float32)
-    logits = [r["max_abs"] for r in broken.extra["headroom"] if r["quantity"] == "attention_logit"]
+    logits = [r["max_abs"] for r in broken.headroom if r["quantity"] == "attention_logit"]
     assert logits and np.log(65504) < max(logits) < 88, logits
 
     fixed, fixed_cfg = train(framework, "fp16", data, init_file, fp32_layers=(broken.nonfinite["layer"],))

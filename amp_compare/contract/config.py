@@ -14,12 +14,14 @@ import json
 import os
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
 
+from amp_compare.contract import models as model_specs
 from amp_compare.contract import precision as precisions
 
 # Frameworks: native PyTorch, and the same Keras model code on each of Keras 3's backends ("tf" is Keras on
@@ -37,11 +39,9 @@ KERAS_BACKENDS = {"tf": "tensorflow", "keras-jax": "jax", "keras-torch": "torch"
 #   fp16-static: mixed float16 with a fixed scale (--loss-scale), no growth or backoff.
 PRECISIONS = precisions.NAMES  # contract/precision.py describes each
 DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
-# Blocks --fp32-layers may name (a dotted sub-block such as layer1.0 is allowed too).
-MODEL_BLOCKS = {"simple_cnn": ("conv1", "conv2", "fc"),
-                "resnet18": ("conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc"),
-                "vit": ("patch", "embed", "blocks", "norm", "fc")}
-MODELS = ("simple_cnn", "resnet18", "vit")
+# The models, one declaration each (contract/models.py): these views follow its registry.
+MODELS = model_specs.Names()
+MODEL_BLOCKS = model_specs.Field("blocks")  # blocks --fp32-layers may name (a dotted sub-block such as layer1.0 too)
 DATASETS = ("digits", "synthetic", "synthetic_cifar", "cifar10", "cifar100")
 # Each dataset's square image side in pixels (kit/data.py makes them; tests/test_profile_inputs.py checks the two
 # agree): the vit's patch must divide it, as ViT implementations require.
@@ -49,14 +49,9 @@ IMAGE_SIZES = {"digits": 16, "synthetic": 16, "synthetic_cifar": 32, "cifar10": 
 DEVICES = ("cpu", "cuda")
 OPTIMIZERS = ("auto", "adam", "adamw", "sgd")
 LR_SCHEDULES = ("auto", "constant", "warmup-cosine")
-# What "auto" means per model: the recipe each model trains well with. The CNNs keep the project's Adam at a
-# constant rate; the ViT trains as transformers do, AdamW with decoupled weight decay and a linear warm-up
-# into a cosine decay (kit/schedule.py; both frameworks run the same step-indexed schedule).
-# The vit's peak rate: 3e-3 reaches 93.6-95.3% validation accuracy on digits in 12 epochs (fp32, seeds 0-2;
-# 1e-3: 89.4% at seed 0), measured with torch_impl/train.py on this project's 2-core CPU.
-MODEL_RECIPES = {"simple_cnn": {"optimizer": "adam", "lr_schedule": "constant", "lr": 1e-3},
-                 "resnet18": {"optimizer": "adam", "lr_schedule": "constant", "lr": 1e-3},
-                 "vit": {"optimizer": "adamw", "lr_schedule": "warmup-cosine", "lr": 3e-3}}
+# What "auto" means per model: the recipe each model trains well with (its spec's, contract/models.py). The CNNs
+# keep the project's Adam at a constant rate; the ViT trains as transformers do (AdamW, warm-up + cosine).
+MODEL_RECIPES = model_specs.Field("recipe")
 # builtin: each framework's own attention (torch F.scaled_dot_product_attention, Keras MultiHeadAttention);
 # naive: a handwritten softmax(Q·Kᵀ) in the compute dtype, no max subtraction, no 1/sqrt(d) (the numerics lesson)
 ATTENTIONS = ("builtin", "naive")
@@ -124,7 +119,7 @@ _UNSET = object()
 @dataclass(frozen=True)
 class OptionSpec:
     help: str
-    choices: tuple | None = None  # valid values (of each item, for a list option)
+    choices: Sequence | None = None  # valid values (of each item, for a list option); MODELS: a live view
     gt: float | None = None
     ge: float | None = None
     lt: float | None = None
@@ -250,7 +245,7 @@ def _annotation(d: Declared) -> Any:
     s = d.spec
     item: Any = d.item
     if s.choices:
-        item = Literal[s.choices]  # type: ignore[valid-type]
+        item = Literal[tuple(s.choices)]  # type: ignore[valid-type]  (a live view, such as MODELS, as it is now)
     elif item is int:
         item = Annotated[int, pydantic.Field(gt=s.gt, lt=s.lt, ge=s.ge if s.ge is not None else (
             None if s.gt is not None else -INT64_MAX - 1), le=s.le if s.le is not None else (
@@ -262,12 +257,13 @@ def _annotation(d: Declared) -> Any:
     return item | None if d.optional else item
 
 
-_VALIDATORS: dict[tuple[str, ...], type[pydantic.BaseModel]] = {}
+_VALIDATORS: dict[tuple, type[pydantic.BaseModel]] = {}
 
 
 def _validator(options: dict[str, Declared]) -> type[pydantic.BaseModel]:
-    """A strict pydantic model of these options (made once per set of options)."""
-    key = tuple(options)
+    """A strict pydantic model of these options (made once per set of options and of their choices: a model
+    registered later, contract/models.py, is a new choice)."""
+    key = tuple((name, tuple(d.spec.choices or ())) for name, d in options.items())
     if key not in _VALIDATORS:
         fields: dict[str, Any] = {d.name: (_annotation(d), ...) for d in options.values()}
         _VALIDATORS[key] = pydantic.create_model(
@@ -332,26 +328,10 @@ def validate_options(options: dict[str, Declared], values: dict[str, Any]) -> di
 
 def model_layer_names(model: str, depth: int = 2) -> tuple[str, ...]:
     """Every block and sub-block --fp32-layers may name in `model`: the names both frameworks give
-    the same module (torch's module names; Keras' layer names canonicalised). tests/test_config.py
-    checks this list against both real models. depth: the vit's number of blocks."""
-    if model == "vit":
-        names = ["patch", "embed", "blocks"]
-        for block in range(depth):
-            prefix = f"blocks.{block}"
-            names += [prefix, *(f"{prefix}.{part}" for part in ("ln1", "attn", "res1", "ln2", "mlp", "mlp.fc1",
-                                                                 "mlp.act", "mlp.fc2", "res2"))]
-        return (*names, "norm", "pool", "fc")
-    if model == "simple_cnn":
-        return ("conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "flatten", "fc")
-    names = ["conv1", "bn1", "relu"]
-    for stage in range(1, 5):
-        names.append(f"layer{stage}")
-        for block in range(2):
-            prefix = f"layer{stage}.{block}"
-            names += [prefix, *(f"{prefix}.{part}" for part in ("conv1", "bn1", "conv2", "bn2", "relu1", "relu2"))]
-            if stage > 1 and block == 0:
-                names += [f"{prefix}.downsample", f"{prefix}.downsample.0", f"{prefix}.downsample.1"]
-    return (*names, "avgpool", "fc")
+    the same module (torch's module names; Keras' layer names canonicalised), from its spec
+    (contract/models.py). tests/test_config.py checks this list against both real models. depth: the vit's
+    number of blocks."""
+    return model_specs.spec(model).layer_names({"vit": {**model_specs.VIT_SIZE, "depth": depth}})
 
 
 @dataclass(frozen=True)
@@ -472,11 +452,11 @@ class RunConfig:
                               "(each head gets vit_dim / vit_heads features)")
         if self.model == "vit":
             check_vit_patch(self.vit_patch, self.dataset)
-        valid = model_layer_names(self.model, self.vit_depth)
+        valid = model_specs.spec(self.model).layer_names(self.model_size)
         for name in self.fp32_layers:
             if name not in valid:
-                sub = {"resnet18": ", or a sub-block such as layer1.0.conv1",
-                       "vit": ", or a sub-block such as blocks.0.attn"}.get(self.model, "")
+                example = model_specs.spec(self.model).sub_block
+                sub = f", or a sub-block such as {example}" if example else ""
                 raise ConfigError(f"unknown layer {name!r} for --fp32-layers of {self.model} "
                                   f"(valid: {', '.join(MODEL_BLOCKS[self.model])}{sub})")
 
@@ -493,6 +473,11 @@ class RunConfig:
         """The ViT's size as both models.py build_model and kit/flops.py take it."""
         return {"dim": self.vit_dim, "depth": self.vit_depth, "heads": self.vit_heads, "patch": self.vit_patch,
                 "mlp_ratio": self.vit_mlp_ratio}
+
+    @property
+    def model_size(self) -> dict:
+        """The size options every model spec reads its part of (contract/models.py): width, the vit's shape."""
+        return {"width": self.width, "vit": self.vit_shape}
 
     @property
     def precision_spec(self) -> precisions.Precision:

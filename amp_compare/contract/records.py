@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from amp_compare.contract import tables as declared_tables
 from amp_compare.contract.atomic import atomic_write_bytes
 
 SCHEMA_VERSION = 1
@@ -30,20 +31,11 @@ TABLES = ("run", "epochs", "steps")
 # the numerics lab's rows, where a cell wrote them; workers: a data-parallel cell's per-worker values per step;
 # headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ)
 OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom", "profile_ops", "profile_primitives")
-IDENTITY = ["run_id", "cell_id", "framework", "model", "dataset", "precision", "seed"]
+IDENTITY = list(declared_tables.IDENTITY)
 
-# Columns every table must have (beyond IDENTITY); readers rely on these.
-REQUIRED = {
-    "run": ["schema_version", "status", "error"],
-    "epochs": ["epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "train_time_s", "eval_time_s"],
-    "steps": ["epoch", "step", "loss", "loss_scale", "skipped", "step_time_s"],
-    "dtypes": ["layer", "op", "phase", "compute_dtype", "param_dtype"],
-    "underflow": ["layer", "param", "when", "flush_fraction_unscaled", "flush_fraction_scaled"],
-    "workers": ["worker", "step", "loss_scale", "skipped"],
-    "headroom": ["epoch", "layer", "quantity", "max_abs"],
-    "profile_ops": ["rank", "op", "calls", "self_time_s", "share", "dtypes", "library", "cast"],  # kit/profile.py
-    "profile_primitives": ["kind", "prop_kind", "impl", "dtype", "path", "executions", "exec_time_s", "created"],
-}
+# Columns every table must have (beyond IDENTITY); readers rely on these. Every column, with its kind and unit, is
+# declared in contract/tables.py.
+REQUIRED = declared_tables.REQUIRED
 
 
 def atomic_write_table(path: Path, df: pd.DataFrame) -> None:
@@ -72,9 +64,9 @@ def migrate(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def validate_table(name: str, df: pd.DataFrame) -> None:
-    missing = [c for c in IDENTITY + REQUIRED[name] if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name} table lacks column(s): {', '.join(missing)}")
+    """The table against its declaration (contract/tables.py): required columns present, each declared column of
+    its kind; a TableError (a ValueError) names the table and the column."""
+    declared_tables.check(name, df)
 
 
 def write_cell(cell_dir: Path, tables: dict[str, pd.DataFrame]) -> None:

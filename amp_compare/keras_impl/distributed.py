@@ -30,7 +30,9 @@ import inspect
 import os
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -38,12 +40,24 @@ import numpy as np
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, RunConfig
 from amp_compare.keras_impl import backends
 from amp_compare.kit.child import Unavailable
-from amp_compare.kit.dataparallel import drop_empty_tables
 
 ENV_DUMP = "AMP_COMPARE_HLO_DUMP"  # harness/run/launch.py: where XLA dumps a keras-jax N-worker cell's compiled step
 HLO_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 
-_state: dict = {"strategy": None, "allreduce_dtypes": set()}
+
+
+@dataclass
+class Engine:
+    """This process's data-parallel state, an object as torch's Worker is (a Keras cell is one process: the
+    module's functions, called from inside fit()'s step and the optimizer, share this one instance)."""
+
+    strategy: Any = None  # TensorFlow's MirroredStrategy of an N-worker cell
+    allreduce_dtypes: set[str] = field(default_factory=set)  # gradient dtypes handed to the all-reduce (traced)
+    local_finite: dict[int, Any] = field(default_factory=dict)  # per replica context: its own gradients finite
+    recorder: Any = None  # the WorkerRecorder of an N-worker cell
+
+
+_engine = Engine()
 
 
 def unavailable_reason(cfg: RunConfig) -> str | None:
@@ -116,8 +130,8 @@ def scope(cfg: RunConfig):
     if backends.TENSORFLOW:
         import tensorflow as tf
 
-        _state["strategy"] = tf.distribute.MirroredStrategy(devices(cfg))
-        return _state["strategy"].scope()
+        _engine.strategy = tf.distribute.MirroredStrategy(devices(cfg))
+        return _engine.strategy.scope()
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices(cfg)))
     return contextlib.nullcontext()
 
@@ -126,7 +140,7 @@ def compiled(cfg: RunConfig, model, data) -> None:
     """After model.compile, TensorFlow N-worker cells only: the compiled loss and metrics built on an image batch's
     shapes (under a strategy fit() builds them from its first batch, and ours are indices that the step gathers
     images with), and the optimizer's all-reduce observed (`record_allreduce`)."""
-    if not backends.TENSORFLOW or _state["strategy"] is None:
+    if not backends.TENSORFLOW or _engine.strategy is None:
         return
     model._symbolic_build(data_batch=(data.x_train[:cfg.batch_size], data.y_train[:cfg.batch_size]))
     record_allreduce(model.optimizer)
@@ -142,7 +156,7 @@ def record_allreduce(optimizer) -> None:
 
     def recording_all_reduce(grads_and_vars):
         grads_and_vars = list(grads_and_vars)
-        _state["allreduce_dtypes"] |= {g.dtype.name for g, _ in grads_and_vars if g is not None}
+        _engine.allreduce_dtypes |= {g.dtype.name for g, _ in grads_and_vars if g is not None}
         return all_reduce(grads_and_vars)
 
     inner._all_reduce_sum_gradients = recording_all_reduce
@@ -152,7 +166,7 @@ def record_allreduce(optimizer) -> None:
         # before the all-reduce: what this replica computed on its own slice of the batch. Per replica context:
         # MirroredStrategy traces the replicas in threads that interleave at the optimizer's merge_call.
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None])
-        _state[("local_finite", id(tf.distribute.get_replica_context()))] = finite
+        _engine.local_finite[id(tf.distribute.get_replica_context())] = finite
         return apply(grads, trainable_variables)
 
     optimizer.apply = apply_noting_local_finite
@@ -162,7 +176,7 @@ def replica_step(record, correct) -> tuple[tuple, dict]:
     """A step's (loss, scale, skipped, correct) for fit()'s logs, and every worker's own values beside them
     (loop.AmpModel.step_values calls this inside the step; a 1-worker cell: as they are, none beside)."""
     values = (record.loss, record.scale, record.skipped, correct)
-    if backends.TENSORFLOW and _state["strategy"] is not None:
+    if backends.TENSORFLOW and _engine.strategy is not None:
         return replica_values(record, correct)
     if backends.JAX and keras.distribution.distribution() is not None:
         return values, device_values(record.scale, record.skipped)
@@ -183,7 +197,7 @@ def replica_values(record, correct) -> tuple[tuple, dict]:
     def gather(value):
         return ctx.all_gather(tf.reshape(tf.cast(value, tf.float32), [1]), axis=0)
 
-    local_nonfinite = tf.logical_not(_state.get(("local_finite", id(ctx)), tf.constant(True)))
+    local_nonfinite = tf.logical_not(_engine.local_finite.get(id(ctx), tf.constant(True)))
     return ((loss, record.scale, record.skipped, correct * ctx.num_replicas_in_sync),
             {"worker_loss": gather(loss), "worker_scale": gather(record.scale),
              "worker_skipped": gather(record.skipped), "worker_local_nonfinite": gather(local_nonfinite)})
@@ -246,8 +260,8 @@ def callbacks(cfg: RunConfig, steps_per_epoch: int) -> list:
     """fit()'s extra callbacks for an N-worker cell (none for one worker)."""
     if cfg.replicas == 1:
         return []
-    _state["recorder"] = WorkerRecorder(cfg, steps_per_epoch)
-    return [_state["recorder"]]
+    _engine.recorder = WorkerRecorder(cfg, steps_per_epoch)
+    return [_engine.recorder]
 
 
 def hlo_allreduce(dump: Path) -> dict:
@@ -274,16 +288,16 @@ def finish(cfg: RunConfig, result) -> None:
     """An N-worker cell's records: the engine, the all-reduce dtype read back, every worker's values."""
     if cfg.replicas == 1:
         return
-    recorder = _state.get("recorder")
+    recorder = _engine.recorder
     info: dict = {"world_size": cfg.replicas, "allreduce_requested": cfg.allreduce,
                   "allreduce_time_s": float("nan"),
                   "allreduce_time_source": "not exposed by the framework", "threads_per_worker": 0}
     if backends.TENSORFLOW:
-        strategy = _state["strategy"]
+        strategy = _engine.strategy
         info.update(data_parallel=f"tf.distribute.MirroredStrategy ({strategy.num_replicas_in_sync} replicas, "
                                   f"{type(strategy.extended._cross_device_ops).__name__})",
                     allreduce_hook="Keras optimizer's replica all-reduce (SUM)",
-                    allreduce_dtype=",".join(sorted(_state["allreduce_dtypes"])) or "not recorded",
+                    allreduce_dtype=",".join(sorted(_engine.allreduce_dtypes)) or "not recorded",
                     allreduce_readback="dtypes of the gradients handed to the optimizer's all-reduce")
     else:
         info.update(data_parallel=f"keras.distribution.DataParallel ({cfg.replicas} devices)",
@@ -295,6 +309,5 @@ def finish(cfg: RunConfig, result) -> None:
         info.update(recorder.readback if recorder and recorder.readback else
                     {"allreduce_dtype": "not recorded", "allreduce_readback": "no HLO dump read"})
     result.info.update(info)
-    result.extra["workers"] = recorder.rows if recorder else []
-    drop_empty_tables(result.extra)
+    result.workers = recorder.rows if recorder else []
 

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import layers
 
+from amp_compare.contract import models as model_specs
 from amp_compare.kit import weights as cw
 
 STRIDE2_PADDINGS = ("symmetric", "same")
@@ -85,12 +86,21 @@ def resnet18(input_shape: tuple[int, int, int], num_classes: int, width: int = 6
     return inputs, outputs
 
 
+def vit(input_shape: tuple[int, int, int], num_classes: int, output_dtype: str | None = "float32",
+        vit: dict | None = None) -> tuple[keras.KerasTensor, keras.KerasTensor]:
+    from amp_compare.keras_impl.vit import vit as build_vit
+
+    return build_vit(input_shape, num_classes, **(vit or {}), output_dtype=output_dtype)
+
+
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
                 model_class: type[keras.Model] = keras.Model, width: int = 64,
                 bn_momentum: float | None = None, bn_epsilon: float | None = None,
                 stride2_padding: str = "symmetric", output_dtype: str | None = "float32",
                 vit: dict | None = None) -> keras.Model:
-    """input_shape is (H, W, C). model_class lets loop.py's AmpModel add its train_step to the same graph.
+    """input_shape is (H, W, C). model_class lets loop.py's AmpModel add its train_step to the same graph. The
+    model's spec (contract/models.py) names its builder here (or in any module), which returns (inputs, outputs)
+    and takes the arguments below that apply to it.
 
     output_dtype: the final Dense layer's dtype policy. "float32" (the default, Keras' recommended
     mixed-precision idiom) gives float32 logits; None follows the global policy, i.e. the half dtype
@@ -103,17 +113,9 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
     vit: keras_impl/vit.py's keyword arguments (size from RunConfig.vit_shape, ln_epsilon, gelu_approximate,
     attention, token_dtype); the CNNs ignore it.
     """
-    if name == "vit":
-        from amp_compare.keras_impl.vit import vit as build_vit
-
-        inputs, outputs = build_vit(input_shape, num_classes, **(vit or {}), output_dtype=output_dtype)
-    elif name == "simple_cnn":
-        inputs, outputs = simple_cnn(input_shape, num_classes, output_dtype)
-    elif name == "resnet18":
-        inputs, outputs = resnet18(input_shape, num_classes, width, bn_momentum, bn_epsilon, stride2_padding,
-                                   output_dtype)
-    else:
-        raise ValueError(f"unknown model {name!r}")
+    inputs, outputs = model_specs.build(name, "keras", input_shape, num_classes, width=width,
+                                        bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
+                                        stride2_padding=stride2_padding, output_dtype=output_dtype, vit=vit)
     return model_class(inputs=inputs, outputs=outputs, name=name)
 
 

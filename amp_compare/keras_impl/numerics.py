@@ -1,9 +1,9 @@
 """Where mixed precision puts each number, in Keras 3: per-layer dtypes, gradient underflow, NaN/Inf.
 
 Read this file beside torch_impl/numerics.py: the public functions have the same names, arguments
-and result rows, and the numpy helpers at the end are kept identical in both files
-(tests/test_numerics.py checks that), so a row from one framework can be compared with the
-same row from the other.
+and result rows, and the numpy helpers both use are one copy in kit/fp16.py (gradient_stats,
+nonfinite_kind; tests/test_numerics.py checks both files take that copy), so a row from one framework
+can be compared with the same row from the other.
 
 - `dtype_audit`: the dtype every TensorFlow op of one training step computes in, per layer (on the
   JAX and torch backends, which have no graph to read: each layer's dtype policy, see `policy_dtype_audit`).

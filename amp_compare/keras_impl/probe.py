@@ -20,14 +20,12 @@ from amp_compare.contract.env import gpu_total_bytes  # noqa: E402
 from amp_compare.keras_impl import backends  # noqa: E402
 from amp_compare.keras_impl.train import compile_model, make_model, setup  # noqa: E402
 from amp_compare.kit.data import Dataset  # noqa: E402
-from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes  # noqa: E402
+from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes, torch_ran_out  # noqa: E402
 
 
 def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
     """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
-    setup(cfg)
-    if cfg.device == "cuda" and not backends.gpu_available():
-        raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
+    setup(cfg)  # as train(): refuses a GPU cell where the backend sees none
     with backends.device_scope(cfg):
         model = make_model(cfg, data)  # an AmpModel: its train_step is the one fit() runs
         compile_model(cfg, model)  # as train()
@@ -80,7 +78,7 @@ def _ran_out(exc: BaseException) -> bool:
     if backends.TORCH:
         import torch
 
-        return isinstance(exc, torch.OutOfMemoryError)
+        return torch_ran_out(exc, torch.OutOfMemoryError)  # the CPU allocator's RuntimeError too, as torch_impl's
     return "RESOURCE_EXHAUSTED" in str(exc)
 
 

@@ -92,7 +92,7 @@ def profile_window(cfg: RunConfig, model: keras.Model, data: Dataset, result: Tr
     trace = next(iter(sorted(out.rglob("*.xplane.pb"))), None)
     ops, tool = op_stats(trace, bool(fallback))
     ops, cast_share = kit.op_evidence(ops)
-    result.extra.update({k: v for k, v in (("profile_ops", ops), ("profile_primitives", primitives)) if v})
+    result.profile_ops, result.profile_primitives = ops or [], primitives or []
     shown = next(iter(sorted(out.rglob("*.trace.json.gz"))), trace)  # JAX: Perfetto's file; TF: the xplane
     result.info.update(kit.window_info(plain, profiled, str(shown.relative_to(out.parent)) if shown else "", tool,
                                        cast_share, fallback))

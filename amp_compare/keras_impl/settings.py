@@ -41,7 +41,7 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, sca
     Recorded in Keras' own convention (BatchNorm momentum weights the old average);
     harness/report/settings_check.py maps and compares them with the torch child's. scaler: what
     amp.with_loss_scaling returned, the optimizer itself (a LossScaleOptimizer for fp16). cfg: the twin
-    contract's argument; Keras reads everything from the live objects.
+    contract's argument (torch reads the autocast dtype from it); Keras reads everything from the live objects.
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     used: dict[str, object] = {"loss_reduction": model.loss.reduction, "weight_decay": inner.weight_decay}
@@ -52,8 +52,8 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, sca
         used.update(sgd_momentum=inner.momentum, sgd_nesterov=inner.nesterov)
     used["learning_rate"] = float(keras.ops.convert_to_numpy(inner.learning_rate))
     used["lr_schedule"] = describe_schedule(inner)
-    if cfg.optimizer == "adamw":  # Keras' AdamW is Adam with a decoupled weight decay: its value, read back
-        used["adamw_weight_decay"] = float(inner.weight_decay or 0.0)
+    if isinstance(inner, keras.optimizers.Adam) and inner.weight_decay is not None:  # AdamW, or TorchAdam given
+        used["adamw_weight_decay"] = float(inner.weight_decay)  # a decay: Adam with decoupled weight decay
     used.update(vit.settings_used(model))  # vit: LayerNorm eps, GELU form, token stream dtype
     bn = next((layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)), None)
     if bn is not None:

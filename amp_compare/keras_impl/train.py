@@ -32,6 +32,7 @@ from amp_compare.keras_impl import amp, distributed, loop, numerics, profile, vi
 from amp_compare.keras_impl.models import build_model, get_weights, set_weights  # noqa: E402
 from amp_compare.keras_impl.optimizers import learning_rate  # noqa: E402
 from amp_compare.keras_impl.settings import describe_defaults, settings_used  # noqa: E402
+from amp_compare.kit import training  # noqa: E402
 from amp_compare.kit.child import (  # noqa: E402
     CpuPeakMemory,
     FirstStepWindow,
@@ -40,11 +41,9 @@ from amp_compare.kit.child import (  # noqa: E402
     TrainResult,
     check_final_weights,
 )
-from amp_compare.kit.data import Dataset, batch_plan, epoch_batches, epoch_images, steps_per_epoch  # noqa: E402
+from amp_compare.kit.data import Dataset, batch_plan, epoch_images, steps_per_epoch  # noqa: E402
 from amp_compare.kit.dataparallel import numerics_for  # noqa: E402
-from amp_compare.kit.training import StepBook, underflow_rows  # noqa: E402
-
-EVAL_BATCH = 512
+from amp_compare.kit.training import EVAL_BATCH, StepBook, first_batch_index  # noqa: E402
 
 
 def setup(cfg: RunConfig) -> None:
@@ -56,6 +55,8 @@ def setup(cfg: RunConfig) -> None:
     # TF32 decided here, as on the torch side (TF's and JAX's own GPU defaults are on), so fp32 means the same
     # everywhere; read back into settings_used.
     backends.set_tf32(cfg.tf32)
+    if cfg.device == "cuda" and not backends.gpu_available():  # train() and the probe both start here
+        raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
 
 
 def make_model(cfg: RunConfig, data: Dataset) -> keras.Model:
@@ -150,8 +151,6 @@ def sync_state(model: keras.Model) -> None:
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
     logs = profile.start_logs(cfg)  # --profile on TF: oneDNN's log and TF's Eigen-fallback line (profile.py)
-    if cfg.device == "cuda" and not backends.gpu_available():
-        raise RuntimeError(f"device 'cuda' requested but Keras' {backends.BACKEND} backend sees no GPU")
     steps = steps_per_epoch(len(data.x_train), cfg.batch_size, cfg.steps_per_epoch)
     # JAX's GPU peak memory counts from the process's start (backends.peak_memory): its matmul ceiling probe (up to
     # three 8192x8192 float32 matrices, 768 MiB) waits until the training peak has been read
@@ -211,16 +210,12 @@ def run_info(cfg: RunConfig, steps: int) -> dict:
 
 
 def numerics_lab(cfg: RunConfig, data: Dataset, model: keras.Model, result: TrainResult) -> tuple:
-    """Dtype audit and gradient underflow on the first batch (the Adam gap too in defaults mode); returns
-    that batch, which the closing underflow rows measure again."""
-    lab = numerics_for(cfg, numerics)  # DATA PARALLEL: an N-worker cell's lab is its 1-worker cell's
-    first = epoch_batches(len(data.x_train), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)[0]
+    """The numerics lab (kit/training.py) on the first batch, taken from the host arrays; returns that batch,
+    which the closing underflow rows measure again."""
+    first = first_batch_index(cfg, len(data.x_train))
     first_batch = (data.x_train[first], data.y_train[first])
-    result.extra["dtypes"] = lab.dtype_audit(model, *first_batch, cfg.precision)
-    result.extra["underflow"] = underflow_rows(lab, model, first_batch, cfg.precision,
-                                               float(amp.current_scale(model.optimizer)), "first step", 0)
-    if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
-        result.info.update(lab.adam_formula_gap(model, *first_batch, cfg.precision, model.optimizer))
+    training.numerics_lab(cfg, numerics, model, first_batch, float(amp.current_scale(model.optimizer)),
+                          model.optimizer, result)
     return first_batch
 
 
@@ -255,7 +250,6 @@ def close_records(cfg: RunConfig, data: Dataset, model: keras.Model, result: Tra
                   memory: CpuPeakMemory | None, first_batch: tuple) -> None:
     """After training: the training peak, the final model's validation predictions, final weights,
     underflow at the last step."""
-    lab = numerics_for(cfg, numerics)
     on_device = cfg.device == "cuda" and backends.TENSORFLOW  # only TensorFlow holds the images on the device
     dataset_bytes = int(data.x_train.nbytes + data.y_train.nbytes) if on_device else 0  # DeviceImages: same arrays
     result.peak_memory_bytes, result.memory_kind = backends.training_peak(cfg, memory, dataset_bytes)
@@ -264,6 +258,4 @@ def close_records(cfg: RunConfig, data: Dataset, model: keras.Model, result: Tra
     # (harness/report/stats.py).
     result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
-    result.extra["underflow"] += underflow_rows(lab, model, first_batch, cfg.precision,
-                                                float(amp.current_scale(model.optimizer)), "last step",
-                                                len(result.step_loss) - 1)
+    training.last_underflow(cfg, numerics, model, first_batch, float(amp.current_scale(model.optimizer)), result)

@@ -26,6 +26,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from amp_compare.contract import models as model_specs
 from amp_compare.kit.training import recording_paused
 
 PACKAGE = "amp_compare"
@@ -214,8 +215,9 @@ def read_headroom(model: keras.Model) -> list[dict]:
 
 def arguments(cfg, settings: dict) -> dict | None:
     """build_model's `vit` keyword arguments for a cell (a RunConfig): its size, the mapped LayerNorm epsilon,
-    GELU form and token-stream dtype (absent in defaults mode: Keras' own), the attention. None for the CNNs."""
-    if cfg.model != "vit":
+    GELU form and token-stream dtype (absent in defaults mode: Keras' own), the attention. None for a model
+    without the "vit" hook (contract/models.py: the CNNs)."""
+    if "vit" not in model_specs.spec(cfg.model).hooks:  # contract/models.py: the models that take these
         return None
     return {**cfg.vit_shape, "ln_epsilon": settings.get("ln_epsilon"),
             "gelu_approximate": settings.get("gelu_approximate"), "attention": cfg.attention,

@@ -28,6 +28,7 @@ from amp_compare.contract import env, records
 from amp_compare.contract.atomic import atomic_write_bytes
 from amp_compare.contract.config import ConfigError, RunConfig
 from amp_compare.contract.records import pack_correct
+from amp_compare.contract.tables import Reported, check
 from amp_compare.kit.data import Dataset, load_dataset
 
 PROGRESS_PREFIX = "@@amp-compare "
@@ -159,13 +160,25 @@ class TrainResult:
     memory_kind: str = ""
     diverged_at_step: int | None = None  # first step of the non-finite run that stopped training
     diverged_reason: str = ""  # set when the run diverged for another reason than non-finite losses
-    info: dict = field(default_factory=dict)  # framework versions, device name, AMP details
+    # The run-table columns train() reports about itself (versions, device, settings, the lab's Adam gap, data
+    # parallel): contract/tables.py REPORTED declares each with its kind and unit, and Reported refuses any other.
+    info: Reported = field(default_factory=Reported)
     nonfinite: dict | None = None  # the NaN/Inf locator's finding at the first non-finite step
-    # Numerics lab rows: "dtypes" (dtype audit of one step), "underflow" (gradient magnitudes per layer)
-    extra: dict[str, list[dict]] = field(default_factory=dict)
+    # The other tables, one dict per row, columns declared in contract/tables.py TABLES (checked when written; a
+    # table without rows is not written): the numerics lab's dtype audit of one step and gradient magnitudes per
+    # layer, an N-worker cell's per-worker values per step, the vit's per-epoch maxima.
+    dtypes: list[dict] = field(default_factory=list)
+    underflow: list[dict] = field(default_factory=list)
+    workers: list[dict] = field(default_factory=list)
+    headroom: list[dict] = field(default_factory=list)
+    profile_ops: list[dict] = field(default_factory=list)  # --profile: the window's top ops (kit/profile.py)
+    profile_primitives: list[dict] = field(default_factory=list)  # --profile: oneDNN primitives it ran
     # Per validation image (in order), whether the final model classified it correctly: the paired
     # accuracy tests of harness/report/stats.py compare these between precisions.
     val_correct: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.info = Reported(self.info)  # a plain dict given: each key checked against the declaration
 
 
 def first_nonfinite_parameter(weights: dict[str, np.ndarray]) -> str | None:
@@ -325,14 +338,17 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
     }
     run.update(derived_columns(run, result.nonfinite))
     tables = {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
-    for name, rows in result.extra.items():
-        tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
+    for name in records.OPTIONAL_TABLES:
+        if rows := getattr(result, name):
+            tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
+    for name, table in tables.items():  # every column declared and of its kind, before anything is written
+        check(name, table, strict=True)
     return tables
 
 
 def performance_columns(cfg: RunConfig, dataset: Dataset, info: dict) -> dict:
     """FLOPs per image (kit/flops.py: one count for both frameworks); the throughput-based columns
-    (achieved FLOP/s, MFU) are derived in build_tables' caller from these and the headline throughput."""
+    (achieved FLOP/s, MFU) follow from these and the headline throughput in `derived_columns`."""
     from amp_compare.kit.flops import train_flops
 
     return {"flops_per_image": float(train_flops(cfg.model, dataset.input_shape, dataset.num_classes, cfg.width,

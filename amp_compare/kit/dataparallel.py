@@ -36,10 +36,3 @@ class NumericsInOneWorkerCell:
 def numerics_for(cfg, numerics):
     """The numerics module a cell measures with: the framework's own, or for an N-worker cell none."""
     return numerics if cfg.replicas == 1 else NumericsInOneWorkerCell
-
-
-def drop_empty_tables(extra: dict[str, list[dict]]) -> None:
-    """An N-worker cell's numerics tables are empty (the lab ran in its 1-worker cell): write none rather than
-    a table without columns."""
-    for name in [name for name, rows in extra.items() if not rows]:
-        del extra[name]

@@ -90,6 +90,17 @@ def exception_chain(exc: BaseException | None):
         exc = exc.__cause__ or exc.__context__
 
 
+# What torch's allocators say when they run out where they raise a plain RuntimeError (the CPU allocator always;
+# CUDA's where no OutOfMemoryError is raised): native torch and Keras on torch meet the same allocators.
+TORCH_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory")
+
+
+def torch_ran_out(exc: BaseException, out_of_memory_error: type) -> bool:
+    """torch.OutOfMemoryError (passed in: this module imports no framework), or an allocator's RuntimeError."""
+    return isinstance(exc, out_of_memory_error) or (
+        isinstance(exc, RuntimeError) and any(message in str(exc) for message in TORCH_OOM_MESSAGES))
+
+
 # two_steps(cfg, data, x, y) -> (peak_bytes, memory_kind): build the cell as training does, run two steps.
 TwoSteps = Callable[[RunConfig, Dataset, np.ndarray, np.ndarray], tuple[int, str]]
 

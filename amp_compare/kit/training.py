@@ -21,6 +21,8 @@ import numpy as np
 from amp_compare.contract.config import RunConfig
 from amp_compare.contract.twins import Locate
 from amp_compare.kit.child import DivergenceWatch, Progress, TrainResult, first_nonfinite_parameter
+from amp_compare.kit.data import epoch_batches
+from amp_compare.kit.dataparallel import numerics_for
 
 # kit/ceiling.py names a matmul's dtype fp32/tf32/fp16/bf16; the frameworks' tensors take these names
 # (tf32: float32 tensors, the TF32 switch set by setup()).
@@ -85,7 +87,7 @@ class StepBook:
         """The vit's headroom maxima read at this epoch's end (the framework's vit.read_headroom: none for a
         CNN), tagged with the epoch, for the run's headroom table."""
         if rows:
-            self.result.extra.setdefault("headroom", []).extend({**row, "epoch": self.epoch} for row in rows)
+            self.result.headroom.extend({**row, "epoch": self.epoch} for row in rows)
 
     def end_epoch(self, step_times: list[float], train_time_s: float, eval_time_s: float, correct: int,
                   val_loss: float, val_accuracy: float) -> None:
@@ -102,6 +104,32 @@ class StepBook:
             "train_time_s": train_time_s,
             "eval_time_s": eval_time_s,
         })
+
+
+EVAL_BATCH = 512  # images per validation batch, both frameworks (memory only: the result does not depend on it)
+
+
+def first_batch_index(cfg: RunConfig, n_train: int) -> np.ndarray:
+    """The first training batch's image indices (the seeded plan's): the numerics lab measures on it."""
+    return epoch_batches(n_train, cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)[0]
+
+
+def numerics_lab(cfg: RunConfig, numerics, model, first_batch: tuple, scale: float, optimizer,
+                 result: TrainResult) -> None:
+    """The numerics lab on the first batch, outside the timed loop: the dtype audit, gradient underflow at the
+    scale in use, and in defaults mode with Adam the two Adam formulas' gap (numerics: the framework's module; an
+    N-worker cell's measures nothing, kit/dataparallel.py)."""
+    lab = numerics_for(cfg, numerics)
+    result.dtypes = lab.dtype_audit(model, *first_batch, cfg.precision)
+    result.underflow = underflow_rows(lab, model, first_batch, cfg.precision, scale, "first step", 0)
+    if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
+        result.info.update(lab.adam_formula_gap(model, *first_batch, cfg.precision, optimizer))
+
+
+def last_underflow(cfg: RunConfig, numerics, model, first_batch: tuple, scale: float, result: TrainResult) -> None:
+    """The underflow rows of the first batch again, at the last step's weights and scale."""
+    result.underflow += underflow_rows(numerics_for(cfg, numerics), model, first_batch, cfg.precision,
+                                                scale, "last step", len(result.step_loss) - 1)
 
 
 def underflow_rows(numerics, model, batch: tuple, precision: str, scale: float, when: str,

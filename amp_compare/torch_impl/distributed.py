@@ -32,7 +32,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from amp_compare.contract.config import RunConfig
-from amp_compare.kit.dataparallel import drop_empty_tables
 from amp_compare.kit.training import StepBook
 from amp_compare.torch_impl.amp import mixed_precision
 
@@ -207,8 +206,7 @@ class Worker:
                                      "slowest worker)",
             "threads_per_worker": torch.get_num_threads() if self.device.type == "cpu" else 0,
         })
-        result.extra["workers"] = self.rows
-        drop_empty_tables(result.extra)
+        result.workers = self.rows
         dist.barrier()
         dist.destroy_process_group()
 

@@ -15,10 +15,9 @@ import numpy as np
 import torch
 
 from amp_compare.kit.child import FirstStepWindow
-from amp_compare.kit.training import StepBook
+from amp_compare.kit.training import EVAL_BATCH, StepBook
 from amp_compare.torch_impl.amp import mixed_precision, train_step
 
-EVAL_BATCH = 512
 GPU_READ_EVERY = 25  # steps between host reads of the records on a GPU
 
 

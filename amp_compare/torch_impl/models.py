@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from amp_compare.contract import models as model_specs
 from amp_compare.kit import weights as cw
 
 
@@ -89,25 +90,35 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+def simple_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    height, _, channels = input_shape
+    return SimpleCNN(channels, height, num_classes)
+
+
+def resnet18(input_shape: tuple[int, int, int], num_classes: int, width: int = 64,
+             bn_momentum: float | None = None, bn_epsilon: float | None = None) -> nn.Module:
+    return ResNet18(input_shape[2], num_classes, width, bn_momentum, bn_epsilon)
+
+
+def vit(input_shape: tuple[int, int, int], num_classes: int, vit: dict | None = None) -> nn.Module:
+    from amp_compare.torch_impl.vit import ViT
+
+    height, _, channels = input_shape
+    return ViT(channels, height, num_classes, **(vit or {}))
+
+
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, width: int = 64,
                 bn_momentum: float | None = None, bn_epsilon: float | None = None,
                 vit: dict | None = None) -> nn.Module:
-    """input_shape is (H, W, C), as kit/data.py serves images.
+    """input_shape is (H, W, C), as kit/data.py serves images. The model's spec (contract/models.py) names its
+    builder here (or in any module), which takes the arguments below that apply to it.
 
     bn_momentum / bn_epsilon are in torch's convention; None keeps torch's default. simple_cnn
     has no BatchNorm and a fixed width, so it ignores width and both. vit: torch_impl/vit.py's ViT keyword
     arguments (size from RunConfig.vit_shape, ln_eps, attention); the CNNs ignore it.
     """
-    height, _, channels = input_shape
-    if name == "vit":
-        from amp_compare.torch_impl.vit import ViT
-
-        return ViT(channels, height, num_classes, **(vit or {}))
-    if name == "simple_cnn":
-        return SimpleCNN(channels, height, num_classes)
-    if name == "resnet18":
-        return ResNet18(channels, num_classes, width, bn_momentum, bn_epsilon)
-    raise ValueError(f"unknown model {name!r}")
+    return model_specs.build(name, "torch", input_shape, num_classes, width=width, bn_momentum=bn_momentum,
+                             bn_epsilon=bn_epsilon, vit=vit)
 
 
 def get_weights(model: nn.Module) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ import torch
 
 from amp_compare.contract.config import RunConfig
 from amp_compare.kit.data import Dataset
-from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes
+from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes, torch_ran_out
 from amp_compare.torch_impl.amp import train_step
 from amp_compare.torch_impl.train import compile_model, make_model, setup, to_device_images
 
@@ -52,10 +52,8 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
 
 
 def _ran_out(exc: BaseException) -> bool:
-    """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead."""
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in str(exc)
-                                           or "CUDA out of memory" in str(exc)))
+    """torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError instead (kit/probe.py)."""
+    return torch_ran_out(exc, torch.OutOfMemoryError)
 
 
 if __name__ == "__main__":

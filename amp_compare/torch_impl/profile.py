@@ -49,7 +49,7 @@ def profile_window(cfg: RunConfig, run, tensors: tuple, result: TrainResult) -> 
     prof.export_chrome_trace(str(out / "trace.json"))
     primitives = kit.parse_onednn(lines)
     ops, cast_share = kit.op_evidence(op_rows(prof, primitives, x.device.type == "cuda"))
-    result.extra.update({k: v for k, v in (("profile_ops", ops), ("profile_primitives", primitives)) if v})
+    result.profile_ops, result.profile_primitives = ops or [], primitives or []
     result.info.update(kit.window_info(plain, profiled, f"{out.name}/trace.json", f"torch.profiler {torch.__version__}",
                                        cast_share, []))
 

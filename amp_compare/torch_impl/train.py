@@ -16,10 +16,11 @@ from torch import nn
 
 from amp_compare.contract.config import RunConfig
 from amp_compare.contract.mapping import framework_settings
+from amp_compare.kit import training
 from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, SharedInit, TrainResult, check_final_weights
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
-from amp_compare.kit.training import StepBook, underflow_rows
+from amp_compare.kit.training import StepBook, first_batch_index
 from amp_compare.torch_impl import amp, distributed, numerics, profile, schedule, vit
 from amp_compare.torch_impl.device import (
     dataset_bytes,
@@ -163,17 +164,13 @@ def run_info(cfg: RunConfig, run: Compiled, ceiling: dict, tensors: tuple, init_
 
 
 def numerics_lab(cfg: RunConfig, run: Compiled, tensors: tuple, result: TrainResult) -> tuple:
-    """Dtype audit and gradient underflow on the first batch (the Adam gap too in defaults mode); returns
-    that batch, which the closing underflow rows measure again."""
-    lab = numerics_for(cfg, numerics)  # DATA PARALLEL: an N-worker cell's lab is its 1-worker cell's
+    """The numerics lab (kit/training.py) on the first batch, taken from the device-resident training set;
+    returns that batch, which the closing underflow rows measure again."""
     x_train, y_train = tensors[:2]
-    first = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)[0])
-    first_batch = (x_train[first.to(x_train.device)], y_train[first.to(x_train.device)])
-    result.extra["dtypes"] = lab.dtype_audit(run.model, *first_batch, cfg.precision)
-    result.extra["underflow"] = underflow_rows(lab, run.model, first_batch, cfg.precision,
-                                               float(amp.current_scale(run.scaler)), "first step", 0)
-    if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
-        result.info.update(lab.adam_formula_gap(run.model, *first_batch, cfg.precision, run.optimizer))
+    first = torch.from_numpy(first_batch_index(cfg, len(x_train))).to(x_train.device)
+    first_batch = (x_train[first], y_train[first])
+    training.numerics_lab(cfg, numerics, run.model, first_batch, float(amp.current_scale(run.scaler)), run.optimizer,
+                          result)
     return first_batch
 
 
@@ -219,7 +216,6 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
 def close_records(cfg: RunConfig, run: Compiled, result: TrainResult, memory: CpuPeakMemory | None,
                   tensors: tuple, first_batch: tuple) -> None:
     """After training: CUDA-graph fallbacks, the training peak, final weights, underflow at the last step."""
-    lab = numerics_for(cfg, numerics)
     if run.graphs:  # reduce-overhead can fall back to plain kernels (e.g. mutated inputs): say so, not assume graphs
         from torch._dynamo.utils import counters
 
@@ -230,6 +226,4 @@ def close_records(cfg: RunConfig, run: Compiled, result: TrainResult, memory: Cp
     # peak of training and its validation passes (as Keras' fit), before the closing probe
     result.peak_memory_bytes, result.memory_kind = training_peak(memory, tensors)
     check_final_weights(result, get_weights(run.model))  # non-finite weights behind a finite loss: diverged
-    result.extra["underflow"] += underflow_rows(lab, run.model, first_batch, cfg.precision,
-                                                float(amp.current_scale(run.scaler)), "last step",
-                                                len(result.step_loss) - 1)
+    training.last_underflow(cfg, numerics, run.model, first_batch, float(amp.current_scale(run.scaler)), result)

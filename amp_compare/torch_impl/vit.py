@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from amp_compare.contract import models as model_specs
+from amp_compare.contract.config import ATTENTIONS
 from amp_compare.kit.training import recording_paused
-
-ATTENTIONS = ("builtin", "naive")
 
 
 class Tokens(nn.Module):
@@ -201,8 +201,9 @@ def read_headroom(model: nn.Module) -> list[dict]:
 
 def arguments(cfg, settings: dict) -> dict | None:
     """build_model's `vit` keyword arguments for a cell (a RunConfig): its size, the mapped LayerNorm epsilon
-    (None in defaults mode: torch's own), the attention. None for the CNNs."""
-    if cfg.model != "vit":
+    (None in defaults mode: torch's own), the attention. None for a model
+    without the "vit" hook (contract/models.py: the CNNs)."""
+    if "vit" not in model_specs.spec(cfg.model).hooks:  # contract/models.py: the models that take these
         return None
     return {**cfg.vit_shape, "ln_eps": settings.get("ln_epsilon"), "attention": cfg.attention}
 
