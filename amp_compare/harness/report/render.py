@@ -24,10 +24,12 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
+from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import dataparallel, wording
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import findings, interval_method
+from amp_compare.harness.report.per_seed import seed_table
 from amp_compare.harness.report.settings_check import adam_gap_text, side_by_side
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
@@ -314,6 +316,7 @@ class Rendered:
     table: pd.DataFrame  # tables.full_table
     findings: list[str]
     data_parallel: pd.DataFrame | None = None  # dataparallel.rows: the Data parallel section's rows
+    answer: str = ""  # the answer the page opens with, as terminal text (answer.render)
 
 
 def render_report(run_dir: Path, figures: bool = True) -> Path:
@@ -483,7 +486,18 @@ def _summary_context(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
             "speed_ratio_table": _html_or_none(_speed_ratio_table(full)),
             "speed_intro": wording.speed_intro(facts, interval_method(full)),
             "steadiness": describe_steadiness(evidence), "seeds_text": seeds_text,
-            "accuracy_warnings": [s for s in sentences if s.startswith("Accuracy cannot be compared")]}
+            "accuracy_warnings": [s for s in sentences if s.startswith("Accuracy cannot be compared")],
+            **_answer_context(manifest, tables, full, evidence)}
+
+
+def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.DataFrame, evidence: dict) -> dict:
+    """The answer the page, summary.md and the terminal open with (harness/report/answer.py), and each seed's
+    ratio it and the forest plot read."""
+    seeds = seed_table(tables["run"], tables["steps"], evidence)
+    items = answer_block.answers(full, seeds, tables["run"], manifest["environment"], manifest["device"],
+                                 tables.get("profile_evidence"))
+    return {"seed_ratios": seeds, **{f"answer_{fmt}": answer_block.render(items, fmt)
+                                     for fmt in ("html", "markdown", "text")}}
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) -> dict:
@@ -559,6 +573,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     atomic_write_text(run_dir / "index.html", _env().get_template("report.html").render(**context))
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
+          *(["### Answer", "", context["answer_markdown"], ""] if context["answer_markdown"] else []),
           table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]],
           *(context.get("data_parallel_md") or [])]
     if missing:
@@ -567,7 +582,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     atomic_write_text(run_dir / "summary.md", "\n".join(md))
     render_runs_index(run_dir.parent)
     return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
-                    (context["data_parallel"] or {}).get("rows"))
+                    (context["data_parallel"] or {}).get("rows"), context["answer_text"])
 
 
 def render_runs_index(reports_dir: Path) -> Path:

@@ -303,4 +303,5 @@ def speed_verdict(res: dict, machine: str = "") -> str:
     the drift note of its seeds (drift.seed_note), "" where the machine's drift cannot explain it."""
     if res["timed_steps"] < MIN_TIMED_STEPS and not (res["seeds"] >= 2 and res["basis"] == "seeds"):
         return f"too few timed steps ({res['timed_steps']}) to judge"
-    return ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], res["basis"], machine, direction=True)
+    # the interval first: seeds on both sides of 1 are a disagreement, whatever the drift next to a ratio near 1
+    return ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], res["basis"], direction=True) or machine
