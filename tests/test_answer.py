@@ -12,7 +12,8 @@ from tests.test_report_sentences import make_run, write_run
 
 CPU_BF16 = {"cpu_model": "Test CPU", "cpu_amp_flags": "avx512f,avx512_bf16,avx2,f16c", "cpu_bf16_hardware": True,
             "cpu_fp16_hardware": False}
-NOTICE = "oneDNN supports DT_HALF only on platforms with AVX-512. Falling back to the default Eigen-based implementation"
+NOTICE = ("oneDNN supports DT_HALF only on platforms with AVX-512. Falling back to the default Eigen-based "
+          "implementation")
 
 
 def _set(run_dir, cell_pattern: str, **values):
