@@ -87,17 +87,18 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
     if ok.empty or "p99_step_s" not in ok:
         return pd.DataFrame()
-    group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["framework", "precision"]
+    group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["model", "dataset",
+                                                                                         "framework", "precision"]
     loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # issue 13's sweep
     group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
         "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
     cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "median_step_throughput_img_s",
             "epoch_throughput_img_s", "first_step_overhead_s", "runs"]
     t = ok.assign(runs=1).groupby(group, sort=False).agg({**{c: "median" for c in cols[:-1]}, "runs": "sum"})
-    t = t.reset_index().sort_values(["framework", "precision"], key=display_order)
-    return pd.DataFrame({
+    t = t.reset_index().sort_values(["model", "dataset", "framework", "precision"], key=display_order)
+    return pd.DataFrame({  # one row per model and dataset (issue 32: never a median over two models' cells)
         **({"Machine": t["machine"]} if "machine" in group else {}),
-        "Framework": t["framework"].map(framework_label),
+        "Model": t["model"], "Dataset": t["dataset"], "Framework": t["framework"].map(framework_label),
         **{{"cfg_step": "Step", "cfg_batch_size": "Batch"}[c]: t[c].astype(str) for c in loops},
         "Precision": t["precision"],
         "p50 step (ms)": (t["median_step_s"] * 1e3).map("{:.2f}".format),
@@ -140,12 +141,14 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
     def growth(r) -> str:
         if r.precision not in precisions.names(loss_scaling="dynamic"):
             return "n/a (fixed scale)"
-        cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)]
+        cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)
+                     & (runs["model"] == getattr(r, "model", runs["model"]))]
         facts = nr.growth_facts(cells, steps)
         return "could not grow (--growth-interval ≥ steps)" if facts and facts[1] <= facts[0] else \
             f"{r.growth_events:.0f}"
 
-    return pd.DataFrame({"Framework": counts["framework"].map(framework_label),
+    return pd.DataFrame({**{k.title(): counts[k] for k in ("model", "dataset") if k in counts},
+                         "Framework": counts["framework"].map(framework_label),
                          "Precision": counts["precision"], "Steps": counts["steps"].map("{:.0f}".format),
                          "Skipped": counts["skipped"].map("{:.0f}".format),
                          "Growth events": [growth(r) for r in counts.itertuples()],
@@ -157,7 +160,8 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     s = nr.underflow_summary(underflow)
     if s.empty:
         return s
-    return pd.DataFrame({"Framework": s["framework"].map(framework_label),
+    return pd.DataFrame({**{k.title(): s[k] for k in ("model", "dataset") if k in s},
+                         "Framework": s["framework"].map(framework_label),
                          "Precision": s["precision"], "When": s["when"],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
@@ -444,9 +448,10 @@ def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, s
     return rows
 
 
-def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
+def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None) -> list:
     """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both)."""
     from amp_compare.harness.report import figures as fg
+    from amp_compare.harness.report.forest import make_forest_figure
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
@@ -456,7 +461,7 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
              fg.make_headroom_figure(headroom, runs, out) if not headroom.empty else None,  # the vit
              fg.make_gradient_histogram_figure(underflow, out) if not underflow.empty else None,
              fg.make_max_batch_figure(maxbatch, out) if not maxbatch.empty else None,
-             fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out)]
+             fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out), make_forest_figure(seeds, out)]
     return [f for f in drawn if f]
 
 
@@ -533,7 +538,8 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats)),
-        "figures": _draw(run_dir, tables, acc_stats) if draw else [], "warmup": manifest["defaults"]["warmup_steps"],
+        "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"]) if draw else [],
+        "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps), "env_rows": environment_rows(manifest["environment"], runs),
         "command": manifest["command"], "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
