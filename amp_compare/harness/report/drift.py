@@ -5,8 +5,8 @@ A VM changes speed by itself: 40 back-to-back checks in an idle process read 3.9
 5.3-6.2 ms; one check in 25 may hit a 31 ms hiccup. Taking the worst check (or max/min of all of them) then
 marks every ratio of every run. So:
 
-- an isolated hiccup (a check far from both of its neighbours, which agree with each other) is set aside:
-  each check is replaced by the median of itself and its two neighbours, which keeps a lasting change;
+- an isolated hiccup (a check far from both of its neighbours, which agree with each other) is set aside
+  (replaced by its neighbours' mean); a lasting change is kept;
 - the run's level is the median of the checks, its spread their median absolute deviation (MAD, on the log
   scale, times 1.4826: a standard deviation that one odd check does not move);
 - how far the machine moves over one cell's time, seen or unseen (a cell runs between two checks), is the
@@ -33,7 +33,7 @@ from amp_compare.harness.common import SIZE
 
 MAD_TO_SD = 1.4826  # MAD x this estimates a normal standard deviation
 K_STEPS = 3.0  # a band is the neighbouring checks' change widened by this many typical check-to-check moves
-HICCUP = 1.5  # a check this many times off both of its (agreeing) neighbours is a hiccup, set aside
+HICCUP = 1.5  # a check this many times off both of its neighbours, which agree within it, is a hiccup
 
 
 def checks_of(environment: dict) -> list[dict]:
@@ -51,12 +51,18 @@ def checks_of(environment: dict) -> list[dict]:
 
 
 def smoothed(ms: np.ndarray) -> np.ndarray:
-    """Each check as the median of itself and its two neighbours (the ends: of itself and its one neighbour's
-    pair with it repeated), so an isolated hiccup drops out and a lasting change stays."""
-    if ms.size < 3:
-        return ms.copy()
-    padded = np.concatenate([ms[:1], ms, ms[-1:]])
-    return np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
+    """The checks with each isolated hiccup replaced by its neighbours' mean: a check off both of its neighbours by
+    more than HICCUP while they agree with each other within it. A lasting change, or a machine jumping about,
+    is kept as it was recorded."""
+    level = ms.astype(float).copy()
+    odd = np.zeros(ms.size, bool)
+    for i in range(1, ms.size - 1):
+        a, m, b = ms[i - 1], ms[i], ms[i + 1]
+        odd[i] = max(a, b) / min(a, b) <= HICCUP and min(max(m / a, a / m), max(m / b, b / m)) > HICCUP
+    for i in np.flatnonzero(odd):
+        if not odd[i - 1] and not odd[i + 1]:  # isolated: a machine that alternates is drifting, not hiccupping
+            level[i] = (ms[i - 1] + ms[i + 1]) / 2
+    return level
 
 
 @dataclass
@@ -113,7 +119,7 @@ def drift_of(environment: dict) -> Drift | None:
         return None
     ms = np.array([float(c["ms"]) for c in checks])
     level = smoothed(ms)
-    hiccups = [float(m) for m, s in zip(ms, level) if max(m / s, s / m) > HICCUP]
+    hiccups = [float(m) for m, s in zip(ms, level) if m != s]
     logs = np.log(level)
     spread = MAD_TO_SD * float(np.median(np.abs(logs - np.median(logs))))
     step = MAD_TO_SD * float(np.median(np.abs(np.diff(np.log(ms))))) if ms.size > 2 else 0.0
@@ -158,7 +164,8 @@ def describe(environment: dict) -> str | None:
                  f"({', '.join(f'{h:.1f}' for h in d.hiccups)} ms) set aside" if d.hiccups else "")
     return (f"Machine drift: a fixed {SIZE}×{SIZE} float32 matmul, timed {where}, took a median {d.median_ms:.1f} ms, "
             f"{d.low_ms:.1f}–{d.high_ms:.1f} ms over the run{set_aside}; its robust spread (median absolute "
-            f"deviation) was ±{np.expm1(d.spread):.0%} and it moved ±{np.expm1(d.step):.0%} from one check to the "
-            f"next. A speed ratio is marked ⚠ for drift only where, in some seed, the change between the checks "
-            f"next to its two cells, widened by {K_STEPS:.0f}× that typical move (±{np.expm1(d.floor):.0%}), "
+            f"deviation) was a factor of {np.exp(d.spread):.2f} and it typically moved by a factor of {np.exp(d.step):.2f} "
+            f"from one check to the next. A speed ratio is marked ⚠ for drift only where, in some seed, the change "
+            f"between the checks next to its two cells, widened {K_STEPS:.0f} typical moves either way (a factor of "
+            f"{np.exp(d.floor):.2f}), "
             "could have produced it; a ratio outside that band in every seed stands on this machine.")
