@@ -164,7 +164,8 @@ def describe(environment: dict) -> str | None:
                  f"({', '.join(f'{h:.1f}' for h in d.hiccups)} ms) set aside" if d.hiccups else "")
     return (f"Machine drift: a fixed {SIZE}×{SIZE} float32 matmul, timed {where}, took a median {d.median_ms:.1f} ms, "
             f"{d.low_ms:.1f}–{d.high_ms:.1f} ms over the run{set_aside}; its robust spread (median absolute "
-            f"deviation) was a factor of {np.exp(d.spread):.2f} and it typically moved by a factor of {np.exp(d.step):.2f} "
+            f"deviation) was a factor of {np.exp(d.spread):.2f} and it typically moved by a factor of "
+            f"{np.exp(d.step):.2f} "
             f"from one check to the next. A speed ratio is marked ⚠ for drift only where, in some seed, the change "
             f"between the checks next to its two cells, widened {K_STEPS:.0f} typical moves either way (a factor of "
             f"{np.exp(d.floor):.2f}), "
