@@ -233,6 +233,6 @@ def render(items: list[Answer], fmt: str) -> str:
                   for (h, b), a in zip(heads, items)]
         return "<div class='answer'>" + "".join(blocks) + "</div>"
     if fmt == "markdown":
-        return "\n".join(f"**{h}** — {b}\n" + "".join(f"\n- {_line(p)}" for p in a.parts) + "\n"
+        return "\n".join(f"**{h}** — {b}\n" + "".join(f"\n* {_line(p)}" for p in a.parts) + "\n"
                          for (h, b), a in zip(heads, items))
     return "\n".join(f"{h} — {b}" + "".join(f"\n  - {_line(p)}" for p in a.parts) for (h, b), a in zip(heads, items))
