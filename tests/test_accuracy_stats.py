@@ -76,8 +76,11 @@ def test_speed_interval_is_narrow_on_steady_steps_and_flagged_on_noisy_ones():
     assert stats.speed_verdict(steady) == ""
     # load switching on and off in stretches: step times jump 5x for blocks of steps
     load = np.repeat(rng.random(20) < 0.5, 10) * 4 + 1
-    noisy = stats.speed_interval([0.010 * load], [0.020 * load[::-1]])
-    assert stats.speed_verdict(noisy).startswith("noisy")
+    noisy = stats.speed_interval([0.010 * load], [0.012 * load[::-1]])
+    assert noisy["low"] < 1 < noisy["high"] and stats.speed_verdict(noisy).startswith("noisy")
+    # as wide, but wholly below 1: the direction stands (issue 32), the interval printed beside it says how well
+    wide = stats.speed_interval([0.010 * load], [0.020 * load[::-1]])
+    assert wide["high"] / wide["low"] > stats.NOISY_WIDTH and wide["high"] < 1 and stats.speed_verdict(wide) == ""
     few = stats.speed_interval([np.full(3, 0.01)], [np.full(3, 0.02)])
     assert "too few timed steps (3)" in stats.speed_verdict(few)
     assert stats.speed_verdict(steady, "machine speed changed by 50% between cells") == \
@@ -125,15 +128,14 @@ def test_calibration_is_judged_from_every_check_and_its_rounds():
     def env(*checks):
         return {"calibrations": [{"when": f"check {i}", "ms": ms, "spread": sp} for i, (ms, sp) in enumerate(checks)]}
 
-    steady = steadiness.steadiness(env((3.0, 0.04), (3.1, 0.05), (3.0, 0.03)))
-    assert steady.unsteady == "" and "held steady at every check" in steady.sentence and "3 times" in steady.sentence
-    # issue 28: 7.9 ms before, 8.0 ms after, rounds within 184%: no idle reference is needed to call it busy
-    busy = steadiness.steadiness(env((7.9, 1.84), (8.0, 0.1)))
-    assert busy.unsteady == "machine busy: rounds of one calibration varied by 184%"
-    assert "the machine was busy (the rounds of one calibration varied by 184%)" in busy.sentence
-    # a transient slowdown between cells, missed by before/after alone
-    changed = steadiness.steadiness(env((3.0, 0.04), (6.0, 0.05), (3.0, 0.04)))
-    assert changed.unsteady == "machine speed changed by 100% between cells" and "held steady" not in changed.sentence
+    steady = env((3.0, 0.04), (3.1, 0.05), (3.0, 0.03))
+    assert steadiness.unsteady_reason(steady) == "" and "3 times" in steadiness.describe(steady)
+    # issue 32: the rounds of one check are no verdict (one hiccup in 25 checks said "busy" on every run) ...
+    assert steadiness.unsteady_reason(env((7.9, 1.84), (8.0, 0.1))) == ""
+    # ... nor is one check off both of its neighbours; a change that lasts is
+    assert steadiness.unsteady_reason(env((3.0, 0.04), (6.0, 0.05), (3.0, 0.04))) == ""
+    changed = env((3.0, 0.04), (6.0, 0.05), (6.0, 0.05), (3.0, 0.04))
+    assert steadiness.unsteady_reason(changed) == "machine speed changed by 100% between cells"
     old = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0, "calibration_before_spread": 0.02,
            "calibration_after_spread": 0.05}  # a run recorded before the checks between cells
     assert "before and after the matrix" in steadiness.describe(old)

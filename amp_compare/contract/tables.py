@@ -122,6 +122,9 @@ RUN = _columns(
     ("cpu_model", "str"), ("cpu_amp_flags", "str"), ("cpu_bf16_hardware", "bool"), ("cpu_fp16_hardware", "bool"),
     ("cpu_count", "int", "CPUs"), ("cpus_usable", "int", "CPUs"), ("omp_num_threads", "str"), ("hostname", "str"),
     ("cuda_visible_devices", "str"), ("cpu_affinity", "str"), ("slurm_job_id", "str"),
+    # added by the parent (harness/run/runner.py) from the cell's stderr.log: the frameworks' own log lines on a
+    # half-precision kernel path (e.g. TensorFlow's oneDNN DT_HALF fallback)
+    ("framework_notices", "str"),
 )
 CONFIG_PREFIX = "cfg_"  # cfg_<RunConfig field>: typed and validated by RunConfig itself
 

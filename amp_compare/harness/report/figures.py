@@ -382,6 +382,8 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     df = _labelled(underflow[underflow["when"] == "last step"])
     if df.empty:
         return None
+    if "model" in df and df["model"].nunique() > 1:  # two models' `fc` layers are two bars (issue 32)
+        df = df.assign(layer=df["model"].astype(str) + ": " + df["layer"].astype(str))
     df = df.groupby(["Framework", "Precision", "layer"], observed=True).apply(
         lambda g: pd.Series({"no scaling": np.average(g["flush_fraction_unscaled"], weights=g["nonzero"] + 1e-12),
                              "scale in use": np.average(g["flush_fraction_scaled"], weights=g["nonzero"] + 1e-12)}),
@@ -415,10 +417,12 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
     if hist.empty:
         return None
     hist["scaled_log2"] = hist["log2"] + np.log2(hist["loss_scale"])
-    hist["share_pct"] = 100 * hist["count"] / hist.groupby(["framework", "precision"])["count"].transform("sum")
+    per = [k for k in ("model",) if k in hist and hist[k].nunique() > 1]  # one panel per model and framework
+    hist["share_pct"] = 100 * hist["count"] / hist.groupby([*per, "framework", "precision"])["count"].transform("sum")
     df = _labelled(hist)
+    df["Panel"] = (df["model"].astype(str) + " · " if per else "") + df["Framework"].astype(str)
     grid = sns.relplot(data=df, kind="line", x="scaled_log2", y="share_pct", hue="Framework", style="Precision",
-                       col="Framework", palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+                       col="Panel", palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
                        drawstyle="steps-mid", errorbar=None, height=3.6, aspect=1.5)
     low, high = float(df["scaled_log2"].min()) - 1, max(float(df["scaled_log2"].max()) + 1, 17.0)
     for ax in grid.axes.flat:

@@ -149,7 +149,9 @@ def speed_findings(groups: Groups) -> list[str]:
 
 # What a ⚠ note starts with -> (its reason in a sentence, what to change).
 NOTE_KINDS = {"too few": ("too few timed steps", "with more steps per cell"),
-              "machine": ("a machine that was not steady", "on an idle machine"),
+              "machine": ("the machine's own drift, seen next to their cells, as large as the ratio",
+                          "with benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so drift "
+                          "cancels)"),
               "noisy": ("an interval too wide or including 1×", "with more --repeats"),
               "one seed": ("one seed and no interval", "with --repeats 3 or more"),
               "no ": ("no interval", "with more steps or --repeats")}

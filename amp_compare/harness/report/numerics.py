@@ -30,14 +30,14 @@ def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
     if steps.empty:
         return pd.DataFrame()
-    rows = []
-    for (fw, prec, _cell), g in steps.sort_values("step").groupby(["framework", "precision", "cell_id"]):
+    rows, per = [], [k for k in ("model", "dataset") if k in steps]  # per model: never a median over two
+    for key, g in steps.sort_values("step").groupby([*per, "framework", "precision", "cell_id"]):
         scale = g["loss_scale"].to_numpy()
-        rows.append({"framework": fw, "precision": prec, "steps": len(g), "skipped": int(g["skipped"].sum()),
-                     "growth_events": int((np.diff(scale) > 0).sum()), "first_scale": scale[0],
-                     "final_scale": scale[-1]})
-    df = pd.DataFrame(rows).groupby(["framework", "precision"], as_index=False).median(numeric_only=True)
-    return df.sort_values(["framework", "precision"], key=display_order)
+        rows.append({**dict(zip([*per, "framework", "precision"], key[:-1])), "steps": len(g),
+                     "skipped": int(g["skipped"].sum()), "growth_events": int((np.diff(scale) > 0).sum()),
+                     "first_scale": scale[0], "final_scale": scale[-1]})
+    df = pd.DataFrame(rows).groupby([*per, "framework", "precision"], as_index=False).median(numeric_only=True)
+    return df.sort_values([*per, "framework", "precision"], key=display_order)
 
 
 # What each underflow column counts: the same method in both frameworks (kit/fp16.py UNDERFLOW_METHOD).
@@ -82,8 +82,10 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
 
     # One seed is enough to show the mechanism: the first seed of each cell.
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
-    out = first_seed.groupby(["framework", "precision", "when"]).apply(weighted, include_groups=False).reset_index()
-    return out.sort_values(["framework", "precision", "when"], key=display_order)
+    # per model and dataset: two models' gradient elements are never added up (issue 32)
+    keys = [k for k in ("model", "dataset") if k in first_seed] + ["framework", "precision", "when"]
+    out = first_seed.groupby(keys).apply(weighted, include_groups=False).reset_index()
+    return out.sort_values(keys, key=display_order)
 
 
 # How each framework's audit was taken, for records written before the audit_method column existed.
@@ -186,16 +188,16 @@ def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.D
         return pd.DataFrame(columns=cols)
     sel = underflow[(underflow["when"] == when) & underflow["precision"].isin(precisions.names(half="float16"))]
     sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
-    rows = []
-    for (fw, prec), g in sel.groupby(["framework", "precision"], sort=False):
+    rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
+    for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
         total: dict[int, int] = {}
         for text in g["log2_hist"]:
             for k, v in _histogram(text).items():
                 total[k] = total.get(k, 0) + v
         scale = float(g["loss_scale"].iloc[0])
-        rows += [{"framework": fw, "precision": prec, "log2": k, "count": v, "loss_scale": scale}
-                 for k, v in sorted(total.items())]
-    out = pd.DataFrame(rows, columns=cols)
+        rows += [{**dict(zip(per, key[:len(per)])), "framework": key[-2], "precision": key[-1], "log2": k,
+                  "count": v, "loss_scale": scale} for k, v in sorted(total.items())]
+    out = pd.DataFrame(rows, columns=[*per, *cols])
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
 

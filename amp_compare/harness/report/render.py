@@ -24,11 +24,13 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.harness.report import accuracy, dataparallel, glossary, speed, wording
+from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts, interval_method
+from amp_compare.harness.report.per_seed import seed_table
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
@@ -87,17 +89,18 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
     if ok.empty or "p99_step_s" not in ok:
         return pd.DataFrame()
-    group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["framework", "precision"]
+    group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["model", "dataset",
+                                                                                         "framework", "precision"]
     loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # issue 13's sweep
     group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
         "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
     cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "median_step_throughput_img_s",
             "epoch_throughput_img_s", "first_step_overhead_s", "runs"]
     t = ok.assign(runs=1).groupby(group, sort=False).agg({**{c: "median" for c in cols[:-1]}, "runs": "sum"})
-    t = t.reset_index().sort_values(["framework", "precision"], key=display_order)
-    return pd.DataFrame({
+    t = t.reset_index().sort_values(["model", "dataset", "framework", "precision"], key=display_order)
+    return pd.DataFrame({  # one row per model and dataset (issue 32: never a median over two models' cells)
         **({"Machine": t["machine"]} if "machine" in group else {}),
-        "Framework": t["framework"].map(framework_label),
+        "Model": t["model"], "Dataset": t["dataset"], "Framework": t["framework"].map(framework_label),
         **{{"cfg_step": "Step", "cfg_batch_size": "Batch"}[c]: t[c].astype(str) for c in loops},
         "Precision": t["precision"],
         "p50 step (ms)": (t["median_step_s"] * 1e3).map("{:.2f}".format),
@@ -140,12 +143,14 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
     def growth(r) -> str:
         if r.precision not in precisions.names(loss_scaling="dynamic"):
             return "n/a (fixed scale)"
-        cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)]
+        cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)
+                     & (runs["model"] == getattr(r, "model", runs["model"]))]
         facts = nr.growth_facts(cells, steps)
         return "could not grow (--growth-interval ≥ steps)" if facts and facts[1] <= facts[0] else \
             f"{r.growth_events:.0f}"
 
-    return pd.DataFrame({"Framework": counts["framework"].map(framework_label),
+    return pd.DataFrame({**{k.title(): counts[k] for k in ("model", "dataset") if k in counts},
+                         "Framework": counts["framework"].map(framework_label),
                          "Precision": counts["precision"], "Steps": counts["steps"].map("{:.0f}".format),
                          "Skipped": counts["skipped"].map("{:.0f}".format),
                          "Growth events": [growth(r) for r in counts.itertuples()],
@@ -157,7 +162,8 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     s = nr.underflow_summary(underflow)
     if s.empty:
         return s
-    return pd.DataFrame({"Framework": s["framework"].map(framework_label),
+    return pd.DataFrame({**{k.title(): s[k] for k in ("model", "dataset") if k in s},
+                         "Framework": s["framework"].map(framework_label),
                          "Precision": s["precision"], "When": s["when"],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
@@ -316,6 +322,7 @@ class Rendered:
     table: pd.DataFrame  # tables.full_table
     findings: list[str]
     data_parallel: pd.DataFrame | None = None  # dataparallel.rows: the Data parallel section's rows
+    answer: str = ""  # the answer the page opens with, as terminal text (answer.render)
 
 
 def render_report(run_dir: Path, figures: bool = True) -> Path:
@@ -445,9 +452,10 @@ def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, s
     return rows
 
 
-def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
+def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None) -> list:
     """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both)."""
     from amp_compare.harness.report import figures as fg
+    from amp_compare.harness.report.forest import make_forest_figure
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
@@ -457,7 +465,7 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats) -> list:
              fg.make_headroom_figure(headroom, runs, out) if not headroom.empty else None,  # the vit
              fg.make_gradient_histogram_figure(underflow, out) if not underflow.empty else None,
              fg.make_max_batch_figure(maxbatch, out) if not maxbatch.empty else None,
-             fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out)]
+             fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out), make_forest_figure(seeds, out)]
     return [f for f in drawn if f]
 
 
@@ -495,7 +503,18 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "speed_ratio_table": _html_or_none(_speed_ratio_table(full)),
             "speed_intro": speed.speed_intro(facts, interval_method(full)),
             "steadiness": describe_steadiness(evidence), "seeds_text": seeds_text,
-            "accuracy_warnings": parts.accuracy_warnings}
+            "accuracy_warnings": parts.accuracy_warnings,
+            **_answer_context(manifest, tables, full, evidence)}
+
+
+def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.DataFrame, evidence: dict) -> dict:
+    """The answer the page, summary.md and the terminal open with (harness/report/answer.py), and each seed's
+    ratio it and the forest plot read."""
+    seeds = seed_table(tables["run"], tables["steps"], evidence)
+    items = answer_block.answers(full, seeds, tables["run"], manifest["environment"], manifest["device"],
+                                 profile_report.evidence(tables))
+    return {"seed_ratios": seeds, **{f"answer_{fmt}": answer_block.render(items, fmt)
+                                     for fmt in ("html", "markdown", "text")}}
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) -> dict:
@@ -534,7 +553,8 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats)),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
-        "figures": _draw(run_dir, tables, acc_stats) if draw else [], "warmup": manifest["defaults"]["warmup_steps"],
+        "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"]) if draw else [],
+        "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps), "env_rows": environment_rows(manifest["environment"], runs),
         "command": manifest["command"], "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
@@ -586,6 +606,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     atomic_write_text(run_dir / "index.html", page.replace("<!--abbreviations-->", glossary.abbreviations_html(used)))
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
+          *(["### Answer", "", context["answer_markdown"], ""] if context["answer_markdown"] else []),
           table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]],
           *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown)]
     if missing:
@@ -594,7 +615,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     render_runs_index(run_dir.parent)
     return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
-                    (context["data_parallel"] or {}).get("rows"))
+                    (context["data_parallel"] or {}).get("rows"), context["answer_text"])
 
 
 def render_runs_index(reports_dir: Path) -> Path:

@@ -154,9 +154,9 @@ def speed_intro(facts, method: str) -> str:
     seeds, how = len(facts.seeds), f" ({method})" if method else ""
     text = (f"Speed ratios with their 95% interval{how}. Each ratio is the geometric mean over "
             f"{'the seeds' if seeds > 1 else 'the one seed'} of mixed's wall-time throughput over the fp32 cell "
-            "of the same seed. ⚠ marks a ratio the run cannot support: an interval wider than 1.3× from end to "
-            "end or straddling 1×, no interval, fewer than 20 timed steps per cell (one seed), or a machine "
-            "that was busy or changed speed during the run.")
+            "of the same seed. ⚠ marks a ratio the run cannot support: an interval that includes 1×, no interval, "
+            "fewer than 20 timed steps per cell (one seed), or a seed whose ratio the machine's own drift, seen in "
+            "the checks next to its two cells, could have produced.")
     if facts.rotated:
         text += (" Cells of one model and dataset ran seed after seed with the precision order rotated per seed, "
                  "so a steady drift of the machine does not favour one precision.")

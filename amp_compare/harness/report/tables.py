@@ -15,9 +15,9 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.cell_text import mark, short_accuracy_text
+from amp_compare.harness.report.drift import Drift, drift_of, seed_note
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
-from amp_compare.harness.report.steadiness import unsteady_reason
 
 GROUP = ["framework", "model", "dataset", "precision"]
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
@@ -256,7 +256,7 @@ def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
     return stats.TARGET_FRACTION * fp32_final, f"{stats.TARGET_FRACTION:.0%} of fp32's {fp32_final:.1%}"
 
 
-def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, machine: str) -> dict:
+def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: Drift | None) -> dict:
     """Per (framework, precision) of one model/dataset group: the median time to the target, how many seeds
     reached it, the epochs they reached it in, and for a mixed precision its ratio to the same framework's
     fp32 of the same seed (stats.ratio_interval over the seeds where both reached it)."""
@@ -274,11 +274,15 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, machine
                "reached": f"{len(finite)}/{len(times)}", "reached_epochs": ",".join(map(str, reached_in))}
         fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
         fp32_time = {r.seed: per_cell[r.cell_id][0] for r in fp32.itertuples()}
-        logs = [np.log(per_cell[r.cell_id][0] / fp32_time[r.seed]) for r in cells.itertuples()
-                if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id][0])
-                and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
-        if precisions.is_mixed(prec) and logs:
-            res = stats.ratio_interval(logs)
+        fp32_cell = {r.seed: r.cell_id for r in fp32.itertuples()}
+        paired = [(fp32_cell[r.seed], r.cell_id, np.log(per_cell[r.cell_id][0] / fp32_time[r.seed]), r.seed)
+                  for r in cells.itertuples()
+                  if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id][0])
+                  and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
+        if precisions.is_mixed(prec) and paired:
+            res = stats.ratio_interval([p[2] for p in paired])
+            # a time ratio is the inverse of a speed ratio: drift is judged on the speed the time came from
+            machine = seed_note(drift, [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired], 1 / res["ratio"])
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"],
                        ttt_note=stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"],
                                                     res["basis"], machine))
@@ -303,7 +307,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
     tests = stats.accuracy_tests(ok, keys + ["framework"])
     epochs = epochs if epochs is not None and not epochs.empty else pd.DataFrame(columns=["cell_id"])
     epochs = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]
-    machine = unsteady_reason(environment or {})
+    drift = drift_of(environment or {})
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False):
         key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
@@ -312,7 +316,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
         target, basis = (_target(group, float(fp32["final_val_accuracy"].median())) if not fp32.empty
                          else (float("nan"), ""))
-        times = _time_rows(group, epochs, target, machine)
+        times = _time_rows(group, epochs, target, drift)
         for (fw, prec), time_row in times.items():
             row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
                    "target_basis": basis, **time_row}
@@ -352,12 +356,15 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
     timed = timed[timed["cell_id"].isin(set(ok["cell_id"]))]
     timed = timed[~timed["warmup"].astype(bool)] if "warmup" in timed else timed
     by_cell = {c: g["step_time_s"].to_numpy(float) for c, g in timed.groupby("cell_id")}
-    machine = unsteady_reason(environment or {})
+    drift = drift_of(environment or {})
     rows = []
     for key, prec, pairs in _pairs(ok, keys):
         fp32 = [by_cell.get(a.cell_id, np.array([])) for a, _ in pairs]
         mixed = [by_cell.get(b.cell_id, np.array([])) for _, b in pairs]
-        res = stats.speed_interval(fp32, mixed, [_log_ratio(a.throughput_img_s, b.throughput_img_s) for a, b in pairs])
+        logs = [_log_ratio(a.throughput_img_s, b.throughput_img_s) for a, b in pairs]
+        res = stats.speed_interval(fp32, mixed, logs)
+        machine = seed_note(drift, [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed)
+                                    for (a, b), lr in zip(pairs, logs)], res["ratio"])
         rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
                      "spread_p90_p50": stats.step_spread(fp32 + mixed),
@@ -416,7 +423,8 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
 
 LEGEND = ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
           "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
-          "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine was not steady; "
+          "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine's drift next to "
+          "its cells could explain it; "
           "or an accuracy change the run is too short to judge; the findings say which. Each bracket names its kind: "
           "min–max of the seeds' values (3 or fewer), IQR, a 95% interval and how it was made, or an exact bound; "
           "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "

@@ -98,10 +98,13 @@ def summary_tables(runs: pd.DataFrame, width: int, table: pd.DataFrame | None = 
 
 
 def print_summary(console, title: str, runs: pd.DataFrame, sentences: list[str],
-                  table: pd.DataFrame | None = None) -> None:
-    """The summary tables, their footnote and the findings, fitted to `console`'s width."""
+                  table: pd.DataFrame | None = None, answer: str = "") -> None:
+    """The answer (harness/report/answer.py), the summary tables, their footnote and the findings, fitted to
+    `console`'s width."""
     tables, footnote = summary_tables(runs, console.width, table)
     console.print(title)
+    if answer:
+        console.print(answer, markup=False, highlight=False)
     for table in tables:
         console.print(table)
     if footnote:

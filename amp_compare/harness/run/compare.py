@@ -468,7 +468,7 @@ def _render(run_dir: Path, console, figures: bool = True) -> Path:
 
     rendered = render(run_dir, figures=figures)
     print_summary(console, f"amp-compare summary ({run_dir.name})", rendered.runs, rendered.findings,
-                  table=rendered.table)
+                  table=rendered.table, answer=rendered.answer)
     return rendered.index
 
 

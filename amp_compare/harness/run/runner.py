@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +57,26 @@ def stderr_tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+# A framework's own log line about the half-precision path it took ("oneDNN supports DT_HALF only on platforms
+# with AVX-512. Falling back to the default Eigen-based implementation"): evidence the report's answer words its
+# reason from (harness/report/answer.py). A line must name a half format and a fallback or a support limit.
+HALF_WORDS = ("DT_HALF", "DT_BFLOAT16", "float16", "bfloat16", "Half", "BFloat16")
+PATH_WORDS = ("alling back", "supports", "not supported", "unsupported", "only on")
+_LOG_PREFIX = re.compile(r"^(?:\d{4}-\d\d-\d\d [\d:.]+: [IWEF] |[IWEF]\d{4} [\d:.]+\s+\d+ )\S+:\d+\] ")
+
+
+def framework_notices(path: Path, limit: int = 5) -> str:
+    """The distinct log lines of a cell's stderr about its half-precision path (prefixes of TF's logger cut),
+    newline-separated; "" when there are none."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = [_LOG_PREFIX.sub("", ln).strip() for ln in lines
+             if any(w in ln for w in HALF_WORDS) and any(w in ln for w in PATH_WORDS)]
+    return "\n".join(list(dict.fromkeys(found))[:limit])
 
 
 def failed_run_table(cfg: RunConfig, run_id: str, error: str, tail: str, status: str = "failed") -> pd.DataFrame:
@@ -224,6 +245,9 @@ def _outcome(cfg: RunConfig, run_id: str, cell_dir: Path, returncode: int, error
         remove_partial(cell_dir)
         write_failed_record(cell_dir, failed_run_table(cfg, run_id, error, tail))
         return CellOutcome(cfg.cell_id, "failed", error, wall)
+    notices = framework_notices(cell_dir / "stderr.log")
+    if notices:  # the run record keeps them: a report is rendered from records, not from logs
+        records.atomic_write_table(cell_dir / "run.parquet", run.assign(framework_notices=notices))
     return CellOutcome(cfg.cell_id, str(run["status"].iloc[0]), str(run["error"].iloc[0]), wall)
 
 

@@ -1,0 +1,238 @@
+"""The answer a report opens with: per model and framework, which precision to use on this machine and why,
+from this run's evidence only, and where the run cannot decide, what would.
+
+`answers(...)` turns the run's facts into `Answer`s (no words chosen by reading other sentences): the summary
+statistics (tables.full_table), each seed's ratio (per_seed.seed_table), the cells that diverged or failed, the
+CPU's flags (contract/env.py), the frameworks' own log lines about their half-precision path (the run table's
+`framework_notices`, kept by harness/run/runner.py) and, where a profile was recorded, its top ops and library
+paths (`profile_evidence`: framework, model, precision, op, self_share, library_path). `render(answers, fmt)`
+writes the one answer as HTML, Markdown or terminal text, so the three say the same.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import precision as precisions
+from amp_compare.contract.config import framework_label
+from amp_compare.harness.report import stats
+from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
+
+# What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
+DECIDE = {"machine drift": "benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so the "
+                           "machine's drift cancels)",
+          "noisy": "more seeds (--seeds 0,1,2,3,4): the seeds' ratios disagree",
+          "one seed": "--seeds 0,1,2 (one seed gives no seed-to-seed spread)",
+          "too few": "more timed steps per cell (more --epochs or --steps-per-epoch)",
+          "no ": "more timed steps or --seeds 0,1,2"}
+FORMAT_FLAGS = {"float16": ("cpu_fp16_hardware", "avx512_fp16/amx_fp16", "float16 arithmetic"),
+                "bfloat16": ("cpu_bf16_hardware", "avx512_bf16/amx_bf16", "bfloat16 dot products")}
+LOG_NAMES = {"float16": ("DT_HALF", "float16", "Half"), "bfloat16": ("DT_BFLOAT16", "bfloat16", "BFloat16")}
+
+
+@dataclass
+class PrecisionAnswer:
+    precision: str
+    verdict: str  # faster, slower, no difference, undecided, failed
+    speed: str
+    accuracy: str = ""
+    memory: str = ""
+    why: str = ""
+    decide: str = ""  # what would decide it ("" when the run decided)
+    budget: str = ""
+    failed: str = ""  # seeds whose cell diverged or failed: such a precision is never the one to use
+
+
+@dataclass
+class Answer:
+    label: str  # "simple_cnn on synthetic, PyTorch"
+    use: str
+    because: str
+    parts: list[PrecisionAnswer] = field(default_factory=list)
+
+
+def _speed_text(r, seeds: pd.DataFrame) -> str:
+    """The ratio, in every seed's words where every seed agrees, else with its interval and its kind."""
+    ratios = seeds["ratio"].to_numpy(float)
+    if len(ratios) >= 2 and ((ratios > 1).all() or (ratios < 1).all()) and len(ratios) <= 3:
+        return (f"{r.speedup_vs_fp32:.2f}× fp32's speed in every seed ("
+                + ", ".join(f"{v:.2f}×" for v in ratios) + ")")
+    if not np.isfinite(r.speed_low):
+        return f"{r.speedup_vs_fp32:.2f}× fp32's speed (no interval)"
+    kind = (f"95% t-interval over {int(r.speed_seeds)} seeds" if r.speed_basis == "seeds" else
+            f"95% interval from seed {int(seeds['seed'].iloc[0]) if len(seeds) else 0}'s timed steps only")
+    every = " in every seed" if len(ratios) >= 2 and ((ratios > 1).all() or (ratios < 1).all()) else ""
+    one = "; how it varies between seeds is unknown, --seeds 0,1,2 measures that" if r.speed_basis == "steps" else ""
+    return f"{r.speedup_vs_fp32:.2f}× fp32's speed{every} [{r.speed_low:.2f}–{r.speed_high:.2f}] ({kind}{one})"
+
+
+def _verdict(r) -> tuple[str, str]:
+    """(verdict, what would decide it) from the speed ratio's note and interval."""
+    note = r.speed_note or ""
+    if note:
+        return "undecided", next((v for k, v in DECIDE.items() if note.startswith(k)), DECIDE["noisy"])
+    if np.isfinite(r.speed_low) and (r.speed_low > 1 or r.speed_high < 1):
+        return ("faster" if r.speedup_vs_fp32 > 1 else "slower"), ""
+    return "no difference", ""
+
+
+def _accuracy_text(r) -> str:
+    if getattr(r, "too_short", ""):
+        return f"accuracy not comparable in this run ({r.too_short}): train longer to judge it"
+    p = getattr(r, "p_value", np.nan)
+    if not isinstance(p, float) or not np.isfinite(p):
+        return ""
+    if stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
+        return (f"accuracy {'lower' if r.diff_pp < 0 else 'higher'} by {abs(r.diff_pp):.1f} percentage points "
+                f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}] (p = {p:.2g})")
+    return f"no detectable accuracy change (p = {p:.2g})"
+
+
+def _memory_text(r) -> str:
+    low, high = getattr(r, "memory_low", np.nan), getattr(r, "memory_high", np.nan)
+    if getattr(r, "memory_note", "") or not (np.isfinite(low) and (low > 0 or high < 0)):
+        return "peak memory: differences below what this run resolves"
+    return f"peak memory {r.memory_change_vs_fp32:+.0%} [{low:+.0%}, {high:+.0%}]"
+
+
+def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict, device: str,
+         profile: pd.DataFrame | None) -> str:
+    """The reason, from measured evidence only: a profile's top op and its library path, the framework's own
+    log lines, the CPU's flags (what it could compute in, not which kernels ran)."""
+    half = precisions.of(prec).half or ""
+    said = []
+    rows = profile[(profile["framework"] == fw) & (profile["model"] == model) & (profile["precision"] == prec)] \
+        if profile is not None and not profile.empty else pd.DataFrame()
+    if not rows.empty:
+        top = rows.sort_values("self_share", ascending=False).iloc[0]
+        said.append(f"in its profile, {top['op']} accounts for {top['self_share']:.0%} of the step-time difference "
+                    f"against fp32 (library: {top['library_path']})")
+    logs = cells.get("framework_notices", pd.Series(dtype=object)).dropna().astype(str)
+    lines = dict.fromkeys(ln for text in logs for ln in text.splitlines()
+                          if any(w in ln for w in LOG_NAMES.get(half, ())))
+    said += [f"{framework_label(fw)} logged “{ln}”" for ln in list(lines)[:1]]
+    if device == "cpu" and half in FORMAT_FLAGS:
+        key, names, what = FORMAT_FLAGS[half]
+        flags = environment.get("cpu_amp_flags") or "none"
+        said.append(f"this CPU has {what} (flags: {flags})" if environment.get(key) else
+                    f"this CPU has no {what} ({names} absent; flags: {flags})")
+    if rows.empty:
+        said.append("which kernels ran is unexplained by this run (no profile)")
+    return "; ".join(said)
+
+
+def _budget(cells: pd.DataFrame) -> str:
+    if "budget_steps" not in cells or cells["budget_steps"].isna().all():
+        return ""
+    n = int(cells["budget_steps"].dropna().min())
+    reason = next((str(v) for v in cells.get("budget_reason", pd.Series(dtype=object)).dropna() if str(v)), "")
+    return (f"its speed was measured over {n} steps only (speed budget{': ' + reason if reason else ''}); "
+            "--no-speed-budget measures it in full")
+
+
+def _ended(cells: pd.DataFrame) -> str:
+    """How the cells that did not finish normally ended ("" when all did)."""
+    parts = []
+    for r in cells[cells["status"] != "ok"].itertuples():
+        step = pd.to_numeric(getattr(r, "nonfinite_step", np.nan), errors="coerce")
+        where = f" (loss not finite from step {int(step)})" if pd.notna(step) and step >= 0 else ""
+        parts.append(f"seed {r.seed} {r.status}{where}")
+    return ", ".join(parts)
+
+
+def _failed(prec: str, cells: pd.DataFrame) -> PrecisionAnswer:
+    """A precision with no finished cell in this group: how its cells ended."""
+    return PrecisionAnswer(prec, "failed", "no speed measured", failed=_ended(cells),
+                           decide="the NaN/Inf locator and What happened sections say where it went wrong")
+
+
+def _part(r, seeds: pd.DataFrame, cells: pd.DataFrame, environment: dict, device: str,
+          profile: pd.DataFrame | None) -> PrecisionAnswer:
+    """One mixed precision of one model/framework group, from its row of full_table."""
+    verdict, decide = _verdict(r)
+    why = _why(r.framework, r.model, r.precision, cells, environment, device, profile) \
+        if verdict in ("faster", "slower") else ""
+    speed = _speed_text(r, seeds) + (f" ⚠ {r.speed_note}" if r.speed_note else "")
+    return PrecisionAnswer(r.precision, verdict, speed, _accuracy_text(r), _memory_text(r), why, decide,
+                           _budget(cells), _ended(cells))
+
+
+def _choice(parts: list[PrecisionAnswer], ratios: dict[str, float]) -> tuple[str, str]:
+    """(what to use, because): the fastest precision shown faster with no detectable accuracy loss, else fp32."""
+    good = [p for p in parts if p.verdict == "faster" and not p.failed and not p.accuracy.startswith("accuracy lower")]
+    if good:
+        best = max(good, key=lambda p: ratios[p.precision])
+        caveat = " (accuracy not judged: see below)" if best.accuracy.startswith("accuracy not") else ""
+        return best.precision, f"the fastest precision this run shows faster than fp32{caveat}"
+    open_ = [p.precision for p in parts if p.verdict == "undecided"]
+    if open_:
+        return "fp32", (f"no mixed precision was shown faster; {', '.join(open_)} undecided by this run "
+                        "(what would decide it is below)")
+    return "fp32", "no mixed precision was faster in this run"
+
+
+def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environment: dict, device: str,
+            profile: pd.DataFrame | None = None) -> list[Answer]:
+    """One Answer per (machine x) model x dataset (x step loop x batch size) x framework, in the summary's order."""
+    if full.empty or runs.empty:
+        return []
+    keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in full]
+    multi, varying = named_machines(full), varying_keys(full)
+    out = []
+    for key, group in full.groupby([*keys, "framework"], sort=False, dropna=False):
+        key = dict(zip([*keys, "framework"], key))
+        mine = runs[(runs["framework"] == key["framework"]) & (runs["model"] == key["model"])
+                    & (runs["dataset"] == key["dataset"])]
+        for k in ("machine", "step_loop", "batch_size"):
+            col = {"step_loop": "cfg_step", "batch_size": "cfg_batch_size"}.get(k, k)
+            if k in keys and col in mine and pd.notna(key[k]):
+                mine = mine[mine[col] == key[k]]
+        parts, ratios = [], {}
+        for r in group[precisions.is_mixed(group["precision"])].itertuples():
+            mine_seeds = seeds[(seeds["cell_id"].isin(set(mine["cell_id"]))) & (seeds["precision"] == r.precision)] \
+                if not seeds.empty else seeds
+            parts.append(_part(r, mine_seeds, mine[mine["precision"] == r.precision], environment, device, profile))
+            ratios[r.precision] = r.speedup_vs_fp32
+        done = set(group["precision"])
+        for prec, cells in mine[precisions.is_mixed(mine["precision"]) & ~mine["precision"].isin(done)].groupby(
+                "precision", sort=False):
+            parts.append(_failed(prec, cells))
+        parts.sort(key=lambda p: precisions.NAMES.index(p.precision) if p.precision in precisions.NAMES else 99)
+        use, because = _choice(parts, ratios)
+        out.append(Answer(f"{group_label(key, multi, varying)}, {framework_label(key['framework'])}", use, because,
+                          parts))
+    return out
+
+
+def _line(p: PrecisionAnswer) -> str:
+    said = [p.speed] + [t for t in (p.accuracy, p.memory) if t]
+    text = f"{p.precision}: " + "; ".join(said)
+    if p.failed:
+        text += f" — did not finish: {p.failed}"
+    if p.why:
+        text += f" — why: {p.why}"
+    if p.budget:
+        text += f" — {p.budget}"
+    if p.decide:
+        text += f" — this run cannot decide it; what would: {p.decide}"
+    return text + "."
+
+
+def render(items: list[Answer], fmt: str) -> str:
+    """The answer as "html", "markdown" or "text" (the terminal): the same sentences in each."""
+    if not items:
+        return ""
+    heads = [(f"{a.label}: use {a.use}", f"{a.because}.") for a in items]
+    if fmt == "html":
+        blocks = [f"<p><b>{html.escape(h)}</b> — {html.escape(b)}</p><ul>"
+                  + "".join(f"<li>{html.escape(_line(p))}</li>" for p in a.parts) + "</ul>"
+                  for (h, b), a in zip(heads, items)]
+        return "<div class='answer'>" + "".join(blocks) + "</div>"
+    if fmt == "markdown":
+        return "\n".join(f"**{h}** — {b}\n" + "".join(f"\n* {_line(p)}" for p in a.parts) + "\n"
+                         for (h, b), a in zip(heads, items))
+    return "\n".join(f"{h} — {b}" + "".join(f"\n  - {_line(p)}" for p in a.parts) for (h, b), a in zip(heads, items))

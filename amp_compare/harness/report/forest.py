@@ -1,0 +1,65 @@
+"""The forest plot of speed ratios (issue 32): every seed's ratio of a mixed cell to its fp32 cell with that
+seed's own 95% interval, on a log axis, one panel per model (and dataset, step loop, batch size where several
+ran: no panel mixes two), and behind each seed the band of ratios the machine's drift alone could have produced
+between its two cells (harness/report/drift.py). A ratio outside its band stands on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract.config import display_order, framework_label
+from amp_compare.harness.report.figures import FRAMEWORK_COLORS, PRECISION_MARKERS, Figure, _save, plt
+
+
+def _panel_label(row, keys: list[str]) -> str:
+    words = {"step_loop": "{} step", "batch_size": "batch {:.0f}"}
+    return " · ".join(words.get(k, "{}").format(row[k]) for k in keys)
+
+
+def _draw_panel(ax, part: pd.DataFrame) -> None:
+    """One model's seeds, one row each (framework, precision, seed), top to bottom in display order."""
+    part = part.sort_values(["framework", "precision", "seed"], key=display_order).reset_index(drop=True)
+    y = np.arange(len(part))[::-1]
+    for yi, r in zip(y, part.itertuples()):
+        if np.isfinite(r.band_low):
+            ax.fill_betweenx([yi - 0.4, yi + 0.4], r.band_low, r.band_high, color="#999", alpha=0.25, linewidth=0)
+        color = FRAMEWORK_COLORS.get(framework_label(r.framework), "#333")
+        if np.isfinite(r.low):
+            ax.plot([r.low, r.high], [yi, yi], color=color, linewidth=1.6)
+        ax.plot([r.ratio], [yi], marker=PRECISION_MARKERS.get(r.precision, "o"), color=color, markersize=6,
+                markerfacecolor=color if r.outside else "white")
+    ax.axvline(1.0, color="#444", linewidth=0.8)
+    ax.set_yticks(y, [f"{framework_label(r.framework)} {r.precision} · seed {r.seed}" for r in part.itertuples()])
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.set_xlabel("speed vs fp32 of the same seed (log scale)")
+
+
+def make_forest_figure(seeds: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """The per-seed forest plot from per_seed.seed_table; None without a mixed cell paired with its fp32."""
+    if seeds is None or seeds.empty:
+        return None
+    keys = [k for k in ("machine", "model", "dataset", "step_loop", "batch_size")
+            if k in seeds and (k in ("model",) or seeds[k].nunique(dropna=False) > 1)]
+    panels = list(seeds.groupby(keys, sort=False, dropna=False))
+    heights = [max(1.2, 0.32 * len(p) + 0.8) for _, p in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, sum(heights) + 0.6), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (_, part) in zip(axes[:, 0], panels):
+        _draw_panel(ax, part)
+        ax.set_title(_panel_label(part.iloc[0], keys), loc="left", fontsize=10)
+    fig.suptitle("Speed ratio per seed, with the machine's drift band", y=1.0)
+    fig.tight_layout()
+    _save(fig, out_dir, "speed_forest")
+    return Figure("speed_forest", "speed", "Speed ratio of every seed against the machine's drift",
+                  "Each row is one seed: its mixed cell's images/s over its fp32 cell's (log axis; 1× is the "
+                  "vertical line), the line that seed's 95% interval from batch means of both cells' timed steps "
+                  "(none where too few steps were timed). The grey band is the range of ratios the machine's own "
+                  "drift could have produced between those two cells: the quotients of the calibration checks next "
+                  "to them, widened by three typical check-to-check moves. A filled marker lies outside its band "
+                  "(drift cannot explain it), an open one inside. One panel per model and dataset.",
+                  "Forest plot per model: for each framework, precision and seed, a marker at the speed ratio with "
+                  "a horizontal interval, on a log axis, over a grey band of what machine drift alone could do.")

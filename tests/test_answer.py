@@ -1,0 +1,92 @@
+"""The answer a report opens with (issue 32): per model and framework, what to use on this machine and why, from
+the run's evidence only, and what would decide what the run cannot. Synthetic run folders (no training) rendered
+by the same report.render a compare calls; the answer is read from the page, summary.md and the terminal text."""
+
+import pandas as pd
+
+from amp_compare.contract import records
+from amp_compare.harness.report import answer, glossary, render
+from amp_compare.harness.report.per_seed import seed_table
+from amp_compare.harness.report.tables import full_table
+from tests.test_report_sentences import make_run, write_run
+
+CPU_BF16 = {"cpu_model": "Test CPU", "cpu_amp_flags": "avx512f,avx512_bf16,avx2,f16c", "cpu_bf16_hardware": True,
+            "cpu_fp16_hardware": False}
+NOTICE = ("oneDNN supports DT_HALF only on platforms with AVX-512. Falling back to the default Eigen-based "
+          "implementation")
+
+
+def _set(run_dir, cell_pattern: str, **values):
+    """Change some cells' run records as a child or the runner would have written them."""
+    for cell in (run_dir / "cells").glob(cell_pattern):
+        run = pd.read_parquet(cell / "run.parquet")
+        records.atomic_write_table(cell / "run.parquet", run.assign(**values))
+
+
+def _answers(run_dir, profile=None):
+    manifest = render.load_manifest(run_dir)
+    manifest["environment"].update(CPU_BF16)
+    t = records.read_run(run_dir)
+    env = {**manifest["environment"], "calibrations": manifest["calibrations"]}
+    full = full_table(t["run"], t["steps"], t["epochs"], env)
+    return answer.answers(full, seed_table(t["run"], t["steps"], env), t["run"], manifest["environment"], "cpu",
+                          profile)
+
+
+def test_a_win_a_loss_an_undecided_ratio_and_a_diverged_precision(tmp_path):
+    speeds = {("torch", "fp16"): [0.12, 0.11, 0.13], ("torch", "bf16"): [1.30, 1.25, 1.35],
+              ("tf", "fp16"): [0.80, 1.25, 1.0], ("tf", "bf16"): [1.2] * 3}
+    run_dir = write_run(tmp_path, speeds=speeds)
+    _set(run_dir, "tf-*-fp16-*", framework_notices=NOTICE)
+    _set(run_dir, "tf-*-bf16-*", status="diverged", nonfinite_step=7)
+    torch, tf = _answers(run_dir)
+    assert torch.label == "simple_cnn on synthetic, PyTorch" and torch.use == "bf16"
+    fp16, bf16 = torch.parts
+    assert fp16.verdict == "slower" and fp16.speed.startswith("0.12× fp32's speed in every seed (0.12×, 0.11×, 0.13×)")
+    assert "this CPU has no float16 arithmetic (avx512_fp16/amx_fp16 absent; flags: avx512f,avx512_bf16" in fp16.why
+    assert "which kernels ran is unexplained by this run (no profile)" in fp16.why
+    assert bf16.verdict == "faster" and "this CPU has bfloat16 dot products" in bf16.why and not bf16.decide
+    assert bf16.accuracy.startswith("no detectable accuracy change (p = ")
+    assert tf.use == "fp32" and "fp16 undecided by this run" in tf.because
+    tf_fp16, tf_bf16 = tf.parts
+    assert tf_fp16.verdict == "undecided" and "⚠ noisy" in tf_fp16.speed and tf_fp16.decide.startswith("more seeds")
+    assert tf_bf16.verdict == "failed" and tf_bf16.failed == "seed 0 diverged (loss not finite from step 7), seed " \
+        "1 diverged (loss not finite from step 7), seed 2 diverged (loss not finite from step 7)"
+
+
+def test_the_reason_comes_from_the_framework_log_and_a_profile_when_the_run_has_them(tmp_path):
+    run_dir = write_run(tmp_path, speeds={("tf", "fp16"): [0.25] * 3, ("torch", "fp16"): [0.12] * 3})
+    _set(run_dir, "tf-*-fp16-*", framework_notices=NOTICE)
+    profile = pd.DataFrame([{"framework": "torch", "model": "simple_cnn", "precision": "fp16", "op":
+                             "aten::convolution_backward", "self_share": 0.61, "library_path": "oneDNN ref:any"},
+                            {"framework": "torch", "model": "simple_cnn", "precision": "fp16", "op": "aten::add_",
+                             "self_share": 0.05, "library_path": "native"}])
+    torch, tf = _answers(run_dir, profile)
+    assert "in its profile, aten::convolution_backward accounts for 61% of the step-time difference against fp32 " \
+           "(library: oneDNN ref:any)" in \
+        torch.parts[0].why and "unexplained" not in torch.parts[0].why
+    assert f"Keras (TF) logged “{NOTICE}”" in tf.parts[0].why
+
+
+def test_one_seed_and_a_speed_budget_say_what_a_full_measurement_needs(tmp_path):
+    run_dir = write_run(tmp_path, seeds=(0,), speeds={("torch", "fp16"): [0.12], ("torch", "bf16"): [1.3]},
+                        frameworks=("torch",))
+    _set(run_dir, "torch-*-fp16-*", budget_steps=40, budget_reason="first steps over 5× fp32's")
+    (torch,) = _answers(run_dir)
+    fp16, bf16 = torch.parts
+    assert "(95% interval from seed 0's timed steps only; how it varies between seeds is unknown, --seeds 0,1,2 " \
+           "measures that)" in bf16.speed
+    assert fp16.budget == ("its speed was measured over 40 steps only (speed budget: first steps over 5× fp32's); "
+                           "--no-speed-budget measures it in full")
+
+
+def test_the_page_summary_and_terminal_open_with_the_same_answer(tmp_path):
+    rendered, page = make_run(tmp_path, speeds={("torch", "fp16"): [0.12, 0.11, 0.13]})
+    first = "simple_cnn on synthetic, PyTorch: use fp32"
+    assert page.index("Answer: what to use on this machine") < page.index('<h2 id="summary">')
+    assert first in page and rendered.answer.startswith(first)
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert md.index("### Answer") < md.index("| Framework") and first in md
+    line = next(ln for ln in rendered.answer.splitlines() if "fp16: 0.12×" in ln).strip("- ").rstrip(".")
+    # the page and summary.md write each abbreviation out at its first use, which is now in the answer
+    assert glossary.expand_first_use(line)[0] in page and glossary.expand_first_use(line, markdown=True)[0] in md

@@ -1,0 +1,68 @@
+"""No table or figure of a report mixes two models (issue 32): a two-model run from synthetic tables, rendered with
+its figures by the same report.render a compare calls; every table of the page names the model in a column (or
+does not depend on the model), and the figures that draw per-model numbers draw them apart."""
+
+import re
+
+from amp_compare.contract import records
+from amp_compare.harness.report import render
+from tests.test_report_sentences import write_run
+
+# tables that describe no cell's numbers: the environment, the framework differences, the settings both used
+MODEL_FREE = ("Framework differences", "Environment", "Settings")
+
+
+def _two_models(tmp_path):
+    """write_run's simple_cnn run plus a copy of every cell as the vit, 3x slower and with other gradients."""
+    run_dir = write_run(tmp_path, seeds=(0,), speeds={("torch", "bf16"): [1.3], ("tf", "fp16"): [0.2]})
+    for cell in list((run_dir / "cells").iterdir()):
+        vit = run_dir / "cells" / cell.name.replace("simple_cnn", "vit")
+        tables = records.read_cell(cell)
+        for name, t in tables.items():
+            t = t.assign(cell_id=t["cell_id"].str.replace("simple_cnn", "vit"), model="vit") if "model" in t else t
+            if name == "run":
+                t = t.assign(throughput_img_s=t["throughput_img_s"] / 3, cfg_model="vit")
+            if name == "steps":
+                t = t.assign(step_time_s=t["step_time_s"] * 3)
+            if name == "underflow":
+                t = t.assign(elements=t["elements"] * 10)
+            tables[name] = t
+        records.write_cell(vit, tables)
+    manifest = render.load_manifest(run_dir)
+    manifest["matrix"]["models"] = ["simple_cnn", "vit"]
+    manifest["cells"] += [c.replace("simple_cnn", "vit") for c in manifest["cells"]]
+    (run_dir / "manifest.json").write_text(__import__("json").dumps(manifest))
+    return run_dir
+
+
+def test_every_table_and_figure_keeps_the_two_models_apart(tmp_path):
+    run_dir = _two_models(tmp_path)
+    rendered = render.render(run_dir, figures=False)  # the figures that draw per-model numbers: below, alone
+    page = (run_dir / "index.html").read_text()
+    for table in re.findall(r"<table>.*?</table>", page, flags=re.S):
+        head = re.findall(r"<th[^>]*>(.*?)</th>", table.split("</tr>")[0])
+        per_cell = {"Framework", "Precision"} <= set(head)
+        if per_cell and not any(h in table for h in MODEL_FREE):
+            assert "Model" in head, head  # a framework x precision row must say whose model it is
+    timing = re.search(r"<table><tr><th class='l'>Model</th>.*?p50 step \(ms\).*?</table>", page, flags=re.S)
+    assert timing and "vit" in timing.group(0) and "simple_cnn" in timing.group(0)
+    table = rendered.table.set_index(["model", "framework", "precision"])
+    assert table.loc[("vit", "torch", "fp32"), "throughput_img_s"] < table.loc[("simple_cnn", "torch", "fp32"),
+                                                                               "throughput_img_s"] / 2
+    underflow = re.search(r"<table>.*?Gradient elements.*?</table>", page, flags=re.S).group(0)
+    assert "20,000" in underflow and "2,000" in underflow and "22,000" not in underflow
+    assert "Answer" in page and page.count("simple_cnn on synthetic, PyTorch: use") == 1 and \
+        page.count("vit on synthetic, PyTorch: use") == 1
+    from amp_compare.harness.report import figures
+    from amp_compare.harness.report.forest import make_forest_figure
+    from amp_compare.harness.report.per_seed import seed_table
+
+    t = records.read_run(run_dir)
+    manifest = render.load_manifest(run_dir)
+    seeds = seed_table(t["run"], t["steps"], {"calibrations": manifest["calibrations"]})
+    assert set(seeds["model"]) == {"simple_cnn", "vit"} and seeds.groupby(["model", "framework", "precision"]).size(
+    ).eq(1).all()  # each panel's rows: one model's seeds
+    assert make_forest_figure(seeds, run_dir / "figures").key == "speed_forest"
+    hist = __import__("amp_compare.harness.report.numerics", fromlist=["x"]).gradient_histogram(t["underflow"])
+    assert set(hist["model"]) == {"simple_cnn", "vit"}
+    assert figures.make_gradient_histogram_figure(t["underflow"], run_dir / "figures") is not None
