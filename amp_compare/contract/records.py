@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
 # the numerics lab's rows, where a cell wrote them; workers: a data-parallel cell's per-worker values per step;
 # headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ)
-OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom")
+OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom", "fp8_layers", "fp8_trace")
 IDENTITY = ["run_id", "cell_id", "framework", "model", "dataset", "precision", "seed"]
 
 # Columns every table must have (beyond IDENTITY); readers rely on these.
@@ -41,6 +41,8 @@ REQUIRED = {
     "underflow": ["layer", "param", "when", "flush_fraction_unscaled", "flush_fraction_scaled"],
     "workers": ["worker", "step", "loss_scale", "skipped"],
     "headroom": ["epoch", "layer", "quantity", "max_abs"],
+    "fp8_layers": ["layer", "role", "format", "when", "step", "amax", "sqnr_db"],  # contract/fp8.py, kit/fp8.py
+    "fp8_trace": ["layer", "role", "step", "amax", "scale"],
 }
 
 

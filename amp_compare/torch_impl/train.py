@@ -20,7 +20,7 @@ from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, Shar
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
 from amp_compare.kit.training import StepBook, underflow_rows
-from amp_compare.torch_impl import amp, distributed, numerics, schedule, vit
+from amp_compare.torch_impl import amp, distributed, fp8, numerics, schedule, vit
 from amp_compare.torch_impl.device import (
     dataset_bytes,
     device_info,
@@ -52,7 +52,7 @@ def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
                         vit=vit.arguments(cfg, settings))
     if cfg.fp32_layers:  # AMP: these blocks run with autocast disabled, inputs cast to float32
         numerics.apply_fp32_layers(model, cfg.fp32_layers)
-    return model
+    return fp8.convert(model, cfg)  # fp8: torchao's Float8Linear for nn.Linear outside --fp32-layers (fp8.py)
 
 
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -158,6 +158,7 @@ def run_info(cfg: RunConfig, run: Compiled, ceiling: dict, tensors: tuple, init_
         "init_source": init_source,
         "framework_defaults": describe_defaults(),
         "settings_used": settings_used(run.model, run.optimizer, run.scaler, cfg),
+        "fp8_settings": fp8.settings(run.model),  # fp8: the recipe read back from the live modules
     }
 
 
@@ -173,6 +174,7 @@ def numerics_lab(cfg: RunConfig, run: Compiled, tensors: tuple, result: TrainRes
                                                float(amp.current_scale(run.scaler)), "first step", 0)
     if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
         result.info.update(lab.adam_formula_gap(run.model, *first_batch, cfg.precision, run.optimizer))
+    result.extra["fp8_layers"] = fp8.layer_rows(run.model, *first_batch, cfg, "first step", 0)  # fp8: per-layer SQNR
     return first_batch
 
 
@@ -192,6 +194,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
     book = worker.book(StepBook(cfg, result, progress, lambda: get_weights(run.model), locate))
     first_step = FirstStepWindow(memory)
     clock = StepClock(device)
+    trace = fp8.Trace(run.model, cfg)  # fp8: per-step amax of each converted layer, read once per epoch
     run.model.train()
     for epoch in range(cfg.epochs):
         plan = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, epoch,
@@ -206,6 +209,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
                                         clock, book, cfg.clip_grad_norm, run.graphs, worker.read_every(len(plan)),
                                         first_step=first_step)
         book.headroom(vit.read_headroom(run.model))  # vit: the epoch's maxima, one read of the device
+        result.extra.setdefault("fp8_trace", []).extend(trace.read())
         eval_start = time.perf_counter()
         val_loss, val_accuracy, result.val_correct = evaluate(run.net, x_val, y_val, cfg.precision)
         book.end_epoch(step_times, float(sum(step_times)), time.perf_counter() - eval_start, correct,
@@ -232,3 +236,4 @@ def close_records(cfg: RunConfig, run: Compiled, result: TrainResult, memory: Cp
     result.extra["underflow"] += underflow_rows(lab, run.model, first_batch, cfg.precision,
                                                 float(amp.current_scale(run.scaler)), "last step",
                                                 len(result.step_loss) - 1)
+    result.extra["fp8_layers"] += fp8.layer_rows(run.model, *first_batch, cfg, "last step", len(result.step_loss) - 1)
