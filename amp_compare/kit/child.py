@@ -325,7 +325,8 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
     run.update(derived_columns(run, result.nonfinite))
     tables = {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
     for name, rows in result.extra.items():
-        tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
+        if rows:  # an empty table has no columns to check (e.g. fp8's tables in other modes): not written
+            tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
     return tables
 
 
