@@ -123,11 +123,16 @@ def add_outlier(model: keras.Model) -> None:
     layer.call = with_outlier
 
 
-def _flat(t, kernel_shape) -> np.ndarray:
-    """A layer input or output as 2-D (tokens, features), features = the trailing dims the kernel contracts or makes."""
+def _flat(t, dims: int) -> np.ndarray:
+    """A layer input or output as 2-D (tokens, features): its last `dims` axes are the features."""
     a = np.asarray(keras.ops.convert_to_numpy(t), np.float32)
-    n = next(n for n in range(1, a.ndim) if tuple(a.shape[-n:]) in (tuple(kernel_shape[:n]), tuple(kernel_shape[-n:])))
-    return a.reshape(-1, int(np.prod(a.shape[-n:])))
+    return a.reshape(-1, int(np.prod(a.shape[a.ndim - dims:])))
+
+
+def _in_dims(inputs, kernel_shape) -> int:
+    """How many leading kernel axes contract the input's trailing ones (Dense 1; attention_output's EinsumDense 2)."""
+    shape = tuple(inputs.shape)
+    return next(n for n in range(1, len(kernel_shape)) if shape[-n:] == tuple(kernel_shape[:n]))
 
 
 def capture_step(model: keras.Model, x, y) -> dict[str, dict[str, np.ndarray]]:
@@ -143,6 +148,7 @@ def capture_step(model: keras.Model, x, y) -> dict[str, dict[str, np.ndarray]]:
     calls = {name: layer.quantized_call for name, layer in layers.items()}  # what Layer.__call__ runs once quantized
     for name, layer in layers.items():
         def keep(inputs, *args, name=name, **kwargs):
+            inputs = tf.identity(inputs)  # a tensor of its own: its gradient is this layer's alone (q, k, v share one)
             out = calls[name](inputs, *args, **kwargs)
             seen[name] = (inputs, out)
             return out
@@ -165,13 +171,14 @@ def capture_step(model: keras.Model, x, y) -> dict[str, dict[str, np.ndarray]]:
     n, out = len(layers), {}
     for i, (name, layer) in enumerate(layers.items()):
         shape = tuple(layer._kernel.shape)
-        flat_in = _flat(inputs[i], shape)
+        n_in = _in_dims(inputs[i], shape)
+        flat_in, n_out = _flat(inputs[i], n_in), len(shape) - n_in
         out[name] = {"input": flat_in,
                      "kernel": np.asarray(keras.ops.convert_to_numpy(layer._kernel), np.float32).reshape(
                          flat_in.shape[1], -1),
                      "bias": None if layer.bias is None else np.asarray(keras.ops.convert_to_numpy(layer.bias)).ravel(),
-                     "output": _flat(outputs[i], shape), "grad_output": _flat(grads[n + i], shape),
-                     "grad_input": _flat(grads[2 * n + i], shape),
+                     "output": _flat(outputs[i], n_out), "grad_output": _flat(grads[n + i], n_out),
+                     "grad_input": _flat(grads[2 * n + i], n_in),
                      "grad_kernel": np.asarray(keras.ops.convert_to_numpy(grads[i])).reshape(flat_in.shape[1], -1)}
     return out
 

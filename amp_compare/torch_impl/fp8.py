@@ -115,11 +115,13 @@ def capture_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str
 
     layers, seen, handles = converted(model), {}, []
     for name, module in layers.items():
+        def own_input(m, args, name=name):  # a view of its own, so its gradient is this layer's alone (q, k, v
+            seen[name] = {"input_t": args[0].view_as(args[0])}  # share one input tensor)
+            return (seen[name]["input_t"], *args[1:])
+
         def keep(m, args, output, name=name):
-            args[0].retain_grad() if args[0].requires_grad else None
-            seen[name] = {"input_t": args[0], "output_t": output}
-            output.retain_grad()
-        handles.append(module.register_forward_hook(keep))
+            seen[name]["output_t"] = output
+        handles += [module.register_forward_pre_hook(own_input), module.register_forward_hook(keep)]
     was_training = model.training
     try:
         model.train()
