@@ -80,6 +80,19 @@ def test_torch_layers_follow_their_recipe(precision, data):
     assert live["formats"] == list(recipe.formats)
 
 
+@pytest.mark.parametrize("precision, name", [("fp8", "tensorwise"), ("fp8-rowwise", "rowwise")])
+def test_torch_recipe_is_torchaos_own(precision, name):
+    """contract/fp8.py's torch rows, built into a Float8LinearConfig, are torchao's named recipes."""
+    import dataclasses
+
+    from torchao.float8 import Float8LinearConfig
+
+    from amp_compare.torch_impl import fp8
+
+    assert fp8._config(config("torch", precision)) == dataclasses.replace(
+        Float8LinearConfig.from_recipe_name(name), emulate=True)
+
+
 def test_fp32_layers_stay_out_of_fp8(data):
     """--fp32-layers keeps a block out of fp8 in both frameworks (the torch side here, Keras below)."""
     _, captured = torch_step(config("torch", "fp8", fp32_layers=("blocks.0.mlp",)), data)

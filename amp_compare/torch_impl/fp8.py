@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 from torch import nn
@@ -31,11 +29,18 @@ _ROLE_DTYPE = {"input": "cast_config_input", "kernel": "cast_config_weight", "gr
 
 
 def _config(cfg: RunConfig):
-    from torchao.float8 import Float8LinearConfig
+    """contract/fp8.py's recipe as torchao's Float8LinearConfig (tests/test_fp8_reference.py checks it equals
+    torchao's own named recipe); emulated off a GPU (a CPU has no fp8 matmul)."""
+    from torchao.float8.config import CastConfig, Float8LinearConfig, ScalingGranularity
 
     recipe = contract.recipe(cfg.framework, cfg.precision)
-    config = Float8LinearConfig.from_recipe_name("rowwise" if recipe.granularity == "row" else "tensorwise")
-    return dataclasses.replace(config, emulate=cfg.device != "cuda")  # a CPU has no fp8 matmul: emulated
+    granularity = ScalingGranularity.AXISWISE if recipe.granularity == "row" else ScalingGranularity.TENSORWISE
+    casts = {role: CastConfig(scaling_granularity=granularity, target_dtype=getattr(torch, fmt))
+             for role, fmt in recipe.format_of.items()}
+    return Float8LinearConfig(cast_config_input=casts["input"],
+                              cast_config_weight=casts["kernel"],
+                              cast_config_grad_output=casts["grad_output"],
+                              round_scales_to_power_of_2=recipe.power_of_2_scales, emulate=cfg.device != "cuda")
 
 
 def _kept_out(name: str, fp32_layers) -> bool:
