@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from amp_compare.contract.fp8 import plan_error as fp8_plan_error
 from amp_compare.contract.config import (
     DATASETS,
     DEFAULT_FRAMEWORKS,
@@ -332,6 +333,8 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
         except ConfigError as exc:  # the GPU default still runs, on data of CIFAR's shape, and says so
             datasets = ("synthetic_cifar",)
             notes.append(f"CIFAR-10 unavailable ({exc}); the GPU default used synthetic data of CIFAR's shape.")
+    if fp8_error := fp8_plan_error(frameworks, models, precisions, args.given):  # contract/fp8.py
+        raise ConfigError(fp8_error)
     static = precision_names(loss_scaling="static")
     if args.loss_scale is not None and not set(static) & set(precisions):
         raise ConfigError(f"--loss-scale {args.loss_scale:g} needs precision {', '.join(static)} among --precisions "

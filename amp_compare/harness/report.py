@@ -24,7 +24,7 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import cpu_half_precision_verdict
 from amp_compare.contract.mapping import DIFFERENCES
-from amp_compare.harness import dataparallel_report, wording
+from amp_compare.harness import dataparallel_report, fp8_report, wording
 from amp_compare.harness import numerics_report as nr
 from amp_compare.harness.backend_split import keras_backend_split
 from amp_compare.harness.calibrate import describe as describe_steadiness
@@ -557,11 +557,13 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                "sections": dataparallel_report.sections(SECTIONS, None)}  # no Data parallel link without the section
     if every:
         context.update(_data_parallel_context(every, manifest))
+    fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (harness/fp8_report.py)
+    context["fp8_html"] = fp8_report.html(fp8, fp8_report.figure(fp8, run_dir / "figures") if draw else None)
     atomic_write_text(run_dir / "index.html", _env().get_template("report.html").render(**context))
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]],
-          *(context.get("data_parallel_md") or [])]
+          *(context.get("data_parallel_md") or []), *fp8_report.markdown(fp8)]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]
