@@ -35,7 +35,7 @@ ORDER = [f"{PARITY}::{test}" for test in (
     "test_forward_inference_mode[resnet18]", "test_forward_training_mode[resnet18]",
     "test_gradients_of_one_step[resnet18]", "test_training_steps_agree[vit-adamw]", "test_loss_scaler_sequence[vit]",
     "test_training_steps_agree[resnet18-sgd]",
-    "test_training_steps_agree[resnet18-adam]")]
+    "test_training_steps_agree[resnet18-adam]", "test_fp8_steps_from_shared_init")]
 JOBS = 2  # mutants run two at a time (a 2-core machine)
 # fp8's mutants run the fp8 reference tests (the parity suite cannot see a recipe: both frameworks differ there).
 FP8 = "tests/test_fp8_reference.py"

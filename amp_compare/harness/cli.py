@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from amp_compare.contract.fp8 import plan_error as fp8_plan_error
 from amp_compare.contract.config import (
     DATASETS,
     DEFAULT_FRAMEWORKS,
@@ -43,6 +42,7 @@ from amp_compare.contract.config import (
     run_options,
     validate_options,
 )
+from amp_compare.contract.fp8 import plan_error as fp8_plan_error
 from amp_compare.contract.precision import names as precision_names
 from amp_compare.harness.launch import expand_replicas
 from amp_compare.harness.perf import expand_cells

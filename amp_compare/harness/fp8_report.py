@@ -92,7 +92,8 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
                    "shows numerics only; no speed is claimed for fp8.")
     unavailable = runs[(runs["precision"].isin(contract.FP8_MODES)) & (runs["status"] == "unavailable")]
     for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples():
-        out.append(f"{framework_label(r.framework)} {r.precision}: unavailable — {str(r.error).removeprefix('unavailable: ')}")
+        reason = str(r.error).removeprefix("unavailable: ")
+        out.append(f"{framework_label(r.framework)} {r.precision}: unavailable — {reason}")
     if not trace.empty:
         first = trace[(trace["step"] == 1) & (trace["role"] == "input")]
         for fw, group in first.groupby("framework"):
