@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
+from amp_compare.contract import fp8
 from amp_compare.contract import models as model_specs
 from amp_compare.contract import precision as precisions
 
@@ -409,6 +410,9 @@ class RunConfig:
                                           "e.g. fc or layer4 or layer1.0.conv1; the dtype audit shows it took "
                                           "effect", default_text="none",
                                           empty_ok=True)
+    fp8_outlier: bool = option(False, "vit: add one large activation (the class token's first feature entering "
+                               "blocks.0.attn) in every cell, the lesson of per-tensor versus per-row fp8 scaling; "
+                               "needs an fp8 precision")
     clip_grad_norm: float | None = option(None, "global gradient-norm clipping on the unscaled gradients "
                                           "(torch: scaler.unscale_ then clip_grad_norm_; Keras: global_clipnorm "
                                           "inside the LossScaleOptimizer)", gt=0)
@@ -459,6 +463,9 @@ class RunConfig:
                 sub = f", or a sub-block such as {example}" if example else ""
                 raise ConfigError(f"unknown layer {name!r} for --fp32-layers of {self.model} "
                                   f"(valid: {', '.join(MODEL_BLOCKS[self.model])}{sub})")
+        fp8_error = fp8.plan_error((self.framework,), (self.model,), (self.precision,), set())
+        if fp8_error or (self.fp8_outlier and self.model not in fp8.FP8_MODELS):
+            raise ConfigError(fp8_error or f"--fp8-outlier needs the vit (got {self.model!r})")
 
     @property
     def cell_id(self) -> str:

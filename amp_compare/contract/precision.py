@@ -18,6 +18,7 @@ class Precision:
     loss_scaling: str | None  # "dynamic" (grows and backs off), "static" (--loss-scale, fixed) or None
     keras_policy: str  # the Keras dtype policy
     torch_autocast: str | None  # the torch.autocast dtype; None: no autocast
+    fp8: str | None = None  # fp8 training's scaling granularity on top of the base ("tensorwise"; contract/fp8.py)
 
     @property
     def mixed(self) -> bool:
@@ -33,6 +34,10 @@ TABLE: tuple[Precision, ...] = (
               "mixed_float16", "float16"),
     Precision("fp16-static", "mixed float16, a fixed loss scale (--loss-scale), no growth or backoff", "float16",
               "static", "mixed_float16", "float16"),
+    Precision("fp8", "fp8 training (e4m3 matmul inputs), each framework's own recipe on a float32 base", None,
+              None, "float32", None, "tensorwise"),
+    Precision("fp8-rowwise", "fp8 training with one scale per row (torchao's rowwise recipe) on a float32 base",
+              None, None, "float32", None, "rowwise"),
 )
 BY_NAME = {p.name: p for p in TABLE}
 NAMES = tuple(BY_NAME)  # in display order

@@ -30,7 +30,8 @@ SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
 # the numerics lab's rows, where a cell wrote them; workers: a data-parallel cell's per-worker values per step;
 # headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ)
-OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom", "profile_ops", "profile_primitives")
+OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom", "profile_ops", "profile_primitives",
+                   "fp8_layers", "fp8_trace")
 IDENTITY = list(declared_tables.IDENTITY)
 
 # Columns every table must have (beyond IDENTITY); readers rely on these. Every column, with its kind and unit, is

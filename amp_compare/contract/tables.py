@@ -85,6 +85,17 @@ TABLES: dict[str, dict[str, Column]] = {
         ("impl", "str", "", "oneDNN's implementation name (jit:…, brg…, ref:any)"), ("dtype", "str"),
         ("path", "str", "", "JIT or reference"), ("executions", "int"), ("exec_time_s", "float", "s"),
         ("created", "int", "", "primitives created")),
+    # fp8 cells (kit/fp8.py, torch_impl/fp8.py, keras_impl/fp8.py)
+    "fp8_layers": _columns(
+        ("layer", "str"), ("role", "str", "", "input, kernel or grad_output"), ("format", "str", "", "e4m3 or e5m2"),
+        ("when", "str", "", "first step or last step"), ("step", "int"), ("amax", "float", "", "largest |value|"),
+        ("sqnr_db", "float", "dB", "signal-to-quantization-noise ratio against float32"),
+        ("zero_share", "float", "fraction", "nonzero values the recipe flushed to zero")),
+    "fp8_trace": _columns(
+        ("layer", "str"), ("role", "str"), ("step", "int"), ("amax", "float", "", "the amax the scale came from"),
+        ("scale", "float", "", "the multiplier into the fp8 range"),
+        ("history_max", "float", "", "Keras: the largest amax in the delayed-scaling history"),
+        ("fmax", "float", "", "Keras: the format's largest finite value")),
 }
 
 # Required beyond IDENTITY: what every reader relies on (the others may be absent in some runs).
@@ -98,6 +109,8 @@ REQUIRED = {
     "headroom": ["epoch", "layer", "quantity", "max_abs"],
     "profile_ops": ["rank", "op", "calls", "self_time_s", "share", "dtypes", "library", "cast"],
     "profile_primitives": ["kind", "prop_kind", "impl", "dtype", "path", "executions", "exec_time_s", "created"],
+    "fp8_layers": ["layer", "role", "format", "when", "step", "amax", "sqnr_db"],
+    "fp8_trace": ["layer", "role", "step", "amax", "scale"],
 }
 
 # The run table: what kit/child.build_tables computes (and harness/runner.py's failed row: identity, status, error,
@@ -150,6 +163,7 @@ REPORTED = _columns(
     ("allreduce_hook", "str"), ("allreduce_dtype", "str"), ("allreduce_readback", "str"),
     ("allreduce_calls", "int"), ("allreduce_elements", "int"), ("allreduce_time_s", "float", "s"),
     ("allreduce_time_source", "str"), ("threads_per_worker", "int", "threads"),
+    ("fp8_settings", "json", "", "fp8: the recipe read back from the live layers (formats, scaling, history)"),
     # --profile (kit/profile.py window_info)
     ("profile_tool", "str"), ("profile_trace", "str", "", "the trace file, relative to the cell folder"),
     ("profile_steps", "int", "steps"), ("profile_plain_step_s", "float", "s", "median unprofiled window step"),

@@ -150,6 +150,8 @@ def to_canonical(model: keras.Model, values, variables=None) -> dict[str, np.nda
     variables = _weights(model) if variables is None else variables
     by_layer: cw.KerasWeights = {}
     for variable, value in zip(variables, values, strict=True):
+        if variable.name in cw.RECORDERS:  # state, not a weight (e.g. float8 scales among trainable_variables)
+            continue
         layer, name = variable.path.rsplit("/", 1)
         by_layer.setdefault(layer, {})[name] = keras.ops.convert_to_numpy(value)
     return cw.to_torch(by_layer, _flatten_chw(model))

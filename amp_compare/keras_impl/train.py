@@ -28,7 +28,7 @@ if backends.TENSORFLOW:  # TensorFlow-only code below (tf.data, the locator's ga
 
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.contract.mapping import framework_settings  # noqa: E402
-from amp_compare.keras_impl import amp, distributed, loop, numerics, profile, vit  # noqa: E402
+from amp_compare.keras_impl import amp, distributed, fp8, loop, numerics, profile, vit  # noqa: E402
 from amp_compare.keras_impl.models import build_model, get_weights, set_weights  # noqa: E402
 from amp_compare.keras_impl.optimizers import learning_rate  # noqa: E402
 from amp_compare.keras_impl.settings import describe_defaults, settings_used  # noqa: E402
@@ -160,10 +160,12 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     with distributed.scope(cfg):  # DATA PARALLEL: the strategy's scope / the distribution; else device_scope
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
+        model = fp8.convert(model, cfg)  # fp8: float8 Dense/EinsumDense outside --fp32-layers (fp8.py)
         compile_model(cfg, model, result.info["steps_per_execution"])
         distributed.compiled(cfg, model, data)  # DATA PARALLEL: built for the strategy; its all-reduce observed
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
-                           settings_used=settings_used(model, model.optimizer, model.optimizer, cfg))
+                           settings_used=settings_used(model, model.optimizer, model.optimizer, cfg),
+                           fp8_settings=fp8.settings(model))  # fp8: the recipe read back from the live layers
         dataset, images = attach_dataset(model, cfg, data)
         first_batch = numerics_lab(cfg, data, model, result)  # outside the timed loop
         model.step_log = loop.StepLog(steps) if device_mode(cfg) and backends.TENSORFLOW else None  # after the audit
@@ -216,6 +218,7 @@ def numerics_lab(cfg: RunConfig, data: Dataset, model: keras.Model, result: Trai
     first_batch = (data.x_train[first], data.y_train[first])
     training.numerics_lab(cfg, numerics, model, first_batch, float(amp.current_scale(model.optimizer)),
                           model.optimizer, result)
+    result.fp8_layers = fp8.layer_rows(model, *first_batch, cfg, "first step", 0)  # fp8: per-layer SQNR
     return first_batch
 
 
@@ -242,7 +245,8 @@ def train_epochs(cfg: RunConfig, data: Dataset, model: keras.Model, dataset, ima
                         augment=(data, images) if cfg.augment else None, first_step=FirstStepWindow(memory))
     model.fit(dataset, epochs=cfg.epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
               validation_data=(data.x_val, data.y_val), validation_batch_size=EVAL_BATCH,
-              callbacks=[callback, *distributed.callbacks(cfg, steps)])  # DATA PARALLEL: per-worker values
+              callbacks=[callback, *distributed.callbacks(cfg, steps),  # DATA PARALLEL: per-worker values
+                         *fp8.callbacks(cfg, model, result.fp8_trace)])  # fp8: scales
     result.info["first_step_peak_memory_bytes"] = callback.first_step.peak_bytes
 
 
@@ -259,3 +263,4 @@ def close_records(cfg: RunConfig, data: Dataset, model: keras.Model, result: Tra
     result.val_correct = np.argmax(model.predict(data.x_val, batch_size=EVAL_BATCH, verbose=0), axis=1) == data.y_val
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     training.last_underflow(cfg, numerics, model, first_batch, float(amp.current_scale(model.optimizer)), result)
+    result.fp8_layers += fp8.layer_rows(model, *first_batch, cfg, "last step", len(result.step_loss) - 1)

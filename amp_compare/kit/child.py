@@ -173,6 +173,8 @@ class TrainResult:
     headroom: list[dict] = field(default_factory=list)
     profile_ops: list[dict] = field(default_factory=list)  # --profile: the window's top ops (kit/profile.py)
     profile_primitives: list[dict] = field(default_factory=list)  # --profile: oneDNN primitives it ran
+    fp8_layers: list[dict] = field(default_factory=list)  # fp8: per-layer SQNR, first and last step (kit/fp8.py)
+    fp8_trace: list[dict] = field(default_factory=list)  # fp8: per-step amax and scale of each converted layer
     # Per validation image (in order), whether the final model classified it correctly: the paired
     # accuracy tests of harness/report/stats.py compare these between precisions.
     val_correct: np.ndarray | None = None

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import RunConfig
 from amp_compare.contract.twins import Locate
 from amp_compare.kit.child import DivergenceWatch, Progress, TrainResult, first_nonfinite_parameter
@@ -135,7 +136,10 @@ def last_underflow(cfg: RunConfig, numerics, model, first_batch: tuple, scale: f
 def underflow_rows(numerics, model, batch: tuple, precision: str, scale: float, when: str,
                    step: int) -> list[dict]:
     """Per-layer gradient magnitudes of one batch against float16's range, at the scale in use then
-    (numerics: the framework's numerics module)."""
+    (numerics: the framework's numerics module). None for fp8 cells: their formats' range is the fp8 section's
+    (per-layer SQNR and flushed share, kit/fp8.py), not float16's."""
+    if precisions.of(precision).fp8:
+        return []
     rows = numerics.gradient_underflow(model, *batch, precision, loss_scale=scale)
     return [{**row, "when": when, "at_step": step, "log2_hist": json.dumps(row.get("log2_hist"))} for row in rows]
 

@@ -32,7 +32,9 @@ BN_TO_KERAS = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
 BN_TO_TORCH = {v: k for k, v in BN_TO_KERAS.items()}
 SKIPPED = ("num_batches_tracked",)  # torch-only bookkeeping, not a weight
 # Headroom recorders (the vit's running maxima, keras_impl/vit.py; torch keeps them as non-persistent buffers)
-RECORDERS = ("max_in", "max_qk")
+RECORDERS = ("max_in", "max_qk",
+             # Keras' float8 state (model.quantize("float8")): scales and amax histories, not weights
+             *(f"{role}_{kind}" for role in ("inputs", "kernel", "outputs_grad") for kind in ("scale", "amax_history")))
 # Keras MultiHeadAttention sublayer -> the torch SelfAttention's Linear, and back
 MHA_TO_TORCH = {"query": "query", "key": "key", "value": "value", "attention_output": "out"}
 MHA_TO_KERAS = {v: k for k, v in MHA_TO_TORCH.items()}

@@ -21,7 +21,7 @@ from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, Shar
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
 from amp_compare.kit.training import StepBook, first_batch_index
-from amp_compare.torch_impl import amp, distributed, numerics, profile, schedule, vit
+from amp_compare.torch_impl import amp, distributed, fp8, numerics, profile, schedule, vit
 from amp_compare.torch_impl.device import (
     dataset_bytes,
     device_info,
@@ -53,7 +53,7 @@ def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
                         vit=vit.arguments(cfg, settings))
     if cfg.fp32_layers:  # AMP: these blocks run with autocast disabled, inputs cast to float32
         numerics.apply_fp32_layers(model, cfg.fp32_layers)
-    return model
+    return fp8.convert(model, cfg)  # fp8: torchao's Float8Linear for nn.Linear outside --fp32-layers (fp8.py)
 
 
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -160,6 +160,7 @@ def run_info(cfg: RunConfig, run: Compiled, ceiling: dict, tensors: tuple, init_
         "init_source": init_source,
         "framework_defaults": describe_defaults(),
         "settings_used": settings_used(run.model, run.optimizer, run.scaler, cfg),
+        "fp8_settings": fp8.settings(run.model),  # fp8: the recipe read back from the live modules
     }
 
 
@@ -171,6 +172,7 @@ def numerics_lab(cfg: RunConfig, run: Compiled, tensors: tuple, result: TrainRes
     first_batch = (x_train[first], y_train[first])
     training.numerics_lab(cfg, numerics, run.model, first_batch, float(amp.current_scale(run.scaler)), run.optimizer,
                           result)
+    result.fp8_layers = fp8.layer_rows(run.model, *first_batch, cfg, "first step", 0)  # fp8: per-layer SQNR
     return first_batch
 
 
@@ -190,6 +192,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
     book = worker.book(StepBook(cfg, result, progress, lambda: get_weights(run.model), locate))
     first_step = FirstStepWindow(memory)
     clock = StepClock(device)
+    trace = fp8.Trace(run.model, cfg)  # fp8: per-step amax of each converted layer, read once per epoch
     run.model.train()
     for epoch in range(cfg.epochs):
         plan = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, epoch,
@@ -204,6 +207,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
                                         clock, book, cfg.clip_grad_norm, run.graphs, worker.read_every(len(plan)),
                                         first_step=first_step)
         book.headroom(vit.read_headroom(run.model))  # vit: the epoch's maxima, one read of the device
+        result.fp8_trace.extend(trace.read())
         eval_start = time.perf_counter()
         val_loss, val_accuracy, result.val_correct = evaluate(run.net, x_val, y_val, cfg.precision)
         book.end_epoch(step_times, float(sum(step_times)), time.perf_counter() - eval_start, correct,
@@ -227,3 +231,4 @@ def close_records(cfg: RunConfig, run: Compiled, result: TrainResult, memory: Cp
     result.peak_memory_bytes, result.memory_kind = training_peak(memory, tensors)
     check_final_weights(result, get_weights(run.model))  # non-finite weights behind a finite loss: diverged
     training.last_underflow(cfg, numerics, run.model, first_batch, float(amp.current_scale(run.scaler)), result)
+    result.fp8_layers += fp8.layer_rows(run.model, *first_batch, cfg, "last step", len(result.step_loss) - 1)

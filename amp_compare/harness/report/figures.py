@@ -25,8 +25,9 @@ from amp_compare.harness.report.tables import ok_runs, seed_counts_text, summary
 # One colour per framework label; the Keras backends share a blue-green family, PyTorch stands apart.
 FRAMEWORK_COLORS = dict(zip(FRAMEWORK_LABELS.values(), ("#d1495b", "#00798c", "#edae49", "#66a182")))
 PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
-                    "fp16-static": (8, 2, 2, 2)}
-PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "fp16-noscale": "v", "fp16-static": "D"}
+                    "fp16-static": (8, 2, 2, 2), "fp8": (2, 2), "fp8-rowwise": (6, 1.5, 1, 1.5)}
+PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "fp16-noscale": "v", "fp16-static": "D", "fp8": "X",
+                     "fp8-rowwise": "P"}
 
 
 @dataclass

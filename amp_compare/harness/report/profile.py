@@ -14,6 +14,7 @@ import math
 
 import pandas as pd
 
+from amp_compare.contract import precision as precisions
 from amp_compare.kit.profile import PLAIN_STEPS
 
 SPEED_BAND = 1.1  # mixed vs fp32 median step ratio outside [1/1.1, 1.1]: a slowdown or speed-up worth explaining
@@ -27,7 +28,7 @@ def _per_step(ops: pd.DataFrame, cell: str, steps: float) -> pd.Series:
 
 
 def _fp32_cell(cell_id: str, precision: str) -> str:
-    return cell_id.replace(f"-{precision}-", "-fp32-", 1)
+    return cell_id.replace(f"-{precision}-", f"-{precisions.REFERENCE}-", 1)
 
 
 def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFrame) -> dict:
@@ -70,7 +71,7 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
     prims = tables.get("profile_primitives", pd.DataFrame(columns=["cell_id", "impl"]))
     ok = runs[runs["status"] == "ok"].set_index("cell_id", drop=False)
     rows = []
-    for _, run in ok[ok["precision"] != "fp32"].iterrows():
+    for _, run in ok[ok["precision"] != precisions.REFERENCE].iterrows():
         base = ok.loc[_fp32_cell(run["cell_id"], run["precision"])] if _fp32_cell(run["cell_id"], run["precision"]) \
             in ok.index else None
         if base is None or not run["median_step_s"] > 0:
@@ -94,7 +95,7 @@ def evidence(tables: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
         return None
     ok = runs[runs["status"] == "ok"].set_index("cell_id", drop=False)
     rows = []
-    for _, run in ok[ok["precision"] != "fp32"].iterrows():
+    for _, run in ok[ok["precision"] != precisions.REFERENCE].iterrows():
         fp32 = _fp32_cell(run["cell_id"], run["precision"])
         if fp32 not in ok.index:
             continue

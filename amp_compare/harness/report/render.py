@@ -25,6 +25,7 @@ from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.harness.report import accuracy, dataparallel, glossary, speed, wording
 from amp_compare.harness.report import answer as answer_block
+from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
@@ -602,13 +603,16 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
         context.update(_data_parallel_context(every, manifest))
     profile = profile_report.section(single)  # --profile: where the mixed cells' time went (report/profile.py)
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
+    fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (report/fp8.py)
+    context["fp8_html"] = fp8_report.html(fp8, fp8_report.figure(fp8, run_dir / "figures") if draw else None)
     page, used = glossary.expand_first_use(_env().get_template("report.html").render(**context))
     atomic_write_text(run_dir / "index.html", page.replace("<!--abbreviations-->", glossary.abbreviations_html(used)))
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           *(["### Answer", "", context["answer_markdown"], ""] if context["answer_markdown"] else []),
           table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]],
-          *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown)]
+          *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown),
+          *fp8_report.markdown(fp8)]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", ""]

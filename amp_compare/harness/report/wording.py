@@ -82,6 +82,8 @@ def _how(facts: RunFacts) -> str:
 def mode_text(facts: RunFacts, name: str) -> str:
     """One precision mode as the summary's intro describes it, for this run's frameworks and settings."""
     p = precisions.of(name)
+    if p.fp8:  # contract/fp8.py: each framework's own recipe, the fp8 section says which
+        return f"fp8 training ({p.fp8} scaling where offered) on a float32 base, emulated on a CPU"
     if p.half is None:
         return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
     text = f"{_how(facts)}, computing most layers in {p.half}"

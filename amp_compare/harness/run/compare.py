@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from amp_compare.contract.config import ConfigError, RunConfig, run_options
+from amp_compare.contract.fp8 import plan_error as fp8_plan_error
 from amp_compare.contract.precision import names as precision_names
 from amp_compare.harness.run.cli import (
     DEFAULT_MODEL_SEEDS,
@@ -145,6 +146,8 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
         except ConfigError as exc:  # the GPU default still runs, on data of CIFAR's shape, and says so
             datasets = ("synthetic_cifar",)
             notes.append(f"CIFAR-10 unavailable ({exc}); the GPU default used synthetic data of CIFAR's shape.")
+    if fp8_error := fp8_plan_error(frameworks, models, precisions, args.given):  # contract/fp8.py
+        raise ConfigError(fp8_error)
     static = precision_names(loss_scaling="static")
     if args.loss_scale is not None and not set(static) & set(precisions):
         raise ConfigError(f"--loss-scale {args.loss_scale:g} needs precision {', '.join(static)} among --precisions "

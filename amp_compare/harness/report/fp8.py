@@ -1,0 +1,181 @@
+"""The report's fp8 section, a pure function of the run's tables: which layers ran in fp8, each recipe's settings
+read back beside contract/fp8.py's declaration, per-layer quantization error (SQNR), the scale trajectories, and
+loss and accuracy against bf16 and fp32 through the run's paired tests (harness/stats.py).
+
+`section(tables, device)` returns None for a run without fp8 cells, else {"table", "recipes", "sentences",
+"layers", "trace"} (DataFrames and strings); `html(section)` and `markdown(section)` render it, `figure(section,
+out)` draws the scale trajectories. Framework-free (pandas, numpy; matplotlib only when drawing).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import fp8 as contract
+from amp_compare.contract.config import framework_label
+from amp_compare.contract.records import unpack_correct
+from amp_compare.harness.report.stats import mcnemar_exact, paired_bootstrap
+
+OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
+
+
+def _paired(runs: pd.DataFrame, cell, other: str) -> str:
+    """The fp8 cell's accuracy minus `other`'s (same framework, model, dataset), paired image by image over seeds."""
+    base = runs[(runs["framework"] == cell.framework) & (runs["precision"] == other) & (runs["model"] == cell.model)
+                & (runs["dataset"] == cell.dataset)]
+    mine = runs[(runs["framework"] == cell.framework) & (runs["precision"] == cell.precision)
+                & (runs["model"] == cell.model) & (runs["dataset"] == cell.dataset)]
+    pairs = []
+    for r in mine.itertuples():
+        b = base[base["seed"] == r.seed]
+        if b.empty or not r.val_correct or not b.iloc[0]["val_correct"]:
+            continue
+        n = int(r.val_samples)
+        pairs.append((unpack_correct(b.iloc[0]["val_correct"], n), unpack_correct(r.val_correct, n)))
+    if not pairs:
+        return "n/a"
+    res = (mcnemar_exact(*pairs[0]) if len(pairs) == 1 else
+           paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs])))
+    return f"{res['diff_pp']:+.2f} pp [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}]"
+
+
+def _loss_gap(runs: pd.DataFrame, cell, other: str) -> str:
+    base = runs[(runs["framework"] == cell.framework) & (runs["precision"] == other) & (runs["seed"] == cell.seed)
+                & (runs["model"] == cell.model) & (runs["dataset"] == cell.dataset)]
+    return "n/a" if base.empty else f"{cell.final_val_loss - float(base.iloc[0]['final_val_loss']):+.4f}"
+
+
+def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for cell in fp8_runs.itertuples():
+        settings = json.loads(cell.fp8_settings) if getattr(cell, "fp8_settings", "") else {}
+        mine = layers[(layers["cell_id"] == cell.cell_id) & (layers["when"] == "last step")] if not layers.empty \
+            else layers
+        per_layer = mine.groupby("layer")["sqnr_db"].min() if not mine.empty else pd.Series(dtype=float)
+        worst = mine.loc[mine["sqnr_db"].idxmin()] if not mine.empty else None
+        rows.append({
+            "framework": framework_label(cell.framework), "precision": cell.precision, "seed": cell.seed,
+            "layers in fp8": len(settings.get("converted", [])),
+            "median SQNR (dB)": f"{per_layer.median():.1f}" if len(per_layer) else "n/a",
+            "worst SQNR (dB)": f"{worst['sqnr_db']:.1f} ({worst['layer']} {worst['role']})" if worst is not None
+            else "n/a",
+            "val loss": f"{cell.final_val_loss:.4f}", "val acc.": f"{cell.final_val_accuracy:.2%}",
+            "loss − bf16": _loss_gap(runs, cell, "bf16"), "loss − fp32": _loss_gap(runs, cell, "fp32"),
+            "acc. − bf16 (95% CI)": _paired(runs, cell, "bf16"), "acc. − fp32 (95% CI)": _paired(runs, cell, "fp32")})
+    return pd.DataFrame(rows)
+
+
+def _recipes(fp8_runs: pd.DataFrame) -> pd.DataFrame:
+    """Each recipe's settings as the child read them from the live objects, beside contract/fp8.py's."""
+    rows = []
+    for cell in fp8_runs.drop_duplicates(["framework", "precision"]).itertuples():
+        live = json.loads(cell.fp8_settings) if getattr(cell, "fp8_settings", "") else {}
+        declared = contract.recipe(cell.framework, cell.precision)
+        for key in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales", "scale_convention"):
+            want = list(declared.formats) if key == "formats" else getattr(declared, key)
+            rows.append({"framework": framework_label(cell.framework), "precision": cell.precision, "setting": key,
+                         "read back": str(live.get(key, "not recorded")), "declared": str(want),
+                         "match": "yes" if live.get(key) == want else "NO",
+                         "why it matters": contract.DIFFERENCES.get(key, "")})
+    return pd.DataFrame(rows)
+
+
+def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, layers: pd.DataFrame,
+               device: str) -> list[str]:
+    out = []
+    if device != "cuda":
+        out.append("fp8 is emulated on this CPU (fp8 casts, float32 matmuls of the dequantized values): this section "
+                   "shows numerics only; no speed is claimed for fp8.")
+    unavailable = runs[(runs["precision"].isin(contract.FP8_MODES)) & (runs["status"] == "unavailable")]
+    for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples():
+        reason = str(r.error).removeprefix("unavailable: ")
+        out.append(f"{framework_label(r.framework)} {r.precision}: unavailable — {reason}")
+    if not trace.empty:
+        first = trace[(trace["step"] == 1) & (trace["role"] == "input")]
+        for fw, group in first.groupby("framework"):
+            scales = group["scale"]
+            out.append(f"{framework_label(fw)} ({', '.join(sorted(group['precision'].unique()))}): the first step's "
+                       f"input scales (fmax / amax) range {scales.min():.3g}–{scales.max():.3g}"
+                       + (" — Keras' delayed scaling starts from 1.0 and takes its first amax from the history "
+                          "after that step" if fw != "torch" else " — this step's own amax (dynamic)") + ".")
+    if not layers.empty and (fp8_runs.get("cfg_fp8_outlier", pd.Series(dtype=bool)) == True).any():  # noqa: E712
+        hit = layers[(layers["layer"] == OUTLIER_LAYER) & (layers["role"] == "input") & (layers["when"] == "last step")]
+        for r in hit.itertuples():
+            out.append(f"--fp8-outlier: {OUTLIER_LAYER}'s input under {framework_label(r.framework)} {r.precision}: "
+                       f"SQNR {r.sqnr_db:.1f} dB, {r.zero_share:.1%} of its nonzero values flushed to zero "
+                       f"(amax {r.amax:.3g}).")
+    return out
+
+
+def section(tables: dict[str, pd.DataFrame], device: str = "cpu") -> dict | None:
+    runs = tables.get("run", pd.DataFrame())
+    if runs.empty or not runs["precision"].isin(contract.FP8_MODES).any():
+        return None
+    fp8_runs = runs[runs["precision"].isin(contract.FP8_MODES) & (runs["status"] == "ok")]
+    layers, trace = tables.get("fp8_layers", pd.DataFrame()), tables.get("fp8_trace", pd.DataFrame())
+    return {"table": _table(runs, fp8_runs, layers), "recipes": _recipes(fp8_runs),
+            "sentences": _sentences(runs, fp8_runs, trace, layers, device), "layers": layers, "trace": trace}
+
+
+def html(sec: dict | None, figure_path: str | None = None) -> str:
+    if sec is None:
+        return ""
+    from html import escape
+
+    parts = ['<h2 id="fp8">fp8 training</h2>',
+             "<p>Each framework's own fp8 recipe on a float32 base: PyTorch through torchao.float8 (nn.Linear -> "
+             "Float8Linear), Keras through quantize('float8') (Dense and EinsumDense). SQNR: signal-to-quantization-"
+             "noise ratio of each converted layer's input, kernel and output gradient as its recipe quantizes them, "
+             "against the float32 tensors of the last training step (worst layer named). Accuracy differences are "
+             "paired image by image (McNemar, or a paired bootstrap over seeds), as in the Accuracy section.</p>",
+             "<ul>" + "".join(f"<li>{escape(s)}</li>" for s in sec["sentences"]) + "</ul>",
+             sec["table"].to_html(index=False, escape=True, border=0) if not sec["table"].empty else
+             "<p>No fp8 cell finished.</p>",
+             "<h3>Recipes, read back from the live objects</h3>",
+             sec["recipes"].to_html(index=False, escape=True, border=0) if not sec["recipes"].empty else ""]
+    if figure_path:
+        parts.append(f'<figure><img src="{figure_path}" alt="fp8 input scale per step and layer, each framework">'
+                     "<figcaption>Input scale (fmax / amax) of each converted layer per training step: torchao's "
+                     "follows each step's amax; Keras' is the largest amax of up to 1,024 earlier steps.</figcaption>"
+                     "</figure>")
+    return "\n".join(parts)
+
+
+def markdown(sec: dict | None) -> list[str]:
+    if sec is None:
+        return []
+    lines = ["", "### fp8 training", "", *[f"- {s}" for s in sec["sentences"]], ""]
+    if not sec["table"].empty:
+        table = sec["table"].astype(str)
+        lines += ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns),
+                  *["| " + " | ".join(row) + " |" for row in table.itertuples(index=False)]]
+    return lines
+
+
+def figure(sec: dict | None, out: Path) -> str | None:
+    """figures/fp8_scales.png: each converted layer's input scale per step, one panel per fp8 cell."""
+    if sec is None or sec["trace"].empty:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trace = sec["trace"][sec["trace"]["role"] == "input"]
+    cells = list(trace.groupby(["framework", "precision"]))
+    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.5), squeeze=False)
+    for ax, ((fw, prec), group) in zip(axes[0], cells):
+        for layer, g in group.groupby("layer"):
+            ax.plot(g["step"], g["scale"], lw=0.8, label=layer)
+        ax.set(yscale="log", xlabel="training step", ylabel="input scale (fmax / amax)",
+               title=f"{framework_label(fw)} {prec}")
+    axes[0][-1].legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / "fp8_scales.png", dpi=110)
+    plt.close(fig)
+    return "figures/fp8_scales.png"
