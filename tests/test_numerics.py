@@ -498,8 +498,6 @@ def test_report_shows_both_underflow_methods_for_both_frameworks():
     assert {"float32 reference: would flush in fp16, no scaling", "mixed backward: lost, no scaling"} <= set(table)
     lost = table.set_index("Framework")["mixed backward: lost, no scaling"]
     assert lost["PyTorch"] == f"{summary.loc['torch', 'lost_unscaled']:.3%}"
-    sentences = [s for s in nr.what_happened(pd.DataFrame(), pd.DataFrame(), frame) if "float32 reference" in s]
-    assert len(sentences) == 2 and all("real fp16 backward" in s for s in sentences)
     # Records from before the mixed-backward columns: "n/a", not a number the run never measured.
     old = frame.drop(columns=["zero_fraction_mixed", "lost_fraction_mixed_unscaled", "lost_fraction_mixed_scaled"])
     assert set(_underflow_table(old)["mixed backward: lost, no scaling"]) == {"n/a"}

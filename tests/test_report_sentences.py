@@ -141,9 +141,9 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
         in intro
     assert "fp16-static (autocast in PyTorch and a dtype policy in Keras, computing most layers in float16, with " \
            "the fixed loss scale 1024 (--loss-scale), never grown or backed off)" in intro
-    for part in (intro, section(html, "loss_scaling"), section(html, "glossary"), section(html, "numerics")):
+    for part in (intro, section(html, "glossary"), section(html, "numerics")):
         assert "bf16" not in part and "bfloat16" not in part and "three precision modes" not in part
-    scaling = section(html, "loss_scaling")
+    scaling = section(html, "numerics")  # loss scaling is the Numerics section's first part
     assert ("Each cell ran 264 steps, so in this run the scale could not grow, only back off (a --growth-interval "
             "below 264 lets it grow).") in scaling
     assert "could not grow (--growth-interval ≥ steps)" in scaling  # the counts table: no "0 growth events"
@@ -153,7 +153,7 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
     assert np.isnan(table[("torch", "fp16-noscale")]) and np.isnan(table[("torch", "fp32")])
     assert table[("torch", "fp16")] == 0 and table[("torch", "fp16-static")] == 0
     assert "| fp16-noscale | 1 |" in (tmp_path / "r" / "summary.md").read_text()
-    happened = section(html, "what_happened")
+    happened = section(html, "numerics")  # what happened is said in the Numerics part it belongs to
     assert ("PyTorch fp16-noscale, last step: 31 of the 2,000 non-zero gradient elements (1.55%) came out exactly "
             "zero in the real float16 backward (no loss scaling); most were in conv1.weight (30, 97%), then "
             "fc.weight (1, 3%).") in happened
@@ -181,7 +181,7 @@ def test_a_single_framework_run_speaks_of_that_framework_only(tmp_path):
     intro = section(html, "summary").split("</p>")[0]
     assert "PyTorch trained the same network on the same data in 3 precision modes" in intro
     assert "Each framework" not in intro and "Keras" not in intro
-    for part in (section(html, "loss_scaling"), section(html, "glossary"), section(html, "numerics")):
+    for part in (section(html, "glossary"), section(html, "numerics")):
         assert "Keras" not in part and "LossScaleOptimizer" not in part
     assert not any("Keras" in s for s in rendered.findings)
 

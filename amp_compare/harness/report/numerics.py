@@ -251,48 +251,9 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     return out
 
 
-def scaling_sentences(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
-    """Per framework x loss-scaled mode: skipped steps, growth (or why there could be none), the scale's path."""
+def scaling_accuracy_sentences(runs: pd.DataFrame) -> list[str]:
+    """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies."""
     out = []
-    counts = scale_counts(steps)
-    for r in counts.itertuples() if not counts.empty else []:
-        if r.precision in precisions.names(loss_scaling="dynamic"):
-            cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)]
-            facts = growth_facts(cells, steps)
-            path = f"from 2^{np.log2(r.first_scale):.0f} to 2^{np.log2(r.final_scale):.0f}"
-            if facts and facts[1] <= facts[0]:
-                out.append(f"{_label(r.framework)} {r.precision}: the dynamic scaler skipped {r.skipped:.0f} of "
-                           f"{r.steps:.0f} steps and went {path}; it could not grow the scale in this run (it "
-                           f"doubles after {facts[0]:,} clean steps, each cell ran {facts[1]:,}; a --growth-interval "
-                           f"below {facts[1]:,} lets it).")
-            else:
-                out.append(f"{_label(r.framework)} {r.precision}: the dynamic scaler skipped {r.skipped:.0f} of "
-                           f"{r.steps:.0f} steps and grew the scale {r.growth_events:.0f} times, {path}.")
-        elif r.precision in precisions.names(loss_scaling="static") and r.skipped:
-            out.append(f"{_label(r.framework)} {r.precision}: {r.skipped:.0f} of {r.steps:.0f} steps were skipped "
-                       f"at the fixed scale {r.first_scale:g}.")
-    return out
-
-
-def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame) -> list[str]:
-    """Sentences about loss scaling and numerics, every number from the records."""
-    out = scaling_sentences(runs, steps)
-    summary = underflow_summary(underflow)
-    last = summary[summary["when"] == "last step"] if not summary.empty else summary
-    for r in last.itertuples() if not last.empty else []:
-        if r.precision in precisions.names(half="float16"):
-            scaled = (f"; at the scale in use ({r.loss_scale:g}) {r.flush_scaled:.2%}"
-                      if r.loss_scale != 1 else "")
-            lost = ""
-            if pd.notna(r.lost_unscaled):
-                lost_scaled = (f", {r.lost_scaled:.2%} at the scale in use" if r.loss_scale != 1
-                               and pd.notna(r.lost_scaled) else "")
-                lost = (f" In the real {r.precision} backward, {r.lost_unscaled:.2%} of them came out exactly zero "
-                        f"without scaling{lost_scaled}.")
-            out.append(f"{_label(r.framework)} {r.precision}: at the last step {r.flush_unscaled:.2%} of the non-zero "
-                       f"float32 reference gradient elements would flush to zero in float16 without "
-                       f"scaling{scaled}.{lost}")
-    out += headroom_sentences(underflow) + lost_sentences(underflow)
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     acc = ok.groupby(["framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
     for fw in sorted({k[0] for k in acc.index}):
@@ -300,11 +261,17 @@ def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFra
         if with_s is not None and without is not None:
             out.append(f"{_label(fw)}: validation accuracy {with_s:.1%} with dynamic loss scaling, "
                        f"{without:.1%} without any.")
-    for r in nonfinite_findings(runs).itertuples():
-        out.append(f"{_label(r.framework)} {r.precision} (seed {r.seed}): the first non-finite value appeared at "
-                   f"step {r.nonfinite_step}, in the {r.nonfinite_where} of layer '{r.nonfinite_layer}' "
-                   f"({r.nonfinite_value}).")
     return out
+
+
+def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.DataFrame) -> dict[str, list[str]]:
+    """What happened, by the Numerics subsection it belongs to, each sentence once and none repeating its
+    subsection's table (the loss-scale counts, the underflow shares, the NaN/Inf locator's rows): what the
+    tables do not show — accuracy with and without scaling, the gradients' headroom under float16's largest
+    value and where lost elements were, the vit's attention story."""
+    return {"loss_scaling": scaling_accuracy_sentences(runs),
+            "underflow": headroom_sentences(underflow) + lost_sentences(underflow),
+            "vit": vit_what_happened(runs, headroom)}
 
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:

@@ -421,13 +421,20 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
     return " and ".join(f"{seeds_text(int(n))} for {group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
 
 
-LEGEND = ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
-          "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
-          "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine was not steady; "
-          "or an accuracy change the run is too short to judge; the findings say which. Each bracket names its kind: "
-          "min–max of the seeds' values (3 or fewer), IQR, a 95% interval and how it was made, or an exact bound; "
-          "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
-          "n/a: not measured, or not applicable (a mode without a loss scaler skips no step). " + memory.LEGEND)
+def legend(table: pd.DataFrame) -> str:
+    """The summary table's legend: the brackets, marks and words the table can show, and only those (a one-seed
+    run has no seeds' min–max or IQR; a run without an unresolved memory difference needs no word for it)."""
+    several = "runs" in table and (table["runs"] > 1).any()
+    brackets = "min–max of the seeds' values (3 or fewer), IQR, " if several else ""
+    unresolved = "memory_resolved" in table and (table["memory_resolved"] == 0).any()
+    return ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
+            "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
+            "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine was not steady; "
+            "or an accuracy change the run is too short to judge; the findings say which. Each bracket names its "
+            f"kind: {brackets}a 95% interval and how it was made, or an exact bound; "
+            "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
+            "n/a: not measured, or not applicable (a mode without a loss scaler skips no step)."
+            + (" " + memory.LEGEND if unresolved else ""))
 
 
 def by_gpu_model(tables: dict) -> dict:
