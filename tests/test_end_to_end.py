@@ -34,8 +34,8 @@ def test_tiny_compare_writes_records_and_report(tiny_run):
     assert "&lt;table" not in html and html.count("<table") >= 4  # tables render as HTML, not escaped text
     for key in FIGURES:
         assert f'src="figures/{key}.png"' in html
-    for section in ("Summary", "Speed", "Memory", "Accuracy", "Loss scaling", "Framework differences",
-                    "Environment", "Glossary", "Reproduce"):
+    for section in ("Summary", "Speed", "Memory", "Accuracy", "Numerics", "Framework differences",
+                    "Environment", "Glossary", "Reproduce", "Appendix"):
         assert f">{section}</h2>" in html
     md = (run_dir / "summary.md").read_text()
     assert md.count("| PyTorch |") == 3 and md.count("| Keras (TF) |") == 3

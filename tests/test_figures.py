@@ -75,6 +75,7 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
     import json
 
     from amp_compare.harness.report.figures import make_gradient_histogram_figure
+    from amp_compare.harness.report.numerics import numerics_said
 
     hist = json.dumps({str(k): (10 if -20 <= k <= -6 else 0) for k in range(-40, 17)})
     rows = [{"framework": fw, "precision": prec, "seed": 0, "when": "last step", "layer": "conv1", "param": "weight",
@@ -82,7 +83,10 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
             for fw in ("torch", "tf") for prec, scale in (("fp16", 2.0**15), ("fp16-noscale", 1.0))]
     fig = make_gradient_histogram_figure(pd.DataFrame(rows), tmp_path)
     assert fig is not None and (tmp_path / "gradient_histogram.png").stat().st_size > 1000
+    # the headroom sentences are said once, in the Numerics section's list beside the figure, not in its caption
+    said = " ".join(numerics_said(pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame())["underflow"])
     assert ("PyTorch fp16, last step: the largest |gradient| was below 2^-5; times the loss scale in use (32768) "
-            "below 1,024 — at least 64× under float16's largest value 65,504, so nothing overflowed.") in fig.caption
-    assert "Keras (TF) fp16-noscale, last step: the largest |gradient| was below 2^-5 — at least" in fig.caption
+            "below 1,024 — at least 64× under float16's largest value 65,504, so nothing overflowed.") in said
+    assert "Keras (TF) fp16-noscale, last step: the largest |gradient| was below 2^-5 — at least" in said
+    assert "largest |gradient|" not in fig.caption
     assert make_gradient_histogram_figure(pd.DataFrame(rows).assign(log2_hist="{}"), tmp_path) is None

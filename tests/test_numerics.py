@@ -506,8 +506,6 @@ def test_report_shows_both_underflow_methods_for_both_frameworks():
     assert {"float32 reference: would flush in fp16, no scaling", "mixed backward: lost, no scaling"} <= set(table)
     lost = table.set_index("Framework")["mixed backward: lost, no scaling"]
     assert lost["PyTorch"] == f"{summary.loc['torch', 'lost_unscaled']:.3%}"
-    sentences = [s for s in nr.what_happened(pd.DataFrame(), pd.DataFrame(), frame) if "float32 reference" in s]
-    assert len(sentences) == 2 and all("real fp16 backward" in s for s in sentences)
     # Records from before the mixed-backward columns: "n/a", not a number the run never measured.
     old = frame.drop(columns=["zero_fraction_mixed", "lost_fraction_mixed_unscaled", "lost_fraction_mixed_scaled"])
     assert set(_underflow_table(old)["mixed backward: lost, no scaling"]) == {"n/a"}
@@ -582,9 +580,9 @@ VIT_AUDIT_DIFFERENCES = {("", "backward"), ("blocks.0.attn", "backward")}
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_aligned_vit_audits_agree_but_for_the_attention_gradients(precision):
     """The vit built as an aligned compare builds it: every (layer, phase) row in both audits, the same dtypes
-    everywhere but the rows VIT_AUDIT_DIFFERENCES names; the component table (harness/report/numerics.py) shows
-    LayerNorm, the token stream and the class-token/position add in float32 and the matmuls in the half dtype in
-    both, and each framework's own attention core."""
+    everywhere but the rows VIT_AUDIT_DIFFERENCES names; the computed-dtype table (harness/report/vit_dtypes.py)
+    shows LayerNorm, the token stream and the class-token/position add computing in float32 and the matmuls in
+    the half dtype in both, and each framework's own softmax."""
     from amp_compare.contract.config import RunConfig
     from amp_compare.harness.report.numerics import vit_dtype_table
 
@@ -598,12 +596,17 @@ def test_aligned_vit_audits_agree_but_for_the_attention_gradients(precision):
     assert keys["torch"] == keys["tf"], keys["torch"] ^ keys["tf"]
     assert set(zip(table.loc[table["differs"], "layer"], table.loc[table["differs"], "phase"])) == \
            VIT_AUDIT_DIFFERENCES, table[table["differs"]].to_string()
-    parts = vit_dtype_table(rows)[precision].set_index("component")
+    parts = vit_dtype_table(rows)[precision].set_index("part")
     half = HALF[precision]
     for component, dtype in (("LayerNorm", "float32"), ("residual adds", "float32"),
                              ("class token + position embedding", "float32"), ("GELU", half), ("head (fc)", half),
-                             ("attention: Q/K/V/output projections", half)):
-        assert parts.loc[component, "PyTorch math dtypes"] == parts.loc[component, "Keras (TF) math dtypes"] == dtype
-    core = parts.loc["attention core: Q·Kᵀ, softmax, ·V"]
-    assert "scaled_dot_product" in core["PyTorch"]  # torch: one fused kernel, CPU autocast's lower-precision list
-    assert f"Einsum: {half}" in core["Keras (TF)"] and "Softmax: float32" in core["Keras (TF)"]
+                             ("attention: Q/K/V/output projections", half), ("Q·Kᵀ", half), ("·V", half)):
+        assert parts.loc[component, "PyTorch computed in"] == parts.loc[component, "Keras (TF) computed in"] == dtype
+    # the dtype each side's softmax computed in, from its inputs: torch's fused kernel reads the half dtype (its
+    # float32 log-sum-exp output is no float32 softmax), Keras' Softmax reads float32
+    softmax = parts.loc["softmax (with the logits' scale)"]
+    assert softmax["PyTorch computed in"] == half and softmax["Keras (TF) computed in"] == "float32"
+    assert softmax["PyTorch"].startswith(f"fused kernel _scaled_dot_product_flash_attention_for_cpu, inputs {half}")
+    assert parts.loc["Q·Kᵀ", "PyTorch"] == f"the fused kernel, inputs {half}"
+    assert "Softmax: float32" in softmax["Keras (TF)"] and parts.loc["Q·Kᵀ", "Keras (TF)"] == f"Einsum: {half}"
+    assert list(parts.index[parts["differs"]]) == ["softmax (with the logits' scale)"]

@@ -34,7 +34,8 @@ def _histogram(scale_log2: int) -> str:
     return json.dumps({str(k): v for k, v in counts.items()})
 
 
-def _tables(cfg: RunConfig, speed: float, steps: int, rng, epochs: int) -> dict[str, pd.DataFrame]:
+def _tables(cfg: RunConfig, speed: float, steps: int, rng, epochs: int,
+            memory_mib: float | None = None) -> dict[str, pd.DataFrame]:
     identity = {"run_id": "r", "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
                 "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
     times = 0.01 / speed * (1 + 0.05 * rng.random(steps))
@@ -49,7 +50,8 @@ def _tables(cfg: RunConfig, speed: float, steps: int, rng, epochs: int) -> dict[
            "throughput_img_s": 64 * steps / times.sum(), "median_step_throughput_img_s": 64 / np.median(times),
            "median_step_s": np.median(times), "p90_step_s": np.percentile(times, 90),
            "p99_step_s": np.percentile(times, 99), "epoch_throughput_img_s": 64 * steps / times.sum(),
-           "first_step_overhead_s": 0.0, "peak_memory_bytes": 100 * 2**20 * (0.9 if cfg.precision != "fp32" else 1),
+           "first_step_overhead_s": 0.0,
+           "peak_memory_bytes": round(2**20 * (memory_mib or 100 * (0.9 if cfg.precision != "fp32" else 1))),
            "memory_kind": "cpu_peak_rss_above_baseline_after_first_step", "final_val_accuracy": correct.mean(),
            "val_samples": N_VAL, "val_correct": records.pack_correct(correct), "skipped_steps": 0,
            "steps_total": steps, "cpu_model": CPU["cpu_model"]}
@@ -71,8 +73,9 @@ def _tables(cfg: RunConfig, speed: float, steps: int, rng, epochs: int) -> dict[
 
 
 def write_run(tmp_path, frameworks=("torch", "tf"), precisions=("fp32", "fp16", "bf16"), seeds=(0, 1, 2),
-              speeds=None, steps=200, calibrations=STEADY, loss_scale=None, epochs=3):
-    """A finished compare's folder from synthetic tables; speeds[(framework, precision)] -> per-seed speed."""
+              speeds=None, steps=200, calibrations=STEADY, loss_scale=None, epochs=3, memory=None):
+    """A finished compare's folder from synthetic tables; speeds[(framework, precision)] -> per-seed speed,
+    memory[(framework, precision)] -> per-seed peak memory in MiB (else 100 MiB fp32, 90 MiB mixed)."""
     rng = np.random.default_rng(0)
     run_dir = tmp_path / "r"
     cells = interleaved_order([RunConfig(framework=fw, precision=p, seed=s, dataset="synthetic", epochs=epochs,
@@ -80,7 +83,9 @@ def write_run(tmp_path, frameworks=("torch", "tf"), precisions=("fp32", "fp16", 
                                for s in seeds for p in precisions for fw in frameworks])
     for cfg in cells:
         speed = (speeds or {}).get((cfg.framework, cfg.precision), [1.0 if cfg.precision == "fp32" else 0.5] * 9)
-        records.write_cell(run_dir / "cells" / cfg.cell_id, _tables(cfg, speed[cfg.seed], steps, rng, epochs))
+        mib = (memory or {}).get((cfg.framework, cfg.precision))
+        records.write_cell(run_dir / "cells" / cfg.cell_id,
+                           _tables(cfg, speed[cfg.seed], steps, rng, epochs, mib[cfg.seed] if mib else None))
     manifest = {"run_id": "r", "command": "python -m amp_compare compare (synthetic)", "device": "cpu", "notes": [],
                 "matrix": {"frameworks": list(frameworks), "models": ["simple_cnn"], "datasets": ["synthetic"],
                            "precisions": list(precisions), "seeds": list(seeds)},
@@ -136,9 +141,9 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
         in intro
     assert "fp16-static (autocast in PyTorch and a dtype policy in Keras, computing most layers in float16, with " \
            "the fixed loss scale 1024 (--loss-scale), never grown or backed off)" in intro
-    for part in (intro, section(html, "loss_scaling"), section(html, "glossary"), section(html, "numerics")):
+    for part in (intro, section(html, "glossary"), section(html, "numerics")):
         assert "bf16" not in part and "bfloat16" not in part and "three precision modes" not in part
-    scaling = section(html, "loss_scaling")
+    scaling = section(html, "numerics")  # loss scaling is the Numerics section's first part
     assert ("Each cell ran 264 steps, so in this run the scale could not grow, only back off (a --growth-interval "
             "below 264 lets it grow).") in scaling
     assert "could not grow (--growth-interval ≥ steps)" in scaling  # the counts table: no "0 growth events"
@@ -148,7 +153,7 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
     assert np.isnan(table[("torch", "fp16-noscale")]) and np.isnan(table[("torch", "fp32")])
     assert table[("torch", "fp16")] == 0 and table[("torch", "fp16-static")] == 0
     assert "| fp16-noscale | 1 |" in (tmp_path / "r" / "summary.md").read_text()
-    happened = section(html, "what_happened")
+    happened = section(html, "numerics")  # what happened is said in the Numerics part it belongs to
     assert ("PyTorch fp16-noscale, last step: 31 of the 2,000 non-zero gradient elements (1.55%) came out exactly "
             "zero in the real float16 backward (no loss scaling); most were in conv1.weight (30, 97%), then "
             "fc.weight (1, 3%).") in happened
@@ -185,7 +190,7 @@ def test_a_single_framework_run_speaks_of_that_framework_only(tmp_path):
     intro = section(html, "summary").split("</p>")[0]
     assert "PyTorch trained the same network on the same data in 3 precision modes" in intro
     assert "Each framework" not in intro and "Keras" not in intro
-    for part in (section(html, "loss_scaling"), section(html, "glossary"), section(html, "numerics")):
+    for part in (section(html, "glossary"), section(html, "numerics")):
         assert "Keras" not in part and "LossScaleOptimizer" not in part
     assert not any("Keras" in s for s in rendered.findings)
 

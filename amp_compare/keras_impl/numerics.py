@@ -191,9 +191,9 @@ def _owner(name: str, owners: dict[str, str]) -> str | None:
     return None
 
 
-def _dtypes(op) -> str:
-    """An op's dtype: the dtypes of its floating outputs ("" if it has none)."""
-    return "+".join(dict.fromkeys(t.dtype.name for t in op.outputs if t.dtype.is_floating))
+def _dtypes(tensors) -> str:
+    """The dtypes of an op's floating outputs (its dtype) or inputs (the dtype it computed in); "" for none."""
+    return "+".join(dict.fromkeys(t.dtype.name for t in tensors if t.dtype.is_floating))
 
 
 def _op_owners(forward: list, backward: list, owners: dict[str, str | None],
@@ -228,8 +228,9 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
     x: NHWC inputs, y: class indices. The step (GradientTape: forward, loss, gradients of the
     trainable variables) is traced with tf.function and never run, so the model is unchanged;
     each op of the graph is mapped to its layer through its name scope. Rows, in graph order:
-    {"layer", "op" (TF op type), "phase", "compute_dtype" (the op's floating output dtypes),
-    "param_dtype" (the layer's trainable variables, "" for none), "count", "audit_method"}.
+    {"layer", "op" (TF op type), "phase", "compute_dtype" (the op's floating output dtypes), "input_dtype" (its
+    floating inputs' dtypes: the dtype it computed in), "param_dtype" (the layer's trainable variables, "" for
+    none), "count", "audit_method"}.
     On the JAX and torch backends: `policy_dtype_audit`.
     """
     _check_policy(model, precision)
@@ -253,20 +254,17 @@ def dtype_audit(model: keras.Model, x, y, precision: str) -> list[dict]:
     forward, backward = ops[:marks["backward_start"]], ops[marks["backward_start"]:]
     attentions = {name for layer, name in _audit_layers(model) if isinstance(layer, keras.layers.MultiHeadAttention)}
     owners = _op_owners(forward, backward, {**scopes, marks["loss_scope"]: LOSS}, attentions)
-    counts: Counter[tuple[str, str, str, str]] = Counter()
+    counts: Counter[tuple[str, str, str, str, str]] = Counter()
     for phase, phase_ops in (("forward", forward), ("backward", backward)):
         for op in phase_ops:
-            dtype = _dtypes(op)
+            dtype = _dtypes(op.outputs)
             if dtype and op.type not in BOOKKEEPING_OPS and op.type not in VIEW_OPS:
-                counts[(owners[op.name], op.type, phase, dtype)] += 1
+                counts[(audit_name(owners[op.name]), op.type, phase, dtype, _dtypes(op.inputs))] += 1
     layers = {name: layer for layer, name in _audit_layers(model)}
-    merged: Counter[tuple[str, str, str, str]] = Counter()
-    for (layer, op, phase, dtype), count in counts.items():
-        merged[(audit_name(layer), op, phase, dtype)] += count
-    return [{"layer": layer, "op": op, "phase": phase, "compute_dtype": dtype,
+    return [{"layer": layer, "op": op, "phase": phase, "compute_dtype": dtype, "input_dtype": inputs,
              "param_dtype": _param_dtype(layers.get(layer)), "count": count,
              "audit_method": AUDIT_METHODS["tensorflow"]}
-            for (layer, op, phase, dtype), count in merged.items()]
+            for (layer, op, phase, dtype, inputs), count in counts.items()]
 
 
 def policy_dtype_audit(model: keras.Model) -> list[dict]:
@@ -284,15 +282,17 @@ def policy_dtype_audit(model: keras.Model) -> list[dict]:
         for phase in ("forward", "backward"):
             rows.append({"layer": audit_name(canonical_name(layer)), "op": type(layer).__name__, "phase": phase,
                          "compute_dtype": keras.backend.standardize_dtype(layer.compute_dtype),
+                         # Keras casts a layer's inputs to its compute dtype: the dtype it computes in
+                         "input_dtype": keras.backend.standardize_dtype(layer.compute_dtype),
                          "param_dtype": _param_dtype(layer), "count": 1,
                          "audit_method": AUDIT_METHODS[backends.BACKEND]})
     loss = getattr(model, "loss", None)
     if loss is not None:
+        loss_dtype = keras.backend.standardize_dtype(getattr(loss, "dtype", None) or keras.config.floatx())
         for phase in ("forward", "backward"):
             rows.append({"layer": LOSS, "op": type(loss).__name__, "phase": phase,
-                         "compute_dtype": keras.backend.standardize_dtype(getattr(loss, "dtype", None)
-                                                                          or keras.config.floatx()),
-                         "param_dtype": "", "count": 1, "audit_method": AUDIT_METHODS[backends.BACKEND]})
+                         "compute_dtype": loss_dtype, "input_dtype": loss_dtype, "param_dtype": "", "count": 1,
+                         "audit_method": AUDIT_METHODS[backends.BACKEND]})
     return rows
 
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from amp_compare.contract import precision as precisions
 from amp_compare.kit.fp16 import (
@@ -127,7 +128,7 @@ class _OpRecorder(TorchDispatchMode):
         super().__init__()
         self.layer = ""  # set by the module and autograd-node hooks below
         self.phase = "forward"
-        self.counts: Counter[tuple[str, str, str, str]] = Counter()
+        self.counts: Counter[tuple[str, str, str, str, str]] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -135,8 +136,12 @@ class _OpRecorder(TorchDispatchMode):
         # An op's dtype is the dtype of its floating outputs: BatchNorm's is "float16+float32"
         # (the normalised output, then the float32 batch statistics it saves for backward).
         dtypes = dict.fromkeys(_dtype_name(t.dtype) for t in _tensors(out) if t.is_floating_point())
+        # Its inputs' floating dtypes are the dtype it computed in: a fused kernel's extra float32 output
+        # (the attention's log-sum-exp) says nothing of the dtype its arithmetic read.
+        inputs = dict.fromkeys(_dtype_name(t.dtype) for t in tree_leaves((args, kwargs or {}))
+                               if isinstance(t, torch.Tensor) and t.is_floating_point())
         if dtypes and not func.is_view and name not in BOOKKEEPING_OPS and name not in LAYOUT_OPS:
-            self.counts[(self.layer, name, self.phase, "+".join(dtypes))] += 1
+            self.counts[(self.layer, name, self.phase, "+".join(dtypes), "+".join(inputs))] += 1
         return out
 
 
@@ -212,7 +217,8 @@ def dtype_audit(model: nn.Module, x, y, precision: str) -> list[dict]:
     x: NCHW inputs, y: class indices (tensors or arrays). Nothing of the model changes: the
     gradients are taken with torch.autograd.grad (no .grad is written) and BatchNorm statistics
     are restored. Rows, in order of first appearance: {"layer", "op" (aten name), "phase",
-    "compute_dtype" (the op's floating output dtypes), "param_dtype" (the module's own
+    "compute_dtype" (the op's floating output dtypes), "input_dtype" (its floating inputs' dtypes: the
+    dtype it computed in), "param_dtype" (the module's own
     parameters, "" for none), "count" (how many times that row's op ran)}.
     """
     x, y = _as_tensors(model, x, y)
@@ -232,9 +238,9 @@ def dtype_audit(model: nn.Module, x, y, precision: str) -> list[dict]:
             torch.autograd.grad(loss, params)
     finally:
         tracker.remove()
-    return [{"layer": layer, "op": op, "phase": phase, "compute_dtype": dtype,
+    return [{"layer": layer, "op": op, "phase": phase, "compute_dtype": dtype, "input_dtype": inputs,
              "param_dtype": _param_dtype(modules.get(layer) if layer else None), "count": count}
-            for (layer, op, phase, dtype), count in recorder.counts.items()]
+            for (layer, op, phase, dtype, inputs), count in recorder.counts.items()]
 
 
 # ---------------------------------------------------------------------------------------------

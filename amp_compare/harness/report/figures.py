@@ -286,10 +286,9 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
     runs_of = (lambda g: f" in {g['cell_id'].nunique()} runs") if "cell_id" in scaled else (lambda g: "")
     counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
                        for fw, g in scaled.sort_values("framework", key=display_order).groupby("framework", sort=False))
-    dynamic = " The dynamic scale halves on each skip and doubles after every growth interval of clean steps." \
-        if scaled["precision"].isin(precisions.names(loss_scaling="dynamic")).any() else ""
+    # how the dynamic scale moves is the glossary's to say (once); the caption says what this figure shows
     return [Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
-                   f"The scale each step used; an X marks a skipped step ({counts})." + dynamic,
+                   f"The scale each step used; an X marks a skipped step ({counts}).",
                    "Step chart of the loss scale per step, in powers of two, for the loss-scaled runs "
                    "of each framework.")]
 
@@ -436,14 +435,13 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                          "Non-zero elements (%)")
     grid.figure.suptitle("Gradient magnitudes against float16's range, last step", y=1.03)
     _save(grid.figure, out_dir, "gradient_histogram")
-    headroom = " ".join(nr.headroom_sentences(underflow))
     return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
                   "layers), by power of two of |gradient| times the loss scale the cell used. Shaded: what float16 "
                   "cannot hold — below 2^-24 it flushes to zero, above 65,504 (2^16) it overflows to inf; the dotted "
                   "line is 2^-14, below which float16 keeps fewer significant bits. Loss scaling moves the whole "
                   "histogram right: it rescues the left tail as long as the right one stays out of the shade. "
-                  + headroom,
+                  "The Numerics section says how close each cell came to float16's largest value.",
                   "Step chart per framework of the percentage of gradient elements per power of two of the scaled "
                   "gradient magnitude, with float16's underflow and overflow regions shaded.")
 

@@ -10,8 +10,8 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report import numerics as nr
-from amp_compare.harness.report import stats
 from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark
 from amp_compare.harness.report.hardware import ceiling_sentences
 from amp_compare.harness.report.speed import LogLine, slowdown_sentences
@@ -41,14 +41,6 @@ def speed_text(r) -> str:
     if getattr(r, "speed_note", ""):
         text += f" ⚠ {r.speed_note}"
     return text
-
-
-def memory_text(r) -> str:
-    """A mixed cell's peak-memory change against fp32 with its interval, ⚠ where that does not support it."""
-    text = f"{r.memory_change_vs_fp32:+.0%}"
-    if np.isfinite(getattr(r, "memory_low", np.nan)):
-        text += f" [95% t over {int(r.runs)} seeds: {r.memory_low:+.0%}, {r.memory_high:+.0%}]"
-    return text + mark(getattr(r, "memory_note", ""))
 
 
 def accuracy_text(r) -> str:
@@ -194,14 +186,17 @@ def machine_findings(groups: Groups, runs: pd.DataFrame, environment: dict) -> l
 
 
 def memory_findings(groups: Groups, runs: pd.DataFrame) -> list[str]:
+    """Per model/dataset: each mixed cell's peak memory against fp32, a percentage with its interval where it
+    exceeds the run's resolution, "below what this run resolves" where it does not (memory.py)."""
     kinds = ", ".join(sorted(set(ok_runs(runs)["memory_kind"].dropna())))
     out = []
     for key, group in groups.items:
         mem = group[precisions.is_mixed(group["precision"]) & group["memory_change_vs_fp32"].notna()]
         if not mem.empty:
-            parts = [f"{_label(r.framework)} {r.precision} {memory_text(r)}" for r in mem.itertuples()]
-            out.append(f"{groups.label(key)}, peak memory against fp32 ({kinds}; geometric mean over seeds, 95% "
-                       f"interval): {', '.join(parts)}.{_notes(mem['memory_note'], 'no change')}")
+            parts = [f"{_label(r.framework)} {r.precision} {memory.finding_text(r)}" for r in mem.itertuples()]
+            out.append(f"{groups.label(key)}, peak memory against fp32 ({kinds}; the change is the geometric mean "
+                       f"over seeds of each seed's ratio, MiB the median difference): {'; '.join(parts)}."
+                       f"{_notes(mem['memory_note'], 'no change')}")
     return out
 
 

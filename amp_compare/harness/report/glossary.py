@@ -116,8 +116,8 @@ def entries(facts, dtype_facts: dict, comparison: str, table: pd.DataFrame, envi
                          "larger while it is computed in float16, then dividing the gradients by S before the "
                          "optimizer uses them. The Loss scaling part of the Numerics section says what it did here."))
     if facts.ran(loss_scaling="dynamic"):
-        defaults = "".join(([" PyTorch's GradScaler starts at 2^16."] if facts.torch else []) +
-                           ([" Keras' LossScaleOptimizer at 2^15."] if facts.keras else []))
+        defaults = "".join(([" PyTorch's GradScaler starts at 2^16 by default."] if facts.torch else []) +
+                           ([" Keras' LossScaleOptimizer at 2^15 by default."] if facts.keras else []))
         interval = f"{facts.growth[0]:,} in this run, " if facts.growth else ""
         out.append(Entry("gl-dynamic-scaling", "Dynamic loss scaling",
                          "Choosing S automatically: start high (--init-scale), and when any gradient overflows to "

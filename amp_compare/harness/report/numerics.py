@@ -20,6 +20,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 
 # fp16 with its dynamic loss scaling and without any: "What happened" compares their accuracy.
 DYNAMIC_FP16 = precisions.names(half="float16", loss_scaling="dynamic")[0]
@@ -252,48 +253,9 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     return out
 
 
-def scaling_sentences(runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
-    """Per framework x loss-scaled mode: skipped steps, growth (or why there could be none), the scale's path."""
+def scaling_accuracy_sentences(runs: pd.DataFrame) -> list[str]:
+    """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies."""
     out = []
-    counts = scale_counts(steps)
-    for r in counts.itertuples() if not counts.empty else []:
-        if r.precision in precisions.names(loss_scaling="dynamic"):
-            cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)]
-            facts = growth_facts(cells, steps)
-            path = f"from 2^{np.log2(r.first_scale):.0f} to 2^{np.log2(r.final_scale):.0f}"
-            if facts and facts[1] <= facts[0]:
-                out.append(f"{_label(r.framework)} {r.precision}: the dynamic scaler skipped {r.skipped:.0f} of "
-                           f"{r.steps:.0f} steps and went {path}; it could not grow the scale in this run (it "
-                           f"doubles after {facts[0]:,} clean steps, each cell ran {facts[1]:,}; a --growth-interval "
-                           f"below {facts[1]:,} lets it).")
-            else:
-                out.append(f"{_label(r.framework)} {r.precision}: the dynamic scaler skipped {r.skipped:.0f} of "
-                           f"{r.steps:.0f} steps and grew the scale {r.growth_events:.0f} times, {path}.")
-        elif r.precision in precisions.names(loss_scaling="static") and r.skipped:
-            out.append(f"{_label(r.framework)} {r.precision}: {r.skipped:.0f} of {r.steps:.0f} steps were skipped "
-                       f"at the fixed scale {r.first_scale:g}.")
-    return out
-
-
-def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame) -> list[str]:
-    """Sentences about loss scaling and numerics, every number from the records."""
-    out = scaling_sentences(runs, steps)
-    summary = underflow_summary(underflow)
-    last = summary[summary["when"] == "last step"] if not summary.empty else summary
-    for r in last.itertuples() if not last.empty else []:
-        if r.precision in precisions.names(half="float16"):
-            scaled = (f"; at the scale in use ({r.loss_scale:g}) {r.flush_scaled:.2%}"
-                      if r.loss_scale != 1 else "")
-            lost = ""
-            if pd.notna(r.lost_unscaled):
-                lost_scaled = (f", {r.lost_scaled:.2%} at the scale in use" if r.loss_scale != 1
-                               and pd.notna(r.lost_scaled) else "")
-                lost = (f" In the real {r.precision} backward, {r.lost_unscaled:.2%} of them came out exactly zero "
-                        f"without scaling{lost_scaled}.")
-            out.append(f"{_label(r.framework)} {r.precision}: at the last step {r.flush_unscaled:.2%} of the non-zero "
-                       f"float32 reference gradient elements would flush to zero in float16 without "
-                       f"scaling{scaled}.{lost}")
-    out += headroom_sentences(underflow) + lost_sentences(underflow)
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     acc = ok.groupby(["framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
     for fw in sorted({k[0] for k in acc.index}):
@@ -301,11 +263,17 @@ def what_happened(runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFra
         if with_s is not None and without is not None:
             out.append(f"{_label(fw)}: validation accuracy {with_s:.1%} with dynamic loss scaling, "
                        f"{without:.1%} without any.")
-    for r in nonfinite_findings(runs).itertuples():
-        out.append(f"{_label(r.framework)} {r.precision} (seed {r.seed}): the first non-finite value appeared at "
-                   f"step {r.nonfinite_step}, in the {r.nonfinite_where} of layer '{r.nonfinite_layer}' "
-                   f"({r.nonfinite_value}).")
     return out
+
+
+def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.DataFrame) -> dict[str, list[str]]:
+    """What happened, by the Numerics subsection it belongs to, each sentence once and none repeating its
+    subsection's table (the loss-scale counts, the underflow shares, the NaN/Inf locator's rows): what the
+    tables do not show — accuracy with and without scaling, the gradients' headroom under float16's largest
+    value and where lost elements were, the vit's attention story."""
+    return {"loss_scaling": scaling_accuracy_sentences(runs),
+            "underflow": headroom_sentences(underflow) + lost_sentences(underflow),
+            "vit": vit_what_happened(runs, headroom)}
 
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
@@ -336,6 +304,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
         return ", ".join(sorted({x for v in rows["compute_dtype"] for x in v.split("+")}))
 
     keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(d["framework"])), "tf")  # the first Keras column
+    facts["inputs_recorded"] = recorded_inputs(dtypes)
     facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype(keras_fw, "fc"),
                  keras_loss=layer_dtype(keras_fw, "loss"), torch_loss=layer_dtype("torch", "loss"),
                  keras_label=_label(keras_fw), methods=audit_methods(dtypes))
@@ -411,49 +380,6 @@ def headroom_table(headroom: pd.DataFrame) -> pd.DataFrame:
                 else "none (overflowed)" if not np.isfinite(peak["max_abs"]) else "n/a")
         rows.append(row)
     return pd.DataFrame(rows).fillna("-")
-
-
-# The parts of a vit whose dtype the issue asks for, by canonical layer name (both audits name layers alike).
-VIT_COMPONENTS = (
-    ("LayerNorm", r"\.ln[12]$|^norm$"),
-    ("attention: Q/K/V/output projections", r"\.attn\.(?:query|key|value|out)$"),
-    ("attention core: Q·Kᵀ, softmax, ·V", r"\.attn$"),
-    ("GELU", r"\.mlp\.act$"),
-    ("residual adds", r"\.res[12]$"),
-    ("class token + position embedding", r"^embed$"),
-    ("head (fc)", r"^fc$"),
-)
-CAST_OPS = {"_to_copy", "Cast"}
-
-
-def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per mixed precision: each vit component (VIT_COMPONENTS) with the ops each framework ran for it in the
-    forward pass of the audited step and their dtypes, e.g. "Softmax: float32", as the audits measured them
-    (first seed, torch's aten ops / Keras' traced TensorFlow ops). Casts listed apart. Empty for the CNNs."""
-    out: dict[str, pd.DataFrame] = {}
-    if dtypes.empty or not dtypes["layer"].astype(str).str.match(r"blocks\.\d+\.attn$").any():
-        return out
-    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["phase"] == "forward")]
-    first = first[first["layer"].astype(str).str.match(r"blocks\.|embed$|norm$|fc$")]
-    for prec in sorted(set(first["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
-        d = first[first["precision"] == prec]
-        rows = []
-        for component, pattern in VIT_COMPONENTS:
-            part = d[d["layer"].astype(str).str.contains(pattern, regex=True)]
-            row = {"component": component}
-            for fw in sorted(set(d["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
-                mine = part[part["framework"] == fw]
-                compute = mine[~mine["op"].isin(CAST_OPS)].groupby("op", sort=False)["compute_dtype"].agg(
-                    lambda s: "+".join(sorted({x for v in s for x in v.split("+")})))
-                casts = sorted({x for v in mine.loc[mine["op"].isin(CAST_OPS), "compute_dtype"] for x in v.split("+")})
-                text = "; ".join(f"{op}: {dt}" for op, dt in compute.items()) or "-"
-                row[_label(fw)] = text + (f" (casts to {', '.join(casts)})" if casts else "")
-                row[f"{_label(fw)} math dtypes"] = ", ".join(sorted({x for v in compute for x in v.split("+")})) or "-"
-            dt_cols = [c for c in row if c.endswith(" math dtypes")]
-            row["differs"] = len({row[c] for c in dt_cols}) > 1
-            rows.append(row)
-        out[prec] = pd.DataFrame(rows)
-    return out
 
 
 def _cfg_text(value) -> str:
@@ -570,13 +496,18 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
                            "as a flush). Differences between the frameworks in the second method come from which "
                            "layers each computes in the half dtype (see the dtype audit).",
         "dtype_audit": dtype,
-        "vit_dtypes": "For each part of the ViT, the dtype it computed in, per framework and precision, as the two "
-                      f"audits recorded the ops that did its arithmetic ({dtype_facts.get('device', 'CPU')} autocast "
-                      "for PyTorch; the dtype policy per layer for Keras). A fused kernel is one op: its inputs' dtype "
-                      "is the dtype it computed in, whatever else it returns (torch's fused attention also returns "
-                      "a float32 log-sum-exp for its backward). Casts are listed apart; rows in red compute in "
-                      "different dtypes. The framework differences table says which of them aligned mode makes "
-                      "identical and how.",
+        "vit_dtypes": "For each part of the ViT, the dtype its arithmetic computed in, per framework and precision: "
+                      "the dtype of the floating inputs of the ops that did it, as the two audits recorded them "
+                      f"(first seed, forward of one training step; {dtype_facts.get('device', 'CPU')} autocast for "
+                      "PyTorch, the dtype policy per layer for Keras). An op whose inputs mix dtypes computes in the "
+                      "promoted one (a float32 residual plus a float16 branch: float32). A fused attention kernel is "
+                      "one op for Q·Kᵀ, softmax and ·V: the table names it and its inputs' dtype, and says what it "
+                      "does inside only where its source says so; an extra float32 output (torch's log-sum-exp, kept "
+                      "for the backward) says nothing of the dtype the softmax read. Casts are listed apart; rows in "
+                      "red compute in different dtypes. The framework differences table says which of them aligned "
+                      "mode makes identical and how."
+                      + ("" if dtype_facts.get("inputs_recorded", True) else
+                         " These records predate the audits' input dtypes: the table shows each op's output dtypes."),
         "headroom": "Per block, the largest |attention logit| (the softmax's input) and |LayerNorm input| seen in any "
                     "training step of the run (first seed), recorded inside the step and read once per epoch, and "
                     "how many times float16's largest value 65,504 lies above it.",

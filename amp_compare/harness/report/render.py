@@ -37,10 +37,10 @@ from amp_compare.harness.report.settings_check import differences_paragraph as s
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
-    LEGEND,
     accuracy_statistics,
     formatted_summary,
     full_table,
+    legend,
     seed_counts_text,
     split_summary,
     summary_table,
@@ -48,10 +48,11 @@ from amp_compare.harness.report.tables import (
 
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
-            ("loss_scaling", "Loss scaling"), ("numerics", "Numerics"), ("what_happened", "What happened"),
+            ("numerics", "Numerics"),  # what happened to the numbers, loss scaling first: each said once
             ("data_parallel", "Data parallel"),
             ("differences", "Framework differences"), ("cells", "Cells"),
-            ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce")]
+            ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
+            ("appendix", "Appendix")]  # the full per-op dtype audits and the package versions
 
 
 def load_manifest(run_dir: Path) -> dict:
@@ -453,6 +454,11 @@ def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, s
     return rows
 
 
+def _split_packages(rows: list) -> tuple[list, list]:
+    """The Environment rows as (the machine and frameworks, the package versions the appendix lists)."""
+    return [r for r in rows if not r[0].startswith("version_")], [r for r in rows if r[0].startswith("version_")]
+
+
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None) -> list:
     """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both)."""
     from amp_compare.harness.report import figures as fg
@@ -495,7 +501,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     seeds_text = seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])
     return {"full": full, "accuracy": accuracy, "summary": summary, "sentences": sentences, "facts": facts,
             "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
-            "findings": sentences, "loop_text": loop_text, "legend": LEGEND,
+            "findings": sentences, "loop_text": loop_text, "legend": legend(full),
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"]),
                             "hardware": speed.hardware_paragraph(bool(full.get("ceiling_dtype", pd.Series(
@@ -519,7 +525,8 @@ def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.Da
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) -> dict:
-    """The Loss scaling, Numerics and What happened sections."""
+    """The Numerics section (loss scaling, underflow, the vit's dtypes and headroom, what happened in each) and
+    the appendix's full dtype audits."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = tables.get("headroom", pd.DataFrame())
@@ -529,7 +536,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) ->
             "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
             "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
-            "what_happened": nr.what_happened(runs, steps, underflow) + nr.vit_what_happened(runs, headroom),
+            "said": nr.numerics_said(runs, underflow, headroom),
             "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
             "words": nr.section_words(facts, nr.op_dtype_facts(dtypes, manifest["device"])),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
@@ -556,7 +563,8 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"]) if draw else [],
         "warmup": manifest["defaults"]["warmup_steps"],
-        "cells": _cells(runs, epochs, steps), "env_rows": environment_rows(manifest["environment"], runs),
+        "cells": _cells(runs, epochs, steps),
+        **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs)))),
         "command": manifest["command"], "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
                         for k, v in keras_backend_split(runs).items()},
@@ -610,7 +618,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           *(["### Answer", "", context["answer_markdown"], ""] if context["answer_markdown"] else []),
-          table_markdown(context["summary"]), "", LEGEND, "", *[f"- {s}" for s in context["sentences"]],
+          table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown),
           *fp8_report.markdown(fp8)]
     if missing:

@@ -13,7 +13,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.harness.report import stats
+from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report.cell_text import mark, short_accuracy_text
 from amp_compare.harness.report.drift import Drift, drift_of, seed_note
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
@@ -193,7 +193,7 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
             "Speed vs fp32": _fmt(r.speedup_vs_fp32, ".2f", "×") + mark(getattr(r, "speed_note", "")),
             "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
-            "Memory vs fp32": _fmt(r.memory_change_vs_fp32 * 100, "+.0f", "%") + mark(getattr(r, "memory_note", "")),
+            "Memory vs fp32": memory.cell_text(r),
             "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%",
                                      lo=r.accuracy_min, hi=r.accuracy_max),
             "Δ accuracy vs fp32": (short_accuracy_text(r)
@@ -374,17 +374,24 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
 
 def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     """Per mixed group: the peak-memory ratio's interval and verdict (stats.ratio_interval over the seeds'
-    ratios; one seed has no within-seed replicate, so no interval)."""
+    ratios; one seed has no within-seed replicate, so no interval), the difference in MiB and whether it
+    exceeds the run's own resolution (memory.py); an unresolved difference gets no ⚠ note: no ratio is shown."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
-    cols = [*keys, "precision", "memory_low", "memory_high", "memory_note"]
+    cols = [*keys, "precision", "memory_low", "memory_high", "memory_note", "memory_difference_mib",
+            "memory_resolution_mib", "memory_resolved"]
+    resolutions = {k if isinstance(k, tuple) else (k,): memory.resolution_mib(g)
+                   for k, g in ok.groupby(keys, sort=False, dropna=False)} if not ok.empty else {}
     rows = []
     for key, prec, pairs in _pairs(ok, keys) if not ok.empty else []:
         res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
+        difference, resolution = memory.paired_difference_mib(pairs), resolutions.get(key, float("nan"))
+        known = memory.resolved(difference, resolution)
         rows.append({**dict(zip(keys, key)), "precision": prec, "memory_low": res["low"] - 1,
-                     "memory_high": res["high"] - 1,
-                     "memory_note": stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"],
-                                                        as_change=True)})
+                     "memory_high": res["high"] - 1, "memory_difference_mib": difference,
+                     "memory_resolution_mib": resolution, "memory_resolved": known,
+                     "memory_note": "" if known == 0.0 else
+                     stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
 
 
@@ -421,14 +428,20 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
     return " and ".join(f"{seeds_text(int(n))} for {group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
 
 
-LEGEND = ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
-          "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
-          "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine's drift next to "
-          "its cells could explain it; "
-          "or an accuracy change the run is too short to judge; the findings say which. Each bracket names its kind: "
-          "min–max of the seeds' values (3 or fewer), IQR, a 95% interval and how it was made, or an exact bound; "
-          "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
-          "n/a: not measured, or not applicable (a mode without a loss scaler skips no step).")
+def legend(table: pd.DataFrame) -> str:
+    """The summary table's legend: the brackets, marks and words the table can show, and only those (a one-seed
+    run has no seeds' min–max or IQR; a run without an unresolved memory difference needs no word for it)."""
+    several = "runs" in table and (table["runs"] > 1).any()
+    brackets = "min–max of the seeds' values (3 or fewer), IQR, " if several else ""
+    unresolved = "memory_resolved" in table and (table["memory_resolved"] == 0).any()
+    return ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
+            "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
+            "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine's drift next "
+            "to its cells could explain it; or an accuracy change the run is too short to judge; the findings say "
+            f"which. Each bracket names its kind: {brackets}a 95% interval and how it was made, or an exact bound; "
+            "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
+            "n/a: not measured, or not applicable (a mode without a loss scaler skips no step)."
+            + (" " + memory.LEGEND if unresolved else ""))
 
 
 def by_gpu_model(tables: dict) -> dict:

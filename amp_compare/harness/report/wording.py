@@ -116,16 +116,15 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
     if facts.ran(loss_scaling="dynamic"):
         apis = " and ".join((["torch.amp.GradScaler"] if facts.torch else []) +
                             (["Keras' LossScaleOptimizer"] if facts.keras else []))
-        text = (f"{', '.join(facts.ran(loss_scaling='dynamic'))} uses dynamic loss scaling ({apis}): the loss is "
-                "multiplied by a scale before the backward pass so that small gradients survive in float16, the "
-                "gradients are divided by it again before the update, a step whose gradients overflow is skipped "
-                "and the scale halved")
+        # how loss scaling works is the glossary's (said once there); here only what this run's scaler could do
+        text = (f"{', '.join(facts.ran(loss_scaling='dynamic'))} uses dynamic loss scaling ({apis}; the glossary "
+                "says how it works)")
         if facts.growth:
             interval, n = facts.growth
-            text += f", and after {interval:,} clean steps in a row the scale doubles"
+            text += f": after {interval:,} clean steps in a row the scale doubles"
             text += (f". Each cell ran {n:,} steps, so in this run the scale could not grow, only back off (a "
                      f"--growth-interval below {n:,} lets it grow)." if n <= interval else ".")
-        out.append(text + ("" if facts.growth else ", and after a run of clean steps the scale doubles."))
+        out.append(text + ("" if facts.growth else "."))
     for name in facts.ran(loss_scaling="static"):
         keras = "; Keras: the optimizer's loss_scale_factor, which applies them" if facts.keras else ""
         torch = "torch: GradScaler held at it, still skipping non-finite steps" if facts.torch else ""
@@ -146,9 +145,8 @@ def numerics_intro(facts: RunFacts) -> str:
             "during one training step (the dtype audit)")
     if "float16" in facts.halves:
         text += (", and how the float32 gradients of every layer compare with float16's range at the first and "
-                 "the last step (loss scaling exists for the elements below float16's smallest subnormal, 2^-24, "
-                 "and must stay under its largest value, 65,504)")
-    return text + "."
+                 "the last step")
+    return text + ". Each part says what happened there, from the records."
 
 
 def glossary(facts: RunFacts) -> dict[str, bool]:

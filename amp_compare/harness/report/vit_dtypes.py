@@ -1,0 +1,116 @@
+"""The ViT's table of computed dtypes: per part (LayerNorm, Q·Kᵀ, softmax, ·V, GELU, residual, …), framework and
+mixed precision, the dtype its arithmetic read, from the two dtype audits (first seed, forward of the audited step).
+
+An op computes in the dtype of its floating inputs (the audits' input_dtype column). Its outputs can say otherwise:
+torch's fused CPU attention returns a float32 log-sum-exp beside its half-precision output, which reads as if
+softmax ran in float32. A fused attention is one op for Q·Kᵀ, softmax and ·V, so those three rows name the kernel
+and its inputs' dtype, and say what happens inside it only where the kernel's source is known (FUSED_INSIDE).
+Records from before the input_dtype column fall back to the output dtypes, and the table says so.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from amp_compare.contract import precision as precisions
+from amp_compare.contract.config import DISPLAY_ORDER
+from amp_compare.contract.config import framework_label as _label
+
+# The parts of a vit, by canonical layer name (both audits name layers alike); "core" is the attention core:
+# its ops are split into the matmuls (Q·Kᵀ, ·V) and the rest (the logits' scale and the softmax).
+VIT_COMPONENTS = (
+    ("LayerNorm", r"\.ln[12]$|^norm$", "all"),
+    ("attention: Q/K/V/output projections", r"\.attn\.(?:query|key|value|out)$", "all"),
+    ("Q·Kᵀ", r"\.attn$", "matmul"),
+    ("softmax (with the logits' scale)", r"\.attn$", "softmax"),
+    ("·V", r"\.attn$", "matmul"),
+    ("GELU", r"\.mlp\.act$", "all"),
+    ("residual adds", r"\.res[12]$", "all"),
+    ("class token + position embedding", r"^embed$", "all"),
+    ("head (fc)", r"^fc$", "all"),
+)
+CAST_OPS = {"_to_copy", "Cast"}
+LAYOUT_OPS = {"Transpose"}  # TensorFlow's transpose of K moves data, computes nothing (torch's is a view)
+MATMUL_OPS = {"bmm", "mm", "matmul", "baddbmm", "einsum", "BatchMatMulV2", "BatchMatMulV3", "MatMul", "Einsum"}
+FUSED_ATTENTION = re.compile(r"scaled_dot_product|dot_product_attention|flash_attention", re.IGNORECASE)
+# What a fused kernel does inside, where its source says so: PyTorch's CPU flash attention
+# (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) accumulates in at::opmath_type of its inputs, float32 for
+# float16 and bfloat16, and returns that float32 log-sum-exp for its backward.
+FUSED_INSIDE = {"_scaled_dot_product_flash_attention_for_cpu":
+                "float32 accumulation inside (PyTorch's CPU flash-attention kernel accumulates in at::opmath_type, "
+                "float32 for half inputs; its float32 output is the log-sum-exp it keeps for the backward)"}
+
+
+def _dtypes(values) -> str:
+    return ", ".join(sorted({x for v in values for x in str(v).split("+") if x}))
+
+
+def _computed(inputs: str, outputs: str) -> str:
+    """The dtype one op computed in: its floating inputs' one dtype; where they mix (a float32 residual plus a
+    float16 branch), the dtype type promotion computes in, its (first) output's; with no input recorded (older
+    records, or an op made from scalars), its outputs'."""
+    ins, outs = {x for x in inputs.split("+") if x}, [x for x in outputs.split("+") if x]
+    if len(ins) == 1:
+        return ins.pop()
+    return outs[0] if outs and (ins or len(outs) == 1) else outputs
+
+
+def _computed_in(rows: pd.DataFrame) -> pd.Series:
+    inputs = rows["input_dtype"].fillna("").astype(str) if "input_dtype" in rows else pd.Series("", rows.index)
+    return pd.Series([_computed(i, str(o)) for i, o in zip(inputs, rows["compute_dtype"])], index=rows.index,
+                     dtype=object)
+
+
+def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
+    """One framework's (ops text, computed-in text) for one part."""
+    math = rows[~rows["op"].isin(CAST_OPS | LAYOUT_OPS)]
+    fused = math[math["op"].astype(str).str.contains(FUSED_ATTENTION)]
+    if kind != "all" and not fused.empty:
+        op = str(fused["op"].iloc[0])
+        inputs = _dtypes(_computed_in(fused))
+        if kind == "softmax":  # said once, in the middle row of the three the kernel does
+            return f"fused kernel {op}, inputs {inputs}" + (f"; {FUSED_INSIDE[op]}" if op in FUSED_INSIDE else ""), \
+                inputs
+        return f"the fused kernel, inputs {inputs}", inputs
+    if kind == "matmul":
+        math = math[math["op"].isin(MATMUL_OPS)]
+    elif kind == "softmax":
+        math = math[~math["op"].isin(MATMUL_OPS)]
+    per_op = math.assign(computed=_computed_in(math)).groupby("op", sort=False)["computed"].agg(_dtypes)
+    text = "; ".join(f"{op}: {dt}" for op, dt in per_op.items()) or "-"
+    if kind == "matmul" and per_op.str.contains(",").any():
+        text += " (the audit counts both attention matmuls as one op: which is which is not recorded)"
+    casts = _dtypes(rows.loc[rows["op"].isin(CAST_OPS), "compute_dtype"])
+    if casts and kind == "all":  # the attention core's casts serve its input and its softmax: not said per row
+        text += f" (casts to {casts})"
+    return text, _dtypes(per_op) or "-"
+
+
+def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per mixed precision: each vit part (VIT_COMPONENTS) with, per framework, the ops that did its arithmetic
+    and the dtype each computed in, and a "computed in" column; `differs` where the frameworks' differ.
+    Empty for the CNNs."""
+    out: dict[str, pd.DataFrame] = {}
+    if dtypes.empty or not dtypes["layer"].astype(str).str.match(r"blocks\.\d+\.attn$").any():
+        return out
+    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["phase"] == "forward")]
+    first = first[first["layer"].astype(str).str.match(r"blocks\.|embed$|norm$|fc$")]
+    for prec in sorted(set(first["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
+        d = first[first["precision"] == prec]
+        rows = []
+        for component, pattern, kind in VIT_COMPONENTS:
+            part = d[d["layer"].astype(str).str.contains(pattern, regex=True)]
+            row = {"part": component}
+            for fw in sorted(set(d["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
+                row[_label(fw)], row[f"{_label(fw)} computed in"] = _cell(part[part["framework"] == fw], kind)
+            row["differs"] = len({row[c] for c in row if c.endswith(" computed in")}) > 1
+            rows.append(row)
+        out[prec] = pd.DataFrame(rows)
+    return out
+
+
+def recorded_inputs(dtypes: pd.DataFrame) -> bool:
+    """Whether the audits recorded each op's input dtypes (records from before that column give outputs)."""
+    return "input_dtype" in dtypes and dtypes["input_dtype"].fillna("").astype(str).ne("").any()

@@ -1,0 +1,50 @@
+"""Peak-memory differences are said only where the run resolves them (issue 32): a difference smaller than the
+spread of identical cells (the same framework, model and precision over seeds) is "unresolved", never a
+percentage; a larger one is a percentage with its interval. Synthetic run folders rendered as a compare renders
+them (no figures), in the summary table, the findings, summary.md and the terminal."""
+
+import numpy as np
+from rich.console import Console
+
+from amp_compare.harness.report.terminal import summary_tables
+from tests.test_report_sentences import make_run, one
+
+# PyTorch's fp32 seeds read as the issue's did (36.7 / 51.4 / 43.6 MiB: a 14.7 MiB spread); its fp16 cells sit
+# inside that spread, its bf16 cells far above it. Keras' cells agree to 0.5 MiB, so a 7 MiB step is resolved.
+MEMORY = {("torch", "fp32"): [36.7, 51.4, 43.6], ("torch", "fp16"): [40.0, 45.0, 42.0],
+          ("torch", "bf16"): [300.0, 310.0, 305.0], ("tf", "fp32"): [7.0, 7.5, 7.2],
+          ("tf", "fp16"): [7.1, 7.3, 7.0], ("tf", "bf16"): [14.0, 14.2, 14.1]}
+
+
+def _row(table, framework, precision):
+    return table[(table["framework"] == framework) & (table["precision"] == precision)].iloc[0]
+
+
+def test_memory_below_the_runs_resolution_is_unresolved_and_above_it_a_percentage_with_its_interval(tmp_path):
+    rendered, html = make_run(tmp_path, memory=MEMORY)
+    table = rendered.table
+    torch16, torch_bf16, tf16 = _row(table, "torch", "fp16"), _row(table, "torch", "bf16"), _row(table, "tf", "fp16")
+    assert np.isclose(torch16["memory_resolution_mib"], 14.7) and torch16["memory_resolved"] == 0.0
+    assert torch_bf16["memory_resolved"] == 1.0 and tf16["memory_resolved"] == 0.0
+    assert np.isclose(_row(table, "tf", "bf16")["memory_resolution_mib"], 0.5)  # Keras' own spread, not PyTorch's
+    said = one(rendered.findings, "peak memory against fp32")
+    assert "PyTorch fp16 -1.6 MiB, below what this run resolves: identical cells differed by up to 14.7 MiB" in said
+    assert "Keras (TF) fp16 -0.2 MiB, below what this run resolves: identical cells differed by up to 0.5 MiB" in said
+    assert "PyTorch bf16 +601% (+261.4 MiB) [95% t over 3 seeds: +381%, +923%] ⚠" in said
+    assert "Keras (TF) bf16 +95% (+6.9 MiB) [95% t over 3 seeds: +82%, +109%]" in said
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "| unresolved (< 14.7 MiB) |" in summary and "| +601% ⚠ |" in summary and "| +95% |" in summary
+    assert "unresolved (< X MiB)" in summary  # the legend says what it means
+    assert "unresolved (&lt; 14.7 MiB)" in (tmp_path / "r" / "index.html").read_text()
+    console = Console(width=200, record=True, color_system=None)
+    for part in summary_tables(rendered.runs, 200, table)[0]:
+        console.print(part)
+    assert "unresolved (< 14.7 MiB)" in console.export_text()
+
+
+def test_one_seed_has_no_resolution_and_keeps_its_percentage_marked(tmp_path):
+    rendered, _ = make_run(tmp_path, seeds=(0,), memory=MEMORY)
+    row = _row(rendered.table, "torch", "fp16")
+    assert np.isnan(row["memory_resolution_mib"]) and np.isnan(row["memory_resolved"])
+    said = one(rendered.findings, "peak memory against fp32")
+    assert "PyTorch fp16 +9% (+3.3 MiB) ⚠" in said, said and "below what this run resolves" not in said
