@@ -28,8 +28,9 @@ from amp_compare.contract.atomic import atomic_write_bytes
 SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
 # the numerics lab's rows, where a cell wrote them; workers: a data-parallel cell's per-worker values per step;
-# headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ)
-OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom")
+# headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ); phases: where the child's wall time went
+# (kit/phases.py)
+OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom", "phases")
 IDENTITY = ["run_id", "cell_id", "framework", "model", "dataset", "precision", "seed"]
 
 # Columns every table must have (beyond IDENTITY); readers rely on these.
@@ -41,6 +42,7 @@ REQUIRED = {
     "underflow": ["layer", "param", "when", "flush_fraction_unscaled", "flush_fraction_scaled"],
     "workers": ["worker", "step", "loss_scale", "skipped"],
     "headroom": ["epoch", "layer", "quantity", "max_abs"],
+    "phases": ["phase", "seconds"],
 }
 
 

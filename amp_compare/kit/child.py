@@ -29,6 +29,7 @@ from amp_compare.contract.atomic import atomic_write_bytes
 from amp_compare.contract.config import ConfigError, RunConfig
 from amp_compare.contract.records import pack_correct
 from amp_compare.kit.data import Dataset, load_dataset
+from amp_compare.kit.phases import PHASES, lap
 
 PROGRESS_PREFIX = "@@amp-compare "
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the framework is missing or fails to import
@@ -286,6 +287,9 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
     train_time = float(sum(e["train_time_s"] for e in result.epochs))
     images = len(steps) * cfg.batch_size
     diverged = result.diverged_at_step is not None
+    lap("records")
+    performance = performance_columns(cfg, dataset, result.info)
+    lap("flop count")
     run = {
         **identity,
         "schema_version": records.SCHEMA_VERSION,
@@ -315,7 +319,7 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "steps_total": len(steps),
         "skipped_steps": int(steps["skipped"].sum()),
         "peak_memory_bytes": int(result.peak_memory_bytes),
-        **performance_columns(cfg, dataset, result.info),
+        **performance,
         "memory_kind": result.memory_kind,
         "child_wall_s": wall_s,
         **env.cpu_info(),
@@ -339,13 +343,29 @@ def performance_columns(cfg: RunConfig, dataset: Dataset, info: dict) -> dict:
             "step_loop": cfg.step}
 
 
+def phases_table(run: pd.Series, result: TrainResult) -> pd.DataFrame:
+    """The child's phases (kit/phases.py) as one row each, with the cell's identity. Two parts measured inside the
+    training lap are moved out of it: the validation passes (the epochs' eval_time_s: inside Keras' fit, between
+    torch's epochs) and the warm-up steps' time beyond as many median steps (compile_warmup_s: tracing,
+    compilation, first-touch allocations)."""
+    PHASES.lap("records")
+    PHASES.move(float(sum(e["eval_time_s"] for e in result.epochs)), "training", "evaluation")
+    warm = float(run.get("compile_warmup_s", float("nan")))
+    if math.isfinite(warm):
+        PHASES.move(warm, "training", "compile/warm-up")
+    identity = {k: run[k] for k in records.IDENTITY}
+    return pd.DataFrame([{**identity, **row} for row in PHASES.rows()])
+
+
 TrainFn = Callable[[RunConfig, Dataset, Progress, SharedInit], TrainResult]
 
 
 def child_entry(train_module: str) -> int:
     """`python -m torch_impl|keras_impl` lands here: a framework that fails to import is 'unavailable'."""
+    lap("process start")
     try:
         train_fn = importlib.import_module(train_module).train
+        lap("framework import")
     except ImportError as exc:
         print(f"unavailable: {train_module} cannot import its framework ({exc})", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -365,7 +385,9 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
     except (OSError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    lap("config")
     dataset = load_dataset(cfg.dataset, cfg.data_dir)
+    lap("data")
     progress = Progress(None if writes_records() else open(os.devnull, "w"))  # DATA PARALLEL: rank 0 reports
     try:
         result = train_fn(cfg, dataset, progress, SharedInit(args.init_file, cfg.framework, cfg.seed))
@@ -375,6 +397,7 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
     if not writes_records():  # DATA PARALLEL: a torchrun worker other than rank 0 trained; rank 0 writes
         return 0
     tables = build_tables(args.run_id, cfg, result, dataset, time.perf_counter() - start)
+    tables["phases"] = phases_table(tables["run"].iloc[0], result)
     records.write_cell(args.out, tables)
     progress.emit(kind="done")
     return 0

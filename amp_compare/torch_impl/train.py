@@ -19,6 +19,7 @@ from amp_compare.contract.mapping import framework_settings
 from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, SharedInit, TrainResult, check_final_weights
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
+from amp_compare.kit.phases import lap
 from amp_compare.kit.training import StepBook, underflow_rows
 from amp_compare.torch_impl import amp, distributed, numerics, schedule, vit
 from amp_compare.torch_impl.device import (
@@ -122,17 +123,25 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     setup(cfg)
     worker = distributed.start(cfg)  # DATA PARALLEL: this process's place in a torchrun launch (distributed.py)
     device = worker.device
+    lap("setup")  # kit/phases.py: where the child's wall time goes
     model = make_model(cfg, data)
     init_source = shared_init.apply(model, get_weights, set_weights)
     run = worker.wrap(compile_model(cfg, model, device))  # DATA PARALLEL: DDP + --allreduce's comm hook
+    lap("init")
     ceiling = measure_ceiling(device, cfg)  # before the dataset and the memory window
+    lap("ceiling")
     tensors = make_dataset(cfg, data)
+    lap("data")
     result = TrainResult(info=run_info(cfg, run, ceiling, tensors, init_source))
+    lap("setup")
     first_batch = numerics_lab(cfg, run, tensors, result)  # outside the timed loop
+    lap("audits")
     memory = start_memory_window(device)
     train_epochs(cfg, data, run, tensors, result, progress, memory, worker)
+    lap("training")
     close_records(cfg, run, result, memory, tensors, first_batch)
     worker.finish(result, first_batch, cfg.precision)  # DATA PARALLEL: all-reduce dtype read back, worker rows
+    lap("closing")
     return result
 
 

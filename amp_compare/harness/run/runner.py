@@ -37,6 +37,7 @@ from amp_compare.contract.config import (
 from amp_compare.contract.env import PROJECT_ROOT
 from amp_compare.harness.run.launch import child_env_for, kill_tree, launch_command
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
+from amp_compare.kit.phases import SPAWNED_AT_ENV
 
 STDERR_TAIL_LINES = 25
 
@@ -164,8 +165,9 @@ def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
     with open(cell_dir / "stderr.log", "wb") as err:
         try:
             with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                        env=child_env_for(cfg, child_env(cfg), cell_dir),  # DATA PARALLEL
+                env = {**child_env_for(cfg, child_env(cfg), cell_dir),  # DATA PARALLEL
+                       SPAWNED_AT_ENV: repr(time.time())}  # the child's "process start" phase begins here
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env,
                                         cwd=PROJECT_ROOT, start_new_session=True)
             lines: queue.Queue = queue.Queue()
             reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
