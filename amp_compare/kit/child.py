@@ -167,6 +167,11 @@ class TrainResult:
     # Per validation image (in order), whether the final model classified it correctly: the paired
     # accuracy tests of harness/report/stats.py compare these between precisions.
     val_correct: np.ndarray | None = None
+    # The speed budget (kit/training.py SpeedBudget): timed steps after the warm-up where the cell stopped early
+    # for being slow, and why; None / "" where it ran in full
+    budget_steps: int | None = None
+    budget_reason: str = ""
+    budget_done: bool = False
 
 
 def first_nonfinite_parameter(weights: dict[str, np.ndarray]) -> str | None:
@@ -322,12 +327,15 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         **performance,
         "memory_kind": result.memory_kind,
         "child_wall_s": wall_s,
+        # the speed budget (kit/training.py): missing / "" where the cell ran in full
+        "budget_steps": result.budget_steps,
+        "budget_reason": result.budget_reason,
         **env.cpu_info(),
         **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
            for k, v in result.info.items()},
     }
     run.update(derived_columns(run, result.nonfinite))
-    tables = {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
+    tables = {"run": pd.DataFrame([run]).astype({"budget_steps": "Int64"}), "epochs": epochs, "steps": steps}
     for name, rows in result.extra.items():
         tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
     return tables
@@ -370,6 +378,17 @@ def child_entry(train_module: str) -> int:
         print(f"unavailable: {train_module} cannot import its framework ({exc})", file=sys.stderr)
         return EXIT_UNAVAILABLE
     return child_main(train_fn)
+
+
+def exit_now(code: int) -> None:
+    """End the child process at once with `code` (`python -m torch_impl|keras_impl` only, never in-process).
+
+    Every record is written and synced by then (contract/atomic.py): the interpreter's shutdown (a framework's
+    thread pools and atexit handlers, freeing every object) adds nothing to them, only time to the cell (its "exit"
+    phase, docs/MEASUREMENT.md)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
