@@ -219,7 +219,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
         val_loss, val_accuracy, result.val_correct = evaluate(run.net, x_val, y_val, cfg.precision)
         book.end_epoch(step_times, float(sum(step_times)), time.perf_counter() - eval_start, correct,
                        val_loss, val_accuracy)
-        if result.diverged_at_step is not None:
+        if result.diverged_at_step is not None or result.budget_done:  # diverged, or a budgeted cell's steps ran
             break
     result.info["first_step_peak_memory_bytes"] = first_step.peak_bytes
 

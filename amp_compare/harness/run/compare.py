@@ -167,7 +167,18 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
                 if k not in ("framework", "model", "dataset", "precision", "seed")}
     return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device, "notes": notes,
-                           "max_batch": max_batch}
+                           "max_batch": max_batch, "cell_budget": cell_budget(cells[0])}
+
+
+def cell_budget(cfg: RunConfig) -> dict:
+    """The manifest's cell_budget: the speed budget every cell ran under (kit/training.py SpeedBudget; which cells
+    it stopped early, and why, is in their run rows: budget_steps, budget_reason)."""
+    from amp_compare.kit import training
+
+    return {"enabled": cfg.speed_budget, "limit_s": cfg.speed_budget_s, "probe_steps": training.BUDGET_PROBE_STEPS,
+            "measure_s": training.BUDGET_MEASURE_S, "min_steps": training.BUDGET_MIN_STEPS,
+            "max_steps": training.BUDGET_MAX_STEPS, "warmup_steps": cfg.warmup_steps,
+            "off_with": "--no-speed-budget"}
 
 
 def _new_run_id(args: argparse.Namespace, device: str) -> str:
@@ -222,7 +233,9 @@ def cell_complete(run_dir: Path, cfg: RunConfig) -> bool:
         return False
     if not all(name in tables and len(tables[name]) for name in records.TABLES):
         return False
-    return status == "diverged" or len(tables["epochs"]) == cfg.epochs
+    # a cell the speed budget stopped early (kit/training.py) is finished with fewer epochs
+    budgeted = "budget_steps" in tables["run"] and bool(tables["run"]["budget_steps"].notna().iloc[0])
+    return status == "diverged" or budgeted or len(tables["epochs"]) == cfg.epochs
 
 
 def plan_resume(args: argparse.Namespace):

@@ -10,6 +10,7 @@ timeout is recorded as a failed cell with the reason and the tail of its stderr.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -35,6 +36,7 @@ from amp_compare.contract.config import (
     RunConfig,
 )
 from amp_compare.contract.env import PROJECT_ROOT
+from amp_compare.contract.precision import REFERENCE
 from amp_compare.harness.run.launch import child_env_for, kill_tree, launch_command
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
 from amp_compare.kit.phases import SPAWNED_AT_ENV
@@ -135,6 +137,34 @@ def remove_partial(cell_dir: Path) -> None:
         (cell_dir / f"{name}.parquet").unlink(missing_ok=True)
 
 
+# What a cell must share with an fp32 cell for that cell's median step to be its speed reference (the seed need not:
+# precisions rotate per seed, so a seed's fp32 cell may run after its mixed cells)
+REFERENCE_KEYS = ("framework", "model", "dataset", "width", "batch_size", "step", "replicas", "threads", "device",
+                  "compile", "channels_last", "vit_dim", "vit_depth", "vit_heads", "vit_patch", "attention")
+
+
+def speed_reference(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """The cell with speed_reference_step_s set: the median step of a finished fp32 cell of this run like it
+    (REFERENCE_KEYS; the same seed preferred), which the speed budget weighs its own steps against
+    (kit/training.py SpeedBudget). Unchanged for an fp32 cell, without the budget, or where none finished yet."""
+    if not cfg.speed_budget or cfg.precision == REFERENCE:
+        return cfg
+    found = []
+    for path in (run_dir / "cells").glob("*/config.json"):
+        run_path = path.with_name("run.parquet")
+        try:
+            other = RunConfig.from_json(path.read_text())
+            if other.precision != REFERENCE or not run_path.exists() or \
+                    any(getattr(other, k) != getattr(cfg, k) for k in REFERENCE_KEYS):
+                continue
+            median = float(pd.read_parquet(run_path, columns=["median_step_s"])["median_step_s"].iloc[0])
+        except Exception:  # noqa: BLE001 - an unreadable or failed cell is no reference
+            continue
+        if median > 0:
+            found.append((other.seed != cfg.seed, median))
+    return dataclasses.replace(cfg, speed_reference_step_s=min(found)[1]) if found else cfg
+
+
 def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
              on_event: Callable[[dict], None] = lambda event: None) -> CellOutcome:
     """Train one cell in a child process; always leaves a run record behind."""
@@ -142,6 +172,7 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     cell_dir.mkdir(parents=True, exist_ok=True)
     remove_partial(cell_dir)  # a resumed cell starts clean
     config_path = cell_dir / "config.json"
+    cfg = speed_reference(cfg, Path(run_dir))
     atomic_write_text(config_path, cfg.to_json())
     missing = framework_missing(cfg.framework)
     if missing:
