@@ -43,6 +43,7 @@ from amp_compare.kit.child import (  # noqa: E402
 from amp_compare.kit.data import Dataset, batch_plan, epoch_batches, epoch_images, steps_per_epoch  # noqa: E402
 from amp_compare.kit.dataparallel import numerics_for  # noqa: E402
 from amp_compare.kit.phases import lap  # noqa: E402
+from amp_compare.kit.reuse import cached  # noqa: E402
 from amp_compare.kit.training import StepBook, underflow_rows  # noqa: E402
 
 EVAL_BATCH = 512
@@ -158,7 +159,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     ceiling_first = not (backends.JAX and cfg.device == "cuda")
     result = TrainResult(info=run_info(cfg, steps))
     lap("setup")  # kit/phases.py: where the child's wall time goes
-    result.info.update(backends.measure_ceiling(cfg, result.info["device_name"]) if ceiling_first else {})
+    result.info.update(cached("ceiling", cfg, lambda: backends.measure_ceiling(cfg, result.info["device_name"]))
+                       if ceiling_first else {})
     lap("ceiling")
     with distributed.scope(cfg):  # DATA PARALLEL: the strategy's scope / the distribution; else device_scope
         model = make_model(cfg, data)
@@ -223,7 +225,7 @@ def numerics_lab(cfg: RunConfig, data: Dataset, model: keras.Model, result: Trai
     lab = numerics_for(cfg, numerics)  # DATA PARALLEL: an N-worker cell's lab is its 1-worker cell's
     first = epoch_batches(len(data.x_train), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)[0]
     first_batch = (data.x_train[first], data.y_train[first])
-    result.extra["dtypes"] = lab.dtype_audit(model, *first_batch, cfg.precision)
+    result.extra["dtypes"] = cached("dtypes", cfg, lambda: lab.dtype_audit(model, *first_batch, cfg.precision))
     result.extra["underflow"] = underflow_rows(lab, model, first_batch, cfg.precision,
                                                float(amp.current_scale(model.optimizer)), "first step", 0)
     if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch

@@ -28,6 +28,7 @@ from amp_compare.contract import env, records
 from amp_compare.contract.atomic import atomic_write_bytes
 from amp_compare.contract.config import ConfigError, RunConfig
 from amp_compare.contract.records import pack_correct
+from amp_compare.kit import reuse
 from amp_compare.kit.data import Dataset, load_dataset
 from amp_compare.kit.phases import PHASES, lap
 
@@ -397,7 +398,9 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="cell folder to write records into")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--init-file", type=Path, default=None, help="shared initial weights (.npz)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="the run's cache of work reused across seeds")
     args = parser.parse_args(argv)
+    reuse.CACHE_DIR = args.cache_dir  # kit/reuse.py: the dtype audit and the FLOP/s ceiling, reused across seeds
     start = time.perf_counter()
     try:
         cfg = RunConfig.from_json(args.config.read_text())

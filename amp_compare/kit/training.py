@@ -44,7 +44,9 @@ NOT_REPRODUCED = {"where": "not reproduced", "layer": "", "value": ""}
 # pathologically slowly (seen: fp16 convolutions 50-100x slower than fp32 on CPUs with AVX-512 FP16, 147-262 s a
 # cell) is noticed from its first measured steps and timed over a bounded number of steps instead of its full epochs.
 BUDGET_PROBE_STEPS = 10  # measured steps after the warm-up whose median projects the cell's training time
-BUDGET_MEASURE_S = 20.0  # training time a budgeted cell aims to spend measuring, warm-up and probe included
+# The training time a budgeted cell aims to spend measuring, warm-up and probe included, as a share of the cell
+# budget: 20 s of the default 120 s
+BUDGET_MEASURE_SHARE = 1 / 6
 # At least two batch means of harness/report/stats.py's BLOCK (20) steps: a one-seed speed interval needs two
 BUDGET_MIN_STEPS = 40
 BUDGET_MAX_STEPS = 200  # stats.py's ten batch means of 20 steps: more adds nothing to the interval
@@ -71,8 +73,9 @@ class SpeedBudget:
     The clock is the host's, at each StepBook.add: on a CPU the loops add every step, so the intervals are the
     steps' (on a GPU, batches of them: their mean). After the warm-up and BUDGET_PROBE_STEPS more, the median
     interval times the steps still planned, plus the time so far, projects the cell's training; past
-    cfg.speed_budget_s the cell is budgeted: `steps` timed steps after the warm-up (enough for BUDGET_MEASURE_S in
-    all, at least BUDGET_MIN_STEPS), then the loop stops, and `reason` says why in numbers."""
+    cfg.speed_budget_s (and, where the same framework's fp32 cell finished first, BUDGET_SLOW_RATIO times its median
+    step) the cell is budgeted: `steps` timed steps after the warm-up (enough for BUDGET_MEASURE_SHARE of the budget
+    in all, at least BUDGET_MIN_STEPS), then the loop stops, and `reason` says why in numbers."""
 
     def __init__(self, cfg: RunConfig, planned_steps: int):
         self.cfg, self.planned = cfg, planned_steps
@@ -101,7 +104,8 @@ class SpeedBudget:
         if projected <= self.cfg.speed_budget_s or median <= 0 or \
                 (reference and median < BUDGET_SLOW_RATIO * reference):  # not over the budget, or fp32 is slow too
             return
-        steps = int(max(BUDGET_MIN_STEPS, min(BUDGET_MAX_STEPS, (BUDGET_MEASURE_S - so_far) // median)))
+        measure_s = BUDGET_MEASURE_SHARE * self.cfg.speed_budget_s
+        steps = int(max(BUDGET_MIN_STEPS, min(BUDGET_MAX_STEPS, (measure_s - so_far) // median)))
         if self.cfg.warmup_steps + steps >= self.planned:
             return
         self.steps = steps

@@ -20,6 +20,7 @@ from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, Shar
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
 from amp_compare.kit.phases import lap
+from amp_compare.kit.reuse import cached
 from amp_compare.kit.training import StepBook, underflow_rows
 from amp_compare.torch_impl import amp, distributed, numerics, schedule, vit
 from amp_compare.torch_impl.device import (
@@ -128,7 +129,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     init_source = shared_init.apply(model, get_weights, set_weights)
     run = worker.wrap(compile_model(cfg, model, device))  # DATA PARALLEL: DDP + --allreduce's comm hook
     lap("init")
-    ceiling = measure_ceiling(device, cfg)  # before the dataset and the memory window
+    ceiling = cached("ceiling", cfg, lambda: measure_ceiling(device, cfg))  # before the dataset and memory window
     lap("ceiling")
     tensors = make_dataset(cfg, data)
     lap("data")
@@ -177,7 +178,7 @@ def numerics_lab(cfg: RunConfig, run: Compiled, tensors: tuple, result: TrainRes
     x_train, y_train = tensors[:2]
     first = torch.from_numpy(epoch_batches(len(x_train), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)[0])
     first_batch = (x_train[first.to(x_train.device)], y_train[first.to(x_train.device)])
-    result.extra["dtypes"] = lab.dtype_audit(run.model, *first_batch, cfg.precision)
+    result.extra["dtypes"] = cached("dtypes", cfg, lambda: lab.dtype_audit(run.model, *first_batch, cfg.precision))
     result.extra["underflow"] = underflow_rows(lab, run.model, first_batch, cfg.precision,
                                                float(amp.current_scale(run.scaler)), "first step", 0)
     if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch

@@ -176,7 +176,7 @@ def cell_budget(cfg: RunConfig) -> dict:
     from amp_compare.kit import training
 
     return {"enabled": cfg.speed_budget, "limit_s": cfg.speed_budget_s, "probe_steps": training.BUDGET_PROBE_STEPS,
-            "measure_s": training.BUDGET_MEASURE_S, "min_steps": training.BUDGET_MIN_STEPS,
+            "measure_s": training.BUDGET_MEASURE_SHARE * cfg.speed_budget_s, "min_steps": training.BUDGET_MIN_STEPS,
             "max_steps": training.BUDGET_MAX_STEPS, "warmup_steps": cfg.warmup_steps,
             "off_with": "--no-speed-budget"}
 

@@ -182,6 +182,7 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
            "--out", str(cell_dir), "--run-id", run_id]
     if cfg.init == "shared":
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
+    cmd += ["--cache-dir", str(Path(run_dir) / "cache")]  # work reused across seeds (kit/reuse.py)
     cmd = launch_command(cfg, cmd)  # DATA PARALLEL: torch's N-worker cells under torchrun (harness/run/launch.py)
     start = time.monotonic()
     returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event)
