@@ -7,6 +7,7 @@ import sys
 # in the child's own entry only, Keras defines the wrappers without it (they say scikit-learn is needed if called).
 sys.modules.setdefault("sklearn", None)
 
-from amp_compare.kit.child import child_entry, exit_now  # noqa: E402
+from amp_compare.kit.child import child_entry  # noqa: E402
+from amp_compare.kit.phases import exit_now  # noqa: E402
 
 exit_now(child_entry("amp_compare.keras_impl.train"))

@@ -381,17 +381,6 @@ def child_entry(train_module: str) -> int:
     return child_main(train_fn)
 
 
-def exit_now(code: int) -> None:
-    """End the child process at once with `code` (`python -m torch_impl|keras_impl` only, never in-process).
-
-    Every record is written and synced by then (contract/atomic.py): the interpreter's shutdown (a framework's
-    thread pools and atexit handlers, freeing every object) adds nothing to them, only time to the cell (its "exit"
-    phase, docs/MEASUREMENT.md)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train one amp-compare cell and write its records.")
     parser.add_argument("--config", required=True, type=Path, help="RunConfig JSON file")

@@ -13,6 +13,7 @@ the child's wall time from spawn to records (tests/test_phases.py checks the sum
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 SPAWNED_AT_ENV = "AMP_COMPARE_SPAWNED_AT"  # time.time() in the parent just before it started the child
@@ -74,3 +75,15 @@ PHASES = Phases(spawned_at())
 def lap(name: str) -> float:
     """PHASES.lap: the twins call this between the steps of train()."""
     return PHASES.lap(name)
+
+
+def exit_now(code: int) -> None:
+    """End a child process at once with `code` (the `python -m` entry points of the twins and their probes only,
+    never in-process).
+
+    Its records are written and synced by then (contract/atomic.py), a probe's line printed: the interpreter's
+    shutdown (a framework's thread pools and atexit handlers, freeing every object) adds nothing to them, only time
+    to the cell (its "exit" phase, docs/MEASUREMENT.md: 4-5 s a cell on a busy 2-core machine)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
