@@ -167,3 +167,21 @@ def test_a_budgeted_cells_accuracy_is_compared_with_nothing():
     cut = accuracy_statistics(_accuracy_runs("bf16")).set_index("precision")
     assert not np.isfinite(cut.loc["bf16", "p_value"]) and "speed budget" in cut.loc["bf16", "budget_note"]
     assert stats.accuracy_tests(_accuracy_runs("fp32"), ["model", "dataset", "framework"]).empty
+
+
+def test_the_manifest_holds_the_cell_budget_and_the_option_turns_it_off(tmp_path):
+    from amp_compare.harness.run.cli import build_parser, compare_settings
+    from amp_compare.harness.run.compare import plan_compare
+
+    def plan(*extra):
+        args = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path),
+                                                           "--datasets", "synthetic", *extra]))
+        return plan_compare(args)
+
+    _, cells, manifest = plan()
+    assert manifest["cell_budget"]["enabled"] and manifest["cell_budget"]["limit_s"] == 120.0
+    assert manifest["cell_budget"]["min_steps"] == training.BUDGET_MIN_STEPS >= 2 * stats.BLOCK
+    assert all(c.speed_budget for c in cells)
+    _, cells, manifest = plan("--no-speed-budget", "--speed-budget-s", "30")
+    assert not manifest["cell_budget"]["enabled"] and not any(c.speed_budget for c in cells)
+    assert manifest["cell_budget"]["limit_s"] == 30.0
