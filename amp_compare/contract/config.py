@@ -400,6 +400,17 @@ class RunConfig:
     warmup_steps: int = option(5, "first steps of the run, excluded from step-time statistics", ge=0)
     diverge_after: int = option(20, "stop a cell, recorded as diverged, after this many consecutive non-finite "
                                 "losses", gt=0)
+    # A precision this machine runs pathologically slowly (seen: fp16 convolutions 50-100x slower than fp32 on CPUs
+    # with AVX-512 FP16) is timed over a bounded number of steps, not its full epochs (kit/training.py SpeedBudget)
+    speed_budget: bool = option(True, "stop a cell whose training its first measured steps project past "
+                                "--speed-budget-s, once it has timed enough steps for a speed interval (its accuracy "
+                                "is then not compared); --no-speed-budget runs every cell in full")
+    speed_budget_s: float = option(120.0, "the cell budget: seconds of training a cell may be projected to take "
+                                   "before the speed budget stops it early", gt=0)
+    # Set by the harness (harness/run/runner.py speed_reference) from the cells already finished: the median step of
+    # this framework's fp32 cell of the same model, data and loop; the budget stops only a cell that much slower
+    speed_reference_step_s: float | None = option(None, "median step (s) of the same framework's fp32 cell in this "
+                                                  "run, where one finished first", gt=0, cli=False)
     # Dynamic loss scaler for fp16, set explicitly on both sides
     # (defaults: torch GradScaler 2**16 / 2000 steps, Keras LossScaleOptimizer 2**15 / 2000).
     init_scale: float = option(2.0**15, "fp16's initial dynamic loss scale", gt=0)

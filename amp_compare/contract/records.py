@@ -29,9 +29,10 @@ from amp_compare.contract.atomic import atomic_write_bytes
 SCHEMA_VERSION = 1
 TABLES = ("run", "epochs", "steps")
 # the numerics lab's rows, where a cell wrote them; workers: a data-parallel cell's per-worker values per step;
-# headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ)
+# headroom: the vit's per-epoch maxima (LayerNorm inputs, Q·Kᵀ); phases: where the child's wall time went
+# (kit/phases.py)
 OPTIONAL_TABLES = ("dtypes", "underflow", "workers", "headroom", "profile_ops", "profile_primitives",
-                   "fp8_layers", "fp8_trace")
+                   "fp8_layers", "fp8_trace", "phases")
 IDENTITY = list(declared_tables.IDENTITY)
 
 # Columns every table must have (beyond IDENTITY); readers rely on these. Every column, with its kind and unit, is

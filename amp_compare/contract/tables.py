@@ -58,7 +58,8 @@ TABLES: dict[str, dict[str, Column]] = {
     "dtypes": _columns(
         ("layer", "str"), ("op", "str", "", "the framework's op name"), ("phase", "str", "", "forward or backward"),
         ("compute_dtype", "str"), ("param_dtype", "str"), ("count", "int", "ops"),
-        ("audit_method", "str", "", "how the dtypes were read (graph ops or layer policies)")),
+        ("audit_method", "str", "", "how the dtypes were read (graph ops or layer policies)"),
+        ("input_dtype", "str", "", "the op's floating inputs' dtypes: what it computed in (report/vit_dtypes.py)")),
     "underflow": _columns(
         ("layer", "str"), ("param", "str"), ("method", "str"), ("elements", "int"), ("nonzero", "int"),
         ("zero_fraction", "float", "fraction"), ("flush_fraction_unscaled", "float", "fraction"),
@@ -85,6 +86,11 @@ TABLES: dict[str, dict[str, Column]] = {
         ("impl", "str", "", "oneDNN's implementation name (jit:…, brg…, ref:any)"), ("dtype", "str"),
         ("path", "str", "", "JIT or reference"), ("executions", "int"), ("exec_time_s", "float", "s"),
         ("created", "int", "", "primitives created")),
+    # where the child's wall time went (kit/phases.py): one row per phase
+    "phases": _columns(
+        ("phase", "str", "", "process start, framework import, data, init, ceiling, audits, compile/warm-up, training, "
+         "evaluation, closing, records"),
+        ("seconds", "float", "s", "wall time"), ("cpu_seconds", "float", "s", "CPU time of all the process's threads")),
     # fp8 cells (kit/fp8.py, torch_impl/fp8.py, keras_impl/fp8.py)
     "fp8_layers": _columns(
         ("layer", "str"), ("role", "str", "", "input, kernel or grad_output"), ("format", "str", "", "e4m3 or e5m2"),
@@ -109,6 +115,7 @@ REQUIRED = {
     "headroom": ["epoch", "layer", "quantity", "max_abs"],
     "profile_ops": ["rank", "op", "calls", "self_time_s", "share", "dtypes", "library", "cast"],
     "profile_primitives": ["kind", "prop_kind", "impl", "dtype", "path", "executions", "exec_time_s", "created"],
+    "phases": ["phase", "seconds"],
     "fp8_layers": ["layer", "role", "format", "when", "step", "amax", "sqnr_db"],
     "fp8_trace": ["layer", "role", "step", "amax", "scale"],
 }
@@ -131,6 +138,8 @@ RUN = _columns(
     ("achieved_flops", "float", "FLOP/s"), ("mfu_measured", "float", "fraction"), ("mfu_table", "float", "fraction"),
     ("nonfinite_step", "int", "", "-1: none"), ("nonfinite_where", "str"), ("nonfinite_layer", "str"),
     ("nonfinite_value", "str"), ("nonfinite_tensor", "str"),
+    ("budget_steps", "int", "steps", "the speed budget cut the cell's timed steps to this many; missing: ran in full"),
+    ("budget_reason", "str", "", "why the speed budget cut the cell (kit/training.py SpeedBudget)"),
     # contract/env.cpu_info
     ("cpu_model", "str"), ("cpu_amp_flags", "str"), ("cpu_bf16_hardware", "bool"), ("cpu_fp16_hardware", "bool"),
     ("cpu_count", "int", "CPUs"), ("cpus_usable", "int", "CPUs"), ("omp_num_threads", "str"), ("hostname", "str"),

@@ -2,6 +2,12 @@
 
 import sys
 
-from amp_compare.kit.child import child_entry
+# Keras imports its scikit-learn wrappers (keras.wrappers) whenever scikit-learn is installed: scikit-learn and
+# scipy.stats, a second or more of every Keras child's start, for wrappers a cell never uses. Marked missing here,
+# in the child's own entry only, Keras defines the wrappers without it (they say scikit-learn is needed if called).
+sys.modules.setdefault("sklearn", None)
 
-sys.exit(child_entry("amp_compare.keras_impl.train"))
+from amp_compare.kit.child import child_entry  # noqa: E402
+from amp_compare.kit.phases import exit_now  # noqa: E402
+
+exit_now(child_entry("amp_compare.keras_impl.train"))

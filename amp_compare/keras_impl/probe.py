@@ -12,6 +12,8 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
+if __name__ == "__main__":  # a probe process (never an import): Keras without its scikit-learn wrappers, as a child
+    sys.modules.setdefault("sklearn", None)  # (keras_impl/__main__.py says why)
 
 import numpy as np  # noqa: E402
 
@@ -83,4 +85,6 @@ def _ran_out(exc: BaseException) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))
+    from amp_compare.kit.phases import exit_now
+
+    exit_now(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))  # its line is out: no teardown

@@ -43,6 +43,8 @@ from amp_compare.kit.child import (  # noqa: E402
 )
 from amp_compare.kit.data import Dataset, batch_plan, epoch_images, steps_per_epoch  # noqa: E402
 from amp_compare.kit.dataparallel import numerics_for  # noqa: E402
+from amp_compare.kit.phases import lap  # noqa: E402
+from amp_compare.kit.reuse import cached  # noqa: E402
 from amp_compare.kit.training import EVAL_BATCH, StepBook, first_batch_index  # noqa: E402
 
 
@@ -156,26 +158,35 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     # three 8192x8192 float32 matrices, 768 MiB) waits until the training peak has been read
     ceiling_first = not (backends.JAX and cfg.device == "cuda")
     result = TrainResult(info=run_info(cfg, steps))
-    result.info.update(backends.measure_ceiling(cfg, result.info["device_name"]) if ceiling_first else {})
+    lap("setup")  # kit/phases.py: where the child's wall time goes
+    result.info.update(cached("ceiling", cfg, lambda: backends.measure_ceiling(cfg, result.info["device_name"]))
+                       if ceiling_first else {})
+    lap("ceiling")
     with distributed.scope(cfg):  # DATA PARALLEL: the strategy's scope / the distribution; else device_scope
         model = make_model(cfg, data)
         init_source = shared_init.apply(model, get_weights, set_weights)
         model = fp8.convert(model, cfg)  # fp8: float8 Dense/EinsumDense outside --fp32-layers (fp8.py)
         compile_model(cfg, model, result.info["steps_per_execution"])
         distributed.compiled(cfg, model, data)  # DATA PARALLEL: built for the strategy; its all-reduce observed
+        lap("init")
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
                            settings_used=settings_used(model, model.optimizer, model.optimizer, cfg),
                            fp8_settings=fp8.settings(model))  # fp8: the recipe read back from the live layers
+        lap("setup")
         dataset, images = attach_dataset(model, cfg, data)
+        lap("data")
         first_batch = numerics_lab(cfg, data, model, result)  # outside the timed loop
+        lap("audits")
         model.step_log = loop.StepLog(steps) if device_mode(cfg) and backends.TENSORFLOW else None  # after the audit
         memory = backends.start_memory_window(cfg)
         train_epochs(cfg, data, model, dataset, images, result, progress, memory, steps)
+        lap("training")
     close_records(cfg, data, model, result, memory, first_batch)
     profile.profile_window(cfg, model, data, result, logs)  # --profile: extra steps after the timed ones
     distributed.finish(cfg, result)  # DATA PARALLEL: engine, all-reduce dtype read back, per-worker records
     if not ceiling_first:
         result.info.update(backends.measure_ceiling(cfg, result.info["device_name"]))
+    lap("closing")
     return result
 
 

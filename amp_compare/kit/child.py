@@ -29,7 +29,9 @@ from amp_compare.contract.atomic import atomic_write_bytes
 from amp_compare.contract.config import ConfigError, RunConfig
 from amp_compare.contract.records import pack_correct
 from amp_compare.contract.tables import Reported, check
+from amp_compare.kit import reuse
 from amp_compare.kit.data import Dataset, load_dataset
+from amp_compare.kit.phases import PHASES, lap
 
 PROGRESS_PREFIX = "@@amp-compare "
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the framework is missing or fails to import
@@ -178,6 +180,11 @@ class TrainResult:
     # Per validation image (in order), whether the final model classified it correctly: the paired
     # accuracy tests of harness/report/stats.py compare these between precisions.
     val_correct: np.ndarray | None = None
+    # The speed budget (kit/training.py SpeedBudget): timed steps after the warm-up where the cell stopped early
+    # for being slow, and why; None / "" where it ran in full
+    budget_steps: int | None = None
+    budget_reason: str = ""
+    budget_done: bool = False
 
     def __post_init__(self) -> None:
         self.info = Reported(self.info)  # a plain dict given: each key checked against the declaration
@@ -301,6 +308,9 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
     train_time = float(sum(e["train_time_s"] for e in result.epochs))
     images = len(steps) * cfg.batch_size
     diverged = result.diverged_at_step is not None
+    lap("records")
+    performance = performance_columns(cfg, dataset, result.info)
+    lap("flop count")
     run = {
         **identity,
         "schema_version": records.SCHEMA_VERSION,
@@ -330,18 +340,21 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "steps_total": len(steps),
         "skipped_steps": int(steps["skipped"].sum()),
         "peak_memory_bytes": int(result.peak_memory_bytes),
-        **performance_columns(cfg, dataset, result.info),
+        **performance,
         "memory_kind": result.memory_kind,
         "child_wall_s": wall_s,
+        # the speed budget (kit/training.py): missing / "" where the cell ran in full
+        "budget_steps": result.budget_steps,
+        "budget_reason": result.budget_reason,
         **env.cpu_info(),
         **env.placement(),  # host, GPUs and CPUs the cell ran on (harness/run/launchers.py places cells)
         **{k: (json.dumps(v, sort_keys=True) if isinstance(v, dict) else "" if v is None else v)
            for k, v in result.info.items()},
     }
     run.update(derived_columns(run, result.nonfinite))
-    tables = {"run": pd.DataFrame([run]), "epochs": epochs, "steps": steps}
+    tables = {"run": pd.DataFrame([run]).astype({"budget_steps": "Int64"}), "epochs": epochs, "steps": steps}
     for name in records.OPTIONAL_TABLES:
-        if rows := getattr(result, name):
+        if rows := getattr(result, name, None):  # phases: added by child_main once the records are timed
             tables[name] = pd.DataFrame([{**identity, **row} for row in rows])
     for name, table in tables.items():  # every column declared and of its kind, before anything is written
         check(name, table, strict=True)
@@ -358,13 +371,29 @@ def performance_columns(cfg: RunConfig, dataset: Dataset, info: dict) -> dict:
             "step_loop": cfg.step}
 
 
+def phases_table(run: pd.Series, result: TrainResult) -> pd.DataFrame:
+    """The child's phases (kit/phases.py) as one row each, with the cell's identity. Two parts measured inside the
+    training lap are moved out of it: the validation passes (the epochs' eval_time_s: inside Keras' fit, between
+    torch's epochs) and the warm-up steps' time beyond as many median steps (compile_warmup_s: tracing,
+    compilation, first-touch allocations)."""
+    PHASES.lap("records")
+    PHASES.move(float(sum(e["eval_time_s"] for e in result.epochs)), "training", "evaluation")
+    warm = float(run.get("compile_warmup_s", float("nan")))
+    if math.isfinite(warm):
+        PHASES.move(warm, "training", "compile/warm-up")
+    identity = {k: run[k] for k in records.IDENTITY}
+    return pd.DataFrame([{**identity, **row} for row in PHASES.rows()])
+
+
 TrainFn = Callable[[RunConfig, Dataset, Progress, SharedInit], TrainResult]
 
 
 def child_entry(train_module: str) -> int:
     """`python -m torch_impl|keras_impl` lands here: a framework that fails to import is 'unavailable'."""
+    lap("process start")
     try:
         train_fn = importlib.import_module(train_module).train
+        lap("framework import")
     except ImportError as exc:
         print(f"unavailable: {train_module} cannot import its framework ({exc})", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -377,14 +406,18 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="cell folder to write records into")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--init-file", type=Path, default=None, help="shared initial weights (.npz)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="the run's cache of work reused across seeds")
     args = parser.parse_args(argv)
+    reuse.CACHE_DIR = args.cache_dir  # kit/reuse.py: the dtype audit and the FLOP/s ceiling, reused across seeds
     start = time.perf_counter()
     try:
         cfg = RunConfig.from_json(args.config.read_text())
     except (OSError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    lap("config")
     dataset = load_dataset(cfg.dataset, cfg.data_dir)
+    lap("data")
     progress = Progress(None if writes_records() else open(os.devnull, "w"))  # DATA PARALLEL: rank 0 reports
     try:
         result = train_fn(cfg, dataset, progress, SharedInit(args.init_file, cfg.framework, cfg.seed))
@@ -394,6 +427,7 @@ def child_main(train_fn: TrainFn, argv: list[str] | None = None) -> int:
     if not writes_records():  # DATA PARALLEL: a torchrun worker other than rank 0 trained; rank 0 writes
         return 0
     tables = build_tables(args.run_id, cfg, result, dataset, time.perf_counter() - start)
+    tables["phases"] = phases_table(tables["run"].iloc[0], result)
     records.write_cell(args.out, tables)
     progress.emit(kind="done")
     return 0

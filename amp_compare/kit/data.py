@@ -8,7 +8,10 @@ frameworks call, so both see the same images in the same batches in the same ord
 
 from __future__ import annotations
 
+import gzip
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -87,15 +90,35 @@ def resize_bilinear(images: np.ndarray, size: int) -> np.ndarray:
     return top * (1 - wy) + bottom * wy
 
 
+DIGITS_FILE = Path("sklearn", "datasets", "data", "digits.csv.gz")  # where scikit-learn ships the digits
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled digits as (images 8x8 float64 in 0..16, labels), as its load_digits returns them.
+
+    Read from the file scikit-learn ships (datasets/data/digits.csv.gz: 64 pixels then the label per row) without
+    importing scikit-learn, whose import (scipy.stats among it) took longer than a digits cell's whole training
+    on a 2-core CPU, in every child and in the parent's planning. Where the file is not where this version keeps
+    it, scikit-learn's own loader. (Looked up along sys.path, not through the import system: the Keras child
+    keeps scikit-learn from being imported at all, keras_impl/__main__.py.)"""
+    path = next((Path(folder) / DIGITS_FILE for folder in sys.path if (Path(folder) / DIGITS_FILE).is_file()), None)
+    if path is None:
+        from sklearn.datasets import load_digits as sk_load_digits
+
+        bunch = sk_load_digits()
+        return bunch.images, bunch.target
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
 def load_digits() -> Dataset:
     """scikit-learn's bundled handwritten digits (1,797 real 8x8 scans), resized to 16x16x1."""
-    from sklearn.datasets import load_digits as sk_load_digits
-
-    bunch = sk_load_digits()
-    images = resize_bilinear(bunch.images.astype(np.float64) / 16.0, DIGITS_SIZE)
+    images, labels = digits_arrays()
+    images = resize_bilinear(images.astype(np.float64) / 16.0, DIGITS_SIZE)
     x = images[..., None].astype(np.float32)
     source = "scikit-learn load_digits (UCI optical digits, 1797 images, 8x8 resized to 16x16)"
-    return _split(x, bunch.target, "digits", source, NUM_CLASSES["digits"])
+    return _split(x, labels, "digits", source, NUM_CLASSES["digits"])
 
 
 def pattern_images(n: int, size: int, channels: int, rng: np.random.Generator,

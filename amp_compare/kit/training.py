@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -24,6 +26,7 @@ from amp_compare.contract.twins import Locate
 from amp_compare.kit.child import DivergenceWatch, Progress, TrainResult, first_nonfinite_parameter
 from amp_compare.kit.data import epoch_batches
 from amp_compare.kit.dataparallel import numerics_for
+from amp_compare.kit.reuse import cached
 
 # kit/ceiling.py names a matmul's dtype fp32/tf32/fp16/bf16; the frameworks' tensors take these names
 # (tf32: float32 tensors, the TF32 switch set by setup()).
@@ -41,6 +44,82 @@ class StepRecord(NamedTuple):
 
 NOT_REPRODUCED = {"where": "not reproduced", "layer": "", "value": ""}
 
+# The speed budget (RunConfig.speed_budget, docs/MEASUREMENT.md "Speed budget"). A precision this machine runs
+# pathologically slowly (seen: fp16 convolutions 50-100x slower than fp32 on CPUs with AVX-512 FP16, 147-262 s a
+# cell) is noticed from its first measured steps and timed over a bounded number of steps instead of its full epochs.
+BUDGET_PROBE_STEPS = 10  # measured steps after the warm-up whose median projects the cell's training time
+# The training time a budgeted cell aims to spend measuring, warm-up and probe included, as a share of the cell
+# budget: 20 s of the default 120 s
+BUDGET_MEASURE_SHARE = 1 / 6
+# At least two batch means of harness/report/stats.py's BLOCK (20) steps: a one-seed speed interval needs two
+BUDGET_MIN_STEPS = 40
+BUDGET_MAX_STEPS = 200  # stats.py's ten batch means of 20 steps: more adds nothing to the interval
+# Where the same framework's fp32 cell of this run finished first (RunConfig.speed_reference_step_s), only a cell
+# this many times slower per step is budgeted: a busy machine slows fp32 too, and a mixed precision a few times
+# slower than fp32 (this project's CPUs without half-precision units: 2-10x) is a result to measure in full
+BUDGET_SLOW_RATIO = 20.0
+# Test hook: "fp16=0.05" sleeps 0.05 s in every step of precision fp16, a stand-in for a CPU where it is slow
+SLOW_STEP_ENV = "AMP_COMPARE_TEST_SLOW_STEP"
+
+
+def simulated_slow_step(precision: str) -> float:
+    """Seconds SLOW_STEP_ENV adds to each step of `precision` (0: none; tests only)."""
+    for item in os.environ.get(SLOW_STEP_ENV, "").split(","):
+        name, _, seconds = item.partition("=")
+        if name.strip() == precision and seconds:
+            return float(seconds)
+    return 0.0
+
+
+class SpeedBudget:
+    """Decides, from the first measured steps, whether a cell runs in full or is timed over `steps` steps.
+
+    The clock is the host's, at each StepBook.add: on a CPU the loops add every step, so the intervals are the
+    steps' (on a GPU, batches of them: their mean). After the warm-up and BUDGET_PROBE_STEPS more, the median
+    interval times the steps still planned, plus the time so far, projects the cell's training; past
+    cfg.speed_budget_s (and, where the same framework's fp32 cell finished first, BUDGET_SLOW_RATIO times its median
+    step) the cell is budgeted: `steps` timed steps after the warm-up (enough for BUDGET_MEASURE_SHARE of the budget
+    in all, at least BUDGET_MIN_STEPS), then the loop stops, and `reason` says why in numbers."""
+
+    def __init__(self, cfg: RunConfig, planned_steps: int):
+        self.cfg, self.planned = cfg, planned_steps
+        self.marks: list[float] = [time.perf_counter()]
+        self.steps: int | None = None  # timed steps of a budgeted cell (None: it runs in full, or undecided)
+        self.reason = ""
+        # DATA PARALLEL: an N-worker cell runs in full (its workers must stop together; they would not)
+        self.decided = (not cfg.speed_budget or cfg.replicas > 1
+                        or planned_steps <= cfg.warmup_steps + BUDGET_PROBE_STEPS + BUDGET_MIN_STEPS)
+
+    def update(self, done: int, added: int) -> bool:
+        """`added` steps just ended, `done` in all; True once a budgeted cell has run its steps (stop)."""
+        now = time.perf_counter()
+        self.marks += [self.marks[-1] + (now - self.marks[-1]) * (k + 1) / added for k in range(added)]
+        if not self.decided and done >= self.cfg.warmup_steps + BUDGET_PROBE_STEPS:
+            self.decide(done)
+        return self.steps is not None and done >= self.cfg.warmup_steps + self.steps
+
+    def decide(self, done: int) -> None:
+        self.decided = True
+        probe = [b - a for a, b in zip(self.marks[-BUDGET_PROBE_STEPS - 1:-1], self.marks[-BUDGET_PROBE_STEPS:])]
+        median = sorted(probe)[len(probe) // 2]
+        so_far = self.marks[-1] - self.marks[0]
+        projected = so_far + median * (self.planned - done)
+        reference = self.cfg.speed_reference_step_s
+        if projected <= self.cfg.speed_budget_s or median <= 0 or \
+                (reference and median < BUDGET_SLOW_RATIO * reference):  # not over the budget, or fp32 is slow too
+            return
+        measure_s = BUDGET_MEASURE_SHARE * self.cfg.speed_budget_s
+        steps = int(max(BUDGET_MIN_STEPS, min(BUDGET_MAX_STEPS, (measure_s - so_far) // median)))
+        if self.cfg.warmup_steps + steps >= self.planned:
+            return
+        self.steps = steps
+        slower = (f", {median / reference:.0f}x the median step of this framework's fp32 cell in this run "
+                  f"({reference * 1e3:.1f} ms)" if reference else "")
+        self.reason = (f"projected {projected:.0f} s of training ({self.planned} steps; median step "
+                       f"{median * 1e3:.1f} ms over steps {done - BUDGET_PROBE_STEPS}-{done - 1}{slower}) is over the "
+                       f"cell budget of {self.cfg.speed_budget_s:g} s: timed over {steps} steps after the "
+                       f"{self.cfg.warmup_steps} warm-up steps instead (--no-speed-budget runs it in full)")
+
 
 class StepBook:
     """The host side of a run's step records, shared by both frameworks' loops.
@@ -56,12 +135,22 @@ class StepBook:
         self.cfg, self.result, self.progress, self.weights, self.locate = cfg, result, progress, weights, locate
         self.watch = DivergenceWatch(cfg.diverge_after)
         self.epoch, self.steps, self.first = 0, 0, 0
+        self.budget = SpeedBudget(cfg, 0)  # planned at the first epoch's start, from its steps
+        self.slow_step = simulated_slow_step(cfg.precision)  # 0 outside tests
+
+    @property
+    def stopped(self) -> bool:
+        """Whether training stopped early: diverged, or a budgeted cell ran its steps."""
+        return self.result.diverged_at_step is not None or self.result.budget_done
 
     def start_epoch(self, epoch: int, steps: int) -> None:
         self.epoch, self.steps, self.first = epoch, steps, len(self.result.step_loss)
+        if epoch == 0:  # the clock of the speed budget starts with training
+            self.budget = SpeedBudget(self.cfg, self.cfg.epochs * steps)
 
     def add(self, losses: list[float], scales: list[float], skipped: list[bool]) -> bool:
-        """The next steps' values, in order; True once the run has diverged (the loop stops)."""
+        """The next steps' values, in order; True once the run has diverged or a budgeted cell has run its steps
+        (the loop stops)."""
         r, start = self.result, len(self.result.step_loss)
         r.step_epoch += [self.epoch] * len(losses)
         r.step_loss += losses
@@ -74,7 +163,11 @@ class StepBook:
                 self.nonfinite(start + bad, scales[bad])
         r.diverged_at_step = self.watch.update(losses, len(r.step_loss) - 1)
         self.progress.step(self.epoch, self.cfg.epochs, len(r.step_loss) - 1 - self.first, self.steps)
-        return r.diverged_at_step is not None
+        if self.slow_step:
+            time.sleep(self.slow_step * len(losses))
+        if self.budget.update(len(r.step_loss), len(losses)) and r.diverged_at_step is None:
+            r.budget_steps, r.budget_reason, r.budget_done = self.budget.steps, self.budget.reason, True
+        return self.stopped
 
     def nonfinite(self, step: int, scale: float) -> None:
         """NaN/Inf locator: a non-finite parameter, else where the step's batch first turns non-finite."""
@@ -121,7 +214,8 @@ def numerics_lab(cfg: RunConfig, numerics, model, first_batch: tuple, scale: flo
     scale in use, and in defaults mode with Adam the two Adam formulas' gap (numerics: the framework's module; an
     N-worker cell's measures nothing, kit/dataparallel.py)."""
     lab = numerics_for(cfg, numerics)
-    result.dtypes = lab.dtype_audit(model, *first_batch, cfg.precision)
+    # the audit depends on the configuration, not the seed's weights: one seed's child makes it for all (kit/reuse.py)
+    result.dtypes = cached("dtypes", cfg, lambda: lab.dtype_audit(model, *first_batch, cfg.precision))
     result.underflow = underflow_rows(lab, model, first_batch, cfg.precision, scale, "first step", 0)
     if cfg.comparison == "defaults" and cfg.optimizer == "adam":  # the two Adams, measured on this batch
         result.info.update(lab.adam_formula_gap(model, *first_batch, cfg.precision, optimizer))

@@ -1,7 +1,6 @@
 """Child process entry point: train one cell and write its records (see kit/child.py)."""
 
-import sys
-
 from amp_compare.kit.child import child_entry
+from amp_compare.kit.phases import exit_now
 
-sys.exit(child_entry("amp_compare.torch_impl.train"))
+exit_now(child_entry("amp_compare.torch_impl.train"))

@@ -8,8 +8,6 @@ it and reads that line. Read beside keras_impl/probe.py: same shape, framework l
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
 
@@ -57,4 +55,6 @@ def _ran_out(exc: BaseException) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))
+    from amp_compare.kit.phases import exit_now
+
+    exit_now(probe_main(two_steps, is_out_of_memory, limit_gpu=limit_gpu))  # its line is out: no teardown

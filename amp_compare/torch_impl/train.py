@@ -20,6 +20,8 @@ from amp_compare.kit import training
 from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, SharedInit, TrainResult, check_final_weights
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
+from amp_compare.kit.phases import lap
+from amp_compare.kit.reuse import cached
 from amp_compare.kit.training import StepBook, first_batch_index
 from amp_compare.torch_impl import amp, distributed, fp8, numerics, profile, schedule, vit
 from amp_compare.torch_impl.device import (
@@ -123,18 +125,26 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     setup(cfg)
     worker = distributed.start(cfg)  # DATA PARALLEL: this process's place in a torchrun launch (distributed.py)
     device = worker.device
+    lap("setup")  # kit/phases.py: where the child's wall time goes
     model = make_model(cfg, data)
     init_source = shared_init.apply(model, get_weights, set_weights)
     run = worker.wrap(compile_model(cfg, model, device))  # DATA PARALLEL: DDP + --allreduce's comm hook
-    ceiling = measure_ceiling(device, cfg)  # before the dataset and the memory window
+    lap("init")
+    ceiling = cached("ceiling", cfg, lambda: measure_ceiling(device, cfg))  # before the dataset and memory window
+    lap("ceiling")
     tensors = make_dataset(cfg, data)
+    lap("data")
     result = TrainResult(info=run_info(cfg, run, ceiling, tensors, init_source))
+    lap("setup")
     first_batch = numerics_lab(cfg, run, tensors, result)  # outside the timed loop
+    lap("audits")
     memory = start_memory_window(device)
     train_epochs(cfg, data, run, tensors, result, progress, memory, worker)
+    lap("training")
     close_records(cfg, run, result, memory, tensors, first_batch)
     profile.profile_window(cfg, run, tensors, result)  # --profile: extra steps after the timed ones (profile.py)
     worker.finish(result, first_batch, cfg.precision)  # DATA PARALLEL: all-reduce dtype read back, worker rows
+    lap("closing")
     return result
 
 
@@ -212,7 +222,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
         val_loss, val_accuracy, result.val_correct = evaluate(run.net, x_val, y_val, cfg.precision)
         book.end_epoch(step_times, float(sum(step_times)), time.perf_counter() - eval_start, correct,
                        val_loss, val_accuracy)
-        if result.diverged_at_step is not None:
+        if result.diverged_at_step is not None or result.budget_done:  # diverged, or a budgeted cell's steps ran
             break
     result.info["first_step_peak_memory_bytes"] = first_step.peak_bytes
 

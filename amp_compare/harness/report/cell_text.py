@@ -14,6 +14,8 @@ def mark(note) -> str:
 
 def short_accuracy_text(r) -> str:
     """The table's form of accuracy_text: the change with its interval, or why there is none."""
+    if getattr(r, "budget_note", ""):
+        return "not compared (speed budget) ⚠"
     if getattr(r, "too_short", ""):
         return "too short ⚠"  # the run is too short to judge (accuracy_text says so in words)
     if not np.isfinite(getattr(r, "p_value", np.nan)):

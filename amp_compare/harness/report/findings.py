@@ -45,6 +45,8 @@ def speed_text(r) -> str:
 
 def accuracy_text(r) -> str:
     """A mixed cell's accuracy change, worded from its paired test: never a difference without its interval."""
+    if getattr(r, "budget_note", ""):
+        return f"not comparable ({r.budget_note})"
     if getattr(r, "too_short", ""):
         return "not comparable (run too short)"
     p = getattr(r, "p_value", np.nan)

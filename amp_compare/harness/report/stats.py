@@ -109,11 +109,30 @@ def detectable(row) -> bool:
     return bool(row["p_value"] < ALPHA and (row["ci_low"] > 0 or row["ci_high"] < 0))
 
 
+def budgeted(runs: pd.DataFrame) -> pd.Series:
+    """Per run row, whether the speed budget stopped the cell early (run table's budget_steps; kit/training.py):
+    its accuracy and loss come from a few dozen steps, not the run's epochs, and are compared with nothing."""
+    if "budget_steps" not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs["budget_steps"].notna()
+
+
+def budget_note(cells: int) -> str:
+    """Why a (framework, precision) row has no accuracy comparison when the speed budget stopped `cells` of its
+    cells early ("" when none)."""
+    if not cells:
+        return ""
+    return (f"the speed budget stopped {'its cell' if cells == 1 else f'{cells} of its cells'} after a few dozen "
+            "steps: accuracy and loss not comparable (--no-speed-budget runs them in full)")
+
+
 def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """One row per mixed group (keys + precision): the paired test against the same framework's fp32.
 
-    `runs` are finished cells with columns keys, precision, seed, val_samples and val_correct."""
+    `runs` are finished cells with columns keys, precision, seed, val_samples and val_correct. A budgeted cell
+    (`budgeted`) is left out, as a mixed cell and as the fp32 cell of its seed."""
     cols = [*keys, "precision", "diff_pp", "ci_low", "ci_high", "p_value", "test", "seeds", "images", "discordant"]
+    runs = runs[~budgeted(runs)]
     if runs.empty or "val_correct" not in runs:
         return pd.DataFrame(columns=cols)
     rows = []

@@ -300,7 +300,8 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
     was too short to judge, and the time to the target accuracy with its ratio to fp32's. Rows in the summary
     table's order."""
     ok = with_loop_columns(ok_runs(runs).copy())
-    cols = [*_keys(ok), "framework", "precision", *ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS]
+    cols = [*_keys(ok), "framework", "precision", *ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
+            "budget_note"]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     keys = _keys(ok)
@@ -311,15 +312,18 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False):
         key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        fp32 = group[precisions.is_reference(group["precision"])]
+        fp32 = group[precisions.is_reference(group["precision"]) & ~stats.budgeted(group)]
         fp32_epochs = epochs[epochs["cell_id"].isin(set(fp32["cell_id"]))]
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
         target, basis = (_target(group, float(fp32["final_val_accuracy"].median())) if not fp32.empty
                          else (float("nan"), ""))
-        times = _time_rows(group, epochs, target, drift)
+        times = _time_rows(group[~stats.budgeted(group)], epochs, target, drift)
+        for fw, prec in group.loc[stats.budgeted(group), ["framework", "precision"]].itertuples(index=False):
+            times.setdefault((fw, prec), {})  # all its cells budgeted: a row without accuracy or time to target
         for (fw, prec), time_row in times.items():
+            cut = group[(group["framework"] == fw) & (group["precision"] == prec) & stats.budgeted(group)]
             row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
-                   "target_basis": basis, **time_row}
+                   "target_basis": basis, **time_row, "budget_note": stats.budget_note(len(cut))}
             match = tests
             for k, v in {**key, "framework": fw, "precision": prec}.items():
                 match = match[same_value(match[k], v)] if not match.empty else match
@@ -408,7 +412,7 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     out = out.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs, environment) if accuracy is None else accuracy
     out = out.merge(accuracy, on=keys, how="left")
-    for col in ("speed_note", "memory_note", "ttt_note", "too_short", "speed_basis"):
+    for col in ("speed_note", "memory_note", "ttt_note", "too_short", "speed_basis", "budget_note"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     return out
 

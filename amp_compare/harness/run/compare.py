@@ -170,7 +170,18 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     defaults = {k: v for k, v in dataclasses.asdict(cells[0]).items()
                 if k not in ("framework", "model", "dataset", "precision", "seed")}
     return run_id, cells, {"matrix": matrix, "defaults": defaults, "device": device, "notes": notes,
-                           "max_batch": max_batch}
+                           "max_batch": max_batch, "cell_budget": cell_budget(cells[0])}
+
+
+def cell_budget(cfg: RunConfig) -> dict:
+    """The manifest's cell_budget: the speed budget every cell ran under (kit/training.py SpeedBudget; which cells
+    it stopped early, and why, is in their run rows: budget_steps, budget_reason)."""
+    from amp_compare.kit import training
+
+    return {"enabled": cfg.speed_budget, "limit_s": cfg.speed_budget_s, "probe_steps": training.BUDGET_PROBE_STEPS,
+            "measure_s": training.BUDGET_MEASURE_SHARE * cfg.speed_budget_s, "min_steps": training.BUDGET_MIN_STEPS,
+            "max_steps": training.BUDGET_MAX_STEPS, "warmup_steps": cfg.warmup_steps,
+            "off_with": "--no-speed-budget"}
 
 
 def _new_run_id(args: argparse.Namespace, device: str) -> str:
@@ -225,7 +236,9 @@ def cell_complete(run_dir: Path, cfg: RunConfig) -> bool:
         return False
     if not all(name in tables and len(tables[name]) for name in records.TABLES):
         return False
-    return status == "diverged" or len(tables["epochs"]) == cfg.epochs
+    # a cell the speed budget stopped early (kit/training.py) is finished with fewer epochs
+    budgeted = "budget_steps" in tables["run"] and bool(tables["run"]["budget_steps"].notna().iloc[0])
+    return status == "diverged" or budgeted or len(tables["epochs"]) == cfg.epochs
 
 
 def plan_resume(args: argparse.Namespace):
@@ -255,6 +268,16 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, handled like Ctrl-C."""
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: /proc; elsewhere 0: unknown), the parent's first phase."""
+    try:
+        start_ticks = float(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _on_sigterm(signum, frame):
     raise Terminated()
 
@@ -278,6 +301,8 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
 
     command = "python -m amp_compare " + " ".join(shlex.quote(a) for a in argv)
     launchers.check_launcher(args)
+    phases = {"parent start": process_age_s()}  # interpreter, imports and parsing before this line
+    planning = time.perf_counter()
     if args.resume:
         run_dir, cells, manifest, lock = plan_resume(args)
         manifest.setdefault("resumed", []).append({"command": command, "cells": len(cells)})
@@ -291,6 +316,8 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
                     **plan, "cells": [c.cell_id for c in cells], "configs": [c.to_dict() for c in cells],
                     "environment": host_environment(), "timeout_s": args.timeout,
                     "launcher": launchers.describe(args)}
+    phases["planning"] = time.perf_counter() - planning
+    manifest["phases"] = phases  # the parent's phases; _run_matrix and _compare_locked add theirs
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _compare_locked(args, run_dir, cells, manifest)
@@ -307,6 +334,7 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
     console.print(f"amp-compare: {len(cells)} cells on {manifest['device']} -> {run_dir}")
     start = time.monotonic()
     outcomes, interrupted = _run_matrix(cells, run_dir, manifest, args.timeout, console)
+    rendering = time.perf_counter()
     try:
         interrupted, index = _finish(args, run_dir, cells, manifest, console, interrupted)
     except OSError as exc:
@@ -314,6 +342,8 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
             raise
         print(disk_full(exc, run_dir, args.out, unfinished=len(outcomes) < len(cells)), file=sys.stderr)
         return EXIT_REPORT_UNWRITTEN
+    manifest["phases"]["render"] = time.perf_counter() - rendering
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     done = [o for o in outcomes if o.status in ("ok", "diverged")]
     bad = [f"{o.cell_id} ({o.status}: {o.error})" for o in outcomes if o not in done]
     if bad:
@@ -337,13 +367,27 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     from amp_compare.harness.run import calibrate
 
     checks = manifest.setdefault("calibrations", [])
-    checks.append(calibrate.check("before the matrix"))
+    phases = manifest.setdefault("phases", {})
+    started, spent = time.perf_counter(), []
+
+    def timed_check(when: str) -> None:
+        begin = time.perf_counter()
+        checks.append(calibrate.check(when))
+        spent.append(time.perf_counter() - begin)
+
+    timed_check("before the matrix")
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], timeout, console,
-                                      after_cell=lambda cfg: checks.append(calibrate.check(f"after {cfg.cell_id}")),
+                                      after_cell=lambda cfg: timed_check(f"after {cfg.cell_id}"),
                                       manifest=manifest)
     if len(checks) < 2:
-        checks.append(calibrate.check("after the matrix"))
+        timed_check("after the matrix")
     manifest["environment"].update(calibrate.environment_entries(checks[0], checks[-1]))
+    # Each cell's wall time as the parent saw it, spawn to exit: the child's own phases (phases.parquet) and,
+    # beyond their sum, the cell's "exit" (writing its tables, the interpreter's shutdown)
+    phases["cell_wall_s"] = {**phases.get("cell_wall_s", {}), **{o.cell_id: round(o.wall_s, 3) for o in outcomes}}
+    phases["calibration"] = sum(spent)
+    phases["cells"] = sum(o.wall_s for o in outcomes)
+    phases["between cells"] = time.perf_counter() - started - phases["calibration"] - phases["cells"]
     return outcomes, interrupted
 
 

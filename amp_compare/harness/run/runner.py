@@ -10,6 +10,7 @@ timeout is recorded as a failed cell with the reason and the tail of its stderr.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -36,8 +37,10 @@ from amp_compare.contract.config import (
     RunConfig,
 )
 from amp_compare.contract.env import PROJECT_ROOT
+from amp_compare.contract.precision import REFERENCE
 from amp_compare.harness.run.launch import child_env_for, kill_tree, launch_command
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
+from amp_compare.kit.phases import SPAWNED_AT_ENV
 from amp_compare.kit.profile import profile_env
 
 STDERR_TAIL_LINES = 25
@@ -156,6 +159,34 @@ def remove_partial(cell_dir: Path) -> None:
         (cell_dir / f"{name}.parquet").unlink(missing_ok=True)
 
 
+# What a cell must share with an fp32 cell for that cell's median step to be its speed reference (the seed need not:
+# precisions rotate per seed, so a seed's fp32 cell may run after its mixed cells)
+REFERENCE_KEYS = ("framework", "model", "dataset", "width", "batch_size", "step", "replicas", "threads", "device",
+                  "compile", "channels_last", "vit_dim", "vit_depth", "vit_heads", "vit_patch", "attention")
+
+
+def speed_reference(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """The cell with speed_reference_step_s set: the median step of a finished fp32 cell of this run like it
+    (REFERENCE_KEYS; the same seed preferred), which the speed budget weighs its own steps against
+    (kit/training.py SpeedBudget). Unchanged for an fp32 cell, without the budget, or where none finished yet."""
+    if not cfg.speed_budget or cfg.precision == REFERENCE:
+        return cfg
+    found = []
+    for path in (run_dir / "cells").glob("*/config.json"):
+        run_path = path.with_name("run.parquet")
+        try:
+            other = RunConfig.from_json(path.read_text())
+            if other.precision != REFERENCE or not run_path.exists() or \
+                    any(getattr(other, k) != getattr(cfg, k) for k in REFERENCE_KEYS):
+                continue
+            median = float(pd.read_parquet(run_path, columns=["median_step_s"])["median_step_s"].iloc[0])
+        except Exception:  # noqa: BLE001 - an unreadable or failed cell is no reference
+            continue
+        if median > 0:
+            found.append((other.seed != cfg.seed, median))
+    return dataclasses.replace(cfg, speed_reference_step_s=min(found)[1]) if found else cfg
+
+
 def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
              on_event: Callable[[dict], None] = lambda event: None, placement=None) -> CellOutcome:
     """Train one cell in a child process; always leaves a run record behind. `placement` (harness/run/launchers.py,
@@ -164,6 +195,7 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     cell_dir.mkdir(parents=True, exist_ok=True)
     remove_partial(cell_dir)  # a resumed cell starts clean
     config_path = cell_dir / "config.json"
+    cfg = speed_reference(cfg, Path(run_dir))
     atomic_write_text(config_path, cfg.to_json())
     missing = framework_missing(cfg.framework)
     if missing:
@@ -173,6 +205,7 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
            "--out", str(cell_dir), "--run-id", run_id]
     if cfg.init == "shared":
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
+    cmd += ["--cache-dir", str(Path(run_dir) / "cache")]  # work reused across seeds (kit/reuse.py)
     cmd = launch_command(cfg, cmd)  # DATA PARALLEL: torch's N-worker cells under torchrun (harness/run/launch.py)
     start = time.monotonic()
     returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event, placement)
@@ -192,8 +225,9 @@ def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
     with open(cell_dir / "stderr.log", "wb") as err:
         try:
             with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                        env=env, cwd=PROJECT_ROOT, start_new_session=True)
+                env = {**env, SPAWNED_AT_ENV: repr(time.time())}  # the child's "process start" phase begins here
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                        cwd=PROJECT_ROOT, start_new_session=True)
             lines: queue.Queue = queue.Queue()
             reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
             reader.start()

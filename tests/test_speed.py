@@ -1,0 +1,187 @@
+"""Where a run's time goes (the phase table) and what keeps the default run fast: the cuts of a cell's fixed cost
+(digits without scikit-learn, work reused across seeds) and the speed budget of a pathologically slow precision."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from amp_compare.contract import records
+from amp_compare.contract.config import RunConfig
+from amp_compare.contract.records import pack_correct
+from amp_compare.harness.report import stats
+from amp_compare.harness.report.tables import accuracy_statistics
+from amp_compare.harness.run import runner
+from amp_compare.harness.run.compare import cell_complete
+from amp_compare.kit import reuse, training
+from amp_compare.kit.phases import Phases
+
+# Measured: the tiny compare's cells (busy 2-core EPYC) spent 0.1-0.4 s between their last phase and the parent's
+# clock at their end (writing six tables with fsync, os._exit, the parent's 0.1 s poll); the interpreter's own
+# teardown, before os._exit, took 4-5 s there.
+EXIT_LIMIT_S = 3.0
+
+
+def test_phases_account_for_each_childs_wall_time(tiny_run):
+    """Every cell writes its phase table; the phases are consecutive laps from the parent's spawn, so from the
+    config read to the tables' build they sum to the child's own wall time (child_wall_s) and, with the cell's exit,
+    to the wall the parent timed."""
+    _, run_dir = tiny_run
+    tables = records.read_run(run_dir)
+    phases, run = tables["phases"], tables["run"].set_index("cell_id")
+    walls = json.loads((run_dir / "manifest.json").read_text())["phases"]["cell_wall_s"]
+    assert set(phases["cell_id"]) == set(run.index) == set(walls)
+    for cell_id, cell in phases.groupby("cell_id"):
+        seconds = cell.set_index("phase")["seconds"]
+        assert {"process start", "framework import", "data", "init", "audits", "training", "evaluation",
+                "closing"} <= set(seconds.index), cell_id
+        assert (seconds >= 0).all() and (cell["cpu_seconds"] >= 0).all(), cell_id
+        # child_wall_s: the child's clock from child_main's start to the record tables' build (records and the FLOP
+        # count are that build)
+        own = seconds.drop(["process start", "framework import", "records", "flop count"]).sum()
+        assert own == pytest.approx(run.loc[cell_id, "child_wall_s"], abs=0.05), cell_id
+        assert seconds["evaluation"] >= tables["epochs"].query("cell_id == @cell_id")["eval_time_s"].sum() - 1e-6
+        assert 0 <= walls[cell_id] - seconds.sum() < EXIT_LIMIT_S, (cell_id, walls[cell_id], seconds.sum())
+
+
+def test_the_parent_keeps_its_own_phases(tiny_run):
+    _, run_dir = tiny_run
+    parent = json.loads((run_dir / "manifest.json").read_text())["phases"]
+    for name in ("parent start", "planning", "calibration", "cells", "between cells", "render"):
+        assert parent[name] >= 0, name
+    assert parent["cells"] == pytest.approx(sum(parent["cell_wall_s"].values()), abs=0.01 * len(parent["cell_wall_s"]))
+
+
+def test_a_moved_part_keeps_the_sum():
+    phases = Phases()
+    phases.lap("training")
+    total = sum(phases.seconds.values())
+    phases.move(total / 2, "training", "evaluation")
+    phases.move(10 * total, "training", "compile/warm-up")  # never more than the source holds
+    assert sum(phases.seconds.values()) == pytest.approx(total) and phases.seconds["training"] == 0
+    assert sum(phases.cpu_seconds.values()) == pytest.approx(sum(r["cpu_seconds"] for r in phases.rows()))
+
+
+def test_digits_are_read_as_scikit_learn_reads_them():
+    from sklearn.datasets import load_digits
+
+    from amp_compare.kit.data import digits_arrays
+
+    images, labels = digits_arrays()
+    bunch = load_digits()
+    assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)
+
+
+def test_work_is_reused_across_seeds_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(reuse, "CACHE_DIR", tmp_path)
+    calls = []
+
+    def compute(value):
+        return lambda: calls.append(value) or [{"op": "conv", "value": value}]
+
+    first = reuse.cached("dtypes", RunConfig(seed=0), compute(0))
+    assert reuse.cached("dtypes", RunConfig(seed=2), compute(2)) == first  # another seed: reused
+    assert reuse.cached("dtypes", RunConfig(seed=0, precision="bf16"), compute(3)) != first  # another cell: not
+    assert calls == [0, 3]
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _budget_run(monkeypatch, step_s: float, reference: float | None = None, planned: int = 12 * 22,
+                **options) -> training.SpeedBudget:
+    """A SpeedBudget fed steps of step_s seconds (a fake clock) until it stops or its planned steps have run."""
+    clock = FakeClock()
+    monkeypatch.setattr(training.time, "perf_counter", clock)
+    cfg = RunConfig(**{"epochs": 12, "warmup_steps": 5, "speed_budget_s": 120.0, "speed_reference_step_s": reference,
+                       **options})
+    budget = training.SpeedBudget(cfg, planned_steps=planned)
+    for done in range(1, planned + 1):
+        clock.now += step_s
+        if budget.update(done, 1):
+            budget.stopped_at = done
+            break
+    return budget
+
+
+def test_a_slow_precision_is_timed_over_a_bounded_number_of_steps(monkeypatch):
+    slow = _budget_run(monkeypatch, step_s=0.5)  # 264 steps of 0.5 s: 132 s projected, over 120 s
+    assert slow.steps == training.BUDGET_MIN_STEPS and slow.stopped_at == 5 + slow.steps
+    assert "over the cell budget of 120 s" in slow.reason and "--no-speed-budget" in slow.reason
+    quick = _budget_run(monkeypatch, step_s=0.05)  # 13 s projected: runs in full
+    assert quick.steps is None and not hasattr(quick, "stopped_at")
+    many = _budget_run(monkeypatch, step_s=0.1, planned=2000)  # 200 s projected: 20 s of 0.1 s steps, 15 run
+    assert many.steps == pytest.approx((120 / 6 - 15 * 0.1) / 0.1, abs=1) and many.stopped_at == 5 + many.steps
+
+
+def test_only_a_precision_far_slower_than_fp32_is_budgeted(monkeypatch):
+    """A busy machine slows fp32 as well: a cell only 5x slower than its fp32 runs in full, a 50x one does not."""
+    assert _budget_run(monkeypatch, step_s=0.5, reference=0.1).steps is None
+    budgeted = _budget_run(monkeypatch, step_s=0.5, reference=0.01)
+    assert budgeted.steps == training.BUDGET_MIN_STEPS and "50x the median step" in budgeted.reason
+    assert _budget_run(monkeypatch, step_s=0.5, speed_budget=False).steps is None
+
+
+def test_a_budgeted_cell_runs_its_steps_records_them_and_counts_as_finished(tmp_path, monkeypatch):
+    """A real torch child (the function a compare runs per cell) with bf16 made slow by the test hook: it stops
+    after its warm-up and BUDGET_MIN_STEPS timed steps, and says so in its run row."""
+    monkeypatch.setenv(training.SLOW_STEP_ENV, "bf16=0.06")
+    cfg = RunConfig(dataset="synthetic", precision="bf16", epochs=2, steps_per_epoch=60, batch_size=16,
+                    warmup_steps=1, speed_budget_s=2.0, threads=1)
+    outcome = runner.run_cell(cfg, tmp_path, "r1", 300)
+    assert outcome.status == "ok", outcome.error
+    tables = records.read_run(tmp_path)
+    run = tables["run"].iloc[0]
+    assert run["budget_steps"] == training.BUDGET_MIN_STEPS and run["steps_timed"] == training.BUDGET_MIN_STEPS
+    assert run["steps_total"] == 1 + training.BUDGET_MIN_STEPS and len(tables["epochs"]) == 1  # of 2 planned
+    assert "over the cell budget of 2 s" in run["budget_reason"]
+    assert cell_complete(tmp_path, cfg)  # a resume does not run it again
+
+
+def _accuracy_runs(budgeted_precision: str | None) -> pd.DataFrame:
+    """torch fp32 and bf16, three seeds, bf16 wrong on 30 more of 200 images every seed (a detectable drop)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in range(3):
+        base = rng.random(200) < 0.9
+        worse = base.copy()
+        worse[np.flatnonzero(base)[:30]] = False
+        for prec, correct in (("fp32", base), ("bf16", worse)):
+            rows.append({"framework": "torch", "model": "simple_cnn", "dataset": "digits", "precision": prec,
+                         "seed": seed, "status": "ok", "cell_id": f"torch-{prec}-{seed}", "val_samples": 200,
+                         "val_correct": pack_correct(correct), "final_val_accuracy": correct.mean(),
+                         "budget_steps": 40 if prec == budgeted_precision else None})
+    return pd.DataFrame(rows).astype({"budget_steps": "Int64"})
+
+
+def test_a_budgeted_cells_accuracy_is_compared_with_nothing():
+    full = accuracy_statistics(_accuracy_runs(None)).set_index("precision")
+    assert np.isfinite(full.loc["bf16", "p_value"]) and full.loc["bf16", "budget_note"] == ""
+    assert stats.accuracy_tests(_accuracy_runs("bf16"), ["model", "dataset", "framework"]).empty
+    cut = accuracy_statistics(_accuracy_runs("bf16")).set_index("precision")
+    assert not np.isfinite(cut.loc["bf16", "p_value"]) and "speed budget" in cut.loc["bf16", "budget_note"]
+    assert stats.accuracy_tests(_accuracy_runs("fp32"), ["model", "dataset", "framework"]).empty
+
+
+def test_the_manifest_holds_the_cell_budget_and_the_option_turns_it_off(tmp_path):
+    from amp_compare.harness.run.cli import build_parser, compare_settings
+    from amp_compare.harness.run.compare import plan_compare
+
+    def plan(*extra):
+        args = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path),
+                                                           "--datasets", "synthetic", *extra]))
+        return plan_compare(args)
+
+    _, cells, manifest = plan()
+    assert manifest["cell_budget"]["enabled"] and manifest["cell_budget"]["limit_s"] == 120.0
+    assert manifest["cell_budget"]["min_steps"] == training.BUDGET_MIN_STEPS >= 2 * stats.BLOCK
+    assert all(c.speed_budget for c in cells)
+    _, cells, manifest = plan("--no-speed-budget", "--speed-budget-s", "30")
+    assert not manifest["cell_budget"]["enabled"] and not any(c.speed_budget for c in cells)
+    assert manifest["cell_budget"]["limit_s"] == 30.0
