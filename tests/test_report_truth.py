@@ -105,3 +105,17 @@ def test_an_expansion_never_splits_a_unit_or_nests_a_parenthesis():
                          "second)")
     assert md.rstrip().endswith("Abbreviations: MFU: model FLOP/s utilisation: achieved FLOP/s over the ceiling's.")
     assert used_md == ["MFU", "p", "GFLOP"]
+
+
+def test_the_fp8_mode_is_worded_from_each_frameworks_recipe_without_repeating_its_name():
+    from amp_compare.harness.report.wording import RunFacts, summary_intro
+
+    both = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp8"], seeds=[0], device="cpu", rotated=False)
+    intro = summary_intro(both, "1 seed", "")
+    assert "fp8 (fp8" not in intro and "where offered" not in intro
+    assert "PyTorch: the matmuls of Linear layers in float8 with dynamic scaling, one scale per tensor" in intro
+    assert "Keras: the matmuls of Dense and EinsumDense layers in float8 with delayed scaling" in intro
+    assert "up to 1,024 past steps" in intro and intro.count("emulated on a CPU") == 1
+    keras_gpu = RunFacts(frameworks=["tf"], precisions=["fp32", "fp8"], seeds=[0], device="cuda", rotated=False)
+    text = summary_intro(keras_gpu, "1 seed", "")
+    assert "emulated" not in text and "PyTorch" not in text and "delayed scaling" in text
