@@ -20,6 +20,7 @@ import seaborn as sns  # noqa: E402
 
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
+from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report.tables import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
 
 # One colour per framework label; the Keras backends share a blue-green family, PyTorch stands apart.
@@ -293,12 +294,15 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    "of each framework.")]
 
 
-def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
+def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
+                 device: str = "cpu") -> list[Figure]:
     """Draw every figure the data allows into out_dir; return their descriptions in report order."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = summary_table(runs)
     if table.empty:
         return []
+    emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
+    table.loc[emulated, "speedup_vs_fp32"] = np.nan
     full_table = table
     ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
@@ -308,6 +312,9 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
     spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
               " One run per bar: repeat with --repeats 3 or more to see the spread.")
+    if emulated.any():
+        sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
+                       "bar has no ratio label (not a speed result).")
     return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note),
             *_memory_and_accuracy_figures(ok, table, out_dir, spread), *_curve_figures(steps, epochs, out_dir),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
