@@ -284,9 +284,15 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
         return []
     grid = loss_scale_grid(scaled)
     _save(grid.figure, out_dir, "loss_scale")
-    runs_of = (lambda g: f" in {g['cell_id'].nunique()} runs") if "cell_id" in scaled else (lambda g: "")
-    counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
-                       for fw, g in scaled.sort_values("framework", key=display_order).groupby("framework", sort=False))
+    runs_of = (lambda g: f" in {g['cell_id'].nunique()} run{'s' if g['cell_id'].nunique() != 1 else ''}"
+               ) if "cell_id" in scaled else (lambda g: "")
+    # per model and dataset as well: two models' steps are never counted together (issue 32)
+    per = [k for k in ("model", "dataset") if k in scaled and scaled[k].nunique() > 1]
+    counts = ", ".join(
+        f"{' '.join(map(str, key[:len(per)]))}{' ' if per else ''}{framework_label(key[-1])} {key[-2]}: "
+        f"{int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
+        for key, g in scaled.sort_values(["framework", "precision"], key=display_order).groupby(
+            [*per, "precision", "framework"], sort=False))
     # how the dynamic scale moves is the glossary's to say (once); the caption says what this figure shows
     return [Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
                    f"The scale each step used; an X marks a skipped step ({counts}).",

@@ -121,16 +121,19 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     if maxbatch.empty:
         return maxbatch
-    first = maxbatch.groupby(["framework", "precision"], sort=False).first().reset_index()
-    peak = maxbatch[maxbatch["ok"]].groupby(["framework", "precision"])["peak_bytes"].max()
+    # one row per search: model and dataset are part of its identity (two models' searches never share a row)
+    keys = [k for k in ("model", "dataset") if k in maxbatch] + ["framework", "precision"]
+    first = maxbatch.groupby(keys, sort=False).first().reset_index()
+    peak = maxbatch[maxbatch["ok"]].groupby(keys)["peak_bytes"].max()
     return pd.DataFrame({
+        **{k.capitalize(): first[k] for k in keys[:-2]},
         "Framework": first["framework"].map(framework_label), "Precision": first["precision"],
         "Largest batch that fit": first["max_ok"].astype(str),
         "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
-        "Peak memory at the largest (MiB)": [f"{peak.get((f, p), float('nan')) / 2**20:,.0f}"
-                                             for f, p in zip(first["framework"], first["precision"])],
+        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / 2**20:,.0f}"
+                                             for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
-        "Probes": maxbatch.groupby(["framework", "precision"], sort=False).size().to_numpy().astype(str),
+        "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),
     })
 
 
