@@ -21,7 +21,14 @@ import seaborn as sns  # noqa: E402
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
-from amp_compare.harness.report.tables import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
+from amp_compare.harness.report import memory  # noqa: E402
+from amp_compare.harness.report.tables import (  # noqa: E402
+    memory_statistics,
+    ok_runs,
+    seed_counts_text,
+    summary_table,
+    with_loop_columns,
+)
 
 # One colour per framework label; the Keras backends share a blue-green family, PyTorch stands apart.
 FRAMEWORK_COLORS = dict(zip(FRAMEWORK_LABELS.values(), ("#d1495b", "#00798c", "#edae49", "#66a182")))
@@ -99,8 +106,9 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
             # one container per framework, one bar per precision category (empty where no cell ran)
             for container, framework in zip(ax.containers, df["Framework"].cat.categories):
                 values = part[part["Framework"] == framework].set_index("precision")[annotate]
-                labels = [fmt.format(values[p]) if p in values and np.isfinite(values[p]) else ""
-                          for p in precisions]
+                # a column of words (memory's "unresolved") is its own label; numbers are formatted
+                labels = [values[p] if p in values and isinstance(values[p], str) else
+                          fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
                 ax.bar_label(container, labels=labels[:len(container)], fontsize=8, padding=2)
     _finish(grid, title, "Precision mode", ylabel)
     return grid.figure
@@ -231,18 +239,35 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
     return figures
 
 
+def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The memory bars' labels: the change against fp32, or "unresolved" where the difference is below the
+    run's own resolution (memory.py; the summary table says the same)."""
+    stats = memory_statistics(ok)
+    keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
+                                                             "framework", "precision")]
+    out = table.merge(stats, on=keys, how="left") if not stats.empty else table.copy()
+    out["memory_label"] = ["unresolved" if memory.unresolved(r) else
+                           "" if not np.isfinite(r.memory_change_vs_fp32) else f"{r.memory_change_vs_fp32:+.0%}"
+                           for r in out.itertuples()]
+    return out
+
+
 def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str) -> list[Figure]:
     """The Memory section's bar chart and the Accuracy section's final-accuracy bars."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
+    table = _memory_labels(ok, table)
     _save(_bar(ok, table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
-               "memory_change_vs_fp32", "{:+.0%}"), out_dir, "memory")
+               "memory_label", "{}"), out_dir, "memory")
+    unresolved = (table["memory_label"] == "unresolved").any()
     _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
                "val_accuracy", "{:.1%}"), out_dir, "accuracy")
     return [Figure("memory", "memory", "Peak memory by precision",
                    f"Memory measured as: {kinds}. The label is the change against the same framework's fp32 (the "
                    "geometric mean over seeds of each seed's ratio). On a CPU this is the process's resident "
                    "memory, which includes framework workspaces, so half-precision activations need not make it "
-                   "smaller." + spread,
+                   "smaller." + (" \"unresolved\": the difference is smaller than identical cells of this run "
+                                 "differed by (the Memory section gives that resolution in MiB)." if unresolved else "")
+                   + spread,
                    "Bar chart of peak training memory in MiB for each framework and precision mode."),
             Figure("accuracy", "accuracy", "Final validation accuracy",
                    "Accuracy on the held-out split after the last epoch. Overlapping error bars mean the "
