@@ -66,3 +66,15 @@ def test_the_memory_figures_bar_labels_say_unresolved_where_the_table_does(tmp_p
     caption = next(f for f in figures.make_figures(runs, t["epochs"], t["steps"], tmp_path / "f")
                    if f.key == "memory").caption
     assert '"unresolved": the difference is smaller than identical cells of this run differed by' in caption
+
+
+def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path):
+    from amp_compare.contract import records
+    from amp_compare.harness.report import figures
+
+    for seeds, said in (((0,), "One run (one seed) per bar, so no error bar"),
+                        ((0, 1), "interquartile range (interpolated between the 2 seeds' values)")):
+        t = records.read_run(write_run(tmp_path / str(len(seeds)), seeds=seeds))
+        caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
+                       if f.key == "throughput").caption
+        assert said in caption, caption

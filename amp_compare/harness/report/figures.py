@@ -341,8 +341,10 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
     epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
     n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
-    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
-              " One run per bar: repeat with --repeats 3 or more to see the spread.")
+    # the error bar is seaborn's 25th–75th percentile interval; over 2–3 seeds that is interpolated between them
+    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range"
+              + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
+              " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")
     if emulated.any():
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
