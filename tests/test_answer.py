@@ -90,3 +90,22 @@ def test_the_page_summary_and_terminal_open_with_the_same_answer(tmp_path):
     line = next(ln for ln in rendered.answer.splitlines() if "fp16: 0.12×" in ln).strip("- ").rstrip(".")
     # the page and summary.md write each abbreviation out at its first use, which is now in the answer
     assert glossary.expand_first_use(line)[0] in page and glossary.expand_first_use(line, markdown=True)[0] in md
+
+
+def test_fp8_on_a_cpu_has_no_speed_result_anywhere_and_its_answer_speaks_of_numerics(tmp_path):
+    from tests.test_report_sentences import make_run, section
+
+    rendered, page = make_run(tmp_path, frameworks=("torch",), precisions=("fp32", "bf16", "fp8"), seeds=(0, 1),
+                              model="vit", speeds={("torch", "fp8"): [0.3, 0.31], ("torch", "bf16"): [1.3, 1.31]})
+    md = (tmp_path / "r" / "summary.md").read_text()
+    for text in (page, md, rendered.answer):
+        assert "0.30×" not in text and "0.31×" not in text and "nan×" not in text  # no fp8 ratio, no verdict
+    row = rendered.table.set_index("precision").loc["fp8"]
+    assert row["speed_note"] == "emulated: not a speed result" and row["speedup_vs_fp32"] != row["speedup_vs_fp32"]
+    fp8_line = next(ln for ln in rendered.answer.splitlines() if ln.strip().startswith("- fp8:"))
+    assert "emulated: not a speed result" in fp8_line and "validation loss +0.0100 against fp32" in fp8_line
+    assert "against bf16" in fp8_line and "this run cannot decide" not in fp8_line
+    assert "use bf16" in rendered.answer  # bf16's measured gain still decides; fp8 is never recommended
+    assert "fp8 emulated: not a speed result (1," in page  # the speed findings
+    assert "<td>emulated: not a speed result</td><td>n/a</td><td>n/a</td>" in section(page, "speed")
+    assert "| fp8 | 2 |" in md and "| emulated: not a speed result |" in md

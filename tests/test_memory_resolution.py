@@ -7,7 +7,7 @@ import numpy as np
 from rich.console import Console
 
 from amp_compare.harness.report.terminal import summary_tables
-from tests.test_report_sentences import make_run, one
+from tests.test_report_sentences import make_run, one, write_run
 
 # PyTorch's fp32 seeds read as the issue's did (36.7 / 51.4 / 43.6 MiB: a 14.7 MiB spread); its fp16 cells sit
 # inside that spread, its bf16 cells far above it. Keras' cells agree to 0.5 MiB, so a 7 MiB step is resolved.
@@ -48,3 +48,33 @@ def test_one_seed_has_no_resolution_and_keeps_its_percentage_marked(tmp_path):
     assert np.isnan(row["memory_resolution_mib"]) and np.isnan(row["memory_resolved"])
     said = one(rendered.findings, "peak memory against fp32")
     assert "PyTorch fp16 +9% (+3.3 MiB) ⚠" in said, said and "below what this run resolves" not in said
+
+
+def test_the_memory_figures_bar_labels_say_unresolved_where_the_table_does(tmp_path):
+    from amp_compare.contract import records
+    from amp_compare.harness.report import figures
+    from amp_compare.harness.report.tables import ok_runs, summary_table, with_loop_columns
+
+    run_dir = write_run(tmp_path, memory=MEMORY)
+    runs = records.read_run(run_dir)["run"]
+    labels = figures._memory_labels(with_loop_columns(ok_runs(runs).copy()), summary_table(runs))
+    by = labels.set_index(["framework", "precision"])["memory_label"]
+    assert by[("torch", "fp16")] == "unresolved" and by[("torch", "bf16")].startswith("+601%"), by
+    assert by[("tf", "bf16")] == "+95%" and not any(v.endswith("%") for v in labels.loc[
+        labels["memory_label"] == "unresolved", "memory_label"])
+    t = records.read_run(run_dir)
+    caption = next(f for f in figures.make_figures(runs, t["epochs"], t["steps"], tmp_path / "f")
+                   if f.key == "memory").caption
+    assert '"unresolved": the difference is smaller than identical cells of this run differed by' in caption
+
+
+def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path):
+    from amp_compare.contract import records
+    from amp_compare.harness.report import figures
+
+    for seeds, said in (((0,), "One run (one seed) per bar, so no error bar"),
+                        ((0, 1), "interquartile range (interpolated between the 2 seeds' values)")):
+        t = records.read_run(write_run(tmp_path / str(len(seeds)), seeds=seeds))
+        caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
+                       if f.key == "throughput").caption
+        assert said in caption, caption

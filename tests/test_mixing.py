@@ -66,3 +66,32 @@ def test_every_table_and_figure_keeps_the_two_models_apart(tmp_path):
     hist = __import__("amp_compare.harness.report.numerics", fromlist=["x"]).gradient_histogram(t["underflow"])
     assert set(hist["model"]) == {"simple_cnn", "vit"}
     assert figures.make_gradient_histogram_figure(t["underflow"], run_dir / "figures") is not None
+
+
+def test_numerics_sentences_captions_and_the_max_batch_table_keep_the_two_models_apart(tmp_path):
+    import pandas as pd
+
+    from amp_compare.harness.report import numerics as nr
+
+    t = records.read_run(_two_models(tmp_path))
+    # the vit's copy of every cell carries 10x the gradient elements: a pooled count would read 11,000 / 22,000
+    lost = nr.lost_sentences(t["underflow"])
+    assert len(lost) == 4 and sum(s.startswith("vit, ") for s in lost) == 2, lost
+    assert not any("11,000" in s or "22,000" in s for s in lost)
+    head = nr.headroom_sentences(t["underflow"])
+    assert len(head) == 4 and {s.split(",")[0] for s in head} == {"simple_cnn", "vit"}
+    runs = pd.concat([t["run"], t["run"][t["run"]["precision"] == "fp16"].assign(
+        precision="fp16-noscale", final_val_accuracy=lambda d: d["final_val_accuracy"] - 0.5 * (d["model"] == "vit"))])
+    said = nr.scaling_accuracy_sentences(runs)
+    assert len(said) == 4 and any(s.startswith("vit, PyTorch") for s in said), said
+    steps = t["steps"].assign(precision=t["steps"]["precision"].replace("bf16", "fp16-static"))
+    from amp_compare.harness.report import figures
+
+    caption = figures._loss_scale_figures(steps, tmp_path)[0].caption
+    assert "vit PyTorch fp16: 0 of 200 steps skipped in 1 run" in caption, caption
+    assert "of 400 steps" not in caption  # two models' steps never counted together
+    probes = pd.DataFrame([{"framework": "torch", "model": m, "dataset": "synthetic", "precision": "fp32",
+                            "probe": 0, "batch": b, "ok": True, "peak_bytes": 2**20 * b, "cap_bytes": None,
+                            "max_ok": b, "first_failed": None} for m, b in (("simple_cnn", 512), ("vit", 64))])
+    table = render._maxbatch_table(probes)
+    assert list(table["Model"]) == ["simple_cnn", "vit"] and list(table["Largest batch that fit"]) == ["512", "64"]

@@ -100,3 +100,14 @@ def test_terminal_summary_fits_the_terminal_without_cutting_a_value(width, kind)
 def test_wide_terminal_gets_the_full_table_with_ranges():
     text = _printed(_runs(), 200)
     assert "[" in text and "Skipped" in text and "The report also shows" not in text
+
+
+def test_the_terminal_prints_the_reports_brackets_as_text_not_as_markup():
+    # "[min–max …]" starts with a letter: printed as rich markup it was read as a style tag and vanished
+    text = _printed(_runs(), 200)
+    assert "[min–max 6,173–6,296]" in text
+    from rich.console import Console
+
+    console = Console(width=200, file=io.StringIO(), color_system=None)
+    print_summary(console, "t", _runs(), ["bf16 at 1.31× [95% t over 2 seeds: 1.26–1.36; seeds 1.30–1.31]."])
+    assert "[95% t over 2 seeds: 1.26–1.36; seeds 1.30–1.31]" in console.file.getvalue()

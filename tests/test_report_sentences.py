@@ -49,6 +49,7 @@ def _tables(cfg: RunConfig, speed: float, steps: int, rng, epochs: int,
            **{f"cfg_{k}": v for k, v in cfg.to_dict().items() if k not in identity},
            "throughput_img_s": 64 * steps / times.sum(), "median_step_throughput_img_s": 64 / np.median(times),
            "median_step_s": np.median(times), "p90_step_s": np.percentile(times, 90),
+           "final_val_loss": 1.0 + 0.01 * (cfg.precision != "fp32"),
            "p99_step_s": np.percentile(times, 99), "epoch_throughput_img_s": 64 * steps / times.sum(),
            "first_step_overhead_s": 0.0,
            "peak_memory_bytes": round(2**20 * (memory_mib or 100 * (0.9 if cfg.precision != "fp32" else 1))),
@@ -73,12 +74,13 @@ def _tables(cfg: RunConfig, speed: float, steps: int, rng, epochs: int,
 
 
 def write_run(tmp_path, frameworks=("torch", "tf"), precisions=("fp32", "fp16", "bf16"), seeds=(0, 1, 2),
-              speeds=None, steps=200, calibrations=STEADY, loss_scale=None, epochs=3, memory=None):
+              speeds=None, steps=200, calibrations=STEADY, loss_scale=None, epochs=3, memory=None, model="simple_cnn"):
     """A finished compare's folder from synthetic tables; speeds[(framework, precision)] -> per-seed speed,
     memory[(framework, precision)] -> per-seed peak memory in MiB (else 100 MiB fp32, 90 MiB mixed)."""
     rng = np.random.default_rng(0)
     run_dir = tmp_path / "r"
     cells = interleaved_order([RunConfig(framework=fw, precision=p, seed=s, dataset="synthetic", epochs=epochs,
+                                         model=model,
                                          loss_scale=loss_scale if p == "fp16-static" else None)
                                for s in seeds for p in precisions for fw in frameworks])
     for cfg in cells:
@@ -87,7 +89,7 @@ def write_run(tmp_path, frameworks=("torch", "tf"), precisions=("fp32", "fp16", 
         records.write_cell(run_dir / "cells" / cfg.cell_id,
                            _tables(cfg, speed[cfg.seed], steps, rng, epochs, mib[cfg.seed] if mib else None))
     manifest = {"run_id": "r", "command": "python -m amp_compare compare (synthetic)", "device": "cpu", "notes": [],
-                "matrix": {"frameworks": list(frameworks), "models": ["simple_cnn"], "datasets": ["synthetic"],
+                "matrix": {"frameworks": list(frameworks), "models": [model], "datasets": ["synthetic"],
                            "precisions": list(precisions), "seeds": list(seeds)},
                 "defaults": {"warmup_steps": 0, "comparison": "aligned", "init": "shared"},
                 "cells": [c.cell_id for c in cells], "configs": [c.to_dict() for c in cells],

@@ -90,3 +90,32 @@ def test_every_abbreviation_is_written_out_at_first_use_only():
     assert used == ["MFU", "pp", "p"]  # p50 only in a table: not prose
     md, used_md = glossary.expand_first_use("| p50 step (ms) |\n`MFU` and p50 here", markdown=True)
     assert md.startswith("| p50 step (ms) |\n`MFU` and p50 (50th") and used_md == ["p50/p90/p99"]
+
+
+def test_an_expansion_never_splits_a_unit_or_nests_a_parenthesis():
+    # the two readings found in fresh reports: "(p (p-value: …) ≥ 0.05" and "0.0513 TFLOP (billion …)/s"
+    page = "<p>No change (p ≥ 0.05 in every cell); 0.0513 TFLOP/s achieved, (3.1 ms) then 2 ms.</p>"
+    out, used = glossary.expand_first_use(page)
+    assert "(p (" not in out and "TFLOP (" not in out and "(3.1 ms (" not in out
+    assert '(<abbr title="p-value: the probability' in out and ">p-value</abbr> ≥ 0.05" in out
+    assert "0.0513 TFLOP/s (trillion floating-point operations per second) achieved" in out
+    assert '(3.1 <abbr title="milliseconds">ms</abbr>) then 2 ms.' in out and used == ["p", "ms", "GFLOP"]
+    md, used_md = glossary.expand_first_use("No change (p ≥ 0.05); (MFU 3%)\nTFLOP/s", markdown=True)
+    assert md.startswith("No change (p-value ≥ 0.05); (MFU 3%)\nTFLOP/s (trillion floating-point operations per "
+                         "second)")
+    assert md.rstrip().endswith("Abbreviations: MFU: model FLOP/s utilisation: achieved FLOP/s over the ceiling's.")
+    assert used_md == ["MFU", "p", "GFLOP"]
+
+
+def test_the_fp8_mode_is_worded_from_each_frameworks_recipe_without_repeating_its_name():
+    from amp_compare.harness.report.wording import RunFacts, summary_intro
+
+    both = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp8"], seeds=[0], device="cpu", rotated=False)
+    intro = summary_intro(both, "1 seed", "")
+    assert "fp8 (fp8" not in intro and "where offered" not in intro
+    assert "PyTorch: the matmuls of Linear layers in float8 with dynamic scaling, one scale per tensor" in intro
+    assert "Keras: the matmuls of Dense and EinsumDense layers in float8 with delayed scaling" in intro
+    assert "up to 1,024 past steps" in intro and intro.count("emulated on a CPU") == 1
+    keras_gpu = RunFacts(frameworks=["tf"], precisions=["fp32", "fp8"], seeds=[0], device="cuda", rotated=False)
+    text = summary_intro(keras_gpu, "1 seed", "")
+    assert "emulated" not in text and "PyTorch" not in text and "delayed scaling" in text

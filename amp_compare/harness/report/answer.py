@@ -19,6 +19,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
+from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
@@ -161,6 +162,40 @@ def _part(r, seeds: pd.DataFrame, cells: pd.DataFrame, environment: dict, device
                            _budget(cells), _ended(cells))
 
 
+def _loss_gaps(prec: str, cells: pd.DataFrame, group: pd.DataFrame) -> list[str]:
+    """The fp8 cells' final validation loss minus fp32's and bf16's of the same seed (median over seeds)."""
+    said = []
+    for other in ("fp32", "bf16"):
+        base = group[(group["precision"] == other) & (group["status"] == "ok")].set_index("seed")
+        gaps = [r.final_val_loss - base.loc[r.seed, "final_val_loss"] for r in cells.itertuples()
+                if r.seed in base.index and "final_val_loss" in base]
+        gaps = [g for g in gaps if np.isfinite(g)]
+        if gaps:
+            said.append(f"validation loss {float(np.median(gaps)):+.4f} against {other}"
+                        + (f" (median over {len(gaps)} seeds)" if len(gaps) > 1 else ""))
+    return said
+
+
+def _sqnr(cells: pd.DataFrame, fp8_layers: pd.DataFrame | None) -> str:
+    """The worst quantization SQNR of the fp8 cells' last step (the fp8 section's table)."""
+    if fp8_layers is None or fp8_layers.empty or "sqnr_db" not in fp8_layers:
+        return ""
+    rows = fp8_layers[fp8_layers["cell_id"].isin(set(cells["cell_id"])) & (fp8_layers["when"] == "last step")]
+    rows = rows[np.isfinite(rows["sqnr_db"].astype(float))]
+    if rows.empty:
+        return ""
+    worst = rows.loc[rows["sqnr_db"].astype(float).idxmin()]
+    return f"worst SQNR {worst['sqnr_db']:.1f} dB ({worst['layer']} {worst['role']}, last step; the fp8 section)"
+
+
+def _emulated(r, cells: pd.DataFrame, group: pd.DataFrame, fp8_layers: pd.DataFrame | None) -> PrecisionAnswer:
+    """An fp8 mode off a GPU: its speed is the emulation's, so the answer speaks of its numerics only."""
+    numerics = "; ".join(_loss_gaps(r.precision, cells[cells["status"] == "ok"], group)
+                         + [s for s in (_sqnr(cells, fp8_layers),) if s])
+    return PrecisionAnswer(r.precision, "emulated", fp8_report.EMULATED_SPEED, _accuracy_text(r), "",
+                           f"numerics only: {numerics}" if numerics else "", failed=_ended(cells))
+
+
 def _choice(parts: list[PrecisionAnswer], ratios: dict[str, float]) -> tuple[str, str]:
     """(what to use, because): the fastest precision shown faster with no detectable accuracy loss, else fp32."""
     good = [p for p in parts if p.verdict == "faster" and not p.failed and not p.accuracy.startswith("accuracy lower")]
@@ -176,7 +211,7 @@ def _choice(parts: list[PrecisionAnswer], ratios: dict[str, float]) -> tuple[str
 
 
 def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environment: dict, device: str,
-            profile: pd.DataFrame | None = None) -> list[Answer]:
+            profile: pd.DataFrame | None = None, fp8_layers: pd.DataFrame | None = None) -> list[Answer]:
     """One Answer per (machine x) model x dataset (x step loop x batch size) x framework, in the summary's order."""
     if full.empty or runs.empty:
         return []
@@ -195,7 +230,9 @@ def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environ
         for r in group[precisions.is_mixed(group["precision"])].itertuples():
             mine_seeds = seeds[(seeds["cell_id"].isin(set(mine["cell_id"]))) & (seeds["precision"] == r.precision)] \
                 if not seeds.empty else seeds
-            parts.append(_part(r, mine_seeds, mine[mine["precision"] == r.precision], environment, device, profile))
+            cells = mine[mine["precision"] == r.precision]
+            parts.append(_emulated(r, cells, mine, fp8_layers) if r.speed_note == fp8_report.EMULATED_SPEED else
+                         _part(r, mine_seeds, cells, environment, device, profile))
             ratios[r.precision] = r.speedup_vs_fp32
         done = set(group["precision"])
         for prec, cells in mine[precisions.is_mixed(mine["precision"]) & ~mine["precision"].isin(done)].groupby(
@@ -214,7 +251,7 @@ def _line(p: PrecisionAnswer) -> str:
     if p.failed:
         text += f" — did not finish: {p.failed}"
     if p.why:
-        text += f" — why: {p.why}"
+        text += f" — {p.why}" if p.verdict == "emulated" else f" — why: {p.why}"
     if p.budget:
         text += f" — {p.budget}"
     if p.decide:

@@ -20,7 +20,15 @@ import seaborn as sns  # noqa: E402
 
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
-from amp_compare.harness.report.tables import ok_runs, seed_counts_text, summary_table, with_loop_columns  # noqa: E402
+from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
+from amp_compare.harness.report import memory  # noqa: E402
+from amp_compare.harness.report.tables import (  # noqa: E402
+    memory_statistics,
+    ok_runs,
+    seed_counts_text,
+    summary_table,
+    with_loop_columns,
+)
 
 # One colour per framework label; the Keras backends share a blue-green family, PyTorch stands apart.
 FRAMEWORK_COLORS = dict(zip(FRAMEWORK_LABELS.values(), ("#d1495b", "#00798c", "#edae49", "#66a182")))
@@ -98,8 +106,9 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
             # one container per framework, one bar per precision category (empty where no cell ran)
             for container, framework in zip(ax.containers, df["Framework"].cat.categories):
                 values = part[part["Framework"] == framework].set_index("precision")[annotate]
-                labels = [fmt.format(values[p]) if p in values and np.isfinite(values[p]) else ""
-                          for p in precisions]
+                # a column of words (memory's "unresolved") is its own label; numbers are formatted
+                labels = [values[p] if p in values and isinstance(values[p], str) else
+                          fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
                 ax.bar_label(container, labels=labels[:len(container)], fontsize=8, padding=2)
     _finish(grid, title, "Precision mode", ylabel)
     return grid.figure
@@ -230,18 +239,35 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
     return figures
 
 
+def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The memory bars' labels: the change against fp32, or "unresolved" where the difference is below the
+    run's own resolution (memory.py; the summary table says the same)."""
+    stats = memory_statistics(ok)
+    keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
+                                                             "framework", "precision")]
+    out = table.merge(stats, on=keys, how="left") if not stats.empty else table.copy()
+    out["memory_label"] = ["unresolved" if memory.unresolved(r) else
+                           "" if not np.isfinite(r.memory_change_vs_fp32) else f"{r.memory_change_vs_fp32:+.0%}"
+                           for r in out.itertuples()]
+    return out
+
+
 def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str) -> list[Figure]:
     """The Memory section's bar chart and the Accuracy section's final-accuracy bars."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
+    table = _memory_labels(ok, table)
     _save(_bar(ok, table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
-               "memory_change_vs_fp32", "{:+.0%}"), out_dir, "memory")
+               "memory_label", "{}"), out_dir, "memory")
+    unresolved = (table["memory_label"] == "unresolved").any()
     _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
                "val_accuracy", "{:.1%}"), out_dir, "accuracy")
     return [Figure("memory", "memory", "Peak memory by precision",
                    f"Memory measured as: {kinds}. The label is the change against the same framework's fp32 (the "
                    "geometric mean over seeds of each seed's ratio). On a CPU this is the process's resident "
                    "memory, which includes framework workspaces, so half-precision activations need not make it "
-                   "smaller." + spread,
+                   "smaller." + (" \"unresolved\": the difference is smaller than identical cells of this run "
+                                 "differed by (the Memory section gives that resolution in MiB)." if unresolved else "")
+                   + spread,
                    "Bar chart of peak training memory in MiB for each framework and precision mode."),
             Figure("accuracy", "accuracy", "Final validation accuracy",
                    "Accuracy on the held-out split after the last epoch. Overlapping error bars mean the "
@@ -283,9 +309,15 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
         return []
     grid = loss_scale_grid(scaled)
     _save(grid.figure, out_dir, "loss_scale")
-    runs_of = (lambda g: f" in {g['cell_id'].nunique()} runs") if "cell_id" in scaled else (lambda g: "")
-    counts = ", ".join(f"{framework_label(fw)}: {int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
-                       for fw, g in scaled.sort_values("framework", key=display_order).groupby("framework", sort=False))
+    runs_of = (lambda g: f" in {g['cell_id'].nunique()} run{'s' if g['cell_id'].nunique() != 1 else ''}"
+               ) if "cell_id" in scaled else (lambda g: "")
+    # per model and dataset as well: two models' steps are never counted together (issue 32)
+    per = [k for k in ("model", "dataset") if k in scaled and scaled[k].nunique() > 1]
+    counts = ", ".join(
+        f"{' '.join(map(str, key[:len(per)]))}{' ' if per else ''}{framework_label(key[-1])} {key[-2]}: "
+        f"{int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
+        for key, g in scaled.sort_values(["framework", "precision"], key=display_order).groupby(
+            [*per, "precision", "framework"], sort=False))
     # how the dynamic scale moves is the glossary's to say (once); the caption says what this figure shows
     return [Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
                    f"The scale each step used; an X marks a skipped step ({counts}).",
@@ -293,12 +325,15 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    "of each framework.")]
 
 
-def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
+def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
+                 device: str = "cpu") -> list[Figure]:
     """Draw every figure the data allows into out_dir; return their descriptions in report order."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = summary_table(runs)
     if table.empty:
         return []
+    emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
+    table.loc[emulated, "speedup_vs_fp32"] = np.nan
     full_table = table
     ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
@@ -306,8 +341,13 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
     epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
     n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
-    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range." if n > 1 else
-              " One run per bar: repeat with --repeats 3 or more to see the spread.")
+    # the error bar is seaborn's 25th–75th percentile interval; over 2–3 seeds that is interpolated between them
+    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range"
+              + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
+              " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")
+    if emulated.any():
+        sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
+                       "bar has no ratio label (not a speed result).")
     return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note),
             *_memory_and_accuracy_figures(ok, table, out_dir, spread), *_curve_figures(steps, epochs, out_dir),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]

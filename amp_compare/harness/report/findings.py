@@ -10,6 +10,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark
@@ -32,6 +33,8 @@ from amp_compare.harness.report.tables import (
 def speed_text(r) -> str:
     """A mixed cell's speed ratio as the summary and findings show it: with its interval and, where the
     interval does not support it, why."""
+    if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED:
+        return fp8_report.EMULATED_SPEED
     text = f"{r.speedup_vs_fp32:.2f}×"
     if np.isfinite(getattr(r, "speed_low", np.nan)):
         seeds = getattr(r, "speed_seeds", 0)
@@ -67,6 +70,8 @@ def _time_text(r) -> str:
         return f"not reached ({r.reached} seeds reached it)"
     text = f"{r.time_to_target_s:.1f} s" + (f" ({r.reached} seeds reached it)"
                                             if r.reached.split("/")[0] != r.reached.split("/")[1] else "")
+    if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED:
+        return text + f" ({fp8_report.EMULATED_SPEED})"
     if np.isfinite(getattr(r, "ttt_ratio", np.nan)):
         interval = f" [{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else ""
         text += f" ({r.ttt_ratio:.2f}× fp32's{interval}{mark(r.ttt_note)})"
@@ -127,7 +132,9 @@ def speed_findings(groups: Groups) -> list[str]:
     """Per model/dataset and framework: each mixed mode's speed against fp32, then what the ⚠ marks mean."""
     out = []
     for label, fw, mixed, fp32 in groups.per_framework():
-        parts = [f"{r.precision} at {speed_text(r)} ({r.throughput_img_s:,.0f} images/s)" for r in mixed.itertuples()]
+        parts = [f"{r.precision} {speed_text(r)} ({r.throughput_img_s:,.0f} images/s in emulation)"
+                 if r.speed_note == fp8_report.EMULATED_SPEED else
+                 f"{r.precision} at {speed_text(r)} ({r.throughput_img_s:,.0f} images/s)" for r in mixed.itertuples()]
         out.append(f"{label}, {_label(fw)} ({seeds_text(int(fp32['runs'].iloc[0]))}): against fp32's "
                    f"{fp32['throughput_img_s'].iloc[0]:,.0f} images/s, {'; '.join(parts)}.")
     table = groups.table

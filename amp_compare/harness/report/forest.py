@@ -38,8 +38,9 @@ def _draw_panel(ax, part: pd.DataFrame) -> None:
     ax.set_xlabel("speed vs fp32 of the same seed (log scale)")
 
 
-def make_forest_figure(seeds: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """The per-seed forest plot from per_seed.seed_table; None without a mixed cell paired with its fp32."""
+def make_forest_figure(seeds: pd.DataFrame, out_dir: Path, emulated: list[str] | None = None) -> Figure | None:
+    """The per-seed forest plot from per_seed.seed_table; None without a mixed cell paired with its fp32.
+    `emulated`: the modes left out because their time is an emulation's (report/fp8.py)."""
     if seeds is None or seeds.empty:
         return None
     keys = [k for k in ("machine", "model", "dataset", "step_loop", "batch_size")
@@ -60,6 +61,8 @@ def make_forest_figure(seeds: pd.DataFrame, out_dir: Path) -> Figure | None:
                   "(none where too few steps were timed). The grey band is the range of ratios the machine's own "
                   "drift could have produced between those two cells: the quotients of the calibration checks next "
                   "to them, widened by three typical check-to-check moves. A filled marker lies outside its band "
-                  "(drift cannot explain it), an open one inside. One panel per model and dataset.",
+                  "(drift cannot explain it), an open one inside. One panel per model and dataset."
+                  + (f" Not drawn: {', '.join(emulated)}, emulated on this CPU (not a speed result)."
+                     if emulated else ""),
                   "Forest plot per model: for each framework, precision and seed, a marker at the speed ratio with "
                   "a horizontal interval, on a log axis, over a grey band of what machine drift alone could do.")

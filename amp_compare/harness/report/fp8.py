@@ -20,6 +20,19 @@ from amp_compare.contract.config import framework_label
 from amp_compare.contract.records import unpack_correct
 from amp_compare.harness.report.stats import mcnemar_exact, paired_bootstrap
 
+# An fp8 cell off a GPU runs in emulation (torchao's emulate=True; Keras' float8 matmul in software): its time is
+# the emulation's, not fp8's, so no table, finding, answer or figure gives it a speed ratio or a speed verdict.
+EMULATED_SPEED = "emulated: not a speed result"
+
+
+def speed_emulated(precision, device: str):
+    """Whether a mode's speed is an emulation's (a string, or each element of a pandas Series)."""
+    emulated = device != "cuda"
+    if isinstance(precision, pd.Series):
+        return precision.isin(contract.FP8_MODES) & emulated
+    return precision in contract.FP8_MODES and emulated
+
+
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
 
 

@@ -30,10 +30,16 @@ ABBREVIATIONS = {
     "p50/p90/p99": (r"\bp(?:50|90|99)\b", "50th (the median), 90th and 99th percentile of the step times"),
     "RSS": (r"\bRSS\b", "resident set size: the process's memory in RAM"),
     "ms": (r"\bms\b", "milliseconds"),
+    "MiB": (r"\bMiB\b", "mebibytes: 2^20 = 1,048,576 bytes"),
     "GFLOP": (r"\b[GT]FLOP\b", "billion (G) or trillion (T) floating-point operations; /s: per second"),
     "CI": (r"\bCI\b", "confidence interval"),
 }
+# a first use inside a parenthesis reads as a word that explains itself rather than a nested parenthesis
+SHORT = {"p": "p-value"}
+UNIT_WORDS = {"G": "billion", "T": "trillion"}
 SKIP_TAGS = ("style", "title", "code", "pre", "nav", "script", "dt", "table")  # tables: headers and values, not prose
+BLOCK_TAGS = {"p", "li", "div", "td", "th", "dd", "dt", "h1", "h2", "h3", "h4", "h5", "h6", "figcaption", "section",
+              "caption", "summary", "details", "ul", "ol", "br", "table", "tr", "figure", "body", "header"}
 
 
 @dataclass(frozen=True)
@@ -43,18 +49,76 @@ class Entry:
     text: str
 
 
+def _expansion(abbr: str, token: str) -> str:
+    """What `token` (the whole unit token, e.g. "TFLOP/s") stands for: one reading, not every variant's."""
+    if abbr == "GFLOP":
+        return f"{UNIT_WORDS[token[0]]} floating-point operations" + (" per second" if token.endswith("/s") else "")
+    return ABBREVIATIONS[abbr][1]
+
+
+def _depth(text: str, start: int = 0) -> int:
+    """How many parentheses are open after `text` for one that had `start` open before it."""
+    for ch in text:
+        start = start + 1 if ch == "(" else max(start - 1, 0) if ch == ")" else start
+    return start
+
+
+class _Expander:
+    """The first use of each abbreviation in visible text, written out where it reads: after the whole token
+    (never inside "TFLOP/s"), at parenthesis depth 0 (never a parenthesis inside a parenthesis). A use inside a
+    parenthesis that comes first is marked instead: HTML <abbr title> (hover; the glossary lists it), or the short
+    form that explains itself ("p-value")."""
+
+    def __init__(self, markdown: bool):
+        self.markdown, self.found, self.nested, self.depth = markdown, {}, {}, 0
+
+    def text(self, part: str, index: int) -> str:
+        for abbr, (pattern, _) in ABBREVIATIONS.items():
+            pos = 0
+            while abbr not in self.found and (m := re.compile(pattern, re.M).search(part, pos)):
+                part, pos = self._one(abbr, part, m, index)
+        self.depth = _depth(part.rsplit("\n", 1)[-1] if self.markdown and "\n" in part else part,
+                            0 if self.markdown and "\n" in part else self.depth)
+        return part
+
+    def _one(self, abbr: str, part: str, m: re.Match, index: int) -> tuple[str, int]:
+        end = m.end() + len(re.match(r"(?:/[A-Za-z]+)*", part[m.end():]).group())  # the whole unit token
+        token = part[m.start():end]
+        line_start = part.rfind("\n", 0, m.start()) + 1 if self.markdown else 0
+        before = self.depth if not (self.markdown and line_start) else 0
+        expansion = _expansion(abbr, token)
+        if _depth(part[line_start:m.start()], before) == 0:
+            self.found[abbr] = index
+            words = f" ({expansion})" if self.markdown else html.escape(f" ({expansion})", quote=False)
+            return part[:end] + words + part[end:], end + len(words)
+        if abbr in self.nested:
+            return part, end
+        self.nested[abbr] = expansion
+        shown = SHORT.get(abbr, token)
+        if self.markdown:
+            if abbr in SHORT:
+                self.found[abbr] = index
+            return part[:m.start()] + shown + part[end:], m.start() + len(shown)
+        self.found[abbr] = index
+        marked = f'<abbr title="{html.escape(expansion)}">{shown}</abbr>'
+        return part[:m.start()] + marked + part[end:], m.start() + len(marked)
+
+
 def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]:
-    """`page` with each abbreviation written out at its first use in visible text, and the abbreviations
-    found (in ABBREVIATIONS' order). HTML: text inside SKIP_TAGS is left alone; Markdown: code spans are."""
-    found: dict[str, int] = {}
+    """`page` with each abbreviation written out at its first use in visible text (see _Expander), and the
+    abbreviations found (in ABBREVIATIONS' order). HTML: text inside SKIP_TAGS is left alone; Markdown: code spans
+    and table rows are. Markdown ends with the abbreviations whose every use was inside a parenthesis."""
+    expander = _Expander(markdown)
     # Markdown: code spans and table rows are left alone (a header cell is no place for a definition)
     parts = re.split(r"(`[^`]*`|^\|.*$)" if markdown else r"(<[^>]+>)", page, flags=re.M)
     skipping: list[str] = []
     for i, part in enumerate(parts):
         if markdown and part.startswith(("`", "|")) or not markdown and part.startswith("<"):
             tag = re.match(r"</?\s*([a-zA-Z0-9]+)", part) if not markdown else None
-            if tag and tag.group(1).lower() in SKIP_TAGS:
-                name = tag.group(1).lower()
+            name = tag.group(1).lower() if tag else ""
+            if name in BLOCK_TAGS:
+                expander.depth = 0
+            if name in SKIP_TAGS:
                 if part.startswith("</"):
                     skipping = [t for t in skipping if t != name]
                 elif not part.endswith("/>"):
@@ -62,14 +126,12 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
             continue
         if skipping or not part.strip():
             continue
-        for abbr, (pattern, expansion) in ABBREVIATIONS.items():
-            m = None if abbr in found else re.search(pattern, part)
-            if m:  # the patterns match escaped HTML text as well as plain text
-                found[abbr] = i
-                words = f" ({expansion})" if markdown else html.escape(f" ({expansion})", quote=False)
-                part = part[:m.end()] + words + part[m.end():]
-        parts[i] = part
-    return "".join(parts), [a for a in ABBREVIATIONS if a in found]
+        parts[i] = expander.text(part, i)
+    out = "".join(parts)
+    late = {a: e for a, e in expander.nested.items() if a not in expander.found}
+    if markdown and late:
+        out = out.rstrip("\n") + "\n\nAbbreviations: " + "; ".join(f"{a}: {e}" for a, e in late.items()) + ".\n"
+    return out, [a for a in ABBREVIATIONS if a in expander.found or a in expander.nested]
 
 
 def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:

@@ -202,14 +202,27 @@ def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.D
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
 
+def _per_model(df: pd.DataFrame) -> list[str]:
+    """The identity columns beyond framework x precision that the rows vary in (two models are never pooled)."""
+    return [k for k in ("model", "dataset") if k in df and df[k].nunique() > 1]
+
+
+def _who(per: list[str], key: tuple) -> str:
+    """"vit on synthetic, " for a group of a run with several models/datasets, "" for a run with one."""
+    return " on ".join(map(str, key[:len(per)])) + ", " if per else ""
+
+
 def headroom_sentences(underflow: pd.DataFrame) -> list[str]:
     """How close the largest scaled gradient came to float16's largest value, per framework x float16 mode."""
     hist = gradient_histogram(underflow)
+    per = [k for k in _per_model(underflow) if k in hist]
     out = []
-    for (fw, prec), g in hist[hist["count"] > 0].groupby(["framework", "precision"], sort=False):
+    for key, g in hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False):
+        fw, prec = key[-2:]
         top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
         bound = 2.0 ** (top + 1) * scale  # |g| < 2^(top+1), so |g| x scale is below this
-        rows = underflow[(underflow["framework"] == fw) & (underflow["precision"] == prec)
+        mine = np.logical_and.reduce([underflow[k] == v for k, v in zip(per, key)] + [underflow["framework"] == fw])
+        rows = underflow[mine & (underflow["precision"] == prec)
                          & (underflow["when"] == "last step") & (underflow["seed"] == underflow["seed"].min())]
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
@@ -217,7 +230,8 @@ def headroom_sentences(underflow: pd.DataFrame) -> list[str]:
         verdict = (f"at least {FP16_MAX / bound:,.0f}× under float16's largest value 65,504, so nothing overflowed"
                    if bound <= FP16_MAX else f"within reach of float16's largest value 65,504: {over:.3%} of the "
                    "elements overflow to inf at that scale")
-        out.append(f"{_label(fw)} {prec}, last step: the largest |gradient| was below 2^{top + 1}{scaled} — "
+        out.append(f"{_who(per, key)}{_label(fw)} {prec}, last step: the largest |gradient| was below "
+                   f"2^{top + 1}{scaled} — "
                    f"{verdict}.")
     return out
 
@@ -230,8 +244,9 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
     sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
     sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
-    out = []
-    for (fw, prec), g in sel.groupby(["framework", "precision"], sort=False):
+    out, per = [], _per_model(sel)
+    for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
+        fw, prec, who = *key[-2:], _who(per, key)
         scale = float(g["loss_scale"].iloc[0])
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
@@ -240,14 +255,14 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
         total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
         at = f" at the scale in use ({scale:g})" if scale != 1 else " (no loss scaling)"
         if total == 0:
-            out.append(f"{_label(fw)} {prec}, last step: none of the {nonzero:,} non-zero gradient elements came "
+            out.append(f"{who}{_label(fw)} {prec}, last step: none of the {nonzero:,} non-zero gradient elements came "
                        f"out exactly zero in the real float16 backward{at}.")
             continue
         names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
         order = np.argsort(-lost.to_numpy(), kind="stable")[:2]
         where = ", then ".join(f"{names[i]} ({lost.iloc[i]:,}, {lost.iloc[i] / total:.0%})"
                                for i in order if lost.iloc[i] > 0)
-        out.append(f"{_label(fw)} {prec}, last step: {total:,} of the {nonzero:,} non-zero gradient elements "
+        out.append(f"{who}{_label(fw)} {prec}, last step: {total:,} of the {nonzero:,} non-zero gradient elements "
                    f"({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; most were in "
                    f"{where}.")
     return out
@@ -257,12 +272,13 @@ def scaling_accuracy_sentences(runs: pd.DataFrame) -> list[str]:
     """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies."""
     out = []
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
-    acc = ok.groupby(["framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
-    for fw in sorted({k[0] for k in acc.index}):
-        with_s, without = acc.get((fw, DYNAMIC_FP16)), acc.get((fw, UNSCALED_FP16))
+    per = _per_model(ok) if not ok.empty else []  # per model and dataset: never two models' median
+    acc = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
+    for group in dict.fromkeys(k[:-1] for k in acc.index):
+        with_s, without = acc.get((*group, DYNAMIC_FP16)), acc.get((*group, UNSCALED_FP16))
         if with_s is not None and without is not None:
-            out.append(f"{_label(fw)}: validation accuracy {with_s:.1%} with dynamic loss scaling, "
-                       f"{without:.1%} without any.")
+            out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
+                       f"loss scaling, {without:.1%} without any.")
     return out
 
 

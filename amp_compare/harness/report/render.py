@@ -121,16 +121,19 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     if maxbatch.empty:
         return maxbatch
-    first = maxbatch.groupby(["framework", "precision"], sort=False).first().reset_index()
-    peak = maxbatch[maxbatch["ok"]].groupby(["framework", "precision"])["peak_bytes"].max()
+    # one row per search: model and dataset are part of its identity (two models' searches never share a row)
+    keys = [k for k in ("model", "dataset") if k in maxbatch] + ["framework", "precision"]
+    first = maxbatch.groupby(keys, sort=False).first().reset_index()
+    peak = maxbatch[maxbatch["ok"]].groupby(keys)["peak_bytes"].max()
     return pd.DataFrame({
+        **{k.capitalize(): first[k] for k in keys[:-2]},
         "Framework": first["framework"].map(framework_label), "Precision": first["precision"],
         "Largest batch that fit": first["max_ok"].astype(str),
         "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
-        "Peak memory at the largest (MiB)": [f"{peak.get((f, p), float('nan')) / 2**20:,.0f}"
-                                             for f, p in zip(first["framework"], first["precision"])],
+        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / 2**20:,.0f}"
+                                             for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
-        "Probes": maxbatch.groupby(["framework", "precision"], sort=False).size().to_numpy().astype(str),
+        "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),
     })
 
 
@@ -202,20 +205,26 @@ def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         **({"Machine": mixed["machine"]} if multi else {}),
         "Model": mixed["model"], "Dataset": mixed["dataset"], "Framework": mixed["framework"].map(framework_label),
-        "Precision": mixed["precision"], "Speed vs fp32": mixed["speedup_vs_fp32"].map("{:.2f}×".format),
+        "Precision": mixed["precision"],
+        "Speed vs fp32": [fp8_report.EMULATED_SPEED if note == fp8_report.EMULATED_SPEED else f"{v:.2f}×"
+                          for v, note in zip(mixed["speedup_vs_fp32"], mixed["speed_note"])],
         "95% interval": [f"{lo:.2f}–{hi:.2f}×" if np.isfinite(lo) else "n/a"
                          for lo, hi in zip(mixed["speed_low"], mixed["speed_high"])],
-        "Interval from": [basis.get(b, b).format(n=int(n) if pd.notna(n) else 0)
-                          for b, n in zip(mixed["speed_basis"], mixed["speed_seeds"])],
+        "Interval from": ["n/a" if note == fp8_report.EMULATED_SPEED else basis.get(b, b).format(
+            n=int(n) if pd.notna(n) else 0) for b, n, note in zip(mixed["speed_basis"], mixed["speed_seeds"],
+                                                                   mixed["speed_note"])],
         "Timed steps per cell": mixed["timed_steps"].map(lambda v: "n/a" if pd.isna(v) else f"{int(v)}"),
         "Slowest p90/p50": mixed["spread_p90_p50"].map(lambda v: "n/a" if pd.isna(v) else f"{v:.1f}×"),
-        "Supported?": mixed["speed_note"].map(lambda v: f"⚠ {v}" if v else "yes"),
+        "Supported?": mixed["speed_note"].map(lambda v: "no speed claimed" if v == fp8_report.EMULATED_SPEED
+                                              else f"⚠ {v}" if v else "yes"),
     })
 
 
 def _ttt_ratio_text(r) -> str:
     """A mixed cell's time to target against fp32's: ratio, interval, ⚠ and why."""
     ratio = getattr(r, "ttt_ratio", np.nan)
+    if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED:
+        return fp8_report.EMULATED_SPEED
     if not isinstance(ratio, float) or not np.isfinite(ratio):
         return ""
     text = f"{ratio:.2f}×" + (f" [{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else "")
@@ -459,7 +468,8 @@ def _split_packages(rows: list) -> tuple[list, list]:
     return [r for r in rows if not r[0].startswith("version_")], [r for r in rows if r[0].startswith("version_")]
 
 
-def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None) -> list:
+def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None,
+          device: str = "cpu") -> list:
     """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both)."""
     from amp_compare.harness.report import figures as fg
     from amp_compare.harness.report.forest import make_forest_figure
@@ -467,18 +477,21 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.D
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
     headroom = tables.get("headroom", pd.DataFrame())
-    drawn = [*fg.make_figures(runs, epochs, steps, out),
+    drawn = [*fg.make_figures(runs, epochs, steps, out, device),
              fg.make_underflow_figure(underflow, out) if not underflow.empty else None,
              fg.make_headroom_figure(headroom, runs, out) if not headroom.empty else None,  # the vit
              fg.make_gradient_histogram_figure(underflow, out) if not underflow.empty else None,
              fg.make_max_batch_figure(maxbatch, out) if not maxbatch.empty else None,
-             fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out), make_forest_figure(seeds, out)]
+             fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out),
+             make_forest_figure(seeds, out, sorted(set(runs.loc[fp8_report.speed_emulated(runs["precision"], device),
+                                                                "precision"])))]
     return [f for f in drawn if f]
 
 
 def _evidence(manifest: dict) -> dict:
     """The environment the statistics judge the machine from: every calibration check of the run with it."""
-    return {**manifest["environment"], "calibrations": manifest.get("calibrations", [])}
+    return {**manifest["environment"], "calibrations": manifest.get("calibrations", []),
+            "device": manifest.get("device", "cpu")}
 
 
 def _log_lines(run_dir: Path, manifest: dict, runs: pd.DataFrame) -> list:
@@ -518,8 +531,10 @@ def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.Da
     """The answer the page, summary.md and the terminal open with (harness/report/answer.py), and each seed's
     ratio it and the forest plot read."""
     seeds = seed_table(tables["run"], tables["steps"], evidence)
+    if not seeds.empty:  # an emulation's time is no speed result: no seed's ratio of it is drawn or said
+        seeds = seeds[~fp8_report.speed_emulated(seeds["precision"], manifest["device"])]
     items = answer_block.answers(full, seeds, tables["run"], manifest["environment"], manifest["device"],
-                                 profile_report.evidence(tables))
+                                 profile_report.evidence(tables), tables.get("fp8_layers"))
     return {"seed_ratios": seeds, **{f"answer_{fmt}": answer_block.render(items, fmt)
                                      for fmt in ("html", "markdown", "text")}}
 
@@ -561,7 +576,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats)),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
-        "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"]) if draw else [],
+        "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"], manifest["device"]) if draw else [],
         "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps),
         **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs)))),

@@ -13,6 +13,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report.cell_text import mark, short_accuracy_text
 from amp_compare.harness.report.drift import Drift, drift_of, seed_note
@@ -178,6 +179,11 @@ def _hardware_cells(r, data_sheet: bool) -> dict:
     }
 
 
+def _speed_cell(r) -> str:
+    note = getattr(r, "speed_note", "")
+    return note if note == fp8_report.EMULATED_SPEED else _fmt(r.speedup_vs_fp32, ".2f", "×") + mark(note)
+
+
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
     """The summary table as display strings (HTML, Markdown and terminal use this one)."""
     rows = []
@@ -191,7 +197,7 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Images/s": _spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f",
                                 lo=r.throughput_min, hi=r.throughput_max),
             "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
-            "Speed vs fp32": _fmt(r.speedup_vs_fp32, ".2f", "×") + mark(getattr(r, "speed_note", "")),
+            "Speed vs fp32": _speed_cell(r),
             "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
             "Memory vs fp32": memory.cell_text(r),
             "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%",
@@ -414,6 +420,13 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     out = out.merge(accuracy, on=keys, how="left")
     for col in ("speed_note", "memory_note", "ttt_note", "too_short", "speed_basis", "budget_note"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
+    # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
+    emulated = fp8_report.speed_emulated(out["precision"], (environment or {}).get("device", "cpu"))
+    out.loc[emulated, [c for c in ("speedup_vs_fp32", "speed_low", "speed_high", "speed_min", "speed_max",
+                                   "ttt_ratio", "ttt_low", "ttt_high") if c in out]] = np.nan
+    if "ttt_note" in out:
+        out.loc[emulated, "ttt_note"] = ""
+    out.loc[emulated, "speed_note"] = fp8_report.EMULATED_SPEED
     return out
 
 

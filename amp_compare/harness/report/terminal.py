@@ -52,6 +52,7 @@ def _layouts(columns: list[str]):
 def _table(title: str, part: pd.DataFrame, columns: list[str], ranges: bool):
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title_justify="left")
     for col in columns:
@@ -60,7 +61,8 @@ def _table(title: str, part: pd.DataFrame, columns: list[str], ranges: bool):
                          no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
     for row in part.itertuples(index=False):
         values = dict(zip(part.columns, row))
-        table.add_row(*[str(values[c]) if ranges else _RANGE.sub("", str(values[c])) for c in columns])
+        # Text, not markup: "[min–max 6,173–6,296]" would otherwise be read as a rich style tag and vanish
+        table.add_row(*[Text(str(values[c]) if ranges else _RANGE.sub("", str(values[c]))) for c in columns])
     return table
 
 
@@ -102,12 +104,12 @@ def print_summary(console, title: str, runs: pd.DataFrame, sentences: list[str],
     """The answer (harness/report/answer.py), the summary tables, their footnote and the findings, fitted to
     `console`'s width."""
     tables, footnote = summary_tables(runs, console.width, table)
-    console.print(title)
+    console.print(title, markup=False)
     if answer:
         console.print(answer, markup=False, highlight=False)
     for table in tables:
         console.print(table)
     if footnote:
-        console.print(footnote)
-    for sentence in sentences:
-        console.print(f"- {sentence}")
+        console.print(footnote, markup=False)
+    for sentence in sentences:  # "[min–max …]" and "[95% t …]" are the report's brackets, not rich markup
+        console.print(f"- {sentence}", markup=False, highlight=False)

@@ -82,8 +82,8 @@ def _how(facts: RunFacts) -> str:
 def mode_text(facts: RunFacts, name: str) -> str:
     """One precision mode as the summary's intro describes it, for this run's frameworks and settings."""
     p = precisions.of(name)
-    if p.fp8:  # contract/fp8.py: each framework's own recipe, the fp8 section says which
-        return f"fp8 training ({p.fp8} scaling where offered) on a float32 base, emulated on a CPU"
+    if p.fp8:  # contract/fp8.py: each framework's own recipe; the fp8 section shows them read back
+        return fp8_mode_text(facts, name)
     if p.half is None:
         return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
     text = f"{_how(facts)}, computing most layers in {p.half}"
@@ -95,6 +95,31 @@ def mode_text(facts: RunFacts, name: str) -> str:
     if p.half == "float16":
         return text + ", with no loss scaling at all (gradients below float16's range flush to zero)"
     return text + " (float32's exponent range, so no loss scaling)"
+
+
+def _recipe_words(recipe) -> str:
+    """One fp8 recipe's scaling, in words (contract/fp8.py's fields)."""
+    scales = "one scale per row" if recipe.granularity == "row" else "one scale per tensor"
+    if recipe.scaling == "delayed":
+        return f"delayed scaling, {scales} from the largest amax of up to {recipe.amax_history:,} past steps"
+    return f"dynamic scaling, {scales} from that step's own amax"
+
+
+def fp8_mode_text(facts: RunFacts, name: str) -> str:
+    """An fp8 mode for the summary's intro: each of this run's frameworks' own recipe (contract/fp8.py), the
+    base precision, and "emulated" only on a CPU (torchao's emulate=True; Keras' float8 matmul in software)."""
+    from amp_compare.contract.fp8 import RECIPES
+
+    parts, base = [], "float32"
+    for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
+        recipe = RECIPES.get((key, name))
+        if recipe is None or not (facts.torch if key == "torch" else facts.keras):
+            continue
+        layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
+        parts.append(f"{label}: the matmuls of {layers} layers in float8 with {_recipe_words(recipe)}")
+        base = recipe.base
+    text = "; ".join(parts) or "float8 matmuls"
+    return text + f"; everything else in {base}" + (", emulated on a CPU" if facts.device == "cpu" else "")
 
 
 def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
