@@ -12,7 +12,8 @@ BAD = [
     (["--models", "vgg"], "unknown model 'vgg' (valid: simple_cnn, resnet18, vit)"),
     (["--datasets", "imagenet"],
      "unknown dataset 'imagenet' (valid: digits, synthetic, synthetic_cifar, cifar10, cifar100)"),
-    (["--precisions", "fp32,fp8"], "unknown precision 'fp8' (valid: fp32, fp16, bf16, fp16-noscale, fp16-static)"),
+    (["--precisions", "fp32,fp4"], "unknown precision 'fp4' (valid: fp32, fp16, bf16, fp16-noscale, fp16-static, fp8, "
+                                   "fp8-rowwise)"),
     (["--frameworks", "jax"], "unknown framework 'jax' (valid: torch, tf, keras-jax, keras-torch)"),
     (["--device", "tpu"], "unknown device 'tpu' (valid: auto, cpu, cuda)"),
     (["--optimizer", "lion"], "unknown optimizer 'lion' (valid: auto, adam, adamw, sgd)"),

@@ -195,7 +195,7 @@ def test_batchnorm_and_reductions_differ_under_fp16():
 def test_audit_rejects_unknown_precision_and_a_model_built_under_another_policy():
     x, y = batch("simple_cnn")
     with pytest.raises(ValueError, match="valid: fp32, fp16, bf16"):
-        tn.dtype_audit(build_torch("simple_cnn"), *torch_batch(x, y), "fp8")
+        tn.dtype_audit(build_torch("simple_cnn"), *torch_batch(x, y), "fp4")
     with pytest.raises(ValueError, match="'float32' policy, not 'mixed_float16'"):
         kn.dtype_audit(build_keras("simple_cnn", "fp32"), x, y, "fp16")
 

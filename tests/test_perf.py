@@ -202,8 +202,8 @@ def test_an_mfu_over_100_percent_is_flagged_not_passed_off():
     said = mfu_findings(table)
     assert len(said) == 1 and "MFU above 100% in 1 cell(s) (PyTorch bf16 batch 64 (556%))" in said[0]
     assert mfu_findings(table.assign(ceiling_dtype=["fp32 (bf16 emulated)", "fp32"], mfu_measured=[0.04, 0.29])) \
-        == ["MFU of the bf16 cells is against the fp32 matmul ceiling: this CPU has no arithmetic for their half "
-            "format, so the frameworks convert to float32 and compute on the fp32 units."]
+        == ["MFU of the bf16 cells is against the fp32 matmul ceiling: this CPU's flags list no arithmetic for their "
+            "half format (which kernels the frameworks ran was not recorded)."]
 
 
 def test_bound_verdict_from_the_sweep():
