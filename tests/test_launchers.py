@@ -29,7 +29,9 @@ SUBMITIT_ARGS = [*TINY_ARGS, "--precisions", "fp32,bf16", "--no-figures", "--lau
 TIMED = {"step_time_s", "train_time_s", "eval_time_s", "median_step_s", "p90_step_s", "p99_step_s",
          "throughput_img_s", "median_step_throughput_img_s", "epoch_throughput_img_s", "compile_warmup_s",
          "first_step_overhead_s", "child_wall_s", "ceiling_flops_measured", "achieved_flops", "mfu_measured",
-         "peak_memory_bytes", "first_step_peak_memory_bytes"}
+         "peak_memory_bytes", "first_step_peak_memory_bytes",
+         "cfg_speed_reference_step_s",  # the fp32 cell's measured step time, handed to the speed budget
+         "seconds", "cpu_seconds"}  # the phases table's wall and CPU time
 HOST = {"hostname", "cuda_visible_devices", "cpu_affinity", "slurm_job_id", "cpus_usable"}
 # The harness, whose submitted jobs run their torch cells through tests/children/misbehave.py (the cell named by
 # AMP_COMPARE_TEST_CELL misbehaves, the others run the real child): the job function is replaced in the harness,

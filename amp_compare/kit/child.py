@@ -298,21 +298,11 @@ def derived_columns(run: dict, nonfinite: dict | None) -> dict:
     return out
 
 
-def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Dataset,
-                 wall_s: float) -> dict[str, pd.DataFrame]:
-    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
-                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
-    steps = steps_table(identity, result, cfg.warmup_steps)
-    epochs = pd.DataFrame([{**identity, **row} for row in result.epochs])
+def outcome_columns(cfg: RunConfig, result: TrainResult, dataset: Dataset, identity: dict) -> dict:
+    """The run row's status, configuration, data and final figures (how the cell ended and on what)."""
     last = result.epochs[-1] if result.epochs else {}
-    train_time = float(sum(e["train_time_s"] for e in result.epochs))
-    images = len(steps) * cfg.batch_size
     diverged = result.diverged_at_step is not None
-    lap("records")
-    performance = performance_columns(cfg, dataset, result.info)
-    lap("flop count")
-    run = {
-        **identity,
+    return {
         "schema_version": records.SCHEMA_VERSION,
         "status": "diverged" if diverged else "ok",
         "error": (result.diverged_reason or
@@ -328,6 +318,23 @@ def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Data
         "val_correct": pack_correct(result.val_correct) if result.val_correct is not None else "",
         "final_val_loss": last.get("val_loss", float("nan")),
         "final_train_loss": last.get("train_loss", float("nan")),
+    }
+
+
+def build_tables(run_id: str, cfg: RunConfig, result: TrainResult, dataset: Dataset,
+                 wall_s: float) -> dict[str, pd.DataFrame]:
+    identity = {"run_id": run_id, "cell_id": cfg.cell_id, "framework": cfg.framework, "model": cfg.model,
+                "dataset": cfg.dataset, "precision": cfg.precision, "seed": cfg.seed}
+    steps = steps_table(identity, result, cfg.warmup_steps)
+    epochs = pd.DataFrame([{**identity, **row} for row in result.epochs])
+    train_time = float(sum(e["train_time_s"] for e in result.epochs))
+    images = len(steps) * cfg.batch_size
+    lap("records")
+    performance = performance_columns(cfg, dataset, result.info)
+    lap("flop count")
+    run = {
+        **identity,
+        **outcome_columns(cfg, result, dataset, identity),
         **step_time_summary(result.step_time_s, cfg.warmup_steps, cfg.batch_size, train_time,
                             [(e["train_time_s"], result.step_epoch.count(e["epoch"])) for e in result.epochs]),
         "train_time_s": train_time,
