@@ -109,3 +109,4 @@ def test_fp8_on_a_cpu_has_no_speed_result_anywhere_and_its_answer_speaks_of_nume
     assert "fp8 emulated: not a speed result (1," in page  # the speed findings
     assert "<td>emulated: not a speed result</td><td>n/a</td><td>n/a</td>" in section(page, "speed")
     assert "| fp8 | 2 |" in md and "| emulated: not a speed result |" in md
+

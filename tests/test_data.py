@@ -70,6 +70,11 @@ def _keras_batches(data, plan, augment: bool, seed: int) -> list[tuple[np.ndarra
     epochs, steps, batch = plan.shape  # make_dataset reads the same plan from the cell's config
     cfg = RunConfig(framework="tf", dataset="synthetic", seed=seed, augment=augment, init="framework",
                     batch_size=batch, epochs=epochs, steps_per_epoch=steps)
+    from amp_compare.keras_impl.amp import mixed_precision
+
+    # the cell's own policy, as its setup() sets it: a test run before this one in the same worker may have left
+    # a mixed global policy behind, and compile() would then wrap the optimizer in a loss scaler of its own
+    mixed_precision(cfg.precision)
     model = make_model(cfg, data)
     model = Spy(inputs=model.inputs, outputs=model.outputs)
     model.compile(optimizer=make_optimizer(cfg, model.trainable_variables),

@@ -30,8 +30,7 @@ TIMED = {"step_time_s", "train_time_s", "eval_time_s", "median_step_s", "p90_ste
          "throughput_img_s", "median_step_throughput_img_s", "epoch_throughput_img_s", "compile_warmup_s",
          "first_step_overhead_s", "child_wall_s", "ceiling_flops_measured", "achieved_flops", "mfu_measured",
          "peak_memory_bytes", "first_step_peak_memory_bytes",
-         "cfg_speed_reference_step_s",  # the fp32 cell's measured step time, handed to the speed budget
-         "seconds", "cpu_seconds"}  # the phases table's wall and CPU time
+         "cfg_speed_reference_step_s"}  # the fp32 cell's measured step time, handed to the speed budget
 HOST = {"hostname", "cuda_visible_devices", "cpu_affinity", "slurm_job_id", "cpus_usable"}
 # The harness, whose submitted jobs run their torch cells through tests/children/misbehave.py (the cell named by
 # AMP_COMPARE_TEST_CELL misbehaves, the others run the real child): the job function is replaced in the harness,
@@ -98,6 +97,8 @@ def test_submitit_records_and_report_equal_a_sequential_run(submitit_run, tiny_r
     cells = set(sub["run"]["cell_id"])
     assert len(cells) == 4 and cells < set(seq["run"]["cell_id"])
     for name, table in sub.items():
+        if name == "phases":  # where each child's wall time went: timings, and which phases a cell lapped
+            continue  # depends on what an earlier cell had cached (kit/reuse.py), which concurrent cells change
         a = _sorted(seq[name][seq[name]["cell_id"].isin(cells)], name) if len(table) else table
         b = _sorted(table, name)
         assert list(a.columns) == list(b.columns) and len(a) == len(b), name

@@ -142,9 +142,10 @@ def speed_findings(groups: Groups) -> list[str]:
     if (table.loc[is_mixed, "speed_basis"] == "steps").any():
         out.append("With one seed a speed interval covers the step-to-step noise of that seed's two cells only: how "
                    "much the ratio varies from seed to seed is unknown (run --repeats 3 or more to measure it).")
-    flagged = table[is_mixed & (table["speed_note"] != "")]
+    measured = is_mixed & (table["speed_note"] != fp8_report.EMULATED_SPEED)  # an emulation's is no speed result
+    flagged = table[measured & (table["speed_note"] != "")]
     if not flagged.empty:
-        out.append(flagged_sentence(list(flagged["speed_note"]), int(is_mixed.sum()), interval_method(table)))
+        out.append(flagged_sentence(list(flagged["speed_note"]), int(measured.sum()), interval_method(table)))
     return out
 
 

@@ -220,10 +220,10 @@ def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _ttt_ratio_text(r) -> str:
-    """A mixed cell's time to target against fp32's: ratio, interval, ⚠ and why."""
+def _ttt_ratio_text(r, device: str = "cpu") -> str:
+    """A mixed cell's time to target against fp32's: ratio, interval, ⚠ and why (none for an emulation's)."""
     ratio = getattr(r, "ttt_ratio", np.nan)
-    if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED:
+    if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED or fp8_report.speed_emulated(r.precision, device):
         return fp8_report.EMULATED_SPEED
     if not isinstance(ratio, float) or not np.isfinite(ratio):
         return ""
@@ -231,7 +231,7 @@ def _ttt_ratio_text(r) -> str:
     return text + (f" ⚠ {r.ttt_note}" if isinstance(r.ttt_note, str) and r.ttt_note else "")
 
 
-def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
+def _accuracy_table(acc: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
     """The accuracy section's table: each mixed cell's paired test against fp32 and every cell's time to target."""
     if acc.empty:
         return acc
@@ -256,7 +256,7 @@ def _accuracy_table(acc: pd.DataFrame) -> pd.DataFrame:
             "Target": num(r.target * 100, ".1f") + "%" if timed else "",
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
                                    else num(r.time_to_target_s, ".1f")),
-            "vs fp32's time": _ttt_ratio_text(r) if timed else "",
+            "vs fp32's time": _ttt_ratio_text(r, device) if timed else "",
             "Seeds reaching it": r.reached if timed else "",
         })
     return pd.DataFrame(rows)
@@ -574,7 +574,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
         "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
-        "accuracy_table": _html_or_none(_accuracy_table(acc_stats)),
+        "accuracy_table": _html_or_none(_accuracy_table(acc_stats, manifest["device"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"], manifest["device"]) if draw else [],
         "warmup": manifest["defaults"]["warmup_steps"],

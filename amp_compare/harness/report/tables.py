@@ -423,7 +423,9 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
     emulated = fp8_report.speed_emulated(out["precision"], (environment or {}).get("device", "cpu"))
     out.loc[emulated, [c for c in ("speedup_vs_fp32", "speed_low", "speed_high", "speed_min", "speed_max",
-                                   "ttt_ratio", "ttt_low", "ttt_high") if c in out]] = np.nan
+                                   "ttt_ratio", "ttt_low", "ttt_high",
+                                   # FLOP/s and MFU of an emulation measure float32 matmuls of dequantized values
+                                   "achieved_flops", "mfu_measured", "mfu_table") if c in out]] = np.nan
     if "ttt_note" in out:
         out.loc[emulated, "ttt_note"] = ""
     out.loc[emulated, "speed_note"] = fp8_report.EMULATED_SPEED
