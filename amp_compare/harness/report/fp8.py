@@ -62,20 +62,26 @@ def _loss_gap(runs: pd.DataFrame, cell, other: str) -> str:
     return "n/a" if base.empty else f"{cell.final_val_loss - float(base.iloc[0]['final_val_loss']):+.4f}"
 
 
+def _worst(row) -> str:
+    return f"{row['sqnr_db']:.1f} ({row['layer']} {row['role']})" if row is not None else "n/a"
+
+
 def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for cell in fp8_runs.itertuples():
         settings = json.loads(cell.fp8_settings) if getattr(cell, "fp8_settings", "") else {}
-        mine = layers[(layers["cell_id"] == cell.cell_id) & (layers["when"] == "last step")] if not layers.empty \
-            else layers
+        cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
+        mine = cells[cells["when"] == "last step"] if not cells.empty else cells
+        first = cells[cells["when"] == "first step"] if not cells.empty else cells
         per_layer = mine.groupby("layer")["sqnr_db"].min() if not mine.empty else pd.Series(dtype=float)
         worst = mine.loc[mine["sqnr_db"].idxmin()] if not mine.empty else None
+        worst_first = first.loc[first["sqnr_db"].idxmin()] if not first.empty else None
         rows.append({
             "framework": framework_label(cell.framework), "precision": cell.precision, "seed": cell.seed,
             "layers in fp8": len(settings.get("converted", [])),
-            "median SQNR (dB)": f"{per_layer.median():.1f}" if len(per_layer) else "n/a",
-            "worst SQNR (dB)": f"{worst['sqnr_db']:.1f} ({worst['layer']} {worst['role']})" if worst is not None
-            else "n/a",
+            "median layer SQNR, last step (dB)": f"{per_layer.median():.1f}" if len(per_layer) else "n/a",
+            "worst SQNR, last step (dB)": _worst(worst),
+            "worst SQNR, first step (dB)": _worst(worst_first),
             "val loss": f"{cell.final_val_loss:.4f}", "val acc.": f"{cell.final_val_accuracy:.2%}",
             "loss − bf16": _loss_gap(runs, cell, "bf16"), "loss − fp32": _loss_gap(runs, cell, "fp32"),
             "acc. − bf16 (95% CI)": _paired(runs, cell, "bf16"), "acc. − fp32 (95% CI)": _paired(runs, cell, "fp32")})
@@ -112,7 +118,8 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
         for fw, group in first.groupby("framework"):
             scales = group["scale"]
             out.append(f"{framework_label(fw)} ({', '.join(sorted(group['precision'].unique()))}): the first step's "
-                       f"input scales (fmax / amax) range {scales.min():.3g}–{scales.max():.3g}"
+                       + (f"input scales (fmax / amax) are all {scales.min():.3g}" if scales.min() == scales.max()
+                          else f"input scales (fmax / amax) range {scales.min():.3g}–{scales.max():.3g}")
                        + (" — Keras' delayed scaling starts from 1.0 and takes its first amax from the history "
                           "after that step" if fw != "torch" else " — this step's own amax (dynamic)") + ".")
     if not layers.empty and (fp8_runs.get("cfg_fp8_outlier", pd.Series(dtype=bool)) == True).any():  # noqa: E712
@@ -143,7 +150,9 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
              "<p>Each framework's own fp8 recipe on a float32 base: PyTorch through torchao.float8 (nn.Linear -> "
              "Float8Linear), Keras through quantize('float8') (Dense and EinsumDense). SQNR: signal-to-quantization-"
              "noise ratio of each converted layer's input, kernel and output gradient as its recipe quantizes them, "
-             "against the float32 tensors of the last training step (worst layer named). Accuracy differences are "
+             "against the float32 tensors, at the first and the last training step. A layer's SQNR is its worst of the "
+             "three tensors (in these runs the e5m2 output gradient); the median is over layers, the worst names the "
+             "layer and tensor. Accuracy differences are "
              "paired image by image (McNemar, or a paired bootstrap over seeds), as in the Accuracy section.</p>",
              "<ul>" + "".join(f"<li>{escape(s)}</li>" for s in sec["sentences"]) + "</ul>",
              sec["table"].to_html(index=False, escape=True, border=0) if not sec["table"].empty else
