@@ -12,7 +12,7 @@ each recipe from these rows, and torch_impl/fp8.py / keras_impl/fp8.py convert a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from amp_compare.contract.precision import names as precision_names
 
@@ -47,9 +47,6 @@ class Recipe:
     @property
     def format_of(self) -> dict[str, str]:
         return dict(zip(ROLES, self.formats))
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "formats": list(self.formats)}
 
 
 RECIPES = {

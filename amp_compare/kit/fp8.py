@@ -32,14 +32,6 @@ def dynamic_scale(x: np.ndarray, fmt: str, axis: int | None = None, power_of_2: 
     return np.exp2(np.floor(np.log2(scale))).astype(np.float32) if power_of_2 else scale
 
 
-def delayed_scale(history: np.ndarray, scale: float, fmt: str) -> np.float32:
-    """Keras' next scale (divide convention) from an amax history: amax / fmax of the history's largest amax,
-    the previous scale while the history holds no finite positive amax (keras.quantizers.compute_float8_scale)."""
-    amax = np.float32(np.max(history))
-    if not (amax > 0 and np.isfinite(amax)):
-        return np.float32(scale)
-    return np.float32(1.0) / (np.float32(FP8_MAX[fmt]) / amax)
-
 
 def quantize(x: np.ndarray, fmt: str, scale, convention: str) -> np.ndarray:
     """x quantized to fmt with a scale and dequantized (float64). The scaled value is formed in float32, as the

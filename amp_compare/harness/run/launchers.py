@@ -25,7 +25,6 @@ import dataclasses
 import math
 import os
 import queue
-import shutil
 import sys
 import threading
 import time
@@ -404,9 +403,6 @@ def cancel_jobs(running, run_dir: Path) -> None:
         if not (run_dir / "cells" / cfg.cell_id / "run.parquet").exists():
             remove_partial(run_dir / "cells" / cfg.cell_id)
 
-
-def slurm_available() -> bool:
-    return shutil.which("srun") is not None
 
 
 # ---- the entry point run_cells calls -----------------------------------------------------------------------
