@@ -84,7 +84,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     # One seed is enough to show the mechanism: the first seed of each cell.
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
     # per model and dataset: two models' gradient elements are never added up (issue 32)
-    keys = [k for k in ("model", "dataset") if k in first_seed] + ["framework", "precision", "when"]
+    keys = _per_model(first_seed) + ["framework", "precision", "when"]
     out = first_seed.groupby(keys).apply(weighted, include_groups=False).reset_index()
     return out.sort_values(keys, key=display_order)
 

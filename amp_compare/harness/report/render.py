@@ -68,22 +68,48 @@ def _env() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined)
 
 
-def table_html(df: pd.DataFrame, highlight: str | None = None) -> str:
-    """A plain HTML table; the first four columns left-aligned; rows where `highlight` is true marked."""
+def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
+    """A plain HTML table; the first four columns left-aligned; rows where `highlight` is true marked.
+
+    `grouped`: columns named "group: name" share one header cell over their names (a two-row header), so a wide
+    table's headers wrap into short words."""
     cols = [c for c in df.columns if c != highlight]
+    if grouped:
+        return f"<table>{_grouped_head(cols)}{''.join(_rows(df, cols, highlight))}</table>"
     head = "".join(f"<th class='l'>{html.escape(str(c))}</th>" if i < 4 else f"<th>{html.escape(str(c))}</th>"
                    for i, c in enumerate(cols))
+    return f"<table><tr>{head}</tr>{''.join(_rows(df, cols, highlight))}</table>"
+
+
+def _grouped_head(cols: list[str]) -> str:
+    top, sub = [], []  # top: a finished <th> for a column of its own, [group, span] for a group
+    for i, c in enumerate(cols):
+        group, _, name = str(c).rpartition(": ")
+        align = " class='l'" if i < 4 else ""
+        if not group:
+            top.append(f"<th rowspan='2'{align}>{html.escape(name)}</th>")
+            continue
+        if top and isinstance(top[-1], list) and top[-1][0] == group:
+            top[-1][1] += 1
+        else:
+            top.append([group, 1])
+        sub.append(f"<th>{html.escape(name)}</th>")
+    first = "".join(t if isinstance(t, str) else f"<th colspan='{t[1]}'>{html.escape(t[0])}</th>" for t in top)
+    return f"<tr>{first}</tr><tr>{''.join(sub)}</tr>"
+
+
+def _rows(df: pd.DataFrame, cols: list, highlight: str | None) -> list[str]:
     rows = []
     for rec in df.to_dict("records"):
         cells = "".join(f"<td class='l'>{html.escape(str(rec[c]))}</td>" if i < 4 else
                         f"<td>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))
         mark = " class='differs'" if highlight and rec.get(highlight) else ""
         rows.append(f"<tr{mark}>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    return rows
 
 
-def _html_or_none(df: pd.DataFrame | None) -> str | None:
-    return table_html(df) if df is not None and not df.empty else None
+def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
+    return table_html(df, grouped=grouped) if df is not None and not df.empty else None
 
 
 def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -547,7 +573,8 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) ->
     headroom = tables.get("headroom", pd.DataFrame())
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "glossary": wording.glossary(facts), "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
-            "underflow_table": _html_or_none(_underflow_table(underflow)), "underflow_methods": nr.UNDERFLOW_METHODS,
+            "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
+            "underflow_methods": nr.UNDERFLOW_METHODS,
             "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
             "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
