@@ -61,17 +61,17 @@ def _wait_for(predicate, timeout: float = 300.0, what: str = "") -> None:
         time.sleep(0.1)
 
 
-def _child_pid(cell: str, where: Path, module: bytes = b"misbehave") -> int | None:
-    """The child training `cell` of the run under `where` (this test's own folder: other tests, xdist
-    workers and other checkouts on the machine run children of the same cell ids at the same time)."""
+def _child_pid(cell: str, where: Path) -> int | None:
+    """The child training `cell` of the run under `where` (this test's own folder: other tests, xdist workers and
+    other checkouts on the machine run children of the same cell ids at the same time): the process whose stderr
+    is that cell's stderr.log (a cell forked from its twin's pre-imported parent has the parent's command line)."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+                err = os.readlink(proc / "fd" / "2")
             except OSError:
                 continue
-            if any(module in part for part in cmdline) and any(
-                    cell.encode() in part and str(where).encode() in part for part in cmdline):
+            if err.startswith(str(where)) and err.endswith("stderr.log") and cell in Path(err).parent.name:
                 return int(proc.name)
     return None
 
@@ -82,7 +82,10 @@ def test_sigkill_of_a_child_mid_run_loses_nothing(tmp_path):
     proc = _harness(out, "--frameworks", "torch", "--precisions", "fp32", "--seeds", "0,1,2", "--epochs", "1",
                     "--run-id", "k", *TINY, cell=cell)
     _wait_for(lambda: _child_pid(cell, out) is not None, what=f"the child of {cell}")
-    os.kill(_child_pid(cell, out), signal.SIGKILL)
+    pid = _child_pid(cell, out)
+    ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    assert b"amp_compare.kit.zygote" in Path(f"/proc/{ppid}/cmdline").read_bytes()  # forked (harness/run/forkserver)
+    os.kill(pid, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 3, stderr[-2000:]  # some cells failed: not 0, not a crash
     assert stderr.strip().splitlines()[-1].startswith("amp-compare: 2 of 3 cells finished, 1 failed"), stderr

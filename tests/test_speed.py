@@ -53,6 +53,37 @@ def test_the_parent_keeps_its_own_phases(tiny_run):
     assert parent["cells"] == pytest.approx(sum(parent["cell_wall_s"].values()), abs=0.01 * len(parent["cell_wall_s"]))
 
 
+def test_a_forked_cell_trains_as_a_fresh_process_does(tiny_run, tmp_path):
+    """The shared tiny compare's cells were forked from their twin's pre-imported parent (harness/run/forkserver.py):
+    their framework import is the parent's, paid once (the manifest's "fork servers"), and they train to the same
+    losses and accuracies as the same cells started as fresh interpreters (AMP_COMPARE_FORK_SERVER=0)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, TINY_ARGS
+
+    _, run_dir = tiny_run
+    parent = json.loads((run_dir / "manifest.json").read_text())["phases"]
+    assert parent["fork servers"] > 0
+    forked = records.read_run(run_dir)
+    imports = forked["phases"].query("phase == 'framework import'").set_index("cell_id")["seconds"]
+    assert (imports < 0.5).all(), imports  # nothing left to import: the parent did
+    args = [*TINY_ARGS[:TINY_ARGS.index("--run-id")], "--run-id", "fresh", "--precisions", "bf16", "--no-figures"]
+    proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", *args, "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "AMP_COMPARE_FORK_SERVER": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fresh = records.read_run(tmp_path / "fresh")
+    assert json.loads((tmp_path / "fresh" / "manifest.json").read_text())["phases"]["fork servers"] == 0
+    assert (fresh["phases"].query("phase == 'framework import'")["seconds"] > 0.5).all()
+    cells = sorted(fresh["run"]["cell_id"])
+    assert len(cells) == 2
+    for name, column in (("steps", "loss"), ("epochs", "val_accuracy")):
+        a, b = (t[name][t[name]["cell_id"].isin(cells)].sort_values(["cell_id", name[:-1]]) for t in (forked, fresh))
+        np.testing.assert_array_equal(a[column].to_numpy(), b[column].to_numpy())
+
+
 def test_a_moved_part_keeps_the_sum():
     phases = Phases()
     phases.lap("training")

@@ -13,7 +13,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
 if __name__ == "__main__":  # a probe process (never an import): Keras without its scikit-learn wrappers, as a child
-    sys.modules.setdefault("sklearn", None)  # (keras_impl/__main__.py says why)
+    sys.modules.setdefault("sklearn", None)  # (keras_impl/entry.py says why)
 
 import numpy as np  # noqa: E402
 

@@ -100,7 +100,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     importing scikit-learn, whose import (scipy.stats among it) took longer than a digits cell's whole training
     on a 2-core CPU, in every child and in the parent's planning. Where the file is not where this version keeps
     it, scikit-learn's own loader. (Looked up along sys.path, not through the import system: the Keras child
-    keeps scikit-learn from being imported at all, keras_impl/__main__.py.)"""
+    keeps scikit-learn from being imported at all, keras_impl/entry.py.)"""
     path = next((Path(folder) / DIGITS_FILE for folder in sys.path if (Path(folder) / DIGITS_FILE).is_file()), None)
     if path is None:
         from sklearn.datasets import load_digits as sk_load_digits

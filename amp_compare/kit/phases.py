@@ -34,6 +34,11 @@ class Phases:
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float] = {}
 
+    def restart(self, started_at: float | None) -> None:
+        """Start over from `started_at` (a child forked from a pre-imported parent, kit/zygote.py: its phases begin
+        at the harness's spawn time, as a fresh process's do; its CPU clock starts at the fork)."""
+        self.__init__(started_at)
+
     def lap(self, name: str) -> float:
         """The time since the previous lap (wall, and this process's CPU), added to `name`; returns the wall."""
         now, cpu = time.perf_counter(), time.process_time()

@@ -2,5 +2,6 @@
 
 from amp_compare.kit.child import child_entry
 from amp_compare.kit.phases import exit_now
+from amp_compare.torch_impl.entry import TRAIN_MODULE
 
-exit_now(child_entry("amp_compare.torch_impl.train"))
+exit_now(child_entry(TRAIN_MODULE))

@@ -364,7 +364,7 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
 def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: float, console):
     """run_cells with the machine's calibration checked before the matrix and after every cell, in the
     parent while no child runs (harness/run/calibrate.py); every check lands in manifest["calibrations"]."""
-    from amp_compare.harness.run import calibrate
+    from amp_compare.harness.run import calibrate, forkserver
 
     checks = manifest.setdefault("calibrations", [])
     phases = manifest.setdefault("phases", {})
@@ -379,6 +379,8 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], timeout, console,
                                       after_cell=lambda cfg: timed_check(f"after {cfg.cell_id}"),
                                       manifest=manifest)
+    # the twins' pre-imported parents (harness/run/forkserver.py) go before the last check and the report
+    forked = forkserver.close_all()
     if len(checks) < 2:
         timed_check("after the matrix")
     manifest["environment"].update(calibrate.environment_entries(checks[0], checks[-1]))
@@ -387,7 +389,9 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     phases["cell_wall_s"] = {**phases.get("cell_wall_s", {}), **{o.cell_id: round(o.wall_s, 3) for o in outcomes}}
     phases["calibration"] = sum(spent)
     phases["cells"] = sum(o.wall_s for o in outcomes)
-    phases["between cells"] = time.perf_counter() - started - phases["calibration"] - phases["cells"]
+    phases["fork servers"] = sum(forked.values())  # each twin's interpreter and framework import, paid once
+    phases["between cells"] = (time.perf_counter() - started - phases["calibration"] - phases["cells"]
+                               - phases["fork servers"])
     return outcomes, interrupted
 
 

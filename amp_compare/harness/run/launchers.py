@@ -284,7 +284,7 @@ def cell_job(cfg: RunConfig, run_dir: str, run_id: str, timeout: float) -> dict:
     from amp_compare.harness.run.runner import run_cell
 
     started = now()
-    outcome = run_cell(cfg, Path(run_dir), run_id, timeout)
+    outcome = run_cell(cfg, Path(run_dir), run_id, timeout, fork=False)  # one cell per job: nothing to share
     return {"outcome": dataclasses.asdict(outcome), "host": os.uname().nodename, "started": started, "ended": now(),
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
             "slurm_node": os.environ.get("SLURMD_NODENAME", "")}

@@ -38,6 +38,7 @@ from amp_compare.contract.config import (
 )
 from amp_compare.contract.env import PROJECT_ROOT
 from amp_compare.contract.precision import REFERENCE
+from amp_compare.harness.run import forkserver
 from amp_compare.harness.run.launch import child_env_for, kill_tree, launch_command
 from amp_compare.kit.child import EXIT_UNAVAILABLE, PROGRESS_PREFIX
 from amp_compare.kit.phases import SPAWNED_AT_ENV
@@ -188,9 +189,11 @@ def speed_reference(cfg: RunConfig, run_dir: Path) -> RunConfig:
 
 
 def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
-             on_event: Callable[[dict], None] = lambda event: None, placement=None) -> CellOutcome:
+             on_event: Callable[[dict], None] = lambda event: None, placement=None, fork: bool = True) -> CellOutcome:
     """Train one cell in a child process; always leaves a run record behind. `placement` (harness/run/launchers.py,
-    --parallel): the GPUs / CPUs the child is pinned to and the event that stops it."""
+    --parallel): the GPUs / CPUs the child is pinned to and the event that stops it. `fork`: the child may be
+    forked from its twin's pre-imported parent (harness/run/forkserver.py; never with a placement)."""
+    fork = fork and placement is None
     cell_dir = Path(run_dir) / "cells" / cfg.cell_id
     cell_dir.mkdir(parents=True, exist_ok=True)
     remove_partial(cell_dir)  # a resumed cell starts clean
@@ -207,18 +210,25 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
     cmd += ["--cache-dir", str(Path(run_dir) / "cache")]  # work reused across seeds (kit/reuse.py)
     cmd = launch_command(cfg, cmd)  # DATA PARALLEL: torch's N-worker cells under torchrun (harness/run/launch.py)
+    if fork:  # its twin's pre-imported parent starts before the cell's clock (its own phase)
+        forkserver.server_for(cmd, cell_env(cfg, cell_dir), child_env(cfg))
     start = time.monotonic()
-    returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event, placement)
+    returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event, placement, fork)
     return _outcome(cfg, run_id, cell_dir, returncode, error, time.monotonic() - start)
 
 
+def cell_env(cfg: RunConfig, cell_dir: Path) -> dict[str, str]:
+    """The child's environment: child_env and what the cell adds (DATA PARALLEL's flags, --profile's trace)."""
+    return profile_env(cfg, child_env_for(cfg, child_env(cfg), cell_dir), cell_dir)
+
+
 def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
-               on_event: Callable[[dict], None], placement=None) -> tuple[int, str]:
+               on_event: Callable[[dict], None], placement=None, fork: bool = False) -> tuple[int, str]:
     """Start the child, stream its progress lines to on_event, kill it at the timeout. Returns its exit code
     and the harness's error ("" unless it timed out); Ctrl-C (or the placement's cancel event, set by the parent
     of cells running at once) stops it and drops its unfinished tables."""
     start, proc, error = time.monotonic(), None, ""
-    env = profile_env(cfg, child_env_for(cfg, child_env(cfg), cell_dir), cell_dir)  # DATA PARALLEL; --profile
+    env = cell_env(cfg, cell_dir)
     if placement is not None:
         cmd, env = placement.command(cmd), placement.env(env)
     cancel = placement.cancel if placement is not None else None
@@ -226,8 +236,11 @@ def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
         try:
             with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
                 env = {**env, SPAWNED_AT_ENV: repr(time.time())}  # the child's "process start" phase begins here
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                        cwd=PROJECT_ROOT, start_new_session=True)
+                if fork:  # forked from its twin's pre-imported parent where it can be
+                    proc = forkserver.child_for(cmd, env, child_env(cfg), err)
+                if proc is None:
+                    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                            env=env, cwd=PROJECT_ROOT, start_new_session=True)
             lines: queue.Queue = queue.Queue()
             reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
             reader.start()

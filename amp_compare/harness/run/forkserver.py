@@ -1,0 +1,190 @@
+"""The harness's side of the twins' pre-imported parents (kit/zygote.py): one per twin and environment, started at
+the first cell that needs it, each cell then forked from it instead of started as a fresh `python -m`.
+
+`child_for(cmd, env, stderr)` gives the runner (harness/run/runner.py) a handle with what it uses of a Popen:
+`pid`, `stdout` (the child's progress lines), `poll()`, `wait()`, `returncode`; None where the cell must start as a
+process of its own:
+  * a cell whose environment has something of its own (--profile's trace folder, an N-worker cell's XLA flags, a
+    --parallel placement): a variable read at import time would be the parent's, not the cell's;
+  * a twin whose parent could not start (its framework fails to import: the cell's own process says why, as
+    before) or has died;
+  * AMP_COMPARE_FORK_SERVER=0 in the harness's environment (every cell a fresh interpreter, as before).
+Only one cell at a time uses a parent (cells run one after another unless --parallel places them, and placed
+cells start as processes of their own). This module never imports a framework.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from amp_compare.contract.env import PROJECT_ROOT
+from amp_compare.kit.phases import SPAWNED_AT_ENV
+
+DISABLE_ENV = "AMP_COMPARE_FORK_SERVER"  # "0": start every cell as a fresh interpreter
+READY_TIMEOUT_S = 600.0  # a framework's import on a loaded 2-core machine takes seconds; this only catches a hang
+ANSWER_TIMEOUT_S = 120.0  # the pid of a forked child comes back at once
+
+
+class ForkServerError(RuntimeError):
+    pass
+
+
+class ForkServer:
+    """One pre-imported parent: started here, fed one request per cell, closed when the harness is done."""
+
+    def __init__(self, package: str, env: dict[str, str]):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log = tempfile.TemporaryFile()  # its stderr: the reason it failed, if it does
+        started = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-m", "amp_compare.kit.zygote", package, str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+        theirs.close()
+        self.sock, self.exits, self.alive = mine, {}, True
+        answer = self._receive(READY_TIMEOUT_S, "ready")
+        if not answer.get("ready"):
+            self.close()
+            raise ForkServerError(answer.get("error", "it did not start"))
+        self.start_s = time.perf_counter() - started
+
+    def spawn(self, argv: list[str], env: dict[str, str], stderr) -> ForkedChild:
+        """Fork one cell: its stdout a new pipe (returned as the handle's `stdout`), its stderr `stderr`."""
+        read, write = os.pipe()
+        try:
+            request = {"argv": argv, "env": env, "cwd": str(PROJECT_ROOT)}
+            socket.send_fds(self.sock, [json.dumps(request).encode()], [write, stderr.fileno()])
+        except OSError as exc:
+            os.close(read)
+            self.alive = False
+            raise ForkServerError(f"it no longer answers ({exc})") from exc
+        finally:
+            os.close(write)
+        answer = self._receive(ANSWER_TIMEOUT_S, "pid")
+        if "pid" not in answer:
+            os.close(read)
+            raise ForkServerError("it closed its socket")
+        return ForkedChild(self, answer["pid"], os.fdopen(read, "rb"))
+
+    def _receive(self, timeout: float | None, want: str) -> dict:
+        """The next message that carries `want`; exit reports met on the way are kept in self.exits. A closed
+        socket (the parent died) gives {}."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.sock], [], [], left)[0]:
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.alive = False
+                    raise ForkServerError(f"no {want!r} answer in {timeout:g} s")
+                continue
+            data = self.sock.recv(1 << 16)
+            if not data:
+                self.alive = False
+                return {}
+            message = json.loads(data)
+            if "exit" in message:
+                self.exits[message["exit"]] = message["code"]
+            if want in message:
+                return message
+
+    def collect(self, block: bool) -> None:
+        """Take in the exit reports sent so far (block: wait for the next one)."""
+        while self.alive and select.select([self.sock], [], [], None if block else 0)[0]:
+            if not self._receive(None, "exit"):
+                return
+            block = False
+
+    def close(self) -> None:
+        self.alive = False
+        self.sock.close()  # the parent exits when its socket closes
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+    def failure(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-2000:]
+
+
+class ForkedChild:
+    """A cell forked by a ForkServer, handled like a subprocess.Popen (the runner's pid/stdout/poll/wait)."""
+
+    def __init__(self, server: ForkServer, pid: int, stdout):
+        self.server, self.pid, self.stdout, self.returncode = server, pid, stdout, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.collect(block=False)
+            self._settle()
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self.server.collect(block=True)
+            self._settle()
+        return self.returncode
+
+    def _settle(self) -> None:
+        if self.pid in self.server.exits:
+            self.returncode = self.server.exits.pop(self.pid)
+        elif not self.server.alive:  # its parent died: the exit code is lost with it
+            self.returncode = -9
+
+
+_SERVERS: dict[tuple, ForkServer | None] = {}
+START_SECONDS: dict[str, float] = {}  # seconds each parent took to start, by twin package (the run's phases)
+
+
+def server_for(cmd: list[str], env: dict[str, str], plain_env: dict[str, str]) -> ForkServer | None:
+    """The pre-imported parent that forks the cell `cmd` (`python -m <twin package> args…`), started here the
+    first time, or None where the cell must start as a process of its own (the module's docstring says when).
+    `plain_env`: the environment every cell of this twin gets; a cell whose `env` adds to it starts on its own."""
+    if os.environ.get(DISABLE_ENV) == "0" or cmd[:2] != [sys.executable, "-m"]:
+        return None
+    if {k: v for k, v in env.items() if k != SPAWNED_AT_ENV} != plain_env:
+        return None
+    key = (cmd[2], tuple(sorted(plain_env.items())))
+    if key not in _SERVERS:
+        try:
+            _SERVERS[key] = ForkServer(cmd[2], plain_env)
+            START_SECONDS[cmd[2]] = START_SECONDS.get(cmd[2], 0.0) + _SERVERS[key].start_s
+        except (ForkServerError, OSError):
+            _SERVERS[key] = None  # this twin's cells start as processes of their own
+    server = _SERVERS[key]
+    return server if server is not None and server.alive else None
+
+
+def child_for(cmd: list[str], env: dict[str, str], plain_env: dict[str, str], stderr) -> ForkedChild | None:
+    """The cell `cmd` forked from its twin's pre-imported parent (server_for), or None: start it on its own."""
+    server = server_for(cmd, env, plain_env)
+    if server is None:
+        return None
+    try:
+        return server.spawn([cmd[2], *cmd[3:]], env, stderr)
+    except ForkServerError:
+        return None
+
+
+def close_all() -> dict[str, float]:
+    """Stop every pre-imported parent (the end of a compare's cells; also at the interpreter's exit). Returns the
+    seconds each twin's parents took to start, and starts that count over."""
+    for server in _SERVERS.values():
+        if server is not None:
+            server.close()
+    _SERVERS.clear()
+    started = dict(START_SECONDS)
+    START_SECONDS.clear()
+    return started
+
+
+atexit.register(close_all)

@@ -1,0 +1,133 @@
+"""A twin's pre-imported parent: imports the framework once, then forks one child per cell.
+
+Every cell trains in a process of its own (peak memory is only honest per process, a crash stays in its cell), but
+starting Python and importing a framework cost 2-6 s a cell, the same for every cell of a framework: a quarter of
+a default compare on a 2-core CPU (docs/MEASUREMENT.md, "Phases"). This process pays it once. The harness
+(harness/run/forkserver.py) starts it as
+
+    python -m amp_compare.kit.zygote <module> <socket fd>
+
+(<module>: what a cell would be started as, `python -m <module>`: a twin package) with the environment its cells
+get, and sends one request per cell over the socket: the cell's argv, environment and working folder, and two file
+descriptors (the pipe its progress lines go to, its stderr.log). The child is forked from here, in a session of its
+own, and runs exactly what `python -m <module>` would run (runpy, the module's __main__); its phases start at the
+harness's spawn time, as a fresh process's do. This process answers each request with the child's pid and, once it
+has exited, with its exit code (negative: killed by that signal), and exits when the harness closes the socket.
+
+It never computes anything itself: no framework thread pool exists when it forks (a fork copies only the forking
+thread, and a pool started before the fork would be unusable in the child).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+
+
+def main(argv: list[str]) -> int:
+    module, fd = argv[0], int(argv[1])
+    sock = socket.socket(fileno=fd)
+    started = time.perf_counter()
+    try:
+        from amp_compare.kit import child  # noqa: F401 - imported here, once, for every child
+        preload(module)
+    except ImportError as exc:  # the harness starts this framework's cells as processes of their own
+        sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+        return 3
+    sock.send(json.dumps({"ready": True, "import_s": time.perf_counter() - started}).encode())
+    serve(sock, module)
+    os._exit(0)  # nothing to write or free: the interpreter's shutdown of a framework only costs the harness time
+
+
+def preload(module: str) -> None:
+    """Import what every child of `module` imports: a twin package's entry (keras_impl/entry.py: what to leave
+    out) and its training module, framework included. A module that is no such package preloads nothing."""
+    spec = importlib.util.find_spec(module)  # the module itself is not run: that is each child's
+    if spec is None or spec.submodule_search_locations is None or importlib.util.find_spec(f"{module}.entry") is None:
+        return
+    importlib.import_module(importlib.import_module(f"{module}.entry").TRAIN_MODULE)
+
+
+def serve(sock: socket.socket, module: str) -> None:
+    """Fork a child per request; report each child's exit. SIGCHLD wakes the loop (through a wakeup pipe)."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(wake_w)
+    while True:
+        readable, _, _ = select.select([sock, wake_r], [], [], 5.0)
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        _report_exits(sock)
+        if sock not in readable:
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+        if not data:  # the harness closed its end: no more cells
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            for fd in (wake_r, wake_w):
+                os.close(fd)
+            run_child(sock, json.loads(data), fds, module)  # never returns
+        for fd in fds:
+            os.close(fd)
+        sock.send(json.dumps({"pid": pid}).encode())
+
+
+def _report_exits(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def run_child(sock: socket.socket, request: dict, fds: list[int], module: str) -> None:
+    """In the forked child: become what `python -m <module> <argv>` would be and run it (a twin's __main__ trains
+    and ends the process itself, kit/phases.exit_now)."""
+    from amp_compare.kit.phases import PHASES, exit_now, spawned_at
+
+    code = 1
+    try:
+        sock.close()
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.setsid()  # the harness stops a cell by its process group
+        null = os.open(os.devnull, os.O_RDONLY)
+        for source, target in ((null, 0), (fds[0], 1), (fds[1], 2)):
+            os.dup2(source, target)
+        for fd in (null, *fds):
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = request["argv"]
+        PHASES.restart(spawned_at())
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - a crash is the cell's, reported as `python -m` would
+        traceback.print_exc()
+    finally:
+        exit_now(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
