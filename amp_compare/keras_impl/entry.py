@@ -9,3 +9,4 @@ import sys
 sys.modules.setdefault("sklearn", None)
 
 TRAIN_MODULE = "amp_compare.keras_impl.train"
+PRELOAD = ()  # lazily imported by every cell beyond what kit/zygote.py imports for every twin

@@ -48,13 +48,27 @@ def main(argv: list[str]) -> int:
     os._exit(0)  # nothing to write or free: the interpreter's shutdown of a framework only costs the harness time
 
 
+# What every child imports lazily whatever its twin: pyarrow's Parquet writer (its records), pydantic's types
+# (its RunConfig, read from config.json)
+COMMON_PRELOAD = ("pyarrow.parquet", "pydantic.types")
+
+
 def preload(module: str) -> None:
     """Import what every child of `module` imports: a twin package's entry (keras_impl/entry.py: what to leave
-    out) and its training module, framework included. A module that is no such package preloads nothing."""
+    out), its training module, framework included, and what its cells import later (entry.PRELOAD). Of a module
+    that is no such package, only COMMON_PRELOAD."""
+    for name in COMMON_PRELOAD:
+        importlib.import_module(name)
     spec = importlib.util.find_spec(module)  # the module itself is not run: that is each child's
     if spec is None or spec.submodule_search_locations is None or importlib.util.find_spec(f"{module}.entry") is None:
         return
-    importlib.import_module(importlib.import_module(f"{module}.entry").TRAIN_MODULE)
+    entry = importlib.import_module(f"{module}.entry")
+    importlib.import_module(entry.TRAIN_MODULE)
+    for name in entry.PRELOAD:  # what every cell imports later, lazily (optional libraries where installed)
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
 
 
 def serve(sock: socket.socket, module: str) -> None:

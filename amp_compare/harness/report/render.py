@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -496,22 +497,47 @@ def _split_packages(rows: list) -> tuple[list, list]:
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None,
           device: str = "cpu") -> list:
-    """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both)."""
+    """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both), drawn by
+    two processes where the machine has two cores (each figure's own file; they come back in page order)."""
     from amp_compare.harness.report import figures as fg
     from amp_compare.harness.report.forest import make_forest_figure
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
     headroom = tables.get("headroom", pd.DataFrame())
-    drawn = [*fg.make_figures(runs, epochs, steps, out, device),
-             fg.make_underflow_figure(underflow, out) if not underflow.empty else None,
-             fg.make_headroom_figure(headroom, runs, out) if not headroom.empty else None,  # the vit
-             fg.make_gradient_histogram_figure(underflow, out) if not underflow.empty else None,
-             fg.make_max_batch_figure(maxbatch, out) if not maxbatch.empty else None,
-             fg.make_time_to_accuracy_figure(runs, epochs, acc_stats, out),
-             make_forest_figure(seeds, out, sorted(set(runs.loc[fp8_report.speed_emulated(runs["precision"], device),
-                                                                "precision"])))]
+    tasks = [(fg.make_figures, (runs, epochs, steps, out, device)),
+             (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
+             (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
+             (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
+             (fg.make_max_batch_figure, (maxbatch, out)) if not maxbatch.empty else None,
+             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out)),
+             (make_forest_figure, (seeds, out, sorted(set(runs.loc[fp8_report.speed_emulated(
+                 runs["precision"], device), "precision"]))))]
+    drawn = []
+    for made in _in_parallel([t for t in tasks if t]):
+        drawn += made if isinstance(made, list) else [made]
     return [f for f in drawn if f]
+
+
+def _themed(fn, args):
+    """One figure task in a drawing process: the page's seaborn theme first (figures.make_figures sets it too)."""
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    return fn(*args)
+
+
+def _in_parallel(tasks: list) -> list:
+    """Each (function, args) task's result, in order: on two forked processes where two CPUs are free to this
+    process (rendering runs after the last cell, so nothing is timed meanwhile), else one after another."""
+    if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2:
+        return [_themed(fn, args) for fn, args in tasks]
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(_themed, fn, args) for fn, args in tasks]
+        return [f.result() for f in futures]
 
 
 def _evidence(manifest: dict) -> dict:
