@@ -65,7 +65,8 @@ def test_a_lasting_change_is_kept_and_no_normal_check_is_a_stall():
 def test_drift_is_judged_between_checks_after_the_same_framework():
     """A check reads higher after TensorFlow cells than after PyTorch ones (6.3 vs 3.8 ms): that alternation is
     the check's, not the machine's, so it is no typical move and no cell's window mixes the two."""
-    cells = [f"{fw}-simple_cnn-digits-{p}-s0" for p in ("fp32", "fp16", "bf16", "fp16-static") for fw in ("torch", "tf")]
+    cells = [f"{fw}-simple_cnn-digits-{p}-s0" for p in ("fp32", "fp16", "bf16", "fp16-static")
+             for fw in ("torch", "tf")]
     series = [3.8] + [3.8 if c.startswith("torch") else 6.3 for c in cells]
     d = drift.drift_of(env(series, cells))
     assert d.step == pytest.approx(0.0)

@@ -226,9 +226,10 @@ def describe(environment: dict) -> str | None:
     by_framework = any(d.frameworks)
     return (f"Machine drift: {len(d.ms)} calibration checks, {where}, in the parent process while no cell ran; "
             f"each check times {ROUNDS} rounds of {REPS_PER_ROUND} products of a fixed {SIZE}×{SIZE} float32 matmul "
-            f"and reads its median round. The median check took {d.median_ms:.1f} ms.{_stalls_sentence(d)} The "
-            f"other checks read {d.low_ms:.1f}–{d.high_ms:.1f} ms; their robust spread (median absolute deviation) "
-            f"was a factor of {np.exp(d.spread):.2f} and the machine typically moved by a factor of "
+            f"and reads its median round. The median check took {d.median_ms:.1f} ms.{_stalls_sentence(d)} "
+            f"{'The other checks' if d.stall.any() else 'The checks'} read {d.low_ms:.1f}–{d.high_ms:.1f} ms; "
+            f"their robust spread (median absolute deviation) was a factor of {np.exp(d.spread):.2f} and the "
+            "machine typically moved by a factor of "
             f"{np.exp(d.step):.2f} from one check to the next"
             + (" of the same framework (a check's level depends on which framework's cell ran before it, so "
                "only checks after the same framework's cells are compared)" if by_framework else "")
