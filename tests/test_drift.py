@@ -172,3 +172,12 @@ def test_a_time_ratio_quotes_its_drift_note_the_same_way_round():
     speed = drift.seed_note(d, [("a", "c", 0.6, 0)], 0.6)
     time = drift.seed_note(d, [("a", "c", 0.6, 0)], 0.6, time=True)
     assert "seed 0: 0.60× within" in speed and "seed 0: 1.67× within" in time  # the time ratio is 1 / 0.6
+
+
+def test_the_forest_rows_of_a_stalled_seed_say_so():
+    from amp_compare.harness.report.per_seed import seed_table
+
+    runs, environment = lab_run()
+    seeds = seed_table(runs, None, environment)
+    # the 316 ms check came after fp32 seed 0 and before fp32 seed 1 (this table's order): both seeds are named
+    assert set(seeds.loc[seeds["stalled"], "seed"]) == {0, 1} and not seeds.loc[seeds["seed"] == 2, "stalled"].any()
