@@ -6,11 +6,11 @@ A VM changes speed by itself: 40 back-to-back checks in an idle process read 3.9
 
 - the run's level is the median of the checks, its spread their median absolute deviation (MAD, on the log
   scale, times 1.4826: a standard deviation that a few odd checks do not move);
-- a check far above that median (STALL times it, or STALL_MADS robust spreads above it, whichever is further) is
-  a stall: the machine stopped for a while, and the cells either side of that check (the one it followed, the one
-  that followed it) may have stalled with it. Their ratios are not supported (stall_note names the cell and asks
-  for a re-run); a stall never counts as the machine's level (it is not set aside as a harmless hiccup, and a
-  normal check is never set aside because its neighbours moved);
+- a check far above that median (STALL times it, or STALL_MADS typical check-to-check moves above it, whichever
+  is further) is a stall: the machine stopped for a while, and the cells either side of that check (the one it
+  followed, the one that followed it) may have stalled with it. Their ratios are not supported (stall_note names
+  the cell and asks for a re-run); a stall never counts as the machine's level (it is not set aside as a harmless
+  hiccup, and a normal check is never set aside because its neighbours moved);
 - a check reads the machine after some framework's cell, and its level depends on that framework (a check read
   higher after TensorFlow cells than after PyTorch ones), so drift is judged only between checks that follow
   cells of the same framework: how far the machine moves (`step`) is the MAD of the changes from one such check to
@@ -80,6 +80,7 @@ class Drift:
     spread: float  # MAD of the log checks x 1.4826: their robust relative spread
     step: float  # MAD of the log changes between successive checks after one framework's cells x 1.4826
     stall: np.ndarray  # per check: True where it is a stall (far above the median)
+    stall_factor: float = STALL  # a check above the median times this is a stall
 
     @property
     def floor(self) -> float:
@@ -89,7 +90,7 @@ class Drift:
     @property
     def stall_limit_ms(self) -> float:
         """Checks above this are stalls."""
-        return self.median_ms * max(STALL, float(np.exp(STALL_MADS * self.spread)))
+        return self.median_ms * self.stall_factor
 
     @property
     def kept(self) -> np.ndarray:
@@ -158,10 +159,13 @@ def drift_of(environment: dict) -> Drift | None:
     whens = [str(c.get("when", "")) for c in checks]
     logs = np.log(ms)
     median, spread = float(np.median(ms)), _log_mad(logs)
-    stall = ms > median * max(STALL, float(np.exp(STALL_MADS * spread)))
     fws = [framework_of(followed(w)) for w in whens]
+    # the limit scales with the typical move (robust to the stalls it is to find), not with the level's spread: a
+    # machine that runs at two levels has a wide spread, yet a check 8x its median is still a stall
+    rough = _step(logs, fws, np.zeros(ms.size, bool)) if ms.size > 2 else 0.0
+    stall = ms > median * max(STALL, float(np.exp(STALL_MADS * rough)))
     step = _step(logs, fws, stall) if ms.size > 2 else 0.0
-    return Drift(ms, whens, median, spread, step, stall)
+    return Drift(ms, whens, median, spread, step, stall, max(STALL, float(np.exp(STALL_MADS * rough))))
 
 
 def stall_note(drift: Drift | None, cells: list[str]) -> str:

@@ -286,10 +286,13 @@ def _same_epoch(group: pd.DataFrame) -> str:
             and all(r.split("/")[0] == r.split("/")[1] for r in group["reached"])):
         return ""
     n = int(epochs.pop()) + 1
+    fws = set(group["framework"]) if "framework" in group else set()
+    words = (("keras", "Keras traces and compiles its step"), ("torch", "PyTorch makes its first calls"))
+    where = [w for fw, w in words if any((f != "torch") == (fw == "keras") for f in fws)]
     return (f" Every cell reached it at the end of epoch {n} of its run (counting from 1), so each time is that "
             f"cell's training time over its first {n} epoch{'s' if n != 1 else ''}, first-step and warm-up time "
-            "included (where Keras traces and compiles its step, and PyTorch makes its first calls): they differ as "
-            "the whole training time does, which the timed steps' speed alone does not give.")
+            f"included{' (where ' + ', and '.join(where) + ')' if where else ''}: they differ as the whole training "
+            "time does, which the timed steps' speed alone does not give.")
 
 
 def scaling_findings(groups: Groups, runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
