@@ -461,8 +461,9 @@ def legend(table: pd.DataFrame) -> str:
     unresolved = "memory_resolved" in table and (table["memory_resolved"] == 0).any()
     return ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
             "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
-            "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine's drift next "
-            "to its cells could explain it; or an accuracy change the run is too short to judge; the findings say "
+            "too wide or includes 1×, it has none, it rests on one seed (speed, time to target), one of its cells "
+            "ran next to a stall of the machine, too few steps were timed or the machine's drift next to its cells "
+            "could explain it; or an accuracy change the run is too short to judge; the findings say "
             f"which. Each bracket names its kind: {brackets}a 95% interval and how it was made, or an exact bound; "
             "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
             "n/a: not measured, or not applicable (a mode without a loss scaler skips no step)."
