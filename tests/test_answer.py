@@ -74,8 +74,12 @@ def test_one_seed_and_a_speed_budget_say_what_a_full_measurement_needs(tmp_path)
     _set(run_dir, "torch-*-fp16-*", budget_steps=40, budget_reason="first steps over 5× fp32's")
     (torch,) = _answers(run_dir)
     fp16, bf16 = torch.parts
-    assert "(95% interval from seed 0's timed steps only; how it varies between seeds is unknown, --seeds 0,1,2 " \
-           "measures that)" in bf16.speed
+    # one seed: its interval is one cell pair's step noise, said beside it, in three significant digits; never
+    # a verdict free of ⚠, and the advice is more seeds, not "the seeds' ratios disagree"
+    assert bf16.speed.startswith("1.30× fp32's speed in seed 0 [") and "(95% interval of the step-to-step noise " \
+        "within seed 0's two cells only; how the ratio varies between seeds is unknown) ⚠ one seed" in bf16.speed
+    assert bf16.verdict == "undecided" and bf16.decide == "one seed: run with --seeds 0,1,2"
+    assert fp16.speed.startswith("0.120× fp32's speed in seed 0 [0.1") and "disagree" not in fp16.decide
     assert fp16.budget == ("its speed was measured over 40 steps only (speed budget: first steps over 5× fp32's); "
                            "--no-speed-budget measures it in full")
 

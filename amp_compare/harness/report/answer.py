@@ -21,13 +21,15 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import stats
+from amp_compare.harness.report.cell_text import ratio_number
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
 # What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
-DECIDE = {"machine drift": "benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so the "
+DECIDE = {"stalled": "a re-run of the stalled cell named beside it",
+          "machine drift": "benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so the "
                            "machine's drift cancels)",
           "noisy": "more seeds (--seeds 0,1,2,3,4): the seeds' ratios disagree",
-          "one seed": "--seeds 0,1,2 (one seed gives no seed-to-seed spread)",
+          "one seed": "one seed: run with --seeds 0,1,2",
           "too few": "more timed steps per cell (more --epochs or --steps-per-epoch)",
           "no ": "more timed steps or --seeds 0,1,2"}
 FORMAT_FLAGS = {"float16": ("cpu_fp16_hardware", "avx512_fp16/amx_fp16", "float16 arithmetic"),
@@ -63,19 +65,24 @@ def _speed_text(r, seeds: pd.DataFrame) -> str:
         return (f"{r.speedup_vs_fp32:.2f}× fp32's speed in every seed ("
                 + ", ".join(f"{v:.2f}×" for v in ratios) + ")")
     if not np.isfinite(r.speed_low):
-        return f"{r.speedup_vs_fp32:.2f}× fp32's speed (no interval)"
-    kind = (f"95% t-interval over {int(r.speed_seeds)} seeds" if r.speed_basis == "seeds" else
-            f"95% interval from seed {int(seeds['seed'].iloc[0]) if len(seeds) else 0}'s timed steps only")
+        return f"{ratio_number(r.speedup_vs_fp32, r.speed_basis)}× fp32's speed (no interval)"
+    if r.speed_basis == "steps":  # one seed: its interval says nothing of other seeds
+        seed = int(seeds["seed"].iloc[0]) if len(seeds) else 0
+        return (f"{ratio_number(r.speedup_vs_fp32, 'steps')}× fp32's speed in seed {seed} "
+                f"[{ratio_number(r.speed_low, 'steps')}–{ratio_number(r.speed_high, 'steps')}] (95% interval of the "
+                f"step-to-step noise within seed {seed}'s two cells only; how the ratio varies between seeds is "
+                "unknown)")
     every = " in every seed" if len(ratios) >= 2 and ((ratios > 1).all() or (ratios < 1).all()) else ""
-    one = "; how it varies between seeds is unknown, --seeds 0,1,2 measures that" if r.speed_basis == "steps" else ""
-    return f"{r.speedup_vs_fp32:.2f}× fp32's speed{every} [{r.speed_low:.2f}–{r.speed_high:.2f}] ({kind}{one})"
+    return (f"{r.speedup_vs_fp32:.2f}× fp32's speed{every} [{r.speed_low:.2f}–{r.speed_high:.2f}] "
+            f"(95% t-interval over {int(r.speed_seeds)} seeds)")
 
 
 def _verdict(r) -> tuple[str, str]:
     """(verdict, what would decide it) from the speed ratio's note and interval."""
     note = r.speed_note or ""
     if note:
-        return "undecided", next((v for k, v in DECIDE.items() if note.startswith(k)), DECIDE["noisy"])
+        fallback = DECIDE["one seed"] if r.speed_seeds == 1 else DECIDE["noisy"]
+        return "undecided", next((v for k, v in DECIDE.items() if note.startswith(k)), fallback)
     if np.isfinite(r.speed_low) and (r.speed_low > 1 or r.speed_high < 1):
         return ("faster" if r.speedup_vs_fp32 > 1 else "slower"), ""
     return "no difference", ""

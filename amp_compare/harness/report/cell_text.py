@@ -26,10 +26,11 @@ def short_accuracy_text(r) -> str:
 
 
 def interval_kind(basis: str, seeds) -> str:
-    """What a ratio's bracket is, said inside it: "95% t over 3 seeds" or "95% batch means, one seed"."""
+    """What a ratio's bracket is, said inside it: "95% t over 3 seeds", or with one seed that it covers the noise
+    between that seed's steps only (batch means), not how the ratio varies from seed to seed."""
     if basis == "seeds":
         return f"95% t over {int(seeds)} seeds"
-    return "95% batch means, one seed" if basis == "steps" else "95%"
+    return "95% batch means: step-to-step noise within one seed's two cells only" if basis == "steps" else "95%"
 
 
 def accuracy_interval_kind(test) -> str:
@@ -39,3 +40,13 @@ def accuracy_interval_kind(test) -> str:
         return "exact 95% bound"
     return "95% bootstrap" if test.startswith("paired bootstrap") else "95% exact" if test.startswith("McNemar") \
         else "95%"
+
+
+def ratio_number(value: float, basis: str = "seeds") -> str:
+    """A speed ratio's number: three significant digits where it rests on one seed's steps ("0.162"), so a
+    narrow one-seed interval does not print as "0.16–0.16"; two decimals otherwise."""
+    if not np.isfinite(value) or value <= 0:
+        return "n/a"
+    if basis != "steps":
+        return f"{value:.2f}"
+    return f"{value:.{max(0, 2 - int(np.floor(np.log10(value))))}f}"

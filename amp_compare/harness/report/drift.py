@@ -2,25 +2,29 @@
 whether that drift could explain a speed ratio.
 
 A VM changes speed by itself: 40 back-to-back checks in an idle process read 3.9 ms for 15 checks, then
-5.3-6.2 ms; one check in 25 may hit a 31 ms hiccup. Taking the worst check (or max/min of all of them) then
-marks every ratio of every run. So:
+5.3-6.2 ms. Taking the worst check (or max/min of all of them) then marks every ratio of every run. So:
 
-- an isolated hiccup (a check far from both of its neighbours, which agree with each other) is set aside
-  (replaced by its neighbours' mean); a lasting change is kept;
 - the run's level is the median of the checks, its spread their median absolute deviation (MAD, on the log
-  scale, times 1.4826: a standard deviation that one odd check does not move);
-- how far the machine moves over one cell's time, seen or unseen (a cell runs between two checks), is the
-  MAD of the changes from one check to the next (`step`), a lasting jump counting once;
-- each cell is judged against its neighbouring checks, the one before it and the one after it. Between a
-  mixed cell and the fp32 cell it is compared with, the machine alone could have produced any speed ratio
-  from the lowest to the highest quotient of their neighbouring checks (1 included), widened by
+  scale, times 1.4826: a standard deviation that a few odd checks do not move);
+- a check far above that median (STALL times it, or STALL_MADS typical check-to-check moves above it, whichever
+  is further) is a stall: the machine stopped for a while, and the cells either side of that check (the one it
+  followed, the one that followed it) may have stalled with it. Their ratios are not supported (stall_note names
+  the cell and asks for a re-run); a stall never counts as the machine's level (it is not set aside as a harmless
+  hiccup, and a normal check is never set aside because its neighbours moved);
+- a check reads the machine after some framework's cell, and its level depends on that framework (a check read
+  higher after TensorFlow cells than after PyTorch ones), so drift is judged only between checks that follow
+  cells of the same framework: how far the machine moves (`step`) is the MAD of the changes from one such check to
+  the next; a cell's neighbouring checks are the one after it and the one before it where that one follows a cell
+  of the same framework;
+- between a mixed cell and the fp32 cell it is compared with, the machine alone could have produced any speed
+  ratio from the lowest to the highest quotient of their neighbouring checks (1 included), widened by
   K_STEPS x step either way: that is the seed's drift band.
 
 A speed ratio is supported against drift when every seed's ratio lies outside its band; otherwise its ⚠ note
 names the seeds whose band holds their ratio (seeds that disagree on the side of 1 leave the interval
-including 1: stats.ratio_verdict marks that). The check (a numpy matmul in the
-parent) measures the machine between cells, not a cell's own kernels: the band bounds what a machine-wide
-slowdown of the size seen could do, nothing more.
+including 1: stats.ratio_verdict marks that). The check (a numpy matmul in the parent) measures the machine
+between cells, not a cell's own kernels: the band bounds what a machine-wide slowdown of the size seen could do,
+nothing more.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from amp_compare.contract.config import FRAMEWORKS
 from amp_compare.harness.common import SIZE
+from amp_compare.harness.run.calibrate import REPS_PER_ROUND, ROUNDS
 
 MAD_TO_SD = 1.4826  # MAD x this estimates a normal standard deviation
 K_STEPS = 3.0  # a band is the neighbouring checks' change widened by this many typical check-to-check moves
-HICCUP = 1.5  # a check this many times off both of its neighbours, which agree within it, is a hiccup
+STALL = 3.0  # a check this many times the run's median check is a stall (normal VM drift stayed within 1.7x)...
+STALL_MADS = 5.0  # ...or this many robust spreads above the median, whichever is further
 
 
 def checks_of(environment: dict) -> list[dict]:
@@ -50,31 +57,30 @@ def checks_of(environment: dict) -> list[dict]:
     return out
 
 
-def smoothed(ms: np.ndarray) -> np.ndarray:
-    """The checks with each isolated hiccup replaced by its neighbours' mean: a check off both of its neighbours by
-    more than HICCUP while they agree with each other within it. A lasting change, or a machine jumping about,
-    is kept as it was recorded."""
-    level = ms.astype(float).copy()
-    odd = np.zeros(ms.size, bool)
-    for i in range(1, ms.size - 1):
-        a, m, b = ms[i - 1], ms[i], ms[i + 1]
-        odd[i] = max(a, b) / min(a, b) <= HICCUP and min(max(m / a, a / m), max(m / b, b / m)) > HICCUP
-    for i in np.flatnonzero(odd):
-        if not odd[i - 1] and not odd[i + 1]:  # isolated: a machine that alternates is drifting, not hiccupping
-            level[i] = (ms[i - 1] + ms[i + 1]) / 2
-    return level
+def followed(when: str) -> str:
+    """The cell a check followed ("after <cell-id>"), "" for the check before the matrix (or an old record)."""
+    return when[len("after "):] if when.startswith("after ") else ""
+
+
+def framework_of(cell_id: str) -> str:
+    """The framework a cell id starts with (contract/config.py names cells "<framework>-<model>-…"), "" if none."""
+    return next((f for f in sorted(FRAMEWORKS, key=len, reverse=True) if cell_id.startswith(f + "-")), "")
+
+
+def _log_mad(values: np.ndarray) -> float:
+    return MAD_TO_SD * float(np.median(np.abs(values - np.median(values)))) if values.size else 0.0
 
 
 @dataclass
 class Drift:
     """The machine's drift over a run, from its calibration checks (milliseconds, time order)."""
     ms: np.ndarray  # as recorded
-    level: np.ndarray  # hiccups set aside (smoothed)
     whens: list[str]  # each check's "when" ("before the matrix", "after <cell-id>", …)
     median_ms: float
     spread: float  # MAD of the log checks x 1.4826: their robust relative spread
-    step: float  # MAD of the log check-to-check changes x 1.4826: how far the machine moves over one cell
-    hiccups: list[float]  # the checks set aside, in ms
+    step: float  # MAD of the log changes between successive checks after one framework's cells x 1.4826
+    stall: np.ndarray  # per check: True where it is a stall (far above the median)
+    stall_factor: float = STALL  # a check above the median times this is a stall
 
     @property
     def floor(self) -> float:
@@ -82,9 +88,14 @@ class Drift:
         return K_STEPS * self.step
 
     @property
+    def stall_limit_ms(self) -> float:
+        """Checks above this are stalls."""
+        return self.median_ms * self.stall_factor
+
+    @property
     def kept(self) -> np.ndarray:
-        """The checks as recorded, hiccups left out."""
-        return np.array([m for m in self.ms if m not in self.hiccups])
+        """The checks that read the machine's level (stalls left out)."""
+        return self.ms[~self.stall]
 
     @property
     def low_ms(self) -> float:
@@ -94,14 +105,31 @@ class Drift:
     def high_ms(self) -> float:
         return float(self.kept.max())
 
+    @property
+    def frameworks(self) -> list[str]:
+        """Per check, the framework of the cell it followed ("" before the matrix)."""
+        return [framework_of(followed(w)) for w in self.whens]
+
+    def stalled_cells(self) -> dict[str, float]:
+        """Each cell next to a stall (the cell the stalled check followed, and the next one) -> that check's ms."""
+        out: dict[str, float] = {}
+        cells = [followed(w) for w in self.whens] + [""]
+        for i in np.flatnonzero(self.stall):
+            for cell in (cells[i], cells[i + 1]):
+                if cell:
+                    out[cell] = max(out.get(cell, 0.0), float(self.ms[i]))
+        return out
+
     def window(self, cell_id: str) -> list[float]:
-        """A cell's neighbouring checks (the one before it, the one after it; hiccups set aside); every check
-        where the records do not say which check followed the cell."""
+        """A cell's neighbouring checks: the one after it, and the one before it where that one follows a cell of
+        the same framework (stalls left out: stall_note speaks for them); every kept check where the records do
+        not say which check followed the cell."""
         name = f"after {cell_id}"
-        if name in self.whens:
-            i = self.whens.index(name)
-            return [float(v) for v in self.level[max(i - 1, 0):i + 1]]
-        return [float(v) for v in self.level]
+        if name not in self.whens:
+            return [float(v) for v in self.kept]
+        i, fws = self.whens.index(name), self.frameworks
+        near = [j for j in (i - 1, i) if j >= 0 and not self.stall[j] and (j == i or fws[j] == fws[i])]
+        return [float(self.ms[j]) for j in near] or [float(v) for v in self.kept]
 
     def band(self, fp32_cell: str, mixed_cell: str) -> tuple[float, float]:
         """The speed ratios (mixed over fp32) the machine's drift alone could have produced between these two
@@ -112,31 +140,59 @@ class Drift:
         return min(quotients) / widen, max(quotients) * widen
 
 
+def _step(logs: np.ndarray, fws: list[str], stall: np.ndarray) -> float:
+    """The typical move between successive kept checks that follow cells of the same framework (every successive
+    pair where no check names its cell's framework)."""
+    moves = []
+    for fw in dict.fromkeys(fws) if any(fws) else [None]:
+        seq = logs[[j for j, f in enumerate(fws) if not stall[j] and (fw is None or (f == fw and f))]]
+        moves += list(np.abs(np.diff(seq)))
+    return MAD_TO_SD * float(np.median(moves)) if moves else 0.0
+
+
 def drift_of(environment: dict) -> Drift | None:
     """The run's drift from its checks (None: fewer than two checks recorded)."""
     checks = checks_of(environment)
     if len(checks) < 2:
         return None
     ms = np.array([float(c["ms"]) for c in checks])
-    level = smoothed(ms)
-    hiccups = [float(m) for m, s in zip(ms, level) if m != s]
-    logs = np.log(level)
-    spread = MAD_TO_SD * float(np.median(np.abs(logs - np.median(logs))))
-    step = MAD_TO_SD * float(np.median(np.abs(np.diff(np.log(ms))))) if ms.size > 2 else 0.0
-    return Drift(ms, level, [str(c.get("when", "")) for c in checks], float(np.median(ms)), spread, step, hiccups)
+    whens = [str(c.get("when", "")) for c in checks]
+    logs = np.log(ms)
+    median, spread = float(np.median(ms)), _log_mad(logs)
+    fws = [framework_of(followed(w)) for w in whens]
+    # the limit scales with the typical move (robust to the stalls it is to find), not with the level's spread: a
+    # machine that runs at two levels has a wide spread, yet a check 8x its median is still a stall
+    rough = _step(logs, fws, np.zeros(ms.size, bool)) if ms.size > 2 else 0.0
+    stall = ms > median * max(STALL, float(np.exp(STALL_MADS * rough)))
+    step = _step(logs, fws, stall) if ms.size > 2 else 0.0
+    return Drift(ms, whens, median, spread, step, stall, max(STALL, float(np.exp(STALL_MADS * rough))))
 
 
-def seed_note(drift: Drift | None, pairs: list[tuple[str, str, float, int]], ratio: float) -> str:
-    """"" when drift cannot explain `ratio` (the geometric mean of the seeds' ratios): no seed's ratio lies inside
-    its band. Otherwise the ⚠ note, naming the seeds whose drift could explain theirs. pairs: (fp32 cell, mixed
-    cell, that seed's ratio, seed). Seeds on both sides of 1 are the interval's concern (stats.ratio_verdict)."""
+def stall_note(drift: Drift | None, cells: list[str]) -> str:
+    """"" unless one of `cells` (a ratio's fp32 and mixed cells, every seed) ran next to a stall; then the ⚠ note
+    naming each such cell and the check that caught the stall, and asking for a re-run of it."""
+    stalled = drift.stalled_cells() if drift is not None else {}
+    hit = {c: stalled[c] for c in dict.fromkeys(cells) if c in stalled}
+    if not hit:
+        return ""
+    which = "; ".join(f"{c} ran next to a calibration check of {ms:,.0f} ms" for c, ms in hit.items())
+    return (f"stalled cell: {which} (the run's median check: {drift.median_ms:.1f} ms): the machine stalled "
+            f"there, so this ratio is not supported; re-run {'that cell' if len(hit) == 1 else 'those cells'}")
+
+
+def seed_note(drift: Drift | None, pairs: list[tuple[str, str, float, int]], ratio: float, time: bool = False) -> str:
+    """"" when drift cannot explain `ratio` (the geometric mean of the seeds' speed ratios): no seed's ratio lies
+    inside its band. Otherwise the ⚠ note, naming the seeds whose drift could explain theirs. pairs: (fp32 cell,
+    mixed cell, that seed's speed ratio, seed). Seeds on both sides of 1 are the interval's concern
+    (stats.ratio_verdict). time: the note sits beside a time ratio (mixed's time over fp32's, the inverse of the
+    speed ratio), so it quotes each seed's ratio and band that way round too."""
     if drift is None or not np.isfinite(ratio) or not pairs:
         return ""
     inside = []
     for a, b, r, seed in pairs:
         low, high = drift.band(a, b)
         if np.isfinite(r) and low <= r <= high:  # a seed beyond its band on 1's other side is the interval's case
-            inside.append((seed, r, low, high))
+            inside.append((seed, 1 / r, 1 / high, 1 / low) if time else (seed, r, low, high))
     if not inside:
         return ""
     seeds = ", ".join(f"seed {s}: {r:.2f}× within {lo:.2f}–{hi:.2f}×" for s, r, lo, hi in inside)
@@ -144,12 +200,24 @@ def seed_note(drift: Drift | None, pairs: list[tuple[str, str, float, int]], rat
 
 
 def run_note(environment: dict, limit: float) -> str:
-    """A run-wide note where the machine's level (hiccups set aside) moved by more than `limit` over the run
+    """A run-wide note where the machine's level (stalls left out) moved by more than `limit` over the run
     ("" otherwise): for comparisons of cells that the per-seed bands do not cover."""
     d = drift_of(environment)
     if d is None or d.high_ms / d.low_ms - 1 <= limit:
         return ""
     return f"machine speed changed by {d.high_ms / d.low_ms - 1:.0%} between cells"
+
+
+def _stalls_sentence(d: Drift) -> str:
+    if not d.stall.any():
+        return ""
+    values = ", ".join(f"{m:,.0f}" for m in d.ms[d.stall])
+    cells = ", ".join(d.stalled_cells())
+    n = int(d.stall.sum())
+    return (f" {n} check{'s' if n != 1 else ''} ({values} ms) read more than {d.stall_limit_ms / d.median_ms:.1f}× "
+            f"the median: the machine stalled there, so the cells next to {'them' if n != 1 else 'it'} ({cells}) "
+            "may have stalled too; their ratios are marked ⚠ and those cells should be re-run. Stalls are left "
+            "out of the level below.")
 
 
 def describe(environment: dict) -> str | None:
@@ -158,15 +226,17 @@ def describe(environment: dict) -> str | None:
     if d is None:
         return None
     listed = isinstance(environment.get("calibrations"), list) and environment["calibrations"]
-    where = (f"{len(d.ms)} times, before the matrix and after each cell" if listed else
-             "before and after the matrix")
-    set_aside = (f"; {len(d.hiccups)} isolated hiccup{'s' if len(d.hiccups) != 1 else ''} "
-                 f"({', '.join(f'{h:.1f}' for h in d.hiccups)} ms) set aside" if d.hiccups else "")
-    return (f"Machine drift: a fixed {SIZE}×{SIZE} float32 matmul, timed {where}, took a median {d.median_ms:.1f} ms, "
-            f"{d.low_ms:.1f}–{d.high_ms:.1f} ms over the run{set_aside}; its robust spread (median absolute "
-            f"deviation) was a factor of {np.exp(d.spread):.2f} and it typically moved by a factor of "
-            f"{np.exp(d.step):.2f} "
-            f"from one check to the next. A speed ratio is marked ⚠ for drift only where, in some seed, the change "
-            f"between the checks next to its two cells, widened {K_STEPS:.0f} typical moves either way (a factor of "
-            f"{np.exp(d.floor):.2f}), "
+    where = "before the matrix and after each cell" if listed else "before and after the matrix"
+    by_framework = any(d.frameworks)
+    return (f"Machine drift: {len(d.ms)} calibration checks, {where}, in the parent process while no cell ran; "
+            f"each check times {ROUNDS} rounds of {REPS_PER_ROUND} products of a fixed {SIZE}×{SIZE} float32 matmul "
+            f"and reads its median round. The median check took {d.median_ms:.1f} ms.{_stalls_sentence(d)} "
+            f"{'The other checks' if d.stall.any() else 'The checks'} read {d.low_ms:.1f}–{d.high_ms:.1f} ms; "
+            f"their robust spread (median absolute deviation) was a factor of {np.exp(d.spread):.2f} and the "
+            "machine typically moved by a factor of "
+            f"{np.exp(d.step):.2f} from one check to the next"
+            + (" of the same framework (a check's level depends on which framework's cell ran before it, so "
+               "only checks after the same framework's cells are compared)" if by_framework else "")
+            + f". A speed ratio is marked ⚠ for drift only where, in some seed, the change between the checks next "
+            f"to its two cells, widened {K_STEPS:.0f} typical moves either way (a factor of {np.exp(d.floor):.2f}), "
             "could have produced it; a ratio outside that band in every seed stands on this machine.")

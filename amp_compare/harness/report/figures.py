@@ -23,6 +23,7 @@ from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_or
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory  # noqa: E402
 from amp_compare.harness.report.tables import (  # noqa: E402
+    LOOP,
     memory_statistics,
     ok_runs,
     seed_counts_text,
@@ -215,12 +216,14 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
                         spread: str, sweep_note: str) -> list[Figure]:
     """The Speed section: throughput per precision and the step-time distribution."""
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
-               "Training throughput", "speedup_vs_fp32", "{:.2f}×"), out_dir, "throughput")
+               "Training throughput", "speed_label", "{}"), out_dir, "throughput")
     figures = [Figure("throughput", "speed", "Training throughput by precision",
                       "Images per second over the wall time of the timed steps (warm-up excluded): what a "
-                      "user's epoch takes. The label on each bar is the speed-up against the same framework's "
-                      "fp32 (the geometric mean over seeds of each seed's ratio). Above 1× mixed precision helped; "
-                      "below 1× it cost time." + spread + sweep_note,
+                      "user's epoch takes. A bar's height is the median over seeds of its cells' images/s; the "
+                      "label above it is not the quotient of two bars but the summary table's speed ratio against "
+                      "the same framework's fp32 (the geometric mean over seeds of each seed's ratio), with the "
+                      "table's ⚠ where the run does not support it. Above 1× mixed precision helped; below 1× it "
+                      "cost time." + spread + sweep_note,
                       "Bar chart of training images per second for each framework and precision mode.")]
     if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
         timed = _labelled(steps[~steps["warmup"]])
@@ -325,15 +328,31 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    "of each framework.")]
 
 
+def speed_labels(table: pd.DataFrame, notes: pd.DataFrame | None) -> pd.Series:
+    """Each bar's speed-ratio label as the summary table prints it: the ratio, and ⚠ where the table marks it
+    (notes: the full table's speed_note per row; tables.full_table)."""
+    labels = pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
+                       index=table.index)
+    if notes is None or notes.empty or "speed_note" not in notes:
+        return labels
+    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]
+    flagged = set(notes.loc[notes["speed_note"].fillna("").astype(str) != "", keys].astype(str).itertuples(
+        index=False, name=None))
+    marked = [r in flagged for r in table[keys].astype(str).itertuples(index=False, name=None)]
+    return labels.where(~(pd.Series(marked, index=table.index) & (labels != "")), labels + " ⚠")
+
+
 def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                 device: str = "cpu") -> list[Figure]:
-    """Draw every figure the data allows into out_dir; return their descriptions in report order."""
+                 device: str = "cpu", notes: pd.DataFrame | None = None) -> list[Figure]:
+    """Draw every figure the data allows into out_dir; return their descriptions in report order. notes: the
+    full table (tables.full_table), whose ⚠ the speed labels repeat."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = summary_table(runs)
     if table.empty:
         return []
     emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
     table.loc[emulated, "speedup_vs_fp32"] = np.nan
+    table["speed_label"] = speed_labels(table, notes)
     full_table = table
     ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
@@ -562,11 +581,13 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     if len(panels) == 1:
         grid.ax.set_title(f"Validation accuracy against training time ({panels[0]})")
     _save(grid.figure, out_dir, "time_to_accuracy")
-    basis = acc["target_basis"].dropna().iloc[0] if acc["target_basis"].notna().any() else ""
-    judged = targets[targets["too_short"] == ""]
-    target_text = (f"The dotted line is the target ({basis}); the first point above it is that cell's time to "
-                   "accuracy. A line that never crosses it did not reach the target — a result, not an error."
-                   if not judged.empty else "No target line: the run is too short to judge accuracy (see the note).")
+    judged = targets[(targets["too_short"] == "") & np.isfinite(targets["target"].astype(float))]
+    bases = [f"{r.panel}: {r.target:.1%}, {r.target_basis}" for r in judged.itertuples()]
+    target_text = ((f"The dotted line is the target ({bases[0].split(': ', 1)[1]})" if len(bases) == 1 else
+                    f"Each panel's dotted line is its own target ({'; '.join(bases)})")
+                   + "; the first point above it is that cell's time to accuracy. A line that never crosses it did "
+                   "not reach the target — a result, not an error." if bases else
+                   "No target line: the run is too short to judge accuracy (see the note).")
     return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
                   f"the training time spent so far. {target_text} Panels: " + "; ".join(panels) + ".",

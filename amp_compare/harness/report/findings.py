@@ -13,7 +13,7 @@ from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report import numerics as nr
-from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark
+from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark, ratio_number
 from amp_compare.harness.report.hardware import ceiling_sentences
 from amp_compare.harness.report.speed import LogLine, slowdown_sentences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
@@ -35,12 +35,14 @@ def speed_text(r) -> str:
     interval does not support it, why."""
     if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED:
         return fp8_report.EMULATED_SPEED
-    text = f"{r.speedup_vs_fp32:.2f}×"
+    basis = getattr(r, "speed_basis", "")
+    text = f"{ratio_number(r.speedup_vs_fp32, basis)}×"
     if np.isfinite(getattr(r, "speed_low", np.nan)):
         seeds = getattr(r, "speed_seeds", 0)
-        values = (f"; seeds {r.speed_min:.2f}–{r.speed_max:.2f}" if getattr(r, "speed_basis", "") == "seeds"
+        values = (f"; seeds {r.speed_min:.2f}–{r.speed_max:.2f}" if basis == "seeds"
                   and 1 < seeds <= 3 and np.isfinite(getattr(r, "speed_min", np.nan)) else "")
-        text += f" [{interval_kind(r.speed_basis, seeds)}: {r.speed_low:.2f}–{r.speed_high:.2f}{values}]"
+        text += (f" [{interval_kind(r.speed_basis, seeds)}: {ratio_number(r.speed_low, basis)}–"
+                 f"{ratio_number(r.speed_high, basis)}{values}]")
     if getattr(r, "speed_note", ""):
         text += f" ⚠ {r.speed_note}"
     return text
@@ -155,7 +157,9 @@ NOTE_KINDS = {"too few": ("too few timed steps", "with more steps per cell"),
                           "with benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so drift "
                           "cancels)"),
               "noisy": ("an interval too wide or including 1×", "with more --repeats"),
-              "one seed": ("one seed and no interval", "with --repeats 3 or more"),
+              "one seed": ("one seed (how the ratio varies between seeds is unknown)", "with --seeds 0,1,2"),
+              "stalled": ("a stalled cell next to them (a calibration check far above the run's median)",
+                          "the stalled cells named beside them"),
               "no ": ("no interval", "with more steps or --repeats")}
 
 
@@ -267,14 +271,28 @@ def time_findings(groups: Groups) -> list[str]:
         first = group.iloc[0]
         parts = [f"{_label(fw)} " + ", ".join(f"{r.precision} {_time_text(r)}" for r in g.itertuples())
                  for fw, g in group.groupby("framework", sort=False)]
-        epochs = set(group["reached_epochs"].fillna(""))
-        same = (f" Every cell reached it in the same epoch ({epochs.pop()}), so these times differ only as the "
-                "training speed does." if len(epochs) == 1 and "," not in next(iter(epochs)) and next(iter(epochs))
-                and all(r.split("/")[0] == r.split("/")[1] for r in group["reached"]) else "")
         out.append(f"{groups.label(key)}, training time to {first.target:.1%} validation accuracy "
                    f"({first.target_basis}; median over seeds, validation excluded): {'; '.join(parts)}."
-                   f"{_notes(group['ttt_note'])}{same}")
+                   f"{_notes(group['ttt_note'])}{_same_epoch(group)}")
     return out
+
+
+def _same_epoch(group: pd.DataFrame) -> str:
+    """Where every cell reached the target in the same epoch: what its times then measure. The records number
+    epochs from 0; a reader counts from 1. A time is all the training up to that epoch's end, so it holds every
+    cell's first-epoch warm-up (Keras traces and compiles its step function there), not only its steady speed."""
+    epochs = set(group["reached_epochs"].fillna(""))
+    if not (len(epochs) == 1 and "," not in next(iter(epochs)) and next(iter(epochs))
+            and all(r.split("/")[0] == r.split("/")[1] for r in group["reached"])):
+        return ""
+    n = int(epochs.pop()) + 1
+    fws = set(group["framework"]) if "framework" in group else set()
+    words = (("keras", "Keras traces and compiles its step"), ("torch", "PyTorch makes its first calls"))
+    where = [w for fw, w in words if any((f != "torch") == (fw == "keras") for f in fws)]
+    return (f" Every cell reached it at the end of epoch {n} of its run (counting from 1), so each time is that "
+            f"cell's training time over its first {n} epoch{'s' if n != 1 else ''}, first-step and warm-up time "
+            f"included{' (where ' + ', and '.join(where) + ')' if where else ''}: they differ as the whole training "
+            "time does, which the timed steps' speed alone does not give.")
 
 
 def scaling_findings(groups: Groups, runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:

@@ -29,10 +29,12 @@ def _draw_panel(ax, part: pd.DataFrame) -> None:
         color = FRAMEWORK_COLORS.get(framework_label(r.framework), "#333")
         if np.isfinite(r.low):
             ax.plot([r.low, r.high], [yi, yi], color=color, linewidth=1.6)
+        stalled = bool(getattr(r, "stalled", False))
         ax.plot([r.ratio], [yi], marker=PRECISION_MARKERS.get(r.precision, "o"), color=color, markersize=6,
-                markerfacecolor=color if r.outside else "white")
+                markerfacecolor=color if r.outside and not stalled else "white")
     ax.axvline(1.0, color="#444", linewidth=0.8)
-    ax.set_yticks(y, [f"{framework_label(r.framework)} {r.precision} · seed {r.seed}" for r in part.itertuples()])
+    ax.set_yticks(y, [f"{framework_label(r.framework)} {r.precision} · seed {r.seed}"
+                      + (" ⚠ stall" if getattr(r, "stalled", False) else "") for r in part.itertuples()])
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}×"))
     ax.set_xlabel("speed vs fp32 of the same seed (log scale)")
@@ -61,7 +63,9 @@ def make_forest_figure(seeds: pd.DataFrame, out_dir: Path, emulated: list[str] |
                   "(none where too few steps were timed). The grey band is the range of ratios the machine's own "
                   "drift could have produced between those two cells: the quotients of the calibration checks next "
                   "to them, widened by three typical check-to-check moves. A filled marker lies outside its band "
-                  "(drift cannot explain it), an open one inside. One panel per model and dataset."
+                  "(drift cannot explain it), an open one inside; \"⚠ stall\" marks a seed whose fp32 or mixed cell "
+                  "ran next to a calibration check far above the run's median (a stall): its ratio is not supported "
+                  "and its marker is open, whatever its band. One panel per model and dataset."
                   + (f" Not drawn: {', '.join(emulated)}, emulated on this CPU (not a speed result)."
                      if emulated else ""),
                   "Forest plot per model: for each framework, precision and seed, a marker at the speed ratio with "

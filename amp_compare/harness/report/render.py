@@ -31,6 +31,7 @@ from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
+from amp_compare.harness.report.cell_text import ratio_number
 from amp_compare.harness.report.findings import finding_parts, interval_method
 from amp_compare.harness.report.per_seed import seed_table
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
@@ -43,6 +44,7 @@ from amp_compare.harness.report.tables import (
     full_table,
     legend,
     seed_counts_text,
+    speed_statistics,
     split_summary,
     summary_table,
 )
@@ -496,7 +498,7 @@ def _split_packages(rows: list) -> tuple[list, list]:
 
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None,
-          device: str = "cpu") -> list:
+          device: str = "cpu", full: pd.DataFrame | None = None) -> list:
     """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both), drawn by
     two processes where the machine has two cores (each figure's own file; they come back in page order)."""
     from amp_compare.harness.report import figures as fg
@@ -505,7 +507,7 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.D
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
     headroom = tables.get("headroom", pd.DataFrame())
-    tasks = [(fg.make_figures, (runs, epochs, steps, out, device)),
+    tasks = [(fg.make_figures, (runs, epochs, steps, out, device, full)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
@@ -629,7 +631,8 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, manifest["device"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
-        "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"], manifest["device"]) if draw else [],
+        "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"], manifest["device"], summary["full"])
+        if draw else [],
         "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps),
         **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs)))),
@@ -698,6 +701,36 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                     (context["data_parallel"] or {}).get("rows"), context["answer_text"])
 
 
+def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
+    """A run's headline in the runs index: each mixed cell's speed ratio as its report prints it, with the
+    report's ⚠ (tables.speed_statistics on the same records), or "emulated" where its time is an emulation's."""
+    table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
+    if table.empty:
+        return ""
+    path = run_dir / "data" / "steps.parquet"
+    try:
+        steps = pd.read_parquet(path, columns=["cell_id", "step_time_s", "warmup"]) if path.exists() else None
+    except (OSError, ValueError):
+        steps = None
+    keys = [k for k in ("machine", "model", "dataset", "step_loop", "batch_size", "framework", "precision")
+            if k in table]
+    notes = speed_statistics(single, steps, _evidence(manifest))
+    table = table.merge(notes[[k for k in keys if k in notes] + ["speed_basis", "speed_note"]], how="left",
+                        on=[k for k in keys if k in notes])
+    emulated = fp8_report.speed_emulated(table["precision"], manifest.get("device", "cpu"))
+    several = len(table.groupby(["model", "dataset"])) > 1
+    said = []
+    for r, fake in zip(table.itertuples(), emulated):
+        if not precisions.is_mixed(r.precision):
+            continue
+        note = r.speed_note if isinstance(r.speed_note, str) else ""
+        ratio = (fp8_report.EMULATED_SPEED if fake else
+                 f"{ratio_number(r.speedup_vs_fp32, str(r.speed_basis))}× fp32 speed{' ⚠' if note else ''}")
+        said.append(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: {ratio}, "
+                    f"{r.val_accuracy:.1%} acc.")
+    return "; ".join(said)
+
+
 def render_runs_index(reports_dir: Path) -> Path:
     """reports/index.html: every compare run in the folder with its headline numbers."""
     rows = []
@@ -710,11 +743,7 @@ def render_runs_index(reports_dir: Path) -> Path:
         single = runs  # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
         if runs is not None and not runs.empty:
             single = runs[dataparallel.roles(runs) == "single"]
-        table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
-        several = not table.empty and len(table.groupby(["model", "dataset"])) > 1
-        headline = "; ".join(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: "
-                             f"{r.speedup_vs_fp32:.2f}× fp32 speed, {r.val_accuracy:.1%} acc."
-                             for r in table.itertuples() if precisions.is_mixed(r.precision))
+        headline = _index_headline(run_dir, manifest, single)
         m = manifest["matrix"]
         rows.append({
             "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),

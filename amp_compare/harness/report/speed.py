@@ -154,9 +154,11 @@ def speed_intro(facts, method: str) -> str:
     seeds, how = len(facts.seeds), f" ({method})" if method else ""
     text = (f"Speed ratios with their 95% interval{how}. Each ratio is the geometric mean over "
             f"{'the seeds' if seeds > 1 else 'the one seed'} of mixed's wall-time throughput over the fp32 cell "
-            "of the same seed. ⚠ marks a ratio the run cannot support: an interval that includes 1×, no interval, "
-            "fewer than 20 timed steps per cell (one seed), or a seed whose ratio the machine's own drift, seen in "
-            "the checks next to its two cells, could have produced.")
+            "of the same seed. ⚠ marks a ratio the run cannot support: a cell of it that ran next to a stall of the "
+            "machine (a calibration check far above the run's median: re-run that cell), an interval that includes "
+            "1×, no interval, one seed only (its interval covers the step-to-step noise of one pair of cells, not "
+            "how the ratio varies from seed to seed), fewer than 20 timed steps per cell (one seed), or a seed whose "
+            "ratio the machine's own drift, seen in the checks next to its two cells, could have produced.")
     if facts.rotated:
         text += (" Cells of one model and dataset ran seed after seed with the precision order rotated per seed, "
                  "so a steady drift of the machine does not favour one precision.")

@@ -322,10 +322,29 @@ def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str 
     return ""
 
 
-def speed_verdict(res: dict, machine: str = "") -> str:
-    """ratio_verdict for a speed ratio (speed_interval's result), which also needs enough timed steps; machine:
-    the drift note of its seeds (drift.seed_note), "" where the machine's drift cannot explain it."""
+ONE_SEED_SPEED = "one seed: how the ratio varies from seed to seed is unknown (run with --seeds 0,1,2)"
+
+
+def support_note(res: dict, machine: str = "", stalled: str = "") -> str:
+    """The one rule a speed ratio and a time-to-target ratio are both judged by ("" where the run supports it):
+    a stalled cell first (drift.stall_note: re-run it), then the interval (seeds on both sides of 1 are a
+    disagreement, whatever the drift next to a ratio near 1), then the machine's drift (drift.seed_note); one
+    seed is never enough, whatever its own steps say."""
+    if stalled:
+        return stalled
+    note = ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], res.get("basis", "seeds"),
+                         direction=True) or machine
+    if res["seeds"] == 1 and np.isfinite(res["ratio"]) and not note.startswith("one seed"):
+        return ONE_SEED_SPEED + (f"; also {note}" if note else "")
+    return note
+
+
+def speed_verdict(res: dict, machine: str = "", stalled: str = "") -> str:
+    """support_note for a speed ratio (speed_interval's result), which also needs enough timed steps; machine:
+    the drift note of its seeds (drift.seed_note), "" where the machine's drift cannot explain it; stalled: the
+    stall note of its cells (drift.stall_note)."""
+    if stalled:
+        return stalled
     if res["timed_steps"] < MIN_TIMED_STEPS and not (res["seeds"] >= 2 and res["basis"] == "seeds"):
         return f"too few timed steps ({res['timed_steps']}) to judge"
-    # the interval first: seeds on both sides of 1 are a disagreement, whatever the drift next to a ratio near 1
-    return ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], res["basis"], direction=True) or machine
+    return support_note(res, machine)

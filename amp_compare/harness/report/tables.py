@@ -15,8 +15,8 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
-from amp_compare.harness.report.cell_text import mark, short_accuracy_text
-from amp_compare.harness.report.drift import Drift, drift_of, seed_note
+from amp_compare.harness.report.cell_text import mark, ratio_number, short_accuracy_text
+from amp_compare.harness.report.drift import Drift, drift_of, seed_note, stall_note
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
 
@@ -181,7 +181,10 @@ def _hardware_cells(r, data_sheet: bool) -> dict:
 
 def _speed_cell(r) -> str:
     note = getattr(r, "speed_note", "")
-    return note if note == fp8_report.EMULATED_SPEED else _fmt(r.speedup_vs_fp32, ".2f", "×") + mark(note)
+    if note == fp8_report.EMULATED_SPEED:
+        return note
+    value, basis = r.speedup_vs_fp32, getattr(r, "speed_basis", "")
+    return (f"{ratio_number(value, basis)}×" if np.isfinite(value) else _fmt(value, ".2f", "×")) + mark(note)
 
 
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -288,10 +291,12 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: 
         if precisions.is_mixed(prec) and paired:
             res = stats.ratio_interval([p[2] for p in paired])
             # a time ratio is the inverse of a speed ratio: drift is judged on the speed the time came from
-            machine = seed_note(drift, [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired], 1 / res["ratio"])
+            # a time ratio is judged by the speed ratio's rule, its drift notes quoted as time ratios too
+            machine = seed_note(drift, [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired], 1 / res["ratio"],
+                                time=True)
+            stalled = stall_note(drift, [c for a, b, _, _ in paired for c in (a, b)])
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"],
-                       ttt_note=stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"],
-                                                    res["basis"], machine))
+                       ttt_note=stats.support_note(res, machine, stalled))
         out[(fw, prec)] = row
     return out
 
@@ -375,10 +380,11 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
         res = stats.speed_interval(fp32, mixed, logs)
         machine = seed_note(drift, [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed)
                                     for (a, b), lr in zip(pairs, logs)], res["ratio"])
+        stalled = stall_note(drift, [c.cell_id for pair in pairs for c in pair])
         rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
                      "spread_p90_p50": stats.step_spread(fp32 + mixed),
-                     "speed_note": stats.speed_verdict(res, machine)})
+                     "speed_note": stats.speed_verdict(res, machine, stalled)})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
 
 
@@ -455,8 +461,9 @@ def legend(table: pd.DataFrame) -> str:
     unresolved = "memory_resolved" in table and (table["memory_resolved"] == 0).any()
     return ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
             "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
-            "too wide or includes 1×, it has none (one seed), too few steps were timed or the machine's drift next "
-            "to its cells could explain it; or an accuracy change the run is too short to judge; the findings say "
+            "too wide or includes 1×, it has none, it rests on one seed (speed, time to target), one of its cells "
+            "ran next to a stall of the machine, too few steps were timed or the machine's drift next to its cells "
+            "could explain it; or an accuracy change the run is too short to judge; the findings say "
             f"which. Each bracket names its kind: {brackets}a 95% interval and how it was made, or an exact bound; "
             "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
             "n/a: not measured, or not applicable (a mode without a loss scaler skips no step)."

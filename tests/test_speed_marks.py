@@ -1,0 +1,59 @@
+"""Every place a speed ratio appears carries the report's own ⚠ and says what it measured (issue 32's audit):
+the throughput figure's labels, the runs index, the time-to-accuracy caption, the same-epoch sentence. Synthetic
+runs (tests/test_report_sentences.write_run), rendered as a compare renders them."""
+
+import html as html_lib
+
+import pandas as pd
+
+from amp_compare.contract import records
+from amp_compare.harness.report import figures, findings
+from amp_compare.harness.report.tables import accuracy_statistics, full_table, summary_table
+from tests.test_report_sentences import make_run, write_run
+
+# torch bf16's seeds disagree on the side of 1 (⚠ noisy); fp16's 8x slowdown in every seed stands
+SPEEDS = {("torch", "bf16"): [1.6, 0.7, 1.2], ("torch", "fp16"): [0.12, 0.11, 0.13]}
+
+
+def test_the_runs_index_and_the_figure_labels_keep_the_reports_warning(tmp_path):
+    rendered, _ = make_run(tmp_path, speeds=SPEEDS)
+    full = rendered.table.set_index(["framework", "precision"])
+    assert full.loc[("torch", "bf16"), "speed_note"] and not full.loc[("torch", "fp16"), "speed_note"]
+    index = html_lib.unescape((tmp_path / "index.html").read_text())
+    bf16 = f"{full.loc[('torch', 'bf16'), 'speedup_vs_fp32']:.2f}×"
+    assert f"torch bf16: {bf16} fp32 speed ⚠" in index and "torch fp16: 0.12× fp32 speed," in index, index
+    table = summary_table(rendered.runs)
+    labels = figures.speed_labels(table, rendered.table).set_axis(pd.MultiIndex.from_frame(
+        table[["framework", "precision"]]))
+    assert labels[("torch", "bf16")] == f"{bf16} ⚠" and labels[("torch", "fp16")] == "0.12×"
+
+
+def test_the_throughput_caption_says_what_its_bars_and_labels_are(tmp_path):
+    t = records.read_run(write_run(tmp_path, speeds=SPEEDS))
+    caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f",
+                                                   notes=full_table(t["run"], t["steps"], t["epochs"]))
+                   if f.key == "throughput").caption
+    assert "A bar's height is the median over seeds" in caption and "not the quotient of two bars" in caption
+
+
+def test_the_time_to_accuracy_caption_names_each_panels_own_target(tmp_path):
+    t = records.read_run(write_run(tmp_path))
+    other = t["run"].assign(model="vit", cell_id="v" + t["run"]["cell_id"],
+                            final_val_accuracy=t["run"]["final_val_accuracy"] * 0.9)
+    epochs = pd.concat([t["epochs"], t["epochs"].assign(cell_id="v" + t["epochs"]["cell_id"],
+                                                        val_accuracy=t["epochs"]["val_accuracy"] * 0.9)])
+    runs = pd.concat([t["run"], other], ignore_index=True)
+    acc = accuracy_statistics(runs, epochs)
+    fig = figures.make_time_to_accuracy_figure(runs, epochs, acc, tmp_path / "f")
+    targets = acc.drop_duplicates("model").set_index("model")["target"]
+    assert targets["vit"] != targets["simple_cnn"]
+    assert "Each panel's dotted line is its own target" in fig.caption
+    for model, target in targets.items():
+        assert f"{model} · synthetic: {target:.1%}" in fig.caption, fig.caption
+
+
+def test_the_same_epoch_sentence_counts_from_one_and_says_warm_up_is_in_the_times():
+    group = pd.DataFrame({"reached_epochs": ["1", "1"], "reached": ["3/3", "3/3"]})
+    said = findings._same_epoch(group)
+    assert "end of epoch 2 of its run (counting from 1)" in said and "warm-up time included" in said
+    assert "differ only as the training speed does" not in said
