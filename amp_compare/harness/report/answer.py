@@ -20,7 +20,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import fp8 as fp8_report
-from amp_compare.harness.report import stats
+from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
 # What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
@@ -93,13 +93,6 @@ def _accuracy_text(r) -> str:
     return f"no detectable accuracy change (p = {p:.2g})"
 
 
-def _memory_text(r) -> str:
-    low, high = getattr(r, "memory_low", np.nan), getattr(r, "memory_high", np.nan)
-    if getattr(r, "memory_note", "") or not (np.isfinite(low) and (low > 0 or high < 0)):
-        return "peak memory: differences below what this run resolves"
-    return f"peak memory {r.memory_change_vs_fp32:+.0%} [{low:+.0%}, {high:+.0%}]"
-
-
 def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict, device: str,
          profile: pd.DataFrame | None) -> str:
     """The reason, from measured evidence only: a profile's top op and its library path, the framework's own
@@ -158,7 +151,7 @@ def _part(r, seeds: pd.DataFrame, cells: pd.DataFrame, environment: dict, device
     why = _why(r.framework, r.model, r.precision, cells, environment, device, profile) \
         if verdict in ("faster", "slower") else ""
     speed = _speed_text(r, seeds) + (f" ⚠ {r.speed_note}" if r.speed_note else "")
-    return PrecisionAnswer(r.precision, verdict, speed, _accuracy_text(r), _memory_text(r), why, decide,
+    return PrecisionAnswer(r.precision, verdict, speed, _accuracy_text(r), memory.answer_text(r), why, decide,
                            _budget(cells), _ended(cells))
 
 
