@@ -86,7 +86,8 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
     # the headroom sentences are said once, in the Numerics section's list beside the figure, not in its caption
     said = " ".join(numerics_said(pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame())["underflow"])
     assert ("PyTorch fp16, last step: the largest |gradient| was below 2^-5; times the loss scale in use (32768) "
-            "below 1,024 — at least 64× under float16's largest value 65,504, so nothing overflowed.") in said
+            "below 1,024 — at least 64× under float16's largest value 65,504, so nothing overflowed at that "
+            "step.") in said
     assert "Keras (TF) fp16-noscale, last step: the largest |gradient| was below 2^-5 — at least" in said
     assert "largest |gradient|" not in fig.caption
     assert make_gradient_histogram_figure(pd.DataFrame(rows).assign(log2_hist="{}"), tmp_path) is None

@@ -20,7 +20,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import fp8 as fp8_report
-from amp_compare.harness.report import memory, stats
+from amp_compare.harness.report import memory, numerics, stats
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
 # What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
@@ -132,9 +132,8 @@ def _ended(cells: pd.DataFrame) -> str:
     """How the cells that did not finish normally ended ("" when all did)."""
     parts = []
     for r in cells[cells["status"] != "ok"].itertuples():
-        step = pd.to_numeric(getattr(r, "nonfinite_step", np.nan), errors="coerce")
-        where = f" (loss not finite from step {int(step)})" if pd.notna(step) and step >= 0 else ""
-        parts.append(f"seed {r.seed} {r.status}{where}")
+        ending = numerics.ending_text(r)  # the steps' records, as every other sentence on it reads them
+        parts.append(f"seed {r.seed} {r.status}" + (f" ({ending})" if ending else ""))
     return ", ".join(parts)
 
 
@@ -204,10 +203,13 @@ def _choice(parts: list[PrecisionAnswer], ratios: dict[str, float]) -> tuple[str
 
 
 def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environment: dict, device: str,
-            profile: pd.DataFrame | None = None, fp8_layers: pd.DataFrame | None = None) -> list[Answer]:
-    """One Answer per (machine x) model x dataset (x step loop x batch size) x framework, in the summary's order."""
+            profile: pd.DataFrame | None = None, fp8_layers: pd.DataFrame | None = None,
+            steps: pd.DataFrame | None = None) -> list[Answer]:
+    """One Answer per (machine x) model x dataset (x step loop x batch size) x framework, in the summary's order;
+    `steps` (the step records) say where a cell that did not finish went non-finite (numerics.loss_history)."""
     if full.empty or runs.empty:
         return []
+    runs = numerics.with_loss_history(runs, steps)
     keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in full]
     multi, varying = named_machines(full), varying_keys(full)
     out = []

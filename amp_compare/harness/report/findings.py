@@ -333,11 +333,12 @@ def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     groups = Groups.of(table)
     out = [*speed_findings(groups), *machine_findings(groups, runs, environment), *memory_findings(groups, runs),
            *accuracy_findings(groups), *time_findings(groups), *scaling_findings(groups, runs, steps)]
-    diverged = runs[runs["status"] == "diverged"] if "status" in runs else runs.iloc[0:0]
+    diverged = nr.with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
     mixed = table[precisions.is_mixed(table["precision"])]
+    ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
+             + (f"; {nr.ending_text(r, since=False)}." if nr.ending_text(r) else ".") for r in diverged.itertuples()]
     return Findings(
-        [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}."
-         for r in diverged.itertuples()][::-1] + out, too_short_findings(groups),
+        ended[::-1] + out, too_short_findings(groups),
         slowdown_scope(runs) and bool((mixed["speedup_vs_fp32"] < 1).any()))
 
 
