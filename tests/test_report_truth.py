@@ -49,7 +49,10 @@ def test_a_framework_log_line_is_the_evidence_it_is(tmp_path):
     lines = speed.framework_log_lines(tmp_path, runs)
     assert [(x.framework, x.precision, x.half) for x in lines] == [("tf", "fp16", "float16")]
     said = finding_parts(runs, pd.DataFrame(), {**AVX512_BF16, "framework_logs": lines}).sentences
-    assert any(s.startswith("Keras (TF)'s fp16 cells logged: \"oneDNN supports DT_HALF") for s in said)
+    logged = next(s for s in said if s.startswith("Keras (TF)'s fp16 cells logged: \"oneDNN supports DT_HALF"))
+    # the AVX-512 of that line is AVX-512 FP16: beside flags listing avx512f it must not read as "no AVX-512"
+    assert logged.endswith("— the AVX-512 it names is AVX-512 FP16 (avx512_fp16: float16 arithmetic), which this "
+                           "CPU lacks, though it has AVX-512 itself (avx512f)."), logged
 
 
 def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
@@ -58,6 +61,7 @@ def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
     acc = next(s for s in parts.sentences if "final validation accuracy" in s)
     assert "bootstrap" not in acc and "predicted exactly as fp32 predicted it in each of 3 seeds" in acc
     assert "exact 95% bound" in acc
+    assert "fp16 no image differed (exact 95% bound ±" in acc and "p =" not in acc, acc  # no test ran: no p-value
     table = pd.DataFrame({"test": [stats.NO_DIFFERENCE]})
     assert "bootstrap" not in accuracy.section_paragraph(table)
 

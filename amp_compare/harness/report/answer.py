@@ -21,6 +21,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, numerics, stats
+from amp_compare.harness.report.hardware import log_line_meaning
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
 # What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
@@ -87,6 +88,8 @@ def _accuracy_text(r) -> str:
     p = getattr(r, "p_value", np.nan)
     if not isinstance(p, float) or not np.isfinite(p):
         return ""
+    if getattr(r, "test", "") == stats.NO_DIFFERENCE:  # no test ran: no p to print
+        return f"no image was predicted differently from fp32 (exact 95% bound ±{r.ci_high:.1f} pp)"
     if stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
         return (f"accuracy {'lower' if r.diff_pp < 0 else 'higher'} by {abs(r.diff_pp):.1f} percentage points "
                 f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}] (p = {p:.2g})")
@@ -108,7 +111,9 @@ def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict,
     logs = cells.get("framework_notices", pd.Series(dtype=object)).dropna().astype(str)
     lines = dict.fromkeys(ln for text in logs for ln in text.splitlines()
                           if any(w in ln for w in LOG_NAMES.get(half, ())))
-    said += [f"{framework_label(fw)} logged “{ln}”" for ln in list(lines)[:1]]
+    said += [f"{framework_label(fw)} logged “{ln}”"
+             + (f", where {meaning}" if (meaning := log_line_meaning(ln, environment.get("cpu_amp_flags", ""))) else "")
+             for ln in list(lines)[:1]]
     if device == "cpu" and half in FORMAT_FLAGS:
         key, names, what = FORMAT_FLAGS[half]
         flags = environment.get("cpu_amp_flags") or "none"
@@ -241,8 +246,9 @@ def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environ
 
 
 def _line(p: PrecisionAnswer) -> str:
-    said = [p.speed] + [t for t in (p.accuracy, p.memory) if t]
-    text = f"{p.precision}: " + "; ".join(said)
+    """The speed verdict with what explains it (why) or would decide it, then accuracy and memory: a reason
+    is never placed after a clause it does not explain."""
+    text = f"{p.precision}: {p.speed}"
     if p.failed:
         text += f" — did not finish: {p.failed}"
     if p.why:
@@ -251,7 +257,8 @@ def _line(p: PrecisionAnswer) -> str:
         text += f" — {p.budget}"
     if p.decide:
         text += f" — this run cannot decide it; what would: {p.decide}"
-    return text + "."
+    rest = "; ".join(t for t in (p.accuracy, p.memory) if t)
+    return text + (f". {rest[0].upper()}{rest[1:]}." if rest else ".")
 
 
 def render(items: list[Answer], fmt: str) -> str:

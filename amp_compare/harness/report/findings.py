@@ -56,6 +56,8 @@ def accuracy_text(r) -> str:
     if not np.isfinite(p):
         return "no paired test (no per-image results)"
     ptext, kind = f"p = {p:.2g}", accuracy_interval_kind(getattr(r, "test", ""))
+    if getattr(r, "test", "") == stats.NO_DIFFERENCE:  # no test ran, so there is no p to print
+        return f"no image differed ({kind} ±{r.ci_high:.1f} pp)"
     if not stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
         return f"no detectable difference ({r.diff_pp:+.1f} pp [{kind} {r.ci_low:+.1f}, {r.ci_high:+.1f}], {ptext})"
     if r.diff_pp < 0:
