@@ -80,9 +80,15 @@ def test_lessons_carry_the_runs_evidence_for_or_against():
     table = pd.DataFrame({"precision": ["fp32", "fp16", "bf16"], "speedup_vs_fp32": [1.0, 0.12, 0.5]})
     text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, AVX512_BF16, None)
                 if e.id == "gl-half-formats")
-    assert "Lesson: a half format makes training faster only where the hardware computes in it" in text
+    assert "Lesson: a half format can make training faster only where the hardware computes in it" in text
     assert "float16 rows at 0.12× fp32's speed on a CPU whose flags list no float16 arithmetic" in text
-    assert "bfloat16 rows at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: against" in text
+    # the arithmetic is needed for a gain, not enough: a slowdown beside it does not go against the lesson
+    assert ("bfloat16 rows at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: no gain in some "
+            "rows despite the arithmetic, which the lesson allows") in text and "against the lesson" not in text
+    # the bf16 sentence reads as English and says what it means (the audit found it garbled)
+    assert ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
+            "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
+            "underflow in bfloat16") in text
     assert "This run measured no gradient against float16's range." in text
     assert "need loss scaling" not in text
 
