@@ -312,6 +312,21 @@ def _overflow_before(runs: pd.DataFrame | None, rows: pd.DataFrame) -> str:
     return overflow_text(cell.iloc[0].to_dict()) if not cell.empty else ""
 
 
+def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
+    """Where the lost elements were, in counts: "most" only for a layer holding more than half of them, and
+    every layer named where each holds the same few (three layers with one each are not "most ... (1, 33%)")."""
+    names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
+    counts = lost.to_numpy()
+    order = [i for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
+    listed = ", ".join(f"{names[i]} ({counts[i]:,})" for i in order[:3]) + (
+        f" and {len(order) - 3} more layers" if len(order) > 3 else "")
+    top = counts[order[0]]
+    if 2 * top > total:
+        rest = ", then ".join(f"{names[i]} ({counts[i]:,})" for i in order[1:2])
+        return f"most ({top:,} of {total:,}) were in {names[order[0]]}" + (f", then {rest}" if rest else "")
+    return f"they were spread over {len(order)} layers, none holding most of them: {listed}"
+
+
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     """Where the elements lost in the real float16 backward (exact zeros where the float32 reference is not
     zero) were, by layer, per framework x float16 mode at the last step (first seed)."""
@@ -334,13 +349,9 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
             out.append(f"{who}{_label(fw)} {prec}, last step: none of the {nonzero:,} non-zero gradient elements came "
                        f"out exactly zero in the real float16 backward{at}.")
             continue
-        names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
-        order = np.argsort(-lost.to_numpy(), kind="stable")[:2]
-        where = ", then ".join(f"{names[i]} ({lost.iloc[i]:,}, {lost.iloc[i] / total:.0%})"
-                               for i in order if lost.iloc[i] > 0)
         out.append(f"{who}{_label(fw)} {prec}, last step: {total:,} of the {nonzero:,} non-zero gradient elements "
-                   f"({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; most were in "
-                   f"{where}.")
+                   f"({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; "
+                   f"{_where_lost(g, lost, total)}.")
     return out
 
 
