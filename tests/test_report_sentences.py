@@ -250,3 +250,18 @@ def test_lost_elements_spread_thinly_are_counted_not_called_most():
     assert "most (" not in said and "most were" not in said, said
     assert said.endswith("they were spread over 3 layers, none holding most of them: a.weight (1), b.weight (1), "
                          "c.weight (1)."), said
+
+
+def test_the_dtype_audit_counts_the_rows_that_differ_instead_of_saying_every_row_should_match():
+    from amp_compare.harness.report import numerics
+    from amp_compare.harness.report.wording import RunFacts
+
+    facts = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp16"], seeds=[0], device="cpu", rotated=False)
+    differing = {"fp16": {"rows": 3, "of": 72, "layers": ["(unnamed)", "blocks.1.attn", "blocks.0.attn"]},
+                 "bf16": {"rows": 2, "of": 72, "layers": ["blocks.1.attn", "blocks.0.attn"]}}
+    said = numerics.section_words(facts, {"differing": differing})["dtype_audit"]
+    assert "should match" not in said, said
+    assert "5 rows differ between the frameworks, marked in red — fp16: 3 of 72 rows ((unnamed), blocks.1.attn, " \
+           "blocks.0.attn); bf16: 2 of 72 rows" in said, said
+    none = numerics.section_words(facts, {"differing": {"fp16": {"rows": 0, "of": 72, "layers": []}}})
+    assert "No row differs between the frameworks." in none["dtype_audit"]

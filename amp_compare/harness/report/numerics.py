@@ -585,14 +585,25 @@ def _layers_text(f: dict) -> str:
     return f" ({', '.join(f['layers'])}{', …' if f['rows'] > len(f['layers']) else ''})"
 
 
+def _differing_text(differing: dict) -> str:
+    """How many audit rows differ between the frameworks and why they may: never "every row should match"
+    beside rows that do not."""
+    rows = sum(f["rows"] for f in differing.values())
+    if not rows:
+        return "No row differs between the frameworks."
+    per = "; ".join(f"{p}: {f['rows']} of {f['of']} rows" + _layers_text(f) for p, f in differing.items() if f["rows"])
+    return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red — {per}. Aligned "
+            "mode (the default) aligns every difference a setting can, and tests/test_numerics.py checks those "
+            "layers row by row; a row in red is one no setting aligns (contract/mapping.py names them, e.g. "
+            "PyTorch's fused attention, which runs Q·Kᵀ, softmax and ·V in one op) or, in defaults mode, each "
+            "framework's own default.")
+
+
 def section_words(facts, dtype_facts: dict) -> dict[str, str]:
     """The Numerics section's paragraphs (wording.RunFacts; op_dtype_facts' differing rows and audit methods)."""
     dtype = "Dtypes each layer computed in during one training step (first seed)."
     if len(facts.frameworks) > 1:
-        differing = "; ".join(f"{p}: {f['rows']} of {f['of']} rows" + _layers_text(f)
-                              for p, f in dtype_facts.get("differing", {}).items())
-        dtype += (" Rows in red differ between the frameworks" + (f": {differing}" if differing else "")
-                  + ". In aligned mode every row should match (tests/test_numerics.py checks it layer by layer).")
+        dtype += " " + _differing_text(dtype_facts.get("differing", {}))
     if dtype_facts.get("methods"):
         dtype += f" How each column was taken: {'; '.join(dtype_facts['methods'])}."
     return {
