@@ -133,3 +133,14 @@ def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path):
         caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
                        if f.key == "throughput").caption
         assert said in caption, caption
+
+
+def test_the_accuracy_figure_does_not_read_overlapping_error_bars_as_no_effect(tmp_path):
+    from amp_compare.contract import records
+    from amp_compare.harness.report import figures
+
+    t = records.read_run(write_run(tmp_path, memory=MEMORY))
+    caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
+                   if f.key == "accuracy").caption
+    assert "Overlapping error bars mean" not in caption, caption
+    assert "the Accuracy section's paired test compares each mixed cell image by image with fp32" in caption
