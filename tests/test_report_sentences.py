@@ -235,8 +235,8 @@ def test_a_collapsed_loss_scale_is_said_beside_a_last_step_that_did_not_overflow
     report.render(run_dir, figures=False)
     happened = section(html_lib.unescape((run_dir / "index.html").read_text()), "numerics")
     assert "so nothing overflowed at that step; yet the records show overflow before it: the loss scaler skipped " \
-           "25 of 30 updates for non-finite gradients, and its scale fell from 2^15 at the first step to 2^-9 at " \
-           "the last." in happened, happened
+           "25 of 30 updates for non-finite gradients (overflow at the scale then in use), and its scale fell from " \
+           "2^15 at the first step to 2^-9 at the last." in happened, happened
 
 
 def test_lost_elements_spread_thinly_are_counted_not_called_most():

@@ -195,9 +195,13 @@ def overflow_text(r) -> str:
     skipped = int(r.get("skipped_count", 0) or 0)
     if not skipped:
         return ""
+    first, last = float(r["first_scale"]), float(r["last_scale"])
+    moved = (f"its scale was {_scale_power(first)} at the first and the last step" if last == first else
+             f"its scale {'fell' if last < first else 'rose'} from {_scale_power(first)} at the first step to "
+             f"{_scale_power(last)} at the last")
     return (f"yet the records show overflow before it: the loss scaler skipped {skipped} of "
-            f"{int(r.get('last_step', 0)) + 1} updates for non-finite gradients, and its scale fell from "
-            f"{_scale_power(r['first_scale'])} at the first step to {_scale_power(r['last_scale'])} at the last")
+            f"{int(r.get('last_step', 0)) + 1} updates for non-finite gradients (overflow at the scale then in use), "
+            f"and {moved}")
 
 
 def nonfinite_findings(runs: pd.DataFrame) -> pd.DataFrame:
