@@ -32,6 +32,18 @@ def test_mcnemar_matches_the_exact_binomial_on_discordant_pairs():
     # two-sided exact binomial P(X <= 2 or X >= 12 | n=14, 1/2) = 2 * 106 / 16384
     assert res["p_value"] == pytest.approx(2 * (1 + 14 + 91) / 2**14)
     assert res["ci_low"] < res["diff_pp"] < res["ci_high"] < 0
+    # every differing image went one way: the interval of the accuracy difference still reaches past the
+    # estimate (the discordant split's own interval, which holds their number fixed, ended exactly at it)
+    one_way = fp32.copy()
+    one_way[:2] = ~fp32[:2] | True
+    one_way[398:] = True
+    res = stats.mcnemar_exact(fp32, one_way)
+    assert res["discordant"] == 2 and res["diff_pp"] == pytest.approx(0.5)
+    assert res["ci_low"] < 0 < res["diff_pp"] < res["ci_high"] - 0.5, res
+    # large counts: Newcombe's interval is close to the Wald interval of a paired difference
+    low, high = stats.paired_difference_interval(800, 30, 50, 120)
+    wald = 1.96 * np.sqrt(80 / 1000**2 - 20**2 / 1000**3)
+    assert low == pytest.approx(0.02 - wald, abs=1e-3) and high == pytest.approx(0.02 + wald, abs=1e-3)
     same = stats.mcnemar_exact(fp32, fp32)
     # no image differed: the interval is the 0-of-400 Clopper-Pearson bound, not a false [0, 0]
     assert same["p_value"] == 1.0 and same["diff_pp"] == 0.0

@@ -23,6 +23,15 @@ def _set(run_dir, cell_pattern: str, **values):
         records.atomic_write_table(cell / "run.parquet", run.assign(**values))
 
 
+def _set_steps(run_dir, cell_pattern: str, skipped_at=(), nonfinite_from=()):
+    """Some cells' step records as a run that skipped and then diverged writes them."""
+    for cell in (run_dir / "cells").glob(cell_pattern):
+        steps = pd.read_parquet(cell / "steps.parquet")
+        steps.loc[steps["step"].isin(skipped_at), "skipped"] = True
+        steps.loc[steps["step"].isin(nonfinite_from), "loss"] = float("nan")
+        records.atomic_write_table(cell / "steps.parquet", steps)
+
+
 def _answers(run_dir, profile=None):
     manifest = render.load_manifest(run_dir)
     manifest["environment"].update(CPU_BF16)
@@ -30,7 +39,7 @@ def _answers(run_dir, profile=None):
     env = {**manifest["environment"], "calibrations": manifest["calibrations"]}
     full = full_table(t["run"], t["steps"], t["epochs"], env)
     return answer.answers(full, seed_table(t["run"], t["steps"], env), t["run"], manifest["environment"], "cpu",
-                          profile)
+                          profile, steps=t["steps"])
 
 
 def test_a_win_a_loss_an_undecided_ratio_and_a_diverged_precision(tmp_path):
@@ -38,7 +47,9 @@ def test_a_win_a_loss_an_undecided_ratio_and_a_diverged_precision(tmp_path):
               ("tf", "fp16"): [0.80, 1.25, 1.0], ("tf", "bf16"): [1.2] * 3}
     run_dir = write_run(tmp_path, speeds=speeds)
     _set(run_dir, "tf-*-fp16-*", framework_notices=NOTICE)
-    _set(run_dir, "tf-*-bf16-*", status="diverged", nonfinite_step=7)
+    _set(run_dir, "tf-*-bf16-*", status="diverged", nonfinite_step=1, diverged_at_step=7, nonfinite_where="forward",
+         nonfinite_layer="conv1", nonfinite_value="nan")
+    _set_steps(run_dir, "tf-*-bf16-*", skipped_at=(1, 5, *range(7, 200)), nonfinite_from=(5, *range(7, 200)))
     torch, tf = _answers(run_dir)
     assert torch.label == "simple_cnn on synthetic, PyTorch" and torch.use == "bf16"
     fp16, bf16 = torch.parts
@@ -50,8 +61,30 @@ def test_a_win_a_loss_an_undecided_ratio_and_a_diverged_precision(tmp_path):
     assert tf.use == "fp32" and "fp16 undecided by this run" in tf.because
     tf_fp16, tf_bf16 = tf.parts
     assert tf_fp16.verdict == "undecided" and "⚠ noisy" in tf_fp16.speed and tf_fp16.decide.startswith("more seeds")
-    assert tf_bf16.verdict == "failed" and tf_bf16.failed == "seed 0 diverged (loss not finite from step 7), seed " \
-        "1 diverged (loss not finite from step 7), seed 2 diverged (loss not finite from step 7)"
+    # where it went non-finite is read from its step records: the locator's step 1 was a skipped update with a
+    # finite loss, the first non-finite loss was step 5, and the run of them that stopped it began at step 7
+    ending = ("diverged (steps counted from 0: first non-finite loss at step 5; the loss scaler skipped its first "
+              "update at step 1, with a finite loss; non-finite from step 7 on, it was stopped after step 199)")
+    assert tf_bf16.verdict == "failed" and tf_bf16.failed == ", ".join(f"seed {s} {ending}" for s in range(3))
+    said = render.render(run_dir, figures=False).findings
+    assert any(s.startswith("simple_cnn on synthetic, Keras (TF) bf16 (seed 0) diverged") and
+               "steps counted from 0: first non-finite loss at step 5;" in s for s in said), said
+
+
+def test_the_why_follows_the_speed_verdict_and_no_p_is_printed_where_no_image_differed(tmp_path):
+    run_dir = write_run(tmp_path, speeds={("tf", "fp16"): [0.25] * 3, ("torch", "fp16"): [0.12] * 3})
+    _set(run_dir, "tf-*-fp16-*", framework_notices=NOTICE)
+    same = pd.read_parquet(next((run_dir / "cells").glob("tf-*-fp32-s0")) / "run.parquet")["val_correct"].iloc[0]
+    _set(run_dir, "tf-*", val_correct=same)  # every Keras cell predicted every image as fp32 did
+    page = render.render(run_dir, figures=False).answer
+    line = next(ln for ln in page.split("Keras (TF): use")[1].splitlines() if "fp16:" in ln)
+    speed, why = line.index("fp32's speed"), line.index("— why:")
+    assert speed < why < line.index("peak memory") and why < line.index("No image was predicted differently"), line
+    assert "logged “oneDNN supports DT_HALF only on platforms with AVX-512. Falling back to the default Eigen-based " \
+           "implementation”, where the AVX-512 it names is AVX-512 FP16 (avx512_fp16: float16 arithmetic), which " \
+           "this CPU lacks" in line, line
+    # every seed predicted every image as fp32 did: no test ran, so no p-value is printed
+    assert "No image was predicted differently from fp32 (exact 95% bound ±" in line and "p =" not in line, line
 
 
 def test_the_reason_comes_from_the_framework_log_and_a_profile_when_the_run_has_them(tmp_path):
@@ -92,8 +125,10 @@ def test_the_page_summary_and_terminal_open_with_the_same_answer(tmp_path):
     md = (tmp_path / "r" / "summary.md").read_text()
     assert md.index("### Answer") < md.index("| Framework") and first in md
     line = next(ln for ln in rendered.answer.splitlines() if "fp16: 0.12×" in ln).strip("- ").rstrip(".")
-    # the page and summary.md write each abbreviation out at its first use, which is now in the answer
-    assert glossary.expand_first_use(line)[0] in page and glossary.expand_first_use(line, markdown=True)[0] in md
+    # the page and summary.md write each abbreviation out at its first use, which is now in the answer (summary.md
+    # lists one used only inside a parenthesis at its end, not in the line)
+    md_line = glossary.expand_first_use(line, markdown=True)[0].split("\n\nAbbreviations:")[0]
+    assert glossary.expand_first_use(line)[0] in page and md_line in md
 
 
 def test_fp8_on_a_cpu_has_no_speed_result_anywhere_and_its_answer_speaks_of_numerics(tmp_path):

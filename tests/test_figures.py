@@ -86,7 +86,30 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
     # the headroom sentences are said once, in the Numerics section's list beside the figure, not in its caption
     said = " ".join(numerics_said(pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame())["underflow"])
     assert ("PyTorch fp16, last step: the largest |gradient| was below 2^-5; times the loss scale in use (32768) "
-            "below 1,024 — at least 64× under float16's largest value 65,504, so nothing overflowed.") in said
+            "below 1,024 — at least 64× under float16's largest value 65,504, so nothing overflowed at that "
+            "step.") in said
     assert "Keras (TF) fp16-noscale, last step: the largest |gradient| was below 2^-5 — at least" in said
     assert "largest |gradient|" not in fig.caption
     assert make_gradient_histogram_figure(pd.DataFrame(rows).assign(log2_hist="{}"), tmp_path) is None
+
+
+def test_the_underflow_figures_layer_names_do_not_overlap(tmp_path, monkeypatch):
+    """Issue 32: a two-model run's 20 layer names at 45° ran into each other. They are drawn upright with room
+    for each, and the drawn label boxes are checked for overlap."""
+    from amp_compare.harness.report import figures
+
+    names = ["conv1", "conv2", "fc"] + [f"blocks.{b}.{p}" for b in range(2) for p in
+                                        ("attn.query", "attn.key", "attn.value", "attn.out", "ln1", "ln2", "mlp.fc1",
+                                         "mlp.fc2")] + ["embed", "norm", "patch"]
+    rows = [{"framework": fw, "precision": prec, "seed": 0, "when": "last step",
+             "model": "simple_cnn" if i < 3 else "vit", "layer": name, "param": "weight", "nonzero": 100,
+             "flush_fraction_unscaled": 0.03 * (i % 3 == 0), "flush_fraction_scaled": 0.0}
+            for fw in ("torch", "tf") for prec in ("fp32", "fp16", "fp16-noscale", "fp16-static")
+            for i, name in enumerate(names)]
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, key: drawn.append(fig))
+    assert figures.make_underflow_figure(pd.DataFrame(rows), tmp_path) is not None
+    (fig,) = drawn
+    labels = [t.get_text() for t in fig.axes[-1].get_xticklabels() if t.get_visible()]
+    assert "vit: blocks.1.attn.query" in labels and len(labels) == len(names)
+    assert figures.x_label_overlaps(fig) == 0

@@ -3,6 +3,8 @@ spread of identical cells (the same framework, model and precision over seeds) i
 percentage; a larger one is a percentage with its interval. Synthetic run folders rendered as a compare renders
 them (no figures), in the summary table, the findings, summary.md and the terminal."""
 
+import json
+
 import numpy as np
 from rich.console import Console
 
@@ -42,12 +44,65 @@ def test_memory_below_the_runs_resolution_is_unresolved_and_above_it_a_percentag
     assert "unresolved (< 14.7 MiB)" in console.export_text()
 
 
-def test_one_seed_has_no_resolution_and_keeps_its_percentage_marked(tmp_path):
+def test_one_seed_with_no_identical_cells_anywhere_is_unresolved_not_a_percentage(tmp_path):
     rendered, _ = make_run(tmp_path, seeds=(0,), memory=MEMORY)
-    row = _row(rendered.table, "torch", "fp16")
-    assert np.isnan(row["memory_resolution_mib"]) and np.isnan(row["memory_resolved"])
+    row = _row(rendered.table, "torch", "bf16")  # +261 MiB, yet one reading each: the run cannot say what it resolves
+    assert np.isnan(row["memory_resolution_mib"]) and row["memory_resolved"] == 0.0
     said = one(rendered.findings, "peak memory against fp32")
-    assert "PyTorch fp16 +9% (+3.3 MiB) ⚠" in said, said and "below what this run resolves" not in said
+    assert "PyTorch bf16 +263.3 MiB, unresolved: one seed, and no identical cells anywhere in this run" in said, said
+    assert "%" not in said.split("MiB the median difference):")[1], said
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "| unresolved (one seed) |" in summary and "\"unresolved (one seed)\"" in summary
+
+
+def test_a_one_seed_model_takes_its_frameworks_resolution_from_the_other_model(tmp_path):
+    """The default run's shape: simple_cnn over three seeds, the ViT over one. The ViT's small differences are
+    below what PyTorch's identical simple_cnn cells showed, so unresolved; nothing of it is a percentage."""
+    from amp_compare.contract import records
+    from amp_compare.harness.report import render as report
+
+    torch_memory = {k: v for k, v in MEMORY.items() if k[0] == "torch"}
+    cnn = write_run(tmp_path / "cnn", frameworks=("torch",), memory=torch_memory)
+    vit = write_run(tmp_path / "vit", frameworks=("torch",), seeds=(0,), model="vit",
+                    memory={("torch", "fp32"): [2.6], ("torch", "fp16"): [5.7], ("torch", "bf16"): [30.0]})
+    for cell in (vit / "cells").iterdir():
+        cell.rename(cnn / "cells" / cell.name)
+    manifest = json.loads((cnn / "manifest.json").read_text())
+    vit_manifest = json.loads((vit / "manifest.json").read_text())
+    manifest["matrix"]["models"] += ["vit"]
+    manifest["cells"] += vit_manifest["cells"]
+    manifest["configs"] += vit_manifest["configs"]
+    (cnn / "manifest.json").write_text(json.dumps(manifest))
+    assert len(records.read_run(cnn)["run"]) == 12
+    rendered = report.render(cnn, figures=False)
+    table = rendered.table
+    vit16 = table[(table["model"] == "vit") & (table["precision"] == "fp16")].iloc[0]
+    vit_bf16 = table[(table["model"] == "vit") & (table["precision"] == "bf16")].iloc[0]
+    assert np.isclose(vit16["memory_resolution_mib"], 14.7) and vit16["memory_resolved"] == 0.0
+    assert vit_bf16["memory_resolved"] == 1.0  # +27.4 MiB is past what PyTorch's identical cells showed
+    said = one(rendered.findings, "vit on synthetic, peak memory against fp32")
+    assert ("PyTorch fp16 +3.1 MiB, below what this run resolves: identical cells differed by up to 14.7 MiB "
+            "(this framework's other models: this one ran one seed)") in said, said
+    assert "+119%" not in said
+
+
+def test_the_answer_the_table_and_the_findings_say_the_same_of_each_memory_difference(tmp_path):
+    """One rule (memory.status): a resolved difference whose interval the run cannot support (⚠) is a percentage
+    in the answer as in the table, never "below what this run resolves" in one and a percentage in the other."""
+    memory = {**MEMORY, ("torch", "bf16"): [15.0, 30.0, 20.0]}  # -21.7 MiB: past the 15 MiB spread, a wide interval
+    rendered, _ = make_run(tmp_path, memory=memory)
+    row = _row(rendered.table, "torch", "bf16")
+    assert row["memory_resolved"] == 1.0 and row["memory_note"]
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    torch_answer = rendered.answer.split("Keras (TF)")[0]
+    bf16 = next(ln for ln in torch_answer.splitlines() if "bf16:" in ln)
+    fp16 = next(ln for ln in torch_answer.splitlines() if "fp16:" in ln)
+    said = one(rendered.findings, "peak memory against fp32")
+    assert f"peak memory {row['memory_change_vs_fp32']:+.0%}" in bf16 and "below what this run resolves" not in bf16
+    assert f"PyTorch bf16 {row['memory_change_vs_fp32']:+.0%}" in said
+    assert f"| {row['memory_change_vs_fp32'] * 100:+.0f}% ⚠ |" in summary
+    assert "peak memory -1.6 MiB" in fp16 and "below what this run resolves" in fp16
+    assert "PyTorch fp16 -1.6 MiB, below what this run resolves" in said
 
 
 def test_the_memory_figures_bar_labels_say_unresolved_where_the_table_does(tmp_path):
@@ -78,3 +133,14 @@ def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path):
         caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
                        if f.key == "throughput").caption
         assert said in caption, caption
+
+
+def test_the_accuracy_figure_does_not_read_overlapping_error_bars_as_no_effect(tmp_path):
+    from amp_compare.contract import records
+    from amp_compare.harness.report import figures
+
+    t = records.read_run(write_run(tmp_path, memory=MEMORY))
+    caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
+                   if f.key == "accuracy").caption
+    assert "Overlapping error bars mean" not in caption, caption
+    assert "the Accuracy section's paired test compares each mixed cell image by image with fp32" in caption

@@ -123,7 +123,9 @@ def test_one_seed_says_its_spread_is_unknown_and_names_no_method_it_did_not_use(
     said = rendered.findings
     one(said, "With one seed a speed interval covers the step-to-step noise of that seed's two cells only")
     memory = one(said, "peak memory against fp32")
-    assert memory.endswith("⚠: one seed: seed-to-seed spread unknown, no interval.")
+    # one reading per precision and no identical cells anywhere: the run cannot resolve a memory difference
+    assert memory.endswith("unresolved: one seed, and no identical cells anywhere in this run to measure what it "
+                           "resolves (--seeds 0,1,2 measures it).")
     text = " ".join(said) + section(html, "speed") + section(html, "summary")
     for absent in ("rotated", "Student's t", "bootstrap over step times and seeds", "seeds'"):
         assert absent not in text, absent
@@ -157,10 +159,11 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
     assert "| fp16-noscale | 1 |" in (tmp_path / "r" / "summary.md").read_text()
     happened = section(html, "numerics")  # what happened is said in the Numerics part it belongs to
     assert ("PyTorch fp16-noscale, last step: 31 of the 2,000 non-zero gradient elements (1.55%) came out exactly "
-            "zero in the real float16 backward (no loss scaling); most were in conv1.weight (30, 97%), then "
-            "fc.weight (1, 3%).") in happened
+            "zero in the real float16 backward (no loss scaling); most (30 of 31) were in conv1.weight, then "
+            "fc.weight (1).") in happened
     assert ("PyTorch fp16, last step: the largest |gradient| was below 2^-4; times the loss scale in use (32768) "
-            "below 2,048 — at least 32× under float16's largest value 65,504, so nothing overflowed.") in happened
+            "below 2,048 — at least 32× under float16's largest value 65,504, so nothing overflowed at that "
+            "step.") in happened
 
 
 def test_drift_marks_only_the_ratios_it_could_explain_and_says_which(tmp_path):
@@ -219,3 +222,49 @@ def test_seeds_that_disagree_get_an_interval_holding_their_own_ratios(tmp_path):
     assert "seed after seed with the precision order rotated per seed" in speed
     line = one(rendered.findings, "simple_cnn on synthetic, PyTorch (3 seeds): against fp32")
     assert "bf16 at 0.92× [" in line and "⚠ noisy: interval" in line
+
+
+def test_a_collapsed_loss_scale_is_said_beside_a_last_step_that_did_not_overflow(tmp_path):
+    """Issue 32: "so nothing overflowed" was printed beside a scale the loss scaler had cut to 2^-8. The last
+    step's headroom is said of that step only, and the cell's skipped updates and falling scale (its step
+    records) say that it overflowed before."""
+    run_dir = write_run(tmp_path, precisions=("fp32", "fp16"), seeds=(0,), frameworks=("torch",), steps=30)
+    cell = next((run_dir / "cells").glob("torch-*-fp16-*"))
+    steps = pd.read_parquet(cell / "steps.parquet")
+    skipped = steps["step"].isin(range(5, 30))
+    steps["skipped"] = skipped
+    steps["loss_scale"] = 32768.0 / 2.0 ** skipped.cumsum().shift(fill_value=0)
+    records.atomic_write_table(cell / "steps.parquet", steps)
+    report.render(run_dir, figures=False)
+    happened = section(html_lib.unescape((run_dir / "index.html").read_text()), "numerics")
+    assert "so nothing overflowed at that step; yet the records show overflow before it: the loss scaler skipped " \
+           "25 of 30 updates for non-finite gradients (overflow at the scale then in use), and its scale fell from " \
+           "2^15 at the first step to 2^-9 at the last." in happened, happened
+
+
+def test_lost_elements_spread_thinly_are_counted_not_called_most():
+    """Issue 32: "most were in blocks.0.attn.query.weight (1, 33%)" for 1 of 3 lost elements."""
+    from amp_compare.harness.report import numerics
+
+    rows = [{"framework": "tf", "precision": "fp16", "seed": 0, "when": "last step", "loss_scale": 32768.0,
+             "layer": layer, "param": "weight", "nonzero": 6200, "lost_fraction_mixed_scaled": lost / 6200,
+             "lost_fraction_mixed_unscaled": 0.0} for layer, lost in (("a", 1), ("b", 1), ("c", 1))]
+    (said,) = numerics.lost_sentences(pd.DataFrame(rows))
+    assert "most (" not in said and "most were" not in said, said
+    assert said.endswith("they were spread over 3 layers, none holding most of them: a.weight (1), b.weight (1), "
+                         "c.weight (1)."), said
+
+
+def test_the_dtype_audit_counts_the_rows_that_differ_instead_of_saying_every_row_should_match():
+    from amp_compare.harness.report import numerics
+    from amp_compare.harness.report.wording import RunFacts
+
+    facts = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp16"], seeds=[0], device="cpu", rotated=False)
+    differing = {"fp16": {"rows": 3, "of": 72, "layers": ["(unnamed)", "blocks.1.attn", "blocks.0.attn"]},
+                 "bf16": {"rows": 2, "of": 72, "layers": ["blocks.1.attn", "blocks.0.attn"]}}
+    said = numerics.section_words(facts, {"differing": differing})["dtype_audit"]
+    assert "should match" not in said, said
+    assert "5 rows differ between the frameworks, marked in red — fp16: 3 of 72 rows ((unnamed), blocks.1.attn, " \
+           "blocks.0.attn); bf16: 2 of 72 rows" in said, said
+    none = numerics.section_words(facts, {"differing": {"fp16": {"rows": 0, "of": 72, "layers": []}}})
+    assert "No row differs between the frameworks." in none["dtype_audit"]

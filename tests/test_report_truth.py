@@ -49,7 +49,10 @@ def test_a_framework_log_line_is_the_evidence_it_is(tmp_path):
     lines = speed.framework_log_lines(tmp_path, runs)
     assert [(x.framework, x.precision, x.half) for x in lines] == [("tf", "fp16", "float16")]
     said = finding_parts(runs, pd.DataFrame(), {**AVX512_BF16, "framework_logs": lines}).sentences
-    assert any(s.startswith("Keras (TF)'s fp16 cells logged: \"oneDNN supports DT_HALF") for s in said)
+    logged = next(s for s in said if s.startswith("Keras (TF)'s fp16 cells logged: \"oneDNN supports DT_HALF"))
+    # the AVX-512 of that line is AVX-512 FP16: beside flags listing avx512f it must not read as "no AVX-512"
+    assert logged.endswith("— the AVX-512 it names is AVX-512 FP16 (avx512_fp16: float16 arithmetic), which this "
+                           "CPU lacks, though it has AVX-512 itself (avx512f)."), logged
 
 
 def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
@@ -58,6 +61,7 @@ def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
     acc = next(s for s in parts.sentences if "final validation accuracy" in s)
     assert "bootstrap" not in acc and "predicted exactly as fp32 predicted it in each of 3 seeds" in acc
     assert "exact 95% bound" in acc
+    assert "fp16 no image differed (exact 95% bound ±" in acc and "p =" not in acc, acc  # no test ran: no p-value
     table = pd.DataFrame({"test": [stats.NO_DIFFERENCE]})
     assert "bootstrap" not in accuracy.section_paragraph(table)
 
@@ -76,9 +80,15 @@ def test_lessons_carry_the_runs_evidence_for_or_against():
     table = pd.DataFrame({"precision": ["fp32", "fp16", "bf16"], "speedup_vs_fp32": [1.0, 0.12, 0.5]})
     text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, AVX512_BF16, None)
                 if e.id == "gl-half-formats")
-    assert "Lesson: a half format makes training faster only where the hardware computes in it" in text
+    assert "Lesson: a half format can make training faster only where the hardware computes in it" in text
     assert "float16 rows at 0.12× fp32's speed on a CPU whose flags list no float16 arithmetic" in text
-    assert "bfloat16 rows at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: against" in text
+    # the arithmetic is needed for a gain, not enough: a slowdown beside it does not go against the lesson
+    assert ("bfloat16 rows at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: no gain in some "
+            "rows despite the arithmetic, which the lesson allows") in text and "against the lesson" not in text
+    # the bf16 sentence reads as English and says what it means (the audit found it garbled)
+    assert ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
+            "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
+            "underflow in bfloat16") in text
     assert "This run measured no gradient against float16's range." in text
     assert "need loss scaling" not in text
 

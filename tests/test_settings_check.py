@@ -89,3 +89,13 @@ def test_defaults_mode_differs_where_the_frameworks_do():
     flagged = {r["key"] for r in compare_settings(*records(comparison="defaults")) if not r["match"]}
     assert {"adam_epsilon", "adam_formula", "bn_momentum", "bn_epsilon", "stride2_padding", "output_dtype",
             "init_scale"} <= flagged
+
+
+def test_a_match_of_differently_printed_values_says_it_matched_after_mapping():
+    """Issue 32: "loss_reduction | mean | sum_over_batch_size | ✓" read as a match of two different values."""
+    torch_used, keras_used = records()
+    assert torch_used["loss_reduction"] != keras_used["loss_reduction"]  # the conventions differ, the meaning not
+    marks = {r["setting"]: r["match"] for r in side_by_side(cell_records(torch_used, keras_used))["rows"]}
+    assert marks["loss_reduction"] == "✓ each cell's two records equal in torch's convention (mean)", marks
+    assert marks["bn_momentum"].startswith("✓ each cell's two records equal in torch's convention (")
+    assert marks["bn_epsilon"] == "✓"  # printed the same: a bare ✓

@@ -20,7 +20,8 @@ def section_paragraph(acc: pd.DataFrame) -> str:
     ran = tests_ran(acc)
     how = []
     if "mcnemar" in ran:
-        how.append("McNemar's exact test where there is one seed (its interval: Clopper-Pearson, exact)")
+        how.append("McNemar's exact test where there is one seed (its interval: Newcombe's score interval for a "
+                   "paired difference, which lets the number of images that differ vary)")
     if "bootstrap" in ran:
         how.append("a paired bootstrap over images (the same images resampled for every seed) where there are "
                    "several (its interval: the bootstrap's 95% percentile interval)")

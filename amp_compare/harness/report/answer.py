@@ -20,8 +20,9 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import fp8 as fp8_report
-from amp_compare.harness.report import stats
+from amp_compare.harness.report import memory, numerics, stats
 from amp_compare.harness.report.cell_text import ratio_number
+from amp_compare.harness.report.hardware import log_line_meaning
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
 # What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
@@ -94,17 +95,12 @@ def _accuracy_text(r) -> str:
     p = getattr(r, "p_value", np.nan)
     if not isinstance(p, float) or not np.isfinite(p):
         return ""
+    if getattr(r, "test", "") == stats.NO_DIFFERENCE:  # no test ran: no p to print
+        return f"no image was predicted differently from fp32 (exact 95% bound ±{r.ci_high:.1f} pp)"
     if stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
         return (f"accuracy {'lower' if r.diff_pp < 0 else 'higher'} by {abs(r.diff_pp):.1f} percentage points "
                 f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}] (p = {p:.2g})")
     return f"no detectable accuracy change (p = {p:.2g})"
-
-
-def _memory_text(r) -> str:
-    low, high = getattr(r, "memory_low", np.nan), getattr(r, "memory_high", np.nan)
-    if getattr(r, "memory_note", "") or not (np.isfinite(low) and (low > 0 or high < 0)):
-        return "peak memory: differences below what this run resolves"
-    return f"peak memory {r.memory_change_vs_fp32:+.0%} [{low:+.0%}, {high:+.0%}]"
 
 
 def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict, device: str,
@@ -122,7 +118,9 @@ def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict,
     logs = cells.get("framework_notices", pd.Series(dtype=object)).dropna().astype(str)
     lines = dict.fromkeys(ln for text in logs for ln in text.splitlines()
                           if any(w in ln for w in LOG_NAMES.get(half, ())))
-    said += [f"{framework_label(fw)} logged “{ln}”" for ln in list(lines)[:1]]
+    said += [f"{framework_label(fw)} logged “{ln}”"
+             + (f", where {meaning}" if (meaning := log_line_meaning(ln, environment.get("cpu_amp_flags", ""))) else "")
+             for ln in list(lines)[:1]]
     if device == "cpu" and half in FORMAT_FLAGS:
         key, names, what = FORMAT_FLAGS[half]
         flags = environment.get("cpu_amp_flags") or "none"
@@ -146,9 +144,8 @@ def _ended(cells: pd.DataFrame) -> str:
     """How the cells that did not finish normally ended ("" when all did)."""
     parts = []
     for r in cells[cells["status"] != "ok"].itertuples():
-        step = pd.to_numeric(getattr(r, "nonfinite_step", np.nan), errors="coerce")
-        where = f" (loss not finite from step {int(step)})" if pd.notna(step) and step >= 0 else ""
-        parts.append(f"seed {r.seed} {r.status}{where}")
+        ending = numerics.ending_text(r)  # the steps' records, as every other sentence on it reads them
+        parts.append(f"seed {r.seed} {r.status}" + (f" ({ending})" if ending else ""))
     return ", ".join(parts)
 
 
@@ -165,7 +162,7 @@ def _part(r, seeds: pd.DataFrame, cells: pd.DataFrame, environment: dict, device
     why = _why(r.framework, r.model, r.precision, cells, environment, device, profile) \
         if verdict in ("faster", "slower") else ""
     speed = _speed_text(r, seeds) + (f" ⚠ {r.speed_note}" if r.speed_note else "")
-    return PrecisionAnswer(r.precision, verdict, speed, _accuracy_text(r), _memory_text(r), why, decide,
+    return PrecisionAnswer(r.precision, verdict, speed, _accuracy_text(r), memory.answer_text(r), why, decide,
                            _budget(cells), _ended(cells))
 
 
@@ -218,10 +215,13 @@ def _choice(parts: list[PrecisionAnswer], ratios: dict[str, float]) -> tuple[str
 
 
 def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environment: dict, device: str,
-            profile: pd.DataFrame | None = None, fp8_layers: pd.DataFrame | None = None) -> list[Answer]:
-    """One Answer per (machine x) model x dataset (x step loop x batch size) x framework, in the summary's order."""
+            profile: pd.DataFrame | None = None, fp8_layers: pd.DataFrame | None = None,
+            steps: pd.DataFrame | None = None) -> list[Answer]:
+    """One Answer per (machine x) model x dataset (x step loop x batch size) x framework, in the summary's order;
+    `steps` (the step records) say where a cell that did not finish went non-finite (numerics.loss_history)."""
     if full.empty or runs.empty:
         return []
+    runs = numerics.with_loss_history(runs, steps)
     keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in full]
     multi, varying = named_machines(full), varying_keys(full)
     out = []
@@ -253,8 +253,9 @@ def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environ
 
 
 def _line(p: PrecisionAnswer) -> str:
-    said = [p.speed] + [t for t in (p.accuracy, p.memory) if t]
-    text = f"{p.precision}: " + "; ".join(said)
+    """The speed verdict with what explains it (why) or would decide it, then accuracy and memory: a reason
+    is never placed after a clause it does not explain."""
+    text = f"{p.precision}: {p.speed}"
     if p.failed:
         text += f" — did not finish: {p.failed}"
     if p.why:
@@ -263,7 +264,8 @@ def _line(p: PrecisionAnswer) -> str:
         text += f" — {p.budget}"
     if p.decide:
         text += f" — this run cannot decide it; what would: {p.decide}"
-    return text + "."
+    rest = "; ".join(t for t in (p.accuracy, p.memory) if t)
+    return text + (f". {rest[0].upper()}{rest[1:]}." if rest else ".")
 
 
 def render(items: list[Answer], fmt: str) -> str:

@@ -38,7 +38,7 @@ def accuracy_interval_kind(test) -> str:
     test = str(test or "")
     if test == stats.NO_DIFFERENCE:
         return "exact 95% bound"
-    return "95% bootstrap" if test.startswith("paired bootstrap") else "95% exact" if test.startswith("McNemar") \
+    return "95% bootstrap" if test.startswith("paired bootstrap") else "95% Newcombe" if test.startswith("McNemar") \
         else "95%"
 
 

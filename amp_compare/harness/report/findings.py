@@ -58,6 +58,8 @@ def accuracy_text(r) -> str:
     if not np.isfinite(p):
         return "no paired test (no per-image results)"
     ptext, kind = f"p = {p:.2g}", accuracy_interval_kind(getattr(r, "test", ""))
+    if getattr(r, "test", "") == stats.NO_DIFFERENCE:  # no test ran, so there is no p to print
+        return f"no image differed ({kind} ±{r.ci_high:.1f} pp)"
     if not stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
         return f"no detectable difference ({r.diff_pp:+.1f} pp [{kind} {r.ci_low:+.1f}, {r.ci_high:+.1f}], {ptext})"
     if r.diff_pp < 0:
@@ -351,11 +353,12 @@ def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     groups = Groups.of(table)
     out = [*speed_findings(groups), *machine_findings(groups, runs, environment), *memory_findings(groups, runs),
            *accuracy_findings(groups), *time_findings(groups), *scaling_findings(groups, runs, steps)]
-    diverged = runs[runs["status"] == "diverged"] if "status" in runs else runs.iloc[0:0]
+    diverged = nr.with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
     mixed = table[precisions.is_mixed(table["precision"])]
+    ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
+             + (f"; {nr.ending_text(r, since=False)}." if nr.ending_text(r) else ".") for r in diverged.itertuples()]
     return Findings(
-        [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}."
-         for r in diverged.itertuples()][::-1] + out, too_short_findings(groups),
+        ended[::-1] + out, too_short_findings(groups),
         slowdown_scope(runs) and bool((mixed["speedup_vs_fp32"] < 1).any()))
 
 

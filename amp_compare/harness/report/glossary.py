@@ -146,10 +146,10 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     flags = (f"whose flags list {half} arithmetic" if arithmetic else
              f"whose flags list no {half} arithmetic ({' and '.join(ARITHMETIC_FLAGS[half])} absent)")
     faster, slower = bool((ratios > 1).all()), bool((ratios < 1).all())
+    # the lesson says the arithmetic is needed for a gain; slower rows on a CPU with it do not contradict it
     verdict = ("consistent with the lesson" if (arithmetic and faster) or (not arithmetic and slower) else
-               "against the lesson as far as this run goes (which kernels ran was not recorded)" if arithmetic
-               else "against the lesson: faster without the format's arithmetic" if faster else
-               "mixed: some rows faster, some slower")
+               "no gain in some rows despite the arithmetic, which the lesson allows (which kernels ran was not "
+               "recorded)" if arithmetic else "against the lesson: faster without the format's arithmetic")
     return f" This run: {half} rows at {span} fp32's speed on a CPU {flags}: {verdict}."
 
 
@@ -163,7 +163,7 @@ def _underflow_evidence(underflow: pd.DataFrame | None) -> str:
         return " This run measured no gradient against float16's range."
     if share > 0:
         return (f" This run: up to {share:.3%} of the non-zero gradient elements of a cell's first step lay below "
-                "float16's range (the Numerics section's underflow table): for the lesson here.")
+                "float16's range (the Numerics section's underflow table): evidence for the lesson in this run.")
     return (" This run: no non-zero gradient element of a first step lay below float16's range: no evidence for the "
             "lesson here.")
 
@@ -236,13 +236,14 @@ def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.D
     if "float16" in facts.halves:
         text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of only "
                  "±65,504 down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
-                 "Lesson: gradients smaller than that flush to zero in float16, which loss scaling exists to "
-                 "prevent." + _underflow_evidence(underflow) + " ")
+                 "Lesson: a gradient below 2^-24 flushes to zero in float16 (and below 2^-14 loses precision), "
+                 "which loss scaling exists to prevent." + _underflow_evidence(underflow) + " ")
     if "bfloat16" in facts.halves:
-        text += ("bfloat16 has 16 bits, float32's 8 exponent bits and 7 mantissa bits: about 2 decimal digits over "
-                 "float32's whole range, so nothing underflows in it before it would in float32 and no loss scaling "
-                 "is used. ")
-    text += "Lesson: a half format makes training faster only where the hardware computes in it."
+        text += ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
+                 "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
+                 "underflow in bfloat16, so no loss scaling is used. ")
+    text += ("Lesson: a half format can make training faster only where the hardware computes in it (needed, "
+             "not enough: the kernels a framework picks decide the rest).")
     for half in ("float16", "bfloat16"):
         if half in facts.halves:
             text += _format_evidence(table, {**environment, "device": facts.device}, half)

@@ -24,6 +24,20 @@ HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to
 COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matmul ceiling
 
 
+def log_line_meaning(text: str, flags: str) -> str:
+    """What a framework's log line about its half-precision path means on this CPU, where it could be misread
+    ("" otherwise). oneDNN's "supports DT_HALF only on platforms with AVX-512" means AVX-512 FP16 (the
+    avx512_fp16 flag, float16 arithmetic), not AVX-512 itself: printed beside flags that list avx512f, it
+    would read as if the CPU lacked AVX-512."""
+    if "DT_HALF" not in text or "AVX-512" not in text:
+        return ""
+    listed = {f.strip() for f in str(flags or "").split(",")}
+    has = "avx512_fp16" in listed
+    return ("the AVX-512 it names is AVX-512 FP16 (avx512_fp16: float16 arithmetic), which this CPU "
+            + ("has" if has else "lacks" + (", though it has AVX-512 itself (avx512f)" if "avx512f" in listed
+                                            else "")))
+
+
 def timing_note(wall: float, median: float) -> str:
     """The wall-time headline against the median-step figure: empty within TIMING_GAP, else what it means."""
     if not (np.isfinite(wall) and np.isfinite(median) and median > 0):

@@ -5,8 +5,13 @@ the framework's workspaces move it by tens of MiB between identical cells), and 
 noise into ratios of +100% or more. The run measures its own resolution: cells that ran the same framework,
 model, dataset, loop and precision with other seeds should use the same memory, so the largest spread among
 them is what the run cannot tell apart. A mixed cell's difference from fp32 (the median over seeds of each
-seed's mixed minus fp32, in MiB) smaller than that is said to be unresolved, not printed as a percentage; one
-seed has no identical cells, so its resolution is unknown (and its ratio has no interval: ⚠, as before).
+seed's mixed minus fp32, in MiB) smaller than that is said to be unresolved, not printed as a percentage.
+
+A group run with one seed has no identical cells of its own: it takes the largest spread the same framework's
+identical cells showed anywhere else in the run (the allocator's noise is the process's, not the model's), and
+where the run has none at all its resolution is unknown and its difference unresolved too: one reading per
+precision cannot tell a difference from noise (two default runs read one ViT's 2.6 MiB baseline as +120% and
+-72%). `status` is the one rule; the summary table, the findings, the figures and the answer all say what it says.
 """
 
 from __future__ import annotations
@@ -27,6 +32,20 @@ def resolution_mib(group: pd.DataFrame) -> float:
     return max(spreads, default=float("nan"))
 
 
+def resolutions(ok: pd.DataFrame, keys: list[str]) -> dict[tuple, tuple[float, str]]:
+    """{group key: (resolution in MiB, where it was measured)} for every comparison group of the ok run table
+    (`keys` ends in "framework"): the group's own identical cells, else the same framework's largest spread in the
+    rest of the run ("other" basis), else NaN (no identical cells anywhere)."""
+    own = {k if isinstance(k, tuple) else (k,): resolution_mib(g)
+           for k, g in ok.groupby(keys, sort=False, dropna=False)} if not ok.empty else {}
+    per_framework: dict[str, float] = {}
+    for key, value in own.items():
+        if np.isfinite(value):
+            per_framework[key[-1]] = max(value, per_framework.get(key[-1], 0.0))
+    return {key: (value, "own") if np.isfinite(value) else (per_framework.get(key[-1], float("nan")), "other")
+            for key, value in own.items()}
+
+
 def paired_difference_mib(pairs) -> float:
     """The median over seeds of mixed − fp32 peak memory (MiB), from (fp32 row, mixed row) pairs."""
     diffs = [(b.peak_memory_bytes - a.peak_memory_bytes) / MIB for a, b in pairs
@@ -35,26 +54,39 @@ def paired_difference_mib(pairs) -> float:
 
 
 def resolved(difference: float, resolution: float) -> float:
-    """1.0 where a difference exceeds the run's resolution, 0.0 where it does not, NaN where the resolution is
-    unknown (a float, so the column survives the table's merges as one dtype)."""
-    if not (np.isfinite(difference) and np.isfinite(resolution)):
+    """The one rule: 1.0 where a difference exceeds the run's resolution, 0.0 where it does not or where the
+    resolution is unknown (one seed and no identical cells anywhere in the run), NaN where no difference was
+    measured (a float, so the column survives the table's merges as one dtype)."""
+    if not np.isfinite(difference):
         return float("nan")
-    return float(abs(difference) > resolution)
+    return float(np.isfinite(resolution) and abs(difference) > resolution)
+
+
+def status(r) -> str:
+    """"resolved", "unresolved" or "" (nothing measured) for a row of the full table: every memory sentence,
+    cell and bar label is chosen by this."""
+    known = getattr(r, "memory_resolved", float("nan"))
+    return "" if not np.isfinite(known) else "resolved" if known == 1.0 else "unresolved"
 
 
 def unresolved(r) -> bool:
-    return getattr(r, "memory_resolved", float("nan")) == 0.0
+    return status(r) == "unresolved"
 
 
-def below_resolution_text(resolution: float) -> str:
-    return f"below what this run resolves: identical cells differed by up to {resolution:,.1f} MiB"
+def below_resolution_text(resolution: float, basis: str = "own") -> str:
+    if not np.isfinite(resolution):
+        return ("unresolved: one seed, and no identical cells anywhere in this run to measure what it resolves "
+                "(--seeds 0,1,2 measures it)")
+    where = "" if basis == "own" else " (this framework's other models: this one ran one seed)"
+    return f"below what this run resolves: identical cells differed by up to {resolution:,.1f} MiB{where}"
 
 
 def cell_text(r) -> str:
     """The summary table's "Memory vs fp32" cell: the change (⚠ where its interval does not support it), or
     that it is unresolved and the resolution it is below."""
     if unresolved(r):
-        return f"unresolved (< {r.memory_resolution_mib:,.1f} MiB)"
+        resolution = r.memory_resolution_mib
+        return f"unresolved (< {resolution:,.1f} MiB)" if np.isfinite(resolution) else "unresolved (one seed)"
     change = r.memory_change_vs_fp32
     return ("n/a" if change is None or not np.isfinite(change)
             else f"{change * 100:+.0f}%") + mark(getattr(r, "memory_note", ""))
@@ -63,7 +95,8 @@ def cell_text(r) -> str:
 def finding_text(r) -> str:
     """A mixed cell's peak-memory change in a sentence: with its MiB and 95% interval where resolved."""
     if unresolved(r):
-        return f"{r.memory_difference_mib:+,.1f} MiB, {below_resolution_text(r.memory_resolution_mib)}"
+        return (f"{r.memory_difference_mib:+,.1f} MiB, "
+                f"{below_resolution_text(r.memory_resolution_mib, getattr(r, 'memory_resolution_basis', 'own'))}")
     text = f"{r.memory_change_vs_fp32:+.0%}"
     if np.isfinite(getattr(r, "memory_difference_mib", np.nan)):
         text += f" ({r.memory_difference_mib:+,.1f} MiB)"
@@ -72,6 +105,16 @@ def finding_text(r) -> str:
     return text + mark(getattr(r, "memory_note", ""))
 
 
+def answer_text(r) -> str:
+    """The answer's memory clause: the findings' sentence for the same row (so the two never disagree), with the
+    ⚠ note said in words; "" where no difference was measured."""
+    if not status(r):
+        return ""
+    note = getattr(r, "memory_note", "")
+    return f"peak memory {finding_text(r)}" + (f" {note}" if status(r) == "resolved" and note else "")
+
+
 LEGEND = ("Memory vs fp32 \"unresolved (< X MiB)\": the difference from fp32 is smaller than identical cells (the same "
-          "framework, model and precision, other seeds) differed by in this run, so the run cannot tell it from "
-          "noise.")
+          "framework, model and precision, other seeds; for a model run with one seed, the framework's other "
+          "models) differed by in this run, so the run cannot tell it from noise; \"unresolved (one seed)\": the run "
+          "has no identical cells to measure that, so one reading per precision cannot tell a difference from noise.")

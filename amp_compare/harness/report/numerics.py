@@ -134,6 +134,76 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
+HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", "skipped_count", "first_scale",
+                "last_scale"]
+
+
+def loss_history(steps: pd.DataFrame | None) -> pd.DataFrame:
+    """Per cell_id, from the step records (steps counted from 0, as the NaN/Inf locator and the divergence
+    watch count them): the first step whose loss was not finite, the first skipped update, the last step run,
+    how many updates were skipped, and the first and last step's loss scale. The one
+    definition every sentence about where a cell went non-finite reads (answer, findings, What happened)."""
+    if steps is None or steps.empty or "loss" not in steps:
+        return pd.DataFrame(columns=["cell_id", *HISTORY_COLS])
+    rows = []
+    for cell, g in steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False):
+        bad = g.loc[~np.isfinite(g["loss"].astype(float)), "step"]
+        skipped = g.loc[g["skipped"].astype(bool), "step"] if "skipped" in g else pd.Series(dtype=int)
+        scale = g["loss_scale"].astype(float) if "loss_scale" in g else pd.Series(dtype=float)
+        rows.append({"cell_id": cell, "first_nonfinite_loss_step": int(bad.iloc[0]) if len(bad) else -1,
+                     "first_skipped_step": int(skipped.iloc[0]) if len(skipped) else -1,
+                     "last_step": int(g["step"].iloc[-1]), "skipped_count": len(skipped),
+                     "first_scale": float(scale.iloc[0]) if len(scale) else np.nan,
+                     "last_scale": float(scale.iloc[-1]) if len(scale) else np.nan})
+    return pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS])
+
+
+def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """The run table with loss_history's columns beside each cell (-1 / NaN where its steps were not recorded)."""
+    out = runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(loss_history(steps), on="cell_id",
+                                                                           how="left")
+    return out
+
+
+def _scale_power(value: float) -> str:
+    power = np.log2(value) if value > 0 else np.nan
+    return f"2^{int(power)}" if np.isfinite(power) and power == int(power) else f"{value:g}"
+
+
+def ending_text(r, since: bool = True) -> str:
+    """How a cell that did not finish normally went non-finite, every step from its records (loss_history's
+    columns on a run row, a dict or a namedtuple): "" where the steps were not recorded. `since`: say where the
+    run of non-finite losses that stopped it began (the findings quote the divergence watch's own words)."""
+    get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
+    first = pd.to_numeric(get("first_nonfinite_loss_step", np.nan), errors="coerce")
+    if pd.isna(first):
+        return ""
+    said = [f"first non-finite loss at step {int(first)}" if first >= 0 else "every loss finite"]
+    skip = pd.to_numeric(get("first_skipped_step", np.nan), errors="coerce")
+    if pd.notna(skip) and 0 <= skip < (first if first >= 0 else np.inf):
+        said.append(f"the loss scaler skipped its first update at step {int(skip)}, with a finite loss")
+    start = pd.to_numeric(get("diverged_at_step", np.nan), errors="coerce")
+    if get("status") == "diverged" and pd.notna(start) and start >= 0:
+        said.append((f"non-finite from step {int(start)} on, " if since else "")
+                    + f"it was stopped after step {int(get('last_step'))}")
+    return "steps counted from 0: " + "; ".join(said)
+
+
+def overflow_text(r) -> str:
+    """What the records show of overflow in a loss-scaled cell: the updates it skipped for non-finite gradients
+    and where its scale went ("" where it skipped none)."""
+    skipped = int(r.get("skipped_count", 0) or 0)
+    if not skipped:
+        return ""
+    first, last = float(r["first_scale"]), float(r["last_scale"])
+    moved = (f"its scale was {_scale_power(first)} at the first and the last step" if last == first else
+             f"its scale {'fell' if last < first else 'rose'} from {_scale_power(first)} at the first step to "
+             f"{_scale_power(last)} at the last")
+    return (f"yet the records show overflow before it: the loss scaler skipped {skipped} of "
+            f"{int(r.get('last_step', 0)) + 1} updates for non-finite gradients (overflow at the scale then in use), "
+            f"and {moved}")
+
+
 def nonfinite_findings(runs: pd.DataFrame) -> pd.DataFrame:
     if "nonfinite_step" not in runs:
         return pd.DataFrame()
@@ -212,8 +282,10 @@ def _who(per: list[str], key: tuple) -> str:
     return " on ".join(map(str, key[:len(per)])) + ", " if per else ""
 
 
-def headroom_sentences(underflow: pd.DataFrame) -> list[str]:
-    """How close the largest scaled gradient came to float16's largest value, per framework x float16 mode."""
+def headroom_sentences(underflow: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[str]:
+    """How close the largest scaled gradient came to float16's largest value at the last step, per framework x
+    float16 mode, and (runs with loss_history's columns) what the loss scaler's skips and cuts show of overflow
+    before it: a small last-step scale is itself the record of earlier overflows."""
     hist = gradient_histogram(underflow)
     per = [k for k in _per_model(underflow) if k in hist]
     out = []
@@ -227,13 +299,36 @@ def headroom_sentences(underflow: pd.DataFrame) -> list[str]:
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
         scaled = f"; times the loss scale in use ({scale:g}) below {bound:,.4g}" if scale != 1 else ""
-        verdict = (f"at least {FP16_MAX / bound:,.0f}× under float16's largest value 65,504, so nothing overflowed"
-                   if bound <= FP16_MAX else f"within reach of float16's largest value 65,504: {over:.3%} of the "
-                   "elements overflow to inf at that scale")
+        verdict = (f"at least {FP16_MAX / bound:,.0f}× under float16's largest value 65,504, so nothing overflowed "
+                   "at that step" if bound <= FP16_MAX else f"within reach of float16's largest value 65,504: "
+                   f"{over:.3%} of the elements overflow to inf at that scale")
+        earlier = _overflow_before(runs, rows)
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, last step: the largest |gradient| was below "
-                   f"2^{top + 1}{scaled} — "
-                   f"{verdict}.")
+                   f"2^{top + 1}{scaled} — {verdict}{'; ' + earlier if earlier else ''}.")
     return out
+
+
+def _overflow_before(runs: pd.DataFrame | None, rows: pd.DataFrame) -> str:
+    """overflow_text of the cell whose last-step gradients `rows` are (runs with loss_history's columns)."""
+    if runs is None or rows.empty or "cell_id" not in rows or "skipped_count" not in runs:
+        return ""
+    cell = runs[runs["cell_id"] == rows["cell_id"].iloc[0]]
+    return overflow_text(cell.iloc[0].to_dict()) if not cell.empty else ""
+
+
+def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
+    """Where the lost elements were, in counts: "most" only for a layer holding more than half of them, and
+    every layer named where each holds the same few (three layers with one each are not "most ... (1, 33%)")."""
+    names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
+    counts = lost.to_numpy()
+    order = [i for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
+    listed = ", ".join(f"{names[i]} ({counts[i]:,})" for i in order[:3]) + (
+        f" and {len(order) - 3} more layers" if len(order) > 3 else "")
+    top = counts[order[0]]
+    if 2 * top > total:
+        rest = ", then ".join(f"{names[i]} ({counts[i]:,})" for i in order[1:2])
+        return f"most ({top:,} of {total:,}) were in {names[order[0]]}" + (f", then {rest}" if rest else "")
+    return f"they were spread over {len(order)} layers, none holding most of them: {listed}"
 
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
@@ -258,13 +353,9 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
             out.append(f"{who}{_label(fw)} {prec}, last step: none of the {nonzero:,} non-zero gradient elements came "
                        f"out exactly zero in the real float16 backward{at}.")
             continue
-        names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
-        order = np.argsort(-lost.to_numpy(), kind="stable")[:2]
-        where = ", then ".join(f"{names[i]} ({lost.iloc[i]:,}, {lost.iloc[i] / total:.0%})"
-                               for i in order if lost.iloc[i] > 0)
         out.append(f"{who}{_label(fw)} {prec}, last step: {total:,} of the {nonzero:,} non-zero gradient elements "
-                   f"({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; most were in "
-                   f"{where}.")
+                   f"({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; "
+                   f"{_where_lost(g, lost, total)}.")
     return out
 
 
@@ -282,14 +373,16 @@ def scaling_accuracy_sentences(runs: pd.DataFrame) -> list[str]:
     return out
 
 
-def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.DataFrame) -> dict[str, list[str]]:
+def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.DataFrame,
+                  steps: pd.DataFrame | None = None) -> dict[str, list[str]]:
     """What happened, by the Numerics subsection it belongs to, each sentence once and none repeating its
     subsection's table (the loss-scale counts, the underflow shares, the NaN/Inf locator's rows): what the
     tables do not show — accuracy with and without scaling, the gradients' headroom under float16's largest
     value and where lost elements were, the vit's attention story."""
+    history = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
     return {"loss_scaling": scaling_accuracy_sentences(runs),
-            "underflow": headroom_sentences(underflow) + lost_sentences(underflow),
-            "vit": vit_what_happened(runs, headroom)}
+            "underflow": headroom_sentences(underflow, history) + lost_sentences(underflow),
+            "vit": vit_what_happened(history, headroom)}
 
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
@@ -436,13 +529,15 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
         if naive and step >= 0:
             layer = r.get("nonfinite_layer", "")
-            after = (f"the run diverged (stopped at step {int(r.get('diverged_at_step', -1))})"
-                     if r.get("status") == "diverged" else
+            ending = ending_text(r)
+            after = (f"the run diverged ({ending})" if r.get("status") == "diverged" and ending else
+                     "the run diverged" if r.get("status") == "diverged" else
                      f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of "
                      f"{int(r.get('steps_total', 0))} steps")
-            out.append(f"{who}, --attention naive: the NaN/Inf locator put the first non-finite value at step "
-                       f"{int(step)}, in the {r.get('nonfinite_where', '')} of layer '{layer}' "
-                       f"({r.get('nonfinite_value', '')}), and {after}"
+            out.append(f"{who}, --attention naive: at step {int(step)}, its first skipped update or non-finite "
+                       f"loss, the NaN/Inf locator found the first non-finite value in the "
+                       f"{r.get('nonfinite_where', '')} of layer '{layer}' ({r.get('nonfinite_value', '')}), "
+                       f"and {after}"
                        + (f" — rerun with --fp32-layers {layer} to compute that layer in float32" if layer and
                           not forced else "") + (f"; {peak}." if peak else "."))
         elif naive:
@@ -494,14 +589,25 @@ def _layers_text(f: dict) -> str:
     return f" ({', '.join(f['layers'])}{', …' if f['rows'] > len(f['layers']) else ''})"
 
 
+def _differing_text(differing: dict) -> str:
+    """How many audit rows differ between the frameworks and why they may: never "every row should match"
+    beside rows that do not."""
+    rows = sum(f["rows"] for f in differing.values())
+    if not rows:
+        return "No row differs between the frameworks."
+    per = "; ".join(f"{p}: {f['rows']} of {f['of']} rows" + _layers_text(f) for p, f in differing.items() if f["rows"])
+    return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red — {per}. Aligned "
+            "mode (the default) aligns every difference a setting can, and tests/test_numerics.py checks those "
+            "layers row by row; a row in red is one no setting aligns (contract/mapping.py names them, e.g. "
+            "PyTorch's fused attention, which runs Q·Kᵀ, softmax and ·V in one op) or, in defaults mode, each "
+            "framework's own default.")
+
+
 def section_words(facts, dtype_facts: dict) -> dict[str, str]:
     """The Numerics section's paragraphs (wording.RunFacts; op_dtype_facts' differing rows and audit methods)."""
     dtype = "Dtypes each layer computed in during one training step (first seed)."
     if len(facts.frameworks) > 1:
-        differing = "; ".join(f"{p}: {f['rows']} of {f['of']} rows" + _layers_text(f)
-                              for p, f in dtype_facts.get("differing", {}).items())
-        dtype += (" Rows in red differ between the frameworks" + (f": {differing}" if differing else "")
-                  + ". In aligned mode every row should match (tests/test_numerics.py checks it layer by layer).")
+        dtype += " " + _differing_text(dtype_facts.get("differing", {}))
     if dtype_facts.get("methods"):
         dtype += f" How each column was taken: {'; '.join(dtype_facts['methods'])}."
     return {

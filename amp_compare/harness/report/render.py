@@ -588,7 +588,7 @@ def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.Da
     if not seeds.empty:  # an emulation's time is no speed result: no seed's ratio of it is drawn or said
         seeds = seeds[~fp8_report.speed_emulated(seeds["precision"], manifest["device"])]
     items = answer_block.answers(full, seeds, tables["run"], manifest["environment"], manifest["device"],
-                                 profile_report.evidence(tables), tables.get("fp8_layers"))
+                                 profile_report.evidence(tables), tables.get("fp8_layers"), tables["steps"])
     return {"seed_ratios": seeds, **{f"answer_{fmt}": answer_block.render(items, fmt)
                                      for fmt in ("html", "markdown", "text")}}
 
@@ -606,7 +606,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) ->
             "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
             "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
-            "said": nr.numerics_said(runs, underflow, headroom),
+            "said": nr.numerics_said(runs, underflow, headroom, steps),
             "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
             "words": nr.section_words(facts, nr.op_dtype_facts(dtypes, manifest["device"])),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}

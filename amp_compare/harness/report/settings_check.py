@@ -104,21 +104,33 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
     """The report's settings-used table: one row per setting over all cells, and the mismatch note.
 
     A row's values are the distinct values over the cells; `match` is "✓" when every cell's two records
-    agree on it (after mapping conventions), else "✗ MISMATCH" with the cells that disagree.
+    agree on it (after mapping conventions), else "✗ MISMATCH" with the cells that disagree. Where the two
+    records agree only after mapping (Keras' sum_over_batch_size is torch's mean; no weight decay is None in
+    one and 0 in the other), the match says so and shows both in torch's convention: different printed
+    values are never a bare ✓.
     """
     checked = check_runs(records)
     by_key: dict[str, dict] = {}
     for cell in checked:
         for row in cell["rows"]:
-            entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "bad": []})
+            entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "mapped": set(), "bad": []})
             for fw in ("torch", "keras"):
                 entry[fw].add(_fmt(row[fw]) if row["recorded"][fw] else "not recorded")
+            if row["recorded"]["torch"] and row["recorded"]["keras"]:
+                entry["mapped"].add(_fmt(row["torch_as_torch"]))
             if not row["match"]:
                 entry["bad"].append(cell["cell"])
     rows = [{"setting": key, "torch": "; ".join(sorted(e["torch"])), "keras": "; ".join(sorted(e["keras"])),
-             "match": "✓" if not e["bad"] else f"✗ MISMATCH ({', '.join(e['bad'])})", "ok": not e["bad"]}
-            for key, e in sorted(by_key.items())]
+             "match": _match_text(e), "ok": not e["bad"]} for key, e in sorted(by_key.items())]
     return {"rows": rows, "cells": len(checked), "note": mismatch_note(checked)}
+
+
+def _match_text(entry: dict) -> str:
+    if entry["bad"]:
+        return f"✗ MISMATCH ({', '.join(entry['bad'])})"
+    if entry["torch"] == entry["keras"]:
+        return "✓"
+    return f"✓ each cell's two records equal in torch's convention ({'; '.join(sorted(entry['mapped']))})"
 
 
 def differences_paragraph(comparison: str, init: str) -> str:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
+from amp_compare.harness.report.hardware import log_line_meaning
 
 # Lines a framework writes to stderr that say which kernels it fell back to: (pattern, half format it is about).
 # TensorFlow on a CPU without AVX-512 FP16: "oneDNN supports DT_HALF only on platforms with AVX-512. Falling back
@@ -107,8 +108,10 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
                      f"so {fmt} work cannot have run on {fmt} units here; which kernels ran instead was not "
                      "recorded" + (", except where a framework said so below." if _said(logs, fmt) else "."))
         out.append(text)
-    for line in logs:
-        out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\".")
+    for line in logs:  # hardware.log_line_meaning: what the line's words mean on this CPU, where misreadable
+        meaning = log_line_meaning(line.text, environment.get("cpu_amp_flags", ""))
+        out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\""
+                   + (f" — {meaning}." if meaning else "."))
     return out
 
 

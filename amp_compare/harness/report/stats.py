@@ -6,8 +6,10 @@ records which validation images its final model classified correctly (`val_corre
 bit array, base64). From those:
 
 - one seed: McNemar's exact test — of the images exactly one of the two models got right
-  (the discordant pairs), is the split away from 50:50? (`scipy.stats.binomtest`). The interval
-  is the Clopper-Pearson interval of that split, mapped to a difference in accuracy.
+  (the discordant pairs), is the split away from 50:50? (`scipy.stats.binomtest`). The interval is
+  Newcombe's score interval for a paired difference of proportions (`paired_difference_interval`): the
+  split's own Clopper-Pearson interval holds the number of discordant images fixed, so it ends exactly at
+  the estimate whenever every differing image went one way — no interval for the accuracy difference.
 - several seeds: a paired bootstrap over validation images — each resample draws the same images
   for every seed and both precisions, and the statistic is the mean over seeds of the accuracy
   difference (`scipy.stats.bootstrap`); its two-sided p-value is read off the bootstrap
@@ -62,10 +64,33 @@ def no_discordance_bound(n: int) -> float:
     return 100.0 * (1.0 - ((1.0 - CONFIDENCE) / 2) ** (1.0 / n))
 
 
+def _wilson(successes: int, n: int) -> tuple[float, float]:
+    z = st.norm.ppf(1 - (1 - CONFIDENCE) / 2)
+    p = successes / n
+    centre, half = (p + z * z / (2 * n)), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def paired_difference_interval(both: int, lost: int, gained: int, neither: int) -> tuple[float, float]:
+    """The 95% interval of mixed minus fp32 accuracy (a fraction) from the paired 2x2 counts: Newcombe's hybrid
+    score interval (Statistics in Medicine 17, 1998, method 10): Wilson intervals of each accuracy, combined
+    with the correlation of the pairs. Unlike an interval of the discordant split alone, it lets the number
+    of differing images vary, so a one-sided split gets an interval past its estimate."""
+    n = both + lost + gained + neither
+    p_mixed, p_fp32 = (both + gained) / n, (both + lost) / n
+    (l1, u1), (l2, u2) = _wilson(both + gained, n), _wilson(both + lost, n)
+    den = np.sqrt(float((both + lost) * (gained + neither) * (both + gained) * (lost + neither)))
+    phi = (both * neither - lost * gained) / den if den > 0 else 0.0
+    d1, e1, d2, e2 = p_mixed - l1, u1 - p_mixed, p_fp32 - l2, u2 - p_fp32
+    diff = p_mixed - p_fp32
+    return (diff - np.sqrt(max(d1 * d1 - 2 * phi * d1 * e2 + e2 * e2, 0.0)),
+            diff + np.sqrt(max(e1 * e1 - 2 * phi * e1 * d2 + d2 * d2, 0.0)))
+
+
 def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     """McNemar's exact test on one pair of per-example correctness vectors.
 
-    diff_pp is mixed minus fp32 accuracy in percentage points, with a 95% interval."""
+    diff_pp is mixed minus fp32 accuracy in percentage points, with its 95% interval (paired_difference_interval)."""
     fp32, mixed = np.asarray(fp32, bool), np.asarray(mixed, bool)
     n = len(fp32)
     lost = int(np.sum(fp32 & ~mixed))  # right in fp32, wrong in mixed
@@ -77,9 +102,8 @@ def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
         return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "test": NO_DIFFERENCE,
                 "discordant": 0, "images": n}
     res = st.binomtest(gained, k, 0.5)
-    ci = res.proportion_ci(confidence_level=CONFIDENCE, method="exact")
-    scale = 100.0 * k / n  # diff = k/n * (2*share_gained - 1)
-    return {"diff_pp": diff, "ci_low": scale * (2 * ci.low - 1), "ci_high": scale * (2 * ci.high - 1),
+    low, high = paired_difference_interval(int(np.sum(fp32 & mixed)), lost, gained, int(np.sum(~fp32 & ~mixed)))
+    return {"diff_pp": diff, "ci_low": 100.0 * low, "ci_high": 100.0 * high,
             "p_value": float(res.pvalue), "test": "McNemar exact", "discordant": k, "images": n}
 
 
