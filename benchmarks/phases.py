@@ -19,7 +19,7 @@ import pandas as pd
 from amp_compare.contract import records
 from amp_compare.kit.phases import ORDER
 
-PARENT = ("parent start", "planning", "calibration", "between cells", "render")
+PARENT = ("parent start", "planning", "fork servers", "calibration", "between cells", "render")
 
 
 def phase_table(run_dir: Path) -> pd.DataFrame:

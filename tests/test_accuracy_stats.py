@@ -85,18 +85,21 @@ def test_speed_interval_is_narrow_on_steady_steps_and_flagged_on_noisy_ones():
     rng = np.random.default_rng(2)
     steady = stats.speed_interval([0.010 + rng.normal(0, 1e-4, 200)], [0.020 + rng.normal(0, 2e-4, 200)])
     assert steady["ratio"] == pytest.approx(0.5, rel=0.02) and steady["basis"] == "steps"
-    assert stats.speed_verdict(steady) == ""
+    # one seed is never a supported ratio (issue 32): its interval covers one cell's step-to-step noise only
+    assert stats.speed_verdict(steady) == stats.ONE_SEED_SPEED
     # load switching on and off in stretches: step times jump 5x for blocks of steps
     load = np.repeat(rng.random(20) < 0.5, 10) * 4 + 1
     noisy = stats.speed_interval([0.010 * load], [0.012 * load[::-1]])
-    assert noisy["low"] < 1 < noisy["high"] and stats.speed_verdict(noisy).startswith("noisy")
+    assert noisy["low"] < 1 < noisy["high"] and stats.speed_verdict(noisy).startswith(
+        f"{stats.ONE_SEED_SPEED}; also noisy")
     # as wide, but wholly below 1: the direction stands (issue 32), the interval printed beside it says how well
     wide = stats.speed_interval([0.010 * load], [0.020 * load[::-1]])
-    assert wide["high"] / wide["low"] > stats.NOISY_WIDTH and wide["high"] < 1 and stats.speed_verdict(wide) == ""
+    assert wide["high"] / wide["low"] > stats.NOISY_WIDTH and wide["high"] < 1 and \
+        stats.speed_verdict(wide) == stats.ONE_SEED_SPEED
     few = stats.speed_interval([np.full(3, 0.01)], [np.full(3, 0.02)])
     assert "too few timed steps (3)" in stats.speed_verdict(few)
     assert stats.speed_verdict(steady, "machine speed changed by 50% between cells") == \
-        "machine speed changed by 50% between cells"
+        f"{stats.ONE_SEED_SPEED}; also machine speed changed by 50% between cells"
 
 
 def test_several_seeds_give_an_interval_that_holds_their_own_ratios():
@@ -141,11 +144,15 @@ def test_calibration_is_judged_from_every_check_and_its_rounds():
         return {"calibrations": [{"when": f"check {i}", "ms": ms, "spread": sp} for i, (ms, sp) in enumerate(checks)]}
 
     steady = env((3.0, 0.04), (3.1, 0.05), (3.0, 0.03))
-    assert steadiness.unsteady_reason(steady) == "" and "3 times" in steadiness.describe(steady)
+    assert steadiness.unsteady_reason(steady) == "" and "3 calibration checks" in steadiness.describe(steady)
     # issue 32: the rounds of one check are no verdict (one hiccup in 25 checks said "busy" on every run) ...
     assert steadiness.unsteady_reason(env((7.9, 1.84), (8.0, 0.1))) == ""
-    # ... nor is one check off both of its neighbours; a change that lasts is
-    assert steadiness.unsteady_reason(env((3.0, 0.04), (6.0, 0.05), (3.0, 0.04))) == ""
+    # ... nor is a stall (a check far above the run's median: drift.py leaves it out of the level and names the
+    # cells next to it); a slower check that is no stall is the machine's own level, and it counts
+    calm = [(3.0, 0.04), (3.1, 0.05), (3.0, 0.04)]
+    assert steadiness.unsteady_reason(env(*calm, (31.0, 0.05), *calm)) == ""
+    assert steadiness.unsteady_reason(env((3.0, 0.04), (6.0, 0.05), (3.0, 0.04))) == \
+        "machine speed changed by 100% between cells"
     changed = env((3.0, 0.04), (6.0, 0.05), (6.0, 0.05), (3.0, 0.04))
     assert steadiness.unsteady_reason(changed) == "machine speed changed by 100% between cells"
     old = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0, "calibration_before_spread": 0.02,

@@ -126,10 +126,10 @@ def test_a_noisy_speed_ratio_is_marked_next_to_the_number():
     runs, epochs, steps = _cells(step_s=noisy)
     speed = next(s for s in _findings(runs, epochs, steps) if "images/s" in s)
     assert speed.startswith("simple_cnn on digits, PyTorch (1 seed): against fp32's 100 images/s, fp16 at 1.00× [")
-    assert "⚠ noisy: interval" in speed
+    assert "⚠ one seed" in speed and "; also noisy: interval" in speed  # one seed is never supported (issue 32)
     assert formatted_summary(full_table(runs, steps, epochs))["Speed vs fp32"].iloc[1] == "1.00× ⚠"
     steady = next(s for s in _findings(*_cells()) if "images/s" in s)
-    assert "⚠" not in steady
+    assert "noisy" not in steady and "⚠ one seed" in steady
 
 
 def test_time_to_accuracy_and_not_reached():

@@ -4,3 +4,7 @@ judges and words the measurement with them. Kept below both so that report/ neve
 # The calibration workload (run/calibrate.py times it; report/steadiness.py names it in its sentence).
 SIZE = 256
 UNSTEADY = 0.25  # rounds of one check, or checks between cells, differing by more than this: not steady
+# The calibration check (harness/run/calibrate.py times it; harness/report/drift.py says what it timed): rounds of
+# products of a SIZE x SIZE float32 matmul
+ROUNDS = 7
+REPS_PER_ROUND = 20

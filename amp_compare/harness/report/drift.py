@@ -34,8 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from amp_compare.contract.config import FRAMEWORKS
-from amp_compare.harness.common import SIZE
-from amp_compare.harness.run.calibrate import REPS_PER_ROUND, ROUNDS
+from amp_compare.harness.common import REPS_PER_ROUND, ROUNDS, SIZE
 
 MAD_TO_SD = 1.4826  # MAD x this estimates a normal standard deviation
 K_STEPS = 3.0  # a band is the neighbouring checks' change widened by this many typical check-to-check moves

@@ -15,10 +15,7 @@ import time
 
 import numpy as np
 
-from amp_compare.harness.common import SIZE
-
-REPS_PER_ROUND = 20
-ROUNDS = 7
+from amp_compare.harness.common import REPS_PER_ROUND, ROUNDS, SIZE
 
 
 def check(when: str) -> dict[str, object]:
