@@ -107,11 +107,11 @@ def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch, ca
     from amp_compare.harness.run.compare import main
 
     rc = main(["compare", "--out", str(tmp_path), "--frameworks", "torch", "--precisions", "bf16,fp32",
-               "--epochs", "1", "--run-id", "t", "--timeout", "30", "--seeds", "0", *TINY])
+               "--epochs", "1", "--run-id", "t", "--timeout", "20", "--seeds", "0", *TINY])
     assert rc == 3
     assert "1 of 2 cells finished, 1 failed" in capsys.readouterr().err.strip().splitlines()[-1]
     runs = _runs(tmp_path / "t")
-    assert runs.loc["torch-simple_cnn-synthetic-bf16-s0", "error"] == "timed out after 30 s"
+    assert runs.loc["torch-simple_cnn-synthetic-bf16-s0", "error"] == "timed out after 20 s"
     assert runs.loc["torch-simple_cnn-synthetic-fp32-s0", "status"] == "ok"
 
 

@@ -29,7 +29,8 @@ from amp_compare.harness.report.tables import LOOP, group_label, named_machines,
 DECIDE = {"stalled": "a re-run of the stalled cell named beside it",
           "machine drift": "benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so the "
                            "machine's drift cancels)",
-          "noisy": "more seeds (--seeds 0,1,2,3,4): the seeds' ratios disagree",
+          "noisy": "more seeds (--seeds 0,1,2,3,4): the seeds' ratios spread too widely for a 95% interval on one "
+                   "side of 1×",
           "one seed": "one seed: run with --seeds 0,1,2",
           "too few": "more timed steps per cell (more --epochs or --steps-per-epoch)",
           "no ": "more timed steps or --seeds 0,1,2"}
