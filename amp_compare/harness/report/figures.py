@@ -191,14 +191,17 @@ def _log2_axis(grid, log2_values: pd.Series) -> None:
 
 
 def loss_scale_grid(scaled: pd.DataFrame):
-    """The loss scale per step of the loss-scaled cells (fp16, fp16-static): a step line per framework x precision,
-    an X on each skipped step, whole powers of two on the axis, and a title naming only the modes the run had."""
+    """The loss scale per step of the loss-scaled cells (fp16, fp16-static): a step line per cell (each seed its own
+    trajectory: a median over seeds is a trajectory no cell followed, halving where none of them skipped), an X on
+    each cell's own skipped steps at its own scale, whole powers of two on the axis, and a title naming only the
+    modes the run had."""
     df = _labelled(scaled)
     df["log2_scale"] = np.log2(df["loss_scale"])
+    unit = "cell_id" if "cell_id" in df else "seed"
     grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", hue="Framework", style="Precision",
-                       palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
-                       markersize=6, errorbar=None, drawstyle="steps-post", estimator="median", height=4,
-                       aspect=1.8, **_facet(df))
+                       units=unit, estimator=None, palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES,
+                       markers=PRECISION_MARKERS, markersize=6, drawstyle="steps-post", height=4, aspect=1.8,
+                       **_facet(df))
     _stagger_markers(grid)
     skipped = df[df["skipped"]]
     for machine, ax in zip(grid.col_names if _facet(df) else [None], grid.axes.flat):
@@ -326,9 +329,11 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
             [*per, "precision", "framework"], sort=False))
     # how the dynamic scale moves is the glossary's to say (once); the caption says what this figure shows
     return [Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
-                   f"The scale each step used; an X marks a skipped step ({counts}).",
-                   "Step chart of the loss scale per step, in powers of two, for the loss-scaled runs "
-                   "of each framework.")]
+                   "The scale each step used, one line per seed (each cell's own trajectory from its step "
+                   f"records, not a median over seeds); an X marks that cell's own skipped step, at the scale it "
+                   f"skipped at ({counts}).",
+                   "Step chart of the loss scale per step, in powers of two, one line per seed of each "
+                   "loss-scaled run of each framework.")]
 
 
 def speed_labels(table: pd.DataFrame, notes: pd.DataFrame | None) -> pd.Series:
@@ -633,7 +638,8 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
     for (block, label), g in part.groupby(["block", "Framework"], observed=True):
         g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
         line, marker = ("-", "o") if str(label) == "PyTorch" else ("--", "s")
-        ax.plot(g["epoch"], g["max_abs"], line, marker=marker, color=colours[block], markersize=4,
+        # the records count epochs from 0; the reader counts from 1, as the tables and time to target do
+        ax.plot(g["epoch"] + 1, g["max_abs"], line, marker=marker, color=colours[block], markersize=4,
                 linewidth=1.2, label=f"{block} · {label}")
     ax.set_yscale("log")
     ax.axhline(FLOAT16_MAX, color="#d1495b", linewidth=1, linestyle="--")
@@ -673,7 +679,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                             naive and quantity == "attention_logit")
             ax.set_title(f"{prec} · {QUANTITY_LABELS[quantity]}", fontsize=9)
             if r == len(quantities) - 1:
-                ax.set_xlabel("Epoch")
+                ax.set_xlabel("Epoch (counting from 1)")
             if c == 0:
                 ax.set_ylabel("Largest |value| (log)")
     handles, labels = axes[0][0].get_legend_handles_labels()

@@ -16,6 +16,10 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
+from amp_compare.contract.config import display_order
+from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.report import stats
+from amp_compare.harness.report.findings import accuracy_text
 from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic
 
 # abbreviation -> (how it is found in text, its expansion). "p" only where it stands for a p-value.
@@ -153,24 +157,85 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     return f" This run: {half} rows at {span} fp32's speed on a CPU {flags}: {verdict}."
 
 
-def _underflow_evidence(underflow: pd.DataFrame | None) -> str:
-    """This run's evidence on the lesson "float16 gradients underflow without loss scaling"."""
-    if underflow is None or underflow.empty or "flush_unscaled" not in underflow:
+# A parameter whose exact gradient is zero: a key bias adds q·b to every logit of a query's row, and softmax ignores
+# a constant shift, so what the float32 reference holds there is rounding residue (2^-37..2^-29 in practice), not a
+# gradient float16 could lose.
+ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
+
+
+def _reference_flush(underflow: pd.DataFrame) -> str:
+    """Per model x framework: the float32 reference's first-step share that float16 would flush without scaling,
+    with the layers that hold it; shares held by parameters whose exact gradient is zero are said to be residue."""
+    ref = underflow[precisions.is_reference(underflow["precision"]) & (underflow["when"] == "first step")
+                    & (underflow["seed"] == underflow["seed"].min())]
+    keys = [k for k in ("model",) if k in ref and ref["model"].nunique() > 1] + ["framework"]
+    parts = []
+    for key, g in ref.sort_values(keys, key=display_order, kind="stable").groupby(keys, sort=False):
+        flushed = (g["flush_fraction_unscaled"].fillna(0) * g["nonzero"]).round().astype(int)
+        total, nonzero = int(flushed.sum()), int(g["nonzero"].sum())
+        names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
+        held = [(names[i], int(flushed.iloc[i])) for i in np.argsort(-flushed.to_numpy(), kind="stable")
+                if flushed.iloc[i] > 0]
+        residue = sum(n for name, n in held if ZERO_GRADIENT_PARAM.search(name))
+        where = ", ".join(f"{name} {n:,}" for name, n in held[:3]) + (", …" if len(held) > 3 else "")
+        who = " ".join([*(map(str, key[:-1])), _label(key[-1])])
+        text = f"{who} {total / max(nonzero, 1):.3%} ({total:,} of {nonzero:,}{': ' + where if where else ''})"
+        if residue:
+            text += (f", {'all' if residue == total else f'{residue:,}'} of it in attention key biases, whose exact "
+                     "gradient is zero (softmax ignores a constant shift): rounding residue, not evidence")
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _mixed_lost(underflow: pd.DataFrame) -> str:
+    """The largest share the run's own float16 backward lost without scaling, and in which cell."""
+    from amp_compare.harness.report.numerics import underflow_summary
+
+    s = underflow_summary(underflow)
+    s = s[s["precision"].isin(precisions.names(half="float16"))].dropna(subset=["lost_unscaled"]) if not s.empty else s
+    if s.empty:
+        return ""
+    top = s.loc[s["lost_unscaled"].idxmax()]
+    who = " ".join([*([str(top["model"])] if "model" in s else []), _label(top["framework"]), top["precision"]])
+    return (f" The run's own float16 backward without scaling lost up to {top['lost_unscaled']:.3%} of them "
+            f"({who}, {top['when']}).")
+
+
+def _harm_verdict(acc: pd.DataFrame | None) -> str:
+    """fp16-noscale's accuracy against fp32, each row by the Accuracy section's paired test, and what it shows."""
+    unscaled = precisions.names(half="float16", loss_scaling=None)
+    rows = acc[acc["precision"].isin(unscaled)] if acc is not None and not acc.empty else pd.DataFrame()
+    if rows.empty:
+        return (" No cell trained float16 without loss scaling, so this run does not measure what dropping it would "
+                "cost (--precisions fp32,fp16,fp16-noscale does).")
+    said = "; ".join(" ".join([*([str(r.model)] if rows["model"].nunique() > 1 else []), _label(r.framework),
+                               r.precision]) + ": " + accuracy_text(r) for r in rows.itertuples())
+    tested = [r for r in rows.itertuples() if np.isfinite(r.p_value) and not r.too_short
+              and not getattr(r, "budget_note", "")]
+    worse = [r for r in tested if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high})
+             and r.diff_pp < 0]
+    verdict = ("dropping loss scaling cost accuracy in this run" if worse else
+               "this run shows no measurable harm from dropping loss scaling" if len(tested) == len(rows) else
+               "the run cannot judge every such cell's accuracy")
+    return f" Trained without loss scaling, against fp32 (the Accuracy section's paired test): {said}: {verdict}."
+
+
+def _underflow_evidence(underflow: pd.DataFrame | None, acc: pd.DataFrame | None = None) -> str:
+    """This run's evidence on the lesson "float16 gradients underflow without loss scaling": what it measured of
+    harm, never a verdict the data does not carry. `underflow`: the per-layer records; `acc`: the Accuracy
+    section's paired tests (tables.accuracy_statistics)."""
+    if underflow is None or underflow.empty or "flush_fraction_unscaled" not in underflow:
         return " This run measured no gradient against float16's range."
-    first = underflow[underflow["when"] == "first step"] if "when" in underflow else underflow
-    share = float(first["flush_unscaled"].max()) if not first.empty else float("nan")
-    if not np.isfinite(share):
-        return " This run measured no gradient against float16's range."
-    if share > 0:
-        return (f" This run: up to {share:.3%} of the non-zero gradient elements of a cell's first step lay below "
-                "float16's range (the Numerics section's underflow table): evidence for the lesson in this run.")
-    return (" This run: no non-zero gradient element of a first step lay below float16's range: no evidence for the "
-            "lesson here.")
+    flush = _reference_flush(underflow)
+    return ((f" This run, float32 reference gradients of a cell's first step that float16 would flush without "
+             f"scaling (share of the non-zero elements): {flush}." if flush else "")
+            + _mixed_lost(underflow) + _harm_verdict(acc))
 
 
 def entries(facts, dtype_facts: dict, comparison: str, table: pd.DataFrame, environment: dict,
-            underflow: pd.DataFrame | None) -> list[Entry]:
-    """The glossary's entries for this run's modes, frameworks and device."""
+            underflow: pd.DataFrame | None, acc: pd.DataFrame | None = None) -> list[Entry]:
+    """The glossary's entries for this run's modes, frameworks and device (`underflow`: the per-layer underflow
+    records; `acc`: the Accuracy section's paired tests)."""
     out = []
     if facts.ran(half="float16"):
         out.append(Entry("gl-loss-scaling", "Loss scaling",
@@ -190,7 +255,7 @@ def entries(facts, dtype_facts: dict, comparison: str, table: pd.DataFrame, envi
     if facts.keras and facts.halves:
         out.append(Entry("gl-policy", "Dtype policies (Keras)", _policy_text(facts, dtype_facts, comparison)))
     if facts.halves:
-        out.append(_half_formats(facts, table, environment, underflow))
+        out.append(_half_formats(facts, table, environment, underflow, acc))
     if facts.device == "cuda":
         out.append(Entry("gl-tf32", "TF32", "TensorFloat-32: on NVIDIA Ampere and newer GPUs, float32 matrix "
                          "multiplies and convolutions may internally round inputs to a 10-bit mantissa on tensor "
@@ -210,9 +275,11 @@ def _autocast_text(d: dict) -> str:
             f"autocast each have their own); this run used {d['device']} autocast. Parameters stay float32 and are "
             "cast on the fly.")
     if d.get("precision"):
-        text += (f" What this run's own dtype audit saw ({d['precision']}, forward pass): ops in float32 only: "
-                 f"{', '.join(d['torch_float32_ops']) or 'none'}; ops in the half dtype: "
-                 f"{', '.join(d['torch_half_ops']) or 'none'}. The final Linear (fc) computed in "
+        lists = d.get("torch_ops_by_model") or {"": (d["torch_float32_ops"], d["torch_half_ops"])}
+        text += f" What this run's own dtype audit saw ({d['precision']}, forward pass): " + "; ".join(
+            f"{model + ': ' if model else ''}ops in float32 only: {', '.join(f32) or 'none'}; ops in the half dtype: "
+            f"{', '.join(half) or 'none'}" for model, (f32, half) in lists.items())
+        text += (". The final Linear (fc) computed in "
                  f"{d['torch_fc'] or 'n/a'}, the loss in {d.get('torch_loss') or 'n/a'}.")
     return text
 
@@ -229,7 +296,8 @@ def _policy_text(facts, d: dict, comparison: str) -> str:
     return text
 
 
-def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.DataFrame | None) -> Entry:
+def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.DataFrame | None,
+                  acc: pd.DataFrame | None = None) -> Entry:
     both = {"float16", "bfloat16"} <= facts.halves
     term = "bfloat16 vs float16" if both else next(iter(facts.halves))
     text = ""
@@ -237,7 +305,7 @@ def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.D
         text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of only "
                  "±65,504 down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
                  "Lesson: a gradient below 2^-24 flushes to zero in float16 (and below 2^-14 loses precision), "
-                 "which loss scaling exists to prevent." + _underflow_evidence(underflow) + " ")
+                 "which loss scaling exists to prevent." + _underflow_evidence(underflow, acc) + " ")
     if "bfloat16" in facts.halves:
         text += ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
                  "digits over float32's whole range. A gradient that float32 holds as a normal number does not "

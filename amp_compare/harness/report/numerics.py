@@ -113,11 +113,12 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     if dtypes.empty:
         return out
     first_seed = dtypes[dtypes["seed"] == dtypes["seed"].min()]
+    per = [k for k in ("model",) if k in first_seed and first_seed[k].nunique() > 1]  # a row names its model
     for prec in sorted(set(first_seed["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
         d = first_seed[first_seed["precision"] == prec]
         per_fw = {}
         for fw, g in d.groupby("framework"):
-            per_fw[fw] = g.groupby(["layer", "phase"], sort=False).agg(
+            per_fw[fw] = g.groupby([*per, "layer", "phase"], sort=False).agg(
                 # the set of dtypes the layer's ops produced: torch's one batch_norm op with a float16 output
                 # and float32 statistics ("float16+float32") is Keras' float16 and float32 ops
                 dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
@@ -189,28 +190,15 @@ def ending_text(r, since: bool = True) -> str:
     return "steps counted from 0: " + "; ".join(said)
 
 
-def overflow_text(r) -> str:
-    """What the records show of overflow in a loss-scaled cell: the updates it skipped for non-finite gradients
-    and where its scale went ("" where it skipped none)."""
-    skipped = int(r.get("skipped_count", 0) or 0)
-    if not skipped:
-        return ""
-    first, last = float(r["first_scale"]), float(r["last_scale"])
-    moved = (f"its scale was {_scale_power(first)} at the first and the last step" if last == first else
-             f"its scale {'fell' if last < first else 'rose'} from {_scale_power(first)} at the first step to "
-             f"{_scale_power(last)} at the last")
-    return (f"yet the records show overflow before it: the loss scaler skipped {skipped} of "
-            f"{int(r.get('last_step', 0)) + 1} updates for non-finite gradients (overflow at the scale then in use), "
-            f"and {moved}")
-
-
 def nonfinite_findings(runs: pd.DataFrame) -> pd.DataFrame:
     if "nonfinite_step" not in runs:
         return pd.DataFrame()
     found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
-    cols = ["framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
+    per = _per_model(runs)  # a run with two models names each row's model: their layers share names (fc)
+    cols = [*per, "framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
             "nonfinite_value"]
-    return found[cols].sort_values(["framework", "precision", "seed"]) if not found.empty else pd.DataFrame()
+    return found[cols].sort_values([*per, "framework", "precision", "seed"], key=display_order) \
+        if not found.empty else pd.DataFrame()
 
 
 FP16_MAX = 65504.0  # float16's largest finite value (kit/fp16.py holds the same; imported here without numpy's)
@@ -282,10 +270,11 @@ def _who(per: list[str], key: tuple) -> str:
     return " on ".join(map(str, key[:len(per)])) + ", " if per else ""
 
 
-def headroom_sentences(underflow: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[str]:
-    """How close the largest scaled gradient came to float16's largest value at the last step, per framework x
-    float16 mode, and (runs with loss_history's columns) what the loss scaler's skips and cuts show of overflow
-    before it: a small last-step scale is itself the record of earlier overflows."""
+def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
+    """Per framework x float16 mode: the largest parameter gradient of the probe after the last step against
+    float16's largest value, said as a bound on the parameter gradients only (overflow happens in the backward's
+    intermediate tensors, which the probe does not see), and what the step records show of overflow: the updates
+    the scaler skipped, at the scale each used, and the last step's scale (scale_record_text)."""
     hist = gradient_histogram(underflow)
     per = [k for k in _per_model(underflow) if k in hist]
     out = []
@@ -298,22 +287,47 @@ def headroom_sentences(underflow: pd.DataFrame, runs: pd.DataFrame | None = None
                          & (underflow["when"] == "last step") & (underflow["seed"] == underflow["seed"].min())]
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
-        scaled = f"; times the loss scale in use ({scale:g}) below {bound:,.4g}" if scale != 1 else ""
-        verdict = (f"at least {FP16_MAX / bound:,.0f}× under float16's largest value 65,504, so nothing overflowed "
-                   "at that step" if bound <= FP16_MAX else f"within reach of float16's largest value 65,504: "
-                   f"{over:.3%} of the elements overflow to inf at that scale")
-        earlier = _overflow_before(runs, rows)
-        out.append(f"{_who(per, key)}{_label(fw)} {prec}, last step: the largest |gradient| was below "
-                   f"2^{top + 1}{scaled} — {verdict}{'; ' + earlier if earlier else ''}.")
+        scaled = (f"; times the scale the scaler held after that step ({_scale_power(scale)}) below "
+                  f"{bound:,.4g}" if scale != 1 else "")
+        reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
+        record = _cell_record(steps, rows)
+        out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
+                   f"|parameter gradient| was below 2^{top + 1}{scaled}{reach} — a bound on the parameter gradients "
+                   "only, not on the intermediate tensors of the backward, where overflow happens (the NaN/Inf "
+                   "locator names the layer), so it does not say whether a step overflowed"
+                   + (f". {record}" if record else "") + ".")
     return out
 
 
-def _overflow_before(runs: pd.DataFrame | None, rows: pd.DataFrame) -> str:
-    """overflow_text of the cell whose last-step gradients `rows` are (runs with loss_history's columns)."""
-    if runs is None or rows.empty or "cell_id" not in rows or "skipped_count" not in runs:
+def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
+    """scale_record_text of the cell whose probe rows `rows` are ("" without step records)."""
+    if steps is None or steps.empty or rows.empty or "cell_id" not in rows or "loss_scale" not in steps:
         return ""
-    cell = runs[runs["cell_id"] == rows["cell_id"].iloc[0]]
-    return overflow_text(cell.iloc[0].to_dict()) if not cell.empty else ""
+    return scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]])
+
+
+def scale_record_text(cell_steps: pd.DataFrame) -> str:
+    """What one loss-scaled cell's step records show of overflow. The scale of a step is the one definition
+    steps.parquet holds: the scale that step's backward ran at (a skipped step halves it for the next). Says
+    the updates skipped (each one an overflow at the scale then in use), at which scales, and the last step's
+    scale and whether it was skipped. "" for a cell that never scaled (every scale 1) or has no records."""
+    if cell_steps.empty or "loss_scale" not in cell_steps:
+        return ""
+    g = cell_steps.sort_values("step")
+    scale = g["loss_scale"].astype(float).to_numpy()
+    if (scale == 1).all():
+        return ""
+    skipped = g["skipped"].astype(bool).to_numpy() if "skipped" in g else np.zeros(len(g), bool)
+    last = f"step {int(g['step'].iloc[-1])}, counting from 0"
+    ending = (f"the last step ({last}) ran at {_scale_power(scale[-1])} and "
+              + ("was skipped: it overflowed" if skipped[-1] else "was not skipped"))
+    if not skipped.any():
+        return (f"The step records: no update of {len(g):,} was skipped (no overflow at the scale then in use); "
+                + ending)
+    at = pd.Series(scale[skipped]).value_counts().sort_index(ascending=False)
+    scales = ", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items())
+    return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, each an overflow at "
+            f"the scale then in use, at {scales}; {ending}")
 
 
 def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
@@ -348,40 +362,57 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
             continue
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
-        at = f" at the scale in use ({scale:g})" if scale != 1 else " (no loss scaling)"
+        at = f" at the scale held after the last step ({_scale_power(scale)})" if scale != 1 else " (no loss scaling)"
         if total == 0:
-            out.append(f"{who}{_label(fw)} {prec}, last step: none of the {nonzero:,} non-zero gradient elements came "
-                       f"out exactly zero in the real float16 backward{at}.")
+            out.append(f"{who}{_label(fw)} {prec}, after the last step: none of the {nonzero:,} non-zero gradient "
+                       f"elements came out exactly zero in the real float16 backward{at}.")
             continue
-        out.append(f"{who}{_label(fw)} {prec}, last step: {total:,} of the {nonzero:,} non-zero gradient elements "
-                   f"({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; "
+        out.append(f"{who}{_label(fw)} {prec}, after the last step: {total:,} of the {nonzero:,} non-zero gradient "
+                   f"elements ({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; "
                    f"{_where_lost(g, lost, total)}.")
     return out
 
 
-def scaling_accuracy_sentences(runs: pd.DataFrame) -> list[str]:
-    """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies."""
+def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
+    """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies, each
+    with its paired test against fp32 from `acc` (tables.accuracy_statistics, the Accuracy section's rows, worded
+    by findings.accuracy_text): two accuracies side by side never stand without the test that judges them."""
+    from amp_compare.harness.report.findings import accuracy_text  # findings imports this module
+
     out = []
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     per = _per_model(ok) if not ok.empty else []  # per model and dataset: never two models' median
-    acc = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median() if not ok.empty else pd.Series()
-    for group in dict.fromkeys(k[:-1] for k in acc.index):
-        with_s, without = acc.get((*group, DYNAMIC_FP16)), acc.get((*group, UNSCALED_FP16))
-        if with_s is not None and without is not None:
-            out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
-                       f"loss scaling, {without:.1%} without any.")
+    acc_rows = acc if acc is not None and not acc.empty else None
+    median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median() if not ok.empty \
+        else pd.Series()
+    for group in dict.fromkeys(k[:-1] for k in median.index):
+        with_s, without = median.get((*group, DYNAMIC_FP16)), median.get((*group, UNSCALED_FP16))
+        if with_s is None or without is None:
+            continue
+
+        def tested(prec: str, group=group) -> str:
+            if acc_rows is None:
+                return ""
+            sel = acc_rows[np.logical_and.reduce([acc_rows[k] == v for k, v in zip([*per, "framework"], group)]
+                                                 + [acc_rows["precision"] == prec])]
+            return f" (against fp32: {accuracy_text(sel.iloc[0])})" if not sel.empty else ""
+
+        out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
+                   f"loss scaling{tested(DYNAMIC_FP16)}, {without:.1%} without any{tested(UNSCALED_FP16)}"
+                   + (" — each tested against fp32 image by image, as the Accuracy section does." if acc_rows
+                      is not None else "."))
     return out
 
 
 def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.DataFrame,
-                  steps: pd.DataFrame | None = None) -> dict[str, list[str]]:
+                  steps: pd.DataFrame | None = None, acc: pd.DataFrame | None = None) -> dict[str, list[str]]:
     """What happened, by the Numerics subsection it belongs to, each sentence once and none repeating its
     subsection's table (the loss-scale counts, the underflow shares, the NaN/Inf locator's rows): what the
     tables do not show — accuracy with and without scaling, the gradients' headroom under float16's largest
     value and where lost elements were, the vit's attention story."""
     history = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
-    return {"loss_scaling": scaling_accuracy_sentences(runs),
-            "underflow": headroom_sentences(underflow, history) + lost_sentences(underflow),
+    return {"loss_scaling": scaling_accuracy_sentences(runs, acc),
+            "underflow": headroom_sentences(underflow, steps) + lost_sentences(underflow),
             "vit": vit_what_happened(history, headroom)}
 
 
@@ -403,10 +434,9 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     prec = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
     facts["precision"] = prec
     d = first[(first["precision"] == prec) & (first["phase"] == "forward")]
-    torch_rows = d[(d["framework"] == "torch") & (d["op"] != "_to_copy")]
-    per_op = torch_rows.groupby("op")["compute_dtype"].agg(lambda s: {x for v in s for x in v.split("+")})
-    facts["torch_float32_ops"] = sorted(op for op, ds in per_op.items() if ds == {"float32"})
-    facts["torch_half_ops"] = sorted(op for op, ds in per_op.items() if "float32" not in ds)
+    facts["torch_float32_ops"], facts["torch_half_ops"] = _torch_op_lists(d)
+    if "model" in d and d["model"].nunique() > 1:  # each model's own lists: never one list merging two models' ops
+        facts["torch_ops_by_model"] = {m: _torch_op_lists(g) for m, g in d.groupby("model", sort=True)}
 
     def layer_dtype(fw: str, layer: str) -> str:
         rows = d[(d["framework"] == fw) & (d["layer"] == layer) & ~d["op"].isin(["_to_copy", "Cast"])]
@@ -418,10 +448,24 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
                  keras_loss=layer_dtype(keras_fw, "loss"), torch_loss=layer_dtype("torch", "loss"),
                  keras_label=_label(keras_fw), methods=audit_methods(dtypes))
     for p, table in dtype_side_by_side(dtypes).items():
-        differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
-        facts["differing"][p] = {"rows": int(table["differs"].sum()), "of": len(table),
-                                 "layers": list(dict.fromkeys(differing))[:8]}
+        facts["differing"][p] = _differing_rows(table)
+        if "model" in table:  # a two-model table: the rows counted per model as well
+            facts["differing"][p]["models"] = {m: _differing_rows(g) for m, g in table.groupby("model", sort=False)}
     return facts
+
+
+def _torch_op_lists(d: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(ops that computed in float32 only, ops that computed in the half dtype only) of the torch audit rows `d`."""
+    torch_rows = d[(d["framework"] == "torch") & (d["op"] != "_to_copy")]
+    per_op = torch_rows.groupby("op")["compute_dtype"].agg(lambda s: {x for v in s for x in v.split("+")})
+    return (sorted(op for op, ds in per_op.items() if ds == {"float32"}),
+            sorted(op for op, ds in per_op.items() if "float32" not in ds))
+
+
+def _differing_rows(table: pd.DataFrame) -> dict:
+    """How many of a dtype side-by-side table's rows differ between the frameworks, and in which layers."""
+    differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
+    return {"rows": int(table["differs"].sum()), "of": len(table), "layers": list(dict.fromkeys(differing))[:8]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,7 +527,7 @@ def headroom_table(headroom: pd.DataFrame) -> pd.DataFrame:
             if part.empty:
                 continue
             peak = _peak(part)
-            row[label] = f"{_magnitude(peak['max_abs'])} (epoch {int(peak['epoch'])})"
+            row[label] = f"{_magnitude(peak['max_abs'])} (epoch {int(peak['epoch']) + 1})"
             row[f"{label.removeprefix('max ')}: float16 headroom"] = (
                 f"{FLOAT16_MAX / peak['max_abs']:.3g}×" if peak["max_abs"] > 0 and np.isfinite(peak["max_abs"])
                 else "none (overflowed)" if not np.isfinite(peak["max_abs"]) else "n/a")
@@ -518,7 +562,7 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         peak = ""
         if not mine.empty:
             top = _peak(mine)
-            where = f"{top['block']}, epoch {int(top['epoch'])}"
+            where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
             finite = bool(np.isfinite(top["max_abs"]))
             peak = (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
                     f"{FLOAT16_MAX / top['max_abs']:.3g}× below float16's 65,504" if finite and top["max_abs"] > 0
@@ -595,7 +639,10 @@ def _differing_text(differing: dict) -> str:
     rows = sum(f["rows"] for f in differing.values())
     if not rows:
         return "No row differs between the frameworks."
-    per = "; ".join(f"{p}: {f['rows']} of {f['of']} rows" + _layers_text(f) for p, f in differing.items() if f["rows"])
+    per = "; ".join(f"{p}: " + (", ".join(f"{m} {g['rows']} of {g['of']} rows" + _layers_text(g)
+                                          for m, g in f["models"].items()) if "models" in f else
+                                f"{f['rows']} of {f['of']} rows" + _layers_text(f))
+                    for p, f in differing.items() if f["rows"])
     return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red — {per}. Aligned "
             "mode (the default) aligns every difference a setting can, and tests/test_numerics.py checks those "
             "layers row by row; a row in red is one no setting aligns (contract/mapping.py names them, e.g. "
@@ -631,8 +678,8 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
                       + ("" if dtype_facts.get("inputs_recorded", True) else
                          " These records predate the audits' input dtypes: the table shows each op's output dtypes."),
         "headroom": "Per block, the largest |attention logit| (the softmax's input) and |LayerNorm input| seen in any "
-                    "training step of the run (first seed), recorded inside the step and read once per epoch, and "
-                    "how many times float16's largest value 65,504 lies above it.",
+                    "training step of the run (first seed), recorded inside the step and read once per epoch (epochs "
+                    "counted from 1), and how many times float16's largest value 65,504 lies above it.",
         "nonfinite": "At the first non-finite loss or skipped update, the run located the first layer whose forward "
                      "output (or, if the forward was finite, whose gradient) was non-finite:",
         "no_nonfinite": "No cell met a non-finite loss or gradient.",

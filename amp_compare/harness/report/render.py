@@ -218,8 +218,9 @@ def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
     f = nr.nonfinite_findings(runs)
     if f.empty:
         return f
-    return pd.DataFrame({"Framework": f["framework"].map(framework_label),
-                         "Precision": f["precision"], "Seed": f["seed"], "Step": f["nonfinite_step"],
+    return pd.DataFrame({**{k.title(): f[k] for k in ("model", "dataset") if k in f},
+                         "Framework": f["framework"].map(framework_label),
+                         "Precision": f["precision"], "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
 
 
@@ -593,9 +594,10 @@ def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.Da
                                      for fmt in ("html", "markdown", "text")}}
 
 
-def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) -> dict:
+def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, acc: pd.DataFrame) -> dict:
     """The Numerics section (loss scaling, underflow, the vit's dtypes and headroom, what happened in each) and
-    the appendix's full dtype audits."""
+    the appendix's full dtype audits. `acc`: the Accuracy section's paired tests, which every accuracy the Loss
+    scaling part compares carries."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = tables.get("headroom", pd.DataFrame())
@@ -606,7 +608,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts) ->
             "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
             "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
-            "said": nr.numerics_said(runs, underflow, headroom, steps),
+            "said": nr.numerics_said(runs, underflow, headroom, steps, acc),
             "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
             "words": nr.section_words(facts, nr.op_dtype_facts(dtypes, manifest["device"])),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
@@ -625,7 +627,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         f"python -m amp_compare report {run_dir} draws them."])
     checked = side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else [])
     return {
-        **summary, **_numerics_context(manifest, tables, summary["facts"]),
+        **summary, **_numerics_context(manifest, tables, summary["facts"], summary["accuracy"]),
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
         "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
@@ -652,7 +654,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
             summary["facts"], nr.op_dtype_facts(tables.get("dtypes", pd.DataFrame()), manifest["device"]),
             manifest["defaults"].get("comparison", "aligned"), summary["full"],
             {**manifest["environment"], "device": manifest["device"]},
-            nr.underflow_summary(tables.get("underflow", pd.DataFrame()))),
+            tables.get("underflow", pd.DataFrame()), acc_stats),
     }
 
 
