@@ -85,10 +85,11 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
     assert fig is not None and (tmp_path / "gradient_histogram.png").stat().st_size > 1000
     # the headroom sentences are said once, in the Numerics section's list beside the figure, not in its caption
     said = " ".join(numerics_said(pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame())["underflow"])
-    assert ("PyTorch fp16, last step: the largest |gradient| was below 2^-5; times the loss scale in use (32768) "
-            "below 1,024 — at least 64× under float16's largest value 65,504, so nothing overflowed at that "
-            "step.") in said
-    assert "Keras (TF) fp16-noscale, last step: the largest |gradient| was below 2^-5 — at least" in said
+    assert ("PyTorch fp16, after the last step (the first batch again): the largest |parameter gradient| was below "
+            "2^-5; times the scale the scaler held after that step (2^15) below 1,024 — a bound on the parameter "
+            "gradients only") in said
+    assert "Keras (TF) fp16-noscale, after the last step (the first batch again): the largest |parameter gradient| " \
+           "was below 2^-5 — a bound" in said and "nothing overflowed" not in said
     assert "largest |gradient|" not in fig.caption
     assert make_gradient_histogram_figure(pd.DataFrame(rows).assign(log2_hist="{}"), tmp_path) is None
 

@@ -325,7 +325,8 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
         return (f"The step records: no update of {len(g):,} was skipped (no overflow at the scale then in use); "
                 + ending)
     at = pd.Series(scale[skipped]).value_counts().sort_index(ascending=False)
-    scales = ", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items())
+    scales = (", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
+              f"{len(at)} scales from {_scale_power(at.index[0])} down to {_scale_power(at.index[-1])}")
     return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, each an overflow at "
             f"the scale then in use, at {scales}; {ending}")
 

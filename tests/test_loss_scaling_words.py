@@ -1,0 +1,146 @@
+"""What the Numerics section and the glossary say about loss scaling and float16, held to what the records show
+(each through the function the report calls): overflow from the step records, never from the largest parameter
+gradient; the float16 lesson from the harm the run measured; accuracies with their paired tests; each seed's own
+loss-scale line; a Model column where a run has two models; epochs counted from 1."""
+
+import json
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from amp_compare.harness.report import glossary, render
+from amp_compare.harness.report import numerics as nr
+from amp_compare.harness.report.figures import loss_scale_grid, make_headroom_figure
+
+
+def _probe(cell: str, precision: str, scale: float, top_log2: int = -5, when: str = "last step",
+           layers=(("conv1", "weight", 0.0),), model: str = "simple_cnn") -> list[dict]:
+    """Underflow rows as a child writes them: a histogram whose largest |gradient| is below 2^(top_log2 + 1)."""
+    hist = json.dumps({str(k): (10 if top_log2 - 10 <= k <= top_log2 else 0) for k in range(-40, 17)})
+    return [{"cell_id": cell, "framework": "torch", "model": model, "dataset": "digits", "precision": precision,
+             "seed": 0, "when": when, "layer": layer, "param": param, "elements": 1000, "nonzero": 1000,
+             "zero_fraction": 0.0, "flush_fraction_unscaled": flush, "flush_fraction_scaled": 0.0,
+             "overflow_fraction_scaled": 0.0, "zero_fraction_mixed": 0.0, "lost_fraction_mixed_unscaled": 0.0005,
+             "lost_fraction_mixed_scaled": 0.0, "loss_scale": scale, "log2_hist": hist, "method": "test"}
+            for layer, param, flush in layers]
+
+
+def _steps(cell: str, scales: list[float], skipped: set[int], seed: int = 0) -> pd.DataFrame:
+    return pd.DataFrame({"cell_id": cell, "framework": "torch", "model": "simple_cnn", "dataset": "digits",
+                         "precision": "fp16", "seed": seed, "step": range(len(scales)), "loss_scale": scales,
+                         "skipped": [i in skipped for i in range(len(scales))], "loss": 1.0})
+
+
+def test_overflow_is_said_from_the_step_records_not_from_the_largest_parameter_gradient():
+    """The lab's seed 0: the last step ran at 2^19 and was skipped, yet the probe after it (at the halved 2^18)
+    put the largest parameter gradient times the scale under 2^14 — which once read "so nothing overflowed"."""
+    scales = [2.0**18] * 4 + [2.0**19] * 4 + [2.0**18] + [2.0**19]
+    steps = _steps("c", scales, skipped={7, 9})
+    underflow = pd.DataFrame(_probe("c", "fp16", 2.0**18, top_log2=-5))
+    (said,) = nr.headroom_sentences(underflow, steps)  # what numerics_said puts in the Numerics section
+    assert "nothing overflowed" not in said and "scale in use" not in said, said
+    assert "after the last step (the first batch again): the largest |parameter gradient| was below 2^-4; times the " \
+           "scale the scaler held after that step (2^18) below 1.638e+04 — a bound on the parameter gradients " \
+           "only, not on the intermediate tensors of the backward" in said, said
+    assert said.endswith("The step records: the scaler skipped 2 of 10 updates, each an overflow at the scale then "
+                         "in use, at 2^19 (2×); the last step (step 9, counting from 0) ran at 2^19 and was skipped: "
+                         "it overflowed."), said
+    clean = nr.scale_record_text(_steps("c", [2.0**15] * 5, skipped=set()))
+    assert clean == ("The step records: no update of 5 was skipped (no overflow at the scale then in use); the last "
+                     "step (step 4, counting from 0) ran at 2^15 and was not skipped"), clean
+
+
+def _acc(precision: str, diff: float, low: float, high: float, p: float, model: str = "vit") -> dict:
+    return {"model": model, "dataset": "digits", "framework": "torch", "precision": precision, "diff_pp": diff,
+            "ci_low": low, "ci_high": high, "p_value": p, "test": "McNemar exact (1 seed)", "too_short": "",
+            "budget_note": ""}
+
+
+def test_the_float16_lesson_rests_on_measured_harm_and_names_key_bias_residue():
+    """The lab's 0.344%: the two attention key biases' float32 residue (exact gradient zero) once read as
+    "evidence for the lesson in this run", beside a noscale cell that matched fp32."""
+    layers = (("blocks.0.attn.key", "bias", 1.0), ("blocks.1.attn.key", "bias", 1.0), ("head", "weight", 0.0))
+    underflow = pd.DataFrame(_probe("r", "fp32", 1.0, when="first step", layers=layers, model="vit")
+                             + _probe("n", "fp16-noscale", 1.0, when="last step", layers=layers, model="vit"))
+    same = pd.DataFrame([_acc("fp16", -1.1, -2.7, 0.2, 0.125), _acc("fp16-noscale", 0.3, -0.8, 1.4, 1.0)])
+    text = glossary._underflow_evidence(underflow, same)
+    assert "evidence for the lesson" not in text, text
+    assert "PyTorch 66.667% (2,000 of 3,000: blocks.0.attn.key.bias 1,000, blocks.1.attn.key.bias 1,000), all of it " \
+           "in attention key biases, whose exact gradient is zero" in text, text
+    assert "without scaling lost up to 0.050% of them (PyTorch fp16-noscale, last step)" in text, text
+    assert text.endswith("PyTorch fp16-noscale: no detectable difference (+0.3 pp [95% Newcombe -0.8, +1.4], p = 1): "
+                         "this run shows no measurable harm from dropping loss scaling."), text
+    worse = pd.DataFrame([_acc("fp16-noscale", -3.0, -4.5, -1.5, 0.001)])
+    assert glossary._underflow_evidence(underflow, worse).endswith("dropping loss scaling cost accuracy in this run.")
+    assert "does not measure what dropping it would cost" in glossary._underflow_evidence(underflow, same.iloc[:1])
+
+
+def test_loss_scaling_accuracies_carry_the_paired_test():
+    """The lab's "94.2% with dynamic loss scaling, 95.5% without any", once printed bare beside a p = 0.125."""
+    runs = pd.DataFrame([{"model": "vit", "dataset": "digits", "framework": "torch", "precision": p, "seed": 0,
+                          "status": "ok", "final_val_accuracy": a}
+                         for p, a in (("fp16", 0.942), ("fp16-noscale", 0.955))])
+    acc = pd.DataFrame([_acc("fp16", -1.1, -2.7, 0.2, 0.125), _acc("fp16-noscale", 0.3, -0.8, 1.4, 1.0)])
+    (said,) = nr.numerics_said(runs, pd.DataFrame(), pd.DataFrame(), None, acc)["loss_scaling"]
+    assert said == ("PyTorch: validation accuracy 94.2% with dynamic loss scaling (against fp32: no detectable "
+                    "difference (-1.1 pp [95% Newcombe -2.7, +0.2], p = 0.12)), 95.5% without any (against fp32: no "
+                    "detectable difference (+0.3 pp [95% Newcombe -0.8, +1.4], p = 1)) — each tested against fp32 "
+                    "image by image, as the Accuracy section does."), said
+
+
+def test_the_loss_scale_figure_draws_each_seeds_own_trajectory():
+    """Three seeds that skipped at different steps: the median line of old halved where no seed skipped."""
+    steps = pd.concat([_steps(f"s{seed}", [2.0 ** (15 + (i >= 4 + 3 * seed))for i in range(12)], skipped=set(),
+                              seed=seed) for seed in range(3)])
+    steps.loc[(steps["cell_id"] == "s2") & (steps["step"] == 11), "skipped"] = True
+    grid = loss_scale_grid(steps)
+    lines = [ln for ln in grid.ax.get_lines() if len(ln.get_xdata()) > 1]
+    assert len(lines) == 3, len(lines)  # one per seed, not one median line
+    drawn = sorted(tuple(np.asarray(ln.get_ydata(), float)) for ln in lines)
+    own = sorted(tuple(np.log2(g.sort_values("step")["loss_scale"])) for _, g in steps.groupby("cell_id"))
+    assert drawn == own
+    plt.close(grid.figure)
+
+
+def test_two_models_are_named_in_the_locator_and_dtype_tables_and_the_op_lists():
+    runs = pd.DataFrame([{"model": m, "dataset": "digits", "framework": "torch", "precision": "fp16", "seed": 0,
+                          "nonfinite_step": s, "nonfinite_where": "backward", "nonfinite_layer": layer,
+                          "nonfinite_value": "inf"} for m, s, layer in (("simple_cnn", 83, "fc"),
+                                                                         ("vit", 42, "blocks.0.attn"))])
+    table = render._nonfinite_table(runs)
+    assert list(table["Model"]) == ["simple_cnn", "vit"] and "Step (counting from 0)" in table
+    dtypes = pd.DataFrame([{"model": m, "framework": fw, "precision": "fp16", "seed": 0, "layer": layer,
+                            "phase": "forward", "op": op, "compute_dtype": dt, "param_dtype": "float32"}
+                           for fw in ("torch", "tf")
+                           for m, layer, op, dt in (("simple_cnn", "fc", "addmm", "float16"),
+                                                    ("simple_cnn", "loss", "nll_loss_forward", "float32"),
+                                                    ("vit", "norm", "native_layer_norm", "float32"),
+                                                    ("vit", "blocks.0.attn", "attn", "float16" if fw == "torch"
+                                                     else "float32"))])
+    side = nr.dtype_side_by_side(dtypes)["fp16"]
+    assert list(side["model"]) == ["simple_cnn", "simple_cnn", "vit", "vit"]
+    facts = nr.op_dtype_facts(dtypes, "cpu")
+    assert facts["differing"]["fp16"]["models"]["vit"] == {"rows": 1, "of": 2, "layers": ["blocks.0.attn"]}
+    assert "fp16: simple_cnn 0 of 2 rows, vit 1 of 2 rows (blocks.0.attn)" in nr.section_words(
+        type("F", (), {"frameworks": ["torch", "tf"]})(), facts)["dtype_audit"]
+    words = glossary._autocast_text(facts)
+    assert "simple_cnn: ops in float32 only: nll_loss_forward; ops in the half dtype: addmm; vit: ops in float32 " \
+           "only: native_layer_norm; ops in the half dtype: attn" in words, words
+
+
+def test_headroom_epochs_are_counted_from_1(tmp_path, monkeypatch):
+    from amp_compare.harness.report import figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, key: drawn.append(fig))
+    headroom = pd.DataFrame([{"framework": "torch", "precision": "fp16", "seed": 0, "cell_id": "v", "epoch": e,
+                              "layer": "blocks.0.attn", "quantity": "attention_logit", "max_abs": 4.0 + (e == 0)}
+                             for e in range(3)])
+    assert nr.headroom_table(headroom)["max attention logit"].iloc[0] == "5 (epoch 1)"
+    runs = pd.DataFrame([{"model": "vit", "framework": "torch", "precision": "fp16", "seed": 0, "cell_id": "v"}])
+    assert "(blocks.0, epoch 1)" in nr.vit_what_happened(runs, headroom)[0]
+    make_headroom_figure(headroom, runs, tmp_path)
+    (fig,) = drawn
+    assert min(fig.axes[0].get_lines()[0].get_xdata()) == 1 and fig.axes[0].get_xlabel() == "Epoch (counting from 1)"
+    plt.close(fig)
