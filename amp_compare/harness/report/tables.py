@@ -292,9 +292,9 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: 
             res = stats.ratio_interval([p[2] for p in paired])
             # a time ratio is the inverse of a speed ratio: drift is judged on the speed the time came from
             # a time ratio is judged by the speed ratio's rule, its drift notes quoted as time ratios too
-            machine = seed_note(drift, [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired], 1 / res["ratio"],
-                                time=True)
-            stalled = stall_note(drift, [c for a, b, _, _ in paired for c in (a, b)])
+            speeds = [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired]
+            machine = seed_note(drift, speeds, 1 / res["ratio"], time=True)
+            stalled = stall_note(drift, speeds, time=True)
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"],
                        ttt_note=stats.support_note(res, machine, stalled))
         out[(fw, prec)] = row
@@ -378,9 +378,8 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
         mixed = [by_cell.get(b.cell_id, np.array([])) for _, b in pairs]
         logs = [_log_ratio(a.throughput_img_s, b.throughput_img_s) for a, b in pairs]
         res = stats.speed_interval(fp32, mixed, logs)
-        machine = seed_note(drift, [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed)
-                                    for (a, b), lr in zip(pairs, logs)], res["ratio"])
-        stalled = stall_note(drift, [c.cell_id for pair in pairs for c in pair])
+        seeds = [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed) for (a, b), lr in zip(pairs, logs)]
+        machine, stalled = seed_note(drift, seeds, res["ratio"]), stall_note(drift, seeds)
         rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
                      "spread_p90_p50": stats.step_spread(fp32 + mixed),
@@ -461,10 +460,13 @@ def legend(table: pd.DataFrame) -> str:
     brackets = "min–max of the seeds' values (3 or fewer), IQR, " if several else ""
     unresolved = "memory_resolved" in table and (table["memory_resolved"] == 0).any()
     return ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
-            "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
-            "too wide or includes 1×, it has none, it rests on one seed (speed, time to target), one of its cells "
-            "ran next to a stall of the machine, too few steps were timed or the machine's drift next to its cells "
-            "could explain it; or an accuracy change the run is too short to judge; the findings say "
+            "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval "
+            f"includes 1× (unless narrower than {stats.NOISY_WIDTH}× end to end around a ratio within 5% of 1×: no "
+            "difference; a speed or time-to-target interval wholly on one side of 1× is not marked however wide: "
+            f"its side stands; a memory interval is marked also when wider than {stats.NOISY_WIDTH}× end to end), "
+            "it has none, it rests on one seed (speed, time to target), a stall of the machine next to its cells or "
+            "the machine's drift next to its cells could explain it, or "
+            "too few steps were timed; or an accuracy change the run is too short to judge; the findings say "
             f"which. Each bracket names its kind: {brackets}a 95% interval and how it was made, or an exact bound; "
             "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
             "n/a: not measured, or not applicable (a mode without a loss scaler skips no step)."
