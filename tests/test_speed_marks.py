@@ -57,3 +57,21 @@ def test_the_same_epoch_sentence_counts_from_one_and_says_warm_up_is_in_the_time
     said = findings._same_epoch(group)
     assert "end of epoch 2 of its run (counting from 1)" in said and "warm-up time included" in said
     assert "differ only as the training speed does" not in said
+
+
+def test_the_legends_say_the_noisy_rule_the_marks_follow(tmp_path):
+    """Audit: the time-to-target legend said "noisy: a 95% interval wider than 1.3× end to end, or including 1×",
+    yet 7.48× [4.02–13.91] was unmarked. A speed or time-to-target interval wholly on one side of 1× keeps its
+    side however wide; the legends say so, and every row's mark follows what they say."""
+    speeds = {("torch", "bf16"): [1.6, 0.7, 1.2], ("tf", "fp16"): [0.22, 0.14, 0.26]}
+    rendered, html = make_run(tmp_path, speeds=speeds)
+    t = rendered.table
+    mixed = t[t["precision"] != "fp32"]
+    for low, high, note in [*zip(mixed["speed_low"], mixed["speed_high"], mixed["speed_note"]),
+                            *zip(mixed["ttt_low"], mixed["ttt_high"], mixed["ttt_note"])]:
+        assert note.startswith("noisy") == (low < 1 < high), (low, high, note)  # ratios here are >5% from 1×
+    wide = mixed.set_index(["framework", "precision"]).loc[("tf", "fp16")]
+    assert wide["speed_high"] / wide["speed_low"] > 1.3 and wide["speed_note"] == ""  # wide, wholly below 1×
+    said = findings._notes(["noisy: interval 0.50–1.20×"])
+    assert "an interval wholly on one side of 1× is not marked however wide" in said and "wider than" not in said
+    assert "interval wholly on one side of 1× is not marked however wide: its side stands" in html

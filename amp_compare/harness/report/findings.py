@@ -85,7 +85,7 @@ def _time_text(r) -> str:
 def _notes(notes, same: str = "1×") -> str:
     """The distinct ⚠ notes of a sentence's numbers, said once at its end (the intervals themselves are beside
     the numbers: "noisy" is said once, in words)."""
-    noisy = f"noisy: a 95% interval wider than {stats.NOISY_WIDTH}× end to end, or including {same}"
+    noisy = stats.noisy_rule(direction=same == "1×", same=same)
     notes = list(dict.fromkeys(noisy if n.startswith("noisy") else n for n in notes if isinstance(n, str) and n))
     return f" ⚠: {'; '.join(notes)}." if notes else ""
 

@@ -349,15 +349,29 @@ def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str 
 ONE_SEED_SPEED = "one seed: how the ratio varies from seed to seed is unknown (run with --seeds 0,1,2)"
 
 
+def noisy_rule(direction: bool, same: str = "1×") -> str:
+    """What ratio_verdict marks "noisy", in words: the legends quote this, so they say the rule the marks follow.
+    direction: speed and time to target (their side of 1 is what is judged); else memory."""
+    near = f"narrower than {NOISY_WIDTH}× end to end around a ratio within 5% of {same} (no difference)"
+    if direction:
+        return (f"noisy: a 95% interval that includes {same}, unless it is {near}; an interval wholly on one side "
+                f"of {same} is not marked however wide: that side stands, and the interval beside the number says "
+                "how far")
+    return f"noisy: a 95% interval wider than {NOISY_WIDTH}× end to end, or including {same} unless it is {near}"
+
+
 def support_note(res: dict, machine: str = "", stalled: str = "") -> str:
     """The one rule a speed ratio and a time-to-target ratio are both judged by ("" where the run supports it):
-    a stalled cell first (drift.stall_note: re-run it), then the interval (seeds on both sides of 1 are a
-    disagreement, whatever the drift next to a ratio near 1), then the machine's drift (drift.seed_note); one
-    seed is never enough, whatever its own steps say."""
+    a stalled cell first (drift.stall_note: re-run it), then the machine's drift (drift.seed_note), then the
+    interval: where the drift could explain some seeds' ratios, a noisy interval is that drift's doing as much as
+    the seeds', and more seeds on the same drifting machine would not settle it, so the note names the drift first
+    (what would decide it: the interleaved benchmark) and the interval after it. One seed is never enough,
+    whatever its own steps say."""
     if stalled:
         return stalled
-    note = ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], res.get("basis", "seeds"),
-                         direction=True) or machine
+    interval = ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], res.get("basis", "seeds"),
+                             direction=True)
+    note = f"{machine}; also {interval}" if machine and interval.startswith("noisy") else interval or machine
     if res["seeds"] == 1 and np.isfinite(res["ratio"]) and not note.startswith("one seed"):
         return ONE_SEED_SPEED + (f"; also {note}" if note else "")
     return note
