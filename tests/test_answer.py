@@ -111,7 +111,7 @@ def test_one_seed_and_a_speed_budget_say_what_a_full_measurement_needs(tmp_path)
     # a verdict free of ⚠, and the advice is more seeds, not "the seeds' ratios disagree"
     assert bf16.speed.startswith("1.30× fp32's speed in seed 0 [") and "(95% interval of the step-to-step noise " \
         "within seed 0's two cells only; how the ratio varies between seeds is unknown) ⚠ one seed" in bf16.speed
-    assert bf16.verdict == "undecided" and bf16.decide == "one seed: run with --seeds 0,1,2"
+    assert bf16.verdict == "undecided" and bf16.decide == "one seed: run with --seeds 0,1,2 given explicitly"
     assert fp16.speed.startswith("0.120× fp32's speed in seed 0 [0.1") and "disagree" not in fp16.decide
     assert fp16.budget == ("its speed was measured over 40 steps only (speed budget: first steps over 5× fp32's); "
                            "--no-speed-budget measures it in full")

@@ -13,6 +13,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report.cell_text import mark, ratio_number, short_accuracy_text
@@ -294,9 +295,10 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: 
             # a time ratio is judged by the speed ratio's rule, its drift notes quoted as time ratios too
             speeds = [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired]
             machine = seed_note(drift, speeds, 1 / res["ratio"], time=True)
+            moved = seed_note(drift, _off_one(speeds), 1 / res["ratio"], time=True)
             stalled = stall_note(drift, speeds, time=True)
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"],
-                       ttt_note=stats.support_note(res, machine, stalled))
+                       ttt_note=stats.support_note(res, machine, stalled, moved))
         out[(fw, prec)] = row
     return out
 
@@ -357,6 +359,12 @@ def _log_ratio(a: float, b: float) -> float:
     return float(np.log(b / a)) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else float("nan")
 
 
+def _off_one(seeds: list[tuple]) -> list[tuple]:
+    """The seeds (seed_note's pairs) whose speed ratio lies more than stats.SAME from 1: drift that could have moved
+    them is drift that could have spread the seeds (a band always holds 1)."""
+    return [p for p in seeds if abs(p[2] - 1) > stats.SAME]
+
+
 def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict | None = None) -> pd.DataFrame:
     """Per mixed (machine x) model x dataset x framework x precision: the speed ratio's interval and verdict.
     The per-seed ratios are the run table's wall-time throughputs (what the summary shows); the steps give
@@ -380,10 +388,11 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
         res = stats.speed_interval(fp32, mixed, logs)
         seeds = [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed) for (a, b), lr in zip(pairs, logs)]
         machine, stalled = seed_note(drift, seeds, res["ratio"]), stall_note(drift, seeds)
+        moved = seed_note(drift, _off_one(seeds), res["ratio"])
         rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
                      "spread_p90_p50": stats.step_spread(fp32 + mixed),
-                     "speed_note": stats.speed_verdict(res, machine, stalled)})
+                     "speed_note": stats.speed_verdict(res, machine, stalled, moved)})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
 
 
@@ -451,6 +460,23 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
         return f"{seeds_text(n)} ({', '.join(map(str, seeds))})" if n > 1 else f"one seed ({seeds[0]})"
     multi = named_machines(ok)
     return " and ".join(f"{seeds_text(int(n))} for {group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
+
+
+def fewer_seeds_note(runs: pd.DataFrame) -> str:
+    """Why a model ran fewer seeds than the rest ("" where none did, or not for that reason): a compare given
+    neither --seeds nor --repeats runs some models on fewer seeds on some devices (common.DEFAULT_MODEL_SEEDS)."""
+    ok = ok_runs(runs)
+    devices = set(ok.get("cfg_device", pd.Series(dtype=str)).dropna()) if not ok.empty else set()
+    if len(devices) != 1:
+        return ""
+    device = next(iter(devices))
+    seeds = set(ok["seed"])
+    fewer = [(m, s) for m, s in DEFAULT_MODEL_SEEDS.get(device, {}).items()
+             if set(ok.loc[ok["model"] == m, "seed"]) == set(s) and len(seeds) > len(s)]
+    said = "; ".join(f"the {m} ran seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))} only" for m, s in fewer)
+    return (f" ({said}: a compare on a {device.upper() if device == 'cpu' else device} given neither --seeds nor "
+            "--repeats runs it on that alone, to keep the default run short; --seeds 0,1,2 given explicitly runs "
+            "it on every seed)") if fewer else ""
 
 
 def legend(table: pd.DataFrame) -> str:
