@@ -75,3 +75,17 @@ def test_the_legends_say_the_noisy_rule_the_marks_follow(tmp_path):
     said = findings._notes(["noisy: interval 0.50–1.20×"])
     assert "an interval wholly on one side of 1× is not marked however wide" in said and "wider than" not in said
     assert "interval wholly on one side of 1× is not marked however wide: its side stands" in html
+
+
+def test_rows_counted_slower_are_the_ones_without_a_warning(tmp_path):
+    """Audit: run B said "bf16 was slower than fp32 in 2 of 4 bfloat16 rows (0.50–0.95×)" counting a 0.95× whose
+    interval held 1×, run A "1 of 4" with that row at 1.11×: a count flipped on a ratio neither run supports. A row
+    under ⚠ is counted apart, in the findings and in the glossary's evidence alike."""
+    speeds = {("torch", "bf16"): [0.70, 1.05, 1.06], ("tf", "bf16"): [0.8, 0.8, 0.8]}
+    rendered, html = make_run(tmp_path, speeds=speeds)
+    t = rendered.table.set_index(["framework", "precision"])
+    assert t.loc[("torch", "bf16"), "speed_note"].startswith("noisy") and t.loc[("tf", "bf16"), "speed_note"] == ""
+    said = next(s for s in rendered.findings if "(bfloat16)" in s)
+    assert said.startswith("bf16 (bfloat16) was slower than fp32 in 1 of 2 bfloat16 rows of the summary (0.80×; "
+                           "rows with ⚠ not counted); 1 more read below 1× but carry ⚠ (0.92×)"), said
+    assert "This run: bfloat16 rows without ⚠ at 0.80× fp32's speed (1 more with ⚠ left out)" in html
