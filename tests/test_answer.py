@@ -111,7 +111,7 @@ def test_one_seed_and_a_speed_budget_say_what_a_full_measurement_needs(tmp_path)
     # a verdict free of ⚠, and the advice is more seeds, not "the seeds' ratios disagree"
     assert bf16.speed.startswith("1.30× fp32's speed in seed 0 [") and "(95% interval of the step-to-step noise " \
         "within seed 0's two cells only; how the ratio varies between seeds is unknown) ⚠ one seed" in bf16.speed
-    assert bf16.verdict == "undecided" and bf16.decide == "one seed: run with --seeds 0,1,2"
+    assert bf16.verdict == "undecided" and bf16.decide == "one seed: run with --seeds 0,1,2 given explicitly"
     assert fp16.speed.startswith("0.120× fp32's speed in seed 0 [0.1") and "disagree" not in fp16.decide
     assert fp16.budget == ("its speed was measured over 40 steps only (speed budget: first steps over 5× fp32's); "
                            "--no-speed-budget measures it in full")
@@ -149,3 +149,25 @@ def test_fp8_on_a_cpu_has_no_speed_result_anywhere_and_its_answer_speaks_of_nume
     assert "<td>emulated: not a speed result</td><td>n/a</td><td>n/a</td>" in section(page, "speed")
     assert "| fp8 | 2 |" in md and "| emulated: not a speed result |" in md
 
+
+
+def test_seeds_spread_by_the_machines_drift_ask_for_the_interleaved_benchmark_not_more_seeds(tmp_path):
+    """Audit: PyTorch bf16's seeds disagreed because seed 1's bf16 cell ran on a machine 1.5x slower (its checks
+    read 4.5 ms against 3.0 ms), yet the answer said "noisy … more seeds" and the summary counted no drift flag."""
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.run.order import interleaved_order
+
+    cells = interleaved_order([RunConfig(framework=fw, precision=p, seed=s, dataset="synthetic", epochs=3)
+                               for s in (0, 1, 2) for p in ("fp32", "fp16", "bf16") for fw in ("torch", "tf")])
+    slow = "torch-simple_cnn-synthetic-bf16-s1"
+    checks = [{"when": "before the matrix", "ms": 3.0, "spread": 0.04}] + [
+        {"when": f"after {c.cell_id}", "ms": 4.5 if c.cell_id == slow else 3.0 + 0.01 * (i % 3), "spread": 0.04}
+        for i, c in enumerate(cells)]
+    run_dir = write_run(tmp_path, speeds={("torch", "bf16"): [1.6, 0.7, 1.2]}, calibrations=checks)
+    torch = next(a for a in _answers(run_dir) if a.label.endswith("PyTorch"))
+    bf16 = next(p for p in torch.parts if p.precision == "bf16")
+    assert "⚠ machine drift could explain it (seed 1: 0.70× within" in bf16.speed and "; also noisy" in bf16.speed
+    assert bf16.verdict == "undecided" and bf16.decide == answer.DECIDE["machine drift"]
+    said = render.render(run_dir, figures=False).findings
+    flagged = next(s for s in said if "speed ratios are marked ⚠" in s)
+    assert "1 for the machine's own drift" in flagged and "benchmarks/amp_speed.py" in flagged

@@ -365,3 +365,27 @@ def test_a_full_disk_while_the_report_is_written_is_one_line_and_keeps_every_cel
     monkeypatch.undo()
     assert main(["report", str(out / "full"), "--no-figures"]) == 0
     assert (out / "full" / "index.html").exists()
+
+
+def test_the_reports_advice_for_a_one_seed_vit_gives_it_the_seeds_and_the_report_says_why_it_had_one(tmp_path):
+    """Audit: a default CPU compare (matrix seeds 0,1,2) ran the vit on seed 0 only and said nothing of why; its
+    advice must be an option that gives the vit more seeds when followed, and the report says why it had one."""
+    import pandas as pd
+
+    from amp_compare.harness.report import stats
+    from amp_compare.harness.report.tables import fewer_seeds_note
+    from amp_compare.harness.run.cli import build_parser, compare_settings
+    from amp_compare.harness.run.compare import plan_compare
+
+    default = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path)]))
+    cells = plan_compare(default)[1]
+    advised = stats.MORE_SEEDS.split(" given")[0].split()  # ["--seeds", "0,1,2"]
+    followed = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path),
+                                                           *advised]))
+    assert {c.seed for c in plan_compare(followed)[1] if c.model == "vit"} == {0, 1, 2}
+    assert f"run with {stats.MORE_SEEDS}" in stats.ONE_SEED_SPEED
+    runs = pd.DataFrame([{"cell_id": c.cell_id, "model": c.model, "seed": c.seed, "status": "ok",
+                          "cfg_device": c.device} for c in cells])
+    note = fewer_seeds_note(runs)
+    assert note.startswith(" (the vit ran seed 0 only: a compare on a CPU given neither --seeds nor --repeats")
+    assert fewer_seeds_note(runs[runs["model"] == "vit"]) == ""  # every model ran the same seeds: nothing to say

@@ -57,3 +57,35 @@ def test_the_same_epoch_sentence_counts_from_one_and_says_warm_up_is_in_the_time
     said = findings._same_epoch(group)
     assert "end of epoch 2 of its run (counting from 1)" in said and "warm-up time included" in said
     assert "differ only as the training speed does" not in said
+
+
+def test_the_legends_say_the_noisy_rule_the_marks_follow(tmp_path):
+    """Audit: the time-to-target legend said "noisy: a 95% interval wider than 1.3× end to end, or including 1×",
+    yet 7.48× [4.02–13.91] was unmarked. A speed or time-to-target interval wholly on one side of 1× keeps its
+    side however wide; the legends say so, and every row's mark follows what they say."""
+    speeds = {("torch", "bf16"): [1.6, 0.7, 1.2], ("tf", "fp16"): [0.22, 0.14, 0.26]}
+    rendered, html = make_run(tmp_path, speeds=speeds)
+    t = rendered.table
+    mixed = t[t["precision"] != "fp32"]
+    for low, high, note in [*zip(mixed["speed_low"], mixed["speed_high"], mixed["speed_note"]),
+                            *zip(mixed["ttt_low"], mixed["ttt_high"], mixed["ttt_note"])]:
+        assert note.startswith("noisy") == (low < 1 < high), (low, high, note)  # ratios here are >5% from 1×
+    wide = mixed.set_index(["framework", "precision"]).loc[("tf", "fp16")]
+    assert wide["speed_high"] / wide["speed_low"] > 1.3 and wide["speed_note"] == ""  # wide, wholly below 1×
+    said = findings._notes(["noisy: interval 0.50–1.20×"])
+    assert "an interval wholly on one side of 1× is not marked however wide" in said and "wider than" not in said
+    assert "interval wholly on one side of 1× is not marked however wide: its side stands" in html
+
+
+def test_rows_counted_slower_are_the_ones_without_a_warning(tmp_path):
+    """Audit: run B said "bf16 was slower than fp32 in 2 of 4 bfloat16 rows (0.50–0.95×)" counting a 0.95× whose
+    interval held 1×, run A "1 of 4" with that row at 1.11×: a count flipped on a ratio neither run supports. A row
+    under ⚠ is counted apart, in the findings and in the glossary's evidence alike."""
+    speeds = {("torch", "bf16"): [0.70, 1.05, 1.06], ("tf", "bf16"): [0.8, 0.8, 0.8]}
+    rendered, html = make_run(tmp_path, speeds=speeds)
+    t = rendered.table.set_index(["framework", "precision"])
+    assert t.loc[("torch", "bf16"), "speed_note"].startswith("noisy") and t.loc[("tf", "bf16"), "speed_note"] == ""
+    said = next(s for s in rendered.findings if "(bfloat16)" in s)
+    assert said.startswith("bf16 (bfloat16) was slower than fp32 in 1 of 2 bfloat16 rows of the summary (0.80×; "
+                           "rows with ⚠ not counted); 1 more read below 1× but carry ⚠ (0.92×)"), said
+    assert "This run: bfloat16 rows without ⚠ at 0.80× fp32's speed (1 more with ⚠ left out)" in html

@@ -8,3 +8,9 @@ UNSTEADY = 0.25  # rounds of one check, or checks between cells, differing by mo
 # products of a SIZE x SIZE float32 matmul
 ROUNDS = 7
 REPS_PER_ROUND = 20
+
+# Where a model's cells run fewer seeds than --seeds' default (when neither --seeds nor --repeats is given): the
+# vit on a CPU, so the default compare stays within 4 minutes on a 2-core CPU, whose float16/bfloat16 are emulated
+# (README, "The default matrix"). One seed still gets a paired accuracy test (McNemar, harness/report/stats.py).
+# run/compare.py plans the cells with it; report/tables.py says why such a model ran fewer seeds.
+DEFAULT_MODEL_SEEDS = {"cpu": {"vit": (0,)}}

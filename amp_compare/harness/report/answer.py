@@ -31,9 +31,9 @@ DECIDE = {"stalled": "a re-run of the stalled cell named beside it",
                            "machine's drift cancels)",
           "noisy": "more seeds (--seeds 0,1,2,3,4): the seeds' ratios spread too widely for a 95% interval on one "
                    "side of 1×",
-          "one seed": "one seed: run with --seeds 0,1,2",
+          "one seed": f"one seed: run with {stats.MORE_SEEDS}",
           "too few": "more timed steps per cell (more --epochs or --steps-per-epoch)",
-          "no ": "more timed steps or --seeds 0,1,2"}
+          "no ": f"more timed steps or {stats.MORE_SEEDS}"}
 FORMAT_FLAGS = {"float16": ("cpu_fp16_hardware", "avx512_fp16/amx_fp16", "float16 arithmetic"),
                 "bfloat16": ("cpu_bf16_hardware", "avx512_bf16/amx_bf16", "bfloat16 dot products")}
 LOG_NAMES = {"float16": ("DT_HALF", "float16", "Half"), "bfloat16": ("DT_BFLOAT16", "bfloat16", "BFloat16")}

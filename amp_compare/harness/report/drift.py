@@ -8,9 +8,11 @@ A VM changes speed by itself: 40 back-to-back checks in an idle process read 3.9
   scale, times 1.4826: a standard deviation that a few odd checks do not move);
 - a check far above that median (STALL times it, or STALL_MADS typical check-to-check moves above it, whichever
   is further) is a stall: the machine stopped for a while, and the cells either side of that check (the one it
-  followed, the one that followed it) may have stalled with it. Their ratios are not supported (stall_note names
-  the cell and asks for a re-run); a stall never counts as the machine's level (it is not set aside as a harmless
-  hiccup, and a normal check is never set aside because its neighbours moved);
+  followed, the one that followed it) may have stalled with it. A seed's ratio of such a cell is not supported
+  where the stall could explain it: the seed's band (below) with the stalled check among the neighbouring checks
+  holds its ratio (stall_note names the cell and asks for a re-run); a 4x stall cannot make an 8x slowdown. A
+  stall never counts as the machine's level (it is not set aside as a harmless hiccup, and a normal check is
+  never set aside because its neighbours moved);
 - a check reads the machine after some framework's cell, and its level depends on that framework (a check read
   higher after TensorFlow cells than after PyTorch ones), so drift is judged only between checks that follow
   cells of the same framework: how far the machine moves (`step`) is the MAD of the changes from one such check to
@@ -119,21 +121,24 @@ class Drift:
                     out[cell] = max(out.get(cell, 0.0), float(self.ms[i]))
         return out
 
-    def window(self, cell_id: str) -> list[float]:
+    def window(self, cell_id: str, stalls: bool = False) -> list[float]:
         """A cell's neighbouring checks: the one after it, and the one before it where that one follows a cell of
-        the same framework (stalls left out: stall_note speaks for them); every kept check where the records do
-        not say which check followed the cell."""
+        the same framework; every kept check where the records do not say which check followed the cell. Stalls
+        are left out (stall_note speaks for them), or with `stalls` kept in, the one before the cell whatever
+        framework it followed (stalled_cells names the cell after a stall as next to it)."""
         name = f"after {cell_id}"
         if name not in self.whens:
             return [float(v) for v in self.kept]
         i, fws = self.whens.index(name), self.frameworks
-        near = [j for j in (i - 1, i) if j >= 0 and not self.stall[j] and (j == i or fws[j] == fws[i])]
+        near = [j for j in (i - 1, i) if j >= 0 and (stalls or not self.stall[j])
+                and (j == i or fws[j] == fws[i] or (stalls and self.stall[j]))]
         return [float(self.ms[j]) for j in near] or [float(v) for v in self.kept]
 
-    def band(self, fp32_cell: str, mixed_cell: str) -> tuple[float, float]:
+    def band(self, fp32_cell: str, mixed_cell: str, stalls: bool = False) -> tuple[float, float]:
         """The speed ratios (mixed over fp32) the machine's drift alone could have produced between these two
-        cells: a cell whose checks took longer ran on a slower machine."""
-        a, b = self.window(fp32_cell), self.window(mixed_cell)
+        cells: a cell whose checks took longer ran on a slower machine. stalls: a stalled check next to either
+        cell counts among its checks (what the stall, with the drift, could have produced)."""
+        a, b = self.window(fp32_cell, stalls), self.window(mixed_cell, stalls)
         quotients = [x / y for x in a for y in b] + [1.0]
         widen = float(np.exp(self.floor))
         return min(quotients) / widen, max(quotients) * widen
@@ -167,16 +172,29 @@ def drift_of(environment: dict) -> Drift | None:
     return Drift(ms, whens, median, spread, step, stall, max(STALL, float(np.exp(STALL_MADS * rough))))
 
 
-def stall_note(drift: Drift | None, cells: list[str]) -> str:
-    """"" unless one of `cells` (a ratio's fp32 and mixed cells, every seed) ran next to a stall; then the ⚠ note
-    naming each such cell and the check that caught the stall, and asking for a re-run of it."""
+def stall_note(drift: Drift | None, pairs: list[tuple[str, str, float, int]], time: bool = False) -> str:
+    """"" unless, in some seed, a cell of the ratio (its fp32 or mixed cell) ran next to a stall and the stall could
+    explain that seed's ratio: the seed's band with the stalled check among its checks (Drift.band, stalls=True)
+    holds it. Then the ⚠ note naming each such cell, the check that caught the stall and the seed's band, and
+    asking for a re-run. pairs: (fp32 cell, mixed cell, that seed's speed ratio, seed), as seed_note's; time: as
+    seed_note's (the ratio and band quoted as time ratios)."""
     stalled = drift.stalled_cells() if drift is not None else {}
-    hit = {c: stalled[c] for c in dict.fromkeys(cells) if c in stalled}
+    hit: dict[str, float] = {}
+    seeds = []
+    for a, b, r, seed in pairs:
+        near = [c for c in (a, b) if c in stalled]
+        if not near or not np.isfinite(r):
+            continue
+        low, high = drift.band(a, b, stalls=True)
+        if low <= r <= high:
+            hit.update({c: stalled[c] for c in near})
+            seeds.append((seed, 1 / r, 1 / high, 1 / low) if time else (seed, r, low, high))
     if not hit:
         return ""
     which = "; ".join(f"{c} ran next to a calibration check of {ms:,.0f} ms" for c, ms in hit.items())
-    return (f"stalled cell: {which} (the run's median check: {drift.median_ms:.1f} ms): the machine stalled "
-            f"there, so this ratio is not supported; re-run {'that cell' if len(hit) == 1 else 'those cells'}")
+    bands = ", ".join(f"seed {s}: {r:.2f}× within {lo:.2f}–{hi:.2f}×" for s, r, lo, hi in seeds)
+    return (f"stalled cell: {which} (the run's median check: {drift.median_ms:.1f} ms), a stall that could explain "
+            f"the ratio ({bands}), so it is not supported; re-run {'that cell' if len(hit) == 1 else 'those cells'}")
 
 
 def seed_note(drift: Drift | None, pairs: list[tuple[str, str, float, int]], ratio: float, time: bool = False) -> str:
@@ -215,8 +233,8 @@ def _stalls_sentence(d: Drift) -> str:
     n = int(d.stall.sum())
     return (f" {n} check{'s' if n != 1 else ''} ({values} ms) read more than {d.stall_limit_ms / d.median_ms:.1f}× "
             f"the median: the machine stalled there, so the cells next to {'them' if n != 1 else 'it'} ({cells}) "
-            "may have stalled too; their ratios are marked ⚠ and those cells should be re-run. Stalls are left "
-            "out of the level below.")
+            "may have stalled too; a ratio of theirs is marked ⚠ (re-run the cell) where the stall, counted among the "
+            "checks next to its cells, could explain it. Stalls are left out of the level below.")
 
 
 def describe(environment: dict) -> str | None:

@@ -85,7 +85,7 @@ def _time_text(r) -> str:
 def _notes(notes, same: str = "1×") -> str:
     """The distinct ⚠ notes of a sentence's numbers, said once at its end (the intervals themselves are beside
     the numbers: "noisy" is said once, in words)."""
-    noisy = f"noisy: a 95% interval wider than {stats.NOISY_WIDTH}× end to end, or including {same}"
+    noisy = stats.noisy_rule(direction=same == "1×", same=same)
     notes = list(dict.fromkeys(noisy if n.startswith("noisy") else n for n in notes if isinstance(n, str) and n))
     return f" ⚠: {'; '.join(notes)}." if notes else ""
 
@@ -145,7 +145,8 @@ def speed_findings(groups: Groups) -> list[str]:
     is_mixed = precisions.is_mixed(table["precision"])
     if (table.loc[is_mixed, "speed_basis"] == "steps").any():
         out.append("With one seed a speed interval covers the step-to-step noise of that seed's two cells only: how "
-                   "much the ratio varies from seed to seed is unknown (run --repeats 3 or more to measure it).")
+                   "much the ratio varies from seed to seed is unknown (run with "
+                   f"{stats.MORE_SEEDS} to measure it).")
     measured = is_mixed & (table["speed_note"] != fp8_report.EMULATED_SPEED)  # an emulation's is no speed result
     flagged = table[measured & (table["speed_note"] != "")]
     if not flagged.empty:
@@ -158,11 +159,11 @@ NOTE_KINDS = {"too few": ("too few timed steps", "with more steps per cell"),
               "machine": ("the machine's own drift, seen next to their cells, as large as the ratio",
                           "with benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so drift "
                           "cancels)"),
-              "noisy": ("an interval too wide or including 1×", "with more --repeats"),
-              "one seed": ("one seed (how the ratio varies between seeds is unknown)", "with --seeds 0,1,2"),
+              "noisy": ("an interval including 1×", "with more seeds (--seeds 0,1,2,3,4)"),
+              "one seed": ("one seed (how the ratio varies between seeds is unknown)", f"with {stats.MORE_SEEDS}"),
               "stalled": ("a stalled cell next to them (a calibration check far above the run's median)",
                           "the stalled cells named beside them"),
-              "no ": ("no interval", "with more steps or --repeats")}
+              "no ": ("no interval", f"with more steps or {stats.MORE_SEEDS}")}
 
 
 def flagged_sentence(notes: list[str], total: int, method: str) -> str:
@@ -175,7 +176,7 @@ def flagged_sentence(notes: list[str], total: int, method: str) -> str:
     advice = " and ".join(dict.fromkeys(NOTE_KINDS[k][1] for k in kinds if k))
     intervals = f" Their 95% intervals: {method}." if method else ""
     return (f"{len(notes)} of {total} speed ratios are marked ⚠, the run's evidence does not support them: "
-            f"{reasons}.{intervals} Re-run {advice or 'with more --repeats'} to settle them.")
+            f"{reasons}.{intervals} Re-run {advice or 'with more seeds'} to settle them.")
 
 
 def slowdown_scope(runs: pd.DataFrame) -> bool:

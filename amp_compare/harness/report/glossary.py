@@ -20,7 +20,7 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.findings import accuracy_text
-from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic
+from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, marked
 
 # abbreviation -> (how it is found in text, its expansion). "p" only where it stands for a p-value.
 ABBREVIATIONS = {
@@ -142,9 +142,13 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     """This run's evidence on the lesson "a half format is fast only where the hardware computes in it"."""
     mixed = table[precisions.is_mixed(table["precision"])] if not table.empty else table
     rows = mixed[mixed["precision"].map(lambda p: precisions.of(p).half) == half] if not mixed.empty else mixed
-    ratios = rows["speedup_vs_fp32"].dropna().to_numpy(float) if not rows.empty else np.array([])
-    if not ratios.size or environment.get("cpu_model") is None or environment.get("device", "cpu") != "cpu":
+    if rows.empty or environment.get("cpu_model") is None or environment.get("device", "cpu") != "cpu":
         return ""
+    flagged = marked(rows)  # a ratio under ⚠ is no evidence either way: left out, and counted as left out
+    ratios = rows.loc[~flagged, "speedup_vs_fp32"].dropna().to_numpy(float)
+    left_out = f" ({int(flagged.sum())} more with ⚠ left out)" if flagged.any() else ""
+    if not ratios.size:
+        return f" This run: every {half} row's speed ratio carries ⚠ ({int(flagged.sum())}): no evidence either way."
     arithmetic = has_arithmetic(environment, half)
     span = f"{ratios.min():.2f}×" if len(ratios) == 1 else f"{ratios.min():.2f}–{ratios.max():.2f}×"
     flags = (f"whose flags list {half} arithmetic" if arithmetic else
@@ -154,7 +158,7 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     verdict = ("consistent with the lesson" if (arithmetic and faster) or (not arithmetic and slower) else
                "no gain in some rows despite the arithmetic, which the lesson allows (which kernels ran was not "
                "recorded)" if arithmetic else "against the lesson: faster without the format's arithmetic")
-    return f" This run: {half} rows at {span} fp32's speed on a CPU {flags}: {verdict}."
+    return f" This run: {half} rows without ⚠ at {span} fp32's speed{left_out} on a CPU {flags}: {verdict}."
 
 
 # A parameter whose exact gradient is zero: a key bias adds q·b to every logit of a query's row, and softmax ignores

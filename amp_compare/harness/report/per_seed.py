@@ -10,7 +10,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.drift import drift_of
+from amp_compare.harness.report.drift import drift_of, stall_note
 from amp_compare.harness.report.tables import _keys, ok_runs, with_loop_columns
 
 COLUMNS = ["framework", "precision", "seed", "ratio", "low", "high", "band_low", "band_high", "outside", "stalled"]
@@ -28,14 +28,13 @@ def _timed(steps: pd.DataFrame | None, cells: set) -> dict[str, np.ndarray]:
 def seed_table(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict) -> pd.DataFrame:
     """Per mixed cell: its seed's speed ratio (the run table's wall-time throughputs, as the summary's), that
     seed's 95% interval from batch means of both cells' timed steps (NaN where too few), and the drift band
-    (harness/report/drift.py) with whether the ratio lies outside it, and whether either cell ran next to a
-    stall."""
+    (harness/report/drift.py) with whether the ratio lies outside it, and whether a stall next to either
+    cell could explain it (drift.stall_note)."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"] if not ok.empty else []
     if ok.empty:
         return pd.DataFrame(columns=COLUMNS)
     drift, by_cell, rows = drift_of(environment or {}), _timed(steps, set(ok["cell_id"])), []
-    stalled = drift.stalled_cells() if drift else {}
     for key, group in ok.groupby(keys, sort=False, dropna=False):
         fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
         for r in group[precisions.is_mixed(group["precision"])].itertuples():
@@ -49,6 +48,6 @@ def seed_table(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict
             rows.append({**dict(zip(keys, key)), "precision": r.precision, "seed": r.seed, "ratio": ratio,
                          "low": res["low"], "high": res["high"], "band_low": band[0], "band_high": band[1],
                          "outside": bool(drift) and not band[0] <= ratio <= band[1],
-                         "stalled": base.cell_id in stalled or r.cell_id in stalled,
+                         "stalled": bool(stall_note(drift, [(base.cell_id, r.cell_id, ratio, r.seed)])),
                          "fp32_cell": base.cell_id, "cell_id": r.cell_id})
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=COLUMNS)

@@ -40,6 +40,7 @@ from amp_compare.harness.report.steadiness import describe as describe_steadines
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
     accuracy_statistics,
+    fewer_seeds_note,
     formatted_summary,
     full_table,
     legend,
@@ -566,7 +567,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     parts = finding_parts(runs, steps, evidence, epochs, table=full)
     sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
-    seeds_text = seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])
+    seeds_text = (seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
     return {"full": full, "accuracy": accuracy, "summary": summary, "sentences": sentences, "facts": facts,
             "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
             "findings": sentences, "loop_text": loop_text, "legend": legend(full),

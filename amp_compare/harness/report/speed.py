@@ -84,9 +84,35 @@ def _range(values) -> str:
     return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
 
 
+def marked(rows: pd.DataFrame) -> pd.Series:
+    """Per summary row, whether its speed ratio carries ⚠ (the run does not support it)."""
+    return rows.get("speed_note", pd.Series("", index=rows.index)).fillna("").astype(str) != ""
+
+
+def slower_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows the run shows slower than fp32: no ⚠ and an interval below 1×, rows below 1× that carry ⚠): a ratio
+    under ⚠ counts for neither side, so two runs of one matrix do not flip a count on a ratio neither supports."""
+    below = rows[rows["speedup_vs_fp32"] < 1]
+    high = below.get("speed_high", pd.Series(np.nan, index=below.index)).astype(float)
+    flagged = marked(below)
+    return below[~flagged & ~(high >= 1)], below[flagged]
+
+
+def _slower_text(fmt: str, rows: pd.DataFrame, shown: pd.DataFrame, flagged: pd.DataFrame) -> str:
+    modes = "/".join(dict.fromkeys([*shown["precision"], *flagged["precision"]]))
+    values = ", ".join(f"{v:.2f}×" for v in flagged["speedup_vs_fp32"])
+    if shown.empty:
+        return (f"{modes} ({fmt}) read below fp32's speed in {len(flagged)} of {len(rows)} {fmt} rows of the "
+                f"summary ({values}), each marked ⚠: this run shows no {fmt} row slower.")
+    more = (f"; {len(flagged)} more read below 1× but carry ⚠ ({values}) and are not counted" if len(flagged) else "")
+    return (f"{modes} ({fmt}) was slower than fp32 in {len(shown)} of {len(rows)} {fmt} rows of the summary "
+            f"({_range(shown['speedup_vs_fp32'])}; rows with ⚠ not counted){more}.")
+
+
 def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -> list[str]:
-    """Per half format with a mixed row slower than fp32: how many, and what this run's evidence says about why
-    (the flags, the frameworks' own log lines), scoped to this run; nothing for a format that was never slower."""
+    """Per half format with a mixed row below fp32's speed: how many the run shows slower (slower_rows) and how
+    many more carry ⚠, and what this run's evidence says about why (the flags, the frameworks' own log lines),
+    scoped to this run; nothing for a format that was never below 1×."""
     mixed = table[precisions.is_mixed(table["precision"])]
     if mixed.empty:
         return []
@@ -94,15 +120,13 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
     out = []
     for fmt in ("float16", "bfloat16"):
         rows = mixed[half == fmt]
-        slower = rows[rows["speedup_vs_fp32"] < 1]
-        if slower.empty:
+        shown, flagged = slower_rows(rows)
+        if shown.empty and flagged.empty:
             continue
-        modes = "/".join(dict.fromkeys(slower["precision"]))
-        text = (f"{modes} ({fmt}) was slower than fp32 in {len(slower)} of {len(rows)} {fmt} rows of the summary "
-                f"({_range(slower['speedup_vs_fp32'])}).")
+        text = _slower_text(fmt, rows, shown, flagged)
         if has_arithmetic(environment, fmt):
-            text += (f" This CPU's flags list {fmt} arithmetic, so they do not explain it: the run did not record "
-                     "which kernels ran (a profile would).")
+            text += (f" This CPU's flags list {fmt} arithmetic, so they do not explain a slowdown: the run did not "
+                     "record which kernels ran (a profile would).")
         else:
             text += (f" This CPU's flags list no {fmt} arithmetic ({' and '.join(ARITHMETIC_FLAGS[fmt])} absent), "
                      f"so {fmt} work cannot have run on {fmt} units here; which kernels ran instead was not "

@@ -13,6 +13,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report.cell_text import mark, ratio_number, short_accuracy_text
@@ -292,11 +293,12 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: 
             res = stats.ratio_interval([p[2] for p in paired])
             # a time ratio is the inverse of a speed ratio: drift is judged on the speed the time came from
             # a time ratio is judged by the speed ratio's rule, its drift notes quoted as time ratios too
-            machine = seed_note(drift, [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired], 1 / res["ratio"],
-                                time=True)
-            stalled = stall_note(drift, [c for a, b, _, _ in paired for c in (a, b)])
+            speeds = [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired]
+            machine = seed_note(drift, speeds, 1 / res["ratio"], time=True)
+            moved = seed_note(drift, _off_one(speeds), 1 / res["ratio"], time=True)
+            stalled = stall_note(drift, speeds, time=True)
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"],
-                       ttt_note=stats.support_note(res, machine, stalled))
+                       ttt_note=stats.support_note(res, machine, stalled, moved))
         out[(fw, prec)] = row
     return out
 
@@ -357,6 +359,12 @@ def _log_ratio(a: float, b: float) -> float:
     return float(np.log(b / a)) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else float("nan")
 
 
+def _off_one(seeds: list[tuple]) -> list[tuple]:
+    """The seeds (seed_note's pairs) whose speed ratio lies more than stats.SAME from 1: drift that could have moved
+    them is drift that could have spread the seeds (a band always holds 1)."""
+    return [p for p in seeds if abs(p[2] - 1) > stats.SAME]
+
+
 def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict | None = None) -> pd.DataFrame:
     """Per mixed (machine x) model x dataset x framework x precision: the speed ratio's interval and verdict.
     The per-seed ratios are the run table's wall-time throughputs (what the summary shows); the steps give
@@ -378,13 +386,13 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
         mixed = [by_cell.get(b.cell_id, np.array([])) for _, b in pairs]
         logs = [_log_ratio(a.throughput_img_s, b.throughput_img_s) for a, b in pairs]
         res = stats.speed_interval(fp32, mixed, logs)
-        machine = seed_note(drift, [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed)
-                                    for (a, b), lr in zip(pairs, logs)], res["ratio"])
-        stalled = stall_note(drift, [c.cell_id for pair in pairs for c in pair])
+        seeds = [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed) for (a, b), lr in zip(pairs, logs)]
+        machine, stalled = seed_note(drift, seeds, res["ratio"]), stall_note(drift, seeds)
+        moved = seed_note(drift, _off_one(seeds), res["ratio"])
         rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
                      "spread_p90_p50": stats.step_spread(fp32 + mixed),
-                     "speed_note": stats.speed_verdict(res, machine, stalled)})
+                     "speed_note": stats.speed_verdict(res, machine, stalled, moved)})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
 
 
@@ -454,6 +462,23 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
     return " and ".join(f"{seeds_text(int(n))} for {group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
 
 
+def fewer_seeds_note(runs: pd.DataFrame) -> str:
+    """Why a model ran fewer seeds than the rest ("" where none did, or not for that reason): a compare given
+    neither --seeds nor --repeats runs some models on fewer seeds on some devices (common.DEFAULT_MODEL_SEEDS)."""
+    ok = ok_runs(runs)
+    devices = set(ok.get("cfg_device", pd.Series(dtype=str)).dropna()) if not ok.empty else set()
+    if len(devices) != 1:
+        return ""
+    device = next(iter(devices))
+    seeds = set(ok["seed"])
+    fewer = [(m, s) for m, s in DEFAULT_MODEL_SEEDS.get(device, {}).items()
+             if set(ok.loc[ok["model"] == m, "seed"]) == set(s) and len(seeds) > len(s)]
+    said = "; ".join(f"the {m} ran seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))} only" for m, s in fewer)
+    return (f" ({said}: a compare on a {device.upper() if device == 'cpu' else device} given neither --seeds nor "
+            "--repeats runs it on that alone, to keep the default run short; --seeds 0,1,2 given explicitly runs "
+            "it on every seed)") if fewer else ""
+
+
 def legend(table: pd.DataFrame) -> str:
     """The summary table's legend: the brackets, marks and words the table can show, and only those (a one-seed
     run has no seeds' min–max or IQR; a run without an unresolved memory difference needs no word for it)."""
@@ -461,10 +486,13 @@ def legend(table: pd.DataFrame) -> str:
     brackets = "min–max of the seeds' values (3 or fewer), IQR, " if several else ""
     unresolved = "memory_resolved" in table and (table["memory_resolved"] == 0).any()
     return ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
-            "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval is "
-            "too wide or includes 1×, it has none, it rests on one seed (speed, time to target), one of its cells "
-            "ran next to a stall of the machine, too few steps were timed or the machine's drift next to its cells "
-            "could explain it; or an accuracy change the run is too short to judge; the findings say "
+            "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval "
+            f"includes 1× (unless narrower than {stats.NOISY_WIDTH}× end to end around a ratio within 5% of 1×: no "
+            "difference; a speed or time-to-target interval wholly on one side of 1× is not marked however wide: "
+            f"its side stands; a memory interval is marked also when wider than {stats.NOISY_WIDTH}× end to end), "
+            "it has none, it rests on one seed (speed, time to target), a stall of the machine next to its cells or "
+            "the machine's drift next to its cells could explain it, or "
+            "too few steps were timed; or an accuracy change the run is too short to judge; the findings say "
             f"which. Each bracket names its kind: {brackets}a 95% interval and how it was made, or an exact bound; "
             "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
             "n/a: not measured, or not applicable (a mode without a loss scaler skips no step)."

@@ -88,10 +88,6 @@ class CompareOptions:
                            "the tables, findings and data only, and `report RUN` draws them later", matrix=False)
 
 
-# Where a model's cells run fewer seeds than --seeds' default (when neither --seeds nor --repeats is given): the
-# vit on a CPU, so the default compare stays within 4 minutes on a 2-core CPU, whose float16/bfloat16 are emulated
-# (README, "The default matrix"). One seed still gets a paired accuracy test (McNemar, harness/report/stats.py).
-DEFAULT_MODEL_SEEDS = {"cpu": {"vit": (0,)}}
 
 
 def compare_options() -> dict[str, Declared]:

@@ -26,8 +26,8 @@ from pathlib import Path
 from amp_compare.contract.config import ConfigError, RunConfig, run_options
 from amp_compare.contract.fp8 import plan_error as fp8_plan_error
 from amp_compare.contract.precision import names as precision_names
+from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
 from amp_compare.harness.run.cli import (
-    DEFAULT_MODEL_SEEDS,
     EXIT_BAD_INPUT,
     EXIT_CELLS_FAILED,
     EXIT_INTERRUPTED,
