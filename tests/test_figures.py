@@ -114,3 +114,97 @@ def test_the_underflow_figures_layer_names_do_not_overlap(tmp_path, monkeypatch)
     labels = [t.get_text() for t in fig.axes[-1].get_xticklabels() if t.get_visible()]
     assert "vit: blocks.1.attn.query" in labels and len(labels) == len(names)
     assert figures.x_label_overlaps(fig) == 0
+
+
+def _drawn(monkeypatch, module):
+    """The figures a make_* function draws, kept open instead of saved."""
+    drawn = []
+    monkeypatch.setattr(module, "_save", lambda fig, out_dir, key: drawn.append(fig))
+    return drawn
+
+
+def test_a_log_loss_axis_over_three_decades_has_no_overprinted_labels():
+    """The audit's loss_curves.png: every minor tick of 0.007–3 labelled, 0.09/0.08/0.07… overprinting."""
+    from amp_compare.harness.report import figures
+
+    steps = _steps()
+    steps["loss"] = 3.0 * np.exp(-np.log(3.0 / 0.007) * steps["step"] / 23)
+    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
+                 split_frameworks=True)
+    assert figures.tick_label_overlaps(fig, "y") == 0
+    assert {"0.01", "0.1", "1"} <= set(_tick_labels(fig.axes[0]))  # plain numbers, not 10^-1
+    plt.close(fig)
+
+
+def test_the_forest_plots_log_axis_is_plain_and_its_labels_do_not_collide(monkeypatch, tmp_path):
+    """The audit's lab forest plot: a vit panel spanning under a decade printed 3×10^-1 and 4×10^-1 into each
+    other."""
+    from amp_compare.harness.report import figures, forest
+
+    rows = [{"model": "vit", "framework": fw, "precision": "fp16", "seed": 0, "ratio": r, "low": r * 0.9,
+             "high": r * 1.1, "band_low": 0.4, "band_high": 1.4, "outside": True}
+            for fw, r in (("torch", 0.19), ("tf", 0.6))]
+    drawn = _drawn(monkeypatch, forest)
+    assert forest.make_forest_figure(pd.DataFrame(rows), tmp_path) is not None
+    (fig,) = drawn
+    assert figures.tick_label_overlaps(fig, "x") == 0
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels(which="both") if t.get_text()]
+    assert "1×" in labels and not any("10^" in t for t in labels), labels
+    plt.close(fig)
+
+
+def test_the_gradient_histograms_axis_labels_do_not_run_into_the_next_panels(monkeypatch, tmp_path):
+    import json
+
+    from amp_compare.harness.report import figures
+
+    hist = json.dumps({str(k): (10 if -20 <= k <= -6 else 0) for k in range(-40, 17)})
+    rows = [{"framework": fw, "precision": "fp16", "seed": 0, "when": "last step", "layer": "conv1",
+             "param": "weight", "nonzero": 150, "elements": 150, "overflow_fraction_scaled": 0.0,
+             "loss_scale": 2.0**15, "log2_hist": hist, "model": model}
+            for fw in ("torch", "tf") for model in ("simple_cnn", "vit")]
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")  # as the report draws its figures
+    drawn = _drawn(monkeypatch, figures)
+    assert figures.make_gradient_histogram_figure(pd.DataFrame(rows), tmp_path) is not None
+    (fig,) = drawn
+    fig.canvas.draw()
+    boxes = [ax.xaxis.label.get_window_extent() for ax in fig.axes if ax.xaxis.label.get_text()]
+    assert len(boxes) == 4 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(fig)
+
+
+def test_the_time_to_accuracy_target_is_named_clear_of_the_data(monkeypatch, tmp_path):
+    """The audit: "target 93.9%" written at the line's left end, where the first epochs' points overprinted it."""
+    from amp_compare.contract import records
+    from amp_compare.harness.report import figures
+    from amp_compare.harness.report.tables import accuracy_statistics
+    from tests.test_report_sentences import write_run
+
+    t = records.read_run(write_run(tmp_path))
+    acc = accuracy_statistics(t["run"], t["epochs"])
+    drawn = _drawn(monkeypatch, figures)
+    assert figures.make_time_to_accuracy_figure(t["run"], t["epochs"], acc, tmp_path / "f") is not None
+    (fig,) = drawn
+    ax = fig.axes[0]
+    assert f"dotted: target {acc['target'].iloc[0]:.1%}" in ax.get_title()
+    assert not ax.texts  # nothing written inside the plot, where the data are
+    plt.close(fig)
+
+
+def test_bar_labels_stand_above_their_error_bars(monkeypatch, tmp_path):
+    """The audit's memory.png: "+0%" at the bar's top, under the bar's own error bar."""
+    from amp_compare.harness.report import figures
+
+    runs = pd.DataFrame([{"framework": fw, "precision": p, "seed": s, "peak_memory_mib": 40 + 10 * s}
+                         for fw in ("torch", "tf") for p in ("fp32", "fp16") for s in range(3)])
+    table = runs.drop_duplicates(["framework", "precision"]).assign(label="+0%")
+    fig = figures._bar(runs, table, "peak_memory_mib", "MiB", "Peak memory", "label", "{}")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    texts = [t.get_window_extent() for t in ax.texts if t.get_text()]
+    bars = [ln.get_window_extent() for ln in ax.get_lines() if np.isfinite(ln.get_ydata()).sum() > 1]
+    assert len(texts) == 4 and len(bars) == 4
+    assert not any(t.overlaps(b) for t in texts for b in bars)
+    plt.close(fig)

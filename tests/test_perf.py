@@ -162,14 +162,15 @@ def test_known_ceilings_pick_the_right_gpu():
 def test_an_emulated_half_format_is_measured_against_the_fp32_ceiling():
     no_half = {"cpu_bf16_hardware": False, "cpu_fp16_hardware": False}
     bf16_only = {"cpu_bf16_hardware": True, "cpu_fp16_hardware": False}
-    assert ceiling.ceiling_dtype("bf16", "off", "cpu", no_half) == ("fp32", "bf16 emulated on this CPU: its "
-                                                                    "arithmetic runs on the fp32 units")
+    # what the ceiling is and why, not a claim of which kernels ran (no record shows that)
+    assert ceiling.ceiling_dtype("bf16", "off", "cpu", no_half) == ("fp32", "no bf16 arithmetic on this CPU, so its "
+                                                                    "cells are measured against the fp32 matmul")
     assert ceiling.ceiling_dtype("fp16-static", "off", "cpu", bf16_only)[0] == "fp32"
     assert ceiling.ceiling_dtype("bf16", "off", "cpu", bf16_only) == ("bf16", "")
     assert ceiling.ceiling_dtype("bf16", "off", "cuda", no_half) == ("bf16", "")  # a GPU's half formats: its own
     assert ceiling.ceiling_dtype("fp32", "on", "cpu", no_half) == ("tf32", "")
-    info = ceiling.ceiling_info("cpu", "fp32", "bf16 emulated on this CPU: x", 8e10, 1024)
-    assert info["ceiling_dtype"] == "fp32 (bf16 emulated)" and info["ceiling_flops_measured"] == 8e10
+    info = ceiling.ceiling_info("cpu", "fp32", ceiling.ceiling_dtype("bf16", "off", "cpu", no_half)[1], 8e10, 1024)
+    assert info["ceiling_dtype"] == "fp32 (no bf16 arithmetic)" and info["ceiling_flops_measured"] == 8e10
 
 
 def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
@@ -184,6 +185,8 @@ def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
                          "peak_flops_measured": [2.0e11, 4.3e11, 2.1e11, 3.9e11], "peak_matmul_size": 1024})
     runs = with_run_ceiling(migrate(runs))  # records written before "ceiling": renamed on read
     assert (runs["ceiling_flops"] == 4.3e11).all()
+    # and older records' "emulated" label is printed as what it is: the fp32 ceiling of a format with no arithmetic
+    assert list(runs["ceiling_dtype"]) == ["fp32", "fp32", "fp32 (no bf16 arithmetic)", "fp32 (no bf16 arithmetic)"]
     assert list(runs["mfu_measured"].round(3)) == [round(1.03e11 / 4.3e11, 3), round(1.17e11 / 4.3e11, 3),
                                                    round(0.5e11 / 4.3e11, 3), round(0.6e11 / 4.3e11, 3)]
     said = ceiling_sentences(runs)
@@ -201,9 +204,9 @@ def test_an_mfu_over_100_percent_is_flagged_not_passed_off():
                            "ceiling_dtype": "fp32"}])
     said = mfu_findings(table)
     assert len(said) == 1 and "MFU above 100% in 1 cell(s) (PyTorch bf16 batch 64 (556%))" in said[0]
-    assert mfu_findings(table.assign(ceiling_dtype=["fp32 (bf16 emulated)", "fp32"], mfu_measured=[0.04, 0.29])) \
-        == ["MFU of the bf16 cells is against the fp32 matmul ceiling: this CPU's flags list no arithmetic for their "
-            "half format (which kernels the frameworks ran was not recorded)."]
+    assert mfu_findings(table.assign(ceiling_dtype=["fp32 (no bf16 arithmetic)", "fp32"], mfu_measured=[0.04, 0.29])) \
+        == ["MFU of the bf16 cells is against the fp32 matmul ceiling, used because this CPU's flags list no "
+            "arithmetic for their half format (the ceiling chosen, not a record of which kernels ran)."]
 
 
 def test_bound_verdict_from_the_sweep():
@@ -263,7 +266,7 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
     # the ceiling is that of the dtype the arithmetic runs in: fp32 where this CPU emulates bf16
     emulated = not env.cpu_info()["cpu_bf16_hardware"]
     bf16 = runs[runs["precision"] == "bf16"]
-    assert set(bf16["ceiling_dtype"]) == ({"fp32 (bf16 emulated)"} if emulated else {"bf16"})
+    assert set(bf16["ceiling_dtype"]) == ({"fp32 (no bf16 arithmetic)"} if emulated else {"bf16"})
     if emulated:  # the fp32 cells' ceiling (no timing ratio asserted here: timings belong in benchmarks)
         assert "is against the fp32 matmul ceiling" in summary and "MFU is measured against one ceiling" in summary
     timed = [pd.read_parquet(p.parent / "steps.parquet") for p in (run / "cells").glob("*/run.parquet")]

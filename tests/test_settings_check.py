@@ -99,3 +99,17 @@ def test_a_match_of_differently_printed_values_says_it_matched_after_mapping():
     assert marks["loss_reduction"] == "✓ each cell's two records equal in torch's convention (mean)", marks
     assert marks["bn_momentum"].startswith("✓ each cell's two records equal in torch's convention (")
     assert marks["bn_epsilon"] == "✓"  # printed the same: a bare ✓
+
+
+def test_a_scheduled_learning_rate_shows_as_its_schedule_and_peak():
+    """The audit: "learning_rate 0.000115385; 0.001" was the vit's first warm-up value (the optimizer's record),
+    not its 3e-3 peak. The table shows each cell's rate as its config set it; the comparison stays on the
+    optimizers' records."""
+    torch_used, keras_used = records()
+    vit = [{**r, "model": "vit", "cfg_lr": 0.003, "cfg_lr_schedule": "warmup-cosine"}
+           for r in cell_records({**torch_used, "learning_rate": 0.003 / 26},
+                                 {**keras_used, "learning_rate": 0.003 / 26})]
+    cnn = [{**r, "cfg_lr": 0.001, "cfg_lr_schedule": "constant"} for r in cell_records(torch_used, keras_used)]
+    row = next(r for r in side_by_side(vit + cnn)["rows"] if r["setting"] == "learning_rate")
+    assert row["torch"] == row["keras"] == "constant 0.001; warmup-cosine, peak 0.003", row
+    assert row["match"] == "✓"

@@ -137,3 +137,24 @@ def test_time_to_accuracy_and_not_reached():
     tta = next(s for s in _findings(runs, epochs, steps) if "training time to" in s)
     assert tta == ("simple_cnn on digits, training time to 90.2% validation accuracy (95% of fp32's 95.0%; median "
                    "over seeds, validation excluded): PyTorch fp32 1.0 s, fp16 not reached (0/1 seeds reached it).")
+
+
+def test_the_reproduce_line_says_when_the_tree_had_uncommitted_changes():
+    from amp_compare.harness.report.wording import reproduce_note
+
+    assert reproduce_note({"git_sha": "87cbca71e3fc"}) == ""
+    said = reproduce_note({"git_sha": "87cbca71e3fc-dirty"})
+    assert "commit 87cbca71e3fc with uncommitted changes" in said and "does not rebuild this run" in said
+    assert "87cbca71e3fc with" in reproduce_note({"machine A: git_sha": "87cbca71e3fc-dirty", "git_sha": "x"})
+
+
+def test_an_interval_end_at_zero_reads_as_zero():
+    """The audit: a bootstrap over one differing image gave "[95% bootstrap +0.0, +0.3]", read as excluding 0."""
+    from types import SimpleNamespace
+
+    from amp_compare.harness.report.cell_text import pp_bound, short_accuracy_text
+
+    r = SimpleNamespace(diff_pp=0.0929, ci_low=0.0, ci_high=0.2786, p_value=0.763,
+                        test="paired bootstrap over images, 3 seeds")
+    assert short_accuracy_text(r) == "+0.1 [95% bootstrap 0, +0.3] pp (n.s.)"
+    assert pp_bound(0.03) == "+0.03" and pp_bound(-0.4) == "-0.4"

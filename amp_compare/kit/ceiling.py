@@ -58,7 +58,8 @@ def ceiling_dtype(precision: str, tf32: str, device_type: str, cpu_info: dict | 
 
         info = env.cpu_info() if cpu_info is None else cpu_info
         if not info.get(f"cpu_{dtype}_hardware"):
-            return "fp32", f"{dtype} emulated on this CPU: its arithmetic runs on the fp32 units"
+            # the basis says what the ceiling is and why, not how the frameworks computed (no record shows it)
+            return "fp32", f"no {dtype} arithmetic on this CPU, so its cells are measured against the fp32 matmul"
     return dtype, ""
 
 

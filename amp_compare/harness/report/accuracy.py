@@ -26,8 +26,8 @@ def section_paragraph(acc: pd.DataFrame) -> str:
         how.append("a paired bootstrap over images (the same images resampled for every seed) where there are "
                    "several (its interval: the bootstrap's 95% percentile interval)")
     if "exact bound" in ran:
-        how.append("no test where every image was predicted exactly as fp32 predicted it: the interval is then the "
-                   "exact 95% bound on the share of images that could differ")
+        how.append("no test where every image was classified right or wrong exactly as in fp32: the interval is "
+                   "then the exact 95% bound on the share of images that could differ")
     text = ("Accuracy differences are paired: cells of one model, dataset and seed start from the same weights and "
             "are scored on the same validation images, so each mixed cell is compared image by image with its fp32"
             + (": " + "; ".join(how) if how else "") + ".")

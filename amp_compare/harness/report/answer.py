@@ -22,7 +22,6 @@ from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, numerics, stats
 from amp_compare.harness.report.cell_text import ratio_number
-from amp_compare.harness.report.hardware import log_line_meaning
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
 # What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
@@ -97,7 +96,8 @@ def _accuracy_text(r) -> str:
     if not isinstance(p, float) or not np.isfinite(p):
         return ""
     if getattr(r, "test", "") == stats.NO_DIFFERENCE:  # no test ran: no p to print
-        return f"no image was predicted differently from fp32 (exact 95% bound ±{r.ci_high:.1f} pp)"
+        # the records hold whether each image was right, not which class was predicted (val_correct)
+        return f"every image was classified right or wrong exactly as in fp32 (exact 95% bound ±{r.ci_high:.1f} pp)"
     if stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
         return (f"accuracy {'lower' if r.diff_pp < 0 else 'higher'} by {abs(r.diff_pp):.1f} percentage points "
                 f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}] (p = {p:.2g})")
@@ -119,15 +119,14 @@ def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict,
     logs = cells.get("framework_notices", pd.Series(dtype=object)).dropna().astype(str)
     lines = dict.fromkeys(ln for text in logs for ln in text.splitlines()
                           if any(w in ln for w in LOG_NAMES.get(half, ())))
-    said += [f"{framework_label(fw)} logged “{ln}”"
-             + (f", where {meaning}" if (meaning := log_line_meaning(ln, environment.get("cpu_amp_flags", ""))) else "")
-             for ln in list(lines)[:1]]
+    # the framework's own line is its record of the path it took: quoted as that, not interpreted
+    said += [f"{framework_label(fw)} logged “{ln}” (its own record of the path it took)" for ln in list(lines)[:1]]
     if device == "cpu" and half in FORMAT_FLAGS:
         key, names, what = FORMAT_FLAGS[half]
         flags = environment.get("cpu_amp_flags") or "none"
         said.append(f"this CPU has {what} (flags: {flags})" if environment.get(key) else
                     f"this CPU has no {what} ({names} absent; flags: {flags})")
-    if rows.empty:
+    if rows.empty and not lines:  # a quoted fallback line already says which path the framework took
         said.append("which kernels ran is unexplained by this run (no profile)")
     return "; ".join(said)
 

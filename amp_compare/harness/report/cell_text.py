@@ -12,6 +12,15 @@ def mark(note) -> str:
     return " ⚠" if isinstance(note, str) and note else ""
 
 
+def pp_bound(value: float) -> str:
+    """One end of an accuracy interval in percentage points: an end at exactly 0 prints as 0 (the interval
+    includes no change), one that rounds to ±0.0 without being 0 gets a digit more (+0.03). A bootstrap over one
+    differing image ends at exactly 0, and "+0.0" read as if it excluded zero."""
+    if value == 0:
+        return "0"
+    return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.1f}"
+
+
 def short_accuracy_text(r) -> str:
     """The table's form of accuracy_text: the change with its interval, or why there is none."""
     if getattr(r, "budget_note", ""):
@@ -22,7 +31,7 @@ def short_accuracy_text(r) -> str:
         return "n/a"
     mark = "" if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high}) else " (n.s.)"
     kind = accuracy_interval_kind(getattr(r, "test", ""))
-    return f"{r.diff_pp:+.1f} [{kind} {r.ci_low:+.1f}, {r.ci_high:+.1f}] pp{mark}"
+    return f"{r.diff_pp:+.1f} [{kind} {pp_bound(r.ci_low)}, {pp_bound(r.ci_high)}] pp{mark}"
 
 
 def interval_kind(basis: str, seeds) -> str:

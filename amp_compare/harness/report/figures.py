@@ -110,7 +110,7 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
                 # a column of words (memory's "unresolved") is its own label; numbers are formatted
                 labels = [values[p] if p in values and isinstance(values[p], str) else
                           fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
-                ax.bar_label(container, labels=labels[:len(container)], fontsize=8, padding=2)
+                _label_above_error_bars(ax, container, labels[:len(container)])
     _finish(grid, title, "Precision mode", ylabel)
     untangle_x_labels(grid.figure)  # many precision modes (the loss-scaling lab) in a narrow panel
     return grid.figure
@@ -127,12 +127,78 @@ def _stagger_markers(grid, every: int | None = None) -> None:
             line.set_markevery((i % step, step) if n > len(lines) else None)
 
 
-def _plain_log_ticks(grid) -> None:
-    """A log axis over a narrow range: ticks as plain numbers (2.3), not 2.3 x 10^0."""
-    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-    for ax in grid.axes.flat:
-        ax.yaxis.set_major_formatter(formatter)
-        ax.yaxis.set_minor_formatter(formatter)
+def _label_above_error_bars(ax, container, labels: list[str]) -> None:
+    """Each bar's label above the top of whatever is drawn over the bar (its error bar and caps, else the bar):
+    a label at the bar's own top sits under its error bar and is overprinted by it."""
+    for bar, label in zip(container, labels):
+        if not label:
+            continue
+        left, right = bar.get_x(), bar.get_x() + bar.get_width()
+        top = bar.get_height()
+        for line in ax.get_lines():  # seaborn draws an error bar and its caps as one line, NaN between the parts
+            x, y = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+            drawn = np.isfinite(x) & np.isfinite(y)
+            if drawn.any() and np.all((x[drawn] >= left - 1e-9) & (x[drawn] <= right + 1e-9)):
+                top = max(top, float(y[drawn].max()))
+        ax.annotate(label, (left + bar.get_width() / 2, top), xytext=(0, 2), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=8)
+    ax.margins(y=0.12)  # room above the tallest label
+
+
+def _drawn_tick_labels(ax, axis: str, renderer) -> list[tuple[float, bool, object]]:
+    """(tick position, major?, drawn box) of every labelled tick of one axis inside its view."""
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    low, high = sorted(a.get_view_interval())
+    out = []
+    for major, ticks in ((True, a.get_major_ticks()), (False, a.get_minor_ticks())):
+        for tick in ticks:
+            label = tick.label1
+            if label.get_visible() and label.get_text() and low <= tick.get_loc() <= high:
+                out.append((tick.get_loc(), major, label.get_window_extent(renderer)))
+    return out
+
+
+def tick_label_overlaps(fig, axis: str) -> int:
+    """How many pairs of the figure's drawn tick labels (major and minor) on one axis overlap, per axes."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    count = 0
+    for ax in fig.axes:
+        boxes = [box for _, _, box in _drawn_tick_labels(ax, axis, renderer)]
+        count += sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    return count
+
+
+def _mantissa_rank(v: float) -> int:
+    """Which minor ticks of a log axis to keep first when not all fit: 2 and 5, then 3, then the rest."""
+    m = int(round(v / 10 ** np.floor(np.log10(v))))
+    return {2: 0, 5: 0, 3: 1}.get(m, 2)
+
+
+def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
+    """A log axis labelled in plain numbers (0.3×, 0.04), not 3×10^-1, and its minor labels thinned: every
+    major label stays; a minor one is shown only where its drawn box clears every label already kept."""
+    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}{suffix}")
+    logs = [ax for ax in fig.axes if (ax.xaxis if axis == "x" else ax.yaxis).get_scale() == "log"]
+    for ax in logs:
+        a = ax.xaxis if axis == "x" else ax.yaxis
+        a.set_major_formatter(formatter)
+        a.set_minor_formatter(formatter)
+    if not logs:
+        return
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in logs:
+        drawn = _drawn_tick_labels(ax, axis, renderer)
+        kept_boxes = [box.padded(2) for _, major, box in drawn if major]
+        keep = []
+        for loc, _, box in sorted((d for d in drawn if not d[1]), key=lambda d: (_mantissa_rank(d[0]), d[0])):
+            if not any(box.padded(2).overlaps(k) for k in kept_boxes):
+                keep.append(loc)
+                kept_boxes.append(box.padded(2))
+        kept = np.array(keep)
+        (ax.xaxis if axis == "x" else ax.yaxis).set_minor_formatter(matplotlib.ticker.FuncFormatter(
+            lambda v, _, kept=kept: f"{v:g}{suffix}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str, log: bool = False,
@@ -150,13 +216,14 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
     _stagger_markers(grid)
     if log:
         grid.set(yscale="log")
-        _plain_log_ticks(grid)
     grid.set_axis_labels(xlabel, ylabel)
     if facet:
         grid.set_titles("{row_name} · {col_name}" if "row" in facet else "{col_name}")
         grid.figure.suptitle(title, y=1.03)
     else:
         grid.ax.set_title(title)
+    if log:  # last: the thinning measures the labels where the finished figure draws them
+        plain_log_labels(grid.figure, "y")
     return grid.figure
 
 
@@ -525,7 +592,8 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
         ax.axvline(-14, color="#888", linestyle=":", linewidth=1)
         ax.set_xlim(min(low, -25), high)
     grid.set_titles("{col_name}")
-    grid.set_axis_labels("log2 |gradient × loss scale in use| (float16: 0 below −24, inf above 16)",
+    # on two lines: on one, each panel's label ran into its neighbour's
+    grid.set_axis_labels("log2 |gradient × loss scale in use|\n(float16: 0 below −24, inf above 16)",
                          "Non-zero elements (%)")
     grid.figure.suptitle("Gradient magnitudes against float16's range, last step", y=1.03)
     _save(grid.figure, out_dir, "gradient_histogram")
@@ -608,13 +676,15 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
         row = targets[targets["panel"] == panel]
         if not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]:
             ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
-            ax.annotate(f"target {row['target'].iloc[0]:.1%}", xy=(0, row["target"].iloc[0] * 100),
-                        xycoords=("axes fraction", "data"), xytext=(4, 3), textcoords="offset points",
-                        fontsize=8, color="#555")
     _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
             "excluded)", "Validation accuracy (%)")
-    if len(panels) == 1:
-        grid.ax.set_title(f"Validation accuracy against training time ({panels[0]})")
+    # the target's value goes in each panel's title, clear of the data: written beside its line, the early
+    # epochs' points (which start just below it) overprinted it
+    for panel, ax in zip(panels, grid.axes.flat):
+        row = targets[targets["panel"] == panel]
+        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
+        shown = not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]
+        ax.set_title(name + (f" — dotted: target {row['target'].iloc[0]:.1%}" if shown else ""))
     _save(grid.figure, out_dir, "time_to_accuracy")
     judged = targets[(targets["too_short"] == "") & np.isfinite(targets["target"].astype(float))]
     bases = [f"{r.panel}: {r.target:.1%}, {r.target_basis}" for r in judged.itertuples()]

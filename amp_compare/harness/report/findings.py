@@ -13,8 +13,8 @@ from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report import numerics as nr
-from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark, ratio_number
-from amp_compare.harness.report.hardware import ceiling_sentences
+from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark, pp_bound, ratio_number
+from amp_compare.harness.report.hardware import ceiling_sentences, on_fp32_ceiling
 from amp_compare.harness.report.speed import LogLine, slowdown_sentences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
@@ -59,9 +59,10 @@ def accuracy_text(r) -> str:
         return "no paired test (no per-image results)"
     ptext, kind = f"p = {p:.2g}", accuracy_interval_kind(getattr(r, "test", ""))
     if getattr(r, "test", "") == stats.NO_DIFFERENCE:  # no test ran, so there is no p to print
-        return f"no image differed ({kind} ±{r.ci_high:.1f} pp)"
+        return f"classified every image right or wrong exactly as fp32 did ({kind} ±{r.ci_high:.1f} pp)"
     if not stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
-        return f"no detectable difference ({r.diff_pp:+.1f} pp [{kind} {r.ci_low:+.1f}, {r.ci_high:+.1f}], {ptext})"
+        return (f"no detectable difference ({r.diff_pp:+.1f} pp [{kind} {pp_bound(r.ci_low)}, {pp_bound(r.ci_high)}], "
+                f"{ptext})")
     if r.diff_pp < 0:
         return f"lower by {-r.diff_pp:.1f} pp [{kind} {-r.ci_high:.1f}, {-r.ci_low:.1f}] ({ptext})"
     return f"higher by {r.diff_pp:.1f} pp [{kind} {r.ci_low:.1f}, {r.ci_high:.1f}] ({ptext})"
@@ -246,14 +247,14 @@ def accuracy_findings(groups: Groups) -> list[str]:
 
 def _accuracy_method(tested: pd.DataFrame) -> str:
     """How the sentence's accuracy intervals were made: the test each row really ran, the exact bound where
-    every image was predicted as fp32 predicted it (no test ran there)."""
+    every image was classified right or wrong exactly as in fp32 (no test ran there)."""
     if tested.empty:
         return ""
     first = tested.iloc[0]
     images, seeds = int(first.images), int(first.seeds)
     shortcut = tested["test"] == stats.NO_DIFFERENCE
     in_seeds = "" if seeds == 1 else f" in each of {seeds} seeds"
-    exact = (f"every one of the {images} validation images was predicted exactly as fp32 predicted it{in_seeds}, "
+    exact = (f"every one of the {images} validation images was classified right or wrong exactly as in fp32{in_seeds}, "
              f"so no test ran: ±{stats.no_discordance_bound(images):.1f} pp is the exact 95% bound (Clopper-Pearson, "
              f"0 of {images}) on the share of images that could differ")
     test = (f"McNemar's exact test on {images} validation images" if seeds == 1 else
@@ -374,11 +375,11 @@ def mfu_findings(table: pd.DataFrame) -> list[str]:
     (the measured matmul is then not the ceiling of the path the cell ran: the number is shown, flagged)."""
     out = []
     dtypes = table.get("ceiling_dtype", pd.Series(dtype=str)).fillna("")
-    emulated = table[dtypes.str.contains("emulated")]
+    emulated = table[on_fp32_ceiling(dtypes)]
     if not emulated.empty:
         which = ", ".join(sorted(set(emulated["precision"])))
-        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling: this CPU's flags list no "
-                   "arithmetic for their half format (which kernels the frameworks ran was not recorded).")
+        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this CPU's flags "
+                   "list no arithmetic for their half format (the ceiling chosen, not a record of which kernels ran).")
     over = table[table["mfu_measured"] > 1]
     if not over.empty:
         cells = ", ".join(f"{_label(r.framework)} {r.precision} batch {r.batch_size:.0f} ({r.mfu_measured:.0%})"

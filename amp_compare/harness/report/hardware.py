@@ -16,6 +16,8 @@ This module never imports a framework.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -24,18 +26,36 @@ HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to
 COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matmul ceiling
 
 
-def log_line_meaning(text: str, flags: str) -> str:
-    """What a framework's log line about its half-precision path means on this CPU, where it could be misread
-    ("" otherwise). oneDNN's "supports DT_HALF only on platforms with AVX-512" means AVX-512 FP16 (the
-    avx512_fp16 flag, float16 arithmetic), not AVX-512 itself: printed beside flags that list avx512f, it
-    would read as if the CPU lacked AVX-512."""
+def log_line_flags(text: str, flags: str) -> str:
+    """The CPU's own flags to set beside a framework's log line that names an instruction set ("" for any other
+    line): oneDNN's "supports DT_HALF only on platforms with AVX-512" is quoted as the framework's record of the
+    path it took, and beside it which AVX-512 and float16-arithmetic flags this CPU lists, side by side, without
+    reading into the line which of them it meant (no record says)."""
     if "DT_HALF" not in text or "AVX-512" not in text:
         return ""
     listed = {f.strip() for f in str(flags or "").split(",")}
-    has = "avx512_fp16" in listed
-    return ("the AVX-512 it names is AVX-512 FP16 (avx512_fp16: float16 arithmetic), which this CPU "
-            + ("has" if has else "lacks" + (", though it has AVX-512 itself (avx512f)" if "avx512f" in listed
-                                            else "")))
+    family = ("avx512f", "avx512_fp16", "amx_fp16")
+    has = [f for f in family if f in listed]
+    lacks = [f for f in family if f not in listed]
+    if not has:
+        return f"beside it, this CPU's flags list none of {', '.join(lacks)}"
+    return f"beside it, this CPU's flags list {', '.join(has)}" + (f" but not {' or '.join(lacks)}" if lacks else "")
+
+
+# A half format this CPU has no arithmetic for is measured against the fp32 matmul's ceiling (kit/ceiling.py); its
+# label says so. Records written before said "fp32 (fp16 emulated)", a claim about kernels no record shows.
+_OLD_CEILING = re.compile(r"^fp32 \((\w+) emulated\)$")
+FP32_CEILING = re.compile(r"^fp32 \(no \w+ arithmetic\)$")
+
+
+def ceiling_label(value) -> str:
+    """A cell's ceiling dtype as the report prints it: "fp32 (no fp16 arithmetic)" also for older records."""
+    return _OLD_CEILING.sub(r"fp32 (no \1 arithmetic)", "" if pd.isna(value) else str(value))
+
+
+def on_fp32_ceiling(dtypes: pd.Series) -> pd.Series:
+    """Which cells' half format is measured against the fp32 matmul's ceiling (no arithmetic for it here)."""
+    return dtypes.map(ceiling_label).str.match(FP32_CEILING.pattern)
 
 
 def timing_note(wall: float, median: float) -> str:
@@ -87,11 +107,13 @@ def _ceiling_key(runs: pd.DataFrame) -> list[str]:
 
 def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
     """Each cell's MFU against its run's ceiling: the best ceiling_flops_measured of any cell of the run (both
-    frameworks, every precision) on the same device in the same ceiling dtype ("fp32 (bf16 emulated)" is
+    frameworks, every precision) on the same device in the same ceiling dtype ("fp32 (no bf16 arithmetic)" is
     fp32). Each child times the same matmul size (kit/ceiling.py SIZES) in its own framework; the best of them
     is the one rate the device was seen to reach, so MFU compares the frameworks on one ceiling rather than
     each against its own matmul. Adds ceiling_flops; mfu_measured is recomputed from it."""
     runs = runs.copy()
+    if "ceiling_dtype" in runs:
+        runs["ceiling_dtype"] = runs["ceiling_dtype"].map(ceiling_label)
     if "ceiling_flops_measured" not in runs or "ceiling_dtype" not in runs:
         runs["ceiling_flops"] = np.nan
         return runs

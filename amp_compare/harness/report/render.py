@@ -33,6 +33,7 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.cell_text import ratio_number
 from amp_compare.harness.report.findings import finding_parts, interval_method
+from amp_compare.harness.report.hardware import on_fp32_ceiling
 from amp_compare.harness.report.per_seed import seed_table
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
@@ -573,8 +574,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "findings": sentences, "loop_text": loop_text, "legend": legend(full),
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"]),
-                            "hardware": speed.hardware_paragraph(bool(full.get("ceiling_dtype", pd.Series(
-                                dtype=str)).fillna("").str.contains("emulated").any()))},
+                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full.get(
+                                "ceiling_dtype", pd.Series(dtype=str))).any()))},
             "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
             "speed_ratio_table": _html_or_none(_speed_ratio_table(full)),
             "speed_intro": speed.speed_intro(facts, interval_method(full)),
@@ -639,7 +640,8 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps),
         **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs)))),
-        "command": manifest["command"], "differences": framework_differences(runs, steps),
+        "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
+        "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
                         for k, v in keras_backend_split(runs).items()},
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
@@ -697,7 +699,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           *fp8_report.markdown(fp8)]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
-    md += ["", f"Reproduce: `{manifest['command']}`", ""]
+    md += ["", f"Reproduce: `{manifest['command']}`", *([context["reproduce_note"]] if context.get("reproduce_note")
+                                                        else []), ""]
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     render_runs_index(run_dir.parent)
     return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],

@@ -64,16 +64,29 @@ def _settings(record: Mapping) -> dict | None:
     return dict(value) if isinstance(value, Mapping) else None
 
 
+def _lr_shown(record: Mapping) -> str | None:
+    """The learning rate as the cell's config set it: a schedule by its name and peak ("warmup-cosine, peak
+    0.003"), a constant one as "constant 0.001" (None where the record has no config). The optimizer's own
+    record holds the rate it was built with, under a warm-up the first step's small fraction of the peak."""
+    lr = record.get("cfg_lr")
+    if lr is None or lr != lr:  # absent or NaN
+        return None
+    schedule = str(record.get("cfg_lr_schedule") or "constant")
+    return f"constant {float(lr):g}" if schedule == "constant" else f"{schedule}, peak {float(lr):g}"
+
+
 def check_runs(records: Iterable[Mapping]) -> list[dict]:
     """Every (model, dataset, precision, seed) cell torch and a Keras framework ran: its comparison rows and
     mismatches, one entry per Keras framework (tf, keras-jax, keras-torch: each against the same torch cell)."""
     cells: dict[tuple, dict[str, dict]] = {}
+    rates: dict[tuple, dict[str, str | None]] = {}
     for record in records:
         settings = _settings(record)
         framework = record.get("framework")
         if settings is not None and (framework == "torch" or is_keras(str(framework))):
             cell = tuple(record.get(k) for k in CELL_KEYS)
             cells.setdefault(cell, {})[framework] = settings
+            rates.setdefault(cell, {})[framework] = _lr_shown(record)
     out = []
     for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
         keras_fws = sorted(fw for fw in by_fw if is_keras(fw))
@@ -82,7 +95,8 @@ def check_runs(records: Iterable[Mapping]) -> list[dict]:
         for fw in keras_fws:
             rows = compare_settings(by_fw["torch"], by_fw[fw])
             name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
-            out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]]})
+            out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]],
+                        "lr_shown": {"torch": rates[cell]["torch"], "keras": rates[cell][fw]}})
     return out
 
 
@@ -115,7 +129,9 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
         for row in cell["rows"]:
             entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "mapped": set(), "bad": []})
             for fw in ("torch", "keras"):
-                entry[fw].add(_fmt(row[fw]) if row["recorded"][fw] else "not recorded")
+                # the learning rate as scheduled (compared above as the optimizers recorded it)
+                shown = cell.get("lr_shown", {}).get(fw) if row["key"] == "learning_rate" else None
+                entry[fw].add(shown or (_fmt(row[fw]) if row["recorded"][fw] else "not recorded"))
             if row["recorded"]["torch"] and row["recorded"]["keras"]:
                 entry["mapped"].add(_fmt(row["torch_as_torch"]))
             if not row["match"]:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
-from amp_compare.harness.report.hardware import log_line_meaning
+from amp_compare.harness.report.hardware import log_line_flags
 
 # Lines a framework writes to stderr that say which kernels it fell back to: (pattern, half format it is about).
 # TensorFlow on a CPU without AVX-512 FP16: "oneDNN supports DT_HALF only on platforms with AVX-512. Falling back
@@ -132,10 +132,10 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
                      f"so {fmt} work cannot have run on {fmt} units here; which kernels ran instead was not "
                      "recorded" + (", except where a framework said so below." if _said(logs, fmt) else "."))
         out.append(text)
-    for line in logs:  # hardware.log_line_meaning: what the line's words mean on this CPU, where misreadable
-        meaning = log_line_meaning(line.text, environment.get("cpu_amp_flags", ""))
-        out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\""
-                   + (f" — {meaning}." if meaning else "."))
+    for line in logs:  # the framework's record of its path, quoted; the CPU's flags beside it, not a reading of it
+        flags = log_line_flags(line.text, environment.get("cpu_amp_flags", ""))
+        out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own "
+                   "record of the path it took)" + (f"; {flags}." if flags else "."))
     return out
 
 
@@ -170,8 +170,9 @@ def hardware_paragraph(emulated: bool) -> str:
             "the median-step one.")
     if emulated:
         text += (" Where the CPU's flags list no arithmetic for a half format, that format's cells are measured "
-                 "against the fp32 matmul's ceiling (marked \"emulated\"): the half-format matmul timed there is "
-                 "no ceiling.")
+                 "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because "
+                 "this CPU has no arithmetic in that format: the half-format matmul timed there is no ceiling. The "
+                 "mark says which ceiling was used, not which kernels the cells ran.")
     return text + (" An MFU over 100% is marked ⚠: the measured matmul was then not the ceiling of the kernels "
                    "the cell ran.")
 

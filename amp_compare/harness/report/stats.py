@@ -52,8 +52,8 @@ BLOCK = 20  # steps per batch mean, at least (a load burst of up to ~20 steps st
 MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batches)
 
 
-# The `test` of a comparison where every image was predicted as fp32 predicted it: no test is run, the
-# interval is the exact bound of no_discordance_bound (the report says so instead of naming a test).
+# The `test` of a comparison where every image was classified right or wrong exactly as in fp32: no test is run,
+# the interval is the exact bound of no_discordance_bound (the report says so instead of naming a test).
 NO_DIFFERENCE = "none: no image differed"
 
 

@@ -208,3 +208,17 @@ def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | Non
         text += (f" The calibrations between cells saw the machine unsteady ({unsteady}): N vs 1 compares cells "
                  "that ran at different times, so it carries that change as well as data parallelism (⚠).")
     return text
+
+
+def reproduce_note(environment) -> str:
+    """What the Reproduce command cannot do: where a run's git_sha ends in -dirty (env.git_sha: tracked files had
+    uncommitted changes), the command runs whatever code is checked out, so it rebuilds the run only from a tree
+    with those same changes, which the records do not hold. "" for a clean tree. A combined report's environment
+    keys carry the run's label ("<label>: git_sha")."""
+    dirty = sorted({str(v)[:-len("-dirty")] for k, v in environment.items()
+                    if (k == "git_sha" or str(k).endswith(": git_sha")) and str(v).endswith("-dirty")})
+    if not dirty:
+        return ""
+    return (f"The code that ran was commit {', '.join(dirty)} with uncommitted changes (its git_sha ends in "
+            "-dirty): the command alone does not rebuild this run; it needs a tree with those same changes, "
+            "which the records do not hold.")
