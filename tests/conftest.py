@@ -69,8 +69,9 @@ def tiny_run(tmp_path_factory):
 # test_end_to_end.py first: it runs the shared tiny compare that seven other files read (the other worker
 # starts on test_parity.py meanwhile instead of waiting on the lock). Without xdist the order is pytest's.
 LONG_FIRST = ["test_end_to_end.py", "test_parity.py", "test_amp_modes.py", "test_faults.py", "test_maxbatch.py",
-              "test_data_parallel.py", "test_keras_backends.py", "test_vit.py",
-              "test_measurements.py", "test_cli.py", "test_perf.py", "test_device_mode.py", "test_numerics.py",
+              "test_data_parallel.py", "test_keras_backends.py", "test_vit.py", "test_launchers.py",
+              "test_measurements.py", "test_cli.py", "test_perf.py", "test_device_mode.py", "test_answer.py",
+              "test_numerics.py", "test_memory_resolution.py", "test_speed.py", "test_gpu_check.py",
               "test_browser.py", "test_install.py"]
 
 
