@@ -136,34 +136,41 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", "skipped_count", "first_scale",
-                "last_scale"]
+                "last_scale", "nonfinite_loss_count", "nonfinite_skipped_count", "nonfinite_step_loss"]
 
 
-def loss_history(steps: pd.DataFrame | None) -> pd.DataFrame:
+def loss_history(steps: pd.DataFrame | None, locator_steps: dict | None = None) -> pd.DataFrame:
     """Per cell_id, from the step records (steps counted from 0, as the NaN/Inf locator and the divergence
     watch count them): the first step whose loss was not finite, the first skipped update, the last step run,
-    how many updates were skipped, and the first and last step's loss scale. The one
-    definition every sentence about where a cell went non-finite reads (answer, findings, What happened)."""
+    how many updates were skipped, and the first and last step's loss scale; how many losses were non-finite (and
+    of those, skipped); the loss of the step the NaN/Inf locator ran at (`locator_steps`: cell_id -> that step,
+    NaN where none). The one definition every sentence about where a cell went non-finite reads (answer,
+    findings, What happened)."""
     if steps is None or steps.empty or "loss" not in steps:
         return pd.DataFrame(columns=["cell_id", *HISTORY_COLS])
     rows = []
     for cell, g in steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False):
-        bad = g.loc[~np.isfinite(g["loss"].astype(float)), "step"]
+        nonfinite = ~np.isfinite(g["loss"].astype(float))
+        bad = g.loc[nonfinite, "step"]
         skipped = g.loc[g["skipped"].astype(bool), "step"] if "skipped" in g else pd.Series(dtype=int)
         scale = g["loss_scale"].astype(float) if "loss_scale" in g else pd.Series(dtype=float)
+        located = g.loc[g["step"] == (locator_steps or {}).get(cell, -1), "loss"]
         rows.append({"cell_id": cell, "first_nonfinite_loss_step": int(bad.iloc[0]) if len(bad) else -1,
                      "first_skipped_step": int(skipped.iloc[0]) if len(skipped) else -1,
                      "last_step": int(g["step"].iloc[-1]), "skipped_count": len(skipped),
                      "first_scale": float(scale.iloc[0]) if len(scale) else np.nan,
-                     "last_scale": float(scale.iloc[-1]) if len(scale) else np.nan})
+                     "last_scale": float(scale.iloc[-1]) if len(scale) else np.nan,
+                     "nonfinite_loss_count": len(bad), "nonfinite_skipped_count": int(bad.isin(skipped).sum()),
+                     "nonfinite_step_loss": float(located.iloc[0]) if len(located) else np.nan})
     return pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS])
 
 
 def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
     """The run table with loss_history's columns beside each cell (-1 / NaN where its steps were not recorded)."""
-    out = runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(loss_history(steps), on="cell_id",
-                                                                           how="left")
-    return out
+    located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
+               if "nonfinite_step" in runs and "cell_id" in runs else {})
+    return runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(loss_history(steps, located),
+                                                                           on="cell_id", how="left")
 
 
 def _scale_power(value: float) -> str:
@@ -190,13 +197,15 @@ def ending_text(r, since: bool = True) -> str:
     return "steps counted from 0: " + "; ".join(said)
 
 
-def nonfinite_findings(runs: pd.DataFrame) -> pd.DataFrame:
+def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The NaN/Inf locator's rows, each with the loss of the step it ran at (nonfinite_step_loss, from `steps`)."""
     if "nonfinite_step" not in runs:
         return pd.DataFrame()
+    runs = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
     found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
     per = _per_model(runs)  # a run with two models names each row's model: their layers share names (fc)
     cols = [*per, "framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
-            "nonfinite_value"]
+            "nonfinite_value", *(["nonfinite_step_loss"] if "nonfinite_step_loss" in found else [])]
     return found[cols].sort_values([*per, "framework", "precision", "seed"], key=display_order) \
         if not found.empty else pd.DataFrame()
 
@@ -560,31 +569,11 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         forced = _cfg_text(r.get("cfg_fp32_layers"))
         mine = blocks[(blocks["cell_id"] == r["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
             if not blocks.empty else blocks
-        peak = ""
-        if not mine.empty:
-            top = _peak(mine)
-            where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
-            finite = bool(np.isfinite(top["max_abs"]))
-            peak = (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
-                    f"{FLOAT16_MAX / top['max_abs']:.3g}× below float16's 65,504" if finite and top["max_abs"] > 0
-                    else f"the attention logits' record went non-finite ({where})")
-            if naive and finite:
-                peak += (f"; the naive softmax's exp overflows float16 past {FP16_EXP_LIMIT:.1f}, "
-                         f"{'which it passed' if top['max_abs'] > FP16_EXP_LIMIT else 'which it never reached'}")
+        peak = _logit_text(_peak(mine), naive) if not mine.empty else ""
         step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
         if naive and step >= 0:
-            layer = r.get("nonfinite_layer", "")
-            ending = ending_text(r)
-            after = (f"the run diverged ({ending})" if r.get("status") == "diverged" and ending else
-                     "the run diverged" if r.get("status") == "diverged" else
-                     f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of "
-                     f"{int(r.get('steps_total', 0))} steps")
-            out.append(f"{who}, --attention naive: at step {int(step)}, its first skipped update or non-finite "
-                       f"loss, the NaN/Inf locator found the first non-finite value in the "
-                       f"{r.get('nonfinite_where', '')} of layer '{layer}' ({r.get('nonfinite_value', '')}), "
-                       f"and {after}"
-                       + (f" — rerun with --fp32-layers {layer} to compute that layer in float32" if layer and
-                          not forced else "") + (f"; {peak}." if peak else "."))
+            out.append(f"{who}, --attention naive: {_located_text(r, int(step), forced)}"
+                       + (f"; {peak}." if peak else "."))
         elif naive:
             finite = np.isfinite(float(r.get("final_train_loss", np.nan))) and r.get("status") == "ok"
             ending = "finished with finite losses" if finite else f"ended {r.get('status')}"
@@ -594,6 +583,57 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         elif peak:
             out.append(f"{who}: {peak}.")
     return out
+
+
+def logit_limit(naive: bool) -> tuple[float, str]:
+    """The float16 limit an attention logit is measured against: the naive softmax takes exp of the raw logit,
+    which overflows float16 past ln(65,504) ≈ 11.09; a max-subtracted (builtin) softmax only holds the logit
+    itself, so its limit is float16's largest value."""
+    return ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive else
+            (FLOAT16_MAX, "float16's 65,504"))
+
+
+def _logit_text(top: pd.Series, naive: bool) -> str:
+    """The cell's largest attention logit against the limit its softmax has (logit_limit)."""
+    where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
+    if not (np.isfinite(top["max_abs"]) and top["max_abs"] > 0):
+        return f"the attention logits' record went non-finite ({where})"
+    limit, named = logit_limit(naive)
+    factor = limit / top["max_abs"]
+    return (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
+            + (f"{factor:.3g}× below {named}" if factor >= 1 else f"past {named} (headroom {factor:.2g}×)"))
+
+
+def _located_text(r: dict, step: int, forced: str) -> str:
+    """A naive-attention cell's locator finding, the loss of the step it ran at, and how the cell ended."""
+    layer = r.get("nonfinite_layer", "")
+    ending = ending_text(r)
+    after = (f"the run diverged ({ending})" if r.get("status") == "diverged" and ending else
+             "the run diverged" if r.get("status") == "diverged" else
+             f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of {int(r.get('steps_total', 0))} steps")
+    beside = locator_loss_text(r)
+    return (f"at step {step}, its first skipped update or non-finite loss, the NaN/Inf locator (that step's batch "
+            f"again, at its weights and loss scale) found the first non-finite value in the "
+            f"{r.get('nonfinite_where', '')} of layer '{layer}' ({r.get('nonfinite_value', '')})"
+            + (f" {beside}" if beside else "") + f", and {after}"
+            + (f" — rerun with --fp32-layers {layer} to compute that layer in float32" if layer and not forced else ""))
+
+
+def locator_loss_text(r) -> str:
+    """Beside a forward finding of the NaN/Inf locator, the loss of the step it ran at (loss_history's
+    nonfinite_step_loss). A non-finite layer output next to a finite loss is float16's doing, not a wrong step: the
+    non-finite elements are ones the loss does not read (the vit's head reads only the class token's row), and they
+    reach the update through the gradients (zero upstream gradient times a non-finite activation is NaN), which is
+    why the step was skipped. "" where the finding is not in the forward or the loss was not recorded."""
+    get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
+    loss = pd.to_numeric(get("nonfinite_step_loss", np.nan), errors="coerce")
+    if get("nonfinite_where") != "forward" or pd.isna(loss):
+        return ""
+    if not np.isfinite(loss):
+        return "(that step's loss was non-finite too)"
+    unread = " (the vit's head reads only the class token's row)" if get("model") == "vit" else ""
+    return (f"while that step's loss was finite ({loss:.4g}): the non-finite elements were ones the loss does not "
+            f"read{unread}, and they reached the update through the gradients, so the scaler skipped it")
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
@@ -682,7 +722,10 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
                     "training step of the run (first seed), recorded inside the step and read once per epoch (epochs "
                     "counted from 1), and how many times float16's largest value 65,504 lies above it.",
         "nonfinite": "At the first non-finite loss or skipped update, the run located the first layer whose forward "
-                     "output (or, if the forward was finite, whose gradient) was non-finite:",
+                     "output (or, if the forward was finite, whose gradient) was non-finite, re-running that step's "
+                     "batch at its weights and loss scale. A forward finding beside a finite loss of that step is "
+                     "one in elements the loss does not read (the vit's head reads only the class token's row): it "
+                     "reached the update through the gradients.",
         "no_nonfinite": "No cell met a non-finite loss or gradient.",
         "nothing_happened": "No loss-scaling or numerics events to report in this run.",
         "no_scaled": "No loss-scaled cell in this run, so no loss-scale figure.",

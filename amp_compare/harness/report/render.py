@@ -216,14 +216,19 @@ def _pct(digits: int):
     return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
 
 
-def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
-    f = nr.nonfinite_findings(runs)
+def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The NaN/Inf locator's rows, with the loss the step it ran at recorded: a forward finding beside a finite
+    loss is one in elements the loss does not read (numerics.locator_loss_text)."""
+    f = nr.nonfinite_findings(runs, steps)
     if f.empty:
         return f
+    loss = ({"That step's loss": f["nonfinite_step_loss"].map(lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
+            if "nonfinite_step_loss" in f else {})
     return pd.DataFrame({**{k.title(): f[k] for k in ("model", "dataset") if k in f},
                          "Framework": f["framework"].map(framework_label),
                          "Precision": f["precision"], "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
-                         "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
+                         "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
+                         **loss})
 
 
 def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
@@ -609,7 +614,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
             "underflow_methods": nr.UNDERFLOW_METHODS,
             "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
-            "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
+            "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
             "said": nr.numerics_said(runs, underflow, headroom, steps, acc),
             "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
             "words": nr.section_words(facts, nr.op_dtype_facts(dtypes, manifest["device"])),
