@@ -318,8 +318,10 @@ def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
 def scale_record_text(cell_steps: pd.DataFrame) -> str:
     """What one loss-scaled cell's step records show of overflow. The scale of a step is the one definition
     steps.parquet holds: the scale that step's backward ran at (a skipped step halves it for the next). Says
-    the updates skipped (each one an overflow at the scale then in use), at which scales, and the last step's
-    scale and whether it was skipped. "" for a cell that never scaled (every scale 1) or has no records."""
+    the updates skipped, apart by their loss: with a finite loss (non-finite gradients at the scale then in use:
+    loss scaling's business) and with a non-finite loss (the forward overflowed: no scale helps), at which steps
+    and scales, and the last step's scale and whether it was skipped. "" for a cell that never scaled (every
+    scale 1) or has no records."""
     if cell_steps.empty or "loss_scale" not in cell_steps:
         return ""
     g = cell_steps.sort_values("step")
@@ -328,16 +330,49 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
         return ""
     skipped = g["skipped"].astype(bool).to_numpy() if "skipped" in g else np.zeros(len(g), bool)
     last = f"step {int(g['step'].iloc[-1])}, counting from 0"
+    last_loss = float(g["loss"].iloc[-1]) if "loss" in g else 0.0
     ending = (f"the last step ({last}) ran at {_scale_power(scale[-1])} and "
-              + ("was skipped: it overflowed" if skipped[-1] else "was not skipped"))
+              + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
+                 if np.isfinite(last_loss) else "was skipped, with a non-finite loss"))
     if not skipped.any():
         return (f"The step records: no update of {len(g):,} was skipped (no overflow at the scale then in use); "
                 + ending)
-    at = pd.Series(scale[skipped]).value_counts().sort_index(ascending=False)
-    scales = (", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
-              f"{len(at)} scales from {_scale_power(at.index[0])} down to {_scale_power(at.index[-1])}")
-    return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, each an overflow at "
-            f"the scale then in use, at {scales}; {ending}")
+    finite = np.isfinite(g["loss"].astype(float).to_numpy()) if "loss" in g else np.ones(len(g), bool)
+    steps = g["step"].astype(int).to_numpy()
+    kinds = [_skips_text(steps[skipped & finite], scale[skipped & finite], "with a finite loss (non-finite "
+                         "gradients at the scale then in use: a backward overflow, which a lower scale cures, or a "
+                         "forward value the loss does not read, which it does not — the NaN/Inf locator says which "
+                         "at the first)"),
+             _skips_text(steps[skipped & ~finite], scale[skipped & ~finite], "with a non-finite loss (the forward "
+                         "overflowed: no loss scale helps, since the scale multiplies only the backward)")]
+    late = steps[~finite]
+    irrelevant = (f"; from step {int(late[0])} (the first non-finite loss) on, the scale's fall could not help: "
+                  f"compute the layer the NaN/Inf locator names in float32 (--fp32-layers) or use a max-subtracted "
+                  f"softmax" if len(late) else "")
+    return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, "
+            + "; ".join(k for k in kinds if k) + f"{irrelevant}; {ending}")
+
+
+def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
+    """"N <what>: steps …, at <scales>" for one kind of skipped update ("" for none)."""
+    if not len(steps):
+        return ""
+    at = pd.Series(scales).value_counts().sort_index(ascending=False)
+    said = (", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
+            f"{len(at)} scales from {_scale_power(at.index[0])} down to {_scale_power(at.index[-1])}")
+    return f"{len(steps)} {what}: {_step_ranges(steps)}, at {said}"
+
+
+def _step_ranges(steps: np.ndarray) -> str:
+    """Steps as runs: [1, 2, 5, 7, 8, 9] -> "steps 1–2, 5, 7–9"."""
+    runs: list[list[int]] = []
+    for s in sorted(int(v) for v in steps):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    text = ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
+    return f"step{'s' if len(steps) > 1 else ''} {text}"
 
 
 def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
