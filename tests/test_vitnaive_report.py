@@ -100,3 +100,11 @@ def test_headroom_table_uses_exps_limit_for_the_naive_logit_and_names_each_layer
     bare = nr.headroom_table(_headroom())
     norm = bare[(bare["layer"] == "norm") & (bare["precision"] == "fp16")]
     assert set(norm["max |value|"]) == {"non-finite (epoch 1)"}, norm
+
+
+def test_the_loss_gap_says_how_many_steps_each_median_covers_and_marks_a_cut_short_cell():
+    """The audit's "fp32 0.00082, fp16 0.00018, bf16 0.015 (fp32's gap is the floor)": fp16's median covered 6
+    finite steps (0-4 and 6, the NaN steps dropped before the cut) against fp32's 50, and fell below the floor."""
+    said = nr.cross_framework_loss_gap(_all_steps())
+    assert "fp32 4.1e-05 (50 steps)" in said, said
+    assert "fp16 4.1e-05 (only its first 5 of 27 steps: a non-finite loss cut it short, not comparable)" in said, said

@@ -732,24 +732,39 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
     if keras_fw is None or "torch" not in set(mine["framework"]):
         return ""
-    parts = []
-    for prec in sorted(set(mine["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99)):
-        gaps = []
-        for seed in sorted(set(mine["seed"])):
-            sel = mine[(mine["precision"] == prec) & (mine["seed"] == seed)]
-            t = sel[sel["framework"] == "torch"].set_index("step")["loss"]
-            k = sel[sel["framework"] == keras_fw].set_index("step")["loss"]
-            both = pd.concat([t, k], axis=1, keys=["t", "k"]).dropna(how="any")
-            bad = ~np.isfinite(both.to_numpy()).all(axis=1)
-            both = both.iloc[:int(np.argmax(bad))] if bad.any() else both
-            if len(both):
-                gaps.append(float(np.median(np.abs(both["t"] - both["k"]) / np.abs(both["t"]))))
-        if gaps:
-            parts.append(f"{prec} {float(np.median(gaps)):.2g}")
+    parts = [part for prec in sorted(set(mine["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))
+             if (part := _gap_part(prec, mine[mine["precision"] == prec], keras_fw))]
     if not parts:
         return ""
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
-            f"same weights and batches: {', '.join(parts)} (fp32's gap is the floor: summation order alone).")
+            f"same weights and batches, over the steps before either cell's first non-finite loss: {', '.join(parts)} "
+            "(fp32's gap is the floor: summation order alone; a precision cut short by a non-finite loss covers "
+            "fewer, earlier steps and is not compared with it).")
+
+
+def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
+    """One precision's gap (median over seeds) and the steps each seed's median covers, marked where a non-finite
+    loss cut it short ("" without a seed with both frameworks' steps)."""
+    gaps, counts, totals = [], [], []
+    for seed in sorted(set(mine["seed"])):
+        sel = mine[mine["seed"] == seed]
+        t = sel[sel["framework"] == "torch"].set_index("step")["loss"]
+        k = sel[sel["framework"] == keras_fw].set_index("step")["loss"]
+        both = pd.concat([t, k], axis=1, keys=["t", "k"], join="inner")  # steps both ran, NaN losses kept
+        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
+        kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
+        if len(kept):
+            gaps.append(float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))))
+            counts.append(len(kept))
+            totals.append(len(both))
+    if not gaps:
+        return ""
+    n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+    per = " per seed" if len(counts) > 1 else ""
+    if counts == totals:
+        return f"{prec} {float(np.median(gaps)):.2g} ({n} steps{per})"
+    return (f"{prec} {float(np.median(gaps)):.2g} (only its first {n} of {max(totals)} steps{per}: a non-finite loss "
+            f"cut it short, not comparable)")
 
 
 def _layers_text(f: dict) -> str:
