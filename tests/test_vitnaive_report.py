@@ -108,3 +108,40 @@ def test_the_loss_gap_says_how_many_steps_each_median_covers_and_marks_a_cut_sho
     said = nr.cross_framework_loss_gap(_all_steps())
     assert "fp32 4.1e-05 (50 steps)" in said, said
     assert "fp16 4.1e-05 (only its first 5 of 27 steps: a non-finite loss cut it short, not comparable)" in said, said
+
+
+def test_a_diverged_cell_is_named_where_left_out_timed_not_reported_and_has_no_empty_stderr(tmp_path):
+    """The audit's vitnaive: loss_curves.png and val_accuracy.png dropped the fp16 cells under "each line is one
+    precision"; "fp16: no speed measured" though run.parquet had its timings; "last lines of its stderr:" with
+    nothing after it. A compare's folder with a diverged fp16 cell, rendered with figures as a compare renders it."""
+    import html as html_lib
+
+    from amp_compare.contract import records
+    from amp_compare.harness.report import render as report
+    from tests.test_report_sentences import write_run
+
+    run_dir = write_run(tmp_path, frameworks=("torch",), precisions=("fp32", "fp16"), seeds=(0,), steps=27,
+                        epochs=2)
+    cell = next((run_dir / "cells").glob("torch-*-fp16-*"))
+    run = pd.read_parquet(cell / "run.parquet")
+    run["status"], run["stderr_tail"] = "diverged", ""
+    run["error"] = "non-finite loss for 20 consecutive steps from step 7"
+    run["diverged_at_step"] = 7
+    records.atomic_write_table(cell / "run.parquet", run)
+    steps = pd.read_parquet(cell / "steps.parquet")
+    bad = steps["step"].isin(BAD)
+    steps["loss"] = steps["loss"].where(~bad, np.nan)
+    steps["skipped"] = bad | steps["step"].isin((1, 2))
+    records.atomic_write_table(cell / "steps.parquet", steps)
+    report.render(run_dir, figures=True)
+    page = html_lib.unescape((run_dir / "index.html").read_text())
+    name = cell.name
+    for title in ("Training loss per step", "Validation accuracy per epoch"):
+        caption = page[page.index(f"{title}.</b>"):page.index("<a href", page.index(f"{title}.</b>"))]
+        assert f"Left out: {name} (diverged): it did not finish (a diverged cell's losses went non-finite), so its " \
+               "curve is not drawn." in caption, caption
+    assert "fp16: timed but not reported: 21 of 27 steps non-finite and skipped — did not finish" in page
+    assert "no speed measured" not in page
+    assert f"{name} — last lines of its stderr" not in page
+    assert f"{name} — diverged (non-finite loss for 20 consecutive steps from step 7): its own divergence watch " \
+           "stopped it" in page

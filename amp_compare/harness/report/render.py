@@ -305,6 +305,12 @@ def table_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+# A cell without a stderr tail: the runner keeps the tail of a child that crashed or was refused; a diverged cell's
+# child stopped itself and wrote its records, so there is no stderr to quote, and saying "last lines" would be empty.
+NO_STDERR = {"diverged": "its own divergence watch stopped it and its child ended normally, so no stderr was kept "
+                         "(the step records and the NaN/Inf locator say what happened)"}
+
+
 def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
     out = []
     for r in runs.sort_values("cell_id").to_dict("records"):
@@ -312,6 +318,7 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
         out.append({
             "cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
             "stderr_tail": r.get("stderr_tail") or "", "amp_api": r.get("amp_api") or "",
+            "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
             "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
             "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
             "wall": f"{wall:.1f}" if isinstance(wall, float) and pd.notna(wall) else "",
