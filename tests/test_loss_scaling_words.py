@@ -43,12 +43,31 @@ def test_overflow_is_said_from_the_step_records_not_from_the_largest_parameter_g
     assert "after the last step (the first batch again): the largest |parameter gradient| was below 2^-4; times the " \
            "scale the scaler held after that step (2^18) below 1.638e+04 — a bound on the parameter gradients " \
            "only, not on the intermediate tensors of the backward" in said, said
-    assert said.endswith("The step records: the scaler skipped 2 of 10 updates, each an overflow at the scale then "
-                         "in use, at 2^19 (2×); the last step (step 9, counting from 0) ran at 2^19 and was skipped: "
-                         "it overflowed."), said
+    assert said.endswith("The step records: the scaler skipped 2 of 10 updates, 2 with a finite loss (non-finite "
+                         "gradients at the scale then in use: a backward overflow, which a lower scale cures, or a "
+                         "forward value the loss does not read, which it does not — the NaN/Inf locator says which "
+                         "at the first): steps 7, 9, at 2^19 (2×); the last step (step 9, counting from 0) ran at "
+                         "2^19 and was skipped, with a finite loss."), said
     clean = nr.scale_record_text(_steps("c", [2.0**15] * 5, skipped=set()))
     assert clean == ("The step records: no update of 5 was skipped (no overflow at the scale then in use); the last "
                      "step (step 4, counting from 0) ran at 2^15 and was not skipped"), clean
+
+
+def test_skips_with_a_non_finite_loss_are_said_apart_from_those_loss_scaling_answers():
+    """The audit's vitnaive: "skipped 23 of 27 updates, each an overflow at the scale then in use" while only steps
+    1-2 had finite losses; the other 21 had NaN losses from the forward, where no scale helps."""
+    scales = [2.0**15, 2.0**15, 2.0**14, 2.0**13, 2.0**13, 2.0**13, 2.0**12] + [2.0**(12 - k) for k in range(20)]
+    bad = {5, *range(7, 27)}
+    steps = _steps("c", scales, skipped={1, 2, *bad})
+    steps["loss"] = [np.nan if i in bad else 2.4 for i in range(27)]
+    said = nr.scale_record_text(steps)
+    assert "each an overflow" not in said, said
+    assert "2 with a finite loss (non-finite gradients at the scale then in use: a backward overflow, which a " \
+           "lower scale cures" in said and "): steps 1–2, at 2^15 (1×), 2^14 (1×); " in said, said
+    assert "21 with a non-finite loss (the forward overflowed: no loss scale helps, since the scale multiplies only " \
+           "the backward): steps 5, 7–26, at 21 scales from 2^13 down to 2^-7; from step 5 (the first non-finite " \
+           "loss) on, the scale's fall could not help" in said, said
+    assert said.endswith("ran at 2^-7 and was skipped, with a non-finite loss"), said
 
 
 def _acc(precision: str, diff: float, low: float, high: float, p: float, model: str = "vit") -> dict:
@@ -137,7 +156,7 @@ def test_headroom_epochs_are_counted_from_1(tmp_path, monkeypatch):
     headroom = pd.DataFrame([{"framework": "torch", "precision": "fp16", "seed": 0, "cell_id": "v", "epoch": e,
                               "layer": "blocks.0.attn", "quantity": "attention_logit", "max_abs": 4.0 + (e == 0)}
                              for e in range(3)])
-    assert nr.headroom_table(headroom)["max attention logit"].iloc[0] == "5 (epoch 1)"
+    assert nr.headroom_table(headroom)["max |value|"].iloc[0] == "5 (epoch 1)"
     runs = pd.DataFrame([{"model": "vit", "framework": "torch", "precision": "fp16", "seed": 0, "cell_id": "v"}])
     assert "(blocks.0, epoch 1)" in nr.vit_what_happened(runs, headroom)[0]
     make_headroom_figure(headroom, runs, tmp_path)

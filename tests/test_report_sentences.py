@@ -252,8 +252,9 @@ def test_a_collapsed_loss_scale_is_said_from_the_step_records(tmp_path):
     happened = section(html_lib.unescape((run_dir / "index.html").read_text()), "numerics")
     assert "nothing overflowed" not in happened
     assert "so it does not say whether a step overflowed. The step records: the scaler skipped 25 of 30 updates, " \
-           "each an overflow at the scale then in use, at 25 scales from 2^15 down to 2^-9" in happened, happened
-    assert "; the last step (step 29, counting from 0) ran at 2^-9 and was skipped: it overflowed." in happened
+           "25 with a finite loss (non-finite gradients at the scale then in use" in happened, happened
+    assert "steps 5–29, at 25 scales from 2^15 down to 2^-9" in happened, happened
+    assert "; the last step (step 29, counting from 0) ran at 2^-9 and was skipped, with a finite loss." in happened
 
 
 def test_lost_elements_spread_thinly_are_counted_not_called_most():

@@ -149,9 +149,24 @@ def _ended(cells: pd.DataFrame) -> str:
     return ", ".join(parts)
 
 
+def _not_reported(cells: pd.DataFrame) -> str:
+    """Why a precision whose cells did not finish has no speed: a diverged cell was timed (its run row has a speed),
+    but over steps whose losses went non-finite and whose updates were skipped — said from its step records
+    (numerics.loss_history's counts); "no speed measured" where no cell was timed or its steps were not recorded."""
+    said = []
+    for r in cells[cells["status"] != "ok"].itertuples():
+        speed = pd.to_numeric(getattr(r, "throughput_img_s", np.nan), errors="coerce")
+        bad = pd.to_numeric(getattr(r, "nonfinite_skipped_count", np.nan), errors="coerce")
+        last = pd.to_numeric(getattr(r, "last_step", np.nan), errors="coerce")
+        if pd.notna(speed) and speed > 0 and pd.notna(bad) and pd.notna(last) and last >= 0:
+            said.append((f"seed {r.seed}: " if len(cells) > 1 else "")
+                        + f"{int(bad)} of {int(last) + 1} steps non-finite and skipped")
+    return f"timed but not reported: {'; '.join(said)}" if said else "no speed measured"
+
+
 def _failed(prec: str, cells: pd.DataFrame) -> PrecisionAnswer:
     """A precision with no finished cell in this group: how its cells ended."""
-    return PrecisionAnswer(prec, "failed", "no speed measured", failed=_ended(cells),
+    return PrecisionAnswer(prec, "failed", _not_reported(cells), failed=_ended(cells),
                            decide="the NaN/Inf locator and What happened sections say where it went wrong")
 
 

@@ -351,8 +351,23 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                    "Bar chart of final validation accuracy for each framework and precision mode.")]
 
 
-def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path) -> list[Figure]:
-    """The Accuracy section's curves: training loss per step and validation accuracy per epoch."""
+def left_out_note(runs: pd.DataFrame, shown: set) -> str:
+    """The cells a figure of finished cells leaves out, named with how each ended ("" when none is)."""
+    if runs.empty or "cell_id" not in runs:
+        return ""
+    left = runs[~runs["cell_id"].isin(shown)].sort_values("cell_id")
+    if left.empty:
+        return ""
+    said = ", ".join(f"{r.cell_id} ({getattr(r, 'status', 'failed')})" for r in left.itertuples())
+    one = len(left) == 1
+    diverged = " (a diverged cell's losses went non-finite)" if (left.get("status") == "diverged").any() else ""
+    return (f" Left out: {said}: {'it' if one else 'they'} did not finish{diverged}, so "
+            f"{'its curve is' if one else 'their curves are'} not drawn.")
+
+
+def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, left: str = "") -> list[Figure]:
+    """The Accuracy section's curves: training loss per step and validation accuracy per epoch, of the finished
+    cells; `left` (left_out_note) names the others."""
     figures = []
     if not steps.empty:
         _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step",
@@ -365,7 +380,7 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path) -> 
         figures.append(Figure("loss_curves", "accuracy", "Training loss per step",
                               "One panel per framework; each line is one precision (median over seeds), all from the "
                               "same initial weights, with its own marker. Lines that overlap mean the precision mode "
-                              "did not change training." + overlap,
+                              "did not change training." + overlap + left,
                               "Line charts of per-step training loss, one panel per framework, one line per "
                               "precision."))
     if not epochs.empty:
@@ -373,7 +388,7 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path) -> 
                      "Validation accuracy (fraction)"), out_dir, "val_accuracy")
         figures.append(Figure("val_accuracy", "accuracy", "Validation accuracy per epoch",
                               "How fast each cell learns. Curves that separate early and meet later mean a "
-                              "precision mode slowed learning without changing where it ends.",
+                              "precision mode slowed learning without changing where it ends." + left,
                               "Line chart of validation accuracy after each epoch for each framework and precision."))
     return figures
 
@@ -443,7 +458,8 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
     return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note),
-            *_memory_and_accuracy_figures(ok, table, out_dir, spread), *_curve_figures(steps, epochs, out_dir),
+            *_memory_and_accuracy_figures(ok, table, out_dir, spread),
+            *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
 
 

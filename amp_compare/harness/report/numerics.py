@@ -136,34 +136,41 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", "skipped_count", "first_scale",
-                "last_scale"]
+                "last_scale", "nonfinite_loss_count", "nonfinite_skipped_count", "nonfinite_step_loss"]
 
 
-def loss_history(steps: pd.DataFrame | None) -> pd.DataFrame:
+def loss_history(steps: pd.DataFrame | None, locator_steps: dict | None = None) -> pd.DataFrame:
     """Per cell_id, from the step records (steps counted from 0, as the NaN/Inf locator and the divergence
     watch count them): the first step whose loss was not finite, the first skipped update, the last step run,
-    how many updates were skipped, and the first and last step's loss scale. The one
-    definition every sentence about where a cell went non-finite reads (answer, findings, What happened)."""
+    how many updates were skipped, and the first and last step's loss scale; how many losses were non-finite (and
+    of those, skipped); the loss of the step the NaN/Inf locator ran at (`locator_steps`: cell_id -> that step,
+    NaN where none). The one definition every sentence about where a cell went non-finite reads (answer,
+    findings, What happened)."""
     if steps is None or steps.empty or "loss" not in steps:
         return pd.DataFrame(columns=["cell_id", *HISTORY_COLS])
     rows = []
     for cell, g in steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False):
-        bad = g.loc[~np.isfinite(g["loss"].astype(float)), "step"]
+        nonfinite = ~np.isfinite(g["loss"].astype(float))
+        bad = g.loc[nonfinite, "step"]
         skipped = g.loc[g["skipped"].astype(bool), "step"] if "skipped" in g else pd.Series(dtype=int)
         scale = g["loss_scale"].astype(float) if "loss_scale" in g else pd.Series(dtype=float)
+        located = g.loc[g["step"] == (locator_steps or {}).get(cell, -1), "loss"]
         rows.append({"cell_id": cell, "first_nonfinite_loss_step": int(bad.iloc[0]) if len(bad) else -1,
                      "first_skipped_step": int(skipped.iloc[0]) if len(skipped) else -1,
                      "last_step": int(g["step"].iloc[-1]), "skipped_count": len(skipped),
                      "first_scale": float(scale.iloc[0]) if len(scale) else np.nan,
-                     "last_scale": float(scale.iloc[-1]) if len(scale) else np.nan})
+                     "last_scale": float(scale.iloc[-1]) if len(scale) else np.nan,
+                     "nonfinite_loss_count": len(bad), "nonfinite_skipped_count": int(bad.isin(skipped).sum()),
+                     "nonfinite_step_loss": float(located.iloc[0]) if len(located) else np.nan})
     return pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS])
 
 
 def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
     """The run table with loss_history's columns beside each cell (-1 / NaN where its steps were not recorded)."""
-    out = runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(loss_history(steps), on="cell_id",
-                                                                           how="left")
-    return out
+    located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
+               if "nonfinite_step" in runs and "cell_id" in runs else {})
+    return runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(loss_history(steps, located),
+                                                                           on="cell_id", how="left")
 
 
 def _scale_power(value: float) -> str:
@@ -190,13 +197,15 @@ def ending_text(r, since: bool = True) -> str:
     return "steps counted from 0: " + "; ".join(said)
 
 
-def nonfinite_findings(runs: pd.DataFrame) -> pd.DataFrame:
+def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The NaN/Inf locator's rows, each with the loss of the step it ran at (nonfinite_step_loss, from `steps`)."""
     if "nonfinite_step" not in runs:
         return pd.DataFrame()
+    runs = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
     found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
     per = _per_model(runs)  # a run with two models names each row's model: their layers share names (fc)
     cols = [*per, "framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
-            "nonfinite_value"]
+            "nonfinite_value", *(["nonfinite_step_loss"] if "nonfinite_step_loss" in found else [])]
     return found[cols].sort_values([*per, "framework", "precision", "seed"], key=display_order) \
         if not found.empty else pd.DataFrame()
 
@@ -309,8 +318,10 @@ def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
 def scale_record_text(cell_steps: pd.DataFrame) -> str:
     """What one loss-scaled cell's step records show of overflow. The scale of a step is the one definition
     steps.parquet holds: the scale that step's backward ran at (a skipped step halves it for the next). Says
-    the updates skipped (each one an overflow at the scale then in use), at which scales, and the last step's
-    scale and whether it was skipped. "" for a cell that never scaled (every scale 1) or has no records."""
+    the updates skipped, apart by their loss: with a finite loss (non-finite gradients at the scale then in use:
+    loss scaling's business) and with a non-finite loss (the forward overflowed: no scale helps), at which steps
+    and scales, and the last step's scale and whether it was skipped. "" for a cell that never scaled (every
+    scale 1) or has no records."""
     if cell_steps.empty or "loss_scale" not in cell_steps:
         return ""
     g = cell_steps.sort_values("step")
@@ -319,16 +330,49 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
         return ""
     skipped = g["skipped"].astype(bool).to_numpy() if "skipped" in g else np.zeros(len(g), bool)
     last = f"step {int(g['step'].iloc[-1])}, counting from 0"
+    last_loss = float(g["loss"].iloc[-1]) if "loss" in g else 0.0
     ending = (f"the last step ({last}) ran at {_scale_power(scale[-1])} and "
-              + ("was skipped: it overflowed" if skipped[-1] else "was not skipped"))
+              + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
+                 if np.isfinite(last_loss) else "was skipped, with a non-finite loss"))
     if not skipped.any():
         return (f"The step records: no update of {len(g):,} was skipped (no overflow at the scale then in use); "
                 + ending)
-    at = pd.Series(scale[skipped]).value_counts().sort_index(ascending=False)
-    scales = (", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
-              f"{len(at)} scales from {_scale_power(at.index[0])} down to {_scale_power(at.index[-1])}")
-    return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, each an overflow at "
-            f"the scale then in use, at {scales}; {ending}")
+    finite = np.isfinite(g["loss"].astype(float).to_numpy()) if "loss" in g else np.ones(len(g), bool)
+    steps = g["step"].astype(int).to_numpy()
+    kinds = [_skips_text(steps[skipped & finite], scale[skipped & finite], "with a finite loss (non-finite "
+                         "gradients at the scale then in use: a backward overflow, which a lower scale cures, or a "
+                         "forward value the loss does not read, which it does not — the NaN/Inf locator says which "
+                         "at the first)"),
+             _skips_text(steps[skipped & ~finite], scale[skipped & ~finite], "with a non-finite loss (the forward "
+                         "overflowed: no loss scale helps, since the scale multiplies only the backward)")]
+    late = steps[~finite]
+    irrelevant = (f"; from step {int(late[0])} (the first non-finite loss) on, the scale's fall could not help: "
+                  f"compute the layer the NaN/Inf locator names in float32 (--fp32-layers) or use a max-subtracted "
+                  f"softmax" if len(late) else "")
+    return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, "
+            + "; ".join(k for k in kinds if k) + f"{irrelevant}; {ending}")
+
+
+def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
+    """"N <what>: steps …, at <scales>" for one kind of skipped update ("" for none)."""
+    if not len(steps):
+        return ""
+    at = pd.Series(scales).value_counts().sort_index(ascending=False)
+    said = (", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
+            f"{len(at)} scales from {_scale_power(at.index[0])} down to {_scale_power(at.index[-1])}")
+    return f"{len(steps)} {what}: {_step_ranges(steps)}, at {said}"
+
+
+def _step_ranges(steps: np.ndarray) -> str:
+    """Steps as runs: [1, 2, 5, 7, 8, 9] -> "steps 1–2, 5, 7–9"."""
+    runs: list[list[int]] = []
+    for s in sorted(int(v) for v in steps):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    text = ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
+    return f"step{'s' if len(steps) > 1 else ''} {text}"
 
 
 def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
@@ -509,31 +553,81 @@ def _peak(part: pd.DataFrame) -> pd.Series:
     return bad.sort_values("epoch").iloc[0] if not bad.empty else part.loc[part["max_abs"].idxmax()]
 
 
-def _magnitude(value: float) -> str:
-    return f"{value:.4g}" if np.isfinite(value) else "non-finite (overflowed)"
+# Where each recorded layer runs in a block's forward, to tell which one a non-finite value came from first.
+FORWARD_PART_ORDER = {"ln1": 0, "attn": 1, "ln2": 2, "mlp": 3}
 
 
-def headroom_table(headroom: pd.DataFrame) -> pd.DataFrame:
-    """The report's headroom table: per framework x precision x block, the largest attention logit and LayerNorm
-    input over the whole run (first seed), and how many times float16's 65,504 is above it."""
-    blocks = headroom_per_block(headroom)
-    if blocks.empty:
+def _forward_rank(layer: str) -> tuple[float, int]:
+    """blocks.0.ln2 -> (0, 2); norm (the final LayerNorm, after every block) -> (inf, 0)."""
+    parts = str(layer).split(".")
+    if parts[0] == "blocks" and len(parts) > 2 and parts[1].isdigit():
+        return float(parts[1]), FORWARD_PART_ORDER.get(parts[2], 9)
+    return float("inf"), 0
+
+
+def _carried_from(layer: str, epoch: int, cell: dict) -> str:
+    """The layer a non-finite record of `layer` in `epoch` was carried from: the NaN/Inf locator's layer when it
+    found the first non-finite value in the forward, at a step of that epoch, in a layer before this one ("" when
+    the records do not show one: then it is only known to be non-finite)."""
+    source, epoch_of = cell.get("nonfinite_layer", ""), cell.get("locator_epoch", -1)
+    if cell.get("nonfinite_where") != "forward" or not source or epoch_of != epoch:
+        return ""
+    return source if _forward_rank(source) < _forward_rank(layer) else ""
+
+
+def _locator_cells(runs: pd.DataFrame | None, steps: pd.DataFrame | None) -> dict[str, dict]:
+    """cell_id -> its attention mode and NaN/Inf locator finding, with the epoch of the locator's step."""
+    if runs is None or runs.empty or "cell_id" not in runs:
+        return {}
+    epoch_of = ({(c, int(st)): int(e) for c, st, e in zip(steps["cell_id"], steps["step"], steps["epoch"])}
+                if steps is not None and not steps.empty and {"cell_id", "step", "epoch"} <= set(steps) else {})
+    cells = {}
+    for r in runs.to_dict("records"):
+        step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
+        cells[r["cell_id"]] = {**{k: r.get(k, "") for k in ("cfg_attention", "nonfinite_where", "nonfinite_layer")},
+                               "locator_epoch": epoch_of.get((r["cell_id"], int(step)), -1)}
+    return cells
+
+
+def _headroom_row(layer: str, quantity: str, peak: pd.Series, cell: dict) -> dict:
+    """One layer's record against the float16 limit it meets: the naive attention's logit against exp's
+    ln(65,504), anything else against 65,504; a non-finite record as carried from an earlier layer where the
+    records show one, else only as non-finite (a running maximum that met NaN cannot say where it began)."""
+    naive = quantity == "attention_logit" and cell.get("cfg_attention") == "naive"
+    limit = FP16_EXP_LIMIT if naive else FLOAT16_MAX
+    value, epoch = float(peak["max_abs"]), int(peak["epoch"])
+    if np.isfinite(value):
+        seen, room = f"{value:.4g}", (f"{limit / value:.3g}×" + (" (past the limit)" if value > limit else "")
+                                      if value > 0 else "n/a")
+    else:
+        source = _carried_from(layer, epoch, cell)
+        seen, room = (f"non-finite (carried from {source})" if source else "non-finite"), "none (non-finite)"
+    return {"layer": layer, "quantity": QUANTITY_LABELS[quantity], "max |value|": f"{seen} (epoch {epoch + 1})",
+            "float16 limit": (f"ln(65,504) = {FP16_EXP_LIMIT:.1f} (the naive softmax's exp input)" if naive
+                              else "65,504 (float16's largest value)"), "float16 headroom": room}
+
+
+def headroom_table(headroom: pd.DataFrame, runs: pd.DataFrame | None = None,
+                   steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The report's headroom table: per framework x precision x recorded layer (each LayerNorm apart: ln1, ln2,
+    the final norm), the largest attention logit or LayerNorm input over the whole run (first seed), the float16
+    limit it meets (_headroom_row) and how many times that limit is above it. `runs` (attention mode, the NaN/Inf
+    locator) and `steps` (the epoch of the locator's step) say where a non-finite record was carried from."""
+    if headroom is None or headroom.empty:
         return pd.DataFrame()
-    first = blocks[blocks["seed"] == blocks["seed"].min()]
+    df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)]
+    if df.empty:
+        return pd.DataFrame()
+    first = df[df["seed"] == df["seed"].min()].copy()
+    first["rank"] = first["layer"].map(_forward_rank)
+    cells = _locator_cells(runs, steps)
     rows = []
-    for (fw, prec, block), g in first.groupby(["framework", "precision", "block"], sort=False):
-        row = {"framework": _label(fw), "precision": prec, "block": block}
-        for quantity, label in (("attention_logit", "max attention logit"), ("layernorm_input", "max LayerNorm input")):
-            part = g[g["quantity"] == quantity]
-            if part.empty:
-                continue
-            peak = _peak(part)
-            row[label] = f"{_magnitude(peak['max_abs'])} (epoch {int(peak['epoch']) + 1})"
-            row[f"{label.removeprefix('max ')}: float16 headroom"] = (
-                f"{FLOAT16_MAX / peak['max_abs']:.3g}×" if peak["max_abs"] > 0 and np.isfinite(peak["max_abs"])
-                else "none (overflowed)" if not np.isfinite(peak["max_abs"]) else "n/a")
-        rows.append(row)
-    return pd.DataFrame(rows).fillna("-")
+    for (fw, prec, _, layer, quantity), part in first.sort_values(
+            ["framework", "precision", "rank", "quantity"], key=display_order).groupby(
+            ["framework", "precision", "rank", "layer", "quantity"], sort=False):
+        cell = cells.get(part["cell_id"].iloc[0], {}) if "cell_id" in part else {}
+        rows.append({"framework": _label(fw), "precision": prec, **_headroom_row(layer, quantity, _peak(part), cell)})
+    return pd.DataFrame(rows)
 
 
 def _cfg_text(value) -> str:
@@ -560,31 +654,11 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         forced = _cfg_text(r.get("cfg_fp32_layers"))
         mine = blocks[(blocks["cell_id"] == r["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
             if not blocks.empty else blocks
-        peak = ""
-        if not mine.empty:
-            top = _peak(mine)
-            where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
-            finite = bool(np.isfinite(top["max_abs"]))
-            peak = (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
-                    f"{FLOAT16_MAX / top['max_abs']:.3g}× below float16's 65,504" if finite and top["max_abs"] > 0
-                    else f"the attention logits' record went non-finite ({where})")
-            if naive and finite:
-                peak += (f"; the naive softmax's exp overflows float16 past {FP16_EXP_LIMIT:.1f}, "
-                         f"{'which it passed' if top['max_abs'] > FP16_EXP_LIMIT else 'which it never reached'}")
+        peak = _logit_text(_peak(mine), naive) if not mine.empty else ""
         step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
         if naive and step >= 0:
-            layer = r.get("nonfinite_layer", "")
-            ending = ending_text(r)
-            after = (f"the run diverged ({ending})" if r.get("status") == "diverged" and ending else
-                     "the run diverged" if r.get("status") == "diverged" else
-                     f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of "
-                     f"{int(r.get('steps_total', 0))} steps")
-            out.append(f"{who}, --attention naive: at step {int(step)}, its first skipped update or non-finite "
-                       f"loss, the NaN/Inf locator found the first non-finite value in the "
-                       f"{r.get('nonfinite_where', '')} of layer '{layer}' ({r.get('nonfinite_value', '')}), "
-                       f"and {after}"
-                       + (f" — rerun with --fp32-layers {layer} to compute that layer in float32" if layer and
-                          not forced else "") + (f"; {peak}." if peak else "."))
+            out.append(f"{who}, --attention naive: {_located_text(r, int(step), forced)}"
+                       + (f"; {peak}." if peak else "."))
         elif naive:
             finite = np.isfinite(float(r.get("final_train_loss", np.nan))) and r.get("status") == "ok"
             ending = "finished with finite losses" if finite else f"ended {r.get('status')}"
@@ -594,6 +668,57 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         elif peak:
             out.append(f"{who}: {peak}.")
     return out
+
+
+def logit_limit(naive: bool) -> tuple[float, str]:
+    """The float16 limit an attention logit is measured against: the naive softmax takes exp of the raw logit,
+    which overflows float16 past ln(65,504) ≈ 11.09; a max-subtracted (builtin) softmax only holds the logit
+    itself, so its limit is float16's largest value."""
+    return ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive else
+            (FLOAT16_MAX, "float16's 65,504"))
+
+
+def _logit_text(top: pd.Series, naive: bool) -> str:
+    """The cell's largest attention logit against the limit its softmax has (logit_limit)."""
+    where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
+    if not (np.isfinite(top["max_abs"]) and top["max_abs"] > 0):
+        return f"the attention logits' record went non-finite ({where})"
+    limit, named = logit_limit(naive)
+    factor = limit / top["max_abs"]
+    return (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
+            + (f"{factor:.3g}× below {named}" if factor >= 1 else f"past {named} (headroom {factor:.2g}×)"))
+
+
+def _located_text(r: dict, step: int, forced: str) -> str:
+    """A naive-attention cell's locator finding, the loss of the step it ran at, and how the cell ended."""
+    layer = r.get("nonfinite_layer", "")
+    ending = ending_text(r)
+    after = (f"the run diverged ({ending})" if r.get("status") == "diverged" and ending else
+             "the run diverged" if r.get("status") == "diverged" else
+             f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of {int(r.get('steps_total', 0))} steps")
+    beside = locator_loss_text(r)
+    return (f"at step {step}, its first skipped update or non-finite loss, the NaN/Inf locator (that step's batch "
+            f"again, at its weights and loss scale) found the first non-finite value in the "
+            f"{r.get('nonfinite_where', '')} of layer '{layer}' ({r.get('nonfinite_value', '')})"
+            + (f" {beside}" if beside else "") + f", and {after}"
+            + (f" — rerun with --fp32-layers {layer} to compute that layer in float32" if layer and not forced else ""))
+
+
+def locator_loss_text(r) -> str:
+    """Beside a forward finding of the NaN/Inf locator, the loss of the step it ran at (loss_history's
+    nonfinite_step_loss). A non-finite layer output next to a finite loss is float16's doing, not a wrong step: the
+    non-finite elements are ones the loss does not read (the vit's head reads only the class token's row), and they
+    reach the update through the gradients (zero upstream gradient times a non-finite activation is NaN), which is
+    why the step was skipped. "" where the finding is not in the forward or the loss was not recorded."""
+    get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
+    loss = pd.to_numeric(get("nonfinite_step_loss", np.nan), errors="coerce")
+    if get("nonfinite_where") != "forward" or pd.isna(loss):
+        return ""
+    if not np.isfinite(loss):
+        return "(that step's loss was non-finite too)"
+    unread = " (the vit's head reads only the class token's row)" if get("model") == "vit" else ""
+    return (f"while that step's loss was finite ({loss:.4g}): the non-finite elements were ones the loss does not "
+            f"read{unread}, and they reached the update through the gradients, so the scaler skipped it")
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
@@ -607,24 +732,39 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
     if keras_fw is None or "torch" not in set(mine["framework"]):
         return ""
-    parts = []
-    for prec in sorted(set(mine["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99)):
-        gaps = []
-        for seed in sorted(set(mine["seed"])):
-            sel = mine[(mine["precision"] == prec) & (mine["seed"] == seed)]
-            t = sel[sel["framework"] == "torch"].set_index("step")["loss"]
-            k = sel[sel["framework"] == keras_fw].set_index("step")["loss"]
-            both = pd.concat([t, k], axis=1, keys=["t", "k"]).dropna(how="any")
-            bad = ~np.isfinite(both.to_numpy()).all(axis=1)
-            both = both.iloc[:int(np.argmax(bad))] if bad.any() else both
-            if len(both):
-                gaps.append(float(np.median(np.abs(both["t"] - both["k"]) / np.abs(both["t"]))))
-        if gaps:
-            parts.append(f"{prec} {float(np.median(gaps)):.2g}")
+    parts = [part for prec in sorted(set(mine["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))
+             if (part := _gap_part(prec, mine[mine["precision"] == prec], keras_fw))]
     if not parts:
         return ""
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
-            f"same weights and batches: {', '.join(parts)} (fp32's gap is the floor: summation order alone).")
+            f"same weights and batches, over the steps before either cell's first non-finite loss: {', '.join(parts)} "
+            "(fp32's gap is the floor: summation order alone; a precision cut short by a non-finite loss covers "
+            "fewer, earlier steps and is not compared with it).")
+
+
+def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
+    """One precision's gap (median over seeds) and the steps each seed's median covers, marked where a non-finite
+    loss cut it short ("" without a seed with both frameworks' steps)."""
+    gaps, counts, totals = [], [], []
+    for seed in sorted(set(mine["seed"])):
+        sel = mine[mine["seed"] == seed]
+        t = sel[sel["framework"] == "torch"].set_index("step")["loss"]
+        k = sel[sel["framework"] == keras_fw].set_index("step")["loss"]
+        both = pd.concat([t, k], axis=1, keys=["t", "k"], join="inner")  # steps both ran, NaN losses kept
+        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
+        kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
+        if len(kept):
+            gaps.append(float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))))
+            counts.append(len(kept))
+            totals.append(len(both))
+    if not gaps:
+        return ""
+    n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+    per = " per seed" if len(counts) > 1 else ""
+    if counts == totals:
+        return f"{prec} {float(np.median(gaps)):.2g} ({n} steps{per})"
+    return (f"{prec} {float(np.median(gaps)):.2g} (only its first {n} of {max(totals)} steps{per}: a non-finite loss "
+            f"cut it short, not comparable)")
 
 
 def _layers_text(f: dict) -> str:
@@ -678,11 +818,18 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
                       "mode makes identical and how."
                       + ("" if dtype_facts.get("inputs_recorded", True) else
                          " These records predate the audits' input dtypes: the table shows each op's output dtypes."),
-        "headroom": "Per block, the largest |attention logit| (the softmax's input) and |LayerNorm input| seen in any "
-                    "training step of the run (first seed), recorded inside the step and read once per epoch (epochs "
-                    "counted from 1), and how many times float16's largest value 65,504 lies above it.",
+        "headroom": "Per recorded layer (each LayerNorm apart), the largest |attention logit| (the softmax's input) "
+                    "and |LayerNorm input| seen in any training step of the run (first seed), recorded inside the "
+                    "step and read once per epoch (epochs counted from 1), the float16 limit it meets and how many "
+                    "times that limit lies above it: the naive attention's logit meets exp's ln(65,504) ≈ 11.1 (exp "
+                    "overflows past it), everything else float16's largest value 65,504. A record that went "
+                    "non-finite says \"carried from\" the layer the NaN/Inf locator found first in that epoch's "
+                    "forward where that layer runs earlier: the value did not overflow there.",
         "nonfinite": "At the first non-finite loss or skipped update, the run located the first layer whose forward "
-                     "output (or, if the forward was finite, whose gradient) was non-finite:",
+                     "output (or, if the forward was finite, whose gradient) was non-finite, re-running that step's "
+                     "batch at its weights and loss scale. A forward finding beside a finite loss of that step is "
+                     "one in elements the loss does not read (the vit's head reads only the class token's row): it "
+                     "reached the update through the gradients.",
         "no_nonfinite": "No cell met a non-finite loss or gradient.",
         "nothing_happened": "No loss-scaling or numerics events to report in this run.",
         "no_scaled": "No loss-scaled cell in this run, so no loss-scale figure.",

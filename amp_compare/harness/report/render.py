@@ -216,14 +216,19 @@ def _pct(digits: int):
     return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
 
 
-def _nonfinite_table(runs: pd.DataFrame) -> pd.DataFrame:
-    f = nr.nonfinite_findings(runs)
+def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The NaN/Inf locator's rows, with the loss the step it ran at recorded: a forward finding beside a finite
+    loss is one in elements the loss does not read (numerics.locator_loss_text)."""
+    f = nr.nonfinite_findings(runs, steps)
     if f.empty:
         return f
+    loss = ({"That step's loss": f["nonfinite_step_loss"].map(lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
+            if "nonfinite_step_loss" in f else {})
     return pd.DataFrame({**{k.title(): f[k] for k in ("model", "dataset") if k in f},
                          "Framework": f["framework"].map(framework_label),
                          "Precision": f["precision"], "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
-                         "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"]})
+                         "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
+                         **loss})
 
 
 def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
@@ -300,6 +305,12 @@ def table_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+# A cell without a stderr tail: the runner keeps the tail of a child that crashed or was refused; a diverged cell's
+# child stopped itself and wrote its records, so there is no stderr to quote, and saying "last lines" would be empty.
+NO_STDERR = {"diverged": "its own divergence watch stopped it and its child ended normally, so no stderr was kept "
+                         "(the step records and the NaN/Inf locator say what happened)"}
+
+
 def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
     out = []
     for r in runs.sort_values("cell_id").to_dict("records"):
@@ -307,6 +318,7 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
         out.append({
             "cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
             "stderr_tail": r.get("stderr_tail") or "", "amp_api": r.get("amp_api") or "",
+            "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
             "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
             "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
             "wall": f"{wall:.1f}" if isinstance(wall, float) and pd.notna(wall) else "",
@@ -609,9 +621,9 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
             "underflow_methods": nr.UNDERFLOW_METHODS,
             "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
-            "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
+            "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
             "said": nr.numerics_said(runs, underflow, headroom, steps, acc),
-            "headroom_table": _html_or_none(nr.headroom_table(headroom)),  # the vit's
+            "headroom_table": _html_or_none(nr.headroom_table(headroom, runs, steps)),  # the vit's
             "words": nr.section_words(facts, nr.op_dtype_facts(dtypes, manifest["device"])),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 

@@ -1,0 +1,147 @@
+"""The report of a naive-attention ViT whose fp16 cells diverged (`--models vit --attention naive --vit-dim 64
+--vit-heads 1 --vit-depth 1 --datasets synthetic --epochs 2`), held to its own records, each through the function
+the report calls: the NaN/Inf locator's forward finding beside that step's finite loss, the headroom table's
+limits and carried non-finite records, the loss gap's step counts, the figures' left-out cells, the diverged
+cells' timing and their empty stderr.
+
+The records mirror that run's: steps 1-2 skipped with finite losses at 2^15, 2^14; step 5 and 7-26 non-finite;
+the locator at step 1 in the forward of blocks.0.attn; ln2 and the final norm's input records NaN in epoch 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.harness.report import numerics as nr
+from amp_compare.harness.report import render
+
+BAD = {5, *range(7, 27)}
+
+
+def _steps(framework: str, precision: str, n: int) -> pd.DataFrame:
+    scaled = precision == "fp16"
+    scales, scale = [], 32768.0
+    for i in range(n):
+        scales.append(scale if scaled else 1.0)
+        if scaled and (i in (1, 2) or i in BAD):
+            scale /= 2
+    return pd.DataFrame({"cell_id": f"{framework}-vit-synthetic-{precision}-s0", "framework": framework,
+                         "model": "vit", "dataset": "synthetic", "precision": precision, "seed": 0,
+                         "step": range(n), "epoch": [i // 25 for i in range(n)],
+                         "loss": [np.nan if scaled and i in BAD else 2.47 - 0.001 * i + (framework == "tf") * 1e-4
+                                  for i in range(n)],
+                         "loss_scale": scales, "skipped": [scaled and (i in (1, 2) or i in BAD) for i in range(n)]})
+
+
+def _runs() -> pd.DataFrame:
+    rows = []
+    for fw in ("torch", "tf"):
+        for prec in ("fp32", "fp16"):
+            bad = prec == "fp16"
+            rows.append({"cell_id": f"{fw}-vit-synthetic-{prec}-s0", "framework": fw, "model": "vit",
+                         "dataset": "synthetic", "precision": prec, "seed": 0, "cfg_attention": "naive",
+                         "status": "diverged" if bad else "ok", "diverged_at_step": 7 if bad else -1,
+                         "steps_total": 27 if bad else 50, "skipped_steps": 23 if bad else 0,
+                         "nonfinite_step": 1 if bad else -1, "nonfinite_where": "forward" if bad else "",
+                         "nonfinite_layer": "blocks.0.attn" if bad else "", "nonfinite_value": "nan" if bad else "",
+                         "final_train_loss": np.nan if bad else 2.118, "final_val_accuracy": 0.205,
+                         "throughput_img_s": 1345.0 if bad else 9071.0, "stderr_tail": ""})
+    return pd.DataFrame(rows)
+
+
+def _headroom() -> pd.DataFrame:
+    rows = []
+    for fw in ("torch", "tf"):
+        for prec, values in (("fp32", (3.2, 56.7, 3.6, 4.3)), ("fp16", (3.047, 16.74, np.nan, np.nan))):
+            for layer, quantity, value in zip(("blocks.0.ln1", "blocks.0.attn", "blocks.0.ln2", "norm"),
+                                              ("layernorm_input", "attention_logit", "layernorm_input",
+                                               "layernorm_input"), values):
+                rows.append({"framework": fw, "precision": prec, "seed": 0, "cell_id": f"{fw}-vit-synthetic-{prec}-s0",
+                             "epoch": 0, "layer": layer, "quantity": quantity, "max_abs": value})
+    return pd.DataFrame(rows)
+
+
+def _all_steps() -> pd.DataFrame:
+    return pd.concat([_steps(fw, p, 27 if p == "fp16" else 50) for fw in ("torch", "tf") for p in ("fp32", "fp16")],
+                     ignore_index=True)
+
+
+def test_a_forward_finding_beside_a_finite_loss_says_the_loss_did_not_read_it():
+    """The audit's vitnaive: "at step 1 … the NaN/Inf locator found the first non-finite value in the forward of
+    layer 'blocks.0.attn' (nan)" beside step 1's finite loss 2.47, read as the wrong step. It is float16's doing:
+    the head reads only the class token's row, the NaN sat in other rows and reached the update through the
+    gradients. The report now says so, with that step's loss from the step records."""
+    runs, steps = _runs(), _all_steps()
+    said = nr.vit_what_happened(nr.with_loss_history(runs, steps), _headroom())
+    torch_fp16 = next(s for s in said if s.startswith("PyTorch fp16"))
+    assert "found the first non-finite value in the forward of layer 'blocks.0.attn' (nan) while that step's loss " \
+           "was finite (2.469): the non-finite elements were ones the loss does not read (the vit's head reads " \
+           "only the class token's row), and they reached the update through the gradients" in torch_fp16, torch_fp16
+    table = render._nonfinite_table(runs, steps)
+    assert list(table["That step's loss"]) == ["2.469", "2.469"], table
+
+
+def test_headroom_table_uses_exps_limit_for_the_naive_logit_and_names_each_layernorm():
+    """The audit's "attention logit 16.74 … 3.91e+03×" (against 65,504, for a softmax whose exp overflows past
+    ln(65,504) = 11.1), ln1 alone shown for the block though ln2's record was NaN, and the final norm's NaN called
+    its own overflow though it was carried from the attention."""
+    table = nr.headroom_table(_headroom(), _runs(), _all_steps())
+    fp16 = table[(table["framework"] == "PyTorch") & (table["precision"] == "fp16")].set_index("layer")
+    assert list(fp16.index) == ["blocks.0.ln1", "blocks.0.attn", "blocks.0.ln2", "norm"]
+    attn = fp16.loc["blocks.0.attn"]
+    assert attn["float16 limit"].startswith("ln(65,504) = 11.1")
+    assert attn["float16 headroom"] == "0.662× (past the limit)"
+    assert fp16.loc["blocks.0.ln1", "float16 headroom"] == "2.15e+04×"
+    for layer in ("blocks.0.ln2", "norm"):
+        assert fp16.loc[layer, "max |value|"] == "non-finite (carried from blocks.0.attn) (epoch 1)", fp16
+        assert "overflow" not in fp16.loc[layer, "float16 headroom"]
+    # without the locator's record the table cannot say where it began: only "non-finite"
+    bare = nr.headroom_table(_headroom())
+    norm = bare[(bare["layer"] == "norm") & (bare["precision"] == "fp16")]
+    assert set(norm["max |value|"]) == {"non-finite (epoch 1)"}, norm
+
+
+def test_the_loss_gap_says_how_many_steps_each_median_covers_and_marks_a_cut_short_cell():
+    """The audit's "fp32 0.00082, fp16 0.00018, bf16 0.015 (fp32's gap is the floor)": fp16's median covered 6
+    finite steps (0-4 and 6, the NaN steps dropped before the cut) against fp32's 50, and fell below the floor."""
+    said = nr.cross_framework_loss_gap(_all_steps())
+    assert "fp32 4.1e-05 (50 steps)" in said, said
+    assert "fp16 4.1e-05 (only its first 5 of 27 steps: a non-finite loss cut it short, not comparable)" in said, said
+
+
+def test_a_diverged_cell_is_named_where_left_out_timed_not_reported_and_has_no_empty_stderr(tmp_path):
+    """The audit's vitnaive: loss_curves.png and val_accuracy.png dropped the fp16 cells under "each line is one
+    precision"; "fp16: no speed measured" though run.parquet had its timings; "last lines of its stderr:" with
+    nothing after it. A compare's folder with a diverged fp16 cell, rendered with figures as a compare renders it."""
+    import html as html_lib
+
+    from amp_compare.contract import records
+    from amp_compare.harness.report import render as report
+    from tests.test_report_sentences import write_run
+
+    run_dir = write_run(tmp_path, frameworks=("torch",), precisions=("fp32", "fp16"), seeds=(0,), steps=27,
+                        epochs=2)
+    cell = next((run_dir / "cells").glob("torch-*-fp16-*"))
+    run = pd.read_parquet(cell / "run.parquet")
+    run["status"], run["stderr_tail"] = "diverged", ""
+    run["error"] = "non-finite loss for 20 consecutive steps from step 7"
+    run["diverged_at_step"] = 7
+    records.atomic_write_table(cell / "run.parquet", run)
+    steps = pd.read_parquet(cell / "steps.parquet")
+    bad = steps["step"].isin(BAD)
+    steps["loss"] = steps["loss"].where(~bad, np.nan)
+    steps["skipped"] = bad | steps["step"].isin((1, 2))
+    records.atomic_write_table(cell / "steps.parquet", steps)
+    report.render(run_dir, figures=True)
+    page = html_lib.unescape((run_dir / "index.html").read_text())
+    name = cell.name
+    for title in ("Training loss per step", "Validation accuracy per epoch"):
+        caption = page[page.index(f"{title}.</b>"):page.index("<a href", page.index(f"{title}.</b>"))]
+        assert f"Left out: {name} (diverged): it did not finish (a diverged cell's losses went non-finite), so its " \
+               "curve is not drawn." in caption, caption
+    assert "fp16: timed but not reported: 21 of 27 steps non-finite and skipped — did not finish" in page
+    assert "no speed measured" not in page
+    assert f"{name} — last lines of its stderr" not in page
+    assert f"{name} — diverged (non-finite loss for 20 consecutive steps from step 7): its own divergence watch " \
+           "stopped it" in page
