@@ -116,7 +116,8 @@ def test_section_sentences_fit_what_ran():
     said = " ".join(dataparallel.sentences(dataparallel.rows(tables, changed), changed, "cpu"))
     assert "unsteady over the run (calibration checks ranged 10.0–20.0 ms over the run)" in said
     assert "between cells" not in said
-    keras = pd.DataFrame([{"framework": "keras-torch", "model": "simple_cnn", "seed": 0, "precision": "fp16", "workers": 2, "allreduce": "fp32",
+    keras = pd.DataFrame([{"framework": "keras-torch", "model": "simple_cnn", "seed": 0, "precision": "fp16",
+                           "workers": 2, "allreduce": "fp32",
                            "status": "unavailable", "error": "unavailable: Keras 3.15 has no data-parallel engine"}])
     said = dataparallel.sentences(keras, steady, "cpu")
     assert "logical devices of one process" in said[0] and "processes (torch" not in said[0]
