@@ -6,12 +6,15 @@ the other sections: `split` takes them out of every table those sections read an
 the 1-worker cells they are judged against.
 
 Per N-worker cell (`rows`), against its 1-worker cell of the same framework, model, dataset, precision and seed:
-  * throughput N vs 1 with its 95% interval (stats.speed_interval: the same block bootstrap as every speed ratio of
-    the report) and the scaling efficiency (ratio / N);
+  * throughput N vs 1 (one seed's pair) with its 95% interval where the two cells have enough timed steps for batch
+    means (stats.speed_interval) and the scaling efficiency (ratio / N), marked ⚠ where the 1-worker baseline
+    stalled (its floor cell, a rerun, was more than STALL_FACTOR faster) or the efficiency is over 100% on shared
+    cores (`_speed`);
   * the all-reduce precision asked for and the dtype it used, read back by the child; its share of the median step
     where the framework times it (torch DDP), else "not exposed";
   * the largest relative difference of the per-step losses from the 1-worker run's, beside the floor: the same
-    measure between the 1-worker cell and its floor cell (the same run at another thread count);
+    measure between the 1-worker cell and its floor cell (a rerun of it, at another thread count where the records
+    say the framework took one: `floor_kind`), "at the floor" within AT_FLOOR_FACTOR or FLOAT32_ULPS;
   * whether every worker recorded the same loss scale and skipped flag at every step, and, where the child recorded
     each worker's own gradients before the all-reduce, whether a non-finite one anywhere skipped the step everywhere
     (`worker_agreement`);
