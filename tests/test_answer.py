@@ -176,3 +176,15 @@ def test_seeds_spread_by_the_machines_drift_ask_for_the_interleaved_benchmark_no
     said = render.render(run_dir, figures=False).findings
     flagged = next(s for s in said if "speed ratios are marked ⚠" in s)
     assert "1 for the machine's own drift" in flagged and "benchmarks/amp_speed.py" in flagged
+
+
+def test_a_failed_precision_says_the_error_it_recorded_not_the_locator(tmp_path):
+    """A cell that failed with an error (an XLA CPU kernel missing) is no numerical failure: its answer quotes the
+    exception line of its recorded stderr, and sends no one to the NaN/Inf locator, which has nothing on it."""
+    run_dir = write_run(tmp_path, speeds={("tf", "fp16"): [0.8] * 3, ("torch", "fp16"): [0.9] * 3})
+    tail = "Traceback ...\nValueError: The precision 'F16_F16_F32' is not supported by dot_general on CPU\n---"
+    _set(run_dir, "tf-*-fp16-*", status="failed", error="exited with code 1", stderr_tail=tail)
+    tf = next(a for a in _answers(run_dir) if "Keras (TF)" in a.label)
+    fp16 = tf.parts[0]
+    assert fp16.verdict == "failed" and "ValueError: The precision 'F16_F16_F32' is not supported" in fp16.failed
+    assert "locator" not in fp16.decide

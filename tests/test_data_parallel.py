@@ -98,8 +98,9 @@ def test_rows_judge_the_loss_gap_against_the_thread_floor():
     assert not outside["within_floor"] and outside["floor_gap"] == 0
     shown = dataparallel.table(pd.DataFrame([outside])).iloc[0]
     assert "outside" in shown["Loss gap vs 1 worker (max rel.)"]
-    # a speed ratio without an interval still carries its ⚠ note (3 timed steps: too few to judge)
-    assert shown["N vs 1"] == "2.00× ⚠ too few timed steps (2) to judge", shown["N vs 1"]
+    # a speed ratio without an interval still carries its ⚠ note: one seed's pair, too few steps for batch means
+    assert shown["N vs 1"] == "2.00× ⚠ no interval: 2 timed steps per cell give fewer than two batch means"
+    assert "one seed" not in shown["N vs 1"]
 
 
 def test_section_sentences_fit_what_ran():
@@ -113,13 +114,62 @@ def test_section_sentences_fit_what_ran():
     assert "unsteady" not in said
     changed = {**steady, "calibrations": [{"ms": 10.0, "spread": 0.01}, {"ms": 20.0, "spread": 0.01}]}
     said = " ".join(dataparallel.sentences(dataparallel.rows(tables, changed), changed, "cpu"))
-    assert "saw the machine unsteady (machine speed changed by 100% between cells)" in said
-    keras = pd.DataFrame([{"framework": "keras-torch", "precision": "fp16", "workers": 2, "allreduce": "fp32",
+    assert "unsteady over the run (calibration checks ranged 10.0–20.0 ms over the run)" in said
+    assert "between cells" not in said
+    keras = pd.DataFrame([{"framework": "keras-torch", "model": "simple_cnn", "seed": 0, "precision": "fp16",
+                           "workers": 2, "allreduce": "fp32",
                            "status": "unavailable", "error": "unavailable: Keras 3.15 has no data-parallel engine"}])
     said = dataparallel.sentences(keras, steady, "cpu")
     assert "logical devices of one process" in said[0] and "processes (torch" not in said[0]
-    assert said[1] == ("Keras (torch) fp16, 2 workers, --allreduce fp32: unavailable — Keras 3.15 has no "
-                       "data-parallel engine")
+    assert said[1] == ("Keras (torch), 2 workers: unavailable for 1 cell — Keras 3.15 has no data-parallel engine. "
+                       "Cells: simple_cnn fp16 seed 0 (--allreduce fp32).")
+
+
+def _stalled(one_img_s: float, floor_img_s: float, two_img_s: float) -> pd.Series:
+    """rows() for a torch pair whose 1-worker, floor and 2-worker cells recorded these throughputs; the 2 workers
+    share the 1-worker cell's 2 threads (1 each)."""
+    tables = _runs_and_steps({"one": [2.0, 1.5, 1.0], "floor": [2.0, 1.5, 1.0], "two": [2.0, 1.5, 1.0]})
+    run = tables["run"]
+    run["throughput_img_s"] = [one_img_s, floor_img_s, two_img_s]
+    run["cfg_threads"] = [2, 1, 2]
+    run["threads_per_worker"] = [np.nan, np.nan, 1]
+    return dataparallel.rows(tables).iloc[0]
+
+
+def test_a_stalled_one_worker_baseline_is_marked_not_scaled():
+    """The audit's simple_cnn bf16 seed 2: 320 img/s against its own rerun's 3,973 and 5,084 with 2 workers on the
+    same 2 cores: 15.88× and 794% efficiency are the stall's, said so (and the share of its row marked)."""
+    row = _stalled(320.0, 3973.0, 5084.0)
+    shown = dataparallel.table(pd.DataFrame([row])).iloc[0]
+    assert "1-worker baseline stalled: its own rerun (floor cell) was 12.4× faster" in shown["N vs 1"]
+    assert "scaling efficiency above 100%" in shown["N vs 1"] and "one seed" not in shown["N vs 1"]
+    assert "baseline stalled" in shown[dataparallel.SHARE_COLUMN]
+    # a floor within STALL_FACTOR of the baseline, below 100%: no stall said
+    calm = dataparallel.table(pd.DataFrame([_stalled(1000.0, 1500.0, 1200.0)])).iloc[0]
+    assert "stalled" not in calm["N vs 1"] and "above 100%" not in calm["N vs 1"]
+
+
+def test_a_gap_at_the_floor_is_no_evidence_and_the_floor_is_named_from_the_records():
+    """1.05e-07 against a floor of 1.04e-07 (1 float32 ulp on a loss ~2.3) is at the floor, not outside; a JAX
+    floor whose records read the same threads for both is a plain rerun, not another thread count."""
+    assert "at the floor" in dataparallel._gap_text(1.05e-7, 1.04e-7, False, "a rerun", 2.3)
+    assert "at the floor" in dataparallel._gap_text(2.1e-7, 0.0, False, "a rerun", 2.3)
+    assert "outside" in dataparallel._gap_text(3.6e-4, 2.1e-7, False, "a rerun", 2.3)
+    jax = {"framework": "keras-jax", "cfg_threads": 2, "jax_threads": "XLA's own pool (not settable)"}
+    kind = dataparallel.floor_kind(pd.Series(jax), pd.Series({**jax, "cfg_threads": 1}))
+    assert kind.startswith("a plain rerun") and "thread count" not in kind
+    torch = dataparallel.floor_kind(pd.Series({"framework": "torch", "cfg_threads": 2, "torch_threads": 2.0}),
+                                    pd.Series({"framework": "torch", "cfg_threads": 1, "torch_threads": 1.0}))
+    assert torch == "a rerun at another thread count (1 against 2)"
+
+
+def test_failed_cells_say_their_recorded_error_and_jax_agreement_is_by_construction():
+    tail = "Traceback ...\nValueError: The precision 'F16_F16_F32' is not supported by dot_general on CPU\n----"
+    assert dataparallel.recorded_error("exited with code 1", tail).startswith(
+        "ValueError: The precision 'F16_F16_F32' is not supported by dot_general on CPU")
+    workers = _workers([[8.0, 8.0]] * 2, [[False, False]] * 2).assign(loss=np.nan)
+    said = dataparallel._agreement_text(dataparallel.worker_agreement(workers), "keras-jax", workers)
+    assert "by construction" in said and "per-worker losses were not recorded" in said
 
 
 # ---- each engine, N = 2 on a CPU ---------------------------------------------------------------------------------

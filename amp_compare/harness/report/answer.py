@@ -22,6 +22,7 @@ from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, numerics, stats
 from amp_compare.harness.report.cell_text import ratio_number
+from amp_compare.harness.report.dataparallel import recorded_error
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
 # What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
@@ -144,7 +145,9 @@ def _ended(cells: pd.DataFrame) -> str:
     """How the cells that did not finish normally ended ("" when all did)."""
     parts = []
     for r in cells[cells["status"] != "ok"].itertuples():
-        ending = numerics.ending_text(r)  # the steps' records, as every other sentence on it reads them
+        # the steps' records, as every other sentence on it reads them, and a failed cell's own recorded error
+        error = recorded_error(getattr(r, "error", ""), getattr(r, "stderr_tail", "")) if r.status == "failed" else ""
+        ending = "; ".join(t for t in (numerics.ending_text(r), error) if t)
         parts.append(f"seed {r.seed} {r.status}" + (f" ({ending})" if ending else ""))
     return ", ".join(parts)
 
@@ -166,8 +169,10 @@ def _not_reported(cells: pd.DataFrame) -> str:
 
 def _failed(prec: str, cells: pd.DataFrame) -> PrecisionAnswer:
     """A precision with no finished cell in this group: how its cells ended."""
-    return PrecisionAnswer(prec, "failed", _not_reported(cells), failed=_ended(cells),
-                           decide="the NaN/Inf locator and What happened sections say where it went wrong")
+    # the locator only where a cell went non-finite: an error (a kernel missing) is said by _ended itself
+    numeric = any("non-finite" in numerics.ending_text(r) for r in cells[cells["status"] != "ok"].itertuples())
+    return PrecisionAnswer(prec, "failed", _not_reported(cells), failed=_ended(cells), decide=(
+        "the NaN/Inf locator and What happened sections say where it went wrong" if numeric else ""))
 
 
 def _part(r, seeds: pd.DataFrame, cells: pd.DataFrame, environment: dict, device: str,

@@ -6,12 +6,15 @@ the other sections: `split` takes them out of every table those sections read an
 the 1-worker cells they are judged against.
 
 Per N-worker cell (`rows`), against its 1-worker cell of the same framework, model, dataset, precision and seed:
-  * throughput N vs 1 with its 95% interval (stats.speed_interval: the same block bootstrap as every speed ratio of
-    the report) and the scaling efficiency (ratio / N);
+  * throughput N vs 1 (one seed's pair) with its 95% interval where the two cells have enough timed steps for batch
+    means (stats.speed_interval) and the scaling efficiency (ratio / N), marked ⚠ where the 1-worker baseline
+    stalled (its floor cell, a rerun, was more than STALL_FACTOR faster) or the efficiency is over 100% on shared
+    cores (`_speed`);
   * the all-reduce precision asked for and the dtype it used, read back by the child; its share of the median step
     where the framework times it (torch DDP), else "not exposed";
   * the largest relative difference of the per-step losses from the 1-worker run's, beside the floor: the same
-    measure between the 1-worker cell and its floor cell (the same run at another thread count);
+    measure between the 1-worker cell and its floor cell (a rerun of it, at another thread count where the records
+    say the framework took one: `floor_kind`), "at the floor" within AT_FLOOR_FACTOR or FLOAT32_ULPS;
   * whether every worker recorded the same loss scale and skipped flag at every step, and, where the child recorded
     each worker's own gradients before the all-reduce, whether a non-finite one anywhere skipped the step everywhere
     (`worker_agreement`);
@@ -22,13 +25,16 @@ Per N-worker cell (`rows`), against its 1-worker cell of the same framework, mod
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
 from amp_compare.contract.records import unpack_correct
-from amp_compare.harness.report import stats, wording
+from amp_compare.harness.report import drift, stats, wording
 from amp_compare.harness.report.steadiness import unsteady_reason
+from amp_compare.kit.data import NUM_CLASSES
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
 
@@ -109,9 +115,14 @@ def worker_agreement(workers: pd.DataFrame) -> dict:
             "skipped_steps": int(w.groupby("step")["skipped"].all().sum()), "disagreement": ""}
 
 
-def _agreement_text(a: dict) -> str:
+def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None = None) -> str:
     if not a["agree"]:
         return f"NO: {a['disagreement']}"
+    if framework == "keras-jax":  # one compiled program for every device: one scale, one skip decision
+        lost = workers is not None and "loss" in workers and bool(workers["loss"].isna().all())
+        return (f"yes by construction: JAX runs one compiled step for all {a['workers']} devices, so the loss scale "
+                f"and the skip decision are replicated, not each worker's own ({a['steps']} steps, "
+                f"{a['skipped_steps']} skipped)" + ("; per-worker losses were not recorded" if lost else ""))
     text = f"yes: {a['workers']} workers × {a['steps']} steps, same scale and skips ({a['skipped_steps']} skipped)"
     if a.get("local_checked"):
         text += (f"; {a['overflows']} step(s) where a worker's own gradients overflowed, each skipped everywhere"
@@ -144,13 +155,110 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
     else:
         res = stats.paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs]))
     verdict = "detectable" if stats.detectable(res) else "no detectable difference"
-    return (f"{res['diff_pp']:+.2f} pp [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], p = {res['p_value']:.3g} "
-            f"({res['test']}, {len(pairs)} seed{'s' if len(pairs) > 1 else ''}): {verdict}")
+    test = res["test"] if "seed" in res["test"] else f"{res['test']}, {len(pairs)} seed{'s' * (len(pairs) > 1)}"
+    text = (f"{res['diff_pp']:+.2f} pp, 95% CI [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], "
+            f"p = {res['p_value']:.3g} ({test}): {verdict}")
+    return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], NUM_CLASSES.get(str(cell["dataset"]), 0))
+
+
+# within this many points of chance, validation accuracy says little: a difference there is between two guessers
+NEAR_CHANCE_PP = 10.0
+
+
+def _near_chance(correct: list[np.ndarray], classes: int) -> str:
+    """The caveat where the paired runs' validation accuracy is near chance (1 / classes of the dataset; 10 where
+    the dataset is not one the kit knows)."""
+    chance = 100.0 / (classes or 10)
+    accuracy = 100.0 * float(np.mean([c.mean() for c in correct])) if correct else float("nan")
+    if np.isfinite(accuracy) and accuracy - chance <= NEAR_CHANCE_PP:
+        return (f" — validation accuracy {accuracy:.1f}% is near chance ({chance:.0f}%): the runs barely learned, "
+                "so this says little about the all-reduce")
+    return ""
+
+
+# A 1-worker baseline whose own rerun (its floor cell: the same cell with at most its threads) ran more than this many
+# times faster stalled: on a quiet machine the floor, with no more threads, is at most as fast as the baseline, and
+# the harness's run-to-run spread of one cell's throughput is tens of percent, so 2× is well beyond both.
+STALL_FACTOR = 2.0
+# A loss gap within this factor of the floor, or within FLOAT32_ULPS float32 spacings of the loss (relative), is at
+# the floor: a difference of that size is what the same run gives against itself, no evidence either way.
+AT_FLOOR_FACTOR = 2.0
+FLOAT32_ULPS = 4
+_REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
+
+
+def _shares_cores(cell: pd.Series, threads_1: int) -> bool:
+    """Do the N workers run on the cores of the one? torch: N workers × their threads no more than the 1-worker
+    cell's; Keras: the replicas are logical devices of one process, so always."""
+    if cell["framework"] != "torch":
+        return True
+    per = cell.get("threads_per_worker")
+    return pd.notna(per) and int(per) * int(cell["cfg_replicas"]) <= threads_1
+
+
+def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, environment: dict) -> dict:
+    """N vs 1 for one seed's pair of cells, with its interval and its ⚠ note (see intro for the rules)."""
+    ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
+    speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
+                                 [timed.get(cell["cell_id"], np.array([]))], [float(np.log(ratio))])
+    efficiency = ratio / int(cell["cfg_replicas"])
+    rerun = (float(floor.iloc[0]["throughput_img_s"]) / float(one["throughput_img_s"])
+             if not floor.empty and pd.notna(floor.iloc[0].get("throughput_img_s")) else float("nan"))
+    notes = []
+    if np.isfinite(rerun) and rerun > STALL_FACTOR:
+        notes.append(f"1-worker baseline stalled: its own rerun (floor cell) was {rerun:.1f}× faster")
+    if efficiency > 1 and _shares_cores(cell, int(one["cfg_threads"])):
+        notes.append(f"scaling efficiency above 100% with {int(cell['cfg_replicas'])} workers sharing the 1-worker "
+                     "cell's cores: impossible unless the 1-worker baseline ran slow")
+    if not (np.isfinite(speed["low"]) and np.isfinite(speed["high"])):
+        notes.append(f"no interval: {speed['timed_steps']} timed steps per cell give fewer than two batch means")
+    else:
+        noisy = stats.ratio_verdict(ratio, speed["low"], speed["high"], 1, direction=True)
+        notes += [noisy] if noisy else []
+    machine = machine_range(environment)
+    if machine and not notes:
+        notes.append(f"the machine was unsteady over the run ({machine}) and the two cells ran at different times")
+    return {"speed_ratio": ratio, "speed_low": speed["low"], "speed_high": speed["high"],
+            "speed_note": "; ".join(notes), "efficiency": efficiency, "rerun_factor": rerun,
+            "stalled": bool(np.isfinite(rerun) and rerun > STALL_FACTOR)}
+
+
+def machine_range(environment: dict) -> str:
+    """The calibration checks over the run as a range ("" where steady or unchecked): min–max of the checks that
+    read the machine's level, and the stalls named apart."""
+    if not unsteady_reason(environment or {}):
+        return ""
+    d = drift.drift_of(environment)
+    text = f"calibration checks ranged {d.low_ms:,.1f}–{d.high_ms:,.1f} ms over the run"
+    if d.stall.any():
+        text += f", besides {int(d.stall.sum())} stalled check(s) up to {float(d.ms[d.stall].max()):,.0f} ms"
+    return text
+
+
+def floor_kind(one: pd.Series, floor: pd.Series) -> str:
+    """What the floor cell was, from the records: the threads each recorded (torch_threads, tf_intra_op_threads,
+    jax_threads). Where the framework recorded the same for both (JAX: XLA's own pool, not settable from a running
+    process) the floor is a plain rerun, not another thread count."""
+    column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(
+        str(one["framework"]), "")
+    a, b = (_count(one.get(column)), _count(floor.get(column))) if column else (None, None)
+    if column and pd.notna(a) and pd.notna(b) and str(a) == str(b):
+        return f"a plain rerun (both recorded threads: {a})"
+    if column and pd.notna(a) and pd.notna(b):
+        return f"a rerun at another thread count ({b} against {a})"
+    return f"a rerun with --threads {int(floor['cfg_threads'])} against {int(one['cfg_threads'])}"
+
+
+def _count(value):
+    """A recorded thread count as written (2, not 2.0); a text (JAX's) as it is."""
+    if isinstance(value, float) and np.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
 
 
 def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd.DataFrame:
     """One row per N-worker cell, judged against its 1-worker cell and that cell's floor (see the module docstring).
-    environment: the manifest's, whose calibration drift marks speed ratios as the Speed section does."""
+    environment: the manifest's, whose calibration checks mark speed ratios (machine_range)."""
     runs, steps = tables["run"], tables["steps"]
     workers = tables.get("workers", pd.DataFrame())
     if runs.empty:
@@ -158,65 +266,93 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     runs = runs.assign(role=roles(runs), cfg_allreduce=_flag(runs, "cfg_allreduce", ALLREDUCE_REFERENCE),
                        cfg_replicas=_flag(runs, "cfg_replicas", 1).astype(int))
     n_cells = runs[runs["role"] == "workers"]
-    out = []
     loss = {cell: g.set_index("step")["loss"] for cell, g in steps.groupby("cell_id")} if not steps.empty else {}
     timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
              if not steps.empty and "warmup" in steps else {})
+    out = []
     for _, cell in n_cells.sort_values(KEY[:4], key=display_order).iterrows():
         same = (runs[KEY] == cell[KEY]).all(axis=1)
         single = runs[same & (runs["role"] == "single") & (runs["status"] == "ok")]
         floor = runs[same & (runs["role"] == "floor") & (runs["status"] == "ok")]
         row = {"model": cell["model"], "dataset": cell["dataset"], "framework": cell["framework"],
                "precision": cell["precision"], "seed": cell["seed"], "workers": int(cell["cfg_replicas"]),
-               "allreduce": cell["cfg_allreduce"], "status": cell["status"], "error": cell.get("error") or ""}
-        if cell["status"] == "ok" and not single.empty:
-            row.update(skipped_1=int(single.iloc[0].get("skipped_steps", 0)),
-                       skipped_n=int(cell.get("skipped_steps", 0)), threads_1=int(single.iloc[0]["cfg_threads"]),
-                       threads_per_worker=cell.get("threads_per_worker"))
+               "allreduce": cell["cfg_allreduce"], "status": cell["status"],
+               "error": recorded_error(cell.get("error"), cell.get("stderr_tail"))}
         if cell["status"] != "ok" or single.empty:
             out.append({**row, "error": row["error"] or "no finished 1-worker cell to compare with"})
             continue
-        one = single.iloc[0]
-        ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
-        # the Speed section's interval and verdict: one seed's pair, so batch means of its steps; ⚠ where the
-        # calibrations between cells saw the machine busy or its speed change (unsteady_reason)
-        speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
-                                     [timed.get(cell["cell_id"], np.array([]))], [float(np.log(ratio))])
-        note = stats.speed_verdict(speed, unsteady_reason(environment or {}))
-        none = pd.Series(dtype=float)
-        gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
-        floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))
-                     if not floor.empty else float("nan"))
-        mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
-        agreement = worker_agreement(mine)
-        share = float(cell.get("allreduce_time_s", np.nan)) / float(cell["median_step_s"]) \
-            if pd.notna(cell.get("allreduce_time_s", np.nan)) else float("nan")
-        out.append({**row, "throughput_1": float(one["throughput_img_s"]),
-                    "throughput_n": float(cell["throughput_img_s"]),
-                    "speed_ratio": ratio, "speed_low": speed["low"], "speed_high": speed["high"], "speed_note": note,
-                    "efficiency": ratio / int(cell["cfg_replicas"]),
-                    "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
-                    "allreduce_share": share, "allreduce_time_source": str(cell.get("allreduce_time_source") or ""),
-                    "loss_gap": gap, "floor_gap": floor_gap,
-                    "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
-                    "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
-                    "agree": agreement["agree"], "agreement": _agreement_text(agreement),
-                    "accuracy": _accuracy_vs_fp32_allreduce(cell, n_cells),
-                    "engine": str(cell.get("data_parallel") or "")})
+        out.append(_judged(row, cell, single.iloc[0], floor, n_cells, loss, timed, workers, environment or {}))
     return pd.DataFrame(out)
 
 
-def _gap_text(gap: float, floor: float, within) -> str:
+def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, n_cells: pd.DataFrame, loss: dict,
+            timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
+    """A finished N-worker cell's row against its finished 1-worker cell `one`."""
+    none = pd.Series(dtype=float)
+    gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
+    floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))
+                 if not floor.empty else float("nan"))
+    mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
+    agreement = worker_agreement(mine)
+    share = float(cell.get("allreduce_time_s", np.nan)) / float(cell["median_step_s"]) \
+        if pd.notna(cell.get("allreduce_time_s", np.nan)) else float("nan")
+    return {**row, "skipped_1": int(one.get("skipped_steps", 0)), "skipped_n": int(cell.get("skipped_steps", 0)),
+            "threads_1": int(one["cfg_threads"]), "threads_per_worker": cell.get("threads_per_worker"),
+            "throughput_1": float(one["throughput_img_s"]), "throughput_n": float(cell["throughput_img_s"]),
+            **_speed(cell, one, floor, timed, environment),
+            "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
+            "allreduce_share": share, "allreduce_time_source": str(cell.get("allreduce_time_source") or ""),
+            "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": _loss_level(loss.get(one["cell_id"], none)),
+            "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
+            "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
+            "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
+            "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
+            "accuracy": _accuracy_vs_fp32_allreduce(cell, n_cells),
+            "val_accuracy": float(cell.get("final_val_accuracy", np.nan)),
+            "engine": str(cell.get("data_parallel") or "")}
+
+
+def _loss_level(losses: pd.Series) -> float:
+    """The smallest finite |loss| of a run: where a float32 ulp is largest relative to it."""
+    finite = losses[np.isfinite(losses) & (losses != 0)].abs()
+    return float(finite.min()) if not finite.empty else float("nan")
+
+
+def recorded_error(error, stderr_tail) -> str:
+    """A cell's error as recorded; where that is only the exit code, the exception line of its stderr (the last
+    'SomethingError: …' line), which says what failed."""
+    text = str(error or "").strip()
+    if text and not re.fullmatch(r"exited with code -?\d+", text):
+        return text
+    lines = [ln.strip() for ln in str(stderr_tail or "").splitlines()]
+    found = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:", ln)]
+    if found:
+        return found[-1] + (f" ({text})" if text else "")
+    return text
+
+
+def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool:
+    """A gap no larger than AT_FLOOR_FACTOR × the floor, or than FLOAT32_ULPS float32 spacings of the run's loss
+    (relative to its smallest |loss|), is at the floor: no evidence either way."""
+    ulps = FLOAT32_ULPS * _REL_ULP * (2.0 ** np.floor(np.log2(loss_level)) / loss_level) \
+        if np.isfinite(loss_level) and loss_level > 0 else FLOAT32_ULPS * _REL_ULP
+    return bool(gap <= AT_FLOOR_FACTOR * floor or gap <= ulps)
+
+
+def _gap_text(gap: float, floor: float, within, kind: str = "", loss_level: float = float("nan")) -> str:
     if not np.isfinite(gap):
         return "n/a"
     if within is None:
         return f"{gap:.2e} (no floor measured)"
     if within:
         return f"{gap:.2e} ≤ floor {floor:.2e}: within"
+    kind = kind or "a rerun"
+    if at_floor(gap, floor, loss_level):
+        return (f"{gap:.2e} vs floor {floor:.2e}: at the floor (within {AT_FLOOR_FACTOR:g}× the floor or "
+                f"{FLOAT32_ULPS} float32 ulps of the loss: no evidence either way)")
     if floor == 0:
-        return (f"{gap:.2e} > floor 0: outside (the framework gave the same bits at another thread count; the "
-                "N-worker run does not)")
-    return f"{gap:.2e} > floor {floor:.2e}: outside ({gap / floor:.1f}× the floor)"
+        return f"{gap:.2e} > floor 0: outside (the floor, {kind}, gave the same bits; the N-worker run does not)"
+    return f"{gap:.2e} > floor {floor:.2e}: outside ({gap / floor:.1f}× the floor, {kind})"
 
 
 def _ratio_text(ratio: float, low: float, high: float, note: str) -> str:
@@ -225,13 +361,18 @@ def _ratio_text(ratio: float, low: float, high: float, note: str) -> str:
     return text + (f" ⚠ {note}" if note else "")
 
 
-def _share_text(share: float) -> str:
-    """The all-reduce's share of the median step; over 100% where DDP's sampled communication time (which includes
-    waiting for the slower worker) outlasts the median step: said, not hidden."""
+def _share_text(share: float, stalled: bool = False) -> str:
+    """The all-reduce's share of the median step (torch: DDP's avg_backward_comm_time, from the iterations DDP
+    samples, which includes waiting for the slowest worker); over 100% said, not hidden; ⚠ where the row's 1-worker
+    baseline stalled (the same machine stall may have lengthened the N-worker cell's waits)."""
     if not np.isfinite(share):
         return "not exposed"
-    return f"{share:.0%}" + (" ⚠ more than the median step: DDP's sampled times include waiting for the slower "
+    text = f"{share:.0%}" + (" ⚠ more than the median step: DDP's sampled times include waiting for the slower "
                              "worker" if share > 1 else "")
+    return text + (" ⚠ from a row whose 1-worker baseline stalled" if stalled else "")
+
+
+SHARE_COLUMN = "All-reduce share of step (torch: DDP's sampled comm time, incl. waiting for the slowest worker)"
 
 
 def table(dp: pd.DataFrame) -> pd.DataFrame:
@@ -250,12 +391,25 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
         "N vs 1": [_ratio_text(r, lo, hi, n) for r, lo, hi, n in
                    zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
         "Scaling efficiency": ok["efficiency"].map("{:.0%}".format),
-        "All-reduce share of step": ok["allreduce_share"].map(_share_text),
-        "Loss gap vs 1 worker (max rel.)": [_gap_text(g, f, w) for g, f, w in
-                                            zip(ok["loss_gap"], ok["floor_gap"], ok["within_floor"])],
+        SHARE_COLUMN: [_share_text(v, bool(st)) for v, st in zip(ok["allreduce_share"], ok["stalled"])],
+        "Loss gap vs 1 worker (max rel.)": [_gap_text(g, f, w, k, lv) for g, f, w, k, lv in
+                                            zip(ok["loss_gap"], ok["floor_gap"], ok["within_floor"],
+                                                ok["floor_kind"], ok["loss_scale"])],
         "Workers agree": ok["agreement"],
-        "Accuracy vs fp32 all-reduce": ok["accuracy"],
+        "Accuracy vs fp32 all-reduce": pooled_once(ok),
     })
+
+
+def pooled_once(ok: pd.DataFrame) -> list[str]:
+    """The accuracy comparison is pooled over a group's seeds (one statistic per model, framework, precision,
+    workers and all-reduce): shown on the group's first row, the others pointing to it."""
+    group = ok[["model", "dataset", "framework", "precision", "workers", "allreduce"]].astype(str).agg("|".join, axis=1)
+    seen, out = set(), []
+    for key, text in zip(group, ok["accuracy"]):
+        pooled = text not in ("reference",) and "seeds" in text
+        out.append("same pooled comparison as the group's first row" if pooled and key in seen else text)
+        seen.add(key)
+    return out
 
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
@@ -265,9 +419,7 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     out = [s for s in [wording.data_parallel_workers(facts, environment.get("cpu_model", ""))] if s]
     if dp.empty:
         return out
-    for r in dp[dp["status"] != "ok"].itertuples():
-        out.append(f"{framework_label(r.framework)} {r.precision}, {r.workers} workers, --allreduce {r.allreduce}: "
-                   f"{r.status} — {unavailable_text(str(r.error))}")
+    out += not_run(dp)
     # judged rows only: a finished N-worker cell without a finished 1-worker cell has nothing to be judged against
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
     if ok.empty:  # no N-worker cell finished (all unavailable or failed): nothing more to say
@@ -276,8 +428,9 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
                            rotated=False)
     torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()]
     per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
+    floors = [int(t) for t in ok["floor_threads"].dropna()] if "floor_threads" in ok else []
     for threads in sorted(set(ok["threads_1"].astype(int))):
-        out.append(wording.data_parallel_threads(ran, threads, per_worker, unsteady_reason(environment)))
+        out.append(wording.data_parallel_threads(ran, threads, per_worker, machine_range(environment), floors))
     for r in ok[~ok["agree"].astype(bool)].itertuples():
         out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
                    f"agree — {r.agreement}.")
@@ -299,11 +452,27 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
 
 def unavailable_text(error: str) -> str:
     """A cell's error as the section says it: the child's reason, without the runner's 'unavailable:' prefix or
-    the stderr line's own."""
+    the stderr line's own, nor the name of a compiler dump file the run folder does not keep."""
     text = error.strip()
     for prefix in ("unavailable:", "unavailable —", "unavailable"):
         text = text.removeprefix(prefix).strip()
+    text = re.sub(r",?\s*XLA HLO after optimizations: \S+\.txt", "", text)
     return text or "no reason recorded"
+
+
+def not_run(dp: pd.DataFrame) -> list[str]:
+    """The N-worker cells that did not finish, one line per framework, status and reason, with the cells it
+    covers (model precision seed; the vit named as every model is)."""
+    bad = dp[dp["status"] != "ok"]
+    if bad.empty:
+        return []
+    bad = bad.assign(reason=[unavailable_text(str(e)) for e in bad["error"]])
+    out = []
+    for (framework, status, reason), g in bad.groupby(["framework", "status", "reason"], sort=False):
+        cells = ", ".join(f"{r.model} {r.precision} seed {r.seed} (--allreduce {r.allreduce})" for r in g.itertuples())
+        out.append(f"{framework_label(framework)}, {int(g['workers'].iloc[0])} workers: {status} for {len(g)} "
+                   f"cell{'s' * (len(g) > 1)} — {reason}. Cells: {cells}.")
+    return out
 
 
 def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> dict | None:
@@ -315,20 +484,33 @@ def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> 
 
 
 def intro(dp: pd.DataFrame) -> str:
-    """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran."""
+    """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran; the rules it
+    states are the ones _speed, _gap_text and _agreement_text follow."""
     engines = "; ".join(e for e in dp.get("engine", pd.Series(dtype=str)).dropna().unique() if e)
-    return ("Each N-worker cell trained the same experiment as its 1-worker cell: the same global batch from the same "
-            "seeded order, each worker taking its contiguous 1/N of it, through the framework's own engine "
-            f"({engines}). Its per-step losses are compared with the 1-worker run's and judged against the floor: the "
-            "same difference between the 1-worker run and itself at another thread count. Every worker recorded its "
-            "own loss scale and skipped flag at every step; they must be the same on every worker. The all-reduce "
-            "dtype is what the child read back from what ran (torch: the profiler's record of the backend's "
-            "all_reduce; TensorFlow: the gradients handed to the optimizer's all-reduce; JAX: the compiled step's "
-            "HLO), and a reduced-precision all-reduce is paired image by image with the fp32 all-reduce of the same "
-            "workers, as the Accuracy section pairs mixed precision with fp32. Each N vs 1 speed ratio pairs one "
-            "seed's N-worker cell with its 1-worker cell, so its 95% interval comes from batch means of the two "
-            "cells' timed steps (the Speed section's one-seed interval), and it is marked ⚠ as the Speed section's "
-            "are when the calibrations between cells saw the machine busy or its speed change.")
+    return (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
+            "losses are compared with the 1-worker run's and judged against the floor: the same difference between "
+            "the 1-worker run and its floor cell (a rerun of it; the Loss gap column says, from the records, whether "
+            f"at another thread count or a plain rerun); a gap within {AT_FLOOR_FACTOR:g}× the floor or "
+            f"{FLOAT32_ULPS} float32 ulps of the loss is at the floor, no evidence either way. Where each worker "
+            "records its own loss scale and skipped flag (torch, TensorFlow) they must be the same on every worker; "
+            "JAX runs one compiled step for all devices, so they agree by construction. The all-reduce dtype is what "
+            "the child read back from what ran (torch: the profiler's record of the backend's all_reduce; "
+            "TensorFlow: the gradients handed to the optimizer's all-reduce; JAX: the compiled step's HLO), and a "
+            "reduced-precision all-reduce is paired image by image with the fp32 all-reduce of the same workers, "
+            "pooled over seeds, as the Accuracy section pairs mixed precision with fp32. Each row is one seed's "
+            "pair: its N vs 1 is the two cells' recorded throughputs, with a 95% interval from batch means of their "
+            "timed steps where each cell has enough of them for two batch means (else the row says no interval, "
+            "and why).")
+
+
+def short_intro() -> str:
+    """What a row is and what ⚠ on N vs 1 means: the section's and summary.md's table both open with it."""
+    return ("Each N-worker cell trains the same experiment as its 1-worker cell of the same seed: the same fixed "
+            "global batch from the same seeded order, split across the workers (each takes its contiguous 1/N). "
+            "N vs 1 is marked ⚠ where the 1-worker baseline stalled (its own rerun, the floor cell, ran more than "
+            f"{STALL_FACTOR:g}× faster), where the scaling efficiency is above 100% though the workers share the "
+            "1-worker cell's cores, where there is no interval or a noisy one, or where the machine was unsteady "
+            "over the run.")
 
 
 def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) -> list[tuple[str, str]]:

@@ -684,7 +684,8 @@ def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> di
             "n_ok": sum(v == "ok" for v in status.values()),
             "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
             "cells": _cells(runs, every["epochs"], every["steps"]), "data_parallel_md": section and (
-                [] if section["table"].empty else ["", "### Data parallel", "", table_markdown(section["table"]), "",
+                [] if section["table"].empty else ["", "### Data parallel", "", dataparallel.short_intro(), "",
+                                                    table_markdown(section["table"]), "",
                                                     *[f"- {s}" for s in section["sentences"]]])}
 
 

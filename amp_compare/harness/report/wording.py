@@ -194,19 +194,26 @@ def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
             "speed figures measure that sharing and the engines' overhead, not a network or more hardware.")
 
 
-def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | None, unsteady: str) -> str:
-    """How many threads the 1-worker and the N-worker cells had (per_worker: each torch worker's; None: no torch
-    N-worker cell), and, where the calibrations saw the machine unsteady, what that does to N vs 1."""
-    parts = [f"Threads: each 1-worker cell used {threads_1}"]
+def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | None, machine: str,
+                          floor_threads: list[int] | None = None) -> str:
+    """How many threads the 1-worker, floor and N-worker cells had (per_worker: each torch worker's; None: no torch
+    N-worker cell; floor_threads: the floor cells' --threads), and, where the calibrations saw the machine unsteady,
+    the range of those checks over the run (machine: dataparallel.machine_range) and what that does to N vs 1."""
+    parts = [f"Threads: each 1-worker cell was given --threads {threads_1}"]
+    if floor_threads:
+        parts.append(f"its floor cell --threads {', '.join(map(str, sorted(set(floor_threads))))}")
     if facts.torch and per_worker is not None:
         parts.append(f"each torch worker of an N-worker cell used {per_worker} (the cell's --threads shared among "
                      "its workers, so N workers use the cores one worker would)")
     if facts.keras:
         parts.append("Keras' replicas share their one process's threads")
+    if "keras-jax" in facts.frameworks:
+        parts.append("JAX takes no thread count from a running process (XLA's own pool, as its records say), so "
+                     "--threads does not reach its cells")
     text = "; ".join(parts) + "."
-    if unsteady:
-        text += (f" The calibrations between cells saw the machine unsteady ({unsteady}): N vs 1 compares cells "
-                 "that ran at different times, so it carries that change as well as data parallelism (⚠).")
+    if machine:
+        text += (f" The machine was unsteady over the run ({machine}): N vs 1 compares cells that ran at different "
+                 "times, so it carries that as well as data parallelism.")
     return text
 
 
