@@ -33,6 +33,21 @@ def speed_emulated(precision, device: str):
     return precision in contract.FP8_MODES and emulated
 
 
+def api_text(row: dict) -> str:
+    """The AMP API an fp8 cell ran, from its fp8_settings (its child's amp_api names only the autocast/policy
+    machinery, "none" for fp8); any other cell's amp_api as recorded."""
+    recorded = str(row.get("amp_api") or "")
+    if row.get("precision") not in contract.FP8_MODES or not isinstance(row.get("fp8_settings"), str) \
+            or not row["fp8_settings"]:
+        return recorded
+    live = json.loads(row["fp8_settings"])
+    layers = f"on {len(live.get('converted', []))} layers, {live.get('scaling', '?')} scaling"
+    if row.get("framework") == "torch":
+        emulated = ", emulated: float32 matmuls of dequantized values" if live.get("emulate") else ""
+        return f"torchao Float8Linear {layers}{emulated}"
+    return f'Keras model.quantize("float8") {layers}'
+
+
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
 
 
