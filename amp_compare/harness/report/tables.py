@@ -444,6 +444,9 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     if "ttt_note" in out:
         out.loc[emulated, "ttt_note"] = ""
     out.loc[emulated, "speed_note"] = fp8_report.EMULATED_SPEED
+    out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_low", "memory_high", "memory_difference_mib",
+                                   "memory_resolved", "memory_resolution_mib") if c in out]] = np.nan
+    out.loc[emulated, "memory_note"] = fp8_report.EMULATED_MEMORY
     return out
 
 
