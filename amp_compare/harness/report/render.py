@@ -624,7 +624,8 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
             "glossary": wording.glossary(facts), "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
             "underflow_methods": nr.UNDERFLOW_METHODS,
-            "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
+            "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
+                             for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
             "nonfinite_table": _html_or_none(_nonfinite_table(runs)),
             "said": nr.numerics_said(runs, underflow, headroom, steps, acc),
