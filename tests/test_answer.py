@@ -190,7 +190,7 @@ def test_emulated_fp8_withholds_memory_says_one_seed_and_names_its_brackets(tmp_
     assert row["memory_note"] == "emulated: not fp8 memory (float32 dequantized copies)"
     assert row["memory_change_vs_fp32"] != row["memory_change_vs_fp32"]  # NaN: no ratio
     assert "| emulated: not fp8 memory (float32 dequantized copies) |" in md
-    assert "peak memory of fp8: not compared with fp32 (emulated" in page
+    assert "peak memory of fp8: not compared with fp32, emulated: not fp8 memory" in page
     fp8_line = next(ln for ln in rendered.answer.splitlines() if ln.strip().startswith("- fp8:"))
     assert "against fp32 (one seed: one reading, no interval)" in fp8_line and "peak memory" not in fp8_line
     fp8 = section(page, "fp8")

@@ -71,7 +71,7 @@ def test_a_setting_a_diverged_cell_used_is_not_called_not_used():
     assert rows["Initial loss scale (fp16)"]["torch_used"] == "32768"
     assert rows["Loss-scale growth interval (fp16)"]["keras_used"] == "2000"
     assert rows["Output layer dtype (mixed precision)"]["torch_used"] == "bfloat16; float16; float32"
-    assert rows["Attention core dtypes (vit, mixed precision)"]["keras_used"] == "naive"
+    assert rows["Attention core dtypes (vit, mixed precision)"]["keras_used"] == "--attention naive"
     assert rows["Attention projection biases (vit)"]["torch_used"] != "not used"
     assert rows["BatchNorm momentum"]["torch_used"] == "not used"  # no cell of a vit run has a BatchNorm
 

@@ -218,7 +218,7 @@ def memory_findings(groups: Groups, runs: pd.DataFrame) -> list[str]:
         emulated = group[group["memory_note"] == fp8_report.EMULATED_MEMORY]
         if not emulated.empty:  # withheld as their speed is: the emulation's memory, not fp8's
             out.append(f"{groups.label(key)}, peak memory of {', '.join(sorted(set(emulated['precision'])))}: not "
-                       f"compared with fp32 ({fp8_report.EMULATED_MEMORY}, and no fp8 arithmetic ran).")
+                       f"compared with fp32, {fp8_report.EMULATED_MEMORY}; no fp8 arithmetic ran.")
     return out
 
 

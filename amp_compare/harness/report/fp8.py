@@ -147,8 +147,8 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
                    "alone, not an fp8 unit's accumulation.")
     if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
         out.append("The ViT headroom section leaves fp8 out: it measures distance to float16's largest value, "
-                   "65,504, while an fp8 tensor is scaled (fmax / amax) before its cast so that its largest "
-                   "magnitude, amax, meets the format's largest, fmax (448 for e4m3, 57,344 for e5m2).")
+                   "65,504, while each fp8 tensor is multiplied by fmax / amax before its cast, so its largest "
+                   "magnitude meets its format's largest whatever its size.")
     unavailable = runs[(runs["precision"].isin(contract.FP8_MODES)) & (runs["status"] == "unavailable")]
     for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples():
         reason = str(r.error).removeprefix("unavailable: ")

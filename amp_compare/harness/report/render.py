@@ -326,7 +326,8 @@ def _vit_settings(settings: dict) -> dict:
     biases were read back ran them without saying how."""
     if "attention" not in settings:  # the CNNs have no attention
         return settings
-    return {"mha_bias": "used (setting not recorded)", **settings, "attention_core": settings["attention"]}
+    core = f"--attention {settings['attention']}"
+    return {"mha_bias": "used (setting not recorded)", **settings, "attention_core": core}
 
 
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
