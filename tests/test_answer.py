@@ -188,3 +188,25 @@ def test_a_failed_precision_says_the_error_it_recorded_not_the_locator(tmp_path)
     fp16 = tf.parts[0]
     assert fp16.verdict == "failed" and "ValueError: The precision 'F16_F16_F32' is not supported" in fp16.failed
     assert "locator" not in fp16.decide
+
+
+def test_emulated_fp8_withholds_memory_says_one_seed_and_names_its_brackets(tmp_path):
+    """Audit: an emulated fp8's memory (float32 dequantized copies) was compared with fp32's as if it were fp8's;
+    its one-seed loss difference read as a result; its accuracy brackets said "95% CI" without their kind."""
+    from tests.test_report_sentences import make_run, section
+
+    rendered, page = make_run(tmp_path, frameworks=("torch",), precisions=("fp32", "bf16", "fp8"), seeds=(0,),
+                              model="vit", speeds={("torch", "fp8"): [0.3], ("torch", "bf16"): [1.3]})
+    md = (tmp_path / "r" / "summary.md").read_text()
+    row = rendered.table.set_index("precision").loc["fp8"]
+    assert row["memory_note"] == "emulated: not fp8 memory (float32 dequantized copies)"
+    assert row["memory_change_vs_fp32"] != row["memory_change_vs_fp32"]  # NaN: no ratio
+    assert "| emulated: not fp8 memory (float32 dequantized copies) |" in md
+    assert "peak memory of fp8: not compared with fp32, emulated: not fp8 memory" in page
+    fp8_line = next(ln for ln in rendered.answer.splitlines() if ln.strip().startswith("- fp8:"))
+    assert "against fp32 (one seed: one reading, no interval)" in fp8_line and "peak memory" not in fp8_line
+    fp8 = section(page, "fp8")
+    assert "so each SQNR measures the fp8 casts' rounding alone" in fp8 and "no speed, memory or MFU" in fp8
+    assert "[95% Newcombe " in fp8 or "[exact 95% bound " in fp8
+    assert "95% CI" not in fp8 and "loss − fp32 (this seed)" in fp8
+    assert "leaves fp8 out" in fp8

@@ -140,7 +140,8 @@ def test_two_models_are_named_in_the_locator_and_dtype_tables_and_the_op_lists()
     side = nr.dtype_side_by_side(dtypes)["fp16"]
     assert list(side["model"]) == ["simple_cnn", "simple_cnn", "vit", "vit"]
     facts = nr.op_dtype_facts(dtypes, "cpu")
-    assert facts["differing"]["fp16"]["models"]["vit"] == {"rows": 1, "of": 2, "layers": ["blocks.0.attn"]}
+    assert facts["differing"]["fp16"]["models"]["vit"] == {"rows": 1, "of": 2, "unattributed": 0,
+                                                           "layers": ["blocks.0.attn"]}
     assert "fp16: simple_cnn 0 of 2 rows, vit 1 of 2 rows (blocks.0.attn)" in nr.section_words(
         type("F", (), {"frameworks": ["torch", "tf"]})(), facts)["dtype_audit"]
     words = glossary._autocast_text(facts)

@@ -1,5 +1,7 @@
 """The Environment section and the initial-weights row say what a reader can take at face value."""
 
+import json
+
 import pandas as pd
 
 from amp_compare.harness.report.render import environment_rows, framework_differences
@@ -48,3 +50,43 @@ def test_initial_weights_list_each_file_once():
     row = next(d for d in framework_differences(_runs()) if d["item"] == "Initial weights")
     assert row["torch_used"] == "shared file m-s0.npz, made by torch default initialisers, seed 0"
     assert row["torch_used"].count("m-s0.npz") == 1 and row["keras_used"].count("m-s0.npz") == 1
+
+
+def _vit_runs():
+    """A vit run whose fp16 cells diverged: they still used the loss-scale settings and a float16 output layer."""
+    rows = []
+    for fw in ("torch", "tf"):
+        for prec, status, out in (("fp32", "ok", "float32"), ("fp16", "diverged", "float16"),
+                                  ("bf16", "ok", "bfloat16")):
+            used = {"attention": "naive", "output_dtype": out, "ln_epsilon": 1e-5}
+            if prec == "fp16":
+                used |= {"init_scale": 32768.0, "growth_interval": 2000}
+            rows.append({"framework": fw, "precision": prec, "status": status, "settings_used": json.dumps(used),
+                         "framework_defaults": json.dumps({"init_scale": 65536.0 if fw == "torch" else 32768.0})})
+    return pd.DataFrame(rows)
+
+
+def test_a_setting_a_diverged_cell_used_is_not_called_not_used():
+    rows = {d["item"]: d for d in framework_differences(_vit_runs())}
+    assert rows["Initial loss scale (fp16)"]["torch_used"] == "32768"
+    assert rows["Loss-scale growth interval (fp16)"]["keras_used"] == "2000"
+    assert rows["Output layer dtype (mixed precision)"]["torch_used"] == "bfloat16; float16; float32"
+    assert rows["Attention core dtypes (vit, mixed precision)"]["keras_used"] == "--attention naive"
+    assert rows["Attention projection biases (vit)"]["torch_used"] != "not used"
+    assert rows["BatchNorm momentum"]["torch_used"] == "not used"  # no cell of a vit run has a BatchNorm
+
+
+def test_fp8_amp_api_names_what_ran_from_its_fp8_settings():
+    runs = _runs().drop(columns="init_source")
+    fp8 = {"converted": ["a", "b"], "scaling": "dynamic", "emulate": True}
+    runs = pd.concat([runs, pd.DataFrame([
+        {"framework": "torch", "precision": "fp8", "status": "ok", "device_name": "cpu", "amp_api": "none",
+         "fp8_settings": json.dumps(fp8)},
+        {"framework": "tf", "precision": "fp8", "status": "ok", "device_name": "cpu", "amp_api": "none",
+         "fp8_settings": json.dumps(fp8 | {"scaling": "delayed"})}])], ignore_index=True)
+    rows = dict(environment_rows({}, runs))
+    torch_fp8 = [v for v in rows["PyTorch: AMP API per precision"] if v.startswith("fp8")]
+    assert torch_fp8 == ["fp8: torchao Float8Linear on 2 layers, dynamic scaling, emulated: float32 matmuls of "
+                         "dequantized values"]
+    keras = rows["Keras (TF): AMP API per precision"]
+    assert 'fp8: Keras model.quantize("float8") on 2 layers, delayed scaling' in keras

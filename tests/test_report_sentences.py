@@ -279,7 +279,33 @@ def test_the_dtype_audit_counts_the_rows_that_differ_instead_of_saying_every_row
                  "bf16": {"rows": 2, "of": 72, "layers": ["blocks.1.attn", "blocks.0.attn"]}}
     said = numerics.section_words(facts, {"differing": differing})["dtype_audit"]
     assert "should match" not in said, said
-    assert "5 rows differ between the frameworks, marked in red — fp16: 3 of 72 rows ((unnamed), blocks.1.attn, " \
+    assert "5 rows differ between the frameworks, marked in red, counted over the rows both attribute — " \
+           "fp16: 3 of 72 rows ((unnamed), blocks.1.attn, " \
            "blocks.0.attn); bf16: 2 of 72 rows" in said, said
     none = numerics.section_words(facts, {"differing": {"fp16": {"rows": 0, "of": 72, "layers": []}}})
-    assert "No row differs between the frameworks." in none["dtype_audit"]
+    assert "No row both frameworks attribute differs between them." in none["dtype_audit"]
+
+
+def test_a_dtype_audit_row_one_framework_does_not_attribute_is_no_difference():
+    """Audit: "fp8: 34 of 59 rows differ" counted rows Keras' audit has no op for ("-") as differences."""
+    import pandas as pd
+
+    from amp_compare.harness.report import numerics
+    from amp_compare.harness.report.wording import RunFacts
+
+    dtypes = pd.DataFrame([{"framework": fw, "precision": "fp8", "seed": 0, "layer": layer, "phase": "forward",
+                            "op": op, "compute_dtype": dt, "param_dtype": "float32"}
+                           for fw, layer, op, dt in (("torch", "fc", "addmm", "float32"),
+                                                     ("torch", "blocks.0.mlp.fc1", "mm", "float32"),
+                                                     ("tf", "fc", "MatMul", "float32"),
+                                                     ("torch", "blocks.0.attn", "sdpa", "float32"),
+                                                     ("tf", "blocks.0.attn", "Einsum", "bfloat16"))])
+    side = numerics.dtype_side_by_side(dtypes)["fp8"]
+    assert dict(zip(side["layer"], side["differs"])) == {"fc": False, "blocks.0.mlp.fc1": False,
+                                                         "blocks.0.attn": True}
+    facts = numerics.op_dtype_facts(dtypes, "cpu")
+    assert facts["differing"]["fp8"] == {"rows": 1, "of": 2, "unattributed": 1, "layers": ["blocks.0.attn"]}
+    rf = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp8"], seeds=[0], device="cpu", rotated=False)
+    said = numerics.section_words(rf, facts)["dtype_audit"]
+    assert "fp8: 1 of 2 rows (blocks.0.attn)" in said and "1 row (fp8: 1) one framework's audit does not " \
+           "attribute" in said, said

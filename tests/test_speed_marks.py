@@ -89,3 +89,19 @@ def test_rows_counted_slower_are_the_ones_without_a_warning(tmp_path):
     assert said.startswith("bf16 (bfloat16) was slower than fp32 in 1 of 2 bfloat16 rows of the summary (0.80×; "
                            "rows with ⚠ not counted); 1 more read below 1× but carry ⚠ (0.92×)"), said
     assert "This run: bfloat16 rows without ⚠ at 0.80× fp32's speed (1 more with ⚠ left out)" in html
+
+
+def test_a_warned_ratio_names_its_own_cells_stalled_steps(tmp_path):
+    """Audit: PyTorch bf16's ⚠ named one seed and drift, not its own cell's p99 60.2 ms against p50 19.9 ms that
+    the hardware note called "stalled steps"."""
+    run_dir = write_run(tmp_path, speeds={("torch", "bf16"): [0.34], ("torch", "fp16"): [0.12]}, seeds=(0,))
+    for cell in (run_dir / "cells").glob("torch-*-bf16-*"):
+        steps = pd.read_parquet(cell / "steps.parquet")
+        stalled = steps.index[steps["step"] % 25 == 3]  # a few steps five times their median
+        steps.loc[stalled, "step_time_s"] = steps["step_time_s"].median() * 5
+        records.atomic_write_table(cell / "steps.parquet", steps)
+    t = records.read_run(run_dir)
+    full = full_table(t["run"], t["steps"], t["epochs"]).set_index(["framework", "precision"])
+    note = full.loc[("torch", "bf16"), "speed_note"]
+    assert "one seed" in note and "also its own steps stalled (torch-" in note and "p99 step" in note, note
+    assert "its own steps stalled" not in full.loc[("torch", "fp16"), "speed_note"]

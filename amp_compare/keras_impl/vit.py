@@ -252,4 +252,5 @@ def settings_used(model: keras.Model) -> dict:
     attention = next(layer for layer in model.layers if isinstance(layer, SelfAttention))
     embed = next(layer for layer in model.layers if isinstance(layer, Tokens))
     return {"ln_epsilon": norm.epsilon, "gelu_approximate": gelu.approximate,
-            "attention": "naive" if attention.naive else "builtin", "token_dtype": embed.compute_dtype}
+            "attention": "naive" if attention.naive else "builtin", "token_dtype": embed.compute_dtype,
+            "mha_bias": bool(attention.use_bias)}

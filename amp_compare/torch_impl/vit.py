@@ -240,4 +240,5 @@ def settings_used(model: nn.Module, cfg) -> dict:
     gelu = next(m for m in model.modules() if isinstance(m, nn.GELU))
     attention = next(m for m in model.modules() if isinstance(m, SelfAttention))
     return {"ln_epsilon": norm.eps, "gelu_approximate": gelu.approximate != "none", "attention": attention.attention,
-            "token_dtype": _stream_dtype(amp_setting(cfg.precision))}
+            "token_dtype": _stream_dtype(amp_setting(cfg.precision)),
+            "mha_bias": attention.query.bias is not None}

@@ -196,7 +196,8 @@ def _loss_gaps(prec: str, cells: pd.DataFrame, group: pd.DataFrame) -> list[str]
         gaps = [g for g in gaps if np.isfinite(g)]
         if gaps:
             said.append(f"validation loss {float(np.median(gaps)):+.4f} against {other}"
-                        + (f" (median over {len(gaps)} seeds)" if len(gaps) > 1 else ""))
+                        + (f" (median over {len(gaps)} seeds)" if len(gaps) > 1 else
+                           " (one seed: one reading, no interval)"))
     return said
 
 

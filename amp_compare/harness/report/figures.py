@@ -326,13 +326,19 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str) -> list[Figure]:
-    """The Memory section's bar chart and the Accuracy section's final-accuracy bars."""
+def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str,
+                                 device: str = "cpu") -> list[Figure]:
+    """The Memory section's bar chart (an emulated fp8 left out: its memory is the emulation's, fp8.py) and the
+    Accuracy section's final-accuracy bars."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
-    table = _memory_labels(ok, table)
-    _save(_bar(ok, table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
+    left_out = sorted(set(ok.loc[fp8_report.speed_emulated(ok["precision"], device), "precision"]))
+    measured = ~ok["precision"].isin(left_out)
+    mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)])
+    _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_label", "{}"), out_dir, "memory")
-    unresolved = (table["memory_label"] == "unresolved").any()
+    unresolved = (mem_table["memory_label"] == "unresolved").any()
+    not_drawn = (f" Not drawn: {', '.join(left_out)}, emulated on this CPU ({fp8_report.EMULATED_MEMORY})."
+                 if left_out else "")
     _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
                "val_accuracy", "{:.1%}"), out_dir, "accuracy")
     return [Figure("memory", "memory", "Peak memory by precision",
@@ -341,7 +347,7 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                    "memory, which includes framework workspaces, so half-precision activations need not make it "
                    "smaller." + (" \"unresolved\": the difference is smaller than identical cells of this run "
                                  "differed by (the Memory section gives that resolution in MiB)." if unresolved else "")
-                   + spread,
+                   + not_drawn + spread,
                    "Bar chart of peak training memory in MiB for each framework and precision mode."),
             Figure("accuracy", "accuracy", "Final validation accuracy",
                    "Accuracy on the held-out split after the last epoch. Whether a precision mode changed "
@@ -458,7 +464,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
     return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note),
-            *_memory_and_accuracy_figures(ok, table, out_dir, spread),
+            *_memory_and_accuracy_figures(ok, table, out_dir, spread, device),
             *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
 

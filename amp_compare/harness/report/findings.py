@@ -215,6 +215,10 @@ def memory_findings(groups: Groups, runs: pd.DataFrame) -> list[str]:
             out.append(f"{groups.label(key)}, peak memory against fp32 ({kinds}; the change is the geometric mean "
                        f"over seeds of each seed's ratio, MiB the median difference): {'; '.join(parts)}."
                        f"{_notes(mem['memory_note'], 'no change')}")
+        emulated = group[group["memory_note"] == fp8_report.EMULATED_MEMORY]
+        if not emulated.empty:  # withheld as their speed is: the emulation's memory, not fp8's
+            out.append(f"{groups.label(key)}, peak memory of {', '.join(sorted(set(emulated['precision'])))}: not "
+                       f"compared with fp32, {fp8_report.EMULATED_MEMORY}; no fp8 arithmetic ran.")
     return out
 
 

@@ -18,11 +18,16 @@ import pandas as pd
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
 from amp_compare.contract.records import unpack_correct
+from amp_compare.harness.report.cell_text import accuracy_interval_kind
 from amp_compare.harness.report.stats import mcnemar_exact, paired_bootstrap
 
 # An fp8 cell off a GPU runs in emulation (torchao's emulate=True; Keras' float8 matmul in software): its time is
 # the emulation's, not fp8's, so no table, finding, answer or figure gives it a speed ratio or a speed verdict.
 EMULATED_SPEED = "emulated: not a speed result"
+
+# Its memory and FLOP/s are the emulation's too: torchao's emulate=True and Keras' float8 on a CPU keep float32
+# dequantized copies of the quantized tensors and run no fp8 arithmetic, so neither is a measure of fp8.
+EMULATED_MEMORY = "emulated: not fp8 memory (float32 dequantized copies)"
 
 
 def speed_emulated(precision, device: str):
@@ -31,6 +36,29 @@ def speed_emulated(precision, device: str):
     if isinstance(precision, pd.Series):
         return precision.isin(contract.FP8_MODES) & emulated
     return precision in contract.FP8_MODES and emulated
+
+
+def api_text(row: dict) -> str:
+    """The AMP API an fp8 cell ran, from its fp8_settings (its child's amp_api names only the autocast/policy
+    machinery, "none" for fp8); any other cell's amp_api as recorded."""
+    recorded = str(row.get("amp_api") or "")
+    if row.get("precision") not in contract.FP8_MODES or not isinstance(row.get("fp8_settings"), str) \
+            or not row["fp8_settings"]:
+        return recorded
+    live = json.loads(row["fp8_settings"])
+    layers = f"on {len(live.get('converted', []))} layers, {live.get('scaling', '?')} scaling"
+    if row.get("framework") == "torch":
+        emulated = ", emulated: float32 matmuls of dequantized values" if live.get("emulate") else ""
+        return f"torchao Float8Linear {layers}{emulated}"
+    return f'Keras model.quantize("float8") {layers}'
+
+
+def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
+    """The headroom records less the fp8 cells': that section measures distance to float16's 65,504, which says
+    nothing of an fp8 tensor (e4m3's largest is 448, and each tensor is scaled to it before its cast)."""
+    if headroom is None or headroom.empty or "precision" not in headroom:
+        return headroom
+    return headroom[~headroom["precision"].isin(contract.FP8_MODES)]
 
 
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
@@ -53,7 +81,10 @@ def _paired(runs: pd.DataFrame, cell, other: str) -> str:
         return "n/a"
     res = (mcnemar_exact(*pairs[0]) if len(pairs) == 1 else
            paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs])))
-    return f"{res['diff_pp']:+.2f} pp [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}]"
+    # the bracket names its kind (Newcombe for one seed, a bootstrap over seeds, or an exact bound), as the
+    # Accuracy section's brackets do
+    kind = accuracy_interval_kind(res["test"])
+    return f"{res['diff_pp']:+.2f} pp [{kind} {res['ci_low']:+.2f}, {res['ci_high']:+.2f}]"
 
 
 def _loss_gap(runs: pd.DataFrame, cell, other: str) -> str:
@@ -83,8 +114,11 @@ def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> 
             "worst SQNR, last step (dB)": _worst(worst),
             "worst SQNR, first step (dB)": _worst(worst_first),
             "val loss": f"{cell.final_val_loss:.4f}", "val acc.": f"{cell.final_val_accuracy:.2%}",
-            "loss − bf16": _loss_gap(runs, cell, "bf16"), "loss − fp32": _loss_gap(runs, cell, "fp32"),
-            "acc. − bf16 (95% CI)": _paired(runs, cell, "bf16"), "acc. − fp32 (95% CI)": _paired(runs, cell, "fp32")})
+            # one seed's loss difference: one reading, no interval (the column says so)
+            "loss − bf16 (this seed)": _loss_gap(runs, cell, "bf16"),
+            "loss − fp32 (this seed)": _loss_gap(runs, cell, "fp32"),
+            "acc. − bf16 [interval]": _paired(runs, cell, "bf16"),
+            "acc. − fp32 [interval]": _paired(runs, cell, "fp32")})
     return pd.DataFrame(rows)
 
 
@@ -108,13 +142,19 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
     out = []
     if device != "cuda":
         out.append("fp8 is emulated on this CPU (fp8 casts, float32 matmuls of the dequantized values): this section "
-                   "shows numerics only; no speed is claimed for fp8.")
+                   "shows numerics only; no speed, memory or MFU is claimed for fp8. Every "
+                   "matmul ran in float32 on dequantized values, so each SQNR measures the fp8 casts' rounding "
+                   "alone, not an fp8 unit's accumulation.")
+    if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
+        out.append("The ViT headroom section leaves fp8 out: it measures distance to float16's largest value, "
+                   "65,504, while each fp8 tensor is multiplied by fmax / amax before its cast, so its largest "
+                   "magnitude meets its format's largest whatever its size.")
     unavailable = runs[(runs["precision"].isin(contract.FP8_MODES)) & (runs["status"] == "unavailable")]
     for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples():
         reason = str(r.error).removeprefix("unavailable: ")
         out.append(f"{framework_label(r.framework)} {r.precision}: unavailable — {reason}")
     if not trace.empty:
-        first = trace[(trace["step"] == 1) & (trace["role"] == "input")]
+        first = trace[(trace["step"] == 0) & (trace["role"] == "input")]
         for fw, group in first.groupby("framework"):
             scales = group["scale"]
             out.append(f"{framework_label(fw)} ({', '.join(sorted(group['precision'].unique()))}): the first step's "
@@ -131,12 +171,20 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
     return out
 
 
+def _from_zero(trace: pd.DataFrame) -> pd.DataFrame:
+    """The trace with each cell's first traced step as step 0, as every other step of the report counts (the
+    children number the trace's steps from 1)."""
+    if trace is None or trace.empty or "cell_id" not in trace:
+        return trace
+    return trace.assign(step=trace["step"] - trace.groupby("cell_id")["step"].transform("min"))
+
+
 def section(tables: dict[str, pd.DataFrame], device: str = "cpu") -> dict | None:
     runs = tables.get("run", pd.DataFrame())
     if runs.empty or not runs["precision"].isin(contract.FP8_MODES).any():
         return None
     fp8_runs = runs[runs["precision"].isin(contract.FP8_MODES) & (runs["status"] == "ok")]
-    layers, trace = tables.get("fp8_layers", pd.DataFrame()), tables.get("fp8_trace", pd.DataFrame())
+    layers, trace = tables.get("fp8_layers", pd.DataFrame()), _from_zero(tables.get("fp8_trace", pd.DataFrame()))
     return {"table": _table(runs, fp8_runs, layers), "recipes": _recipes(fp8_runs),
             "sentences": _sentences(runs, fp8_runs, trace, layers, device), "layers": layers, "trace": trace}
 
@@ -189,15 +237,21 @@ def figure(sec: dict | None, out: Path) -> str | None:
 
     trace = sec["trace"][sec["trace"]["role"] == "input"]
     cells = list(trace.groupby(["framework", "precision"]))
+    # one colour and dash per layer, the same in every panel, so one legend beside the panels names them all
+    # (a 10-colour cycle repeats colours past ten layers)
+    names = sorted(trace["layer"].unique())
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(names), 1)))
+    style = {name: (colours[i], ("-", "--", ":")[i % 3]) for i, name in enumerate(names)}
     fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.5), squeeze=False)
     for ax, ((fw, prec), group) in zip(axes[0], cells):
         for layer, g in group.groupby("layer"):
-            ax.plot(g["step"], g["scale"], lw=0.8, label=layer)
-        ax.set(yscale="log", xlabel="training step", ylabel="input scale (fmax / amax)",
+            ax.plot(g["step"], g["scale"], lw=0.8, color=style[layer][0], ls=style[layer][1], label=layer)
+        ax.set(yscale="log", xlabel="training step (from 0)", ylabel="input scale (fmax / amax)",
                title=f"{framework_label(fw)} {prec}")
-    axes[0][-1].legend(fontsize=6, loc="best")
+    handles = [plt.Line2D([], [], color=c, ls=ls, lw=1.2, label=n) for n, (c, ls) in style.items()]
+    fig.legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5), title="layer")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / "fp8_scales.png", dpi=110)
+    fig.savefig(out / "fp8_scales.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return "figures/fp8_scales.png"

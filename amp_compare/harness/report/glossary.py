@@ -37,6 +37,11 @@ ABBREVIATIONS = {
     "MiB": (r"\bMiB\b", "mebibytes: 2^20 = 1,048,576 bytes"),
     "GFLOP": (r"\b[GT]FLOP\b", "billion (G) or trillion (T) floating-point operations; /s: per second"),
     "CI": (r"\bCI\b", "confidence interval"),
+    "SQNR": (r"\bSQNR\b", "signal-to-quantization-noise ratio: a tensor's power over its rounding error's, in dB"),
+    "amax": (r"\bamax\b", "the largest magnitude in a tensor, which its fp8 scale is set from"),
+    "fmax": (r"\bfmax\b", "the largest finite value of an fp8 format: 448 for e4m3, 57,344 for e5m2"),
+    "e4m3": (r"\be4m3\b", "fp8 with 4 exponent and 3 mantissa bits: more precision, less range"),
+    "e5m2": (r"\be5m2\b", "fp8 with 5 exponent and 2 mantissa bits: more range, less precision"),
 }
 # a first use inside a parenthesis reads as a word that explains itself rather than a nested parenthesis
 SHORT = {"p": "p-value"}

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.harness.report.cell_text import mark
+from amp_compare.harness.report.fp8 import EMULATED_MEMORY
 
 MIB = 2**20
 
@@ -84,6 +85,8 @@ def below_resolution_text(resolution: float, basis: str = "own") -> str:
 def cell_text(r) -> str:
     """The summary table's "Memory vs fp32" cell: the change (⚠ where its interval does not support it), or
     that it is unresolved and the resolution it is below."""
+    if getattr(r, "memory_note", "") == EMULATED_MEMORY:
+        return EMULATED_MEMORY
     if unresolved(r):
         resolution = r.memory_resolution_mib
         return f"unresolved (< {resolution:,.1f} MiB)" if np.isfinite(resolution) else "unresolved (one seed)"

@@ -130,7 +130,11 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
-        table["differs"] = table[dtype_cols].fillna("-").nunique(axis=1) > 1 if len(dtype_cols) > 1 else False
+        # a row one framework did not attribute (its audit has no row of that layer and phase) is not a difference:
+        # only rows every framework attributes are compared, the others counted apart (_differing_rows)
+        attributed = table[dtype_cols].notna().all(axis=1)
+        table["differs"] = attributed & (table[dtype_cols].nunique(axis=1) > 1) if len(dtype_cols) > 1 else False
+        table["attributed"] = attributed
         out[prec] = table.fillna("-")
     return out
 
@@ -510,7 +514,9 @@ def _torch_op_lists(d: pd.DataFrame) -> tuple[list[str], list[str]]:
 def _differing_rows(table: pd.DataFrame) -> dict:
     """How many of a dtype side-by-side table's rows differ between the frameworks, and in which layers."""
     differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
-    return {"rows": int(table["differs"].sum()), "of": len(table), "layers": list(dict.fromkeys(differing))[:8]}
+    both = table["attributed"] if "attributed" in table else pd.Series(True, index=table.index)
+    return {"rows": int(table["differs"].sum()), "of": int(both.sum()), "unattributed": int((~both).sum()),
+            "layers": list(dict.fromkeys(differing))[:8]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -774,17 +780,30 @@ def _layers_text(f: dict) -> str:
     return f" ({', '.join(f['layers'])}{', …' if f['rows'] > len(f['layers']) else ''})"
 
 
+def _unattributed_text(differing: dict) -> str:
+    """The rows only one framework's audit attributes ("-" in the other's column): not a difference, so counted
+    apart from the red rows."""
+    lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
+    if not lone:
+        return ""
+    n = sum(lone.values())
+    return (f" {n} row{'s' if n != 1 else ''} ({', '.join(f'{p}: {k}' for p, k in lone.items())}) one framework's "
+            "audit does not attribute (\"-\" in its column): not attributed, so not compared.")
+
+
 def _differing_text(differing: dict) -> str:
     """How many audit rows differ between the frameworks and why they may: never "every row should match"
     beside rows that do not."""
     rows = sum(f["rows"] for f in differing.values())
+    apart = _unattributed_text(differing)
     if not rows:
-        return "No row differs between the frameworks."
+        return "No row both frameworks attribute differs between them." + apart
     per = "; ".join(f"{p}: " + (", ".join(f"{m} {g['rows']} of {g['of']} rows" + _layers_text(g)
                                           for m, g in f["models"].items()) if "models" in f else
                                 f"{f['rows']} of {f['of']} rows" + _layers_text(f))
                     for p, f in differing.items() if f["rows"])
-    return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red — {per}. Aligned "
+    return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red, counted over "
+            f"the rows both attribute — {per}.{apart} Aligned "
             "mode (the default) aligns every difference a setting can, and tests/test_numerics.py checks those "
             "layers row by row; a row in red is one no setting aligns (contract/mapping.py names them, e.g. "
             "PyTorch's fused attention, which runs Q·Kᵀ, softmax and ·V in one op) or, in defaults mode, each "

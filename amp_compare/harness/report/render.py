@@ -317,7 +317,7 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
         wall = r.get("child_wall_s")
         out.append({
             "cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
-            "stderr_tail": r.get("stderr_tail") or "", "amp_api": r.get("amp_api") or "",
+            "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r),
             "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
             "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
             "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
@@ -332,18 +332,34 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _vit_settings(settings: dict) -> dict:
+    """A vit cell's settings with its attention items: the core is the --attention it ran (recorded as
+    `attention`; not a setting of its own, the two cores differ by design); a record from before the projections'
+    biases were read back ran them without saying how."""
+    if "attention" not in settings:  # the CNNs have no attention
+        return settings
+    core = f"--attention {settings['attention']}"
+    return {"mha_bias": "used (setting not recorded)", **settings, "attention_core": core}
+
+
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
     """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
     from the installed versions, and the values this run's cells actually used."""
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+    # what a cell used is what it read back from its live objects: a diverged fp16 cell used its loss-scale
+    # settings and its half output layer as much as a finished one did, so every cell that recorded them counts
+    recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
     defaults: dict[str, dict] = {}
     used: dict[str, dict[str, set]] = {}
     for row in ok.to_dict("records"):
         fw = "keras" if is_keras(row["framework"]) else row["framework"]  # every Keras backend's cells together
         if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
             defaults.setdefault(fw, json.loads(row["framework_defaults"]))
+    for row in recorded.to_dict("records"):
+        fw = "keras" if is_keras(row["framework"]) else row["framework"]
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
-            for key, value in json.loads(row["settings_used"]).items():
+            settings = _vit_settings(json.loads(row["settings_used"]))
+            for key, value in settings.items():
                 used.setdefault(fw, {}).setdefault(key, set()).add(_fmt(value))
         if row.get("init_source"):
             # "(this cell)" marks the cell that wrote the shared file: the same file, listed once
@@ -486,6 +502,8 @@ def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, s
     if runs.empty or "framework" not in runs:
         return rows
     ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
+    if "amp_api" in ordered and "fp8_settings" in ordered:  # fp8: what ran is in its fp8_settings
+        ordered = ordered.assign(amp_api=[fp8_report.api_text(r) for r in ordered.to_dict("records")])
     for col, label in ENV_COLUMNS.items():
         if col not in ordered:
             continue
@@ -521,7 +539,7 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.D
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
-    headroom = tables.get("headroom", pd.DataFrame())
+    headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     tasks = [(fg.make_figures, (runs, epochs, steps, out, device, full)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
@@ -614,12 +632,13 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     scaling part compares carries."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
-    headroom = tables.get("headroom", pd.DataFrame())
+    headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "glossary": wording.glossary(facts), "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
             "underflow_methods": nr.UNDERFLOW_METHODS,
-            "dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.dtype_side_by_side(dtypes).items()},
+            "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
+                             for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
             "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
             "said": nr.numerics_said(runs, underflow, headroom, steps, acc),

@@ -392,8 +392,35 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
         rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
                      "spread_p90_p50": stats.step_spread(fp32 + mixed),
-                     "speed_note": stats.speed_verdict(res, machine, stalled, moved)})
+                     "speed_note": _with_own_stalls(stats.speed_verdict(res, machine, stalled, moved),
+                                                    own_stalls(pairs, by_cell))})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
+
+
+def _with_own_stalls(note: str, stalls: str) -> str:
+    """A ⚠ note with the ratio's own stalled steps named beside its reason (never a ⚠ of their own: a ratio
+    supported despite them keeps its verdict)."""
+    return f"{note}; also {stalls}" if note and stalls else note
+
+
+P99_STALL = 2.5  # a cell whose p99 step is this many times its p50 had steps stalled inside it
+
+
+def own_stalls(pairs, by_cell: dict[str, np.ndarray]) -> str:
+    """The evidence that a ratio's own cells stalled inside their timed steps: p99 far above p50, or the hardware
+    table's timing note (hardware.timing_note: wall time well below the median step's) saying stalled steps.
+    "" where neither shows in any of its cells. pairs: (fp32 row, mixed row) per seed, as speed_statistics'."""
+    said = []
+    for row in (r for pair in pairs for r in pair):
+        times = by_cell.get(row.cell_id, np.array([]))
+        p50, p99 = (np.percentile(times, [50, 99]) if times.size else (np.nan, np.nan))
+        evidence = [f"p99 step {p99 * 1e3:,.1f} ms against p50 {p50 * 1e3:,.1f} ms"] if p99 > P99_STALL * p50 else []
+        note = timing_note(getattr(row, "throughput_img_s", np.nan),
+                           getattr(row, "median_step_throughput_img_s", np.nan))
+        evidence += [note] if "stalled steps" in note else []
+        if evidence:
+            said.append(f"{row.cell_id}: {', '.join(evidence)}")
+    return f"its own steps stalled ({'; '.join(said)})" if said else ""
 
 
 def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
@@ -444,6 +471,9 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     if "ttt_note" in out:
         out.loc[emulated, "ttt_note"] = ""
     out.loc[emulated, "speed_note"] = fp8_report.EMULATED_SPEED
+    out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_low", "memory_high", "memory_difference_mib",
+                                   "memory_resolved", "memory_resolution_mib") if c in out]] = np.nan
+    out.loc[emulated, "memory_note"] = fp8_report.EMULATED_MEMORY
     return out
 
 

@@ -105,7 +105,9 @@ def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
             row = {"part": component}
             for fw in sorted(set(d["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
                 row[_label(fw)], row[f"{_label(fw)} computed in"] = _cell(part[part["framework"] == fw], kind)
-            row["differs"] = len({row[c] for c in row if c.endswith(" computed in")}) > 1
+            computed = [row[c] for c in row if c.endswith(" computed in")]
+            # "-": that framework's audit attributes no op to this part: not attributed, so no difference
+            row["differs"] = "-" not in computed and len(set(computed)) > 1
             rows.append(row)
         out[prec] = pd.DataFrame(rows)
     return out

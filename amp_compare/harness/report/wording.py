@@ -119,7 +119,10 @@ def fp8_mode_text(facts: RunFacts, name: str) -> str:
         parts.append(f"{label}: the matmuls of {layers} layers in float8 with {_recipe_words(recipe)}")
         base = recipe.base
     text = "; ".join(parts) or "float8 matmuls"
-    return text + f"; everything else in {base}" + (", emulated on a CPU" if facts.device == "cpu" else "")
+    # "a float32 base", not "everything else in float32": the audits show casts to other dtypes inside layers
+    # (Keras fp8 attention casts to bfloat16 and back), which the dtype audit lists op by op
+    return (text + f"; the rest on a {base} base, with the casts the dtype audit lists"
+            + (", emulated on a CPU" if facts.device == "cpu" else ""))
 
 
 def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
