@@ -1,7 +1,7 @@
 """Faults a long compare meets: each test asserts that no finished result is lost.
 
 Real framework children run here (torch: ~3 s a cell); a few tests break exactly one cell of a
-real matrix through tests/children/misbehave.py, which runs the real child for every other cell.
+real matrix through tests/children/misbehave/__main__.py, which runs the real child for every other cell.
 """
 
 import os
@@ -34,7 +34,7 @@ def _compare(out: Path, *args: str, env: dict | None = None, wait: bool = True):
 
 
 # The real harness (amp_compare.harness.run.compare.main) in a process of its own, whose torch cells run through
-# tests/children/misbehave.py: the cell whose id contains `cell` misbehaves (`mode`), every other
+# tests/children/misbehave/__main__.py: the cell whose id contains `cell` misbehaves (`mode`), every other
 # cell runs the real torch child. SIGINT gets Python's own handler (Ctrl-C in a terminal): a suite started
 # in the background by a non-interactive shell inherits SIGINT ignored, and the interrupt test then hung.
 HARNESS = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -107,11 +107,11 @@ def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch, ca
     from amp_compare.harness.run.compare import main
 
     rc = main(["compare", "--out", str(tmp_path), "--frameworks", "torch", "--precisions", "bf16,fp32",
-               "--epochs", "1", "--run-id", "t", "--timeout", "20", "--seeds", "0", *TINY])
+               "--epochs", "1", "--run-id", "t", "--timeout", "12", "--seeds", "0", *TINY])
     assert rc == 3
     assert "1 of 2 cells finished, 1 failed" in capsys.readouterr().err.strip().splitlines()[-1]
     runs = _runs(tmp_path / "t")
-    assert runs.loc["torch-simple_cnn-synthetic-bf16-s0", "error"] == "timed out after 20 s"
+    assert runs.loc["torch-simple_cnn-synthetic-bf16-s0", "error"] == "timed out after 12 s"
     assert runs.loc["torch-simple_cnn-synthetic-fp32-s0", "status"] == "ok"
 
 

@@ -1,4 +1,4 @@
-"""A submitit job that runs its cell through tests/children/misbehave.py instead of the real torch child.
+"""A submitit job that runs its cell through tests/children/misbehave/ instead of the real torch child.
 
 The harness submits `launchers.cell_job` by reference; a test that sets `launchers.cell_job` to this function in
 the harness's process makes every job run it, on the job's side of the process boundary, where a patch made in
