@@ -210,3 +210,12 @@ def test_the_summary_prints_the_statistic_its_interval_is_for():
     assert r["speedup_vs_fp32"] == pytest.approx(np.exp(np.mean(np.log(per_seed))))
     assert r["speed_low"] <= r["speedup_vs_fp32"] <= r["speed_high"]
     assert r["speed_low"] <= min(per_seed) and max(per_seed) <= r["speed_high"]
+
+
+def test_a_noisy_one_seed_ratio_names_the_drift_that_could_explain_it_too():
+    """Re-audit: a one-seed ratio whose interval is noisy and whose seed lies inside its drift band listed only
+    "one seed" and "noisy" while the forest plot drew it inside the band."""
+    res = {"ratio": 1.03, "low": 0.9, "high": 1.2, "seeds": 1, "basis": "steps", "timed_steps": 100}
+    drift_note = "machine drift could explain it (seed 0: 1.03× within 0.86–1.16×)"
+    note = stats.support_note(res, machine=drift_note)
+    assert note.startswith(stats.ONE_SEED_SPEED) and "noisy" in note and drift_note in note

@@ -76,8 +76,9 @@ def test_a_forward_finding_beside_a_finite_loss_says_the_loss_did_not_read_it():
     said = nr.vit_what_happened(nr.with_loss_history(runs, steps), _headroom())
     torch_fp16 = next(s for s in said if s.startswith("PyTorch fp16"))
     assert "found the first non-finite value in the forward of layer 'blocks.0.attn' (nan) while that step's loss " \
-           "was finite (2.469): the non-finite elements were ones the loss does not read (the vit's head reads " \
-           "only the class token's row), and they reached the update through the gradients" in torch_fp16, torch_fp16
+           "was finite (2.469): so the non-finite elements must be ones the loss does not read (the vit's head " \
+           "reads only the class token's row) (an inference from the finite loss: no record says which elements " \
+           "they were), and they reached the update through the gradients" in torch_fp16, torch_fp16
     table = render._nonfinite_table(runs, steps)
     assert list(table["That step's loss"]) == ["2.469", "2.469"], table
 

@@ -64,7 +64,8 @@ def _speed_text(r, seeds: pd.DataFrame) -> str:
     """The ratio, in every seed's words where every seed agrees, else with its interval and its kind."""
     ratios = seeds["ratio"].to_numpy(float)
     if len(ratios) >= 2 and ((ratios > 1).all() or (ratios < 1).all()) and len(ratios) <= 3:
-        return (f"{r.speedup_vs_fp32:.2f}× fp32's speed in every seed ("
+        side = "below" if (ratios < 1).all() else "above"
+        return (f"{r.speedup_vs_fp32:.2f}× fp32's speed (geometric mean), {side} 1× in every seed ("
                 + ", ".join(f"{v:.2f}×" for v in ratios) + ")")
     if not np.isfinite(r.speed_low):
         return f"{ratio_number(r.speedup_vs_fp32, r.speed_basis)}× fp32's speed (no interval)"

@@ -39,6 +39,7 @@ from amp_compare.contract.config import FRAMEWORKS
 from amp_compare.harness.common import REPS_PER_ROUND, ROUNDS, SIZE
 
 MAD_TO_SD = 1.4826  # MAD x this estimates a normal standard deviation
+WIDE_BAND = 4.0  # a seed's band wider than this end to end: the machine moved too much there to judge any ratio
 K_STEPS = 3.0  # a band is the neighbouring checks' change widened by this many typical check-to-check moves
 STALL = 3.0  # a check this many times the run's median check is a stall (normal VM drift stayed within 1.7x)...
 STALL_MADS = 5.0  # ...or this many robust spreads above the median, whichever is further
@@ -213,6 +214,9 @@ def seed_note(drift: Drift | None, pairs: list[tuple[str, str, float, int]], rat
     if not inside:
         return ""
     seeds = ", ".join(f"seed {s}: {r:.2f}× within {lo:.2f}–{hi:.2f}×" for s, r, lo, hi in inside)
+    if all(hi / lo > WIDE_BAND for _, _, lo, hi in inside):  # such a band would hold almost any ratio
+        return (f"machine drift could explain it: the machine moved too much next to these cells to judge any ratio "
+                f"from them (bands wider than {WIDE_BAND:g}× end to end: {seeds})")
     return f"machine drift could explain it ({seeds})"
 
 

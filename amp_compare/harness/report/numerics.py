@@ -632,7 +632,10 @@ def headroom_table(headroom: pd.DataFrame, runs: pd.DataFrame | None = None,
             ["framework", "precision", "rank", "quantity"], key=display_order).groupby(
             ["framework", "precision", "rank", "layer", "quantity"], sort=False):
         cell = cells.get(part["cell_id"].iloc[0], {}) if "cell_id" in part else {}
-        rows.append({"framework": _label(fw), "precision": prec, **_headroom_row(layer, quantity, _peak(part), cell)})
+        row = _headroom_row(layer, quantity, _peak(part), cell)
+        if not _in_float16(prec) and row["float16 headroom"] != "none (non-finite)":
+            row["float16 headroom"] += " (had it run in float16; this cell did not)"
+        rows.append({"framework": _label(fw), "precision": prec, **row})
     return pd.DataFrame(rows)
 
 
@@ -660,7 +663,7 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         forced = _cfg_text(r.get("cfg_fp32_layers"))
         mine = blocks[(blocks["cell_id"] == r["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
             if not blocks.empty else blocks
-        peak = _logit_text(_peak(mine), naive) if not mine.empty else ""
+        peak = _logit_text(_peak(mine), naive, _in_float16(r["precision"])) if not mine.empty else ""
         step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
         if naive and step >= 0:
             out.append(f"{who}, --attention naive: {_located_text(r, int(step), forced)}"
@@ -684,15 +687,23 @@ def logit_limit(naive: bool) -> tuple[float, str]:
             (FLOAT16_MAX, "float16's 65,504"))
 
 
-def _logit_text(top: pd.Series, naive: bool) -> str:
-    """The cell's largest attention logit against the limit its softmax has (logit_limit)."""
+def _in_float16(precision: str) -> bool:
+    """Whether a precision computes in float16 (its headroom against float16's limits is its own; any other
+    precision's is what it would be had it run in float16)."""
+    return precision in precisions.names(half="float16")
+
+
+def _logit_text(top: pd.Series, naive: bool, fp16: bool = True) -> str:
+    """The cell's largest attention logit against the limit its softmax has (logit_limit); for a cell that did not
+    compute in float16, said as what it would be in float16."""
     where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
     if not (np.isfinite(top["max_abs"]) and top["max_abs"] > 0):
         return f"the attention logits' record went non-finite ({where})"
     limit, named = logit_limit(naive)
     factor = limit / top["max_abs"]
     return (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
-            + (f"{factor:.3g}× below {named}" if factor >= 1 else f"past {named} (headroom {factor:.2g}×)"))
+            + (f"{factor:.3g}× below {named}" if factor >= 1 else f"past {named} (headroom {factor:.2g}×)")
+            + ("" if fp16 else " — had it run in float16: this cell did not compute in float16"))
 
 
 def _located_text(r: dict, step: int, forced: str) -> str:
@@ -723,8 +734,9 @@ def locator_loss_text(r) -> str:
     if not np.isfinite(loss):
         return "(that step's loss was non-finite too)"
     unread = " (the vit's head reads only the class token's row)" if get("model") == "vit" else ""
-    return (f"while that step's loss was finite ({loss:.4g}): the non-finite elements were ones the loss does not "
-            f"read{unread}, and they reached the update through the gradients, so the scaler skipped it")
+    return (f"while that step's loss was finite ({loss:.4g}): so the non-finite elements must be ones the loss does "
+            f"not read{unread} (an inference from the finite loss: no record says which elements they were), and "
+            "they reached the update through the gradients, so the scaler skipped it")
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:

@@ -375,7 +375,9 @@ def support_note(res: dict, machine: str = "", stalled: str = "", moved: str = "
         return stalled
     interval = ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], res.get("basis", "seeds"),
                              direction=True)
-    note = f"{moved}; also {interval}" if moved and interval.startswith("noisy") else interval or machine
+    # drift that could explain it is named wherever it could (the forest plot's open markers say the same)
+    note = (f"{moved}; also {interval}" if moved and interval.startswith("noisy") else
+            f"{interval}; also {machine}" if interval and machine else interval or machine)
     if res["seeds"] == 1 and np.isfinite(res["ratio"]) and not note.startswith("one seed"):
         return ONE_SEED_SPEED + (f"; also {note}" if note else "")
     return note
