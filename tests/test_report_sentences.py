@@ -162,7 +162,7 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
             "exactly zero in the real float16 backward (no loss scaling); most (30 of 31) were in conv1.weight, then "
             "fc.weight (1).") in happened
     assert ("PyTorch fp16, after the last step (the first batch again): the largest |parameter gradient| was below "
-            "2^-4; times the scale the scaler held after that step (2^15) below 2,048 — a bound on the parameter "
+            "2^-4; times the scale the scaler held after that step (2^15) below 2^11 — a bound on the parameter "
             "gradients only, not on the intermediate tensors of the backward, where overflow happens (the NaN/Inf "
             "locator names the layer), so it does not say whether a step overflowed. The step records: no update of "
             "264 was skipped (no overflow at the scale then in use); the last step (step 263, counting from 0) ran "

@@ -4,6 +4,7 @@ runs (tests/test_report_sentences.write_run), rendered as a compare renders them
 
 import html as html_lib
 
+import numpy as np
 import pandas as pd
 
 from amp_compare.contract import records
@@ -105,3 +106,30 @@ def test_a_warned_ratio_names_its_own_cells_stalled_steps(tmp_path):
     note = full.loc[("torch", "bf16"), "speed_note"]
     assert "one seed" in note and "also its own steps stalled (torch-" in note and "p99 step" in note, note
     assert "its own steps stalled" not in full.loc[("torch", "fp16"), "speed_note"]
+
+
+def test_time_to_target_notes_say_whose_they_are():
+    """Re-audit: two rows' ⚠ reasons ran together in one sentence without saying which row each belonged to."""
+    from amp_compare.harness.report.findings import _row_notes
+
+    rows = pd.DataFrame({"framework": ["torch", "tf", "tf"], "precision": ["bf16", "bf16", "fp16"],
+                         "ttt_note": ["noisy: interval 0.37–1.39×", "machine drift could explain it", ""]})
+    assert _row_notes(rows, "ttt_note") == (" ⚠: PyTorch bf16: noisy: interval 0.37–1.39×; Keras (TF) bf16: machine "
+                                            "drift could explain it.")
+    assert _row_notes(rows.assign(ttt_note="one seed"), "ttt_note") == " ⚠: one seed."
+
+
+def test_a_stalled_cell_is_named_only_where_it_moves_the_ratio_its_way():
+    """Re-audit: a stalled fp32 baseline was named beside a slowdown, which a slower fp32 cell cannot explain."""
+    from types import SimpleNamespace
+
+    from amp_compare.harness.report.tables import own_stalls
+
+    def row(cell):
+        return SimpleNamespace(cell_id=cell, throughput_img_s=np.nan, median_step_throughput_img_s=np.nan)
+
+    steady, stalled = np.full(50, 0.01), np.r_[np.full(45, 0.01), np.full(5, 0.2)]
+    pairs = [(row("fp32-s0"), row("bf16-s0"))]
+    assert own_stalls(pairs, {"fp32-s0": stalled, "bf16-s0": steady}, ratio=0.5) == ""
+    assert "fp32-s0" in own_stalls(pairs, {"fp32-s0": stalled, "bf16-s0": steady}, ratio=1.5)
+    assert "bf16-s0" in own_stalls(pairs, {"fp32-s0": steady, "bf16-s0": stalled}, ratio=0.5)

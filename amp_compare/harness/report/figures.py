@@ -346,7 +346,8 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                    "geometric mean over seeds of each seed's ratio). On a CPU this is the process's resident "
                    "memory, which includes framework workspaces, so half-precision activations need not make it "
                    "smaller." + (" \"unresolved\": the difference is smaller than identical cells of this run "
-                                 "differed by (the Memory section gives that resolution in MiB)." if unresolved else "")
+                                 "differed by (the Summary and the Answer give that resolution in MiB)."
+                                 if unresolved else "")
                    + not_drawn + spread,
                    "Bar chart of peak training memory in MiB for each framework and precision mode."),
             Figure("accuracy", "accuracy", "Final validation accuracy",

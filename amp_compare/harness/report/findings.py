@@ -78,8 +78,10 @@ def _time_text(r) -> str:
     if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED:
         return text + f" ({fp8_report.EMULATED_SPEED})"
     if np.isfinite(getattr(r, "ttt_ratio", np.nan)):
-        interval = f" [{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else ""
-        text += f" ({r.ttt_ratio:.2f}× fp32's{interval}{mark(r.ttt_note)})"
+        interval = f" [95% t-interval over seeds {r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else ""
+        # the ratio is the geometric mean of each seed's own ratio, not the quotient of the medians printed beside it
+        mean = ", geometric mean of the seeds' ratios" if interval else ""
+        text += f" ({r.ttt_ratio:.2f}× fp32's{mean}{interval}{mark(r.ttt_note)})"
     return text
 
 
@@ -281,8 +283,22 @@ def time_findings(groups: Groups) -> list[str]:
                  for fw, g in group.groupby("framework", sort=False)]
         out.append(f"{groups.label(key)}, training time to {first.target:.1%} validation accuracy "
                    f"({first.target_basis}; median over seeds, validation excluded): {'; '.join(parts)}."
-                   f"{_notes(group['ttt_note'])}{_same_epoch(group)}")
+                   f"{_row_notes(group, 'ttt_note')}{_same_epoch(group)}")
     return out
+
+
+def _row_notes(group: pd.DataFrame, column: str) -> str:
+    """The ⚠ notes of a sentence's numbers, each named by its row (framework and precision): several rows' notes
+    run together would not say which is whose."""
+    whose: dict[str, list[str]] = {}
+    for r in group.itertuples():
+        note = getattr(r, column)
+        if isinstance(note, str) and note:
+            whose.setdefault(note, []).append(f"{_label(r.framework)} {r.precision}")
+    if len(whose) == 1:  # one note for every marked row: nothing to tell apart
+        return f" ⚠: {next(iter(whose))}."
+    said = ["{}: {}".format(", ".join(rows), note) for note, rows in whose.items()]
+    return f" ⚠: {'; '.join(said)}." if said else ""
 
 
 def _same_epoch(group: pd.DataFrame) -> str:

@@ -206,8 +206,8 @@ def _mixed_lost(underflow: pd.DataFrame) -> str:
         return ""
     top = s.loc[s["lost_unscaled"].idxmax()]
     who = " ".join([*([str(top["model"])] if "model" in s else []), _label(top["framework"]), top["precision"]])
-    return (f" The run's own float16 backward without scaling lost up to {top['lost_unscaled']:.3%} of them "
-            f"({who}, {top['when']}).")
+    return (f" The run's own float16 backward without scaling lost up to {top['lost_unscaled']:.3%} of the "
+            f"non-zero gradient elements of a probe ({who}, {top['when']}).")
 
 
 def _harm_verdict(acc: pd.DataFrame | None) -> str:

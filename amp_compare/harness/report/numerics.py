@@ -301,7 +301,7 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
         scaled = (f"; times the scale the scaler held after that step ({_scale_power(scale)}) below "
-                  f"{bound:,.4g}" if scale != 1 else "")
+                  f"{_scale_power(bound)}" if scale != 1 else "")
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
         record = _cell_record(steps, rows)
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "

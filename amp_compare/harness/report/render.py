@@ -206,7 +206,7 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
                          "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
                          "float32 reference: would flush in fp16, no scaling": s["flush_unscaled"].map(_pct(3)),
                          "float32 reference: would flush at that scale": s["flush_scaled"].map(_pct(3)),
-                         "mixed backward: exactly zero": s["zero_fraction_mixed"].map(_pct(2)),
+                         "mixed backward: exactly zero (unscaled loss)": s["zero_fraction_mixed"].map(_pct(2)),
                          "mixed backward: lost, no scaling": s["lost_unscaled"].map(_pct(3)),
                          "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3))})
 
@@ -264,7 +264,8 @@ def _ttt_ratio_text(r, device: str = "cpu") -> str:
         return fp8_report.EMULATED_SPEED
     if not isinstance(ratio, float) or not np.isfinite(ratio):
         return ""
-    text = f"{ratio:.2f}×" + (f" [{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else "")
+    text = f"{ratio:.2f}×" + (f" (geometric mean of the seeds' ratios) [95% t-interval over seeds "
+                              f"{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else "")
     return text + (f" ⚠ {r.ttt_note}" if isinstance(r.ttt_note, str) and r.ttt_note else "")
 
 

@@ -393,7 +393,7 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
                      "spread_p90_p50": stats.step_spread(fp32 + mixed),
                      "speed_note": _with_own_stalls(stats.speed_verdict(res, machine, stalled, moved),
-                                                    own_stalls(pairs, by_cell))})
+                                                    own_stalls(pairs, by_cell, res["ratio"]))})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
 
 
@@ -406,12 +406,15 @@ def _with_own_stalls(note: str, stalls: str) -> str:
 P99_STALL = 2.5  # a cell whose p99 step is this many times its p50 had steps stalled inside it
 
 
-def own_stalls(pairs, by_cell: dict[str, np.ndarray]) -> str:
+def own_stalls(pairs, by_cell: dict[str, np.ndarray], ratio: float = np.nan) -> str:
     """The evidence that a ratio's own cells stalled inside their timed steps: p99 far above p50, or the hardware
     table's timing note (hardware.timing_note: wall time well below the median step's) saying stalled steps.
-    "" where neither shows in any of its cells. pairs: (fp32 row, mixed row) per seed, as speed_statistics'."""
+    "" where neither shows in any of its cells. pairs: (fp32 row, mixed row) per seed, as speed_statistics'.
+    Only cells whose stall moves the ratio its way are named: a stalled mixed cell lowers it, a stalled fp32 cell
+    raises it (a slower fp32 cell cannot explain a slowdown)."""
     said = []
-    for row in (r for pair in pairs for r in pair):
+    sides = (0, 1) if not np.isfinite(ratio) else (1,) if ratio < 1 else (0,)
+    for row in (pair[i] for pair in pairs for i in sides):
         times = by_cell.get(row.cell_id, np.array([]))
         p50, p99 = (np.percentile(times, [50, 99]) if times.size else (np.nan, np.nan))
         evidence = [f"p99 step {p99 * 1e3:,.1f} ms against p50 {p50 * 1e3:,.1f} ms"] if p99 > P99_STALL * p50 else []
