@@ -256,8 +256,9 @@ def describe(environment: dict) -> str | None:
             f"their robust spread (median absolute deviation) was a factor of {np.exp(d.spread):.2f} and the "
             "machine typically moved by a factor of "
             f"{np.exp(d.step):.2f} from one check to the next"
-            + (" of the same framework (a check's level depends on which framework's cell ran before it, so "
-               "only checks after the same framework's cells are compared)" if by_framework else "")
+            + (" of the same framework (only checks that follow the same framework's cells are compared, so a "
+               "difference between the frameworks' cells is not counted as the machine's; with few checks, one "
+               "move sets this figure)" if by_framework else "")
             + f". A speed ratio is marked ⚠ for drift only where, in some seed, the change between the checks next "
             f"to its two cells, widened {K_STEPS:.0f} typical moves either way (a factor of {np.exp(d.floor):.2f}), "
             "could have produced it; a ratio outside that band in every seed stands on this machine.")
