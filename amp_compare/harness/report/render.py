@@ -31,7 +31,7 @@ from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
-from amp_compare.harness.report.cell_text import ratio_number
+from amp_compare.harness.report.cell_text import pp_bound, ratio_number
 from amp_compare.harness.report.findings import finding_parts, interval_method
 from amp_compare.harness.report.hardware import on_fp32_ceiling
 from amp_compare.harness.report.per_seed import seed_table
@@ -287,7 +287,7 @@ def _accuracy_table(acc: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
             "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
             "Precision": r.precision,
             "Δ vs fp32 (pp)": num(r.diff_pp, "+.2f") if tested else "",
-            "95% interval (pp)": f"[{r.ci_low:+.2f}, {r.ci_high:+.2f}]" if tested else "",
+            "95% interval (pp)": f"[{pp_bound(r.ci_low)}, {pp_bound(r.ci_high)}]" if tested else "",
             "p": num(r.p_value, ".3g") if tested else "",
             "Test": r.test if tested else "",
             "Comparable": "no: " + r.too_short if r.too_short else "yes",
