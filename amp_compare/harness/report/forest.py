@@ -73,8 +73,9 @@ def make_forest_figure(seeds: pd.DataFrame, out_dir: Path, emulated: list[str] |
                   "drift could have produced between those two cells: the quotients of the calibration checks next "
                   "to them, widened by three typical check-to-check moves. A filled marker lies outside its band "
                   "(drift cannot explain it), an open one inside; \"⚠ stall\" marks a seed whose fp32 or mixed cell "
-                  "ran next to a calibration check far above the run's median (a stall): its ratio is not supported "
-                  "and its marker is open, whatever its band. One panel per model and dataset."
+                  "ran next to a calibration check far above the run's median (a stall) that could explain its ratio: "
+                  "its band counts that stalled check among the checks (the band the findings quote), and its "
+                  "ratio, inside it, is not supported (open marker). One panel per model and dataset."
                   + (f" Not drawn: {', '.join(emulated)}, emulated on this CPU (not a speed result)."
                      if emulated else ""),
                   "Forest plot per model: for each framework, precision and seed, a marker at the speed ratio with "
