@@ -246,3 +246,25 @@ def test_a_stalled_seeds_drawn_band_is_the_one_its_note_quotes(monkeypatch, tmp_
     (marker,) = [ln for ln in ax.get_lines() if ln.get_marker() == "s"]
     assert low <= marker.get_xdata()[0] <= high and marker.get_markerfacecolor() == "white"  # open: not supported
     plt.close(fig)
+
+
+@pytest.mark.parametrize("spread", [(0.75, 1.68), (0.15, 1.3), (0.004, 3.0), (1.05, 40.0)])
+def test_the_forest_plots_labels_cover_its_intervals_on_both_sides_of_one(monkeypatch, tmp_path, spread):
+    """The audit's vitnaive forest plot: labels 0.7×, 0.8×, 1× only, while an interval reached 1.68×."""
+    from amp_compare.harness.report import figures, forest
+
+    low, high = spread
+    rows = [{"model": "vit", "framework": fw, "precision": "fp16", "seed": 0, "ratio": r, "low": low if i else r,
+             "high": r if i else high, "band_low": 0.9, "band_high": 1.2, "outside": False}
+            for i, (fw, r) in enumerate((("torch", 0.93), ("tf", 1.1)))]
+    drawn = _drawn(monkeypatch, forest)
+    assert forest.make_forest_figure(pd.DataFrame(rows), tmp_path) is not None
+    (fig,) = drawn
+    ax = fig.axes[0]
+    assert figures.tick_label_overlaps(fig, "x") == 0
+    left, right = ax.get_xlim()
+    labelled = sorted(float(t.get_text().rstrip("×")) for t in ax.get_xticklabels(which="both")
+                      if t.get_text() and left <= t.get_position()[0] <= right)
+    assert labelled[0] <= low and labelled[-1] >= high, labelled  # labels reach past every drawn interval
+    assert any(v < 1 for v in labelled) and any(v > 1 for v in labelled) and 1.0 in labelled, labelled
+    plt.close(fig)
