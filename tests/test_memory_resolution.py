@@ -123,6 +123,22 @@ def test_the_memory_figures_bar_labels_say_unresolved_where_the_table_does(tmp_p
     assert '"unresolved": the difference is smaller than identical cells of this run differed by' in caption
 
 
+def test_the_memory_figures_bar_labels_carry_the_summary_tables_warning(tmp_path, monkeypatch):
+    """The audit's memory.png: "+51%", "+65%" bare where the Summary table's Memory vs fp32 said "+51% ⚠"."""
+    from amp_compare.contract import records
+    from amp_compare.harness.report import figures
+
+    rendered, _ = make_run(tmp_path, memory=MEMORY)
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "| +601% ⚠ |" in summary and "| +95% |" in summary  # the table: PyTorch bf16 marked, Keras bf16 not
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, key: drawn.setdefault(key, fig))
+    t = records.read_run(tmp_path / "r")
+    figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f", "cpu", rendered.table)
+    labels = sorted(text.get_text() for ax in drawn["memory"].axes for text in ax.texts)
+    assert labels == ["+0%", "+0%", "+601% ⚠", "+95%", "unresolved", "unresolved"], labels  # fp32: +0%
+
+
 def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path):
     from amp_compare.contract import records
     from amp_compare.harness.report import figures

@@ -313,27 +313,28 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
     return figures
 
 
-def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
-    """The memory bars' labels: the change against fp32, or "unresolved" where the difference is below the
-    run's own resolution (memory.py; the summary table says the same)."""
+def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The memory bars' labels: the change against fp32, with the summary table's ⚠ where its "Memory vs fp32"
+    cell has one (notes: the full table, whose memory_note marks it), or "unresolved" where the difference is
+    below the run's own resolution (memory.py; the summary table says the same)."""
     stats = memory_statistics(ok)
     keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
                                                              "framework", "precision")]
     out = table.merge(stats, on=keys, how="left") if not stats.empty else table.copy()
-    out["memory_label"] = ["unresolved" if memory.unresolved(r) else
-                           "" if not np.isfinite(r.memory_change_vs_fp32) else f"{r.memory_change_vs_fp32:+.0%}"
-                           for r in out.itertuples()]
+    labels = pd.Series(["unresolved" if memory.unresolved(r) else "" if not np.isfinite(r.memory_change_vs_fp32)
+                        else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
+    out["memory_label"] = _marked(out, labels, notes, "memory_note", labels != "unresolved")
     return out
 
 
 def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str,
-                                 device: str = "cpu") -> list[Figure]:
-    """The Memory section's bar chart (an emulated fp8 left out: its memory is the emulation's, fp8.py) and the
-    Accuracy section's final-accuracy bars."""
+                                 device: str = "cpu", notes: pd.DataFrame | None = None) -> list[Figure]:
+    """The Memory section's bar chart (an emulated fp8 left out: its memory is the emulation's, fp8.py), its
+    labels with the ⚠ of notes (the full table), and the Accuracy section's final-accuracy bars."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
     left_out = sorted(set(ok.loc[fp8_report.speed_emulated(ok["precision"], device), "precision"]))
     measured = ~ok["precision"].isin(left_out)
-    mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)])
+    mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)], notes)
     _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_label", "{}"), out_dir, "memory")
     unresolved = (mem_table["memory_label"] == "unresolved").any()
@@ -343,7 +344,8 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                "val_accuracy", "{:.1%}"), out_dir, "accuracy")
     return [Figure("memory", "memory", "Peak memory by precision",
                    f"Memory measured as: {kinds}. The label is the change against the same framework's fp32 (the "
-                   "geometric mean over seeds of each seed's ratio). On a CPU this is the process's resident "
+                   "geometric mean over seeds of each seed's ratio), with the summary table's ⚠ where the run "
+                   "does not support it. On a CPU this is the process's resident "
                    "memory, which includes framework workspaces, so half-precision activations need not make it "
                    "smaller." + (" \"unresolved\": the difference is smaller than identical cells of this run "
                                  "differed by (the Summary and the Answer give that resolution in MiB)."
@@ -425,24 +427,33 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    "loss-scaled run of each framework.")]
 
 
+def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, column: str,
+            eligible: pd.Series | None = None) -> pd.Series:
+    """`labels` (one per row of `table`) with " ⚠" after each non-empty one whose row has a note in the full
+    table's `column` (notes: tables.full_table), as the summary table marks that ratio; `eligible`: the rows that
+    may carry one (a word such as "unresolved" is no ratio)."""
+    if notes is None or notes.empty or column not in notes:
+        return labels
+    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]
+    flagged = set(notes.loc[notes[column].fillna("").astype(str) != "", keys].astype(str).itertuples(
+        index=False, name=None))
+    marked = pd.Series([r in flagged for r in table[keys].astype(str).itertuples(index=False, name=None)],
+                       index=table.index) & (labels != "")
+    return labels.where(~(marked if eligible is None else marked & eligible), labels + " ⚠")
+
+
 def speed_labels(table: pd.DataFrame, notes: pd.DataFrame | None) -> pd.Series:
     """Each bar's speed-ratio label as the summary table prints it: the ratio, and ⚠ where the table marks it
     (notes: the full table's speed_note per row; tables.full_table)."""
     labels = pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
                        index=table.index)
-    if notes is None or notes.empty or "speed_note" not in notes:
-        return labels
-    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]
-    flagged = set(notes.loc[notes["speed_note"].fillna("").astype(str) != "", keys].astype(str).itertuples(
-        index=False, name=None))
-    marked = [r in flagged for r in table[keys].astype(str).itertuples(index=False, name=None)]
-    return labels.where(~(pd.Series(marked, index=table.index) & (labels != "")), labels + " ⚠")
+    return _marked(table, labels, notes, "speed_note")
 
 
 def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
                  device: str = "cpu", notes: pd.DataFrame | None = None) -> list[Figure]:
     """Draw every figure the data allows into out_dir; return their descriptions in report order. notes: the
-    full table (tables.full_table), whose ⚠ the speed labels repeat."""
+    full table (tables.full_table), whose ⚠ the speed and memory labels repeat."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = summary_table(runs)
     if table.empty:
@@ -465,7 +476,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
     return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note),
-            *_memory_and_accuracy_figures(ok, table, out_dir, spread, device),
+            *_memory_and_accuracy_figures(ok, table, out_dir, spread, device, notes),
             *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
 

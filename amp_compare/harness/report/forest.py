@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
@@ -15,6 +17,7 @@ from amp_compare.harness.report.figures import (
     FRAMEWORK_COLORS,
     PRECISION_MARKERS,
     Figure,
+    _drawn_tick_labels,
     _save,
     plain_log_labels,
     plt,
@@ -46,6 +49,35 @@ def _draw_panel(ax, part: pd.DataFrame) -> None:
     ax.set_xlabel("speed vs fp32 of the same seed (log scale)")
 
 
+# the values an end of a panel's axis may snap to, per decade, finest first: a coarser set where the finer one's end
+# labels would run into the decades' labels
+END_STEPS = ((1, 1.5, 2, 3, 5, 7), (1, 2, 5), (1,))
+
+
+def _labelled_ends(ax) -> None:
+    """Widen a panel's log axis to the nearest plain values beyond what it draws and label both ends, so labelled
+    ticks cover every interval and band on both sides of 1× (a panel spanning 0.7–1.7× had labels only at 0.7×,
+    0.8×, 1×: no tick under an interval that reached 1.68×). The decades between stay labelled."""
+    low, high = ax.get_xlim()
+    # minor labels on the majors' line: a shorter minor tick set them 2 points higher, a staggered row of numbers
+    rc = matplotlib.rcParams
+    ax.tick_params(axis="x", which="minor",
+                   pad=rc["xtick.major.size"] + rc["xtick.major.pad"] - rc["xtick.minor.size"])
+    for steps in END_STEPS:
+        grid = [m * 10.0 ** k for k in range(int(np.floor(np.log10(low))) - 1, int(np.ceil(np.log10(high))) + 1)
+                for m in steps]
+        lo = max(g for g in grid if g <= low * (1 + 1e-9))
+        hi = min(g for g in grid if g >= high * (1 - 1e-9))
+        ax.set_xlim(lo, hi)
+        decades = [10.0 ** k for k in range(int(np.ceil(np.log10(lo) - 1e-9)), int(np.floor(np.log10(hi) + 1e-9)) + 1)]
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted({lo, hi, *decades})))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+        ax.figure.canvas.draw()
+        boxes = [box for _, major, box in _drawn_tick_labels(ax, "x", ax.figure.canvas.get_renderer()) if major]
+        if not any(a.padded(2).overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:]):
+            return
+
+
 def make_forest_figure(seeds: pd.DataFrame, out_dir: Path, emulated: list[str] | None = None) -> Figure | None:
     """The per-seed forest plot from per_seed.seed_table; None without a mixed cell paired with its fp32.
     `emulated`: the modes left out because their time is an emulation's (report/fp8.py)."""
@@ -62,6 +94,8 @@ def make_forest_figure(seeds: pd.DataFrame, out_dir: Path, emulated: list[str] |
         ax.set_title(_panel_label(part.iloc[0], keys), loc="left", fontsize=10)
     fig.suptitle("Speed ratio per seed, with the machine's drift band", y=1.0)
     fig.tight_layout()
+    for ax in axes[:, 0]:
+        _labelled_ends(ax)
     # plain numbers (0.3×), minor labels thinned: a panel spanning under a decade got 3×10^-1 and 4×10^-1
     # labels that ran into each other
     plain_log_labels(fig, "x", "×")
@@ -73,8 +107,9 @@ def make_forest_figure(seeds: pd.DataFrame, out_dir: Path, emulated: list[str] |
                   "drift could have produced between those two cells: the quotients of the calibration checks next "
                   "to them, widened by three typical check-to-check moves. A filled marker lies outside its band "
                   "(drift cannot explain it), an open one inside; \"⚠ stall\" marks a seed whose fp32 or mixed cell "
-                  "ran next to a calibration check far above the run's median (a stall): its ratio is not supported "
-                  "and its marker is open, whatever its band. One panel per model and dataset."
+                  "ran next to a calibration check far above the run's median (a stall) that could explain its ratio: "
+                  "its band counts that stalled check among the checks (the band the findings quote), and its "
+                  "ratio, inside it, is not supported (open marker). One panel per model and dataset."
                   + (f" Not drawn: {', '.join(emulated)}, emulated on this CPU (not a speed result)."
                      if emulated else ""),
                   "Forest plot per model: for each framework, precision and seed, a marker at the speed ratio with "

@@ -29,7 +29,7 @@ def seed_table(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict
     """Per mixed cell: its seed's speed ratio (the run table's wall-time throughputs, as the summary's), that
     seed's 95% interval from batch means of both cells' timed steps (NaN where too few), and the drift band
     (harness/report/drift.py) with whether the ratio lies outside it, and whether a stall next to either
-    cell could explain it (drift.stall_note)."""
+    cell could explain it (drift.stall_note: then the band is the one that note quotes, the stall counted)."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"] if not ok.empty else []
     if ok.empty:
@@ -44,10 +44,12 @@ def seed_table(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict
             ratio = float(r.throughput_img_s / base.throughput_img_s)
             res = stats.speed_interval([by_cell.get(base.cell_id, np.array([]))],
                                        [by_cell.get(r.cell_id, np.array([]))], [float(np.log(ratio))])
-            band = drift.band(base.cell_id, r.cell_id) if drift else (np.nan, np.nan)
+            # the band the text quotes for this seed: with the stalled check among its checks where stall_note
+            # says the stall could explain the ratio (its marker then lies inside it), else drift's own band
+            stalled = bool(stall_note(drift, [(base.cell_id, r.cell_id, ratio, r.seed)]))
+            band = drift.band(base.cell_id, r.cell_id, stalls=stalled) if drift else (np.nan, np.nan)
             rows.append({**dict(zip(keys, key)), "precision": r.precision, "seed": r.seed, "ratio": ratio,
                          "low": res["low"], "high": res["high"], "band_low": band[0], "band_high": band[1],
-                         "outside": bool(drift) and not band[0] <= ratio <= band[1],
-                         "stalled": bool(stall_note(drift, [(base.cell_id, r.cell_id, ratio, r.seed)])),
+                         "outside": bool(drift) and not band[0] <= ratio <= band[1], "stalled": stalled,
                          "fp32_cell": base.cell_id, "cell_id": r.cell_id})
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=COLUMNS)
