@@ -53,10 +53,12 @@ def report(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite (CPU; GPU tests skip without a GPU)."""
     python = _framework_python(session)
-    # --durations=10: the 10 slowest tests, printed every run. -n 2: two pytest-xdist workers (most of the
-    # suite waits on child processes; two cores), whole files per worker, longest files first
-    # (tests/conftest.py LONG_FIRST), so module fixtures run once and the shared tiny compare once.
-    default = ["-q", "--durations=10", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
+    # --durations=10: the 10 slowest tests, printed every run. -n 3: three pytest-xdist workers on two cores
+    # (much of the suite waits on child processes: a timeout, a hanging child, a framework's start; a third
+    # worker fills those waits: 5 min 31 s against 5 min 54 s with two, docs/DEVELOPMENT.md), whole files per
+    # worker, longest files first (tests/conftest.py LONG_FIRST), so module fixtures run once and the shared tiny
+    # compare once.
+    default = ["-q", "--durations=10", "-n", "3", "--dist", "loadfile", "--no-loadscope-reorder"]
     session.run(python, "-m", "pytest", *(session.posargs or default), external=True)
 
 

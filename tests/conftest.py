@@ -64,7 +64,7 @@ def tiny_run(tmp_path_factory):
     return proc, out / "tiny"
 
 
-# Under pytest-xdist (nox -s tests: -n 2 --dist loadfile --no-loadscope-reorder) whole files go to the two
+# Under pytest-xdist (nox -s tests: -n 3 --dist loadfile --no-loadscope-reorder) whole files go to the
 # workers in this order, longest first, so that no long file starts last and keeps one core busy alone.
 # test_end_to_end.py first: it runs the shared tiny compare that seven other files read (the other worker
 # starts on test_parity.py meanwhile instead of waiting on the lock). Without xdist the order is pytest's.
