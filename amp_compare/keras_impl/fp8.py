@@ -26,7 +26,7 @@ from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import RunConfig
 from amp_compare.kit import fp8 as ref
 from amp_compare.kit.child import Unavailable
-from amp_compare.kit.weights import torch_module_name
+from amp_compare.kit.weights import name_matches, torch_module_name
 
 # Keras' float8 variables per role (layers/core/dense.py and einsum_dense.py: _float8_build)
 VARIABLES = {"input": "inputs", "kernel": "kernel", "grad_output": "outputs_grad"}
@@ -45,10 +45,6 @@ def _canonical_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
     return out
 
 
-def _kept_out(name: str, fp32_layers) -> bool:
-    return any(name == block or name.startswith(block + ".") for block in fp32_layers)
-
-
 def convert(model: keras.Model, cfg: RunConfig) -> keras.Model:
     """The model as the cell trains it: --fp8-outlier's activation, then (fp8 modes) float8 quantization of every
     Dense / EinsumDense outside --fp32-layers, with the recipe's amax-history length. In place; returns the model."""
@@ -61,7 +57,7 @@ def convert(model: keras.Model, cfg: RunConfig) -> keras.Model:
         raise Unavailable(reason)
     recipe = contract.recipe(cfg.framework, cfg.precision)
     for name, layer in _canonical_layers(model).items():
-        if _kept_out(name, cfg.fp32_layers):
+        if name_matches(name, cfg.fp32_layers):
             continue
         policy = keras.dtype_policies.DTypePolicy(layer.dtype_policy.name)
         policy.amax_history_length = recipe.amax_history  # what _float8_build reads (its default: 1,024)

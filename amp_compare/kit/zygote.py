@@ -29,21 +29,19 @@ import select
 import signal
 import socket
 import sys
-import time
 import traceback
 
 
 def main(argv: list[str]) -> int:
     module, fd = argv[0], int(argv[1])
     sock = socket.socket(fileno=fd)
-    started = time.perf_counter()
     try:
         from amp_compare.kit import child  # noqa: F401 - imported here, once, for every child
         preload(module)
     except ImportError as exc:  # the harness starts this framework's cells as processes of their own
         sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
         return 3
-    sock.send(json.dumps({"ready": True, "import_s": time.perf_counter() - started}).encode())
+    sock.send(json.dumps({"ready": True}).encode())
     serve(sock, module)
     os._exit(0)  # nothing to write or free: the interpreter's shutdown of a framework only costs the harness time
 

@@ -24,6 +24,7 @@ from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import RunConfig
 from amp_compare.kit import fp8 as ref
 from amp_compare.kit.child import Unavailable
+from amp_compare.kit.weights import name_matches
 
 _ROLE_DTYPE = {"input": "cast_config_input", "kernel": "cast_config_weight", "grad_output": "cast_config_grad_output"}
 
@@ -43,10 +44,6 @@ def _config(cfg: RunConfig):
                               round_scales_to_power_of_2=recipe.power_of_2_scales, emulate=cfg.device != "cuda")
 
 
-def _kept_out(name: str, fp32_layers) -> bool:
-    return any(name == block or name.startswith(block + ".") for block in fp32_layers)
-
-
 def convert(model: nn.Module, cfg: RunConfig) -> nn.Module:
     """The model as the cell trains it: --fp8-outlier's activation, then (fp8 modes) torchao's Float8Linear in
     place of every nn.Linear outside --fp32-layers."""
@@ -60,7 +57,7 @@ def convert(model: nn.Module, cfg: RunConfig) -> nn.Module:
     from torchao.float8 import convert_to_float8_training
 
     return convert_to_float8_training(model, config=_config(cfg),
-                                      module_filter_fn=lambda module, name: not _kept_out(name, cfg.fp32_layers))
+                                      module_filter_fn=lambda module, name: not name_matches(name, cfg.fp32_layers))
 
 
 def converted(model: nn.Module) -> dict[str, nn.Module]:

@@ -22,7 +22,6 @@ import select
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 from amp_compare.contract.env import PROJECT_ROOT
@@ -42,11 +41,11 @@ class ForkServer:
 
     def __init__(self, package: str, env: dict[str, str]):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.log = tempfile.TemporaryFile()  # its stderr: the reason it failed, if it does
         started = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "amp_compare.kit.zygote", package, str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)  # a failed import is said by the cell's own process
         theirs.close()
         self.sock, self.exits, self.alive = mine, {}, True
         answer = self._receive(READY_TIMEOUT_S, "ready")
@@ -109,11 +108,6 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.log.close()
-
-    def failure(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-2000:]
 
 
 class ForkedChild:
