@@ -566,14 +566,20 @@ def _themed(fn, args):
 def _in_parallel(tasks: list) -> list:
     """Each (function, args) task's result, in order: on two forked processes where two CPUs are free to this
     process (rendering runs after the last cell, so nothing is timed meanwhile), else one after another."""
-    if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2:
+    # A process that has loaded a framework (a notebook, a test) may hold thread pools a fork cannot copy: draw
+    # there one figure after another. The compare's own parent never imports one.
+    framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
+    if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2 or framework:
         return [_themed(fn, args) for fn, args in tasks]
     import concurrent.futures
     import multiprocessing
 
-    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(_themed, fn, args) for fn, args in tasks]
-        return [f.result() for f in futures]
+    try:
+        with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_themed, fn, args) for fn, args in tasks]
+            return [f.result() for f in futures]
+    except concurrent.futures.process.BrokenProcessPool:  # a drawing process died: draw them here instead
+        return [_themed(fn, args) for fn, args in tasks]
 
 
 def _evidence(manifest: dict) -> dict:
