@@ -1,6 +1,9 @@
 """Figures a reader can read: the loss-scale axis in whole powers of two, a title naming only the modes the run
 had, and loss curves where lines that coincide stay distinguishable (panels, staggered markers, a note)."""
 
+import os
+import sys
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -268,3 +271,20 @@ def test_the_forest_plots_labels_cover_its_intervals_on_both_sides_of_one(monkey
     assert labelled[0] <= low and labelled[-1] >= high, labelled  # labels reach past every drawn interval
     assert any(v < 1 for v in labelled) and any(v > 1 for v in labelled) and 1.0 in labelled, labelled
     plt.close(fig)
+
+
+def _dies_in_a_drawing_process(parent: int) -> str:
+    if os.getpid() != parent:
+        os._exit(1)  # a drawing process terminated abruptly
+    return "drawn"
+
+
+def test_a_drawing_process_that_dies_is_answered_by_drawing_here(monkeypatch):
+    """The figures drawn in two forked processes (render._in_parallel): one that dies leaves the page its figures,
+    drawn in this process instead, not a BrokenProcessPool."""
+    from amp_compare.harness.report import render
+
+    for name in ("torch", "tensorflow", "jax"):  # as in the compare's parent, which loads no framework
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    task = (_dies_in_a_drawing_process, (os.getpid(),))
+    assert render._in_parallel([task, task]) == ["drawn", "drawn"]
