@@ -117,6 +117,34 @@ def test_work_is_reused_across_seeds_only(tmp_path, monkeypatch):
     assert calls == [0, 3]
 
 
+def test_the_ceiling_is_measured_once_per_framework_and_matmul_dtype(tmp_path, monkeypatch):
+    """kit/ceiling.measure_cell_ceiling with the children's remember (reuse.per_machine): one matmul measurement per
+    framework and dtype the matmul runs in, whatever the model or seed; each cell still records its own basis."""
+    from amp_compare.kit import ceiling
+
+    monkeypatch.setattr(reuse, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(ceiling, "measure_on", lambda device, timer: (timer(8, 1), 8))
+    timed = []
+
+    def cell(**options):
+        cfg = RunConfig(**options)
+        return ceiling.measure_cell_ceiling(cfg.precision, cfg.tf32, "cpu", "cpu", lambda name: lambda n, r: (
+            timed.append((cfg.framework, name)) or 1e9 + len(timed)), reuse.per_machine("ceiling", cfg))
+
+    no_half = {"cpu_fp16_hardware": False, "cpu_bf16_hardware": True}
+    monkeypatch.setattr("amp_compare.contract.env.cpu_info", lambda: no_half)
+    fp32 = cell(framework="torch", model="simple_cnn", precision="fp32", seed=0)
+    fp16 = cell(framework="torch", model="vit", precision="fp16", seed=1)  # no fp16 arithmetic: the fp32 matmul
+    bf16 = cell(framework="torch", model="vit", precision="bf16", seed=0)
+    tf_fp32 = cell(framework="tf", model="simple_cnn", precision="fp32", seed=2)
+    assert timed == [("torch", "fp32"), ("torch", "bf16"), ("tf", "fp32")]
+    assert fp16["ceiling_flops_measured"] == fp32["ceiling_flops_measured"] != tf_fp32["ceiling_flops_measured"]
+    assert bf16["ceiling_dtype"] == "bf16" and fp32["ceiling_basis"] == "" and "no fp16" in fp16["ceiling_basis"]
+    threads = RunConfig().threads + 1
+    cell(framework="torch", model="simple_cnn", precision="fp32", threads=threads)  # another thread count: again
+    assert timed[-1] == ("torch", "fp32") and len(timed) == 4
+
+
 class FakeClock:
     def __init__(self):
         self.now = 0.0

@@ -24,6 +24,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from amp_compare.contract.config import KERAS_BACKENDS, RunConfig  # noqa: E402
+from amp_compare.kit import reuse  # noqa: E402
 from amp_compare.kit.child import CpuPeakMemory  # noqa: E402
 from amp_compare.kit.training import TENSOR_DTYPES  # noqa: E402
 
@@ -250,7 +251,8 @@ def measure_ceiling(cfg: RunConfig, device_name: str) -> dict:
     from amp_compare.kit import ceiling
 
     return ceiling.measure_cell_ceiling(cfg.precision, cfg.tf32, cfg.device, device_name,
-                                        lambda name: time_matmul_function(cfg, TENSOR_DTYPES[name]))
+                                        lambda name: time_matmul_function(cfg, TENSOR_DTYPES[name]),
+                                        reuse.per_machine("ceiling", cfg))
 
 
 def compiled_text(jit_compile: bool) -> str:

@@ -44,7 +44,6 @@ from amp_compare.kit.child import (  # noqa: E402
 from amp_compare.kit.data import Dataset, batch_plan, epoch_images, steps_per_epoch  # noqa: E402
 from amp_compare.kit.dataparallel import numerics_for  # noqa: E402
 from amp_compare.kit.phases import lap  # noqa: E402
-from amp_compare.kit.reuse import cached  # noqa: E402
 from amp_compare.kit.training import EVAL_BATCH, StepBook, first_batch_index  # noqa: E402
 
 
@@ -159,7 +158,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     ceiling_first = not (backends.JAX and cfg.device == "cuda")
     result = TrainResult(info=run_info(cfg, steps))
     lap("setup")  # kit/phases.py: where the child's wall time goes
-    result.info.update(cached("ceiling", cfg, lambda: backends.measure_ceiling(cfg, result.info["device_name"]))
+    result.info.update(backends.measure_ceiling(cfg, result.info["device_name"])  # one per dtype (kit/reuse.py)
                        if ceiling_first else {})
     lap("ceiling")
     with distributed.scope(cfg):  # DATA PARALLEL: the strategy's scope / the distribution; else device_scope

@@ -103,11 +103,17 @@ def measure(time_matmul: Callable[[int, int], float], size: int = 1024, budget_s
 
 
 def measure_cell_ceiling(precision: str, tf32: str, device_type: str, device_name: str,
-                         matmul_timer: Callable[[str], Callable[[int, int], float]]) -> dict:
+                         matmul_timer: Callable[[str], Callable[[int, int], float]],
+                         remember: Callable[[str, Callable], list] | None = None) -> dict:
     """What each child records about its ceiling: the ceiling dtype (ceiling_dtype), its matmul measured at
-    the device's size (measure_on), and ceiling_info. matmul_timer(dtype: fp32/tf32/fp16/bf16) -> time_matmul."""
+    the device's size (measure_on), and ceiling_info. matmul_timer(dtype: fp32/tf32/fp16/bf16) -> time_matmul.
+    remember(dtype, measure): the measurement an earlier cell of the run made in that dtype (kit/reuse.py)."""
     name, basis = ceiling_dtype(precision, tf32, device_type)
-    flops, size = measure_on(device_type, matmul_timer(name))
+
+    def measure() -> list:
+        return list(measure_on(device_type, matmul_timer(name)))
+
+    flops, size = remember(name, measure) if remember else measure()
     return ceiling_info(device_name, name, basis, flops, size)
 
 

@@ -10,6 +10,7 @@ import time
 import torch
 
 from amp_compare.contract.config import RunConfig
+from amp_compare.kit import reuse
 from amp_compare.kit.child import CpuPeakMemory
 from amp_compare.kit.training import TENSOR_DTYPES
 
@@ -71,4 +72,4 @@ def measure_ceiling(device: torch.device, cfg: RunConfig) -> dict:
         return time_matmul
 
     return ceiling.measure_cell_ceiling(cfg.precision, cfg.tf32, device.type, device_info(device)["device_name"],
-                                        matmul_timer)
+                                        matmul_timer, reuse.per_machine("ceiling", cfg))

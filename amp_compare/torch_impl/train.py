@@ -21,7 +21,6 @@ from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, Shar
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
 from amp_compare.kit.phases import lap
-from amp_compare.kit.reuse import cached
 from amp_compare.kit.training import StepBook, first_batch_index
 from amp_compare.torch_impl import amp, distributed, fp8, numerics, profile, schedule, vit
 from amp_compare.torch_impl.device import (
@@ -130,7 +129,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     init_source = shared_init.apply(model, get_weights, set_weights)
     run = worker.wrap(compile_model(cfg, model, device))  # DATA PARALLEL: DDP + --allreduce's comm hook
     lap("init")
-    ceiling = cached("ceiling", cfg, lambda: measure_ceiling(device, cfg))  # before the dataset and memory window
+    ceiling = measure_ceiling(device, cfg)  # before the dataset and memory window; one per dtype (kit/reuse.py)
     lap("ceiling")
     tensors = make_dataset(cfg, data)
     lap("data")

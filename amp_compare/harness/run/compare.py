@@ -389,7 +389,7 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     phases["cell_wall_s"] = {**phases.get("cell_wall_s", {}), **{o.cell_id: round(o.wall_s, 3) for o in outcomes}}
     phases["calibration"] = sum(spent)
     phases["cells"] = sum(o.wall_s for o in outcomes)
-    phases["fork servers"] = sum(forked.values())  # each twin's interpreter and framework import, paid once
+    phases["fork servers"] = sum(forked.values())  # the wall waited for the twins' parents to start (all at once)
     phases["between cells"] = (time.perf_counter() - started - phases["calibration"] - phases["cells"]
                                - phases["fork servers"])
     return outcomes, interrupted
@@ -464,13 +464,16 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from amp_compare.harness.run import launchers
-    from amp_compare.harness.run.runner import run_cell
+    from amp_compare.harness.run.runner import prestart_fork_servers, run_cell
 
     outcomes = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         if manifest is not None and launchers.concurrent(manifest["launcher"]):
             return launchers.launch(cells, run_dir, run_id, timeout, progress, manifest, harness_fault)
+        starting = progress.add_task("  starting the frameworks", total=None)
+        prestart_fork_servers(cells, run_dir)  # every twin's pre-imported parent at once, before the first cell
+        progress.remove_task(starting)
         overall = progress.add_task("matrix", total=len(cells))
         for cfg in cells:
             task = progress.add_task(f"  {cfg.cell_id}", total=None)

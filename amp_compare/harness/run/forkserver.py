@@ -1,5 +1,6 @@
-"""The harness's side of the twins' pre-imported parents (kit/zygote.py): one per twin and environment, started at
-the first cell that needs it, each cell then forked from it instead of started as a fresh `python -m`.
+"""The harness's side of the twins' pre-imported parents (kit/zygote.py): one per twin and environment, all started
+at once before a sequential run's first cell (prestart; or at the first cell that needs one), each cell then forked
+from it instead of started as a fresh `python -m`.
 
 `child_for(cmd, env, stderr)` gives the runner (harness/run/runner.py) a handle with what it uses of a Popen:
 `pid`, `stdout` (the child's progress lines), `poll()`, `wait()`, `returncode`; None where the cell must start as a
@@ -40,19 +41,23 @@ class ForkServer:
     """One pre-imported parent: started here, fed one request per cell, closed when the harness is done."""
 
     def __init__(self, package: str, env: dict[str, str]):
+        """Starts the parent; ready() waits for its imports (several parents import at once: prestart)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        started = time.perf_counter()
+        self.started = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "amp_compare.kit.zygote", package, str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)  # a failed import is said by the cell's own process
         theirs.close()
         self.sock, self.exits, self.alive = mine, {}, True
+
+    def ready(self) -> ForkServer:
+        """Wait for the parent's imports; ForkServerError where it could not make them."""
         answer = self._receive(READY_TIMEOUT_S, "ready")
         if not answer.get("ready"):
             self.close()
             raise ForkServerError(answer.get("error", "it did not start"))
-        self.start_s = time.perf_counter() - started
+        return self
 
     def spawn(self, argv: list[str], env: dict[str, str], stderr) -> ForkedChild:
         """Fork one cell: its stdout a new pipe (returned as the handle's `stdout`), its stderr `stderr`."""
@@ -136,24 +141,51 @@ class ForkedChild:
 
 
 _SERVERS: dict[tuple, ForkServer | None] = {}
-START_SECONDS: dict[str, float] = {}  # seconds each parent took to start, by twin package (the run's phases)
+# Wall seconds the harness waited for parents to start, by the twin packages started together (the run's phases)
+START_SECONDS: dict[str, float] = {}
 
 
-def server_for(cmd: list[str], env: dict[str, str], plain_env: dict[str, str]) -> ForkServer | None:
-    """The pre-imported parent that forks the cell `cmd` (`python -m <twin package> args…`), started here the
-    first time, or None where the cell must start as a process of its own (the module's docstring says when).
-    `plain_env`: the environment every cell of this twin gets; a cell whose `env` adds to it starts on its own."""
+def _key(cmd: list[str], env: dict[str, str], plain_env: dict[str, str]) -> tuple | None:
+    """The parent that forks the cell `cmd` (`python -m <twin package> args…`): its package and environment, or None
+    where the cell must start as a process of its own (the module's docstring says when). `plain_env`: the
+    environment every cell of this twin gets; a cell whose `env` adds to it starts on its own."""
     if os.environ.get(DISABLE_ENV) == "0" or cmd[:2] != [sys.executable, "-m"]:
         return None
     if {k: v for k, v in env.items() if k != SPAWNED_AT_ENV} != plain_env:
         return None
-    key = (cmd[2], tuple(sorted(plain_env.items())))
-    if key not in _SERVERS:
+    return cmd[2], tuple(sorted(plain_env.items()))
+
+
+def prestart(cells: list[tuple[list[str], dict[str, str], dict[str, str]]]) -> None:
+    """Start at once the parents that the cells, (cmd, env, plain_env) each as server_for takes them, will fork
+    from: their imports overlap (mostly one core each), so two twins' parents are ready in about the slower's
+    import instead of the sum of both, paid before the first cell instead of at each twin's first cell."""
+    started, pending = time.perf_counter(), {}
+    for cmd, env, plain_env in cells:
+        key = _key(cmd, env, plain_env)
+        if key is not None and key not in _SERVERS and key not in pending:
+            try:
+                pending[key] = ForkServer(key[0], plain_env)
+            except OSError:
+                _SERVERS[key] = None
+    for key, server in pending.items():
         try:
-            _SERVERS[key] = ForkServer(cmd[2], plain_env)
-            START_SECONDS[cmd[2]] = START_SECONDS.get(cmd[2], 0.0) + _SERVERS[key].start_s
+            _SERVERS[key] = server.ready()
         except (ForkServerError, OSError):
             _SERVERS[key] = None  # this twin's cells start as processes of their own
+    if pending:
+        names = " + ".join(key[0] for key in pending)
+        START_SECONDS[names] = START_SECONDS.get(names, 0.0) + time.perf_counter() - started
+
+
+def server_for(cmd: list[str], env: dict[str, str], plain_env: dict[str, str]) -> ForkServer | None:
+    """The pre-imported parent that forks the cell `cmd`, started here where prestart did not start it, or None where
+    the cell must start as a process of its own (_key)."""
+    key = _key(cmd, env, plain_env)
+    if key is None:
+        return None
+    if key not in _SERVERS:
+        prestart([(cmd, env, plain_env)])
     server = _SERVERS[key]
     return server if server is not None and server.alive else None
 
@@ -171,7 +203,8 @@ def child_for(cmd: list[str], env: dict[str, str], plain_env: dict[str, str], st
 
 def close_all() -> dict[str, float]:
     """Stop every pre-imported parent (the end of a compare's cells; also at the interpreter's exit). Returns the
-    seconds each twin's parents took to start, and starts that count over."""
+    wall seconds the harness waited for parents to start (by the packages started together), and starts that count
+    over."""
     for server in _SERVERS.values():
         if server is not None:
             server.close()

@@ -217,6 +217,17 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
     return _outcome(cfg, run_id, cell_dir, returncode, error, time.monotonic() - start)
 
 
+def prestart_fork_servers(cells: list[RunConfig], run_dir: Path) -> None:
+    """Start at once the pre-imported parents these cells, run one after another, will be forked from
+    (forkserver.prestart): the commands and environments run_cell gives them."""
+    wanted = []
+    for cfg in cells:
+        if not framework_missing(cfg.framework):
+            cmd = launch_command(cfg, [sys.executable, "-m", FRAMEWORK_MODULES[cfg.framework]])
+            wanted.append((cmd, cell_env(cfg, Path(run_dir) / "cells" / cfg.cell_id), child_env(cfg)))
+    forkserver.prestart(wanted)
+
+
 def cell_env(cfg: RunConfig, cell_dir: Path) -> dict[str, str]:
     """The child's environment: child_env and what the cell adds (DATA PARALLEL's flags, --profile's trace)."""
     return profile_env(cfg, child_env_for(cfg, child_env(cfg), cell_dir), cell_dir)
