@@ -2,6 +2,7 @@
 (digits without scikit-learn, work reused across seeds) and the speed budget of a pathologically slow precision."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -82,6 +83,25 @@ def test_a_forked_cell_trains_as_a_fresh_process_does(tiny_run, tmp_path):
     for name, column in (("steps", "loss"), ("epochs", "val_accuracy")):
         a, b = (t[name][t[name]["cell_id"].isin(cells)].sort_values(["cell_id", name[:-1]]) for t in (forked, fresh))
         np.testing.assert_array_equal(a[column].to_numpy(), b[column].to_numpy())
+
+
+def test_the_twins_parents_start_at_once():
+    """forkserver.prestart (a sequential run's start) starts every parent its cells need before waiting for any: the
+    imports overlap, and the run's "fork servers" phase is the wall waited, once for all of them."""
+    import sys
+
+    from amp_compare.harness.run import forkserver
+
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
+    cells = [([sys.executable, "-m", module, "--x"], env, env) for module in ("json", "csv", "json")]
+    try:
+        forkserver.prestart(cells)
+        servers = [forkserver.server_for(*cell) for cell in cells]
+        assert servers[0] is servers[2] and servers[0] is not servers[1] and all(s.alive for s in servers)
+        assert max(s.started for s in servers) < min(s.ready_at for s in servers)  # both began before either was ready
+    finally:
+        started = forkserver.close_all()
+    assert list(started) == ["json + csv"] and started["json + csv"] > 0
 
 
 def test_a_moved_part_keeps_the_sum():

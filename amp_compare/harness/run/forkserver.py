@@ -57,6 +57,7 @@ class ForkServer:
         if not answer.get("ready"):
             self.close()
             raise ForkServerError(answer.get("error", "it did not start"))
+        self.ready_at = time.perf_counter()
         return self
 
     def spawn(self, argv: list[str], env: dict[str, str], stderr) -> ForkedChild:
