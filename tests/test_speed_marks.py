@@ -29,6 +29,24 @@ def test_the_runs_index_and_the_figure_labels_keep_the_reports_warning(tmp_path)
     assert labels[("torch", "bf16")] == f"{bf16} ⚠" and labels[("torch", "fp16")] == "0.12×"
 
 
+def test_the_runs_index_computes_a_runs_headline_once_per_state_of_its_records(tmp_path, monkeypatch):
+    """The index is rebuilt at every render: an untouched past run's headline is read back (a folder of many runs
+    would otherwise cost half a second more per run each time), a re-rendered run's computed again."""
+    from amp_compare.harness.report import render
+
+    make_run(tmp_path, speeds=SPEEDS)
+    first = (tmp_path / "index.html").read_text()
+    computed = []
+    original = render._index_headline
+    monkeypatch.setattr(render, "_index_headline", lambda *a: computed.append(a[0]) or original(*a))
+    render.render_runs_index(tmp_path)
+    assert computed == [] and (tmp_path / "index.html").read_text() == first
+    run_dir = next(p.parent for p in tmp_path.glob("*/manifest.json"))
+    render.render(run_dir, figures=False)  # its tables written again: its headline is computed again
+    assert computed == [run_dir] and "torch fp16: 0.12× fp32 speed," in html_lib.unescape(
+        (tmp_path / "index.html").read_text())
+
+
 def test_the_throughput_caption_says_what_its_bars_and_labels_are(tmp_path):
     t = records.read_run(write_run(tmp_path, speeds=SPEEDS))
     caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f",

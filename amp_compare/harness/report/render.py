@@ -7,6 +7,7 @@ and renders from partial results too: missing or failed cells are named, never h
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
@@ -776,6 +777,32 @@ def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) 
     return "; ".join(said)
 
 
+HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept beside its records
+
+
+def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -> str:
+    """_index_headline of a run, computed once per state of its records: the runs index is rebuilt at every render,
+    and a folder of past runs (the default reports/) would otherwise cost half a second more per run each time. The
+    stored headline is keyed by the size and time of the run's manifest, data/run.csv and data/steps.parquet and of
+    the report's modules, so a re-rendered run or a changed headline rule computes it again."""
+    sources = [run_dir / "manifest.json", run_dir / "data" / "run.csv", run_dir / "data" / "steps.parquet",
+               *sorted(Path(__file__).parent.glob("*.py"))]
+    key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
+    path = run_dir / HEADLINE_FILE
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        stored = json.loads(path.read_text())
+        if stored["key"] == key:
+            return stored["headline"]
+    single = runs  # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
+    if runs is not None and not runs.empty:
+        single = runs[dataparallel.roles(runs) == "single"]
+    headline = _index_headline(run_dir, manifest, single)
+    with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
+        path.parent.mkdir(exist_ok=True)
+        atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
+    return headline
+
+
 def render_runs_index(reports_dir: Path) -> Path:
     """reports/index.html: every compare run in the folder with its headline numbers."""
     rows = []
@@ -785,10 +812,7 @@ def render_runs_index(reports_dir: Path) -> Path:
             runs = pd.read_csv(run_dir / "data" / "run.csv") if (run_dir / "data" / "run.csv").exists() else None
         except (OSError, ValueError, pd.errors.ParserError):
             continue
-        single = runs  # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
-        if runs is not None and not runs.empty:
-            single = runs[dataparallel.roles(runs) == "single"]
-        headline = _index_headline(run_dir, manifest, single)
+        headline = _stored_headline(run_dir, manifest, runs)
         m = manifest["matrix"]
         rows.append({
             "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
