@@ -287,4 +287,33 @@ def test_a_drawing_process_that_dies_is_answered_by_drawing_here(monkeypatch):
     for name in ("torch", "tensorflow", "jax"):  # as in the compare's parent, which loads no framework
         monkeypatch.delitem(sys.modules, name, raising=False)
     task = (_dies_in_a_drawing_process, (os.getpid(),))
-    assert render._in_parallel([task, task]) == ["drawn", "drawn"]
+    assert render._in_parallel([task, task])() == ["drawn", "drawn"]
+
+
+def test_the_figures_are_drawn_while_the_rest_of_the_page_is_built_and_dropped_when_it_fails(tmp_path, monkeypatch):
+    """render._page_context starts the drawing before the page's other sections and collects it after them; a page
+    that fails on the way drops the drawing (no drawing process outlives it)."""
+    from amp_compare.harness.report import render
+    from tests.test_report_sentences import write_run
+
+    run_dir = write_run(tmp_path, seeds=(0,))
+    order = []
+
+    def started(tasks):
+        order.append("drawing started")
+        return lambda cancel=False: order.append("dropped" if cancel else "collected") or []
+
+    monkeypatch.setattr(render, "_in_parallel", started)
+    rest = render._page_rest
+    monkeypatch.setattr(render, "_page_rest", lambda *a: order.append("rest of the page") or rest(*a))
+    render.render(run_dir)
+    assert order == ["drawing started", "rest of the page", "collected"]
+    order.clear()
+
+    def fails(*args):
+        raise RuntimeError("a section failed")
+
+    monkeypatch.setattr(render, "_page_rest", fails)
+    with pytest.raises(RuntimeError):
+        render.render(run_dir)
+    assert order == ["drawing started", "dropped"]

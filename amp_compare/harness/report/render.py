@@ -12,6 +12,7 @@ import html
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -533,9 +534,10 @@ def _split_packages(rows: list) -> tuple[list, list]:
 
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None,
-          device: str = "cpu", full: pd.DataFrame | None = None) -> list:
+          device: str = "cpu", full: pd.DataFrame | None = None) -> Callable[[], list]:
     """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both), drawn by
-    two processes where the machine has two cores (each figure's own file; they come back in page order)."""
+    two processes where the machine has two cores (each figure's own file), started now; the returned collect()
+    gives them in page order once drawn (the rest of the page is built meanwhile), collect(cancel=True) drops them."""
     from amp_compare.harness.report import figures as fg
     from amp_compare.harness.report.forest import make_forest_figure
 
@@ -550,10 +552,15 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.D
              (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out)),
              (make_forest_figure, (seeds, out, sorted(set(runs.loc[fp8_report.speed_emulated(
                  runs["precision"], device), "precision"]))))]
-    drawn = []
-    for made in _in_parallel([t for t in tasks if t]):
-        drawn += made if isinstance(made, list) else [made]
-    return [f for f in drawn if f]
+    pending = _in_parallel([t for t in tasks if t])
+
+    def collect(cancel: bool = False) -> list:
+        drawn = []
+        for made in pending(cancel):
+            drawn += made if isinstance(made, list) else [made]
+        return [f for f in drawn if f]
+
+    return collect
 
 
 def _themed(fn, args):
@@ -564,23 +571,31 @@ def _themed(fn, args):
     return fn(*args)
 
 
-def _in_parallel(tasks: list) -> list:
-    """Each (function, args) task's result, in order: on two forked processes where two CPUs are free to this
-    process (rendering runs after the last cell, so nothing is timed meanwhile), else one after another."""
+def _in_parallel(tasks: list) -> Callable[[], list]:
+    """Each (function, args) task started on two forked processes where two CPUs are free to this process (rendering
+    runs after the last cell, so nothing is timed meanwhile); the returned results() waits for them, in order (drawn
+    one after another here, where they cannot be forked); results(cancel=True) drops them."""
     # A process that has loaded a framework (a notebook, a test) may hold thread pools a fork cannot copy: draw
     # there one figure after another. The compare's own parent never imports one.
     framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
+    here = lambda cancel=False: [] if cancel else [_themed(fn, args) for fn, args in tasks]  # noqa: E731
     if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2 or framework:
-        return [_themed(fn, args) for fn, args in tasks]
+        return here
     import concurrent.futures
     import multiprocessing
 
-    try:
-        with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_themed, fn, args) for fn, args in tasks]
-            return [f.result() for f in futures]
-    except concurrent.futures.process.BrokenProcessPool:  # a drawing process died: draw them here instead
-        return [_themed(fn, args) for fn, args in tasks]
+    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
+    futures = [pool.submit(_themed, fn, args) for fn, args in tasks]
+
+    def results(cancel: bool = False) -> list:
+        try:
+            return [] if cancel else [f.result() for f in futures]
+        except concurrent.futures.process.BrokenProcessPool:  # a drawing process died: draw them here instead
+            return here()
+        finally:
+            pool.shutdown(cancel_futures=True)
+
+    return results
 
 
 def _evidence(manifest: dict) -> dict:
@@ -656,9 +671,21 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
 
 
 def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool) -> dict:
-    """Everything report.html is rendered from."""
-    runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
+    """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
     summary = _summary_context(run_dir, manifest, tables)
+    figures = (_draw(run_dir, tables, summary["accuracy"], summary["seed_ratios"], manifest["device"],
+                     summary["full"]) if draw else lambda cancel=False: [])
+    try:
+        rest = _page_rest(run_dir, manifest, tables, summary, draw)
+    except BaseException:
+        figures(cancel=True)  # no drawing process outlives a failed page
+        raise
+    return {**rest, "figures": figures()}
+
+
+def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], summary: dict, draw: bool) -> dict:
+    """The page's context but its figures (_page_context)."""
+    runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     acc_stats = summary["accuracy"]
     ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
@@ -674,8 +701,6 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, manifest["device"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
-        "figures": _draw(run_dir, tables, acc_stats, summary["seed_ratios"], manifest["device"], summary["full"])
-        if draw else [],
         "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps),
         **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs)))),
