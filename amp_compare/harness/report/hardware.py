@@ -143,7 +143,12 @@ def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
         own = ", ".join(f"{framework_label(fw)} {f.max() / 1e12:.3g}"
                         for fw, f in g.groupby("framework", sort=False)["ceiling_flops_measured"])
         device = f" on {key[-2]}" if len(key) > 1 and str(key[-2]) not in ("", "cpu") else ""
+        # a cell may reuse an earlier cell's timing (kit/reuse.py): the same value, counted once
+        timings = len(g.drop_duplicates(["framework", "ceiling_flops_measured"]))
+        made = (f"of the run's {len(g)} timings of a {size}, one per cell" if timings == len(g) else
+                f"of the run's {timings} timing{'s' if timings > 1 else ''} of a {size}, which its {len(g)} cells "
+                "share")
         out.append(f"MFU is measured against one ceiling per device and dtype, the same for every framework: "
-                   f"{key[-1]}{device} {g['ceiling_flops_measured'].max() / 1e12:.3g} TFLOP/s, the best {size} "
-                   f"timed in any of the run's {len(g)} cells (each framework's own best: {own}).")
+                   f"{key[-1]}{device} {g['ceiling_flops_measured'].max() / 1e12:.3g} TFLOP/s, the best {made} "
+                   f"(each framework's own best: {own}).")
     return out
