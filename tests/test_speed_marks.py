@@ -29,7 +29,7 @@ def test_the_runs_index_and_the_figure_labels_keep_the_reports_warning(tmp_path)
     assert labels[("torch", "bf16")] == f"{bf16} ⚠" and labels[("torch", "fp16")] == "0.12×"
 
 
-def test_the_throughput_caption_says_what_its_bars_and_labels_are(tmp_path):
+def test_the_throughput_caption_says_what_its_bars_and_labels_are(tmp_path, unsaved_figures):
     t = records.read_run(write_run(tmp_path, speeds=SPEEDS))
     caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f",
                                                    notes=full_table(t["run"], t["steps"], t["epochs"]))
