@@ -79,3 +79,15 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {name: i for i, name in enumerate(LONG_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable: same order within a file
+
+
+@pytest.fixture
+def unsaved_figures(monkeypatch):
+    """Figures drawn as a report draws them, then closed unwritten: writing each to PNG and SVG is most of a
+    figure's time, and a test that reads only what make_figures returns (captions, labels) needs no file. The
+    files themselves are checked on the shared tiny compare, the combined report and tests/test_figures.py."""
+    import matplotlib.pyplot as plt
+
+    from amp_compare.harness.report import figures
+
+    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, key: plt.close(fig))

@@ -105,7 +105,7 @@ def test_the_answer_the_table_and_the_findings_say_the_same_of_each_memory_diffe
     assert "PyTorch fp16 -1.6 MiB, below what this run resolves" in said
 
 
-def test_the_memory_figures_bar_labels_say_unresolved_where_the_table_does(tmp_path):
+def test_the_memory_figures_bar_labels_say_unresolved_where_the_table_does(tmp_path, unsaved_figures):
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
     from amp_compare.harness.report.tables import ok_runs, summary_table, with_loop_columns
@@ -139,7 +139,7 @@ def test_the_memory_figures_bar_labels_carry_the_summary_tables_warning(tmp_path
     assert labels == ["+0%", "+0%", "+601% ⚠", "+95%", "unresolved", "unresolved"], labels  # fp32: +0%
 
 
-def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path):
+def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path, unsaved_figures):
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
 
@@ -151,7 +151,7 @@ def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path):
         assert said in caption, caption
 
 
-def test_the_accuracy_figure_does_not_read_overlapping_error_bars_as_no_effect(tmp_path):
+def test_the_accuracy_figure_does_not_read_overlapping_error_bars_as_no_effect(tmp_path, unsaved_figures):
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
 
