@@ -117,7 +117,7 @@ def test_one_seed_and_a_speed_budget_say_what_a_full_measurement_needs(tmp_path)
     # a verdict free of ⚠, and the advice is more seeds, not "the seeds' ratios disagree"
     assert bf16.speed.startswith("1.30× fp32's speed in seed 0 [") and "(95% interval of the step-to-step noise " \
         "within seed 0's two cells only; how the ratio varies between seeds is unknown) ⚠ one seed" in bf16.speed
-    assert bf16.verdict == "undecided" and bf16.decide == "one seed: run with --seeds 0,1,2 given explicitly"
+    assert bf16.verdict == "undecided" and bf16.decide == "more seeds (a run with --seeds 0,1,2 given explicitly)"
     assert fp16.speed.startswith("0.120× fp32's speed in seed 0 [0.1") and "disagree" not in fp16.decide
     assert fp16.budget == ("its speed was measured over 40 steps only (speed budget: first steps over 5× fp32's); "
                            "--no-speed-budget measures it in full")
@@ -211,3 +211,8 @@ def test_emulated_fp8_withholds_memory_says_one_seed_and_names_its_brackets(tmp_
     assert "[95% Newcombe " in fp8 or "[exact 95% bound " in fp8
     assert "95% CI" not in fp8 and "loss − fp32 (this seed)" in fp8
     assert "leaves fp8 out" in fp8
+
+
+def test_a_seed_just_above_one_is_not_printed_as_one():
+    """The audit's "above 1× in every seed (1.00×, 1.21×, 1.28×)": a seed of 1.001 read as no change."""
+    assert [answer._off_one(v) for v in (1.001, 0.9996, 1.21, 1.0)] == ["1.001", "0.9996", "1.21", "1.00"]

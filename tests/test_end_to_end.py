@@ -3,6 +3,7 @@
 import os
 import re
 
+import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS
@@ -18,6 +19,10 @@ def test_tiny_compare_writes_records_and_report(tiny_run):
     assert proc.stderr.strip().splitlines()[-1].startswith("amp-compare: 6 of 6 cells finished, 0 failed in ")
     runs = pd.read_parquet(run_dir / "data" / "run.parquet")
     assert sorted(runs["status"]) == ["ok"] * 6
+    # data/run's MFU is the report's: against the run's one ceiling per device and dtype, not each cell's own timing
+    dtype = runs["ceiling_dtype"].str.split(" ").str[0]
+    assert (runs["ceiling_flops"] == runs.groupby(dtype)["ceiling_flops_measured"].transform("max")).all()
+    assert np.allclose(runs["mfu_measured"], runs["achieved_flops"] / runs["ceiling_flops"])
     assert set(zip(runs["framework"], runs["precision"])) == {(f, p) for f in ("torch", "tf") for p in PRECISIONS}
     steps = pd.read_parquet(run_dir / "data" / "steps.parquet")
     assert steps.groupby("cell_id").size().eq(6).all()

@@ -191,8 +191,8 @@ def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
                                                    round(0.5e11 / 4.3e11, 3), round(0.6e11 / 4.3e11, 3)]
     said = ceiling_sentences(runs)
     assert said == ["MFU is measured against one ceiling per device and dtype, the same for every framework: fp32 "
-                    "0.43 TFLOP/s, the best of the run's 4 timings of a 1024×1024 matmul, one per cell (each "
-                    "framework's own best: PyTorch 0.21, Keras (TF) 0.43)."]
+                    "0.430 TFLOP/s, the best of the run's 4 timings of a 1024×1024 matmul, one per cell (each "
+                    "framework's own best: PyTorch 0.210, Keras (TF) 0.430)."]
     # cells that reuse an earlier cell's timing (kit/reuse.py) share it: counted once
     shared = runs.assign(ceiling_flops_measured=[2.0e11, 4.3e11, 2.0e11, 4.3e11])
     assert "the best of the run's 2 timings of a 1024×1024 matmul, which its 4 cells share" in ceiling_sentences(

@@ -31,7 +31,7 @@ DECIDE = {"stalled": "a re-run of the stalled cell named beside it",
                            "machine's drift cancels)",
           "noisy": "more seeds (--seeds 0,1,2,3,4): the seeds' ratios spread too widely for a 95% interval on one "
                    "side of 1×",
-          "one seed": f"one seed: run with {stats.MORE_SEEDS}",
+          "one seed": f"more seeds (a run with {stats.MORE_SEEDS})",
           "too few": "more timed steps per cell (more --epochs or --steps-per-epoch)",
           "no ": f"more timed steps or {stats.MORE_SEEDS}"}
 FORMAT_FLAGS = {"float16": ("cpu_fp16_hardware", "avx512_fp16/amx_fp16", "float16 arithmetic"),
@@ -60,13 +60,21 @@ class Answer:
     parts: list[PrecisionAnswer] = field(default_factory=list)
 
 
+def _off_one(ratio: float) -> str:
+    """A seed's ratio, with as many decimals as it takes not to read as 1.00 when it is above or below 1 (1.001)."""
+    for decimals in (2, 3, 4):
+        if f"{ratio:.{decimals}f}" != f"{1:.{decimals}f}":
+            return f"{ratio:.{decimals}f}"
+    return f"{ratio:.2f}"
+
+
 def _speed_text(r, seeds: pd.DataFrame) -> str:
     """The ratio, in every seed's words where every seed agrees, else with its interval and its kind."""
     ratios = seeds["ratio"].to_numpy(float)
     if len(ratios) >= 2 and ((ratios > 1).all() or (ratios < 1).all()) and len(ratios) <= 3:
         side = "below" if (ratios < 1).all() else "above"
         return (f"{r.speedup_vs_fp32:.2f}× fp32's speed (geometric mean), {side} 1× in every seed ("
-                + ", ".join(f"{v:.2f}×" for v in ratios) + ")")
+                + ", ".join(f"{_off_one(v)}×" for v in ratios) + ")")
     if not np.isfinite(r.speed_low):
         return f"{ratio_number(r.speedup_vs_fp32, r.speed_basis)}× fp32's speed (no interval)"
     if r.speed_basis == "steps":  # one seed: its interval says nothing of other seeds

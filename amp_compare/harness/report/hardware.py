@@ -126,6 +126,11 @@ def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+def _three_digits(value: float) -> str:
+    """Three significant digits, trailing zeros kept (0.190 beside 0.192, not 0.19)."""
+    return f"{value:#.3g}".rstrip(".")
+
+
 def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
     """Per device and ceiling dtype: the run's ceiling, the matmul it came from and each framework's own best."""
     from amp_compare.contract.config import framework_label
@@ -140,7 +145,7 @@ def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
         size = (f"{sizes[0]}×{sizes[0]} matmul" if len(sizes) == 1 else
                 f"square matmul of {sizes[0]} to {sizes[-1]} (cells recorded before one size was fixed)" if sizes
                 else "matmul")
-        own = ", ".join(f"{framework_label(fw)} {f.max() / 1e12:.3g}"
+        own = ", ".join(f"{framework_label(fw)} {_three_digits(f.max() / 1e12)}"
                         for fw, f in g.groupby("framework", sort=False)["ceiling_flops_measured"])
         device = f" on {key[-2]}" if len(key) > 1 and str(key[-2]) not in ("", "cpu") else ""
         # a cell may reuse an earlier cell's timing (kit/reuse.py): the same value, counted once
@@ -148,7 +153,7 @@ def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
         made = (f"of the run's {len(g)} timings of a {size}, one per cell" if timings == len(g) else
                 f"of the run's {timings} timing{'s' if timings > 1 else ''} of a {size}, which its {len(g)} cells "
                 "share")
+        best = _three_digits(g["ceiling_flops_measured"].max() / 1e12)
         out.append(f"MFU is measured against one ceiling per device and dtype, the same for every framework: "
-                   f"{key[-1]}{device} {g['ceiling_flops_measured'].max() / 1e12:.3g} TFLOP/s, the best {made} "
-                   f"(each framework's own best: {own}).")
+                   f"{key[-1]}{device} {best} TFLOP/s, the best {made} (each framework's own best: {own}).")
     return out

@@ -35,7 +35,7 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.cell_text import pp_bound, ratio_number
 from amp_compare.harness.report.findings import finding_parts, interval_method
-from amp_compare.harness.report.hardware import on_fp32_ceiling
+from amp_compare.harness.report.hardware import on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.per_seed import seed_table
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
@@ -742,7 +742,10 @@ def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> di
 
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
-    records.export_tables(run_dir, tables)
+    # data/run: each cell's MFU as the report prints it, against the run's one ceiling per device and dtype
+    # (ceiling_flops; ceiling_flops_measured keeps the cell's own framework's timing)
+    records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
+                          if "run" in tables else tables)
     # DATA PARALLEL: the floor and N-worker cells of a --replicas run have their own section; the others read the
     # 1-worker cells (dataparallel.split); a run without them is `single` unchanged and `every` empty
     single, every = dataparallel.split(tables)

@@ -171,7 +171,8 @@ def hardware_paragraph(emulated: bool) -> str:
     if emulated:
         text += (" Where the CPU's flags list no arithmetic for a half format, that format's cells are measured "
                  "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because "
-                 "this CPU has no arithmetic in that format: the half-format matmul timed there is no ceiling. The "
+                 "this CPU has no arithmetic in that format: a matmul in that format would time its conversions to "
+                 "float32, not a ceiling, so none is timed. The "
                  "mark says which ceiling was used, not which kernels the cells ran.")
     return text + (" An MFU over 100% is marked ⚠: the measured matmul was then not the ceiling of the kernels "
                    "the cell ran.")
