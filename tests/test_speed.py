@@ -2,6 +2,7 @@
 (digits without scikit-learn, work reused across seeds) and the speed budget of a pathologically slow precision."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -264,3 +265,18 @@ def test_the_manifest_holds_the_cell_budget_and_the_option_turns_it_off(tmp_path
     _, cells, manifest = plan("--no-speed-budget", "--speed-budget-s", "30")
     assert not manifest["cell_budget"]["enabled"] and not any(c.speed_budget for c in cells)
     assert manifest["cell_budget"]["limit_s"] == 30.0
+
+
+def test_ctrl_c_while_the_parents_start_ends_the_run_as_an_interruption(tmp_path, monkeypatch):
+    """A Ctrl-C (or SIGTERM) while the twins' parents start, before any cell: run_cells hands the interruption up as
+    it does one inside a cell (the run is resumable, nothing to lose), not a traceback."""
+    from rich.console import Console
+
+    from amp_compare.harness.run import compare
+
+    def interrupted(cells, run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "prestart_fork_servers", interrupted)
+    outcomes, exc = compare.run_cells([RunConfig()], tmp_path, "run", 60.0, Console(file=open(os.devnull, "w")))
+    assert outcomes == [] and isinstance(exc, KeyboardInterrupt)

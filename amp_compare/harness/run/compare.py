@@ -472,7 +472,10 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
         if manifest is not None and launchers.concurrent(manifest["launcher"]):
             return launchers.launch(cells, run_dir, run_id, timeout, progress, manifest, harness_fault)
         starting = progress.add_task("  starting the frameworks", total=None)
-        prestart_fork_servers(cells, run_dir)  # every twin's pre-imported parent at once, before the first cell
+        try:
+            prestart_fork_servers(cells, run_dir)  # every twin's pre-imported parent at once, before the first cell
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): no cell ran, nothing to lose
+            return outcomes, exc
         progress.remove_task(starting)
         overall = progress.add_task("matrix", total=len(cells))
         for cfg in cells:

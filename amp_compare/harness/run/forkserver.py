@@ -169,11 +169,17 @@ def prestart(cells: list[tuple[list[str], dict[str, str], dict[str, str]]]) -> N
                 pending[key] = ForkServer(key[0], plain_env)
             except OSError:
                 _SERVERS[key] = None
-    for key, server in pending.items():
-        try:
-            _SERVERS[key] = server.ready()
-        except (ForkServerError, OSError):
-            _SERVERS[key] = None  # this twin's cells start as processes of their own
+    try:
+        for key, server in pending.items():
+            try:
+                _SERVERS[key] = server.ready()
+            except (ForkServerError, OSError):
+                _SERVERS[key] = None  # this twin's cells start as processes of their own
+    except BaseException:  # Ctrl-C while waiting: the parents not yet kept are stopped here
+        for key, server in pending.items():
+            if key not in _SERVERS:
+                server.close()
+        raise
     if pending:
         names = " + ".join(key[0] for key in pending)
         START_SECONDS[names] = START_SECONDS.get(names, 0.0) + time.perf_counter() - started
