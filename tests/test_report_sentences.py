@@ -190,6 +190,7 @@ def test_drift_marks_only_the_ratios_it_could_explain_and_says_which(tmp_path):
     drift = one(said, "Machine drift")
     # the 31 ms check is a stall: it names the two cells either side of it (seed 0's bf16 cells in this order)
     assert "1 check (31 ms) read more than" in drift and "The other checks read 3.0–4.0 ms" in drift
+    assert "median absolute deviation of their logarithms, times 1.4826 to estimate a standard deviation" in drift
     assert "torch-simple_cnn-synthetic-bf16-s0, tf-simple_cnn-synthetic-bf16-s0" in drift
     assert "busy" not in html and "idle machine" not in html
     t = rendered.table.set_index(["framework", "precision"])

@@ -253,9 +253,9 @@ def describe(environment: dict) -> str | None:
             f"each check times {ROUNDS} rounds of {REPS_PER_ROUND} products of a fixed {SIZE}×{SIZE} float32 matmul "
             f"and reads its median round. The median check took {d.median_ms:.1f} ms.{_stalls_sentence(d)} "
             f"{'The other checks' if d.stall.any() else 'The checks'} read {d.low_ms:.1f}–{d.high_ms:.1f} ms; "
-            f"their robust spread (median absolute deviation) was a factor of {np.exp(d.spread):.2f} and the "
-            "machine typically moved by a factor of "
-            f"{np.exp(d.step):.2f} from one check to the next"
+            f"their robust spread (the median absolute deviation of their logarithms, times {MAD_TO_SD} to estimate "
+            f"a standard deviation) was a factor of {np.exp(d.spread):.2f} and the machine typically moved by a "
+            f"factor of {np.exp(d.step):.2f} (the same, of the changes between checks) from one check to the next"
             + (" of the same framework (only checks that follow the same framework's cells are compared, so a "
                "difference between the frameworks' cells is not counted as the machine's; with few checks, one "
                "move sets this figure)" if by_framework else "")
