@@ -131,6 +131,14 @@ def test_one_seed_says_its_spread_is_unknown_and_names_no_method_it_did_not_use(
         assert absent not in text, absent
     assert "batch means of one seed's timed steps (seed-to-seed spread unknown)" in section(html, "speed")
     assert "medians over one seed (0)" in section(html, "summary")
+    # the Speed section's table prints a one-seed ratio with the answer's digits (0.215×, not 0.21×)
+    from amp_compare.harness.report.cell_text import ratio_number
+    from amp_compare.harness.report.render import _speed_ratio_table
+
+    ratios = _speed_ratio_table(rendered.table)["Speed vs fp32"]
+    mixed = rendered.table[rendered.table["precision"] != "fp32"]
+    assert list(ratios) == [f"{ratio_number(v, 'steps')}×" for v in mixed["speedup_vs_fp32"]]
+    assert all(len(r.split(".")[1]) >= 3 for r in ratios if float(r[:-1]) < 1), list(ratios)
     time = one(said, "training time to")
     assert "⚠: one seed: seed-to-seed spread unknown, no interval." in time
     assert "Every cell reached it at the end of epoch 1 of its run (counting from 1), so each time is that cell's " \

@@ -245,10 +245,12 @@ def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
         **({"Machine": mixed["machine"]} if multi else {}),
         "Model": mixed["model"], "Dataset": mixed["dataset"], "Framework": mixed["framework"].map(framework_label),
         "Precision": mixed["precision"],
-        "Speed vs fp32": [fp8_report.EMULATED_SPEED if note == fp8_report.EMULATED_SPEED else f"{v:.2f}×"
-                          for v, note in zip(mixed["speedup_vs_fp32"], mixed["speed_note"])],
-        "95% interval": [f"{lo:.2f}–{hi:.2f}×" if np.isfinite(lo) else "n/a"
-                         for lo, hi in zip(mixed["speed_low"], mixed["speed_high"])],
+        # the digits the answer and findings print (cell_text.ratio_number: three significant on one seed's steps)
+        "Speed vs fp32": [fp8_report.EMULATED_SPEED if note == fp8_report.EMULATED_SPEED else
+                          f"{ratio_number(v, str(b))}×"
+                          for v, b, note in zip(mixed["speedup_vs_fp32"], mixed["speed_basis"], mixed["speed_note"])],
+        "95% interval": [f"{ratio_number(lo, str(b))}–{ratio_number(hi, str(b))}×" if np.isfinite(lo) else "n/a"
+                         for lo, hi, b in zip(mixed["speed_low"], mixed["speed_high"], mixed["speed_basis"])],
         "Interval from": ["n/a" if note == fp8_report.EMULATED_SPEED else basis.get(b, b).format(
             n=int(n) if pd.notna(n) else 0) for b, n, note in zip(mixed["speed_basis"], mixed["speed_seeds"],
                                                                    mixed["speed_note"])],
