@@ -90,3 +90,15 @@ def test_fp8_amp_api_names_what_ran_from_its_fp8_settings():
                          "dequantized values"]
     keras = rows["Keras (TF): AMP API per precision"]
     assert 'fp8: Keras model.quantize("float8") on 2 layers, delayed scaling' in keras
+
+
+def test_values_two_models_used_differently_are_listed_model_by_model():
+    """The audit's "PyTorch, this run: 0; 0.05 | Keras, this run: 0.05; None": two unordered lists that read as if
+    the frameworks disagreed; per model, the columns line up."""
+    rows = []
+    for fw, plain in (("torch", 0.0), ("tf", None)):
+        for model, decay in (("simple_cnn", plain), ("vit", 0.05)):
+            rows.append({"framework": fw, "model": model, "precision": "fp32", "status": "ok",
+                         "settings_used": json.dumps({"weight_decay": decay}), "framework_defaults": "{}"})
+    row = {d["item"]: d for d in framework_differences(pd.DataFrame(rows))}["Weight decay semantics"]
+    assert row["torch_used"] == "simple_cnn 0; vit 0.05" and row["keras_used"] == "simple_cnn None; vit 0.05", row

@@ -365,11 +365,11 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
             settings = _vit_settings(json.loads(row["settings_used"]))
             for key, value in settings.items():
-                used.setdefault(fw, {}).setdefault(key, set()).add(_fmt(value))
+                used.setdefault(fw, {}).setdefault(key, {}).setdefault(row.get("model", ""), set()).add(_fmt(value))
         if row.get("init_source"):
             # "(this cell)" marks the cell that wrote the shared file: the same file, listed once
             source = str(row["init_source"]).removesuffix(" (this cell)")
-            used.setdefault(fw, {}).setdefault("initial_weights", set()).add(source)
+            used.setdefault(fw, {}).setdefault("initial_weights", {}).setdefault("", set()).add(source)
     rows = []
     adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
     vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
@@ -379,10 +379,19 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
             "measured": adam_gap if d.key == "adam_formula" else vit_gap if d.key == "attention_core" else "",
             "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
             "keras_default": _fmt(defaults.get("keras", {}).get(d.key, "n/a")),
-            "torch_used": "; ".join(sorted(used.get("torch", {}).get(d.key, set()))) or "not used",
-            "keras_used": "; ".join(sorted(used.get("keras", {}).get(d.key, set()))) or "not used",
+            "torch_used": _used_text(used.get("torch", {}).get(d.key, {})),
+            "keras_used": _used_text(used.get("keras", {}).get(d.key, {})),
         })
     return rows
+
+
+def _used_text(by_model: dict[str, set]) -> str:
+    """The values a framework's cells used, per model where the models used different ones ("simple_cnn 0; vit
+    0.05"), so the two frameworks' columns read model by model, not as two unordered lists."""
+    values = [v for vs in by_model.values() for v in vs]
+    if len({frozenset(vs) for vs in by_model.values()}) <= 1:
+        return "; ".join(sorted(set(values))) or "not used"
+    return "; ".join(f"{model} {', '.join(sorted(vs))}" for model, vs in sorted(by_model.items()))
 
 
 def _seeds_text(seeds: list) -> str:
