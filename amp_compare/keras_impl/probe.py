@@ -9,11 +9,10 @@ reads that line. Read beside torch_impl/probe.py: same shape, framework lines di
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
 if __name__ == "__main__":  # a probe process (never an import): Keras without its scikit-learn wrappers, as a child
-    sys.modules.setdefault("sklearn", None)  # (keras_impl/entry.py says why)
+    import amp_compare.keras_impl.entry  # noqa: F401 - marks scikit-learn missing before Keras loads (it says why)
 
 import numpy as np  # noqa: E402
 

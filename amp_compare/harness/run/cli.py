@@ -88,8 +88,6 @@ class CompareOptions:
                            "the tables, findings and data only, and `report RUN` draws them later", matrix=False)
 
 
-
-
 def compare_options() -> dict[str, Declared]:
     """Every option of `compare`: the harness's, then each cell's (RunConfig fields with cli=True)."""
     from amp_compare.harness.run.launchers import LauncherOptions

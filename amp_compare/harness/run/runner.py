@@ -210,10 +210,11 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
     cmd += ["--cache-dir", str(Path(run_dir) / "cache")]  # work reused across seeds (kit/reuse.py)
     cmd = launch_command(cfg, cmd)  # DATA PARALLEL: torch's N-worker cells under torchrun (harness/run/launch.py)
+    env = cell_env(cfg, cell_dir)
     if fork:  # its twin's pre-imported parent starts before the cell's clock (its own phase)
-        forkserver.server_for(cmd, cell_env(cfg, cell_dir), child_env(cfg))
+        forkserver.server_for(cmd, env, child_env(cfg))
     start = time.monotonic()
-    returncode, error = _run_child(cmd, cfg, cell_dir, timeout_s, on_event, placement, fork)
+    returncode, error = _run_child(cmd, cfg, cell_dir, env, timeout_s, on_event, placement, fork)
     return _outcome(cfg, run_id, cell_dir, returncode, error, time.monotonic() - start)
 
 
@@ -233,13 +234,12 @@ def cell_env(cfg: RunConfig, cell_dir: Path) -> dict[str, str]:
     return profile_env(cfg, child_env_for(cfg, child_env(cfg), cell_dir), cell_dir)
 
 
-def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, timeout_s: float,
+def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, env: dict[str, str], timeout_s: float,
                on_event: Callable[[dict], None], placement=None, fork: bool = False) -> tuple[int, str]:
-    """Start the child, stream its progress lines to on_event, kill it at the timeout. Returns its exit code
-    and the harness's error ("" unless it timed out); Ctrl-C (or the placement's cancel event, set by the parent
-    of cells running at once) stops it and drops its unfinished tables."""
+    """Start the child (`env`: cell_env's), stream its progress lines to on_event, kill it at the timeout. Returns
+    its exit code and the harness's error ("" unless it timed out); Ctrl-C (or the placement's cancel event, set by
+    the parent of cells running at once) stops it and drops its unfinished tables."""
     start, proc, error = time.monotonic(), None, ""
-    env = cell_env(cfg, cell_dir)
     if placement is not None:
         cmd, env = placement.command(cmd), placement.env(env)
     cancel = placement.cancel if placement is not None else None
