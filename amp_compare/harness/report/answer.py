@@ -71,7 +71,8 @@ def _off_one(ratio: float) -> str:
 def _speed_text(r, seeds: pd.DataFrame) -> str:
     """The ratio, in every seed's words where every seed agrees, else with its interval and its kind."""
     ratios = seeds["ratio"].to_numpy(float)
-    if len(ratios) >= 2 and ((ratios > 1).all() or (ratios < 1).all()) and len(ratios) <= 3:
+    same_side = len(ratios) >= 2 and ((ratios > 1).all() or (ratios < 1).all())
+    if same_side and len(ratios) <= 3:
         side = "below" if (ratios < 1).all() else "above"
         return (f"{r.speedup_vs_fp32:.2f}× fp32's speed (geometric mean), {side} 1× in every seed ("
                 + ", ".join(f"{_off_one(v)}×" for v in ratios) + ")")
@@ -83,7 +84,7 @@ def _speed_text(r, seeds: pd.DataFrame) -> str:
                 f"[{ratio_number(r.speed_low, 'steps')}–{ratio_number(r.speed_high, 'steps')}] (95% interval of the "
                 f"step-to-step noise within seed {seed}'s two cells only; how the ratio varies between seeds is "
                 "unknown)")
-    every = " in every seed" if len(ratios) >= 2 and ((ratios > 1).all() or (ratios < 1).all()) else ""
+    every = " in every seed" if same_side else ""
     return (f"{r.speedup_vs_fp32:.2f}× fp32's speed{every} [{r.speed_low:.2f}–{r.speed_high:.2f}] "
             f"(95% t-interval over {int(r.speed_seeds)} seeds)")
 

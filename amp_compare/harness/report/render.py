@@ -589,7 +589,9 @@ def _in_parallel(tasks: list) -> Callable[[], list]:
     # A process that has loaded a framework (a notebook, a test) may hold thread pools a fork cannot copy: draw
     # there one figure after another. The compare's own parent never imports one.
     framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
-    here = lambda cancel=False: [] if cancel else [_themed(fn, args) for fn, args in tasks]  # noqa: E731
+    def here(cancel: bool = False) -> list:
+        return [] if cancel else [_themed(fn, args) for fn, args in tasks]
+
     if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2 or framework:
         return here
     import concurrent.futures

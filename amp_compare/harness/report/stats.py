@@ -328,15 +328,13 @@ ONE_SEED = "one seed: seed-to-seed spread unknown"
 
 
 def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str = "seeds",
-                  machine: str = "", as_change: bool = False, direction: bool = False) -> str:
+                  as_change: bool = False, direction: bool = False) -> str:
     """"" when a ratio stands; otherwise why it does not (shown next to the number with ⚠). as_change: the
     ratio is shown as a change (memory: -8%), and the note says its interval the same way. direction: what is
     judged is the ratio's side of 1 (speed), so a wide interval that excludes 1 stands (its width is printed
     beside it); a wide one that includes 1 does not."""
     if not np.isfinite(ratio):
         return "no paired cells"
-    if machine:
-        return machine
     if not (np.isfinite(low) and np.isfinite(high)) or low <= 0:
         return f"{ONE_SEED}, no interval" if seeds == 1 else "no interval"
     interval = f"{low - 1:+.0%} to {high - 1:+.0%}" if as_change else f"{low:.2f}–{high:.2f}×"

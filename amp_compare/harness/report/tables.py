@@ -291,12 +291,9 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: 
                   and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
         if precisions.is_mixed(prec) and paired:
             res = stats.ratio_interval([p[2] for p in paired])
-            # a time ratio is the inverse of a speed ratio: drift is judged on the speed the time came from
             # a time ratio is judged by the speed ratio's rule, its drift notes quoted as time ratios too
             speeds = [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired]
-            machine = seed_note(drift, speeds, 1 / res["ratio"], time=True)
-            moved = seed_note(drift, _off_one(speeds), 1 / res["ratio"], time=True)
-            stalled = stall_note(drift, speeds, time=True)
+            machine, stalled, moved = _drift_notes(drift, speeds, 1 / res["ratio"], time=True)
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"],
                        ttt_note=stats.support_note(res, machine, stalled, moved))
         out[(fw, prec)] = row
@@ -359,10 +356,16 @@ def _log_ratio(a: float, b: float) -> float:
     return float(np.log(b / a)) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else float("nan")
 
 
-def _off_one(seeds: list[tuple]) -> list[tuple]:
+def _away_from_one(seeds: list[tuple]) -> list[tuple]:
     """The seeds (seed_note's pairs) whose speed ratio lies more than stats.SAME from 1: drift that could have moved
     them is drift that could have spread the seeds (a band always holds 1)."""
     return [p for p in seeds if abs(p[2] - 1) > stats.SAME]
+
+
+def _drift_notes(drift, seeds: list[tuple], ratio: float, time: bool = False) -> tuple[str, str, str]:
+    """(machine, stalled, moved): the drift notes stats.speed_verdict / support_note judge a ratio's seeds by."""
+    return (seed_note(drift, seeds, ratio, time=time), stall_note(drift, seeds, time=time),
+            seed_note(drift, _away_from_one(seeds), ratio, time=time))
 
 
 def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict | None = None) -> pd.DataFrame:
@@ -387,8 +390,7 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
         logs = [_log_ratio(a.throughput_img_s, b.throughput_img_s) for a, b in pairs]
         res = stats.speed_interval(fp32, mixed, logs)
         seeds = [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed) for (a, b), lr in zip(pairs, logs)]
-        machine, stalled = seed_note(drift, seeds, res["ratio"]), stall_note(drift, seeds)
-        moved = seed_note(drift, _off_one(seeds), res["ratio"])
+        machine, stalled, moved = _drift_notes(drift, seeds, res["ratio"])
         rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
                      "spread_p90_p50": stats.step_spread(fp32 + mixed),
@@ -508,8 +510,8 @@ def fewer_seeds_note(runs: pd.DataFrame) -> str:
              if set(ok.loc[ok["model"] == m, "seed"]) == set(s) and len(seeds) > len(s)]
     said = "; ".join(f"the {m} ran seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))} only" for m, s in fewer)
     return (f" ({said}: a compare on a {device.upper() if device == 'cpu' else device} given neither --seeds nor "
-            "--repeats runs it on that alone, to keep the default run short; --seeds 0,1,2 given explicitly runs "
-            "it on every seed)") if fewer else ""
+            f"--repeats runs it on that alone, to keep the default run short; {stats.MORE_SEEDS} runs it on every "
+            "seed)") if fewer else ""
 
 
 def legend(table: pd.DataFrame) -> str:
@@ -520,9 +522,10 @@ def legend(table: pd.DataFrame) -> str:
     unresolved = "memory_resolved" in table and (table["memory_resolved"] == 0).any()
     return ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
             "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval "
-            f"includes 1× (unless narrower than {stats.NOISY_WIDTH}× end to end around a ratio within 5% of 1×: no "
-            "difference; a speed or time-to-target interval wholly on one side of 1× is not marked however wide: "
-            f"its side stands; a memory interval is marked also when wider than {stats.NOISY_WIDTH}× end to end), "
+            f"includes 1× (unless narrower than {stats.NOISY_WIDTH}× end to end around a ratio within "
+            f"{stats.SAME:.0%} of 1×: no difference; a speed or time-to-target interval wholly on one side of 1× is "
+            "not marked however wide: its side stands; a memory interval is marked also when wider than "
+            f"{stats.NOISY_WIDTH}× end to end), "
             "it has none, it rests on one seed (speed, time to target), a stall of the machine next to its cells or "
             "the machine's drift next to its cells could explain it, or "
             "too few steps were timed; or an accuracy change the run is too short to judge; the findings say "
