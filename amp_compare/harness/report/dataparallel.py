@@ -26,6 +26,7 @@ Per N-worker cell (`rows`), against its 1-worker cell of the same framework, mod
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -34,7 +35,6 @@ from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, d
 from amp_compare.contract.records import unpack_correct
 from amp_compare.harness.report import drift, stats, wording
 from amp_compare.harness.report.steadiness import unsteady_reason
-from amp_compare.kit.data import NUM_CLASSES
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
 
@@ -130,17 +130,19 @@ def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None =
     return text
 
 
+# What a reduced-precision all-reduce cell's accuracy is pooled over (its seeds' cells), beside its --allreduce
+POOL = ["model", "dataset", "framework", "precision", "cfg_replicas"]
+
+
 def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
     """A reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers (paired by
     seed and image; several seeds: each row holds one seed, so the pairing is done over the group by the caller)."""
     if cell["cfg_allreduce"] == ALLREDUCE_REFERENCE:
         return "reference"
     base = n_cells[(n_cells["cfg_allreduce"] == ALLREDUCE_REFERENCE) & (n_cells["status"] == "ok")]
-    base = base[(base[["model", "dataset", "framework", "precision", "cfg_replicas"]]
-                 == cell[["model", "dataset", "framework", "precision", "cfg_replicas"]]).all(axis=1)]
+    base = base[(base[POOL] == cell[POOL]).all(axis=1)]
     mine = n_cells[(n_cells["status"] == "ok") & (n_cells["cfg_allreduce"] == cell["cfg_allreduce"])]
-    mine = mine[(mine[["model", "dataset", "framework", "precision", "cfg_replicas"]]
-                 == cell[["model", "dataset", "framework", "precision", "cfg_replicas"]]).all(axis=1)]
+    mine = mine[(mine[POOL] == cell[POOL]).all(axis=1)]
     pairs = []
     for r in mine.itertuples():
         ref = base[base["seed"] == r.seed]
@@ -158,17 +160,17 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
     test = res["test"] if "seed" in res["test"] else f"{res['test']}, {len(pairs)} seed{'s' * (len(pairs) > 1)}"
     text = (f"{res['diff_pp']:+.2f} pp, 95% CI [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], "
             f"p = {res['p_value']:.3g} ({test}): {verdict}")
-    return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], NUM_CLASSES.get(str(cell["dataset"]), 0))
+    return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))
 
 
 # within this many points of chance, validation accuracy says little: a difference there is between two guessers
 NEAR_CHANCE_PP = 10.0
 
 
-def _near_chance(correct: list[np.ndarray], classes: int) -> str:
-    """The caveat where the paired runs' validation accuracy is near chance (1 / classes of the dataset; 10 where
-    the dataset is not one the kit knows)."""
-    chance = 100.0 / (classes or 10)
+def _near_chance(correct: list[np.ndarray], dataset: str) -> str:
+    """The caveat where the paired runs' validation accuracy is near chance (stats.chance_accuracy: 1 / the
+    dataset's classes, 10 where the dataset is not one the kit knows)."""
+    chance = 100.0 * stats.chance_accuracy(dataset)
     accuracy = 100.0 * float(np.mean([c.mean() for c in correct])) if correct else float("nan")
     if np.isfinite(accuracy) and accuracy - chance <= NEAR_CHANCE_PP:
         return (f" — validation accuracy {accuracy:.1f}% is near chance ({chance:.0f}%): the runs barely learned, "
@@ -269,6 +271,12 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     loss = {cell: g.set_index("step")["loss"] for cell, g in steps.groupby("cell_id")} if not steps.empty else {}
     timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
              if not steps.empty and "warmup" in steps else {})
+    pooled: dict[tuple, str] = {}
+
+    def accuracy(cell: pd.Series) -> str:  # pooled over the seeds' cells: once per group, not per seed's row
+        key = tuple(str(cell[k]) for k in [*POOL, "cfg_allreduce"])
+        return pooled[key] if key in pooled else pooled.setdefault(key, _accuracy_vs_fp32_allreduce(cell, n_cells))
+
     out = []
     for _, cell in n_cells.sort_values(KEY[:4], key=display_order).iterrows():
         same = (runs[KEY] == cell[KEY]).all(axis=1)
@@ -281,13 +289,13 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
         if cell["status"] != "ok" or single.empty:
             out.append({**row, "error": row["error"] or "no finished 1-worker cell to compare with"})
             continue
-        out.append(_judged(row, cell, single.iloc[0], floor, n_cells, loss, timed, workers, environment or {}))
+        out.append(_judged(row, cell, single.iloc[0], floor, accuracy, loss, timed, workers, environment or {}))
     return pd.DataFrame(out)
 
 
-def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, n_cells: pd.DataFrame, loss: dict,
-            timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
-    """A finished N-worker cell's row against its finished 1-worker cell `one`."""
+def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, accuracy: Callable[[pd.Series], str],
+            loss: dict, timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
+    """A finished N-worker cell's row against its finished 1-worker cell `one` (accuracy: rows()' pooled one)."""
     none = pd.Series(dtype=float)
     gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
     floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))
@@ -307,7 +315,7 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, n_c
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
-            "accuracy": _accuracy_vs_fp32_allreduce(cell, n_cells),
+            "accuracy": accuracy(cell),
             "val_accuracy": float(cell.get("final_val_accuracy", np.nan)),
             "engine": str(cell.get("data_parallel") or "")}
 
@@ -429,8 +437,9 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()]
     per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
     floors = [int(t) for t in ok["floor_threads"].dropna()] if "floor_threads" in ok else []
+    machine = machine_range(environment)  # run-wide
     for threads in sorted(set(ok["threads_1"].astype(int))):
-        out.append(wording.data_parallel_threads(ran, threads, per_worker, machine_range(environment), floors))
+        out.append(wording.data_parallel_threads(ran, threads, per_worker, machine, floors))
     for r in ok[~ok["agree"].astype(bool)].itertuples():
         out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
                    f"agree — {r.agreement}.")

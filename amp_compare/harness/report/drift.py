@@ -90,11 +90,6 @@ class Drift:
         return K_STEPS * self.step
 
     @property
-    def stall_limit_ms(self) -> float:
-        """Checks above this are stalls."""
-        return self.median_ms * self.stall_factor
-
-    @property
     def kept(self) -> np.ndarray:
         """The checks that read the machine's level (stalls left out)."""
         return self.ms[~self.stall]
@@ -168,9 +163,10 @@ def drift_of(environment: dict) -> Drift | None:
     # the limit scales with the typical move (robust to the stalls it is to find), not with the level's spread: a
     # machine that runs at two levels has a wide spread, yet a check 8x its median is still a stall
     rough = _step(logs, fws, np.zeros(ms.size, bool)) if ms.size > 2 else 0.0
-    stall = ms > median * max(STALL, float(np.exp(STALL_MADS * rough)))
+    factor = max(STALL, float(np.exp(STALL_MADS * rough)))
+    stall = ms > median * factor
     step = _step(logs, fws, stall) if ms.size > 2 else 0.0
-    return Drift(ms, whens, median, spread, step, stall, max(STALL, float(np.exp(STALL_MADS * rough))))
+    return Drift(ms, whens, median, spread, step, stall, factor)
 
 
 def stall_note(drift: Drift | None, pairs: list[tuple[str, str, float, int]], time: bool = False) -> str:
@@ -235,7 +231,7 @@ def _stalls_sentence(d: Drift) -> str:
     values = ", ".join(f"{m:,.0f}" for m in d.ms[d.stall])
     cells = ", ".join(d.stalled_cells())
     n = int(d.stall.sum())
-    return (f" {n} check{'s' if n != 1 else ''} ({values} ms) read more than {d.stall_limit_ms / d.median_ms:.1f}× "
+    return (f" {n} check{'s' if n != 1 else ''} ({values} ms) read more than {d.stall_factor:.1f}× "
             f"the median: the machine stalled there, so the cells next to {'them' if n != 1 else 'it'} ({cells}) "
             "may have stalled too; a ratio of theirs is marked ⚠ (re-run the cell) where the stall, counted among the "
             "checks next to its cells, could explain it. Stalls are left out of the level below.")

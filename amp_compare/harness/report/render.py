@@ -669,17 +669,18 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
+    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "glossary": wording.glossary(facts), "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
             "underflow_methods": nr.UNDERFLOW_METHODS,
             "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
                              for p, t in nr.dtype_side_by_side(dtypes).items()},
-            "dtype_facts": nr.op_dtype_facts(dtypes, manifest["device"]),
+            "dtype_facts": dtype_facts,
             "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
             "said": nr.numerics_said(runs, underflow, headroom, steps, acc),
             "headroom_table": _html_or_none(nr.headroom_table(headroom, runs, steps)),  # the vit's
-            "words": nr.section_words(facts, nr.op_dtype_facts(dtypes, manifest["device"])),
+            "words": nr.section_words(facts, dtype_facts),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
 
@@ -707,8 +708,9 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
         f"python -m amp_compare report {run_dir} draws them."])
     checked = side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else [])
+    numerics = _numerics_context(manifest, tables, summary["facts"], acc_stats)
     return {
-        **summary, **_numerics_context(manifest, tables, summary["facts"], summary["accuracy"]),
+        **summary, **numerics,
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
         "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
@@ -731,7 +733,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "comparison": manifest["defaults"].get("comparison", "aligned"),
         "init": manifest["defaults"].get("init", "shared"),
         "glossary_entries": glossary.entries(
-            summary["facts"], nr.op_dtype_facts(tables.get("dtypes", pd.DataFrame()), manifest["device"]),
+            summary["facts"], numerics["dtype_facts"],
             manifest["defaults"].get("comparison", "aligned"), summary["full"],
             {**manifest["environment"], "device": manifest["device"]},
             tables.get("underflow", pd.DataFrame()), acc_stats),
