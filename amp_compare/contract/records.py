@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -59,10 +60,20 @@ RENAMED = {"peak_dtype": "ceiling_dtype", "peak_basis": "ceiling_basis",
            "peak_flops_table": "ceiling_flops_table", "peak_table_source": "ceiling_table_source"}
 
 
+# A half format the CPU has no arithmetic for is measured against the fp32 matmul's ceiling (kit/ceiling.py), labelled
+# "fp32 (no bf16 arithmetic)"; records written before said "fp32 (bf16 emulated)", a claim about kernels no record
+# shows.
+_OLD_CEILING = re.compile(r"^fp32 \((\w+) emulated\)$")
+
+
 def migrate(df: pd.DataFrame) -> pd.DataFrame:
-    """A table read from any schema version with today's column names (RENAMED)."""
+    """A table read from any schema version with today's column names (RENAMED) and ceiling labels (_OLD_CEILING)."""
     renames = {old: new for old, new in RENAMED.items() if old in df.columns and new not in df.columns}
-    return df.rename(columns=renames) if renames else df
+    df = df.rename(columns=renames) if renames else df
+    if "ceiling_dtype" in df and df["ceiling_dtype"].astype(str).str.match(_OLD_CEILING.pattern).any():
+        df = df.assign(ceiling_dtype=df["ceiling_dtype"].map(
+            lambda v: v if pd.isna(v) else _OLD_CEILING.sub(r"fp32 (no \1 arithmetic)", str(v))))
+    return df
 
 
 def validate_table(name: str, df: pd.DataFrame) -> None:

@@ -43,19 +43,13 @@ def log_line_flags(text: str, flags: str) -> str:
 
 
 # A half format this CPU has no arithmetic for is measured against the fp32 matmul's ceiling (kit/ceiling.py); its
-# label says so. Records written before said "fp32 (fp16 emulated)", a claim about kernels no record shows.
-_OLD_CEILING = re.compile(r"^fp32 \((\w+) emulated\)$")
+# label says so (older records' labels are today's once read: contract/records.migrate).
 FP32_CEILING = re.compile(r"^fp32 \(no \w+ arithmetic\)$")
-
-
-def ceiling_label(value) -> str:
-    """A cell's ceiling dtype as the report prints it: "fp32 (no fp16 arithmetic)" also for older records."""
-    return _OLD_CEILING.sub(r"fp32 (no \1 arithmetic)", "" if pd.isna(value) else str(value))
 
 
 def on_fp32_ceiling(dtypes: pd.Series) -> pd.Series:
     """Which cells' half format is measured against the fp32 matmul's ceiling (no arithmetic for it here)."""
-    return dtypes.map(ceiling_label).str.match(FP32_CEILING.pattern)
+    return dtypes.fillna("").astype(str).str.match(FP32_CEILING.pattern)
 
 
 def timing_note(wall: float, median: float) -> str:
@@ -113,7 +107,7 @@ def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
     each against its own matmul. Adds ceiling_flops; mfu_measured is recomputed from it."""
     runs = runs.copy()
     if "ceiling_dtype" in runs:
-        runs["ceiling_dtype"] = runs["ceiling_dtype"].map(ceiling_label)
+        runs["ceiling_dtype"] = runs["ceiling_dtype"].fillna("").astype(str)  # a cell without one prints nothing
     if "ceiling_flops_measured" not in runs or "ceiling_dtype" not in runs:
         runs["ceiling_flops"] = np.nan
         return runs
