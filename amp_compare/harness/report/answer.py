@@ -25,7 +25,7 @@ from amp_compare.harness.report.cell_text import ratio_number
 from amp_compare.harness.report.dataparallel import recorded_error
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
 
-# What would decide a ratio the run could not, by the start of its ⚠ note (stats / drift).
+# What would decide a ratio the run could not, by the kind of its ⚠ note (stats.note_kind).
 DECIDE = {"stalled": "a re-run of the stalled cell named beside it",
           "machine drift": "benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so the "
                            "machine's drift cancels)",
@@ -94,7 +94,7 @@ def _verdict(r) -> tuple[str, str]:
     note = r.speed_note or ""
     if note:
         fallback = DECIDE["one seed"] if r.speed_seeds == 1 else DECIDE["noisy"]
-        return "undecided", next((v for k, v in DECIDE.items() if note.startswith(k)), fallback)
+        return "undecided", DECIDE.get(stats.note_kind(note), fallback)
     if np.isfinite(r.speed_low) and (r.speed_low > 1 or r.speed_high < 1):
         return ("faster" if r.speedup_vs_fp32 > 1 else "slower"), ""
     return "no difference", ""
@@ -269,7 +269,7 @@ def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environ
             mine_seeds = seeds[(seeds["cell_id"].isin(set(mine["cell_id"]))) & (seeds["precision"] == r.precision)] \
                 if not seeds.empty else seeds
             cells = mine[mine["precision"] == r.precision]
-            parts.append(_emulated(r, cells, mine, fp8_layers) if r.speed_note == fp8_report.EMULATED_SPEED else
+            parts.append(_emulated(r, cells, mine, fp8_layers) if r.emulated else
                          _part(r, mine_seeds, cells, environment, device, profile))
             ratios[r.precision] = r.speedup_vs_fp32
         done = set(group["precision"])

@@ -33,7 +33,7 @@ from amp_compare.harness.report.tables import (
 def speed_text(r) -> str:
     """A mixed cell's speed ratio as the summary and findings show it: with its interval and, where the
     interval does not support it, why."""
-    if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED:
+    if getattr(r, "emulated", False):
         return fp8_report.EMULATED_SPEED
     basis = getattr(r, "speed_basis", "")
     text = f"{ratio_number(r.speedup_vs_fp32, basis)}×"
@@ -75,7 +75,7 @@ def _time_text(r) -> str:
         return f"not reached ({r.reached} seeds reached it)"
     text = f"{r.time_to_target_s:.1f} s" + (f" ({r.reached} seeds reached it)"
                                             if r.reached.split("/")[0] != r.reached.split("/")[1] else "")
-    if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED:
+    if getattr(r, "emulated", False):
         return text + f" ({fp8_report.EMULATED_SPEED})"
     if np.isfinite(getattr(r, "ttt_ratio", np.nan)):
         interval = f" [95% t-interval over seeds {r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else ""
@@ -140,7 +140,7 @@ def speed_findings(groups: Groups) -> list[str]:
     out = []
     for label, fw, mixed, fp32 in groups.per_framework():
         parts = [f"{r.precision} {speed_text(r)} ({r.throughput_img_s:,.0f} images/s in emulation)"
-                 if r.speed_note == fp8_report.EMULATED_SPEED else
+                 if r.emulated else
                  f"{r.precision} at {speed_text(r)} ({r.throughput_img_s:,.0f} images/s)" for r in mixed.itertuples()]
         out.append(f"{label}, {_label(fw)} ({seeds_text(int(fp32['runs'].iloc[0]))}): against fp32's "
                    f"{fp32['throughput_img_s'].iloc[0]:,.0f} images/s, {'; '.join(parts)}.")
@@ -150,33 +150,33 @@ def speed_findings(groups: Groups) -> list[str]:
         out.append("With one seed a speed interval covers the step-to-step noise of that seed's two cells only: how "
                    "much the ratio varies from seed to seed is unknown (run with "
                    f"{stats.MORE_SEEDS} to measure it).")
-    measured = is_mixed & (table["speed_note"] != fp8_report.EMULATED_SPEED)  # an emulation's is no speed result
+    measured = is_mixed & ~table["emulated"].astype(bool)  # an emulation's is no speed result
     flagged = table[measured & (table["speed_note"] != "")]
     if not flagged.empty:
         out.append(flagged_sentence(list(flagged["speed_note"]), int(measured.sum()), interval_method(table)))
     return out
 
 
-# What a ⚠ note starts with -> (its reason in a sentence, what to change).
-NOTE_KINDS = {"too few": ("too few timed steps", "with more steps per cell"),
-              "machine": ("the machine's own drift, seen next to their cells, as large as the ratio",
-                          "with benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so drift "
-                          "cancels)"),
-              "noisy": ("an interval including 1×", "with more seeds (--seeds 0,1,2,3,4)"),
-              "one seed": ("one seed (how the ratio varies between seeds is unknown)", f"with {stats.MORE_SEEDS}"),
-              "stalled": ("a stalled cell next to them (a calibration check far above the run's median)",
-                          "the stalled cells named beside them"),
-              "no ": ("no interval", f"with more steps or {stats.MORE_SEEDS}")}
+# A ⚠ note's kind (stats.note_kind) -> (its reason in a sentence, what to change).
+NOTE_REASONS = {"too few": ("too few timed steps", "with more steps per cell"),
+                "machine drift": ("the machine's own drift, seen next to their cells, as large as the ratio",
+                                 "with benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so "
+                                 "drift cancels)"),
+                "noisy": ("an interval including 1×", "with more seeds (--seeds 0,1,2,3,4)"),
+                "one seed": ("one seed (how the ratio varies between seeds is unknown)", f"with {stats.MORE_SEEDS}"),
+                "stalled": ("a stalled cell next to them (a calibration check far above the run's median)",
+                            "the stalled cells named beside them"),
+                "no ": ("no interval", f"with more steps or {stats.MORE_SEEDS}")}
 
 
 def flagged_sentence(notes: list[str], total: int, method: str) -> str:
     """How many speed ratios are marked ⚠, for which of the reasons that actually occurred, and what to do."""
     kinds: dict[str, int] = {}
     for note in notes:
-        kind = next((k for k in NOTE_KINDS if note.startswith(k)), "")
+        kind = stats.note_kind(note)
         kinds[kind] = kinds.get(kind, 0) + 1
-    reasons = ", ".join(f"{n} for {NOTE_KINDS[k][0] if k else 'other reasons'}" for k, n in kinds.items())
-    advice = " and ".join(dict.fromkeys(NOTE_KINDS[k][1] for k in kinds if k))
+    reasons = ", ".join(f"{n} for {NOTE_REASONS[k][0] if k else 'other reasons'}" for k, n in kinds.items())
+    advice = " and ".join(dict.fromkeys(NOTE_REASONS[k][1] for k in kinds if k))
     intervals = f" Their 95% intervals: {method}." if method else ""
     return (f"{len(notes)} of {total} speed ratios are marked ⚠, the run's evidence does not support them: "
             f"{reasons}.{intervals} Re-run {advice or 'with more seeds'} to settle them.")
@@ -217,7 +217,7 @@ def memory_findings(groups: Groups, runs: pd.DataFrame) -> list[str]:
             out.append(f"{groups.label(key)}, peak memory against fp32 ({kinds}; the change is the geometric mean "
                        f"over seeds of each seed's ratio, MiB the median difference): {'; '.join(parts)}."
                        f"{_notes(mem['memory_note'], 'no change')}")
-        emulated = group[group["memory_note"] == fp8_report.EMULATED_MEMORY]
+        emulated = group[group["emulated"].astype(bool)]
         if not emulated.empty:  # withheld as their speed is: the emulation's memory, not fp8's
             out.append(f"{groups.label(key)}, peak memory of {', '.join(sorted(set(emulated['precision'])))}: not "
                        f"compared with fp32, {fp8_report.EMULATED_MEMORY}; no fp8 arithmetic ran.")

@@ -85,7 +85,7 @@ def below_resolution_text(resolution: float, basis: str = "own") -> str:
 def cell_text(r) -> str:
     """The summary table's "Memory vs fp32" cell: the change (⚠ where its interval does not support it), or
     that it is unresolved and the resolution it is below."""
-    if getattr(r, "memory_note", "") == EMULATED_MEMORY:
+    if getattr(r, "emulated", False):
         return EMULATED_MEMORY
     if unresolved(r):
         resolution = r.memory_resolution_mib

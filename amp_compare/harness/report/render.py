@@ -246,25 +246,25 @@ def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
         "Model": mixed["model"], "Dataset": mixed["dataset"], "Framework": mixed["framework"].map(framework_label),
         "Precision": mixed["precision"],
         # the digits the answer and findings print (cell_text.ratio_number: three significant on one seed's steps)
-        "Speed vs fp32": [fp8_report.EMULATED_SPEED if note == fp8_report.EMULATED_SPEED else
-                          f"{ratio_number(v, str(b))}×"
-                          for v, b, note in zip(mixed["speedup_vs_fp32"], mixed["speed_basis"], mixed["speed_note"])],
+        "Speed vs fp32": [fp8_report.EMULATED_SPEED if emulated else f"{ratio_number(v, str(b))}×"
+                          for v, b, emulated in zip(mixed["speedup_vs_fp32"], mixed["speed_basis"],
+                                                    mixed["emulated"])],
         "95% interval": [f"{ratio_number(lo, str(b))}–{ratio_number(hi, str(b))}×" if np.isfinite(lo) else "n/a"
                          for lo, hi, b in zip(mixed["speed_low"], mixed["speed_high"], mixed["speed_basis"])],
-        "Interval from": ["n/a" if note == fp8_report.EMULATED_SPEED else basis.get(b, b).format(
-            n=int(n) if pd.notna(n) else 0) for b, n, note in zip(mixed["speed_basis"], mixed["speed_seeds"],
-                                                                   mixed["speed_note"])],
+        "Interval from": ["n/a" if emulated else basis.get(b, b).format(n=int(n) if pd.notna(n) else 0)
+                          for b, n, emulated in zip(mixed["speed_basis"], mixed["speed_seeds"],
+                                                    mixed["emulated"])],
         "Timed steps per cell": mixed["timed_steps"].map(lambda v: "n/a" if pd.isna(v) else f"{int(v)}"),
         "Slowest p90/p50": mixed["spread_p90_p50"].map(lambda v: "n/a" if pd.isna(v) else f"{v:.1f}×"),
-        "Supported?": mixed["speed_note"].map(lambda v: "no speed claimed" if v == fp8_report.EMULATED_SPEED
-                                              else f"⚠ {v}" if v else "yes"),
+        "Supported?": ["no speed claimed" if emulated else f"⚠ {v}" if v else "yes"
+                       for v, emulated in zip(mixed["speed_note"], mixed["emulated"])],
     })
 
 
 def _ttt_ratio_text(r, device: str = "cpu") -> str:
     """A mixed cell's time to target against fp32's: ratio, interval, ⚠ and why (none for an emulation's)."""
     ratio = getattr(r, "ttt_ratio", np.nan)
-    if getattr(r, "speed_note", "") == fp8_report.EMULATED_SPEED or fp8_report.speed_emulated(r.precision, device):
+    if getattr(r, "emulated", False) or fp8_report.speed_emulated(r.precision, device):
         return fp8_report.EMULATED_SPEED
     if not isinstance(ratio, float) or not np.isfinite(ratio):
         return ""

@@ -182,8 +182,8 @@ def _hardware_cells(r, data_sheet: bool) -> dict:
 
 def _speed_cell(r) -> str:
     note = getattr(r, "speed_note", "")
-    if note == fp8_report.EMULATED_SPEED:
-        return note
+    if getattr(r, "emulated", False):
+        return fp8_report.EMULATED_SPEED
     value, basis = r.speedup_vs_fp32, getattr(r, "speed_basis", "")
     return (f"{ratio_number(value, basis)}×" if np.isfinite(value) else _fmt(value, ".2f", "×")) + mark(note)
 
@@ -476,6 +476,7 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     if "ttt_note" in out:
         out.loc[emulated, "ttt_note"] = ""
     out.loc[emulated, "speed_note"] = fp8_report.EMULATED_SPEED
+    out["emulated"] = emulated  # what every sentence and table tests, rather than the notes' words
     out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_low", "memory_high", "memory_difference_mib",
                                    "memory_resolved", "memory_resolution_mib") if c in out]] = np.nan
     out.loc[emulated, "memory_note"] = fp8_report.EMULATED_MEMORY
