@@ -32,9 +32,9 @@ def _set_steps(run_dir, cell_pattern: str, skipped_at=(), nonfinite_from=()):
         records.atomic_write_table(cell / "steps.parquet", steps)
 
 
-def _answers(run_dir, profile=None):
+def _answers(run_dir, profile=None, cpu=CPU_BF16):
     manifest = render.load_manifest(run_dir)
-    manifest["environment"].update(CPU_BF16)
+    manifest["environment"].update(cpu)
     t = records.read_run(run_dir)
     env = {**manifest["environment"], "calibrations": manifest["calibrations"]}
     full = full_table(t["run"], t["steps"], t["epochs"], env)
@@ -71,6 +71,19 @@ def test_a_win_a_loss_an_undecided_ratio_and_a_diverged_precision(tmp_path):
     assert any(s.startswith("simple_cnn on synthetic, Keras (TF) bf16 (seed 0) diverged") and
                "steps counted from 0: first non-finite loss at step 5;" in s for s in said), said
 
+
+
+def test_an_answer_on_a_run_that_kept_the_frameworks_from_instructions_says_so(tmp_path):
+    """ONEDNN_MAX_CPU_ISA=AVX2 on a CPU with AVX-512 BF16 (contract/env.cpu_info records it): the flags still list
+    bfloat16 dot products, and the reason beside a slowdown says the frameworks were kept from instructions."""
+    run_dir = write_run(tmp_path, speeds={("torch", "fp16"): [0.12, 0.11, 0.13], ("torch", "bf16"): [0.15] * 3,
+                                          ("tf", "fp16"): [0.3] * 3, ("tf", "bf16"): [0.3] * 3})
+    limited = {**CPU_BF16, "cpu_isa_limits": "ONEDNN_MAX_CPU_ISA=AVX2"}
+    bf16 = _answers(run_dir, cpu=limited)[0].parts[1]
+    assert bf16.verdict == "slower" and ("this CPU has bfloat16 dot products (flags: avx512f,avx512_bf16,avx2,f16c), "
+                                         "but this run kept the frameworks from some instructions "
+                                         "(ONEDNN_MAX_CPU_ISA=AVX2)") in bf16.why, bf16.why
+    assert "but this run kept" not in _answers(run_dir)[0].parts[1].why
 
 def test_the_why_follows_the_speed_verdict_and_no_p_is_printed_where_no_image_differed(tmp_path):
     run_dir = write_run(tmp_path, speeds={("tf", "fp16"): [0.25] * 3, ("torch", "fp16"): [0.12] * 3})

@@ -42,6 +42,36 @@ def test_flags_for_both_formats_say_what_the_cpu_can_do_not_which_kernels_ran():
     assert "computes both bfloat16 and float16 in hardware" not in said
 
 
+
+def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flags_as_what_they_used(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 on a CPU with AVX-512 BF16 (a way to see another CPU's kernels on this one, e.g. a
+    bf16 matmul timed at 0.0009 TFLOP/s): the flags still list bfloat16 arithmetic, but the frameworks could not
+    use it, so no sentence reads the flags as explaining a slowdown or as evidence for the lesson."""
+    from amp_compare.contract import env
+    from amp_compare.harness.report.wording import RunFacts
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    for var in ("DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(var, raising=False)
+    info = env.cpu_info("model name\t: Test CPU\nflags\t\t: avx2 avx512f avx512_bf16 f16c\n")
+    assert info["cpu_bf16_hardware"] and info["cpu_isa_limits"] == "ONEDNN_MAX_CPU_ISA=AVX2"
+    limited = {**AVX512_BF16, "cpu_isa_limits": info["cpu_isa_limits"]}
+    said = " ".join(finding_parts(_runs(), pd.DataFrame(), limited).sentences)
+    assert ("flags list bfloat16 arithmetic, but this run kept the frameworks from some instructions "
+            "(ONEDNN_MAX_CPU_ISA=AVX2), so whether they could use it is not known here") in said
+    assert "so they do not explain a slowdown" not in said
+    assert speed.flags_sentence(limited).endswith(
+        "This run kept the frameworks from some of these instructions (ONEDNN_MAX_CPU_ISA=AVX2).")
+    assert "kept the frameworks" not in speed.flags_sentence(AVX512_BF16)
+    facts = RunFacts(frameworks=["torch"], precisions=["fp32", "bf16"], seeds=[0], device="cpu", rotated=False,
+                     halves={"bfloat16"})
+    table = pd.DataFrame({"precision": ["fp32", "bf16"], "speedup_vs_fp32": [1.0, 0.15]})
+    text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, limited, None)
+                if e.id == "gl-half-formats")
+    assert "(ONEDNN_MAX_CPU_ISA=AVX2): its rows are no evidence either way" in text and "the lesson allows" not in text
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert "cpu_isa_limits" not in env.cpu_info("flags\t: avx2\n")
+
 def test_a_framework_log_line_is_the_evidence_it_is(tmp_path):
     runs = _runs()
     cell = tmp_path / "cells" / "tf-fp16"

@@ -28,6 +28,9 @@ AMP_CPU_FLAGS = {
     "fma": "fused multiply-add",
     "f16c": "F16C: float16<->float32 conversion only",
 }
+# Variables that keep the frameworks from instructions the CPU has (oneDNN, used by PyTorch and TensorFlow: its
+# most capable ISA; PyTorch's own vectorised kernels: theirs): with one set, the flags above are not what ran.
+ISA_LIMIT_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,11 +50,13 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
         elif key in ("flags", "Features") and not flags:
             flags = set(value.split())
     present = [f for f in AMP_CPU_FLAGS if f in flags]
+    limits = ", ".join(f"{v}={os.environ[v]}" for v in ISA_LIMIT_VARS if os.environ.get(v))
     return {
         "cpu_model": model,
         "cpu_amp_flags": ",".join(present),
         "cpu_bf16_hardware": any(f in flags for f in ("avx512_bf16", "amx_bf16")),
         "cpu_fp16_hardware": any(f in flags for f in ("avx512_fp16", "amx_fp16")),
+        **({"cpu_isa_limits": limits} if limits else {}),  # recorded only where set (the Environment table)
         "cpu_count": os.cpu_count() or 1,
         "cpus_usable": usable_cpus(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),  # --threads' default follows it where set

@@ -142,6 +142,7 @@ RUN = _columns(
     ("budget_reason", "str", "", "why the speed budget cut the cell (kit/training.py SpeedBudget)"),
     # contract/env.cpu_info
     ("cpu_model", "str"), ("cpu_amp_flags", "str"), ("cpu_bf16_hardware", "bool"), ("cpu_fp16_hardware", "bool"),
+    ("cpu_isa_limits", "str", "", "contract/env.ISA_LIMIT_VARS set (ONEDNN_MAX_CPU_ISA=AVX2); missing: none"),
     ("cpu_count", "int", "CPUs"), ("cpus_usable", "int", "CPUs"), ("omp_num_threads", "str"), ("hostname", "str"),
     ("cuda_visible_devices", "str"), ("cpu_affinity", "str"), ("slurm_job_id", "str"),
     # added by the parent (harness/run/runner.py) from the cell's stderr.log: the frameworks' own log lines on a

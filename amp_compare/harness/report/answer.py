@@ -20,7 +20,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import fp8 as fp8_report
-from amp_compare.harness.report import memory, numerics, stats
+from amp_compare.harness.report import memory, numerics, speed, stats
 from amp_compare.harness.report.cell_text import ratio_number
 from amp_compare.harness.report.dataparallel import recorded_error
 from amp_compare.harness.report.tables import LOOP, group_label, named_machines, varying_keys
@@ -137,6 +137,8 @@ def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict,
         flags = environment.get("cpu_amp_flags") or "none"
         said.append(f"this CPU has {what} (flags: {flags})" if environment.get(key) else
                     f"this CPU has no {what} ({names} absent; flags: {flags})")
+        if speed.isa_limits(environment):
+            said[-1] += f", but this run kept the frameworks from some instructions ({speed.isa_limits(environment)})"
     if rows.empty and not lines:  # a quoted fallback line already says which path the framework took
         said.append("which kernels ran is unexplained by this run (no profile)")
     return "; ".join(said)

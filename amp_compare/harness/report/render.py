@@ -462,7 +462,7 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
         seeds |= set(manifest["matrix"]["seeds"])
         commands.append(manifest["command"])
     first = load_manifest(run_dirs[0])
-    for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware"):  # the CPU verdict, where runs agree
+    for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware", "cpu_isa_limits"):  # where runs agree
         values = {str(load_manifest(d)["environment"].get(key)) for d in run_dirs}
         if len(values) == 1 and key in first["environment"]:
             environment[key] = first["environment"][key]

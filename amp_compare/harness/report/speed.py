@@ -61,6 +61,13 @@ def _flags(environment: dict) -> set[str]:
     return set(filter(None, str(environment.get("cpu_amp_flags") or "").split(",")))
 
 
+def isa_limits(environment: dict) -> str:
+    """The variables with which the run kept the frameworks from instructions the CPU has (contract/env.py
+    ISA_LIMIT_VARS, "ONEDNN_MAX_CPU_ISA=AVX2"), "" where none was set: the CPU's flags then say nothing of what the
+    frameworks could use."""
+    return str(environment.get("cpu_isa_limits") or "")
+
+
 def has_arithmetic(environment: dict, half: str) -> bool:
     key = {"bfloat16": "cpu_bf16_hardware", "float16": "cpu_fp16_hardware"}[half]
     return bool(environment.get(key))
@@ -75,8 +82,10 @@ def flags_sentence(environment: dict) -> str:
         parts.append(f"{half} arithmetic {'listed (' + ', '.join(present) + ')' if present else 'not listed'}"
                      + ("" if present else f" ({' and '.join(names)} absent)"))
     f16c = "; F16C, present, only converts between float16 and float32" if "f16c" in flags else ""
+    limits = (f" This run kept the frameworks from some of these instructions ({isa_limits(environment)})."
+              if isa_limits(environment) else "")
     return (f"This CPU's flags: {'; '.join(parts)}{f16c}. Flags say what the CPU can compute, not which kernels a "
-            "framework ran.")
+            f"framework ran.{limits}")
 
 
 def _range(values) -> str:
@@ -124,7 +133,11 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         if shown.empty and flagged.empty:
             continue
         text = _slower_text(fmt, rows, shown, flagged)
-        if has_arithmetic(environment, fmt):
+        if has_arithmetic(environment, fmt) and isa_limits(environment):
+            text += (f" This CPU's flags list {fmt} arithmetic, but this run kept the frameworks from some "
+                     f"instructions ({isa_limits(environment)}), so whether they could use it is not known here: the "
+                     "run did not record which kernels ran (a profile would).")
+        elif has_arithmetic(environment, fmt):
             text += (f" This CPU's flags list {fmt} arithmetic, so they do not explain a slowdown: the run did not "
                      "record which kernels ran (a profile would).")
         else:
