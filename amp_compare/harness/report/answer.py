@@ -137,7 +137,7 @@ def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict,
         flags = environment.get("cpu_amp_flags") or "none"
         said.append(f"this CPU has {what} (flags: {flags})" if environment.get(key) else
                     f"this CPU has no {what} ({names} absent; flags: {flags})")
-        if speed.isa_limits(environment):
+        if environment.get(key) and speed.isa_limits(environment):  # arithmetic the frameworks may not have used
             said[-1] += f", but this run kept the frameworks from some instructions ({speed.isa_limits(environment)})"
     if rows.empty and not lines:  # a quoted fallback line already says which path the framework took
         said.append("which kernels ran is unexplained by this run (no profile)")
