@@ -2,6 +2,8 @@
 the run's evidence only, and what would decide what the run cannot. Synthetic run folders (no training) rendered
 by the same report.render a compare calls; the answer is read from the page, summary.md and the terminal text."""
 
+import html
+
 import pandas as pd
 
 from amp_compare.contract import records
@@ -80,11 +82,24 @@ def test_an_answer_on_a_run_that_kept_the_frameworks_from_instructions_says_so(t
                                           ("tf", "fp16"): [0.3] * 3, ("tf", "bf16"): [0.3] * 3})
     limited = {**CPU_BF16, "cpu_isa_limits": "ONEDNN_MAX_CPU_ISA=AVX2"}
     fp16, bf16 = _answers(run_dir, cpu=limited)[0].parts
-    assert "kept the frameworks" not in fp16.why  # no float16 arithmetic to be kept from: nothing to add
+    assert fp16.why.startswith("this CPU has no float16 arithmetic (avx512_fp16/amx_fp16 absent; flags: avx512f,"
+                               "avx512_bf16,avx2,f16c), and this run kept oneDNN from AVX-512 "
+                               "(ONEDNN_MAX_CPU_ISA=AVX2);"), fp16.why
     assert bf16.verdict == "slower" and ("this CPU has bfloat16 dot products (flags: avx512f,avx512_bf16,avx2,f16c), "
-                                         "but this run kept the frameworks from some instructions "
-                                         "(ONEDNN_MAX_CPU_ISA=AVX2)") in bf16.why, bf16.why
-    assert "but this run kept" not in _answers(run_dir)[0].parts[1].why
+                                         "but this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2), so oneDNN "
+                                         "could not use it, whatever the flags list") in bf16.why, bf16.why
+    assert "this run kept" not in _answers(run_dir)[0].parts[1].why
+    # the limit covers every cell, fp32's too: said once before the answers, in each format
+    first = answer.preface(limited)
+    assert first == ("This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): every cell's numbers, fp32's "
+                     "included, are what the frameworks did under that limit, not this CPU's default.")
+    items = _answers(run_dir, cpu=limited)
+    assert all(answer.render(items, fmt, first).startswith(start) for fmt, start in
+               (("html", f"<div class='answer'><p>{html.escape(first)}</p>"), ("markdown", first), ("text", first)))
+    assert answer.preface(CPU_BF16) == "" and answer.render(items, "text").startswith("simple_cnn")
+    both = {**CPU_BF16, "cpu_isa_limits": "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, ATEN_CPU_CAPABILITY=avx2"}
+    assert answer.preface(both).startswith("This run kept oneDNN and PyTorch's own kernels from some of the CPU's "
+                                           "instructions (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, ")
 
 def test_the_why_follows_the_speed_verdict_and_no_p_is_printed_where_no_image_differed(tmp_path):
     run_dir = write_run(tmp_path, speeds={("tf", "fp16"): [0.25] * 3, ("torch", "fp16"): [0.12] * 3})

@@ -224,6 +224,10 @@ def test_bound_verdict_from_the_sweep():
                                                                       "sweep)"]
     assert list(bound_verdicts(one.assign(mfu_measured=0.3), ["framework", "batch_size"])) == [
         "undetermined (run --batch-sizes)"]
+    # an MFU above 100% (a ceiling timed on another path than the cell ran, e.g. under ONEDNN_MAX_CPU_ISA) is no
+    # evidence of a compute-bound cell: the audit of such a run found "compute-bound" beside MFU 960%
+    assert list(bound_verdicts(one.assign(mfu_measured=9.6), ["framework", "batch_size"])) == [
+        "undetermined (MFU above 100%: the ceiling is not this path's; run --batch-sizes)"]
 
 
 def _args(*extra):

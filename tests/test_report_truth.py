@@ -57,18 +57,40 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     assert info["cpu_bf16_hardware"] and info["cpu_isa_limits"] == "ONEDNN_MAX_CPU_ISA=AVX2"
     limited = {**AVX512_BF16, "cpu_isa_limits": info["cpu_isa_limits"]}
     said = " ".join(finding_parts(_runs(), pd.DataFrame(), limited).sentences)
-    assert ("flags list bfloat16 arithmetic, but this run kept the frameworks from some instructions "
-            "(ONEDNN_MAX_CPU_ISA=AVX2), so whether they could use it is not known here") in said
+    assert ("flags list bfloat16 arithmetic, but this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2), so "
+            "oneDNN could not use it, whatever the flags list; the run did not record which kernels ran") in said
     assert "so they do not explain a slowdown" not in said
-    assert speed.flags_sentence(limited).endswith(
-        "This run kept the frameworks from some of these instructions (ONEDNN_MAX_CPU_ISA=AVX2).")
-    assert "kept the frameworks" not in speed.flags_sentence(AVX512_BF16)
+    assert speed.flags_sentence(limited).endswith("This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): the "
+                                                  "flags are not what those libraries could use.")
+    assert "this run kept" not in speed.flags_sentence(AVX512_BF16)
+    # a framework's fallback line beside the flags and the limit: either could have made it fall back
+    line = speed.LogLine("tf", "fp16", "float16", "oneDNN supports DT_HALF only on platforms with AVX-512.")
+    logged = speed.slowdown_sentences(pd.DataFrame({"precision": ["fp16"], "speedup_vs_fp32": [0.3]}),
+                                      {**limited, "cpu_amp_flags": "avx512f"}, [line])[-1]
+    assert logged.endswith("; and this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): the line does not say "
+                           "which of the two made it fall back."), logged
+    # the ceiling: a half-format matmul timed under the limit is no ceiling (0.0009 TFLOP/s measured): fp32's, named
+    from amp_compare.harness.report.findings import mfu_findings
+    from amp_compare.kit import ceiling
+
+    label = ceiling.ceiling_info("cpu", "fp32", ceiling.ceiling_dtype("bf16", "off", "cpu", info)[1], 2e11,
+                                 1024)["ceiling_dtype"]
+    assert ceiling.ceiling_dtype("bf16", "off", "cpu", info)[0] == "fp32"
+    assert label == "fp32 (bf16 arithmetic limited by ONEDNN_MAX_CPU_ISA=AVX2)"
+    assert ceiling.ceiling_dtype("bf16", "off", "cpu", AVX512_BF16) == ("bf16", "")
+    table = pd.DataFrame([{"framework": "torch", "precision": "bf16", "batch_size": 64, "mfu_measured": 0.04,
+                           "ceiling_dtype": label}])
+    assert mfu_findings(table) == ["MFU of the bf16 cells is against the fp32 matmul ceiling, used because this run "
+                                   "kept the frameworks from instructions (ONEDNN_MAX_CPU_ISA=AVX2): a half-format "
+                                   "matmul timed under that limit is no ceiling (the ceiling chosen, not a record "
+                                   "of which kernels ran)."]
     facts = RunFacts(frameworks=["torch"], precisions=["fp32", "bf16"], seeds=[0], device="cpu", rotated=False,
                      halves={"bfloat16"})
     table = pd.DataFrame({"precision": ["fp32", "bf16"], "speedup_vs_fp32": [1.0, 0.15]})
     text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, limited, None)
                 if e.id == "gl-half-formats")
-    assert "(ONEDNN_MAX_CPU_ISA=AVX2): its rows are no evidence either way" in text and "the lesson allows" not in text
+    assert "This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): its bfloat16 rows are no evidence either " \
+           "way." in text and "the lesson allows" not in text
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert "cpu_isa_limits" not in env.cpu_info("flags\t: avx2\n")
 

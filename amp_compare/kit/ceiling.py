@@ -11,7 +11,9 @@ matmuls run in. Two ceilings, both recorded per cell:
     (no AVX-512 BF16/AMX for bf16, no AVX-512 FP16/AMX for fp16) makes the frameworks convert to
     float32 and compute there, so that format's ceiling is the fp32 matmul (`ceiling_dtype`): the
     emulated matmul itself is no ceiling (measured on a 2-core EPYC, 2026-11-23: torch's bf16 matmul
-    1.4 GFLOP/s, while simple_cnn's bf16 convolutions trained at 7.8 GFLOP/s, an "MFU" of 556%).
+    1.4 GFLOP/s, while simple_cnn's bf16 convolutions trained at 7.8 GFLOP/s, an "MFU" of 556%). The same holds
+    where the run keeps the frameworks from the format's instructions (ONEDNN_MAX_CPU_ISA and the like:
+    contract/env.ISA_LIMIT_VARS; on the AVX-512 BF16 EPYC capped at AVX2, torch's bf16 matmul 0.0009 TFLOP/s).
   * table: NVIDIA's published dense (no sparsity) peaks per GPU model, for the same dtype (`KNOWN_CEILINGS`).
 This module never imports a framework: the child passes a function that times one matmul.
 """
@@ -60,6 +62,9 @@ def ceiling_dtype(precision: str, tf32: str, device_type: str, cpu_info: dict | 
         if not info.get(f"cpu_{dtype}_hardware"):
             # the basis says what the ceiling is and why, not how the frameworks computed (no record shows it)
             return "fp32", f"no {dtype} arithmetic on this CPU, so its cells are measured against the fp32 matmul"
+        if info.get("cpu_isa_limits"):  # ONEDNN_MAX_CPU_ISA=AVX2 timed torch's bf16 matmul at 0.0009 TFLOP/s
+            return "fp32", (f"{dtype} arithmetic limited by {info['cpu_isa_limits']} on this CPU, so its cells are "
+                            "measured against the fp32 matmul")
     return dtype, ""
 
 

@@ -137,8 +137,9 @@ def _why(fw: str, model: str, prec: str, cells: pd.DataFrame, environment: dict,
         flags = environment.get("cpu_amp_flags") or "none"
         said.append(f"this CPU has {what} (flags: {flags})" if environment.get(key) else
                     f"this CPU has no {what} ({names} absent; flags: {flags})")
-        if environment.get(key) and speed.isa_limits(environment):  # arithmetic the frameworks may not have used
-            said[-1] += f", but this run kept the frameworks from some instructions ({speed.isa_limits(environment)})"
+        did, follows = speed.isa_limit(environment)
+        if did:  # the flags are the CPU's, not what the frameworks were let use
+            said[-1] += f", but this run {did}, {follows}" if environment.get(key) else f", and this run {did}"
     if rows.empty and not lines:  # a quoted fallback line already says which path the framework took
         said.append("which kernels ran is unexplained by this run (no profile)")
     return "; ".join(said)
@@ -301,8 +302,17 @@ def _line(p: PrecisionAnswer) -> str:
     return text + (f". {rest[0].upper()}{rest[1:]}." if rest else ".")
 
 
-def render(items: list[Answer], fmt: str) -> str:
-    """The answer as "html", "markdown" or "text" (the terminal): the same sentences in each."""
+def preface(environment: dict) -> str:
+    """What every answer below stands under, said before them: a run that kept the frameworks from instructions
+    (speed.isa_limit) measured them under that limit, fp32 included, not this CPU's default."""
+    did = speed.isa_limit(environment)[0]
+    return (f"This run {did}: every cell's numbers, fp32's included, are what the frameworks did under that limit, "
+            "not this CPU's default.") if did else ""
+
+
+def render(items: list[Answer], fmt: str, first: str = "") -> str:
+    """The answer as "html", "markdown" or "text" (the terminal): the same sentences in each; `first` (preface)
+    before them."""
     if not items:
         return ""
     heads = [(f"{a.label}: use {a.use}", f"{a.because}.") for a in items]
@@ -310,8 +320,9 @@ def render(items: list[Answer], fmt: str) -> str:
         blocks = [f"<p><b>{html.escape(h)}</b> — {html.escape(b)}</p><ul>"
                   + "".join(f"<li>{html.escape(_line(p))}</li>" for p in a.parts) + "</ul>"
                   for (h, b), a in zip(heads, items)]
-        return "<div class='answer'>" + "".join(blocks) + "</div>"
+        return "<div class='answer'>" + (f"<p>{html.escape(first)}</p>" if first else "") + "".join(blocks) + "</div>"
     if fmt == "markdown":
-        return "\n".join(f"**{h}** — {b}\n" + "".join(f"\n* {_line(p)}" for p in a.parts) + "\n"
-                         for (h, b), a in zip(heads, items))
-    return "\n".join(f"{h} — {b}" + "".join(f"\n  - {_line(p)}" for p in a.parts) for (h, b), a in zip(heads, items))
+        return (f"{first}\n\n" if first else "") + "\n".join(
+            f"**{h}** — {b}\n" + "".join(f"\n* {_line(p)}" for p in a.parts) + "\n" for (h, b), a in zip(heads, items))
+    return (f"{first}\n" if first else "") + "\n".join(
+        f"{h} — {b}" + "".join(f"\n  - {_line(p)}" for p in a.parts) for (h, b), a in zip(heads, items))

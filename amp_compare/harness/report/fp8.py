@@ -41,7 +41,7 @@ def speed_emulated(precision, device: str):
 def api_text(row: dict) -> str:
     """The AMP API an fp8 cell ran, from its fp8_settings (its child's amp_api names only the autocast/policy
     machinery, "none" for fp8); any other cell's amp_api as recorded."""
-    recorded = str(row.get("amp_api") or "")
+    recorded = row.get("amp_api") if isinstance(row.get("amp_api"), str) else ""  # a crashed cell's is missing (NaN)
     if row.get("precision") not in contract.FP8_MODES or not isinstance(row.get("fp8_settings"), str) \
             or not row["fp8_settings"]:
         return recorded

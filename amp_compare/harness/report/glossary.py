@@ -20,7 +20,7 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.findings import accuracy_text
-from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limits, marked
+from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit, marked
 
 # abbreviation -> (how it is found in text, its expansion). "p" only where it stands for a p-value.
 ABBREVIATIONS = {
@@ -154,9 +154,8 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     left_out = f" ({int(flagged.sum())} more with ⚠ left out)" if flagged.any() else ""
     if not ratios.size:
         return f" This run: every {half} row's speed ratio carries ⚠ ({int(flagged.sum())}): no evidence either way."
-    if isa_limits(environment):  # the flags are not what the frameworks could use: the rows test nothing of them
-        return (f" This run kept the frameworks from some of the CPU's instructions ({isa_limits(environment)}): "
-                "its rows are no evidence either way.")
+    if isa_limit(environment)[0]:  # the flags are not what the frameworks could use: the rows test nothing of them
+        return f" This run {isa_limit(environment)[0]}: its {half} rows are no evidence either way."
     arithmetic = has_arithmetic(environment, half)
     span = f"{ratios.min():.2f}×" if len(ratios) == 1 else f"{ratios.min():.2f}–{ratios.max():.2f}×"
     flags = (f"whose flags list {half} arithmetic" if arithmetic else

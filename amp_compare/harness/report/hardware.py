@@ -45,6 +45,8 @@ def log_line_flags(text: str, flags: str) -> str:
 # A half format this CPU has no arithmetic for is measured against the fp32 matmul's ceiling (kit/ceiling.py); its
 # label says so (older records' labels are today's once read: contract/records.migrate).
 FP32_CEILING = re.compile(r"^fp32 \(no \w+ arithmetic\)$")
+# ... and where the run kept the frameworks from the format's instructions (kit/ceiling.ceiling_dtype)
+LIMITED_CEILING = re.compile(r"^fp32 \(\w+ arithmetic limited by .+\)$")
 
 
 def on_fp32_ceiling(dtypes: pd.Series) -> pd.Series:
@@ -75,8 +77,8 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
     launches, syncs), else compute-bound (the device's work per image sets the pace; that work may be
     math or memory traffic). The largest batch: compute-bound if throughput had already levelled off
     from the batch below it. Without a sweep the batch size says nothing: "compute-bound (MFU ≥ 50%, …)"
-    where MFU against the run's ceiling reaches COMPUTE_BOUND_MFU, with that rule beside it, else
-    "undetermined (run --batch-sizes)".
+    where MFU against the run's ceiling reaches COMPUTE_BOUND_MFU (and no more than 100%: above it the matmul
+    timed is not the path's ceiling), with that rule beside it, else "undetermined (…run --batch-sizes)".
     """
     out = pd.Series("undetermined (run --batch-sizes)", index=table.index, dtype=object)
     group = [k for k in keys if k != "batch_size" and k in table]
@@ -88,6 +90,9 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
                 out[i] = "host-bound" if thr[k + 1] / thr[k] > HOST_BOUND_GAIN else "compute-bound"
             elif k > 0 and thr[k - 1] > 0 and thr[k] / thr[k - 1] <= HOST_BOUND_GAIN:
                 out[i] = "compute-bound"  # the largest batch, already past where throughput levelled off
+            elif np.isfinite(row.get("mfu_measured", np.nan)) and row["mfu_measured"] > 1:
+                # faster than the matmul timed as its ceiling: that matmul is not this path's ceiling, so no MFU rule
+                out[i] = "undetermined (MFU above 100%: the ceiling is not this path's; run --batch-sizes)"
             elif np.isfinite(row.get("mfu_measured", np.nan)) and row["mfu_measured"] >= COMPUTE_BOUND_MFU:
                 out[i] = f"compute-bound ({MFU_RULE})"
     return out

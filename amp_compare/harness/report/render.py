@@ -322,7 +322,7 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
         wall = r.get("child_wall_s")
         out.append({
             "cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
-            "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r),
+            "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r) or "not recorded",
             "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
             "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
             "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
@@ -658,7 +658,8 @@ def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.Da
         seeds = seeds[~fp8_report.speed_emulated(seeds["precision"], manifest["device"])]
     items = answer_block.answers(full, seeds, tables["run"], manifest["environment"], manifest["device"],
                                  profile_report.evidence(tables), tables.get("fp8_layers"), tables["steps"])
-    return {"seed_ratios": seeds, **{f"answer_{fmt}": answer_block.render(items, fmt)
+    first = answer_block.preface(manifest["environment"])
+    return {"seed_ratios": seeds, **{f"answer_{fmt}": answer_block.render(items, fmt, first)
                                      for fmt in ("html", "markdown", "text")}}
 
 

@@ -68,6 +68,29 @@ def isa_limits(environment: dict) -> str:
     return str(environment.get("cpu_isa_limits") or "")
 
 
+# What each variable limits, and its values that leave out every AVX-512 instruction (bf16 dot products included)
+ISA_LIMITED = {"ONEDNN_MAX_CPU_ISA": "oneDNN", "DNNL_MAX_CPU_ISA": "oneDNN",
+               "ATEN_CPU_CAPABILITY": "PyTorch's own kernels"}
+BELOW_AVX512 = {"ONEDNN_MAX_CPU_ISA": {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"},
+                "DNNL_MAX_CPU_ISA": {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"},
+                "ATEN_CPU_CAPABILITY": {"DEFAULT", "AVX2"}}
+
+
+def isa_limit(environment: dict) -> tuple[str, str]:
+    """(what the run did, what follows for a half format's arithmetic the CPU lists), ("", "") without a limit:
+    "kept oneDNN and PyTorch's own kernels from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2)"."""
+    limits = isa_limits(environment)
+    if not limits:
+        return "", ""
+    pairs = [part.split("=", 1) for part in limits.split(", ")]
+    libraries = " and ".join(dict.fromkeys(ISA_LIMITED.get(name, name) for name, _ in pairs))
+    if all(value.upper() in BELOW_AVX512.get(name, ()) for name, value in pairs):
+        return (f"kept {libraries} from AVX-512 ({limits})",
+                f"so {libraries} could not use it, whatever the flags list")
+    return (f"kept {libraries} from some of the CPU's instructions ({limits})",
+            "so whether the frameworks could use it is not known here")
+
+
 def has_arithmetic(environment: dict, half: str) -> bool:
     key = {"bfloat16": "cpu_bf16_hardware", "float16": "cpu_fp16_hardware"}[half]
     return bool(environment.get(key))
@@ -82,8 +105,8 @@ def flags_sentence(environment: dict) -> str:
         parts.append(f"{half} arithmetic {'listed (' + ', '.join(present) + ')' if present else 'not listed'}"
                      + ("" if present else f" ({' and '.join(names)} absent)"))
     f16c = "; F16C, present, only converts between float16 and float32" if "f16c" in flags else ""
-    limits = (f" This run kept the frameworks from some of these instructions ({isa_limits(environment)})."
-              if isa_limits(environment) else "")
+    did = isa_limit(environment)[0]
+    limits = f" This run {did}: the flags are not what those libraries could use." if did else ""
     return (f"This CPU's flags: {'; '.join(parts)}{f16c}. Flags say what the CPU can compute, not which kernels a "
             f"framework ran.{limits}")
 
@@ -133,10 +156,10 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         if shown.empty and flagged.empty:
             continue
         text = _slower_text(fmt, rows, shown, flagged)
-        if has_arithmetic(environment, fmt) and isa_limits(environment):
-            text += (f" This CPU's flags list {fmt} arithmetic, but this run kept the frameworks from some "
-                     f"instructions ({isa_limits(environment)}), so whether they could use it is not known here: the "
-                     "run did not record which kernels ran (a profile would).")
+        did, follows = isa_limit(environment)
+        if has_arithmetic(environment, fmt) and did:
+            text += (f" This CPU's flags list {fmt} arithmetic, but this run {did}, {follows}; the run did not record "
+                     "which kernels ran (a profile would).")
         elif has_arithmetic(environment, fmt):
             text += (f" This CPU's flags list {fmt} arithmetic, so they do not explain a slowdown: the run did not "
                      "record which kernels ran (a profile would).")
@@ -147,8 +170,10 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         out.append(text)
     for line in logs:  # the framework's record of its path, quoted; the CPU's flags beside it, not a reading of it
         flags = log_line_flags(line.text, environment.get("cpu_amp_flags", ""))
+        did = isa_limit(environment)[0]
+        limit = f"; and this run {did}: the line does not say which of the two made it fall back" if did else ""
         out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own "
-                   "record of the path it took)" + (f"; {flags}." if flags else "."))
+                   "record of the path it took)" + (f"; {flags}{limit}." if flags else f"{limit}."))
     return out
 
 
