@@ -87,7 +87,8 @@ def test_an_answer_on_a_run_that_kept_the_frameworks_from_instructions_says_so(t
                                "(ONEDNN_MAX_CPU_ISA=AVX2);"), fp16.why
     assert bf16.verdict == "slower" and ("this CPU has bfloat16 dot products (flags: avx512f,avx512_bf16,avx2,f16c), "
                                          "but this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2), so oneDNN "
-                                         "could not use it, whatever the flags list") in bf16.why, bf16.why
+                                         "could not use those instructions, whatever the flags list") in bf16.why, \
+        bf16.why
     assert "this run kept" not in _answers(run_dir)[0].parts[1].why
     # the limit covers every cell, fp32's too: said once before the answers, in each format
     first = answer.preface(limited)

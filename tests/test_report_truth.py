@@ -58,7 +58,8 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     limited = {**AVX512_BF16, "cpu_isa_limits": info["cpu_isa_limits"]}
     said = " ".join(finding_parts(_runs(), pd.DataFrame(), limited).sentences)
     assert ("flags list bfloat16 arithmetic, but this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2), so "
-            "oneDNN could not use it, whatever the flags list; the run did not record which kernels ran") in said
+            "oneDNN could not use those instructions, whatever the flags list; the run did not record which kernels "
+            "ran") in said
     assert "so they do not explain a slowdown" not in said
     assert speed.flags_sentence(limited).endswith("This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): the "
                                                   "flags are not what those libraries could use.")

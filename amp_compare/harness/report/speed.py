@@ -86,7 +86,7 @@ def isa_limit(environment: dict) -> tuple[str, str]:
     libraries = " and ".join(dict.fromkeys(ISA_LIMITED.get(name, name) for name, _ in pairs))
     if all(value.upper() in BELOW_AVX512.get(name, ()) for name, value in pairs):
         return (f"kept {libraries} from AVX-512 ({limits})",
-                f"so {libraries} could not use it, whatever the flags list")
+                f"so {libraries} could not use those instructions, whatever the flags list")
     return (f"kept {libraries} from some of the CPU's instructions ({limits})",
             "so whether the frameworks could use it is not known here")
 
