@@ -98,6 +98,13 @@ def test_an_answer_on_a_run_that_kept_the_frameworks_from_instructions_says_so(t
     assert all(answer.render(items, fmt, first).startswith(start) for fmt, start in
                (("html", f"<div class='answer'><p>{html.escape(first)}</p>"), ("markdown", first), ("text", first)))
     assert answer.preface(CPU_BF16) == "" and answer.render(items, "text").startswith("simple_cnn")
+    # a precision whose cells all failed under the limit: the limit beside how they ended, neither blamed nor cleared
+    _set(run_dir, "tf-*-bf16-*", status="failed", error="exited with code 1")
+    failed = _answers(run_dir, cpu=limited)[1].parts[1]
+    assert failed.verdict == "failed" and failed.failed.endswith(
+        "; this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2), and no record says whether that is why"), \
+        failed.failed
+    assert "this run kept" not in _answers(run_dir)[1].parts[1].failed
     both = {**CPU_BF16, "cpu_isa_limits": "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, ATEN_CPU_CAPABILITY=avx2"}
     assert answer.preface(both).startswith("This run kept oneDNN and PyTorch's own kernels from some of the CPU's "
                                            "instructions (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, ")

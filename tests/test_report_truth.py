@@ -82,9 +82,13 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     table = pd.DataFrame([{"framework": "torch", "precision": "bf16", "batch_size": 64, "mfu_measured": 0.04,
                            "ceiling_dtype": label}])
     assert mfu_findings(table) == ["MFU of the bf16 cells is against the fp32 matmul ceiling, used because this run "
-                                   "kept the frameworks from instructions (ONEDNN_MAX_CPU_ISA=AVX2): a half-format "
-                                   "matmul timed under that limit is no ceiling (the ceiling chosen, not a record "
-                                   "of which kernels ran)."]
+                                   "kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): a half-format matmul timed "
+                                   "under that limit is no ceiling (the ceiling chosen, not a record of which "
+                                   "kernels ran)."]
+    from amp_compare.harness.report.render import _fp32_ceilings
+
+    assert _fp32_ceilings(table) == (False, True) and "arithmetic limited by" in speed.hardware_paragraph(False, True)
+    assert "arithmetic limited by" not in speed.hardware_paragraph(True)
     facts = RunFacts(frameworks=["torch"], precisions=["fp32", "bf16"], seeds=[0], device="cpu", rotated=False,
                      halves={"bfloat16"})
     table = pd.DataFrame({"precision": ["fp32", "bf16"], "speedup_vs_fp32": [1.0, 0.15]})

@@ -180,11 +180,14 @@ def _not_reported(cells: pd.DataFrame) -> str:
     return f"timed but not reported: {'; '.join(said)}" if said else "no speed measured"
 
 
-def _failed(prec: str, cells: pd.DataFrame) -> PrecisionAnswer:
-    """A precision with no finished cell in this group: how its cells ended."""
+def _failed(prec: str, cells: pd.DataFrame, environment: dict) -> PrecisionAnswer:
+    """A precision with no finished cell in this group: how its cells ended (beside a run's instruction limit,
+    which no record ties to the failure or clears of it)."""
     # the locator only where a cell went non-finite: an error (a kernel missing) is said by _ended itself
     numeric = any("non-finite" in numerics.ending_text(r) for r in cells[cells["status"] != "ok"].itertuples())
-    return PrecisionAnswer(prec, "failed", _not_reported(cells), failed=_ended(cells), decide=(
+    did = speed.isa_limit(environment)[0]
+    limit = f"; this run {did}, and no record says whether that is why" if did else ""
+    return PrecisionAnswer(prec, "failed", _not_reported(cells), failed=_ended(cells) + limit, decide=(
         "the NaN/Inf locator and What happened sections say where it went wrong" if numeric else ""))
 
 
@@ -278,7 +281,7 @@ def answers(full: pd.DataFrame, seeds: pd.DataFrame, runs: pd.DataFrame, environ
         done = set(group["precision"])
         for prec, cells in mine[precisions.is_mixed(mine["precision"]) & ~mine["precision"].isin(done)].groupby(
                 "precision", sort=False):
-            parts.append(_failed(prec, cells))
+            parts.append(_failed(prec, cells, environment))
         parts.sort(key=lambda p: precisions.NAMES.index(p.precision) if p.precision in precisions.NAMES else 99)
         use, because = _choice(parts, ratios)
         out.append(Answer(f"{group_label(key, multi, varying)}, {framework_label(key['framework'])}", use, because,

@@ -15,7 +15,7 @@ from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark, pp_bound, ratio_number
 from amp_compare.harness.report.hardware import LIMITED_CEILING, ceiling_sentences, on_fp32_ceiling
-from amp_compare.harness.report.speed import LogLine, slowdown_sentences
+from amp_compare.harness.report.speed import LogLine, isa_limit, slowdown_sentences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
     LOOP,
@@ -403,9 +403,9 @@ def mfu_findings(table: pd.DataFrame) -> list[str]:
     limited = table[dtypes.astype(str).str.match(LIMITED_CEILING.pattern)]
     if not limited.empty:
         which = ", ".join(sorted(set(limited["precision"])))
-        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this run kept the "
-                   f"frameworks from instructions ({limited['ceiling_dtype'].iloc[0].split(' by ', 1)[1][:-1]}): "
-                   "a half-format matmul timed under that limit is no ceiling (the ceiling chosen, not a record of "
+        did = isa_limit({"cpu_isa_limits": limited["ceiling_dtype"].iloc[0].split(" by ", 1)[1][:-1]})[0]
+        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this run {did}: a "
+                   "half-format matmul timed under that limit is no ceiling (the ceiling chosen, not a record of "
                    "which kernels ran).")
     over = table[table["mfu_measured"] > 1]
     if not over.empty:

@@ -154,8 +154,6 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     left_out = f" ({int(flagged.sum())} more with ⚠ left out)" if flagged.any() else ""
     if not ratios.size:
         return f" This run: every {half} row's speed ratio carries ⚠ ({int(flagged.sum())}): no evidence either way."
-    if isa_limit(environment)[0]:  # the flags are not what the frameworks could use: the rows test nothing of them
-        return f" This run {isa_limit(environment)[0]}: its {half} rows are no evidence either way."
     arithmetic = has_arithmetic(environment, half)
     span = f"{ratios.min():.2f}×" if len(ratios) == 1 else f"{ratios.min():.2f}–{ratios.max():.2f}×"
     flags = (f"whose flags list {half} arithmetic" if arithmetic else
@@ -323,7 +321,10 @@ def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.D
                  "underflow in bfloat16, so no loss scaling is used. ")
     text += ("Lesson: a half format can make training faster only where the hardware computes in it (needed, "
              "not enough: the kernels a framework picks decide the rest).")
-    for half in ("float16", "bfloat16"):
-        if half in facts.halves:
-            text += _format_evidence(table, {**environment, "device": facts.device}, half)
+    halves = [half for half in ("float16", "bfloat16") if half in facts.halves]
+    if isa_limit(environment)[0] and facts.device == "cpu":  # the flags are not what the frameworks could use
+        return Entry("gl-half-formats", term, text + f" This run {isa_limit(environment)[0]}: its "
+                     f"{' and '.join(halves)} rows are no evidence either way.")
+    for half in halves:
+        text += _format_evidence(table, {**environment, "device": facts.device}, half)
     return Entry("gl-half-formats", term, text)

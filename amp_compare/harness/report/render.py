@@ -35,7 +35,7 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.cell_text import pp_bound, ratio_number
 from amp_compare.harness.report.findings import finding_parts, interval_method
-from amp_compare.harness.report.hardware import on_fp32_ceiling, with_run_ceiling
+from amp_compare.harness.report.hardware import LIMITED_CEILING, on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.per_seed import seed_table
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
@@ -640,14 +640,20 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "findings": sentences, "loop_text": loop_text, "legend": legend(full),
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"]),
-                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full.get(
-                                "ceiling_dtype", pd.Series(dtype=str))).any()))},
+                            "hardware": speed.hardware_paragraph(*_fp32_ceilings(full))},
             "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
             "speed_ratio_table": _html_or_none(_speed_ratio_table(full)),
             "speed_intro": speed.speed_intro(facts, interval_method(full)),
             "steadiness": describe_steadiness(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
             **_answer_context(manifest, tables, full, evidence)}
+
+
+def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
+    """Whether some cell is measured against the fp32 ceiling for want of its half format's arithmetic, and whether
+    some because the run kept the frameworks from its instructions (hardware.FP32_CEILING / LIMITED_CEILING)."""
+    dtypes = full.get("ceiling_dtype", pd.Series(dtype=str)).fillna("").astype(str)
+    return bool(on_fp32_ceiling(dtypes).any()), bool(dtypes.str.match(LIMITED_CEILING.pattern).any())
 
 
 def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.DataFrame, evidence: dict) -> dict:

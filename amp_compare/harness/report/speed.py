@@ -193,8 +193,9 @@ def timing_paragraph(warmup: int) -> str:
             "\"First step's extra time\" is the first step's time beyond the median step (ms).")
 
 
-def hardware_paragraph(emulated: bool) -> str:
-    """The Hardware efficiency table's paragraph (`emulated`: some cell is measured against the fp32 ceiling)."""
+def hardware_paragraph(emulated: bool, limited: bool = False) -> str:
+    """The Hardware efficiency table's paragraph (`emulated`: some cell is measured against the fp32 ceiling for
+    want of its format's arithmetic; `limited`: because the run kept the frameworks from its instructions)."""
     text = ("Per cell: the median-step throughput beside the headline's wall-time one, training FLOPs per image "
             "(counted once from the layer shapes both frameworks share), the FLOP/s achieved over the timed steps' "
             "wall time, and MFU: that rate over the run's one FLOP/s ceiling per device and dtype, the best matmul "
@@ -212,6 +213,10 @@ def hardware_paragraph(emulated: bool) -> str:
                  "this CPU has no arithmetic in that format: a matmul in that format would time its conversions to "
                  "float32, not a ceiling, so none is timed. The "
                  "mark says which ceiling was used, not which kernels the cells ran.")
+    if limited:
+        text += (" Where the run kept oneDNN or PyTorch's own kernels from a half format's instructions (marked "
+                 "\"… arithmetic limited by\" and the variables that did it), that format's cells are measured "
+                 "against the fp32 matmul's ceiling: a matmul in that format timed under the limit is no ceiling.")
     return text + (" An MFU over 100% is marked ⚠: the measured matmul was then not the ceiling of the kernels "
                    "the cell ran.")
 
