@@ -283,3 +283,21 @@ def test_ctrl_c_while_the_parents_start_ends_the_run_as_an_interruption(tmp_path
     monkeypatch.setattr(runner, "prestart_fork_servers", interrupted)
     outcomes, exc = compare.run_cells([RunConfig()], tmp_path, "run", 60.0, Console(file=open(os.devnull, "w")))
     assert outcomes == [] and isinstance(exc, KeyboardInterrupt)
+
+
+@pytest.mark.parametrize("backend, has_jax", [("tensorflow", False), ("jax", True)])
+def test_a_keras_child_leaves_out_the_imports_its_cells_never_use(backend, has_jax):
+    """keras_impl/entry.py, what every Keras child (forked or fresh) imports first: on TensorFlow, neither
+    scikit-learn (Keras' wrappers) nor JAX (TensorFlow's lite converter imports it) is loaded with its training
+    module; the keras-jax twin's child still has JAX."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib; from amp_compare.keras_impl import entry; importlib.import_module("
+            "entry.TRAIN_MODULE); import keras; print(keras.backend.backend(), sys.modules.get('jax') is not None, "
+            "sys.modules.get('sklearn') is not None)")
+    env = {**os.environ, "KERAS_BACKEND": backend, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [backend, str(has_jax), "False"], proc.stdout
