@@ -14,7 +14,7 @@ from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report.cell_text import accuracy_interval_kind, interval_kind, mark, pp_bound, ratio_number
-from amp_compare.harness.report.hardware import LIMITED_CEILING, ceiling_sentences, on_fp32_ceiling
+from amp_compare.harness.report.hardware import ceiling_limits, ceiling_sentences, on_fp32_ceiling
 from amp_compare.harness.report.speed import LogLine, isa_limit, slowdown_sentences
 from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
@@ -400,10 +400,11 @@ def mfu_findings(table: pd.DataFrame) -> list[str]:
         which = ", ".join(sorted(set(emulated["precision"])))
         out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this CPU's flags "
                    "list no arithmetic for their half format (the ceiling chosen, not a record of which kernels ran).")
-    limited = table[dtypes.astype(str).str.match(LIMITED_CEILING.pattern)]
+    limits = ceiling_limits(dtypes)
+    limited = table[limits != ""]
     if not limited.empty:
         which = ", ".join(sorted(set(limited["precision"])))
-        did = isa_limit({"cpu_isa_limits": limited["ceiling_dtype"].iloc[0].split(" by ", 1)[1][:-1]})[0]
+        did = isa_limit({"cpu_isa_limits": limits[limits != ""].iloc[0]})[0]
         out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this run {did}: a "
                    "half-format matmul timed under that limit is no ceiling (the ceiling chosen, not a record of "
                    "which kernels ran).")

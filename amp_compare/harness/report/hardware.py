@@ -46,12 +46,18 @@ def log_line_flags(text: str, flags: str) -> str:
 # label says so (older records' labels are today's once read: contract/records.migrate).
 FP32_CEILING = re.compile(r"^fp32 \(no \w+ arithmetic\)$")
 # ... and where the run kept the frameworks from the format's instructions (kit/ceiling.ceiling_dtype)
-LIMITED_CEILING = re.compile(r"^fp32 \(\w+ arithmetic limited by .+\)$")
+LIMITED_CEILING = re.compile(r"^fp32 \(\w+ arithmetic limited by (.+)\)$")
 
 
 def on_fp32_ceiling(dtypes: pd.Series) -> pd.Series:
     """Which cells' half format is measured against the fp32 matmul's ceiling (no arithmetic for it here)."""
     return dtypes.fillna("").astype(str).str.match(FP32_CEILING.pattern)
+
+
+def ceiling_limits(dtypes: pd.Series) -> pd.Series:
+    """Per cell, the variables that kept its half format from the frameworks (LIMITED_CEILING, "ONEDNN_MAX_CPU_ISA=
+    AVX2"), "" where its ceiling is not the fp32 one for that reason."""
+    return dtypes.fillna("").astype(str).str.extract(LIMITED_CEILING, expand=False).fillna("")
 
 
 def timing_note(wall: float, median: float) -> str:

@@ -35,7 +35,7 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.cell_text import pp_bound, ratio_number
 from amp_compare.harness.report.findings import finding_parts, interval_method
-from amp_compare.harness.report.hardware import LIMITED_CEILING, on_fp32_ceiling, with_run_ceiling
+from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.per_seed import seed_table
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
@@ -589,6 +589,7 @@ def _in_parallel(tasks: list) -> Callable[[], list]:
     # A process that has loaded a framework (a notebook, a test) may hold thread pools a fork cannot copy: draw
     # there one figure after another. The compare's own parent never imports one.
     framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
+
     def here(cancel: bool = False) -> list:
         return [] if cancel else [_themed(fn, args) for fn, args in tasks]
 
@@ -651,9 +652,9 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
 
 def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
     """Whether some cell is measured against the fp32 ceiling for want of its half format's arithmetic, and whether
-    some because the run kept the frameworks from its instructions (hardware.FP32_CEILING / LIMITED_CEILING)."""
-    dtypes = full.get("ceiling_dtype", pd.Series(dtype=str)).fillna("").astype(str)
-    return bool(on_fp32_ceiling(dtypes).any()), bool(dtypes.str.match(LIMITED_CEILING.pattern).any())
+    some because the run kept the frameworks from its instructions (hardware.on_fp32_ceiling / ceiling_limits)."""
+    dtypes = full.get("ceiling_dtype", pd.Series(dtype=str))
+    return bool(on_fp32_ceiling(dtypes).any()), bool((ceiling_limits(dtypes) != "").any())
 
 
 def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.DataFrame, evidence: dict) -> dict:

@@ -61,13 +61,6 @@ def _flags(environment: dict) -> set[str]:
     return set(filter(None, str(environment.get("cpu_amp_flags") or "").split(",")))
 
 
-def isa_limits(environment: dict) -> str:
-    """The variables with which the run kept the frameworks from instructions the CPU has (contract/env.py
-    ISA_LIMIT_VARS, "ONEDNN_MAX_CPU_ISA=AVX2"), "" where none was set: the CPU's flags then say nothing of what the
-    frameworks could use."""
-    return str(environment.get("cpu_isa_limits") or "")
-
-
 # What each variable limits, and its values that leave out every AVX-512 instruction (bf16 dot products included)
 ISA_LIMITED = {"ONEDNN_MAX_CPU_ISA": "oneDNN", "DNNL_MAX_CPU_ISA": "oneDNN",
                "ATEN_CPU_CAPABILITY": "PyTorch's own kernels"}
@@ -78,8 +71,10 @@ BELOW_AVX512 = {"ONEDNN_MAX_CPU_ISA": {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX
 
 def isa_limit(environment: dict) -> tuple[str, str]:
     """(what the run did, what follows for a half format's arithmetic the CPU lists), ("", "") without a limit:
-    "kept oneDNN and PyTorch's own kernels from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2)"."""
-    limits = isa_limits(environment)
+    "kept oneDNN and PyTorch's own kernels from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2)". The
+    limit: the variables recorded as cpu_isa_limits (contract/env.py ISA_LIMIT_VARS); with one set, the CPU's flags
+    say nothing of what the frameworks could use."""
+    limits = str(environment.get("cpu_isa_limits") or "")
     if not limits:
         return "", ""
     pairs = [part.split("=", 1) for part in limits.split(", ")]
