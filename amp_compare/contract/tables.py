@@ -102,7 +102,23 @@ TABLES: dict[str, dict[str, Column]] = {
         ("scale", "float", "", "the multiplier into the fp8 range"),
         ("history_max", "float", "", "Keras: the largest amax in the delayed-scaling history"),
         ("fmax", "float", "", "Keras: the format's largest finite value")),
+    # speed trials (kit/trial.py): one row per timed block of a trial, not per cell (its identity: TRIAL_IDENTITY)
+    "trials": _columns(
+        ("batch_size", "int"), ("step_loop", "str", "", "plain or tuned"),
+        ("round", "int", "", "0-based; rounds 2u and 2u+1 are one mirrored pair"),
+        ("position", "int", "", "the block's place within its round, 0-based"),
+        ("precision", "str"), ("steps", "int", "steps", "k: the block's training steps"),
+        ("wall_s", "float", "s", "the block's wall time, ending with a host read of its last step's loss"),
+        ("cpu_s", "float", "s", "the process's CPU time over the block, all threads"),
+        ("threads", "int", "", "intra-op threads the process ran with"),
+        ("contended", "bool", "", "the block lost its cores: cpu_s / wall_s below 0.75 of its precision's 90th "
+         "percentile in the trial, or below 0.75 x threads (kit/trial.py CONTENDED_SHARE)")),
 }
+
+# A table that is not a cell's: its identity columns instead of IDENTITY's
+TRIAL_IDENTITY = _columns(("run_id", "str"), ("trial_id", "str", "", "framework-model-dataset-b<batch>-<step loop>"),
+                          ("framework", "str"), ("model", "str"), ("dataset", "str"))
+IDENTITY_OF = {"trials": TRIAL_IDENTITY}
 
 # Required beyond IDENTITY: what every reader relies on (the others may be absent in some runs).
 REQUIRED = {
@@ -118,7 +134,25 @@ REQUIRED = {
     "phases": ["phase", "seconds"],
     "fp8_layers": ["layer", "role", "format", "when", "step", "amax", "sqnr_db"],
     "fp8_trace": ["layer", "role", "step", "amax", "scale"],
+    "trials": ["batch_size", "step_loop", "round", "position", "precision", "steps", "wall_s", "cpu_s", "threads",
+               "contended"],
 }
+
+# The report's verdicts (harness/report/verdicts.py, data/verdicts.parquet): derived from a whole run, one row per
+# model x dataset x loop x framework x mixed precision x metric; its identity instead of IDENTITY's
+IDENTITY_OF["verdicts"] = _columns(
+    ("model", "str"), ("dataset", "str"), ("step_loop", "str", "", "plain or tuned; empty for cells that failed"),
+    ("batch_size", "float", "images"), ("framework", "str"), ("precision", "str", "", "a mixed precision"))
+TABLES["verdicts"] = _columns(
+    ("metric", "str", "", "speed, memory, accuracy, time_to_target, numerics"),
+    ("estimate", "float", "", "speed: fp32 step time / mixed (>1 faster); memory: mixed - fp32 peak; accuracy: "
+     "mixed - fp32 validation accuracy; time_to_target: mixed time / fp32 time; numerics: median skipped steps"),
+    ("low", "float", "", "the interval's low end (the estimate's unit); NaN where none"),
+    ("high", "float", "", "the interval's high end; NaN where none"), ("unit", "str", "", "x fp32, MiB, pp, steps"),
+    ("interval_kind", "str", "", "verdicts.INTERVAL_KINDS: hodges-lehmann 95%, newcombe 95%, bootstrap 95%, ..."),
+    ("status", "str", "", "verdicts.STATUSES"), ("reason", "str", "", "verdicts.REASONS"),
+    ("evidence", "json", "", "what the status rests on: cells, counts, rounds, contended blocks"))
+REQUIRED["verdicts"] = list(TABLES["verdicts"])
 
 # The run table: what kit/child.build_tables computes (and harness/runner.py's failed row: identity, status, error,
 # stderr_tail and the config), the machine's columns (contract/env.cpu_info), then REPORTED below.
@@ -188,7 +222,7 @@ class TableError(ValueError):
 
 
 def declared(name: str) -> dict[str, Column]:
-    return {**IDENTITY, **(RUN_COLUMNS if name == "run" else TABLES[name])}
+    return {**IDENTITY_OF.get(name, IDENTITY), **(RUN_COLUMNS if name == "run" else TABLES[name])}
 
 
 def _kind_ok(column: Column, values: pd.Series) -> bool:
@@ -213,7 +247,7 @@ def check(name: str, df: pd.DataFrame, strict: bool = False) -> None:
     """Raise TableError unless `df` has the table's required columns and each declared column holds its kind;
     strict (where a child writes its own tables): every column must be declared."""
     columns = declared(name)
-    missing = [c for c in [*IDENTITY, *REQUIRED[name]] if c not in df.columns]
+    missing = [c for c in [*IDENTITY_OF.get(name, IDENTITY), *REQUIRED[name]] if c not in df.columns]
     if missing:
         raise TableError(f"{name} table lacks column(s): {', '.join(missing)}")
     for col in df.columns:

@@ -1,0 +1,273 @@
+"""Speed trials: fp32 and each mixed precision timed in one process, block by block, and what the blocks say.
+
+A training cell's wall time tells what a run of that cell took; comparing two cells that ran minutes apart compares
+the machine's two moments as much as the precisions. A trial holds the fp32 model and each mixed precision's model of
+one framework × model × dataset × batch size × step loop in one process (built by the cells' own functions: each twin's
+trial.py) and runs them in rounds: every round each precision runs one block of k steps, timed as wall time that ends
+with a host read (one device synchronisation per block on a GPU), the process's CPU time beside it.
+
+The order: rounds come in mirrored pairs (round 2u runs a rotation of the precisions, round 2u+1 the same rotation
+reversed, and the rotation moves on each pair). A drift of the machine's speed biases a round's fp32 ÷ mixed ratio by
+how far apart in time the two blocks ran; mirrored, that bias changes sign from one round to the next, so it widens
+the rounds' spread instead of moving their median; the rotation keeps any one precision from always going first.
+
+k: a block lasts at least BLOCK_S (timer and synchronisation costs stay small beside it); a precision 20× slower than
+fp32 gets 20× fewer steps per block, not more time. The trial's rounds stop at its time budget (whole pairs only).
+
+The estimate (trial_summary): per round, log(fp32 per-step time ÷ mixed per-step time); the ratio is exp of their
+median, with the sign test's 95% interval (order statistics of the rounds: distribution-free, no symmetry assumed,
+which stalls would break: they only ever slow a block, and a slow precision's long blocks meet more of them). A
+stalled block moves one round, and the median does not follow it. Averaging each mirrored pair first cancels a linear
+drift exactly but lets every stall spoil a pair, and twice as many rounds' worth of blocks share a pair: simulated
+(tests/test_trials.py), 5% stalled blocks widened that interval from ±4% to ±35%. speed_status words an interval.
+
+On a GPU the same protocol applies (the host read at each block's end is the block's one synchronisation); it has
+been run on CPUs only so far.
+
+This module never imports a framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import records
+from amp_compare.contract.config import ConfigError, RunConfig
+from amp_compare.contract.precision import REFERENCE
+from amp_compare.contract.tables import check
+
+BLOCK_S = 0.05  # a block's shortest wall time
+WARMUP_MIN = 2  # warm-up steps per model at least (the cells' warmup_steps where larger): tracing, caches, allocator
+CONFIDENCE = 0.95
+SAME_BAND = (0.95, 1.05)  # an interval inside this is "the same speed"
+# A block is contended when the process got less CPU than it needs: cpu_s / wall_s below CONTENDED_SHARE of what that
+# precision's own best blocks of the trial got (its 90th percentile of cpu/wall), and below CONTENDED_SHARE of the
+# threads it ran with. Measured on the 2-core AVX2 EPYC (torch and Keras on TF, 2 threads): idle blocks 1.6-2.0 CPU s
+# per s (TensorFlow's float16 blocks ~1.0: the Eigen fallback runs much of the step on one thread), blocks beside one
+# busy single-core process 0.9-1.1; the precision's own best blocks as the reference keeps a precision that never
+# uses both cores from reading as contended, the thread bound keeps a busy-throughout trial's blocks flagged where
+# its best blocks were busy too.
+CONTENDED_SHARE = 0.75
+
+
+@dataclass
+class Stepper:
+    """One precision's model as a trial runs it: run(k) takes k training steps (the cells' step function) and returns
+    a host value read after the last (its loss as a Python float): the block has finished when run returns."""
+
+    precision: str
+    run: Callable[[int], float]
+
+
+def trial_id(cfg: RunConfig) -> str:
+    """The trial a cell's configuration belongs to (what the trial holds fixed: all but precision and seed)."""
+    return f"{cfg.framework}-{cfg.model}-{cfg.dataset}-b{cfg.batch_size}-{cfg.step}"
+
+
+# ---- scheduling ------------------------------------------------------------------------------------------------
+
+def block_order(n: int, round_: int) -> list[int]:
+    """The precisions' order (indices into the trial's list) in round `round_`: a rotation that moves on every pair of
+    rounds, the pair's second round that rotation reversed (the module's docstring says why)."""
+    shift = (round_ // 2) % n
+    order = [*range(shift, n), *range(shift)]
+    return order if round_ % 2 == 0 else order[::-1]
+
+
+def block_steps(step_s: float, block_s: float = BLOCK_S) -> int:
+    """k: the steps a block of a precision whose step takes step_s needs to last at least block_s."""
+    return max(1, math.ceil(block_s / step_s)) if step_s > 0 and math.isfinite(step_s) else 1
+
+
+def contended_flags(blocks: pd.DataFrame) -> pd.Series:
+    """Per block, whether it lost its cores (CONTENDED_SHARE's rule)."""
+    share = blocks["cpu_s"] / blocks["wall_s"]
+    best = share.groupby([blocks["trial_id"], blocks["precision"]]).transform(lambda s: s.quantile(0.9))
+    return (share < CONTENDED_SHARE * best) | (share < CONTENDED_SHARE * blocks["threads"])
+
+
+def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int, block_s: float = BLOCK_S,
+               on_round: Callable[[int, int], None] = lambda done, planned: None,
+               clock: Callable[[], float] = time.perf_counter,
+               cpu_clock: Callable[[], float] = time.process_time) -> list[dict]:
+    """Warm every model up (warmup steps, then one timed step that sets its k), then mirrored pairs of rounds until the
+    budget (seconds from this call) would be passed, one pair at least. Returns one dict per block: round, position,
+    precision, steps, wall_s, cpu_s."""
+    start = clock()
+    ks = {}
+    for s in steppers:
+        s.run(max(warmup, WARMUP_MIN))
+        t0 = clock()
+        s.run(1)
+        ks[s.precision] = block_steps(clock() - t0, block_s)
+    rows, round_ = [], 0
+    pair_s = None
+    while True:
+        if round_ % 2 == 0 and round_ and clock() - start + pair_s > budget_s:
+            break
+        pair_start = clock()
+        for position, index in enumerate(block_order(len(steppers), round_)):
+            s, k = steppers[index], ks[steppers[index].precision]
+            c0, w0 = cpu_clock(), clock()
+            s.run(k)  # ends with a host read: the block's steps have finished
+            wall, cpu = clock() - w0, cpu_clock() - c0
+            rows.append({"round": round_, "position": position, "precision": s.precision, "steps": k,
+                         "wall_s": wall, "cpu_s": cpu})
+        round_ += 1
+        if round_ % 2 == 1:
+            first_s = clock() - pair_start
+        else:
+            pair_s = first_s + clock() - pair_start
+            elapsed = clock() - start
+            on_round(round_, round_ + 2 * max(0, int((budget_s - elapsed) // pair_s)))
+    return rows
+
+
+# ---- the child's side --------------------------------------------------------------------------------------------
+
+StepperFactory = Callable[[list[RunConfig], object, object], tuple[list[Stepper], int]]
+
+
+def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> int:
+    """`python -m amp_compare.<twin> --trial trial.json --out trials/<trial-id> --run-id <id> [--init-file f]`: build
+    the steppers (the twin's trial.steppers), run the blocks, write trials.parquet atomically."""
+    from amp_compare.kit.child import Progress, SharedInit
+    from amp_compare.kit.data import load_dataset
+
+    parser = argparse.ArgumentParser(description="Run one amp-compare speed trial and write its blocks.")
+    parser.add_argument("--trial", required=True, type=Path, help="trial JSON: trial_id, budget_s, configs")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--init-file", type=Path, default=None)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        spec = json.loads(args.trial.read_text())
+        cfgs = [RunConfig.from_dict(c) for c in spec["configs"]]
+    except (OSError, ValueError, KeyError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    progress = Progress()
+    data = load_dataset(cfgs[0].dataset, cfgs[0].data_dir)
+    steppers, threads = make_steppers(cfgs, data, SharedInit(args.init_file, cfgs[0].framework, cfgs[0].seed))
+    blocks = run_blocks(steppers, float(spec["budget_s"]), cfgs[0].warmup_steps, float(spec.get("block_s", BLOCK_S)),
+                        on_round=lambda done, planned: progress.emit(kind="step", epoch=0, epochs=1, step=done,
+                                                                     steps=max(planned, done)))
+    table = trial_table(args.run_id, cfgs[0], blocks, threads)
+    write_trial(args.out, table)
+    progress.emit(kind="done")
+    return 0
+
+
+def trial_table(run_id: str, cfg: RunConfig, blocks: list[dict], threads: int) -> pd.DataFrame:
+    """The blocks as the trials table (contract/tables.py), contended flags set."""
+    table = pd.DataFrame(blocks)
+    for key, value in (("run_id", run_id), ("trial_id", trial_id(cfg)), ("framework", cfg.framework),
+                       ("model", cfg.model), ("dataset", cfg.dataset), ("batch_size", cfg.batch_size),
+                       ("step_loop", cfg.step), ("threads", threads)):
+        table[key] = value
+    table["contended"] = contended_flags(table)
+    return table[list(TRIAL_COLUMNS)]
+
+
+TRIAL_COLUMNS = ("run_id", "trial_id", "framework", "model", "dataset", "batch_size", "step_loop", "round", "position",
+                 "precision", "steps", "wall_s", "cpu_s", "threads", "contended")
+
+
+def write_trial(out: Path, table: pd.DataFrame) -> None:
+    check("trials", table, strict=True)
+    out.mkdir(parents=True, exist_ok=True)
+    records.atomic_write_table(out / "trials.parquet", table)
+
+
+# ---- the estimate ------------------------------------------------------------------------------------------------
+
+def sign_rank(n: int, confidence: float = CONFIDENCE) -> int:
+    """k: the interval for the median of n values runs from the (k+1)-th smallest to the (k+1)-th largest; -1 where n
+    is too small for any interval at this confidence (fewer than 6 values at 95%). k is the largest count with
+    P(Binomial(n, 1/2) <= k) <= (1 - confidence) / 2, so the interval covers the median with at least `confidence`
+    whatever the values' distribution."""
+    alpha, cdf, k = (1 - confidence) / 2, 0.0, -1
+    for count in range(n + 1):
+        cdf += math.comb(n, count) / 2.0 ** n
+        if cdf > alpha:
+            break
+        k = count
+    return k
+
+
+def median_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, ...]:
+    """The median of each row of `values` (..., n) with the sign test's interval; vectorised over the leading axes.
+    Low and high are NaN where n is too small for the confidence."""
+    values = np.sort(np.asarray(values, dtype=float), axis=-1)
+    n = values.shape[-1]
+    nan = np.full(values.shape[:-1], np.nan)
+    if n == 0:
+        return nan, nan, nan
+    k = sign_rank(n, confidence)
+    if k < 0:
+        return np.median(values, axis=-1), nan, nan
+    return np.median(values, axis=-1), values[..., k], values[..., n - 1 - k]
+
+
+def ratio_interval(fp32_step_s: np.ndarray, mixed_step_s: np.ndarray,
+                   confidence: float = CONFIDENCE) -> tuple[np.ndarray, ...]:
+    """The speed ratio fp32 ÷ mixed per-step time (>1: the mixed precision is faster) with its interval, from the
+    rounds' per-step times (..., rounds); vectorised over leading axes."""
+    log_ratio = np.log(np.asarray(fp32_step_s, dtype=float)) - np.log(np.asarray(mixed_step_s, dtype=float))
+    estimate, low, high = median_interval(log_ratio, confidence)
+    return np.exp(estimate), np.exp(low), np.exp(high)
+
+
+INTERVAL_KIND = "sign test 95% (median of per-round log ratios)"
+SUMMARY_KEYS = ("trial_id", "framework", "model", "dataset", "batch_size", "step_loop")
+
+
+def trial_summary(trials: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial × mixed precision: ratio (fp32 per-step time ÷ the mixed one's, >1 faster), its interval, the
+    rounds it rests on, the contended blocks among the two precisions' blocks, the median per-step times."""
+    columns = [*SUMMARY_KEYS, "precision", "ratio", "low", "high", "interval_kind", "rounds", "contended_blocks",
+               "contended_precisions", "fp32_step_s", "mixed_step_s"]
+    rows = []
+    if trials.empty:
+        return pd.DataFrame(columns=columns)
+    trials = trials.assign(step_s=trials["wall_s"] / trials["steps"])
+    for keys, blocks in trials.groupby(list(SUMMARY_KEYS), sort=False):
+        by = blocks.pivot_table(index="round", columns="precision", values="step_s", aggfunc="first")
+        if REFERENCE not in by:
+            continue
+        for precision in [p for p in blocks["precision"].unique() if p != REFERENCE]:
+            both = by[[REFERENCE, precision]].dropna()
+            ratio, low, high = ratio_interval(both[REFERENCE].to_numpy(), both[precision].to_numpy())
+            pair_blocks = blocks[blocks["precision"].isin([REFERENCE, precision])]
+            contended = pair_blocks[pair_blocks["contended"].astype(bool)]
+            rows.append({**dict(zip(SUMMARY_KEYS, keys)), "precision": precision, "ratio": float(ratio),
+                         "low": float(low), "high": float(high), "interval_kind": INTERVAL_KIND,
+                         "rounds": int(len(both)), "contended_blocks": int(len(contended)),
+                         "contended_precisions": ",".join(sorted(contended["precision"].unique())),
+                         "fp32_step_s": float(both[REFERENCE].median()),
+                         "mixed_step_s": float(both[precision].median())})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def speed_status(ratio: float, low: float, high: float) -> str:
+    """faster (the interval lies above 1×), slower (below), same (inside 0.95-1.05×), else undecided."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "undecided"
+    if low > 1:
+        return "faster"
+    if high < 1:
+        return "slower"
+    if SAME_BAND[0] <= low and high <= SAME_BAND[1]:
+        return "same"
+    return "undecided"

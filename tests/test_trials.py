@@ -1,0 +1,130 @@
+"""Speed trials (kit/trial.py): the schedule, the estimator on simulated block series, a real tiny trial per framework.
+
+The simulations time blocks as the trial runs them: rounds of blocks in kit/trial.block_order's order, each block
+k steps of its precision at the machine's speed of that moment, with noise; the machine drifts, steps, stalls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from amp_compare.kit import trial
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+SIMS = 1000
+ROUNDS = 30  # 15 mirrored pairs: what a 10 s trial of ~0.3 s rounds gives
+
+
+def simulate(true_ratio: float, *, drift: float = 0.0, step_change: float = 0.0, stall_share: float = 0.0,
+             noise: float = 0.03, rounds: int = ROUNDS, sims: int = SIMS, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per-step block times (sims, rounds) per precision. fp32 steps take 10 ms, fp16 10 ms / true_ratio, bf16 25 ms;
+    k per kit/trial.block_steps. The machine's slowdown at time t: 1 + drift·t/T, × (1 + step_change) in the second
+    half; stall_share of blocks take 2-10× their time (one stalled block each, any precision); lognormal noise."""
+    rng = np.random.default_rng(seed)
+    base = {"fp32": 0.010, "fp16": 0.010 / true_ratio, "bf16": 0.025}
+    ks = {p: trial.block_steps(s) for p, s in base.items()}
+    per_step = {p: np.empty((sims, rounds)) for p in PRECISIONS}
+    now = np.zeros(sims)
+    total = rounds * sum(ks[p] * base[p] for p in PRECISIONS)
+    for r in range(rounds):
+        for index in trial.block_order(len(PRECISIONS), r):
+            p = PRECISIONS[index]
+            nominal = ks[p] * base[p]
+            middle = (now + nominal / 2) / total
+            slow = (1 + drift * middle) * np.where(middle > 0.5, 1 + step_change, 1.0)
+            stall = np.where(rng.random(sims) < stall_share, rng.uniform(2, 10, sims), 1.0)
+            wall = nominal * slow * stall * np.exp(rng.normal(0, noise, sims))
+            per_step[p][:, r] = wall / ks[p]
+            now = now + wall
+    return per_step
+
+
+@pytest.mark.parametrize("case", [
+    dict(drift=0.6),  # the machine 60% slower by the end
+    dict(drift=3.0),  # 4x slower by the end: a fixed order would leave a bias of ~3%
+    dict(step_change=0.5),  # 50% slower from halfway
+    dict(stall_share=0.05),  # 5% of blocks stalled 2-10x
+    dict(),  # a known ratio on a steady machine
+    dict(drift=-0.4, stall_share=0.05, noise=0.08),  # all at once, noisier
+])
+@pytest.mark.parametrize("true_ratio", [0.16, 1.27])
+def test_interval_covers_the_true_ratio(case, true_ratio):
+    times = simulate(true_ratio, **case)
+    ratio, low, high = trial.ratio_interval(times["fp32"], times["fp16"])
+    covered = (low <= true_ratio) & (true_ratio <= high)
+    assert covered.mean() >= 0.93, (case, covered.mean())
+    assert abs(np.median(np.log(ratio / true_ratio))) < 0.02  # centred on the truth
+
+
+@pytest.mark.parametrize(("true_ratio", "status"), [(0.5, "slower"), (0.95, "slower"), (1.0, "same"),
+                                                    (1.27, "faster"), (8.0, "faster")])
+def test_status_of_known_ratios(true_ratio, status):
+    times = simulate(true_ratio, drift=0.3, stall_share=0.05, sims=200, seed=1)
+    ratio, low, high = trial.ratio_interval(times["fp32"], times["fp16"])
+    statuses = [trial.speed_status(*v) for v in zip(ratio, low, high)]
+    assert statuses.count(status) / len(statuses) >= 0.9, (true_ratio, pd.Series(statuses).value_counts().to_dict())
+
+
+def test_speed_status_rules():
+    assert trial.speed_status(1.3, 1.2, 1.4) == "faster"
+    assert trial.speed_status(0.5, 0.4, 0.6) == "slower"
+    assert trial.speed_status(1.0, 0.96, 1.04) == "same"
+    assert trial.speed_status(1.0, 0.9, 1.1) == "undecided"
+    assert trial.speed_status(1.0, float("nan"), float("nan")) == "undecided"
+
+
+def test_sign_rank_matches_the_tables():
+    # two-sided 95% sign-test intervals: n=6 -> 1st to 6th value (k=0), n=10 -> 2nd to 9th, n=30 -> 10th to 21st
+    assert trial.sign_rank(5) == -1
+    assert [trial.sign_rank(n) for n in (6, 10, 30)] == [0, 1, 9]
+    _, low, high = trial.median_interval(np.arange(10.0))
+    assert (low, high) == (1.0, 8.0)
+
+
+def test_block_order_rotates_and_mirrors():
+    orders = [trial.block_order(3, r) for r in range(6)]
+    assert orders == [[0, 1, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1], [2, 0, 1], [1, 0, 2]]
+    assert trial.block_steps(0.017) == 3 and trial.block_steps(0.11) == 1  # a slow precision: fewer steps
+
+
+def blocks_frame(times: dict[str, np.ndarray], sim: int) -> pd.DataFrame:
+    rows = []
+    for r in range(times["fp32"].shape[1]):
+        for position, index in enumerate(trial.block_order(len(PRECISIONS), r)):
+            p = PRECISIONS[index]
+            k = 2
+            rows.append({"run_id": "r", "trial_id": "torch-simple_cnn-digits-b64-plain", "framework": "torch",
+                         "model": "simple_cnn", "dataset": "digits", "batch_size": 64, "step_loop": "plain",
+                         "round": r, "position": position, "precision": p, "steps": k,
+                         "wall_s": times[p][sim, r] * k, "cpu_s": times[p][sim, r] * k * (0.9 if r == 3 else 1.9),
+                         "threads": 2})
+    frame = pd.DataFrame(rows)
+    frame["contended"] = trial.contended_flags(frame)
+    return frame
+
+
+def test_trial_summary_reads_the_table():
+    times = simulate(1.27, drift=0.3, sims=3, rounds=21)
+    frame = blocks_frame(times, 0)
+    trial.check("trials", frame, strict=True)
+    summary = trial.trial_summary(frame)
+    assert list(summary["precision"]) == ["fp16", "bf16"]
+    row = summary.iloc[0]
+    ratio, low, high = trial.ratio_interval(times["fp32"][0], times["fp16"][0])
+    assert (row["ratio"], row["low"], row["high"]) == pytest.approx((ratio, low, high))
+    assert row["rounds"] == 21 and row["contended_blocks"] == 2 and row["contended_precisions"] == "fp16,fp32"
+    assert row["fp32_step_s"] == pytest.approx(np.median(times["fp32"][0]))
+    assert trial.speed_status(row["ratio"], row["low"], row["high"]) == "faster"
+    # a missing block drops its round
+    gap = trial.trial_summary(frame[~((frame["round"] == 4) & (frame["precision"] == "fp16"))]).iloc[0]
+    assert gap["rounds"] == 20
+
+
+def test_one_stalled_block_does_not_move_the_ratio():
+    times = simulate(0.5, sims=200, seed=2)
+    clean = trial.ratio_interval(times["fp32"], times["fp16"])[0]
+    times["fp16"][:, 7] *= 10  # one block of each trial stalled 10x
+    stalled = trial.ratio_interval(times["fp32"], times["fp16"])[0]
+    assert np.abs(np.log(stalled / clean)).max() < 0.02
