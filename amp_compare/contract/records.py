@@ -10,7 +10,8 @@ finished cell is never rewritten:
 - steps.parquet  one row per optimizer step
 
 Identity lives in columns (IDENTITY), never only in file names. `read_run` concatenates all
-cells; `export_tables` writes the combined tables as Parquet and CSV under `data/`.
+cells, and the run's speed trials (`trials/<trial-id>/trials.parquet`, kit/trial.py) as the `trials` table;
+`export_tables` writes the combined tables as Parquet and CSV under `data/`.
 """
 
 from __future__ import annotations
@@ -121,10 +122,28 @@ def read_run(run_dir: Path, warn=None) -> dict[str, pd.DataFrame]:
             continue
         for name, df in cell.items():
             parts[name].append(df)
-    return {
+    tables = {
         name: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame(columns=IDENTITY + REQUIRED[name]))
         for name, dfs in parts.items()
     }
+    tables["trials"] = read_trials(run_dir, warn)
+    return tables
+
+
+def read_trials(run_dir: Path, warn=None) -> pd.DataFrame:
+    """The run's speed trials' blocks (kit/trial.py: trials/<trial-id>/trials.parquet), concatenated; an unreadable
+    trial is named and skipped; no trials: an empty table with the declared columns."""
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    parts = []
+    for path in sorted((Path(run_dir) / "trials").glob("*/trials.parquet")):
+        try:
+            df = pd.read_parquet(path)
+            validate_table("trials", df)
+            parts.append(df)
+        except Exception as exc:  # a corrupt trial must not hide the others
+            warn(f"skipping unreadable trial {path.parent.name}: {exc}")
+    columns = [*declared_tables.TRIAL_IDENTITY, *REQUIRED["trials"]]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
 
 
 def export_tables(run_dir: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:

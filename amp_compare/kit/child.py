@@ -396,7 +396,8 @@ TrainFn = Callable[[RunConfig, Dataset, Progress, SharedInit], TrainResult]
 
 
 def child_entry(train_module: str) -> int:
-    """`python -m torch_impl|keras_impl` lands here: a framework that fails to import is 'unavailable'."""
+    """`python -m torch_impl|keras_impl` lands here: a framework that fails to import is 'unavailable'; with --trial
+    the process runs a speed trial instead of a cell."""
     lap("process start")
     try:
         train_fn = importlib.import_module(train_module).train
@@ -404,6 +405,10 @@ def child_entry(train_module: str) -> int:
     except ImportError as exc:
         print(f"unavailable: {train_module} cannot import its framework ({exc})", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    if "--trial" in sys.argv[1:]:  # a speed trial (kit/trial.py), run by the twin's trial module
+        from amp_compare.kit.trial import trial_main
+
+        return trial_main(importlib.import_module(train_module.rsplit(".", 1)[0] + ".trial").steppers)
     return child_main(train_fn)
 
 

@@ -47,7 +47,10 @@ from amp_compare.contract.precision import REFERENCE
 from amp_compare.contract.tables import check
 
 BLOCK_S = 0.05  # a block's shortest wall time
-WARMUP_MIN = 2  # warm-up steps per model at least (the cells' warmup_steps where larger): tracing, caches, allocator
+# Warm-up steps per model before the one timed step that sets its k: the first holds tracing / compilation and first
+# allocations, the second the first-step leftovers (the cells drop --warmup-steps, 5, from their statistics; a trial's
+# blocks are medians of many rounds, and a slow precision's extra warm-up steps would spend the budget)
+WARMUP_STEPS = 2
 CONFIDENCE = 0.95
 SAME_BAND = (0.95, 1.05)  # an interval inside this is "the same speed"
 # A block is contended when the process got less CPU than it needs: cpu_s / wall_s below CONTENDED_SHARE of what that
@@ -96,7 +99,7 @@ def contended_flags(blocks: pd.DataFrame) -> pd.Series:
     return (share < CONTENDED_SHARE * best) | (share < CONTENDED_SHARE * blocks["threads"])
 
 
-def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int, block_s: float = BLOCK_S,
+def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_STEPS, block_s: float = BLOCK_S,
                on_round: Callable[[int, int], None] = lambda done, planned: None,
                clock: Callable[[], float] = time.perf_counter,
                cpu_clock: Callable[[], float] = time.process_time) -> list[dict]:
@@ -106,7 +109,7 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int, block_s: f
     start = clock()
     ks = {}
     for s in steppers:
-        s.run(max(warmup, WARMUP_MIN))
+        s.run(warmup)
         t0 = clock()
         s.run(1)
         ks[s.precision] = block_steps(clock() - t0, block_s)
@@ -140,12 +143,13 @@ StepperFactory = Callable[[list[RunConfig], object, object], tuple[list[Stepper]
 
 def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> int:
     """`python -m amp_compare.<twin> --trial trial.json --out trials/<trial-id> --run-id <id> [--init-file f]`: build
-    the steppers (the twin's trial.steppers), run the blocks, write trials.parquet atomically."""
+    the steppers (the twin's trial.steppers), run the blocks for the configs' trial_budget_s, write trials.parquet
+    atomically."""
     from amp_compare.kit.child import Progress, SharedInit
     from amp_compare.kit.data import load_dataset
 
     parser = argparse.ArgumentParser(description="Run one amp-compare speed trial and write its blocks.")
-    parser.add_argument("--trial", required=True, type=Path, help="trial JSON: trial_id, budget_s, configs")
+    parser.add_argument("--trial", required=True, type=Path, help="trial JSON: its configs, fp32's first")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--init-file", type=Path, default=None)
@@ -160,7 +164,7 @@ def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> 
     progress = Progress()
     data = load_dataset(cfgs[0].dataset, cfgs[0].data_dir)
     steppers, threads = make_steppers(cfgs, data, SharedInit(args.init_file, cfgs[0].framework, cfgs[0].seed))
-    blocks = run_blocks(steppers, float(spec["budget_s"]), cfgs[0].warmup_steps, float(spec.get("block_s", BLOCK_S)),
+    blocks = run_blocks(steppers, cfgs[0].trial_budget_s,
                         on_round=lambda done, planned: progress.emit(kind="step", epoch=0, epochs=1, step=done,
                                                                      steps=max(planned, done)))
     table = trial_table(args.run_id, cfgs[0], blocks, threads)

@@ -379,6 +379,10 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], timeout, console,
                                       after_cell=lambda cfg: timed_check(f"after {cfg.cell_id}"),
                                       manifest=manifest)
+    if not interrupted:  # the speed trials, alone on the machine, forked from the same parents (harness/run/trials.py)
+        trials_start = time.perf_counter()
+        interrupted = run_speed_trials(run_dir, manifest, timeout, console)
+        phases["trials"] = phases.get("trials", 0.0) + time.perf_counter() - trials_start
     # the twins' pre-imported parents (harness/run/forkserver.py) go before the last check and the report
     forked = forkserver.close_all()
     if len(checks) < 2:
@@ -391,8 +395,25 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     phases["cells"] = sum(o.wall_s for o in outcomes)
     phases["fork servers"] = sum(forked.values())  # the wall waited for the twins' parents to start (all at once)
     phases["between cells"] = (time.perf_counter() - started - phases["calibration"] - phases["cells"]
-                               - phases["fork servers"])
+                               - phases["fork servers"] - phases.get("trials", 0.0))
     return outcomes, interrupted
+
+
+def run_speed_trials(run_dir: Path, manifest: dict, timeout: float, console) -> BaseException | None:
+    """The run's speed trials (harness/run/trials.py) over every cell of its manifest, so a resumed run plans the same
+    ones; on this machine only: where a submitit launcher ran the cells elsewhere, the manifest says none ran."""
+    from amp_compare.harness.run import trials
+
+    if manifest.get("launcher", {}).get("launcher") == "submitit":
+        manifest["trials"] = {"planned": [], "skipped": "the cells ran as submitit jobs, not on this machine"}
+        return None
+    configs = [RunConfig.from_dict(c) for c in manifest["configs"]]
+    try:
+        return trials.run_trials(configs, run_dir, manifest["run_id"], timeout, console, manifest)
+    finally:  # which trials ran, kept even when interrupted
+        from amp_compare.contract.atomic import atomic_write_text
+
+        atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
 
 
 def _finish(args: argparse.Namespace, run_dir: Path, cells: list[RunConfig], manifest: dict, console, interrupted):

@@ -1,0 +1,142 @@
+"""Runs a compare's speed trials (kit/trial.py) after its cells: one child per trial, forked from its twin's
+pre-imported parent as a cell is (harness/run/forkserver.py), alone on the machine, each trial's blocks written to
+trials/<trial-id>/trials.parquet, a failed or timed-out trial to trials/<trial-id>/failed.json. A finished trial is
+not rerun by --resume; the manifest's `trials` entry says which ran and how each ended.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from amp_compare.contract.atomic import atomic_write_text
+from amp_compare.contract.config import FRAMEWORK_MODULES, RunConfig
+from amp_compare.contract.precision import REFERENCE
+from amp_compare.harness.run import forkserver
+from amp_compare.harness.run.runner import (
+    _describe_exit,
+    _run_child,
+    child_env,
+    framework_missing,
+    shared_init_path,
+    stderr_tail,
+)
+from amp_compare.kit.child import EXIT_UNAVAILABLE
+from amp_compare.kit.trial import trial_id
+
+# A trial's own timeout: its budget and the start of three models (framework import is the parent's), with room for
+# a loaded machine; never longer than a cell's --timeout
+TIMEOUT_MARGIN_S, TIMEOUT_FACTOR = 120.0, 6.0
+
+
+def plan_trials(configs: list[RunConfig]) -> dict[str, list[RunConfig]]:
+    """The run's trials: per trial_id (framework, model, dataset, batch size, step loop) with fp32 and at least one
+    other precision among 1-worker cells, the configurations of its first seed (fp32 first, then the matrix's
+    order). None where the run's trial budget is 0."""
+    groups: dict[str, dict[str, RunConfig]] = {}
+    for cfg in configs:
+        if cfg.replicas > 1 or cfg.thread_floor or cfg.trial_budget_s <= 0:
+            continue
+        chosen = groups.setdefault(trial_id(cfg), {})
+        if cfg.precision not in chosen or cfg.seed < chosen[cfg.precision].seed:
+            chosen[cfg.precision] = cfg
+    plan = {}
+    for tid, chosen in groups.items():
+        if REFERENCE in chosen and len(chosen) > 1:
+            seed = chosen[REFERENCE].seed  # one seed's shared initial weights for every precision
+            same = [c for c in configs if trial_id(c) == tid and c.seed == seed and c.replicas == 1
+                    and not c.thread_floor and c.precision != REFERENCE]
+            plan[tid] = [chosen[REFERENCE], *{c.precision: c for c in same}.values()]
+    return plan
+
+
+def trial_complete(run_dir: Path, tid: str) -> bool:
+    path = Path(run_dir) / "trials" / tid / "trials.parquet"
+    try:
+        return len(pd.read_parquet(path, columns=["round"])) > 0
+    except Exception:  # noqa: BLE001 - missing or unreadable: not finished
+        return False
+
+
+def run_trial(cfgs: list[RunConfig], run_dir: Path, run_id: str, timeout_s: float, on_event=lambda event: None
+              ) -> dict:
+    """One trial in a child of its own (forked where its twin's parent runs); returns its manifest outcome."""
+    tid = trial_id(cfgs[0])
+    out = Path(run_dir) / "trials" / tid
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "failed.json").unlink(missing_ok=True)
+    spec = out / "trial.json"
+    atomic_write_text(spec, json.dumps({"trial_id": tid, "configs": [c.to_dict() for c in cfgs]}, default=str))
+    cfg = cfgs[0]
+    start = time.monotonic()
+    missing = framework_missing(cfg.framework)
+    if missing:
+        return _failed(out, "unavailable", missing, "", 0.0)
+    cmd = [sys.executable, "-m", FRAMEWORK_MODULES[cfg.framework], "--trial", str(spec), "--out", str(out),
+           "--run-id", run_id, "--cache-dir", str(Path(run_dir) / "cache")]
+    if cfg.init == "shared":
+        cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
+    env = child_env(cfg)
+    forkserver.server_for(cmd, env, env)
+    timeout = min(timeout_s, TIMEOUT_MARGIN_S + TIMEOUT_FACTOR * cfg.trial_budget_s)
+    returncode, error = _run_child(cmd, cfg, out, env, timeout, on_event, None, fork=True)
+    wall = time.monotonic() - start
+    tail = stderr_tail(out / "stderr.log")
+    if not error and returncode == EXIT_UNAVAILABLE:
+        return _failed(out, "unavailable", "its framework is unavailable", tail, wall)
+    if not error and returncode != 0:
+        error = _describe_exit(returncode)
+    if not error and not trial_complete(run_dir, tid):
+        error = "exited without writing its blocks"
+    if error:
+        (out / "trials.parquet").unlink(missing_ok=True)
+        return _failed(out, "failed", error, tail, wall)
+    return {"status": "ok", "error": "", "wall_s": round(wall, 3)}
+
+
+def _failed(out: Path, status: str, error: str, tail: str, wall: float) -> dict:
+    outcome = {"status": status, "error": error, "wall_s": round(wall, 3)}
+    atomic_write_text(out / "failed.json", json.dumps({**outcome, "stderr_tail": tail}, indent=2))
+    return outcome
+
+
+def run_trials(configs: list[RunConfig], run_dir: Path, run_id: str, timeout: float, console, manifest: dict
+               ) -> BaseException | None:
+    """Every planned trial not finished yet, one after another, with a progress bar each; their outcomes in
+    manifest["trials"]. Returns the interruption (Ctrl-C, SIGTERM), if any: finished trials and cells are kept."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    plan = plan_trials(configs)
+    entry = manifest.setdefault("trials", {})
+    entry.update(budget_s=configs[0].trial_budget_s if configs else 0.0, planned=sorted(plan))
+    outcomes = entry.setdefault("outcomes", {})
+    todo = {tid: cfgs for tid, cfgs in plan.items() if not trial_complete(run_dir, tid)}
+    if not todo:
+        return None
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        overall = progress.add_task("speed trials", total=len(todo))
+        for tid, cfgs in todo.items():
+            task = progress.add_task(f"  {tid}", total=None)
+
+            def on_event(event: dict, task=task) -> None:
+                if event.get("kind") == "step":
+                    progress.update(task, total=event["steps"], completed=event["step"])
+
+            try:
+                outcome = run_trial(cfgs, run_dir, run_id, timeout, on_event)
+            except KeyboardInterrupt as exc:
+                progress.update(task, description=f"  {tid} [interrupted]")
+                return exc
+            except Exception as exc:  # a harness fault in one trial: recorded, the others run
+                outcome = {"status": "failed", "error": f"harness error: {type(exc).__name__}: {exc}", "wall_s": 0.0}
+            outcomes[tid] = outcome
+            status = (outcome["status"] if outcome["status"] == "ok"
+                      else f"{outcome['status'].upper()}: {outcome['error']}")
+            progress.update(task, description=f"  {tid} [{status}]")
+            progress.advance(overall)
+    return None
