@@ -128,3 +128,45 @@ def test_one_stalled_block_does_not_move_the_ratio():
     times["fp16"][:, 7] *= 10  # one block of each trial stalled 10x
     stalled = trial.ratio_interval(times["fp32"], times["fp16"])[0]
     assert np.abs(np.log(stalled / clean)).max() < 0.02
+
+
+def test_real_trials_in_both_frameworks(tmp_path):
+    """A real trial per framework through what a compare calls (harness/run/trials.run_trial: the forked child, the
+    twin's trial.steppers over the cells' own functions, kit/trial.run_blocks), tiny and short."""
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.contract.records import read_trials
+    from amp_compare.harness.run import forkserver, runner, trials
+
+    cfgs = [RunConfig(framework=fw, model="simple_cnn", dataset="synthetic", precision=p, batch_size=16, seed=0,
+                      device="cpu", threads=1, trial_budget_s=1.0, steps_per_epoch=3)
+            for fw in ("torch", "tf") for p in ("fp32", "bf16")]
+    plan = trials.plan_trials(cfgs)
+    assert list(plan) == ["torch-simple_cnn-synthetic-b16-plain", "tf-simple_cnn-synthetic-b16-plain"]
+    runner.prestart_fork_servers(cfgs, tmp_path)  # both frameworks' imports at once, as a compare starts them
+    try:
+        for tid, group in plan.items():
+            outcome = trials.run_trial(group, tmp_path, "r", 120)
+            assert outcome["status"] == "ok", (outcome, (tmp_path / "trials" / tid / "failed.json").read_text())
+    finally:
+        forkserver.close_all()
+    table = read_trials(tmp_path)
+    assert list(table.columns) == list(trial.TRIAL_COLUMNS)
+    for _, blocks in table.groupby("trial_id"):
+        rounds = blocks["round"].max() + 1
+        assert rounds % 2 == 0 and len(blocks) == 2 * rounds  # whole mirrored pairs, one block per precision
+        for r, rnd in blocks.groupby("round"):
+            order = [["fp32", "bf16"][i] for i in trial.block_order(2, r)]
+            assert rnd.sort_values("position")["precision"].tolist() == order
+        assert (blocks["steps"] >= 1).all() and (blocks["wall_s"] > 0).all() and (blocks["threads"] == 1).all()
+        # k makes a block last BLOCK_S at least (timed from one step, so allow the noise of a shared machine)
+        assert (blocks["wall_s"] > trial.BLOCK_S / 3).mean() > 0.8
+    summary = trial.trial_summary(table)
+    assert len(summary) == 2 and (summary["precision"] == "bf16").all() and (summary["ratio"] > 0).all()
+
+
+def test_a_block_must_end_with_a_host_read():
+    """run_blocks refuses a block whose last value is not read on the host (a device tensor would let its clock stop
+    while the steps still run on a GPU): the real trials above pass only because every twin's block reads one."""
+    lazy = trial.Stepper("fp32", lambda k: np.float32(1.0))
+    with pytest.raises(TypeError, match="not a value read on the host"):
+        trial.run_blocks([lazy], budget_s=0.1)

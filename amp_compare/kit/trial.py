@@ -122,8 +122,10 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
         for position, index in enumerate(block_order(len(steppers), round_)):
             s, k = steppers[index], ks[steppers[index].precision]
             c0, w0 = cpu_clock(), clock()
-            s.run(k)  # ends with a host read: the block's steps have finished
+            value = s.run(k)  # ends with a host read: the block's steps have finished
             wall, cpu = clock() - w0, cpu_clock() - c0
+            if not isinstance(value, float):  # a device value would let the block's time end before its steps did
+                raise TypeError(f"{s.precision}'s block returned {type(value).__name__}, not a value read on the host")
             rows.append({"round": round_, "position": position, "precision": s.precision, "steps": k,
                          "wall_s": wall, "cpu_s": cpu})
         round_ += 1
