@@ -136,7 +136,7 @@ def test_time_to_accuracy_and_not_reached():
     runs, epochs, steps = _cells(fp32_acc=0.95, lost=40, curve=[0.94, 0.95])
     tta = next(s for s in _findings(runs, epochs, steps) if "training time to" in s)
     assert tta == ("simple_cnn on digits, training time to 90.2% validation accuracy (95% of fp32's 95.0%; median "
-                   "over seeds, validation excluded): PyTorch fp32 1.0 s, fp16 not reached (0/1 seeds reached it).")
+                   "over seeds, validation excluded): PyTorch fp32 1.0 s, fp16 not reached (0 of 1 seeds reached it).")
 
 
 def test_the_reproduce_line_says_when_the_tree_had_uncommitted_changes():

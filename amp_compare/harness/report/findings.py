@@ -69,12 +69,12 @@ def accuracy_text(r) -> str:
 
 
 def _time_text(r) -> str:
-    if not np.isfinite(r.target) or r.reached.endswith("/0"):
+    if not np.isfinite(r.target) or r.timed_seeds == 0:
         return "n/a"
     if not np.isfinite(r.time_to_target_s):
-        return f"not reached ({r.reached} seeds reached it)"
-    text = f"{r.time_to_target_s:.1f} s" + (f" ({r.reached} seeds reached it)"
-                                            if r.reached.split("/")[0] != r.reached.split("/")[1] else "")
+        return f"not reached ({r.reached_seeds:.0f} of {r.timed_seeds:.0f} seeds reached it)"
+    text = f"{r.time_to_target_s:.1f} s" + (f" ({r.reached_seeds:.0f} of {r.timed_seeds:.0f} seeds reached it)"
+                                            if r.reached_seeds != r.timed_seeds else "")
     if getattr(r, "emulated", False):
         return text + f" ({fp8_report.EMULATED_SPEED})"
     if np.isfinite(getattr(r, "ttt_ratio", np.nan)):
@@ -307,7 +307,7 @@ def _same_epoch(group: pd.DataFrame) -> str:
     cell's first-epoch warm-up (Keras traces and compiles its step function there), not only its steady speed."""
     epochs = set(group["reached_epochs"].fillna(""))
     if not (len(epochs) == 1 and "," not in next(iter(epochs)) and next(iter(epochs))
-            and all(r.split("/")[0] == r.split("/")[1] for r in group["reached"])):
+            and (group["reached_seeds"] == group["timed_seeds"]).all()):
         return ""
     n = int(epochs.pop()) + 1
     fws = set(group["framework"]) if "framework" in group else set()

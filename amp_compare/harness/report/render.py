@@ -26,7 +26,8 @@ from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.mapping import DIFFERENCES
-from amp_compare.harness.report import accuracy, dataparallel, glossary, speed, wording
+from amp_compare.contract.tables import check as tables_check
+from amp_compare.harness.report import accuracy, dataparallel, glossary, speed, verdicts, wording
 from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
@@ -299,7 +300,7 @@ def _accuracy_table(acc: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
                                    else num(r.time_to_target_s, ".1f")),
             "vs fp32's time": _ttt_ratio_text(r, device) if timed else "",
-            "Seeds reaching it": r.reached if timed else "",
+            "Seeds reaching it": f"{r.reached_seeds:.0f} of {r.timed_seeds:.0f}" if timed else "",
         })
     return pd.DataFrame(rows)
 
@@ -636,7 +637,10 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = (seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
-    return {"full": full, "accuracy": accuracy, "summary": summary, "sentences": sentences, "facts": facts,
+    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
+    tables_check("verdicts", verdict_table)
+    return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
+            "facts": facts,
             "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
             "findings": sentences, "loop_text": loop_text, "legend": legend(full),
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
@@ -764,11 +768,20 @@ def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> di
                                                     *[f"- {s}" for s in section["sentences"]]])}
 
 
+def read_trials(run_dir: Path, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The run's speed trials (contract/tables.py `trials`): as read with its records, else each trial's file."""
+    if tables.get("trials") is not None and not tables["trials"].empty:
+        return tables["trials"]
+    files = sorted(Path(run_dir).glob("trials/*/trials.parquet"))
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+
+
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
     # data/run: each cell's MFU as the report prints it, against the run's one ceiling per device and dtype
     # (ceiling_flops; ceiling_flops_measured keeps the cell's own framework's timing)
     records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
                           if "run" in tables else tables)
+    tables = {**tables, "trials": read_trials(run_dir, tables)}
     # DATA PARALLEL: the floor and N-worker cells of a --replicas run have their own section; the others read the
     # 1-worker cells (dataparallel.split); a run without them is `single` unchanged and `every` empty
     single, every = dataparallel.split(tables)
@@ -793,6 +806,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     md += ["", f"Reproduce: `{manifest['command']}`", *([context["reproduce_note"]] if context.get("reproduce_note")
                                                         else []), ""]
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
+    records.export_tables(run_dir, {"verdicts": context["verdicts"]})
     render_runs_index(run_dir.parent)
     return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
                     (context["data_parallel"] or {}).get("rows"), context["answer_text"])

@@ -281,7 +281,8 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: 
         finite = [t for t in times if np.isfinite(t)]
         reached_in = sorted({per_cell[c][1] for c in cells["cell_id"] if per_cell[c][1] is not None})
         row = {"time_to_target_s": float(np.median(times)) if times else float("nan"),
-               "reached": f"{len(finite)}/{len(times)}", "reached_epochs": ",".join(map(str, reached_in))}
+               "reached_seeds": len(finite), "timed_seeds": len(times),
+               "reached_epochs": ",".join(map(str, reached_in))}
         fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
         fp32_time = {r.seed: per_cell[r.cell_id][0] for r in fp32.itertuples()}
         fp32_cell = {r.seed: r.cell_id for r in fp32.itertuples()}
@@ -301,7 +302,8 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: 
 
 
 ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "test", "seeds", "images"]
-TIME_COLS = ["time_to_target_s", "reached", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high", "ttt_note"]
+TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high",
+             "ttt_note"]
 
 
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,

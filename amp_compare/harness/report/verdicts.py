@@ -1,0 +1,310 @@
+"""Every verdict of a run as data: one row per model x dataset x framework x mixed precision x metric.
+
+Each metric has an ordered rule table below: the first rule whose condition holds sets the row's status and reason.
+The conditions read the run's tables (the full table of tables.py, the run table's statuses, the speed trials'
+summary), never a sentence. The phrasebook (phrases.py) words each (status, reason); every table cell, clause and
+sentence of the report is a view of this table, which render writes as data/verdicts.parquet and .csv.
+
+Speed is decided by the speed trials alone (contract/tables.py `trials`, one row per timed block; their
+`trial_summary` pairs each mixed precision with fp32 in alternating blocks of one process): a run without them
+(older runs) has no speed verdict (not_comparable, no_trial). The training cells' wall times stay in the tables
+as what training took.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import precision as precisions
+from amp_compare.harness.report import stats
+
+METRICS = ("speed", "memory", "accuracy", "time_to_target", "numerics")
+
+STATUSES = {  # the closed set; the metric says which direction words apply
+    "faster": "speed, time to target: mixed precision took less time than fp32, its 95% interval wholly below it",
+    "slower": "speed, time to target: mixed precision took more time than fp32, its 95% interval wholly above it",
+    "smaller": "memory: a lower peak than fp32's, by more than identical cells varied",
+    "larger": "memory: a higher peak than fp32's, by more than identical cells varied",
+    "higher": "accuracy: more images right than fp32, the 95% interval excludes 0",
+    "lower": "accuracy: fewer images right than fp32, the 95% interval excludes 0",
+    "same": "no difference beyond the stated margin (speed, time: ±5%; accuracy: ±1 pp) or, numerics, trained finite",
+    "undecided": "measured, but the run cannot tell which way",
+    "not_comparable": "nothing to compare (no trial, an emulation, a cut or too short run, no fp32 partner)",
+    "failed": "the mixed cells did not finish",
+}
+
+REASONS = {
+    "interval_excludes_1": "the ratio's 95% interval lies wholly on one side of 1",
+    "within_5pct": "the ratio's 95% interval lies within ±5% of 1",
+    "interval_too_wide": "the 95% interval is wider than the margin and includes no change",
+    "no_interval": "a single measurement: no interval",
+    "contended": "another process used the CPU during some of the trial's blocks",
+    "no_trial": "the run timed no speed trial",
+    "emulated": "fp8 off a GPU: an emulation's time and memory are not fp8's",
+    "above_resolution": "the difference exceeds what identical cells varied by",
+    "unresolved_memory": "the difference is within what identical cells varied by",
+    "no_resolution": "one seed and no identical cells anywhere in the run to measure the noise",
+    "interval_excludes_0": "the paired test is significant and its 95% interval excludes 0",
+    "within_1pp": "the paired 95% interval lies within ±1 pp",
+    "no_image_differed": "every validation image was classified as fp32 classified it",
+    "too_short": "fp32 itself had not learned enough to judge an accuracy change",
+    "budget_cut": "the speed budget stopped a cell after a few dozen steps",
+    "not_reached": "some seeds never reached the target",
+    "one_seed": "one seed: no interval over seeds",
+    "no_fp32": "no finished fp32 cell of the same seed to pair with",
+    "all_finite": "every cell trained to the end with a finite loss",
+    "diverged": "a cell's loss went non-finite and it stopped",
+    "cell_failed": "the cells crashed or were refused",
+    "timeout": "the cells ran out of time",
+    "unavailable": "the framework cannot run this precision here",
+}
+
+INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
+                  "none")
+SAME_RATIO = 0.05  # speed, time to target: an interval within 1 ± this is "same"
+SAME_PP = 1.0  # accuracy: an interval within ± this many percentage points is "same"
+
+
+@dataclass(frozen=True)
+class Rule:
+    when: str  # the condition, in words a reader scans
+    test: Callable[[SimpleNamespace], bool]
+    status: str
+    reason: str
+
+
+def _finite(*values) -> bool:
+    return all(isinstance(v, (int, float, np.floating)) and np.isfinite(v) for v in values)
+
+
+def _within(low, high, margin) -> bool:
+    return _finite(low, high) and 1 - margin <= low and high <= 1 + margin
+
+
+# Each table is read top to bottom; the first rule that holds decides. f: the row's facts (_facts below).
+SPEED = [
+    Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
+    Rule("no speed trial of this pair", lambda f: not f.trial, "not_comparable", "no_trial"),
+    Rule("no interval", lambda f: not _finite(f.low, f.high), "undecided", "no_interval"),
+    Rule("interval above 1 (mixed faster)", lambda f: f.low > 1, "faster", "interval_excludes_1"),
+    Rule("interval below 1 (mixed slower)", lambda f: f.high < 1, "slower", "interval_excludes_1"),
+    Rule("interval within ±5% of 1", lambda f: _within(f.low, f.high, SAME_RATIO), "same", "within_5pct"),
+    Rule("contended blocks in the trial", lambda f: f.contended > 0, "undecided", "contended"),
+    Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
+]
+
+MEMORY = [
+    Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
+    Rule("no paired fp32 reading", lambda f: not _finite(f.difference), "not_comparable", "no_fp32"),
+    Rule("no identical cells to measure the noise", lambda f: not _finite(f.resolution), "undecided",
+         "no_resolution"),
+    Rule("difference within the noise", lambda f: abs(f.difference) <= f.resolution, "undecided",
+         "unresolved_memory"),
+    Rule("lower than fp32 beyond the noise", lambda f: f.difference < 0, "smaller", "above_resolution"),
+    Rule("otherwise: higher beyond the noise", lambda f: True, "larger", "above_resolution"),
+]
+
+ACCURACY = [
+    Rule("a cell stopped by the speed budget", lambda f: f.budget_cut > 0, "not_comparable", "budget_cut"),
+    Rule("fp32 too short to judge", lambda f: f.too_short, "not_comparable", "too_short"),
+    Rule("no paired test", lambda f: not _finite(f.estimate), "not_comparable", "no_fp32"),
+    Rule("no image differed", lambda f: f.no_difference, "same", "no_image_differed"),
+    Rule("significant, above 0", lambda f: f.significant and f.low > 0, "higher", "interval_excludes_0"),
+    Rule("significant, below 0", lambda f: f.significant and f.high < 0, "lower", "interval_excludes_0"),
+    Rule("interval within ±1 pp", lambda f: -SAME_PP <= f.low and f.high <= SAME_PP, "same", "within_1pp"),
+    Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
+]
+
+TIME_TO_TARGET = [
+    Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
+    Rule("a cell stopped by the speed budget", lambda f: f.budget_cut > 0, "not_comparable", "budget_cut"),
+    Rule("fp32 too short to judge", lambda f: f.too_short, "not_comparable", "too_short"),
+    Rule("a seed never reached the target", lambda f: f.reached < f.seeds, "undecided", "not_reached"),
+    Rule("no paired times", lambda f: not _finite(f.estimate), "not_comparable", "no_fp32"),
+    Rule("one seed", lambda f: f.seeds < 2 or not _finite(f.low, f.high), "undecided", "one_seed"),
+    Rule("interval below 1 (mixed took less time)", lambda f: f.high < 1, "faster", "interval_excludes_1"),
+    Rule("interval above 1 (mixed took more time)", lambda f: f.low > 1, "slower", "interval_excludes_1"),
+    Rule("interval within ±5% of 1", lambda f: _within(f.low, f.high, SAME_RATIO), "same", "within_5pct"),
+    Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
+]
+
+NUMERICS = [
+    Rule("a cell diverged", lambda f: f.diverged > 0, "failed", "diverged"),
+    Rule("otherwise", lambda f: True, "same", "all_finite"),
+]
+
+# a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
+FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
+
+RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET,
+         "numerics": NUMERICS}
+UNITS = {"speed": "x fp32", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32", "numerics": "steps"}
+COLUMNS = ["model", "dataset", "step_loop", "batch_size", "framework", "precision", "metric", "estimate", "low",
+           "high", "unit", "interval_kind", "status", "reason", "evidence"]
+IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
+
+
+def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
+    """(status, reason) of the first rule of `metric`'s table that holds."""
+    rule = next(r for r in RULES[metric] if r.test(facts))
+    return rule.status, rule.reason
+
+
+def _num(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _accuracy_kind(test: str, seeds: float) -> str:
+    """stats.accuracy_tests' interval: the exact bound where no image differed, Newcombe's for one seed (McNemar),
+    the paired bootstrap's for several."""
+    if test == stats.NO_DIFFERENCE:
+        return "exact 95% bound"
+    return "newcombe 95%" if seeds == 1 else "bootstrap 95%" if seeds > 1 else "none"
+
+
+def _ratio_kind(seeds: int, low: float) -> str:
+    return "t over seeds 95%" if seeds >= 2 and np.isfinite(low) else "none"
+
+
+def _row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
+    status, reason = decide(metric, facts)
+    return {**key, "metric": metric, "estimate": _num(facts.estimate), "low": _num(facts.low),
+            "high": _num(facts.high), "unit": UNITS[metric], "interval_kind": kind if np.isfinite(_num(facts.low))
+            else "none", "status": status, "reason": reason, "evidence": json.dumps(evidence, default=_plain)}
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def _speed(r, key: dict, trial) -> dict:
+    if trial is None:
+        facts = SimpleNamespace(emulated=bool(r.emulated), trial=False, estimate=np.nan, low=np.nan, high=np.nan,
+                                contended=0)
+        return _row(key, "speed", facts, "none", {})
+    facts = SimpleNamespace(emulated=bool(r.emulated), trial=True, estimate=trial["ratio"], low=trial["low"],
+                            high=trial["high"], contended=int(trial.get("contended_blocks", 0) or 0))
+    evidence = {k: trial[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
+                                      "fp32_step_s", "mixed_step_s") if k in trial}
+    return _row(key, "speed", facts, _trial_kind(str(trial.get("interval_kind", ""))), evidence)
+
+
+def _trial_kind(kind: str) -> str:
+    """The trial summary's interval label as one of INTERVAL_KINDS."""
+    from amp_compare.kit.trial import INTERVAL_KIND
+
+    return {INTERVAL_KIND: "sign test 95%"}.get(kind, "trial 95%")
+
+
+def _memory(r, key: dict) -> dict:
+    difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
+    facts = SimpleNamespace(emulated=bool(r.emulated), difference=difference, resolution=resolution,
+                            estimate=difference, low=np.nan, high=np.nan)
+    evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution,
+                "resolution_from": r.memory_resolution_basis or "own"}
+    return _row(key, "memory", facts, "none", evidence)
+
+
+def _accuracy(r, key: dict, cut: int) -> dict:
+    test = str(r.test) if isinstance(r.test, str) else ""
+    p = _num(r.p_value)
+    facts = SimpleNamespace(budget_cut=cut, too_short=bool(r.too_short), estimate=_num(r.diff_pp),
+                            low=_num(r.ci_low), high=_num(r.ci_high), no_difference=test == stats.NO_DIFFERENCE,
+                            significant=np.isfinite(p) and p < stats.ALPHA)
+    evidence = {"test": test, "p_value": p, "seeds": _num(r.seeds), "images": _num(r.images),
+                "too_short": r.too_short or "", "budget_cut_cells": cut}
+    return _row(key, "accuracy", facts, _accuracy_kind(test, _num(r.seeds)), evidence)
+
+
+def _time(r, key: dict, cut: int) -> dict:
+    reached, seeds = _num(getattr(r, "reached_seeds", np.nan)), _num(getattr(r, "timed_seeds", np.nan))
+    facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, too_short=bool(r.too_short),
+                            reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
+                            estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high))
+    evidence = {"target": _num(r.target), "reached_seeds": facts.reached, "seeds": facts.seeds,
+                "time_s": _num(r.time_to_target_s)}
+    return _row(key, "time_to_target", facts, _ratio_kind(int(facts.seeds), facts.low), evidence)
+
+
+def _numerics(r, key: dict, diverged: int) -> dict:
+    facts = SimpleNamespace(diverged=diverged, estimate=_num(r.skipped_steps), low=np.nan, high=np.nan)
+    return _row(key, "numerics", facts, "none", {"skipped_steps_median": _num(r.skipped_steps),
+                                                 "diverged_cells": diverged})
+
+
+def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
+    """Every metric failed for a mixed (model, dataset, framework, precision) of the run with no finished cell."""
+    rows = []
+    if runs.empty or "status" not in runs:
+        return rows
+    mixed = runs[precisions.is_mixed(runs["precision"])]
+    for (model, dataset, fw, prec), cells in mixed.groupby(["model", "dataset", "framework", "precision"],
+                                                           sort=False):
+        if (model, dataset, fw, prec) in done:
+            continue
+        reason = FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed")
+        key = {"model": model, "dataset": dataset, "step_loop": "", "batch_size": np.nan, "framework": fw,
+               "precision": prec}
+        evidence = json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})
+        rows += [{**key, "metric": m, "estimate": np.nan, "low": np.nan, "high": np.nan, "unit": UNITS[m],
+                  "interval_kind": "none", "status": "failed", "reason": reason, "evidence": evidence}
+                 for m in METRICS]
+    return rows
+
+
+def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
+    """(model, dataset, framework, precision) -> how many of its cells `mask` marks."""
+    if runs.empty or not mask.any():
+        return {}
+    return runs[mask].groupby(["model", "dataset", "framework", "precision"]).size().to_dict()
+
+
+def _trial_key(t: dict) -> tuple:
+    return t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"], t["precision"]
+
+
+def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The speed trials' summary (kit/trial.py trial_summary: one row per trial x mixed precision) of a run's
+    trials table; None where the run has none."""
+    if trials is None or trials.empty:
+        return None
+    from amp_compare.kit.trial import trial_summary
+
+    return trial_summary(trials)
+
+
+def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The verdict table of a run: `full` is tables.full_table, `runs` the run table (failed and budget-cut
+    cells), `trials` the speed trials' summary (trial_summary: one row per trial x mixed precision) or None."""
+    by_trial = {}
+    for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
+        by_trial.setdefault(_trial_key(t), t)
+    cut = _counts(runs, stats.budgeted(runs)) if not runs.empty else {}
+    diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
+    rows, done = [], set()
+    mixed = full[precisions.is_mixed(full["precision"])] if not full.empty else full
+    for r in mixed.itertuples():
+        ident = (r.model, r.dataset, r.framework, r.precision)
+        done.add(ident)
+        key = {"model": r.model, "dataset": r.dataset, "step_loop": str(r.step_loop), "batch_size": _num(r.batch_size),
+               "framework": r.framework, "precision": r.precision}
+        n_cut = int(cut.get(ident, 0))
+        trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
+        rows += [_speed(r, key, trial), _memory(r, key), _accuracy(r, key, n_cut),
+                 _time(r, key, n_cut), _numerics(r, key, int(diverged.get(ident, 0)))]
+    rows += _failed_rows(runs, done)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def of(verdicts: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The rows of one metric."""
+    return verdicts[verdicts["metric"] == metric]
