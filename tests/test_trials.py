@@ -170,3 +170,61 @@ def test_a_block_must_end_with_a_host_read():
     lazy = trial.Stepper("fp32", lambda k: np.float32(1.0))
     with pytest.raises(TypeError, match="not a value read on the host"):
         trial.run_blocks([lazy], budget_s=0.1)
+
+
+def _cfgs(**overrides):
+    from amp_compare.contract.config import RunConfig
+
+    base = dict(model="simple_cnn", dataset="synthetic", batch_size=16, device="cpu", threads=1)
+    return [RunConfig(**{**base, "framework": fw, "precision": p, "seed": s, **overrides})
+            for fw in ("torch", "tf") for s in (1, 0) for p in ("bf16", "fp32", "fp16")]
+
+
+def test_plan_trials_takes_fp32_and_the_mixed_precisions_of_one_seed():
+    from amp_compare.harness.run.trials import plan_trials
+
+    plan = plan_trials(_cfgs())
+    assert list(plan) == ["torch-simple_cnn-synthetic-b16-plain", "tf-simple_cnn-synthetic-b16-plain"]
+    for group in plan.values():
+        assert [c.precision for c in group] == ["fp32", "bf16", "fp16"] and {c.seed for c in group} == {0}
+    assert plan_trials([c for c in _cfgs() if c.precision != "fp32"]) == {}  # nothing to compare against
+    assert plan_trials([c for c in _cfgs() if c.precision == "fp32"]) == {}
+    assert plan_trials(_cfgs(trial_budget_s=0.0)) == {}  # --trial-budget-s 0: no trials
+
+
+def test_run_trials_skips_finished_trials_and_records_a_failed_one(tmp_path, monkeypatch):
+    from amp_compare.contract import records
+    from amp_compare.harness.run import trials
+
+    done = tmp_path / "trials" / "torch-simple_cnn-synthetic-b16-plain"
+    done.mkdir(parents=True)
+    records.atomic_write_table(done / "trials.parquet", pd.DataFrame({"round": [0]}))
+    called = []
+
+    def fake_run_trial(cfgs, run_dir, run_id, timeout, on_event):
+        called.append(trial.trial_id(cfgs[0]))
+        raise RuntimeError("no luck")
+
+    monkeypatch.setattr(trials, "run_trial", fake_run_trial)
+    manifest = {}
+    assert trials.run_trials(_cfgs(), tmp_path, "r", 60, None, manifest) is None
+    assert called == ["tf-simple_cnn-synthetic-b16-plain"]  # the finished one is not rerun
+    outcome = manifest["trials"]["outcomes"]["tf-simple_cnn-synthetic-b16-plain"]
+    assert outcome["status"] == "failed" and "no luck" in outcome["error"]
+    assert manifest["trials"]["planned"] == sorted(["torch-simple_cnn-synthetic-b16-plain", called[0]])
+
+
+def test_a_timed_out_trial_is_recorded_failed_without_blocks(tmp_path, monkeypatch):
+    from amp_compare.harness.run import forkserver, trials
+
+    def timed_out(cmd, cfg, out, env, timeout, on_event, placement, fork):
+        (out / "trials.parquet").write_bytes(b"partial")
+        return -9, f"timed out after {timeout:g} s"
+
+    monkeypatch.setattr(trials, "_run_child", timed_out)
+    monkeypatch.setattr(forkserver, "server_for", lambda *a: None)
+    group = trials.plan_trials(_cfgs(trial_budget_s=1.0))["torch-simple_cnn-synthetic-b16-plain"]
+    outcome = trials.run_trial(group, tmp_path, "r", 3600)
+    assert outcome["status"] == "failed" and outcome["error"] == "timed out after 126 s"  # 120 + 6 x the budget
+    out = tmp_path / "trials" / "torch-simple_cnn-synthetic-b16-plain"
+    assert not (out / "trials.parquet").exists() and "timed out" in (out / "failed.json").read_text()
