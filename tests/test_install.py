@@ -1,6 +1,7 @@
 """Without nox: a machine missing a dependency gets one line saying what to install (exit 2, nothing written),
 and rendering a report needs no framework (the light `nox -s report` environment)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -88,3 +89,25 @@ def test_report_renders_without_any_framework(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert Path(proc.stdout.strip().splitlines()[-1]) == copy / "index.html"
     assert (copy / "index.html").stat().st_size > 10_000
+
+
+def test_an_installed_copy_runs_a_compare_from_any_folder(tmp_path):
+    """A plain (not editable) install of the project, run from a folder that is not the project's, with the
+    default relative --out: the cell finishes and its run lands under that folder (the children run in the
+    installed package's folder, so the parent resolves the user's paths before a child starts)."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(ROOT)], check=True, capture_output=True, timeout=300)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import amp_compare; print(amp_compare.__file__)"], cwd=work,
+                           env=env, capture_output=True, text=True, check=True)
+    assert Path(where.stdout.strip()).is_relative_to(site)  # the installed copy, not the checkout
+    proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--frameworks", "torch", "--precisions",
+                           "fp32", "--models", "simple_cnn", "--datasets", "synthetic", "--epochs", "1",
+                           "--steps-per-epoch", "2", "--seeds", "0", "--run-id", "anywhere", "--no-figures"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 of 1 cells finished" in proc.stdout + proc.stderr
+    assert list((work / "reports" / "anywhere" / "cells").glob("*/run.parquet"))

@@ -213,7 +213,18 @@ def compare_settings(args: argparse.Namespace) -> argparse.Namespace:
     validate_options({"device": options["device"]}, {"device": requested})
     device = resolve_device(requested)
     values = validate_options(options, {**{n: d.default_for(device) for n, d in options.items()}, **given})
-    return argparse.Namespace(**values, command="compare", given=set(given), resolved_device=device)
+    return argparse.Namespace(**absolute_paths(values), command="compare", given=set(given), resolved_device=device)
+
+
+def absolute_paths(values: dict) -> dict:
+    """The path options resolved against the user's working directory: the children run in the project's folder
+    (harness/run/runner.py), so a relative --out or --data-dir would name another folder there."""
+    resolved = dict(values)
+    for name in ("out", "config", "data_dir"):
+        if resolved.get(name) is not None:
+            path = Path(resolved[name]).expanduser().absolute()
+            resolved[name] = path if isinstance(values[name], Path) else str(path)
+    return resolved
 
 
 def resolve_device(requested: str) -> str:
