@@ -14,6 +14,7 @@ contended blocks, and whether the three intervals overlap. Writes the table as C
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from datetime import datetime
@@ -29,6 +30,7 @@ from amp_compare.kit.trial import speed_status, trial_summary  # noqa: E402
 from benchmarks.results import write_csv  # noqa: E402
 
 RUNS = ("idle 1", "idle 2", "busy")
+OVERLAP_WORDS = {True: "yes", False: "NO", None: "n/a (too few rounds for an interval: a longer --budget-s)"}
 # The busy process: one interpreter pinned to one of this process's cores, spinning until its deadline
 SPIN = ("import os, sys, time\n"
         "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
@@ -37,8 +39,11 @@ SPIN = ("import os, sys, time\n"
         "    pass\n")
 
 
-def overlap(intervals: list[tuple[float, float]]) -> bool:
-    """Whether every interval shares a point with every other (one common point, for intervals on a line)."""
+def overlap(intervals: list[tuple[float, float]]) -> bool | None:
+    """Whether every interval shares a point with every other (one common point, for intervals on a line); None where
+    a trial had too few rounds for an interval."""
+    if any(math.isnan(v) for interval in intervals for v in interval):
+        return None
     return max(low for low, _ in intervals) <= min(high for _, high in intervals)
 
 
@@ -99,7 +104,7 @@ def main() -> int:
         cells = [f"{r[f'{label} ratio']:.2f}× [{r[f'{label} low']:.2f}, {r[f'{label} high']:.2f}] "
                  f"({r[f'{label} rounds']}, {r[f'{label} contended']}) {r[f'{label} status']}" for label in RUNS]
         print(f"{r['framework']:<6}{r['precision']:<6}" + " | ".join(f"{label}: {c}" for label, c in zip(RUNS, cells))
-              + f" | overlap: {'yes' if r['overlap'] else 'NO'}")
+              + f" | overlap: {OVERLAP_WORDS[r['overlap']]}")
     write_csv(rows, args.out, "amp_speed")
     return 0
 

@@ -78,6 +78,7 @@ def test_the_speed_benchmark_says_whether_its_intervals_overlap():
 
     assert overlap([(0.14, 0.16), (0.15, 0.17), (0.155, 0.2)])
     assert not overlap([(0.14, 0.16), (0.15, 0.17), (0.165, 0.2)])  # the first and the last share no point
+    assert overlap([(0.14, 0.16), (float("nan"), float("nan")), (0.15, 0.2)]) is None  # one trial without an interval
 
 
 def test_a_gpu_run_is_not_split_into_regimes():
