@@ -228,3 +228,15 @@ def test_a_timed_out_trial_is_recorded_failed_without_blocks(tmp_path, monkeypat
     assert outcome["status"] == "failed" and outcome["error"] == "timed out after 126 s"  # 120 + 6 x the budget
     out = tmp_path / "trials" / "torch-simple_cnn-synthetic-b16-plain"
     assert not (out / "trials.parquet").exists() and "timed out" in (out / "failed.json").read_text()
+
+
+def test_contended_blocks_are_those_that_lost_their_cores():
+    """The rule on the CPU seconds per second measured on the 2-core AVX2 EPYC (kit/trial.py CONTENDED_SHARE)."""
+    def flags(shares, gpu=False):
+        frame = pd.DataFrame({"trial_id": "t", "precision": "fp32", "wall_s": 1.0, "cpu_s": shares, "threads": 2})
+        return trial.contended_flags(frame, gpu=gpu).tolist()
+
+    assert flags([1.95, 1.97, 0.98, 1.93]) == [False, False, True, False]  # PyTorch idle, one block beside a process
+    assert flags([1.25, 1.22, 1.29, 0.8]) == [False, False, False, True]  # a model that never uses both threads
+    assert flags([1.0, 0.98, 1.02, 0.99]) == [True] * 4  # busy from start to end
+    assert flags([1.0, 0.98, 1.02, 0.5], gpu=True) == [False, False, False, True]  # a GPU's host mostly waits

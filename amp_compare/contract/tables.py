@@ -111,8 +111,9 @@ TABLES: dict[str, dict[str, Column]] = {
         ("wall_s", "float", "s", "the block's wall time, ending with a host read of its last step's loss"),
         ("cpu_s", "float", "s", "the process's CPU time over the block, all threads"),
         ("threads", "int", "", "intra-op threads the process ran with"),
-        ("contended", "bool", "", "the block lost its cores: cpu_s / wall_s below 0.75 of its precision's 90th "
-         "percentile in the trial, or below 0.75 x threads (kit/trial.py CONTENDED_SHARE)")),
+        ("contended", "bool", "", "the block lost its cores: cpu_s / wall_s below 0.75 x the larger of its "
+         "precision's 90th percentile of cpu_s / wall_s in the trial and 0.75 x threads (on a GPU: 0.75 x that "
+         "percentile; kit/trial.py CONTENDED_SHARE)")),
 }
 
 # A table that is not a cell's: its identity columns instead of IDENTITY's
