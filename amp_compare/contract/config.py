@@ -409,10 +409,10 @@ class RunConfig:
                                    "before the speed budget stops it early", gt=0)
     # Speed trials (kit/trial.py, harness/run/trials.py): per framework x model x dataset x batch size x step loop, fp32
     # and each mixed precision timed block by block in one process, after the cells
-    trial_budget_s: float = option(10.0, "seconds each speed trial may take, its models' warm-up included (one per "
-                                   "framework x model x dataset x batch size x step loop with fp32 and a mixed "
-                                   "precision); longer gives more rounds and a narrower interval; 0 runs no trials",
-                                   ge=0)
+    trial_budget_s: float = option(10.0, "seconds each speed trial may take, building and warming its models up "
+                                   "included (one per framework x model x dataset x batch size x step loop with fp32 "
+                                   "and a mixed precision); longer gives more rounds and a narrower interval; 0 runs "
+                                   "no trials", ge=0)
     # Set by the harness (harness/run/runner.py speed_reference) from the cells already finished: the median step of
     # this framework's fp32 cell of the same model, data and loop; the budget stops only a cell that much slower
     speed_reference_step_s: float | None = option(None, "median step (s) of the same framework's fp32 cell in this "

@@ -103,11 +103,11 @@ def contended_flags(blocks: pd.DataFrame, gpu: bool = False) -> pd.Series:
 def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_STEPS, block_s: float = BLOCK_S,
                on_round: Callable[[int, int], None] = lambda done, planned: None,
                clock: Callable[[], float] = time.perf_counter,
-               cpu_clock: Callable[[], float] = time.process_time) -> list[dict]:
+               cpu_clock: Callable[[], float] = time.process_time, start: float | None = None) -> list[dict]:
     """Warm every model up (warmup steps, then one timed step that sets its k), then mirrored pairs of rounds until the
-    budget (seconds from this call) would be passed, one pair at least. Returns one dict per block: round, position,
-    precision, steps, wall_s, cpu_s."""
-    start = clock()
+    budget (seconds from `start`, a `clock` time: this call where None) would be passed, one pair at least. Returns one
+    dict per block: round, position, precision, steps, wall_s, cpu_s."""
+    start = clock() if start is None else start
     ks = {}
     for s in steppers:
         s.run(warmup)
@@ -165,9 +165,10 @@ def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> 
         print(f"error: {exc}", file=sys.stderr)
         return 2
     progress = Progress()
+    start = time.perf_counter()  # the budget holds the models' building too
     data = load_dataset(cfgs[0].dataset, cfgs[0].data_dir)
     steppers, threads = make_steppers(cfgs, data, SharedInit(args.init_file, cfgs[0].framework, cfgs[0].seed))
-    blocks = run_blocks(steppers, cfgs[0].trial_budget_s,
+    blocks = run_blocks(steppers, cfgs[0].trial_budget_s, start=start,
                         on_round=lambda done, planned: progress.emit(kind="step", epoch=0, epochs=1, step=done,
                                                                      steps=max(planned, done)))
     table = trial_table(args.run_id, cfgs[0], blocks, threads)
