@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 # The modules of each framework package this contract covers, by Protocol.
-MODULES = ("amp", "train", "settings", "numerics", "probe", "models")
+MODULES = ("amp", "train", "settings", "numerics", "probe", "models", "trial")
 
 
 @runtime_checkable
@@ -124,8 +124,17 @@ class Models(Protocol):
         """Load canonical weights."""
 
 
+@runtime_checkable
+class Trial(Protocol):
+    """<framework>_impl/trial.py: a speed trial's models (kit/trial.py runs them)."""
+
+    def steppers(self, cfgs: Any, data: Any, shared_init: Any) -> tuple[list, int]:
+        """One kit/trial.Stepper per configuration (fp32 first), built and stepped by the cells' own functions, and
+        the intra-op threads the process runs with."""
+
+
 PROTOCOLS: dict[str, type] = {"amp": Amp, "train": Train, "settings": Settings, "numerics": Numerics,
-                               "probe": Probe, "models": Models}
+                               "probe": Probe, "models": Models, "trial": Trial}
 
 
 def _parameters(function: Any, drop_self: bool) -> list[tuple[str, str, object]]:
