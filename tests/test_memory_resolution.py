@@ -6,9 +6,7 @@ them (no figures), in the summary table, the findings, summary.md and the termin
 import json
 
 import numpy as np
-from rich.console import Console
 
-from amp_compare.harness.report.terminal import summary_tables
 from tests.test_report_sentences import make_run, one, write_run
 
 # PyTorch's fp32 seeds read as the issue's did (36.7 / 51.4 / 43.6 MiB: a 14.7 MiB spread); its fp16 cells sit
@@ -38,10 +36,9 @@ def test_memory_below_the_runs_resolution_is_unresolved_and_above_it_a_percentag
     assert "| unresolved (< 14.7 MiB) |" in summary and "| +601% ⚠ |" in summary and "| +95% |" in summary
     assert "unresolved (< X MiB)" in summary  # the legend says what it means
     assert "unresolved (&lt; 14.7 MiB)" in (tmp_path / "r" / "index.html").read_text()
-    console = Console(width=200, record=True, color_system=None)
-    for part in summary_tables(rendered.runs, 200, table)[0]:
-        console.print(part)
-    assert "unresolved (< 14.7 MiB)" in console.export_text()
+    memory = rendered.verdicts[rendered.verdicts["metric"] == "memory"].set_index(["framework", "precision"])
+    assert memory.loc[("torch", "fp16"), "reason"] == "unresolved_memory"
+    assert memory.loc[("torch", "bf16"), "status"] == "larger"
 
 
 def test_one_seed_with_no_identical_cells_anywhere_is_unresolved_not_a_percentage(tmp_path):
@@ -86,23 +83,20 @@ def test_a_one_seed_model_takes_its_frameworks_resolution_from_the_other_model(t
     assert "+119%" not in said
 
 
-def test_the_answer_the_table_and_the_findings_say_the_same_of_each_memory_difference(tmp_path):
-    """One rule (memory.status): a resolved difference whose interval the run cannot support (⚠) is a percentage
-    in the answer as in the table, never "below what this run resolves" in one and a percentage in the other."""
+def test_the_verdict_the_table_and_the_findings_say_the_same_of_each_memory_difference(tmp_path):
+    """One rule: a difference past the run's resolution is decided (larger or smaller) in the verdict table where the
+    summary table prints a percentage, and undecided where the summary says "unresolved"; the page's tables and
+    summary.md word the verdict once (phrases.cell)."""
     memory = {**MEMORY, ("torch", "bf16"): [15.0, 30.0, 20.0]}  # -21.7 MiB: past the 15 MiB spread, a wide interval
-    rendered, _ = make_run(tmp_path, memory=memory)
+    rendered, page = make_run(tmp_path, memory=memory)
     row = _row(rendered.table, "torch", "bf16")
-    assert row["memory_resolved"] == 1.0 and row["memory_note"]
+    assert row["memory_resolved"] == 1.0
+    v = rendered.verdicts[rendered.verdicts["metric"] == "memory"].set_index(["framework", "precision"])
+    assert (v.loc[("torch", "bf16"), "status"], v.loc[("torch", "fp16"), "status"]) == ("smaller", "undecided")
     summary = (tmp_path / "r" / "summary.md").read_text()
-    torch_answer = rendered.answer.split("Keras (TF)")[0]
-    bf16 = next(ln for ln in torch_answer.splitlines() if "bf16:" in ln)
-    fp16 = next(ln for ln in torch_answer.splitlines() if "fp16:" in ln)
-    said = one(rendered.findings, "peak memory against fp32")
-    assert f"peak memory {row['memory_change_vs_fp32']:+.0%}" in bf16 and "below what this run resolves" not in bf16
-    assert f"PyTorch bf16 {row['memory_change_vs_fp32']:+.0%}" in said
     assert f"| {row['memory_change_vs_fp32'] * 100:+.0f}% ⚠ |" in summary
-    assert "peak memory -1.6 MiB" in fp16 and "below what this run resolves" in fp16
-    assert "PyTorch fp16 -1.6 MiB, below what this run resolves" in said
+    for said in ("-22 MiB less memory", "-1.6 MiB undecided (within identical cells' spread)"):
+        assert said in summary and said in page
 
 
 def test_the_memory_figures_bar_labels_say_unresolved_where_the_table_does(tmp_path, unsaved_figures):

@@ -3,7 +3,6 @@ fits the terminal it is printed on."""
 
 import io
 import os
-import re
 import stat
 from contextlib import contextmanager
 
@@ -12,7 +11,6 @@ import pytest
 
 from amp_compare.contract.atomic import atomic_write_text, usual_file_mode
 from amp_compare.contract.records import atomic_write_table
-from amp_compare.harness.report.tables import formatted_summary, summary_table
 from amp_compare.harness.report.terminal import print_summary
 
 
@@ -63,51 +61,18 @@ def _runs(seeds=3, precisions=("fp32", "fp16", "bf16", "fp16-noscale", "fp16-sta
     return df if len(machines) > 1 else df.drop(columns="machine")
 
 
-def _printed(runs: pd.DataFrame, width: int) -> str:
+def test_the_terminal_prints_brackets_as_text_not_as_markup(tmp_path):
+    # "[-1.0, +1.0]" printed as rich markup would be read as a style tag and vanish
     from rich.console import Console
 
-    console = Console(width=width, file=io.StringIO(), color_system=None)
-    print_summary(console, "amp-compare summary (test)", runs, ["A finding."])
-    return console.file.getvalue()
+    from amp_compare.harness.report import verdicts
+    from amp_compare.harness.report.render import Rendered
 
-
-@pytest.mark.parametrize("width", [80, 100])
-@pytest.mark.parametrize("kind", ["three seeds, five precisions", "one seed", "two machines"])
-def test_terminal_summary_fits_the_terminal_without_cutting_a_value(width, kind):
-    runs = {"three seeds, five precisions": lambda: _runs(),
-            "one seed": lambda: _runs(seeds=1, precisions=("fp32", "fp16", "bf16")),
-            "two machines": lambda: _runs(machines=("NVIDIA H100 80GB HBM3 · 20261122-run-cuda",
-                                                    "AMD EPYC 7B12 · 20261122-run-cpu"))}[kind]()
-    text = _printed(runs, width)
-    lines = text.splitlines()
-    assert max(len(line) for line in lines) <= width
-    assert "…" not in text  # nothing cut to "Fram…", "PyTo…"
-    # Every row shows the report's own strings: framework and precision whole, medians as the report prints them.
-    summary = formatted_summary(summary_table(runs))
-    rows = [re.split(r"\s{2,}", line.strip()) for line in lines if re.match(r"^\s*(PyTorch|Keras \(TF\))\s", line)]
-    assert len(rows) == len(summary)
-    for cells, (_, expected) in zip(rows, summary.iterrows()):
-        assert cells[:2] == [expected["Framework"], expected["Precision"]]
-        shown = [re.sub(r" \[.*\]$", "", str(v)) for v in expected]
-        assert all(c in shown or c in map(str, expected) for c in cells), (cells, list(expected))
-        assert "Images/s" in text and expected["Speed vs fp32"] in cells
-    if kind == "two machines":  # each machine's rows under a title naming it
-        assert "NVIDIA H100 80GB HBM3 · 20261122-run-cuda" in text and "AMD EPYC 7B12" in text
-    if width == 100 and kind != "two machines":
-        assert "Peak" in text  # 100 columns keep the memory column
-
-
-def test_wide_terminal_gets_the_full_table_with_ranges():
-    text = _printed(_runs(), 200)
-    assert "[" in text and "Skipped" in text and "The report also shows" not in text
-
-
-def test_the_terminal_prints_the_reports_brackets_as_text_not_as_markup():
-    # "[min–max …]" starts with a letter: printed as rich markup it was read as a style tag and vanished
-    text = _printed(_runs(), 200)
-    assert "[min–max 6,173–6,296]" in text
-    from rich.console import Console
-
-    console = Console(width=200, file=io.StringIO(), color_system=None)
-    print_summary(console, "t", _runs(), ["bf16 at 1.31× [95% t over 2 seeds: 1.26–1.36; seeds 1.30–1.31]."])
-    assert "[95% t over 2 seeds: 1.26–1.36; seeds 1.30–1.31]" in console.file.getvalue()
+    v = pd.DataFrame([{"model": "m", "dataset": "d", "step_loop": "plain", "batch_size": 8.0, "framework": "torch",
+                       "precision": "bf16", "metric": "accuracy", "estimate": 0.0, "low": -1.0, "high": 1.0,
+                       "unit": "pp", "interval_kind": "newcombe 95%", "status": "same", "reason": "within_1pp",
+                       "evidence": "{}"}], columns=verdicts.COLUMNS)
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    print_summary(console, "t", Rendered(tmp_path / "index.html", None, None, [], answer="[min–max 1–2]", verdicts=v))
+    text = console.file.getvalue()
+    assert "[min–max 1–2]" in text and "+0.0 pp same" in text and str(tmp_path / "index.html") in text

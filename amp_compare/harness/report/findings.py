@@ -157,29 +157,11 @@ def speed_findings(groups: Groups) -> list[str]:
     return out
 
 
-# A ⚠ note's kind (stats.note_kind) -> (its reason in a sentence, what to change).
-NOTE_REASONS = {"too few": ("too few timed steps", "with more steps per cell"),
-                "machine drift": ("the machine's own drift, seen next to their cells, as large as the ratio",
-                                 "with benchmarks/amp_speed.py (fp32 and mixed steps interleaved in one process, so "
-                                 "drift cancels)"),
-                "noisy": ("an interval including 1×", "with more seeds (--seeds 0,1,2,3,4)"),
-                "one seed": ("one seed (how the ratio varies between seeds is unknown)", f"with {stats.MORE_SEEDS}"),
-                "stalled": ("a stalled cell next to them (a calibration check far above the run's median)",
-                            "the stalled cells named beside them"),
-                "no ": ("no interval", f"with more steps or {stats.MORE_SEEDS}")}
-
-
 def flagged_sentence(notes: list[str], total: int, method: str) -> str:
-    """How many speed ratios are marked ⚠, for which of the reasons that actually occurred, and what to do."""
-    kinds: dict[str, int] = {}
-    for note in notes:
-        kind = stats.note_kind(note)
-        kinds[kind] = kinds.get(kind, 0) + 1
-    reasons = ", ".join(f"{n} for {NOTE_REASONS[k][0] if k else 'other reasons'}" for k, n in kinds.items())
-    advice = " and ".join(dict.fromkeys(NOTE_REASONS[k][1] for k in kinds if k))
+    """How many of the cells' wall-time speed ratios are marked ⚠ (the Speed section's table gives each one's note)."""
     intervals = f" Their 95% intervals: {method}." if method else ""
-    return (f"{len(notes)} of {total} speed ratios are marked ⚠, the run's evidence does not support them: "
-            f"{reasons}.{intervals} Re-run {advice or 'with more seeds'} to settle them.")
+    return (f"{len(notes)} of {total} wall-time speed ratios are marked ⚠: the run's evidence does not support them "
+            f"(the Speed section's table says why each).{intervals}")
 
 
 def slowdown_scope(runs: pd.DataFrame) -> bool:

@@ -27,7 +27,7 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.contract.tables import check as tables_check
-from amp_compare.harness.report import accuracy, dataparallel, glossary, speed, verdicts, wording
+from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, speed, verdicts, wording
 from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
@@ -409,6 +409,7 @@ class Rendered:
     findings: list[str]
     data_parallel: pd.DataFrame | None = None  # dataparallel.rows: the Data parallel section's rows
     answer: str = ""  # the answer the page opens with, as terminal text (answer.render)
+    verdicts: pd.DataFrame | None = None  # verdicts.build: what the answer and the terminal's tables word
 
 
 def render_report(run_dir: Path, figures: bool = True) -> Path:
@@ -651,7 +652,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "speed_intro": speed.speed_intro(facts, interval_method(full)),
             "steadiness": describe_steadiness(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
-            **_answer_context(manifest, tables, full, evidence)}
+            **_answer_context(manifest, tables, evidence, verdict_table)}
 
 
 def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
@@ -661,17 +662,18 @@ def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
     return bool(on_fp32_ceiling(dtypes).any()), bool((ceiling_limits(dtypes) != "").any())
 
 
-def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], full: pd.DataFrame, evidence: dict) -> dict:
-    """The answer the page, summary.md and the terminal open with (harness/report/answer.py), and each seed's
-    ratio it and the forest plot read."""
+def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: dict, verdict_table) -> dict:
+    """The answer the page, summary.md and the terminal open with (answer.py, from the verdict table), the per-model
+    verdict tables (phrases.table) and each seed's speed ratio the forest plot draws."""
     seeds = seed_table(tables["run"], tables["steps"], evidence)
-    if not seeds.empty:  # an emulation's time is no speed result: no seed's ratio of it is drawn or said
+    if not seeds.empty:  # an emulation's time is no speed result: no seed's ratio of it is drawn
         seeds = seeds[~fp8_report.speed_emulated(seeds["precision"], manifest["device"])]
-    items = answer_block.answers(full, seeds, tables["run"], manifest["environment"], manifest["device"],
-                                 profile_report.evidence(tables), tables.get("fp8_layers"), tables["steps"])
     first = answer_block.preface(manifest["environment"])
-    return {"seed_ratios": seeds, **{f"answer_{fmt}": answer_block.render(items, fmt, first)
-                                     for fmt in ("html", "markdown", "text")}}
+    per_model = [(f"{model} on {dataset}", phrases.table(part))
+                 for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
+    return {"seed_ratios": seeds, "verdict_tables": [(title, table_html(t)) for title, t in per_model],
+            "verdict_tables_md": per_model,
+            **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, acc: pd.DataFrame) -> dict:
@@ -798,6 +800,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     environment, missing = manifest["environment"], context["missing"]
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           *(["### Answer", "", context["answer_markdown"], ""] if context["answer_markdown"] else []),
+          *[part for title, t in context["verdict_tables_md"] for part in (f"#### {title}", "", table_markdown(t), "")],
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown),
           *fp8_report.markdown(fp8)]
@@ -809,7 +812,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     records.export_tables(run_dir, {"verdicts": context["verdicts"]})
     render_runs_index(run_dir.parent)
     return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
-                    (context["data_parallel"] or {}).get("rows"), context["answer_text"])
+                    (context["data_parallel"] or {}).get("rows"), context["answer_text"], context["verdicts"])
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:

@@ -326,17 +326,6 @@ def step_spread(step_times: list[np.ndarray]) -> float:
 
 ONE_SEED = "one seed: seed-to-seed spread unknown"
 
-# The kinds of ⚠ note, by the words their rules start them with (ratio_verdict, speed_verdict, support_note below;
-# drift.stall_note "stalled cell…", drift.seed_note "machine drift…"): answer.DECIDE and findings.NOTE_REASONS say,
-# per kind, what would decide the ratio.
-NOTE_KINDS = ("stalled", "machine drift", "noisy", "one seed", "too few", "no ")
-
-
-def note_kind(note: str) -> str:
-    """The kind of a ⚠ note (NOTE_KINDS, by its start), "" for a note of none of them."""
-    return next((kind for kind in NOTE_KINDS if note.startswith(kind)), "")
-
-
 def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str = "seeds",
                   as_change: bool = False, direction: bool = False) -> str:
     """"" when a ratio stands; otherwise why it does not (shown next to the number with ⚠). as_change: the

@@ -63,6 +63,7 @@ REASONS = {
     "cell_failed": "the cells crashed or were refused",
     "timeout": "the cells ran out of time",
     "unavailable": "the framework cannot run this precision here",
+    "none_faster": "no mixed precision was faster in a speed trial with accuracy kept",
 }
 
 INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
@@ -303,6 +304,32 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
                  _time(r, key, n_cut), _numerics(r, key, int(diverged.get(ident, 0)))]
     rows += _failed_rows(runs, done)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _kept(rows: dict) -> bool:
+    """A precision that was faster with its accuracy not lower and its numerics not failed."""
+    return (rows["speed"].status == "faster" and rows["accuracy"].status not in ("lower", "failed")
+            and rows["numerics"].status != "failed")
+
+
+# What to use per model x framework: the first rule that holds. p: {precision: {metric: verdict row}}.
+CHOICE = [
+    Rule("a precision faster, accuracy not lower, numerics finite: the fastest of them", lambda p: any(
+        _kept(rows) for rows in p.values()), "faster", "interval_excludes_1"),
+    Rule("no speed trial of any precision", lambda p: all(rows["speed"].reason == "no_trial" for rows in p.values()),
+         "not_comparable", "no_trial"),
+    Rule("otherwise: fp32", lambda p: True, "same", "none_faster"),
+]
+
+
+def choose(group: pd.DataFrame) -> tuple[str, str]:
+    """(the precision to use, the reason) for one model x framework's verdicts: CHOICE's first rule that holds."""
+    by = {prec: {r.metric: r for r in part.itertuples()} for prec, part in group.groupby("precision", sort=False)}
+    rule = next(r for r in CHOICE if r.test(by))
+    if rule.status != "faster":
+        return "fp32", rule.reason
+    kept = {prec: rows["speed"].estimate for prec, rows in by.items() if _kept(rows)}
+    return max(kept, key=kept.get), rule.reason
 
 
 def of(verdicts: pd.DataFrame, metric: str) -> pd.DataFrame:

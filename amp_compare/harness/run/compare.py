@@ -545,8 +545,7 @@ def _render(run_dir: Path, console, figures: bool = True) -> Path:
     from amp_compare.harness.report.terminal import print_summary
 
     rendered = render(run_dir, figures=figures)
-    print_summary(console, f"amp-compare summary ({run_dir.name})", rendered.runs, rendered.findings,
-                  table=rendered.table, answer=rendered.answer)
+    print_summary(console, f"amp-compare summary ({run_dir.name})", rendered)
     return rendered.index
 
 

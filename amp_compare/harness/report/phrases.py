@@ -1,0 +1,101 @@
+"""The phrasebook: each verdict (verdicts.py) worded once per form, from its row alone.
+
+Forms: `number` (the estimate with its interval and the interval's kind), `cell` (a table cell: the number, or a
+word where there is none, then the status), `clause` (the metric, its cell and why), `sentence` (who, then the
+clause). The answer, the per-model tables, the page and the terminal all word verdicts through these functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract.config import framework_label
+
+METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
+          "numerics": "numerics"}
+STATUS = {"faster": "faster", "slower": "slower", "smaller": "less memory", "larger": "more memory",
+          "higher": "higher", "lower": "lower", "same": "same", "undecided": "undecided",
+          "not_comparable": "n/a", "failed": "failed"}
+REASON = {  # a few words each, after "because" or in brackets
+    "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
+    "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
+    "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
+    "above_resolution": "beyond the run's noise", "unresolved_memory": "within identical cells' spread",
+    "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
+    "within_1pp": "interval within ±1 pp", "no_image_differed": "no image differed",
+    "too_short": "fp32 too short to judge", "budget_cut": "cut by the speed budget",
+    "not_reached": "a seed never reached it", "one_seed": "one seed", "no_fp32": "no fp32 partner",
+    "all_finite": "finite throughout", "diverged": "diverged", "cell_failed": "crashed", "timeout": "timed out",
+    "unavailable": "unavailable here", "none_faster": "no mixed precision measured faster",
+}
+KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
+        "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
+# which reasons a cell shows in brackets: those that say why there is no number or no decision
+SHOWN = {"not_comparable", "undecided", "failed"}
+
+
+def _ratio(v: float) -> str:
+    return f"{v:.2f}×" if v >= 0.1 else f"{v:.3f}×"
+
+
+def number(v, interval: bool = True) -> str:
+    """The estimate in the verdict's unit, with its 95% interval where it has one and `interval`; "" where none."""
+    if not np.isfinite(v.estimate):
+        return ""
+    if v.unit == "x fp32":
+        text = _ratio(v.estimate)
+        low, high = (_ratio(v.low), _ratio(v.high)) if np.isfinite(v.low) else ("", "")
+    elif v.unit == "pp":
+        text, low, high = f"{v.estimate:+.1f} pp", f"{v.low:+.1f}", f"{v.high:+.1f}"
+    elif v.unit == "MiB":
+        text, low, high = f"{v.estimate:+,.{1 if abs(v.estimate) < 10 else 0}f} MiB", "", ""
+    else:
+        return f"{v.estimate:g} {v.unit}"
+    return text + (f" [{low}, {high}]" if interval and np.isfinite(v.low) else "")
+
+
+def interval_words(v) -> str:
+    """What the interval is: "95% sign test", "" where there is none."""
+    return f"95% {KIND[v.interval_kind]}" if v.interval_kind in KIND else ""
+
+
+def cell(v, interval: bool = True, why: bool = True) -> str:
+    """A table cell: the number (with its interval) and the status, with the reason in brackets (why) where it says
+    why nothing was decided."""
+    status = STATUS[v.status] + (f" ({REASON[v.reason]})" if v.status in SHOWN and why else "")
+    if v.metric == "numerics" and v.status != "failed":
+        return status
+    return f"{number(v, interval)} {status}".strip()
+
+
+def clause(v) -> str:
+    """The metric, its cell and the interval's kind: "speed 0.20× [0.19×, 0.21×] slower (95% sign test)"."""
+    kind = interval_words(v)
+    return f"{METRIC[v.metric]} {cell(v)}" + (f" ({kind})" if kind and np.isfinite(v.low) else "")
+
+
+def who(v) -> str:
+    return f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}"
+
+
+def sentence(v) -> str:
+    """One verdict as a sentence: who, the clause, and why."""
+    return f"{who(v)}: {clause(v)}, because {_because(v)}."
+
+
+def _because(v) -> str:
+    return REASON[v.reason]
+
+
+def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
+    """short (the terminal): framework and precision in one column, cells without interval or reason."""
+    # one row per framework x mixed precision (of one model's verdicts), one column per metric: the cells
+    rows = []
+    for (fw, prec), part in verdicts.groupby(["framework", "precision"], sort=False):
+        by = {r.metric: r for r in part.itertuples()}
+        who = {"Cells": f"{framework_label(fw)} {prec}"} if short else {"Framework": framework_label(fw),
+                                                                           "Precision": prec}
+        rows.append({**who, **{METRIC[m].capitalize(): cell(by[m], not short, not short) if m in by else ""
+                               for m in METRIC}})
+    return pd.DataFrame(rows)
