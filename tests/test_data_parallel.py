@@ -197,8 +197,8 @@ def _tiny_copy(tiny_run, tmp_path: Path) -> Path:
 
 def _tiny_cell(framework: str, **changes) -> RunConfig:
     """A cell of the tiny compare (conftest TINY_ARGS), changed as given."""
-    return RunConfig(framework=framework, dataset="synthetic", precision="fp16", epochs=2, steps_per_epoch=3,
-                     batch_size=16, warmup_steps=1, threads=1, **changes)
+    return RunConfig(**{"framework": framework, "dataset": "synthetic", "precision": "fp16", "epochs": 2,
+                        "steps_per_epoch": 3, "batch_size": 16, "warmup_steps": 1, "threads": 1, **changes})
 
 
 def _check_sharded_step_0(workers: pd.DataFrame, one_worker: pd.DataFrame) -> None:
@@ -222,8 +222,9 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
     monkeypatch.setenv("AMP_COMPARE_TEST_FRAMEWORK_MODULE", "tests.children.ddp_local_overflow")
     monkeypatch.setenv("AMP_COMPARE_TEST_MUTANT_STEP", "3")
     out = tmp_path / "reports"
+    # one epoch of 4 steps: the poisoned step 1 and the mutant's step 3 both inside it, one evaluation per worker
     assert main(["compare", "--out", str(out), "--frameworks", "torch", "--models", "simple_cnn", "--precisions",
-                 "fp16", "--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "16",
+                 "fp16", "--datasets", "synthetic", "--epochs", "1", "--steps-per-epoch", "4", "--batch-size", "16",
                  "--warmup-steps", "1",
                  "--seeds", "0", "--run-id", "dp", "--device", "cpu", "--threads", "1", "--replicas", "2",
                  "--allreduce", "fp32,fp16", "--no-figures"]) == 0
@@ -260,7 +261,7 @@ def test_keras_tf_mirrored_strategy_applies_an_update_one_replica_overflowed(tin
     the all-reduce: replica 1's overflow at step 1 is applied on both (the weights turn NaN). The replicas agree on
     scale and skips; the per-replica finiteness shows the decision was one replica's (docs/DATA_PARALLEL.md)."""
     run_dir = _tiny_copy(tiny_run, tmp_path)
-    tables = _cell(_tiny_cell("tf", replicas=2), run_dir, monkeypatch)
+    tables = _cell(_tiny_cell("tf", replicas=2, epochs=1), run_dir, monkeypatch)  # step 0 and 1 are what it reads
     run = tables["run"].iloc[0]
     assert run["data_parallel"].startswith("tf.distribute.MirroredStrategy (2 replicas")
     assert run["allreduce_dtype"] == "float32"  # the gradients handed to Keras' all-reduce, read back
@@ -274,12 +275,12 @@ def test_keras_tf_mirrored_strategy_applies_an_update_one_replica_overflowed(tin
 def test_keras_jax_data_parallel_all_reduces_in_the_policy_dtype(tmp_path, monkeypatch):
     """Two host devices under mixed_float16: XLA all-reduces float16 gradients (read back from the compiled
     step); one device's overflow is skipped on both (one SPMD program decides over the global gradient)."""
-    tables = _cell(_tiny_cell("keras-jax", replicas=2, allreduce="fp16"), tmp_path, monkeypatch)
+    tables = _cell(_tiny_cell("keras-jax", replicas=2, allreduce="fp16", epochs=1), tmp_path, monkeypatch)
     run = tables["run"].iloc[0]
     assert run["data_parallel"] == "keras.distribution.DataParallel (2 devices)"
     assert run["allreduce_dtype"] == "float16" and run["allreduce_calls"] >= 1, run["allreduce_readback"]
     agreement = dataparallel.worker_agreement(tables["workers"])
-    assert agreement["agree"] and agreement["steps"] == 6 and agreement["skipped_steps"] == 1, agreement
+    assert agreement["agree"] and agreement["steps"] == 3 and agreement["skipped_steps"] == 1, agreement
     assert not (tmp_path / "cells" / run["cell_id"] / "hlo").exists()  # XLA's dump, read and removed
 
 
