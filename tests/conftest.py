@@ -66,13 +66,17 @@ def tiny_run(tmp_path_factory):
 
 # Under pytest-xdist (nox -s tests: -n 3 --dist loadfile --no-loadscope-reorder) whole files go to the
 # workers in this order, longest first, so that no long file starts last and keeps one core busy alone.
-# test_end_to_end.py first: it runs the shared tiny compare that seven other files read (the other worker
-# starts on test_parity.py meanwhile instead of waiting on the lock). Without xdist the order is pytest's.
-LONG_FIRST = ["test_end_to_end.py", "test_parity.py", "test_amp_modes.py", "test_faults.py", "test_maxbatch.py",
-              "test_data_parallel.py", "test_keras_backends.py", "test_vit.py", "test_launchers.py",
-              "test_measurements.py", "test_cli.py", "test_perf.py", "test_device_mode.py", "test_answer.py",
-              "test_numerics.py", "test_memory_resolution.py", "test_speed.py", "test_gpu_check.py",
-              "test_browser.py", "test_install.py"]
+# test_end_to_end.py first: it runs the shared tiny compare that other files read; the next two need no tiny
+# compare (the other workers start on them instead of waiting on its lock). The order follows each file's
+# measured worker time on the AVX2-only EPYC (the fault tests, the combined report, the Keras
+# backends' parity children, the vit's four trainings per framework, the data-parallel compares first).
+# Without xdist the order is pytest's.
+LONG_FIRST = ["test_end_to_end.py", "test_keras_backends.py", "test_vit.py", "test_faults.py", "test_measurements.py",
+              "test_data_parallel.py", "test_launchers.py", "test_parity.py", "test_speed.py", "test_perf.py",
+              "test_memory_resolution.py", "test_maxbatch.py", "test_amp_modes.py", "test_device_mode.py",
+              "test_install.py", "test_cli.py", "test_gpu_check.py", "test_fp8_reference.py", "test_answer.py",
+              "test_numerics.py", "test_vitnaive_report.py", "test_speed_marks.py", "test_accuracy_stats.py",
+              "test_figures.py", "test_browser.py"]
 
 
 def pytest_collection_modifyitems(config, items):
