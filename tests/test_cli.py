@@ -153,17 +153,24 @@ def test_config_file_is_typed_as_strictly_as_the_command_line(tmp_path, capsys, 
 
 def test_help_defaults_are_the_ones_the_run_uses(tmp_path):
     """The help's per-device defaults come from the declaration that plan_compare uses."""
+    from amp_compare.harness.common import DEFAULT_MODEL_EPOCHS
     from amp_compare.harness.run.cli import build_parser, compare_options, compare_settings
     from amp_compare.harness.run.compare import plan_compare
 
     help_text = build_parser()._subparsers._group_actions[0].choices["compare"].format_help()
     flat = " ".join(help_text.split())
-    assert "epochs per cell (default: 12 on cpu, 15 on cuda)" in flat
+    assert "simple_cnn trains 4 and vit 6 (where their fp32 accuracy has flattened) (default: 12 on cpu, 15 on " \
+        "cuda)" in flat
     assert "images per optimizer step (default: 64 on cpu, 256 on cuda)" in flat
     args = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path)]))
     _, cells, _ = plan_compare(args)
     options = compare_options()
-    assert {c.epochs for c in cells} == {options["epochs"].default_for("cpu")} == {12}
+    assert options["epochs"].default_for("cpu") == 12
+    # each default model stops where its accuracy has flattened (DEFAULT_MODEL_EPOCHS), unless --epochs is given
+    assert {c.model: c.epochs for c in cells} == DEFAULT_MODEL_EPOCHS["cpu"] == {"simple_cnn": 4, "vit": 6}
+    given = compare_settings(build_parser().parse_args(["compare", "--device", "cpu", "--out", str(tmp_path),
+                                                        "--epochs", "12"]))
+    assert {c.epochs for c in plan_compare(given)[1]} == {12}
     assert {c.batch_size for c in cells} == {options["batch_size"].default_for("cpu")}
     assert sorted({c.seed for c in cells}) == list(options["seeds"].default_for("cpu"))
     # the vit beside simple_cnn, at seed 0 only on a CPU (DEFAULT_MODEL_SEEDS), unless seeds are given

@@ -26,7 +26,7 @@ from pathlib import Path
 from amp_compare.contract.config import ConfigError, RunConfig, run_options
 from amp_compare.contract.fp8 import plan_error as fp8_plan_error
 from amp_compare.contract.precision import names as precision_names
-from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
+from amp_compare.harness.common import DEFAULT_MODEL_EPOCHS, DEFAULT_MODEL_SEEDS
 from amp_compare.harness.run.cli import (
     EXIT_BAD_INPUT,
     EXIT_CELLS_FAILED,
@@ -152,8 +152,15 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
     if args.loss_scale is not None and not set(static) & set(precisions):
         raise ConfigError(f"--loss-scale {args.loss_scale:g} needs precision {', '.join(static)} among --precisions "
                           f"(got {','.join(precisions)})")
+    epochs = {} if "epochs" in args.given else DEFAULT_MODEL_EPOCHS.get(device, {})
+    if shorter := {m: epochs[m] for m in models if m in epochs and epochs[m] < args.epochs}:
+        notes.append("Epochs per model (the default on this device, where the fp32 accuracy has flattened): "
+                     + ", ".join(f"{m} {n}" for m, n in shorter.items()) + "; --epochs N trains every model N.")
+
+    def model_options(model: str) -> dict:
+        return {**common, "epochs": shorter.get(model, common["epochs"])}
     cells = [RunConfig(framework=fw, model=m, dataset=d, precision=p, seed=s, device=device,
-                       loss_scale=args.loss_scale if p in static else None, **common)
+                       loss_scale=args.loss_scale if p in static else None, **model_options(m))
              for m in models for d in datasets for s in model_seeds(m) for p in precisions for fw in frameworks]
     cells = expand_cells(cells, args.step, args.batch_sizes)  # --step and --batch-sizes (expand_cells above)
     cells = expand_replicas(cells, args.allreduce, device)  # DATA PARALLEL: --replicas/--allreduce (launch.py)
