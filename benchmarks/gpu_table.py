@@ -78,6 +78,7 @@ def table_markdown(table) -> str:
     """The package's formatted summary, EXTRA and the reference's columns beside it."""
     p = package()
     shown = p.formatted_summary(table).assign(**{
+        "Speed vs fp32": [p.fmt(v, ".2f", "×") for v in table["speedup_vs_fp32"]],  # the cells' wall-time ratio
         "× plain fp32": [p.fmt(v, ".2f", "×") for v in table["speedup_vs_plain_fp32"]],
         "reference img/s (ref ÷ this)": [p.fmt(v, ",.0f") + f" ({q:.3f})" * (q > 0) for v, q in
                                          zip(table["reference_img_s"], table["reference_over_this"])],

@@ -139,23 +139,6 @@ def test_a_log_loss_axis_over_three_decades_has_no_overprinted_labels():
     plt.close(fig)
 
 
-def test_the_forest_plots_log_axis_is_plain_and_its_labels_do_not_collide(monkeypatch, tmp_path):
-    """The audit's lab forest plot: a vit panel spanning under a decade printed 3×10^-1 and 4×10^-1 into each
-    other."""
-    from amp_compare.harness.report import figures, forest
-
-    rows = [{"model": "vit", "framework": fw, "precision": "fp16", "seed": 0, "ratio": r, "low": r * 0.9,
-             "high": r * 1.1, "band_low": 0.4, "band_high": 1.4, "outside": True}
-            for fw, r in (("torch", 0.19), ("tf", 0.6))]
-    drawn = _drawn(monkeypatch, forest)
-    assert forest.make_forest_figure(pd.DataFrame(rows), tmp_path) is not None
-    (fig,) = drawn
-    assert figures.tick_label_overlaps(fig, "x") == 0
-    labels = [t.get_text() for t in fig.axes[0].get_xticklabels(which="both") if t.get_text()]
-    assert "1×" in labels and not any("10^" in t for t in labels), labels
-    plt.close(fig)
-
-
 def test_the_gradient_histograms_axis_labels_do_not_run_into_the_next_panels(monkeypatch, tmp_path):
     import json
 
@@ -210,66 +193,6 @@ def test_bar_labels_stand_above_their_error_bars(monkeypatch, tmp_path):
     bars = [ln.get_window_extent() for ln in ax.get_lines() if np.isfinite(ln.get_ydata()).sum() > 1]
     assert len(texts) == 4 and len(bars) == 4
     assert not any(t.overlaps(b) for t in texts for b in bars)
-    plt.close(fig)
-
-
-def _row_bands(ax) -> dict[str, tuple[float, float]]:
-    """Each forest row's drawn grey band (x from, x to), by the row's label."""
-    ax.figure.canvas.draw()
-    labels = {round(t.get_position()[1]): t.get_text() for t in ax.get_yticklabels()}
-    out = {}
-    for poly in ax.collections:
-        xy = poly.get_paths()[0].vertices
-        out[labels[round(float(xy[:, 1].mean()))]] = (float(xy[:, 0].min()), float(xy[:, 0].max()))
-    return out
-
-
-def test_a_stalled_seeds_drawn_band_is_the_one_its_note_quotes(monkeypatch, tmp_path):
-    """The lab: the text said Keras fp16 seed 0 "0.23× within 0.16–1.50×" (the 16 ms stall counted among its
-    checks) while the forest drew its band from 0.36×, without the stall, and the marker outside it."""
-    import re
-
-    from amp_compare.harness.report import drift, forest
-    from amp_compare.harness.report.per_seed import seed_table
-    from tests.test_drift import LAB2, LAB2_CELLS, env
-
-    environment = env(LAB2, LAB2_CELLS)
-    runs = pd.DataFrame([{"cell_id": f"tf-simple_cnn-digits-{p}-s0", "framework": "tf", "model": "simple_cnn",
-                          "dataset": "digits", "precision": p, "seed": 0, "status": "ok", "peak_memory_bytes": 2**20,
-                          "throughput_img_s": v} for p, v in (("fp32", 4000.0), ("fp16", 900.0))])
-    seeds = seed_table(runs, None, environment)
-    note = drift.stall_note(drift.drift_of(environment), [(*seeds[["fp32_cell", "cell_id"]].iloc[0], 0.225, 0)])
-    quoted = [float(v) for v in re.search(r"within ([\d.]+)–([\d.]+)×", note).groups()]
-    drawn = _drawn(monkeypatch, forest)
-    assert forest.make_forest_figure(seeds, tmp_path) is not None
-    (fig,) = drawn
-    ax = fig.axes[0]
-    low, high = _row_bands(ax)["Keras (TF) fp16 · seed 0 ⚠ stall"]
-    assert (round(low, 2), round(high, 2)) == tuple(quoted)
-    (marker,) = [ln for ln in ax.get_lines() if ln.get_marker() == "s"]
-    assert low <= marker.get_xdata()[0] <= high and marker.get_markerfacecolor() == "white"  # open: not supported
-    plt.close(fig)
-
-
-@pytest.mark.parametrize("spread", [(0.75, 1.68), (0.15, 1.3), (0.004, 3.0), (1.05, 40.0)])
-def test_the_forest_plots_labels_cover_its_intervals_on_both_sides_of_one(monkeypatch, tmp_path, spread):
-    """The audit's vitnaive forest plot: labels 0.7×, 0.8×, 1× only, while an interval reached 1.68×."""
-    from amp_compare.harness.report import figures, forest
-
-    low, high = spread
-    rows = [{"model": "vit", "framework": fw, "precision": "fp16", "seed": 0, "ratio": r, "low": low if i else r,
-             "high": r if i else high, "band_low": 0.9, "band_high": 1.2, "outside": False}
-            for i, (fw, r) in enumerate((("torch", 0.93), ("tf", 1.1)))]
-    drawn = _drawn(monkeypatch, forest)
-    assert forest.make_forest_figure(pd.DataFrame(rows), tmp_path) is not None
-    (fig,) = drawn
-    ax = fig.axes[0]
-    assert figures.tick_label_overlaps(fig, "x") == 0
-    left, right = ax.get_xlim()
-    labelled = sorted(float(t.get_text().rstrip("×")) for t in ax.get_xticklabels(which="both")
-                      if t.get_text() and left <= t.get_position()[0] <= right)
-    assert labelled[0] <= low and labelled[-1] >= high, labelled  # labels reach past every drawn interval
-    assert any(v < 1 for v in labelled) and any(v > 1 for v in labelled) and 1.0 in labelled, labelled
     plt.close(fig)
 
 

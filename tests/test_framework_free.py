@@ -136,3 +136,39 @@ def test_a_framework_child_starts_without_the_report_stack():
             "assert not heavy, heavy\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def report_import_cycle(report: Path) -> list[str]:
+    """An import circle among harness/report/'s modules (a module-level or a deferred import alike), [] if none."""
+    prefix = "amp_compare.harness.report"
+    graph = {}
+    for f in report.glob("*.py"):
+        deps = set()
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module == prefix:
+                deps |= {a.name for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith(prefix + "."):
+                deps.add(n.module.split(".")[3])
+            elif isinstance(n, ast.Import):
+                deps |= {a.name.split(".")[3] for a in n.names if a.name.startswith(prefix + ".")}
+        graph[f.stem] = deps - {f.stem}
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        state[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            if state.get(dep) == 1:
+                return [*path, module, dep]
+            if dep not in state and (found := visit(dep, [*path, module])):
+                return found
+        state[module] = 2
+        return []
+
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m, []))), [])
+
+
+def test_the_report_has_no_import_circle(tmp_path):
+    assert report_import_cycle(ROOT / "amp_compare" / "harness" / "report") == []
+    (tmp_path / "a.py").write_text("def f():\n    from amp_compare.harness.report.b import g\n")
+    (tmp_path / "b.py").write_text("from amp_compare.harness.report import a\n")
+    assert report_import_cycle(tmp_path) in (["a", "b", "a"], ["b", "a", "b"])

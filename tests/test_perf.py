@@ -278,7 +278,8 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
     if emulated:  # the fp32 cells' ceiling (no timing ratio asserted here: timings belong in benchmarks)
         assert "is against the fp32 matmul ceiling" in summary
         # the sentence's wording, not which sentence expands the abbreviation first (that depends on the CPU)
-        assert any(line.startswith("- MFU") and "is measured against one ceiling" in line for line in summary.splitlines())
+        assert any(line.startswith("- MFU") and "is measured against one ceiling" in line
+                   for line in summary.splitlines())
     timed = [pd.read_parquet(p.parent / "steps.parquet") for p in (run / "cells").glob("*/run.parquet")]
     for r, steps in zip(runs.itertuples(), timed):  # the headline is wall time of the timed steps
         t = steps.loc[~steps["warmup"], "step_time_s"]

@@ -70,8 +70,8 @@ def test_the_terminal_prints_brackets_as_text_not_as_markup(tmp_path):
 
     v = pd.DataFrame([{"model": "m", "dataset": "d", "step_loop": "plain", "batch_size": 8.0, "framework": "torch",
                        "precision": "bf16", "metric": "accuracy", "estimate": 0.0, "low": -1.0, "high": 1.0,
-                       "unit": "pp", "interval_kind": "newcombe 95%", "status": "same", "reason": "within_1pp",
-                       "evidence": "{}"}], columns=verdicts.COLUMNS)
+                       "margin": 1.0, "unit": "pp", "interval_kind": "newcombe 95%", "status": "same",
+                       "reason": "within_floor", "evidence": "{}"}], columns=verdicts.COLUMNS)
     console = Console(width=80, file=io.StringIO(), color_system=None)
     print_summary(console, "t", Rendered(tmp_path / "index.html", None, None, [], answer="[min–max 1–2]", verdicts=v))
     text = console.file.getvalue()

@@ -26,9 +26,9 @@ def test_the_epoch_time_figure_is_said_lower_or_higher_per_row():
 
 def test_a_bf16_slowdown_on_a_cpu_with_bfloat16_arithmetic_is_not_explained_by_emulation():
     said = " ".join(finding_parts(_runs(), pd.DataFrame(), AVX512_BF16).sentences)
-    # one seed, no timed steps: every row carries ⚠, so none is counted slower, and the sentence says so
+    # the training cells' wall time only: no row is called slower (speed is the trials' verdict)
     assert "bf16 (bfloat16) read below fp32's speed in 2 of 2 bfloat16 rows of the summary" in said
-    assert "each marked ⚠: this run shows no bfloat16 row slower" in said
+    assert "the training cells' wall time, not a speed verdict" in said and "was slower" not in said
     assert "flags list bfloat16 arithmetic, so they do not explain a slowdown" in said
     assert "flags list no float16 arithmetic (avx512_fp16 and amx_fp16 absent)" in said
     assert "emulate" not in said
@@ -117,14 +117,15 @@ def test_a_framework_log_line_is_the_evidence_it_is(tmp_path):
 
 
 def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
+    from amp_compare.harness.report import phrases, verdicts
+    from amp_compare.harness.report.tables import full_table
+
     runs, epochs, steps = _cells(seeds=(0, 1, 2))
-    parts = finding_parts(runs, steps, {}, epochs)
-    acc = next(s for s in parts.sentences if "final validation accuracy" in s)
-    assert "bootstrap" not in acc and "predicted" not in acc
-    assert "classified right or wrong exactly as in fp32 in each of 3 seeds" in acc
-    assert "exact 95% bound" in acc
-    assert "fp16 classified every image right or wrong exactly as fp32 did (exact 95% bound ±" in acc, acc
-    assert "p =" not in acc, acc  # no test ran: no p-value
+    v = verdicts.build(full_table(runs, steps, epochs), runs)
+    acc = v[(v["metric"] == "accuracy") & (v["precision"] == "fp16")].iloc[0]
+    assert (acc.status, acc.reason, acc.interval_kind) == ("same", "no_image_differed", "exact 95% bound")
+    assert phrases.clause(acc).endswith("same (no image differed) (95% exact bound)"), phrases.clause(acc)
+    assert "bootstrap" not in phrases.sentence(acc) and "p =" not in phrases.sentence(acc)  # no test ran
     table = pd.DataFrame({"test": [stats.NO_DIFFERENCE]})
     assert "bootstrap" not in accuracy.section_paragraph(table)
 
@@ -144,9 +145,10 @@ def test_lessons_carry_the_runs_evidence_for_or_against():
     text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, AVX512_BF16, None)
                 if e.id == "gl-half-formats")
     assert "Lesson: a half format can make training faster only where the hardware computes in it" in text
-    assert "float16 rows without ⚠ at 0.12× fp32's speed on a CPU whose flags list no float16 arithmetic" in text
+    assert ("This run's training cells: float16 rows at 0.12× fp32's throughput on a CPU whose flags list no float16 "
+            "arithmetic") in text
     # the arithmetic is needed for a gain, not enough: a slowdown beside it does not go against the lesson
-    assert ("bfloat16 rows without ⚠ at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: no gain in "
+    assert ("bfloat16 rows at 0.50× fp32's throughput on a CPU whose flags list bfloat16 arithmetic: no gain in "
             "some rows despite the arithmetic, which the lesson allows") in text and "against the lesson" not in text
     # the bf16 sentence reads as English and says what it means (the audit found it garbled)
     assert ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "

@@ -1,6 +1,9 @@
+import json
+
 import pandas as pd
 import pytest
 
+from amp_compare.harness.report import phrases, verdicts
 from amp_compare.harness.report.findings import findings
 from amp_compare.harness.report.tables import formatted_summary, full_table, summary_table
 
@@ -25,7 +28,8 @@ def test_ratios_against_each_frameworks_fp32_ignoring_failed_cells():
     assert t.loc[("torch", "fp16"), "accuracy_change_pp"] == pytest.approx(-2.0)
     assert t.loc[("torch", "fp32"), "runs"] == 1
     f = formatted_summary(summary_table(_runs()))
-    assert list(f["Speed vs fp32"][:3]) == ["1.00×", "0.25×", "0.50×"]
+    # what the cells measured; each comparison with fp32 is a verdict, worded in the per-model tables only
+    assert not {"Speed vs fp32", "Memory vs fp32", "Δ accuracy vs fp32"} & set(f.columns)
 
 
 def test_findings_are_sentences_from_the_numbers():
@@ -35,7 +39,7 @@ def test_findings_are_sentences_from_the_numbers():
     env = {"cpu_amp_flags": "avx2,f16c", "cpu_bf16_hardware": False, "cpu_fp16_hardware": False}
     text = findings(_runs(), steps, env)
     assert len(text) >= 3
-    assert any("fp16 at 0.25× ⚠ too few timed steps (0) to judge (25 images/s)" in s for s in text)
+    assert not any("images/s" in s for s in text)  # no wall-time speed sentence: speed is the trials' verdict
     assert any("flags list no float16 arithmetic" in s for s in text)
     assert any("skipped 1 of 2 steps" in s and "2^14" in s for s in text)
 
@@ -88,23 +92,26 @@ def _findings(runs, epochs, steps, env=ENV):
     return findings(runs, steps, env, epochs)
 
 
-def test_no_significant_difference_is_worded_with_its_p_value_and_interval():
-    text = _findings(*_cells(lost=2, gained=1))
-    acc = [s for s in text if "final validation accuracy" in s]
-    assert acc == ["simple_cnn on digits, PyTorch (1 seed): final validation accuracy against fp32's 95.0%: fp16 no "
-                   "detectable difference (-0.2 pp [95% Newcombe -1.5, +0.9], p = 1); McNemar's exact test on 400 "
-                   "validation images."]
+def _verdict(runs, epochs, steps, metric: str, precision: str = "fp16"):
+    v = verdicts.build(full_table(runs, steps, epochs), runs)
+    return v[(v["metric"] == metric) & (v["precision"] == precision)].iloc[0]
 
 
-def test_a_significant_drop_is_worded_lower_by_with_interval_and_p():
-    text = _findings(*_cells(seeds=(0, 1, 2), lost=12))
-    acc = next(s for s in text if "final validation accuracy" in s)
-    assert "simple_cnn on digits, PyTorch (3 seeds)" in acc
-    assert "fp16 lower by 3.0 pp [" in acc and "(p = 0.0005)" in acc
-    assert "paired bootstrap over 400 validation images × 3 seeds" in acc
+def test_no_significant_difference_is_undecided_without_a_floor_and_worded_once():
+    runs, epochs, steps = _cells(lost=2, gained=1)
+    acc = _verdict(runs, epochs, steps, "accuracy")
+    assert (acc.status, acc.reason, acc.interval_kind) == ("undecided", "no_floor", "newcombe 95%")  # one fp32 seed
+    assert phrases.clause(acc) == ("accuracy -0.2 pp [-1.5, +0.9] undecided (one fp32 seed: no seed range) "
+                                   "(95% Newcombe)")
+    assert not any("final validation accuracy" in s for s in _findings(runs, epochs, steps))  # said once, there
+
+
+def test_a_significant_drop_is_lower_with_its_interval():
     runs, epochs, steps = _cells(seeds=(0, 1, 2), lost=12)
-    f = formatted_summary(full_table(runs, steps, epochs))
-    assert f["Δ accuracy vs fp32"].iloc[1].startswith("-3.0 [")
+    acc = _verdict(runs, epochs, steps, "accuracy")
+    assert (acc.status, acc.reason, acc.interval_kind) == ("lower", "interval_excludes_0", "bootstrap 95%")
+    assert acc.estimate == pytest.approx(-3.0) and acc.high < 0
+    assert phrases.cell(acc).startswith("-3.0 pp [") and phrases.cell(acc).endswith("] lower")
 
 
 def test_near_chance_fp32_says_accuracy_cannot_be_compared_and_what_to_change():
@@ -116,7 +123,9 @@ def test_near_chance_fp32_says_accuracy_cannot_be_compared_and_what_to_change():
                      "the real dataset before reading accuracy differences."]
 
 
-def test_a_noisy_speed_ratio_is_marked_next_to_the_number():
+def test_no_wall_time_speed_ratio_is_worded_or_marked():
+    """Speed verdicts are the speed trials' (verdicts.py): the findings say no training cell's wall-time ratio and
+    mark none ⚠, however noisy its steps."""
     rng = np.random.default_rng(3)
 
     def noisy(prec):  # load switching on and off in stretches of 10 steps
@@ -124,19 +133,18 @@ def test_a_noisy_speed_ratio_is_marked_next_to_the_number():
         return (0.01 if prec == "fp32" else 0.02) * load
 
     runs, epochs, steps = _cells(step_s=noisy)
-    speed = next(s for s in _findings(runs, epochs, steps) if "images/s" in s)
-    assert speed.startswith("simple_cnn on digits, PyTorch (1 seed): against fp32's 100 images/s, fp16 at 1.00× [")
-    assert "⚠ one seed" in speed and "; also noisy: interval" in speed  # one seed is never supported (issue 32)
-    assert formatted_summary(full_table(runs, steps, epochs))["Speed vs fp32"].iloc[1] == "1.00× ⚠"
-    steady = next(s for s in _findings(*_cells()) if "images/s" in s)
-    assert "noisy" not in steady and "⚠ one seed" in steady
+    said = _findings(runs, epochs, steps)
+    assert not any("images/s" in s or "fp16 at" in s for s in said)
+    assert set(full_table(runs, steps, epochs)["speed_note"]) == {""}
 
 
 def test_time_to_accuracy_and_not_reached():
     runs, epochs, steps = _cells(fp32_acc=0.95, lost=40, curve=[0.94, 0.95])
-    tta = next(s for s in _findings(runs, epochs, steps) if "training time to" in s)
-    assert tta == ("simple_cnn on digits, training time to 90.2% validation accuracy (95% of fp32's 95.0%; median "
-                   "over seeds, validation excluded): PyTorch fp32 1.0 s, fp16 not reached (0 of 1 seeds reached it).")
+    tta = _verdict(runs, epochs, steps, "time_to_target")
+    assert (tta.status, tta.reason) == ("undecided", "not_reached")
+    evidence = json.loads(tta.evidence)
+    assert evidence["target"] == pytest.approx(0.9025) and evidence["reached_seeds"] == 0
+    assert phrases.cell(tta) == "undecided (a seed never reached it)"
 
 
 def test_the_reproduce_line_says_when_the_tree_had_uncommitted_changes():
@@ -152,9 +160,9 @@ def test_an_interval_end_at_zero_reads_as_zero():
     """The audit: a bootstrap over one differing image gave "[95% bootstrap +0.0, +0.3]", read as excluding 0."""
     from types import SimpleNamespace
 
-    from amp_compare.harness.report.cell_text import pp_bound, short_accuracy_text
+    from amp_compare.harness.report.cell_text import accuracy_text, pp_bound
 
     r = SimpleNamespace(diff_pp=0.0929, ci_low=0.0, ci_high=0.2786, p_value=0.763,
                         test="paired bootstrap over images, 3 seeds")
-    assert short_accuracy_text(r) == "+0.1 [95% bootstrap 0, +0.3] pp (n.s.)"
+    assert accuracy_text(r) == "no detectable difference (+0.1 pp [95% bootstrap 0, +0.3], p = 0.76)"
     assert pp_bound(0.03) == "+0.03" and pp_bound(-0.4) == "-0.4"

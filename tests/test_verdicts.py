@@ -127,3 +127,64 @@ def test_no_rule_reads_a_sentence():
     calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
     assert not calls & {"startswith", "endswith", "split", "search", "match"}
     assert "import re" not in (REPORT / "verdicts.py").read_text()
+
+
+@pytest.mark.parametrize(("low", "high", "floor", "expected"), [
+    (-0.5, 0.4, 0.8, ("same", "within_floor")),  # inside fp32's own seed-to-seed range
+    (-1.2, 0.4, 0.8, ("undecided", "interval_too_wide")),  # wider than that range: no margin is invented
+    (-0.5, 0.4, np.nan, ("undecided", "no_floor")),  # one fp32 seed: no range measured
+])
+def test_accuracy_same_is_judged_against_the_measured_floor(low, high, floor, expected):
+    facts = SimpleNamespace(budget_cut=0, too_short=False, estimate=(low + high) / 2, low=low, high=high,
+                            no_difference=False, significant=False, floor=floor)
+    assert verdicts.decide("accuracy", facts) == expected
+
+
+def test_the_floor_is_fp32s_seed_range_and_printed_beside_same(tmp_path):
+    run_dir = write_run(tmp_path, frameworks=("torch",), seeds=(0, 1, 2))
+    run = records.read_run(run_dir)["run"]
+    fp32 = run[run["precision"] == "fp32"].sort_values("seed")["final_val_accuracy"] * 100
+    floors = verdicts.accuracy_floors(run)
+    assert list(floors.values()) == [(pytest.approx(fp32.max() - fp32.min()), 3)]
+    one = verdicts.accuracy_floors(run[run["seed"] == 0])
+    assert all(np.isnan(f) and n == 1 for f, n in one.values())
+    from amp_compare.harness.report import phrases
+
+    row = SimpleNamespace(metric="accuracy", estimate=0.1, low=-0.2, high=0.3, margin=0.8, unit="pp",
+                          status="same", reason="within_floor", interval_kind="bootstrap 95%")
+    assert phrases.cell(row, why=False) == "+0.1 pp [-0.2, +0.3] same (fp32 seeds ±0.8 pp)"
+
+
+def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_extra_time(tmp_path):
+    from amp_compare.harness.report import speed
+
+    run_dir = write_run(tmp_path, frameworks=("torch",), seeds=(0, 1))  # the cells: mixed at 0.5x fp32
+    t = records.read_run(run_dir)
+    full = full_table(t["run"], t["steps"], t["epochs"], {"device": "cpu"})
+    phases = pd.DataFrame([{"cell_id": c, "phase": phase, "seconds": s,
+                            "cpu_seconds": s * (1.9 if p == "fp32" else 1.0)}
+                           for c, p in zip(t["run"]["cell_id"], t["run"]["precision"])
+                           for phase, s in (("training", 10.0), ("compile/warm-up", 2.0), ("evaluation", 1.0))])
+    agree = verdicts.build(full, t["run"], verdicts.trial_rows(_trials(run_dir, {("torch", "fp16"): 0.5})))
+    assert speed.trial_and_cells(agree, full, t["run"], phases) == []
+    differ = verdicts.build(full, t["run"], verdicts.trial_rows(_trials(run_dir, {("torch", "fp16"): 0.2})))
+    said = speed.trial_and_cells(differ, full, t["run"], phases)
+    assert len(said) == 1 and said[0].startswith(
+        "simple_cnn on synthetic, PyTorch fp16: the training cells ran at 0.50× fp32's throughput (seeds 0.50–0.50×), "
+        "outside the speed trial's")
+    assert "using 1.90 (fp32) and 1.00 (fp16) CPU-seconds per second of training" in said[0]
+    assert "2.0 and 2.0 s tracing and warming up, 1.0 and 1.0 s evaluating" in said[0]
+
+
+def test_the_glossary_explains_exactly_the_verdict_words_the_run_prints(tmp_path):
+    from amp_compare.harness.report import phrases
+
+    run_dir = write_run(tmp_path, frameworks=("torch",), seeds=(0, 1))
+    v = _verdicts(run_dir)
+    (_, words), (_, reasons) = phrases.glossary(v)
+    for status in set(v["status"]):
+        assert f"\"{phrases.STATUS[status]}\": {verdicts.STATUSES[status]}" in words
+    assert "\"failed\"" not in words and "failed" not in set(v["status"])  # a word the page does not print: not here
+    assert all(verdicts.REASONS[r] in reasons for r in set(v["reason"]))
+    render.render(run_dir, figures=False)
+    assert "Verdict words" in (run_dir / "index.html").read_text()

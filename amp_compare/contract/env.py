@@ -17,6 +17,8 @@ from pathlib import Path
 
 from amp_compare.contract.config import usable_cpus
 
+# The CPU flags that give each half format its own arithmetic (the report's "this CPU has no float16 arithmetic").
+ARITHMETIC_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
 # CPU flags that matter for mixed precision, and what each one means.
 AMP_CPU_FLAGS = {
     "avx512_bf16": "AVX-512 BF16: bfloat16 dot products",
@@ -54,8 +56,8 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
     return {
         "cpu_model": model,
         "cpu_amp_flags": ",".join(present),
-        "cpu_bf16_hardware": any(f in flags for f in ("avx512_bf16", "amx_bf16")),
-        "cpu_fp16_hardware": any(f in flags for f in ("avx512_fp16", "amx_fp16")),
+        "cpu_bf16_hardware": any(f in flags for f in ARITHMETIC_FLAGS["bfloat16"]),
+        "cpu_fp16_hardware": any(f in flags for f in ARITHMETIC_FLAGS["float16"]),
         **({"cpu_isa_limits": limits} if limits else {}),  # recorded only where set (the Environment table)
         "cpu_count": os.cpu_count() or 1,
         "cpus_usable": usable_cpus(),

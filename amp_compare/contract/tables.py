@@ -149,7 +149,10 @@ TABLES["verdicts"] = _columns(
     ("estimate", "float", "", "speed: fp32 step time / mixed (>1 faster); memory: mixed - fp32 peak; accuracy: "
      "mixed - fp32 validation accuracy; time_to_target: mixed time / fp32 time; numerics: median skipped steps"),
     ("low", "float", "", "the interval's low end (the estimate's unit); NaN where none"),
-    ("high", "float", "", "the interval's high end; NaN where none"), ("unit", "str", "", "x fp32, MiB, pp, steps"),
+    ("high", "float", "", "the interval's high end; NaN where none"),
+    ("margin", "float", "", "what 'same' is judged against: speed and time to target ±this fraction of 1; accuracy "
+     "± fp32's seed-to-seed range of final validation accuracy in pp (measured; NaN with one fp32 seed)"),
+    ("unit", "str", "", "x fp32, MiB, pp, steps"),
     ("interval_kind", "str", "", "verdicts.INTERVAL_KINDS: hodges-lehmann 95%, newcombe 95%, bootstrap 95%, ..."),
     ("status", "str", "", "verdicts.STATUSES"), ("reason", "str", "", "verdicts.REASONS"),
     ("evidence", "json", "", "what the status rests on: cells, counts, rounds, contended blocks"))

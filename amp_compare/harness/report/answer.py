@@ -25,8 +25,9 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
             lines = []
             for prec, rows in group.groupby("precision", sort=False):
                 by = {r.metric: r for r in rows.itertuples()}
-                lines.append(f"{prec}: " + "; ".join(f"{phrases.METRIC[m]} {phrases.cell(by[m], why=False)}"
-                                                    for m in SHOWN if m in by))
+                said = [(m, by[m]) for m in SHOWN if m in by]  # why a metric failed; not why it is n/a (no room)
+                lines.append(f"{prec}: " + "; ".join(f"{phrases.METRIC[m]} {phrases.cell(v, why=v.status == 'failed')}"
+                                                    for m, v in said))
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})", lines))
         out.append((f"{model} on {dataset}", frameworks))
     return out

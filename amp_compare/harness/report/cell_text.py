@@ -1,5 +1,5 @@
-"""The words of one table cell that both the statistics tables (tables.py) and the findings (findings.py) use:
-the ⚠ mark beside a ratio the run cannot support, and the table's short form of a paired accuracy change."""
+"""The words several report modules share: the ⚠ mark beside a ratio the run cannot support and a paired accuracy
+change in words (accuracy_text)."""
 
 from __future__ import annotations
 
@@ -21,25 +21,24 @@ def pp_bound(value: float) -> str:
     return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.1f}"
 
 
-def short_accuracy_text(r) -> str:
-    """The table's form of accuracy_text: the change with its interval, or why there is none."""
+def accuracy_text(r) -> str:
+    """A mixed cell's accuracy change, worded from its paired test: never a difference without its interval."""
     if getattr(r, "budget_note", ""):
-        return "not compared (speed budget) ⚠"
+        return f"not comparable ({r.budget_note})"
     if getattr(r, "too_short", ""):
-        return "too short ⚠"  # the run is too short to judge (accuracy_text says so in words)
-    if not np.isfinite(getattr(r, "p_value", np.nan)):
-        return "n/a"
-    mark = "" if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high}) else " (n.s.)"
-    kind = accuracy_interval_kind(getattr(r, "test", ""))
-    return f"{r.diff_pp:+.1f} [{kind} {pp_bound(r.ci_low)}, {pp_bound(r.ci_high)}] pp{mark}"
-
-
-def interval_kind(basis: str, seeds) -> str:
-    """What a ratio's bracket is, said inside it: "95% t over 3 seeds", or with one seed that it covers the noise
-    between that seed's steps only (batch means), not how the ratio varies from seed to seed."""
-    if basis == "seeds":
-        return f"95% t over {int(seeds)} seeds"
-    return "95% batch means: step-to-step noise within one seed's two cells only" if basis == "steps" else "95%"
+        return "not comparable (run too short)"
+    p = getattr(r, "p_value", np.nan)
+    if not np.isfinite(p):
+        return "no paired test (no per-image results)"
+    ptext, kind = f"p = {p:.2g}", accuracy_interval_kind(getattr(r, "test", ""))
+    if getattr(r, "test", "") == stats.NO_DIFFERENCE:  # no test ran, so there is no p to print
+        return f"classified every image right or wrong exactly as fp32 did ({kind} ±{r.ci_high:.1f} pp)"
+    if not stats.detectable({"p_value": p, "ci_low": r.ci_low, "ci_high": r.ci_high}):
+        return (f"no detectable difference ({r.diff_pp:+.1f} pp [{kind} {pp_bound(r.ci_low)}, {pp_bound(r.ci_high)}], "
+                f"{ptext})")
+    if r.diff_pp < 0:
+        return f"lower by {-r.diff_pp:.1f} pp [{kind} {-r.ci_high:.1f}, {-r.ci_low:.1f}] ({ptext})"
+    return f"higher by {r.diff_pp:.1f} pp [{kind} {r.ci_low:.1f}, {r.ci_high:.1f}] ({ptext})"
 
 
 def accuracy_interval_kind(test) -> str:
@@ -49,13 +48,3 @@ def accuracy_interval_kind(test) -> str:
         return "exact 95% bound"
     return "95% bootstrap" if test.startswith("paired bootstrap") else "95% Newcombe" if test.startswith("McNemar") \
         else "95%"
-
-
-def ratio_number(value: float, basis: str = "seeds") -> str:
-    """A speed ratio's number: three significant digits where it rests on one seed's steps ("0.162"), so a
-    narrow one-seed interval does not print as "0.16–0.16"; two decimals otherwise."""
-    if not np.isfinite(value) or value <= 0:
-        return "n/a"
-    if basis != "steps":
-        return f"{value:.2f}"
-    return f"{value:.{max(0, 2 - int(np.floor(np.log10(value))))}f}"

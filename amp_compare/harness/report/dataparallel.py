@@ -33,8 +33,9 @@ import pandas as pd
 
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
 from amp_compare.contract.records import unpack_correct
-from amp_compare.harness.report import drift, stats, wording
-from amp_compare.harness.report.steadiness import unsteady_reason
+from amp_compare.harness.common import UNSTEADY
+from amp_compare.harness.report import stats, wording
+from amp_compare.harness.report.speed import calibration_checks
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
 
@@ -226,15 +227,12 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
 
 
 def machine_range(environment: dict) -> str:
-    """The calibration checks over the run as a range ("" where steady or unchecked): min–max of the checks that
-    read the machine's level, and the stalls named apart."""
-    if not unsteady_reason(environment or {}):
+    """The calibration checks' range over the run where it exceeds common.UNSTEADY ("" where steady or unchecked):
+    N vs 1 compares cells that ran at different times, which no seed pairs."""
+    ms = calibration_checks(environment or {})
+    if len(ms) < 2 or max(ms) / min(ms) - 1 <= UNSTEADY:
         return ""
-    d = drift.drift_of(environment)
-    text = f"calibration checks ranged {d.low_ms:,.1f}–{d.high_ms:,.1f} ms over the run"
-    if d.stall.any():
-        text += f", besides {int(d.stall.sum())} stalled check(s) up to {float(d.ms[d.stall].max()):,.0f} ms"
-    return text
+    return f"calibration checks ranged {min(ms):,.1f}–{max(ms):,.1f} ms over the run"
 
 
 def floor_kind(one: pd.Series, floor: pd.Series) -> str:

@@ -21,7 +21,7 @@ import seaborn as sns  # noqa: E402
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
-from amp_compare.harness.report import memory  # noqa: E402
+from amp_compare.harness.report import memory, stats  # noqa: E402
 from amp_compare.harness.report.tables import (  # noqa: E402
     LOOP,
     memory_statistics,
@@ -289,12 +289,12 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label", "{}"), out_dir, "throughput")
     figures = [Figure("throughput", "speed", "Training throughput by precision",
-                      "Images per second over the wall time of the timed steps (warm-up excluded): what a "
-                      "user's epoch takes. A bar's height is the median over seeds of its cells' images/s; the "
-                      "label above it is not the quotient of two bars but the summary table's speed ratio against "
-                      "the same framework's fp32 (the geometric mean over seeds of each seed's ratio), with the "
-                      "table's ⚠ where the run does not support it. Above 1× mixed precision helped; below 1× it "
-                      "cost time." + spread + sweep_note,
+                      "Images per second over the wall time of the training cells' timed steps (warm-up, tracing "
+                      "and evaluation excluded). A bar's height is the median over seeds of its cells' images/s; "
+                      "the label above it is not the quotient of two bars but the cells' throughput against the "
+                      "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
+                      "took, not a speed verdict (those come from the speed trials, in the tables above)."
+                      + spread + sweep_note,
                       "Bar chart of training images per second for each framework and precision mode.")]
     if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
         timed = _labelled(steps[~steps["warmup"]])
@@ -306,9 +306,9 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
                 "Time per training step (ms, log scale)")
         _save(grid.figure, out_dir, "step_times")
         figures.append(Figure("step_times", "speed", "Distribution of step times",
-                              "Boxes span the 25th–75th percentile of per-step times, whiskers 1.5× that range. "
-                              "A tall box or many outliers means the step time is noisy; compare medians, "
-                              "not single steps.",
+                              "Each box pools the timed steps of every seed's cell of that framework and precision: "
+                              "the box spans their 25th–75th percentile with the median inside, the whiskers reach "
+                              "the furthest step within 1.5 box heights of the box, and dots are the steps beyond.",
                               "Box plot of per-step training time in milliseconds for each framework and precision."))
     return figures
 
@@ -344,11 +344,12 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                "val_accuracy", "{:.1%}"), out_dir, "accuracy")
     return [Figure("memory", "memory", "Peak memory by precision",
                    f"Memory measured as: {kinds}. The label is the change against the same framework's fp32 (the "
-                   "geometric mean over seeds of each seed's ratio), with the summary table's ⚠ where the run "
-                   "does not support it. On a CPU this is the process's resident "
-                   "memory, which includes framework workspaces, so half-precision activations need not make it "
-                   "smaller." + (" \"unresolved\": the difference is smaller than identical cells of this run "
-                                 "differed by (the Summary and the Answer give that resolution in MiB)."
+                   "geometric mean over seeds of each seed's ratio), with ⚠ where its 95% interval is wider than "
+                   f"{stats.NOISY_WIDTH}× end to end, includes no change, or is missing. On a CPU this is the "
+                   "process's resident memory, which includes framework workspaces, so half-precision activations "
+                   "need not make it smaller." + (" \"unresolved\": the difference is smaller than identical cells "
+                                                  "of this run differed by (the per-model tables above give that "
+                                                  "difference in MiB)."
                                  if unresolved else "")
                    + not_drawn + spread,
                    "Bar chart of peak training memory in MiB for each framework and precision mode."),
@@ -387,17 +388,17 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, lef
                    f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
                    "markers show each one." if gap is not None and gap < 0.02 else "")
         figures.append(Figure("loss_curves", "accuracy", "Training loss per step",
-                              "One panel per framework; each line is one precision (median over seeds), all from the "
-                              "same initial weights, with its own marker. Lines that overlap mean the precision mode "
-                              "did not change training." + overlap + left,
+                              "One panel per framework; each line is one precision, the median over seeds of the "
+                              "loss at each step, all from the same initial weights, with its own marker; no band "
+                              "is drawn." + overlap + left,
                               "Line charts of per-step training loss, one panel per framework, one line per "
                               "precision."))
     if not epochs.empty:
         _save(_lines(epochs, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch",
                      "Validation accuracy (fraction)"), out_dir, "val_accuracy")
         figures.append(Figure("val_accuracy", "accuracy", "Validation accuracy per epoch",
-                              "How fast each cell learns. Curves that separate early and meet later mean a "
-                              "precision mode slowed learning without changing where it ends." + left,
+                              "Each line is one framework and precision, the median over seeds of the validation "
+                              "accuracy after each epoch; no band is drawn." + left,
                               "Line chart of validation accuracy after each epoch for each framework and precision."))
     return figures
 
@@ -411,7 +412,7 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
     _save(grid.figure, out_dir, "loss_scale")
     runs_of = (lambda g: f" in {g['cell_id'].nunique()} run{'s' if g['cell_id'].nunique() != 1 else ''}"
                ) if "cell_id" in scaled else (lambda g: "")
-    # per model and dataset as well: two models' steps are never counted together (issue 32)
+    # per model and dataset as well: two models' steps are never counted together
     per = [k for k in ("model", "dataset") if k in scaled and scaled[k].nunique() > 1]
     counts = ", ".join(
         f"{' '.join(map(str, key[:len(per)]))}{' ' if per else ''}{framework_label(key[-1])} {key[-2]}: "
@@ -576,7 +577,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     df = _labelled(underflow[underflow["when"] == "last step"])
     if df.empty:
         return None
-    if "model" in df and df["model"].nunique() > 1:  # two models' `fc` layers are two bars (issue 32)
+    if "model" in df and df["model"].nunique() > 1:  # two models' `fc` layers are two bars
         df = df.assign(layer=df["model"].astype(str) + ": " + df["layer"].astype(str))
     df = df.groupby(["Framework", "Precision", "layer"], observed=True).apply(
         lambda g: pd.Series({"no scaling": np.average(g["flush_fraction_unscaled"], weights=g["nonzero"] + 1e-12),
@@ -737,7 +738,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
 def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
     """One panel of the headroom figure: a line per block and framework (PyTorch solid, Keras dashed), float16's
     largest value, and with the naive attention's logits the level where its exp overflows float16."""
-    from amp_compare.harness.report.numerics import FLOAT16_MAX, FP16_EXP_LIMIT
+    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX
 
     for (block, label), g in part.groupby(["block", "Framework"], observed=True):
         g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
@@ -746,15 +747,15 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
         ax.plot(g["epoch"] + 1, g["max_abs"], line, marker=marker, color=colours[block], markersize=4,
                 linewidth=1.2, label=f"{block} · {label}")
     ax.set_yscale("log")
-    ax.axhline(FLOAT16_MAX, color="#d1495b", linewidth=1, linestyle="--")
-    ax.text(0.02, FLOAT16_MAX, "float16 max 65,504", color="#d1495b", fontsize=7, va="bottom",
+    ax.axhline(FP16_MAX, color="#d1495b", linewidth=1, linestyle="--")
+    ax.text(0.02, FP16_MAX, "float16 max 65,504", color="#d1495b", fontsize=7, va="bottom",
             transform=ax.get_yaxis_transform())
     if naive_logits:  # exp overflows float16 far below the logit's own limit
         ax.axhline(FP16_EXP_LIMIT, color="#a0761e", linewidth=1, linestyle=":")
         ax.text(0.02, FP16_EXP_LIMIT, "naive exp overflows float16: ln(65,504) ≈ 11.1", color="#a0761e",
                 fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
     low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
-    ax.set_ylim(max(low, 1e-3), FLOAT16_MAX * 4)
+    ax.set_ylim(max(low, 1e-3), FP16_MAX * 4)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
 

@@ -19,8 +19,8 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.findings import accuracy_text
-from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit, marked
+from amp_compare.harness.report.cell_text import accuracy_text
+from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit
 
 # abbreviation -> (how it is found in text, its expansion). "p" only where it stands for a p-value.
 ABBREVIATIONS = {
@@ -149,11 +149,9 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     rows = mixed[mixed["precision"].map(lambda p: precisions.of(p).half) == half] if not mixed.empty else mixed
     if rows.empty or environment.get("cpu_model") is None or environment.get("device", "cpu") != "cpu":
         return ""
-    flagged = marked(rows)  # a ratio under ⚠ is no evidence either way: left out, and counted as left out
-    ratios = rows.loc[~flagged, "speedup_vs_fp32"].dropna().to_numpy(float)
-    left_out = f" ({int(flagged.sum())} more with ⚠ left out)" if flagged.any() else ""
+    ratios = rows["speedup_vs_fp32"].dropna().to_numpy(float)
     if not ratios.size:
-        return f" This run: every {half} row's speed ratio carries ⚠ ({int(flagged.sum())}): no evidence either way."
+        return ""
     arithmetic = has_arithmetic(environment, half)
     span = f"{ratios.min():.2f}×" if len(ratios) == 1 else f"{ratios.min():.2f}–{ratios.max():.2f}×"
     flags = (f"whose flags list {half} arithmetic" if arithmetic else
@@ -163,7 +161,7 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     verdict = ("consistent with the lesson" if (arithmetic and faster) or (not arithmetic and slower) else
                "no gain in some rows despite the arithmetic, which the lesson allows (which kernels ran was not "
                "recorded)" if arithmetic else "against the lesson: faster without the format's arithmetic")
-    return f" This run: {half} rows without ⚠ at {span} fp32's speed{left_out} on a CPU {flags}: {verdict}."
+    return f" This run's training cells: {half} rows at {span} fp32's throughput on a CPU {flags}: {verdict}."
 
 
 # A parameter whose exact gradient is zero: a key bias adds q·b to every logit of a query's row, and softmax ignores

@@ -21,6 +21,12 @@ import re
 import numpy as np
 import pandas as pd
 
+from amp_compare.contract.env import ARITHMETIC_FLAGS
+
+# TensorFlow's log line on a CPU without AVX-512 FP16 (in its fp16 cells' stderr): "oneDNN supports DT_HALF only on
+# platforms with AVX-512. Falling back to the default Eigen-based implementation …"
+HALF_FALLBACK = "oneDNN supports DT_HALF only on platforms with AVX-512"
+
 TIMING_GAP = 0.10  # wall-time vs median-step throughput gap the report calls out
 HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to the next: fixed per-step cost
 COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matmul ceiling
@@ -31,10 +37,10 @@ def log_line_flags(text: str, flags: str) -> str:
     line): oneDNN's "supports DT_HALF only on platforms with AVX-512" is quoted as the framework's record of the
     path it took, and beside it which AVX-512 and float16-arithmetic flags this CPU lists, side by side, without
     reading into the line which of them it meant (no record says)."""
-    if "DT_HALF" not in text or "AVX-512" not in text:
+    if HALF_FALLBACK not in text:
         return ""
     listed = {f.strip() for f in str(flags or "").split(",")}
-    family = ("avx512f", "avx512_fp16", "amx_fp16")
+    family = ("avx512f", *ARITHMETIC_FLAGS["float16"])
     has = [f for f in family if f in listed]
     lacks = [f for f in family if f not in listed]
     if not has:

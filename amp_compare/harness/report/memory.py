@@ -11,7 +11,7 @@ A group run with one seed has no identical cells of its own: it takes the larges
 identical cells showed anywhere else in the run (the allocator's noise is the process's, not the model's), and
 where the run has none at all its resolution is unknown and its difference unresolved too: one reading per
 precision cannot tell a difference from noise (two default runs read one ViT's 2.6 MiB baseline as +120% and
--72%). `status` is the one rule; the summary table, the findings, the figures and the answer all say what it says.
+-72%). `status` is the one rule; the verdict table (verdicts.MEMORY), the findings and the figures say what it says.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.harness.report.cell_text import mark
-from amp_compare.harness.report.fp8 import EMULATED_MEMORY
 
 MIB = 2**20
 
@@ -82,19 +81,6 @@ def below_resolution_text(resolution: float, basis: str = "own") -> str:
     return f"below what this run resolves: identical cells differed by up to {resolution:,.1f} MiB{where}"
 
 
-def cell_text(r) -> str:
-    """The summary table's "Memory vs fp32" cell: the change (⚠ where its interval does not support it), or
-    that it is unresolved and the resolution it is below."""
-    if getattr(r, "emulated", False):
-        return EMULATED_MEMORY
-    if unresolved(r):
-        resolution = r.memory_resolution_mib
-        return f"unresolved (< {resolution:,.1f} MiB)" if np.isfinite(resolution) else "unresolved (one seed)"
-    change = r.memory_change_vs_fp32
-    return ("n/a" if change is None or not np.isfinite(change)
-            else f"{change * 100:+.0f}%") + mark(getattr(r, "memory_note", ""))
-
-
 def finding_text(r) -> str:
     """A mixed cell's peak-memory change in a sentence: with its MiB and 95% interval where resolved."""
     if unresolved(r):
@@ -106,18 +92,3 @@ def finding_text(r) -> str:
     if np.isfinite(getattr(r, "memory_low", np.nan)):
         text += f" [95% t over {int(r.runs)} seeds: {r.memory_low:+.0%}, {r.memory_high:+.0%}]"
     return text + mark(getattr(r, "memory_note", ""))
-
-
-def answer_text(r) -> str:
-    """The answer's memory clause: the findings' sentence for the same row (so the two never disagree), with the
-    ⚠ note said in words; "" where no difference was measured."""
-    if not status(r):
-        return ""
-    note = getattr(r, "memory_note", "")
-    return f"peak memory {finding_text(r)}" + (f" {note}" if status(r) == "resolved" and note else "")
-
-
-LEGEND = ("Memory vs fp32 \"unresolved (< X MiB)\": the difference from fp32 is smaller than identical cells (the same "
-          "framework, model and precision, other seeds; for a model run with one seed, the framework's other "
-          "models) differed by in this run, so the run cannot tell it from noise; \"unresolved (one seed)\": the run "
-          "has no identical cells to measure that, so one reading per precision cannot tell a difference from noise.")

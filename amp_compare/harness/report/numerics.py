@@ -20,7 +20,9 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.report.cell_text import accuracy_text
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
+from amp_compare.kit.fp16 import FP16_MAX
 
 # fp16 with its dynamic loss scaling and without any: "What happened" compares their accuracy.
 DYNAMIC_FP16 = precisions.names(half="float16", loss_scaling="dynamic")[0]
@@ -83,7 +85,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
 
     # One seed is enough to show the mechanism: the first seed of each cell.
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
-    # per model and dataset: two models' gradient elements are never added up (issue 32)
+    # per model and dataset: two models' gradient elements are never added up
     keys = _per_model(first_seed) + ["framework", "precision", "when"]
     out = first_seed.groupby(keys).apply(weighted, include_groups=False).reset_index()
     return out.sort_values(keys, key=display_order)
@@ -214,7 +216,6 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
         if not found.empty else pd.DataFrame()
 
 
-FP16_MAX = 65504.0  # float16's largest finite value (kit/fp16.py holds the same; imported here without numpy's)
 
 
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
@@ -425,9 +426,7 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
     """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies, each
     with its paired test against fp32 from `acc` (tables.accuracy_statistics, the Accuracy section's rows, worded
-    by findings.accuracy_text): two accuracies side by side never stand without the test that judges them."""
-    from amp_compare.harness.report.findings import accuracy_text  # findings imports this module
-
+    by cell_text.accuracy_text): two accuracies side by side never stand without the test that judges them."""
     out = []
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     per = _per_model(ok) if not ok.empty else []  # per model and dataset: never two models' median
@@ -520,11 +519,10 @@ def _differing_rows(table: pd.DataFrame) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The vit (issue 24): headroom, the attention/normalisation dtype table, the naive attention's story
+# The vit: headroom, the attention/normalisation dtype table, the naive attention's story
 # ---------------------------------------------------------------------------------------------
 
-FLOAT16_MAX = 65504.0
-FP16_EXP_LIMIT = float(np.log(FLOAT16_MAX))  # exp(x) overflows float16 past this (~11.09)
+FP16_EXP_LIMIT = float(np.log(FP16_MAX))  # exp(x) overflows float16 past this (~11.09)
 QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layernorm_input": "LayerNorm input"}
 
 
@@ -545,7 +543,7 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
     keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
     out = df.groupby(keys, as_index=False)["max_abs"].max()
     out["quantity_label"] = out["quantity"].map(QUANTITY_LABELS)
-    out["float16_headroom"] = FLOAT16_MAX / out["max_abs"].replace(0, np.nan)
+    out["float16_headroom"] = FP16_MAX / out["max_abs"].replace(0, np.nan)
     if runs is not None and "cfg_attention" in runs:
         out = out.merge(runs[["cell_id", "cfg_attention"]].rename(columns={"cfg_attention": "attention"}),
                         on="cell_id", how="left")
@@ -600,7 +598,7 @@ def _headroom_row(layer: str, quantity: str, peak: pd.Series, cell: dict) -> dic
     ln(65,504), anything else against 65,504; a non-finite record as carried from an earlier layer where the
     records show one, else only as non-finite (a running maximum that met NaN cannot say where it began)."""
     naive = quantity == "attention_logit" and cell.get("cfg_attention") == "naive"
-    limit = FP16_EXP_LIMIT if naive else FLOAT16_MAX
+    limit = FP16_EXP_LIMIT if naive else FP16_MAX
     value, epoch = float(peak["max_abs"]), int(peak["epoch"])
     if np.isfinite(value):
         seen, room = f"{value:.4g}", (f"{limit / value:.3g}×" + (" (past the limit)" if value > limit else "")
@@ -684,7 +682,7 @@ def logit_limit(naive: bool) -> tuple[float, str]:
     which overflows float16 past ln(65,504) ≈ 11.09; a max-subtracted (builtin) softmax only holds the logit
     itself, so its limit is float16's largest value."""
     return ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive else
-            (FLOAT16_MAX, "float16's 65,504"))
+            (FP16_MAX, "float16's 65,504"))
 
 
 def _in_float16(precision: str) -> bool:

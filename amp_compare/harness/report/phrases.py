@@ -23,7 +23,8 @@ REASON = {  # a few words each, after "because" or in brackets
     "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
     "above_resolution": "beyond the run's noise", "unresolved_memory": "within identical cells' spread",
     "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
-    "within_1pp": "interval within ±1 pp", "no_image_differed": "no image differed",
+    "within_floor": "fp32 seeds ±{margin:.1f} pp", "no_floor": "one fp32 seed: no seed range",
+    "no_image_differed": "no image differed",
     "too_short": "fp32 too short to judge", "budget_cut": "cut by the speed budget",
     "not_reached": "a seed never reached it", "one_seed": "one seed", "no_fp32": "no fp32 partner",
     "all_finite": "finite throughout", "diverged": "diverged", "cell_failed": "crashed", "timeout": "timed out",
@@ -31,8 +32,15 @@ REASON = {  # a few words each, after "because" or in brackets
 }
 KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
         "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
-# which reasons a cell shows in brackets: those that say why there is no number or no decision
+# which reasons a cell shows in brackets: those that say why there is no number or no decision, and what an accuracy
+# "same" rests on (fp32's measured seed range, or no image differing)
 SHOWN = {"not_comparable", "undecided", "failed"}
+SHOWN_REASONS = {"within_floor", "no_image_differed"}
+
+
+def reason(v) -> str:
+    """The verdict's reason in a few words, with its measured margin where the reason quotes one."""
+    return REASON[v.reason].format(margin=getattr(v, "margin", float("nan")))
 
 
 def _ratio(v: float) -> str:
@@ -61,9 +69,10 @@ def interval_words(v) -> str:
 
 
 def cell(v, interval: bool = True, why: bool = True) -> str:
-    """A table cell: the number (with its interval) and the status, with the reason in brackets (why) where it says
-    why nothing was decided."""
-    status = STATUS[v.status] + (f" ({REASON[v.reason]})" if v.status in SHOWN and why else "")
+    """A table cell: the number (with its interval) and the status, with the reason in brackets where it says why
+    nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown)."""
+    shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
+    status = STATUS[v.status] + (f" ({reason(v)})" if shown else "")
     if v.metric == "numerics" and v.status != "failed":
         return status
     return f"{number(v, interval)} {status}".strip()
@@ -85,7 +94,7 @@ def sentence(v) -> str:
 
 
 def _because(v) -> str:
-    return REASON[v.reason]
+    return reason(v)
 
 
 def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
@@ -99,3 +108,17 @@ def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
         rows.append({**who, **{METRIC[m].capitalize(): cell(by[m], not short, not short) if m in by else ""
                                for m in METRIC}})
     return pd.DataFrame(rows)
+
+
+def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
+    """(term, text) per status and per reason the run's verdict table holds: the word the tables print and what it
+    means (verdicts.STATUSES, verdicts.REASONS), so the glossary explains exactly the words on the page."""
+    from amp_compare.harness.report.verdicts import REASONS, STATUSES
+
+    if verdicts is None or verdicts.empty:
+        return []
+    statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))
+    reasons = "; ".join(f"\"{REASON[r].format(margin=0).replace('0.0', 'X')}\": {REASONS[r]}"
+                        for r in dict.fromkeys(verdicts["reason"]))
+    return [("Verdict words", f"What each word in the per-model tables means. {statuses}."),
+            ("Verdict reasons", f"Why a verdict is what it is, in brackets beside it. {reasons}.")]

@@ -34,13 +34,11 @@ from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
-from amp_compare.harness.report.cell_text import pp_bound, ratio_number
-from amp_compare.harness.report.findings import finding_parts, interval_method
+from amp_compare.harness.report.cell_text import pp_bound
+from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
-from amp_compare.harness.report.per_seed import seed_table
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
-from amp_compare.harness.report.steadiness import describe as describe_steadiness
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
     accuracy_statistics,
@@ -49,7 +47,6 @@ from amp_compare.harness.report.tables import (
     full_table,
     legend,
     seed_counts_text,
-    speed_statistics,
     split_summary,
     summary_table,
 )
@@ -127,14 +124,14 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["model", "dataset",
                                                                                          "framework", "precision"]
-    loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # issue 13's sweep
+    loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # a sweep
     group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
         "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
     cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "median_step_throughput_img_s",
             "epoch_throughput_img_s", "first_step_overhead_s", "runs"]
     t = ok.assign(runs=1).groupby(group, sort=False).agg({**{c: "median" for c in cols[:-1]}, "runs": "sum"})
     t = t.reset_index().sort_values(["model", "dataset", "framework", "precision"], key=display_order)
-    return pd.DataFrame({  # one row per model and dataset (issue 32: never a median over two models' cells)
+    return pd.DataFrame({  # one row per model and dataset: never a median over two models' cells
         **({"Machine": t["machine"]} if "machine" in group else {}),
         "Model": t["model"], "Dataset": t["dataset"], "Framework": t["framework"].map(framework_label),
         **{{"cfg_step": "Step", "cfg_batch_size": "Batch"}[c]: t[c].astype(str) for c in loops},
@@ -234,34 +231,6 @@ def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
                          **loss})
 
 
-def _speed_ratio_table(full: pd.DataFrame) -> pd.DataFrame:
-    """The Speed section's table: every mixed cell's speed ratio with its 95% interval, what it is from, and
-    its verdict."""
-    mixed = full[precisions.is_mixed(full["precision"])] if "speed_note" in full else full.iloc[0:0]
-    if mixed.empty:
-        return mixed
-    multi = "machine" in mixed and mixed["machine"].nunique() > 1
-    basis = {"seeds": "t over {n} seeds' ratios", "steps": "one seed's timed steps (batch means)", "": "n/a"}
-    return pd.DataFrame({
-        **({"Machine": mixed["machine"]} if multi else {}),
-        "Model": mixed["model"], "Dataset": mixed["dataset"], "Framework": mixed["framework"].map(framework_label),
-        "Precision": mixed["precision"],
-        # the digits the answer and findings print (cell_text.ratio_number: three significant on one seed's steps)
-        "Speed vs fp32": [fp8_report.EMULATED_SPEED if emulated else f"{ratio_number(v, str(b))}×"
-                          for v, b, emulated in zip(mixed["speedup_vs_fp32"], mixed["speed_basis"],
-                                                    mixed["emulated"])],
-        "95% interval": [f"{ratio_number(lo, str(b))}–{ratio_number(hi, str(b))}×" if np.isfinite(lo) else "n/a"
-                         for lo, hi, b in zip(mixed["speed_low"], mixed["speed_high"], mixed["speed_basis"])],
-        "Interval from": ["n/a" if emulated else basis.get(b, b).format(n=int(n) if pd.notna(n) else 0)
-                          for b, n, emulated in zip(mixed["speed_basis"], mixed["speed_seeds"],
-                                                    mixed["emulated"])],
-        "Timed steps per cell": mixed["timed_steps"].map(lambda v: "n/a" if pd.isna(v) else f"{int(v)}"),
-        "Slowest p90/p50": mixed["spread_p90_p50"].map(lambda v: "n/a" if pd.isna(v) else f"{v:.1f}×"),
-        "Supported?": ["no speed claimed" if emulated else f"⚠ {v}" if v else "yes"
-                       for v, emulated in zip(mixed["speed_note"], mixed["emulated"])],
-    })
-
-
 def _ttt_ratio_text(r, device: str = "cpu") -> str:
     """A mixed cell's time to target against fp32's: ratio, interval, ⚠ and why (none for an emulation's)."""
     ratio = getattr(r, "ttt_ratio", np.nan)
@@ -271,7 +240,7 @@ def _ttt_ratio_text(r, device: str = "cpu") -> str:
         return ""
     text = f"{ratio:.2f}×" + (f" (geometric mean of the seeds' ratios) [95% t-interval over seeds "
                               f"{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else "")
-    return text + (f" ⚠ {r.ttt_note}" if isinstance(r.ttt_note, str) and r.ttt_note else "")
+    return text
 
 
 def _accuracy_table(acc: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
@@ -457,7 +426,9 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
         devices.add(manifest["device"])
         matrices.append(manifest["matrix"])
         for name, df in tables.items():
-            df = df.assign(machine=label, cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
+            if "cell_id" in df:  # the speed trials' blocks have no cell
+                df = df.assign(cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
+            df = df.assign(machine=label)
             parts.setdefault(name, []).append(df)
         environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
         cells += [f"{Path(run_dir).name}/{c}" for c in manifest["cells"]]
@@ -546,13 +517,12 @@ def _split_packages(rows: list) -> tuple[list, list]:
     return [r for r in rows if not r[0].startswith("version_")], [r for r in rows if r[0].startswith("version_")]
 
 
-def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.DataFrame | None = None,
-          device: str = "cpu", full: pd.DataFrame | None = None) -> Callable[[], list]:
+def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str = "cpu",
+          full: pd.DataFrame | None = None) -> Callable[[], list]:
     """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both), drawn by
     two processes where the machine has two cores (each figure's own file), started now; the returned collect()
     gives them in page order once drawn (the rest of the page is built meanwhile), collect(cancel=True) drops them."""
     from amp_compare.harness.report import figures as fg
-    from amp_compare.harness.report.forest import make_forest_figure
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
@@ -562,9 +532,7 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, seeds: pd.D
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_max_batch_figure, (maxbatch, out)) if not maxbatch.empty else None,
-             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out)),
-             (make_forest_figure, (seeds, out, sorted(set(runs.loc[fp8_report.speed_emulated(
-                 runs["precision"], device), "precision"]))))]
+             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out))]
     pending = _in_parallel([t for t in tasks if t])
 
     def collect(cancel: bool = False) -> list:
@@ -640,6 +608,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     seeds_text = (seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
     verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
     tables_check("verdicts", verdict_table)
+    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"))
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
             "facts": facts,
             "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
@@ -648,9 +617,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"]),
                             "hardware": speed.hardware_paragraph(*_fp32_ceilings(full))},
             "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
-            "speed_ratio_table": _html_or_none(_speed_ratio_table(full)),
-            "speed_intro": speed.speed_intro(facts, interval_method(full)),
-            "steadiness": describe_steadiness(evidence), "seeds_text": seeds_text,
+            "machine_note": speed.machine_note(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
             **_answer_context(manifest, tables, evidence, verdict_table)}
 
@@ -664,14 +631,11 @@ def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
 
 def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: dict, verdict_table) -> dict:
     """The answer the page, summary.md and the terminal open with (answer.py, from the verdict table), the per-model
-    verdict tables (phrases.table) and each seed's speed ratio the forest plot draws."""
-    seeds = seed_table(tables["run"], tables["steps"], evidence)
-    if not seeds.empty:  # an emulation's time is no speed result: no seed's ratio of it is drawn
-        seeds = seeds[~fp8_report.speed_emulated(seeds["precision"], manifest["device"])]
+    verdict tables (phrases.table)."""
     first = answer_block.preface(manifest["environment"])
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
-    return {"seed_ratios": seeds, "verdict_tables": [(title, table_html(t)) for title, t in per_model],
+    return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],
             "verdict_tables_md": per_model,
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
@@ -701,8 +665,8 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
 def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool) -> dict:
     """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
     summary = _summary_context(run_dir, manifest, tables)
-    figures = (_draw(run_dir, tables, summary["accuracy"], summary["seed_ratios"], manifest["device"],
-                     summary["full"]) if draw else lambda cancel=False: [])
+    figures = (_draw(run_dir, tables, summary["accuracy"], manifest["device"], summary["full"]) if draw
+               else lambda cancel=False: [])
     try:
         rest = _page_rest(run_dir, manifest, tables, summary, draw)
     except BaseException:
@@ -750,7 +714,9 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
             summary["facts"], numerics["dtype_facts"],
             manifest["defaults"].get("comparison", "aligned"), summary["full"],
             {**manifest["environment"], "device": manifest["device"]},
-            tables.get("underflow", pd.DataFrame()), acc_stats),
+            tables.get("underflow", pd.DataFrame()), acc_stats)
+        + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
+            summary["verdicts"]))],
     }
 
 
@@ -816,30 +782,19 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
-    """A run's headline in the runs index: each mixed cell's speed ratio as its report prints it, with the
-    report's ⚠ (tables.speed_statistics on the same records), or "emulated" where its time is an emulation's."""
+    """A run's headline in the runs index: each mixed precision's training throughput against fp32's (geometric
+    mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
     table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
     if table.empty:
         return ""
-    path = run_dir / "data" / "steps.parquet"
-    try:
-        steps = pd.read_parquet(path, columns=["cell_id", "step_time_s", "warmup"]) if path.exists() else None
-    except (OSError, ValueError):
-        steps = None
-    keys = [k for k in ("machine", "model", "dataset", "step_loop", "batch_size", "framework", "precision")
-            if k in table]
-    notes = speed_statistics(single, steps, _evidence(manifest))
-    table = table.merge(notes[[k for k in keys if k in notes] + ["speed_basis", "speed_note"]], how="left",
-                        on=[k for k in keys if k in notes])
     emulated = fp8_report.speed_emulated(table["precision"], manifest.get("device", "cpu"))
     several = len(table.groupby(["model", "dataset"])) > 1
     said = []
     for r, fake in zip(table.itertuples(), emulated):
         if not precisions.is_mixed(r.precision):
             continue
-        note = r.speed_note if isinstance(r.speed_note, str) else ""
-        ratio = (fp8_report.EMULATED_SPEED if fake else
-                 f"{ratio_number(r.speedup_vs_fp32, str(r.speed_basis))}× fp32 speed{' ⚠' if note else ''}")
+        ratio = (fp8_report.EMULATED_SPEED if fake else f"{r.speedup_vs_fp32:.2f}× fp32 speed"
+                 if np.isfinite(r.speedup_vs_fp32) else "n/a")
         said.append(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: {ratio}, "
                     f"{r.val_accuracy:.1%} acc.")
     return "; ".join(said)

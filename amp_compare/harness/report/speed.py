@@ -18,15 +18,12 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
-from amp_compare.harness.report.hardware import log_line_flags
+from amp_compare.contract.env import ARITHMETIC_FLAGS
+from amp_compare.harness.common import SIZE
+from amp_compare.harness.report.hardware import HALF_FALLBACK, log_line_flags
 
 # Lines a framework writes to stderr that say which kernels it fell back to: (pattern, half format it is about).
-# TensorFlow on a CPU without AVX-512 FP16: "oneDNN supports DT_HALF only on platforms with AVX-512. Falling back
-# to the default Eigen-based implementation …" (seen in its fp16 cells).
-FALLBACK_LINES = ((re.compile(r"oneDNN supports DT_HALF only on platforms with [^.]*\.\s*Falling back to [^.\n]*"),
-                   "float16"),)
-# The flags that give a half format arithmetic on x86 (contract/env.py records which are present).
-ARITHMETIC_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+FALLBACK_LINES = ((re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*"), "float16"),)
 
 
 @dataclass(frozen=True)
@@ -111,35 +108,16 @@ def _range(values) -> str:
     return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
 
 
-def marked(rows: pd.DataFrame) -> pd.Series:
-    """Per summary row, whether its speed ratio carries ⚠ (the run does not support it)."""
-    return rows.get("speed_note", pd.Series("", index=rows.index)).fillna("").astype(str) != ""
-
-
-def slower_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(rows the run shows slower than fp32: no ⚠ and an interval below 1×, rows below 1× that carry ⚠): a ratio
-    under ⚠ counts for neither side, so two runs of one matrix do not flip a count on a ratio neither supports."""
-    below = rows[rows["speedup_vs_fp32"] < 1]
-    high = below.get("speed_high", pd.Series(np.nan, index=below.index)).astype(float)
-    flagged = marked(below)
-    return below[~flagged & ~(high >= 1)], below[flagged]
-
-
-def _slower_text(fmt: str, rows: pd.DataFrame, shown: pd.DataFrame, flagged: pd.DataFrame) -> str:
-    modes = "/".join(dict.fromkeys([*shown["precision"], *flagged["precision"]]))
-    values = ", ".join(f"{v:.2f}×" for v in flagged["speedup_vs_fp32"])
-    if shown.empty:
-        return (f"{modes} ({fmt}) read below fp32's speed in {len(flagged)} of {len(rows)} {fmt} rows of the "
-                f"summary ({values}), each marked ⚠: this run shows no {fmt} row slower.")
-    more = (f"; {len(flagged)} more read below 1× but carry ⚠ ({values}) and are not counted" if len(flagged) else "")
-    return (f"{modes} ({fmt}) was slower than fp32 in {len(shown)} of {len(rows)} {fmt} rows of the summary "
-            f"({_range(shown['speedup_vs_fp32'])}; rows with ⚠ not counted){more}.")
+def _slower_text(fmt: str, rows: pd.DataFrame, below: pd.DataFrame) -> str:
+    modes = "/".join(dict.fromkeys(below["precision"]))
+    return (f"{modes} ({fmt}) read below fp32's speed in {len(below)} of {len(rows)} {fmt} rows of the summary "
+            f"({_range(below['speedup_vs_fp32'])}): the training cells' wall time, not a speed verdict (the speed "
+            "trials decide speed).")
 
 
 def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -> list[str]:
-    """Per half format with a mixed row below fp32's speed: how many the run shows slower (slower_rows) and how
-    many more carry ⚠, and what this run's evidence says about why (the flags, the frameworks' own log lines),
-    scoped to this run; nothing for a format that was never below 1×."""
+    """Per half format with a training cells' row below fp32's throughput: how many, and what this run's evidence says
+    about why (the flags, the frameworks' own log lines), scoped to this run; nothing for a format never below 1×."""
     mixed = table[precisions.is_mixed(table["precision"])]
     if mixed.empty:
         return []
@@ -147,10 +125,10 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
     out = []
     for fmt in ("float16", "bfloat16"):
         rows = mixed[half == fmt]
-        shown, flagged = slower_rows(rows)
-        if shown.empty and flagged.empty:
+        below = rows[rows["speedup_vs_fp32"] < 1]
+        if below.empty:
             continue
-        text = _slower_text(fmt, rows, shown, flagged)
+        text = _slower_text(fmt, rows, below)
         did, follows = isa_limit(environment)
         if has_arithmetic(environment, fmt) and did:
             text += (f" This CPU's flags list {fmt} arithmetic, but this run {did}, {follows}; the run did not record "
@@ -216,22 +194,6 @@ def hardware_paragraph(emulated: bool, limited: bool = False) -> str:
                    "the cell ran.")
 
 
-def speed_intro(facts, method: str) -> str:
-    """The paragraph above the speed-ratio table, for the seeds and order this run had (wording.RunFacts)."""
-    seeds, how = len(facts.seeds), f" ({method})" if method else ""
-    text = (f"Speed ratios with their 95% interval{how}. Each ratio is the geometric mean over "
-            f"{'the seeds' if seeds > 1 else 'the one seed'} of mixed's wall-time throughput over the fp32 cell "
-            "of the same seed. ⚠ marks a ratio the run cannot support: a cell of it that ran next to a stall of the "
-            "machine (a calibration check far above the run's median: re-run that cell), an interval that includes "
-            "1×, no interval, one seed only (its interval covers the step-to-step noise of one pair of cells, not "
-            "how the ratio varies from seed to seed), fewer than 20 timed steps per cell (one seed), or a seed whose "
-            "ratio the machine's own drift, seen in the checks next to its two cells, could have produced.")
-    if facts.rotated:
-        text += (" Cells of one model and dataset ran seed after seed with the precision order rotated per seed, "
-                 "so a steady drift of the machine does not favour one precision.")
-    return text
-
-
 def relation(value: float, reference: float) -> str:
     """How `value` compares with `reference`, in words a reader cannot misread ("21% lower")."""
     if not (np.isfinite(value) and np.isfinite(reference)) or reference <= 0:
@@ -248,3 +210,68 @@ def milliseconds(seconds: float) -> str:
         return "n/a"
     ms = seconds * 1e3
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
+
+
+def calibration_checks(environment: dict) -> list[float]:
+    """The run's calibration checks in ms, in time order (harness/run/calibrate.py: before the matrix and after each
+    cell); an older record's before/after pair."""
+    listed = environment.get("calibrations")
+    if isinstance(listed, list) and listed:
+        return [float(c["ms"]) for c in listed if isinstance(c, dict) and c.get("ms")]
+    return [float(environment[k]) for k in ("calibration_before_ms", "calibration_after_ms") if environment.get(k)]
+
+
+def machine_note(environment: dict) -> str:
+    """How busy the machine was, in one line, from the calibration checks the run recorded; "" with fewer than two.
+    A note only: no verdict reads it (speed is the speed trials')."""
+    ms = calibration_checks(environment)
+    if len(ms) < 2:
+        return ""
+    return (f"How busy the machine was: {len(ms)} calibration checks (a fixed {SIZE}×{SIZE} float32 matmul timed "
+            f"between cells) read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms.")
+
+
+def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
+    """Median over a (framework, precision)'s cells of: CPU-seconds per wall second in training, and the seconds of
+    tracing/warm-up and of evaluation (kit/phases.py's phases)."""
+    if phases is None or phases.empty:
+        return {}
+    mine = phases[phases["cell_id"].isin(set(cells["cell_id"]))]
+    by = mine.groupby(["cell_id", "phase"])[["seconds", "cpu_seconds"]].sum()
+
+    def median(phase: str, column: str, per_wall: bool = False) -> float:
+        if phase not in by.index.get_level_values("phase"):
+            return float("nan")
+        rows = by.xs(phase, level="phase")
+        values = rows[column] / rows["seconds"] if per_wall else rows[column]
+        return float(values.median())
+
+    return {"cpu": median("training", "cpu_seconds", per_wall=True), "warmup": median("compile/warm-up", "seconds"),
+            "eval": median("evaluation", "seconds")}
+
+
+def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
+                    phases: pd.DataFrame | None) -> list[str]:
+    """Where a speed trial's ratio (the verdict) and the training cells' wall-time ratio disagree (the cells' ratio
+    outside the trial's interval), one sentence per row: the cells' per-seed ratios and why they may differ, from
+    the cells' own CPU-seconds per second of training and their tracing and evaluation times."""
+    out = []
+    timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
+    ok = runs[runs["status"] == "ok"] if "status" in runs else runs
+    for v in timed.itertuples():
+        row = full[(full["model"] == v.model) & (full["dataset"] == v.dataset) & (full["framework"] == v.framework)
+                   & (full["precision"] == v.precision)]
+        if row.empty or not np.isfinite(cells := float(row["speedup_vs_fp32"].iloc[0])) or v.low <= cells <= v.high:
+            continue
+        lo, hi = float(row["speed_min"].iloc[0]), float(row["speed_max"].iloc[0])
+        same = ok[(ok["model"] == v.model) & (ok["dataset"] == v.dataset) & (ok["framework"] == v.framework)]
+        fp32, mixed = (_phase_medians(phases, same[same["precision"] == p]) for p in ("fp32", v.precision))
+        text = (f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}: the training cells ran at "
+                f"{cells:.2f}× fp32's throughput (seeds {lo:.2f}–{hi:.2f}×), outside the speed trial's "
+                f"{v.estimate:.2f}× [{v.low:.2f}, {v.high:.2f}]; the cells ran one after another, not side by side")
+        if fp32 and mixed:
+            text += (f", using {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds per second "
+                     f"of training, and spent {fp32['warmup']:.1f} and {mixed['warmup']:.1f} s tracing and warming "
+                     f"up, {fp32['eval']:.1f} and {mixed['eval']:.1f} s evaluating, outside the timed steps")
+        out.append(text + ".")
+    return out

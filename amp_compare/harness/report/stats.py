@@ -26,9 +26,9 @@ measured. With one seed the speed interval is the within-seed one, from batch me
 so; memory and time to target have no within-seed replicate, so one seed gives them no interval.
 tests/test_coverage.py simulates step-time tables with a known ratio, seed-level and step-level noise and
 an occasional slow cell, and checks that the 95% interval covers it 93-97% of the time for 1, 3 and 5 seeds.
-A ratio is marked ⚠ when its interval is wide (high/low > NOISY_WIDTH; for speed only where it also includes
-1) or straddles 1, when it has none, when too few steps were timed, or — speed and time to target — when the
-machine's drift seen next to its cells could explain it in some seed (harness/report/drift.py).
+A memory ratio is marked ⚠ when its interval is wide (high/low > NOISY_WIDTH) or straddles 1, or when it has
+none (ratio_verdict). The training cells' speed ratios are what training took; a speed verdict is the speed
+trials' (verdicts.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261122  # fixed: re-rendering a report gives the same intervals
 NOISY_WIDTH = 1.3  # a speed interval whose high end exceeds its low end by more than 30% is noisy
 SAME = 0.05  # a ratio within this of 1 whose narrow interval includes 1 is "no difference", not noisy
-MIN_TIMED_STEPS = 20  # fewer timed steps per cell than this: no speed ratio is stated with confidence
+MIN_TIMED_STEPS = 20  # fewer timed steps per cell than this: a backend's speed is not compared (backend_split)
 BLOCK = 20  # steps per batch mean, at least (a load burst of up to ~20 steps stays inside one batch)
 MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batches)
 
@@ -346,7 +346,6 @@ def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str 
 
 # --seeds given explicitly: a seed list left to its default runs the vit on one seed on a CPU (DEFAULT_MODEL_SEEDS)
 MORE_SEEDS = "--seeds 0,1,2 given explicitly"
-ONE_SEED_SPEED = f"one seed: how the ratio varies from seed to seed is unknown (run with {MORE_SEEDS})"
 
 
 def noisy_rule(direction: bool, same: str = "1×") -> str:
@@ -358,34 +357,3 @@ def noisy_rule(direction: bool, same: str = "1×") -> str:
                 f"of {same} is not marked however wide: that side stands, and the interval beside the number says "
                 "how far")
     return f"noisy: a 95% interval wider than {NOISY_WIDTH}× end to end, or including {same} unless it is {near}"
-
-
-def support_note(res: dict, machine: str = "", stalled: str = "", moved: str = "") -> str:
-    """The one rule a speed ratio and a time-to-target ratio are both judged by ("" where the run supports it):
-    a stalled cell first (drift.stall_note: re-run it), then the interval (seeds on both sides of 1 are a
-    disagreement), then the machine's drift (drift.seed_note). moved: the drift note of the seeds whose ratio lies
-    more than SAME from 1 (a band always holds 1, so a seed at 1 says nothing of the drift): where the drift could
-    have moved such a seed's ratio, a noisy interval is that drift's doing as much as the seeds', and more seeds on
-    the same drifting machine would not settle it, so the note names the drift first (what would decide it: the
-    interleaved benchmark) and the interval after it. One seed is never enough, whatever its own steps say."""
-    if stalled:
-        return stalled
-    interval = ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], res.get("basis", "seeds"),
-                             direction=True)
-    # drift that could explain it is named wherever it could (the forest plot's open markers say the same)
-    note = (f"{moved}; also {interval}" if moved and interval.startswith("noisy") else
-            f"{interval}; also {machine}" if interval and machine else interval or machine)
-    if res["seeds"] == 1 and np.isfinite(res["ratio"]) and not note.startswith("one seed"):
-        return ONE_SEED_SPEED + (f"; also {note}" if note else "")
-    return note
-
-
-def speed_verdict(res: dict, machine: str = "", stalled: str = "", moved: str = "") -> str:
-    """support_note for a speed ratio (speed_interval's result), which also needs enough timed steps; machine:
-    the drift note of its seeds (drift.seed_note), "" where the machine's drift cannot explain it; stalled: the
-    stall note of its cells (drift.stall_note); moved: as support_note's."""
-    if stalled:
-        return stalled
-    if res["timed_steps"] < MIN_TIMED_STEPS and not (res["seeds"] >= 2 and res["basis"] == "seeds"):
-        return f"too few timed steps ({res['timed_steps']}) to judge"
-    return support_note(res, machine, moved=moved)

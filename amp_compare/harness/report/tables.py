@@ -16,8 +16,6 @@ from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, stats
-from amp_compare.harness.report.cell_text import mark, ratio_number, short_accuracy_text
-from amp_compare.harness.report.drift import Drift, drift_of, seed_note, stall_note
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
 
@@ -110,7 +108,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     return agg[cols].reset_index(drop=True)
 
 
-# Per-cell performance columns (issue 13): medians over seeds, from the run table (kit/child.py); ceiling_flops
+# Per-cell performance columns: medians over seeds, from the run table (kit/child.py); ceiling_flops
 # is the run's one ceiling per device and dtype (report/hardware.py with_run_ceiling), MFU measured against it.
 PERF_MEDIANS = ["median_step_throughput_img_s", "compile_warmup_s", "flops_per_image", "achieved_flops",
                 "ceiling_flops", "ceiling_flops_table", "mfu_measured", "mfu_table"]
@@ -132,7 +130,7 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-# formatted_summary's hardware-efficiency columns (issue 13): the report shows them in their own table in the
+# formatted_summary's hardware-efficiency columns: the report shows them in their own table in the
 # Speed section (the summary table would not fit the page with them), summary.md keeps them in its one table.
 HARDWARE_COLUMNS = ("GFLOP/image", "Achieved TFLOP/s", "Ceiling TFLOP/s (measured)", "MFU",
                     "MFU (data-sheet ceiling)", "Bound", "Warm-up steps' extra time (ms)", "Timing note")
@@ -180,16 +178,9 @@ def _hardware_cells(r, data_sheet: bool) -> dict:
     }
 
 
-def _speed_cell(r) -> str:
-    note = getattr(r, "speed_note", "")
-    if getattr(r, "emulated", False):
-        return fp8_report.EMULATED_SPEED
-    value, basis = r.speedup_vs_fp32, getattr(r, "speed_basis", "")
-    return (f"{ratio_number(value, basis)}×" if np.isfinite(value) else _fmt(value, ".2f", "×")) + mark(note)
-
-
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """The summary table as display strings (HTML, Markdown and terminal use this one)."""
+    """The summary table as display strings (HTML and Markdown): what each precision's training cells measured.
+    Each comparison with fp32 is a verdict (verdicts.py), worded in the per-model tables, not here."""
     rows = []
     multi = "machine" in table and table["machine"].nunique() > 1
     data_sheet = bool(table["mfu_table"].notna().any()) if "mfu_table" in table else False
@@ -201,15 +192,9 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
             "Images/s": _spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f",
                                 lo=r.throughput_min, hi=r.throughput_max),
             "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
-            "Speed vs fp32": _speed_cell(r),
             "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
-            "Memory vs fp32": memory.cell_text(r),
             "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%",
                                      lo=r.accuracy_min, hi=r.accuracy_max),
-            "Δ accuracy vs fp32": (short_accuracy_text(r)
-                                   if hasattr(r, "p_value") and precisions.is_mixed(r.precision) else
-                                   _spread(r, r.accuracy_change_pp, r.accuracy_change_q1, r.accuracy_change_q3,
-                                           "+.1f", 1, " pp", r.accuracy_change_min, r.accuracy_change_max)),
             "Skipped steps": _fmt(r.skipped_steps, ".0f"),
             **_hardware_cells(r, data_sheet),
         })
@@ -266,7 +251,7 @@ def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
     return stats.TARGET_FRACTION * fp32_final, f"{stats.TARGET_FRACTION:.0%} of fp32's {fp32_final:.1%}"
 
 
-def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: Drift | None) -> dict:
+def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
     """Per (framework, precision) of one model/dataset group: the median time to the target, how many seeds
     reached it, the epochs they reached it in, and for a mixed precision its ratio to the same framework's
     fp32 of the same seed (stats.ratio_interval over the seeds where both reached it)."""
@@ -292,18 +277,13 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float, drift: 
                   and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
         if precisions.is_mixed(prec) and paired:
             res = stats.ratio_interval([p[2] for p in paired])
-            # a time ratio is judged by the speed ratio's rule, its drift notes quoted as time ratios too
-            speeds = [(a, b, float(np.exp(-lr)), s) for a, b, lr, s in paired]
-            machine, stalled, moved = _drift_notes(drift, speeds, 1 / res["ratio"], time=True)
-            row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"],
-                       ttt_note=stats.support_note(res, machine, stalled, moved))
+            row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
         out[(fw, prec)] = row
     return out
 
 
 ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "test", "seeds", "images"]
-TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high",
-             "ttt_note"]
+TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high"]
 
 
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
@@ -320,7 +300,6 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
     tests = stats.accuracy_tests(ok, keys + ["framework"])
     epochs = epochs if epochs is not None and not epochs.empty else pd.DataFrame(columns=["cell_id"])
     epochs = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]
-    drift = drift_of(environment or {})
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False):
         key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
@@ -329,7 +308,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
         target, basis = (_target(group, float(fp32["final_val_accuracy"].median())) if not fp32.empty
                          else (float("nan"), ""))
-        times = _time_rows(group[~stats.budgeted(group)], epochs, target, drift)
+        times = _time_rows(group[~stats.budgeted(group)], epochs, target)
         for fw, prec in group.loc[stats.budgeted(group), ["framework", "precision"]].itertuples(index=False):
             times.setdefault((fw, prec), {})  # all its cells budgeted: a row without accuracy or time to target
         for (fw, prec), time_row in times.items():
@@ -358,18 +337,6 @@ def _log_ratio(a: float, b: float) -> float:
     return float(np.log(b / a)) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else float("nan")
 
 
-def _away_from_one(seeds: list[tuple]) -> list[tuple]:
-    """The seeds (seed_note's pairs) whose speed ratio lies more than stats.SAME from 1: drift that could have moved
-    them is drift that could have spread the seeds (a band always holds 1)."""
-    return [p for p in seeds if abs(p[2] - 1) > stats.SAME]
-
-
-def _drift_notes(drift, seeds: list[tuple], ratio: float, time: bool = False) -> tuple[str, str, str]:
-    """(machine, stalled, moved): the drift notes stats.speed_verdict / support_note judge a ratio's seeds by."""
-    return (seed_note(drift, seeds, ratio, time=time), stall_note(drift, seeds, time=time),
-            seed_note(drift, _away_from_one(seeds), ratio, time=time))
-
-
 def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict | None = None) -> pd.DataFrame:
     """Per mixed (machine x) model x dataset x framework x precision: the speed ratio's interval and verdict.
     The per-seed ratios are the run table's wall-time throughputs (what the summary shows); the steps give
@@ -377,57 +344,23 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "speed_low", "speed_high", "speed_seeds", "speed_basis", "timed_steps",
-            "spread_p90_p50", "speed_note"]
+            "spread_p90_p50"]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     timed = steps if steps is not None and "step_time_s" in steps else pd.DataFrame(columns=["cell_id", "step_time_s"])
     timed = timed[timed["cell_id"].isin(set(ok["cell_id"]))]
     timed = timed[~timed["warmup"].astype(bool)] if "warmup" in timed else timed
     by_cell = {c: g["step_time_s"].to_numpy(float) for c, g in timed.groupby("cell_id")}
-    drift = drift_of(environment or {})
     rows = []
     for key, prec, pairs in _pairs(ok, keys):
         fp32 = [by_cell.get(a.cell_id, np.array([])) for a, _ in pairs]
         mixed = [by_cell.get(b.cell_id, np.array([])) for _, b in pairs]
         logs = [_log_ratio(a.throughput_img_s, b.throughput_img_s) for a, b in pairs]
         res = stats.speed_interval(fp32, mixed, logs)
-        seeds = [(a.cell_id, b.cell_id, float(np.exp(lr)), a.seed) for (a, b), lr in zip(pairs, logs)]
-        machine, stalled, moved = _drift_notes(drift, seeds, res["ratio"])
         rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
                      "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
-                     "spread_p90_p50": stats.step_spread(fp32 + mixed),
-                     "speed_note": _with_own_stalls(stats.speed_verdict(res, machine, stalled, moved),
-                                                    own_stalls(pairs, by_cell, res["ratio"]))})
+                     "spread_p90_p50": stats.step_spread(fp32 + mixed)})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
-
-
-def _with_own_stalls(note: str, stalls: str) -> str:
-    """A ⚠ note with the ratio's own stalled steps named beside its reason (never a ⚠ of their own: a ratio
-    supported despite them keeps its verdict)."""
-    return f"{note}; also {stalls}" if note and stalls else note
-
-
-P99_STALL = 2.5  # a cell whose p99 step is this many times its p50 had steps stalled inside it
-
-
-def own_stalls(pairs, by_cell: dict[str, np.ndarray], ratio: float = np.nan) -> str:
-    """The evidence that a ratio's own cells stalled inside their timed steps: p99 far above p50, or the hardware
-    table's timing note (hardware.timing_note: wall time well below the median step's) saying stalled steps.
-    "" where neither shows in any of its cells. pairs: (fp32 row, mixed row) per seed, as speed_statistics'.
-    Only cells whose stall moves the ratio its way are named: a stalled mixed cell lowers it, a stalled fp32 cell
-    raises it (a slower fp32 cell cannot explain a slowdown)."""
-    said = []
-    sides = (0, 1) if not np.isfinite(ratio) else (1,) if ratio < 1 else (0,)
-    for row in (pair[i] for pair in pairs for i in sides):
-        times = by_cell.get(row.cell_id, np.array([]))
-        p50, p99 = (np.percentile(times, [50, 99]) if times.size else (np.nan, np.nan))
-        evidence = [f"p99 step {p99 * 1e3:,.1f} ms against p50 {p50 * 1e3:,.1f} ms"] if p99 > P99_STALL * p50 else []
-        note = timing_note(getattr(row, "throughput_img_s", np.nan),
-                           getattr(row, "median_step_throughput_img_s", np.nan))
-        evidence += [note] if "stalled steps" in note else []
-        if evidence:
-            said.append(f"{row.cell_id}: {', '.join(evidence)}")
-    return f"its own steps stalled ({'; '.join(said)})" if said else ""
 
 
 def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
@@ -466,7 +399,8 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     out = out.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs, environment) if accuracy is None else accuracy
     out = out.merge(accuracy, on=keys, how="left")
-    for col in ("speed_note", "memory_note", "ttt_note", "too_short", "speed_basis", "budget_note",
+    out["speed_note"] = ""  # a wall-time ratio carries no ⚠: speed verdicts are the speed trials' (verdicts.py)
+    for col in ("speed_note", "memory_note", "too_short", "speed_basis", "budget_note",
                 "memory_resolution_basis"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
@@ -475,8 +409,6 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
                                    "ttt_ratio", "ttt_low", "ttt_high",
                                    # FLOP/s and MFU of an emulation measure float32 matmuls of dequantized values
                                    "achieved_flops", "mfu_measured", "mfu_table") if c in out]] = np.nan
-    if "ttt_note" in out:
-        out.loc[emulated, "ttt_note"] = ""
     out.loc[emulated, "speed_note"] = fp8_report.EMULATED_SPEED
     out["emulated"] = emulated  # what every sentence and table tests, rather than the notes' words
     out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_low", "memory_high", "memory_difference_mib",
@@ -518,24 +450,14 @@ def fewer_seeds_note(runs: pd.DataFrame) -> str:
 
 
 def legend(table: pd.DataFrame) -> str:
-    """The summary table's legend: the brackets, marks and words the table can show, and only those (a one-seed
-    run has no seeds' min–max or IQR; a run without an unresolved memory difference needs no word for it)."""
+    """The summary table's legend: the brackets and words it can show, and only those (a one-seed run has no seeds'
+    min–max or IQR)."""
     several = "runs" in table and (table["runs"] > 1).any()
-    brackets = "min–max of the seeds' values (3 or fewer), IQR, " if several else ""
-    unresolved = "memory_resolved" in table and (table["memory_resolved"] == 0).any()
-    return ("Speed and memory against fp32 are geometric means over seeds of each seed's ratio to the fp32 cell of the "
-            "same seed. ⚠ marks a ratio (speed, memory, time to target) the run cannot support: its 95% interval "
-            f"includes 1× (unless narrower than {stats.NOISY_WIDTH}× end to end around a ratio within "
-            f"{stats.SAME:.0%} of 1×: no difference; a speed or time-to-target interval wholly on one side of 1× is "
-            "not marked however wide: its side stands; a memory interval is marked also when wider than "
-            f"{stats.NOISY_WIDTH}× end to end), "
-            "it has none, it rests on one seed (speed, time to target), a stall of the machine next to its cells or "
-            "the machine's drift next to its cells could explain it, or "
-            "too few steps were timed; or an accuracy change the run is too short to judge; the findings say "
-            f"which. Each bracket names its kind: {brackets}a 95% interval and how it was made, or an exact bound; "
-            "(n.s.): no detectable difference (p ≥ 0.05 or the interval includes zero). "
-            "n/a: not measured, or not applicable (a mode without a loss scaler skips no step)."
-            + (" " + memory.LEGEND if unresolved else ""))
+    brackets = ("Brackets: the min–max of the seeds' values (3 or fewer seeds) or their IQR (more). " if several
+                else "")
+    return ("Each row is what one framework and precision's training cells measured, the median over seeds. "
+            f"{brackets}n/a: not measured, or not applicable (a mode without a loss scaler skips no step). Each "
+            "comparison with fp32 is a verdict, in the per-model tables above.")
 
 
 def by_gpu_model(tables: dict) -> dict:

@@ -33,7 +33,8 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "larger": "memory: a higher peak than fp32's, by more than identical cells varied",
     "higher": "accuracy: more images right than fp32, the 95% interval excludes 0",
     "lower": "accuracy: fewer images right than fp32, the 95% interval excludes 0",
-    "same": "no difference beyond the stated margin (speed, time: ±5%; accuracy: ±1 pp) or, numerics, trained finite",
+    "same": "no difference beyond the stated margin (speed, time: ±5%; accuracy: fp32's own seed-to-seed range, "
+            "measured in the run) or, numerics, trained finite",
     "undecided": "measured, but the run cannot tell which way",
     "not_comparable": "nothing to compare (no trial, an emulation, a cut or too short run, no fp32 partner)",
     "failed": "the mixed cells did not finish",
@@ -51,7 +52,8 @@ REASONS = {
     "unresolved_memory": "the difference is within what identical cells varied by",
     "no_resolution": "one seed and no identical cells anywhere in the run to measure the noise",
     "interval_excludes_0": "the paired test is significant and its 95% interval excludes 0",
-    "within_1pp": "the paired 95% interval lies within ±1 pp",
+    "within_floor": "the paired 95% interval lies within fp32's own seed-to-seed accuracy range (the margin column)",
+    "no_floor": "one fp32 seed: no seed-to-seed range to judge 'same' against",
     "no_image_differed": "every validation image was classified as fp32 classified it",
     "too_short": "fp32 itself had not learned enough to judge an accuracy change",
     "budget_cut": "the speed budget stopped a cell after a few dozen steps",
@@ -69,7 +71,6 @@ REASONS = {
 INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
                   "none")
 SAME_RATIO = 0.05  # speed, time to target: an interval within 1 ± this is "same"
-SAME_PP = 1.0  # accuracy: an interval within ± this many percentage points is "same"
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ ACCURACY = [
     Rule("no image differed", lambda f: f.no_difference, "same", "no_image_differed"),
     Rule("significant, above 0", lambda f: f.significant and f.low > 0, "higher", "interval_excludes_0"),
     Rule("significant, below 0", lambda f: f.significant and f.high < 0, "lower", "interval_excludes_0"),
-    Rule("interval within ±1 pp", lambda f: -SAME_PP <= f.low and f.high <= SAME_PP, "same", "within_1pp"),
+    Rule("fewer than two fp32 seeds: no measured floor", lambda f: not _finite(f.floor), "undecided", "no_floor"),
+    Rule("interval within ± fp32's seed-to-seed range", lambda f: -f.floor <= f.low and f.high <= f.floor, "same",
+         "within_floor"),
     Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
 ]
 
@@ -147,7 +150,7 @@ RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target
          "numerics": NUMERICS}
 UNITS = {"speed": "x fp32", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32", "numerics": "steps"}
 COLUMNS = ["model", "dataset", "step_loop", "batch_size", "framework", "precision", "metric", "estimate", "low",
-           "high", "unit", "interval_kind", "status", "reason", "evidence"]
+           "high", "margin", "unit", "interval_kind", "status", "reason", "evidence"]
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
 
 
@@ -179,8 +182,9 @@ def _ratio_kind(seeds: int, low: float) -> str:
 def _row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
     status, reason = decide(metric, facts)
     return {**key, "metric": metric, "estimate": _num(facts.estimate), "low": _num(facts.low),
-            "high": _num(facts.high), "unit": UNITS[metric], "interval_kind": kind if np.isfinite(_num(facts.low))
-            else "none", "status": status, "reason": reason, "evidence": json.dumps(evidence, default=_plain)}
+            "high": _num(facts.high), "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
+            "interval_kind": kind if np.isfinite(_num(facts.low)) else "none", "status": status, "reason": reason,
+            "evidence": json.dumps(evidence, default=_plain)}
 
 
 def _plain(value):
@@ -193,7 +197,8 @@ def _speed(r, key: dict, trial) -> dict:
                                 contended=0)
         return _row(key, "speed", facts, "none", {})
     facts = SimpleNamespace(emulated=bool(r.emulated), trial=True, estimate=trial["ratio"], low=trial["low"],
-                            high=trial["high"], contended=int(trial.get("contended_blocks", 0) or 0))
+                            high=trial["high"], contended=int(trial.get("contended_blocks", 0) or 0),
+                            margin=SAME_RATIO)
     evidence = {k: trial[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
                                       "fp32_step_s", "mixed_step_s") if k in trial}
     return _row(key, "speed", facts, _trial_kind(str(trial.get("interval_kind", ""))), evidence)
@@ -215,14 +220,14 @@ def _memory(r, key: dict) -> dict:
     return _row(key, "memory", facts, "none", evidence)
 
 
-def _accuracy(r, key: dict, cut: int) -> dict:
+def _accuracy(r, key: dict, cut: int, floor: tuple[float, int]) -> dict:
     test = str(r.test) if isinstance(r.test, str) else ""
     p = _num(r.p_value)
     facts = SimpleNamespace(budget_cut=cut, too_short=bool(r.too_short), estimate=_num(r.diff_pp),
                             low=_num(r.ci_low), high=_num(r.ci_high), no_difference=test == stats.NO_DIFFERENCE,
-                            significant=np.isfinite(p) and p < stats.ALPHA)
+                            significant=np.isfinite(p) and p < stats.ALPHA, floor=floor[0], margin=floor[0])
     evidence = {"test": test, "p_value": p, "seeds": _num(r.seeds), "images": _num(r.images),
-                "too_short": r.too_short or "", "budget_cut_cells": cut}
+                "too_short": r.too_short or "", "budget_cut_cells": cut, "floor_fp32_seeds": floor[1]}
     return _row(key, "accuracy", facts, _accuracy_kind(test, _num(r.seeds)), evidence)
 
 
@@ -230,7 +235,8 @@ def _time(r, key: dict, cut: int) -> dict:
     reached, seeds = _num(getattr(r, "reached_seeds", np.nan)), _num(getattr(r, "timed_seeds", np.nan))
     facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, too_short=bool(r.too_short),
                             reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
-                            estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high))
+                            estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high),
+                            margin=SAME_RATIO)
     evidence = {"target": _num(r.target), "reached_seeds": facts.reached, "seeds": facts.seeds,
                 "time_s": _num(r.time_to_target_s)}
     return _row(key, "time_to_target", facts, _ratio_kind(int(facts.seeds), facts.low), evidence)
@@ -256,7 +262,8 @@ def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
         key = {"model": model, "dataset": dataset, "step_loop": "", "batch_size": np.nan, "framework": fw,
                "precision": prec}
         evidence = json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})
-        rows += [{**key, "metric": m, "estimate": np.nan, "low": np.nan, "high": np.nan, "unit": UNITS[m],
+        rows += [{**key, "metric": m, "estimate": np.nan, "low": np.nan, "high": np.nan, "margin": np.nan,
+                  "unit": UNITS[m],
                   "interval_kind": "none", "status": "failed", "reason": reason, "evidence": evidence}
                  for m in METRICS]
     return rows
@@ -267,6 +274,28 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     if runs.empty or not mask.any():
         return {}
     return runs[mask].groupby(["model", "dataset", "framework", "precision"]).size().to_dict()
+
+
+def accuracy_floors(runs: pd.DataFrame) -> dict:
+    """(model, dataset, framework, batch size) -> (fp32's seed-to-seed range of final validation accuracy in pp,
+    its seeds): the measured margin an accuracy change is judged "same" against. NaN with fewer than two finished
+    fp32 seeds the speed budget did not cut."""
+    if runs.empty or "final_val_accuracy" not in runs:
+        return {}
+    fp32 = runs[(runs["precision"] == "fp32") & runs["status"].eq("ok") & ~stats.budgeted(runs)]
+    batch = fp32["cfg_batch_size"] if "cfg_batch_size" in fp32 else pd.Series(np.nan, index=fp32.index)
+    floors = {}
+    for (model, dataset, fw, size), part in fp32.assign(size=batch.fillna(-1)).groupby(
+            ["model", "dataset", "framework", "size"]):
+        acc = part.groupby("seed")["final_val_accuracy"].median().dropna() * 100
+        floors[(model, dataset, fw, _num(size))] = (float(acc.max() - acc.min()) if len(acc) >= 2 else np.nan,
+                                                    len(acc))
+    return floors
+
+
+def _floor(floors: dict, r) -> tuple[float, int]:
+    size = _num(r.batch_size)
+    return floors.get((r.model, r.dataset, r.framework, -1.0 if np.isnan(size) else size), (np.nan, 0))
 
 
 def _trial_key(t: dict) -> tuple:
@@ -291,6 +320,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         by_trial.setdefault(_trial_key(t), t)
     cut = _counts(runs, stats.budgeted(runs)) if not runs.empty else {}
     diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
+    floors = accuracy_floors(runs)
     rows, done = [], set()
     mixed = full[precisions.is_mixed(full["precision"])] if not full.empty else full
     for r in mixed.itertuples():
@@ -300,7 +330,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
                "framework": r.framework, "precision": r.precision}
         n_cut = int(cut.get(ident, 0))
         trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
-        rows += [_speed(r, key, trial), _memory(r, key), _accuracy(r, key, n_cut),
+        rows += [_speed(r, key, trial), _memory(r, key), _accuracy(r, key, n_cut, _floor(floors, r)),
                  _time(r, key, n_cut), _numerics(r, key, int(diverged.get(ident, 0)))]
     rows += _failed_rows(runs, done)
     return pd.DataFrame(rows, columns=COLUMNS)
