@@ -22,6 +22,8 @@ def test_the_epoch_time_figure_is_said_lower_or_higher_per_row():
     assert speed.relation(79.0, 100.0) == "21% lower" and speed.relation(103.0, 100.0) == "3% higher"
     assert speed.relation(100.2, 100.0) == "equal (within 0.5%)"
     assert "lower still" not in speed.timing_paragraph(5)
+    # the timed steps are not an epoch (an epoch holds the warm-up and tracing too): the paragraph says which is which
+    assert "user's epoch" not in speed.timing_paragraph(5) and "epoch-time column" in speed.timing_paragraph(5)
 
 
 def test_a_bf16_slowdown_on_a_cpu_with_bfloat16_arithmetic_is_not_explained_by_emulation():

@@ -156,8 +156,9 @@ def _said(logs: list[LogLine], fmt: str) -> bool:
 
 def timing_paragraph(warmup: int) -> str:
     """The Speed section's first paragraph: the three throughput figures and how the table relates them."""
-    return (f"The headline throughput is what a user's epoch takes: the images of the timed steps divided by their "
-            f"wall time, with the first {warmup} steps excluded as warm-up, stalls and host syncs included; training "
+    return (f"The headline throughput is the images of the timed steps divided by their wall time, with the first "
+            f"{warmup} steps excluded as warm-up, stalls and host syncs included (a whole epoch, warm-up included, is "
+            "the epoch-time column); training "
             "is timed apart from validation, process start and imports. The median-step figure (batch size over the "
             "p50, the median, step time) is shown beside it: a gap of more than 10% between them is called out in "
             "the hardware table's timing note (stalled steps, syncs, or a noisy machine). Throughput from epoch "
