@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # simple_cnn only: the CPU default adds the vit (its cells would double this fixture's time); tests/test_vit.py
 # runs the vit through both children's train() and the report's vit parts
 TINY_ARGS = ["--models", "simple_cnn", "--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "3",
-             "--batch-size", "16", "--warmup-steps", "1", "--seeds", "0", "--run-id", "tiny", "--device", "cpu"]
+             "--batch-size", "16", "--warmup-steps", "1", "--seeds", "0", "--run-id", "tiny", "--device", "cpu",
+             "--trial-budget-s", "2"]  # the trials run their least (one mirrored pair of rounds) in a tiny run
 
 
 @pytest.fixture
