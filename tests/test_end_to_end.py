@@ -43,18 +43,20 @@ def test_tiny_compare_writes_records_and_report(tiny_run):
                     "Environment", "Glossary", "Reproduce", "Appendix"):
         assert f">{section}</h2>" in html
     md = (run_dir / "summary.md").read_text()
-    assert md.count("| PyTorch |") == 3 and md.count("| Keras (TF) |") == 3
+    assert md.count("| PyTorch | simple_cnn |") == 3 and md.count("| Keras (TF) | simple_cnn |") == 3  # full table
     assert (out / "index.html").read_text().count("tiny/index.html") == 1
-    # The terminal summary shows the same values as the report's Markdown summary (fewer columns, so that
-    # it fits the terminal: each terminal row is the Markdown row with some cells left out).
-    table_rows = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines()
-                  if line.startswith("| PyTorch") or line.startswith("| Keras (TF)")]
-    lines = [line for line in proc.stderr.splitlines() if re.match(r"^\s*(PyTorch|Keras \(TF\))\s{2,}", line)]
+    # The per-model verdict table, one row per framework x mixed precision, in summary.md and the terminal alike:
+    # the terminal's cell is the Markdown cell without its interval and reason (each of its words is in it).
+    verdict_rows = [cells for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines())
+                    if len(cells) > 2 and cells[0] in ("PyTorch", "Keras (TF)") and cells[1] in ("fp16", "bf16")]
+    row = re.compile(r"^\s*(PyTorch|Keras \(TF\)) (fp16|bf16)\s{2,}")
+    lines = [line for line in proc.stderr.splitlines() if row.match(line)]
     terminal_rows = [re.split(r"\s{2,}", line.strip()) for line in lines]
-    assert len(terminal_rows) == len(table_rows) == 6
-    for md_cells, cells in zip(table_rows, terminal_rows):
-        rest = iter(md_cells)
-        assert len(cells) >= 5 and all(c in rest for c in cells), (cells, md_cells)  # an ordered subsequence
+    assert len(terminal_rows) == len(verdict_rows) == 4
+    for md_cells, cells in zip(verdict_rows, terminal_rows):
+        assert cells[0] == f"{md_cells[0]} {md_cells[1]}" and len(cells) >= 4, (cells, md_cells)
+        for shown, full in zip(cells[1:], md_cells[2:]):
+            assert all(word in full for word in shown.rstrip("…").split()), (shown, full)
     # Not a terminal: rich's own width (COLUMNS, else 80), not forced wider.
     assert max(len(line) for line in lines) <= int(os.environ.get("COLUMNS", 80))
 

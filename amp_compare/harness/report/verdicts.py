@@ -282,7 +282,7 @@ def accuracy_floors(runs: pd.DataFrame) -> dict:
     fp32 seeds the speed budget did not cut."""
     if runs.empty or "final_val_accuracy" not in runs:
         return {}
-    fp32 = runs[(runs["precision"] == "fp32") & runs["status"].eq("ok") & ~stats.budgeted(runs)]
+    fp32 = runs[(runs["precision"] == precisions.REFERENCE) & runs["status"].eq("ok") & ~stats.budgeted(runs)]
     batch = fp32["cfg_batch_size"] if "cfg_batch_size" in fp32 else pd.Series(np.nan, index=fp32.index)
     floors = {}
     for (model, dataset, fw, size), part in fp32.assign(size=batch.fillna(-1)).groupby(
