@@ -154,6 +154,7 @@ def test_real_trials_in_both_frameworks(tmp_path):
     for _, blocks in table.groupby("trial_id"):
         rounds = blocks["round"].max() + 1
         assert rounds % 2 == 0 and len(blocks) == 2 * rounds  # whole mirrored pairs, one block per precision
+        assert rounds >= trial.MIN_ROUNDS  # past the 1 s budget that building the models spent: an interval exists
         for r, rnd in blocks.groupby("round"):
             order = [["fp32", "bf16"][i] for i in trial.block_order(2, r)]
             assert rnd.sort_values("position")["precision"].tolist() == order

@@ -12,7 +12,8 @@ how far apart in time the two blocks ran; mirrored, that bias changes sign from 
 the rounds' spread instead of moving their median; the rotation keeps any one precision from always going first.
 
 k: a block lasts at least BLOCK_S (timer and synchronisation costs stay small beside it); a precision 20× slower than
-fp32 gets 20× fewer steps per block, not more time. The trial's rounds stop at its time budget (whole pairs only).
+fp32 gets 20× fewer steps per block, not more time. The trial's rounds stop at its time budget (whole pairs only),
+MIN_ROUNDS at least.
 
 The estimate (trial_summary): per round, log(fp32 per-step time ÷ mixed per-step time); the ratio is exp of their
 median, with the sign test's 95% interval (order statistics of the rounds: distribution-free, no symmetry assumed,
@@ -52,6 +53,11 @@ BLOCK_S = 0.05  # a block's shortest wall time
 # blocks are medians of many rounds, and a slow precision's extra warm-up steps would spend the budget)
 WARMUP_STEPS = 2
 CONFIDENCE = 0.95
+# The fewest rounds a trial runs, past its budget if need be: the sign test's 95% interval needs 6 (its widest, the
+# rounds' extremes, covers with 1 - 2 x 0.5^n); 8 make it hold at 99%. Measured on the AVX2-only EPYC, building and
+# tracing Keras' three ViT models took 20 s of a 10 s budget and left 2 rounds, no interval; 8 rounds of its blocks
+# (>= BLOCK_S each, three precisions) add about 1.2 s.
+MIN_ROUNDS = 8
 SAME_BAND = (0.95, 1.05)  # an interval inside this is "the same speed"
 # A block is contended when the process got much less CPU than it can use: cpu_s / wall_s below CONTENDED_SHARE of a
 # reference, the larger of that precision's own best blocks in the trial (their 90th percentile of cpu/wall) and
@@ -105,8 +111,8 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
                clock: Callable[[], float] = time.perf_counter,
                cpu_clock: Callable[[], float] = time.process_time, start: float | None = None) -> list[dict]:
     """Warm every model up (warmup steps, then one timed step that sets its k), then mirrored pairs of rounds until the
-    budget (seconds from `start`, a `clock` time: this call where None) would be passed, one pair at least. Returns one
-    dict per block: round, position, precision, steps, wall_s, cpu_s."""
+    budget (seconds from `start`, a `clock` time: this call where None) would be passed, MIN_ROUNDS at least. Returns
+    one dict per block: round, position, precision, steps, wall_s, cpu_s."""
     start = clock() if start is None else start
     ks = {}
     for s in steppers:
@@ -117,7 +123,7 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
     rows, round_ = [], 0
     pair_s = None
     while True:
-        if round_ % 2 == 0 and round_ and clock() - start + pair_s > budget_s:
+        if round_ % 2 == 0 and round_ >= MIN_ROUNDS and clock() - start + pair_s > budget_s:
             break
         pair_start = clock()
         for position, index in enumerate(block_order(len(steppers), round_)):
