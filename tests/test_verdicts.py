@@ -133,6 +133,8 @@ def test_no_rule_reads_a_sentence():
     (-0.5, 0.4, 0.8, ("same", "within_floor")),  # inside fp32's own seed-to-seed range
     (-1.2, 0.4, 0.8, ("undecided", "interval_too_wide")),  # wider than that range: no margin is invented
     (-0.5, 0.4, np.nan, ("undecided", "no_floor")),  # one fp32 seed: no range measured
+    # as wide as the range, up to the last bit (1 image of 359 over 3 seeds, computed two ways): a tie, not wider
+    (0.0, 100 / 359, 100 / 359 - 1e-15, ("same", "within_floor")),
 ])
 def test_accuracy_same_is_judged_against_the_measured_floor(low, high, floor, expected):
     facts = SimpleNamespace(budget_cut=0, too_short=False, estimate=(low + high) / 2, low=low, high=high,
@@ -152,7 +154,7 @@ def test_the_floor_is_fp32s_seed_range_and_printed_beside_same(tmp_path):
 
     row = SimpleNamespace(metric="accuracy", estimate=0.1, low=-0.2, high=0.3, margin=0.8, unit="pp",
                           status="same", reason="within_floor", interval_kind="bootstrap 95%")
-    assert phrases.cell(row, why=False) == "+0.1 pp [-0.2, +0.3] same (fp32 seeds ±0.8 pp)"
+    assert phrases.cell(row, why=False) == "+0.1 pp [-0.2, +0.3] same (fp32 seeds 0.80 pp apart)"
 
 
 def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_extra_time(tmp_path):

@@ -23,7 +23,7 @@ REASON = {  # a few words each, after "because" or in brackets
     "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
     "above_resolution": "beyond the run's noise", "unresolved_memory": "within identical cells' spread",
     "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
-    "within_floor": "fp32 seeds ±{margin:.1f} pp", "no_floor": "one fp32 seed: no seed range",
+    "within_floor": "fp32 seeds {margin:.2f} pp apart", "no_floor": "one fp32 seed: no seed range",
     "no_image_differed": "no image differed",
     "too_short": "fp32 too short to judge", "budget_cut": "cut by the speed budget",
     "not_reached": "a seed never reached it", "one_seed": "one seed", "no_fp32": "no fp32 partner",
@@ -118,7 +118,7 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
     if verdicts is None or verdicts.empty:
         return []
     statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))
-    reasons = "; ".join(f"\"{REASON[r].format(margin=0).replace('0.0', 'X')}\": {REASONS[r]}"
+    reasons = "; ".join(f"\"{REASON[r].format(margin=0).replace('0.00', 'X')}\": {REASONS[r]}"
                         for r in dict.fromkeys(verdicts["reason"]))
     return [("Verdict words", f"What each word in the per-model tables means. {statuses}."),
             ("Verdict reasons", f"Why a verdict is what it is, in brackets beside it. {reasons}.")]

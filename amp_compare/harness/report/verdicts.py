@@ -120,7 +120,7 @@ ACCURACY = [
     Rule("significant, above 0", lambda f: f.significant and f.low > 0, "higher", "interval_excludes_0"),
     Rule("significant, below 0", lambda f: f.significant and f.high < 0, "lower", "interval_excludes_0"),
     Rule("fewer than two fp32 seeds: no measured floor", lambda f: not _finite(f.floor), "undecided", "no_floor"),
-    Rule("interval within ± fp32's seed-to-seed range", lambda f: -f.floor <= f.low and f.high <= f.floor, "same",
+    Rule("interval within ± fp32's seed-to-seed range", lambda f: _inside(f.low, f.high, f.floor), "same",
          "within_floor"),
     Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
 ]
@@ -158,6 +158,13 @@ def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
     """(status, reason) of the first rule of `metric`'s table that holds."""
     rule = next(r for r in RULES[metric] if r.test(facts))
     return rule.status, rule.reason
+
+
+def _inside(low: float, high: float, floor: float) -> bool:
+    """[low, high] within ±floor, up to rounding: both are differences of image counts over the same validation set,
+    so an interval exactly as wide as fp32's seed range must not fail on the last bit."""
+    slack = 1e-9 * max(1.0, abs(floor))
+    return -floor - slack <= low and high <= floor + slack
 
 
 def _num(value) -> float:
