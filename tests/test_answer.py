@@ -64,6 +64,17 @@ def test_a_run_that_kept_the_frameworks_from_instructions_says_so_first(tmp_path
     assert answer.render(_verdicts(run_dir), "text", first).startswith(first)
 
 
+def test_a_cpu_without_half_arithmetic_is_named_before_the_answer():
+    """The flags the run recorded (cpu_bf16_hardware, cpu_fp16_hardware) name the formats this CPU has no arithmetic
+    for; a GPU run and a CPU with both say nothing."""
+    env = {"cpu_bf16_hardware": True, "cpu_fp16_hardware": False}
+    assert answer.preface(env, "cpu") == "This CPU's flags list no float16 arithmetic."
+    assert answer.preface({**env, "cpu_fp16_hardware": False, "cpu_bf16_hardware": False}, "cpu") == (
+        "This CPU's flags list no bfloat16 or float16 arithmetic.")
+    assert answer.preface({"cpu_bf16_hardware": True, "cpu_fp16_hardware": True}, "cpu") == ""
+    assert answer.preface({"cpu_bf16_hardware": False, "cpu_fp16_hardware": False}, "cuda") == ""
+
+
 def test_the_page_summary_and_terminal_open_with_the_same_answer(tmp_path):
     run_dir = write_run(tmp_path, seeds=(0, 1))
     rendered = render.render(run_dir, figures=False)

@@ -33,10 +33,15 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
     return out
 
 
-def preface(environment: dict) -> str:
-    """A run that kept the frameworks from instructions (speed.isa_limit) measured every cell under that limit."""
+def preface(environment: dict, device: str = "cpu") -> str:
+    """A run that kept the frameworks from instructions (speed.isa_limit) measured every cell under that limit; on a
+    CPU otherwise, the half formats whose arithmetic its flags do not list (speed.has_arithmetic), the first thing a
+    reader of a CPU run's speed needs."""
     did = speed.isa_limit(environment)[0]
-    return f"This run {did}: every number is what the frameworks did under that limit." if did else ""
+    if did:
+        return f"This run {did}: every number is what the frameworks did under that limit."
+    missing = [half for half in ("bfloat16", "float16") if not speed.has_arithmetic(environment, half)]
+    return f"This CPU's flags list no {' or '.join(missing)} arithmetic." if device == "cpu" and missing else ""
 
 
 def render(verdicts: pd.DataFrame, fmt: str, first: str = "") -> str:

@@ -43,16 +43,24 @@ def reason(v) -> str:
     return REASON[v.reason].format(margin=getattr(v, "margin", float("nan")))
 
 
+# the tables' column headers: a ratio column says once what its numbers are multiples of
+HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",
+          "time_to_target": "Time to target (× fp32's)", "numerics": "Numerics"}
+RATIO_OF = {"x fp32 speed": "fp32's", "x fp32 time": "fp32's"}  # after the metric: "speed 0.16× fp32's"
+
+
 def _ratio(v: float) -> str:
     return f"{v:.2f}×" if v >= 0.1 else f"{v:.3f}×"
 
 
-def number(v, interval: bool = True) -> str:
-    """The estimate in the verdict's unit, with its 95% interval where it has one and `interval`; "" where none."""
+def number(v, interval: bool = True, of: bool = True) -> str:
+    """The estimate in the verdict's unit, with its 95% interval where it has one and `interval`; "" where none. A
+    ratio says what it is a multiple of ("0.16× fp32's", after the metric's name) unless `of` is False (a column
+    header says it)."""
     if not np.isfinite(v.estimate):
         return ""
-    if v.unit == "x fp32":
-        text = _ratio(v.estimate)
+    if v.unit in RATIO_OF:
+        text = _ratio(v.estimate) + (f" {RATIO_OF[v.unit]}" if of else "")
         low, high = (_ratio(v.low), _ratio(v.high)) if np.isfinite(v.low) else ("", "")
     elif v.unit == "pp":
         text, low, high = f"{v.estimate:+.1f} pp", f"{v.low:+.1f}", f"{v.high:+.1f}"
@@ -68,14 +76,14 @@ def interval_words(v) -> str:
     return f"95% {KIND[v.interval_kind]}" if v.interval_kind in KIND else ""
 
 
-def cell(v, interval: bool = True, why: bool = True) -> str:
+def cell(v, interval: bool = True, why: bool = True, of: bool = True) -> str:
     """A table cell: the number (with its interval) and the status, with the reason in brackets where it says why
     nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown)."""
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
     status = STATUS[v.status] + (f" ({reason(v)})" if shown else "")
     if v.metric == "numerics" and v.status != "failed":
         return status
-    return f"{number(v, interval)} {status}".strip()
+    return f"{number(v, interval, of)} {status}".strip()
 
 
 def clause(v) -> str:
@@ -105,7 +113,7 @@ def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
         by = {r.metric: r for r in part.itertuples()}
         who = {"Cells": f"{framework_label(fw)} {prec}"} if short else {"Framework": framework_label(fw),
                                                                            "Precision": prec}
-        rows.append({**who, **{METRIC[m].capitalize(): cell(by[m], not short, not short) if m in by else ""
+        rows.append({**who, **{HEADER[m]: cell(by[m], not short, not short, of=False) if m in by else ""
                                for m in METRIC}})
     return pd.DataFrame(rows)
 

@@ -632,7 +632,7 @@ def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
 def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: dict, verdict_table) -> dict:
     """The answer the page, summary.md and the terminal open with (answer.py, from the verdict table), the per-model
     verdict tables (phrases.table)."""
-    first = answer_block.preface(manifest["environment"])
+    first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],

@@ -3,8 +3,10 @@ each metric's verdict in short: phrases.cell), and where the report is."""
 
 from __future__ import annotations
 
-TERMINAL_METRICS = ("Speed", "Peak memory", "Accuracy", "Time to target")
-HEADERS = {"Peak memory": "Memory", "Time to target": "To target"}
+TERMINAL_METRICS = ("speed", "memory", "accuracy", "time_to_target")
+HEADERS = {"speed": "Speed", "memory": "Memory", "accuracy": "Accuracy", "time_to_target": "To target"}
+# what the short headers' ratios are multiples of (the page's headers say it in each column: phrases.HEADER)
+LEGEND = "Speed: × fp32's speed (<1×: slower). To target: × fp32's time (>1×: slower)."
 
 
 def console_for_stderr():
@@ -21,6 +23,7 @@ def tables(verdicts) -> list:
     from rich.table import Table
     from rich.text import Text
 
+    from amp_compare.harness.report.phrases import HEADER
     from amp_compare.harness.report.phrases import table as verdict_table
 
     out = []
@@ -28,9 +31,9 @@ def tables(verdicts) -> list:
         rows = verdict_table(part, short=True)
         t = Table(title=f"{model} on {dataset}", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0),
                   title_justify="left")
-        columns = ["Cells", *TERMINAL_METRICS]
-        for col in columns:
-            t.add_column(HEADERS.get(col, col), no_wrap=True)
+        columns = ["Cells", *(HEADER[m] for m in TERMINAL_METRICS)]
+        for col in ["Cells", *(HEADERS[m] for m in TERMINAL_METRICS)]:
+            t.add_column(col, no_wrap=True)
         for row in rows.itertuples(index=False):
             values = dict(zip(rows.columns, row))
             t.add_row(*[Text(values[c]) for c in columns])  # Text: "[…]" is no rich markup
@@ -43,6 +46,9 @@ def print_summary(console, title: str, rendered) -> None:
     console.print(title, markup=False)
     if rendered.answer:
         console.print(rendered.answer, markup=False, highlight=False)
-    for t in tables(rendered.verdicts):
+    said = tables(rendered.verdicts)
+    for t in said:
         console.print(t)
+    if said:
+        console.print(LEGEND, markup=False, highlight=False)
     console.print(f"Report: {rendered.index}", markup=False, highlight=False, soft_wrap=True)

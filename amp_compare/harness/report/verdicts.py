@@ -27,8 +27,10 @@ from amp_compare.harness.report import stats
 METRICS = ("speed", "memory", "accuracy", "time_to_target", "numerics")
 
 STATUSES = {  # the closed set; the metric says which direction words apply
-    "faster": "speed, time to target: mixed precision took less time than fp32, its 95% interval wholly below it",
-    "slower": "speed, time to target: mixed precision took more time than fp32, its 95% interval wholly above it",
+    "faster": "speed, time to target: mixed precision took less time than fp32, its 95% interval wholly on that side "
+              "of 1× (speed: above it, as a multiple of fp32's speed; time to target: below it, of fp32's time)",
+    "slower": "speed, time to target: mixed precision took more time than fp32, its 95% interval wholly on that side "
+              "of 1× (speed: below it; time to target: above it)",
     "smaller": "memory: a lower peak than fp32's, by more than identical cells varied",
     "larger": "memory: a higher peak than fp32's, by more than identical cells varied",
     "higher": "accuracy: more images right than fp32, the 95% interval excludes 0",
@@ -148,7 +150,10 @@ FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavaila
 
 RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET,
          "numerics": NUMERICS}
-UNITS = {"speed": "x fp32", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32", "numerics": "steps"}
+# speed: fp32's step time / the precision's (above 1 is faster); time to target: the precision's time / fp32's (above 1
+# is slower): each worded with what it is a multiple of (phrases.RATIO_OF), so "slower" never reads two ways
+UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
+         "numerics": "steps"}
 COLUMNS = ["model", "dataset", "step_loop", "batch_size", "framework", "precision", "metric", "estimate", "low",
            "high", "margin", "unit", "interval_kind", "status", "reason", "evidence"]
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
