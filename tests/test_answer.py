@@ -97,7 +97,9 @@ def test_the_default_shaped_run_fits_an_80_by_40_terminal(tmp_path):
     # the default run's shape: two models, two frameworks, fp32 and two mixed precisions
     run_dir = write_run(tmp_path / "a", seeds=(0, 1, 2))
     other = write_run(tmp_path / "b", seeds=(0,), model="vit")
-    v = pd.concat([_verdicts(run_dir), _verdicts(other)], ignore_index=True)
+    ratios = {("torch", "fp16"): 0.156, ("torch", "bf16"): 0.167, ("tf", "fp16"): 0.455, ("tf", "bf16"): 0.16}
+    v = pd.concat([_verdicts(run_dir, _trials(run_dir, ratios)), _verdicts(other, _trials(other, ratios))],
+                  ignore_index=True)  # with speed trials: the answer's longest lines
     from rich.console import Console
 
     console = Console(width=80, file=io.StringIO(), color_system=None)
@@ -106,6 +108,7 @@ def test_the_default_shaped_run_fits_an_80_by_40_terminal(tmp_path):
     lines = console.file.getvalue().splitlines()
     assert len(lines) <= 40 and max(map(len, lines[:-1])) <= 80  # the last: the report's path, whole
     assert "…" not in "\n".join(lines)  # nothing cut
+    assert max(map(len, answer.render(v, "text").splitlines())) <= 80  # no answer line wrapped
 
 
 def test_fp8_on_a_cpu_has_no_speed_or_memory_verdict(tmp_path):

@@ -13,6 +13,7 @@ from amp_compare.harness.report import phrases, speed
 from amp_compare.harness.report.verdicts import choose
 
 SHOWN = ("speed", "accuracy")  # the metrics each precision's line gives; the tables give every metric
+INTERVAL = ("speed",)  # whose interval the line gives (the page's tables give every interval; 80 columns)
 
 
 def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]]]:
@@ -26,8 +27,8 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
             for prec, rows in group.groupby("precision", sort=False):
                 by = {r.metric: r for r in rows.itertuples()}
                 said = [(m, by[m]) for m in SHOWN if m in by]  # why a metric failed; not why it is n/a (no room)
-                lines.append(f"{prec}: " + "; ".join(f"{phrases.METRIC[m]} {phrases.cell(v, why=v.status == 'failed')}"
-                                                    for m, v in said))
+                cells = (f"{phrases.METRIC[m]} {phrases.cell(v, m in INTERVAL, v.status == 'failed')}" for m, v in said)
+                lines.append(f"{prec}: " + "; ".join(cells))
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})", lines))
         out.append((f"{model} on {dataset}", frameworks))
     return out

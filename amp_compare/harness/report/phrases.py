@@ -7,6 +7,8 @@ clause). The answer, the per-model tables, the page and the terminal all word ve
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
@@ -30,6 +32,7 @@ REASON = {  # a few words each, after "because" or in brackets
     "all_finite": "finite throughout", "diverged": "diverged", "cell_failed": "crashed", "timeout": "timed out",
     "unavailable": "unavailable here", "none_faster": "no mixed precision measured faster",
 }
+SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
         "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
 # which reasons a cell shows in brackets: those that say why there is no number or no decision, and what an accuracy
@@ -61,7 +64,7 @@ def number(v, interval: bool = True, of: bool = True) -> str:
         return ""
     if v.unit in RATIO_OF:
         text = _ratio(v.estimate) + (f" {RATIO_OF[v.unit]}" if of else "")
-        low, high = (_ratio(v.low), _ratio(v.high)) if np.isfinite(v.low) else ("", "")
+        low, high = (_ratio(v.low)[:-1], _ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
     elif v.unit == "pp":
         text, low, high = f"{v.estimate:+.1f} pp", f"{v.low:+.1f}", f"{v.high:+.1f}"
     elif v.unit == "MiB":
@@ -76,11 +79,11 @@ def interval_words(v) -> str:
     return f"95% {KIND[v.interval_kind]}" if v.interval_kind in KIND else ""
 
 
-def cell(v, interval: bool = True, why: bool = True, of: bool = True) -> str:
+def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False) -> str:
     """A table cell: the number (with its interval) and the status, with the reason in brackets where it says why
     nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown)."""
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
-    status = STATUS[v.status] + (f" ({reason(v)})" if shown else "")
+    status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
     if v.metric == "numerics" and v.status != "failed":
         return status
     return f"{number(v, interval, of)} {status}".strip()
@@ -113,9 +116,26 @@ def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
         by = {r.metric: r for r in part.itertuples()}
         who = {"Cells": f"{framework_label(fw)} {prec}"} if short else {"Framework": framework_label(fw),
                                                                            "Precision": prec}
-        rows.append({**who, **{HEADER[m]: cell(by[m], not short, not short, of=False) if m in by else ""
+        rows.append({**who, **{HEADER[m]: cell(by[m], not short, not short, of=False, short=short) if m in by else ""
                                for m in METRIC}})
     return pd.DataFrame(rows)
+
+
+def columns_note(verdicts: pd.DataFrame) -> str:
+    """What the per-model tables' columns measure, each model's time-to-target target with how it was chosen."""
+    targets = []
+    for (model, _), part in verdicts[verdicts["metric"] == "time_to_target"].groupby(["model", "dataset"], sort=False):
+        evidence = json.loads(part["evidence"].iloc[0] or "{}")
+        target = evidence.get("target")
+        if isinstance(target, float) and np.isfinite(target):
+            basis = evidence.get("target_basis", "")
+            targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
+    target = f" ({'; '.join(targets)})" if targets else ""
+    return ("Speed: fp32's step time ÷ the precision's, the median of a speed trial's rounds (fp32 and mixed blocks "
+            "interleaved in one process) with its 95% sign-test interval. Peak memory: the precision's peak minus "
+            "fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in percentage points, with "
+            "its 95% interval. Time to target: training wall time until validation accuracy first reached the "
+            f"target{target}, ÷ fp32's, median over seeds.")
 
 
 def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:

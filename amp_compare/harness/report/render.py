@@ -636,6 +636,7 @@ def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: d
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],
+            "verdict_columns": phrases.columns_note(verdict_table) if per_model else "",
             "verdict_tables_md": per_model,
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
@@ -767,6 +768,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
           *(["### Answer", "", context["answer_markdown"], ""] if context["answer_markdown"] else []),
           *[part for title, t in context["verdict_tables_md"] for part in (f"#### {title}", "", table_markdown(t), "")],
+          *([context["verdict_columns"], ""] if context["verdict_columns"] else []),
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown),
           *fp8_report.markdown(fp8)]

@@ -249,8 +249,8 @@ def _time(r, key: dict, cut: int) -> dict:
                             reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
                             estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high),
                             margin=SAME_RATIO)
-    evidence = {"target": _num(r.target), "reached_seeds": facts.reached, "seeds": facts.seeds,
-                "time_s": _num(r.time_to_target_s)}
+    evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
+                "reached_seeds": facts.reached, "seeds": facts.seeds, "time_s": _num(r.time_to_target_s)}
     return _row(key, "time_to_target", facts, _ratio_kind(int(facts.seeds), facts.low), evidence)
 
 
