@@ -27,7 +27,9 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
             for prec, rows in group.groupby("precision", sort=False):
                 by = {r.metric: r for r in rows.itertuples()}
                 said = [(m, by[m]) for m in SHOWN if m in by]  # why a metric failed; not why it is n/a (no room)
-                cells = (f"{phrases.METRIC[m]} {phrases.cell(v, m in INTERVAL, v.status == 'failed')}" for m, v in said)
+                cells = (f"{phrases.METRIC[m]} " + ("n/a" if v.status == "not_comparable"  # its reason: the tables
+                                                    else phrases.cell(v, m in INTERVAL, v.status == "failed"))
+                         for m, v in said)
                 lines.append(f"{prec}: " + "; ".join(cells))
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})", lines))
         out.append((f"{model} on {dataset}", frameworks))
