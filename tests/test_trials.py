@@ -67,6 +67,52 @@ def test_status_of_known_ratios(true_ratio, status):
     assert statuses.count(status) / len(statuses) >= 0.9, (true_ratio, pd.Series(statuses).value_counts().to_dict())
 
 
+def stop_round(times: dict[str, np.ndarray], sim: int) -> int:
+    """The rounds a trial of these blocks runs under run_blocks' rule: whole pairs, MIN_ROUNDS at least, stopping at
+    the first pair boundary where kit/trial.decided holds (the budget: ROUNDS)."""
+    rows = []
+    for r in range(ROUNDS):
+        if r % 2 == 0 and r >= trial.MIN_ROUNDS and trial.decided(rows, list(PRECISIONS)):
+            return r
+        rows += [{"precision": p, "wall_s": times[p][sim, r], "steps": 1} for p in PRECISIONS]
+    return ROUNDS
+
+
+@pytest.mark.parametrize("case", [dict(drift=0.6), dict(stall_share=0.05), dict(drift=-0.4, stall_share=0.05,
+                                                                                 noise=0.08)])
+@pytest.mark.parametrize("true_ratio", [0.16, 0.95, 1.27])
+def test_stopping_once_decided_keeps_the_interval_honest(case, true_ratio):
+    """Stopping early (kit/trial.decided) looks at the rounds repeatedly; the 95% interval at the stop still covers
+    the true ratio in >= 93% of trials, and its verdict is never the wrong direction more than 2% of the time."""
+    times = simulate(true_ratio, **case, sims=400, seed=3)
+    stops = np.array([stop_round(times, i) for i in range(400)])
+    cover, wrong = [], []
+    for i, n in enumerate(stops):
+        ratio, low, high = (float(v) for v in trial.ratio_interval(times["fp32"][i, :n], times["fp16"][i, :n]))
+        cover.append(low <= true_ratio <= high)
+        wrong.append(trial.speed_status(ratio, low, high) == ("faster" if true_ratio < 1 else "slower"))
+    assert np.mean(cover) >= 0.93, (case, np.mean(cover), np.bincount(stops))
+    assert np.mean(wrong) <= 0.02
+    if true_ratio == 0.16:  # 6x slower: the first look decides it, the budget's other rounds are not spent
+        assert np.median(stops) == trial.MIN_ROUNDS
+
+
+@pytest.mark.parametrize("case", [dict(drift=0.3, stall_share=0.05), dict(), dict(stall_share=0.05)])
+def test_stopping_early_near_1x_errs_no_more_than_the_whole_budget(case):
+    """True ratio 1.0, where stopping early would be most tempting to get wrong: the trials stopped by decided() call
+    a direction (faster or slower, both wrong) no more often than the same blocks run to the whole budget, and say
+    "same" at least as often (measured: 13 vs 18 of 400, 9 vs 20, 15 vs 16)."""
+    times = simulate(1.0, **case, sims=400, seed=4)
+    early, whole = [], []
+    for i in range(400):
+        n = stop_round(times, i)
+        early.append(trial.speed_status(*map(float, trial.ratio_interval(times["fp32"][i, :n], times["fp16"][i, :n]))))
+        whole.append(trial.speed_status(*map(float, trial.ratio_interval(times["fp32"][i], times["fp16"][i]))))
+    wrong = [sum(s in ("faster", "slower") for s in statuses) for statuses in (early, whole)]
+    assert wrong[0] <= wrong[1] + 4, wrong  # 1% of 400
+    assert early.count("same") >= whole.count("same") - 4
+
+
 def test_speed_status_rules():
     assert trial.speed_status(1.3, 1.2, 1.4) == "faster"
     assert trial.speed_status(0.5, 0.4, 0.6) == "slower"
@@ -241,3 +287,25 @@ def test_contended_blocks_are_those_that_lost_their_cores():
     assert flags([1.25, 1.22, 1.29, 0.8]) == [False, False, False, True]  # a model that never uses both threads
     assert flags([1.0, 0.98, 1.02, 0.99]) == [True] * 4  # busy from start to end
     assert flags([1.0, 0.98, 1.02, 0.5], gpu=True) == [False, False, False, True]  # a GPU's host mostly waits
+
+
+def test_run_blocks_stops_once_the_rounds_decide_and_not_before():
+    """run_blocks (a fake clock: each block advances it by its steps' time) stops a trial whose mixed precisions are
+    6x slower at MIN_ROUNDS, long before its budget; a precision at fp32's speed within noise keeps it running
+    until its interval narrows to "same" or the budget ends."""
+    rng = np.random.default_rng(5)
+    now = [0.0]
+
+    def stepper(precision: str, step_s: float, noise: float = 0.0) -> trial.Stepper:
+        def run(k: int) -> float:
+            now[0] += k * step_s * float(np.exp(rng.normal(0, noise)))
+            return 0.0
+        return trial.Stepper(precision, run)
+
+    def rounds(*steppers) -> int:
+        rows = trial.run_blocks(list(steppers), budget_s=60.0, clock=lambda: now[0], cpu_clock=lambda: now[0])
+        return max(r["round"] for r in rows) + 1
+
+    assert rounds(stepper("fp32", 0.01), stepper("fp16", 0.06), stepper("bf16", 0.06)) == trial.MIN_ROUNDS
+    now[0] = 0.0
+    assert rounds(stepper("fp32", 0.01, 0.03), stepper("fp16", 0.01, 0.03)) > trial.MIN_ROUNDS + 4
