@@ -75,3 +75,27 @@ def test_step_book_locates_the_first_bad_step_once_at_the_scale_it_used():
     row = book.result.epochs[0]
     assert row["train_accuracy"] == 6 / (3 * 4) and row["train_loss"] == 1.5 and row["train_time_s"] == 0.3
     assert book.result.step_epoch == [0, 0, 0, 1, 1, 1, 1] and book.result.step_skipped[3:] == [True] * 4
+
+
+def test_a_cell_is_built_in_one_order():
+    """kit/build.py: make_model, then the shared weights into the unconverted model, then fp8, then compile on the
+    converted model; the probe (no shared weights) skips the load alone."""
+    from amp_compare.kit.build import build
+
+    calls = []
+
+    class Shared:
+        def apply(self, model, get_weights, set_weights):
+            calls.append(("weights", model))
+            set_weights(model, get_weights(model))
+            return "shared file"
+
+    steps = dict(make_model=lambda cfg, data: calls.append("make") or "built",
+                 get_weights=lambda model: calls.append("get") or {}, set_weights=lambda model, w: calls.append("set"),
+                 convert_fp8=lambda model, cfg: calls.append(("fp8", model)) or "converted",
+                 compile=lambda model: calls.append(("compile", model)) or "compiled")
+    built = build("cfg", "data", Shared(), **steps)
+    assert calls == ["make", ("weights", "built"), "get", "set", ("fp8", "built"), ("compile", "converted")]
+    assert built == ("converted", "compiled", "shared file")
+    calls.clear()
+    assert build("cfg", "data", None, **steps).model == "converted" and "get" not in calls

@@ -17,6 +17,7 @@ from torch import nn
 from amp_compare.contract.config import RunConfig
 from amp_compare.contract.mapping import framework_settings
 from amp_compare.kit import training
+from amp_compare.kit.build import Built, build
 from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, SharedInit, TrainResult, check_final_weights
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
@@ -54,7 +55,14 @@ def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
                         vit=vit.arguments(cfg, settings))
     if cfg.fp32_layers:  # AMP: these blocks run with autocast disabled, inputs cast to float32
         numerics.apply_fp32_layers(model, cfg.fp32_layers)
-    return fp8.convert(model, cfg)  # fp8: torchao's Float8Linear for nn.Linear outside --fp32-layers (fp8.py)
+    return model
+
+
+def assemble(cfg: RunConfig, data: Dataset, shared_init: SharedInit | None, compile) -> Built:
+    """The cell's model in kit/build.py's order, with torch's steps: make_model, the shared initial weights,
+    fp8.convert (torchao's Float8Linear for nn.Linear outside --fp32-layers), then compile(model)."""
+    return build(cfg, data, shared_init, make_model=make_model, get_weights=get_weights, set_weights=set_weights,
+                 convert_fp8=fp8.convert, compile=compile)
 
 
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -125,9 +133,9 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     worker = distributed.start(cfg)  # DATA PARALLEL: this process's place in a torchrun launch (distributed.py)
     device = worker.device
     lap("setup")  # kit/phases.py: where the child's wall time goes
-    model = make_model(cfg, data)
-    init_source = shared_init.apply(model, get_weights, set_weights)
-    run = worker.wrap(compile_model(cfg, model, device))  # DATA PARALLEL: DDP + --allreduce's comm hook
+    # DATA PARALLEL: DDP + --allreduce's comm hook around the compiled model
+    built = assemble(cfg, data, shared_init, lambda model: worker.wrap(compile_model(cfg, model, device)))
+    run, init_source = built.compiled, built.init_source
     lap("init")
     ceiling = measure_ceiling(device, cfg)  # before the dataset and memory window; one per dtype (kit/reuse.py)
     lap("ceiling")
