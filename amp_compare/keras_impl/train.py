@@ -198,9 +198,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
 def device_mode(cfg: RunConfig) -> bool:
     """Per-step values kept on the device and read once per epoch (the GPU default), not per step. DATA PARALLEL:
     an N-worker cell's per-worker values come with fit()'s logs of each step (host mode)."""
-    if cfg.replicas > 1:
-        return False
-    return cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
+    return not training.times_each_step(cfg)  # the rule both twins time steps by
 
 
 def run_info(cfg: RunConfig, steps: int) -> dict:

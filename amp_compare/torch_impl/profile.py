@@ -30,7 +30,7 @@ def profile_window(cfg: RunConfig, run, tensors: tuple, result: TrainResult) -> 
     (_, plain_at), (_, profiled_at) = kit.windows(len(plan))
 
     def steps(chosen) -> list[float]:
-        clock = StepClock(x.device)
+        clock = StepClock(x.device, each_step=True)  # each profiled step timed (a wait per step on a GPU)
         clock.mark()
         for idx in chosen:
             train_step(run.net, run.optimizer, run.scaler, x[idx], y[idx], cfg.precision, cfg.clip_grad_norm)

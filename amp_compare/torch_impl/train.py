@@ -208,7 +208,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
 
     book = worker.book(StepBook(cfg, result, progress, lambda: get_weights(run.model), locate))
     first_step = FirstStepWindow(memory)
-    clock = StepClock(device)
+    clock = StepClock(device, training.times_each_step(cfg))  # host or device mode, as Keras' recorders
     trace = fp8.Trace(run.model, cfg)  # fp8: per-step amax of each converted layer, read once per epoch
     run.model.train()
     for epoch in range(cfg.epochs):
@@ -227,7 +227,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
         result.fp8_trace.extend(trace.read())
         eval_start = time.perf_counter()
         val_loss, val_accuracy, result.val_correct = evaluate(run.net, x_val, y_val, cfg.precision)
-        book.end_epoch(step_times, float(sum(step_times)), time.perf_counter() - eval_start, correct,
+        book.end_epoch(step_times, clock.elapsed, time.perf_counter() - eval_start, correct,
                        val_loss, val_accuracy)
         if result.diverged_at_step is not None or result.budget_done:  # diverged, or a budgeted cell's steps ran
             break
