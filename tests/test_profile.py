@@ -78,7 +78,7 @@ def test_torch_window_writes_a_trace_and_tables_outside_the_timed_steps(tmp_path
     monkeypatch.setattr(profile, "train_step", lambda net, opt, scaler, x, y, *a: labels.append(y.tolist()) or
                         step(net, opt, scaler, x, y, *a))
     tensors = train.make_dataset(cfg, data)
-    profile.profile_window(cfg, run, tensors, result)
+    profile.profile_window(cfg, run, tensors, result, profile.start_logs(cfg))
     plan = epoch_batches(len(data.x_train), cfg.batch_size, cfg.seed, 0)
     assert labels == [data.y_train[plan[i]].tolist() for _, at in kit.windows(len(plan)) for i in at]  # kit's order
     assert (tmp_path / "profile" / "trace.json").stat().st_size > 0

@@ -72,8 +72,10 @@ def run_steps(model: keras.Model, data: Dataset, batches: np.ndarray, window: Wi
     return window.step_times()
 
 
-def profile_window(cfg: RunConfig, model: keras.Model, data: Dataset, result: TrainResult, logs: Logs) -> None:
-    """Profile a few steps of the trained model (a --profile cell of one worker on TF or JAX; nothing otherwise)."""
+def profile_window(cfg: RunConfig, trained: keras.Model, data: Dataset, result: TrainResult, logs: Logs) -> None:
+    """Profile a few steps of the trained model (a --profile cell of one worker on TF or JAX; nothing otherwise).
+    trained: the compiled model; data: the cell's Dataset; logs: what start_logs caught since the child began."""
+    model = trained
     out = kit.profile_dir() if cfg.profile and cfg.replicas == 1 else None
     if out is None or not (backends.TENSORFLOW or backends.JAX):
         lines = logs.stop()

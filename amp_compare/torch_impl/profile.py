@@ -20,12 +20,19 @@ from amp_compare.torch_impl.amp import train_step
 from amp_compare.torch_impl.loop import StepClock
 
 
-def profile_window(cfg: RunConfig, run, tensors: tuple, result: TrainResult) -> None:
-    """Profile a few steps of the trained model (a --profile cell of one worker; nothing otherwise)."""
+def start_logs(cfg: RunConfig) -> None:
+    """The logs the window needs caught from the child's start: none in torch, whose oneDNN log is switched on
+    for the profiled steps alone (keras_impl/profile.start_logs catches TensorFlow's from the start)."""
+    return None
+
+
+def profile_window(cfg: RunConfig, trained, data: tuple, result: TrainResult, logs: None) -> None:
+    """Profile a few steps of the trained model (a --profile cell of one worker; nothing otherwise). trained:
+    train()'s Compiled tuple; data: its device tensors (make_dataset); logs: start_logs' (nothing in torch)."""
     out = kit.profile_dir() if cfg.profile and cfg.replicas == 1 else None
     if out is None:
         return
-    x, y = tensors[:2]
+    run, (x, y) = trained, data[:2]
     plan = torch.from_numpy(epoch_batches(len(x), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)).to(x.device)
     (_, plain_at), (_, profiled_at) = kit.windows(len(plan))
 

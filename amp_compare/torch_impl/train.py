@@ -131,6 +131,7 @@ def make_dataset(cfg: RunConfig, data: Dataset) -> tuple[torch.Tensor, ...]:
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
     worker = distributed.start(cfg)  # DATA PARALLEL: this process's place in a torchrun launch (distributed.py)
+    logs = profile.start_logs(cfg)  # --profile: nothing to catch before the window in torch (profile.py)
     device = worker.device
     lap("setup")  # kit/phases.py: where the child's wall time goes
     # DATA PARALLEL: DDP + --allreduce's comm hook around the compiled model
@@ -149,7 +150,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     train_epochs(cfg, data, run, tensors, result, progress, memory, worker)
     lap("training")
     close_records(cfg, run, result, memory, tensors, first_batch)
-    profile.profile_window(cfg, run, tensors, result)  # --profile: extra steps after the timed ones (profile.py)
+    profile.profile_window(cfg, run, tensors, result, logs)  # --profile: extra steps after the timed ones (profile.py)
     worker.finish(result, first_batch, cfg.precision)  # DATA PARALLEL: all-reduce dtype read back, worker rows
     lap("closing")
     return result
