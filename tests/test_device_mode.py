@@ -63,3 +63,27 @@ def test_fit_waits_for_the_device_as_often_as_the_run_records(monkeypatch):
         assert steps == 6 and np.isfinite(result.step_loss).all(), step
         assert sum(waits) == expected_waits, (step, waits)
         assert result.info["host_syncs_per_step"] * steps == expected_waits, (step, result.info)
+
+
+def test_torch_times_steps_by_the_same_rule(tmp_path):
+    """kit/training.times_each_step holds for torch too: host mode times each step; device mode (forced here on the
+    CPU) records every step's time as missing and times the epoch, as Keras' device mode does."""
+    from amp_compare.kit.training import times_each_step
+
+    assert times_each_step(RunConfig(device="cpu")) and not times_each_step(RunConfig(device="cuda"))
+    assert times_each_step(RunConfig(device="cuda", step_values="host"))
+    assert not times_each_step(RunConfig(device="cpu", step_values="device"))
+    assert times_each_step(RunConfig(device="cuda", step_values="device", replicas=2))  # per-worker values each step
+    tables = {}
+    for mode in ("host", "device"):
+        cfg = RunConfig(framework="torch", dataset="synthetic", precision="fp32", epochs=2, steps_per_epoch=4,
+                        batch_size=16, init="framework", step_values=mode)
+        outcome = run_cell(cfg, tmp_path / mode, "r", 300)
+        assert outcome.status == "ok", outcome.error
+        tables[mode] = records.read_run(tmp_path / mode)
+    assert tables["device"]["steps"]["step_time_s"].isna().all()
+    assert tables["host"]["steps"]["step_time_s"].notna().all()
+    np.testing.assert_allclose(tables["device"]["steps"]["loss"], tables["host"]["steps"]["loss"], rtol=1e-6)
+    run = tables["device"]["run"].iloc[0]
+    assert np.isfinite(run["median_step_s"]) and pd.isna(run["p90_step_s"]) and run["throughput_img_s"] > 0
+    assert (tables["device"]["epochs"]["train_time_s"] > 0).all()

@@ -58,7 +58,7 @@ def torch_step(cfg: RunConfig, data):
     from amp_compare.torch_impl import train as pt
 
     torch.manual_seed(0)
-    model = pt.make_model(cfg, data)
+    model = fp8.convert(pt.make_model(cfg, data), cfg)  # as kit/build.py: after make_model
     x = torch.from_numpy(data.x_train[:BATCH]).permute(0, 3, 1, 2).contiguous()
     captured = fp8.capture_step(model, x, torch.from_numpy(data.y_train[:BATCH]))
     for t in captured.values():

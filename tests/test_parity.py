@@ -131,6 +131,7 @@ def build_pair(name: str, data, optimizer: str = "sgd", float64: bool = False, *
     from amp_compare.keras_impl import fp8 as kfp8
     from amp_compare.keras_impl import models as tm
     from amp_compare.keras_impl import train as kt
+    from amp_compare.torch_impl import fp8 as pfp8
     from amp_compare.torch_impl import models as pm
     from amp_compare.torch_impl import train as pt
 
@@ -154,7 +155,8 @@ def build_pair(name: str, data, optimizer: str = "sgd", float64: bool = False, *
             weights[key] = rng.uniform(low, high, weights[key].shape).astype(weights[key].dtype)
     pm.set_weights(torch_model, weights)
     tm.set_weights(keras_model, weights)
-    keras_model = kfp8.convert(keras_model, cfg_k)  # fp8: after the shared weights, as keras_impl/train.py
+    # fp8: after the shared weights, in both, as kit/build.py orders a cell's build
+    torch_model, keras_model = pfp8.convert(torch_model, cfg_t), kfp8.convert(keras_model, cfg_k)
     return (cfg_t, torch_model), (cfg_k, keras_model)
 
 

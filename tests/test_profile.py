@@ -50,13 +50,23 @@ def test_library_path_and_casts_of_torch_ops():
     assert {o["op"] for o in ops if o["cast"]} == {"aten::copy_ (dtype change)"}
 
 
+def test_each_window_warms_up_then_measures_the_same_batches():
+    """kit/profile.windows: plain then profiled, each WARM_STEPS warm-up positions then its measured ones, from
+    the plan's first batch, cycled through a short plan."""
+    (first, plain), (second, profiled) = kit.windows(100)
+    assert (first, second) == ("plain", "profiled")
+    assert plain == list(range(kit.WARM_STEPS + kit.PLAIN_STEPS))
+    assert profiled == list(range(kit.WARM_STEPS + kit.WINDOW_STEPS))
+    assert kit.windows(3)[1][1] == [i % 3 for i in range(kit.WARM_STEPS + kit.WINDOW_STEPS)]
+
+
 def test_torch_window_writes_a_trace_and_tables_outside_the_timed_steps(tmp_path, monkeypatch):
     """torch_impl/profile.py's window, as train() calls it, on a tiny bf16 simple_cnn."""
     import torch
 
     from amp_compare.contract.config import RunConfig
     from amp_compare.kit.child import TrainResult
-    from amp_compare.kit.data import load_dataset
+    from amp_compare.kit.data import epoch_batches, load_dataset
     from amp_compare.torch_impl import profile, train
 
     monkeypatch.setenv(kit.PROFILE_ENV, str(tmp_path / "profile"))
@@ -64,8 +74,13 @@ def test_torch_window_writes_a_trace_and_tables_outside_the_timed_steps(tmp_path
     data = load_dataset("synthetic")
     train.setup(cfg)
     run = train.compile_model(cfg, train.make_model(cfg, data), torch.device("cpu"))
-    result = TrainResult()
-    profile.profile_window(cfg, run, train.make_dataset(cfg, data), result)
+    result, labels, step = TrainResult(), [], profile.train_step
+    monkeypatch.setattr(profile, "train_step", lambda net, opt, scaler, x, y, *a: labels.append(y.tolist()) or
+                        step(net, opt, scaler, x, y, *a))
+    tensors = train.make_dataset(cfg, data)
+    profile.profile_window(cfg, run, tensors, result, profile.start_logs(cfg))
+    plan = epoch_batches(len(data.x_train), cfg.batch_size, cfg.seed, 0)
+    assert labels == [data.y_train[plan[i]].tolist() for _, at in kit.windows(len(plan)) for i in at]  # kit's order
     assert (tmp_path / "profile" / "trace.json").stat().st_size > 0
     assert result.step_time_s == [] and result.info["profile_steps"] == kit.WINDOW_STEPS  # no timed step added
     assert result.info["profile_overhead"] > 0 and 0 <= result.info["profile_cast_share"] < 1

@@ -376,11 +376,13 @@ class RunConfig:
                            "docs/MEASUREMENT.md)")
     channels_last: bool = option(False, "torch only: NHWC memory format for convolutions (Keras is NHWC already)",
                                  cpu=False, cuda=True)
-    # Keras only: where per-step values live during an epoch. "host": read after each step (exact step
-    # times; on a GPU a wait per step); "device": kept on the device, read once per epoch (no per-step
-    # times); "auto": device on a GPU, host on a CPU (where reading costs nothing).
-    step_values: str = option("auto", "Keras only: per-step values read each step (host) or once per epoch "
-                              "(device); auto: device on a GPU, host on a CPU", choices=("auto", "host", "device"))
+    # Where per-step values live during an epoch, and with it how both frameworks time the steps
+    # (kit/training.times_each_step). "host": read after each step (each step timed; on a GPU a wait per step);
+    # "device": kept on the device between reads (Keras: once per epoch; torch: every 25 steps), no step timed
+    # alone, the epoch is; "auto": device on a GPU, host on a CPU (where reading costs nothing).
+    step_values: str = option("auto", "per-step values read after each step, each step timed (host), or kept on "
+                              "the device between reads, the epoch timed (device); auto: device on a GPU, host on a "
+                              "CPU", choices=("auto", "host", "device"))
     epochs: int = option(8, "epochs per cell; when not given, on a CPU simple_cnn trains 4 and vit 6 (where their "
                          "fp32 accuracy has flattened)", gt=0, cpu=12, cuda=15)
     batch_size: int = option(64, "images per optimizer step", gt=0, cpu=64, cuda=256)

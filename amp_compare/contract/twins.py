@@ -1,9 +1,12 @@
 """The twin contract: what each framework package (torch_impl, keras_impl) provides, with one signature.
 
-Each Protocol below lists the functions one module of a framework package must define, written once:
-parameter names, kinds and defaults are the contract (annotations are each framework's own types, so
-`Any` here). tests/test_twins.py checks both packages against it with inspect.signature, so the two
-implementations cannot drift apart again. Framework-free: nothing here imports a framework.
+Every module the two packages both have (MODULES: tests/test_twins.py checks the list against the packages'
+files) has a Protocol below listing the functions it must define, written once: parameter names, kinds and
+defaults are the contract (annotations are each framework's own types, so `Any` here). Beyond the Protocols,
+a public function that both twins of a module define under one name must have one signature too
+(`shared_mismatches`), unless OWN_SIGNATURES names it with its reason. tests/test_twins.py checks both packages
+with inspect.signature, so the two implementations cannot drift apart again. Framework-free: nothing here
+imports a framework.
 
 What is deliberately NOT one signature, because the frameworks' idioms differ (docs/ARCHITECTURE.md):
   amp.mixed_precision   torch: a context around each forward (device_type); Keras: a global policy set
@@ -28,8 +31,14 @@ import inspect
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
-# The modules of each framework package this contract covers, by Protocol.
-MODULES = ("amp", "train", "settings", "numerics", "probe", "models", "trial")
+# The modules both framework packages have (every twin pair): these, each covered by its Protocol, and
+# SOURCE_MODULES. tests/test_twins.py checks TWIN_MODULES against the packages' files.
+MODULES = ("amp", "train", "settings", "numerics", "probe", "models", "trial", "fp8", "vit", "profile", "loop",
+           "distributed")
+# Twin pairs whose import changes the importing process (entry.py marks modules missing before the framework
+# loads, for the child alone): checked from their source, for the names kit/child.py and kit/zygote.py read.
+SOURCE_MODULES: dict[str, tuple[str, ...]] = {"entry": ("TRAIN_MODULE", "PRELOAD")}
+TWIN_MODULES = MODULES + tuple(SOURCE_MODULES)
 
 
 @runtime_checkable
@@ -58,6 +67,9 @@ class Train(Protocol):
 
     def make_optimizer(self, cfg: Any, params: Any) -> Any:
         """The cell's optimizer for these parameters (Keras: built on them, loss scaling included)."""
+
+    def assemble(self, cfg: Any, data: Any, shared_init: Any, compile: Any) -> Any:
+        """The cell's model in kit/build.py's order with this framework's steps; a kit/build.Built."""
 
     def make_dataset(self, cfg: Any, data: Any) -> tuple:
         """The dataset in the form the cell's step reads it (device tensors / batch indices and images)."""
@@ -133,8 +145,86 @@ class Trial(Protocol):
         the intra-op threads the process runs with."""
 
 
+@runtime_checkable
+class Fp8(Protocol):
+    """<framework>_impl/fp8.py: the fp8 recipes on the framework's layers (contract/fp8.py, kit/fp8.py)."""
+
+    def convert(self, model: Any, cfg: Any) -> Any:
+        """--fp8-outlier's activation and, in the fp8 modes, the float8 layers outside --fp32-layers."""
+
+    def converted(self, model: Any) -> dict:
+        """The layers running in fp8, by canonical name."""
+
+    def settings(self, model: Any) -> dict:
+        """The fp8 recipe as the live layers hold it (contract/fp8.Recipe's fields), and the converted layers."""
+
+    def add_outlier(self, model: Any) -> None:
+        """--fp8-outlier: OUTLIER_VALUE added to the class token's first feature entering blocks.0.attn."""
+
+    def capture_step(self, model: Any, x: Any, y: Any) -> dict:
+        """One training step's tensors of every converted layer, as 2-D float32 numpy."""
+
+    def layer_rows(self, model: Any, x: Any, y: Any, cfg: Any, when: str, step: int) -> list[dict]:
+        """Per converted layer: the SQNR of its fp8 operands on this batch (the report's fp8 section)."""
+
+
+@runtime_checkable
+class Vit(Protocol):
+    """<framework>_impl/vit.py: the vit's layers and what train() and settings read of them."""
+
+    def paused(self, model: Any) -> Any:
+        """A context in which the vit's headroom recorders record nothing."""
+
+    def read_headroom(self, model: Any) -> list[dict]:
+        """The epoch's overflow-headroom maxima per recorded tensor, one read of the device."""
+
+    def arguments(self, cfg: Any, settings: dict) -> dict | None:
+        """What models.build_model's vit argument gets for this cell (None for the CNNs)."""
+
+    def describe_defaults(self) -> dict[str, object]:
+        """The framework's own defaults for the vit's mapped settings, from fresh objects."""
+
+    def settings_used(self, model: Any, cfg: Any) -> dict:
+        """The vit's settings read back from the live model (empty for the CNNs)."""
+
+
+@runtime_checkable
+class Profile(Protocol):
+    """<framework>_impl/profile.py: --profile's windows after the timed epochs (kit/profile.py: their order)."""
+
+    def start_logs(self, cfg: Any) -> Any:
+        """What the window needs caught from the child's start (torch: nothing; TensorFlow: oneDNN's log)."""
+
+    def profile_window(self, cfg: Any, trained: Any, data: Any, result: Any, logs: Any) -> None:
+        """Profile a few steps of what train() trained; rows and columns into result."""
+
+
+@runtime_checkable
+class Loop(Protocol):
+    """<framework>_impl/loop.py: no function of one signature; what they share is kit/training.py (StepBook,
+    times_each_step, untimed_steps). The step loop is each framework's idiom (see above)."""
+
+
+@runtime_checkable
+class Distributed(Protocol):
+    """<framework>_impl/distributed.py: no function of one signature; each framework's data-parallel engine
+    (torch: torchrun workers and DDP; Keras: a tf.distribute strategy or JAX's distribution), and what they share
+    is kit/dataparallel.py."""
+
+
 PROTOCOLS: dict[str, type] = {"amp": Amp, "train": Train, "settings": Settings, "numerics": Numerics,
-                               "probe": Probe, "models": Models, "trial": Trial}
+                               "probe": Probe, "models": Models, "trial": Trial, "fp8": Fp8, "vit": Vit,
+                               "profile": Profile, "loop": Loop, "distributed": Distributed}
+
+# Public functions both twins of a module define under one name but with each framework's own signature: the
+# idioms of the docstring above, the model builders (Keras' extra build arguments) and train()'s phases, which take
+# each framework's objects (torch: the Compiled tuple and device tensors; Keras: the model and its dataset).
+OWN_SIGNATURES: dict[str, set[str]] = {
+    "amp": {"mixed_precision", "clip_gradients", "train_step"},
+    "models": {"build_model", "simple_cnn", "resnet18", "vit"},
+    "numerics": {"loss_fn"},
+    "train": {"compile_model", "run_info", "numerics_lab", "train_epochs", "close_records"},
+}
 
 
 def _parameters(function: Any, drop_self: bool) -> list[tuple[str, str, object]]:
@@ -161,6 +251,38 @@ def mismatches(modules: dict[str, ModuleType]) -> list[str]:
             if got != want:
                 out.append(f"{module.__name__}.{name}({_show(got)}): the contract says ({_show(want)})")
     return out
+
+
+def public_functions(module: ModuleType) -> dict[str, Any]:
+    """The functions a module defines itself (not imported), by name, less the _private ones."""
+    return {name: f for name, f in vars(module).items()
+            if not name.startswith("_") and inspect.isfunction(f) and f.__module__ == module.__name__}
+
+
+def shared_mismatches(torch_modules: dict[str, ModuleType], keras_modules: dict[str, ModuleType]) -> list[str]:
+    """Functions both twins of a module define under one name with another signature, outside OWN_SIGNATURES.
+    Each argument: {"amp": <module>, ...} of one framework package."""
+    out = []
+    for key in MODULES:
+        ours, theirs = public_functions(torch_modules[key]), public_functions(keras_modules[key])
+        for name in sorted(ours.keys() & theirs.keys() - OWN_SIGNATURES.get(key, set())):
+            a, b = _parameters(ours[name], False), _parameters(theirs[name], False)
+            if a != b:
+                out.append(f"{key}.{name}: ({_show(a)}) against ({_show(b)})")
+    return out
+
+
+def source_mismatches(key: str, module_name: str, source: str) -> list[str]:
+    """The names SOURCE_MODULES[key] asks for that a twin's source (module_name: for the message) does not assign
+    at module level."""
+    import ast
+
+    assigned = set()
+    for node in ast.parse(source).body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        assigned |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return [f"{module_name}.{name}: missing" for name in SOURCE_MODULES[key] if name not in assigned]
 
 
 # The NaN/Inf locator hook both train() functions hand the run's kit/training.StepBook: called once, for the

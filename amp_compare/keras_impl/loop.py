@@ -31,7 +31,7 @@ from amp_compare.keras_impl.amp import stateless_train_step as stateless_scaled_
 from amp_compare.keras_impl.amp import train_step as scaled_step  # noqa: E402
 from amp_compare.kit.child import FirstStepWindow  # noqa: E402
 from amp_compare.kit.data import Dataset, epoch_images  # noqa: E402
-from amp_compare.kit.training import StepBook, StepRecord  # noqa: E402
+from amp_compare.kit.training import StepBook, StepRecord, untimed_steps  # noqa: E402
 
 # What train_step hands the callback per step: one float32 row (fit() converts one value per step, not four).
 STEP_VALUES = ("batch_loss", "loss_scale", "skipped", "correct")
@@ -254,7 +254,7 @@ class DeviceStepRecorder(EpochRecorder):
         values = self.read_epoch()
         self.train_time = time.perf_counter() - self.epoch_start
         self.drained = True
-        self.step_times = [float("nan")] * len(values["batch_loss"])
+        self.step_times = untimed_steps(len(values["batch_loss"]))  # as torch's StepClock in device mode
         self.add(values)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from amp_compare.contract.config import RunConfig  # noqa: E402
 from amp_compare.contract.env import gpu_total_bytes  # noqa: E402
 from amp_compare.keras_impl import backends  # noqa: E402
-from amp_compare.keras_impl.train import compile_model, make_model, setup  # noqa: E402
+from amp_compare.keras_impl.train import assemble, compile_model, setup  # noqa: E402
 from amp_compare.kit.data import Dataset  # noqa: E402
 from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes, torch_ran_out  # noqa: E402
 
@@ -28,8 +28,8 @@ def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tu
     """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
     setup(cfg)  # as train(): refuses a GPU cell where the backend sees none
     with backends.device_scope(cfg):
-        model = make_model(cfg, data)  # an AmpModel: its train_step is the one fit() runs
-        compile_model(cfg, model)  # as train()
+        # as train(): an AmpModel (its train_step is the one fit() runs), fp8-converted in the fp8 modes
+        model = assemble(cfg, data, None, lambda m: compile_model(cfg, m)).model
         for _ in range(2):  # train_on_batch returns host values: the step has finished
             model.train_on_batch(x, y)
     if cfg.device == "cuda":

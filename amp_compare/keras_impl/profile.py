@@ -72,8 +72,10 @@ def run_steps(model: keras.Model, data: Dataset, batches: np.ndarray, window: Wi
     return window.step_times()
 
 
-def profile_window(cfg: RunConfig, model: keras.Model, data: Dataset, result: TrainResult, logs: Logs) -> None:
-    """Profile a few steps of the trained model (a --profile cell of one worker on TF or JAX; nothing otherwise)."""
+def profile_window(cfg: RunConfig, trained: keras.Model, data: Dataset, result: TrainResult, logs: Logs) -> None:
+    """Profile a few steps of the trained model (a --profile cell of one worker on TF or JAX; nothing otherwise).
+    trained: the compiled model; data: the cell's Dataset; logs: what start_logs caught since the child began."""
+    model = trained
     out = kit.profile_dir() if cfg.profile and cfg.replicas == 1 else None
     if out is None or not (backends.TENSORFLOW or backends.JAX):
         lines = logs.stop()
@@ -82,11 +84,10 @@ def profile_window(cfg: RunConfig, model: keras.Model, data: Dataset, result: Tr
                                                float("nan"), lines[1]))
         return
     plan = epoch_batches(len(data.x_train), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)
-    pick = np.resize(np.arange(len(plan)), kit.WARM_STEPS + max(kit.PLAIN_STEPS, kit.WINDOW_STEPS))
-    plain = run_steps(model, data, plan[pick[:kit.WARM_STEPS + kit.PLAIN_STEPS]], Window(kit.WARM_STEPS))
+    (_, plain_at), (_, profiled_at) = kit.windows(len(plan))  # each: its warm-up steps, then its measured ones
+    plain = run_steps(model, data, plan[plain_at], Window(kit.WARM_STEPS))
     start, stop = profiler(out)
-    profiled = run_steps(model, data, plan[pick[:kit.WARM_STEPS + kit.WINDOW_STEPS]],
-                         Window(kit.WARM_STEPS, start, stop))
+    profiled = run_steps(model, data, plan[profiled_at], Window(kit.WARM_STEPS, start, stop))
     onednn, fallback = logs.stop()
     primitives = kit.parse_onednn(onednn)
     trace = next(iter(sorted(out.rglob("*.xplane.pb"))), None)

@@ -54,7 +54,7 @@ def settings_used(model: keras.Model, optimizer: keras.optimizers.Optimizer, sca
     used["lr_schedule"] = describe_schedule(inner)
     if isinstance(inner, keras.optimizers.Adam) and inner.weight_decay is not None:  # AdamW, or TorchAdam given
         used["adamw_weight_decay"] = float(inner.weight_decay)  # a decay: Adam with decoupled weight decay
-    used.update(vit.settings_used(model))  # vit: LayerNorm eps, GELU form, token stream dtype
+    used.update(vit.settings_used(model, cfg))  # vit: LayerNorm eps, GELU form, token stream dtype
     bn = next((layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)), None)
     if bn is not None:
         used.update(bn_momentum=bn.momentum, bn_epsilon=bn.epsilon)

@@ -33,6 +33,7 @@ from amp_compare.keras_impl.models import build_model, get_weights, set_weights 
 from amp_compare.keras_impl.optimizers import learning_rate  # noqa: E402
 from amp_compare.keras_impl.settings import describe_defaults, settings_used  # noqa: E402
 from amp_compare.kit import training  # noqa: E402
+from amp_compare.kit.build import Built, build  # noqa: E402
 from amp_compare.kit.child import (  # noqa: E402
     CpuPeakMemory,
     FirstStepWindow,
@@ -71,6 +72,13 @@ def make_model(cfg: RunConfig, data: Dataset) -> keras.Model:
     if cfg.fp32_layers:  # AMP: these layers get the float32 policy (Keras fixes a policy at construction)
         model = numerics.apply_fp32_layers(model, cfg.fp32_layers)
     return model
+
+
+def assemble(cfg: RunConfig, data: Dataset, shared_init: SharedInit | None, compile) -> Built:
+    """The cell's model in kit/build.py's order, with Keras' steps: make_model, the shared initial weights,
+    fp8.convert (float8 Dense/EinsumDense outside --fp32-layers), then compile(model)."""
+    return build(cfg, data, shared_init, make_model=make_model, get_weights=get_weights, set_weights=set_weights,
+                 convert_fp8=fp8.convert, compile=compile)
 
 
 def make_optimizer(cfg: RunConfig, params) -> keras.optimizers.Optimizer:
@@ -162,10 +170,8 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
                        if ceiling_first else {})
     lap("ceiling")
     with distributed.scope(cfg):  # DATA PARALLEL: the strategy's scope / the distribution; else device_scope
-        model = make_model(cfg, data)
-        init_source = shared_init.apply(model, get_weights, set_weights)
-        model = fp8.convert(model, cfg)  # fp8: float8 Dense/EinsumDense outside --fp32-layers (fp8.py)
-        compile_model(cfg, model, result.info["steps_per_execution"])
+        built = assemble(cfg, data, shared_init, lambda m: compile_model(cfg, m, result.info["steps_per_execution"]))
+        model, init_source = built.model, built.init_source
         distributed.compiled(cfg, model, data)  # DATA PARALLEL: built for the strategy; its all-reduce observed
         lap("init")
         result.info.update(init_source=init_source, framework_defaults=describe_defaults(),
@@ -192,9 +198,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
 def device_mode(cfg: RunConfig) -> bool:
     """Per-step values kept on the device and read once per epoch (the GPU default), not per step. DATA PARALLEL:
     an N-worker cell's per-worker values come with fit()'s logs of each step (host mode)."""
-    if cfg.replicas > 1:
-        return False
-    return cfg.step_values == "device" or (cfg.step_values == "auto" and cfg.device == "cuda")
+    return not training.times_each_step(cfg)  # the rule both twins time steps by
 
 
 def run_info(cfg: RunConfig, steps: int) -> dict:

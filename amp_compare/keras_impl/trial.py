@@ -1,7 +1,7 @@
 """Keras' side of a speed trial (kit/trial.py): each precision's model as a cell builds and steps it.
 
-The model, shared initial weights, fp8 conversion and compile() come from train.py (setup, make_model,
-SharedInit.apply, fp8.convert, compile_model) and each step is the train function fit() runs
+The model, shared initial weights, fp8 conversion and compile() come from train.py (setup, and assemble:
+kit/build.py's order) and each step is the train function fit() runs
 (model.make_train_function(): AmpModel.train_step inside Keras' tf.function / jit). On TensorFlow the batches are
 gathered inside the step from loop.DeviceImages, as in a cell, by the cell's first batch indices; the other backends
 take (x, y) numpy batches through train_on_batch (fit's train function too, with a host read of its logs each step).
@@ -13,9 +13,8 @@ import keras
 import numpy as np
 
 from amp_compare.contract.config import RunConfig
-from amp_compare.keras_impl import backends, fp8, loop
-from amp_compare.keras_impl.models import get_weights, set_weights
-from amp_compare.keras_impl.train import compile_model, make_model, setup
+from amp_compare.keras_impl import backends, loop
+from amp_compare.keras_impl.train import assemble, compile_model, setup
 from amp_compare.kit.child import SharedInit
 from amp_compare.kit.data import Dataset, epoch_batches
 from amp_compare.kit.trial import Stepper
@@ -34,10 +33,7 @@ def steppers(cfgs: list[RunConfig], data: Dataset, shared_init: SharedInit) -> t
     for cfg in cfgs:
         setup(cfg)  # the precision's dtype policy, before its model is built
         with backends.device_scope(cfg):
-            model = make_model(cfg, data)
-            shared_init.apply(model, get_weights, set_weights)
-            model = fp8.convert(model, cfg)
-            compile_model(cfg, model)
+            model = assemble(cfg, data, shared_init, lambda m, cfg=cfg: compile_model(cfg, m)).model
             if backends.TENSORFLOW:
                 images = images or loop.DeviceImages(data.x_train, data.y_train)
                 model.device_images = images

@@ -243,8 +243,9 @@ def describe_defaults() -> dict[str, object]:
     }
 
 
-def settings_used(model: keras.Model) -> dict:
-    """The vit's settings read back from the live model (empty for the CNNs), as torch_impl/vit.settings_used."""
+def settings_used(model: keras.Model, cfg) -> dict:
+    """The vit's settings read back from the live model (empty for the CNNs), as torch_impl/vit.settings_used
+    (cfg: the twin's signature; Keras reads the token stream's dtype from the layer, torch from cfg's precision)."""
     norm = next((layer for layer in model.layers if isinstance(layer, layers.LayerNormalization)), None)
     if norm is None:
         return {}

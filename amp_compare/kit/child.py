@@ -235,8 +235,8 @@ def step_time_summary(step_times: list[float], warmup_steps: int, batch_size: in
     the two over TIMING_GAP is called out in the report (harness/report/hardware.py). compile_warmup_s: what the
     warm-up steps took beyond as many median steps (tracing, compilation, CUDA-graph capture).
 
-    Where per-step times were not measured (Keras on a GPU, device mode: NaN), both come from training time
-    over steps and the percentiles stay missing. epoch_times: (training seconds, steps) per epoch. The first
+    Where per-step times were not measured (device mode, kit/training.times_each_step: NaN), both come from training
+    time over steps and the percentiles stay missing. epoch_times: (training seconds, steps) per epoch. The first
     epoch holds the tracing and compilation (XLA, torch.compile) as the warm-up steps do in host mode: where
     later epochs ran, they alone are timed and compile_warmup_s is what the first took beyond as many of
     their steps (without them, all epochs: compilation included, compile_warmup_s missing).

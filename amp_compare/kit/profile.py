@@ -1,9 +1,11 @@
 """--profile, the framework-free half: where a cell's step time goes, as a table per cell.
 
-Each twin's profile.py runs a short window of training steps after the cell's timed epochs (the model is warm
-and the timed steps are already recorded, so no profiled step is among them): first PLAIN_STEPS steps timed
-without the profiler, then WINDOW_STEPS steps under the framework's own profiler (torch.profiler; TensorFlow's
-tf.profiler.experimental; jax.profiler). The two medians give the profiled step's overhead. The trace stays in
+Each twin's profile.py runs two short windows of training steps after the cell's timed epochs (the model is warm
+and the timed steps are already recorded, so no profiled step is among them), in the order `windows` gives: the
+plain window, PLAIN_STEPS steps timed without the profiler, then the profiled one, WINDOW_STEPS steps under the
+framework's own profiler (torch.profiler; TensorFlow's tf.profiler.experimental; jax.profiler). Each window opens
+with WARM_STEPS steps that are neither timed nor profiled, and both run the epoch-0 plan's batches from its first,
+so they measure the same batches. The two medians give the profiled step's overhead. The trace stays in
 the cell's folder (`cells/<cell-id>/profile/`, docs/MEASUREMENT.md says how to open it).
 
 What this module turns into rows, for both frameworks:
@@ -27,7 +29,7 @@ from pathlib import Path
 PROFILE_ENV = "AMP_COMPARE_PROFILE_DIR"  # the cell's trace folder, set by the parent for a --profile cell
 PLAIN_STEPS = 5  # steps timed without the profiler, right before the profiled ones: the overhead's baseline
 WINDOW_STEPS = 5  # profiled steps
-WARM_STEPS = 2  # steps before both windows (a fit() call or a new input signature settles first)
+WARM_STEPS = 2  # steps before each window, not measured (a fit() call or a new input signature settles first)
 TOP_OPS = 12  # operations kept per cell, by self time
 ONEDNN_PREFIX = "onednn_verbose,"
 # TensorFlow logs this once when a float16 op cannot use oneDNN on this CPU (no AVX-512 FP16 path)
@@ -37,6 +39,14 @@ CAST_OPS = {"aten::_to_copy", "aten::to", "aten::_autocast_to_reduced_precision"
             "aten::_autocast_to_full_precision", "Cast", "convert", "convert_element_type"}
 ONEDNN_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "double": "f64",
                  "bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+
+def windows(plan_len: int) -> list[tuple[str, list[int]]]:
+    """The windows in the order both twins run them, ("plain", positions) then ("profiled", positions): each
+    window's positions in the epoch-0 batch plan, WARM_STEPS warm-up steps then its measured steps, from the plan's
+    first batch (cycled when the plan is shorter)."""
+    return [(name, [i % plan_len for i in range(WARM_STEPS + steps)])
+            for name, steps in (("plain", PLAIN_STEPS), ("profiled", WINDOW_STEPS))]
 
 
 def profile_env(cfg, env: dict[str, str], cell_dir: Path) -> dict[str, str]:

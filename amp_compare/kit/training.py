@@ -200,6 +200,27 @@ class StepBook:
         })
 
 
+def times_each_step(cfg: RunConfig) -> bool:
+    """How both loops time the training steps: one rule for the twins, from --step-values.
+
+    True (host mode: a CPU, --step-values host, every N-worker cell): each step's wall time, a clock mark once the
+    step has finished; on a CPU a step's values are host memory when it ends, on a GPU the loop waits for each step
+    first (Keras: fit() converting its logs; torch: a device synchronisation).
+    False (device mode: --step-values device, or auto on a GPU): the step values stay on the device between reads,
+    so no step is waited for and none is timed alone (untimed_steps: NaN each; a device timeline such as CUDA
+    events is not something every Keras backend offers). The epoch's wall time, until the host holds its last
+    step's values, is its training time, which kit/child.step_time_summary divides by the steps.
+    """
+    if cfg.replicas > 1:  # an N-worker cell's per-worker values come with each step
+        return True
+    return cfg.step_values == "host" or (cfg.step_values == "auto" and cfg.device != "cuda")
+
+
+def untimed_steps(steps: int) -> list[float]:
+    """The step times of device mode (times_each_step False): missing, one NaN per step."""
+    return [float("nan")] * steps
+
+
 EVAL_BATCH = 512  # images per validation batch, both frameworks (memory only: the result does not depend on it)
 
 

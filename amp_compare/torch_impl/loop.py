@@ -4,6 +4,7 @@ Read beside keras_impl/loop.py (fit() with a recording callback). run_epoch keep
 StepRecord (kit/training.py) on the device and hands host copies to the run's StepBook every
 `read_every` steps: every step on a CPU, where a read is a copy in memory (the locator and the
 divergence watch then act at the step itself), every 25 on a GPU, where a read waits for the device.
+StepClock times the steps as Keras' recorders do (kit/training.times_each_step).
 benchmarks/overhead.py measures what this loop costs against the tutorial's plain loop.
 """
 
@@ -15,34 +16,41 @@ import numpy as np
 import torch
 
 from amp_compare.kit.child import FirstStepWindow
-from amp_compare.kit.training import EVAL_BATCH, StepBook
+from amp_compare.kit.training import EVAL_BATCH, StepBook, untimed_steps
 from amp_compare.torch_impl.amp import mixed_precision, train_step
 
 GPU_READ_EVERY = 25  # steps between host reads of the records on a GPU
 
 
 class StepClock:
-    """Per-step wall time: CUDA events on a GPU (read at epoch end, no sync), else perf_counter."""
+    """Step wall times as kit/training.times_each_step defines them for both twins. each_step (None: the rule's
+    default for the device, a CPU yes, a GPU no): perf_counter marks between steps, on a GPU each after a device
+    synchronisation. Otherwise a mark only counts a step (no wait; the first one, the epoch's start, waits for
+    work queued before it) and the steps' times are missing, the marks' span to the device's end of work their
+    training time."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, each_step: bool | None = None):
         self.cuda = device.type == "cuda"
-        self.marks: list = []
+        self.each_step = not self.cuda if each_step is None else each_step
+        self.marks: list[float] = []
+        self.elapsed = 0.0  # the training time of the steps intervals() last returned
 
     def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
+        if self.cuda and (self.each_step or not self.marks):
+            torch.cuda.synchronize()
+        self.marks.append(time.perf_counter())
 
     def intervals(self) -> list[float]:
-        """Seconds between consecutive marks; resets the clock."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            out = [a.elapsed_time(b) / 1000.0 for a, b in zip(self.marks, self.marks[1:])]
-        else:
+        """Seconds of each step between consecutive marks (untimed_steps' NaN where steps are not timed alone),
+        their training time in `elapsed` (the sum, or the span until the device finished); resets the clock."""
+        if self.each_step:
             out = np.diff(self.marks).tolist()
+            self.elapsed = float(sum(out))
+        else:
+            if self.cuda:
+                torch.cuda.synchronize()
+            out = untimed_steps(max(len(self.marks) - 1, 0))
+            self.elapsed = time.perf_counter() - self.marks[0] if self.marks else 0.0
         self.marks = []
         return out
 
@@ -78,7 +86,7 @@ def run_epoch(net, optimizer, scaler, x, y, plan, precision: str, clock: StepClo
             fresh, read = records[read:], step + 1
             if book.add(*(to_host([getattr(r, k) for r in fresh]) for k in ("loss", "scale", "skipped"))):
                 break
-    step_times = clock.intervals()  # synchronises once per epoch
+    step_times = clock.intervals()  # device mode: the epoch's one synchronisation (its span in clock.elapsed)
     correct = (torch.stack(predicted) == y[plan[:len(predicted)]]).sum()
     return int(correct.item()), step_times
 

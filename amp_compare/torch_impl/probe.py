@@ -15,14 +15,14 @@ from amp_compare.contract.config import RunConfig
 from amp_compare.kit.data import Dataset
 from amp_compare.kit.probe import PEAK_RSS_KIND, exception_chain, probe_main, rss_bytes, torch_ran_out
 from amp_compare.torch_impl.amp import train_step
-from amp_compare.torch_impl.train import compile_model, make_model, setup, to_device_images
+from amp_compare.torch_impl.train import assemble, compile_model, setup, to_device_images
 
 
 def two_steps(cfg: RunConfig, data: Dataset, x: np.ndarray, y: np.ndarray) -> tuple[int, str]:
     """Train two steps on (x, y) as train() would; returns the peak memory and what it measures."""
     setup(cfg)
     device = torch.device(cfg.device)
-    run = compile_model(cfg, make_model(cfg, data), device)  # as train()
+    run = assemble(cfg, data, None, lambda model: compile_model(cfg, model, device)).compiled  # as train()
     images, labels = to_device_images(x, device, cfg.channels_last), torch.from_numpy(y).to(device)
     run.model.train()
     for _ in range(2):

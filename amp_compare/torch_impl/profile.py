@@ -1,9 +1,10 @@
 """--profile for PyTorch: torch.profiler around a short window of training steps after the timed epochs.
 
-The window (kit/profile.py) is PLAIN_STEPS steps timed bare, then WINDOW_STEPS steps under torch.profiler with
-oneDNN's verbose log on (torch.backends.mkldnn.verbose, this window only), both through amp.train_step on the
-cell's own batches. The chrome trace (`trace.json`, Perfetto opens it) stays in the cell's profile folder; the
-rows go to the profile_ops / profile_primitives tables and the run table's profile_* columns.
+The windows (kit/profile.windows: warm-up steps, then PLAIN_STEPS steps timed bare; warm-up steps again, then
+WINDOW_STEPS steps under torch.profiler with oneDNN's verbose log on, torch.backends.mkldnn.verbose, for those
+steps only) run amp.train_step on the cell's own batches. The chrome trace (`trace.json`, Perfetto opens it)
+stays in the cell's profile folder; the rows go to the profile_ops / profile_primitives tables and the run
+table's profile_* columns.
 """
 
 from __future__ import annotations
@@ -19,31 +20,39 @@ from amp_compare.torch_impl.amp import train_step
 from amp_compare.torch_impl.loop import StepClock
 
 
-def profile_window(cfg: RunConfig, run, tensors: tuple, result: TrainResult) -> None:
-    """Profile a few steps of the trained model (a --profile cell of one worker; nothing otherwise)."""
+def start_logs(cfg: RunConfig) -> None:
+    """The logs the window needs caught from the child's start: none in torch, whose oneDNN log is switched on
+    for the profiled steps alone (keras_impl/profile.start_logs catches TensorFlow's from the start)."""
+    return None
+
+
+def profile_window(cfg: RunConfig, trained, data: tuple, result: TrainResult, logs: None) -> None:
+    """Profile a few steps of the trained model (a --profile cell of one worker; nothing otherwise). trained:
+    train()'s Compiled tuple; data: its device tensors (make_dataset); logs: start_logs' (nothing in torch)."""
     out = kit.profile_dir() if cfg.profile and cfg.replicas == 1 else None
     if out is None:
         return
-    x, y = tensors[:2]
+    run, (x, y) = trained, data[:2]
     plan = torch.from_numpy(epoch_batches(len(x), cfg.batch_size, cfg.seed, 0, cfg.steps_per_epoch)).to(x.device)
-    batches = [plan[i % len(plan)] for i in range(kit.WARM_STEPS + kit.PLAIN_STEPS + kit.WINDOW_STEPS)]
+    (_, plain_at), (_, profiled_at) = kit.windows(len(plan))
 
     def steps(chosen) -> list[float]:
-        clock = StepClock(x.device)
+        clock = StepClock(x.device, each_step=True)  # each profiled step timed (a wait per step on a GPU)
         clock.mark()
         for idx in chosen:
             train_step(run.net, run.optimizer, run.scaler, x[idx], y[idx], cfg.precision, cfg.clip_grad_norm)
             clock.mark()
         return clock.intervals()
 
-    steps(batches[:kit.WARM_STEPS])
-    plain = steps(batches[kit.WARM_STEPS:kit.WARM_STEPS + kit.PLAIN_STEPS])
+    steps(plan[plain_at[:kit.WARM_STEPS]])
+    plain = steps(plan[plain_at[kit.WARM_STEPS:]])
+    steps(plan[profiled_at[:kit.WARM_STEPS]])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.device.type == "cuda" else [])
     tee = kit.FdTee(1, (kit.ONEDNN_PREFIX,)).start()  # oneDNN prints its log on stdout, the parent's pipe
     try:
         with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), \
                 profile(activities=activities, record_shapes=True) as prof:
-            profiled = steps(batches[kit.WARM_STEPS + kit.PLAIN_STEPS:])
+            profiled = steps(plan[profiled_at[kit.WARM_STEPS:]])
     finally:
         lines = tee.stop()
     prof.export_chrome_trace(str(out / "trace.json"))

@@ -17,6 +17,7 @@ from torch import nn
 from amp_compare.contract.config import RunConfig
 from amp_compare.contract.mapping import framework_settings
 from amp_compare.kit import training
+from amp_compare.kit.build import Built, build
 from amp_compare.kit.child import CpuPeakMemory, FirstStepWindow, Progress, SharedInit, TrainResult, check_final_weights
 from amp_compare.kit.data import Dataset, epoch_batches, epoch_images
 from amp_compare.kit.dataparallel import numerics_for
@@ -54,7 +55,14 @@ def make_model(cfg: RunConfig, data: Dataset) -> nn.Module:
                         vit=vit.arguments(cfg, settings))
     if cfg.fp32_layers:  # AMP: these blocks run with autocast disabled, inputs cast to float32
         numerics.apply_fp32_layers(model, cfg.fp32_layers)
-    return fp8.convert(model, cfg)  # fp8: torchao's Float8Linear for nn.Linear outside --fp32-layers (fp8.py)
+    return model
+
+
+def assemble(cfg: RunConfig, data: Dataset, shared_init: SharedInit | None, compile) -> Built:
+    """The cell's model in kit/build.py's order, with torch's steps: make_model, the shared initial weights,
+    fp8.convert (torchao's Float8Linear for nn.Linear outside --fp32-layers), then compile(model)."""
+    return build(cfg, data, shared_init, make_model=make_model, get_weights=get_weights, set_weights=set_weights,
+                 convert_fp8=fp8.convert, compile=compile)
 
 
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
@@ -123,11 +131,12 @@ def make_dataset(cfg: RunConfig, data: Dataset) -> tuple[torch.Tensor, ...]:
 def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: SharedInit) -> TrainResult:
     setup(cfg)
     worker = distributed.start(cfg)  # DATA PARALLEL: this process's place in a torchrun launch (distributed.py)
+    logs = profile.start_logs(cfg)  # --profile: nothing to catch before the window in torch (profile.py)
     device = worker.device
     lap("setup")  # kit/phases.py: where the child's wall time goes
-    model = make_model(cfg, data)
-    init_source = shared_init.apply(model, get_weights, set_weights)
-    run = worker.wrap(compile_model(cfg, model, device))  # DATA PARALLEL: DDP + --allreduce's comm hook
+    # DATA PARALLEL: DDP + --allreduce's comm hook around the compiled model
+    built = assemble(cfg, data, shared_init, lambda model: worker.wrap(compile_model(cfg, model, device)))
+    run, init_source = built.compiled, built.init_source
     lap("init")
     ceiling = measure_ceiling(device, cfg)  # before the dataset and memory window; one per dtype (kit/reuse.py)
     lap("ceiling")
@@ -141,7 +150,7 @@ def train(cfg: RunConfig, data: Dataset, progress: Progress, shared_init: Shared
     train_epochs(cfg, data, run, tensors, result, progress, memory, worker)
     lap("training")
     close_records(cfg, run, result, memory, tensors, first_batch)
-    profile.profile_window(cfg, run, tensors, result)  # --profile: extra steps after the timed ones (profile.py)
+    profile.profile_window(cfg, run, tensors, result, logs)  # --profile: extra steps after the timed ones (profile.py)
     worker.finish(result, first_batch, cfg.precision)  # DATA PARALLEL: all-reduce dtype read back, worker rows
     lap("closing")
     return result
@@ -200,7 +209,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
 
     book = worker.book(StepBook(cfg, result, progress, lambda: get_weights(run.model), locate))
     first_step = FirstStepWindow(memory)
-    clock = StepClock(device)
+    clock = StepClock(device, training.times_each_step(cfg))  # host or device mode, as Keras' recorders
     trace = fp8.Trace(run.model, cfg)  # fp8: per-step amax of each converted layer, read once per epoch
     run.model.train()
     for epoch in range(cfg.epochs):
@@ -219,7 +228,7 @@ def train_epochs(cfg: RunConfig, data: Dataset, run: Compiled, tensors: tuple, r
         result.fp8_trace.extend(trace.read())
         eval_start = time.perf_counter()
         val_loss, val_accuracy, result.val_correct = evaluate(run.net, x_val, y_val, cfg.precision)
-        book.end_epoch(step_times, float(sum(step_times)), time.perf_counter() - eval_start, correct,
+        book.end_epoch(step_times, clock.elapsed, time.perf_counter() - eval_start, correct,
                        val_loss, val_accuracy)
         if result.diverged_at_step is not None or result.budget_done:  # diverged, or a budgeted cell's steps ran
             break

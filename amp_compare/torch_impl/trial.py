@@ -1,7 +1,7 @@
 """PyTorch's side of a speed trial (kit/trial.py): each precision's model as a cell builds and steps it.
 
-The model, shared initial weights, optimizer, loss scaler and compiled network come from train.py (make_model,
-SharedInit.apply, compile_model) and each step is amp.train_step, the step loop.run_epoch takes; the batches are
+The model, shared initial weights, fp8 conversion, optimizer, loss scaler and compiled network come from
+train.assemble (kit/build.py's order) and each step is amp.train_step, the step loop.run_epoch takes; the batches are
 the cell's first batches, gathered from the same device tensors (make_dataset), the same for every precision.
 """
 
@@ -14,8 +14,7 @@ from amp_compare.kit.child import SharedInit
 from amp_compare.kit.data import Dataset, epoch_batches
 from amp_compare.kit.trial import Stepper
 from amp_compare.torch_impl import amp
-from amp_compare.torch_impl.models import get_weights, set_weights
-from amp_compare.torch_impl.train import compile_model, make_dataset, make_model, setup
+from amp_compare.torch_impl.train import assemble, compile_model, make_dataset, setup
 
 BATCHES = 8  # the cell's first batches, which every block cycles through
 
@@ -30,9 +29,8 @@ def steppers(cfgs: list[RunConfig], data: Dataset, shared_init: SharedInit) -> t
     out = []
     for cfg in cfgs:
         setup(cfg)
-        model = make_model(cfg, data)
-        shared_init.apply(model, get_weights, set_weights)
-        out.append(Stepper(cfg.precision, _runner(cfg, compile_model(cfg, model, device), batches)))
+        run = assemble(cfg, data, shared_init, lambda model, cfg=cfg: compile_model(cfg, model, device)).compiled
+        out.append(Stepper(cfg.precision, _runner(cfg, run, batches)))
     return out, torch.get_num_threads()
 
 
