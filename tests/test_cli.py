@@ -354,11 +354,12 @@ def test_a_full_disk_while_the_report_is_written_is_one_line_and_keeps_every_cel
         return runner.CellOutcome(cfg.cell_id, "ok", "", 0.0)
 
     monkeypatch.setattr(runner, "run_cell", synthetic_cell)
+    monkeypatch.setattr(runner, "prestart_fork_servers", lambda cells, run_dir: None)  # no child: no torch parent
     _disk_full_after(monkeypatch, "/data/")
     out = tmp_path / "reports"
     rc = main(["compare", "--device", "cpu", "--frameworks", "torch", "--models", "simple_cnn", "--precisions",
                "fp32,fp16", "--seeds", "0", "--datasets", "synthetic", "--epochs", "3", "--run-id", "full", "--out",
-               str(out), "--no-figures"])
+               str(out), "--no-figures", "--trial-budget-s", "0"])  # no speed trial: its child would train for real
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == EXIT_REPORT_UNWRITTEN == 4
     line = err[-1]

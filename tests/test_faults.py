@@ -21,9 +21,11 @@ from amp_compare.harness.report.render import render_report
 ROOT = Path(__file__).resolve().parent.parent
 # --no-figures: these tests read records and the report's text; drawing figures (seconds of CPU per run) is
 # tested on the shared tiny compare, the combined reports and the figure tests.
-# simple_cnn only: the CPU default's vit would double every matrix here (the faults are the harness's, not a model's)
+# simple_cnn only: the CPU default's vit would double every matrix here (the faults are the harness's, not a model's).
+# --trial-budget-s 0: a matrix with fp32 and a mixed precision would otherwise end in a speed trial of 10 s per
+# framework (tests/test_trials.py and the shared tiny compare test the trials); these tests read the cells.
 TINY = ["--models", "simple_cnn", "--datasets", "synthetic", "--steps-per-epoch", "3", "--batch-size", "16",
-        "--warmup-steps", "1", "--device", "cpu", "--no-figures"]
+        "--warmup-steps", "1", "--device", "cpu", "--no-figures", "--trial-budget-s", "0"]
 
 
 def _compare(out: Path, *args: str, env: dict | None = None, wait: bool = True):

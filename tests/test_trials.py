@@ -176,39 +176,36 @@ def test_one_stalled_block_does_not_move_the_ratio():
     assert np.abs(np.log(stalled / clean)).max() < 0.02
 
 
-def test_real_trials_in_both_frameworks(tmp_path):
-    """A real trial per framework through what a compare calls (harness/run/trials.run_trial: the forked child, the
-    twin's trial.steppers over the cells' own functions, kit/trial.run_blocks), tiny and short."""
-    from amp_compare.contract.config import RunConfig
-    from amp_compare.contract.records import read_trials
-    from amp_compare.harness.run import forkserver, runner, trials
+def test_real_trials_in_both_frameworks(tiny_run):
+    """The real trials of the shared tiny compare (tests/conftest.py TINY_ARGS: --trial-budget-s 2), one per framework
+    through what a compare calls (harness/run/trials.run_trials -> run_trial: the forked child, the twin's
+    trial.steppers over the cells' own functions, kit/trial.run_blocks), tiny and short: read from its records, not
+    run again (a second pair of framework parents cost more than the trials)."""
+    import json
 
-    cfgs = [RunConfig(framework=fw, model="simple_cnn", dataset="synthetic", precision=p, batch_size=16, seed=0,
-                      device="cpu", threads=1, trial_budget_s=1.0, steps_per_epoch=3)
-            for fw in ("torch", "tf") for p in ("fp32", "bf16")]
-    plan = trials.plan_trials(cfgs)
-    assert list(plan) == ["torch-simple_cnn-synthetic-b16-plain", "tf-simple_cnn-synthetic-b16-plain"]
-    runner.prestart_fork_servers(cfgs, tmp_path)  # both frameworks' imports at once, as a compare starts them
-    try:
-        for tid, group in plan.items():
-            outcome = trials.run_trial(group, tmp_path, "r", 120)
-            assert outcome["status"] == "ok", (outcome, (tmp_path / "trials" / tid / "failed.json").read_text())
-    finally:
-        forkserver.close_all()
-    table = read_trials(tmp_path)
+    from amp_compare.contract.records import read_trials
+
+    _, run_dir = tiny_run
+    planned = json.loads((run_dir / "manifest.json").read_text())["trials"]["planned"]
+    assert sorted(planned) == ["tf-simple_cnn-synthetic-b16-plain", "torch-simple_cnn-synthetic-b16-plain"]
+    table = read_trials(run_dir)
     assert list(table.columns) == list(trial.TRIAL_COLUMNS)
-    for _, blocks in table.groupby("trial_id"):
+    assert sorted(table["trial_id"].unique()) == sorted(planned)
+    for tid, blocks in table.groupby("trial_id"):
+        spec = json.loads((run_dir / "trials" / tid / "trial.json").read_text())
+        precisions = [c["precision"] for c in spec["configs"]]
+        assert precisions[0] == "fp32" and sorted(precisions) == ["bf16", "fp16", "fp32"], precisions
         rounds = blocks["round"].max() + 1
-        assert rounds % 2 == 0 and len(blocks) == 2 * rounds  # whole mirrored pairs, one block per precision
-        assert rounds >= trial.MIN_ROUNDS  # past the 1 s budget that building the models spent: an interval exists
+        assert rounds % 2 == 0 and len(blocks) == 3 * rounds  # whole mirrored pairs, one block per precision
+        assert rounds >= trial.MIN_ROUNDS  # past the budget that building the models spent: an interval exists
         for r, rnd in blocks.groupby("round"):
-            order = [["fp32", "bf16"][i] for i in trial.block_order(2, r)]
+            order = [precisions[i] for i in trial.block_order(3, r)]
             assert rnd.sort_values("position")["precision"].tolist() == order
         assert (blocks["steps"] >= 1).all() and (blocks["wall_s"] > 0).all() and (blocks["threads"] == 1).all()
         # k makes a block last BLOCK_S at least (timed from one step, so allow the noise of a shared machine)
         assert (blocks["wall_s"] > trial.BLOCK_S / 3).mean() > 0.8
     summary = trial.trial_summary(table)
-    assert len(summary) == 2 and (summary["precision"] == "bf16").all() and (summary["ratio"] > 0).all()
+    assert len(summary) == 4 and set(summary["precision"]) == {"fp16", "bf16"} and (summary["ratio"] > 0).all()
 
 
 def test_a_block_must_end_with_a_host_read():
