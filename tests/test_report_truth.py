@@ -128,8 +128,9 @@ def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
     assert (acc.status, acc.reason, acc.interval_kind) == ("same", "no_image_differed", "exact 95% bound")
     assert phrases.clause(acc).endswith("same (no image differed) (95% exact bound)"), phrases.clause(acc)
     assert "bootstrap" not in phrases.sentence(acc) and "p =" not in phrases.sentence(acc)  # no test ran
-    table = pd.DataFrame({"test": [stats.NO_DIFFERENCE]})
-    assert "bootstrap" not in accuracy.section_paragraph(table)
+    table = pd.DataFrame({"method": [stats.NO_DIFFERENCE]})
+    assert "bootstrap" not in accuracy.section_paragraph(table) and "exact 95% bound" in \
+        accuracy.section_paragraph(table)
 
 
 def test_accuracy_warnings_come_from_the_table_not_from_sentence_text():

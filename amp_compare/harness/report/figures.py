@@ -443,12 +443,11 @@ def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, 
     return labels.where(~(marked if eligible is None else marked & eligible), labels + " ⚠")
 
 
-def speed_labels(table: pd.DataFrame, notes: pd.DataFrame | None) -> pd.Series:
-    """Each bar's speed-ratio label as the summary table prints it: the ratio, and ⚠ where the table marks it
-    (notes: the full table's speed_note per row; tables.full_table)."""
-    labels = pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
-                       index=table.index)
-    return _marked(table, labels, notes, "speed_note")
+def speed_labels(table: pd.DataFrame) -> pd.Series:
+    """Each bar's speed-ratio label as the summary table prints it: what training took, no verdict (speed
+    verdicts are the speed trials')."""
+    return pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
+                     index=table.index)
 
 
 def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
@@ -461,7 +460,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
         return []
     emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
     table.loc[emulated, "speedup_vs_fp32"] = np.nan
-    table["speed_label"] = speed_labels(table, notes)
+    table["speed_label"] = speed_labels(table)
     full_table = table
     ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20

@@ -18,8 +18,9 @@ import pandas as pd
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
 from amp_compare.contract.records import unpack_correct
-from amp_compare.harness.report.cell_text import accuracy_interval_kind
-from amp_compare.harness.report.stats import mcnemar_exact, paired_bootstrap
+from amp_compare.harness.report.phrases import KIND
+from amp_compare.harness.report.stats import paired_test
+from amp_compare.harness.report.verdicts import ACCURACY_KIND
 
 # An fp8 cell off a GPU runs in emulation (torchao's emulate=True; Keras' float8 matmul in software): its time is
 # the emulation's, not fp8's, so no table, finding, answer or figure gives it a speed ratio or a speed verdict.
@@ -79,11 +80,8 @@ def _paired(runs: pd.DataFrame, cell, other: str) -> str:
         pairs.append((unpack_correct(b.iloc[0]["val_correct"], n), unpack_correct(r.val_correct, n)))
     if not pairs:
         return "n/a"
-    res = (mcnemar_exact(*pairs[0]) if len(pairs) == 1 else
-           paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs])))
-    # the bracket names its kind (Newcombe for one seed, a bootstrap over seeds, or an exact bound), as the
-    # Accuracy section's brackets do
-    kind = accuracy_interval_kind(res["test"])
+    res = paired_test(pairs)
+    kind = "95% " + KIND[ACCURACY_KIND[res["method"]]]  # the bracket's kind, as the Accuracy section's
     return f"{res['diff_pp']:+.2f} pp [{kind} {res['ci_low']:+.2f}, {res['ci_high']:+.2f}]"
 
 

@@ -18,8 +18,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.harness.report import stats
-from amp_compare.harness.report.cell_text import accuracy_text
+from amp_compare.harness.report import phrases, verdicts
 from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit
 
 # abbreviation -> (how it is found in text, its expansion). "p" only where it stands for a p-value.
@@ -216,14 +215,11 @@ def _harm_verdict(acc: pd.DataFrame | None) -> str:
         return (" No cell trained float16 without loss scaling, so this run does not measure what dropping it would "
                 "cost (--precisions fp32,fp16,fp16-noscale does).")
     said = "; ".join(" ".join([*([str(r.model)] if rows["model"].nunique() > 1 else []), _label(r.framework),
-                               r.precision]) + ": " + accuracy_text(r) for r in rows.itertuples())
-    tested = [r for r in rows.itertuples() if np.isfinite(r.p_value) and not r.too_short
-              and not getattr(r, "budget_note", "")]
-    worse = [r for r in tested if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high})
-             and r.diff_pp < 0]
-    verdict = ("dropping loss scaling cost accuracy in this run" if worse else
-               "this run shows no measurable harm from dropping loss scaling" if len(tested) == len(rows) else
-               "the run cannot judge every such cell's accuracy")
+                               r.precision]) + ": " + phrases.accuracy(r) for r in rows.itertuples())
+    status = [verdicts.accuracy(r)["status"] for r in rows.itertuples()]
+    verdict = ("dropping loss scaling cost accuracy in this run" if "lower" in status else
+               "the run cannot judge every such cell's accuracy" if "not_comparable" in status else
+               "this run shows no measurable harm from dropping loss scaling")
     return f" Trained without loss scaling, against fp32 (the Accuracy section's paired test): {said}: {verdict}."
 
 

@@ -7,10 +7,14 @@ clause). The answer, the per-model tables, the page and the terminal all word ve
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import framework_label
+from amp_compare.harness.report import stats
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
           "numerics": "numerics"}
@@ -32,6 +36,8 @@ REASON = {  # a few words each, after "because" or in brackets
 }
 KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
         "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
+METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
+          stats.NO_DIFFERENCE: "none: no image differed"}
 # which reasons a cell shows in brackets: those that say why there is no number or no decision, and what an accuracy
 # "same" rests on (fp32's measured seed range, or no image differing)
 SHOWN = {"not_comparable", "undecided", "failed"}
@@ -47,6 +53,14 @@ def _ratio(v: float) -> str:
     return f"{v:.2f}×" if v >= 0.1 else f"{v:.3f}×"
 
 
+def pp_bound(value: float) -> str:
+    """One end of an accuracy interval in pp: exactly 0 prints as 0 (the interval includes no change), one that
+    rounds to ±0.0 without being 0 gets a digit more (+0.03)."""
+    if value == 0:
+        return "0"
+    return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.1f}"
+
+
 def number(v, interval: bool = True) -> str:
     """The estimate in the verdict's unit, with its 95% interval where it has one and `interval`; "" where none."""
     if not np.isfinite(v.estimate):
@@ -55,7 +69,7 @@ def number(v, interval: bool = True) -> str:
         text = _ratio(v.estimate)
         low, high = (_ratio(v.low), _ratio(v.high)) if np.isfinite(v.low) else ("", "")
     elif v.unit == "pp":
-        text, low, high = f"{v.estimate:+.1f} pp", f"{v.low:+.1f}", f"{v.high:+.1f}"
+        text, low, high = f"{v.estimate:+.1f} pp", pp_bound(v.low), pp_bound(v.high)
     elif v.unit == "MiB":
         text, low, high = f"{v.estimate:+,.{1 if abs(v.estimate) < 10 else 0}f} MiB", "", ""
     else:
@@ -82,6 +96,25 @@ def clause(v) -> str:
     """The metric, its cell and the interval's kind: "speed 0.20× [0.19×, 0.21×] slower (95% sign test)"."""
     kind = interval_words(v)
     return f"{METRIC[v.metric]} {cell(v)}" + (f" ({kind})" if kind and np.isfinite(v.low) else "")
+
+
+def test(method, seeds) -> str:
+    """The paired accuracy test by name, with its seeds: "McNemar exact, 1 seed"."""
+    if method not in METHOD:
+        return ""
+    return METHOD[method] + (f", {seeds:.0f} seed{'s' * (seeds != 1)}" if np.isfinite(seeds) else "")
+
+
+def accuracy(r) -> str:
+    """An accuracy-table row's comparison with fp32 (tables.accuracy_statistics) as its verdict words it
+    (verdicts.accuracy): the cell, then the interval's kind and p where a test ran."""
+    from amp_compare.harness.report import verdicts
+
+    v = SimpleNamespace(**verdicts.accuracy(r))
+    p = json.loads(v.evidence)["p_value"]
+    said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
+                        f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
+    return cell(v) + (f" ({', '.join(said)})" if said else "")
 
 
 def who(v) -> str:

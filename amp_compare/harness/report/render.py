@@ -34,7 +34,6 @@ from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
-from amp_compare.harness.report.cell_text import pp_bound
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
@@ -244,30 +243,25 @@ def _ttt_ratio_text(r, device: str = "cpu") -> str:
 
 
 def _accuracy_table(acc: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
-    """The accuracy section's table: each mixed cell's paired test against fp32 and every cell's time to target."""
+    """The accuracy section's table: each mixed cell's paired comparison with fp32 as its verdict words it
+    (phrases.accuracy), and every cell's time to target."""
     if acc.empty:
         return acc
     multi = "machine" in acc and acc["machine"].nunique() > 1
-
-    def num(v, spec):
-        return "" if v is None or not np.isfinite(v) else f"{v:{spec}}"
-
     rows = []
     for r in acc.itertuples():
-        tested = (np.isfinite(r.p_value) if isinstance(r.p_value, float) else False) and not r.too_short
+        tested = isinstance(r.method, str) and not r.too_short
         timed = np.isfinite(r.target) and not r.too_short
         rows.append({
             **({"Machine": r.machine} if multi else {}),
             "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
             "Precision": r.precision,
-            "Δ vs fp32 (pp)": num(r.diff_pp, "+.2f") if tested else "",
-            "95% interval (pp)": f"[{pp_bound(r.ci_low)}, {pp_bound(r.ci_high)}]" if tested else "",
-            "p": num(r.p_value, ".3g") if tested else "",
-            "Test": r.test if tested else "",
+            "Accuracy vs fp32 (pp)": phrases.accuracy(r) if precisions.is_mixed(r.precision) else "",
+            "Test": phrases.test(r.method, r.seeds) if tested else "",
             "Comparable": "no: " + r.too_short if r.too_short else "yes",
-            "Target": num(r.target * 100, ".1f") + "%" if timed else "",
+            "Target": f"{r.target * 100:.1f}%" if timed else "",
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
-                                   else num(r.time_to_target_s, ".1f")),
+                                   else f"{r.time_to_target_s:.1f}"),
             "vs fp32's time": _ttt_ratio_text(r, device) if timed else "",
             "Seeds reaching it": f"{r.reached_seeds:.0f} of {r.timed_seeds:.0f}" if timed else "",
         })

@@ -282,7 +282,7 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
     return out
 
 
-ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "test", "seeds", "images"]
+ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images"]
 TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high"]
 
 
@@ -293,7 +293,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
     table's order."""
     ok = with_loop_columns(ok_runs(runs).copy())
     cols = [*_keys(ok), "framework", "precision", *ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
-            "budget_note"]
+            "budget_cut", "floor_pp", "floor_seeds"]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     keys = _keys(ok)
@@ -314,7 +314,8 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
         for (fw, prec), time_row in times.items():
             cut = group[(group["framework"] == fw) & (group["precision"] == prec) & stats.budgeted(group)]
             row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
-                   "target_basis": basis, **time_row, "budget_note": stats.budget_note(len(cut))}
+                   "target_basis": basis, **time_row, "budget_cut": len(cut),
+                   **_seed_range(fp32[fp32["framework"] == fw])}
             match = tests
             for k, v in {**key, "framework": fw, "precision": prec}.items():
                 match = match[same_value(match[k], v)] if not match.empty else match
@@ -323,6 +324,13 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
             rows.append(row)
     out = pd.DataFrame(rows).reindex(columns=cols)
     return out.sort_values([*keys, "framework", "precision"], key=display_order).reset_index(drop=True)
+
+
+def _seed_range(fp32: pd.DataFrame) -> dict:
+    """fp32's seed-to-seed range of final validation accuracy in pp (NaN under two seeds), the margin an accuracy
+    change is judged "same" against (verdicts.ACCURACY), and its seeds."""
+    acc = fp32.groupby("seed")["final_val_accuracy"].median().dropna() * 100
+    return {"floor_pp": float(acc.max() - acc.min()) if len(acc) >= 2 else np.nan, "floor_seeds": len(acc)}
 
 
 def _pairs(ok: pd.DataFrame, keys: list[str]):
@@ -399,9 +407,7 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     out = out.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs, environment) if accuracy is None else accuracy
     out = out.merge(accuracy, on=keys, how="left")
-    out["speed_note"] = ""  # a wall-time ratio carries no ⚠: speed verdicts are the speed trials' (verdicts.py)
-    for col in ("speed_note", "memory_note", "too_short", "speed_basis", "budget_note",
-                "memory_resolution_basis"):
+    for col in ("memory_note", "too_short", "speed_basis", "memory_resolution_basis"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
     emulated = fp8_report.speed_emulated(out["precision"], (environment or {}).get("device", "cpu"))
@@ -409,7 +415,6 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
                                    "ttt_ratio", "ttt_low", "ttt_high",
                                    # FLOP/s and MFU of an emulation measure float32 matmuls of dequantized values
                                    "achieved_flops", "mfu_measured", "mfu_table") if c in out]] = np.nan
-    out.loc[emulated, "speed_note"] = fp8_report.EMULATED_SPEED
     out["emulated"] = emulated  # what every sentence and table tests, rather than the notes' words
     out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_low", "memory_high", "memory_difference_mib",
                                    "memory_resolved", "memory_resolution_mib") if c in out]] = np.nan
