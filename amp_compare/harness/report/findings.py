@@ -193,13 +193,12 @@ def mfu_findings(table: pd.DataFrame) -> list[str]:
     """What the MFU column is measured against where that is not the cell's own dtype, and any MFU over 100%
     (the measured matmul is then not the ceiling of the path the cell ran: the number is shown, flagged)."""
     out = []
-    dtypes = table.get("ceiling_dtype", pd.Series(dtype=str)).fillna("")
-    emulated = table[on_fp32_ceiling(dtypes)]
+    emulated = table[on_fp32_ceiling(table)]
     if not emulated.empty:
         which = ", ".join(sorted(set(emulated["precision"])))
         out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this CPU's flags "
                    "list no arithmetic for their half format (the ceiling chosen, not a record of which kernels ran).")
-    limits = ceiling_limits(dtypes)
+    limits = ceiling_limits(table)
     limited = table[limits != ""]
     if not limited.empty:
         which = ", ".join(sorted(set(limited["precision"])))

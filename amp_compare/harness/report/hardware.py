@@ -16,8 +16,6 @@ This module never imports a framework.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
@@ -48,22 +46,20 @@ def log_line_flags(text: str, flags: str) -> str:
     return f"beside it, this CPU's flags list {', '.join(has)}" + (f" but not {' or '.join(lacks)}" if lacks else "")
 
 
-# A half format this CPU has no arithmetic for is measured against the fp32 matmul's ceiling (kit/ceiling.py); its
-# label says so (older records' labels are today's once read: contract/records.migrate).
-FP32_CEILING = re.compile(r"^fp32 \(no \w+ arithmetic\)$")
-# ... and where the run kept the frameworks from the format's instructions (kit/ceiling.ceiling_dtype)
-LIMITED_CEILING = re.compile(r"^fp32 \(\w+ arithmetic limited by (.+)\)$")
+def _text(table: pd.DataFrame, column: str) -> pd.Series:
+    return table[column].fillna("").astype(str) if column in table else pd.Series("", index=table.index)
 
 
-def on_fp32_ceiling(dtypes: pd.Series) -> pd.Series:
-    """Which cells' half format is measured against the fp32 matmul's ceiling (no arithmetic for it here)."""
-    return dtypes.fillna("").astype(str).str.match(FP32_CEILING.pattern)
+def on_fp32_ceiling(table: pd.DataFrame) -> pd.Series:
+    """Which cells' half format is measured against the fp32 matmul's ceiling for want of its arithmetic here
+    (kit/ceiling.ceiling_choice records it: ceiling_fp32_for set, no ceiling_isa_limit)."""
+    return (_text(table, "ceiling_fp32_for") != "") & (_text(table, "ceiling_isa_limit") == "")
 
 
-def ceiling_limits(dtypes: pd.Series) -> pd.Series:
-    """Per cell, the variables that kept its half format from the frameworks (LIMITED_CEILING, "ONEDNN_MAX_CPU_ISA=
-    AVX2"), "" where its ceiling is not the fp32 one for that reason."""
-    return dtypes.fillna("").astype(str).str.extract(LIMITED_CEILING, expand=False).fillna("")
+def ceiling_limits(table: pd.DataFrame) -> pd.Series:
+    """Per cell, the variables that kept its half format from the frameworks ("ONEDNN_MAX_CPU_ISA=AVX2"), so that
+    it is measured against the fp32 ceiling; "" where none did."""
+    return _text(table, "ceiling_isa_limit")
 
 
 def timing_note(wall: float, median: float) -> str:

@@ -619,8 +619,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
 def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
     """Whether some cell is measured against the fp32 ceiling for want of its half format's arithmetic, and whether
     some because the run kept the frameworks from its instructions (hardware.on_fp32_ceiling / ceiling_limits)."""
-    dtypes = full.get("ceiling_dtype", pd.Series(dtype=str))
-    return bool(on_fp32_ceiling(dtypes).any()), bool((ceiling_limits(dtypes) != "").any())
+    return bool(on_fp32_ceiling(full).any()), bool((ceiling_limits(full) != "").any())
 
 
 def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: dict, verdict_table) -> dict:

@@ -92,7 +92,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         accuracy_change_q3=("accuracy_change_pp", _q(75)),
         skipped_steps=("skipped_steps", "median"),
         **{c: (c, "median") for c in PERF_MEDIANS},
-        ceiling_dtype=("ceiling_dtype", "first"),
+        **{c: (c, "first") for c in CEILING_WHY},
     ).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
@@ -112,7 +112,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
 # is the run's one ceiling per device and dtype (report/hardware.py with_run_ceiling), MFU measured against it.
 PERF_MEDIANS = ["median_step_throughput_img_s", "compile_warmup_s", "flops_per_image", "achieved_flops",
                 "ceiling_flops", "ceiling_flops_table", "mfu_measured", "mfu_table"]
-PERF_COLS = [*PERF_MEDIANS, "ceiling_dtype", "timing_note", "bound"]
+CEILING_WHY = ["ceiling_dtype", "ceiling_fp32_for", "ceiling_isa_limit"]  # what the ceiling is and why (kit/ceiling.py)
+PERF_COLS = [*PERF_MEDIANS, *CEILING_WHY, "timing_note", "bound"]
 
 
 def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
@@ -125,8 +126,9 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
     for col in PERF_MEDIANS:
         if col not in runs:
             runs[col] = np.nan
-    if "ceiling_dtype" not in runs:
-        runs["ceiling_dtype"] = ""
+    for col in CEILING_WHY:
+        if col not in runs:
+            runs[col] = ""
     return runs
 
 
