@@ -747,7 +747,7 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
                 linewidth=1.2, label=f"{block} · {label}")
     ax.set_yscale("log")
     ax.axhline(FP16_MAX, color="#d1495b", linewidth=1, linestyle="--")
-    ax.text(0.02, FP16_MAX, "float16 max 65,504", color="#d1495b", fontsize=7, va="bottom",
+    ax.text(0.02, FP16_MAX, f"float16 max {FP16_MAX:,.0f}", color="#d1495b", fontsize=7, va="bottom",
             transform=ax.get_yaxis_transform())
     if naive_logits:  # exp overflows float16 far below the logit's own limit
         ax.axhline(FP16_EXP_LIMIT, color="#a0761e", linewidth=1, linestyle=":")

@@ -8,6 +8,7 @@ clause). The answer, the per-model tables, the page and the terminal all word ve
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,7 +26,8 @@ REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
     "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
-    "above_resolution": "beyond the run's noise", "unresolved_memory": "within identical cells' spread",
+    "above_resolution": "identical cells within {margin:,.1f} MiB",
+    "unresolved_memory": "within identical cells' spread of {margin:,.1f} MiB",
     "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
     "within_floor": "fp32 seeds {margin:.2f} pp apart", "no_floor": "one fp32 seed: no seed range",
     "no_image_differed": "no image differed",
@@ -38,10 +40,10 @@ KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "New
         "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
-# which reasons a cell shows in brackets: those that say why there is no number or no decision, and what an accuracy
-# "same" rests on (fp32's measured seed range, or no image differing)
+# which reasons a cell shows in brackets: those that say why there is no number or no decision, and the measured margin
+# a decision rests on (fp32's seed range, no image differing, identical cells' memory spread)
 SHOWN = {"not_comparable", "undecided", "failed"}
-SHOWN_REASONS = {"within_floor", "no_image_differed"}
+SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
 
 
 def reason(v) -> str:
@@ -151,7 +153,7 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
     if verdicts is None or verdicts.empty:
         return []
     statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))
-    reasons = "; ".join(f"\"{REASON[r].format(margin=0).replace('0.00', 'X')}\": {REASONS[r]}"
+    reasons = "; ".join(f"\"{re.sub(r'{margin[^}]*}', 'X', REASON[r])}\": {REASONS[r]}"
                         for r in dict.fromkeys(verdicts["reason"]))
     return [("Verdict words", f"What each word in the per-model tables means. {statuses}."),
             ("Verdict reasons", f"Why a verdict is what it is, in brackets beside it. {reasons}.")]

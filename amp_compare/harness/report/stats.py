@@ -342,14 +342,3 @@ def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str 
 
 # --seeds given explicitly: a seed list left to its default runs the vit on one seed on a CPU (DEFAULT_MODEL_SEEDS)
 MORE_SEEDS = "--seeds 0,1,2 given explicitly"
-
-
-def noisy_rule(direction: bool, same: str = "1×") -> str:
-    """What ratio_verdict marks "noisy", in words: the legends quote this, so they say the rule the marks follow.
-    direction: speed and time to target (their side of 1 is what is judged); else memory."""
-    near = f"narrower than {NOISY_WIDTH}× end to end around a ratio within {SAME:.0%} of {same} (no difference)"
-    if direction:
-        return (f"noisy: a 95% interval that includes {same}, unless it is {near}; an interval wholly on one side "
-                f"of {same} is not marked however wide: that side stands, and the interval beside the number says "
-                "how far")
-    return f"noisy: a 95% interval wider than {NOISY_WIDTH}× end to end, or including {same} unless it is {near}"

@@ -219,7 +219,7 @@ def _trial_kind(kind: str) -> str:
 def _memory(r, key: dict) -> dict:
     difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
     facts = SimpleNamespace(emulated=bool(r.emulated), difference=difference, resolution=resolution,
-                            estimate=difference, low=np.nan, high=np.nan)
+                            estimate=difference, low=np.nan, high=np.nan, margin=resolution)
     evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution,
                 "resolution_from": r.memory_resolution_basis or "own"}
     return _row(key, "memory", facts, "none", evidence)
