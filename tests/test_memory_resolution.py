@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from tests.test_report_sentences import make_run, one, write_run
+from tests.test_report_sentences import make_run, write_run
 
 # PyTorch's fp32 seeds read as the issue's did (36.7 / 51.4 / 43.6 MiB: a 14.7 MiB spread); its fp16 cells sit
 # inside that spread, its bf16 cells far above it. Keras' cells agree to 0.5 MiB, so a 7 MiB step is resolved.

@@ -21,6 +21,7 @@ from amp_compare.contract.records import unpack_correct
 from amp_compare.harness.report.phrases import KIND
 from amp_compare.harness.report.stats import paired_test
 from amp_compare.harness.report.verdicts import ACCURACY_KIND
+from amp_compare.kit.fp16 import FP16_MAX
 
 # An fp8 cell off a GPU runs in emulation (torchao's emulate=True; Keras' float8 matmul in software): its time is
 # the emulation's, not fp8's, so no table, finding, answer or figure gives it a speed ratio or a speed verdict.
@@ -55,8 +56,8 @@ def api_text(row: dict) -> str:
 
 
 def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
-    """The headroom records less the fp8 cells': that section measures distance to float16's 65,504, which says
-    nothing of an fp8 tensor (e4m3's largest is 448, and each tensor is scaled to it before its cast)."""
+    """The headroom records less the fp8 cells': that section measures distance to float16's largest value, which
+    says nothing of an fp8 tensor (each is scaled to its format's largest before its cast)."""
     if headroom is None or headroom.empty or "precision" not in headroom:
         return headroom
     return headroom[~headroom["precision"].isin(contract.FP8_MODES)]
@@ -145,7 +146,8 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
                    "alone, not an fp8 unit's accumulation.")
     if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
         out.append("The ViT headroom section leaves fp8 out: it measures distance to float16's largest value, "
-                   "65,504, while each fp8 tensor is multiplied by fmax / amax before its cast, so its largest "
+                   f"{FP16_MAX:,.0f}, while "
+                   "each fp8 tensor is multiplied by fmax / amax before its cast, so its largest "
                    "magnitude meets its format's largest whatever its size.")
     unavailable = runs[(runs["precision"].isin(contract.FP8_MODES)) & (runs["status"] == "unavailable")]
     for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples():
