@@ -230,24 +230,18 @@ def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
                          **loss})
 
 
-def _ttt_ratio_text(r, device: str = "cpu") -> str:
-    """A mixed cell's time to target against fp32's: ratio, interval, ⚠ and why (none for an emulation's)."""
-    ratio = getattr(r, "ttt_ratio", np.nan)
-    if getattr(r, "emulated", False) or fp8_report.speed_emulated(r.precision, device):
-        return fp8_report.EMULATED_SPEED
-    if not isinstance(ratio, float) or not np.isfinite(ratio):
-        return ""
-    text = f"{ratio:.2f}×" + (f" (geometric mean of the seeds' ratios) [95% t-interval over seeds "
-                              f"{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else "")
-    return text
-
-
-def _accuracy_table(acc: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
-    """The accuracy section's table: each mixed cell's paired comparison with fp32 as its verdict words it
-    (phrases.accuracy), and every cell's time to target."""
+def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFrame:
+    """The accuracy section's table: each mixed cell's paired comparison with fp32 (phrases.accuracy) and every
+    cell's time to target, with its time-to-target verdict (the verdict table's, phrases.cell)."""
     if acc.empty:
         return acc
     multi = "machine" in acc and acc["machine"].nunique() > 1
+
+    def key(r) -> tuple:
+        size = float(r.batch_size) if pd.notna(getattr(r, "batch_size", np.nan)) else -1.0
+        return r.model, r.dataset, r.framework, r.precision, str(getattr(r, "step_loop", "")), size
+
+    times = {key(v): v for v in verdicts.of(verdict_table, "time_to_target").itertuples()}
     rows = []
     for r in acc.itertuples():
         tested = isinstance(r.method, str) and not r.too_short
@@ -262,7 +256,7 @@ def _accuracy_table(acc: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
             "Target": f"{r.target * 100:.1f}%" if timed else "",
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
                                    else f"{r.time_to_target_s:.1f}"),
-            "vs fp32's time": _ttt_ratio_text(r, device) if timed else "",
+            "vs fp32's time": phrases.cell(times[key(r)]) if timed and key(r) in times else "",
             "Seeds reaching it": f"{r.reached_seeds:.0f} of {r.timed_seeds:.0f}" if timed else "",
         })
     return pd.DataFrame(rows)
@@ -685,7 +679,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
         "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
-        "accuracy_table": _html_or_none(_accuracy_table(acc_stats, manifest["device"])),
+        "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps),
