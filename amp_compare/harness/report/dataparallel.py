@@ -19,8 +19,7 @@ Per N-worker cell (`rows`), against its 1-worker cell of the same framework, mod
     each worker's own gradients before the all-reduce, whether a non-finite one anywhere skipped the step everywhere
     (`worker_agreement`);
   * the accuracy effect of a reduced-precision all-reduce: paired against the fp32 all-reduce cell of the same
-    workers (stats.mcnemar_exact for one seed, stats.paired_bootstrap for several), as the Accuracy section pairs
-    mixed precision with fp32.
+    workers (stats.paired_test), as the Accuracy section pairs mixed precision with fp32.
 """
 
 from __future__ import annotations

@@ -125,11 +125,7 @@ def who(v) -> str:
 
 def sentence(v) -> str:
     """One verdict as a sentence: who, the clause, and why."""
-    return f"{who(v)}: {clause(v)}, because {_because(v)}."
-
-
-def _because(v) -> str:
-    return reason(v)
+    return f"{who(v)}: {clause(v)}, because {reason(v)}."
 
 
 def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
