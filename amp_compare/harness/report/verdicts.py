@@ -229,7 +229,7 @@ def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
     """The accuracy verdict row of an accuracy-table row (tables.accuracy_statistics, or the full table): its paired
     test, fp32's seed range (floor_pp) and its budget-cut cells decide it (ACCURACY)."""
     method = r.method if isinstance(getattr(r, "method", None), str) else ""
-    cut = int(_num(getattr(r, "budget_cut", 0)) or 0) if cut is None else cut
+    cut = int(np.nan_to_num(_num(getattr(r, "budget_cut", 0)))) if cut is None else cut
     floor, p = _num(getattr(r, "floor_pp", np.nan)), _num(r.p_value)
     key = key or {k: getattr(r, k, "") for k in IDENTITY}
     facts = SimpleNamespace(budget_cut=cut, too_short=bool(r.too_short), estimate=_num(r.diff_pp),
