@@ -72,8 +72,8 @@ def test_skips_with_a_non_finite_loss_are_said_apart_from_those_loss_scaling_ans
 
 def _acc(precision: str, diff: float, low: float, high: float, p: float, model: str = "vit") -> dict:
     return {"model": model, "dataset": "digits", "framework": "torch", "precision": precision, "diff_pp": diff,
-            "ci_low": low, "ci_high": high, "p_value": p, "test": "McNemar exact (1 seed)", "too_short": "",
-            "budget_note": ""}
+            "ci_low": low, "ci_high": high, "p_value": p, "method": "mcnemar", "seeds": 1, "too_short": "",
+            "budget_cut": 0}
 
 
 def test_the_float16_lesson_rests_on_measured_harm_and_names_key_bias_residue():
@@ -89,8 +89,8 @@ def test_the_float16_lesson_rests_on_measured_harm_and_names_key_bias_residue():
            "in attention key biases, whose exact gradient is zero" in text, text
     assert "without scaling lost up to 0.050% of the non-zero gradient elements of a probe (PyTorch " \
            "fp16-noscale, last step)" in text, text
-    assert text.endswith("PyTorch fp16-noscale: no detectable difference (+0.3 pp [95% Newcombe -0.8, +1.4], p = 1): "
-                         "this run shows no measurable harm from dropping loss scaling."), text
+    assert text.endswith("PyTorch fp16-noscale: +0.3 pp [-0.8, +1.4] undecided (one fp32 seed: no seed range) "
+                         "(95% Newcombe, p = 1): this run shows no measurable harm from dropping loss scaling."), text
     worse = pd.DataFrame([_acc("fp16-noscale", -3.0, -4.5, -1.5, 0.001)])
     assert glossary._underflow_evidence(underflow, worse).endswith("dropping loss scaling cost accuracy in this run.")
     assert "does not measure what dropping it would cost" in glossary._underflow_evidence(underflow, same.iloc[:1])
@@ -103,9 +103,10 @@ def test_loss_scaling_accuracies_carry_the_paired_test():
                          for p, a in (("fp16", 0.942), ("fp16-noscale", 0.955))])
     acc = pd.DataFrame([_acc("fp16", -1.1, -2.7, 0.2, 0.125), _acc("fp16-noscale", 0.3, -0.8, 1.4, 1.0)])
     (said,) = nr.numerics_said(runs, pd.DataFrame(), pd.DataFrame(), None, acc)["loss_scaling"]
-    assert said == ("PyTorch: validation accuracy 94.2% with dynamic loss scaling (against fp32: no detectable "
-                    "difference (-1.1 pp [95% Newcombe -2.7, +0.2], p = 0.12)), 95.5% without any (against fp32: no "
-                    "detectable difference (+0.3 pp [95% Newcombe -0.8, +1.4], p = 1)) — each tested against fp32 "
+    assert said == ("PyTorch: validation accuracy 94.2% with dynamic loss scaling (against fp32: -1.1 pp [-2.7, +0.2] "
+                    "undecided (one fp32 seed: no seed range) (95% Newcombe, p = 0.12)), 95.5% without any (against "
+                    "fp32: +0.3 pp [-0.8, +1.4] undecided (one fp32 seed: no seed range) (95% Newcombe, p = 1)) — "
+                    "each tested against fp32 "
                     "image by image, as the Accuracy section does."), said
 
 

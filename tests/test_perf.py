@@ -171,6 +171,8 @@ def test_an_emulated_half_format_is_measured_against_the_fp32_ceiling():
     assert ceiling.ceiling_dtype("fp32", "on", "cpu", no_half) == ("tf32", "")
     info = ceiling.ceiling_info("cpu", "fp32", ceiling.ceiling_dtype("bf16", "off", "cpu", no_half)[1], 8e10, 1024)
     assert info["ceiling_dtype"] == "fp32 (no bf16 arithmetic)" and info["ceiling_flops_measured"] == 8e10
+    choice = ceiling.ceiling_choice("bf16", "off", "cpu", no_half)
+    assert (choice["fp32_for"], choice["isa_limit"]) == ("bf16", "")
 
 
 def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
@@ -187,6 +189,7 @@ def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
     assert (runs["ceiling_flops"] == 4.3e11).all()
     # and older records' "emulated" label is printed as what it is: the fp32 ceiling of a format with no arithmetic
     assert list(runs["ceiling_dtype"]) == ["fp32", "fp32", "fp32 (no bf16 arithmetic)", "fp32 (no bf16 arithmetic)"]
+    assert list(runs["ceiling_fp32_for"]) == ["", "", "bf16", "bf16"] and set(runs["ceiling_isa_limit"]) == {""}
     assert list(runs["mfu_measured"].round(3)) == [round(1.03e11 / 4.3e11, 3), round(1.17e11 / 4.3e11, 3),
                                                    round(0.5e11 / 4.3e11, 3), round(0.6e11 / 4.3e11, 3)]
     said = ceiling_sentences(runs)
@@ -208,7 +211,8 @@ def test_an_mfu_over_100_percent_is_flagged_not_passed_off():
                            "ceiling_dtype": "fp32"}])
     said = mfu_findings(table)
     assert len(said) == 1 and "MFU above 100% in 1 cell(s) (PyTorch bf16 batch 64 (556%))" in said[0]
-    assert mfu_findings(table.assign(ceiling_dtype=["fp32 (no bf16 arithmetic)", "fp32"], mfu_measured=[0.04, 0.29])) \
+    assert mfu_findings(table.assign(ceiling_dtype=["fp32 (no bf16 arithmetic)", "fp32"], ceiling_fp32_for=["bf16", ""],
+                                     mfu_measured=[0.04, 0.29])) \
         == ["MFU of the bf16 cells is against the fp32 matmul ceiling, used because this CPU's flags list no "
             "arithmetic for their half format (the ceiling chosen, not a record of which kernels ran)."]
 

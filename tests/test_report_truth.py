@@ -76,13 +76,15 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     from amp_compare.harness.report.findings import mfu_findings
     from amp_compare.kit import ceiling
 
-    label = ceiling.ceiling_info("cpu", "fp32", ceiling.ceiling_dtype("bf16", "off", "cpu", info)[1], 2e11,
-                                 1024)["ceiling_dtype"]
+    choice = ceiling.ceiling_choice("bf16", "off", "cpu", info)
+    recorded = ceiling.ceiling_info("cpu", "fp32", choice["basis"], 2e11, 1024, choice["fp32_for"],
+                                    choice["isa_limit"])
     assert ceiling.ceiling_dtype("bf16", "off", "cpu", info)[0] == "fp32"
-    assert label == "fp32 (bf16 arithmetic limited by ONEDNN_MAX_CPU_ISA=AVX2)"
+    assert recorded["ceiling_dtype"] == "fp32 (bf16 arithmetic limited by ONEDNN_MAX_CPU_ISA=AVX2)"
+    assert (recorded["ceiling_fp32_for"], recorded["ceiling_isa_limit"]) == ("bf16", "ONEDNN_MAX_CPU_ISA=AVX2")
     assert ceiling.ceiling_dtype("bf16", "off", "cpu", AVX512_BF16) == ("bf16", "")
     table = pd.DataFrame([{"framework": "torch", "precision": "bf16", "batch_size": 64, "mfu_measured": 0.04,
-                           "ceiling_dtype": label}])
+                           **{k: v for k, v in recorded.items() if k.startswith("ceiling_")}}])
     assert mfu_findings(table) == ["MFU of the bf16 cells is against the fp32 matmul ceiling, used because this run "
                                    "kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): a half-format matmul timed "
                                    "under that limit is no ceiling (the ceiling chosen, not a record of which "
@@ -128,8 +130,9 @@ def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
     assert (acc.status, acc.reason, acc.interval_kind) == ("same", "no_image_differed", "exact 95% bound")
     assert phrases.clause(acc).endswith("same (no image differed) (95% exact bound)"), phrases.clause(acc)
     assert "bootstrap" not in phrases.sentence(acc) and "p =" not in phrases.sentence(acc)  # no test ran
-    table = pd.DataFrame({"test": [stats.NO_DIFFERENCE]})
-    assert "bootstrap" not in accuracy.section_paragraph(table)
+    table = pd.DataFrame({"method": [stats.NO_DIFFERENCE]})
+    assert "bootstrap" not in accuracy.section_paragraph(table) and "exact 95% bound" in \
+        accuracy.section_paragraph(table)
 
 
 def test_accuracy_warnings_come_from_the_table_not_from_sentence_text():

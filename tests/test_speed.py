@@ -245,10 +245,13 @@ def _accuracy_runs(budgeted_precision: str | None) -> pd.DataFrame:
 
 def test_a_budgeted_cells_accuracy_is_compared_with_nothing():
     full = accuracy_statistics(_accuracy_runs(None)).set_index("precision")
-    assert np.isfinite(full.loc["bf16", "p_value"]) and full.loc["bf16", "budget_note"] == ""
+    assert np.isfinite(full.loc["bf16", "p_value"]) and full.loc["bf16", "budget_cut"] == 0
     assert stats.accuracy_tests(_accuracy_runs("bf16"), ["model", "dataset", "framework"]).empty
     cut = accuracy_statistics(_accuracy_runs("bf16")).set_index("precision")
-    assert not np.isfinite(cut.loc["bf16", "p_value"]) and "speed budget" in cut.loc["bf16", "budget_note"]
+    assert not np.isfinite(cut.loc["bf16", "p_value"]) and cut.loc["bf16", "budget_cut"] > 0
+    from amp_compare.harness.report import phrases
+
+    assert "cut by the speed budget" in phrases.accuracy(next(cut.loc[["bf16"]].reset_index().itertuples()))
     assert stats.accuracy_tests(_accuracy_runs("fp32"), ["model", "dataset", "framework"]).empty
 
 

@@ -14,7 +14,7 @@ import pytest
 from amp_compare.contract import records
 from amp_compare.contract.tables import check
 from amp_compare.harness.report import render, verdicts
-from amp_compare.harness.report.tables import full_table
+from amp_compare.harness.report.tables import accuracy_statistics, full_table
 from tests.test_report_sentences import write_run
 
 REPORT = Path(verdicts.__file__).parent
@@ -146,10 +146,14 @@ def test_the_floor_is_fp32s_seed_range_and_printed_beside_same(tmp_path):
     run_dir = write_run(tmp_path, frameworks=("torch",), seeds=(0, 1, 2))
     run = records.read_run(run_dir)["run"]
     fp32 = run[run["precision"] == "fp32"].sort_values("seed")["final_val_accuracy"] * 100
-    floors = verdicts.accuracy_floors(run)
-    assert list(floors.values()) == [(pytest.approx(fp32.max() - fp32.min()), 3)]
-    one = verdicts.accuracy_floors(run[run["seed"] == 0])
-    assert all(np.isnan(f) and n == 1 for f, n in one.values())
+    acc = accuracy_statistics(run)
+    mixed = acc[acc["precision"] != "fp32"]
+    assert list(mixed["floor_pp"]) == pytest.approx([fp32.max() - fp32.min()] * len(mixed))
+    assert set(mixed["floor_seeds"]) == {3}
+    v = verdicts.build(full_table(run), run)
+    assert list(verdicts.of(v, "accuracy")["margin"]) == pytest.approx([fp32.max() - fp32.min()] * len(mixed))
+    one = accuracy_statistics(run[run["seed"] == 0])
+    assert one["floor_pp"].isna().all() and set(one["floor_seeds"]) == {1}
     from amp_compare.harness.report import phrases
 
     row = SimpleNamespace(metric="accuracy", estimate=0.1, low=-0.2, high=0.3, margin=0.8, unit="pp",

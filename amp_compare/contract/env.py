@@ -19,13 +19,14 @@ from amp_compare.contract.config import usable_cpus
 
 # The CPU flags that give each half format its own arithmetic (the report's "this CPU has no float16 arithmetic").
 ARITHMETIC_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+AVX512_FOUNDATION = "avx512f"
 # CPU flags that matter for mixed precision, and what each one means.
 AMP_CPU_FLAGS = {
     "avx512_bf16": "AVX-512 BF16: bfloat16 dot products",
     "amx_bf16": "AMX BF16: bfloat16 matrix tiles",
     "avx512_fp16": "AVX-512 FP16: float16 arithmetic",
     "amx_fp16": "AMX FP16: float16 matrix tiles",
-    "avx512f": "AVX-512 foundation",
+    AVX512_FOUNDATION: "AVX-512 foundation",
     "avx2": "AVX2",
     "fma": "fused multiply-add",
     "f16c": "F16C: float16<->float32 conversion only",
@@ -33,6 +34,12 @@ AMP_CPU_FLAGS = {
 # Variables that keep the frameworks from instructions the CPU has (oneDNN, used by PyTorch and TensorFlow: its
 # most capable ISA; PyTorch's own vectorised kernels: theirs): with one set, the flags above are not what ran.
 ISA_LIMIT_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+# What each variable limits, and its values that leave out every AVX-512 instruction (bf16 dot products included)
+ISA_LIMITED = {"ONEDNN_MAX_CPU_ISA": "oneDNN", "DNNL_MAX_CPU_ISA": "oneDNN",
+               "ATEN_CPU_CAPABILITY": "PyTorch's own kernels"}
+BELOW_AVX512 = {"ONEDNN_MAX_CPU_ISA": {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"},
+                "DNNL_MAX_CPU_ISA": {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"},
+                "ATEN_CPU_CAPABILITY": {"DEFAULT", "AVX2"}}
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -65,15 +65,21 @@ RENAMED = {"peak_dtype": "ceiling_dtype", "peak_basis": "ceiling_basis",
 # "fp32 (no bf16 arithmetic)"; records written before said "fp32 (bf16 emulated)", a claim about kernels no record
 # shows.
 _OLD_CEILING = re.compile(r"^fp32 \((\w+) emulated\)$")
+# Records written before ceiling_fp32_for and ceiling_isa_limit said both in the label alone.
+_FP32_CEILING = r"^fp32 \((?:no (\w+) arithmetic|(\w+) arithmetic limited by (.+))\)$"
 
 
 def migrate(df: pd.DataFrame) -> pd.DataFrame:
-    """A table read from any schema version with today's column names (RENAMED) and ceiling labels (_OLD_CEILING)."""
+    """A table read from any schema version with today's column names (RENAMED), ceiling labels (_OLD_CEILING) and
+    ceiling columns (_FP32_CEILING)."""
     renames = {old: new for old, new in RENAMED.items() if old in df.columns and new not in df.columns}
     df = df.rename(columns=renames) if renames else df
     if "ceiling_dtype" in df and df["ceiling_dtype"].astype(str).str.match(_OLD_CEILING.pattern).any():
         df = df.assign(ceiling_dtype=df["ceiling_dtype"].map(
             lambda v: v if pd.isna(v) else _OLD_CEILING.sub(r"fp32 (no \1 arithmetic)", str(v))))
+    if "ceiling_dtype" in df and "ceiling_fp32_for" not in df:
+        parts = df["ceiling_dtype"].astype(str).str.extract(_FP32_CEILING).fillna("")
+        df = df.assign(ceiling_fp32_for=parts[0] + parts[1], ceiling_isa_limit=parts[2])
     return df
 
 

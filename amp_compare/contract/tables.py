@@ -198,6 +198,8 @@ REPORTED = _columns(
     ("optimizer_impl", "str"), ("host_syncs_per_step", "float", "waits per step"),
     ("steps_per_execution", "int", "steps"), ("step_values", "str"),
     ("ceiling_dtype", "str"), ("ceiling_basis", "str"), ("ceiling_flops_measured", "float", "FLOP/s"),
+    ("ceiling_fp32_for", "str", "", "the half format measured against the fp32 matmul's ceiling, '' none"),
+    ("ceiling_isa_limit", "str", "", "the variables that kept the frameworks from that format's instructions"),
     ("ceiling_matmul_size", "int", "n of an n x n matmul"), ("ceiling_flops_table", "float", "FLOP/s"),
     ("ceiling_table_source", "str"), ("dataset_device_bytes", "int", "bytes"), ("amp_api", "str"),
     ("torch_threads", "int", "threads"), ("torch_interop_threads", "int", "threads"),

@@ -54,18 +54,29 @@ def matmul_dtype(precision: str, tf32: str = "off") -> str:
 def ceiling_dtype(precision: str, tf32: str, device_type: str, cpu_info: dict | None = None) -> tuple[str, str]:
     """The dtype whose matmul ceiling bounds a cell's arithmetic, and the reason where it is not the cell's own
     matmul dtype: on a CPU without the half format's arithmetic, fp32 (see the module docstring)."""
+    choice = ceiling_choice(precision, tf32, device_type, cpu_info)
+    return choice["dtype"], choice["basis"]
+
+
+def ceiling_choice(precision: str, tf32: str, device_type: str, cpu_info: dict | None = None) -> dict:
+    """ceiling_dtype's dtype and basis, with what made it fp32 as data: fp32_for, the half format measured against
+    the fp32 matmul ("" where the ceiling is the cell's own dtype), and isa_limit, the variables that kept the
+    frameworks from that format's instructions ("" where the CPU has no arithmetic for it at all)."""
     dtype = matmul_dtype(precision, tf32)
+    out = {"dtype": dtype, "basis": "", "fp32_for": "", "isa_limit": ""}
     if device_type == "cpu" and precisions.of(precision).half is not None:
         from amp_compare.contract import env
 
         info = env.cpu_info() if cpu_info is None else cpu_info
         if not info.get(f"cpu_{dtype}_hardware"):
             # the basis says what the ceiling is and why, not how the frameworks computed (no record shows it)
-            return "fp32", f"no {dtype} arithmetic on this CPU, so its cells are measured against the fp32 matmul"
+            return {**out, "dtype": "fp32", "fp32_for": dtype,
+                    "basis": f"no {dtype} arithmetic on this CPU, so its cells are measured against the fp32 matmul"}
         if info.get("cpu_isa_limits"):  # ONEDNN_MAX_CPU_ISA=AVX2 timed torch's bf16 matmul at 0.0009 TFLOP/s
-            return "fp32", (f"{dtype} arithmetic limited by {info['cpu_isa_limits']} on this CPU, so its cells are "
-                            "measured against the fp32 matmul")
-    return dtype, ""
+            return {**out, "dtype": "fp32", "fp32_for": dtype, "isa_limit": info["cpu_isa_limits"],
+                    "basis": f"{dtype} arithmetic limited by {info['cpu_isa_limits']} on this CPU, so its cells are "
+                             "measured against the fp32 matmul"}
+    return out
 
 
 def known_row(device_name: str) -> str | None:
@@ -113,20 +124,24 @@ def measure_cell_ceiling(precision: str, tf32: str, device_type: str, device_nam
     """What each child records about its ceiling: the ceiling dtype (ceiling_dtype), its matmul measured at
     the device's size (measure_on), and ceiling_info. matmul_timer(dtype: fp32/tf32/fp16/bf16) -> time_matmul.
     remember(dtype, measure): the measurement an earlier cell of the run made in that dtype (kit/reuse.py)."""
-    name, basis = ceiling_dtype(precision, tf32, device_type)
+    choice = ceiling_choice(precision, tf32, device_type)
+    name = choice["dtype"]
 
     def measure() -> list:
         return list(measure_on(device_type, matmul_timer(name)))
 
     flops, size = remember(name, measure) if remember else measure()
-    return ceiling_info(device_name, name, basis, flops, size)
+    return ceiling_info(device_name, name, choice["basis"], flops, size, choice["fp32_for"], choice["isa_limit"])
 
 
-def ceiling_info(device_name: str, dtype: str, basis: str, measured_flops: float, size: int) -> dict:
-    """What a child records about the ceiling (run-table columns; see kit/child.build_tables): dtype and basis
-    as ceiling_dtype gives them, the matmul measured in that dtype, the data-sheet value where known."""
+def ceiling_info(device_name: str, dtype: str, basis: str, measured_flops: float, size: int, fp32_for: str = "",
+                 isa_limit: str = "") -> dict:
+    """What a child records about the ceiling (run-table columns; see kit/child.build_tables): dtype, basis,
+    fp32_for and isa_limit as ceiling_choice gives them, the matmul measured in that dtype, the data-sheet value
+    where known."""
     table = known_ceiling(device_name, dtype)
     return {"ceiling_dtype": f"{dtype} ({basis.split(' on ')[0]})" if basis else dtype, "ceiling_basis": basis,
+            "ceiling_fp32_for": fp32_for, "ceiling_isa_limit": isa_limit,
             "ceiling_flops_measured": float(measured_flops), "ceiling_matmul_size": int(size),
             "ceiling_flops_table": float(table) if table else float("nan"),
             # the row itself, not only the device: "H100" (SXM5) is also what an H100 variant the table lacks matches

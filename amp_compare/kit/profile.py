@@ -26,14 +26,14 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
+from amp_compare.contract.log_words import EIGEN_FALLBACK  # noqa: F401  (keras_impl/profile.py tees it)
+
 PROFILE_ENV = "AMP_COMPARE_PROFILE_DIR"  # the cell's trace folder, set by the parent for a --profile cell
 PLAIN_STEPS = 5  # steps timed without the profiler, right before the profiled ones: the overhead's baseline
 WINDOW_STEPS = 5  # profiled steps
 WARM_STEPS = 2  # steps before each window, not measured (a fit() call or a new input signature settles first)
 TOP_OPS = 12  # operations kept per cell, by self time
 ONEDNN_PREFIX = "onednn_verbose,"
-# TensorFlow logs this once when a float16 op cannot use oneDNN on this CPU (no AVX-512 FP16 path)
-EIGEN_FALLBACK = "Falling back to the default Eigen-based implementation"
 # Operations that only change a tensor's dtype (torch: autocast's casts; TF: Cast; XLA: convert).
 CAST_OPS = {"aten::_to_copy", "aten::to", "aten::_autocast_to_reduced_precision",
             "aten::_autocast_to_full_precision", "Cast", "convert", "convert_element_type"}

@@ -6,28 +6,20 @@ import pandas as pd
 
 from amp_compare.harness.report import stats
 
-
-def tests_ran(acc: pd.DataFrame) -> set[str]:
-    """Which comparisons the accuracy table holds: "mcnemar", "bootstrap", "exact bound" (no image differed)."""
-    tests = set(acc.get("test", pd.Series(dtype=str)).dropna().astype(str)) - {""}
-    out = {"exact bound"} if stats.NO_DIFFERENCE in tests else set()
-    out |= {"mcnemar"} if any(t.startswith("McNemar") for t in tests) else set()
-    return out | ({"bootstrap"} if any(t.startswith("paired bootstrap") for t in tests) else set())
+HOW = {  # stats.METHODS: how each paired comparison is made and what its interval is
+    stats.MCNEMAR: "McNemar's exact test where there is one seed (its interval: Newcombe's score interval for a "
+                   "paired difference, which lets the number of images that differ vary)",
+    stats.BOOTSTRAP: "a paired bootstrap over images (the same images resampled for every seed) where there are "
+                     "several (its interval: the bootstrap's 95% percentile interval)",
+    stats.NO_DIFFERENCE: "no test where every image was classified right or wrong exactly as in fp32: the interval "
+                         "is then the exact 95% bound on the share of images that could differ",
+}
 
 
 def section_paragraph(acc: pd.DataFrame) -> str:
     """The paragraph above the accuracy table."""
-    ran = tests_ran(acc)
-    how = []
-    if "mcnemar" in ran:
-        how.append("McNemar's exact test where there is one seed (its interval: Newcombe's score interval for a "
-                   "paired difference, which lets the number of images that differ vary)")
-    if "bootstrap" in ran:
-        how.append("a paired bootstrap over images (the same images resampled for every seed) where there are "
-                   "several (its interval: the bootstrap's 95% percentile interval)")
-    if "exact bound" in ran:
-        how.append("no test where every image was classified right or wrong exactly as in fp32: the interval is "
-                   "then the exact 95% bound on the share of images that could differ")
+    ran = set(acc.get("method", pd.Series(dtype=str)).dropna())
+    how = [text for method, text in HOW.items() if method in ran]
     text = ("Accuracy differences are paired: cells of one model, dataset and seed start from the same weights and "
             "are scored on the same validation images, so each mixed cell is compared image by image with its fp32"
             + (": " + "; ".join(how) if how else "") + ".")

@@ -19,8 +19,7 @@ Per N-worker cell (`rows`), against its 1-worker cell of the same framework, mod
     each worker's own gradients before the all-reduce, whether a non-finite one anywhere skipped the step everywhere
     (`worker_agreement`);
   * the accuracy effect of a reduced-precision all-reduce: paired against the fp32 all-reduce cell of the same
-    workers (stats.mcnemar_exact for one seed, stats.paired_bootstrap for several), as the Accuracy section pairs
-    mixed precision with fp32.
+    workers (stats.paired_test), as the Accuracy section pairs mixed precision with fp32.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import pandas as pd
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
 from amp_compare.contract.records import unpack_correct
 from amp_compare.harness.common import UNSTEADY
-from amp_compare.harness.report import stats, wording
+from amp_compare.harness.report import phrases, stats, wording
 from amp_compare.harness.report.speed import calibration_checks
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
@@ -153,12 +152,9 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
         pairs.append((unpack_correct(ref["val_correct"].iloc[0], n), unpack_correct(r.val_correct, n)))
     if not pairs:
         return "no fp32 all-reduce cell to pair with"
-    if len(pairs) == 1:
-        res = stats.mcnemar_exact(*pairs[0])
-    else:
-        res = stats.paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs]))
+    res = stats.paired_test(pairs)
     verdict = "detectable" if stats.detectable(res) else "no detectable difference"
-    test = res["test"] if "seed" in res["test"] else f"{res['test']}, {len(pairs)} seed{'s' * (len(pairs) > 1)}"
+    test = phrases.test(res["method"], len(pairs))
     text = (f"{res['diff_pp']:+.2f} pp, 95% CI [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], "
             f"p = {res['p_value']:.3g} ({test}): {verdict}")
     return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))

@@ -443,12 +443,11 @@ def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, 
     return labels.where(~(marked if eligible is None else marked & eligible), labels + " ⚠")
 
 
-def speed_labels(table: pd.DataFrame, notes: pd.DataFrame | None) -> pd.Series:
-    """Each bar's speed-ratio label as the summary table prints it: the ratio, and ⚠ where the table marks it
-    (notes: the full table's speed_note per row; tables.full_table)."""
-    labels = pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
-                       index=table.index)
-    return _marked(table, labels, notes, "speed_note")
+def speed_labels(table: pd.DataFrame) -> pd.Series:
+    """Each bar's speed-ratio label as the summary table prints it: what training took, no verdict (speed
+    verdicts are the speed trials')."""
+    return pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
+                     index=table.index)
 
 
 def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
@@ -461,7 +460,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
         return []
     emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
     table.loc[emulated, "speedup_vs_fp32"] = np.nan
-    table["speed_label"] = speed_labels(table, notes)
+    table["speed_label"] = speed_labels(table)
     full_table = table
     ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
@@ -605,7 +604,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
 
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Per framework: the magnitudes of the float16 modes' gradients at the last step, times the loss scale in
-    use, as a histogram over powers of two against float16's range (flush below 2^-24, overflow above 65,504)."""
+    use, as a histogram over powers of two against float16's range (flush below 2^-24, overflow above its max)."""
     from amp_compare.harness.report import numerics as nr
 
     hist = nr.gradient_histogram(underflow)
@@ -635,7 +634,8 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
     return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
                   "layers), by power of two of |gradient| times the loss scale the cell used. Shaded: what float16 "
-                  "cannot hold — below 2^-24 it flushes to zero, above 65,504 (2^16) it overflows to inf; the dotted "
+                  f"cannot hold — below 2^-24 it flushes to zero, above {nr.FP16_MAX:,.0f} (2^16) it overflows to inf; "
+                  "the dotted "
                   "line is 2^-14, below which float16 keeps fewer significant bits. Loss scaling moves the whole "
                   "histogram right: it rescues the left tail as long as the right one stays out of the shade. "
                   "The Numerics section says how close each cell came to float16's largest value.",
@@ -748,12 +748,12 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
                 linewidth=1.2, label=f"{block} · {label}")
     ax.set_yscale("log")
     ax.axhline(FP16_MAX, color="#d1495b", linewidth=1, linestyle="--")
-    ax.text(0.02, FP16_MAX, "float16 max 65,504", color="#d1495b", fontsize=7, va="bottom",
+    ax.text(0.02, FP16_MAX, f"float16 max {FP16_MAX:,.0f}", color="#d1495b", fontsize=7, va="bottom",
             transform=ax.get_yaxis_transform())
     if naive_logits:  # exp overflows float16 far below the logit's own limit
         ax.axhline(FP16_EXP_LIMIT, color="#a0761e", linewidth=1, linestyle=":")
-        ax.text(0.02, FP16_EXP_LIMIT, "naive exp overflows float16: ln(65,504) ≈ 11.1", color="#a0761e",
-                fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
+        ax.text(0.02, FP16_EXP_LIMIT, f"naive exp overflows float16: ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}",
+                color="#a0761e", fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
     low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
     ax.set_ylim(max(low, 1e-3), FP16_MAX * 4)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -762,7 +762,7 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
     framework and precision, on a log axis against float16's largest value (harness/report/numerics.py)."""
-    from amp_compare.harness.report.numerics import QUANTITY_LABELS, headroom_per_block
+    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX, QUANTITY_LABELS, headroom_per_block
 
     blocks = headroom_per_block(headroom, runs)
     blocks = blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float)) & (blocks["max_abs"] > 0)] \
@@ -801,10 +801,12 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     return Figure("headroom", "numerics", "ViT headroom per block",
                   "The largest |attention logit| (what enters the softmax) and the largest |input| of the block's "
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
-                  "the step, read once per epoch), against float16's largest finite value 65,504 (dashed): the "
+                  "the step, read once per epoch), against float16's largest finite value "
+                  f"{FP16_MAX:,.0f} (dashed): the "
                   "distance to the line is the headroom before float16 overflows. A value that went non-finite is "
                   "left out (the tables say where)."
                   + (" The dotted line: the naive attention's exp overflows float16 once a logit passes "
-                     "ln(65,504) ≈ 11.1." if naive else "") + (f" Measured on {cpu}." if cpu else ""),
+                     f"ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}." if naive else "")
+                  + (f" Measured on {cpu}." if cpu else ""),
                   "Line charts, log scale, of the largest attention logit and LayerNorm input per epoch for each "
                   "transformer block, per precision and framework, with float16's maximum as a reference line.")

@@ -1,7 +1,7 @@
 """The findings: the Summary's sentences on what the per-model verdict tables do not say (verdicts and phrases
 word speed, memory, accuracy and time to target): diverged cells, how busy the machine was, slowdowns explained
-from the CPU's flags and the frameworks' own log lines, MFU, memory against the run's resolution in MiB, runs too
-short to judge accuracy, loss scaling. Built from full_table and the run's own records."""
+from the CPU's flags and the frameworks' own log lines, MFU, runs too short to judge accuracy, loss scaling. Built
+from full_table and the run's own records."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.harness.report import fp8 as fp8_report
-from amp_compare.harness.report import memory, stats
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report.hardware import ceiling_limits, ceiling_sentences, on_fp32_ceiling
 from amp_compare.harness.report.speed import LogLine, isa_limit, machine_note, slowdown_sentences
@@ -28,14 +26,6 @@ from amp_compare.harness.report.tables import (
     varying_keys,
     with_loop_columns,
 )
-
-
-def _notes(notes, same: str = "1×") -> str:
-    """The distinct ⚠ notes of a sentence's numbers, said once at its end (the intervals themselves are beside
-    the numbers: "noisy" is said once, in words)."""
-    noisy = stats.noisy_rule(direction=same == "1×", same=same)
-    notes = list(dict.fromkeys(noisy if n.startswith("noisy") else n for n in notes if isinstance(n, str) and n))
-    return f" ⚠: {'; '.join(notes)}." if notes else ""
 
 
 @dataclass
@@ -84,25 +74,6 @@ def machine_findings(groups: Groups, runs: pd.DataFrame, environment: dict) -> l
     if table["mfu_measured"].notna().any():
         out += ceiling_sentences(with_loop_columns(ok_runs(runs).copy()))
     return out + mfu_findings(table)
-
-
-def memory_findings(groups: Groups, runs: pd.DataFrame) -> list[str]:
-    """Per model/dataset: each mixed cell's peak memory against fp32, a percentage with its interval where it
-    exceeds the run's resolution, "below what this run resolves" where it does not (memory.py)."""
-    kinds = ", ".join(sorted(set(ok_runs(runs)["memory_kind"].dropna())))
-    out = []
-    for key, group in groups.items:
-        mem = group[precisions.is_mixed(group["precision"]) & group["memory_change_vs_fp32"].notna()]
-        if not mem.empty:
-            parts = [f"{_label(r.framework)} {r.precision} {memory.finding_text(r)}" for r in mem.itertuples()]
-            out.append(f"{groups.label(key)}, peak memory against fp32 ({kinds}; the change is the geometric mean "
-                       f"over seeds of each seed's ratio, MiB the median difference): {'; '.join(parts)}."
-                       f"{_notes(mem['memory_note'], 'no change')}")
-        emulated = group[group["emulated"].astype(bool)]
-        if not emulated.empty:  # withheld as their speed is: the emulation's memory, not fp8's
-            out.append(f"{groups.label(key)}, peak memory of {', '.join(sorted(set(emulated['precision'])))}: not "
-                       f"compared with fp32, {fp8_report.EMULATED_MEMORY}; no fp8 arithmetic ran.")
-    return out
 
 
 def too_short_findings(groups: Groups) -> list[str]:
@@ -172,8 +143,8 @@ def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         return Findings(["No cell finished, so there is nothing to compare yet; see the failed cells below."], [],
                         False)
     groups = Groups.of(table)
-    out = [*machine_findings(groups, runs, environment), *memory_findings(groups, runs),
-           *too_short_findings(groups), *scaling_findings(groups, runs, steps)]
+    out = [*machine_findings(groups, runs, environment), *too_short_findings(groups),
+           *scaling_findings(groups, runs, steps)]
     diverged = nr.with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
     mixed = table[precisions.is_mixed(table["precision"])]
     ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
@@ -193,13 +164,12 @@ def mfu_findings(table: pd.DataFrame) -> list[str]:
     """What the MFU column is measured against where that is not the cell's own dtype, and any MFU over 100%
     (the measured matmul is then not the ceiling of the path the cell ran: the number is shown, flagged)."""
     out = []
-    dtypes = table.get("ceiling_dtype", pd.Series(dtype=str)).fillna("")
-    emulated = table[on_fp32_ceiling(dtypes)]
+    emulated = table[on_fp32_ceiling(table)]
     if not emulated.empty:
         which = ", ".join(sorted(set(emulated["precision"])))
         out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this CPU's flags "
                    "list no arithmetic for their half format (the ceiling chosen, not a record of which kernels ran).")
-    limits = ceiling_limits(dtypes)
+    limits = ceiling_limits(table)
     limited = table[limits != ""]
     if not limited.empty:
         which = ", ".join(sorted(set(limited["precision"])))

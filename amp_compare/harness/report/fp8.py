@@ -18,8 +18,10 @@ import pandas as pd
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
 from amp_compare.contract.records import unpack_correct
-from amp_compare.harness.report.cell_text import accuracy_interval_kind
-from amp_compare.harness.report.stats import mcnemar_exact, paired_bootstrap
+from amp_compare.harness.report.phrases import KIND
+from amp_compare.harness.report.stats import paired_test
+from amp_compare.harness.report.verdicts import ACCURACY_KIND
+from amp_compare.kit.fp16 import FP16_MAX
 
 # An fp8 cell off a GPU runs in emulation (torchao's emulate=True; Keras' float8 matmul in software): its time is
 # the emulation's, not fp8's, so no table, finding, answer or figure gives it a speed ratio or a speed verdict.
@@ -54,8 +56,8 @@ def api_text(row: dict) -> str:
 
 
 def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
-    """The headroom records less the fp8 cells': that section measures distance to float16's 65,504, which says
-    nothing of an fp8 tensor (e4m3's largest is 448, and each tensor is scaled to it before its cast)."""
+    """The headroom records less the fp8 cells': that section measures distance to float16's largest value, which
+    says nothing of an fp8 tensor (each is scaled to its format's largest before its cast)."""
     if headroom is None or headroom.empty or "precision" not in headroom:
         return headroom
     return headroom[~headroom["precision"].isin(contract.FP8_MODES)]
@@ -79,11 +81,8 @@ def _paired(runs: pd.DataFrame, cell, other: str) -> str:
         pairs.append((unpack_correct(b.iloc[0]["val_correct"], n), unpack_correct(r.val_correct, n)))
     if not pairs:
         return "n/a"
-    res = (mcnemar_exact(*pairs[0]) if len(pairs) == 1 else
-           paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs])))
-    # the bracket names its kind (Newcombe for one seed, a bootstrap over seeds, or an exact bound), as the
-    # Accuracy section's brackets do
-    kind = accuracy_interval_kind(res["test"])
+    res = paired_test(pairs)
+    kind = "95% " + KIND[ACCURACY_KIND[res["method"]]]  # the bracket's kind, as the Accuracy section's
     return f"{res['diff_pp']:+.2f} pp [{kind} {res['ci_low']:+.2f}, {res['ci_high']:+.2f}]"
 
 
@@ -147,7 +146,8 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
                    "alone, not an fp8 unit's accumulation.")
     if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
         out.append("The ViT headroom section leaves fp8 out: it measures distance to float16's largest value, "
-                   "65,504, while each fp8 tensor is multiplied by fmax / amax before its cast, so its largest "
+                   f"{FP16_MAX:,.0f}, while "
+                   "each fp8 tensor is multiplied by fmax / amax before its cast, so its largest "
                    "magnitude meets its format's largest whatever its size.")
     unavailable = runs[(runs["precision"].isin(contract.FP8_MODES)) & (runs["status"] == "unavailable")]
     for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples():

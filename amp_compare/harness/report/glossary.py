@@ -18,9 +18,10 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.harness.report import stats
-from amp_compare.harness.report.cell_text import accuracy_text
+from amp_compare.contract.fp8 import FP8_MAX
+from amp_compare.harness.report import phrases, verdicts
 from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit
+from amp_compare.kit.fp16 import FP16_MAX
 
 # abbreviation -> (how it is found in text, its expansion). "p" only where it stands for a p-value.
 ABBREVIATIONS = {
@@ -39,7 +40,8 @@ ABBREVIATIONS = {
     "CI": (r"\bCI\b", "confidence interval"),
     "SQNR": (r"\bSQNR\b", "signal-to-quantization-noise ratio: a tensor's power over its rounding error's, in dB"),
     "amax": (r"\bamax\b", "the largest magnitude in a tensor, which its fp8 scale is set from"),
-    "fmax": (r"\bfmax\b", "the largest finite value of an fp8 format: 448 for e4m3, 57,344 for e5m2"),
+    "fmax": (r"\bfmax\b", f"the largest finite value of an fp8 format: {FP8_MAX['float8_e4m3fn']:,.0f} for e4m3, "
+                             f"{FP8_MAX['float8_e5m2']:,.0f} for e5m2"),
     "e4m3": (r"\be4m3\b", "fp8 with 4 exponent and 3 mantissa bits: more precision, less range"),
     "e5m2": (r"\be5m2\b", "fp8 with 5 exponent and 2 mantissa bits: more range, less precision"),
 }
@@ -216,14 +218,11 @@ def _harm_verdict(acc: pd.DataFrame | None) -> str:
         return (" No cell trained float16 without loss scaling, so this run does not measure what dropping it would "
                 "cost (--precisions fp32,fp16,fp16-noscale does).")
     said = "; ".join(" ".join([*([str(r.model)] if rows["model"].nunique() > 1 else []), _label(r.framework),
-                               r.precision]) + ": " + accuracy_text(r) for r in rows.itertuples())
-    tested = [r for r in rows.itertuples() if np.isfinite(r.p_value) and not r.too_short
-              and not getattr(r, "budget_note", "")]
-    worse = [r for r in tested if stats.detectable({"p_value": r.p_value, "ci_low": r.ci_low, "ci_high": r.ci_high})
-             and r.diff_pp < 0]
-    verdict = ("dropping loss scaling cost accuracy in this run" if worse else
-               "this run shows no measurable harm from dropping loss scaling" if len(tested) == len(rows) else
-               "the run cannot judge every such cell's accuracy")
+                               r.precision]) + ": " + phrases.accuracy(r) for r in rows.itertuples())
+    status = [verdicts.accuracy(r)["status"] for r in rows.itertuples()]
+    verdict = ("dropping loss scaling cost accuracy in this run" if "lower" in status else
+               "the run cannot judge every such cell's accuracy" if "not_comparable" in status else
+               "this run shows no measurable harm from dropping loss scaling")
     return f" Trained without loss scaling, against fp32 (the Accuracy section's paired test): {said}: {verdict}."
 
 
@@ -310,7 +309,7 @@ def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.D
     text = ""
     if "float16" in facts.halves:
         text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of only "
-                 "±65,504 down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
+                 f"±{FP16_MAX:,.0f} down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
                  "Lesson: a gradient below 2^-24 flushes to zero in float16 (and below 2^-14 loses precision), "
                  "which loss scaling exists to prevent." + _underflow_evidence(underflow, acc) + " ")
     if "bfloat16" in facts.halves:

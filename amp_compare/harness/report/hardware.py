@@ -16,16 +16,11 @@ This module never imports a framework.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
-from amp_compare.contract.env import ARITHMETIC_FLAGS
-
-# TensorFlow's log line on a CPU without AVX-512 FP16 (in its fp16 cells' stderr): "oneDNN supports DT_HALF only on
-# platforms with AVX-512. Falling back to the default Eigen-based implementation …"
-HALF_FALLBACK = "oneDNN supports DT_HALF only on platforms with AVX-512"
+from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION
+from amp_compare.contract.log_words import HALF_FALLBACK
 
 TIMING_GAP = 0.10  # wall-time vs median-step throughput gap the report calls out
 HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to the next: fixed per-step cost
@@ -40,7 +35,7 @@ def log_line_flags(text: str, flags: str) -> str:
     if HALF_FALLBACK not in text:
         return ""
     listed = {f.strip() for f in str(flags or "").split(",")}
-    family = ("avx512f", *ARITHMETIC_FLAGS["float16"])
+    family = (AVX512_FOUNDATION, *ARITHMETIC_FLAGS["float16"])
     has = [f for f in family if f in listed]
     lacks = [f for f in family if f not in listed]
     if not has:
@@ -48,22 +43,20 @@ def log_line_flags(text: str, flags: str) -> str:
     return f"beside it, this CPU's flags list {', '.join(has)}" + (f" but not {' or '.join(lacks)}" if lacks else "")
 
 
-# A half format this CPU has no arithmetic for is measured against the fp32 matmul's ceiling (kit/ceiling.py); its
-# label says so (older records' labels are today's once read: contract/records.migrate).
-FP32_CEILING = re.compile(r"^fp32 \(no \w+ arithmetic\)$")
-# ... and where the run kept the frameworks from the format's instructions (kit/ceiling.ceiling_dtype)
-LIMITED_CEILING = re.compile(r"^fp32 \(\w+ arithmetic limited by (.+)\)$")
+def _text(table: pd.DataFrame, column: str) -> pd.Series:
+    return table[column].fillna("").astype(str) if column in table else pd.Series("", index=table.index)
 
 
-def on_fp32_ceiling(dtypes: pd.Series) -> pd.Series:
-    """Which cells' half format is measured against the fp32 matmul's ceiling (no arithmetic for it here)."""
-    return dtypes.fillna("").astype(str).str.match(FP32_CEILING.pattern)
+def on_fp32_ceiling(table: pd.DataFrame) -> pd.Series:
+    """Which cells' half format is measured against the fp32 matmul's ceiling for want of its arithmetic here
+    (kit/ceiling.ceiling_choice records it: ceiling_fp32_for set, no ceiling_isa_limit)."""
+    return (_text(table, "ceiling_fp32_for") != "") & (_text(table, "ceiling_isa_limit") == "")
 
 
-def ceiling_limits(dtypes: pd.Series) -> pd.Series:
-    """Per cell, the variables that kept its half format from the frameworks (LIMITED_CEILING, "ONEDNN_MAX_CPU_ISA=
-    AVX2"), "" where its ceiling is not the fp32 one for that reason."""
-    return dtypes.fillna("").astype(str).str.extract(LIMITED_CEILING, expand=False).fillna("")
+def ceiling_limits(table: pd.DataFrame) -> pd.Series:
+    """Per cell, the variables that kept its half format from the frameworks ("ONEDNN_MAX_CPU_ISA=AVX2"), so that
+    it is measured against the fp32 ceiling; "" where none did."""
+    return _text(table, "ceiling_isa_limit")
 
 
 def timing_note(wall: float, median: float) -> str:
@@ -116,6 +109,11 @@ def _ceiling_key(runs: pd.DataFrame) -> list[str]:
     return [k for k in ("machine", "device_name") if k in runs]
 
 
+def _base_dtype(runs: pd.DataFrame) -> pd.Series:
+    """The dtype of each cell's ceiling matmul: fp32 where its half format is measured against it."""
+    return _text(runs, "ceiling_dtype").where(_text(runs, "ceiling_fp32_for") == "", "fp32")
+
+
 def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
     """Each cell's MFU against its run's ceiling: the best ceiling_flops_measured of any cell of the run (both
     frameworks, every precision) on the same device in the same ceiling dtype ("fp32 (no bf16 arithmetic)" is
@@ -128,7 +126,7 @@ def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
     if "ceiling_flops_measured" not in runs or "ceiling_dtype" not in runs:
         runs["ceiling_flops"] = np.nan
         return runs
-    base = runs["ceiling_dtype"].fillna("").astype(str).str.split(" ").str[0]
+    base = _base_dtype(runs)
     keys = [runs[k].astype(str) for k in _ceiling_key(runs)] + [base]
     best = runs["ceiling_flops_measured"].astype(float).groupby(keys).transform("max")
     runs["ceiling_flops"] = best.where(base != "")
@@ -149,7 +147,7 @@ def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
     if "ceiling_flops_measured" not in runs or runs["ceiling_flops_measured"].notna().sum() == 0:
         return []
     runs = runs[runs["ceiling_flops_measured"].notna()].copy()
-    runs["_dtype"] = runs["ceiling_dtype"].fillna("").astype(str).str.split(" ").str[0]
+    runs["_dtype"] = _base_dtype(runs)
     out = []
     for key, g in runs.groupby([*_ceiling_key(runs), "_dtype"], sort=False):
         sizes = sorted({int(v) for v in g.get("ceiling_matmul_size", pd.Series(dtype=float)).dropna()})

@@ -11,15 +11,13 @@ A group run with one seed has no identical cells of its own: it takes the larges
 identical cells showed anywhere else in the run (the allocator's noise is the process's, not the model's), and
 where the run has none at all its resolution is unknown and its difference unresolved too: one reading per
 precision cannot tell a difference from noise (two default runs read one ViT's 2.6 MiB baseline as +120% and
--72%). `status` is the one rule; the verdict table (verdicts.MEMORY), the findings and the figures say what it says.
+-72%). `status` is the one rule; the verdict table (verdicts.MEMORY) and the figures say what it says.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
-from amp_compare.harness.report.cell_text import mark
 
 MIB = 2**20
 
@@ -71,24 +69,3 @@ def status(r) -> str:
 
 def unresolved(r) -> bool:
     return status(r) == "unresolved"
-
-
-def below_resolution_text(resolution: float, basis: str = "own") -> str:
-    if not np.isfinite(resolution):
-        return ("unresolved: one seed, and no identical cells anywhere in this run to measure what it resolves "
-                "(--seeds 0,1,2 measures it)")
-    where = "" if basis == "own" else " (this framework's other models: this one ran one seed)"
-    return f"below what this run resolves: identical cells differed by up to {resolution:,.1f} MiB{where}"
-
-
-def finding_text(r) -> str:
-    """A mixed cell's peak-memory change in a sentence: with its MiB and 95% interval where resolved."""
-    if unresolved(r):
-        return (f"{r.memory_difference_mib:+,.1f} MiB, "
-                f"{below_resolution_text(r.memory_resolution_mib, getattr(r, 'memory_resolution_basis', 'own'))}")
-    text = f"{r.memory_change_vs_fp32:+.0%}"
-    if np.isfinite(getattr(r, "memory_difference_mib", np.nan)):
-        text += f" ({r.memory_difference_mib:+,.1f} MiB)"
-    if np.isfinite(getattr(r, "memory_low", np.nan)):
-        text += f" [95% t over {int(r.runs)} seeds: {r.memory_low:+.0%}, {r.memory_high:+.0%}]"
-    return text + mark(getattr(r, "memory_note", ""))

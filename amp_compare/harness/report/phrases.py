@@ -8,11 +8,14 @@ clause). The answer, the per-model tables, the page and the terminal all word ve
 from __future__ import annotations
 
 import json
+import re
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import framework_label
+from amp_compare.harness.report import stats
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
           "numerics": "numerics"}
@@ -23,7 +26,8 @@ REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
     "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
-    "above_resolution": "beyond the run's noise", "unresolved_memory": "within identical cells' spread",
+    "above_resolution": "identical cells within {margin:,.1f} MiB",
+    "unresolved_memory": "within identical cells' spread of {margin:,.1f} MiB",
     "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
     "within_floor": "fp32 seeds {margin:.2f} pp apart", "no_floor": "one fp32 seed: no seed range",
     "no_image_differed": "no image differed",
@@ -35,10 +39,12 @@ REASON = {  # a few words each, after "because" or in brackets
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
         "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
-# which reasons a cell shows in brackets: those that say why there is no number or no decision, and what an accuracy
-# "same" rests on (fp32's measured seed range, or no image differing)
+METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
+          stats.NO_DIFFERENCE: "none: no image differed"}
+# which reasons a cell shows in brackets: those that say why there is no number or no decision, and the measured margin
+# a decision rests on (fp32's seed range, no image differing, identical cells' memory spread)
 SHOWN = {"not_comparable", "undecided", "failed"}
-SHOWN_REASONS = {"within_floor", "no_image_differed"}
+SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
 
 
 def reason(v) -> str:
@@ -56,6 +62,14 @@ def _ratio(v: float) -> str:
     return f"{v:.2f}×" if v >= 0.1 else f"{v:.3f}×"
 
 
+def pp_bound(value: float) -> str:
+    """One end of an accuracy interval in pp: exactly 0 prints as 0 (the interval includes no change), one that
+    rounds to ±0.0 without being 0 gets a digit more (+0.03)."""
+    if value == 0:
+        return "0"
+    return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.1f}"
+
+
 def number(v, interval: bool = True, of: bool = True) -> str:
     """The estimate in the verdict's unit, with its 95% interval where it has one and `interval`; "" where none. A
     ratio says what it is a multiple of ("0.16× fp32's", after the metric's name) unless `of` is False (a column
@@ -66,7 +80,7 @@ def number(v, interval: bool = True, of: bool = True) -> str:
         text = _ratio(v.estimate) + (f" {RATIO_OF[v.unit]}" if of else "")
         low, high = (_ratio(v.low)[:-1], _ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
     elif v.unit == "pp":
-        text, low, high = f"{v.estimate:+.1f} pp", f"{v.low:+.1f}", f"{v.high:+.1f}"
+        text, low, high = f"{v.estimate:+.1f} pp", pp_bound(v.low), pp_bound(v.high)
     elif v.unit == "MiB":
         text, low, high = f"{v.estimate:+,.{1 if abs(v.estimate) < 10 else 0}f} MiB", "", ""
     else:
@@ -95,17 +109,32 @@ def clause(v) -> str:
     return f"{METRIC[v.metric]} {cell(v)}" + (f" ({kind})" if kind and np.isfinite(v.low) else "")
 
 
+def test(method, seeds) -> str:
+    """The paired accuracy test by name, with its seeds: "McNemar exact, 1 seed"."""
+    if method not in METHOD:
+        return ""
+    return METHOD[method] + (f", {seeds:.0f} seed{'s' * (seeds != 1)}" if np.isfinite(seeds) else "")
+
+
+def accuracy(r) -> str:
+    """An accuracy-table row's comparison with fp32 (tables.accuracy_statistics) as its verdict words it
+    (verdicts.accuracy): the cell, then the interval's kind and p where a test ran."""
+    from amp_compare.harness.report import verdicts
+
+    v = SimpleNamespace(**verdicts.accuracy(r))
+    p = json.loads(v.evidence)["p_value"]
+    said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
+                        f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
+    return cell(v) + (f" ({', '.join(said)})" if said else "")
+
+
 def who(v) -> str:
     return f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}"
 
 
 def sentence(v) -> str:
     """One verdict as a sentence: who, the clause, and why."""
-    return f"{who(v)}: {clause(v)}, because {_because(v)}."
-
-
-def _because(v) -> str:
-    return reason(v)
+    return f"{who(v)}: {clause(v)}, because {reason(v)}."
 
 
 def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
@@ -146,7 +175,7 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
     if verdicts is None or verdicts.empty:
         return []
     statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))
-    reasons = "; ".join(f"\"{REASON[r].format(margin=0).replace('0.00', 'X')}\": {REASONS[r]}"
+    reasons = "; ".join(f"\"{re.sub(r'{margin[^}]*}', 'X', REASON[r])}\": {REASONS[r]}"
                         for r in dict.fromkeys(verdicts["reason"]))
     return [("Verdict words", f"What each word in the per-model tables means. {statuses}."),
             ("Verdict reasons", f"Why a verdict is what it is, in brackets beside it. {reasons}.")]

@@ -34,7 +34,6 @@ from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
-from amp_compare.harness.report.cell_text import pp_bound
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
@@ -231,44 +230,33 @@ def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
                          **loss})
 
 
-def _ttt_ratio_text(r, device: str = "cpu") -> str:
-    """A mixed cell's time to target against fp32's: ratio, interval, ⚠ and why (none for an emulation's)."""
-    ratio = getattr(r, "ttt_ratio", np.nan)
-    if getattr(r, "emulated", False) or fp8_report.speed_emulated(r.precision, device):
-        return fp8_report.EMULATED_SPEED
-    if not isinstance(ratio, float) or not np.isfinite(ratio):
-        return ""
-    text = f"{ratio:.2f}×" + (f" (geometric mean of the seeds' ratios) [95% t-interval over seeds "
-                              f"{r.ttt_low:.2f}–{r.ttt_high:.2f}]" if np.isfinite(r.ttt_low) else "")
-    return text
-
-
-def _accuracy_table(acc: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
-    """The accuracy section's table: each mixed cell's paired test against fp32 and every cell's time to target."""
+def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFrame:
+    """The accuracy section's table: each mixed cell's paired comparison with fp32 (phrases.accuracy) and every
+    cell's time to target, with its time-to-target verdict (the verdict table's, phrases.cell)."""
     if acc.empty:
         return acc
     multi = "machine" in acc and acc["machine"].nunique() > 1
 
-    def num(v, spec):
-        return "" if v is None or not np.isfinite(v) else f"{v:{spec}}"
+    def key(r) -> tuple:
+        size = float(r.batch_size) if pd.notna(getattr(r, "batch_size", np.nan)) else -1.0
+        return r.model, r.dataset, r.framework, r.precision, str(getattr(r, "step_loop", "")), size
 
+    times = {key(v): v for v in verdicts.of(verdict_table, "time_to_target").itertuples()}
     rows = []
     for r in acc.itertuples():
-        tested = (np.isfinite(r.p_value) if isinstance(r.p_value, float) else False) and not r.too_short
+        tested = isinstance(r.method, str) and not r.too_short
         timed = np.isfinite(r.target) and not r.too_short
         rows.append({
             **({"Machine": r.machine} if multi else {}),
             "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
             "Precision": r.precision,
-            "Δ vs fp32 (pp)": num(r.diff_pp, "+.2f") if tested else "",
-            "95% interval (pp)": f"[{pp_bound(r.ci_low)}, {pp_bound(r.ci_high)}]" if tested else "",
-            "p": num(r.p_value, ".3g") if tested else "",
-            "Test": r.test if tested else "",
+            "Accuracy vs fp32 (pp)": phrases.accuracy(r) if precisions.is_mixed(r.precision) else "",
+            "Test": phrases.test(r.method, r.seeds) if tested else "",
             "Comparable": "no: " + r.too_short if r.too_short else "yes",
-            "Target": num(r.target * 100, ".1f") + "%" if timed else "",
+            "Target": f"{r.target * 100:.1f}%" if timed else "",
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
-                                   else num(r.time_to_target_s, ".1f")),
-            "vs fp32's time": _ttt_ratio_text(r, device) if timed else "",
+                                   else f"{r.time_to_target_s:.1f}"),
+            "vs fp32's time": phrases.cell(times[key(r)]) if timed and key(r) in times else "",
             "Seeds reaching it": f"{r.reached_seeds:.0f} of {r.timed_seeds:.0f}" if timed else "",
         })
     return pd.DataFrame(rows)
@@ -625,8 +613,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
 def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
     """Whether some cell is measured against the fp32 ceiling for want of its half format's arithmetic, and whether
     some because the run kept the frameworks from its instructions (hardware.on_fp32_ceiling / ceiling_limits)."""
-    dtypes = full.get("ceiling_dtype", pd.Series(dtype=str))
-    return bool(on_fp32_ceiling(dtypes).any()), bool((ceiling_limits(dtypes) != "").any())
+    return bool(on_fp32_ceiling(full).any()), bool((ceiling_limits(full) != "").any())
 
 
 def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: dict, verdict_table) -> dict:
@@ -693,7 +680,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
         "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
         "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
-        "accuracy_table": _html_or_none(_accuracy_table(acc_stats, manifest["device"])),
+        "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "warmup": manifest["defaults"]["warmup_steps"],
         "cells": _cells(runs, epochs, steps),

@@ -18,9 +18,10 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
-from amp_compare.contract.env import ARITHMETIC_FLAGS
+from amp_compare.contract.env import ARITHMETIC_FLAGS, BELOW_AVX512, ISA_LIMITED
+from amp_compare.contract.log_words import HALF_FALLBACK
 from amp_compare.harness.common import SIZE
-from amp_compare.harness.report.hardware import HALF_FALLBACK, log_line_flags
+from amp_compare.harness.report.hardware import log_line_flags
 
 # Lines a framework writes to stderr that say which kernels it fell back to: (pattern, half format it is about).
 FALLBACK_LINES = ((re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*"), "float16"),)
@@ -56,14 +57,6 @@ def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
 
 def _flags(environment: dict) -> set[str]:
     return set(filter(None, str(environment.get("cpu_amp_flags") or "").split(",")))
-
-
-# What each variable limits, and its values that leave out every AVX-512 instruction (bf16 dot products included)
-ISA_LIMITED = {"ONEDNN_MAX_CPU_ISA": "oneDNN", "DNNL_MAX_CPU_ISA": "oneDNN",
-               "ATEN_CPU_CAPABILITY": "PyTorch's own kernels"}
-BELOW_AVX512 = {"ONEDNN_MAX_CPU_ISA": {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"},
-                "DNNL_MAX_CPU_ISA": {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"},
-                "ATEN_CPU_CAPABILITY": {"DEFAULT", "AVX2"}}
 
 
 def isa_limit(environment: dict) -> tuple[str, str]:

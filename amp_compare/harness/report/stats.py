@@ -52,9 +52,10 @@ BLOCK = 20  # steps per batch mean, at least (a load burst of up to ~20 steps st
 MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batches)
 
 
-# The `test` of a comparison where every image was classified right or wrong exactly as in fp32: no test is run,
-# the interval is the exact bound of no_discordance_bound (the report says so instead of naming a test).
-NO_DIFFERENCE = "none: no image differed"
+# The `method` of a paired accuracy comparison (phrases.METHOD words it): McNemar's exact test (one seed), the paired
+# bootstrap (several), or no test where every image was classified as in fp32 (no_discordance_bound's exact bound).
+MCNEMAR, BOOTSTRAP, NO_DIFFERENCE = "mcnemar", "bootstrap", "exact_bound"
+METHODS = (MCNEMAR, BOOTSTRAP, NO_DIFFERENCE)
 
 
 # ---- accuracy ----------------------------------------------------------------------------------
@@ -100,12 +101,12 @@ def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     diff = 100.0 * (gained - lost) / n
     if k == 0:
         bound = no_discordance_bound(n)
-        return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "test": NO_DIFFERENCE,
+        return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "method": NO_DIFFERENCE,
                 "discordant": 0, "images": n}
     res = st.binomtest(gained, k, 0.5)
     low, high = paired_difference_interval(int(np.sum(fp32 & mixed)), lost, gained, int(np.sum(~fp32 & ~mixed)))
     return {"diff_pp": diff, "ci_low": 100.0 * low, "ci_high": 100.0 * high,
-            "p_value": float(res.pvalue), "test": "McNemar exact", "discordant": k, "images": n}
+            "p_value": float(res.pvalue), "method": MCNEMAR, "discordant": k, "images": n}
 
 
 def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
@@ -116,18 +117,25 @@ def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     per_seed = 100.0 * (mixed - fp32).mean(axis=1)
     nonzero = per_seed[per_seed != 0]
     sign_p = float(st.binomtest(int((nonzero > 0).sum()), len(nonzero), 0.5).pvalue) if len(nonzero) else 1.0
-    base = {"diff_pp": diff, "test": f"paired bootstrap over images, {len(fp32)} seeds", "images": fp32.shape[1],
+    base = {"diff_pp": diff, "method": BOOTSTRAP, "images": fp32.shape[1],
             "discordant": int(np.sum(fp32 != mixed)), "sign_test_p": sign_p,
             "seeds_lower": int((per_seed < 0).sum()), "seeds_higher": int((per_seed > 0).sum())}
     if np.all(fp32 == mixed):  # no image differed in any seed: no bootstrap is drawn, the bound is exact
         bound = no_discordance_bound(fp32.shape[1])
-        return {**base, "test": NO_DIFFERENCE, "ci_low": -bound, "ci_high": bound, "p_value": 1.0}
+        return {**base, "method": NO_DIFFERENCE, "ci_low": -bound, "ci_high": bound, "p_value": 1.0}
     res = st.bootstrap((per_image,), np.mean, confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
                        method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED))
     dist = res.bootstrap_distribution
     p = min(1.0, 2 * min(np.mean(dist <= 0), np.mean(dist >= 0)))
     return {**base, "ci_low": 100.0 * res.confidence_interval.low, "ci_high": 100.0 * res.confidence_interval.high,
             "p_value": float(max(p, 1.0 / BOOTSTRAP_RESAMPLES))}
+
+
+def paired_test(pairs: list[tuple[np.ndarray, np.ndarray]]) -> dict:
+    """[(fp32, mixed) correctness per seed]: McNemar's exact test for one seed, the paired bootstrap for several."""
+    if len(pairs) == 1:
+        return mcnemar_exact(*pairs[0])
+    return paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs]))
 
 
 def detectable(row) -> bool:
@@ -142,21 +150,12 @@ def budgeted(runs: pd.DataFrame) -> pd.Series:
     return runs["budget_steps"].notna()
 
 
-def budget_note(cells: int) -> str:
-    """Why a (framework, precision) row has no accuracy comparison when the speed budget stopped `cells` of its
-    cells early ("" when none)."""
-    if not cells:
-        return ""
-    return (f"the speed budget stopped {'its cell' if cells == 1 else f'{cells} of its cells'} after a few dozen "
-            "steps: accuracy and loss not comparable (--no-speed-budget runs them in full)")
-
-
 def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """One row per mixed group (keys + precision): the paired test against the same framework's fp32.
 
     `runs` are finished cells with columns keys, precision, seed, val_samples and val_correct. A budgeted cell
     (`budgeted`) is left out, as a mixed cell and as the fp32 cell of its seed."""
-    cols = [*keys, "precision", "diff_pp", "ci_low", "ci_high", "p_value", "test", "seeds", "images", "discordant"]
+    cols = [*keys, "precision", "diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images", "discordant"]
     runs = runs[~budgeted(runs)]
     if runs.empty or "val_correct" not in runs:
         return pd.DataFrame(columns=cols)
@@ -175,10 +174,7 @@ def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                 pairs.append((unpack_correct(base.val_correct, n), unpack_correct(r.val_correct, n)))
             if not pairs:
                 continue
-            if len(pairs) == 1:
-                res = mcnemar_exact(*pairs[0])
-            else:
-                res = paired_bootstrap(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs]))
+            res = paired_test(pairs)
             rows.append({**dict(zip(keys, key)), "precision": prec, "seeds": len(pairs), **res})
     out = pd.DataFrame(rows)
     return out if not out.empty else pd.DataFrame(columns=cols)
@@ -346,14 +342,3 @@ def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str 
 
 # --seeds given explicitly: a seed list left to its default runs the vit on one seed on a CPU (DEFAULT_MODEL_SEEDS)
 MORE_SEEDS = "--seeds 0,1,2 given explicitly"
-
-
-def noisy_rule(direction: bool, same: str = "1×") -> str:
-    """What ratio_verdict marks "noisy", in words: the legends quote this, so they say the rule the marks follow.
-    direction: speed and time to target (their side of 1 is what is judged); else memory."""
-    near = f"narrower than {NOISY_WIDTH}× end to end around a ratio within {SAME:.0%} of {same} (no difference)"
-    if direction:
-        return (f"noisy: a 95% interval that includes {same}, unless it is {near}; an interval wholly on one side "
-                f"of {same} is not marked however wide: that side stands, and the interval beside the number says "
-                "how far")
-    return f"noisy: a 95% interval wider than {NOISY_WIDTH}× end to end, or including {same} unless it is {near}"

@@ -92,7 +92,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         accuracy_change_q3=("accuracy_change_pp", _q(75)),
         skipped_steps=("skipped_steps", "median"),
         **{c: (c, "median") for c in PERF_MEDIANS},
-        ceiling_dtype=("ceiling_dtype", "first"),
+        **{c: (c, "first") for c in CEILING_WHY},
     ).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
@@ -112,7 +112,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
 # is the run's one ceiling per device and dtype (report/hardware.py with_run_ceiling), MFU measured against it.
 PERF_MEDIANS = ["median_step_throughput_img_s", "compile_warmup_s", "flops_per_image", "achieved_flops",
                 "ceiling_flops", "ceiling_flops_table", "mfu_measured", "mfu_table"]
-PERF_COLS = [*PERF_MEDIANS, "ceiling_dtype", "timing_note", "bound"]
+CEILING_WHY = ["ceiling_dtype", "ceiling_fp32_for", "ceiling_isa_limit"]  # what the ceiling is and why (kit/ceiling.py)
+PERF_COLS = [*PERF_MEDIANS, *CEILING_WHY, "timing_note", "bound"]
 
 
 def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
@@ -125,8 +126,9 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
     for col in PERF_MEDIANS:
         if col not in runs:
             runs[col] = np.nan
-    if "ceiling_dtype" not in runs:
-        runs["ceiling_dtype"] = ""
+    for col in CEILING_WHY:
+        if col not in runs:
+            runs[col] = ""
     return runs
 
 
@@ -282,7 +284,7 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
     return out
 
 
-ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "test", "seeds", "images"]
+ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images"]
 TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high"]
 
 
@@ -293,7 +295,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
     table's order."""
     ok = with_loop_columns(ok_runs(runs).copy())
     cols = [*_keys(ok), "framework", "precision", *ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
-            "budget_note"]
+            "budget_cut", "floor_pp", "floor_seeds"]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     keys = _keys(ok)
@@ -314,7 +316,8 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
         for (fw, prec), time_row in times.items():
             cut = group[(group["framework"] == fw) & (group["precision"] == prec) & stats.budgeted(group)]
             row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
-                   "target_basis": basis, **time_row, "budget_note": stats.budget_note(len(cut))}
+                   "target_basis": basis, **time_row, "budget_cut": len(cut),
+                   **_seed_range(fp32[fp32["framework"] == fw])}
             match = tests
             for k, v in {**key, "framework": fw, "precision": prec}.items():
                 match = match[same_value(match[k], v)] if not match.empty else match
@@ -323,6 +326,13 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
             rows.append(row)
     out = pd.DataFrame(rows).reindex(columns=cols)
     return out.sort_values([*keys, "framework", "precision"], key=display_order).reset_index(drop=True)
+
+
+def _seed_range(fp32: pd.DataFrame) -> dict:
+    """fp32's seed-to-seed range of final validation accuracy in pp (NaN under two seeds), the margin an accuracy
+    change is judged "same" against (verdicts.ACCURACY), and its seeds."""
+    acc = fp32.groupby("seed")["final_val_accuracy"].median().dropna() * 100
+    return {"floor_pp": float(acc.max() - acc.min()) if len(acc) >= 2 else np.nan, "floor_seeds": len(acc)}
 
 
 def _pairs(ok: pd.DataFrame, keys: list[str]):
@@ -399,9 +409,7 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     out = out.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs, environment) if accuracy is None else accuracy
     out = out.merge(accuracy, on=keys, how="left")
-    out["speed_note"] = ""  # a wall-time ratio carries no ⚠: speed verdicts are the speed trials' (verdicts.py)
-    for col in ("speed_note", "memory_note", "too_short", "speed_basis", "budget_note",
-                "memory_resolution_basis"):
+    for col in ("memory_note", "too_short", "speed_basis", "memory_resolution_basis"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
     emulated = fp8_report.speed_emulated(out["precision"], (environment or {}).get("device", "cpu"))
@@ -409,7 +417,6 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
                                    "ttt_ratio", "ttt_low", "ttt_high",
                                    # FLOP/s and MFU of an emulation measure float32 matmuls of dequantized values
                                    "achieved_flops", "mfu_measured", "mfu_table") if c in out]] = np.nan
-    out.loc[emulated, "speed_note"] = fp8_report.EMULATED_SPEED
     out["emulated"] = emulated  # what every sentence and table tests, rather than the notes' words
     out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_low", "memory_high", "memory_difference_mib",
                                    "memory_resolved", "memory_resolution_mib") if c in out]] = np.nan

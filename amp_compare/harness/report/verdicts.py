@@ -179,12 +179,10 @@ def _num(value) -> float:
         return float("nan")
 
 
-def _accuracy_kind(test: str, seeds: float) -> str:
-    """stats.accuracy_tests' interval: the exact bound where no image differed, Newcombe's for one seed (McNemar),
-    the paired bootstrap's for several."""
-    if test == stats.NO_DIFFERENCE:
-        return "exact 95% bound"
-    return "newcombe 95%" if seeds == 1 else "bootstrap 95%" if seeds > 1 else "none"
+# stats.accuracy_tests' method -> its interval: McNemar's comes with Newcombe's, the bootstrap with its percentile one,
+# no differing image with the exact bound
+ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%",
+                 stats.NO_DIFFERENCE: "exact 95% bound"}
 
 
 def _ratio_kind(seeds: int, low: float) -> str:
@@ -226,21 +224,27 @@ def _trial_kind(kind: str) -> str:
 def _memory(r, key: dict) -> dict:
     difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
     facts = SimpleNamespace(emulated=bool(r.emulated), difference=difference, resolution=resolution,
-                            estimate=difference, low=np.nan, high=np.nan)
+                            estimate=difference, low=np.nan, high=np.nan, margin=resolution)
     evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution,
                 "resolution_from": r.memory_resolution_basis or "own"}
     return _row(key, "memory", facts, "none", evidence)
 
 
-def _accuracy(r, key: dict, cut: int, floor: tuple[float, int]) -> dict:
-    test = str(r.test) if isinstance(r.test, str) else ""
-    p = _num(r.p_value)
+def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
+    """The accuracy verdict row of an accuracy-table row (tables.accuracy_statistics, or the full table): its paired
+    test, fp32's seed range (floor_pp) and its budget-cut cells decide it (ACCURACY)."""
+    method = r.method if isinstance(getattr(r, "method", None), str) else ""
+    cut = int(np.nan_to_num(_num(getattr(r, "budget_cut", 0)))) if cut is None else cut
+    floor, p = _num(getattr(r, "floor_pp", np.nan)), _num(r.p_value)
+    key = key or {k: getattr(r, k, "") for k in IDENTITY}
     facts = SimpleNamespace(budget_cut=cut, too_short=bool(r.too_short), estimate=_num(r.diff_pp),
-                            low=_num(r.ci_low), high=_num(r.ci_high), no_difference=test == stats.NO_DIFFERENCE,
-                            significant=np.isfinite(p) and p < stats.ALPHA, floor=floor[0], margin=floor[0])
-    evidence = {"test": test, "p_value": p, "seeds": _num(r.seeds), "images": _num(r.images),
-                "too_short": r.too_short or "", "budget_cut_cells": cut, "floor_fp32_seeds": floor[1]}
-    return _row(key, "accuracy", facts, _accuracy_kind(test, _num(r.seeds)), evidence)
+                            low=_num(r.ci_low), high=_num(r.ci_high), no_difference=method == stats.NO_DIFFERENCE,
+                            significant=np.isfinite(p) and p < stats.ALPHA, floor=floor, margin=floor)
+    evidence = {"method": method, "p_value": p, "seeds": _num(getattr(r, "seeds", np.nan)),
+                "images": _num(getattr(r, "images", np.nan)),
+                "too_short": r.too_short or "", "budget_cut_cells": cut,
+                "floor_fp32_seeds": _num(getattr(r, "floor_seeds", np.nan))}
+    return _row(key, "accuracy", facts, ACCURACY_KIND.get(method, "none"), evidence)
 
 
 def _time(r, key: dict, cut: int) -> dict:
@@ -288,28 +292,6 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     return runs[mask].groupby(["model", "dataset", "framework", "precision"]).size().to_dict()
 
 
-def accuracy_floors(runs: pd.DataFrame) -> dict:
-    """(model, dataset, framework, batch size) -> (fp32's seed-to-seed range of final validation accuracy in pp,
-    its seeds): the measured margin an accuracy change is judged "same" against. NaN with fewer than two finished
-    fp32 seeds the speed budget did not cut."""
-    if runs.empty or "final_val_accuracy" not in runs:
-        return {}
-    fp32 = runs[(runs["precision"] == precisions.REFERENCE) & runs["status"].eq("ok") & ~stats.budgeted(runs)]
-    batch = fp32["cfg_batch_size"] if "cfg_batch_size" in fp32 else pd.Series(np.nan, index=fp32.index)
-    floors = {}
-    for (model, dataset, fw, size), part in fp32.assign(size=batch.fillna(-1)).groupby(
-            ["model", "dataset", "framework", "size"]):
-        acc = part.groupby("seed")["final_val_accuracy"].median().dropna() * 100
-        floors[(model, dataset, fw, _num(size))] = (float(acc.max() - acc.min()) if len(acc) >= 2 else np.nan,
-                                                    len(acc))
-    return floors
-
-
-def _floor(floors: dict, r) -> tuple[float, int]:
-    size = _num(r.batch_size)
-    return floors.get((r.model, r.dataset, r.framework, -1.0 if np.isnan(size) else size), (np.nan, 0))
-
-
 def _trial_key(t: dict) -> tuple:
     return t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"], t["precision"]
 
@@ -332,7 +314,6 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         by_trial.setdefault(_trial_key(t), t)
     cut = _counts(runs, stats.budgeted(runs)) if not runs.empty else {}
     diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
-    floors = accuracy_floors(runs)
     rows, done = [], set()
     mixed = full[precisions.is_mixed(full["precision"])] if not full.empty else full
     for r in mixed.itertuples():
@@ -342,7 +323,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
                "framework": r.framework, "precision": r.precision}
         n_cut = int(cut.get(ident, 0))
         trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
-        rows += [_speed(r, key, trial), _memory(r, key), _accuracy(r, key, n_cut, _floor(floors, r)),
+        rows += [_speed(r, key, trial), _memory(r, key), accuracy(r, key, n_cut),
                  _time(r, key, n_cut), _numerics(r, key, int(diverged.get(ident, 0)))]
     rows += _failed_rows(runs, done)
     return pd.DataFrame(rows, columns=COLUMNS)

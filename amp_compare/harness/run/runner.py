@@ -37,6 +37,7 @@ from amp_compare.contract.config import (
     RunConfig,
 )
 from amp_compare.contract.env import PROJECT_ROOT
+from amp_compare.contract.log_words import HALF_WORDS, PATH_WORDS
 from amp_compare.contract.precision import REFERENCE
 from amp_compare.harness.run import forkserver
 from amp_compare.harness.run.launch import child_env_for, kill_tree, launch_command
@@ -63,11 +64,8 @@ def stderr_tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-# A framework's own log line about the half-precision path it took ("oneDNN supports DT_HALF only on platforms
-# with AVX-512. Falling back to the default Eigen-based implementation"): evidence the report's answer words its
-# reason from (harness/report/answer.py). A line must name a half format and a fallback or a support limit.
-HALF_WORDS = ("DT_HALF", "DT_BFLOAT16", "float16", "bfloat16", "Half", "BFloat16")
-PATH_WORDS = ("alling back", "supports", "not supported", "unsupported", "only on")
+# A framework's own log line about the half-precision path it took (contract/log_words.py): a line must name a half
+# format and a fallback or a support limit.
 _LOG_PREFIX = re.compile(r"^(?:\d{4}-\d\d-\d\d [\d:.]+: [IWEF] |[IWEF]\d{4} [\d:.]+\s+\d+ )\S+:\d+\] ")
 
 
