@@ -66,7 +66,10 @@ TABLES: dict[str, dict[str, Column]] = {
         ("subnormal_fraction_unscaled", "float", "fraction"), ("flush_fraction_scaled", "float", "fraction"),
         ("subnormal_fraction_scaled", "float", "fraction"), ("overflow_fraction_scaled", "float", "fraction"),
         ("zero_fraction_mixed", "float", "fraction"), ("lost_fraction_mixed_unscaled", "float", "fraction"),
-        ("lost_fraction_mixed_scaled", "float", "fraction"), ("loss_scale", "float"),
+        ("lost_fraction_mixed_scaled", "float", "fraction", "lost at the scale and unscaled (kit/fp16.py "
+         "mixed_zero_kinds)"),
+        ("cancelled_fraction_mixed_scaled", "float", "fraction", "zero at the scale but not unscaled: float16 "
+         "cancellation, not underflow; absent in older records"), ("loss_scale", "float"),
         ("log2_hist", "json", "elements per power of two"), ("when", "str", "", "first step or last step"),
         ("at_step", "int")),
     "workers": _columns(

@@ -606,7 +606,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = (seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
-    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
+    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")), steps,
+                                   tables.get("underflow"))
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"))
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
