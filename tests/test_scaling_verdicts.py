@@ -126,3 +126,15 @@ def test_scaling_up_cannot_make_a_lost_element():
     row = gradient_stats("fc", "weight", reference, 1024.0, unscaled, scaled)
     assert row["lost_fraction_mixed_scaled"] <= row["lost_fraction_mixed_unscaled"]
     assert row["lost_fraction_mixed_scaled"] == 0.25 and row["cancelled_fraction_mixed_scaled"] == 0.25
+
+
+def test_numerics_section_connects_the_skip_to_its_tensor_and_headroom():
+    from amp_compare.harness.report.numerics import skip_cause_sentences
+
+    _, runs, steps, underflow = _records()
+    said = skip_cause_sentences(runs, steps, underflow)
+    assert len(said) == 2  # one per framework's fp16 cell: the locator ran at its first skip
+    assert said[0] == ("PyTorch fp16 seed 0: the skip at step 25 (scale 2^17) — fc.weight went inf: its largest "
+                       "|gradient| × 2^17 passed 65,504, so ≥ 0.5 unscaled; after the last step the probe measured "
+                       "its largest |gradient| below 2^-2, times the scale then held (2^16) below 2^14, 4× under "
+                       "65,504.")
