@@ -136,8 +136,7 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
 
 FP16_MAX_TEXT = "65,504"
 # Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
-KERAS_STATIC = ("Keras applies an update whose gradients are not finite, where PyTorch skips it (Keras' static "
-                "scale is the optimizer's loss_scale_factor, with no finiteness check)")
+KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
 
 
 def power(value) -> str:
@@ -207,7 +206,7 @@ def _underflow(v, e: dict) -> str:
                 + (f" ({REASON[e['accuracy_reason']].format(margin=e.get('accuracy_margin', float('nan')))})"
                    if e.get("accuracy_reason") in SHOWN_REASONS | {"interval_too_wide", "no_floor"} else ""))
     mattered = {"accuracy_lower": "it mattered", "accuracy_kept": "it did not matter",
-                "accuracy_undecided": "whether it mattered is undecided", "nothing_lost": "nothing to matter"}
+                "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
     return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; {acc_text}: "
             f"{mattered.get(v.reason, '')}").rstrip(": ")
 
