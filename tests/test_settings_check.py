@@ -141,3 +141,10 @@ def test_a_weight_decay_the_optimizer_ignores_is_said_plainly():
         "Weight decay 0.05 was configured but not used: adam (the optimizer of simple_cnn) trains without weight "
         "decay in both frameworks; only adamw applies it (--optimizer adamw)."]
     assert ignored_settings([{**cells[0], "cfg_weight_decay": 0.0}]) == []
+
+
+def test_records_that_do_not_say_keep_every_row():
+    from amp_compare.contract.mapping import DIFFERENCES
+    from amp_compare.harness.report.settings_check import differences_apply
+
+    assert all(differences_apply(d.key, None, None, None) for d in DIFFERENCES)

@@ -349,7 +349,7 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
     rows = []
     adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
     vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
-    has = [set(runs[c].dropna().astype(str)) if c in runs else set() for c in ("model", "cfg_optimizer", "precision")]
+    has = [set(runs[c].dropna().astype(str)) if c in runs else None for c in ("model", "cfg_optimizer", "precision")]
     for d in (d for d in DIFFERENCES if differences_apply(d.key, *has)):  # only parts the run's models have
         rows.append({
             "item": d.item, "why": d.why,

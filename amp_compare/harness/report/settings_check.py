@@ -207,17 +207,17 @@ OPTIMIZER_ROWS = {"adam_epsilon": {"adam", "adamw"}, "adam_formula": {"adam", "a
 DYNAMIC_ROWS = {"init_scale", "growth_interval"}
 
 
-def differences_apply(key: str, models: set, optimizers: set, precisions: set) -> bool:
+def differences_apply(key: str, models: set | None, optimizers: set | None, precisions: set | None) -> bool:
     """Whether a framework-differences row is about something the run has: a model part (PART_MODELS), the
-    optimizer its cells used (OPTIMIZER_ROWS), dynamic loss scaling (DYNAMIC_ROWS); every other row always."""
+    optimizer its cells used (OPTIMIZER_ROWS), dynamic loss scaling (DYNAMIC_ROWS); every other row always. None:
+    the records do not say (older ones), so the row stays."""
     from amp_compare.contract import precision as precision_table
 
-    if key in PART_MODELS:
-        return bool(PART_MODELS[key] & models)
-    if key in OPTIMIZER_ROWS:
-        return bool(OPTIMIZER_ROWS[key] & optimizers)
-    if key in DYNAMIC_ROWS:
-        return bool(set(precision_table.names(loss_scaling="dynamic")) & precisions)
+    dynamic = set(precision_table.names(loss_scaling="dynamic"))
+    for rows, have in ((PART_MODELS, models), (OPTIMIZER_ROWS, optimizers), (dict.fromkeys(DYNAMIC_ROWS, dynamic),
+                                                                               precisions)):
+        if key in rows:
+            return have is None or bool(rows[key] & have)
     return True
 
 
