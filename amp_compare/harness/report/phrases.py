@@ -153,7 +153,7 @@ def _evidence(v) -> dict:
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
+    return f"{n:,} {word}{('es' if word.endswith('s') else 's') if n != 1 else ''}"
 
 
 def _path(v, e: dict) -> str:
@@ -204,7 +204,8 @@ def _underflow(v, e: dict) -> str:
     acc = e.get("accuracy_status", "")
     acc_text = (f"accuracy against fp32 {STATUS.get(acc, acc)}"
                 + (f" ({REASON[e['accuracy_reason']].format(margin=e.get('accuracy_margin', float('nan')))})"
-                   if e.get("accuracy_reason") in SHOWN_REASONS | {"interval_too_wide", "no_floor"} else ""))
+                   if e.get("accuracy_reason") in REASON and (acc in SHOWN or e["accuracy_reason"] in SHOWN_REASONS)
+                   else ""))
     mattered = {"accuracy_lower": "it mattered", "accuracy_kept": "it did not matter",
                 "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
     return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; {acc_text}: "
@@ -214,10 +215,10 @@ def _underflow(v, e: dict) -> str:
 def _static(v, e: dict) -> str:
     said = {"no_overflow_no_underflow": f"static scale {power(v.estimate)} sufficed: no skip, every loss finite, "
                                         "no element lost at it",
-            "overflowed": f"static scale {power(v.estimate)} overflowed: {e.get('skipped', 0)} updates skipped, "
-                          f"{e.get('nonfinite_losses', 0)} non-finite losses",
-            "underflowed": f"static scale {power(v.estimate)} let {e.get('lost', 0):,} gradient elements underflow "
-                           "(both probes, all seeds)",
+            "overflowed": f"static scale {power(v.estimate)} overflowed: {_plural(e.get('skipped', 0), 'update')} "
+                          f"skipped, {_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
+            "underflowed": f"static scale {power(v.estimate)} let {_plural(e.get('lost', 0), 'gradient element')} "
+                           "underflow (both probes, all seeds)",
             "no_probe": f"static scale {power(v.estimate)}: no skip and every loss finite; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 
