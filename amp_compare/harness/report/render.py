@@ -214,7 +214,8 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
                          "float32 reference: would flush at that scale": s["flush_scaled"].map(_pct(3)),
                          "mixed backward: exactly zero (unscaled loss)": s["zero_fraction_mixed"].map(_pct(2)),
                          "mixed backward: lost, no scaling": s["lost_unscaled"].map(_pct(3)),
-                         "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3))})
+                         "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3)),
+                         "mixed backward: cancelled at that scale only": s["cancelled_scaled"].map(_pct(3))})
 
 
 def _pct(digits: int):
