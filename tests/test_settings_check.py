@@ -113,3 +113,38 @@ def test_a_scheduled_learning_rate_shows_as_its_schedule_and_peak():
     row = next(r for r in side_by_side(vit + cnn)["rows"] if r["setting"] == "learning_rate")
     assert row["torch"] == row["keras"] == "constant 0.001; warmup-cosine, peak 0.003", row
     assert row["match"] == "✓"
+
+
+def test_differences_table_lists_only_the_parts_the_run_has():
+    from amp_compare.contract.mapping import DIFFERENCES
+    from amp_compare.harness.report.settings_check import differences_apply
+
+    def keys(models, optimizers, precisions):
+        return {d.key for d in DIFFERENCES if differences_apply(d.key, models, optimizers, precisions)}
+
+    cnn = keys({"simple_cnn"}, {"adam"}, {"fp32", "fp16", "fp16-noscale"})
+    assert not cnn & {"ln_epsilon", "gelu_approximate", "mha_bias", "mha_dropout", "token_dtype", "attention_core",
+                      "bn_momentum", "bn_epsilon", "stride2_padding", "adamw_weight_decay"}
+    assert {"adam_epsilon", "weight_decay", "init_scale", "growth_interval", "initial_weights"} <= cnn
+    vit = keys({"vit"}, {"adamw"}, {"fp32", "bf16"})
+    assert {"ln_epsilon", "attention_core", "adamw_weight_decay"} <= vit
+    assert not vit & {"bn_momentum", "weight_decay", "init_scale", "growth_interval"}
+    assert {"bn_momentum", "stride2_padding"} <= keys({"resnet18"}, {"sgd"}, {"fp32"})
+
+
+def test_a_weight_decay_the_optimizer_ignores_is_said_plainly():
+    from amp_compare.harness.report.settings_check import ignored_settings
+
+    cells = [{"model": "simple_cnn", "cfg_optimizer": "adam", "cfg_weight_decay": 0.05},
+             {"model": "vit", "cfg_optimizer": "adamw", "cfg_weight_decay": 0.05}]
+    assert ignored_settings(cells) == [
+        "Weight decay 0.05 was configured but not used: adam (the optimizer of simple_cnn) trains without weight "
+        "decay in both frameworks; only adamw applies it (--optimizer adamw)."]
+    assert ignored_settings([{**cells[0], "cfg_weight_decay": 0.0}]) == []
+
+
+def test_records_that_do_not_say_keep_every_row():
+    from amp_compare.contract.mapping import DIFFERENCES
+    from amp_compare.harness.report.settings_check import differences_apply
+
+    assert all(differences_apply(d.key, None, None, None) for d in DIFFERENCES)

@@ -66,7 +66,10 @@ TABLES: dict[str, dict[str, Column]] = {
         ("subnormal_fraction_unscaled", "float", "fraction"), ("flush_fraction_scaled", "float", "fraction"),
         ("subnormal_fraction_scaled", "float", "fraction"), ("overflow_fraction_scaled", "float", "fraction"),
         ("zero_fraction_mixed", "float", "fraction"), ("lost_fraction_mixed_unscaled", "float", "fraction"),
-        ("lost_fraction_mixed_scaled", "float", "fraction"), ("loss_scale", "float"),
+        ("lost_fraction_mixed_scaled", "float", "fraction", "lost at the scale and unscaled (kit/fp16.py "
+         "mixed_zero_kinds)"),
+        ("cancelled_fraction_mixed_scaled", "float", "fraction", "zero at the scale but not unscaled: float16 "
+         "cancellation, not underflow; absent in older records"), ("loss_scale", "float"),
         ("log2_hist", "json", "elements per power of two"), ("when", "str", "", "first step or last step"),
         ("at_step", "int")),
     "workers": _columns(
@@ -145,14 +148,17 @@ IDENTITY_OF["verdicts"] = _columns(
     ("model", "str"), ("dataset", "str"), ("step_loop", "str", "", "plain or tuned; empty for cells that failed"),
     ("batch_size", "float", "images"), ("framework", "str"), ("precision", "str", "", "a mixed precision"))
 TABLES["verdicts"] = _columns(
-    ("metric", "str", "", "speed, memory, accuracy, time_to_target, numerics"),
+    ("metric", "str", "", "speed, memory, accuracy, time_to_target, numerics; a loss-scaling lab's scale_path, "
+     "skipped_steps, underflow, static_scale (verdicts.LAB_METRICS)"),
     ("estimate", "float", "", "speed: fp32 step time / mixed (>1 faster); memory: mixed - fp32 peak; accuracy: "
-     "mixed - fp32 validation accuracy; time_to_target: mixed time / fp32 time; numerics: median skipped steps"),
+     "mixed - fp32 validation accuracy; time_to_target: mixed time / fp32 time; numerics: median skipped steps; "
+     "scale_path: the first seed's final scale; skipped_steps: skipped updates, all seeds; underflow: elements lost "
+     "at the last step's probe, all seeds; static_scale: the static scale"),
     ("low", "float", "", "the interval's low end (the estimate's unit); NaN where none"),
     ("high", "float", "", "the interval's high end; NaN where none"),
     ("margin", "float", "", "what 'same' is judged against: speed and time to target ±this fraction of 1; accuracy "
      "± fp32's seed-to-seed range of final validation accuracy in pp (measured; NaN with one fp32 seed)"),
-    ("unit", "str", "", "x fp32, MiB, pp, steps"),
+    ("unit", "str", "", "x fp32 speed, x fp32 time, MiB, pp, steps, scale, elements"),
     ("interval_kind", "str", "", "verdicts.INTERVAL_KINDS: hodges-lehmann 95%, newcombe 95%, bootstrap 95%, ..."),
     ("status", "str", "", "verdicts.STATUSES"), ("reason", "str", "", "verdicts.REASONS"),
     ("evidence", "json", "", "what the status rests on: cells, counts, rounds, contended blocks"))

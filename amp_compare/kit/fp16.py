@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-FP16_MIN_SUBNORMAL = 2.0**-24  # smallest positive float16; half of it and less rounds to zero
+FP16_MIN_SUBNORMAL = 2.0**-24  # smallest positive float16
+FP16_ROUNDS_TO_ZERO = 2.0**-25  # half the smallest subnormal: |x| at or below it rounds to 0 (ties to even)
 FP16_MIN_NORMAL = 2.0**-14  # below this float16 is subnormal: fewer significant bits
 FP16_MAX = 65504.0  # largest finite float16; from 65520 up rounds to inf
 LOG2_BINS = range(-40, 17)  # histogram bins of floor(log2|g|); values outside go to the edge bins
@@ -46,7 +47,11 @@ def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float,
     backward under the run's precision) of the unscaled loss / of loss * loss_scale (None: the
     reference itself, i.e. a float32 run). "lost" = the share of the reference's non-zero elements
     that came out exactly zero there: underflowed inside the half-precision backward, where no
-    rounding of a float32 gradient can show it.
+    rounding of a float32 gradient can show it. Zeros are classified once, here (mixed_zero_kinds):
+    an element the reference holds as exactly 0 is cancellation, never a loss; and since scaling
+    up cannot underflow, an element zero at the scale but not in the unscaled backward is
+    "cancelled" (float16 arithmetic summed it to 0), so the scaled "lost" count never exceeds
+    the unscaled one.
     """
     magnitude = np.abs(np.asarray(grad, dtype=np.float64)).ravel()
     nonzero_mask = magnitude != 0
@@ -72,6 +77,7 @@ def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float,
         return values == 0
 
     mixed_zero, scaled_zero = zeros(mixed), zeros(mixed if mixed_scaled is None else mixed_scaled)
+    kinds = mixed_zero_kinds(nonzero_mask, mixed_zero, scaled_zero)
     return {
         "layer": layer,
         "param": param,
@@ -85,11 +91,27 @@ def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float,
         "subnormal_fraction_scaled": fraction(scaled < FP16_MIN_NORMAL),
         "overflow_fraction_scaled": fraction(np.isinf(scaled)),
         "zero_fraction_mixed": float(mixed_zero.mean()) if magnitude.size else 0.0,
-        "lost_fraction_mixed_unscaled": fraction(mixed_zero[nonzero_mask]),
-        "lost_fraction_mixed_scaled": fraction(scaled_zero[nonzero_mask]),
+        "lost_fraction_mixed_unscaled": fraction(kinds["lost_unscaled"][nonzero_mask]),
+        "lost_fraction_mixed_scaled": fraction(kinds["lost_scaled"][nonzero_mask]),
+        "cancelled_fraction_mixed_scaled": fraction(kinds["cancelled_scaled"][nonzero_mask]),
         "loss_scale": float(loss_scale),
         "log2_hist": dict(zip(LOG2_BINS, counts.tolist())),
     }
+
+
+def mixed_zero_kinds(reference_nonzero: np.ndarray, unscaled_zero: np.ndarray,
+                     scaled_zero: np.ndarray) -> dict[str, np.ndarray]:
+    """Each exact zero of the mixed backward, by cause (boolean masks over the elements):
+
+    - lost_unscaled: the reference is not 0 and the unscaled mixed backward gave 0 (underflow on the way);
+    - lost_scaled: the same at the scale, and also lost unscaled: scaling up cannot make an underflow, so an
+      element lost at the scale is one lost without it as well;
+    - cancelled_scaled: the reference is not 0, the scaled backward gave 0 and the unscaled one did not: a sum
+      float16 arithmetic cancelled to 0 at that magnitude, not an underflow.
+    A reference of exactly 0 is the gradient's own cancellation: in none of them."""
+    lost_unscaled = reference_nonzero & unscaled_zero
+    return {"lost_unscaled": lost_unscaled, "lost_scaled": lost_unscaled & scaled_zero,
+            "cancelled_scaled": reference_nonzero & scaled_zero & ~unscaled_zero}
 
 
 def underflow_summary(rows: list[dict]) -> dict:
@@ -109,5 +131,5 @@ def underflow_summary(rows: list[dict]) -> dict:
         **{key: overall(key) for key in ("flush_fraction_unscaled", "subnormal_fraction_unscaled",
                                          "flush_fraction_scaled", "subnormal_fraction_scaled",
                                          "overflow_fraction_scaled", "lost_fraction_mixed_unscaled",
-                                         "lost_fraction_mixed_scaled")},
+                                         "lost_fraction_mixed_scaled", "cancelled_fraction_mixed_scaled")},
     }

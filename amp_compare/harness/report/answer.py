@@ -1,6 +1,8 @@
 """The answer the page, summary.md and the terminal open with, from the verdict table alone: per model x framework
 the precision to use and why (verdicts.choose), then one line per mixed precision with its speed and accuracy
-verdicts (phrases.py). A run that kept the frameworks from some of the CPU's instructions says so first."""
+verdicts (phrases.py). A run that kept the frameworks from some of the CPU's instructions says so first. A
+loss-scaling lab (fp16-noscale or fp16-static beside fp16) answers its own question before speed: one line per
+loss-scaling verdict row (verdicts.LAB_METRICS, phrases.lab_line)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import phrases, speed
-from amp_compare.harness.report.verdicts import choose
+from amp_compare.harness.report.verdicts import LAB_METRICS, choose
 
 SHOWN = ("speed", "accuracy")  # the metrics each precision's line gives; the tables give every metric
 INTERVAL = ("speed",)  # whose interval the line gives (the page's tables give every interval; 80 columns)
@@ -20,7 +22,8 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
     """[(model on dataset, [(framework: use X (why), [one line per mixed precision])])]."""
     out = []
     for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False):
-        frameworks = []
+        frameworks = lab_items(part)
+        part = part[~part["metric"].isin(LAB_METRICS)]
         for fw, group in part.groupby("framework", sort=False):
             use, reason = choose(group)
             lines = []
@@ -34,6 +37,22 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})", lines))
         out.append((f"{model} on {dataset}", frameworks))
     return out
+
+
+LAB_HEADER = "Loss scaling (what this run asks)"
+
+
+def lab_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    """The loss-scaling rows of one model x dataset as one block of lines, framework by framework, each metric in
+    LAB_METRICS' order (the scale's path, the skips and their causes, what no scaling lost, the static scale);
+    [] where the run is no lab."""
+    lab = part[part["metric"].isin(LAB_METRICS)]
+    if lab.empty:
+        return []
+    order = {m: i for i, m in enumerate(LAB_METRICS)}
+    lines = [phrases.lab_line(v) for _, rows in lab.groupby("framework", sort=False)
+             for v in sorted(rows.itertuples(), key=lambda v: order[v.metric])]
+    return [(LAB_HEADER, lines)]
 
 
 def preface(environment: dict, device: str = "cpu") -> str:

@@ -595,8 +595,8 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     untangle_x_labels(grid.figure)
     _save(grid.figure, out_dir, "underflow")
     return Figure("underflow", "numerics", "Gradient underflow per layer",
-                  "Share of each layer's non-zero float32 gradient elements whose magnitude is below float16's "
-                  "smallest subnormal (2^-24) — they would become 0 in float16 — without loss scaling (left) and "
+                  "Share of each layer's non-zero float32 gradient elements that round to 0 in float16 "
+                  "(|g| at or below 2^-25, half the smallest subnormal 2^-24) — without loss scaling (left) and "
                   "multiplied by the loss scale the run used (right). Loss scaling exists to shrink the left bars.",
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
                   "unscaled and scaled, per framework and precision.")
@@ -604,7 +604,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
 
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Per framework: the magnitudes of the float16 modes' gradients at the last step, times the loss scale in
-    use, as a histogram over powers of two against float16's range (flush below 2^-24, overflow above its max)."""
+    use, as a histogram over powers of two against float16's range (0 below 2^-25, overflow above its max)."""
     from amp_compare.harness.report import numerics as nr
 
     hist = nr.gradient_histogram(underflow)
@@ -621,21 +621,21 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                        drawstyle="steps-mid", errorbar=None, height=3.6, aspect=1.5)
     low, high = float(df["scaled_log2"].min()) - 1, max(float(df["scaled_log2"].max()) + 1, 17.0)
     for ax in grid.axes.flat:
-        ax.axvspan(min(low, -25), -24, color="#d1495b", alpha=0.12, linewidth=0)
+        ax.axvspan(min(low, -26), -25, color="#d1495b", alpha=0.12, linewidth=0)
         ax.axvspan(np.log2(nr.FP16_MAX), high, color="#d1495b", alpha=0.12, linewidth=0)
         ax.axvline(-14, color="#888", linestyle=":", linewidth=1)
-        ax.set_xlim(min(low, -25), high)
+        ax.set_xlim(min(low, -26), high)
     grid.set_titles("{col_name}")
     # on two lines: on one, each panel's label ran into its neighbour's
-    grid.set_axis_labels("log2 |gradient × loss scale in use|\n(float16: 0 below −24, inf above 16)",
+    grid.set_axis_labels("log2 |gradient × loss scale in use|\n(float16: 0 below −25, inf above 16)",
                          "Non-zero elements (%)")
     grid.figure.suptitle("Gradient magnitudes against float16's range, last step", y=1.03)
     _save(grid.figure, out_dir, "gradient_histogram")
     return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
                   "layers), by power of two of |gradient| times the loss scale the cell used. Shaded: what float16 "
-                  f"cannot hold — below 2^-24 it flushes to zero, above {nr.FP16_MAX:,.0f} (2^16) it overflows to inf; "
-                  "the dotted "
+                  "cannot hold — below 2^-25 it rounds to zero (the smallest subnormal is 2^-24), above "
+                  f"{nr.FP16_MAX:,.0f} (2^16) it overflows to inf; the dotted "
                   "line is 2^-14, below which float16 keeps fewer significant bits. Loss scaling moves the whole "
                   "histogram right: it rescues the left tail as long as the right one stays out of the shade. "
                   "The Numerics section says how close each cell came to float16's largest value.",

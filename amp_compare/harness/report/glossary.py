@@ -310,7 +310,8 @@ def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.D
     if "float16" in facts.halves:
         text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of only "
                  f"±{FP16_MAX:,.0f} down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
-                 "Lesson: a gradient below 2^-24 flushes to zero in float16 (and below 2^-14 loses precision), "
+                 "Lesson: a gradient below 2^-25, half the smallest subnormal, rounds to zero in float16 (and "
+                 "below 2^-14 loses precision), "
                  "which loss scaling exists to prevent." + _underflow_evidence(underflow, acc) + " ")
     if "bfloat16" in facts.halves:
         text += ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "

@@ -49,7 +49,9 @@ UNDERFLOW_METHODS = (
     "rounded to float16, unscaled and times the scale in use; share of its non-zero elements that become 0.",
     "Lost in the mixed backward: the real backward under the run's precision (the half-precision ops "
     "autocast / the dtype policy chose), of the unscaled loss and of the loss times the scale in use; share "
-    "of the reference's non-zero elements that came out exactly zero there.",
+    "of the reference's non-zero elements that came out exactly zero there. At the scale, only elements zero "
+    "without it too: scaling up cannot underflow, so a zero only at the scale is float16 cancellation, counted "
+    "apart (kit/fp16.py mixed_zero_kinds); a reference of exactly 0 is the gradient's own cancellation, no loss.",
 )
 
 
@@ -79,6 +81,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
             "flush_scaled": by_nonzero("flush_fraction_scaled"),
             "lost_unscaled": by_nonzero("lost_fraction_mixed_unscaled"),
             "lost_scaled": by_nonzero("lost_fraction_mixed_scaled"),
+            "cancelled_scaled": by_nonzero("cancelled_fraction_mixed_scaled"),
             "loss_scale": float(g["loss_scale"].iloc[0]),
             "method": g["method"].iloc[0] if "method" in g else "",
         })
@@ -423,6 +426,42 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     return out
 
 
+def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
+                         underflow: pd.DataFrame | None) -> list[str]:
+    """Per cell whose first skipped update the NaN/Inf locator explained by a parameter's gradient: the two facts
+    the run records about that tensor side by side — at the skip, its gradient times the scale passed float16's
+    65,504 (the locator); after the last step, its largest |gradient| (the probe's histogram) times the scale then
+    held, against 65,504 (the headroom it had once the scale had backed off)."""
+    from amp_compare.harness.report import phrases, scaling
+
+    if steps is None or steps.empty or "nonfinite_where" not in runs:
+        return []
+    out = []
+    found = runs[(runs["nonfinite_where"] == "backward") & (runs["nonfinite_tensor"] != "output")
+                 & runs["precision"].isin(precisions.scaled_names())]
+    per = _per_model(runs)
+    for r in found.sort_values([*per, "framework", "precision", "seed"], key=display_order).to_dict("records"):
+        g = steps[steps["cell_id"] == r["cell_id"]].sort_values("step")
+        at = g.loc[g["step"] == int(r["nonfinite_step"]), "loss_scale"].astype(float)
+        if at.empty or g.empty:
+            continue
+        f = {"seed": r["seed"], "step": int(r["nonfinite_step"]), "where": "backward", "layer": r["nonfinite_layer"],
+             "tensor": r["nonfinite_tensor"], "value": r["nonfinite_value"], "scale": float(at.iloc[0])}
+        top = scaling.probe_top(underflow, r["cell_id"], f["layer"], f["tensor"])
+        final = float(g["loss_scale"].iloc[-1])
+        after = ""
+        if top is not None:
+            bound = 2.0 ** (top + 1) * final
+            after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, times the "
+                     f"scale then held ({_scale_power(final)}) below {_scale_power(bound)}"
+                     + (f", {FP16_MAX / bound:.3g}× under 65,504" if bound <= FP16_MAX else
+                        ", not provably under 65,504"))
+        who = _who(per, tuple(r[k] for k in per))
+        out.append(f"{who}{_label(r['framework'])} {r['precision']} seed {r['seed']}: the skip at step {f['step']} "
+                   f"(scale {_scale_power(f['scale'])}) — {phrases.cause(f)}{after}.")
+    return out
+
+
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
     """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies, each
     with its paired test against fp32 from `acc` (tables.accuracy_statistics, the Accuracy section's rows, worded
@@ -459,7 +498,7 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.Data
     tables do not show — accuracy with and without scaling, the gradients' headroom under float16's largest
     value and where lost elements were, the vit's attention story."""
     history = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
-    return {"loss_scaling": scaling_accuracy_sentences(runs, acc),
+    return {"loss_scaling": skip_cause_sentences(runs, steps, underflow) + scaling_accuracy_sentences(runs, acc),
             "underflow": headroom_sentences(underflow, steps) + lost_sentences(underflow),
             "vit": vit_what_happened(history, headroom)}
 

@@ -21,7 +21,8 @@ METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "ti
           "numerics": "numerics"}
 STATUS = {"faster": "faster", "slower": "slower", "smaller": "less memory", "larger": "more memory",
           "higher": "higher", "lower": "lower", "same": "same", "undecided": "undecided",
-          "not_comparable": "n/a", "failed": "failed"}
+          "not_comparable": "n/a", "failed": "failed", "differs": "differs", "skipped": "skipped",
+          "clean": "clean", "lost": "lost", "sufficed": "sufficed", "insufficient": "insufficient"}
 REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
@@ -35,6 +36,11 @@ REASON = {  # a few words each, after "because" or in brackets
     "not_reached": "a seed never reached it", "one_seed": "one seed", "no_fp32": "no fp32 partner",
     "all_finite": "finite throughout", "diverged": "diverged", "cell_failed": "crashed", "timeout": "timed out",
     "unavailable": "unavailable here", "none_faster": "no mixed precision measured faster",
+    "one_framework": "one framework", "same_path": "same path", "different_path": "different path",
+    "no_skip": "no skip", "overflow_located": "overflow located", "forward_overflow": "forward overflow",
+    "skip_unlocated": "not located", "no_probe": "no probe", "nothing_lost": "nothing lost",
+    "accuracy_lower": "accuracy lower", "accuracy_kept": "accuracy kept", "accuracy_undecided": "accuracy undecided",
+    "overflowed": "overflowed", "underflowed": "underflowed", "no_overflow_no_underflow": "no overflow, no underflow",
 }
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
@@ -179,3 +185,104 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
                         for r in dict.fromkeys(verdicts["reason"]))
     return [("Verdict words", f"What each word in the per-model tables means. {statuses}."),
             ("Verdict reasons", f"Why a verdict is what it is, in brackets beside it. {reasons}.")]
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss-scaling lab's rows (verdicts.LAB_METRICS, harness/report/scaling.py): one line each in the answer
+# ---------------------------------------------------------------------------------------------
+
+FP16_MAX_TEXT = "65,504"
+# Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
+KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
+
+
+def power(value) -> str:
+    """A scale as 2^k where it is a power of two, else as recorded."""
+    v = float(value)
+    k = np.log2(v) if v > 0 else np.nan
+    return f"2^{int(k)}" if np.isfinite(k) and k == int(k) else f"{v:g}"
+
+
+def _evidence(v) -> dict:
+    import json
+
+    return json.loads(v.evidence) if isinstance(v.evidence, str) and v.evidence else {}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{('es' if word.endswith('s') else 's') if n != 1 else ''}"
+
+
+def _path(v, e: dict) -> str:
+    seeds = e.get("seeds", [])
+    if not seeds:
+        return "scale not recorded"
+    ends = {(s["final"], s["growths"], s["backoffs"]): [] for s in seeds}
+    for s in seeds:
+        ends[(s["final"], s["growths"], s["backoffs"])].append(str(s["seed"]))
+    finals = ", ".join(f"{power(f)} (seed{'s' if len(w) > 1 else ''} {', '.join(w)}: {_plural(g, 'doubling')}, "
+                       f"{_plural(b, 'halving')})" for (f, g, b), w in ends.items())
+    every = f", doubling after every {e['growth_interval']:,} clean steps" if e.get("growth_interval") else ""
+    others = ", ".join(framework_label(f) for f in e.get("others", []))
+    same = {"same_path": f"step by step the same as {others} in every seed",
+            "different_path": f"a different path from {others}",
+            "one_framework": "no other framework ran it"}[v.reason]
+    return f"loss scale {power(seeds[0]['start'])}{every}, final {finals}; {same}"
+
+
+def _skips(v, e: dict) -> str:
+    skips = e.get("skips", [])
+    if not skips:
+        return "no update skipped"
+    found = {(f["seed"], f["step"]): f for f in e.get("located", [])}
+    said = [f"seed {s['seed']} step {s['step']} at {power(s['scale'])}"
+            + (f" ({cause(found[(s['seed'], s['step'])])})" if (s["seed"], s["step"]) in found else "")
+            for s in skips[:6]]
+    return f"skipped {len(skips)}: " + "; ".join(said) + (f"; and {len(skips) - 6} more" if len(skips) > 6 else "")
+
+
+def cause(f: dict) -> str:
+    """The locator's finding at a cell's first skip with its headroom: |g| x scale reached 65,504."""
+    if f["where"] != "backward":
+        return f"the forward of {f['layer']} went {f['value']}: no scale helps"
+    name = f"{f['layer']}.{f['tensor']}" if f["tensor"] != "output" else f"{f['layer']}'s output gradient"
+    if not f.get("scale"):
+        return f"{name} went {f['value']}"
+    return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
+            f"so ≥ {65504 / f['scale']:.3g} unscaled")
+
+
+def _underflow(v, e: dict) -> str:
+    seeds = e.get("seeds", [])
+    if not seeds:
+        return "no underflow probe recorded"
+    lost = ", ".join(f"{s['lost']:,} of {s['nonzero']:,} ({s['lost'] / s['nonzero']:.2%}, seed {s['seed']})"
+                     if s["nonzero"] else f"0 (seed {s['seed']})" for s in seeds)
+    acc = e.get("accuracy_status", "")
+    acc_text = (f"accuracy against fp32 {STATUS.get(acc, acc)}"
+                + (f" ({REASON[e['accuracy_reason']].format(margin=e.get('accuracy_margin', float('nan')))})"
+                   if e.get("accuracy_reason") in REASON and (acc in SHOWN or e["accuracy_reason"] in SHOWN_REASONS)
+                   else ""))
+    mattered = {"accuracy_lower": "it mattered", "accuracy_kept": "it did not matter",
+                "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
+    return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; {acc_text}: "
+            f"{mattered.get(v.reason, '')}").rstrip(": ")
+
+
+def _static(v, e: dict) -> str:
+    said = {"no_overflow_no_underflow": f"static scale {power(v.estimate)} sufficed: no skip, every loss finite, "
+                                        "no element lost at it",
+            "overflowed": f"static scale {power(v.estimate)} overflowed: {_plural(e.get('skipped', 0), 'update')} "
+                          f"skipped, {_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
+            "underflowed": f"static scale {power(v.estimate)} let {_plural(e.get('lost', 0), 'gradient element')} "
+                           "underflow (both probes, all seeds)",
+            "no_probe": f"static scale {power(v.estimate)}: no skip and every loss finite; no underflow probe"}
+    return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
+
+
+LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static}
+
+
+def lab_line(v) -> str:
+    """One loss-scaling verdict row as the answer's line: "PyTorch fp16: loss scale from 2^15 ..."."""
+    return f"{framework_label(v.framework)} {v.precision}: {LAB_WORDS[v.metric](v, _evidence(v))}"

@@ -36,7 +36,13 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
-from amp_compare.harness.report.settings_check import adam_gap_text, settings_paragraph, side_by_side
+from amp_compare.harness.report.settings_check import (
+    adam_gap_text,
+    differences_apply,
+    ignored_settings,
+    settings_paragraph,
+    side_by_side,
+)
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
@@ -207,7 +213,8 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
                          "float32 reference: would flush at that scale": s["flush_scaled"].map(_pct(3)),
                          "mixed backward: exactly zero (unscaled loss)": s["zero_fraction_mixed"].map(_pct(2)),
                          "mixed backward: lost, no scaling": s["lost_unscaled"].map(_pct(3)),
-                         "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3))})
+                         "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3)),
+                         "mixed backward: cancelled at that scale only": s["cancelled_scaled"].map(_pct(3))})
 
 
 def _pct(digits: int):
@@ -331,7 +338,8 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
     rows = []
     adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
     vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
-    for d in DIFFERENCES:
+    has = [set(runs[c].dropna().astype(str)) if c in runs else None for c in ("model", "cfg_optimizer", "precision")]
+    for d in (d for d in DIFFERENCES if differences_apply(d.key, *has)):  # only parts the run's models have
         rows.append({
             "item": d.item, "why": d.why,
             "measured": adam_gap if d.key == "adam_formula" else vit_gap if d.key == "attention_core" else "",
@@ -594,7 +602,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = (seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
-    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
+    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")), steps,
+                                   tables.get("underflow"))
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"))
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
@@ -672,7 +681,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
-        f"python -m amp_compare report {run_dir} draws them."])
+        f"python -m amp_compare report {run_dir} draws them."]) + ignored_settings(runs.to_dict("records"))
     checked = side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else [])
     numerics = _numerics_context(manifest, tables, summary["facts"], acc_stats)
     return {

@@ -195,3 +195,41 @@ def adam_gap_text(records: Iterable[Mapping]) -> str:
     return ("Measured in this run: one Adam step of both formulas (each framework's default epsilon) applied to "
             "each cell's own first-batch gradient; relative difference |torch − Keras| / |torch| of the "
             "update, " + "; ".join(parts) + ".")
+
+
+# The models that have the part a framework-differences row (contract/mapping.py DIFFERENCES) is about; a row not
+# named here is about the optimizer, the loss scaling or the run (differences_apply decides those).
+PART_MODELS = {"bn_momentum": {"resnet18"}, "bn_epsilon": {"resnet18"}, "stride2_padding": {"resnet18"},
+               "ln_epsilon": {"vit"}, "gelu_approximate": {"vit"}, "mha_bias": {"vit"}, "mha_dropout": {"vit"},
+               "token_dtype": {"vit"}, "attention_core": {"vit"}}
+OPTIMIZER_ROWS = {"adam_epsilon": {"adam", "adamw"}, "adam_formula": {"adam", "adamw"},
+                  "weight_decay": {"adam"}, "adamw_weight_decay": {"adamw"}}
+DYNAMIC_ROWS = {"init_scale", "growth_interval"}
+
+
+def differences_apply(key: str, models: set | None, optimizers: set | None, precisions: set | None) -> bool:
+    """Whether a framework-differences row is about something the run has: a model part (PART_MODELS), the
+    optimizer its cells used (OPTIMIZER_ROWS), dynamic loss scaling (DYNAMIC_ROWS); every other row always. None:
+    the records do not say (older ones), so the row stays."""
+    from amp_compare.contract import precision as precision_table
+
+    dynamic = set(precision_table.names(loss_scaling="dynamic"))
+    for rows, have in ((PART_MODELS, models), (OPTIMIZER_ROWS, optimizers), (dict.fromkeys(DYNAMIC_ROWS, dynamic),
+                                                                               precisions)):
+        if key in rows:
+            return have is None or bool(rows[key] & have)
+    return True
+
+
+def ignored_settings(records: Iterable[Mapping]) -> list[str]:
+    """A configured value the chosen optimizer ignores, said plainly once per (value, optimizer): --weight-decay
+    is applied by adamw only (contract/config.py; torch_impl/train.py and keras_impl/train.py build adam and sgd
+    without it), so a non-zero weight decay beside adam or sgd trained nothing."""
+    said = {}
+    for r in records:
+        wd, optimizer = r.get("cfg_weight_decay"), str(r.get("cfg_optimizer") or "")
+        if isinstance(wd, (int, float)) and math.isfinite(wd) and wd > 0 and optimizer in ("adam", "sgd"):
+            said.setdefault((float(wd), optimizer), set()).add(str(r.get("model", "")))
+    return [f"Weight decay {wd:g} was configured but not used: {optimizer} (the optimizer of "
+            f"{', '.join(sorted(models))}) trains without weight decay in both frameworks; only adamw applies it "
+            f"(--optimizer adamw)." for (wd, optimizer), models in sorted(said.items())]

@@ -40,6 +40,13 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "undecided": "measured, but the run cannot tell which way",
     "not_comparable": "nothing to compare (no trial, an emulation, a cut or too short run, no fp32 partner)",
     "failed": "the mixed cells did not finish",
+    # loss scaling (LAB_METRICS)
+    "differs": "loss scale path: the frameworks' scales differed at some step of the same seed",
+    "skipped": "skipped steps: the scaler skipped updates (non-finite gradients at the scale then in use)",
+    "clean": "skipped steps, underflow: no update skipped / no gradient element lost to underflow",
+    "lost": "underflow: gradient elements the float32 reference holds came out 0 in the float16 backward",
+    "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no element lost to underflow",
+    "insufficient": "static scale: it overflowed or let elements underflow",
 }
 
 REASONS = {
@@ -68,6 +75,23 @@ REASONS = {
     "timeout": "the cells ran out of time",
     "unavailable": "the framework cannot run this precision here",
     "none_faster": "no mixed precision was faster in a speed trial with accuracy kept",
+    # loss scaling (LAB_METRICS)
+    "one_framework": "only one framework ran this precision: no path to compare",
+    "same_path": "every seed's per-step loss scale was the same in each framework",
+    "different_path": "some seed's per-step loss scale differed between the frameworks",
+    "no_skip": "no update was skipped",
+    "overflow_located": "the NaN/Inf locator named the backward tensor that overflowed at the first skip",
+    "forward_overflow": "the locator found the forward non-finite: no loss scale helps",
+    "skip_unlocated": "updates were skipped; the locator named no tensor",
+    "no_probe": "the run recorded no underflow probe of this cell",
+    "nothing_lost": "no gradient element the float32 reference holds came out 0",
+    "accuracy_lower": "elements were lost and accuracy was lower than fp32's (the accuracy verdict)",
+    "accuracy_kept": "elements were lost and accuracy was the same as or higher than fp32's (the accuracy verdict)",
+    "accuracy_undecided": "elements were lost; the accuracy verdict could not tell whether it mattered",
+    "overflowed": "non-finite gradients or losses at the static scale: updates skipped (PyTorch) or applied "
+                  "(Keras)",
+    "underflowed": "gradient elements came out 0 even at the static scale",
+    "no_overflow_no_underflow": "no skip, every loss finite and no element lost at the static scale",
 }
 
 INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
@@ -145,6 +169,42 @@ NUMERICS = [
     Rule("otherwise", lambda f: True, "same", "all_finite"),
 ]
 
+# Loss scaling (harness/report/scaling.py gathers the facts): rows only where a run has fp16-noscale or fp16-static
+# beside fp16. f.estimate: the final scale / the skipped updates / the lost elements / the static scale.
+SCALE_PATH = [
+    Rule("no other framework ran it", lambda f: f.others == 0, "not_comparable", "one_framework"),
+    Rule("every seed's per-step scales equal the other frameworks'", lambda f: f.same, "same", "same_path"),
+    Rule("otherwise", lambda f: True, "differs", "different_path"),
+]
+
+SKIPS = [
+    Rule("no update skipped", lambda f: f.estimate == 0, "clean", "no_skip"),
+    Rule("the locator found a forward value non-finite", lambda f: "forward" in f.where, "skipped",
+         "forward_overflow"),
+    Rule("the locator named a backward tensor", lambda f: "backward" in f.where, "skipped", "overflow_located"),
+    Rule("otherwise", lambda f: True, "skipped", "skip_unlocated"),
+]
+
+UNDERFLOW = [
+    Rule("no probe recorded", lambda f: not _finite(f.estimate), "not_comparable", "no_probe"),
+    Rule("no element lost", lambda f: f.estimate == 0, "clean", "nothing_lost"),
+    Rule("accuracy lower than fp32", lambda f: f.accuracy == "lower", "lost", "accuracy_lower"),
+    Rule("accuracy same or higher", lambda f: f.accuracy in ("same", "higher"), "lost", "accuracy_kept"),
+    Rule("otherwise", lambda f: True, "lost", "accuracy_undecided"),
+]
+
+STATIC_SCALE = [
+    Rule("a skipped update or a non-finite loss", lambda f: f.skipped > 0 or f.nonfinite > 0, "insufficient",
+         "overflowed"),
+    Rule("elements lost at the static scale", lambda f: _finite(f.lost) and f.lost > 0, "insufficient",
+         "underflowed"),
+    Rule("no probe recorded", lambda f: not _finite(f.lost), "undecided", "no_probe"),
+    Rule("otherwise", lambda f: True, "sufficed", "no_overflow_no_underflow"),
+]
+
+LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
+LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE}
+
 # a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
 FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
 
@@ -153,7 +213,8 @@ RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target
 # speed: fp32's step time / the precision's (above 1 is faster); time to target: the precision's time / fp32's (above 1
 # is slower): each worded with what it is a multiple of (phrases.RATIO_OF), so "slower" never reads two ways
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
-         "numerics": "steps"}
+         "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
+         "static_scale": "scale"}
 COLUMNS = ["model", "dataset", "step_loop", "batch_size", "framework", "precision", "metric", "estimate", "low",
            "high", "margin", "unit", "interval_kind", "status", "reason", "evidence"]
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
@@ -161,7 +222,7 @@ IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precisi
 
 def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
     """(status, reason) of the first rule of `metric`'s table that holds."""
-    rule = next(r for r in RULES[metric] if r.test(facts))
+    rule = next(r for r in {**RULES, **LAB_RULES}[metric] if r.test(facts))
     return rule.status, rule.reason
 
 
@@ -306,9 +367,11 @@ def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
     return trial_summary(trials)
 
 
-def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
+def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None,
+          steps: pd.DataFrame | None = None, underflow: pd.DataFrame | None = None) -> pd.DataFrame:
     """The verdict table of a run: `full` is tables.full_table, `runs` the run table (failed and budget-cut
-    cells), `trials` the speed trials' summary (trial_summary: one row per trial x mixed precision) or None."""
+    cells), `trials` the speed trials' summary (trial_summary: one row per trial x mixed precision) or None;
+    `steps` and `underflow` (the record tables) add the loss-scaling rows (scaling.rows) where the run has them."""
     by_trial = {}
     for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
         by_trial.setdefault(_trial_key(t), t)
@@ -326,7 +389,13 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         rows += [_speed(r, key, trial), _memory(r, key), accuracy(r, key, n_cut),
                  _time(r, key, n_cut), _numerics(r, key, int(diverged.get(ident, 0)))]
     rows += _failed_rows(runs, done)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    if steps is None or table.empty:
+        return table
+    from amp_compare.harness.report import scaling
+
+    return pd.concat([table, pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=COLUMNS)],
+                     ignore_index=True)
 
 
 def _kept(rows: dict) -> bool:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.harness.report.phrases import KERAS_STATIC
 
 
 @dataclass
@@ -154,10 +155,12 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
                      f"--growth-interval below {n:,} lets it grow)." if n <= interval else ".")
         out.append(text + ("" if facts.growth else "."))
     for name in facts.ran(loss_scaling="static"):
-        keras = "; Keras: the optimizer's loss_scale_factor, which applies them" if facts.keras else ""
-        torch = "torch: GradScaler held at it, still skipping non-finite steps" if facts.torch else ""
+        keras = "; Keras: the optimizer's loss_scale_factor" if facts.keras else ""
+        torch = "PyTorch: GradScaler held at it" if facts.torch else ""
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
-        out.append(f"{name} multiplies the loss by a fixed scale{scale} ({torch}{keras}).".replace("(; ", "("))
+        out.append(f"{name} multiplies the loss by a fixed scale{scale} ({torch}{keras}).".replace("(; ", "(")
+                   + (f" With it, {KERAS_STATIC}." if facts.keras and facts.torch else
+                      " With it, Keras applies an update whose gradients are not finite." if facts.keras else ""))
     for name in facts.ran(half="float16", loss_scaling=None):
         out.append(f"{name} does not scale at all: what float16 cannot hold is lost.")
     if facts.ran(half="bfloat16"):

@@ -1,0 +1,181 @@
+"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS), from the record tables: where a run has fp16-noscale
+or fp16-static beside fp16, per model x framework
+
+- scale_path (fp16, dynamic): the scale's start, growth and final value per seed, and whether every other framework's
+  per-step scale was the same in the same seed;
+- skipped_steps (fp16, dynamic): each skipped update (seed, step, the scale it ran at) and, at each cell's first, the
+  tensor the NaN/Inf locator named;
+- underflow (fp16-noscale): the gradient elements lost to underflow at the last step's probe (kit/fp16.py
+  mixed_zero_kinds) and the accuracy verdict of the same cells, which says whether it mattered;
+- static_scale (fp16-static): whether the fixed scale sufficed (no skip, no non-finite loss, nothing lost at it).
+
+The rules are verdicts.py's (SCALE_PATH, SKIPS, UNDERFLOW, STATIC_SCALE); the words phrases.py's (lab_line).
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.contract import precision as precisions
+from amp_compare.contract.config import KERAS_BACKENDS
+
+DYNAMIC = precisions.names(half="float16", loss_scaling="dynamic")
+STATIC = precisions.names(half="float16", loss_scaling="static")
+UNSCALED = precisions.names(half="float16", loss_scaling=None)
+
+
+def is_lab(run_precisions) -> bool:
+    """A run (or one model's cells) with fp16 beside fp16-noscale or fp16-static: the loss-scaling lab."""
+    have = set(run_precisions)
+    return bool(have & set(DYNAMIC)) and bool(have & (set(STATIC) | set(UNSCALED)))
+
+
+def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> list[dict]:
+    """The lab's verdict rows of every model x dataset that is a lab (is_lab), keyed like `table`'s rows."""
+    from amp_compare.harness.report import verdicts
+
+    out: list[dict] = []
+    if runs.empty or steps is None or steps.empty or "cell_id" not in runs:
+        return out
+    done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
+        cells = done[(done["model"] == model) & (done["dataset"] == dataset)]
+        if not is_lab(cells["precision"]):
+            continue
+        for r in part.drop_duplicates(["framework", "precision"]).itertuples():
+            key = {k: getattr(r, k) for k in verdicts.IDENTITY}
+            mine = cells[(cells["framework"] == r.framework) & (cells["precision"] == r.precision)]
+            if mine.empty:
+                continue
+            if r.precision in DYNAMIC:
+                out += [_path_row(key, mine, cells, steps), _skips_row(key, mine, steps, underflow)]
+            elif r.precision in UNSCALED:
+                out.append(_underflow_row(key, mine, underflow, part))
+            elif r.precision in STATIC:
+                out.append(_static_row(key, mine, steps, underflow))
+    return out
+
+
+def _row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict) -> dict:
+    from amp_compare.harness.report import verdicts
+
+    status, reason = verdicts.decide(metric, facts)
+    return {**key, "metric": metric, "estimate": float(facts.estimate), "low": np.nan, "high": np.nan,
+            "margin": np.nan, "unit": verdicts.UNITS[metric], "interval_kind": "none", "status": status,
+            "reason": reason, "evidence": json.dumps(evidence, default=_plain)}
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def _scales(steps: pd.DataFrame, cell_id: str) -> pd.DataFrame:
+    return steps[steps["cell_id"] == cell_id].sort_values("step")
+
+
+def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.DataFrame) -> dict:
+    """The dynamic scale's path per seed, against every other framework's cell of the same precision and seed."""
+    seeds, same, others = [], True, set()
+    for c in mine.sort_values("seed").itertuples():
+        scale = _scales(steps, c.cell_id)["loss_scale"].astype(float).to_numpy()
+        if not len(scale):
+            continue
+        seeds.append({"seed": int(c.seed), "start": scale[0], "final": scale[-1], "steps": len(scale),
+                      "growths": int((np.diff(scale) > 0).sum()), "backoffs": int((np.diff(scale) < 0).sum())})
+        twins = cells[(cells["precision"] == key["precision"]) & (cells["seed"] == c.seed)
+                      & (cells["framework"] != key["framework"])]
+        for t in twins.itertuples():
+            others.add(t.framework)
+            theirs = _scales(steps, t.cell_id)["loss_scale"].astype(float).to_numpy()
+            same = same and len(theirs) == len(scale) and bool(np.array_equal(theirs, scale))
+    interval = pd.to_numeric(mine.get("cfg_growth_interval", pd.Series(dtype=float)), errors="coerce").dropna()
+    facts = SimpleNamespace(estimate=seeds[0]["final"] if seeds else np.nan, others=len(others), same=same)
+    return _row(key, "scale_path", facts, {"seeds": seeds, "others": sorted(others),
+                                           "growth_interval": int(interval.iloc[0]) if len(interval) else None})
+
+
+def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
+    """Each skipped update (seed, step, the scale it ran at) and the locator's finding at each cell's first."""
+    skips, located = [], []
+    for c in mine.sort_values("seed").itertuples():
+        g = _scales(steps, c.cell_id)
+        bad = g[g["skipped"].astype(bool)]
+        skips += [{"seed": int(c.seed), "step": int(s.step), "scale": float(s.loss_scale)} for s in bad.itertuples()]
+        step = int(pd.to_numeric(pd.Series([getattr(c, "nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0])
+        if step >= 0 and str(getattr(c, "nonfinite_where", "")):
+            at = g.loc[g["step"] == step, "loss_scale"].astype(float)
+            located.append({"seed": int(c.seed), "step": step, "where": str(c.nonfinite_where),
+                            "layer": str(c.nonfinite_layer), "tensor": str(c.nonfinite_tensor),
+                            "value": str(c.nonfinite_value), "scale": float(at.iloc[0]) if len(at) else None,
+                            "probe_top_log2": probe_top(underflow, c.cell_id, str(c.nonfinite_layer),
+                                                        str(c.nonfinite_tensor))})
+    facts = SimpleNamespace(estimate=float(len(skips)), where={f["where"] for f in located})
+    return _row(key, "skipped_steps", facts, {"skips": skips, "located": located})
+
+
+def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: str) -> int | None:
+    """k such that the last step's probe measured the parameter's largest |float32 gradient| in [2^k, 2^(k+1))
+    (its log2 histogram), or None where the probe did not record that parameter."""
+    if underflow is None or underflow.empty or "log2_hist" not in underflow:
+        return None
+    sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["layer"] == layer)
+                    & (underflow["param"] == param) & (underflow["when"] == "last step")]
+    if sel.empty:
+        return None
+    from amp_compare.harness.report.numerics import _histogram
+
+    tops = [k for k, v in _histogram(sel["log2_hist"].iloc[0]).items() if v > 0]
+    return max(tops) if tops else None
+
+
+def lost_elements(underflow: pd.DataFrame | None, cell_id: str, column: str, when: str = "last step") -> tuple:
+    """(elements lost, non-zero reference elements) of one cell's probe at `when`, counted from the recorded
+    fractions (kit/fp16.py mixed_zero_kinds); (NaN, 0) where the probe was not recorded."""
+    if underflow is None or underflow.empty or column not in underflow:
+        return np.nan, 0
+    sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]
+    if sel.empty or sel[column].isna().all():
+        return np.nan, 0
+    return int(round(float((sel[column].fillna(0) * sel["nonzero"]).sum()))), int(sel["nonzero"].sum())
+
+
+def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None, part: pd.DataFrame) -> dict:
+    """What dropping loss scaling lost at the last step's probe, per seed, beside the same cells' accuracy verdict."""
+    seeds = []
+    for c in mine.sort_values("seed").itertuples():
+        lost, nonzero = lost_elements(underflow, c.cell_id, "lost_fraction_mixed_unscaled")
+        if np.isfinite(lost):
+            seeds.append({"seed": int(c.seed), "lost": lost, "nonzero": nonzero})
+    acc = part[(part["framework"] == key["framework"]) & (part["precision"] == key["precision"])
+               & (part["metric"] == "accuracy")]
+    a = acc.iloc[0] if not acc.empty else None
+    facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan,
+                            accuracy=a["status"] if a is not None else "")
+    return _row(key, "underflow", facts, {"seeds": seeds, "accuracy_status": facts.accuracy,
+                                          "accuracy_reason": a["reason"] if a is not None else "",
+                                          "accuracy_pp": a["estimate"] if a is not None else np.nan,
+                                          "accuracy_margin": a["margin"] if a is not None else np.nan})
+
+
+def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
+    """Whether the fixed scale sufficed: no skipped update, no non-finite loss, nothing lost at it (both probes)."""
+    skipped = nonfinite = 0
+    lost, counted = 0, False
+    for c in mine.itertuples():
+        g = _scales(steps, c.cell_id)
+        skipped += int(g["skipped"].astype(bool).sum())
+        nonfinite += int((~np.isfinite(g["loss"].astype(float))).sum()) + int(getattr(c, "status", "") == "diverged")
+        for when in ("first step", "last step"):
+            n, _ = lost_elements(underflow, c.cell_id, "lost_fraction_mixed_scaled", when)
+            if np.isfinite(n):
+                lost, counted = lost + n, True
+    scale = pd.to_numeric(mine.get("cfg_loss_scale", pd.Series(dtype=float)), errors="coerce").dropna()
+    facts = SimpleNamespace(estimate=float(scale.iloc[0]) if len(scale) else np.nan, skipped=skipped,
+                            nonfinite=nonfinite, lost=lost if counted else np.nan)
+    return _row(key, "static_scale", facts, {"skipped": skipped, "nonfinite_losses": nonfinite,
+                                             "lost": lost if counted else None,
+                                             "applies_nonfinite": key["framework"] in KERAS_BACKENDS})

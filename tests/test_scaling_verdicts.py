@@ -1,0 +1,140 @@
+"""The loss-scaling lab's verdict rows (harness/report/scaling.py, verdicts.LAB_RULES) and the answer's lines
+(answer.lab_items, phrases.lab_line), from small synthetic record tables; and the one classification of a mixed
+backward's zeros (kit/fp16.py mixed_zero_kinds)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from amp_compare.harness.report import answer, scaling, verdicts
+from amp_compare.kit.fp16 import gradient_stats, mixed_zero_kinds
+
+PRECS = ("fp16", "fp16-noscale", "fp16-static")
+
+
+def _scales(skip_at: int | None, n: int = 30) -> tuple[list[float], list[bool]]:
+    """A dynamic scale from 2^15 doubling every 10 clean steps, halved after a skip at `skip_at`."""
+    scale, clean, out, skipped = 2.0**15, 0, [], []
+    for step in range(n):
+        out.append(scale)
+        skipped.append(step == skip_at)
+        if step == skip_at:
+            scale, clean = scale / 2, 0
+        else:
+            clean += 1
+            if clean == 10:
+                scale, clean = scale * 2, 0
+    return out, skipped
+
+
+def _records(keras_path_differs: bool = False, lost: int = 3, static_lost: int = 0):
+    runs, steps, underflow, table = [], [], [], []
+    for fw in ("torch", "tf"):
+        for prec in PRECS:
+            cell = f"{fw}-{prec}-s0"
+            skip = 25 if prec == "fp16" else None
+            located = prec == "fp16"
+            runs.append({"cell_id": cell, "framework": fw, "model": "simple_cnn", "dataset": "digits",
+                         "precision": prec, "seed": 0, "status": "ok", "cfg_growth_interval": 10,
+                         "cfg_loss_scale": 1024.0 if prec == "fp16-static" else np.nan,
+                         "nonfinite_step": 25 if located else -1, "nonfinite_where": "backward" if located else "",
+                         "nonfinite_layer": "fc" if located else "", "nonfinite_tensor": "weight" if located else "",
+                         "nonfinite_value": "inf" if located else ""})
+            scale, skipped = (_scales(skip if not (keras_path_differs and fw == "tf") else 5) if prec == "fp16"
+                              else ([1024.0] * 30 if prec == "fp16-static" else [1.0] * 30, [False] * 30))
+            steps += [{"cell_id": cell, "step": i, "loss_scale": s, "skipped": k, "loss": 1.0}
+                      for i, (s, k) in enumerate(zip(scale, skipped))]
+            n = lost if prec == "fp16-noscale" else static_lost if prec == "fp16-static" else 0
+            underflow += [{"cell_id": cell, "layer": "fc", "param": "weight", "when": when, "nonzero": 1000,
+                           "lost_fraction_mixed_unscaled": n / 1000, "lost_fraction_mixed_scaled": n / 1000,
+                           "log2_hist": json.dumps({"-3": 5, "-10": 900})} for when in ("first step", "last step")]
+            key = {"model": "simple_cnn", "dataset": "digits", "step_loop": "plain", "batch_size": 64.0,
+                   "framework": fw, "precision": prec}
+            table.append({**key, "metric": "accuracy", "estimate": 0.1, "low": -0.2, "high": 0.3, "margin": 0.5,
+                          "unit": "pp", "interval_kind": "bootstrap 95%", "status": "same", "reason": "within_floor",
+                          "evidence": "{}"})
+    return pd.DataFrame(table), pd.DataFrame(runs), pd.DataFrame(steps), pd.DataFrame(underflow)
+
+
+def _lab(**kw) -> pd.DataFrame:
+    table, runs, steps, underflow = _records(**kw)
+    return pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)
+
+
+def _one(lab: pd.DataFrame, fw: str, metric: str):
+    return next(lab[(lab["framework"] == fw) & (lab["metric"] == metric)].itertuples())
+
+
+def test_lab_rows_are_typed_and_closed():
+    lab = _lab()
+    assert set(lab["metric"]) == set(verdicts.LAB_METRICS)
+    assert set(lab["status"]) <= set(verdicts.STATUSES) and set(lab["reason"]) <= set(verdicts.REASONS)
+    for rules in verdicts.LAB_RULES.values():
+        assert all(r.status in verdicts.STATUSES and r.reason in verdicts.REASONS for r in rules)
+    path = _one(lab, "torch", "scale_path")
+    assert (path.status, path.reason, path.estimate) == ("same", "same_path", 2.0**16)
+    skips = _one(lab, "torch", "skipped_steps")
+    assert (skips.status, skips.reason, skips.estimate) == ("skipped", "overflow_located", 1.0)
+    under = _one(lab, "torch", "underflow")
+    assert (under.status, under.reason, under.estimate) == ("lost", "accuracy_kept", 3.0)
+    static = _one(lab, "torch", "static_scale")
+    assert (static.status, static.reason) == ("sufficed", "no_overflow_no_underflow")
+
+
+def test_a_different_path_or_a_lost_element_changes_the_verdict():
+    lab = _lab(keras_path_differs=True, static_lost=2)
+    assert _one(lab, "torch", "scale_path").reason == "different_path"
+    assert _one(lab, "tf", "static_scale").reason == "underflowed"
+    assert _one(_lab(lost=0), "tf", "underflow").reason == "nothing_lost"
+
+
+def test_no_lab_without_noscale_or_static():
+    table, runs, steps, underflow = _records()
+    keep = runs["precision"] == "fp16"
+    assert scaling.rows(table[table["precision"] == "fp16"], runs[keep], steps, underflow) == []
+
+
+def test_answer_says_the_lab_first_one_line_per_finding():
+    table, runs, steps, underflow = _records()
+    lab = pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)
+    ((header, lines),) = answer.lab_items(pd.concat([table, lab]))
+    assert header == answer.LAB_HEADER and len(lines) == len(lab)
+    text = "\n".join(lines)
+    assert "PyTorch fp16: loss scale 2^15, doubling after every 10 clean steps, final 2^16" in text
+    assert "step by step the same as Keras (TF) in every seed" in text
+    assert ("seed 0 step 25 at 2^17 (fc.weight went inf: its largest |gradient| × 2^17 passed 65,504, so ≥ 0.5 "
+            "unscaled)") in text
+    assert "3 of 1,000 (0.30%, seed 0)" in text and "it did not matter" in text
+    assert "PyTorch fp16-static: static scale 2^10 sufficed" in text
+    keras_static = next(line for line in lines if line.startswith("Keras (TF) fp16-static"))
+    assert "Keras applies an update whose gradients are not finite, where PyTorch skips it" in keras_static
+    torch_static = next(line for line in lines if line.startswith("PyTorch fp16-static"))
+    assert "Keras applies" not in torch_static
+
+
+def test_scaling_up_cannot_make_a_lost_element():
+    reference = np.array([1.0, 2.0, 0.0, 3.0, 4.0])
+    unscaled = np.array([0.0, 2.0, 0.0, 0.0, 4.0])  # two underflowed, one exact zero of the reference
+    scaled = np.array([0.0, 0.0, 0.0, 3.0, 4.0])  # index 1: zero only at the scale (cancellation)
+    kinds = mixed_zero_kinds(reference != 0, unscaled == 0, scaled == 0)
+    assert kinds["lost_unscaled"].tolist() == [True, False, False, True, False]
+    assert kinds["lost_scaled"].tolist() == [True, False, False, False, False]
+    assert kinds["cancelled_scaled"].tolist() == [False, True, False, False, False]
+    row = gradient_stats("fc", "weight", reference, 1024.0, unscaled, scaled)
+    assert row["lost_fraction_mixed_scaled"] <= row["lost_fraction_mixed_unscaled"]
+    assert row["lost_fraction_mixed_scaled"] == 0.25 and row["cancelled_fraction_mixed_scaled"] == 0.25
+
+
+def test_numerics_section_connects_the_skip_to_its_tensor_and_headroom():
+    from amp_compare.harness.report.numerics import skip_cause_sentences
+
+    _, runs, steps, underflow = _records()
+    said = skip_cause_sentences(runs, steps, underflow)
+    assert len(said) == 2  # one per framework's fp16 cell: the locator ran at its first skip
+    assert said[0] == ("PyTorch fp16 seed 0: the skip at step 25 (scale 2^17) — fc.weight went inf: its largest "
+                       "|gradient| × 2^17 passed 65,504, so ≥ 0.5 unscaled; after the last step the probe measured "
+                       "its largest |gradient| below 2^-2, times the scale then held (2^16) below 2^14, 4× under "
+                       "65,504.")
