@@ -147,8 +147,8 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
     for part in (intro, section(html, "glossary"), section(html, "numerics")):
         assert "bf16" not in part and "bfloat16" not in part and "three precision modes" not in part
     scaling = section(html, "numerics")  # loss scaling is the Numerics section's first part
-    assert ("Each cell ran 264 steps, so in this run the scale could not grow, only back off (a --growth-interval "
-            "below 264 lets it grow).") in scaling
+    assert ("No cell ran more than 264 steps, so in this run the scale could not grow, only back off (a "
+            "--growth-interval below 264 lets it grow).") in scaling
     assert "could not grow (--growth-interval ≥ steps)" in scaling  # the counts table: no "0 growth events"
     assert "No step was skipped in this run." in scaling and "No loss-scaled cell" not in scaling
     assert "grew the scale 0 times" not in html

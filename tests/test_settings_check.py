@@ -138,8 +138,8 @@ def test_a_weight_decay_the_optimizer_ignores_is_said_plainly():
     cells = [{"model": "simple_cnn", "cfg_optimizer": "adam", "cfg_weight_decay": 0.05},
              {"model": "vit", "cfg_optimizer": "adamw", "cfg_weight_decay": 0.05}]
     assert ignored_settings(cells) == [
-        "Weight decay 0.05 was configured but not used: adam (the optimizer of simple_cnn) trains without weight "
-        "decay in both frameworks; only adamw applies it (--optimizer adamw)."]
+        "simple_cnn: weight decay 0.05 was configured but not used: its optimizer, adam, trains without weight decay "
+        "in both frameworks; only adamw applies it (--optimizer adamw)."]
     assert ignored_settings([{**cells[0], "cfg_weight_decay": 0.0}]) == []
 
 

@@ -383,8 +383,8 @@ class RunConfig:
     step_values: str = option("auto", "per-step values read after each step, each step timed (host), or kept on "
                               "the device between reads, the epoch timed (device); auto: device on a GPU, host on a "
                               "CPU", choices=("auto", "host", "device"))
-    epochs: int = option(8, "epochs per cell; when not given, on a CPU simple_cnn trains 4 and vit 6 (where their "
-                         "fp32 accuracy has flattened)", gt=0, cpu=12, cuda=15)
+    epochs: int = option(8, "epochs per cell; when not given, on a CPU simple_cnn trains 4 and vit 6 (where recorded "
+                         "12-epoch runs' fp32 accuracy was within 1-3 points of its end)", gt=0, cpu=12, cuda=15)
     batch_size: int = option(64, "images per optimizer step", gt=0, cpu=64, cuda=256)
     steps_per_epoch: int | None = option(None, "cap on steps per epoch (null: the whole training set)", gt=0)
     optimizer: str = option("auto", "optimizer, set explicitly and equally on both sides; auto: adamw for vit, adam "
@@ -412,10 +412,10 @@ class RunConfig:
                                    "before the speed budget stops it early", gt=0)
     # Speed trials (kit/trial.py, harness/run/trials.py): per framework x model x dataset x batch size x step loop, fp32
     # and each mixed precision timed block by block in one process, after the cells
-    trial_budget_s: float = option(10.0, "seconds each speed trial may take, building and warming its models up "
-                                   "included (one per framework x model x dataset x batch size x step loop with fp32 "
-                                   "and a mixed precision); longer gives more rounds and a narrower interval; 0 runs "
-                                   "no trials", ge=0)
+    trial_budget_s: float = option(10.0, "seconds of timed rounds each speed trial may take (one per framework x "
+                                   "model x dataset x batch size x step loop with fp32 and a mixed precision; building "
+                                   "and warming its models up come before); it stops sooner once its rounds decide "
+                                   "every mixed precision; longer can decide an undecided one; 0 runs no trials", ge=0)
     # Set by the harness (harness/run/runner.py speed_reference) from the cells already finished: the median step of
     # this framework's fp32 cell of the same model, data and loop; the budget stops only a cell that much slower
     speed_reference_step_s: float | None = option(None, "median step (s) of the same framework's fp32 cell in this "

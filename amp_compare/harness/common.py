@@ -16,7 +16,8 @@ REPS_PER_ROUND = 20
 DEFAULT_MODEL_SEEDS = {"cpu": {"vit": (0,)}}
 
 # Where a model trains fewer epochs than --epochs' default (when --epochs is not given): on a CPU each model stops
-# where its fp32 validation accuracy has flattened on the digits (recorded 12-epoch runs: the simple_cnn at 98% by
-# epoch 4 of its final 98.9%, the vit at 92-94% by epoch 6 of 95.5%), so the default compare answers within minutes
-# on a 2-core CPU without float16/bfloat16 arithmetic. run/compare.py plans the cells with it and notes it.
+# where its fp32 validation accuracy was within 1-3 points of its 12-epoch end on the digits (recorded runs: the
+# simple_cnn at 98% by epoch 4 of its final 98.9%, the vit at 92-94% by epoch 6 of 95.5%; still rising a little),
+# so the default compare answers within minutes on a 2-core CPU without float16/bfloat16 arithmetic. run/compare.py
+# plans the cells with it and notes it.
 DEFAULT_MODEL_EPOCHS = {"cpu": {"simple_cnn": 4, "vit": 6}}

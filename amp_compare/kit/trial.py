@@ -12,8 +12,10 @@ how far apart in time the two blocks ran; mirrored, that bias changes sign from 
 the rounds' spread instead of moving their median; the rotation keeps any one precision from always going first.
 
 k: a block lasts at least BLOCK_S (timer and synchronisation costs stay small beside it); a precision 20× slower than
-fp32 gets 20× fewer steps per block, not more time. The trial's rounds stop at its time budget (whole pairs only),
-MIN_ROUNDS at least, or earlier once the rounds already decide every mixed precision (decided, STOP_CONFIDENCE).
+fp32 gets 20× fewer steps per block, not more time. The trial's rounds stop at its time budget (whole pairs only;
+the budget counts rounds, not the models' building and warm-up, which took Keras' three ViT models 21 s on the AVX2-only
+EPYC and would leave them no rounds), MIN_ROUNDS at least, or earlier once the rounds already decide every mixed
+precision (decided, STOP_CONFIDENCE).
 
 The estimate (trial_summary): per round, log(fp32 per-step time ÷ mixed per-step time); the ratio is exp of their
 median, with the sign test's 95% interval (order statistics of the rounds: distribution-free, no symmetry assumed,
@@ -54,9 +56,8 @@ BLOCK_S = 0.05  # a block's shortest wall time
 WARMUP_STEPS = 2
 CONFIDENCE = 0.95
 # The fewest rounds a trial runs, past its budget if need be: the sign test's 95% interval needs 6 (its widest, the
-# rounds' extremes, covers with 1 - 2 x 0.5^n); 8 make it hold at 99%. Measured on the AVX2-only EPYC, building and
-# tracing Keras' three ViT models took 20 s of a 10 s budget and left 2 rounds, no interval; 8 rounds of its blocks
-# (>= BLOCK_S each, three precisions) add about 1.2 s.
+# rounds' extremes, covers with 1 - 2 x 0.5^n); 8 make it hold at 99%. 8 rounds of the ViT's blocks (>= BLOCK_S each,
+# three precisions) take about 1.2 s on the AVX2-only EPYC.
 MIN_ROUNDS = 8
 SAME_BAND = (0.95, 1.05)  # an interval inside this is "the same speed"
 # A trial stops before its budget once every mixed precision's interval at this stricter confidence gives a verdict
@@ -117,15 +118,16 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
                clock: Callable[[], float] = time.perf_counter,
                cpu_clock: Callable[[], float] = time.process_time, start: float | None = None) -> list[dict]:
     """Warm every model up (warmup steps, then one timed step that sets its k), then mirrored pairs of rounds until the
-    budget (seconds from `start`, a `clock` time: this call where None) would be passed, MIN_ROUNDS at least. Returns
-    one dict per block: round, position, precision, steps, wall_s, cpu_s."""
-    start = clock() if start is None else start
+    budget (seconds of rounds: from `start`, a `clock` time, where given, else from the end of the warm-up) would be
+    passed, MIN_ROUNDS at least, or until the rounds decide every mixed precision (decided). Returns one dict per
+    block: round, position, precision, steps, wall_s, cpu_s."""
     ks = {}
     for s in steppers:
         s.run(warmup)
         t0 = clock()
         s.run(1)
         ks[s.precision] = block_steps(clock() - t0, block_s)
+    start = clock() if start is None else start
     rows, round_ = [], 0
     pair_s = None
     while True:
@@ -188,14 +190,15 @@ def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> 
         print(f"error: {exc}", file=sys.stderr)
         return 2
     progress = Progress()
-    start = time.perf_counter()  # the budget holds the models' building too
     data = load_dataset(cfgs[0].dataset, cfgs[0].data_dir)
     steppers, threads = make_steppers(cfgs, data, SharedInit(args.init_file, cfgs[0].framework, cfgs[0].seed))
-    blocks = run_blocks(steppers, cfgs[0].trial_budget_s, start=start,
+    blocks = run_blocks(steppers, cfgs[0].trial_budget_s,  # the rounds' budget: building and warm-up come before it
                         on_round=lambda done, planned: progress.emit(kind="step", epoch=0, epochs=1, step=done,
                                                                      steps=max(planned, done)))
     table = trial_table(args.run_id, cfgs[0], blocks, threads)
     write_trial(args.out, table)
+    rounds = max(b["round"] for b in blocks) + 1  # the bar ends full: the rounds run were the trial's (decided/timed)
+    progress.emit(kind="step", epoch=0, epochs=1, step=rounds, steps=rounds)
     progress.emit(kind="done")
     return 0
 

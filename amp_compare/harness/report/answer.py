@@ -7,6 +7,7 @@ loss-scaling verdict row (verdicts.LAB_METRICS, phrases.lab_line)."""
 from __future__ import annotations
 
 import html
+import json
 
 import pandas as pd
 
@@ -35,8 +36,14 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
                          for m, v in said)
                 lines.append(f"{prec}: " + "; ".join(cells))
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})", lines))
-        out.append((f"{model} on {dataset}", frameworks))
+        out.append((f"{model} on {dataset}" + (" (one seed)" if _seeds(part) == 1 else ""), frameworks))
     return out
+
+
+def _seeds(part: pd.DataFrame) -> float:
+    """The most seeds a model's accuracy verdicts rest on (their evidence), NaN where none says."""
+    said = [json.loads(e or "{}").get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
+    return max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))
 
 
 LAB_HEADER = "Loss scaling (what this run asks)"

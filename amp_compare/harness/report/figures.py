@@ -228,9 +228,9 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
 
 
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
-    """The largest relative gap, over every step and framework, between a precision's median curve and the same
-    framework's fp32 curve (None without an fp32 curve to compare with)."""
-    keys = [k for k in ("machine", "framework") if k in frame]
+    """The largest relative gap, over every step and panel, between a precision's median curve and the same
+    framework's fp32 curve of the same model and dataset, as the figure draws them (None without an fp32 curve)."""
+    keys = [k for k in ("machine", "model", "dataset", "framework") if k in frame]
     med = frame.groupby([*keys, "precision", x], observed=True)[y].median()
     gaps = []
     for _, part in med.groupby(level=list(range(len(keys))) if keys else None):
@@ -321,7 +321,7 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
     keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
                                                              "framework", "precision")]
     out = table.merge(stats, on=keys, how="left") if not stats.empty else table.copy()
-    labels = pd.Series(["unresolved" if memory.unresolved(r) else "" if not np.isfinite(r.memory_change_vs_fp32)
+    labels = pd.Series(["undecided" if memory.unresolved(r) else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
     out["memory_label"] = _marked(out, labels, notes, "memory_note", labels != "unresolved")
     return out
@@ -347,9 +347,9 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                    "geometric mean over seeds of each seed's ratio), with ⚠ where its 95% interval is wider than "
                    f"{stats.NOISY_WIDTH}× end to end, includes no change, or is missing. On a CPU this is the "
                    "process's resident memory, which includes framework workspaces, so half-precision activations "
-                   "need not make it smaller." + (" \"unresolved\": the difference is smaller than identical cells "
-                                                  "of this run differed by (the per-model tables above give that "
-                                                  "difference in MiB)."
+                   "need not make it smaller." + (" \"undecided\": some seed's difference from fp32 is within "
+                                                  "what one precision's seeds differed by, or one seed ran (the "
+                                                  "per-model tables above give the difference in MiB)."
                                  if unresolved else "")
                    + not_drawn + spread,
                    "Bar chart of peak training memory in MiB for each framework and precision mode."),

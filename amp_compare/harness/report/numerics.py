@@ -222,8 +222,9 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
 
 
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
-    """(growth interval, steps each cell ran: the median) of the dynamic-scaling cells in runs/steps, or None
-    where the run recorded no growth interval (older records) or has no such cell."""
+    """(growth interval, steps the longest cell ran) of the dynamic-scaling cells in runs/steps, or None where the
+    run recorded no growth interval (older records) or has no such cell: "the scale could not grow" must hold for
+    every cell, the longest included."""
     dynamic = precisions.names(loss_scaling="dynamic")
     cells = runs[runs["precision"].isin(dynamic)] if "precision" in runs else runs.iloc[0:0]
     if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all():
@@ -231,7 +232,7 @@ def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | N
     counts = steps[steps["cell_id"].isin(set(cells["cell_id"]))].groupby("cell_id").size()
     if counts.empty:
         return None
-    return int(cells["cfg_growth_interval"].dropna().min()), int(np.median(counts))
+    return int(cells["cfg_growth_interval"].dropna().min()), int(counts.max())
 
 
 def growth_sentence(runs: pd.DataFrame, steps: pd.DataFrame) -> str:

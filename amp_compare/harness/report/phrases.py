@@ -27,8 +27,8 @@ REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
     "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
-    "above_resolution": "identical cells within {margin:,.1f} MiB",
-    "unresolved_memory": "within identical cells' spread of {margin:,.1f} MiB",
+    "above_resolution": "every seed beyond its seeds' spread of {margin:,.1f} MiB",
+    "unresolved_memory": "within its seeds' spread of {margin:,.1f} MiB",
     "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
     "within_floor": "fp32 seeds {margin:.2f} pp apart", "no_floor": "one fp32 seed: no seed range",
     "no_image_differed": "no image differed",
@@ -48,14 +48,20 @@ KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "New
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
 # which reasons a cell shows in brackets: those that say why there is no number or no decision, and the measured margin
-# a decision rests on (fp32's seed range, no image differing, identical cells' memory spread)
+# a decision rests on (fp32's seed range, no image differing, one precision's seeds' memory spread)
 SHOWN = {"not_comparable", "undecided", "failed"}
 SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
 
 
+# the one option that would decide an undecided verdict, where there is one
+DECIDES = {("speed", "interval_too_wide"): "a longer --trial-budget-s narrows it"}
+
+
 def reason(v) -> str:
-    """The verdict's reason in a few words, with its measured margin where the reason quotes one."""
-    return REASON[v.reason].format(margin=getattr(v, "margin", float("nan")))
+    """The verdict's reason in a few words, with its measured margin where the reason quotes one, and the option
+    that would decide it where DECIDES has one."""
+    option = DECIDES.get((getattr(v, "metric", ""), v.reason))
+    return REASON[v.reason].format(margin=getattr(v, "margin", float("nan"))) + (f": {option}" if option else "")
 
 
 # the tables' column headers: a ratio column says once what its numbers are multiples of
@@ -149,7 +155,7 @@ def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
     rows = []
     for (fw, prec), part in verdicts.groupby(["framework", "precision"], sort=False):
         by = {r.metric: r for r in part.itertuples()}
-        who = {"Cells": f"{framework_label(fw)} {prec}"} if short else {"Framework": framework_label(fw),
+        who = {"Cells": f"{fw} {prec}"} if short else {"Framework": framework_label(fw),  # short: --frameworks' names
                                                                            "Precision": prec}
         rows.append({**who, **{HEADER[m]: cell(by[m], not short, not short, of=False, short=short) if m in by else ""
                                for m in METRIC}})
@@ -170,7 +176,7 @@ def columns_note(verdicts: pd.DataFrame) -> str:
             "interleaved in one process) with its 95% sign-test interval. Peak memory: the precision's peak minus "
             "fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in percentage points, with "
             "its 95% interval. Time to target: training wall time until validation accuracy first reached the "
-            f"target{target}, ÷ fp32's, median over seeds.")
+            f"target{target}, ÷ fp32's of the same seed, the geometric mean over seeds.")
 
 
 def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:

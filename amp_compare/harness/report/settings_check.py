@@ -230,6 +230,6 @@ def ignored_settings(records: Iterable[Mapping]) -> list[str]:
         wd, optimizer = r.get("cfg_weight_decay"), str(r.get("cfg_optimizer") or "")
         if isinstance(wd, (int, float)) and math.isfinite(wd) and wd > 0 and optimizer in ("adam", "sgd"):
             said.setdefault((float(wd), optimizer), set()).add(str(r.get("model", "")))
-    return [f"Weight decay {wd:g} was configured but not used: {optimizer} (the optimizer of "
-            f"{', '.join(sorted(models))}) trains without weight decay in both frameworks; only adamw applies it "
-            f"(--optimizer adamw)." for (wd, optimizer), models in sorted(said.items())]
+    return [f"{', '.join(sorted(models))}: weight decay {wd:g} was configured but not used: its optimizer, "
+            f"{optimizer}, trains without weight decay in both frameworks; only adamw applies it (--optimizer adamw)."
+            for (wd, optimizer), models in sorted(said.items())]

@@ -387,7 +387,7 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
         difference = memory.paired_difference_mib(pairs)
         resolution, basis = resolutions.get(key if isinstance(key, tuple) else (key,), (float("nan"), "other"))
-        known = memory.resolved(difference, resolution)
+        known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
         rows.append({**dict(zip(keys, key)), "precision": prec, "memory_low": res["low"] - 1,
                      "memory_high": res["high"] - 1, "memory_difference_mib": difference,
                      "memory_resolution_mib": resolution, "memory_resolution_basis": basis, "memory_resolved": known,

@@ -31,8 +31,8 @@ STATUSES = {  # the closed set; the metric says which direction words apply
               "of 1× (speed: above it, as a multiple of fp32's speed; time to target: below it, of fp32's time)",
     "slower": "speed, time to target: mixed precision took more time than fp32, its 95% interval wholly on that side "
               "of 1× (speed: below it; time to target: above it)",
-    "smaller": "memory: a lower peak than fp32's, by more than identical cells varied",
-    "larger": "memory: a higher peak than fp32's, by more than identical cells varied",
+    "smaller": "memory: a lower peak than fp32's in every seed, by more than one precision's seeds varied",
+    "larger": "memory: a higher peak than fp32's in every seed, by more than one precision's seeds varied",
     "higher": "accuracy: more images right than fp32, the 95% interval excludes 0",
     "lower": "accuracy: fewer images right than fp32, the 95% interval excludes 0",
     "same": "no difference beyond the stated margin (speed, time: ±5%; accuracy: fp32's own seed-to-seed range, "
@@ -57,9 +57,9 @@ REASONS = {
     "contended": "another process used the CPU during some of the trial's blocks",
     "no_trial": "the run timed no speed trial",
     "emulated": "fp8 off a GPU: an emulation's time and memory are not fp8's",
-    "above_resolution": "the difference exceeds what identical cells varied by",
-    "unresolved_memory": "the difference is within what identical cells varied by",
-    "no_resolution": "one seed and no identical cells anywhere in the run to measure the noise",
+    "above_resolution": "every seed's difference exceeds what one precision's seeds varied by",
+    "unresolved_memory": "some seed's difference is within what one precision's seeds varied by",
+    "no_resolution": "one seed: nothing to measure the noise by",
     "interval_excludes_0": "the paired test is significant and its 95% interval excludes 0",
     "within_floor": "the paired 95% interval lies within fp32's own seed-to-seed accuracy range (the margin column)",
     "no_floor": "one fp32 seed: no seed-to-seed range to judge 'same' against",
@@ -130,7 +130,7 @@ SPEED = [
 MEMORY = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
     Rule("no paired fp32 reading", lambda f: not _finite(f.difference), "not_comparable", "no_fp32"),
-    Rule("no identical cells to measure the noise", lambda f: not _finite(f.resolution), "undecided",
+    Rule("one seed: nothing to measure the noise by", lambda f: not _finite(f.resolution), "undecided",
          "no_resolution"),
     Rule("difference within the noise", lambda f: abs(f.difference) <= f.resolution, "undecided",
          "unresolved_memory"),

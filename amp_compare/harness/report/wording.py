@@ -135,7 +135,8 @@ def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
     text = (f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: "
             f"{modes}.")
     if facts.ran(half="float16") or facts.ran(half="bfloat16"):
-        text += " Ratios compare each mixed mode with the same framework's fp32 of the same seed."
+        text += (" This table's ratios compare each mixed mode's training cells with the same framework's fp32 of the "
+                 "same seed (what training took); the speed verdicts above come from the speed trials.")
     return text + f" Numbers are medians over {seeds_text}{f'; {loop_text}' if loop_text else ''}."
 
 
@@ -151,7 +152,7 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
         if facts.growth:
             interval, n = facts.growth
             text += f": after {interval:,} clean steps in a row the scale doubles"
-            text += (f". Each cell ran {n:,} steps, so in this run the scale could not grow, only back off (a "
+            text += (f". No cell ran more than {n:,} steps, so in this run the scale could not grow, only back off (a "
                      f"--growth-interval below {n:,} lets it grow)." if n <= interval else ".")
         out.append(text + ("" if facts.growth else "."))
     for name in facts.ran(loss_scaling="static"):

@@ -154,8 +154,9 @@ def plan_compare(args: argparse.Namespace) -> tuple[str, list[RunConfig], dict]:
                           f"(got {','.join(precisions)})")
     epochs = {} if "epochs" in args.given else DEFAULT_MODEL_EPOCHS.get(device, {})
     if shorter := {m: epochs[m] for m in models if m in epochs and epochs[m] < args.epochs}:
-        notes.append("Epochs per model (the default on this device, where the fp32 accuracy has flattened): "
-                     + ", ".join(f"{m} {n}" for m, n in shorter.items()) + "; --epochs N trains every model N.")
+        notes.append("Epochs per model (the default on this device, fewer than --epochs' default so that the default "
+                     "compare ends within minutes): " + ", ".join(f"{m} {n}" for m, n in shorter.items())
+                     + "; --epochs N trains every model N.")
 
     def model_options(model: str) -> dict:
         return {**common, "epochs": shorter.get(model, common["epochs"])}
