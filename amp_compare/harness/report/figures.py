@@ -107,7 +107,7 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
             # one container per framework, one bar per precision category (empty where no cell ran)
             for container, framework in zip(ax.containers, df["Framework"].cat.categories):
                 values = part[part["Framework"] == framework].set_index("precision")[annotate]
-                # a column of words (memory's "unresolved") is its own label; numbers are formatted
+                # a column of words (memory's "undecided") is its own label; numbers are formatted
                 labels = [values[p] if p in values and isinstance(values[p], str) else
                           fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
                 _label_above_error_bars(ax, container, labels[:len(container)])
@@ -315,7 +315,7 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
 
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
     """The memory bars' labels: the change against fp32, with the summary table's ⚠ where its "Memory vs fp32"
-    cell has one (notes: the full table, whose memory_note marks it), or "unresolved" where the difference is
+    cell has one (notes: the full table, whose memory_note marks it), or "undecided" where the difference is
     below the run's own resolution (memory.py; the summary table says the same)."""
     stats = memory_statistics(ok)
     keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
@@ -323,7 +323,7 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
     out = table.merge(stats, on=keys, how="left") if not stats.empty else table.copy()
     labels = pd.Series(["undecided" if memory.unresolved(r) else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
-    out["memory_label"] = _marked(out, labels, notes, "memory_note", labels != "unresolved")
+    out["memory_label"] = _marked(out, labels, notes, "memory_note", labels != "undecided")
     return out
 
 
@@ -337,7 +337,7 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
     mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)], notes)
     _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_label", "{}"), out_dir, "memory")
-    unresolved = (mem_table["memory_label"] == "unresolved").any()
+    unresolved = (mem_table["memory_label"] == "undecided").any()
     not_drawn = (f" Not drawn: {', '.join(left_out)}, emulated on this CPU ({fp8_report.EMULATED_MEMORY})."
                  if left_out else "")
     _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
@@ -432,7 +432,7 @@ def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, 
             eligible: pd.Series | None = None) -> pd.Series:
     """`labels` (one per row of `table`) with " ⚠" after each non-empty one whose row has a note in the full
     table's `column` (notes: tables.full_table), as the summary table marks that ratio; `eligible`: the rows that
-    may carry one (a word such as "unresolved" is no ratio)."""
+    may carry one (a word such as "undecided" is no ratio)."""
     if notes is None or notes.empty or column not in notes:
         return labels
     keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]

@@ -108,6 +108,8 @@ def interval_words(v) -> str:
 def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False) -> str:
     """A table cell: the number (with its interval) and the status, with the reason in brackets where it says why
     nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown)."""
+    if short and v.status == "undecided":
+        return STATUS[v.status]  # the terminal's 80 columns: its number decides nothing, the answer and page give it
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
     status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
     if v.metric == "numerics" and v.status != "failed":
