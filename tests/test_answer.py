@@ -31,10 +31,14 @@ def _choice(v: pd.DataFrame, fw: str) -> tuple[str, str]:
 def test_the_faster_precision_is_used_a_slower_one_never(tmp_path):
     run_dir = write_run(tmp_path, seeds=(0, 1))
     trials = _trials(run_dir, {("torch", "fp16"): 0.2, ("torch", "bf16"): 1.4, ("tf", "fp16"): 0.5,
-                               ("tf", "bf16"): 0.98})
+                               ("tf", "bf16"): 1.0})
     v = _verdicts(run_dir, trials)
     assert _choice(v, "torch") == ("bf16", "interval_excludes_1")
     assert _choice(v, "tf") == ("fp32", "none_faster")  # one slower, one the same: nothing gained
+    both = _verdicts(run_dir, _trials(run_dir, {("torch", "fp16"): 0.2, ("torch", "bf16"): 0.5, ("tf", "fp16"): 0.5,
+                                                 ("tf", "bf16"): 1.0}))
+    assert _choice(both, "torch") == ("fp32", "all_slower")  # said as what was measured, not as "none faster"
+    assert _choice(both, "tf") == ("fp32", "none_faster")
 
 
 def test_a_faster_precision_that_lost_accuracy_or_diverged_is_not_used(tmp_path):

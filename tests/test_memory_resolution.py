@@ -30,10 +30,10 @@ def test_memory_below_the_runs_resolution_is_unresolved_and_above_it_a_percentag
     assert not any("peak memory against fp32" in s for s in rendered.findings)  # the verdicts say it, once
     summary = (tmp_path / "r" / "summary.md").read_text()
     # the per-model verdict tables word each difference once (phrases.cell), with the spread it is judged against
-    assert "| -1.6 MiB undecided (within its seeds' spread of 14.7 MiB) |" in summary
-    assert "| -0.2 MiB undecided (within its seeds' spread of 0.5 MiB) |" in summary
-    assert "| +261 MiB more memory (every seed beyond its seeds' spread of 14.7 MiB) |" in summary
-    assert "| +6.9 MiB more memory (every seed beyond its seeds' spread of 0.5 MiB) |" in summary
+    assert "| -1.6 MiB undecided (within the seed-to-seed spread, up to 14.7 MiB) |" in summary
+    assert "| -0.2 MiB undecided (within the seed-to-seed spread, up to 0.5 MiB) |" in summary
+    assert "| +261 MiB more memory (every seed beyond the seed-to-seed spread, up to 14.7 MiB) |" in summary
+    assert "| +6.9 MiB more memory (every seed beyond the seed-to-seed spread, up to 0.5 MiB) |" in summary
     memory = rendered.verdicts[rendered.verdicts["metric"] == "memory"].set_index(["framework", "precision"])
     assert memory.loc[("torch", "fp16"), "reason"] == "unresolved_memory"
     assert memory.loc[("torch", "bf16"), "status"] == "larger"
@@ -89,7 +89,7 @@ def test_the_verdict_the_table_and_the_findings_say_the_same_of_each_memory_diff
     v = rendered.verdicts[rendered.verdicts["metric"] == "memory"].set_index(["framework", "precision"])
     assert (v.loc[("torch", "bf16"), "status"], v.loc[("torch", "fp16"), "status"]) == ("smaller", "undecided")
     summary = (tmp_path / "r" / "summary.md").read_text()
-    for said in ("-22 MiB less memory", "-1.6 MiB undecided (within its seeds' spread of 15.0 MiB)"):
+    for said in ("-22 MiB less memory", "-1.6 MiB undecided (within the seed-to-seed spread, up to 15.0 MiB)"):
         assert said in summary and said in page
 
 

@@ -176,8 +176,8 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
     differ = verdicts.build(full, t["run"], verdicts.trial_rows(_trials(run_dir, {("torch", "fp16"): 0.2})))
     said = speed.trial_and_cells(differ, full, t["run"], phases)
     assert len(said) == 1 and said[0].startswith(
-        "simple_cnn on synthetic, PyTorch fp16: the training cells ran at 0.50× fp32's throughput (seeds 0.50–0.50×), "
-        "outside the speed trial's")
+        "simple_cnn on synthetic, PyTorch fp16: the training cells ran at 0.500× fp32's throughput (seeds "
+        "0.500–0.501×), outside the speed trial's")
     assert "using 1.90 (fp32) and 1.00 (fp16) CPU-seconds per second of training" in said[0]
     assert "2.0 and 2.0 s tracing and warming up, 1.0 and 1.0 s evaluating" in said[0]
 

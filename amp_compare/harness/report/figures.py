@@ -338,14 +338,19 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
     _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_label", "{}"), out_dir, "memory")
     unresolved = (mem_table["memory_label"] == "undecided").any()
+    ratios = mem_table["memory_label"].astype(str).str.endswith(("%", "⚠")) & ~mem_table["precision"].isin(
+        [precisions.REFERENCE])  # a decided mixed precision's label: its change in percent
     not_drawn = (f" Not drawn: {', '.join(left_out)}, emulated on this CPU ({fp8_report.EMULATED_MEMORY})."
                  if left_out else "")
     _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
                "val_accuracy", "{:.1%}"), out_dir, "accuracy")
     return [Figure("memory", "memory", "Peak memory by precision",
-                   f"Memory measured as: {kinds}. The label is the change against the same framework's fp32 (the "
-                   "geometric mean over seeds of each seed's ratio), with ⚠ where its 95% interval is wider than "
-                   f"{stats.NOISY_WIDTH}× end to end, includes no change, or is missing. On a CPU this is the "
+                   f"Memory measured as: {kinds}." + (
+                       " A decided mixed precision's label is its change against the same framework's fp32 (the "
+                       "geometric mean over seeds of each seed's ratio), with ⚠ where its 95% interval is wider than "
+                       f"{stats.NOISY_WIDTH}× end to end, includes no change, or is missing." if ratios.any() else
+                       " No mixed precision's difference was decided, so no bar carries a percentage.")
+                   + " On a CPU this is the "
                    "process's resident memory, which includes framework workspaces, so half-precision activations "
                    "need not make it smaller." + (" \"undecided\": some seed's difference from fp32 is within "
                                                   "what one precision's seeds differed by, or one seed ran (the "

@@ -27,8 +27,8 @@ REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
     "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
-    "above_resolution": "every seed beyond its seeds' spread of {margin:,.1f} MiB",
-    "unresolved_memory": "within its seeds' spread of {margin:,.1f} MiB",
+    "above_resolution": "every seed beyond the seed-to-seed spread, up to {margin:,.1f} MiB",
+    "unresolved_memory": "within the seed-to-seed spread, up to {margin:,.1f} MiB",
     "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
     "within_floor": "fp32 seeds {margin:.2f} pp apart", "no_floor": "one fp32 seed: no seed range",
     "no_image_differed": "no image differed",
@@ -36,10 +36,12 @@ REASON = {  # a few words each, after "because" or in brackets
     "not_reached": "a seed never reached it", "one_seed": "one seed", "no_fp32": "no fp32 partner",
     "all_finite": "finite throughout", "diverged": "diverged", "cell_failed": "crashed", "timeout": "timed out",
     "unavailable": "unavailable here", "none_faster": "no mixed precision measured faster",
+    "all_slower": "every mixed precision measured slower",
     "one_framework": "one framework", "same_path": "same path", "different_path": "different path",
     "no_skip": "no skip", "overflow_located": "overflow located", "forward_overflow": "forward overflow",
     "skip_unlocated": "not located", "no_probe": "no probe", "nothing_lost": "nothing lost",
     "accuracy_lower": "accuracy lower", "accuracy_kept": "accuracy kept", "accuracy_undecided": "accuracy undecided",
+    "accuracy_not_lower": "no accuracy lost",
     "overflowed": "overflowed", "underflowed": "underflowed", "no_overflow_no_underflow": "no overflow, no underflow",
 }
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
@@ -113,7 +115,7 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
     status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
     if v.metric == "numerics" and v.status != "failed":
-        return status
+        return "finite" if v.status == "same" else status  # numerics' "same": every loss and update finite
     return f"{number(v, interval, of)} {status}".strip()
 
 
@@ -174,11 +176,12 @@ def columns_note(verdicts: pd.DataFrame) -> str:
             basis = evidence.get("target_basis", "")
             targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
     target = f" ({'; '.join(targets)})" if targets else ""
-    return ("Speed: fp32's step time ÷ the precision's, the median of a speed trial's rounds (fp32 and mixed blocks "
-            "interleaved in one process) with its 95% sign-test interval. Peak memory: the precision's peak minus "
-            "fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in percentage points, with "
-            "its 95% interval. Time to target: training wall time until validation accuracy first reached the "
-            f"target{target}, ÷ fp32's of the same seed, the geometric mean over seeds.")
+    return ("Speed: fp32's step time ÷ the precision's, from a speed trial (fp32 and mixed blocks interleaved in one "
+            "process): exp of the median of its rounds' log ratios, with its 95% sign-test interval. Peak memory: the "
+            "precision's peak minus fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in "
+            "percentage points, with its 95% interval. Time to target: training wall time (Keras' tracing in the first "
+            f"epoch included) until validation accuracy first reached the target{target}, ÷ fp32's of the same seed, "
+            "the geometric mean over seeds.")
 
 
 def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
@@ -272,7 +275,14 @@ def _underflow(v, e: dict) -> str:
                    if e.get("accuracy_reason") in REASON and (acc in SHOWN or e["accuracy_reason"] in SHOWN_REASONS)
                    else ""))
     mattered = {"accuracy_lower": "it mattered", "accuracy_kept": "it did not matter",
+                "accuracy_not_lower": "it cost no accuracy: the difference from fp32's, "
+                                      f"{e.get('accuracy_pp', float('nan')):+.1f} pp "
+                                      f"[{e.get('accuracy_low', float('nan')):+.1f}, "
+                                      f"{e.get('accuracy_high', float('nan')):+.1f}], excludes a loss",
                 "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
+    if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
+        return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; "
+                f"{mattered[v.reason]}")
     return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; {acc_text}: "
             f"{mattered.get(v.reason, '')}").rstrip(": ")
 
@@ -282,8 +292,9 @@ def _static(v, e: dict) -> str:
                                         "no element lost at it",
             "overflowed": f"static scale {power(v.estimate)} overflowed: {_plural(e.get('skipped', 0), 'update')} "
                           f"skipped, {_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
-            "underflowed": f"static scale {power(v.estimate)} let {_plural(e.get('lost', 0), 'gradient element')} "
-                           "underflow (both probes, all seeds)",
+            "underflowed": f"static scale {power(v.estimate)}: no skip, every loss finite; "
+                           f"{_plural(e.get('lost', 0), 'gradient element')} still rounded to 0 at it (both probes, "
+                           "all seeds)",
             "no_probe": f"static scale {power(v.estimate)}: no skip and every loss finite; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 

@@ -154,10 +154,13 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
                & (part["metric"] == "accuracy")]
     a = acc.iloc[0] if not acc.empty else None
     facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan,
-                            accuracy=a["status"] if a is not None else "")
+                            accuracy=a["status"] if a is not None else "",
+                            accuracy_low=float(a["low"]) if a is not None and np.isfinite(a["low"]) else np.nan)
     return _row(key, "underflow", facts, {"seeds": seeds, "accuracy_status": facts.accuracy,
                                           "accuracy_reason": a["reason"] if a is not None else "",
                                           "accuracy_pp": a["estimate"] if a is not None else np.nan,
+                                          "accuracy_low": facts.accuracy_low,
+                                          "accuracy_high": a["high"] if a is not None else np.nan,
                                           "accuracy_margin": a["margin"] if a is not None else np.nan})
 
 
@@ -178,4 +181,7 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
                             nonfinite=nonfinite, lost=lost if counted else np.nan)
     return _row(key, "static_scale", facts, {"skipped": skipped, "nonfinite_losses": nonfinite,
                                              "lost": lost if counted else None,
-                                             "applies_nonfinite": key["framework"] in KERAS_BACKENDS})
+                                             # Keras' static scale applies a non-finite update where PyTorch skips
+                                             # it: said where this run had one (a skip or a non-finite loss)
+                                             "applies_nonfinite": key["framework"] in KERAS_BACKENDS
+                                             and bool(skipped or nonfinite)})

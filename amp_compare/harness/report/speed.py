@@ -261,8 +261,8 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
         same = ok[(ok["model"] == v.model) & (ok["dataset"] == v.dataset) & (ok["framework"] == v.framework)]
         fp32, mixed = (_phase_medians(phases, same[same["precision"] == p]) for p in ("fp32", v.precision))
         text = (f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}: the training cells ran at "
-                f"{cells:.2f}× fp32's throughput (seeds {lo:.2f}–{hi:.2f}×), outside the speed trial's "
-                f"{v.estimate:.2f}× [{v.low:.2f}, {v.high:.2f}]; the cells ran one after another, not side by side")
+                f"{cells:.3f}× fp32's throughput (seeds {lo:.3f}–{hi:.3f}×), outside the speed trial's "
+                f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]; the cells ran one after another, not side by side")
         if fp32 and mixed:
             text += (f", using {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds per second "
                      f"of training, and spent {fp32['warmup']:.1f} and {mixed['warmup']:.1f} s tracing and warming "

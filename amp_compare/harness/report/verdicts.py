@@ -75,6 +75,7 @@ REASONS = {
     "timeout": "the cells ran out of time",
     "unavailable": "the framework cannot run this precision here",
     "none_faster": "no mixed precision was faster in a speed trial with accuracy kept",
+    "all_slower": "every mixed precision was slower than fp32 in its speed trial",
     # loss scaling (LAB_METRICS)
     "one_framework": "only one framework ran this precision: no path to compare",
     "same_path": "every seed's per-step loss scale was the same in each framework",
@@ -88,6 +89,7 @@ REASONS = {
     "accuracy_lower": "elements were lost and accuracy was lower than fp32's (the accuracy verdict)",
     "accuracy_kept": "elements were lost and accuracy was the same as or higher than fp32's (the accuracy verdict)",
     "accuracy_undecided": "elements were lost; the accuracy verdict could not tell whether it mattered",
+    "accuracy_not_lower": "elements were lost; the accuracy difference's 95% interval excludes any loss against fp32",
     "overflowed": "non-finite gradients or losses at the static scale: updates skipped (PyTorch) or applied "
                   "(Keras)",
     "underflowed": "gradient elements came out 0 even at the static scale",
@@ -190,6 +192,8 @@ UNDERFLOW = [
     Rule("no element lost", lambda f: f.estimate == 0, "clean", "nothing_lost"),
     Rule("accuracy lower than fp32", lambda f: f.accuracy == "lower", "lost", "accuracy_lower"),
     Rule("accuracy same or higher", lambda f: f.accuracy in ("same", "higher"), "lost", "accuracy_kept"),
+    Rule("the accuracy interval excludes any loss", lambda f: getattr(f, "accuracy_low", np.nan) >= 0, "lost",
+         "accuracy_not_lower"),
     Rule("otherwise", lambda f: True, "lost", "accuracy_undecided"),
 ]
 
@@ -410,6 +414,8 @@ CHOICE = [
         _kept(rows) for rows in p.values()), "faster", "interval_excludes_1"),
     Rule("no speed trial of any precision", lambda p: all(rows["speed"].reason == "no_trial" for rows in p.values()),
          "not_comparable", "no_trial"),
+    Rule("every mixed precision slower in its speed trial: fp32", lambda p: all(
+        rows["speed"].status == "slower" for rows in p.values()), "slower", "all_slower"),
     Rule("otherwise: fp32", lambda p: True, "same", "none_faster"),
 ]
 
