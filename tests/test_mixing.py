@@ -55,7 +55,7 @@ def test_every_table_and_figure_keeps_the_two_models_apart(tmp_path):
     underflow = re.search(r"<table>.*?Gradient elements.*?</table>", page, flags=re.S).group(0)
     assert "20,000" in underflow and "2,000" in underflow and "22,000" not in underflow
     answer = page[page.index('id="answer"'):page.index("</div>", page.index('id="answer"'))]
-    assert answer.count("<b>simple_cnn on synthetic</b>") == 1 and answer.count("<b>vit on synthetic</b>") == 1
+    assert answer.count("<b>simple_cnn on synthetic") == 1 and answer.count("<b>vit on synthetic") == 1
     assert answer.count("PyTorch: use") == 2  # one line per model x framework
     from amp_compare.harness.report import figures
 

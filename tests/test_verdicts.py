@@ -194,3 +194,17 @@ def test_the_glossary_explains_exactly_the_verdict_words_the_run_prints(tmp_path
     assert all(verdicts.REASONS[r] in reasons for r in set(v["reason"]))
     render.render(run_dir, figures=False)
     assert "Verdict words" in (run_dir / "index.html").read_text()
+
+
+def test_a_decided_speed_cell_names_the_blocks_that_lost_their_cores():
+    """A trial decided despite contended blocks says how many in the page's table cell (an outside audit found a
+    lab's 'slower' resting on rounds at 10x the usual step time, unsaid); the answer's line stays short."""
+    from types import SimpleNamespace
+
+    from amp_compare.harness.report import phrases
+
+    v = SimpleNamespace(metric="speed", status="slower", reason="interval_excludes_1", estimate=0.18, low=0.1,
+                        high=0.2, unit="x fp32 speed", margin=0.05, evidence=json.dumps({"contended_blocks": 3}))
+    assert phrases.cell(v) == "0.18× fp32's [0.10, 0.20] slower (3 contended blocks)"
+    assert phrases.cell(v, True, False) == "0.18× fp32's [0.10, 0.20] slower"
+    assert phrases.cell(SimpleNamespace(**{**vars(v), "evidence": "{}"})) == "0.18× fp32's [0.10, 0.20] slower"

@@ -66,17 +66,8 @@ def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float,
     def fraction(mask: np.ndarray) -> float:
         return float(mask.sum() / len(nonzero)) if len(nonzero) else 0.0
 
-    def zeros(values: np.ndarray | None) -> np.ndarray:
-        """Exact zeros of a gradient of the same shape as grad (the reference's own for None)."""
-        if values is None:
-            return ~nonzero_mask
-        values = np.asarray(values, dtype=np.float64).ravel()
-        if values.shape != magnitude.shape:
-            raise ValueError(f"{layer}.{param}: mixed gradient has {values.size} elements, "
-                             f"the reference {magnitude.size}")
-        return values == 0
-
-    mixed_zero, scaled_zero = zeros(mixed), zeros(mixed if mixed_scaled is None else mixed_scaled)
+    mixed_zero = _exact_zeros(mixed, nonzero_mask, f"{layer}.{param}")
+    scaled_zero = _exact_zeros(mixed if mixed_scaled is None else mixed_scaled, nonzero_mask, f"{layer}.{param}")
     kinds = mixed_zero_kinds(nonzero_mask, mixed_zero, scaled_zero)
     return {
         "layer": layer,
@@ -97,6 +88,16 @@ def gradient_stats(layer: str, param: str, grad: np.ndarray, loss_scale: float,
         "loss_scale": float(loss_scale),
         "log2_hist": dict(zip(LOG2_BINS, counts.tolist())),
     }
+
+
+def _exact_zeros(values: np.ndarray | None, reference_nonzero: np.ndarray, name: str) -> np.ndarray:
+    """Exact zeros of a gradient of the reference's shape (flattened); the reference's own zeros for None."""
+    if values is None:
+        return ~reference_nonzero
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if values.shape != reference_nonzero.shape:
+        raise ValueError(f"{name}: mixed gradient has {values.size} elements, the reference {reference_nonzero.size}")
+    return values == 0
 
 
 def mixed_zero_kinds(reference_nonzero: np.ndarray, unscaled_zero: np.ndarray,

@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.harness.report import stats
 from amp_compare.harness.report.cell_text import accuracy_text
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_MAX
@@ -247,16 +246,6 @@ def growth_sentence(runs: pd.DataFrame, steps: pd.DataFrame) -> str:
     return f"The scale could grow: it doubles after every {interval:,} consecutive clean steps of the {n:,} run."
 
 
-def _histogram(text) -> dict[int, int]:
-    """A row's log2_hist (JSON text of {floor(log2|g|): count}) as a dict; {} where absent."""
-    if isinstance(text, dict):
-        return {int(k): int(v) for k, v in text.items() if v is not None}
-    try:
-        return {int(k): int(v) for k, v in json.loads(text).items()}
-    except (TypeError, ValueError):
-        return {}
-
-
 def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:
     """Per framework x float16 precision (first seed): how many non-zero float32 reference gradient elements
     fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""
@@ -269,7 +258,7 @@ def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.D
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
         total: dict[int, int] = {}
         for text in g["log2_hist"]:
-            for k, v in _histogram(text).items():
+            for k, v in stats.log2_histogram(text).items():
                 total[k] = total.get(k, 0) + v
         scale = float(g["loss_scale"].iloc[0])
         rows += [{**dict(zip(per, key[:len(per)])), "framework": key[-2], "precision": key[-1], "log2": k,

@@ -114,6 +114,9 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
         return STATUS[v.status]  # the terminal's 80 columns: its number decides nothing, the answer and page give it
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
     status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
+    if why and v.metric == "speed" and v.reason != "contended":  # a decided trial that still lost its cores at times
+        blocks = json.loads(getattr(v, "evidence", "") or "{}").get("contended_blocks") or 0
+        status += f" ({blocks} contended block{'s' if blocks != 1 else ''})" if blocks else ""
     if v.metric == "numerics" and v.status != "failed":
         return "finite" if v.status == "same" else status  # numerics' "same": every loss and update finite
     return f"{number(v, interval, of)} {status}".strip()
@@ -260,7 +263,7 @@ def cause(f: dict) -> str:
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
-            f"so ≥ {65504 / f['scale']:.3g} unscaled")
+            f"so that step's was ≥ {65504 / f['scale']:.3g} unscaled (inferred from the overflow)")
 
 
 def _underflow(v, e: dict) -> str:

@@ -27,7 +27,7 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.contract.tables import check as tables_check
-from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, speed, verdicts, wording
+from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, scaling, speed, verdicts, wording
 from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
@@ -602,8 +602,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = (seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
-    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")), steps,
-                                   tables.get("underflow"))
+    verdict_table = scaling.with_lab_rows(verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials"))),
+                                          runs, steps, tables.get("underflow"))
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"))
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,

@@ -60,6 +60,17 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
     return out
 
 
+def with_lab_rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame | None,
+                  underflow: pd.DataFrame | None) -> pd.DataFrame:
+    """The verdict table (verdicts.build) with the lab's rows (rows) added where the run is a lab."""
+    from amp_compare.harness.report import verdicts
+
+    if steps is None or table.empty:
+        return table
+    return pd.concat([table, pd.DataFrame(rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)],
+                     ignore_index=True)
+
+
 def _row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict) -> dict:
     from amp_compare.harness.report import verdicts
 
@@ -126,9 +137,9 @@ def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: s
                     & (underflow["param"] == param) & (underflow["when"] == "last step")]
     if sel.empty:
         return None
-    from amp_compare.harness.report.numerics import _histogram
+    from amp_compare.harness.report.stats import log2_histogram
 
-    tops = [k for k, v in _histogram(sel["log2_hist"].iloc[0]).items() if v > 0]
+    tops = [k for k, v in log2_histogram(sel["log2_hist"].iloc[0]).items() if v > 0]
     return max(tops) if tops else None
 
 

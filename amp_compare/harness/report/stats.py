@@ -33,6 +33,8 @@ trials' (verdicts.py).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 from scipy import special
@@ -342,3 +344,13 @@ def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str 
 
 # --seeds given explicitly: a seed list left to its default runs the vit on one seed on a CPU (DEFAULT_MODEL_SEEDS)
 MORE_SEEDS = "--seeds 0,1,2 given explicitly"
+
+
+def log2_histogram(text) -> dict[int, int]:
+    """A row's log2_hist (JSON text of {floor(log2|g|): count}) as a dict; {} where absent."""
+    if isinstance(text, dict):
+        return {int(k): int(v) for k, v in text.items() if v is not None}
+    try:
+        return {int(k): int(v) for k, v in json.loads(text).items()}
+    except (TypeError, ValueError):
+        return {}

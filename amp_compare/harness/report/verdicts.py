@@ -371,11 +371,10 @@ def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
     return trial_summary(trials)
 
 
-def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None,
-          steps: pd.DataFrame | None = None, underflow: pd.DataFrame | None = None) -> pd.DataFrame:
+def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """The verdict table of a run: `full` is tables.full_table, `runs` the run table (failed and budget-cut
-    cells), `trials` the speed trials' summary (trial_summary: one row per trial x mixed precision) or None;
-    `steps` and `underflow` (the record tables) add the loss-scaling rows (scaling.rows) where the run has them."""
+    cells), `trials` the speed trials' summary (trial_summary: one row per trial x mixed precision) or None.
+    A loss-scaling lab's rows come on top (scaling.with_lab_rows)."""
     by_trial = {}
     for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
         by_trial.setdefault(_trial_key(t), t)
@@ -393,13 +392,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         rows += [_speed(r, key, trial), _memory(r, key), accuracy(r, key, n_cut),
                  _time(r, key, n_cut), _numerics(r, key, int(diverged.get(ident, 0)))]
     rows += _failed_rows(runs, done)
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    if steps is None or table.empty:
-        return table
-    from amp_compare.harness.report import scaling
-
-    return pd.concat([table, pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=COLUMNS)],
-                     ignore_index=True)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _kept(rows: dict) -> bool:

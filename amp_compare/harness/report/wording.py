@@ -135,8 +135,8 @@ def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
     text = (f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: "
             f"{modes}.")
     if facts.ran(half="float16") or facts.ran(half="bfloat16"):
-        text += (" This table's ratios compare each mixed mode's training cells with the same framework's fp32 of the "
-                 "same seed (what training took); the speed verdicts above come from the speed trials.")
+        text += (" This table is what the training cells took, one row per framework and precision; the speed "
+                 "verdicts above come from the speed trials.")
     return text + f" Numbers are medians over {seeds_text}{f'; {loop_text}' if loop_text else ''}."
 
 
