@@ -30,13 +30,13 @@ def resolution_mib(group: pd.DataFrame) -> float:
     return max(spreads, default=float("nan"))
 
 
-def resolutions(ok: pd.DataFrame, keys: list[str]) -> dict[tuple, tuple[float, str]]:
-    """{group key: (resolution in MiB, "own")} for every comparison group of the ok run table (`keys` ends in
+def resolutions(ok: pd.DataFrame, keys: list[str]) -> dict[tuple, float]:
+    """{group key: resolution in MiB} for every comparison group of the ok run table (`keys` ends in
     "framework"): the spread of the group's own seeds, NaN where it ran one seed (no other model's spread is lent
     to it: another model's memory is another measurement)."""
     own = {k if isinstance(k, tuple) else (k,): resolution_mib(g)
            for k, g in ok.groupby(keys, sort=False, dropna=False)} if not ok.empty else {}
-    return {key: (value, "own") for key, value in own.items()}
+    return own
 
 
 def paired_differences_mib(pairs) -> list[float]:

@@ -69,7 +69,7 @@ def reason(v) -> str:
 # the tables' column headers: a ratio column says once what its numbers are multiples of
 HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",
           "time_to_target": "Time to target (× fp32's)", "numerics": "Numerics"}
-RATIO_OF = {"x fp32 speed": "fp32's", "x fp32 time": "fp32's"}  # after the metric: "speed 0.16× fp32's"
+RATIO_UNITS = ("x fp32 speed", "x fp32 time")  # worded after the metric as multiples of fp32's: "speed 0.16× fp32's"
 
 
 def _ratio(v: float) -> str:
@@ -90,8 +90,8 @@ def number(v, interval: bool = True, of: bool = True) -> str:
     header says it)."""
     if not np.isfinite(v.estimate):
         return ""
-    if v.unit in RATIO_OF:
-        text = _ratio(v.estimate) + (f" {RATIO_OF[v.unit]}" if of else "")
+    if v.unit in RATIO_UNITS:
+        text = _ratio(v.estimate) + (" fp32's" if of else "")
         low, high = (_ratio(v.low)[:-1], _ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
     elif v.unit == "pp":
         text, low, high = f"{v.estimate:+.1f} pp", pp_bound(v.low), pp_bound(v.high)

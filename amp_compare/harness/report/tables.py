@@ -380,17 +380,17 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "memory_low", "memory_high", "memory_note", "memory_difference_mib",
-            "memory_resolution_mib", "memory_resolution_basis", "memory_resolved"]
+            "memory_resolution_mib", "memory_resolved"]
     resolutions = memory.resolutions(ok, keys)
     rows = []
     for key, prec, pairs in _pairs(ok, keys) if not ok.empty else []:
         res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
         difference = memory.paired_difference_mib(pairs)
-        resolution, basis = resolutions.get(key if isinstance(key, tuple) else (key,), (float("nan"), "other"))
+        resolution = resolutions.get(key if isinstance(key, tuple) else (key,), float("nan"))
         known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
         rows.append({**dict(zip(keys, key)), "precision": prec, "memory_low": res["low"] - 1,
                      "memory_high": res["high"] - 1, "memory_difference_mib": difference,
-                     "memory_resolution_mib": resolution, "memory_resolution_basis": basis, "memory_resolved": known,
+                     "memory_resolution_mib": resolution, "memory_resolved": known,
                      "memory_note": "" if known == 0.0 else
                      stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
@@ -409,7 +409,7 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     out = out.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs, environment) if accuracy is None else accuracy
     out = out.merge(accuracy, on=keys, how="left")
-    for col in ("memory_note", "too_short", "speed_basis", "memory_resolution_basis"):
+    for col in ("memory_note", "too_short", "speed_basis"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
     emulated = fp8_report.speed_emulated(out["precision"], (environment or {}).get("device", "cpu"))

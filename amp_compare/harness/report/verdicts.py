@@ -215,7 +215,7 @@ FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavaila
 RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET,
          "numerics": NUMERICS}
 # speed: fp32's step time / the precision's (above 1 is faster); time to target: the precision's time / fp32's (above 1
-# is slower): each worded with what it is a multiple of (phrases.RATIO_OF), so "slower" never reads two ways
+# is slower): each worded with what it is a multiple of (phrases.RATIO_UNITS), so "slower" never reads two ways
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
          "static_scale": "scale"}
@@ -290,8 +290,7 @@ def _memory(r, key: dict) -> dict:
     difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
     facts = SimpleNamespace(emulated=bool(r.emulated), difference=difference, resolution=resolution,
                             estimate=difference, low=np.nan, high=np.nan, margin=resolution)
-    evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution,
-                "resolution_from": r.memory_resolution_basis or "own"}
+    evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution}
     return _row(key, "memory", facts, "none", evidence)
 
 
