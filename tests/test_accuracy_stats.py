@@ -50,6 +50,14 @@ def test_mcnemar_matches_the_exact_binomial_on_discordant_pairs():
     assert same["ci_high"] == -same["ci_low"] == pytest.approx(100 * (1 - 0.025 ** (1 / 400)))
 
 
+def test_the_sign_test_is_scipys_exact_binomial_test_at_one_half():
+    from scipy.stats import binomtest  # stats.py does without it: its import is a quarter of a report's rendering
+
+    for n in (1, 2, 7, 14, 40, 101):
+        for k in range(n + 1):
+            assert stats.sign_test_p(k, n) == pytest.approx(binomtest(k, n, 0.5).pvalue, rel=1e-12), (k, n)
+
+
 def test_paired_bootstrap_over_seeds_finds_a_consistent_drop_and_not_noise():
     rng = np.random.default_rng(1)
     fp32 = rng.random((3, 400)) < 0.9

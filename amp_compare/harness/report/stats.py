@@ -1,4 +1,5 @@
-"""The statistics behind every accuracy and speed statement of a report (framework-free, scipy).
+"""The statistics behind every accuracy and speed statement of a report (framework-free; scipy where a
+statistic needs it, imported there).
 
 Accuracy. Cells of one model/dataset/seed start from the same weights and are scored on the
 same validation images, so mixed precision against fp32 is a *paired* comparison. Each cell
@@ -6,14 +7,14 @@ records which validation images its final model classified correctly (`val_corre
 bit array, base64). From those:
 
 - one seed: McNemar's exact test — of the images exactly one of the two models got right
-  (the discordant pairs), is the split away from 50:50? (`scipy.stats.binomtest`). The interval is
+  (the discordant pairs), is the split away from 50:50? (the exact binomial test, `sign_test_p`). The interval is
   Newcombe's score interval for a paired difference of proportions (`paired_difference_interval`): the
   split's own Clopper-Pearson interval holds the number of discordant images fixed, so it ends exactly at
   the estimate whenever every differing image went one way — no interval for the accuracy difference.
 - several seeds: a paired bootstrap over validation images — each resample draws the same images
   for every seed and both precisions, and the statistic is the mean over seeds of the accuracy
   difference (`scipy.stats.bootstrap`); its two-sided p-value is read off the bootstrap
-  distribution. A sign test of the per-seed differences (`binomtest`) is kept beside it.
+  distribution. A sign test of the per-seed differences (`sign_test_p`) is kept beside it.
 
 A difference is "detectable" only when p < ALPHA *and* the 95% interval excludes zero.
 
@@ -34,11 +35,11 @@ trials' (verdicts.py).
 from __future__ import annotations
 
 import json
+import math
+import statistics
 
 import numpy as np
 import pandas as pd
-from scipy import special
-from scipy import stats as st
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.records import unpack_correct
@@ -69,7 +70,7 @@ def no_discordance_bound(n: int) -> float:
 
 
 def _wilson(successes: int, n: int) -> tuple[float, float]:
-    z = st.norm.ppf(1 - (1 - CONFIDENCE) / 2)
+    z = statistics.NormalDist().inv_cdf(1 - (1 - CONFIDENCE) / 2)
     p = successes / n
     centre, half = (p + z * z / (2 * n)), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
@@ -91,6 +92,13 @@ def paired_difference_interval(both: int, lost: int, gained: int, neither: int) 
             diff + np.sqrt(max(e1 * e1 - 2 * phi * e1 * d2 + d2 * d2, 0.0)))
 
 
+def sign_test_p(successes: int, n: int) -> float:
+    """The exact two-sided binomial test of `successes` in `n` against one half (what scipy.stats.binomtest(successes,
+    n, 0.5) gives: the distribution is symmetric, so twice the smaller tail, at most 1)."""
+    tail = sum(math.comb(n, i) for i in range(min(successes, n - successes) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
 def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     """McNemar's exact test on one pair of per-example correctness vectors.
 
@@ -105,10 +113,9 @@ def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
         bound = no_discordance_bound(n)
         return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "method": NO_DIFFERENCE,
                 "discordant": 0, "images": n}
-    res = st.binomtest(gained, k, 0.5)
     low, high = paired_difference_interval(int(np.sum(fp32 & mixed)), lost, gained, int(np.sum(~fp32 & ~mixed)))
     return {"diff_pp": diff, "ci_low": 100.0 * low, "ci_high": 100.0 * high,
-            "p_value": float(res.pvalue), "method": MCNEMAR, "discordant": k, "images": n}
+            "p_value": sign_test_p(gained, k), "method": MCNEMAR, "discordant": k, "images": n}
 
 
 def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
@@ -118,13 +125,15 @@ def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     diff = 100.0 * float(per_image.mean())
     per_seed = 100.0 * (mixed - fp32).mean(axis=1)
     nonzero = per_seed[per_seed != 0]
-    sign_p = float(st.binomtest(int((nonzero > 0).sum()), len(nonzero), 0.5).pvalue) if len(nonzero) else 1.0
+    sign_p = sign_test_p(int((nonzero > 0).sum()), len(nonzero)) if len(nonzero) else 1.0
     base = {"diff_pp": diff, "method": BOOTSTRAP, "images": fp32.shape[1],
             "discordant": int(np.sum(fp32 != mixed)), "sign_test_p": sign_p,
             "seeds_lower": int((per_seed < 0).sum()), "seeds_higher": int((per_seed > 0).sum())}
     if np.all(fp32 == mixed):  # no image differed in any seed: no bootstrap is drawn, the bound is exact
         bound = no_discordance_bound(fp32.shape[1])
         return {**base, "method": NO_DIFFERENCE, "ci_low": -bound, "ci_high": bound, "p_value": 1.0}
+    from scipy import stats as st  # imported here: its import is a quarter of a one-seed report's rendering
+
     res = st.bootstrap((per_image,), np.mean, confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
                        method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED))
     dist = res.bootstrap_distribution
@@ -286,6 +295,8 @@ def ratio_interval(log_ratios, within_var: float = float("nan"), within_df: floa
         se, df, basis = float(np.sqrt(within_var)), max(float(within_df), 1.0), "steps"  # 0: steps all alike
     else:
         return out
+    from scipy import special
+
     q = float(special.stdtrit(df, 0.5 + CONFIDENCE / 2))  # Student's t quantile (st.t.ppf, without its overhead)
     return {**out, "low": float(np.exp(point - q * se)), "high": float(np.exp(point + q * se)), "basis": basis}
 
