@@ -18,8 +18,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.harness.report import stats
-from amp_compare.harness.report.cell_text import accuracy_text
+from amp_compare.harness.report import phrases, stats
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -422,7 +421,7 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
     the run records about that tensor side by side — at the skip, its gradient times the scale passed float16's
     65,504 (the locator); after the last step, its largest |gradient| (the probe's histogram) times the scale then
     held, against 65,504 (the headroom it had once the scale had backed off)."""
-    from amp_compare.harness.report import phrases, scaling
+    from amp_compare.harness.report import scaling
 
     if steps is None or steps.empty or "nonfinite_where" not in runs:
         return []
@@ -455,7 +454,7 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
     """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies, each
     with its paired test against fp32 from `acc` (tables.accuracy_statistics, the Accuracy section's rows, worded
-    by cell_text.accuracy_text): two accuracies side by side never stand without the test that judges them."""
+    by phrases.accuracy): two accuracies side by side never stand without the test that judges them."""
     out = []
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     per = _per_model(ok) if not ok.empty else []  # per model and dataset: never two models' median
@@ -472,7 +471,7 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
                 return ""
             sel = acc_rows[np.logical_and.reduce([acc_rows[k] == v for k, v in zip([*per, "framework"], group)]
                                                  + [acc_rows["precision"] == prec])]
-            return f" (against fp32: {accuracy_text(sel.iloc[0])})" if not sel.empty else ""
+            return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if not sel.empty else ""
 
         out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
                    f"loss scaling{tested(DYNAMIC_FP16)}, {without:.1%} without any{tested(UNSCALED_FP16)}"
