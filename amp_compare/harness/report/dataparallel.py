@@ -31,7 +31,6 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
-from amp_compare.contract.records import unpack_correct
 from amp_compare.harness.common import UNSTEADY
 from amp_compare.harness.report import phrases, stats, wording
 from amp_compare.harness.report.speed import calibration_checks
@@ -143,13 +142,7 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
     base = base[(base[POOL] == cell[POOL]).all(axis=1)]
     mine = n_cells[(n_cells["status"] == "ok") & (n_cells["cfg_allreduce"] == cell["cfg_allreduce"])]
     mine = mine[(mine[POOL] == cell[POOL]).all(axis=1)]
-    pairs = []
-    for r in mine.itertuples():
-        ref = base[base["seed"] == r.seed]
-        if ref.empty or not isinstance(r.val_correct, str) or not r.val_correct:
-            continue
-        n = int(r.val_samples)
-        pairs.append((unpack_correct(ref["val_correct"].iloc[0], n), unpack_correct(r.val_correct, n)))
+    pairs = stats.correct_pairs(base, mine)
     if not pairs:
         return "no fp32 all-reduce cell to pair with"
     res = stats.paired_test(pairs)

@@ -17,9 +17,8 @@ import pandas as pd
 
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
-from amp_compare.contract.records import unpack_correct
 from amp_compare.harness.report.phrases import KIND
-from amp_compare.harness.report.stats import paired_test
+from amp_compare.harness.report.stats import correct_pairs, paired_test
 from amp_compare.harness.report.verdicts import ACCURACY_KIND
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -68,17 +67,9 @@ OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-
 
 def _paired(runs: pd.DataFrame, cell, other: str) -> str:
     """The fp8 cell's accuracy minus `other`'s (same framework, model, dataset), paired image by image over seeds."""
-    base = runs[(runs["framework"] == cell.framework) & (runs["precision"] == other) & (runs["model"] == cell.model)
+    same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
                 & (runs["dataset"] == cell.dataset)]
-    mine = runs[(runs["framework"] == cell.framework) & (runs["precision"] == cell.precision)
-                & (runs["model"] == cell.model) & (runs["dataset"] == cell.dataset)]
-    pairs = []
-    for r in mine.itertuples():
-        b = base[base["seed"] == r.seed]
-        if b.empty or not r.val_correct or not b.iloc[0]["val_correct"]:
-            continue
-        n = int(r.val_samples)
-        pairs.append((unpack_correct(b.iloc[0]["val_correct"], n), unpack_correct(r.val_correct, n)))
+    pairs = correct_pairs(same[same["precision"] == other], same[same["precision"] == cell.precision])
     if not pairs:
         return "n/a"
     res = paired_test(pairs)
