@@ -1,13 +1,6 @@
-"""Keras or its backend? The report's split of the Keras columns' differences, from the run's own records.
-
-When one compare ran the Keras model on two or more backends (tf, keras-jax, keras-torch), what the
-Keras cells share is Keras' own doing (the dtype policy, the float32 or policy-dtype output layer,
-LossScaleOptimizer's defaults and settings, the optimizer's formula) and what differs between them
-belongs to the backend underneath (kernels, step overhead, compilation, the memory allocator).
-Nothing here is typed from documentation: the Keras table lists every setting the Keras children read
-back (settings_used) and every default they read from fresh objects (framework_defaults), with whether
-the backends agree; the backend table lists what each backend's cells measured. Framework-free.
-"""
+"""Keras or its backend? When one compare ran the Keras model on several backends, what the Keras cells share
+(settings read back, defaults of fresh objects) is Keras' own doing and what differs is the backend's; one table
+of each, from the run's own records. Framework-free."""
 
 from __future__ import annotations
 

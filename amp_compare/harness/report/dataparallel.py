@@ -1,26 +1,10 @@
 """The report's "Data parallel" section, from a --replicas run's records (framework-free).
 
-harness/run/launch.py gives every cell of a --replicas N run three kinds of neighbour: its thread-count floor, and its
-N-worker cells (one per --allreduce precision). They are not more cells of the same framework and precision for
-the other sections: `split` takes them out of every table those sections read and keeps them for this one, beside
-the 1-worker cells they are judged against.
-
-Per N-worker cell (`rows`), against its 1-worker cell of the same framework, model, dataset, precision and seed:
-  * throughput N vs 1 (one seed's pair) with its 95% interval where the two cells have enough timed steps for batch
-    means (stats.speed_interval) and the scaling efficiency (ratio / N), marked ⚠ where the 1-worker baseline
-    stalled (its floor cell, a rerun, was more than STALL_FACTOR faster) or the efficiency is over 100% on shared
-    cores (`_speed`);
-  * the all-reduce precision asked for and the dtype it used, read back by the child; its share of the median step
-    where the framework times it (torch DDP), else "not exposed";
-  * the largest relative difference of the per-step losses from the 1-worker run's, beside the floor: the same
-    measure between the 1-worker cell and its floor cell (a rerun of it, at another thread count where the records
-    say the framework took one: `floor_kind`), "at the floor" within AT_FLOOR_FACTOR or FLOAT32_ULPS;
-  * whether every worker recorded the same loss scale and skipped flag at every step, and, where the child recorded
-    each worker's own gradients before the all-reduce, whether a non-finite one anywhere skipped the step everywhere
-    (`worker_agreement`);
-  * the accuracy effect of a reduced-precision all-reduce: paired against the fp32 all-reduce cell of the same
-    workers (stats.paired_test), as the Accuracy section pairs mixed precision with fp32.
-"""
+A --replicas N run gives every 1-worker cell a thread-count floor (a rerun) and N-worker cells (one per
+--allreduce precision); `split` keeps them out of the other sections. Per N-worker cell (`rows`), against its
+1-worker cell of the same seed: throughput N vs 1 with its interval and efficiency (`_speed`), the all-reduce's
+dtype and share of the step, the loss gap beside the floor's (`floor_kind`), whether the workers agreed on scale
+and skips (`worker_agreement`), and a reduced-precision all-reduce's accuracy against the fp32 all-reduce cell."""
 
 from __future__ import annotations
 
@@ -75,9 +59,9 @@ def relative_gap(a: pd.Series, b: pd.Series) -> float:
 
 
 def worker_agreement(workers: pd.DataFrame) -> dict:
-    """Did every worker of one cell record the same loss scale and skipped flag at every step? And where each
-    worker's own (pre-all-reduce) gradient finiteness was recorded: was every step with a non-finite one anywhere
-    skipped by every worker? `agree` is all of that; `disagreement` says the first step where it failed."""
+    """Whether every worker of one cell recorded the same loss scale and skipped flag at every step and, where
+    recorded, every step with a worker's own non-finite gradient was skipped everywhere; `disagreement`: the first
+    step where not."""
     if workers.empty:
         return {"agree": False, "workers": 0, "steps": 0, "disagreement": "no per-worker records"}
     w = workers.sort_values(["step", "worker"])
@@ -168,12 +152,9 @@ def _near_chance(correct: list[np.ndarray], dataset: str) -> str:
     return ""
 
 
-# A 1-worker baseline whose own rerun (its floor cell: the same cell with at most its threads) ran more than this many
-# times faster stalled: on a quiet machine the floor, with no more threads, is at most as fast as the baseline, and
-# the harness's run-to-run spread of one cell's throughput is tens of percent, so 2× is well beyond both.
+# A 1-worker baseline whose floor cell (its rerun with at most its threads) ran this many times faster stalled.
 STALL_FACTOR = 2.0
-# A loss gap within this factor of the floor, or within FLOAT32_ULPS float32 spacings of the loss (relative), is at
-# the floor: a difference of that size is what the same run gives against itself, no evidence either way.
+# A loss gap within this factor of the floor's, or FLOAT32_ULPS float32 spacings of the loss, is at the floor.
 AT_FLOOR_FACTOR = 2.0
 FLOAT32_ULPS = 4
 _REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
@@ -225,9 +206,8 @@ def machine_range(environment: dict) -> str:
 
 
 def floor_kind(one: pd.Series, floor: pd.Series) -> str:
-    """What the floor cell was, from the records: the threads each recorded (torch_threads, tf_intra_op_threads,
-    jax_threads). Where the framework recorded the same for both (JAX: XLA's own pool, not settable from a running
-    process) the floor is a plain rerun, not another thread count."""
+    """What the floor cell was, from the threads each cell recorded: another thread count, or a plain rerun
+    where the framework recorded the same for both."""
     column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(
         str(one["framework"]), "")
     a, b = (_count(one.get(column)), _count(floor.get(column))) if column else (None, None)
@@ -357,9 +337,7 @@ def _ratio_text(ratio: float, low: float, high: float, note: str) -> str:
 
 
 def _share_text(share: float, stalled: bool = False) -> str:
-    """The all-reduce's share of the median step (torch: DDP's avg_backward_comm_time, from the iterations DDP
-    samples, which includes waiting for the slowest worker); over 100% said, not hidden; ⚠ where the row's 1-worker
-    baseline stalled (the same machine stall may have lengthened the N-worker cell's waits)."""
+    """The all-reduce's share of the median step (torch DDP's own timing), ⚠ where the 1-worker baseline stalled."""
     if not np.isfinite(share):
         return "not exposed"
     text = f"{share:.0%}" + (" ⚠ more than the median step: DDP's sampled times include waiting for the slower "

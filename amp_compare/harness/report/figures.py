@@ -1,8 +1,5 @@
-"""seaborn figures of one compare run: pure functions of the record tables.
-
-Every figure uses one colour per framework and one line style / marker per precision, saves
-PNG and SVG, and comes with a title, axis units, a caption saying what to notice and alt text.
-"""
+"""seaborn figures of one compare run, pure functions of the record tables: one colour per framework, one line
+style / marker per precision, PNG and SVG, each with a title, axis units, a caption and alt text."""
 
 from __future__ import annotations
 
@@ -258,10 +255,8 @@ def _log2_axis(grid, log2_values: pd.Series) -> None:
 
 
 def loss_scale_grid(scaled: pd.DataFrame):
-    """The loss scale per step of the loss-scaled cells (fp16, fp16-static): a step line per cell (each seed its own
-    trajectory: a median over seeds is a trajectory no cell followed, halving where none of them skipped), an X on
-    each cell's own skipped steps at its own scale, whole powers of two on the axis, and a title naming only the
-    modes the run had."""
+    """The loss scale per step of the loss-scaled cells: one step line per cell, an X on its skipped steps,
+    whole powers of two on the axis."""
     df = _labelled(scaled)
     df["log2_scale"] = np.log2(df["loss_scale"])
     unit = "cell_id" if "cell_id" in df else "seed"
@@ -314,9 +309,8 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
 
 
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The memory bars' labels: the change against fp32, with the summary table's ⚠ where its "Memory vs fp32"
-    cell has one (notes: the full table, whose memory_note marks it), or "undecided" where the difference is
-    below the run's own resolution (memory.py; the summary table says the same)."""
+    """The memory bars' labels: the change against fp32 with the summary table's ⚠ (`notes`: the full table), or
+    "undecided" where memory.py leaves the difference unresolved."""
     stats = memory_statistics(ok)
     keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
                                                              "framework", "precision")]
@@ -435,9 +429,8 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
 
 def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, column: str,
             eligible: pd.Series | None = None) -> pd.Series:
-    """`labels` (one per row of `table`) with " ⚠" after each non-empty one whose row has a note in the full
-    table's `column` (notes: tables.full_table), as the summary table marks that ratio; `eligible`: the rows that
-    may carry one (a word such as "undecided" is no ratio)."""
+    """`labels` with " ⚠" after each non-empty one whose row has a note in the full table's `column`; `eligible`:
+    the rows that may carry one."""
     if notes is None or notes.empty or column not in notes:
         return labels
     keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]

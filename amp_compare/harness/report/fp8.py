@@ -1,11 +1,6 @@
-"""The report's fp8 section, a pure function of the run's tables: which layers ran in fp8, each recipe's settings
-read back beside contract/fp8.py's declaration, per-layer quantization error (SQNR), the scale trajectories, and
-loss and accuracy against bf16 and fp32 through the run's paired tests (harness/stats.py).
-
-`section(tables, device)` returns None for a run without fp8 cells, else {"table", "recipes", "sentences",
-"layers", "trace"} (DataFrames and strings); `html(section)` and `markdown(section)` render it, `figure(section,
-out)` draws the scale trajectories. Framework-free (pandas, numpy; matplotlib only when drawing).
-"""
+"""The report's fp8 section from the run's tables: layers in fp8, each recipe read back beside contract/fp8.py's,
+per-layer SQNR, scale trajectories, loss and paired accuracy against bf16 and fp32. `section` (None without fp8
+cells), `html`, `markdown` and `figure` render it. Framework-free."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The phrasebook: each verdict (verdicts.py) worded once per form, from its row alone.
-
-Forms: `number` (the estimate with its interval and the interval's kind), `cell` (a table cell: the number, or a
-word where there is none, then the status), `clause` (the metric, its cell and why), `sentence` (who, then the
-clause). The answer, the per-model tables, the page and the terminal all word verdicts through these functions.
-"""
+"""The phrasebook: each verdict (verdicts.py) worded once per form, from its row alone: `number` (estimate and
+interval), `cell` (a table cell), `clause` (metric, cell and why), `sentence` (who, then the clause)."""
 
 from __future__ import annotations
 
@@ -85,9 +81,8 @@ def pp_bound(value: float) -> str:
 
 
 def number(v, interval: bool = True, of: bool = True) -> str:
-    """The estimate in the verdict's unit, with its 95% interval where it has one and `interval`; "" where none. A
-    ratio says what it is a multiple of ("0.16× fp32's", after the metric's name) unless `of` is False (a column
-    header says it)."""
+    """The estimate in the verdict's unit with its 95% interval where it has one and `interval`; "" where none. A ratio
+    names what it is a multiple of unless `of` is False."""
     if not np.isfinite(v.estimate):
         return ""
     if v.unit in RATIO_UNITS:

@@ -1,12 +1,6 @@
-"""The Profile section: per mixed cell that ran slower or faster than its fp32 cell, the operations and library
-path that account for the difference, from the --profile tables (kit/profile.py); unexplained where a cell has none.
-
-A pure function of the run's tables: run (median_step_s, profile_* columns), profile_ops, profile_primitives.
-The difference is read per profiled step: each op's self time in the mixed cell's window minus the same op's in
-the fp32 cell's (an op that ran in one cell only, e.g. TensorFlow's oneDNN `_Mkl…` op against its Eigen op,
-counts whole on its side). A cell is slow or fast when its timed median step is more than SPEED_BAND away from
-fp32's.
-"""
+"""The Profile section: per mixed cell more than SPEED_BAND slower or faster than its fp32 cell, the ops and
+library path accounting for the difference in self time per profiled step (--profile tables, kit/profile.py); an
+op run in one cell only counts whole on its side."""
 
 from __future__ import annotations
 
@@ -87,9 +81,8 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
 
 
 def evidence(tables: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
-    """Per profiled mixed cell, the op whose self time per step moved most against its fp32 cell (in the
-    direction of the change), its share of the window's step-time difference and its library path: what the
-    answer (report/answer.py) cites as the reason. None when no cell was profiled."""
+    """Per profiled mixed cell, the op whose self time per step moved most (in the change's direction), its share of
+    the step-time difference and its library path; None when no cell was profiled."""
     runs, ops = tables.get("run", pd.DataFrame()), tables.get("profile_ops", pd.DataFrame())
     if runs.empty or ops.empty or "profile_steps" not in runs.columns:
         return None

@@ -1,9 +1,5 @@
-"""Render a compare run's folder into index.html, summary.md, figures/ and data/.
-
-`render_report(run_dir)` reads only what the run wrote (manifest.json and the cells' record
-tables), so a report can be re-rendered at any time with `nox -s report -- reports/<run-id>`
-and renders from partial results too: missing or failed cells are named, never hidden.
-"""
+"""Render a compare run's folder into index.html, summary.md, figures/ and data/, from what the run wrote
+only (manifest.json and the cells' records), partial results included: missing cells are named."""
 
 from __future__ import annotations
 
@@ -79,10 +75,8 @@ def _env() -> jinja2.Environment:
 
 
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
-    """A plain HTML table; the first four columns left-aligned; rows where `highlight` is true marked.
-
-    `grouped`: columns named "group: name" share one header cell over their names (a two-row header), so a wide
-    table's headers wrap into short words."""
+    """A plain HTML table, the first four columns left-aligned, rows where `highlight` is true marked; `grouped`:
+    columns named "group: name" share a header cell over their names."""
     cols = [c for c in df.columns if c != highlight]
     if grouped:
         return f"<table>{_grouped_head(cols)}{''.join(_rows(df, cols, highlight))}</table>"
@@ -303,9 +297,7 @@ def _fmt(value) -> str:
 
 
 def _vit_settings(settings: dict) -> dict:
-    """A vit cell's settings with its attention items: the core is the --attention it ran (recorded as
-    `attention`; not a setting of its own, the two cores differ by design); a record from before the projections'
-    biases were read back ran them without saying how."""
+    """A vit cell's settings with its attention items (the core is the --attention it ran)."""
     if "attention" not in settings:  # the CNNs have no attention
         return settings
     core = f"--attention {settings['attention']}"
@@ -478,9 +470,8 @@ def _env_value(value) -> str:
 
 
 def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, str | list[str]]]:
-    """The Environment table: the host as the parent recorded it, then what each framework's cells reported.
-    A value is a string, or a list where cells differ (amp_api: one item per precision). CUDA/cuDNN versions
-    a framework was built with are labelled as build info, and on a run that used no GPU say so."""
+    """The Environment table: the host as the parent recorded it, then what each framework's cells reported (a
+    list where cells differ); build-time CUDA/cuDNN versions labelled as such."""
     rows: list[tuple[str, str | list[str]]] = [(k, _env_value(environment[k])) for k in sorted(environment)]
     if runs.empty or "framework" not in runs:
         return rows
@@ -515,9 +506,8 @@ def _split_packages(rows: list) -> tuple[list, list]:
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str = "cpu",
           full: pd.DataFrame | None = None) -> Callable[[], list]:
-    """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both), drawn by
-    two processes where the machine has two cores (each figure's own file), started now; the returned collect()
-    gives them in page order once drawn (the rest of the page is built meanwhile), collect(cancel=True) drops them."""
+    """Every figure of the page, started now on up to two processes; the returned collect() gives them in page order,
+    collect(cancel=True) drops them."""
     from amp_compare.harness.report import figures as fg
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
@@ -549,9 +539,8 @@ def _themed(fn, args):
 
 
 def _in_parallel(tasks: list) -> Callable[[], list]:
-    """Each (function, args) task started on two forked processes where two CPUs are free to this process (rendering
-    runs after the last cell, so nothing is timed meanwhile); the returned results() waits for them, in order (drawn
-    one after another here, where they cannot be forked); results(cancel=True) drops them."""
+    """Each (function, args) task started on up to two forked processes; the returned results() waits for them
+    in order, results(cancel=True) drops them."""
     # A process that has loaded a framework (a notebook, a test) may hold thread pools a fork cannot copy: draw
     # there one figure after another. The compare's own parent never imports one.
     framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
@@ -638,9 +627,7 @@ def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: d
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, acc: pd.DataFrame) -> dict:
-    """The Numerics section (loss scaling, underflow, the vit's dtypes and headroom, what happened in each) and
-    the appendix's full dtype audits. `acc`: the Accuracy section's paired tests, which every accuracy the Loss
-    scaling part compares carries."""
+    """The Numerics section and the appendix's dtype audits; `acc`: the Accuracy section's paired tests."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
@@ -802,10 +789,8 @@ HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept 
 
 
 def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -> str:
-    """_index_headline of a run, computed once per state of its records: the runs index is rebuilt at every render,
-    and a folder of past runs (the default reports/) would otherwise cost half a second more per run each time. The
-    stored headline is keyed by the size and time of the run's manifest, data/run.csv and data/steps.parquet and of
-    the report's modules, so a re-rendered run or a changed headline rule computes it again."""
+    """_index_headline of a run, cached in HEADLINE_FILE keyed by the size and time of its records and of the
+    report's modules."""
     sources = [run_dir / "manifest.json", run_dir / "data" / "run.csv", run_dir / "data" / "steps.parquet",
                *sorted(Path(__file__).parent.glob("*.py"))]
     key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]

@@ -1,16 +1,6 @@
-"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS), from the record tables: where a run has fp16-noscale
-or fp16-static beside fp16, per model x framework
-
-- scale_path (fp16, dynamic): the scale's start, growth and final value per seed, and whether every other framework's
-  per-step scale was the same in the same seed;
-- skipped_steps (fp16, dynamic): each skipped update (seed, step, the scale it ran at) and, at each cell's first, the
-  tensor the NaN/Inf locator named;
-- underflow (fp16-noscale): the gradient elements lost to underflow at the last step's probe (kit/fp16.py
-  mixed_zero_kinds) and the accuracy verdict of the same cells, which says whether it mattered;
-- static_scale (fp16-static): whether the fixed scale sufficed (no skip, no non-finite loss, nothing lost at it).
-
-The rules are verdicts.py's (SCALE_PATH, SKIPS, UNDERFLOW, STATIC_SCALE); the words phrases.py's (lab_line).
-"""
+"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS) per model x framework, where a run has fp16-noscale
+or fp16-static beside fp16: the scale's path, the skipped updates and their causes, what no scaling lost, whether a
+static scale sufficed. Rules: verdicts.py; words: phrases.lab_line."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The numbers a reader sees first: the summary table and the statistics beside it, computed from the records.
-
-`summary_table` and `full_table` are pure functions of the run table; the HTML report, the Markdown summary,
-the terminal table and the findings (findings.py) all read them, so they always agree.
-"""
+"""The summary table and the statistics beside it, pure functions of the run table that the HTML report,
+summary.md, the terminal and the findings all read."""
 
 from __future__ import annotations
 
@@ -49,10 +46,8 @@ def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges,
-    and ratios to that framework's fp32: the geometric mean over seeds of each seed's ratio (mixed over the
-    fp32 cell of the same seed), the statistic stats.ratio_interval gives an interval for. Accuracy changes
-    are paired by seed before the median."""
+    """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges, and
+    ratios to that framework's fp32 (geometric mean of per-seed ratios); accuracy changes paired by seed."""
     ok = with_loop_columns(ok_runs(runs).copy())
     group = (["machine"] if "machine" in ok else []) + GROUP[:-1] + LOOP + GROUP[-1:]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
@@ -254,9 +249,8 @@ def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
 
 
 def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
-    """Per (framework, precision) of one model/dataset group: the median time to the target, how many seeds
-    reached it, the epochs they reached it in, and for a mixed precision its ratio to the same framework's
-    fp32 of the same seed (stats.ratio_interval over the seeds where both reached it)."""
+    """Per (framework, precision) of one group: median time to target, seeds reaching it, their epochs, and a mixed
+    precision's ratio to fp32's (ratio_interval over the seeds where both reached it)."""
     by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
     empty = epochs.iloc[0:0]
     per_cell = {c: (stats.time_to_accuracy(by_cell.get(c, empty), target), stats.epoch_reached(by_cell.get(c, empty),
@@ -290,9 +284,8 @@ TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs
 
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
                         environment: dict | None = None) -> pd.DataFrame:
-    """Per (machine x) model x dataset x framework x precision: the paired test against fp32, whether the run
-    was too short to judge, and the time to the target accuracy with its ratio to fp32's. Rows in the summary
-    table's order."""
+    """Per (machine x) model x dataset x framework x precision, in the summary table's order: the paired test
+    against fp32, whether the run was too short to judge, and the time to target with its ratio to fp32's."""
     ok = with_loop_columns(ok_runs(runs).copy())
     cols = [*_keys(ok), "framework", "precision", *ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
             "budget_cut", "floor_pp", "floor_seeds"]
@@ -348,9 +341,8 @@ def _log_ratio(a: float, b: float) -> float:
 
 
 def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict | None = None) -> pd.DataFrame:
-    """Per mixed (machine x) model x dataset x framework x precision: the speed ratio's interval and verdict.
-    The per-seed ratios are the run table's wall-time throughputs (what the summary shows); the steps give
-    one seed its within-seed interval, the timed-step count and the step-time spread."""
+    """Per mixed group: the speed ratio's interval and verdict from the per-seed wall-time throughputs; the steps
+    give one seed its within-seed interval, the timed-step count and the spread."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "speed_low", "speed_high", "speed_seeds", "speed_basis", "timed_steps",
@@ -374,9 +366,8 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
 
 
 def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per mixed group: the peak-memory ratio's interval and verdict (stats.ratio_interval over the seeds'
-    ratios; one seed has no within-seed replicate, so no interval), the difference in MiB and whether it
-    exceeds the run's own resolution (memory.py); an unresolved difference gets no ⚠ note: no ratio is shown."""
+    """Per mixed group: the peak-memory ratio's interval and verdict, the difference in MiB and whether it is
+    resolved (memory.py); an unresolved one gets no ⚠ note."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "memory_low", "memory_high", "memory_note", "memory_difference_mib",
@@ -398,9 +389,8 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
 
 def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd.DataFrame | None = None,
                environment: dict | None = None, accuracy: pd.DataFrame | None = None) -> pd.DataFrame:
-    """summary_table with the ratios' intervals and the paired accuracy tests beside each row: the one
-    aggregated table the summary, the findings and the accuracy section are all written from (`accuracy`:
-    accuracy_statistics of the same records, where the caller has it already)."""
+    """summary_table with the ratios' intervals and the paired accuracy tests beside each row (`accuracy`: the
+    caller's accuracy_statistics, where it has it)."""
     table = summary_table(runs)
     if table.empty:
         return table
@@ -468,9 +458,8 @@ def legend(table: pd.DataFrame) -> str:
 
 
 def by_gpu_model(tables: dict) -> dict:
-    """A run whose cells ran on more than one GPU model (a Slurm partition of mixed nodes) gets the combined
-    report's `machine` column, the GPU model each cell ran on, so every ratio pairs cells of one model only;
-    a run on one model (or a CPU) is returned as it is."""
+    """A run whose cells ran on several GPU models gets a `machine` column of each cell's GPU model, so ratios
+    pair cells of one model; otherwise returned as it is."""
     runs = tables.get("run")
     if runs is None or "device_name" not in runs:
         return tables

@@ -1,15 +1,8 @@
 """Every verdict of a run as data: one row per model x dataset x framework x mixed precision x metric.
 
-Each metric has an ordered rule table below: the first rule whose condition holds sets the row's status and reason.
-The conditions read the run's tables (the full table of tables.py, the run table's statuses, the speed trials'
-summary), never a sentence. The phrasebook (phrases.py) words each (status, reason); every table cell, clause and
-sentence of the report is a view of this table, which render writes as data/verdicts.parquet and .csv.
-
-Speed is decided by the speed trials alone (contract/tables.py `trials`, one row per timed block; their
-`trial_summary` pairs each mixed precision with fp32 in alternating blocks of one process): a run without them
-(older runs) has no speed verdict (not_comparable, no_trial). The training cells' wall times stay in the tables
-as what training took.
-"""
+Each metric has an ordered rule table: the first rule whose condition holds (read from the run's tables, never a
+sentence) sets the row's status and reason, which phrases.py words. Speed is decided by the speed trials alone
+(no trials: not_comparable, no_trial). render writes the table as data/verdicts.parquet and .csv."""
 
 from __future__ import annotations
 
@@ -371,9 +364,8 @@ def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The verdict table of a run: `full` is tables.full_table, `runs` the run table (failed and budget-cut
-    cells), `trials` the speed trials' summary (trial_summary: one row per trial x mixed precision) or None.
-    A loss-scaling lab's rows come on top (scaling.with_lab_rows)."""
+    """The verdict table of a run from `full` (tables.full_table), `runs` (the run table) and `trials` (trial_summary or
+    None), the loss-scaling lab's rows on top (scaling.with_lab_rows)."""
     by_trial = {}
     for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
         by_trial.setdefault(_trial_key(t), t)
