@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
+from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.stats import MIN_TIMED_STEPS
 
@@ -72,7 +73,7 @@ BACKEND_MEASURES = {  # run-table column -> (label, how to show a median over ce
     "compile_warmup_s": ("warm-up steps' time beyond as many median steps (ms)", milliseconds),
     "first_step_overhead_s": ("first step's time beyond the median step (ms)", milliseconds),
     "first_step_dispatch_s": ("first step's dispatch time, device mode (ms)", milliseconds),
-    "peak_memory_bytes": ("peak memory (MiB)", lambda v: f"{v / 2**20:,.1f}"),
+    "peak_memory_bytes": ("peak memory (MiB)", lambda v: f"{v / MIB:,.1f}"),
 }
 BACKEND_TEXT = {"framework_version": "backend version", "compiled": "compilation", "tf32": "TF32 (read back)",
                 "memory_kind": "memory measured as", "step_values": "per-step values"}

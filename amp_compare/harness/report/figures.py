@@ -461,7 +461,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     table["speed_label"] = speed_labels(table)
     full_table = table
     ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
-    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
+    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
     epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs

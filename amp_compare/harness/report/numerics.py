@@ -166,11 +166,6 @@ def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Data
                                                                            on="cell_id", how="left")
 
 
-def _scale_power(value: float) -> str:
-    power = np.log2(value) if value > 0 else np.nan
-    return f"2^{int(power)}" if np.isfinite(power) and power == int(power) else f"{value:g}"
-
-
 def ending_text(r, since: bool = True) -> str:
     """How a cell went non-finite, from loss_history's columns on a row (dict or namedtuple); "" where not
     recorded. `since`: say where the non-finite run that stopped it began."""
@@ -275,8 +270,8 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
                          & (underflow["when"] == "last step") & (underflow["seed"] == underflow["seed"].min())]
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
-        scaled = (f"; times the scale the scaler held after that step ({_scale_power(scale)}) below "
-                  f"{_scale_power(bound)}" if scale != 1 else "")
+        scaled = (f"; times the scale the scaler held after that step ({phrases.power(scale)}) below "
+                  f"{phrases.power(bound)}" if scale != 1 else "")
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
         record = _cell_record(steps, rows)
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
@@ -306,7 +301,7 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
     skipped = g["skipped"].astype(bool).to_numpy() if "skipped" in g else np.zeros(len(g), bool)
     last = f"step {int(g['step'].iloc[-1])}, counting from 0"
     last_loss = float(g["loss"].iloc[-1]) if "loss" in g else 0.0
-    ending = (f"the last step ({last}) ran at {_scale_power(scale[-1])} and "
+    ending = (f"the last step ({last}) ran at {phrases.power(scale[-1])} and "
               + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
                  if np.isfinite(last_loss) else "was skipped, with a non-finite loss"))
     if not skipped.any():
@@ -333,8 +328,8 @@ def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
     if not len(steps):
         return ""
     at = pd.Series(scales).value_counts().sort_index(ascending=False)
-    said = (", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
-            f"{len(at)} scales from {_scale_power(at.index[0])} down to {_scale_power(at.index[-1])}")
+    said = (", ".join(f"{phrases.power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
+            f"{len(at)} scales from {phrases.power(at.index[0])} down to {phrases.power(at.index[-1])}")
     return f"{len(steps)} {what}: {_step_ranges(steps)}, at {said}"
 
 
@@ -382,7 +377,7 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
             continue
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
-        at = f" at the scale held after the last step ({_scale_power(scale)})" if scale != 1 else " (no loss scaling)"
+        at = f" at the scale held after the last step ({phrases.power(scale)})" if scale != 1 else " (no loss scaling)"
         if total == 0:
             out.append(f"{who}{_label(fw)} {prec}, after the last step: none of the {nonzero:,} non-zero gradient "
                        f"elements came out exactly zero in the real float16 backward{at}.")
@@ -418,12 +413,12 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
         if top is not None:
             bound = 2.0 ** (top + 1) * final
             after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, times the "
-                     f"scale then held ({_scale_power(final)}) below {_scale_power(bound)}"
+                     f"scale then held ({phrases.power(final)}) below {phrases.power(bound)}"
                      + (f", {FP16_MAX / bound:.3g}× under 65,504" if bound <= FP16_MAX else
                         ", not provably under 65,504"))
         who = _who(per, tuple(r[k] for k in per))
         out.append(f"{who}{_label(r['framework'])} {r['precision']} seed {r['seed']}: the skip at step {f['step']} "
-                   f"(scale {_scale_power(f['scale'])}) — {phrases.cause(f)}{after}.")
+                   f"(scale {phrases.power(f['scale'])}) — {phrases.cause(f)}{after}.")
     return out
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import stats
+from amp_compare.kit.fp16 import FP16_MAX
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
           "numerics": "numerics"}
@@ -200,7 +201,7 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
 # The loss-scaling lab's rows (verdicts.LAB_METRICS, harness/report/scaling.py): one line each in the answer
 # ---------------------------------------------------------------------------------------------
 
-FP16_MAX_TEXT = "65,504"
+FP16_MAX_TEXT = f"{FP16_MAX:,.0f}"
 # Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
 KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
 
@@ -213,8 +214,6 @@ def power(value) -> str:
 
 
 def _evidence(v) -> dict:
-    import json
-
     return json.loads(v.evidence) if isinstance(v.evidence, str) and v.evidence else {}
 
 
@@ -258,7 +257,7 @@ def cause(f: dict) -> str:
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
-            f"so that step's was ≥ {65504 / f['scale']:.3g} unscaled (inferred from the overflow)")
+            f"so that step's was ≥ {FP16_MAX / f['scale']:.3g} unscaled (inferred from the overflow)")
 
 
 def _underflow(v, e: dict) -> str:

@@ -32,6 +32,7 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
+from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.settings_check import (
     adam_gap_text,
     differences_apply,
@@ -160,7 +161,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
         "Framework": first["framework"].map(framework_label), "Precision": first["precision"],
         "Largest batch that fit": first["max_ok"].astype(str),
         "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
-        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / 2**20:,.0f}"
+        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / MIB:,.0f}"
                                              for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
         "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),

@@ -18,7 +18,6 @@ from amp_compare.harness.report.speed import milliseconds
 
 GROUP = ["framework", "model", "dataset", "precision"]
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
-MIB = 2**20
 
 
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -89,7 +88,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         **{c: (c, "median") for c in PERF_MEDIANS},
         **{c: (c, "first") for c in CEILING_WHY},
     ).reset_index()
-    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
+    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / memory.MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
     agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
     agg["memory_change_vs_fp32"] = np.expm1(agg["log_memory"])
