@@ -11,14 +11,9 @@ import pandas as pd
 
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
 from amp_compare.harness.report.memory import MIB
+from amp_compare.harness.report.settings_check import value_text
 from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.stats import MIN_TIMED_STEPS
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
 
 
 def _json(value) -> dict:
@@ -44,7 +39,7 @@ def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
     values: dict[str, dict[str, set]] = {}
 
     def add(item: str, fw: str, value) -> None:
-        values.setdefault(item, {f: set() for f in frameworks})[fw].add(_fmt(value))
+        values.setdefault(item, {f: set() for f in frameworks})[fw].add(value_text(value))
 
     for row in ok.to_dict("records"):
         fw, prec = row["framework"], row["precision"]

@@ -39,6 +39,7 @@ from amp_compare.harness.report.settings_check import (
     ignored_settings,
     settings_paragraph,
     side_by_side,
+    value_text,
 )
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
 from amp_compare.harness.report.tables import (
@@ -149,6 +150,12 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def _identity(df: pd.DataFrame) -> dict:
+    """The columns a numerics or memory table opens with: model and dataset where recorded, framework, precision."""
+    return {**{k.title(): df[k] for k in ("model", "dataset") if k in df},
+            "Framework": df["framework"].map(framework_label), "Precision": df["precision"]}
+
+
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     if maxbatch.empty:
         return maxbatch
@@ -157,9 +164,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     first = maxbatch.groupby(keys, sort=False).first().reset_index()
     peak = maxbatch[maxbatch["ok"]].groupby(keys)["peak_bytes"].max()
     return pd.DataFrame({
-        **{k.capitalize(): first[k] for k in keys[:-2]},
-        "Framework": first["framework"].map(framework_label), "Precision": first["precision"],
-        "Largest batch that fit": first["max_ok"].astype(str),
+        **_identity(first), "Largest batch that fit": first["max_ok"].astype(str),
         "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
         "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / MIB:,.0f}"
                                              for k in first[keys].itertuples(index=False)],
@@ -185,9 +190,7 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
         return "could not grow (--growth-interval ≥ steps)" if facts and facts[1] <= facts[0] else \
             f"{r.growth_events:.0f}"
 
-    return pd.DataFrame({**{k.title(): counts[k] for k in ("model", "dataset") if k in counts},
-                         "Framework": counts["framework"].map(framework_label),
-                         "Precision": counts["precision"], "Steps": counts["steps"].map("{:.0f}".format),
+    return pd.DataFrame({**_identity(counts), "Steps": counts["steps"].map("{:.0f}".format),
                          "Skipped": counts["skipped"].map("{:.0f}".format),
                          "Growth events": [growth(r) for r in counts.itertuples()],
                          "First scale": counts["first_scale"].map("{:g}".format),
@@ -198,9 +201,7 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     s = nr.underflow_summary(underflow)
     if s.empty:
         return s
-    return pd.DataFrame({**{k.title(): s[k] for k in ("model", "dataset") if k in s},
-                         "Framework": s["framework"].map(framework_label),
-                         "Precision": s["precision"], "When": s["when"],
+    return pd.DataFrame({**_identity(s), "When": s["when"],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
                          "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
@@ -225,9 +226,7 @@ def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
         return f
     loss = ({"That step's loss": f["nonfinite_step_loss"].map(lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
             if "nonfinite_step_loss" in f else {})
-    return pd.DataFrame({**{k.title(): f[k] for k in ("model", "dataset") if k in f},
-                         "Framework": f["framework"].map(framework_label),
-                         "Precision": f["precision"], "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
+    return pd.DataFrame({**_identity(f), "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
                          **loss})
 
@@ -291,12 +290,6 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
     return out
 
 
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
 def _vit_settings(settings: dict) -> dict:
     """A vit cell's settings with its attention items (the core is the --attention it ran)."""
     if "attention" not in settings:  # the CNNs have no attention
@@ -319,15 +312,13 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
         if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
             defaults.setdefault(fw, json.loads(row["framework_defaults"]))
     for row in recorded.to_dict("records"):
-        fw = "keras" if is_keras(row["framework"]) else row["framework"]
+        mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
-            settings = _vit_settings(json.loads(row["settings_used"]))
-            for key, value in settings.items():
-                used.setdefault(fw, {}).setdefault(key, {}).setdefault(row.get("model", ""), set()).add(_fmt(value))
-        if row.get("init_source"):
-            # "(this cell)" marks the cell that wrote the shared file: the same file, listed once
-            source = str(row["init_source"]).removesuffix(" (this cell)")
-            used.setdefault(fw, {}).setdefault("initial_weights", {}).setdefault("", set()).add(source)
+            for key, value in _vit_settings(json.loads(row["settings_used"])).items():
+                mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(value_text(value))
+        if row.get("init_source"):  # " (this cell)" marks the cell that wrote the shared file: the same file
+            mine.setdefault("initial_weights", {}).setdefault("", set()).add(
+                str(row["init_source"]).removesuffix(" (this cell)"))
     rows = []
     adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
     vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
@@ -336,8 +327,8 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
         rows.append({
             "item": d.item, "why": d.why,
             "measured": adam_gap if d.key == "adam_formula" else vit_gap if d.key == "attention_core" else "",
-            "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
-            "keras_default": _fmt(defaults.get("keras", {}).get(d.key, "n/a")),
+            "torch_default": value_text(defaults.get("torch", {}).get(d.key, "n/a")),
+            "keras_default": value_text(defaults.get("keras", {}).get(d.key, "n/a")),
             "torch_used": _used_text(used.get("torch", {}).get(d.key, {})),
             "keras_used": _used_text(used.get("keras", {}).get(d.key, {})),
         })

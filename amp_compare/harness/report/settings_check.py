@@ -102,7 +102,8 @@ def mismatch_note(checked: list[dict]) -> str:
             f"that differ between the frameworks ({listed}). Their differences are not AMP alone.")
 
 
-def _fmt(value) -> str:
+def value_text(value) -> str:
+    """A recorded value as the settings tables print it (floats as %g)."""
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -118,9 +119,9 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
             for fw in ("torch", "keras"):
                 # the learning rate as scheduled (compared above as the optimizers recorded it)
                 shown = cell.get("lr_shown", {}).get(fw) if row["key"] == "learning_rate" else None
-                entry[fw].add(shown or (_fmt(row[fw]) if row["recorded"][fw] else "not recorded"))
+                entry[fw].add(shown or (value_text(row[fw]) if row["recorded"][fw] else "not recorded"))
             if row["recorded"]["torch"] and row["recorded"]["keras"]:
-                entry["mapped"].add(_fmt(row["torch_as_torch"]))
+                entry["mapped"].add(value_text(row["torch_as_torch"]))
             if not row["match"]:
                 entry["bad"].append(cell["cell"])
     rows = [{"setting": key, "torch": "; ".join(sorted(e["torch"])), "keras": "; ".join(sorted(e["keras"])),
