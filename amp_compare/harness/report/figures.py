@@ -19,6 +19,9 @@ from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats  # noqa: E402
+from amp_compare.harness.report import numerics as nr  # noqa: E402
+from amp_compare.harness.report.maxbatch_table import cap_label  # noqa: E402
+from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX, QUANTITY_LABELS, headroom_per_block  # noqa: E402
 from amp_compare.harness.report.tables import (  # noqa: E402
     LOOP,
     memory_statistics,
@@ -603,8 +606,6 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Per framework: the magnitudes of the float16 modes' gradients at the last step, times the loss scale in
     use, as a histogram over powers of two against float16's range (0 below 2^-25, overflow above its max)."""
-    from amp_compare.harness.report import numerics as nr
-
     hist = nr.gradient_histogram(underflow)
     hist = hist[hist["count"] > 0]  # empty powers of two would draw a flat line across the whole axis
     if hist.empty:
@@ -643,8 +644,6 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
 
 def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
     """--find-max-batch: per precision the largest batch under the memory cap, labelled with the memory it used."""
-    from amp_compare.harness.report.maxbatch_table import cap_label
-
     if maxbatch.empty:
         return None
     fitted = maxbatch[maxbatch["ok"] & (maxbatch["batch"] == maxbatch["max_ok"])]
@@ -736,8 +735,6 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
 def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
     """One panel of the headroom figure: a line per block and framework (PyTorch solid, Keras dashed), float16's
     largest value, and with the naive attention's logits the level where its exp overflows float16."""
-    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX
-
     for (block, label), g in part.groupby(["block", "Framework"], observed=True):
         g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
         line, marker = ("-", "o") if str(label) == "PyTorch" else ("--", "s")
@@ -760,8 +757,6 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
     framework and precision, on a log axis against float16's largest value (harness/report/numerics.py)."""
-    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX, QUANTITY_LABELS, headroom_per_block
-
     blocks = headroom_per_block(headroom, runs)
     blocks = blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float)) & (blocks["max_abs"] > 0)] \
         if not blocks.empty else blocks

@@ -16,6 +16,7 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MAX
 from amp_compare.harness.report import phrases, verdicts
+from amp_compare.harness.report.numerics import underflow_summary
 from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -191,8 +192,6 @@ def _reference_flush(underflow: pd.DataFrame) -> str:
 
 def _mixed_lost(underflow: pd.DataFrame) -> str:
     """The largest share the run's own float16 backward lost without scaling, and in which cell."""
-    from amp_compare.harness.report.numerics import underflow_summary
-
     s = underflow_summary(underflow)
     s = s[s["precision"].isin(precisions.names(half="float16"))].dropna(subset=["lost_unscaled"]) if not s.empty else s
     if s.empty:

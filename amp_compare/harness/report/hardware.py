@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from amp_compare.contract.config import framework_label
 from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION
 from amp_compare.contract.log_words import HALF_FALLBACK
 
@@ -118,8 +119,6 @@ def _three_digits(value: float) -> str:
 
 def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
     """Per device and ceiling dtype: the run's ceiling, the matmul it came from and each framework's own best."""
-    from amp_compare.contract.config import framework_label
-
     if "ceiling_flops_measured" not in runs or runs["ceiling_flops_measured"].notna().sum() == 0:
         return []
     runs = runs[runs["ceiling_flops_measured"].notna()].copy()

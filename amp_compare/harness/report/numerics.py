@@ -10,7 +10,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.harness.report import phrases, stats
+from amp_compare.harness.report import phrases, scaling, stats
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -392,8 +392,6 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
                          underflow: pd.DataFrame | None) -> list[str]:
     """Per cell whose first skip the NaN/Inf locator traced to a parameter's gradient: the locator's finding
     at the skip beside the probe's largest |gradient| after the last step at the scale then held."""
-    from amp_compare.harness.report import scaling
-
     if steps is None or steps.empty or "nonfinite_where" not in runs:
         return []
     out = []

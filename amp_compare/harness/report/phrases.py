@@ -12,6 +12,8 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import stats
+from amp_compare.harness.report.verdicts import REASONS, STATUSES
+from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_MAX
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
@@ -134,9 +136,7 @@ def test(method, seeds) -> str:
 def accuracy(r) -> str:
     """An accuracy-table row's comparison with fp32 (tables.accuracy_statistics) as its verdict words it
     (verdicts.accuracy): the cell, then the interval's kind and p where a test ran."""
-    from amp_compare.harness.report import verdicts
-
-    v = SimpleNamespace(**verdicts.accuracy(r))
+    v = SimpleNamespace(**accuracy_verdict(r))
     p = json.loads(v.evidence)["p_value"]
     said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
                         f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
@@ -186,8 +186,6 @@ def columns_note(verdicts: pd.DataFrame) -> str:
 def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
     """(term, text) per status and per reason the run's verdict table holds: the word the tables print and what it
     means (verdicts.STATUSES, verdicts.REASONS), so the glossary explains exactly the words on the page."""
-    from amp_compare.harness.report.verdicts import REASONS, STATUSES
-
     if verdicts is None or verdicts.empty:
         return []
     statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))

@@ -45,6 +45,7 @@ from amp_compare.harness.report.settings_check import differences_paragraph as s
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
     accuracy_statistics,
+    by_gpu_model,
     fewer_seeds_note,
     formatted_summary,
     full_table,
@@ -379,8 +380,6 @@ def render(run_dir: Path, figures: bool = True) -> Rendered:
             print(f"skipping unreadable max-batch search {path}: {exc}", file=sys.stderr)
     if searches:
         tables["maxbatch"] = pd.concat(searches, ignore_index=True)
-    from amp_compare.harness.report.tables import by_gpu_model
-
     return _render(run_dir, load_manifest(run_dir), by_gpu_model(tables), draw=figures)
 
 

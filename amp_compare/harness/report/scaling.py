@@ -4,7 +4,6 @@ static scale sufficed. Rules: verdicts.py; words: phrases.lab_line."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +11,8 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import KERAS_BACKENDS
+from amp_compare.harness.report import verdicts
+from amp_compare.harness.report.stats import log2_histogram
 
 DYNAMIC = precisions.names(half="float16", loss_scaling="dynamic")
 STATIC = precisions.names(half="float16", loss_scaling="static")
@@ -26,8 +27,6 @@ def is_lab(run_precisions) -> bool:
 
 def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> list[dict]:
     """The lab's verdict rows of every model x dataset that is a lab (is_lab), keyed like `table`'s rows."""
-    from amp_compare.harness.report import verdicts
-
     out: list[dict] = []
     if runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
@@ -53,8 +52,6 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
 def with_lab_rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame | None,
                   underflow: pd.DataFrame | None) -> pd.DataFrame:
     """The verdict table (verdicts.build) with the lab's rows (rows) added where the run is a lab."""
-    from amp_compare.harness.report import verdicts
-
     if steps is None or table.empty:
         return table
     return pd.concat([table, pd.DataFrame(rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)],
@@ -62,16 +59,7 @@ def with_lab_rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame |
 
 
 def _row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict) -> dict:
-    from amp_compare.harness.report import verdicts
-
-    status, reason = verdicts.decide(metric, facts)
-    return {**key, "metric": metric, "estimate": float(facts.estimate), "low": np.nan, "high": np.nan,
-            "margin": np.nan, "unit": verdicts.UNITS[metric], "interval_kind": "none", "status": status,
-            "reason": reason, "evidence": json.dumps(evidence, default=_plain)}
-
-
-def _plain(value):
-    return value.item() if hasattr(value, "item") else str(value)
+    return verdicts.row(key, metric, facts, "none", evidence)
 
 
 def _scales(steps: pd.DataFrame, cell_id: str) -> pd.DataFrame:
@@ -127,8 +115,6 @@ def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: s
                     & (underflow["param"] == param) & (underflow["when"] == "last step")]
     if sel.empty:
         return None
-    from amp_compare.harness.report.stats import log2_histogram
-
     tops = [k for k, v in log2_histogram(sel["log2_hist"].iloc[0]).items() if v > 0]
     return max(tops) if tops else None
 

@@ -247,11 +247,13 @@ def _ratio_kind(seeds: int, low: float) -> str:
     return "t over seeds 95%" if seeds >= 2 and np.isfinite(low) else "none"
 
 
-def _row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
+def row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
+    """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
     status, reason = decide(metric, facts)
-    return {**key, "metric": metric, "estimate": _num(facts.estimate), "low": _num(facts.low),
-            "high": _num(facts.high), "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
-            "interval_kind": kind if np.isfinite(_num(facts.low)) else "none", "status": status, "reason": reason,
+    low, high = _num(getattr(facts, "low", np.nan)), _num(getattr(facts, "high", np.nan))
+    return {**key, "metric": metric, "estimate": _num(facts.estimate), "low": low, "high": high,
+            "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
+            "interval_kind": kind if np.isfinite(low) else "none", "status": status, "reason": reason,
             "evidence": json.dumps(evidence, default=_plain)}
 
 
@@ -263,13 +265,13 @@ def _speed(r, key: dict, trial) -> dict:
     if trial is None:
         facts = SimpleNamespace(emulated=bool(r.emulated), trial=False, estimate=np.nan, low=np.nan, high=np.nan,
                                 contended=0)
-        return _row(key, "speed", facts, "none", {})
+        return row(key, "speed", facts, "none", {})
     facts = SimpleNamespace(emulated=bool(r.emulated), trial=True, estimate=trial["ratio"], low=trial["low"],
                             high=trial["high"], contended=int(trial.get("contended_blocks", 0) or 0),
                             margin=SAME_RATIO)
     evidence = {k: trial[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
                                       "fp32_step_s", "mixed_step_s") if k in trial}
-    return _row(key, "speed", facts, _trial_kind(str(trial.get("interval_kind", ""))), evidence)
+    return row(key, "speed", facts, _trial_kind(str(trial.get("interval_kind", ""))), evidence)
 
 
 def _trial_kind(kind: str) -> str:
@@ -284,7 +286,7 @@ def _memory(r, key: dict) -> dict:
     facts = SimpleNamespace(emulated=bool(r.emulated), difference=difference, resolution=resolution,
                             estimate=difference, low=np.nan, high=np.nan, margin=resolution)
     evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution}
-    return _row(key, "memory", facts, "none", evidence)
+    return row(key, "memory", facts, "none", evidence)
 
 
 def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
@@ -301,7 +303,7 @@ def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
                 "images": _num(getattr(r, "images", np.nan)),
                 "too_short": r.too_short or "", "budget_cut_cells": cut,
                 "floor_fp32_seeds": _num(getattr(r, "floor_seeds", np.nan))}
-    return _row(key, "accuracy", facts, ACCURACY_KIND.get(method, "none"), evidence)
+    return row(key, "accuracy", facts, ACCURACY_KIND.get(method, "none"), evidence)
 
 
 def _time(r, key: dict, cut: int) -> dict:
@@ -312,12 +314,12 @@ def _time(r, key: dict, cut: int) -> dict:
                             margin=SAME_RATIO)
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
                 "reached_seeds": facts.reached, "seeds": facts.seeds, "time_s": _num(r.time_to_target_s)}
-    return _row(key, "time_to_target", facts, _ratio_kind(int(facts.seeds), facts.low), evidence)
+    return row(key, "time_to_target", facts, _ratio_kind(int(facts.seeds), facts.low), evidence)
 
 
 def _numerics(r, key: dict, diverged: int) -> dict:
     facts = SimpleNamespace(diverged=diverged, estimate=_num(r.skipped_steps), low=np.nan, high=np.nan)
-    return _row(key, "numerics", facts, "none", {"skipped_steps_median": _num(r.skipped_steps),
+    return row(key, "numerics", facts, "none", {"skipped_steps_median": _num(r.skipped_steps),
                                                  "diverged_cells": diverged})
 
 

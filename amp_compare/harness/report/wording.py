@@ -10,6 +10,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.harness.report.numerics import growth_facts
 from amp_compare.harness.report.phrases import KERAS_STATIC
 
 
@@ -50,8 +51,6 @@ def rotated_order(manifest: dict) -> bool:
 
 def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
     """What the run contains: its finished cells (any cell, where none finished) and the manifest's order."""
-    from amp_compare.harness.report.numerics import growth_facts
-
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs and not runs.empty else runs
     source = done if not done.empty else runs
     matrix = manifest.get("matrix", {})
