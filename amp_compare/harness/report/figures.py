@@ -55,8 +55,7 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
     if "machine" not in df:
         df["machine"] = ""
-    # several models (the default CPU matrix: simple_cnn and vit) or datasets: each its own panel, as a machine is;
-    # one bar or line over two models' cells would be a median of different workloads
+    # several models or datasets: each its own panel, as a machine is (never one median over two workloads)
     varied = [c for c in ("model", "dataset") if c in df and df[c].nunique() > 1]
     if varied:
         df["machine"] = df[["machine", *varied]].astype(str).agg(lambda r: " · ".join(v for v in r if v), axis=1)
@@ -710,8 +709,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
             ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
     _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
             "excluded)", "Validation accuracy (%)")
-    # the target's value goes in each panel's title, clear of the data: written beside its line, the early
-    # epochs' points (which start just below it) overprinted it
+    # the target's value goes in each panel's title, clear of the data
     for panel, ax in zip(panels, grid.axes.flat):
         row = targets[targets["panel"] == panel]
         name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel

@@ -17,12 +17,10 @@ from amp_compare.harness.report.stats import correct_pairs, paired_test
 from amp_compare.harness.report.verdicts import ACCURACY_KIND
 from amp_compare.kit.fp16 import FP16_MAX
 
-# An fp8 cell off a GPU runs in emulation (torchao's emulate=True; Keras' float8 matmul in software): its time is
-# the emulation's, not fp8's, so no table, finding, answer or figure gives it a speed ratio or a speed verdict.
+# An fp8 cell off a GPU runs in emulation: no table, finding, answer or figure gives it a speed ratio or verdict.
 EMULATED_SPEED = "emulated: not a speed result"
 
-# Its memory and FLOP/s are the emulation's too: torchao's emulate=True and Keras' float8 on a CPU keep float32
-# dequantized copies of the quantized tensors and run no fp8 arithmetic, so neither is a measure of fp8.
+# Its memory and FLOP/s are the emulation's too (float32 dequantized copies, no fp8 arithmetic).
 EMULATED_MEMORY = "emulated: not fp8 memory (float32 dequantized copies)"
 
 
@@ -223,8 +221,7 @@ def figure(sec: dict | None, out: Path) -> str | None:
 
     trace = sec["trace"][sec["trace"]["role"] == "input"]
     cells = list(trace.groupby(["framework", "precision"]))
-    # one colour and dash per layer, the same in every panel, so one legend beside the panels names them all
-    # (a 10-colour cycle repeats colours past ten layers)
+    # one colour and dash per layer, the same in every panel, so one legend names them all
     names = sorted(trace["layer"].unique())
     colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(names), 1)))
     style = {name: (colours[i], ("-", "--", ":")[i % 3]) for i, name in enumerate(names)}

@@ -160,9 +160,7 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     return f" This run's training cells: {half} rows at {span} fp32's throughput on a CPU {flags}: {verdict}."
 
 
-# A parameter whose exact gradient is zero: a key bias adds q·b to every logit of a query's row, and softmax ignores
-# a constant shift, so what the float32 reference holds there is rounding residue (2^-37..2^-29 in practice), not a
-# gradient float16 could lose.
+# Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
 ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
 
 

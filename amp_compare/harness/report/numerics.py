@@ -111,8 +111,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         per_fw = {}
         for fw, g in d.groupby("framework"):
             per_fw[fw] = g.groupby([*per, "layer", "phase"], sort=False).agg(
-                # the set of dtypes the layer's ops produced: torch's one batch_norm op with a float16 output
-                # and float32 statistics ("float16+float32") is Keras' float16 and float32 ops
+                # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
                 dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
                 ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
                 params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
@@ -122,7 +121,6 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
-        # a row one framework did not attribute (its audit has no row of that layer and phase) is not a difference:
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
         attributed = table[dtype_cols].notna().all(axis=1)
         table["differs"] = attributed & (table[dtype_cols].nunique(axis=1) > 1) if len(dtype_cols) > 1 else False

@@ -48,8 +48,7 @@ KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "New
         "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
-# which reasons a cell shows in brackets: those that say why there is no number or no decision, and the measured margin
-# a decision rests on (fp32's seed range, no image differing, one precision's seeds' memory spread)
+# the statuses and reasons a cell shows in brackets: why nothing was decided, or the margin a decision rests on
 SHOWN = {"not_comparable", "undecided", "failed"}
 SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
 

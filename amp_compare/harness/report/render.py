@@ -270,8 +270,7 @@ def table_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-# A cell without a stderr tail: the runner keeps the tail of a child that crashed or was refused; a diverged cell's
-# child stopped itself and wrote its records, so there is no stderr to quote, and saying "last lines" would be empty.
+# What the Cells section says of a cell without a stderr tail, by its status.
 NO_STDERR = {"diverged": "its own divergence watch stopped it and its child ended normally, so no stderr was kept "
                          "(the step records and the NaN/Inf locator say what happened)"}
 
@@ -303,8 +302,7 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
     """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
     from the installed versions, and the values this run's cells actually used."""
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
-    # what a cell used is what it read back from its live objects: a diverged fp16 cell used its loss-scale
-    # settings and its half output layer as much as a finished one did, so every cell that recorded them counts
+    # what a cell used: every cell that recorded its settings, diverged ones too
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
     defaults: dict[str, dict] = {}
     used: dict[str, dict[str, set]] = {}
@@ -532,8 +530,7 @@ def _themed(fn, args):
 def _in_parallel(tasks: list) -> Callable[[], list]:
     """Each (function, args) task started on up to two forked processes; the returned results() waits for them
     in order, results(cancel=True) drops them."""
-    # A process that has loaded a framework (a notebook, a test) may hold thread pools a fork cannot copy: draw
-    # there one figure after another. The compare's own parent never imports one.
+    # a process that loaded a framework may hold thread pools a fork cannot copy: it draws in turn
     framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
 
     def here(cancel: bool = False) -> list:
@@ -720,13 +717,11 @@ def read_trials(run_dir: Path, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
-    # data/run: each cell's MFU as the report prints it, against the run's one ceiling per device and dtype
-    # (ceiling_flops; ceiling_flops_measured keeps the cell's own framework's timing)
+    # data/run: each cell's MFU against the run's one ceiling per device and dtype, as the report prints it
     records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
                           if "run" in tables else tables)
     tables = {**tables, "trials": read_trials(run_dir, tables)}
-    # DATA PARALLEL: the floor and N-worker cells of a --replicas run have their own section; the others read the
-    # 1-worker cells (dataparallel.split); a run without them is `single` unchanged and `every` empty
+    # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
     single, every = dataparallel.split(tables)
     context = {**_page_context(run_dir, manifest, single, draw), "data_parallel": None,
                "sections": dataparallel.sections(SECTIONS, None)}  # no Data parallel link without the section

@@ -181,8 +181,7 @@ def adam_gap_text(records: Iterable[Mapping]) -> str:
             "update, " + "; ".join(parts) + ".")
 
 
-# The models that have the part a framework-differences row (contract/mapping.py DIFFERENCES) is about; a row not
-# named here is about the optimizer, the loss scaling or the run (differences_apply decides those).
+# The models that have the part a framework-differences row is about (other rows: differences_apply).
 PART_MODELS = {"bn_momentum": {"resnet18"}, "bn_epsilon": {"resnet18"}, "stride2_padding": {"resnet18"},
                "ln_epsilon": {"vit"}, "gelu_approximate": {"vit"}, "mha_bias": {"vit"}, "mha_dropout": {"vit"},
                "token_dtype": {"vit"}, "attention_core": {"vit"}}

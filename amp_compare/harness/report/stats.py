@@ -33,8 +33,7 @@ BLOCK = 20  # steps per batch mean, at least (a load burst of up to ~20 steps st
 MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batches)
 
 
-# The `method` of a paired accuracy comparison (phrases.METHOD words it): McNemar's exact test (one seed), the paired
-# bootstrap (several), or no test where every image was classified as in fp32 (no_discordance_bound's exact bound).
+# The `method` of a paired accuracy comparison (phrases.METHOD words it).
 MCNEMAR, BOOTSTRAP, NO_DIFFERENCE = "mcnemar", "bootstrap", "exact_bound"
 METHODS = (MCNEMAR, BOOTSTRAP, NO_DIFFERENCE)
 

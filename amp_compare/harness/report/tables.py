@@ -102,8 +102,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     return agg[cols].reset_index(drop=True)
 
 
-# Per-cell performance columns: medians over seeds, from the run table (kit/child.py); ceiling_flops
-# is the run's one ceiling per device and dtype (report/hardware.py with_run_ceiling), MFU measured against it.
+# Per-cell performance columns, medians over seeds; ceiling_flops is the run's (hardware.with_run_ceiling).
 PERF_MEDIANS = ["median_step_throughput_img_s", "compile_warmup_s", "flops_per_image", "achieved_flops",
                 "ceiling_flops", "ceiling_flops_table", "mfu_measured", "mfu_table"]
 CEILING_WHY = ["ceiling_dtype", "ceiling_fp32_for", "ceiling_isa_limit"]  # what the ceiling is and why (kit/ceiling.py)
@@ -126,8 +125,7 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-# formatted_summary's hardware-efficiency columns: the report shows them in their own table in the
-# Speed section (the summary table would not fit the page with them), summary.md keeps them in its one table.
+# formatted_summary's hardware-efficiency columns: their own table on the page, in the one table of summary.md.
 HARDWARE_COLUMNS = ("GFLOP/image", "Achieved TFLOP/s", "Ceiling TFLOP/s (measured)", "MFU",
                     "MFU (data-sheet ceiling)", "Bound", "Warm-up steps' extra time (ms)", "Timing note")
 IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch", "Precision")

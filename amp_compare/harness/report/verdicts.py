@@ -164,8 +164,7 @@ NUMERICS = [
     Rule("otherwise", lambda f: True, "same", "all_finite"),
 ]
 
-# Loss scaling (harness/report/scaling.py gathers the facts): rows only where a run has fp16-noscale or fp16-static
-# beside fp16. f.estimate: the final scale / the skipped updates / the lost elements / the static scale.
+# Loss scaling (facts from scaling.py). f.estimate: the final scale / skipped updates / lost elements / static scale.
 SCALE_PATH = [
     Rule("no other framework ran it", lambda f: f.others == 0, "not_comparable", "one_framework"),
     Rule("every seed's per-step scales equal the other frameworks'", lambda f: f.same, "same", "same_path"),
@@ -207,14 +206,13 @@ FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavaila
 
 RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET,
          "numerics": NUMERICS}
-# speed: fp32's step time / the precision's (above 1 is faster); time to target: the precision's time / fp32's (above 1
-# is slower): each worded with what it is a multiple of (phrases.RATIO_UNITS), so "slower" never reads two ways
+# speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
          "static_scale": "scale"}
-COLUMNS = ["model", "dataset", "step_loop", "batch_size", "framework", "precision", "metric", "estimate", "low",
-           "high", "margin", "unit", "interval_kind", "status", "reason", "evidence"]
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
+COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "interval_kind", "status", "reason",
+           "evidence"]
 
 
 def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
@@ -237,8 +235,7 @@ def _num(value) -> float:
         return float("nan")
 
 
-# stats.accuracy_tests' method -> its interval: McNemar's comes with Newcombe's, the bootstrap with its percentile one,
-# no differing image with the exact bound
+# stats.accuracy_tests' method -> the kind of its interval
 ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%",
                  stats.NO_DIFFERENCE: "exact 95% bound"}
 
@@ -261,17 +258,14 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else str(value)
 
 
-def _speed(r, key: dict, trial) -> dict:
-    if trial is None:
-        facts = SimpleNamespace(emulated=bool(r.emulated), trial=False, estimate=np.nan, low=np.nan, high=np.nan,
-                                contended=0)
-        return row(key, "speed", facts, "none", {})
-    facts = SimpleNamespace(emulated=bool(r.emulated), trial=True, estimate=trial["ratio"], low=trial["low"],
-                            high=trial["high"], contended=int(trial.get("contended_blocks", 0) or 0),
-                            margin=SAME_RATIO)
-    evidence = {k: trial[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
-                                      "fp32_step_s", "mixed_step_s") if k in trial}
-    return row(key, "speed", facts, _trial_kind(str(trial.get("interval_kind", ""))), evidence)
+def _speed(r, key: dict, trial: dict | None) -> dict:
+    t = trial or {}
+    facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
+                            low=t.get("low", np.nan), high=t.get("high", np.nan),
+                            contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
+    evidence = {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
+                                  "fp32_step_s", "mixed_step_s") if k in t}
+    return row(key, "speed", facts, _trial_kind(str(t.get("interval_kind", ""))), evidence)
 
 
 def _trial_kind(kind: str) -> str:
@@ -337,8 +331,7 @@ def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
         key = {"model": model, "dataset": dataset, "step_loop": "", "batch_size": np.nan, "framework": fw,
                "precision": prec}
         evidence = json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})
-        rows += [{**key, "metric": m, "estimate": np.nan, "low": np.nan, "high": np.nan, "margin": np.nan,
-                  "unit": UNITS[m],
+        rows += [{**key, "metric": m, **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "unit": UNITS[m],
                   "interval_kind": "none", "status": "failed", "reason": reason, "evidence": evidence}
                  for m in METRICS]
     return rows

@@ -30,9 +30,7 @@ CAST_OPS = {"_to_copy", "Cast"}
 LAYOUT_OPS = {"Transpose"}  # TensorFlow's transpose of K moves data, computes nothing (torch's is a view)
 MATMUL_OPS = {"bmm", "mm", "matmul", "baddbmm", "einsum", "BatchMatMulV2", "BatchMatMulV3", "MatMul", "Einsum"}
 FUSED_ATTENTION = re.compile(r"scaled_dot_product|dot_product_attention|flash_attention", re.IGNORECASE)
-# What a fused kernel does inside, where its source says so: PyTorch's CPU flash attention
-# (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) accumulates in at::opmath_type of its inputs, float32 for
-# float16 and bfloat16, and returns that float32 log-sum-exp for its backward.
+# What a fused kernel does inside, where its source says so (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp).
 FUSED_INSIDE = {"_scaled_dot_product_flash_attention_for_cpu":
                 "float32 accumulation inside (PyTorch's CPU flash-attention kernel accumulates in at::opmath_type, "
                 "float32 for half inputs; its float32 output is the log-sum-exp it keeps for the backward)"}
