@@ -117,24 +117,24 @@ def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None =
 POOL = ["model", "dataset", "framework", "precision", "cfg_replicas"]
 
 
-def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
-    """A reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers (paired by
-    seed and image; several seeds: each row holds one seed, so the pairing is done over the group by the caller)."""
+def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int]:
+    """(a reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers, paired
+    by seed and image over the group's seeds; how many seeds were paired)."""
     if cell["cfg_allreduce"] == ALLREDUCE_REFERENCE:
-        return "reference"
+        return "reference", 0
     base = n_cells[(n_cells["cfg_allreduce"] == ALLREDUCE_REFERENCE) & (n_cells["status"] == "ok")]
     base = base[(base[POOL] == cell[POOL]).all(axis=1)]
     mine = n_cells[(n_cells["status"] == "ok") & (n_cells["cfg_allreduce"] == cell["cfg_allreduce"])]
     mine = mine[(mine[POOL] == cell[POOL]).all(axis=1)]
     pairs = stats.correct_pairs(base, mine)
     if not pairs:
-        return "no fp32 all-reduce cell to pair with"
+        return "no fp32 all-reduce cell to pair with", 0
     res = stats.paired_test(pairs)
     verdict = "detectable" if stats.detectable(res) else "no detectable difference"
     test = phrases.test(res["method"], len(pairs))
     text = (f"{res['diff_pp']:+.2f} pp, 95% CI [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], "
             f"p = {res['p_value']:.3g} ({test}): {verdict}")
-    return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))
+    return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"])), len(pairs)
 
 
 # within this many points of chance, validation accuracy says little: a difference there is between two guessers
@@ -238,9 +238,9 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     loss = {cell: g.set_index("step")["loss"] for cell, g in steps.groupby("cell_id")} if not steps.empty else {}
     timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
              if not steps.empty and "warmup" in steps else {})
-    pooled: dict[tuple, str] = {}
+    pooled: dict[tuple, tuple[str, int]] = {}
 
-    def accuracy(cell: pd.Series) -> str:  # pooled over the seeds' cells: once per group, not per seed's row
+    def accuracy(cell: pd.Series) -> tuple[str, int]:  # pooled over the seeds' cells: once per group
         key = tuple(str(cell[k]) for k in [*POOL, "cfg_allreduce"])
         return pooled[key] if key in pooled else pooled.setdefault(key, _accuracy_vs_fp32_allreduce(cell, n_cells))
 
@@ -260,7 +260,7 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     return pd.DataFrame(out)
 
 
-def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, accuracy: Callable[[pd.Series], str],
+def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, accuracy: Callable[[pd.Series], tuple],
             loss: dict, timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
     """A finished N-worker cell's row against its finished 1-worker cell `one` (accuracy: rows()' pooled one)."""
     none = pd.Series(dtype=float)
@@ -282,7 +282,7 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
-            "accuracy": accuracy(cell),
+            **dict(zip(("accuracy", "accuracy_seeds"), accuracy(cell))),
             "val_accuracy": float(cell.get("final_val_accuracy", np.nan)),
             "engine": str(cell.get("data_parallel") or "")}
 
@@ -378,9 +378,8 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
     workers and all-reduce): shown on the group's first row, the others pointing to it."""
     group = ok[["model", "dataset", "framework", "precision", "workers", "allreduce"]].astype(str).agg("|".join, axis=1)
     seen, out = set(), []
-    for key, text in zip(group, ok["accuracy"]):
-        pooled = text not in ("reference",) and "seeds" in text
-        out.append("same pooled comparison as the group's first row" if pooled and key in seen else text)
+    for key, text, seeds in zip(group, ok["accuracy"], ok["accuracy_seeds"]):
+        out.append("same pooled comparison as the group's first row" if seeds > 1 and key in seen else text)
         seen.add(key)
     return out
 

@@ -84,8 +84,8 @@ def _save(fig, out_dir: Path, key: str) -> None:
 
 def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
     grid.set_axis_labels(xlabel, ylabel)
-    if grid._col_var:  # noqa: SLF001 — seaborn keeps the facet variable here
-        grid.set_titles("{col_name}")
+    if grid._col_var:  # noqa: SLF001 — seaborn keeps the facet variables here
+        grid.set_titles("{row_name} · {col_name}" if grid._row_var else "{col_name}")  # noqa: SLF001
         grid.figure.suptitle(title, y=1.03)
     else:
         grid.ax.set_title(title)
@@ -215,12 +215,7 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
     _stagger_markers(grid)
     if log:
         grid.set(yscale="log")
-    grid.set_axis_labels(xlabel, ylabel)
-    if facet:
-        grid.set_titles("{row_name} · {col_name}" if "row" in facet else "{col_name}")
-        grid.figure.suptitle(title, y=1.03)
-    else:
-        grid.ax.set_title(title)
+    _finish(grid, title, xlabel, ylabel)
     if log:  # last: the thinning measures the labels where the finished figure draws them
         plain_log_labels(grid.figure, "y")
     return grid.figure
@@ -317,9 +312,10 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
     keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
                                                              "framework", "precision")]
     out = table.merge(stats, on=keys, how="left") if not stats.empty else table.copy()
-    labels = pd.Series(["undecided" if memory.unresolved(r) else "" if not np.isfinite(r.memory_change_vs_fp32)
+    out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
+    labels = pd.Series(["undecided" if r.memory_unresolved else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
-    out["memory_label"] = _marked(out, labels, notes, "memory_note", labels != "undecided")
+    out["memory_label"] = _marked(out, labels, notes, "memory_note", ~out["memory_unresolved"])
     return out
 
 
@@ -333,9 +329,9 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
     mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)], notes)
     _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_label", "{}"), out_dir, "memory")
-    unresolved = (mem_table["memory_label"] == "undecided").any()
-    ratios = mem_table["memory_label"].astype(str).str.endswith(("%", "⚠")) & ~mem_table["precision"].isin(
-        [precisions.REFERENCE])  # a decided mixed precision's label: its change in percent
+    unresolved = mem_table["memory_unresolved"].any()
+    ratios = (np.isfinite(mem_table["memory_change_vs_fp32"].astype(float)) & ~mem_table["memory_unresolved"]
+              & ~mem_table["precision"].isin([precisions.REFERENCE]))  # a decided mixed precision: its change
     not_drawn = (f" Not drawn: {', '.join(left_out)}, emulated on this CPU ({fp8_report.EMULATED_MEMORY})."
                  if left_out else "")
     _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
@@ -703,17 +699,14 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                        **({"col": "panel", "col_order": panels} if len(panels) > 1 else {}))
     targets = acc.drop_duplicates(keys).copy()
     targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
-    for panel, ax in zip(panels, grid.axes.flat):
-        row = targets[targets["panel"] == panel]
-        if not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]:
-            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
     _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
             "excluded)", "Validation accuracy (%)")
-    # the target's value goes in each panel's title, clear of the data
-    for panel, ax in zip(panels, grid.axes.flat):
+    for panel, ax in zip(panels, grid.axes.flat):  # the target's line, and its value in the title, clear of the data
         row = targets[targets["panel"] == panel]
-        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
         shown = not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]
+        if shown:
+            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
+        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
         ax.set_title(name + (f" — dotted: target {row['target'].iloc[0]:.1%}" if shown else ""))
     _save(grid.figure, out_dir, "time_to_accuracy")
     judged = targets[(targets["too_short"] == "") & np.isfinite(targets["target"].astype(float))]

@@ -228,8 +228,7 @@ def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.D
     cols = ["framework", "precision", "log2", "count", "loss_scale"]
     if underflow.empty or "log2_hist" not in underflow:
         return pd.DataFrame(columns=cols)
-    sel = underflow[(underflow["when"] == when) & underflow["precision"].isin(precisions.names(half="float16"))]
-    sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
+    sel = _float16_probe(underflow, when)
     rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
         total: dict[int, int] = {}
@@ -241,6 +240,12 @@ def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.D
                   "count": v, "loss_scale": scale} for k, v in sorted(total.items())]
     out = pd.DataFrame(rows, columns=[*per, *cols])
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
+
+
+def _float16_probe(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:
+    """The underflow probe's rows of the float16 modes at `when`, first seed."""
+    sel = underflow[(underflow["when"] == when) & underflow["precision"].isin(precisions.names(half="float16"))]
+    return sel[sel["seed"] == sel["seed"].min()]
 
 
 def _per_model(df: pd.DataFrame) -> list[str]:
@@ -363,8 +368,7 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     zero) were, by layer, per framework x float16 mode at the last step (first seed)."""
     if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
         return []
-    sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
-    sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
+    sel = _float16_probe(underflow)
     sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
     out, per = [], _per_model(sel)
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):

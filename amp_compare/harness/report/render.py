@@ -649,10 +649,8 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
 
 def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], summary: dict, draw: bool) -> dict:
     """The page's context but its figures (_page_context)."""
-    runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    acc_stats = summary["accuracy"]
-    ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
-    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
+    runs, steps, acc_stats = tables["run"], tables["steps"], summary["accuracy"]
+    comparison, init = manifest["defaults"].get("comparison", "aligned"), manifest["defaults"].get("init", "shared")
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
@@ -662,12 +660,11 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     return {
         **summary, **numerics,
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
-        "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
-        "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
+        "device_names": device_names, "n_cells": len(manifest["cells"]), "sections": SECTIONS,
+        **_cell_counts(manifest, tables),
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "warmup": manifest["defaults"]["warmup_steps"],
-        "cells": _cells(runs, epochs, steps),
         **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs)))),
         "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
         "differences": framework_differences(runs, steps),
@@ -675,34 +672,32 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
                         for k, v in keras_backend_split(runs).items()},
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "differences_words": settings_differences(manifest["defaults"].get("comparison", "aligned"),
-                                                  manifest["defaults"].get("init", "shared")),
-        "keras_split_intro": BACKEND_INTRO,
-        "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], manifest["defaults"].get(
-            "comparison", "aligned")),
-        "comparison": manifest["defaults"].get("comparison", "aligned"),
-        "init": manifest["defaults"].get("init", "shared"),
-        "glossary_entries": glossary.entries(
-            summary["facts"], numerics["dtype_facts"],
-            manifest["defaults"].get("comparison", "aligned"), summary["full"],
-            {**manifest["environment"], "device": manifest["device"]},
-            tables.get("underflow", pd.DataFrame()), acc_stats)
+        "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
+        "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),
+        "comparison": comparison, "init": init,
+        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"], comparison, summary["full"],
+                                             {**manifest["environment"], "device": manifest["device"]},
+                                             tables.get("underflow", pd.DataFrame()), acc_stats)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
             summary["verdicts"]))],
     }
 
 
+def _cell_counts(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
+    """How many cells finished, the manifest's cells without a result (with their status), and the Cells section."""
+    runs = tables["run"]
+    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
+    return {"n_ok": sum(v == "ok" for v in status.values()), "cells": _cells(runs, tables["epochs"], tables["steps"]),
+            "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
+
+
 def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> dict:
     """DATA PARALLEL: the Data parallel section (harness/report/dataparallel.py) and the page's counts over every
     cell (the other sections' context is built from the 1-worker cells only)."""
-    runs = every.get("run", pd.DataFrame())
     section = dataparallel.section(every, _evidence(manifest), manifest["device"])
-    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
     return {"data_parallel": section and {**section, "table": _html_or_none(section["table"])},
-            "sections": dataparallel.sections(SECTIONS, section),
-            "n_ok": sum(v == "ok" for v in status.values()),
-            "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
-            "cells": _cells(runs, every["epochs"], every["steps"]), "data_parallel_md": section and (
+            "sections": dataparallel.sections(SECTIONS, section), **_cell_counts(manifest, every),
+            "data_parallel_md": section and (
                 [] if section["table"].empty else ["", "### Data parallel", "", dataparallel.short_intro(), "",
                                                     table_markdown(section["table"]), "",
                                                     *[f"- {s}" for s in section["sentences"]]])}
