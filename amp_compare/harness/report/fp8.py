@@ -199,15 +199,11 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def markdown(sec: dict | None) -> list[str]:
+def markdown(sec: dict | None, table_markdown) -> list[str]:
     if sec is None:
         return []
-    lines = ["", "### fp8 training", "", *[f"- {s}" for s in sec["sentences"]], ""]
-    if not sec["table"].empty:
-        table = sec["table"].astype(str)
-        lines += ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns),
-                  *["| " + " | ".join(row) + " |" for row in table.itertuples(index=False)]]
-    return lines
+    return ["", "### fp8 training", "", *[f"- {s}" for s in sec["sentences"]], "",
+            *([table_markdown(sec["table"])] if not sec["table"].empty else [])]
 
 
 def figure(sec: dict | None, out: Path) -> str | None:

@@ -735,7 +735,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           *([context["verdict_columns"], ""] if context["verdict_columns"] else []),
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown),
-          *fp8_report.markdown(fp8)]
+          *fp8_report.markdown(fp8, table_markdown)]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", *([context["reproduce_note"]] if context.get("reproduce_note")
