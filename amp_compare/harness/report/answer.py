@@ -5,7 +5,6 @@ precision, after a preface on the CPU's limits."""
 from __future__ import annotations
 
 import html
-import json
 
 import pandas as pd
 
@@ -40,7 +39,7 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
 
 def _seeds(part: pd.DataFrame) -> float:
     """The most seeds a model's accuracy verdicts rest on (their evidence), NaN where none says."""
-    said = [json.loads(e or "{}").get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
+    said = [phrases.evidence(e).get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
     return max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))
 
 

@@ -45,14 +45,6 @@ class Groups:
     def label(self, key: dict) -> str:
         return group_label(key, self.multi, self.varying)
 
-    def per_framework(self):
-        """(label, framework, its mixed rows, its fp32 rows) wherever a framework has both."""
-        for key, group in self.items:
-            for fw, g in group.groupby("framework", sort=False):
-                mixed, fp32 = g[precisions.is_mixed(g["precision"])], g[precisions.is_reference(g["precision"])]
-                if not mixed.empty and not fp32.empty:
-                    yield self.label(key), fw, mixed, fp32
-
 
 def slowdown_scope(runs: pd.DataFrame) -> bool:
     """Whether the run's slowdowns can be explained from one CPU's flags: every cell on a CPU, one CPU model."""

@@ -24,9 +24,8 @@ def resolution_mib(group: pd.DataFrame) -> float:
 def resolutions(ok: pd.DataFrame, keys: list[str]) -> dict[tuple, float]:
     """{group key: resolution in MiB} for every comparison group of the ok run table (`keys` ends in
     "framework"): the spread of the group's own seeds, NaN for one seed."""
-    own = {k if isinstance(k, tuple) else (k,): resolution_mib(g)
-           for k, g in ok.groupby(keys, sort=False, dropna=False)} if not ok.empty else {}
-    return own
+    return {k if isinstance(k, tuple) else (k,): resolution_mib(g)
+            for k, g in ok.groupby(keys, sort=False, dropna=False)} if not ok.empty else {}
 
 
 def paired_differences_mib(pairs) -> list[float]:

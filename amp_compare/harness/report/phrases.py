@@ -112,7 +112,7 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
     status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
     if why and v.metric == "speed" and v.reason != "contended":  # a decided trial that still lost its cores at times
-        blocks = json.loads(getattr(v, "evidence", "") or "{}").get("contended_blocks") or 0
+        blocks = evidence(getattr(v, "evidence", "")).get("contended_blocks") or 0
         status += f" ({blocks} contended block{'s' if blocks != 1 else ''})" if blocks else ""
     if v.metric == "numerics" and v.status != "failed":
         return "finite" if v.status == "same" else status  # numerics' "same": every loss and update finite
@@ -136,7 +136,7 @@ def accuracy(r) -> str:
     """An accuracy-table row's comparison with fp32 (tables.accuracy_statistics) as its verdict words it
     (verdicts.accuracy): the cell, then the interval's kind and p where a test ran."""
     v = SimpleNamespace(**accuracy_verdict(r))
-    p = json.loads(v.evidence)["p_value"]
+    p = evidence(v.evidence)["p_value"]
     said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
                         f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
     return cell(v) + (f" ({', '.join(said)})" if said else "")
@@ -168,10 +168,10 @@ def columns_note(verdicts: pd.DataFrame) -> str:
     """What the per-model tables' columns measure, each model's time-to-target target with how it was chosen."""
     targets = []
     for (model, _), part in verdicts[verdicts["metric"] == "time_to_target"].groupby(["model", "dataset"], sort=False):
-        evidence = json.loads(part["evidence"].iloc[0] or "{}")
-        target = evidence.get("target")
+        said = evidence(part["evidence"].iloc[0])
+        target = said.get("target")
         if isinstance(target, float) and np.isfinite(target):
-            basis = evidence.get("target_basis", "")
+            basis = said.get("target_basis", "")
             targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
     target = f" ({'; '.join(targets)})" if targets else ""
     return ("Speed: fp32's step time ÷ the precision's, from a speed trial (fp32 and mixed blocks interleaved in one "
@@ -210,8 +210,9 @@ def power(value) -> str:
     return f"2^{int(k)}" if np.isfinite(k) and k == int(k) else f"{v:g}"
 
 
-def _evidence(v) -> dict:
-    return json.loads(v.evidence) if isinstance(v.evidence, str) and v.evidence else {}
+def evidence(text) -> dict:
+    """A verdict row's evidence (JSON text) as a dict; {} where empty."""
+    return json.loads(text) if isinstance(text, str) and text else {}
 
 
 def _plural(n: int, word: str) -> str:
@@ -298,4 +299,4 @@ LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underfl
 
 def lab_line(v) -> str:
     """One loss-scaling verdict row as the answer's line: "PyTorch fp16: loss scale from 2^15 ..."."""
-    return f"{framework_label(v.framework)} {v.precision}: {LAB_WORDS[v.metric](v, _evidence(v))}"
+    return f"{framework_label(v.framework)} {v.precision}: {LAB_WORDS[v.metric](v, evidence(v.evidence))}"

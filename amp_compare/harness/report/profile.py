@@ -80,30 +80,6 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
     return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces}
 
 
-def evidence(tables: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
-    """Per profiled mixed cell, the op whose self time per step moved most (in the change's direction), its share of
-    the step-time difference and its library path; None when no cell was profiled."""
-    runs, ops = tables.get("run", pd.DataFrame()), tables.get("profile_ops", pd.DataFrame())
-    if runs.empty or ops.empty or "profile_steps" not in runs.columns:
-        return None
-    ok = runs[runs["status"] == "ok"].set_index("cell_id", drop=False)
-    rows = []
-    for _, run in ok[ok["precision"] != precisions.REFERENCE].iterrows():
-        fp32 = _fp32_cell(run["cell_id"], run["precision"])
-        if fp32 not in ok.index:
-            continue
-        mine, theirs = (_per_step(ops, c["cell_id"], c.get("profile_steps", float("nan"))) for c in (run, ok.loc[fp32]))
-        delta, total = mine.sub(theirs, fill_value=0.0), mine.sum() - theirs.sum()
-        if mine.empty or theirs.empty or not total:
-            continue
-        op = (delta.idxmax() if total > 0 else delta.idxmin())
-        lib = ops[(ops["cell_id"] == run["cell_id"]) & (ops["op"] == op)]["library"]
-        rows.append({"framework": run["framework"], "model": run["model"], "precision": run["precision"],
-                     "seed": run["seed"], "op": op, "self_share": delta[op] / total,
-                     "library_path": (lib.iloc[0] if not lib.empty else "") or "not reported"})
-    return pd.DataFrame(rows) if rows else None
-
-
 def overhead_sentence(profiled: pd.DataFrame) -> str:
     """How the window was kept out of the timed steps, and what the profiler cost per step."""
     over = profiled["profile_overhead"].dropna()

@@ -35,7 +35,6 @@ MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batche
 
 # The `method` of a paired accuracy comparison (phrases.METHOD words it).
 MCNEMAR, BOOTSTRAP, NO_DIFFERENCE = "mcnemar", "bootstrap", "exact_bound"
-METHODS = (MCNEMAR, BOOTSTRAP, NO_DIFFERENCE)
 
 
 # ---- accuracy ----------------------------------------------------------------------------------
