@@ -571,7 +571,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     """The Summary and Speed sections: the table, the findings and the sentences built from the run's facts."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
-    accuracy = accuracy_statistics(runs, epochs, evidence)
+    accuracy = accuracy_statistics(runs, epochs)
     full = full_table(runs, steps, epochs, evidence, accuracy)
     summary = formatted_summary(full)
     main_table, hardware, loop_text = split_summary(summary)
@@ -593,7 +593,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
             "machine_note": speed.machine_note(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
-            **_answer_context(manifest, tables, evidence, verdict_table)}
+            **_answer_context(manifest, verdict_table)}
 
 
 def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
@@ -602,7 +602,7 @@ def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
     return bool(on_fp32_ceiling(full).any()), bool((ceiling_limits(full) != "").any())
 
 
-def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: dict, verdict_table) -> dict:
+def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
     """The answer the page, summary.md and the terminal open with (answer.py, from the verdict table), the per-model
     verdict tables (phrases.table)."""
     first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"))
@@ -747,7 +747,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                     (context["data_parallel"] or {}).get("rows"), context["answer_text"], context["verdicts"])
 
 
-def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
+def _index_headline(manifest: dict, single: pd.DataFrame | None) -> str:
     """A run's headline in the runs index: each mixed precision's training throughput against fp32's (geometric
     mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
     table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
@@ -783,7 +783,7 @@ def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -
     single = runs  # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
     if runs is not None and not runs.empty:
         single = runs[dataparallel.roles(runs) == "single"]
-    headline = _index_headline(run_dir, manifest, single)
+    headline = _index_headline(manifest, single)
     with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
         path.parent.mkdir(exist_ok=True)
         atomic_write_text(path, json.dumps({"key": key, "headline": headline}))

@@ -279,8 +279,8 @@ def step_spread(step_times: list[np.ndarray]) -> float:
 
 ONE_SEED = "one seed: seed-to-seed spread unknown"
 
-def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str = "seeds",
-                  as_change: bool = False, direction: bool = False) -> str:
+def ratio_verdict(ratio: float, low: float, high: float, seeds: int, as_change: bool = False,
+                  direction: bool = False) -> str:
     """"" when a ratio stands, else why not (shown with ⚠). as_change: the interval worded as a change (memory);
     direction: a wide interval that excludes 1 stands (speed)."""
     if not np.isfinite(ratio):

@@ -263,13 +263,11 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
                "reached_epochs": ",".join(map(str, reached_in))}
         fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
         fp32_time = {r.seed: per_cell[r.cell_id][0] for r in fp32.itertuples()}
-        fp32_cell = {r.seed: r.cell_id for r in fp32.itertuples()}
-        paired = [(fp32_cell[r.seed], r.cell_id, np.log(per_cell[r.cell_id][0] / fp32_time[r.seed]), r.seed)
-                  for r in cells.itertuples()
-                  if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id][0])
-                  and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
-        if precisions.is_mixed(prec) and paired:
-            res = stats.ratio_interval([p[2] for p in paired])
+        logs = [np.log(per_cell[r.cell_id][0] / fp32_time[r.seed]) for r in cells.itertuples()
+                if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id][0])
+                and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
+        if precisions.is_mixed(prec) and logs:
+            res = stats.ratio_interval(logs)
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
         out[(fw, prec)] = row
     return out
@@ -279,8 +277,7 @@ ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "image
 TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high"]
 
 
-def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
-                        environment: dict | None = None) -> pd.DataFrame:
+def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (machine x) model x dataset x framework x precision, in the summary table's order: the paired test
     against fp32, whether the run was too short to judge, and the time to target with its ratio to fp32's."""
     ok = with_loop_columns(ok_runs(runs).copy())
@@ -337,7 +334,7 @@ def _log_ratio(a: float, b: float) -> float:
     return float(np.log(b / a)) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else float("nan")
 
 
-def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict | None = None) -> pd.DataFrame:
+def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
     """Per mixed group: the speed ratio's interval and verdict from the per-seed wall-time throughputs; the steps
     give one seed its within-seed interval, the timed-step count and the spread."""
     ok = with_loop_columns(ok_runs(runs).copy())
@@ -392,9 +389,9 @@ def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd
     if table.empty:
         return table
     keys = [c for c in ("machine", "model", "dataset", *LOOP, "framework", "precision") if c in table]
-    out = table.merge(speed_statistics(runs, steps, environment), on=keys, how="left")
+    out = table.merge(speed_statistics(runs, steps), on=keys, how="left")
     out = out.merge(memory_statistics(runs), on=keys, how="left")
-    accuracy = accuracy_statistics(runs, epochs, environment) if accuracy is None else accuracy
+    accuracy = accuracy_statistics(runs, epochs) if accuracy is None else accuracy
     out = out.merge(accuracy, on=keys, how="left")
     for col in ("memory_note", "too_short", "speed_basis"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
