@@ -65,37 +65,32 @@ def worker_agreement(workers: pd.DataFrame) -> dict:
     if workers.empty:
         return {"agree": False, "workers": 0, "steps": 0, "disagreement": "no per-worker records"}
     w = workers.sort_values(["step", "worker"])
-    n_workers, n_steps = w["worker"].nunique(), w["step"].nunique()
+    n_workers = w["worker"].nunique()
+    failed = {"agree": False, "workers": n_workers, "steps": w["step"].nunique()}
     per_step = w.groupby("step")
     counts = per_step["worker"].nunique()
     if (counts != n_workers).any():
         step = int(counts.index[counts != n_workers][0])
-        return {"agree": False, "workers": n_workers, "steps": n_steps,
-                "disagreement": f"step {step}: {int(counts[step])} of {n_workers} workers recorded it"}
+        return {**failed, "disagreement": f"step {step}: {int(counts[step])} of {n_workers} workers recorded it"}
     differs = {column: per_step[column].nunique() > 1 for column in ("loss_scale", "skipped")}
     first = {column: int(d.index[d][0]) for column, d in differs.items() if d.any()}
     if first:  # the earliest step where any worker differs, and in what
         column = min(first, key=lambda c: (first[c], c != "skipped"))
         step, what = first[column], {"loss_scale": "loss scale", "skipped": "skipped flag"}[column]
         values = ", ".join(f"worker {int(r.worker)}: {getattr(r, column)}" for r in w[w["step"] == step].itertuples())
-        return {"agree": False, "workers": n_workers, "steps": n_steps,
-                "disagreement": f"step {step}: {what} differs ({values})"}
+        return {**failed, "disagreement": f"step {step}: {what} differs ({values})"}
     local = w["local_nonfinite"] if "local_nonfinite" in w else pd.Series(np.nan, index=w.index)
     checked = bool(local.notna().any())
-    if checked:
-        overflow = (local.fillna(0) > 0).groupby(w["step"]).any()
-        skipped = w.groupby("step")["skipped"].all()
-        missed = overflow & ~skipped
-        if missed.any():
-            step = int(missed.index[missed][0])
-            bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
-            return {"agree": False, "workers": n_workers, "steps": n_steps, "local_checked": True,
-                    "disagreement": f"step {step}: worker {bad}'s own gradients were non-finite before the "
-                                    "all-reduce, yet the update was applied (the overflow decision was not taken "
-                                    "over every worker's gradients)"}
-    overflows = int(((local.fillna(0) > 0).groupby(w["step"]).any()).sum()) if checked else None
-    return {"agree": True, "workers": n_workers, "steps": n_steps, "local_checked": checked, "overflows": overflows,
-            "skipped_steps": int(w.groupby("step")["skipped"].all().sum()), "disagreement": ""}
+    overflow, skipped = (local.fillna(0) > 0).groupby(w["step"]).any(), w.groupby("step")["skipped"].all()
+    if checked and (missed := overflow & ~skipped).any():
+        step = int(missed.index[missed][0])
+        bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
+        return {**failed, "local_checked": True,
+                "disagreement": f"step {step}: worker {bad}'s own gradients were non-finite before the all-reduce, "
+                                "yet the update was applied (the overflow decision was not taken over every worker's "
+                                "gradients)"}
+    return {**failed, "agree": True, "local_checked": checked, "overflows": int(overflow.sum()) if checked else None,
+            "skipped_steps": int(skipped.sum()), "disagreement": ""}
 
 
 def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None = None) -> str:

@@ -394,39 +394,34 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
         raise ValueError("the same run folder was given twice")
     parts: dict[str, list[pd.DataFrame]] = {}
-    environment, cells, seeds, commands = {}, [], set(), []
-    hardware, devices, matrices = set(), set(), []
+    manifests, environment, cells, hardware = [], {}, [], set()
     for run_dir in run_dirs:
         manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
+        manifests.append(manifest)
         label = machine_label(manifest, tables["run"], Path(run_dir).name)
         hardware.add(label.rsplit(" · ", 1)[0])  # the machine without the folder
-        devices.add(manifest["device"])
-        matrices.append(manifest["matrix"])
         for name, df in tables.items():
             if "cell_id" in df:  # the speed trials' blocks have no cell
                 df = df.assign(cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
-            df = df.assign(machine=label)
-            parts.setdefault(name, []).append(df)
+            parts.setdefault(name, []).append(df.assign(machine=label))
         environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
         cells += [f"{Path(run_dir).name}/{c}" for c in manifest["cells"]]
-        seeds |= set(manifest["matrix"]["seeds"])
-        commands.append(manifest["command"])
-    first = load_manifest(run_dirs[0])
+    first, envs = manifests[0], [m["environment"] for m in manifests]
     for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware", "cpu_isa_limits"):  # where runs agree
-        values = {str(load_manifest(d)["environment"].get(key)) for d in run_dirs}
-        if len(values) == 1 and key in first["environment"]:
+        if len({str(e.get(key)) for e in envs}) == 1 and key in first["environment"]:
             environment[key] = first["environment"][key]
     environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
-                       cpu_model=" / ".join(dict.fromkeys(load_manifest(d)["environment"].get("cpu_model", "?")
-                                                          for d in run_dirs)))
+                       cpu_model=" / ".join(dict.fromkeys(e.get("cpu_model", "?") for e in envs)))
     # Every run's frameworks, models, datasets, precisions and seeds (the run list's Matrix column).
-    matrix = {k: list(dict.fromkeys(v for m in matrices for v in m.get(k, []))) for k in first["matrix"]}
+    matrix = {k: list(dict.fromkeys(v for m in manifests for v in m["matrix"].get(k, []))) for k in first["matrix"]}
+    seeds, devices = sorted({s for m in manifests for s in m["matrix"]["seeds"]}), {m["device"] for m in manifests}
     device = "several machines" if len(hardware) > 1 else devices.pop() if len(devices) == 1 else "several devices"
     manifest = {"run_id": out_dir.name, "device": device, "cells": cells, "environment": environment,
-                "matrix": {**matrix, "seeds": sorted(seeds)}, "defaults": first["defaults"],
+                "matrix": {**matrix, "seeds": seeds}, "defaults": first["defaults"],
                 "notes": [f"Combined report of {len(run_dirs)} runs: {', '.join(str(d) for d in run_dirs)}."],
                 "command": "python -m amp_compare report " + " ".join(str(d) for d in run_dirs)
-                + "\n# the runs: " + "\n# ".join(commands), "sources": [str(d) for d in run_dirs]}
+                + "\n# the runs: " + "\n# ".join(m["command"] for m in manifests),
+                "sources": [str(d) for d in run_dirs]}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     return _render(out_dir, manifest, {name: pd.concat(dfs, ignore_index=True) for name, dfs in parts.items()},
