@@ -49,10 +49,6 @@ def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
     return list(out.values())
 
 
-def _flags(environment: dict) -> set[str]:
-    return set(filter(None, str(environment.get("cpu_amp_flags") or "").split(",")))
-
-
 def isa_limit(environment: dict) -> tuple[str, str]:
     """(what the run did, what follows for a half format's arithmetic) where the run set the variables of
     contract/env.py ISA_LIMIT_VARS (recorded as cpu_isa_limits), else ("", "")."""
@@ -75,7 +71,7 @@ def has_arithmetic(environment: dict, half: str) -> bool:
 
 def flags_sentence(environment: dict) -> str:
     """What the CPU's flags say about each half format's arithmetic, and what flags cannot say."""
-    flags = _flags(environment)
+    flags = set(filter(None, str(environment.get("cpu_amp_flags") or "").split(",")))
     parts = []
     for half, names in ARITHMETIC_FLAGS.items():
         present = [f for f in names if f in flags]
@@ -124,7 +120,8 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         else:
             text += (f" This CPU's flags list no {fmt} arithmetic ({' and '.join(ARITHMETIC_FLAGS[fmt])} absent), "
                      f"so {fmt} work cannot have run on {fmt} units here; which kernels ran instead was not "
-                     "recorded" + (", except where a framework said so below." if _said(logs, fmt) else "."))
+                     "recorded" + (", except where a framework said so below." if any(line.half == fmt for line in logs)
+                                  else "."))
         out.append(text)
     for line in logs:  # the framework's record of its path, quoted; the CPU's flags beside it, not a reading of it
         flags = log_line_flags(line.text, environment.get("cpu_amp_flags", ""))
@@ -133,10 +130,6 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own "
                    "record of the path it took)" + (f"; {flags}{limit}." if flags else f"{limit}."))
     return out
-
-
-def _said(logs: list[LogLine], fmt: str) -> bool:
-    return any(line.half == fmt for line in logs)
 
 
 def timing_paragraph(warmup: int) -> str:

@@ -240,10 +240,6 @@ ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%"
                  stats.NO_DIFFERENCE: "exact 95% bound"}
 
 
-def _ratio_kind(seeds: int, low: float) -> str:
-    return "t over seeds 95%" if seeds >= 2 and np.isfinite(low) else "none"
-
-
 def row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
     """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
     status, reason = decide(metric, facts)
@@ -308,7 +304,7 @@ def _time(r, key: dict, cut: int) -> dict:
                             margin=SAME_RATIO)
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
                 "reached_seeds": facts.reached, "seeds": facts.seeds, "time_s": _num(r.time_to_target_s)}
-    return row(key, "time_to_target", facts, _ratio_kind(int(facts.seeds), facts.low), evidence)
+    return row(key, "time_to_target", facts, "t over seeds 95%" if facts.seeds >= 2 else "none", evidence)
 
 
 def _numerics(r, key: dict, diverged: int) -> dict:
@@ -344,10 +340,6 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     return runs[mask].groupby(["model", "dataset", "framework", "precision"]).size().to_dict()
 
 
-def _trial_key(t: dict) -> tuple:
-    return t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"], t["precision"]
-
-
 def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
     """The speed trials' summary (kit/trial.py trial_summary: one row per trial x mixed precision) of a run's
     trials table; None where the run has none."""
@@ -363,7 +355,8 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
     None), the loss-scaling lab's rows on top (scaling.with_lab_rows)."""
     by_trial = {}
     for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
-        by_trial.setdefault(_trial_key(t), t)
+        by_trial.setdefault((t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
+                             t["precision"]), t)
     cut = _counts(runs, stats.budgeted(runs)) if not runs.empty else {}
     diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
     rows, done = [], set()
