@@ -742,7 +742,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                     (context["data_parallel"] or {}).get("rows"), context["answer_text"], context["verdicts"])
 
 
-def _index_headline(manifest: dict, single: pd.DataFrame | None) -> str:
+def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
     """A run's headline in the runs index: each mixed precision's training throughput against fp32's (geometric
     mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
     table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
@@ -778,7 +778,7 @@ def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -
     single = runs  # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
     if runs is not None and not runs.empty:
         single = runs[dataparallel.roles(runs) == "single"]
-    headline = _index_headline(manifest, single)
+    headline = _index_headline(run_dir, manifest, single)
     with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
         path.parent.mkdir(exist_ok=True)
         atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
