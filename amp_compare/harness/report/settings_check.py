@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from amp_compare.contract import precision as precision_table
 from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
 
@@ -193,8 +194,6 @@ DYNAMIC_ROWS = {"init_scale", "growth_interval"}
 def differences_apply(key: str, models: set | None, optimizers: set | None, precisions: set | None) -> bool:
     """Whether a framework-differences row is about something the run has (PART_MODELS, OPTIMIZER_ROWS,
     DYNAMIC_ROWS); None where the records do not say."""
-    from amp_compare.contract import precision as precision_table
-
     dynamic = set(precision_table.names(loss_scaling="dynamic"))
     for rows, have in ((PART_MODELS, models), (OPTIMIZER_ROWS, optimizers), (dict.fromkeys(DYNAMIC_ROWS, dynamic),
                                                                                precisions)):

@@ -116,12 +116,9 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
     if "step_loop" not in runs:
         runs["step_loop"] = runs["cfg_step"] if "cfg_step" in runs else "plain"
     runs["batch_size"] = runs["cfg_batch_size"] if "cfg_batch_size" in runs else np.nan
-    for col in PERF_MEDIANS:
+    for col, default in {**dict.fromkeys(PERF_MEDIANS, np.nan), **dict.fromkeys(CEILING_WHY, "")}.items():
         if col not in runs:
-            runs[col] = np.nan
-    for col in CEILING_WHY:
-        if col not in runs:
-            runs[col] = ""
+            runs[col] = default
     return runs
 
 
