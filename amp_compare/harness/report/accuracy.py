@@ -6,7 +6,7 @@ import pandas as pd
 
 from amp_compare.harness.report import stats
 
-HOW = {  # stats.METHODS: how each paired comparison is made and what its interval is
+HOW = {  # how each of stats' methods makes a paired comparison, and what its interval is
     stats.MCNEMAR: "McNemar's exact test where there is one seed (its interval: Newcombe's score interval for a "
                    "paired difference, which lets the number of images that differ vary)",
     stats.BOOTSTRAP: "a paired bootstrap over images (the same images resampled for every seed) where there are "

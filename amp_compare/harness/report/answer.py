@@ -1,13 +1,10 @@
 """The answer the page, summary.md and the terminal open with, from the verdict table alone: per model x framework
-the precision to use and why (verdicts.choose), then one line per mixed precision with its speed and accuracy
-verdicts (phrases.py). A run that kept the frameworks from some of the CPU's instructions says so first. A
-loss-scaling lab (fp16-noscale or fp16-static beside fp16) answers its own question before speed: one line per
-loss-scaling verdict row (verdicts.LAB_METRICS, phrases.lab_line)."""
+the precision to use and why (verdicts.choose), a loss-scaling lab's lines first, then one line per mixed
+precision, after a preface on the CPU's limits."""
 
 from __future__ import annotations
 
 import html
-import json
 
 import pandas as pd
 
@@ -42,7 +39,7 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
 
 def _seeds(part: pd.DataFrame) -> float:
     """The most seeds a model's accuracy verdicts rest on (their evidence), NaN where none says."""
-    said = [json.loads(e or "{}").get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
+    said = [phrases.evidence(e).get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
     return max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))
 
 
@@ -50,9 +47,7 @@ LAB_HEADER = "Loss scaling (what this run asks)"
 
 
 def lab_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
-    """The loss-scaling rows of one model x dataset as one block of lines, framework by framework, each metric in
-    LAB_METRICS' order (the scale's path, the skips and their causes, what no scaling lost, the static scale);
-    [] where the run is no lab."""
+    """The loss-scaling rows of one model x dataset, framework by framework in LAB_METRICS' order; [] for no lab."""
     lab = part[part["metric"].isin(LAB_METRICS)]
     if lab.empty:
         return []
@@ -63,9 +58,8 @@ def lab_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
 
 
 def preface(environment: dict, device: str = "cpu") -> str:
-    """A run that kept the frameworks from instructions (speed.isa_limit) measured every cell under that limit; on a
-    CPU otherwise, the half formats whose arithmetic its flags do not list (speed.has_arithmetic), the first thing a
-    reader of a CPU run's speed needs."""
+    """Whether the run kept the frameworks from instructions (speed.isa_limit), or which half formats' arithmetic the
+    CPU's flags do not list."""
     did = speed.isa_limit(environment)[0]
     if did:
         return f"This run {did}: every number is what the frameworks did under that limit."

@@ -1,13 +1,6 @@
-"""Keras or its backend? The report's split of the Keras columns' differences, from the run's own records.
-
-When one compare ran the Keras model on two or more backends (tf, keras-jax, keras-torch), what the
-Keras cells share is Keras' own doing (the dtype policy, the float32 or policy-dtype output layer,
-LossScaleOptimizer's defaults and settings, the optimizer's formula) and what differs between them
-belongs to the backend underneath (kernels, step overhead, compilation, the memory allocator).
-Nothing here is typed from documentation: the Keras table lists every setting the Keras children read
-back (settings_used) and every default they read from fresh objects (framework_defaults), with whether
-the backends agree; the backend table lists what each backend's cells measured. Framework-free.
-"""
+"""Keras or its backend? When one compare ran the Keras model on several backends, what the Keras cells share
+(settings read back, defaults of fresh objects) is Keras' own doing and what differs is the backend's; one table
+of each, from the run's own records. Framework-free."""
 
 from __future__ import annotations
 
@@ -17,14 +10,10 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
+from amp_compare.harness.report.memory import MIB
+from amp_compare.harness.report.settings_check import value_text
 from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.stats import MIN_TIMED_STEPS
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
 
 
 def _json(value) -> dict:
@@ -50,7 +39,7 @@ def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
     values: dict[str, dict[str, set]] = {}
 
     def add(item: str, fw: str, value) -> None:
-        values.setdefault(item, {f: set() for f in frameworks})[fw].add(_fmt(value))
+        values.setdefault(item, {f: set() for f in frameworks})[fw].add(value_text(value))
 
     for row in ok.to_dict("records"):
         fw, prec = row["framework"], row["precision"]
@@ -79,7 +68,7 @@ BACKEND_MEASURES = {  # run-table column -> (label, how to show a median over ce
     "compile_warmup_s": ("warm-up steps' time beyond as many median steps (ms)", milliseconds),
     "first_step_overhead_s": ("first step's time beyond the median step (ms)", milliseconds),
     "first_step_dispatch_s": ("first step's dispatch time, device mode (ms)", milliseconds),
-    "peak_memory_bytes": ("peak memory (MiB)", lambda v: f"{v / 2**20:,.1f}"),
+    "peak_memory_bytes": ("peak memory (MiB)", lambda v: f"{v / MIB:,.1f}"),
 }
 BACKEND_TEXT = {"framework_version": "backend version", "compiled": "compilation", "tf32": "TF32 (read back)",
                 "memory_kind": "memory measured as", "step_values": "per-step values"}

@@ -1,26 +1,10 @@
 """The report's "Data parallel" section, from a --replicas run's records (framework-free).
 
-harness/run/launch.py gives every cell of a --replicas N run three kinds of neighbour: its thread-count floor, and its
-N-worker cells (one per --allreduce precision). They are not more cells of the same framework and precision for
-the other sections: `split` takes them out of every table those sections read and keeps them for this one, beside
-the 1-worker cells they are judged against.
-
-Per N-worker cell (`rows`), against its 1-worker cell of the same framework, model, dataset, precision and seed:
-  * throughput N vs 1 (one seed's pair) with its 95% interval where the two cells have enough timed steps for batch
-    means (stats.speed_interval) and the scaling efficiency (ratio / N), marked ⚠ where the 1-worker baseline
-    stalled (its floor cell, a rerun, was more than STALL_FACTOR faster) or the efficiency is over 100% on shared
-    cores (`_speed`);
-  * the all-reduce precision asked for and the dtype it used, read back by the child; its share of the median step
-    where the framework times it (torch DDP), else "not exposed";
-  * the largest relative difference of the per-step losses from the 1-worker run's, beside the floor: the same
-    measure between the 1-worker cell and its floor cell (a rerun of it, at another thread count where the records
-    say the framework took one: `floor_kind`), "at the floor" within AT_FLOOR_FACTOR or FLOAT32_ULPS;
-  * whether every worker recorded the same loss scale and skipped flag at every step, and, where the child recorded
-    each worker's own gradients before the all-reduce, whether a non-finite one anywhere skipped the step everywhere
-    (`worker_agreement`);
-  * the accuracy effect of a reduced-precision all-reduce: paired against the fp32 all-reduce cell of the same
-    workers (stats.paired_test), as the Accuracy section pairs mixed precision with fp32.
-"""
+A --replicas N run gives every 1-worker cell a thread-count floor (a rerun) and N-worker cells (one per
+--allreduce precision); `split` keeps them out of the other sections. Per N-worker cell (`rows`), against its
+1-worker cell of the same seed: throughput N vs 1 with its interval and efficiency (`_speed`), the all-reduce's
+dtype and share of the step, the loss gap beside the floor's (`floor_kind`), whether the workers agreed on scale
+and skips (`worker_agreement`), and a reduced-precision all-reduce's accuracy against the fp32 all-reduce cell."""
 
 from __future__ import annotations
 
@@ -31,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
-from amp_compare.contract.records import unpack_correct
 from amp_compare.harness.common import UNSTEADY
 from amp_compare.harness.report import phrases, stats, wording
 from amp_compare.harness.report.speed import calibration_checks
@@ -76,43 +59,38 @@ def relative_gap(a: pd.Series, b: pd.Series) -> float:
 
 
 def worker_agreement(workers: pd.DataFrame) -> dict:
-    """Did every worker of one cell record the same loss scale and skipped flag at every step? And where each
-    worker's own (pre-all-reduce) gradient finiteness was recorded: was every step with a non-finite one anywhere
-    skipped by every worker? `agree` is all of that; `disagreement` says the first step where it failed."""
+    """Whether every worker of one cell recorded the same loss scale and skipped flag at every step and, where
+    recorded, every step with a worker's own non-finite gradient was skipped everywhere; `disagreement`: the first
+    step where not."""
     if workers.empty:
         return {"agree": False, "workers": 0, "steps": 0, "disagreement": "no per-worker records"}
     w = workers.sort_values(["step", "worker"])
-    n_workers, n_steps = w["worker"].nunique(), w["step"].nunique()
+    n_workers = w["worker"].nunique()
+    failed = {"agree": False, "workers": n_workers, "steps": w["step"].nunique()}
     per_step = w.groupby("step")
     counts = per_step["worker"].nunique()
     if (counts != n_workers).any():
         step = int(counts.index[counts != n_workers][0])
-        return {"agree": False, "workers": n_workers, "steps": n_steps,
-                "disagreement": f"step {step}: {int(counts[step])} of {n_workers} workers recorded it"}
+        return {**failed, "disagreement": f"step {step}: {int(counts[step])} of {n_workers} workers recorded it"}
     differs = {column: per_step[column].nunique() > 1 for column in ("loss_scale", "skipped")}
     first = {column: int(d.index[d][0]) for column, d in differs.items() if d.any()}
     if first:  # the earliest step where any worker differs, and in what
         column = min(first, key=lambda c: (first[c], c != "skipped"))
         step, what = first[column], {"loss_scale": "loss scale", "skipped": "skipped flag"}[column]
         values = ", ".join(f"worker {int(r.worker)}: {getattr(r, column)}" for r in w[w["step"] == step].itertuples())
-        return {"agree": False, "workers": n_workers, "steps": n_steps,
-                "disagreement": f"step {step}: {what} differs ({values})"}
+        return {**failed, "disagreement": f"step {step}: {what} differs ({values})"}
     local = w["local_nonfinite"] if "local_nonfinite" in w else pd.Series(np.nan, index=w.index)
     checked = bool(local.notna().any())
-    if checked:
-        overflow = (local.fillna(0) > 0).groupby(w["step"]).any()
-        skipped = w.groupby("step")["skipped"].all()
-        missed = overflow & ~skipped
-        if missed.any():
-            step = int(missed.index[missed][0])
-            bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
-            return {"agree": False, "workers": n_workers, "steps": n_steps, "local_checked": True,
-                    "disagreement": f"step {step}: worker {bad}'s own gradients were non-finite before the "
-                                    "all-reduce, yet the update was applied (the overflow decision was not taken "
-                                    "over every worker's gradients)"}
-    overflows = int(((local.fillna(0) > 0).groupby(w["step"]).any()).sum()) if checked else None
-    return {"agree": True, "workers": n_workers, "steps": n_steps, "local_checked": checked, "overflows": overflows,
-            "skipped_steps": int(w.groupby("step")["skipped"].all().sum()), "disagreement": ""}
+    overflow, skipped = (local.fillna(0) > 0).groupby(w["step"]).any(), w.groupby("step")["skipped"].all()
+    if checked and (missed := overflow & ~skipped).any():
+        step = int(missed.index[missed][0])
+        bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
+        return {**failed, "local_checked": True,
+                "disagreement": f"step {step}: worker {bad}'s own gradients were non-finite before the all-reduce, "
+                                "yet the update was applied (the overflow decision was not taken over every worker's "
+                                "gradients)"}
+    return {**failed, "agree": True, "local_checked": checked, "overflows": int(overflow.sum()) if checked else None,
+            "skipped_steps": int(skipped.sum()), "disagreement": ""}
 
 
 def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None = None) -> str:
@@ -134,30 +112,24 @@ def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None =
 POOL = ["model", "dataset", "framework", "precision", "cfg_replicas"]
 
 
-def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> str:
-    """A reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers (paired by
-    seed and image; several seeds: each row holds one seed, so the pairing is done over the group by the caller)."""
+def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int]:
+    """(a reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers, paired
+    by seed and image over the group's seeds; how many seeds were paired)."""
     if cell["cfg_allreduce"] == ALLREDUCE_REFERENCE:
-        return "reference"
+        return "reference", 0
     base = n_cells[(n_cells["cfg_allreduce"] == ALLREDUCE_REFERENCE) & (n_cells["status"] == "ok")]
     base = base[(base[POOL] == cell[POOL]).all(axis=1)]
     mine = n_cells[(n_cells["status"] == "ok") & (n_cells["cfg_allreduce"] == cell["cfg_allreduce"])]
     mine = mine[(mine[POOL] == cell[POOL]).all(axis=1)]
-    pairs = []
-    for r in mine.itertuples():
-        ref = base[base["seed"] == r.seed]
-        if ref.empty or not isinstance(r.val_correct, str) or not r.val_correct:
-            continue
-        n = int(r.val_samples)
-        pairs.append((unpack_correct(ref["val_correct"].iloc[0], n), unpack_correct(r.val_correct, n)))
+    pairs = stats.correct_pairs(base, mine)
     if not pairs:
-        return "no fp32 all-reduce cell to pair with"
+        return "no fp32 all-reduce cell to pair with", 0
     res = stats.paired_test(pairs)
     verdict = "detectable" if stats.detectable(res) else "no detectable difference"
     test = phrases.test(res["method"], len(pairs))
     text = (f"{res['diff_pp']:+.2f} pp, 95% CI [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], "
             f"p = {res['p_value']:.3g} ({test}): {verdict}")
-    return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))
+    return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"])), len(pairs)
 
 
 # within this many points of chance, validation accuracy says little: a difference there is between two guessers
@@ -175,12 +147,9 @@ def _near_chance(correct: list[np.ndarray], dataset: str) -> str:
     return ""
 
 
-# A 1-worker baseline whose own rerun (its floor cell: the same cell with at most its threads) ran more than this many
-# times faster stalled: on a quiet machine the floor, with no more threads, is at most as fast as the baseline, and
-# the harness's run-to-run spread of one cell's throughput is tens of percent, so 2× is well beyond both.
+# A 1-worker baseline whose floor cell (its rerun with at most its threads) ran this many times faster stalled.
 STALL_FACTOR = 2.0
-# A loss gap within this factor of the floor, or within FLOAT32_ULPS float32 spacings of the loss (relative), is at
-# the floor: a difference of that size is what the same run gives against itself, no evidence either way.
+# A loss gap within this factor of the floor's, or FLOAT32_ULPS float32 spacings of the loss, is at the floor.
 AT_FLOOR_FACTOR = 2.0
 FLOAT32_ULPS = 4
 _REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
@@ -232,9 +201,8 @@ def machine_range(environment: dict) -> str:
 
 
 def floor_kind(one: pd.Series, floor: pd.Series) -> str:
-    """What the floor cell was, from the records: the threads each recorded (torch_threads, tf_intra_op_threads,
-    jax_threads). Where the framework recorded the same for both (JAX: XLA's own pool, not settable from a running
-    process) the floor is a plain rerun, not another thread count."""
+    """What the floor cell was, from the threads each cell recorded: another thread count, or a plain rerun
+    where the framework recorded the same for both."""
     column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(
         str(one["framework"]), "")
     a, b = (_count(one.get(column)), _count(floor.get(column))) if column else (None, None)
@@ -265,9 +233,9 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     loss = {cell: g.set_index("step")["loss"] for cell, g in steps.groupby("cell_id")} if not steps.empty else {}
     timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
              if not steps.empty and "warmup" in steps else {})
-    pooled: dict[tuple, str] = {}
+    pooled: dict[tuple, tuple[str, int]] = {}
 
-    def accuracy(cell: pd.Series) -> str:  # pooled over the seeds' cells: once per group, not per seed's row
+    def accuracy(cell: pd.Series) -> tuple[str, int]:  # pooled over the seeds' cells: once per group
         key = tuple(str(cell[k]) for k in [*POOL, "cfg_allreduce"])
         return pooled[key] if key in pooled else pooled.setdefault(key, _accuracy_vs_fp32_allreduce(cell, n_cells))
 
@@ -287,7 +255,7 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     return pd.DataFrame(out)
 
 
-def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, accuracy: Callable[[pd.Series], str],
+def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, accuracy: Callable[[pd.Series], tuple],
             loss: dict, timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
     """A finished N-worker cell's row against its finished 1-worker cell `one` (accuracy: rows()' pooled one)."""
     none = pd.Series(dtype=float)
@@ -309,7 +277,7 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
-            "accuracy": accuracy(cell),
+            **dict(zip(("accuracy", "accuracy_seeds"), accuracy(cell))),
             "val_accuracy": float(cell.get("final_val_accuracy", np.nan)),
             "engine": str(cell.get("data_parallel") or "")}
 
@@ -364,9 +332,7 @@ def _ratio_text(ratio: float, low: float, high: float, note: str) -> str:
 
 
 def _share_text(share: float, stalled: bool = False) -> str:
-    """The all-reduce's share of the median step (torch: DDP's avg_backward_comm_time, from the iterations DDP
-    samples, which includes waiting for the slowest worker); over 100% said, not hidden; ⚠ where the row's 1-worker
-    baseline stalled (the same machine stall may have lengthened the N-worker cell's waits)."""
+    """The all-reduce's share of the median step (torch DDP's own timing), ⚠ where the 1-worker baseline stalled."""
     if not np.isfinite(share):
         return "not exposed"
     text = f"{share:.0%}" + (" ⚠ more than the median step: DDP's sampled times include waiting for the slower "
@@ -407,9 +373,8 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
     workers and all-reduce): shown on the group's first row, the others pointing to it."""
     group = ok[["model", "dataset", "framework", "precision", "workers", "allreduce"]].astype(str).agg("|".join, axis=1)
     seen, out = set(), []
-    for key, text in zip(group, ok["accuracy"]):
-        pooled = text not in ("reference",) and "seeds" in text
-        out.append("same pooled comparison as the group's first row" if pooled and key in seen else text)
+    for key, text, seeds in zip(group, ok["accuracy"], ok["accuracy_seeds"]):
+        out.append("same pooled comparison as the group's first row" if seeds > 1 and key in seen else text)
         seen.add(key)
     return out
 

@@ -1,8 +1,5 @@
-"""seaborn figures of one compare run: pure functions of the record tables.
-
-Every figure uses one colour per framework and one line style / marker per precision, saves
-PNG and SVG, and comes with a title, axis units, a caption saying what to notice and alt text.
-"""
+"""seaborn figures of one compare run, pure functions of the record tables: one colour per framework, one line
+style / marker per precision, PNG and SVG, each with a title, axis units, a caption and alt text."""
 
 from __future__ import annotations
 
@@ -22,6 +19,9 @@ from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats  # noqa: E402
+from amp_compare.harness.report import numerics as nr  # noqa: E402
+from amp_compare.harness.report.maxbatch_table import cap_label  # noqa: E402
+from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX, QUANTITY_LABELS, headroom_per_block  # noqa: E402
 from amp_compare.harness.report.tables import (  # noqa: E402
     LOOP,
     memory_statistics,
@@ -55,8 +55,7 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
     if "machine" not in df:
         df["machine"] = ""
-    # several models (the default CPU matrix: simple_cnn and vit) or datasets: each its own panel, as a machine is;
-    # one bar or line over two models' cells would be a median of different workloads
+    # several models or datasets: each its own panel, as a machine is (never one median over two workloads)
     varied = [c for c in ("model", "dataset") if c in df and df[c].nunique() > 1]
     if varied:
         df["machine"] = df[["machine", *varied]].astype(str).agg(lambda r: " · ".join(v for v in r if v), axis=1)
@@ -85,8 +84,8 @@ def _save(fig, out_dir: Path, key: str) -> None:
 
 def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
     grid.set_axis_labels(xlabel, ylabel)
-    if grid._col_var:  # noqa: SLF001 — seaborn keeps the facet variable here
-        grid.set_titles("{col_name}")
+    if grid._col_var:  # noqa: SLF001 — seaborn keeps the facet variables here
+        grid.set_titles("{row_name} · {col_name}" if grid._row_var else "{col_name}")  # noqa: SLF001
         grid.figure.suptitle(title, y=1.03)
     else:
         grid.ax.set_title(title)
@@ -216,12 +215,7 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
     _stagger_markers(grid)
     if log:
         grid.set(yscale="log")
-    grid.set_axis_labels(xlabel, ylabel)
-    if facet:
-        grid.set_titles("{row_name} · {col_name}" if "row" in facet else "{col_name}")
-        grid.figure.suptitle(title, y=1.03)
-    else:
-        grid.ax.set_title(title)
+    _finish(grid, title, xlabel, ylabel)
     if log:  # last: the thinning measures the labels where the finished figure draws them
         plain_log_labels(grid.figure, "y")
     return grid.figure
@@ -258,10 +252,8 @@ def _log2_axis(grid, log2_values: pd.Series) -> None:
 
 
 def loss_scale_grid(scaled: pd.DataFrame):
-    """The loss scale per step of the loss-scaled cells (fp16, fp16-static): a step line per cell (each seed its own
-    trajectory: a median over seeds is a trajectory no cell followed, halving where none of them skipped), an X on
-    each cell's own skipped steps at its own scale, whole powers of two on the axis, and a title naming only the
-    modes the run had."""
+    """The loss scale per step of the loss-scaled cells: one step line per cell, an X on its skipped steps,
+    whole powers of two on the axis."""
     df = _labelled(scaled)
     df["log2_scale"] = np.log2(df["loss_scale"])
     unit = "cell_id" if "cell_id" in df else "seed"
@@ -314,16 +306,16 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
 
 
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The memory bars' labels: the change against fp32, with the summary table's ⚠ where its "Memory vs fp32"
-    cell has one (notes: the full table, whose memory_note marks it), or "undecided" where the difference is
-    below the run's own resolution (memory.py; the summary table says the same)."""
+    """The memory bars' labels: the change against fp32 with the summary table's ⚠ (`notes`: the full table), or
+    "undecided" where memory.py leaves the difference unresolved."""
     stats = memory_statistics(ok)
     keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
                                                              "framework", "precision")]
     out = table.merge(stats, on=keys, how="left") if not stats.empty else table.copy()
-    labels = pd.Series(["undecided" if memory.unresolved(r) else "" if not np.isfinite(r.memory_change_vs_fp32)
+    out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
+    labels = pd.Series(["undecided" if r.memory_unresolved else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
-    out["memory_label"] = _marked(out, labels, notes, "memory_note", labels != "undecided")
+    out["memory_label"] = _marked(out, labels, notes, "memory_note", ~out["memory_unresolved"])
     return out
 
 
@@ -337,9 +329,9 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
     mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)], notes)
     _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_label", "{}"), out_dir, "memory")
-    unresolved = (mem_table["memory_label"] == "undecided").any()
-    ratios = mem_table["memory_label"].astype(str).str.endswith(("%", "⚠")) & ~mem_table["precision"].isin(
-        [precisions.REFERENCE])  # a decided mixed precision's label: its change in percent
+    unresolved = mem_table["memory_unresolved"].any()
+    ratios = (np.isfinite(mem_table["memory_change_vs_fp32"].astype(float)) & ~mem_table["memory_unresolved"]
+              & ~mem_table["precision"].isin([precisions.REFERENCE]))  # a decided mixed precision: its change
     not_drawn = (f" Not drawn: {', '.join(left_out)}, emulated on this CPU ({fp8_report.EMULATED_MEMORY})."
                  if left_out else "")
     _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
@@ -435,9 +427,8 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
 
 def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, column: str,
             eligible: pd.Series | None = None) -> pd.Series:
-    """`labels` (one per row of `table`) with " ⚠" after each non-empty one whose row has a note in the full
-    table's `column` (notes: tables.full_table), as the summary table marks that ratio; `eligible`: the rows that
-    may carry one (a word such as "undecided" is no ratio)."""
+    """`labels` with " ⚠" after each non-empty one whose row has a note in the full table's `column`; `eligible`:
+    the rows that may carry one."""
     if notes is None or notes.empty or column not in notes:
         return labels
     keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]
@@ -468,7 +459,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     table["speed_label"] = speed_labels(table)
     full_table = table
     ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
-    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / 2**20
+    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
     epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
@@ -610,8 +601,6 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Per framework: the magnitudes of the float16 modes' gradients at the last step, times the loss scale in
     use, as a histogram over powers of two against float16's range (0 below 2^-25, overflow above its max)."""
-    from amp_compare.harness.report import numerics as nr
-
     hist = nr.gradient_histogram(underflow)
     hist = hist[hist["count"] > 0]  # empty powers of two would draw a flat line across the whole axis
     if hist.empty:
@@ -650,8 +639,6 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
 
 def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
     """--find-max-batch: per precision the largest batch under the memory cap, labelled with the memory it used."""
-    from amp_compare.harness.report.maxbatch_table import cap_label
-
     if maxbatch.empty:
         return None
     fitted = maxbatch[maxbatch["ok"] & (maxbatch["batch"] == maxbatch["max_ok"])]
@@ -712,18 +699,14 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                        **({"col": "panel", "col_order": panels} if len(panels) > 1 else {}))
     targets = acc.drop_duplicates(keys).copy()
     targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
-    for panel, ax in zip(panels, grid.axes.flat):
-        row = targets[targets["panel"] == panel]
-        if not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]:
-            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
     _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
             "excluded)", "Validation accuracy (%)")
-    # the target's value goes in each panel's title, clear of the data: written beside its line, the early
-    # epochs' points (which start just below it) overprinted it
-    for panel, ax in zip(panels, grid.axes.flat):
+    for panel, ax in zip(panels, grid.axes.flat):  # the target's line, and its value in the title, clear of the data
         row = targets[targets["panel"] == panel]
-        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
         shown = not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]
+        if shown:
+            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
+        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
         ax.set_title(name + (f" — dotted: target {row['target'].iloc[0]:.1%}" if shown else ""))
     _save(grid.figure, out_dir, "time_to_accuracy")
     judged = targets[(targets["too_short"] == "") & np.isfinite(targets["target"].astype(float))]
@@ -743,8 +726,6 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
 def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
     """One panel of the headroom figure: a line per block and framework (PyTorch solid, Keras dashed), float16's
     largest value, and with the naive attention's logits the level where its exp overflows float16."""
-    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX
-
     for (block, label), g in part.groupby(["block", "Framework"], observed=True):
         g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
         line, marker = ("-", "o") if str(label) == "PyTorch" else ("--", "s")
@@ -767,8 +748,6 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
     framework and precision, on a log axis against float16's largest value (harness/report/numerics.py)."""
-    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX, QUANTITY_LABELS, headroom_per_block
-
     blocks = headroom_per_block(headroom, runs)
     blocks = blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float)) & (blocks["max_abs"] > 0)] \
         if not blocks.empty else blocks

@@ -1,7 +1,5 @@
-"""The findings: the Summary's sentences on what the per-model verdict tables do not say (verdicts and phrases
-word speed, memory, accuracy and time to target): diverged cells, how busy the machine was, slowdowns explained
-from the CPU's flags and the frameworks' own log lines, MFU, runs too short to judge accuracy, loss scaling. Built
-from full_table and the run's own records."""
+"""The findings: the Summary's sentences on what the verdict tables do not say (diverged cells, the machine's
+steadiness, slowdowns, MFU, runs too short to judge accuracy, loss scaling), from full_table and the records."""
 
 from __future__ import annotations
 
@@ -46,14 +44,6 @@ class Groups:
 
     def label(self, key: dict) -> str:
         return group_label(key, self.multi, self.varying)
-
-    def per_framework(self):
-        """(label, framework, its mixed rows, its fp32 rows) wherever a framework has both."""
-        for key, group in self.items:
-            for fw, g in group.groupby("framework", sort=False):
-                mixed, fp32 = g[precisions.is_mixed(g["precision"])], g[precisions.is_reference(g["precision"])]
-                if not mixed.empty and not fp32.empty:
-                    yield self.label(key), fw, mixed, fp32
 
 
 def slowdown_scope(runs: pd.DataFrame) -> bool:
@@ -135,9 +125,7 @@ class Findings:
 
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                   epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> Findings:
-    """Sentences built only from the aggregated table (full_table, computed here unless given) and the run's
-    own records, in its order, each naming the model and dataset (and machine, where several) its numbers
-    belong to and how many seeds they are over."""
+    """The findings' sentences in order, each naming its model and dataset (and machine) and its seed count."""
     table = full_table(runs, steps, epochs, environment) if table is None else table
     if table.empty:
         return Findings(["No cell finished, so there is nothing to compare yet; see the failed cells below."], [],

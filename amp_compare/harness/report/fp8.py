@@ -1,11 +1,6 @@
-"""The report's fp8 section, a pure function of the run's tables: which layers ran in fp8, each recipe's settings
-read back beside contract/fp8.py's declaration, per-layer quantization error (SQNR), the scale trajectories, and
-loss and accuracy against bf16 and fp32 through the run's paired tests (harness/stats.py).
-
-`section(tables, device)` returns None for a run without fp8 cells, else {"table", "recipes", "sentences",
-"layers", "trace"} (DataFrames and strings); `html(section)` and `markdown(section)` render it, `figure(section,
-out)` draws the scale trajectories. Framework-free (pandas, numpy; matplotlib only when drawing).
-"""
+"""The report's fp8 section from the run's tables: layers in fp8, each recipe read back beside contract/fp8.py's,
+per-layer SQNR, scale trajectories, loss and paired accuracy against bf16 and fp32. `section` (None without fp8
+cells), `html`, `markdown` and `figure` render it. Framework-free."""
 
 from __future__ import annotations
 
@@ -17,18 +12,15 @@ import pandas as pd
 
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
-from amp_compare.contract.records import unpack_correct
 from amp_compare.harness.report.phrases import KIND
-from amp_compare.harness.report.stats import paired_test
+from amp_compare.harness.report.stats import correct_pairs, paired_test
 from amp_compare.harness.report.verdicts import ACCURACY_KIND
 from amp_compare.kit.fp16 import FP16_MAX
 
-# An fp8 cell off a GPU runs in emulation (torchao's emulate=True; Keras' float8 matmul in software): its time is
-# the emulation's, not fp8's, so no table, finding, answer or figure gives it a speed ratio or a speed verdict.
+# An fp8 cell off a GPU runs in emulation: no table, finding, answer or figure gives it a speed ratio or verdict.
 EMULATED_SPEED = "emulated: not a speed result"
 
-# Its memory and FLOP/s are the emulation's too: torchao's emulate=True and Keras' float8 on a CPU keep float32
-# dequantized copies of the quantized tensors and run no fp8 arithmetic, so neither is a measure of fp8.
+# Its memory and FLOP/s are the emulation's too (float32 dequantized copies, no fp8 arithmetic).
 EMULATED_MEMORY = "emulated: not fp8 memory (float32 dequantized copies)"
 
 
@@ -68,17 +60,9 @@ OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-
 
 def _paired(runs: pd.DataFrame, cell, other: str) -> str:
     """The fp8 cell's accuracy minus `other`'s (same framework, model, dataset), paired image by image over seeds."""
-    base = runs[(runs["framework"] == cell.framework) & (runs["precision"] == other) & (runs["model"] == cell.model)
+    same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
                 & (runs["dataset"] == cell.dataset)]
-    mine = runs[(runs["framework"] == cell.framework) & (runs["precision"] == cell.precision)
-                & (runs["model"] == cell.model) & (runs["dataset"] == cell.dataset)]
-    pairs = []
-    for r in mine.itertuples():
-        b = base[base["seed"] == r.seed]
-        if b.empty or not r.val_correct or not b.iloc[0]["val_correct"]:
-            continue
-        n = int(r.val_samples)
-        pairs.append((unpack_correct(b.iloc[0]["val_correct"], n), unpack_correct(r.val_correct, n)))
+    pairs = correct_pairs(same[same["precision"] == other], same[same["precision"] == cell.precision])
     if not pairs:
         return "n/a"
     res = paired_test(pairs)
@@ -215,15 +199,11 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def markdown(sec: dict | None) -> list[str]:
+def markdown(sec: dict | None, table_markdown) -> list[str]:
     if sec is None:
         return []
-    lines = ["", "### fp8 training", "", *[f"- {s}" for s in sec["sentences"]], ""]
-    if not sec["table"].empty:
-        table = sec["table"].astype(str)
-        lines += ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns),
-                  *["| " + " | ".join(row) + " |" for row in table.itertuples(index=False)]]
-    return lines
+    return ["", "### fp8 training", "", *[f"- {s}" for s in sec["sentences"]], "",
+            *([table_markdown(sec["table"])] if not sec["table"].empty else [])]
 
 
 def figure(sec: dict | None, out: Path) -> str | None:
@@ -237,8 +217,7 @@ def figure(sec: dict | None, out: Path) -> str | None:
 
     trace = sec["trace"][sec["trace"]["role"] == "input"]
     cells = list(trace.groupby(["framework", "precision"]))
-    # one colour and dash per layer, the same in every panel, so one legend beside the panels names them all
-    # (a 10-colour cycle repeats colours past ten layers)
+    # one colour and dash per layer, the same in every panel, so one legend names them all
     names = sorted(trace["layer"].unique())
     colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(names), 1)))
     style = {name: (colours[i], ("-", "--", ":")[i % 3]) for i, name in enumerate(names)}

@@ -1,10 +1,6 @@
-"""The Glossary section and the page's abbreviations, generated from the run.
-
-Entries appear only for what the run had (wording.RunFacts). General lessons ("float16 gradients underflow",
-"a half format is fast only where the hardware computes in it") are worded as lessons, each with this run's
-evidence for or against it, never as truths the run showed. Every abbreviation in ABBREVIATIONS is written out
-where the page (or summary.md) first uses it (`expand_first_use`) and listed in the glossary.
-"""
+"""The Glossary section and the page's abbreviations, generated from the run: entries only for what it had
+(wording.RunFacts), general lessons with this run's evidence; each abbreviation written out at its first use
+(`expand_first_use`)."""
 
 from __future__ import annotations
 
@@ -20,6 +16,7 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MAX
 from amp_compare.harness.report import phrases, verdicts
+from amp_compare.harness.report.numerics import underflow_summary
 from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -75,10 +72,8 @@ def _depth(text: str, start: int = 0) -> int:
 
 
 class _Expander:
-    """The first use of each abbreviation in visible text, written out where it reads: after the whole token
-    (never inside "TFLOP/s"), at parenthesis depth 0 (never a parenthesis inside a parenthesis). A use inside a
-    parenthesis that comes first is marked instead: HTML <abbr title> (hover; the glossary lists it), or the short
-    form that explains itself ("p-value")."""
+    """Writes out the first use of each abbreviation in visible text after the whole token at parenthesis depth 0;
+    a first use inside a parenthesis is marked instead (HTML <abbr title>, or a self-explaining short form)."""
 
     def __init__(self, markdown: bool):
         self.markdown, self.found, self.nested, self.depth = markdown, {}, {}, 0
@@ -116,9 +111,8 @@ class _Expander:
 
 
 def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]:
-    """`page` with each abbreviation written out at its first use in visible text (see _Expander), and the
-    abbreviations found (in ABBREVIATIONS' order). HTML: text inside SKIP_TAGS is left alone; Markdown: code spans
-    and table rows are. Markdown ends with the abbreviations whose every use was inside a parenthesis."""
+    """(`page` with each abbreviation written out at its first use, the abbreviations found); HTML skips
+    SKIP_TAGS, Markdown skips code spans and table rows and ends with the ones only used in parentheses."""
     expander = _Expander(markdown)
     # Markdown: code spans and table rows are left alone (a header cell is no place for a definition)
     parts = re.split(r"(`[^`]*`|^\|.*$)" if markdown else r"(<[^>]+>)", page, flags=re.M)
@@ -166,9 +160,7 @@ def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
     return f" This run's training cells: {half} rows at {span} fp32's throughput on a CPU {flags}: {verdict}."
 
 
-# A parameter whose exact gradient is zero: a key bias adds q·b to every logit of a query's row, and softmax ignores
-# a constant shift, so what the float32 reference holds there is rounding residue (2^-37..2^-29 in practice), not a
-# gradient float16 could lose.
+# Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
 ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
 
 
@@ -198,8 +190,6 @@ def _reference_flush(underflow: pd.DataFrame) -> str:
 
 def _mixed_lost(underflow: pd.DataFrame) -> str:
     """The largest share the run's own float16 backward lost without scaling, and in which cell."""
-    from amp_compare.harness.report.numerics import underflow_summary
-
     s = underflow_summary(underflow)
     s = s[s["precision"].isin(precisions.names(half="float16"))].dropna(subset=["lost_unscaled"]) if not s.empty else s
     if s.empty:
@@ -227,9 +217,8 @@ def _harm_verdict(acc: pd.DataFrame | None) -> str:
 
 
 def _underflow_evidence(underflow: pd.DataFrame | None, acc: pd.DataFrame | None = None) -> str:
-    """This run's evidence on the lesson "float16 gradients underflow without loss scaling": what it measured of
-    harm, never a verdict the data does not carry. `underflow`: the per-layer records; `acc`: the Accuracy
-    section's paired tests (tables.accuracy_statistics)."""
+    """This run's evidence on "float16 gradients underflow without loss scaling" from `underflow` and the
+    Accuracy section's paired tests `acc`."""
     if underflow is None or underflow.empty or "flush_fraction_unscaled" not in underflow:
         return " This run measured no gradient against float16's range."
     flush = _reference_flush(underflow)

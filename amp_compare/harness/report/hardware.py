@@ -1,24 +1,13 @@
-"""Measuring the hardware, not the loop: what the report says of the step loops, the batch-size sweep and the
-bound verdict (the run side expands the matrix over them: harness/run/compare.py expand_cells).
-
-* `--step plain|tuned` (or `plain,tuned`, both side by side): plain is the tutorial loop, eager with the
-  framework's default optimizer; tuned is what the framework offers to go fast: torch's fused optimizer
-  (GradScaler's found_inf stays on the device) and torch.compile, in mode "reduce-overhead" (CUDA
-  graphs) on a GPU and the default inductor mode on a CPU (CUDA graphs do not exist there); Keras
-  jit_compile=True (XLA). plain is the default: it is the loop a user writes from the tutorials, so
-  the default report answers "what does AMP give me", and tuned shows how much of that is the loop.
-* `--batch-sizes 64,256,1024`: every cell at each batch size (the batch size joins the cell id).
-* verdict per cell, from the measured numbers (`bound_verdicts`), its rule named where no sweep ran.
-* one FLOP/s ceiling per device and dtype for the whole run, both frameworks' MFU measured against it
-  (`with_run_ceiling`, `ceiling_sentences`).
-This module never imports a framework.
-"""
+"""What the report says of the step loops (--step plain|tuned), the batch-size sweep (--batch-sizes) and the
+host-/compute-bound verdict, with one FLOP/s ceiling per device and dtype that both frameworks' MFU is measured
+against (`with_run_ceiling`, `ceiling_sentences`). Framework-free."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from amp_compare.contract.config import framework_label
 from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION
 from amp_compare.contract.log_words import HALF_FALLBACK
 
@@ -28,10 +17,8 @@ COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matm
 
 
 def log_line_flags(text: str, flags: str) -> str:
-    """The CPU's own flags to set beside a framework's log line that names an instruction set ("" for any other
-    line): oneDNN's "supports DT_HALF only on platforms with AVX-512" is quoted as the framework's record of the
-    path it took, and beside it which AVX-512 and float16-arithmetic flags this CPU lists, side by side, without
-    reading into the line which of them it meant (no record says)."""
+    """Beside a framework's log line that names an instruction set, which AVX-512 and float16-arithmetic flags
+    this CPU lists ("" for any other line), without reading into the line which it meant."""
     if HALF_FALLBACK not in text:
         return ""
     listed = {f.strip() for f in str(flags or "").split(",")}
@@ -75,16 +62,9 @@ MFU_RULE = f"MFU ≥ {COMPUTE_BOUND_MFU:.0%}, no --batch-sizes sweep"
 
 
 def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """host-bound / compute-bound per row, from measured numbers only, each verdict naming its rule.
-
-    With a larger batch size of the same cell measured: host-bound if its throughput rose by more than
-    HOST_BOUND_GAIN (a per-step cost that does not grow with the batch dominated: Python, kernel
-    launches, syncs), else compute-bound (the device's work per image sets the pace; that work may be
-    math or memory traffic). The largest batch: compute-bound if throughput had already levelled off
-    from the batch below it. Without a sweep the batch size says nothing: "compute-bound (MFU ≥ 50%, …)"
-    where MFU against the run's ceiling reaches COMPUTE_BOUND_MFU (and no more than 100%: above it the matmul
-    timed is not the path's ceiling), with that rule beside it, else "undetermined (…run --batch-sizes)".
-    """
+    """host-bound / compute-bound per row from measured numbers, each verdict naming its rule: with a batch-size
+    sweep, host-bound where a larger batch raised throughput by more than HOST_BOUND_GAIN; without one, compute-bound
+    where MFU reaches COMPUTE_BOUND_MFU (at most 100%), else undetermined."""
     out = pd.Series("undetermined (run --batch-sizes)", index=table.index, dtype=object)
     group = [k for k in keys if k != "batch_size" and k in table]
     for _, g in table.groupby(group, sort=False, dropna=False) if group else [(None, table)]:
@@ -115,11 +95,8 @@ def _base_dtype(runs: pd.DataFrame) -> pd.Series:
 
 
 def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each cell's MFU against its run's ceiling: the best ceiling_flops_measured of any cell of the run (both
-    frameworks, every precision) on the same device in the same ceiling dtype ("fp32 (no bf16 arithmetic)" is
-    fp32). Each child times the same matmul size (kit/ceiling.py SIZES) in its own framework; the best of them
-    is the one rate the device was seen to reach, so MFU compares the frameworks on one ceiling rather than
-    each against its own matmul. Adds ceiling_flops; mfu_measured is recomputed from it."""
+    """Each cell's MFU against the run's ceiling: the best ceiling_flops_measured of any cell on the same device
+    in the same ceiling dtype. Adds ceiling_flops; recomputes mfu_measured from it."""
     runs = runs.copy()
     if "ceiling_dtype" in runs:
         runs["ceiling_dtype"] = runs["ceiling_dtype"].fillna("").astype(str)  # a cell without one prints nothing
@@ -142,8 +119,6 @@ def _three_digits(value: float) -> str:
 
 def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
     """Per device and ceiling dtype: the run's ceiling, the matmul it came from and each framework's own best."""
-    from amp_compare.contract.config import framework_label
-
     if "ceiling_flops_measured" not in runs or runs["ceiling_flops_measured"].notna().sum() == 0:
         return []
     runs = runs[runs["ceiling_flops_measured"].notna()].copy()

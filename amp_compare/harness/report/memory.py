@@ -1,18 +1,9 @@
 """The Memory words: a peak-memory difference against fp32 only where the run resolves it.
 
-A peak-memory reading is noisy (on a CPU the process's resident memory above its baseline: the allocator and
-the framework's workspaces move it by tens of MiB between cells that differ only in their seed), and a small
-baseline turns that noise into ratios of +100% or more. The run measures its own resolution: cells that ran the
-same framework, model, dataset, loop and precision with other seeds should use the same memory, so the largest
-spread among one precision's seeds is what the run cannot tell apart. A mixed precision's difference from fp32 is
-resolved only where every seed's paired difference (mixed minus fp32 of the same seed, in MiB) exceeds that spread
-in the same direction; the median of those differences is the number printed.
-
-A group run with one seed has no seeds to measure its spread by: its resolution is unknown and its difference
-unresolved (one reading per precision cannot tell a difference from noise: two default runs read one ViT's 2.6 MiB
-baseline as +120% and -72%). `status` is the one rule; the verdict table (verdicts.MEMORY) and the figures say
-what it says.
-"""
+The run's resolution is the largest spread among one precision's seeds (same framework, model, dataset, loop); a
+mixed precision's difference is resolved only where every seed's paired difference exceeds it in the same
+direction, and the median of those differences is printed. One seed: resolution unknown, difference unresolved.
+`status` is the one rule; the verdict table (verdicts.MEMORY) and the figures say what it says."""
 
 from __future__ import annotations
 
@@ -32,11 +23,9 @@ def resolution_mib(group: pd.DataFrame) -> float:
 
 def resolutions(ok: pd.DataFrame, keys: list[str]) -> dict[tuple, float]:
     """{group key: resolution in MiB} for every comparison group of the ok run table (`keys` ends in
-    "framework"): the spread of the group's own seeds, NaN where it ran one seed (no other model's spread is lent
-    to it: another model's memory is another measurement)."""
-    own = {k if isinstance(k, tuple) else (k,): resolution_mib(g)
-           for k, g in ok.groupby(keys, sort=False, dropna=False)} if not ok.empty else {}
-    return own
+    "framework"): the spread of the group's own seeds, NaN for one seed."""
+    return {k if isinstance(k, tuple) else (k,): resolution_mib(g)
+            for k, g in ok.groupby(keys, sort=False, dropna=False)} if not ok.empty else {}
 
 
 def paired_differences_mib(pairs) -> list[float]:
@@ -61,9 +50,7 @@ def weakest_difference_mib(pairs) -> float:
 
 
 def resolved(difference: float, resolution: float) -> float:
-    """The one rule: 1.0 where a difference (weakest_difference_mib) exceeds the run's resolution, 0.0 where it does
-    not or where the resolution is unknown (one seed), NaN where no difference was measured (a float, so the column
-    survives the table's merges as one dtype)."""
+    """1.0 where a difference exceeds the run's resolution, 0.0 where not or unknown, NaN where none was measured."""
     if not np.isfinite(difference):
         return float("nan")
     return float(np.isfinite(resolution) and abs(difference) > resolution)

@@ -1,14 +1,6 @@
-"""The report's Numerics and "What happened" sections: pure functions of the record tables.
-
-- loss-scale counts: skipped steps and growth events per framework x precision
-- underflow summary: element-weighted share of gradient elements float16 would flush to zero
-- dtype audit side by side: which dtypes each layer computes in, torch next to Keras
-- NaN/Inf locator findings
-- the loss-scaling lab's lesson: whether the dynamic scale could grow in a run this long (growth interval
-  against steps run), how close the scaled gradients came to float16's largest value (headroom, from the
-  log2-magnitude histograms the children record) and where the elements lost in the float16 backward were
-- what happened: sentences, each number taken from the records
-"""
+"""The report's Numerics and "What happened" sections, pure functions of the record tables: loss-scale
+counts, underflow shares, the dtype audit side by side, the NaN/Inf locator's findings, gradient headroom, the
+vit's attention headroom, and sentences whose every number comes from the records."""
 
 from __future__ import annotations
 
@@ -18,8 +10,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.harness.report import stats
-from amp_compare.harness.report.cell_text import accuracy_text
+from amp_compare.harness.report import phrases, scaling, stats
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -55,11 +46,8 @@ UNDERFLOW_METHODS = (
 
 
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
-    """Element-weighted underflow fractions per framework x precision x when (first / last step).
-
-    Both methods of UNDERFLOW_METHODS for both frameworks. Records written before the mixed-backward
-    columns existed give NaN there ("n/a" in the report), never a number the run did not measure.
-    """
+    """Element-weighted underflow fractions (both UNDERFLOW_METHODS) per framework x precision x when; NaN where
+    a column was not recorded."""
     if underflow.empty:
         return pd.DataFrame()
 
@@ -123,8 +111,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         per_fw = {}
         for fw, g in d.groupby("framework"):
             per_fw[fw] = g.groupby([*per, "layer", "phase"], sort=False).agg(
-                # the set of dtypes the layer's ops produced: torch's one batch_norm op with a float16 output
-                # and float32 statistics ("float16+float32") is Keras' float16 and float32 ops
+                # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
                 dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
                 ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
                 params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
@@ -134,7 +121,6 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
-        # a row one framework did not attribute (its audit has no row of that layer and phase) is not a difference:
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
         attributed = table[dtype_cols].notna().all(axis=1)
         table["differs"] = attributed & (table[dtype_cols].nunique(axis=1) > 1) if len(dtype_cols) > 1 else False
@@ -148,12 +134,9 @@ HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", 
 
 
 def loss_history(steps: pd.DataFrame | None, locator_steps: dict | None = None) -> pd.DataFrame:
-    """Per cell_id, from the step records (steps counted from 0, as the NaN/Inf locator and the divergence
-    watch count them): the first step whose loss was not finite, the first skipped update, the last step run,
-    how many updates were skipped, and the first and last step's loss scale; how many losses were non-finite (and
-    of those, skipped); the loss of the step the NaN/Inf locator ran at (`locator_steps`: cell_id -> that step,
-    NaN where none). The one definition every sentence about where a cell went non-finite reads (answer,
-    findings, What happened)."""
+    """Per cell_id, from the step records (steps from 0): first non-finite loss, first skipped update, last step,
+    skip count, first/last loss scale, non-finite loss count (and how many skipped), and the loss at the step in
+    `locator_steps` (cell_id -> the NaN/Inf locator's step)."""
     if steps is None or steps.empty or "loss" not in steps:
         return pd.DataFrame(columns=["cell_id", *HISTORY_COLS])
     rows = []
@@ -181,15 +164,9 @@ def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Data
                                                                            on="cell_id", how="left")
 
 
-def _scale_power(value: float) -> str:
-    power = np.log2(value) if value > 0 else np.nan
-    return f"2^{int(power)}" if np.isfinite(power) and power == int(power) else f"{value:g}"
-
-
 def ending_text(r, since: bool = True) -> str:
-    """How a cell that did not finish normally went non-finite, every step from its records (loss_history's
-    columns on a run row, a dict or a namedtuple): "" where the steps were not recorded. `since`: say where the
-    run of non-finite losses that stopped it began (the findings quote the divergence watch's own words)."""
+    """How a cell went non-finite, from loss_history's columns on a row (dict or namedtuple); "" where not
+    recorded. `since`: say where the non-finite run that stopped it began."""
     get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
     first = pd.to_numeric(get("first_nonfinite_loss_step", np.nan), errors="coerce")
     if pd.isna(first):
@@ -221,9 +198,8 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
 
 
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
-    """(growth interval, steps the longest cell ran) of the dynamic-scaling cells in runs/steps, or None where the
-    run recorded no growth interval (older records) or has no such cell: "the scale could not grow" must hold for
-    every cell, the longest included."""
+    """(growth interval, steps of the longest dynamic-scaling cell), or None without a recorded interval or such
+    a cell."""
     dynamic = precisions.names(loss_scaling="dynamic")
     cells = runs[runs["precision"].isin(dynamic)] if "precision" in runs else runs.iloc[0:0]
     if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all():
@@ -252,8 +228,7 @@ def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.D
     cols = ["framework", "precision", "log2", "count", "loss_scale"]
     if underflow.empty or "log2_hist" not in underflow:
         return pd.DataFrame(columns=cols)
-    sel = underflow[(underflow["when"] == when) & underflow["precision"].isin(precisions.names(half="float16"))]
-    sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
+    sel = _float16_probe(underflow, when)
     rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
         total: dict[int, int] = {}
@@ -267,6 +242,12 @@ def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.D
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
 
+def _float16_probe(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:
+    """The underflow probe's rows of the float16 modes at `when`, first seed."""
+    sel = underflow[(underflow["when"] == when) & underflow["precision"].isin(precisions.names(half="float16"))]
+    return sel[sel["seed"] == sel["seed"].min()]
+
+
 def _per_model(df: pd.DataFrame) -> list[str]:
     """The identity columns beyond framework x precision that the rows vary in (two models are never pooled)."""
     return [k for k in ("model", "dataset") if k in df and df[k].nunique() > 1]
@@ -278,10 +259,8 @@ def _who(per: list[str], key: tuple) -> str:
 
 
 def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
-    """Per framework x float16 mode: the largest parameter gradient of the probe after the last step against
-    float16's largest value, said as a bound on the parameter gradients only (overflow happens in the backward's
-    intermediate tensors, which the probe does not see), and what the step records show of overflow: the updates
-    the scaler skipped, at the scale each used, and the last step's scale (scale_record_text)."""
+    """Per framework x float16 mode: the probe's largest parameter gradient after the last step against
+    float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
     hist = gradient_histogram(underflow)
     per = [k for k in _per_model(underflow) if k in hist]
     out = []
@@ -294,8 +273,8 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
                          & (underflow["when"] == "last step") & (underflow["seed"] == underflow["seed"].min())]
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
-        scaled = (f"; times the scale the scaler held after that step ({_scale_power(scale)}) below "
-                  f"{_scale_power(bound)}" if scale != 1 else "")
+        scaled = (f"; times the scale the scaler held after that step ({phrases.power(scale)}) below "
+                  f"{phrases.power(bound)}" if scale != 1 else "")
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
         record = _cell_record(steps, rows)
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
@@ -314,12 +293,8 @@ def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
 
 
 def scale_record_text(cell_steps: pd.DataFrame) -> str:
-    """What one loss-scaled cell's step records show of overflow. The scale of a step is the one definition
-    steps.parquet holds: the scale that step's backward ran at (a skipped step halves it for the next). Says
-    the updates skipped, apart by their loss: with a finite loss (non-finite gradients at the scale then in use:
-    loss scaling's business) and with a non-finite loss (the forward overflowed: no scale helps), at which steps
-    and scales, and the last step's scale and whether it was skipped. "" for a cell that never scaled (every
-    scale 1) or has no records."""
+    """What one loss-scaled cell's step records show of overflow: the skipped updates, split by finite and
+    non-finite loss, their steps and scales, and the last step's scale; "" where it never scaled or has no records."""
     if cell_steps.empty or "loss_scale" not in cell_steps:
         return ""
     g = cell_steps.sort_values("step")
@@ -329,7 +304,7 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
     skipped = g["skipped"].astype(bool).to_numpy() if "skipped" in g else np.zeros(len(g), bool)
     last = f"step {int(g['step'].iloc[-1])}, counting from 0"
     last_loss = float(g["loss"].iloc[-1]) if "loss" in g else 0.0
-    ending = (f"the last step ({last}) ran at {_scale_power(scale[-1])} and "
+    ending = (f"the last step ({last}) ran at {phrases.power(scale[-1])} and "
               + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
                  if np.isfinite(last_loss) else "was skipped, with a non-finite loss"))
     if not skipped.any():
@@ -356,8 +331,8 @@ def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
     if not len(steps):
         return ""
     at = pd.Series(scales).value_counts().sort_index(ascending=False)
-    said = (", ".join(f"{_scale_power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
-            f"{len(at)} scales from {_scale_power(at.index[0])} down to {_scale_power(at.index[-1])}")
+    said = (", ".join(f"{phrases.power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
+            f"{len(at)} scales from {phrases.power(at.index[0])} down to {phrases.power(at.index[-1])}")
     return f"{len(steps)} {what}: {_step_ranges(steps)}, at {said}"
 
 
@@ -393,8 +368,7 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     zero) were, by layer, per framework x float16 mode at the last step (first seed)."""
     if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
         return []
-    sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
-    sel = sel[sel["seed"] == sel["seed"].min()] if not sel.empty else sel
+    sel = _float16_probe(underflow)
     sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
     out, per = [], _per_model(sel)
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
@@ -405,7 +379,7 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
             continue
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
-        at = f" at the scale held after the last step ({_scale_power(scale)})" if scale != 1 else " (no loss scaling)"
+        at = f" at the scale held after the last step ({phrases.power(scale)})" if scale != 1 else " (no loss scaling)"
         if total == 0:
             out.append(f"{who}{_label(fw)} {prec}, after the last step: none of the {nonzero:,} non-zero gradient "
                        f"elements came out exactly zero in the real float16 backward{at}.")
@@ -418,12 +392,8 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
 
 def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
                          underflow: pd.DataFrame | None) -> list[str]:
-    """Per cell whose first skipped update the NaN/Inf locator explained by a parameter's gradient: the two facts
-    the run records about that tensor side by side — at the skip, its gradient times the scale passed float16's
-    65,504 (the locator); after the last step, its largest |gradient| (the probe's histogram) times the scale then
-    held, against 65,504 (the headroom it had once the scale had backed off)."""
-    from amp_compare.harness.report import phrases, scaling
-
+    """Per cell whose first skip the NaN/Inf locator traced to a parameter's gradient: the locator's finding
+    at the skip beside the probe's largest |gradient| after the last step at the scale then held."""
     if steps is None or steps.empty or "nonfinite_where" not in runs:
         return []
     out = []
@@ -443,19 +413,18 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
         if top is not None:
             bound = 2.0 ** (top + 1) * final
             after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, times the "
-                     f"scale then held ({_scale_power(final)}) below {_scale_power(bound)}"
+                     f"scale then held ({phrases.power(final)}) below {phrases.power(bound)}"
                      + (f", {FP16_MAX / bound:.3g}× under 65,504" if bound <= FP16_MAX else
                         ", not provably under 65,504"))
         who = _who(per, tuple(r[k] for k in per))
         out.append(f"{who}{_label(r['framework'])} {r['precision']} seed {r['seed']}: the skip at step {f['step']} "
-                   f"(scale {_scale_power(f['scale'])}) — {phrases.cause(f)}{after}.")
+                   f"(scale {phrases.power(f['scale'])}) — {phrases.cause(f)}{after}.")
     return out
 
 
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
-    """Per framework that ran fp16 with its dynamic loss scaling and without any: both validation accuracies, each
-    with its paired test against fp32 from `acc` (tables.accuracy_statistics, the Accuracy section's rows, worded
-    by cell_text.accuracy_text): two accuracies side by side never stand without the test that judges them."""
+    """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with
+    its paired test against fp32 from `acc` (tables.accuracy_statistics)."""
     out = []
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     per = _per_model(ok) if not ok.empty else []  # per model and dataset: never two models' median
@@ -472,7 +441,7 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
                 return ""
             sel = acc_rows[np.logical_and.reduce([acc_rows[k] == v for k, v in zip([*per, "framework"], group)]
                                                  + [acc_rows["precision"] == prec])]
-            return f" (against fp32: {accuracy_text(sel.iloc[0])})" if not sel.empty else ""
+            return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if not sel.empty else ""
 
         out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
                    f"loss scaling{tested(DYNAMIC_FP16)}, {without:.1%} without any{tested(UNSCALED_FP16)}"
@@ -483,10 +452,7 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
 
 def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.DataFrame,
                   steps: pd.DataFrame | None = None, acc: pd.DataFrame | None = None) -> dict[str, list[str]]:
-    """What happened, by the Numerics subsection it belongs to, each sentence once and none repeating its
-    subsection's table (the loss-scale counts, the underflow shares, the NaN/Inf locator's rows): what the
-    tables do not show — accuracy with and without scaling, the gradients' headroom under float16's largest
-    value and where lost elements were, the vit's attention story."""
+    """What happened, per Numerics subsection, saying only what its tables do not."""
     history = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
     return {"loss_scaling": skip_cause_sentences(runs, steps, underflow) + scaling_accuracy_sentences(runs, acc),
             "underflow": headroom_sentences(underflow, steps) + lost_sentences(underflow),
@@ -494,12 +460,8 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.Data
 
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
-    """What the glossary and the dtype-audit section say about op dtypes, taken from this run's own audit.
-
-    Nothing here is typed from documentation: the op lists are the ops the torch child's audit saw
-    (first seed, first mixed precision), under the autocast of `device` (torch's CPU and CUDA autocast
-    lists differ; only the one that ran is described). Empty when the run audited no mixed precision.
-    """
+    """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
+    first mixed precision, `device`'s autocast). Empty when no mixed precision was audited."""
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "torch_float32_ops": [],
                    "torch_half_ops": [], "keras_fc": "", "keras_loss": "", "torch_fc": "", "differing": {},
                    "keras_label": "Keras", "methods": audit_methods(dtypes)}
@@ -562,9 +524,8 @@ def _block(layer: str) -> str:
 
 
 def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude (the block's LayerNorms
-    together), with its float16 headroom factor 65504 / max. Quantities: attention_logit and layernorm_input.
-    `attention` (builtin / naive) from the runs' config where given."""
+    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude and its float16
+    headroom 65504 / max; `attention` from the runs' config where given."""
     if headroom is None or headroom.empty:
         return pd.DataFrame()
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
@@ -599,9 +560,8 @@ def _forward_rank(layer: str) -> tuple[float, int]:
 
 
 def _carried_from(layer: str, epoch: int, cell: dict) -> str:
-    """The layer a non-finite record of `layer` in `epoch` was carried from: the NaN/Inf locator's layer when it
-    found the first non-finite value in the forward, at a step of that epoch, in a layer before this one ("" when
-    the records do not show one: then it is only known to be non-finite)."""
+    """The earlier layer a non-finite record was carried from: the NaN/Inf locator's forward finding in the same
+    epoch, if it runs before `layer`; else ""."""
     source, epoch_of = cell.get("nonfinite_layer", ""), cell.get("locator_epoch", -1)
     if cell.get("nonfinite_where") != "forward" or not source or epoch_of != epoch:
         return ""
@@ -623,9 +583,8 @@ def _locator_cells(runs: pd.DataFrame | None, steps: pd.DataFrame | None) -> dic
 
 
 def _headroom_row(layer: str, quantity: str, peak: pd.Series, cell: dict) -> dict:
-    """One layer's record against the float16 limit it meets: the naive attention's logit against exp's
-    ln(65,504), anything else against 65,504; a non-finite record as carried from an earlier layer where the
-    records show one, else only as non-finite (a running maximum that met NaN cannot say where it began)."""
+    """One layer's record against the float16 limit it meets (logit_limit); a non-finite record said as carried
+    from an earlier layer where the records show one."""
     naive = quantity == "attention_logit" and cell.get("cfg_attention") == "naive"
     limit = FP16_EXP_LIMIT if naive else FP16_MAX
     value, epoch = float(peak["max_abs"]), int(peak["epoch"])
@@ -642,10 +601,8 @@ def _headroom_row(layer: str, quantity: str, peak: pd.Series, cell: dict) -> dic
 
 def headroom_table(headroom: pd.DataFrame, runs: pd.DataFrame | None = None,
                    steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The report's headroom table: per framework x precision x recorded layer (each LayerNorm apart: ln1, ln2,
-    the final norm), the largest attention logit or LayerNorm input over the whole run (first seed), the float16
-    limit it meets (_headroom_row) and how many times that limit is above it. `runs` (attention mode, the NaN/Inf
-    locator) and `steps` (the epoch of the locator's step) say where a non-finite record was carried from."""
+    """The headroom table: per framework x precision x recorded layer, the run's largest value (first seed),
+    its float16 limit and the headroom; `runs` and `steps` tell where a non-finite record was carried from."""
     if headroom is None or headroom.empty:
         return pd.DataFrame()
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)]
@@ -676,9 +633,8 @@ def _cfg_text(value) -> str:
 
 
 def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
-    """Sentences about the vit's numerics, every number from the records: the largest attention logit per cell
-    against float16's range, and with --attention naive where the run overflowed (the NaN/Inf locator's layer) or,
-    with --fp32-layers, that it finished finite."""
+    """Sentences on the vit's numerics: each cell's largest attention logit against float16's range and, with
+    --attention naive, where it overflowed or that it finished finite."""
     out: list[str] = []
     if runs.empty or "model" not in runs or not (runs["model"] == "vit").any():
         return out
@@ -707,9 +663,8 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
 
 
 def logit_limit(naive: bool) -> tuple[float, str]:
-    """The float16 limit an attention logit is measured against: the naive softmax takes exp of the raw logit,
-    which overflows float16 past ln(65,504) ≈ 11.09; a max-subtracted (builtin) softmax only holds the logit
-    itself, so its limit is float16's largest value."""
+    """(limit, its words) an attention logit is measured against: ln(65,504) for the naive softmax's exp, else
+    float16's largest value."""
     return ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive else
             (FP16_MAX, "float16's 65,504"))
 
@@ -749,11 +704,8 @@ def _located_text(r: dict, step: int, forced: str) -> str:
 
 
 def locator_loss_text(r) -> str:
-    """Beside a forward finding of the NaN/Inf locator, the loss of the step it ran at (loss_history's
-    nonfinite_step_loss). A non-finite layer output next to a finite loss is float16's doing, not a wrong step: the
-    non-finite elements are ones the loss does not read (the vit's head reads only the class token's row), and they
-    reach the update through the gradients (zero upstream gradient times a non-finite activation is NaN), which is
-    why the step was skipped. "" where the finding is not in the forward or the loss was not recorded."""
+    """Beside a forward finding of the NaN/Inf locator, the loss of that step and what a finite one implies; ""
+    where the finding is not in the forward or the loss was not recorded."""
     get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
     loss = pd.to_numeric(get("nonfinite_step_loss", np.nan), errors="coerce")
     if get("nonfinite_where") != "forward" or pd.isna(loss):
@@ -767,10 +719,8 @@ def locator_loss_text(r) -> str:
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
-    """The measured effect of what aligned mode cannot align (the attention core, contract/mapping.py): per
-    precision, the median over steps of |loss_torch - loss_keras| / loss_torch between the two frameworks' cells of
-    the same seed (shared initial weights, the same batches), median over seeds, against fp32's gap (the floor:
-    summation order alone). Steps up to the first non-finite loss of either. "" when the run has no such pairs."""
+    """Per precision, the median over steps (then seeds) of the relative loss gap between PyTorch and
+    Keras cells of the same seed, before either's first non-finite loss; "" without such pairs."""
     if steps.empty or "model" not in steps:
         return ""
     mine = steps[steps["model"] == model]

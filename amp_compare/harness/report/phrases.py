@@ -1,9 +1,5 @@
-"""The phrasebook: each verdict (verdicts.py) worded once per form, from its row alone.
-
-Forms: `number` (the estimate with its interval and the interval's kind), `cell` (a table cell: the number, or a
-word where there is none, then the status), `clause` (the metric, its cell and why), `sentence` (who, then the
-clause). The answer, the per-model tables, the page and the terminal all word verdicts through these functions.
-"""
+"""The phrasebook: each verdict (verdicts.py) worded once per form, from its row alone: `number` (estimate and
+interval), `cell` (a table cell), `clause` (metric, cell and why), `sentence` (who, then the clause)."""
 
 from __future__ import annotations
 
@@ -16,6 +12,9 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import stats
+from amp_compare.harness.report.verdicts import REASONS, STATUSES
+from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
+from amp_compare.kit.fp16 import FP16_MAX
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
           "numerics": "numerics"}
@@ -49,8 +48,7 @@ KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "New
         "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
-# which reasons a cell shows in brackets: those that say why there is no number or no decision, and the measured margin
-# a decision rests on (fp32's seed range, no image differing, one precision's seeds' memory spread)
+# the statuses and reasons a cell shows in brackets: why nothing was decided, or the margin a decision rests on
 SHOWN = {"not_comparable", "undecided", "failed"}
 SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
 
@@ -85,9 +83,8 @@ def pp_bound(value: float) -> str:
 
 
 def number(v, interval: bool = True, of: bool = True) -> str:
-    """The estimate in the verdict's unit, with its 95% interval where it has one and `interval`; "" where none. A
-    ratio says what it is a multiple of ("0.16× fp32's", after the metric's name) unless `of` is False (a column
-    header says it)."""
+    """The estimate in the verdict's unit with its 95% interval where it has one and `interval`; "" where none. A ratio
+    names what it is a multiple of unless `of` is False."""
     if not np.isfinite(v.estimate):
         return ""
     if v.unit in RATIO_UNITS:
@@ -115,7 +112,7 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
     status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
     if why and v.metric == "speed" and v.reason != "contended":  # a decided trial that still lost its cores at times
-        blocks = json.loads(getattr(v, "evidence", "") or "{}").get("contended_blocks") or 0
+        blocks = evidence(getattr(v, "evidence", "")).get("contended_blocks") or 0
         status += f" ({blocks} contended block{'s' if blocks != 1 else ''})" if blocks else ""
     if v.metric == "numerics" and v.status != "failed":
         return "finite" if v.status == "same" else status  # numerics' "same": every loss and update finite
@@ -138,10 +135,8 @@ def test(method, seeds) -> str:
 def accuracy(r) -> str:
     """An accuracy-table row's comparison with fp32 (tables.accuracy_statistics) as its verdict words it
     (verdicts.accuracy): the cell, then the interval's kind and p where a test ran."""
-    from amp_compare.harness.report import verdicts
-
-    v = SimpleNamespace(**verdicts.accuracy(r))
-    p = json.loads(v.evidence)["p_value"]
+    v = SimpleNamespace(**accuracy_verdict(r))
+    p = evidence(v.evidence)["p_value"]
     said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
                         f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
     return cell(v) + (f" ({', '.join(said)})" if said else "")
@@ -173,10 +168,10 @@ def columns_note(verdicts: pd.DataFrame) -> str:
     """What the per-model tables' columns measure, each model's time-to-target target with how it was chosen."""
     targets = []
     for (model, _), part in verdicts[verdicts["metric"] == "time_to_target"].groupby(["model", "dataset"], sort=False):
-        evidence = json.loads(part["evidence"].iloc[0] or "{}")
-        target = evidence.get("target")
+        said = evidence(part["evidence"].iloc[0])
+        target = said.get("target")
         if isinstance(target, float) and np.isfinite(target):
-            basis = evidence.get("target_basis", "")
+            basis = said.get("target_basis", "")
             targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
     target = f" ({'; '.join(targets)})" if targets else ""
     return ("Speed: fp32's step time ÷ the precision's, from a speed trial (fp32 and mixed blocks interleaved in one "
@@ -190,8 +185,6 @@ def columns_note(verdicts: pd.DataFrame) -> str:
 def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
     """(term, text) per status and per reason the run's verdict table holds: the word the tables print and what it
     means (verdicts.STATUSES, verdicts.REASONS), so the glossary explains exactly the words on the page."""
-    from amp_compare.harness.report.verdicts import REASONS, STATUSES
-
     if verdicts is None or verdicts.empty:
         return []
     statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))
@@ -205,7 +198,7 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
 # The loss-scaling lab's rows (verdicts.LAB_METRICS, harness/report/scaling.py): one line each in the answer
 # ---------------------------------------------------------------------------------------------
 
-FP16_MAX_TEXT = "65,504"
+FP16_MAX_TEXT = f"{FP16_MAX:,.0f}"
 # Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
 KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
 
@@ -217,10 +210,9 @@ def power(value) -> str:
     return f"2^{int(k)}" if np.isfinite(k) and k == int(k) else f"{v:g}"
 
 
-def _evidence(v) -> dict:
-    import json
-
-    return json.loads(v.evidence) if isinstance(v.evidence, str) and v.evidence else {}
+def evidence(text) -> dict:
+    """A verdict row's evidence (JSON text) as a dict; {} where empty."""
+    return json.loads(text) if isinstance(text, str) and text else {}
 
 
 def _plural(n: int, word: str) -> str:
@@ -263,7 +255,7 @@ def cause(f: dict) -> str:
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
-            f"so that step's was ≥ {65504 / f['scale']:.3g} unscaled (inferred from the overflow)")
+            f"so that step's was ≥ {FP16_MAX / f['scale']:.3g} unscaled (inferred from the overflow)")
 
 
 def _underflow(v, e: dict) -> str:
@@ -307,4 +299,4 @@ LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underfl
 
 def lab_line(v) -> str:
     """One loss-scaling verdict row as the answer's line: "PyTorch fp16: loss scale from 2^15 ..."."""
-    return f"{framework_label(v.framework)} {v.precision}: {LAB_WORDS[v.metric](v, _evidence(v))}"
+    return f"{framework_label(v.framework)} {v.precision}: {LAB_WORDS[v.metric](v, evidence(v.evidence))}"

@@ -1,12 +1,6 @@
-"""The Profile section: per mixed cell that ran slower or faster than its fp32 cell, the operations and library
-path that account for the difference, from the --profile tables (kit/profile.py); unexplained where a cell has none.
-
-A pure function of the run's tables: run (median_step_s, profile_* columns), profile_ops, profile_primitives.
-The difference is read per profiled step: each op's self time in the mixed cell's window minus the same op's in
-the fp32 cell's (an op that ran in one cell only, e.g. TensorFlow's oneDNN `_Mkl…` op against its Eigen op,
-counts whole on its side). A cell is slow or fast when its timed median step is more than SPEED_BAND away from
-fp32's.
-"""
+"""The Profile section: per mixed cell more than SPEED_BAND slower or faster than its fp32 cell, the ops and
+library path accounting for the difference in self time per profiled step (--profile tables, kit/profile.py); an
+op run in one cell only counts whole on its side."""
 
 from __future__ import annotations
 
@@ -84,31 +78,6 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
     sentences = [overhead_sentence(profiled)] if not profiled.empty else []
     traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
     return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces}
-
-
-def evidence(tables: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
-    """Per profiled mixed cell, the op whose self time per step moved most against its fp32 cell (in the
-    direction of the change), its share of the window's step-time difference and its library path: what the
-    answer (report/answer.py) cites as the reason. None when no cell was profiled."""
-    runs, ops = tables.get("run", pd.DataFrame()), tables.get("profile_ops", pd.DataFrame())
-    if runs.empty or ops.empty or "profile_steps" not in runs.columns:
-        return None
-    ok = runs[runs["status"] == "ok"].set_index("cell_id", drop=False)
-    rows = []
-    for _, run in ok[ok["precision"] != precisions.REFERENCE].iterrows():
-        fp32 = _fp32_cell(run["cell_id"], run["precision"])
-        if fp32 not in ok.index:
-            continue
-        mine, theirs = (_per_step(ops, c["cell_id"], c.get("profile_steps", float("nan"))) for c in (run, ok.loc[fp32]))
-        delta, total = mine.sub(theirs, fill_value=0.0), mine.sum() - theirs.sum()
-        if mine.empty or theirs.empty or not total:
-            continue
-        op = (delta.idxmax() if total > 0 else delta.idxmin())
-        lib = ops[(ops["cell_id"] == run["cell_id"]) & (ops["op"] == op)]["library"]
-        rows.append({"framework": run["framework"], "model": run["model"], "precision": run["precision"],
-                     "seed": run["seed"], "op": op, "self_share": delta[op] / total,
-                     "library_path": (lib.iloc[0] if not lib.empty else "") or "not reported"})
-    return pd.DataFrame(rows) if rows else None
 
 
 def overhead_sentence(profiled: pd.DataFrame) -> str:

@@ -1,9 +1,5 @@
-"""Render a compare run's folder into index.html, summary.md, figures/ and data/.
-
-`render_report(run_dir)` reads only what the run wrote (manifest.json and the cells' record
-tables), so a report can be re-rendered at any time with `nox -s report -- reports/<run-id>`
-and renders from partial results too: missing or failed cells are named, never hidden.
-"""
+"""Render a compare run's folder into index.html, summary.md, figures/ and data/, from what the run wrote
+only (manifest.json and the cells' records), partial results included: missing cells are named."""
 
 from __future__ import annotations
 
@@ -36,17 +32,20 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
+from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.settings_check import (
     adam_gap_text,
     differences_apply,
     ignored_settings,
     settings_paragraph,
     side_by_side,
+    value_text,
 )
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
     accuracy_statistics,
+    by_gpu_model,
     fewer_seeds_note,
     formatted_summary,
     full_table,
@@ -79,10 +78,8 @@ def _env() -> jinja2.Environment:
 
 
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
-    """A plain HTML table; the first four columns left-aligned; rows where `highlight` is true marked.
-
-    `grouped`: columns named "group: name" share one header cell over their names (a two-row header), so a wide
-    table's headers wrap into short words."""
+    """A plain HTML table, the first four columns left-aligned, rows where `highlight` is true marked; `grouped`:
+    columns named "group: name" share a header cell over their names."""
     cols = [c for c in df.columns if c != highlight]
     if grouped:
         return f"<table>{_grouped_head(cols)}{''.join(_rows(df, cols, highlight))}</table>"
@@ -154,6 +151,12 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def _identity(df: pd.DataFrame) -> dict:
+    """The columns a numerics or memory table opens with: model and dataset where recorded, framework, precision."""
+    return {**{k.title(): df[k] for k in ("model", "dataset") if k in df},
+            "Framework": df["framework"].map(framework_label), "Precision": df["precision"]}
+
+
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     if maxbatch.empty:
         return maxbatch
@@ -162,11 +165,9 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     first = maxbatch.groupby(keys, sort=False).first().reset_index()
     peak = maxbatch[maxbatch["ok"]].groupby(keys)["peak_bytes"].max()
     return pd.DataFrame({
-        **{k.capitalize(): first[k] for k in keys[:-2]},
-        "Framework": first["framework"].map(framework_label), "Precision": first["precision"],
-        "Largest batch that fit": first["max_ok"].astype(str),
+        **_identity(first), "Largest batch that fit": first["max_ok"].astype(str),
         "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
-        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / 2**20:,.0f}"
+        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / MIB:,.0f}"
                                              for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
         "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),
@@ -190,9 +191,7 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
         return "could not grow (--growth-interval ≥ steps)" if facts and facts[1] <= facts[0] else \
             f"{r.growth_events:.0f}"
 
-    return pd.DataFrame({**{k.title(): counts[k] for k in ("model", "dataset") if k in counts},
-                         "Framework": counts["framework"].map(framework_label),
-                         "Precision": counts["precision"], "Steps": counts["steps"].map("{:.0f}".format),
+    return pd.DataFrame({**_identity(counts), "Steps": counts["steps"].map("{:.0f}".format),
                          "Skipped": counts["skipped"].map("{:.0f}".format),
                          "Growth events": [growth(r) for r in counts.itertuples()],
                          "First scale": counts["first_scale"].map("{:g}".format),
@@ -203,9 +202,7 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     s = nr.underflow_summary(underflow)
     if s.empty:
         return s
-    return pd.DataFrame({**{k.title(): s[k] for k in ("model", "dataset") if k in s},
-                         "Framework": s["framework"].map(framework_label),
-                         "Precision": s["precision"], "When": s["when"],
+    return pd.DataFrame({**_identity(s), "When": s["when"],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
                          "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
@@ -230,9 +227,7 @@ def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
         return f
     loss = ({"That step's loss": f["nonfinite_step_loss"].map(lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
             if "nonfinite_step_loss" in f else {})
-    return pd.DataFrame({**{k.title(): f[k] for k in ("model", "dataset") if k in f},
-                         "Framework": f["framework"].map(framework_label),
-                         "Precision": f["precision"], "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
+    return pd.DataFrame({**_identity(f), "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
                          **loss})
 
@@ -275,8 +270,7 @@ def table_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-# A cell without a stderr tail: the runner keeps the tail of a child that crashed or was refused; a diverged cell's
-# child stopped itself and wrote its records, so there is no stderr to quote, and saying "last lines" would be empty.
+# What the Cells section says of a cell without a stderr tail, by its status.
 NO_STDERR = {"diverged": "its own divergence watch stopped it and its child ended normally, so no stderr was kept "
                          "(the step records and the NaN/Inf locator say what happened)"}
 
@@ -296,16 +290,8 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
     return out
 
 
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
 def _vit_settings(settings: dict) -> dict:
-    """A vit cell's settings with its attention items: the core is the --attention it ran (recorded as
-    `attention`; not a setting of its own, the two cores differ by design); a record from before the projections'
-    biases were read back ran them without saying how."""
+    """A vit cell's settings with its attention items (the core is the --attention it ran)."""
     if "attention" not in settings:  # the CNNs have no attention
         return settings
     core = f"--attention {settings['attention']}"
@@ -316,8 +302,7 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
     """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
     from the installed versions, and the values this run's cells actually used."""
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
-    # what a cell used is what it read back from its live objects: a diverged fp16 cell used its loss-scale
-    # settings and its half output layer as much as a finished one did, so every cell that recorded them counts
+    # what a cell used: every cell that recorded its settings, diverged ones too
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
     defaults: dict[str, dict] = {}
     used: dict[str, dict[str, set]] = {}
@@ -326,15 +311,13 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
         if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
             defaults.setdefault(fw, json.loads(row["framework_defaults"]))
     for row in recorded.to_dict("records"):
-        fw = "keras" if is_keras(row["framework"]) else row["framework"]
+        mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
-            settings = _vit_settings(json.loads(row["settings_used"]))
-            for key, value in settings.items():
-                used.setdefault(fw, {}).setdefault(key, {}).setdefault(row.get("model", ""), set()).add(_fmt(value))
-        if row.get("init_source"):
-            # "(this cell)" marks the cell that wrote the shared file: the same file, listed once
-            source = str(row["init_source"]).removesuffix(" (this cell)")
-            used.setdefault(fw, {}).setdefault("initial_weights", {}).setdefault("", set()).add(source)
+            for key, value in _vit_settings(json.loads(row["settings_used"])).items():
+                mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(value_text(value))
+        if row.get("init_source"):  # " (this cell)" marks the cell that wrote the shared file: the same file
+            mine.setdefault("initial_weights", {}).setdefault("", set()).add(
+                str(row["init_source"]).removesuffix(" (this cell)"))
     rows = []
     adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
     vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
@@ -343,8 +326,8 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
         rows.append({
             "item": d.item, "why": d.why,
             "measured": adam_gap if d.key == "adam_formula" else vit_gap if d.key == "attention_core" else "",
-            "torch_default": _fmt(defaults.get("torch", {}).get(d.key, "n/a")),
-            "keras_default": _fmt(defaults.get("keras", {}).get(d.key, "n/a")),
+            "torch_default": value_text(defaults.get("torch", {}).get(d.key, "n/a")),
+            "keras_default": value_text(defaults.get("keras", {}).get(d.key, "n/a")),
             "torch_used": _used_text(used.get("torch", {}).get(d.key, {})),
             "keras_used": _used_text(used.get("keras", {}).get(d.key, {})),
         })
@@ -395,8 +378,6 @@ def render(run_dir: Path, figures: bool = True) -> Rendered:
             print(f"skipping unreadable max-batch search {path}: {exc}", file=sys.stderr)
     if searches:
         tables["maxbatch"] = pd.concat(searches, ignore_index=True)
-    from amp_compare.harness.report.tables import by_gpu_model
-
     return _render(run_dir, load_manifest(run_dir), by_gpu_model(tables), draw=figures)
 
 
@@ -413,39 +394,34 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
         raise ValueError("the same run folder was given twice")
     parts: dict[str, list[pd.DataFrame]] = {}
-    environment, cells, seeds, commands = {}, [], set(), []
-    hardware, devices, matrices = set(), set(), []
+    manifests, environment, cells, hardware = [], {}, [], set()
     for run_dir in run_dirs:
         manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
+        manifests.append(manifest)
         label = machine_label(manifest, tables["run"], Path(run_dir).name)
         hardware.add(label.rsplit(" · ", 1)[0])  # the machine without the folder
-        devices.add(manifest["device"])
-        matrices.append(manifest["matrix"])
         for name, df in tables.items():
             if "cell_id" in df:  # the speed trials' blocks have no cell
                 df = df.assign(cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
-            df = df.assign(machine=label)
-            parts.setdefault(name, []).append(df)
+            parts.setdefault(name, []).append(df.assign(machine=label))
         environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
         cells += [f"{Path(run_dir).name}/{c}" for c in manifest["cells"]]
-        seeds |= set(manifest["matrix"]["seeds"])
-        commands.append(manifest["command"])
-    first = load_manifest(run_dirs[0])
+    first, envs = manifests[0], [m["environment"] for m in manifests]
     for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware", "cpu_isa_limits"):  # where runs agree
-        values = {str(load_manifest(d)["environment"].get(key)) for d in run_dirs}
-        if len(values) == 1 and key in first["environment"]:
+        if len({str(e.get(key)) for e in envs}) == 1 and key in first["environment"]:
             environment[key] = first["environment"][key]
     environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
-                       cpu_model=" / ".join(dict.fromkeys(load_manifest(d)["environment"].get("cpu_model", "?")
-                                                          for d in run_dirs)))
+                       cpu_model=" / ".join(dict.fromkeys(e.get("cpu_model", "?") for e in envs)))
     # Every run's frameworks, models, datasets, precisions and seeds (the run list's Matrix column).
-    matrix = {k: list(dict.fromkeys(v for m in matrices for v in m.get(k, []))) for k in first["matrix"]}
+    matrix = {k: list(dict.fromkeys(v for m in manifests for v in m["matrix"].get(k, []))) for k in first["matrix"]}
+    seeds, devices = sorted({s for m in manifests for s in m["matrix"]["seeds"]}), {m["device"] for m in manifests}
     device = "several machines" if len(hardware) > 1 else devices.pop() if len(devices) == 1 else "several devices"
     manifest = {"run_id": out_dir.name, "device": device, "cells": cells, "environment": environment,
-                "matrix": {**matrix, "seeds": sorted(seeds)}, "defaults": first["defaults"],
+                "matrix": {**matrix, "seeds": seeds}, "defaults": first["defaults"],
                 "notes": [f"Combined report of {len(run_dirs)} runs: {', '.join(str(d) for d in run_dirs)}."],
                 "command": "python -m amp_compare report " + " ".join(str(d) for d in run_dirs)
-                + "\n# the runs: " + "\n# ".join(commands), "sources": [str(d) for d in run_dirs]}
+                + "\n# the runs: " + "\n# ".join(m["command"] for m in manifests),
+                "sources": [str(d) for d in run_dirs]}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
     return _render(out_dir, manifest, {name: pd.concat(dfs, ignore_index=True) for name, dfs in parts.items()},
@@ -478,9 +454,8 @@ def _env_value(value) -> str:
 
 
 def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, str | list[str]]]:
-    """The Environment table: the host as the parent recorded it, then what each framework's cells reported.
-    A value is a string, or a list where cells differ (amp_api: one item per precision). CUDA/cuDNN versions
-    a framework was built with are labelled as build info, and on a run that used no GPU say so."""
+    """The Environment table: the host as the parent recorded it, then what each framework's cells reported (a
+    list where cells differ); build-time CUDA/cuDNN versions labelled as such."""
     rows: list[tuple[str, str | list[str]]] = [(k, _env_value(environment[k])) for k in sorted(environment)]
     if runs.empty or "framework" not in runs:
         return rows
@@ -515,9 +490,8 @@ def _split_packages(rows: list) -> tuple[list, list]:
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str = "cpu",
           full: pd.DataFrame | None = None) -> Callable[[], list]:
-    """Every figure of the page (matplotlib and seaborn are imported only here: --no-figures skips both), drawn by
-    two processes where the machine has two cores (each figure's own file), started now; the returned collect()
-    gives them in page order once drawn (the rest of the page is built meanwhile), collect(cancel=True) drops them."""
+    """Every figure of the page, started now on up to two processes; the returned collect() gives them in page order,
+    collect(cancel=True) drops them."""
     from amp_compare.harness.report import figures as fg
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
@@ -549,11 +523,9 @@ def _themed(fn, args):
 
 
 def _in_parallel(tasks: list) -> Callable[[], list]:
-    """Each (function, args) task started on two forked processes where two CPUs are free to this process (rendering
-    runs after the last cell, so nothing is timed meanwhile); the returned results() waits for them, in order (drawn
-    one after another here, where they cannot be forked); results(cancel=True) drops them."""
-    # A process that has loaded a framework (a notebook, a test) may hold thread pools a fork cannot copy: draw
-    # there one figure after another. The compare's own parent never imports one.
+    """Each (function, args) task started on up to two forked processes; the returned results() waits for them
+    in order, results(cancel=True) drops them."""
+    # a process that loaded a framework may hold thread pools a fork cannot copy: it draws in turn
     framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
 
     def here(cancel: bool = False) -> list:
@@ -594,7 +566,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     """The Summary and Speed sections: the table, the findings and the sentences built from the run's facts."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
-    accuracy = accuracy_statistics(runs, epochs, evidence)
+    accuracy = accuracy_statistics(runs, epochs)
     full = full_table(runs, steps, epochs, evidence, accuracy)
     summary = formatted_summary(full)
     main_table, hardware, loop_text = split_summary(summary)
@@ -616,7 +588,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
             "machine_note": speed.machine_note(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
-            **_answer_context(manifest, tables, evidence, verdict_table)}
+            **_answer_context(manifest, verdict_table)}
 
 
 def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
@@ -625,7 +597,7 @@ def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
     return bool(on_fp32_ceiling(full).any()), bool((ceiling_limits(full) != "").any())
 
 
-def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: dict, verdict_table) -> dict:
+def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
     """The answer the page, summary.md and the terminal open with (answer.py, from the verdict table), the per-model
     verdict tables (phrases.table)."""
     first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"))
@@ -638,9 +610,7 @@ def _answer_context(manifest: dict, tables: dict[str, pd.DataFrame], evidence: d
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, acc: pd.DataFrame) -> dict:
-    """The Numerics section (loss scaling, underflow, the vit's dtypes and headroom, what happened in each) and
-    the appendix's full dtype audits. `acc`: the Accuracy section's paired tests, which every accuracy the Loss
-    scaling part compares carries."""
+    """The Numerics section and the appendix's dtype audits; `acc`: the Accuracy section's paired tests."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
@@ -674,10 +644,8 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
 
 def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], summary: dict, draw: bool) -> dict:
     """The page's context but its figures (_page_context)."""
-    runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    acc_stats = summary["accuracy"]
-    ok_ids = set(runs.loc[runs["status"] == "ok", "cell_id"]) if not runs.empty else set()
-    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
+    runs, steps, acc_stats = tables["run"], tables["steps"], summary["accuracy"]
+    comparison, init = manifest["defaults"].get("comparison", "aligned"), manifest["defaults"].get("init", "shared")
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
@@ -687,12 +655,11 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     return {
         **summary, **numerics,
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
-        "device_names": device_names, "n_ok": len(ok_ids), "n_cells": len(manifest["cells"]), "sections": SECTIONS,
-        "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
+        "device_names": device_names, "n_cells": len(manifest["cells"]), "sections": SECTIONS,
+        **_cell_counts(manifest, tables),
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "warmup": manifest["defaults"]["warmup_steps"],
-        "cells": _cells(runs, epochs, steps),
         **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs)))),
         "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
         "differences": framework_differences(runs, steps),
@@ -700,34 +667,32 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
                         for k, v in keras_backend_split(runs).items()},
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "differences_words": settings_differences(manifest["defaults"].get("comparison", "aligned"),
-                                                  manifest["defaults"].get("init", "shared")),
-        "keras_split_intro": BACKEND_INTRO,
-        "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], manifest["defaults"].get(
-            "comparison", "aligned")),
-        "comparison": manifest["defaults"].get("comparison", "aligned"),
-        "init": manifest["defaults"].get("init", "shared"),
-        "glossary_entries": glossary.entries(
-            summary["facts"], numerics["dtype_facts"],
-            manifest["defaults"].get("comparison", "aligned"), summary["full"],
-            {**manifest["environment"], "device": manifest["device"]},
-            tables.get("underflow", pd.DataFrame()), acc_stats)
+        "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
+        "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),
+        "comparison": comparison, "init": init,
+        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"], comparison, summary["full"],
+                                             {**manifest["environment"], "device": manifest["device"]},
+                                             tables.get("underflow", pd.DataFrame()), acc_stats)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
             summary["verdicts"]))],
     }
 
 
+def _cell_counts(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
+    """How many cells finished, the manifest's cells without a result (with their status), and the Cells section."""
+    runs = tables["run"]
+    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
+    return {"n_ok": sum(v == "ok" for v in status.values()), "cells": _cells(runs, tables["epochs"], tables["steps"]),
+            "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
+
+
 def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> dict:
     """DATA PARALLEL: the Data parallel section (harness/report/dataparallel.py) and the page's counts over every
     cell (the other sections' context is built from the 1-worker cells only)."""
-    runs = every.get("run", pd.DataFrame())
     section = dataparallel.section(every, _evidence(manifest), manifest["device"])
-    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
     return {"data_parallel": section and {**section, "table": _html_or_none(section["table"])},
-            "sections": dataparallel.sections(SECTIONS, section),
-            "n_ok": sum(v == "ok" for v in status.values()),
-            "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"],
-            "cells": _cells(runs, every["epochs"], every["steps"]), "data_parallel_md": section and (
+            "sections": dataparallel.sections(SECTIONS, section), **_cell_counts(manifest, every),
+            "data_parallel_md": section and (
                 [] if section["table"].empty else ["", "### Data parallel", "", dataparallel.short_intro(), "",
                                                     table_markdown(section["table"]), "",
                                                     *[f"- {s}" for s in section["sentences"]]])}
@@ -742,13 +707,11 @@ def read_trials(run_dir: Path, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
-    # data/run: each cell's MFU as the report prints it, against the run's one ceiling per device and dtype
-    # (ceiling_flops; ceiling_flops_measured keeps the cell's own framework's timing)
+    # data/run: each cell's MFU against the run's one ceiling per device and dtype, as the report prints it
     records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
                           if "run" in tables else tables)
     tables = {**tables, "trials": read_trials(run_dir, tables)}
-    # DATA PARALLEL: the floor and N-worker cells of a --replicas run have their own section; the others read the
-    # 1-worker cells (dataparallel.split); a run without them is `single` unchanged and `every` empty
+    # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
     single, every = dataparallel.split(tables)
     context = {**_page_context(run_dir, manifest, single, draw), "data_parallel": None,
                "sections": dataparallel.sections(SECTIONS, None)}  # no Data parallel link without the section
@@ -767,7 +730,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           *([context["verdict_columns"], ""] if context["verdict_columns"] else []),
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown),
-          *fp8_report.markdown(fp8)]
+          *fp8_report.markdown(fp8, table_markdown)]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
     md += ["", f"Reproduce: `{manifest['command']}`", *([context["reproduce_note"]] if context.get("reproduce_note")
@@ -802,10 +765,8 @@ HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept 
 
 
 def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -> str:
-    """_index_headline of a run, computed once per state of its records: the runs index is rebuilt at every render,
-    and a folder of past runs (the default reports/) would otherwise cost half a second more per run each time. The
-    stored headline is keyed by the size and time of the run's manifest, data/run.csv and data/steps.parquet and of
-    the report's modules, so a re-rendered run or a changed headline rule computes it again."""
+    """_index_headline of a run, cached in HEADLINE_FILE keyed by the size and time of its records and of the
+    report's modules."""
     sources = [run_dir / "manifest.json", run_dir / "data" / "run.csv", run_dir / "data" / "steps.parquet",
                *sorted(Path(__file__).parent.glob("*.py"))]
     key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]

@@ -1,20 +1,9 @@
-"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS), from the record tables: where a run has fp16-noscale
-or fp16-static beside fp16, per model x framework
-
-- scale_path (fp16, dynamic): the scale's start, growth and final value per seed, and whether every other framework's
-  per-step scale was the same in the same seed;
-- skipped_steps (fp16, dynamic): each skipped update (seed, step, the scale it ran at) and, at each cell's first, the
-  tensor the NaN/Inf locator named;
-- underflow (fp16-noscale): the gradient elements lost to underflow at the last step's probe (kit/fp16.py
-  mixed_zero_kinds) and the accuracy verdict of the same cells, which says whether it mattered;
-- static_scale (fp16-static): whether the fixed scale sufficed (no skip, no non-finite loss, nothing lost at it).
-
-The rules are verdicts.py's (SCALE_PATH, SKIPS, UNDERFLOW, STATIC_SCALE); the words phrases.py's (lab_line).
-"""
+"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS) per model x framework, where a run has fp16-noscale
+or fp16-static beside fp16: the scale's path, the skipped updates and their causes, what no scaling lost, whether a
+static scale sufficed. Rules: verdicts.py; words: phrases.lab_line."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +11,8 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import KERAS_BACKENDS
+from amp_compare.harness.report import verdicts
+from amp_compare.harness.report.stats import log2_histogram
 
 DYNAMIC = precisions.names(half="float16", loss_scaling="dynamic")
 STATIC = precisions.names(half="float16", loss_scaling="static")
@@ -36,8 +27,6 @@ def is_lab(run_precisions) -> bool:
 
 def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> list[dict]:
     """The lab's verdict rows of every model x dataset that is a lab (is_lab), keyed like `table`'s rows."""
-    from amp_compare.harness.report import verdicts
-
     out: list[dict] = []
     if runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
@@ -63,8 +52,6 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
 def with_lab_rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame | None,
                   underflow: pd.DataFrame | None) -> pd.DataFrame:
     """The verdict table (verdicts.build) with the lab's rows (rows) added where the run is a lab."""
-    from amp_compare.harness.report import verdicts
-
     if steps is None or table.empty:
         return table
     return pd.concat([table, pd.DataFrame(rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)],
@@ -72,16 +59,7 @@ def with_lab_rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame |
 
 
 def _row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict) -> dict:
-    from amp_compare.harness.report import verdicts
-
-    status, reason = verdicts.decide(metric, facts)
-    return {**key, "metric": metric, "estimate": float(facts.estimate), "low": np.nan, "high": np.nan,
-            "margin": np.nan, "unit": verdicts.UNITS[metric], "interval_kind": "none", "status": status,
-            "reason": reason, "evidence": json.dumps(evidence, default=_plain)}
-
-
-def _plain(value):
-    return value.item() if hasattr(value, "item") else str(value)
+    return verdicts.row(key, metric, facts, "none", evidence)
 
 
 def _scales(steps: pd.DataFrame, cell_id: str) -> pd.DataFrame:
@@ -137,8 +115,6 @@ def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: s
                     & (underflow["param"] == param) & (underflow["when"] == "last step")]
     if sel.empty:
         return None
-    from amp_compare.harness.report.stats import log2_histogram
-
     tops = [k for k, v in log2_histogram(sel["log2_hist"].iloc[0]).items() if v > 0]
     return max(tops) if tops else None
 

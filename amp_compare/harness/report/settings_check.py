@@ -1,13 +1,6 @@
-"""Every run checks itself: the settings both frameworks actually trained with, compared per cell.
-
-Each child records `settings_used`, read back from the live model, optimizer and scaler, in its
-own framework's convention (torch_impl/settings.py and keras_impl/settings.py). In `--comparison aligned`
-the two records of the same cell (model, dataset, precision, seed) must describe the same
-behaviour; `compare_settings` maps the conventions (BatchNorm momentum, loss-reduction names,
-no weight decay) and returns one row per setting with a match flag, and `check_runs` does it for
-every cell pair of a run. The report shows the rows side by side and a loud note on any
-mismatch. Framework-free: no torch, tensorflow or keras here.
-"""
+"""Every run checks itself: the settings both frameworks actually trained with (`settings_used`, read back from
+the live objects), mapped to one convention and compared per cell (`compare_settings`, `check_runs`), shown side
+by side with a loud note on any mismatch. Framework-free."""
 
 from __future__ import annotations
 
@@ -17,6 +10,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from amp_compare.contract import precision as precision_table
 from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
 
@@ -65,9 +59,8 @@ def _settings(record: Mapping) -> dict | None:
 
 
 def _lr_shown(record: Mapping) -> str | None:
-    """The learning rate as the cell's config set it: a schedule by its name and peak ("warmup-cosine, peak
-    0.003"), a constant one as "constant 0.001" (None where the record has no config). The optimizer's own
-    record holds the rate it was built with, under a warm-up the first step's small fraction of the peak."""
+    """The learning rate as the cell's config set it: "warmup-cosine, peak 0.003" or "constant 0.001" (None
+    without a config)."""
     lr = record.get("cfg_lr")
     if lr is None or lr != lr:  # absent or NaN
         return None
@@ -110,19 +103,15 @@ def mismatch_note(checked: list[dict]) -> str:
             f"that differ between the frameworks ({listed}). Their differences are not AMP alone.")
 
 
-def _fmt(value) -> str:
+def value_text(value) -> str:
+    """A recorded value as the settings tables print it (floats as %g)."""
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def side_by_side(records: Iterable[Mapping]) -> dict:
-    """The report's settings-used table: one row per setting over all cells, and the mismatch note.
-
-    A row's values are the distinct values over the cells; `match` is "✓" when every cell's two records
-    agree on it (after mapping conventions), else "✗ MISMATCH" with the cells that disagree. Where the two
-    records agree only after mapping (Keras' sum_over_batch_size is torch's mean; no weight decay is None in
-    one and 0 in the other), the match says so and shows both in torch's convention: different printed
-    values are never a bare ✓.
-    """
+    """The settings-used table: one row per setting with its distinct values over the cells and `match` ("✓",
+    said as such where it holds only after mapping conventions, or "✗ MISMATCH" with the cells), and the mismatch
+    note."""
     checked = check_runs(records)
     by_key: dict[str, dict] = {}
     for cell in checked:
@@ -131,9 +120,9 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
             for fw in ("torch", "keras"):
                 # the learning rate as scheduled (compared above as the optimizers recorded it)
                 shown = cell.get("lr_shown", {}).get(fw) if row["key"] == "learning_rate" else None
-                entry[fw].add(shown or (_fmt(row[fw]) if row["recorded"][fw] else "not recorded"))
+                entry[fw].add(shown or (value_text(row[fw]) if row["recorded"][fw] else "not recorded"))
             if row["recorded"]["torch"] and row["recorded"]["keras"]:
-                entry["mapped"].add(_fmt(row["torch_as_torch"]))
+                entry["mapped"].add(value_text(row["torch_as_torch"]))
             if not row["match"]:
                 entry["bad"].append(cell["cell"])
     rows = [{"setting": key, "torch": "; ".join(sorted(e["torch"])), "keras": "; ".join(sorted(e["keras"])),
@@ -170,11 +159,7 @@ def settings_paragraph(cells: int, comparison: str) -> str:
 
 
 def adam_gap_text(records: Iterable[Mapping]) -> str:
-    """The defaults-mode Adam gap as the run measured it, per framework's own first-batch gradients ("" if none).
-
-    Medians over the cells that recorded it (adam_formula_gap in each *_impl/numerics.py); the max is
-    the largest over those cells.
-    """
+    """The defaults-mode Adam gap per framework, median (and max) over the cells that recorded it ("" if none)."""
     by_fw: dict[str, list[Mapping]] = {}
     for r in records:
         value = r.get("adam_gap_max")
@@ -197,8 +182,7 @@ def adam_gap_text(records: Iterable[Mapping]) -> str:
             "update, " + "; ".join(parts) + ".")
 
 
-# The models that have the part a framework-differences row (contract/mapping.py DIFFERENCES) is about; a row not
-# named here is about the optimizer, the loss scaling or the run (differences_apply decides those).
+# The models that have the part a framework-differences row is about (other rows: differences_apply).
 PART_MODELS = {"bn_momentum": {"resnet18"}, "bn_epsilon": {"resnet18"}, "stride2_padding": {"resnet18"},
                "ln_epsilon": {"vit"}, "gelu_approximate": {"vit"}, "mha_bias": {"vit"}, "mha_dropout": {"vit"},
                "token_dtype": {"vit"}, "attention_core": {"vit"}}
@@ -208,11 +192,8 @@ DYNAMIC_ROWS = {"init_scale", "growth_interval"}
 
 
 def differences_apply(key: str, models: set | None, optimizers: set | None, precisions: set | None) -> bool:
-    """Whether a framework-differences row is about something the run has: a model part (PART_MODELS), the
-    optimizer its cells used (OPTIMIZER_ROWS), dynamic loss scaling (DYNAMIC_ROWS); every other row always. None:
-    the records do not say (older ones), so the row stays."""
-    from amp_compare.contract import precision as precision_table
-
+    """Whether a framework-differences row is about something the run has (PART_MODELS, OPTIMIZER_ROWS,
+    DYNAMIC_ROWS); None where the records do not say."""
     dynamic = set(precision_table.names(loss_scaling="dynamic"))
     for rows, have in ((PART_MODELS, models), (OPTIMIZER_ROWS, optimizers), (dict.fromkeys(DYNAMIC_ROWS, dynamic),
                                                                                precisions)):
@@ -222,9 +203,8 @@ def differences_apply(key: str, models: set | None, optimizers: set | None, prec
 
 
 def ignored_settings(records: Iterable[Mapping]) -> list[str]:
-    """A configured value the chosen optimizer ignores, said plainly once per (value, optimizer): --weight-decay
-    is applied by adamw only (contract/config.py; torch_impl/train.py and keras_impl/train.py build adam and sgd
-    without it), so a non-zero weight decay beside adam or sgd trained nothing."""
+    """A configured --weight-decay that the chosen optimizer ignores (only adamw applies it), said once per
+    (value, optimizer)."""
     said = {}
     for r in records:
         wd, optimizer = r.get("cfg_weight_decay"), str(r.get("cfg_optimizer") or "")

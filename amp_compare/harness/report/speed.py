@@ -1,11 +1,5 @@
-"""The Speed section's words: how throughput and the warm-up figures are measured, what the CPU's flags do and
-do not say, and why a mixed mode was slower than fp32 only as far as the run's own evidence goes.
-
-Everything here is built from facts (the environment's flags, the table's ratios, lines the frameworks wrote to
-their stderr), never from another sentence. An explanation names its evidence: the flags say what the CPU can
-compute, not which kernels a framework ran; a framework's own log line says what it did; without either (or a
-profile), the sentence says the run did not measure why.
-"""
+"""The Speed section's words: how throughput and warm-up are measured, what the CPU's flags do and do not say, and
+why a mixed mode was slower than fp32 only as far as the run's evidence (flags, the frameworks' log lines) goes."""
 
 from __future__ import annotations
 
@@ -55,15 +49,9 @@ def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
     return list(out.values())
 
 
-def _flags(environment: dict) -> set[str]:
-    return set(filter(None, str(environment.get("cpu_amp_flags") or "").split(",")))
-
-
 def isa_limit(environment: dict) -> tuple[str, str]:
-    """(what the run did, what follows for a half format's arithmetic the CPU lists), ("", "") without a limit:
-    "kept oneDNN and PyTorch's own kernels from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2)". The
-    limit: the variables recorded as cpu_isa_limits (contract/env.py ISA_LIMIT_VARS); with one set, the CPU's flags
-    say nothing of what the frameworks could use."""
+    """(what the run did, what follows for a half format's arithmetic) where the run set the variables of
+    contract/env.py ISA_LIMIT_VARS (recorded as cpu_isa_limits), else ("", "")."""
     limits = str(environment.get("cpu_isa_limits") or "")
     if not limits:
         return "", ""
@@ -83,7 +71,7 @@ def has_arithmetic(environment: dict, half: str) -> bool:
 
 def flags_sentence(environment: dict) -> str:
     """What the CPU's flags say about each half format's arithmetic, and what flags cannot say."""
-    flags = _flags(environment)
+    flags = set(filter(None, str(environment.get("cpu_amp_flags") or "").split(",")))
     parts = []
     for half, names in ARITHMETIC_FLAGS.items():
         present = [f for f in names if f in flags]
@@ -132,7 +120,8 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         else:
             text += (f" This CPU's flags list no {fmt} arithmetic ({' and '.join(ARITHMETIC_FLAGS[fmt])} absent), "
                      f"so {fmt} work cannot have run on {fmt} units here; which kernels ran instead was not "
-                     "recorded" + (", except where a framework said so below." if _said(logs, fmt) else "."))
+                     "recorded" + (", except where a framework said so below." if any(line.half == fmt for line in logs)
+                                  else "."))
         out.append(text)
     for line in logs:  # the framework's record of its path, quoted; the CPU's flags beside it, not a reading of it
         flags = log_line_flags(line.text, environment.get("cpu_amp_flags", ""))
@@ -141,10 +130,6 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own "
                    "record of the path it took)" + (f"; {flags}{limit}." if flags else f"{limit}."))
     return out
-
-
-def _said(logs: list[LogLine], fmt: str) -> bool:
-    return any(line.half == fmt for line in logs)
 
 
 def timing_paragraph(warmup: int) -> str:
@@ -246,9 +231,8 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
 
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
                     phases: pd.DataFrame | None) -> list[str]:
-    """Where a speed trial's ratio (the verdict) and the training cells' wall-time ratio disagree (the cells' ratio
-    outside the trial's interval), one sentence per row: the cells' per-seed ratios and why they may differ, from
-    the cells' own CPU-seconds per second of training and their tracing and evaluation times."""
+    """One sentence per row where the training cells' wall-time ratio lies outside the speed trial's interval:
+    the cells' per-seed ratios and their CPU, tracing and evaluation times."""
     out = []
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs

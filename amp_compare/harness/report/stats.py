@@ -1,36 +1,15 @@
 """The statistics behind every accuracy and speed statement of a report (framework-free; scipy where a
 statistic needs it, imported there).
 
-Accuracy. Cells of one model/dataset/seed start from the same weights and are scored on the
-same validation images, so mixed precision against fp32 is a *paired* comparison. Each cell
-records which validation images its final model classified correctly (`val_correct`, a packed
-bit array, base64). From those:
+Accuracy is a paired comparison (same weights, same validation images, `val_correct` per cell): one seed gets
+McNemar's exact test with Newcombe's interval for the paired difference; several seeds a paired bootstrap over
+images (mean over seeds of the difference) with a sign test beside it. A difference is "detectable" only when
+p < ALPHA and the 95% interval excludes zero.
 
-- one seed: McNemar's exact test — of the images exactly one of the two models got right
-  (the discordant pairs), is the split away from 50:50? (the exact binomial test, `sign_test_p`). The interval is
-  Newcombe's score interval for a paired difference of proportions (`paired_difference_interval`): the
-  split's own Clopper-Pearson interval holds the number of discordant images fixed, so it ends exactly at
-  the estimate whenever every differing image went one way — no interval for the accuracy difference.
-- several seeds: a paired bootstrap over validation images — each resample draws the same images
-  for every seed and both precisions, and the statistic is the mean over seeds of the accuracy
-  difference (`scipy.stats.bootstrap`); its two-sided p-value is read off the bootstrap
-  distribution. A sign test of the per-seed differences (`sign_test_p`) is kept beside it.
-
-A difference is "detectable" only when p < ALPHA *and* the 95% interval excludes zero.
-
-Ratios (speed, memory, time to target). Each mixed cell is paired with its framework's fp32 cell of the
-same seed (they run one after another, so a load change between seeds cancels). A ratio is the geometric
-mean over seeds of the per-seed ratios, and its 95% interval is Student's t on their logs: the variation
-lives between seeds (each seed's ratio carries its cells' step noise with it), so that is where it is
-measured. With one seed the speed interval is the within-seed one, from batch means of the timed steps
-(`cell_log_mean`), and covers that seed's cells only: seed-to-seed spread is unknown and the report says
-so; memory and time to target have no within-seed replicate, so one seed gives them no interval.
-tests/test_coverage.py simulates step-time tables with a known ratio, seed-level and step-level noise and
-an occasional slow cell, and checks that the 95% interval covers it 93-97% of the time for 1, 3 and 5 seeds.
-A memory ratio is marked ⚠ when its interval is wide (high/low > NOISY_WIDTH) or straddles 1, or when it has
-none (ratio_verdict). The training cells' speed ratios are what training took; a speed verdict is the speed
-trials' (verdicts.py).
-"""
+Ratios (speed, memory, time to target) pair each mixed cell with its framework's fp32 cell of the same seed: the
+geometric mean over seeds with Student's t on the log ratios; one seed gets speed's within-seed interval from batch
+means of its timed steps (`cell_log_mean`) and no interval for memory or time to target. tests/test_coverage.py
+checks the intervals' coverage."""
 
 from __future__ import annotations
 
@@ -55,10 +34,8 @@ BLOCK = 20  # steps per batch mean, at least (a load burst of up to ~20 steps st
 MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batches)
 
 
-# The `method` of a paired accuracy comparison (phrases.METHOD words it): McNemar's exact test (one seed), the paired
-# bootstrap (several), or no test where every image was classified as in fp32 (no_discordance_bound's exact bound).
+# The `method` of a paired accuracy comparison (phrases.METHOD words it).
 MCNEMAR, BOOTSTRAP, NO_DIFFERENCE = "mcnemar", "bootstrap", "exact_bound"
-METHODS = (MCNEMAR, BOOTSTRAP, NO_DIFFERENCE)
 
 
 # ---- accuracy ----------------------------------------------------------------------------------
@@ -78,9 +55,7 @@ def _wilson(successes: int, n: int) -> tuple[float, float]:
 
 def paired_difference_interval(both: int, lost: int, gained: int, neither: int) -> tuple[float, float]:
     """The 95% interval of mixed minus fp32 accuracy (a fraction) from the paired 2x2 counts: Newcombe's hybrid
-    score interval (Statistics in Medicine 17, 1998, method 10): Wilson intervals of each accuracy, combined
-    with the correlation of the pairs. Unlike an interval of the discordant split alone, it lets the number
-    of differing images vary, so a one-sided split gets an interval past its estimate."""
+    score interval (Statistics in Medicine 17, 1998, method 10)."""
     n = both + lost + gained + neither
     p_mixed, p_fp32 = (both + gained) / n, (both + lost) / n
     (l1, u1), (l2, u2) = _wilson(both + gained, n), _wilson(both + lost, n)
@@ -100,9 +75,8 @@ def sign_test_p(successes: int, n: int) -> float:
 
 
 def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
-    """McNemar's exact test on one pair of per-example correctness vectors.
-
-    diff_pp is mixed minus fp32 accuracy in percentage points, with its 95% interval (paired_difference_interval)."""
+    """McNemar's exact test on one pair of correctness vectors; diff_pp (mixed minus fp32, points) with its 95%
+    interval."""
     fp32, mixed = np.asarray(fp32, bool), np.asarray(mixed, bool)
     n = len(fp32)
     lost = int(np.sum(fp32 & ~mixed))  # right in fp32, wrong in mixed
@@ -142,6 +116,14 @@ def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
             "p_value": float(max(p, 1.0 / BOOTSTRAP_RESAMPLES))}
 
 
+def correct_pairs(base: pd.DataFrame, mine: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(base, mine) correctness vectors for each row of `mine` whose seed has a `base` row, both recorded."""
+    ref = dict(zip(base["seed"], base["val_correct"]))
+    return [(unpack_correct(ref[r.seed], int(r.val_samples)), unpack_correct(r.val_correct, int(r.val_samples)))
+            for r in mine.itertuples() if isinstance(ref.get(r.seed), str) and ref[r.seed]
+            and isinstance(r.val_correct, str) and r.val_correct]
+
+
 def paired_test(pairs: list[tuple[np.ndarray, np.ndarray]]) -> dict:
     """[(fp32, mixed) correctness per seed]: McNemar's exact test for one seed, the paired bootstrap for several."""
     if len(pairs) == 1:
@@ -162,10 +144,8 @@ def budgeted(runs: pd.DataFrame) -> pd.Series:
 
 
 def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """One row per mixed group (keys + precision): the paired test against the same framework's fp32.
-
-    `runs` are finished cells with columns keys, precision, seed, val_samples and val_correct. A budgeted cell
-    (`budgeted`) is left out, as a mixed cell and as the fp32 cell of its seed."""
+    """One row per mixed group (keys + precision): the paired test against the same framework's fp32, budgeted
+    cells (and their seed's fp32 cell) left out."""
     cols = [*keys, "precision", "diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images", "discordant"]
     runs = runs[~budgeted(runs)]
     if runs.empty or "val_correct" not in runs:
@@ -173,20 +153,10 @@ def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     rows = []
     for key, group in runs.groupby(keys, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
+        fp32 = group[precisions.is_reference(group["precision"])]
         for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
-            pairs = []
-            for r in cells.itertuples():
-                base = fp32.get(r.seed)
-                if base is None or not isinstance(r.val_correct, str) or not isinstance(base.val_correct, str) \
-                        or not r.val_correct or not base.val_correct:
-                    continue
-                n = int(r.val_samples)
-                pairs.append((unpack_correct(base.val_correct, n), unpack_correct(r.val_correct, n)))
-            if not pairs:
-                continue
-            res = paired_test(pairs)
-            rows.append({**dict(zip(keys, key)), "precision": prec, "seeds": len(pairs), **res})
+            if pairs := correct_pairs(fp32, cells):
+                rows.append({**dict(zip(keys, key)), "precision": prec, "seeds": len(pairs), **paired_test(pairs)})
     out = pd.DataFrame(rows)
     return out if not out.empty else pd.DataFrame(columns=cols)
 
@@ -250,14 +220,9 @@ def epoch_reached(epochs: pd.DataFrame, target: float) -> int | None:
 # ---- ratios of paired cells: speed, memory, time to target ------------------------------------
 
 def cell_log_mean(times: np.ndarray) -> tuple[float, float, float]:
-    """One cell's timed steps as (log of the mean step time, its variance, degrees of freedom).
-
-    The mean step is what the headline throughput divides by (batch / mean step = images over wall time).
-    Its variance comes from batch means: the steps cut into at most MAX_BATCHES consecutive batches of at
-    least BLOCK steps, so a slow stretch (a load burst, a GC pause) stays inside a batch and the spread of
-    the batch means carries it (step times are autocorrelated; the spread of single steps would not).
-    The delta method takes it to the log scale. Fewer than two batches: variance NaN, 0 degrees of freedom.
-    """
+    """One cell's timed steps as (log of the mean step time, its variance, degrees of freedom): the variance from
+    at most MAX_BATCHES batch means of at least BLOCK steps, taken to the log scale by the delta method; NaN and 0
+    degrees of freedom below two batches."""
     t = np.asarray(times, float)
     t = t[np.isfinite(t) & (t > 0)]
     if t.size == 0:
@@ -272,16 +237,8 @@ def cell_log_mean(times: np.ndarray) -> tuple[float, float, float]:
 
 
 def ratio_interval(log_ratios, within_var: float = float("nan"), within_df: float = 0.0) -> dict:
-    """A ratio between paired cells (mixed over fp32 of the same seed) with its 95% interval.
-
-    The point is the geometric mean of the per-seed ratios (the mean of their logs): the statistic the
-    interval is for. With two or more seeds the interval is Student's t on the per-seed log ratios: each
-    seed's ratio already carries its own step noise, so their spread holds both the seed-to-seed and the
-    step-to-step variation, and t's wide quantile at 2-4 seeds is what 95% costs with so few (a bootstrap
-    of 3 values covers far less: tests/test_coverage.py). With one seed there is no seed-to-seed spread to
-    measure: the interval is the within-seed one (within_var, the two cells' batch-means variances, with
-    Welch's degrees of freedom), for that seed's cells only; none where that is unknown. basis says which.
-    """
+    """The geometric mean of per-seed log ratios with its 95% interval: Student's t over seeds from two seeds on,
+    else the within-seed one (`within_var`, `within_df`); `basis` says which ("seeds", "steps" or none)."""
     r = np.asarray(log_ratios, float)
     r = r[np.isfinite(r)]
     out = {"ratio": float("nan"), "low": float("nan"), "high": float("nan"), "seeds": int(r.size), "basis": ""}
@@ -309,10 +266,8 @@ def welch_df(variances: list[float], dfs: list[float]) -> float:
 
 def speed_interval(fp32_steps: list[np.ndarray], mixed_steps: list[np.ndarray],
                    log_ratios: list[float] | None = None) -> dict:
-    """Mixed's speed-up against fp32: the geometric mean over seeds of each seed's throughput ratio (mixed's
-    images/s over the same seed's fp32), with ratio_interval's 95% interval. Lists hold one array of timed
-    step times per seed, paired; log_ratios, where given, are the seeds' log ratios of the recorded
-    throughputs (the run table's, which the summary shows), else they come from the steps' means."""
+    """Mixed's speed-up over fp32 (ratio_interval) from paired per-seed arrays of timed step times; `log_ratios`,
+    where given, are the recorded throughputs' per-seed log ratios."""
     fp32 = [np.asarray(a, float) for a in fp32_steps]
     mixed = [np.asarray(b, float) for b in mixed_steps]
     fp32, mixed = [a[np.isfinite(a) & (a > 0)] for a in fp32], [b[np.isfinite(b) & (b > 0)] for b in mixed]
@@ -335,12 +290,10 @@ def step_spread(step_times: list[np.ndarray]) -> float:
 
 ONE_SEED = "one seed: seed-to-seed spread unknown"
 
-def ratio_verdict(ratio: float, low: float, high: float, seeds: int, basis: str = "seeds",
-                  as_change: bool = False, direction: bool = False) -> str:
-    """"" when a ratio stands; otherwise why it does not (shown next to the number with ⚠). as_change: the
-    ratio is shown as a change (memory: -8%), and the note says its interval the same way. direction: what is
-    judged is the ratio's side of 1 (speed), so a wide interval that excludes 1 stands (its width is printed
-    beside it); a wide one that includes 1 does not."""
+def ratio_verdict(ratio: float, low: float, high: float, seeds: int, as_change: bool = False,
+                  direction: bool = False) -> str:
+    """"" when a ratio stands, else why not (shown with ⚠). as_change: the interval worded as a change (memory);
+    direction: a wide interval that excludes 1 stands (speed)."""
     if not np.isfinite(ratio):
         return "no paired cells"
     if not (np.isfinite(low) and np.isfinite(high)) or low <= 0:

@@ -1,8 +1,5 @@
-"""The numbers a reader sees first: the summary table and the statistics beside it, computed from the records.
-
-`summary_table` and `full_table` are pure functions of the run table; the HTML report, the Markdown summary,
-the terminal table and the findings (findings.py) all read them, so they always agree.
-"""
+"""The summary table and the statistics beside it, pure functions of the run table that the HTML report,
+summary.md, the terminal and the findings all read."""
 
 from __future__ import annotations
 
@@ -21,7 +18,6 @@ from amp_compare.harness.report.speed import milliseconds
 
 GROUP = ["framework", "model", "dataset", "precision"]
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
-MIB = 2**20
 
 
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -49,10 +45,8 @@ def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges,
-    and ratios to that framework's fp32: the geometric mean over seeds of each seed's ratio (mixed over the
-    fp32 cell of the same seed), the statistic stats.ratio_interval gives an interval for. Accuracy changes
-    are paired by seed before the median."""
+    """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges, and
+    ratios to that framework's fp32 (geometric mean of per-seed ratios); accuracy changes paired by seed."""
     ok = with_loop_columns(ok_runs(runs).copy())
     group = (["machine"] if "machine" in ok else []) + GROUP[:-1] + LOOP + GROUP[-1:]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
@@ -94,7 +88,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         **{c: (c, "median") for c in PERF_MEDIANS},
         **{c: (c, "first") for c in CEILING_WHY},
     ).reset_index()
-    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
+    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / memory.MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
     agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
     agg["memory_change_vs_fp32"] = np.expm1(agg["log_memory"])
@@ -108,8 +102,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     return agg[cols].reset_index(drop=True)
 
 
-# Per-cell performance columns: medians over seeds, from the run table (kit/child.py); ceiling_flops
-# is the run's one ceiling per device and dtype (report/hardware.py with_run_ceiling), MFU measured against it.
+# Per-cell performance columns, medians over seeds; ceiling_flops is the run's (hardware.with_run_ceiling).
 PERF_MEDIANS = ["median_step_throughput_img_s", "compile_warmup_s", "flops_per_image", "achieved_flops",
                 "ceiling_flops", "ceiling_flops_table", "mfu_measured", "mfu_table"]
 CEILING_WHY = ["ceiling_dtype", "ceiling_fp32_for", "ceiling_isa_limit"]  # what the ceiling is and why (kit/ceiling.py)
@@ -123,17 +116,13 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
     if "step_loop" not in runs:
         runs["step_loop"] = runs["cfg_step"] if "cfg_step" in runs else "plain"
     runs["batch_size"] = runs["cfg_batch_size"] if "cfg_batch_size" in runs else np.nan
-    for col in PERF_MEDIANS:
+    for col, default in {**dict.fromkeys(PERF_MEDIANS, np.nan), **dict.fromkeys(CEILING_WHY, "")}.items():
         if col not in runs:
-            runs[col] = np.nan
-    for col in CEILING_WHY:
-        if col not in runs:
-            runs[col] = ""
+            runs[col] = default
     return runs
 
 
-# formatted_summary's hardware-efficiency columns: the report shows them in their own table in the
-# Speed section (the summary table would not fit the page with them), summary.md keeps them in its one table.
+# formatted_summary's hardware-efficiency columns: their own table on the page, in the one table of summary.md.
 HARDWARE_COLUMNS = ("GFLOP/image", "Achieved TFLOP/s", "Ceiling TFLOP/s (measured)", "MFU",
                     "MFU (data-sheet ceiling)", "Bound", "Warm-up steps' extra time (ms)", "Timing note")
 IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch", "Precision")
@@ -254,9 +243,8 @@ def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
 
 
 def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
-    """Per (framework, precision) of one model/dataset group: the median time to the target, how many seeds
-    reached it, the epochs they reached it in, and for a mixed precision its ratio to the same framework's
-    fp32 of the same seed (stats.ratio_interval over the seeds where both reached it)."""
+    """Per (framework, precision) of one group: median time to target, seeds reaching it, their epochs, and a mixed
+    precision's ratio to fp32's (ratio_interval over the seeds where both reached it)."""
     by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
     empty = epochs.iloc[0:0]
     per_cell = {c: (stats.time_to_accuracy(by_cell.get(c, empty), target), stats.epoch_reached(by_cell.get(c, empty),
@@ -272,13 +260,11 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
                "reached_epochs": ",".join(map(str, reached_in))}
         fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
         fp32_time = {r.seed: per_cell[r.cell_id][0] for r in fp32.itertuples()}
-        fp32_cell = {r.seed: r.cell_id for r in fp32.itertuples()}
-        paired = [(fp32_cell[r.seed], r.cell_id, np.log(per_cell[r.cell_id][0] / fp32_time[r.seed]), r.seed)
-                  for r in cells.itertuples()
-                  if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id][0])
-                  and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
-        if precisions.is_mixed(prec) and paired:
-            res = stats.ratio_interval([p[2] for p in paired])
+        logs = [np.log(per_cell[r.cell_id][0] / fp32_time[r.seed]) for r in cells.itertuples()
+                if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id][0])
+                and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
+        if precisions.is_mixed(prec) and logs:
+            res = stats.ratio_interval(logs)
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
         out[(fw, prec)] = row
     return out
@@ -288,11 +274,9 @@ ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "image
 TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high"]
 
 
-def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None,
-                        environment: dict | None = None) -> pd.DataFrame:
-    """Per (machine x) model x dataset x framework x precision: the paired test against fp32, whether the run
-    was too short to judge, and the time to the target accuracy with its ratio to fp32's. Rows in the summary
-    table's order."""
+def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (machine x) model x dataset x framework x precision, in the summary table's order: the paired test
+    against fp32, whether the run was too short to judge, and the time to target with its ratio to fp32's."""
     ok = with_loop_columns(ok_runs(runs).copy())
     cols = [*_keys(ok), "framework", "precision", *ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
             "budget_cut", "floor_pp", "floor_seeds"]
@@ -347,10 +331,9 @@ def _log_ratio(a: float, b: float) -> float:
     return float(np.log(b / a)) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else float("nan")
 
 
-def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment: dict | None = None) -> pd.DataFrame:
-    """Per mixed (machine x) model x dataset x framework x precision: the speed ratio's interval and verdict.
-    The per-seed ratios are the run table's wall-time throughputs (what the summary shows); the steps give
-    one seed its within-seed interval, the timed-step count and the step-time spread."""
+def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """Per mixed group: the speed ratio's interval and verdict from the per-seed wall-time throughputs; the steps
+    give one seed its within-seed interval, the timed-step count and the spread."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "speed_low", "speed_high", "speed_seeds", "speed_basis", "timed_steps",
@@ -374,9 +357,8 @@ def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None, environment
 
 
 def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per mixed group: the peak-memory ratio's interval and verdict (stats.ratio_interval over the seeds'
-    ratios; one seed has no within-seed replicate, so no interval), the difference in MiB and whether it
-    exceeds the run's own resolution (memory.py); an unresolved difference gets no ⚠ note: no ratio is shown."""
+    """Per mixed group: the peak-memory ratio's interval and verdict, the difference in MiB and whether it is
+    resolved (memory.py); an unresolved one gets no ⚠ note."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "memory_low", "memory_high", "memory_note", "memory_difference_mib",
@@ -398,16 +380,15 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
 
 def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd.DataFrame | None = None,
                environment: dict | None = None, accuracy: pd.DataFrame | None = None) -> pd.DataFrame:
-    """summary_table with the ratios' intervals and the paired accuracy tests beside each row: the one
-    aggregated table the summary, the findings and the accuracy section are all written from (`accuracy`:
-    accuracy_statistics of the same records, where the caller has it already)."""
+    """summary_table with the ratios' intervals and the paired accuracy tests beside each row (`accuracy`: the
+    caller's accuracy_statistics, where it has it)."""
     table = summary_table(runs)
     if table.empty:
         return table
     keys = [c for c in ("machine", "model", "dataset", *LOOP, "framework", "precision") if c in table]
-    out = table.merge(speed_statistics(runs, steps, environment), on=keys, how="left")
+    out = table.merge(speed_statistics(runs, steps), on=keys, how="left")
     out = out.merge(memory_statistics(runs), on=keys, how="left")
-    accuracy = accuracy_statistics(runs, epochs, environment) if accuracy is None else accuracy
+    accuracy = accuracy_statistics(runs, epochs) if accuracy is None else accuracy
     out = out.merge(accuracy, on=keys, how="left")
     for col in ("memory_note", "too_short", "speed_basis"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
@@ -468,9 +449,8 @@ def legend(table: pd.DataFrame) -> str:
 
 
 def by_gpu_model(tables: dict) -> dict:
-    """A run whose cells ran on more than one GPU model (a Slurm partition of mixed nodes) gets the combined
-    report's `machine` column, the GPU model each cell ran on, so every ratio pairs cells of one model only;
-    a run on one model (or a CPU) is returned as it is."""
+    """A run whose cells ran on several GPU models gets a `machine` column of each cell's GPU model, so ratios
+    pair cells of one model; otherwise returned as it is."""
     runs = tables.get("run")
     if runs is None or "device_name" not in runs:
         return tables

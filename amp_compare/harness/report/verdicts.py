@@ -1,15 +1,8 @@
 """Every verdict of a run as data: one row per model x dataset x framework x mixed precision x metric.
 
-Each metric has an ordered rule table below: the first rule whose condition holds sets the row's status and reason.
-The conditions read the run's tables (the full table of tables.py, the run table's statuses, the speed trials'
-summary), never a sentence. The phrasebook (phrases.py) words each (status, reason); every table cell, clause and
-sentence of the report is a view of this table, which render writes as data/verdicts.parquet and .csv.
-
-Speed is decided by the speed trials alone (contract/tables.py `trials`, one row per timed block; their
-`trial_summary` pairs each mixed precision with fp32 in alternating blocks of one process): a run without them
-(older runs) has no speed verdict (not_comparable, no_trial). The training cells' wall times stay in the tables
-as what training took.
-"""
+Each metric has an ordered rule table: the first rule whose condition holds (read from the run's tables, never a
+sentence) sets the row's status and reason, which phrases.py words. Speed is decided by the speed trials alone
+(no trials: not_comparable, no_trial). render writes the table as data/verdicts.parquet and .csv."""
 
 from __future__ import annotations
 
@@ -171,8 +164,7 @@ NUMERICS = [
     Rule("otherwise", lambda f: True, "same", "all_finite"),
 ]
 
-# Loss scaling (harness/report/scaling.py gathers the facts): rows only where a run has fp16-noscale or fp16-static
-# beside fp16. f.estimate: the final scale / the skipped updates / the lost elements / the static scale.
+# Loss scaling (facts from scaling.py). f.estimate: the final scale / skipped updates / lost elements / static scale.
 SCALE_PATH = [
     Rule("no other framework ran it", lambda f: f.others == 0, "not_comparable", "one_framework"),
     Rule("every seed's per-step scales equal the other frameworks'", lambda f: f.same, "same", "same_path"),
@@ -214,14 +206,13 @@ FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavaila
 
 RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET,
          "numerics": NUMERICS}
-# speed: fp32's step time / the precision's (above 1 is faster); time to target: the precision's time / fp32's (above 1
-# is slower): each worded with what it is a multiple of (phrases.RATIO_UNITS), so "slower" never reads two ways
+# speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
          "static_scale": "scale"}
-COLUMNS = ["model", "dataset", "step_loop", "batch_size", "framework", "precision", "metric", "estimate", "low",
-           "high", "margin", "unit", "interval_kind", "status", "reason", "evidence"]
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
+COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "interval_kind", "status", "reason",
+           "evidence"]
 
 
 def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
@@ -244,21 +235,18 @@ def _num(value) -> float:
         return float("nan")
 
 
-# stats.accuracy_tests' method -> its interval: McNemar's comes with Newcombe's, the bootstrap with its percentile one,
-# no differing image with the exact bound
+# stats.accuracy_tests' method -> the kind of its interval
 ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%",
                  stats.NO_DIFFERENCE: "exact 95% bound"}
 
 
-def _ratio_kind(seeds: int, low: float) -> str:
-    return "t over seeds 95%" if seeds >= 2 and np.isfinite(low) else "none"
-
-
-def _row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
+def row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
+    """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
     status, reason = decide(metric, facts)
-    return {**key, "metric": metric, "estimate": _num(facts.estimate), "low": _num(facts.low),
-            "high": _num(facts.high), "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
-            "interval_kind": kind if np.isfinite(_num(facts.low)) else "none", "status": status, "reason": reason,
+    low, high = _num(getattr(facts, "low", np.nan)), _num(getattr(facts, "high", np.nan))
+    return {**key, "metric": metric, "estimate": _num(facts.estimate), "low": low, "high": high,
+            "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
+            "interval_kind": kind if np.isfinite(low) else "none", "status": status, "reason": reason,
             "evidence": json.dumps(evidence, default=_plain)}
 
 
@@ -266,17 +254,14 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else str(value)
 
 
-def _speed(r, key: dict, trial) -> dict:
-    if trial is None:
-        facts = SimpleNamespace(emulated=bool(r.emulated), trial=False, estimate=np.nan, low=np.nan, high=np.nan,
-                                contended=0)
-        return _row(key, "speed", facts, "none", {})
-    facts = SimpleNamespace(emulated=bool(r.emulated), trial=True, estimate=trial["ratio"], low=trial["low"],
-                            high=trial["high"], contended=int(trial.get("contended_blocks", 0) or 0),
-                            margin=SAME_RATIO)
-    evidence = {k: trial[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
-                                      "fp32_step_s", "mixed_step_s") if k in trial}
-    return _row(key, "speed", facts, _trial_kind(str(trial.get("interval_kind", ""))), evidence)
+def _speed(r, key: dict, trial: dict | None) -> dict:
+    t = trial or {}
+    facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
+                            low=t.get("low", np.nan), high=t.get("high", np.nan),
+                            contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
+    evidence = {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
+                                  "fp32_step_s", "mixed_step_s") if k in t}
+    return row(key, "speed", facts, _trial_kind(str(t.get("interval_kind", ""))), evidence)
 
 
 def _trial_kind(kind: str) -> str:
@@ -291,7 +276,7 @@ def _memory(r, key: dict) -> dict:
     facts = SimpleNamespace(emulated=bool(r.emulated), difference=difference, resolution=resolution,
                             estimate=difference, low=np.nan, high=np.nan, margin=resolution)
     evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution}
-    return _row(key, "memory", facts, "none", evidence)
+    return row(key, "memory", facts, "none", evidence)
 
 
 def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
@@ -308,7 +293,7 @@ def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
                 "images": _num(getattr(r, "images", np.nan)),
                 "too_short": r.too_short or "", "budget_cut_cells": cut,
                 "floor_fp32_seeds": _num(getattr(r, "floor_seeds", np.nan))}
-    return _row(key, "accuracy", facts, ACCURACY_KIND.get(method, "none"), evidence)
+    return row(key, "accuracy", facts, ACCURACY_KIND.get(method, "none"), evidence)
 
 
 def _time(r, key: dict, cut: int) -> dict:
@@ -319,12 +304,12 @@ def _time(r, key: dict, cut: int) -> dict:
                             margin=SAME_RATIO)
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
                 "reached_seeds": facts.reached, "seeds": facts.seeds, "time_s": _num(r.time_to_target_s)}
-    return _row(key, "time_to_target", facts, _ratio_kind(int(facts.seeds), facts.low), evidence)
+    return row(key, "time_to_target", facts, "t over seeds 95%" if facts.seeds >= 2 else "none", evidence)
 
 
 def _numerics(r, key: dict, diverged: int) -> dict:
     facts = SimpleNamespace(diverged=diverged, estimate=_num(r.skipped_steps), low=np.nan, high=np.nan)
-    return _row(key, "numerics", facts, "none", {"skipped_steps_median": _num(r.skipped_steps),
+    return row(key, "numerics", facts, "none", {"skipped_steps_median": _num(r.skipped_steps),
                                                  "diverged_cells": diverged})
 
 
@@ -342,8 +327,7 @@ def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
         key = {"model": model, "dataset": dataset, "step_loop": "", "batch_size": np.nan, "framework": fw,
                "precision": prec}
         evidence = json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})
-        rows += [{**key, "metric": m, "estimate": np.nan, "low": np.nan, "high": np.nan, "margin": np.nan,
-                  "unit": UNITS[m],
+        rows += [{**key, "metric": m, **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "unit": UNITS[m],
                   "interval_kind": "none", "status": "failed", "reason": reason, "evidence": evidence}
                  for m in METRICS]
     return rows
@@ -354,10 +338,6 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     if runs.empty or not mask.any():
         return {}
     return runs[mask].groupby(["model", "dataset", "framework", "precision"]).size().to_dict()
-
-
-def _trial_key(t: dict) -> tuple:
-    return t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"], t["precision"]
 
 
 def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -371,12 +351,12 @@ def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The verdict table of a run: `full` is tables.full_table, `runs` the run table (failed and budget-cut
-    cells), `trials` the speed trials' summary (trial_summary: one row per trial x mixed precision) or None.
-    A loss-scaling lab's rows come on top (scaling.with_lab_rows)."""
+    """The verdict table of a run from `full` (tables.full_table), `runs` (the run table) and `trials` (trial_summary or
+    None), the loss-scaling lab's rows on top (scaling.with_lab_rows)."""
     by_trial = {}
     for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
-        by_trial.setdefault(_trial_key(t), t)
+        by_trial.setdefault((t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
+                             t["precision"]), t)
     cut = _counts(runs, stats.budgeted(runs)) if not runs.empty else {}
     diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
     rows, done = [], set()

@@ -1,12 +1,7 @@
-"""The ViT's table of computed dtypes: per part (LayerNorm, Q·Kᵀ, softmax, ·V, GELU, residual, …), framework and
-mixed precision, the dtype its arithmetic read, from the two dtype audits (first seed, forward of the audited step).
-
-An op computes in the dtype of its floating inputs (the audits' input_dtype column). Its outputs can say otherwise:
-torch's fused CPU attention returns a float32 log-sum-exp beside its half-precision output, which reads as if
-softmax ran in float32. A fused attention is one op for Q·Kᵀ, softmax and ·V, so those three rows name the kernel
-and its inputs' dtype, and say what happens inside it only where the kernel's source is known (FUSED_INSIDE).
-Records from before the input_dtype column fall back to the output dtypes, and the table says so.
-"""
+"""The ViT's table of computed dtypes: per part, framework and mixed precision, the dtype its arithmetic read
+(the audits' input dtypes, first seed, forward of the audited step). A fused attention's three rows name the kernel
+and its inputs' dtype, saying what it does inside only where FUSED_INSIDE knows; records without input dtypes fall
+back to the output dtypes, and the table says so."""
 
 from __future__ import annotations
 
@@ -35,9 +30,7 @@ CAST_OPS = {"_to_copy", "Cast"}
 LAYOUT_OPS = {"Transpose"}  # TensorFlow's transpose of K moves data, computes nothing (torch's is a view)
 MATMUL_OPS = {"bmm", "mm", "matmul", "baddbmm", "einsum", "BatchMatMulV2", "BatchMatMulV3", "MatMul", "Einsum"}
 FUSED_ATTENTION = re.compile(r"scaled_dot_product|dot_product_attention|flash_attention", re.IGNORECASE)
-# What a fused kernel does inside, where its source says so: PyTorch's CPU flash attention
-# (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) accumulates in at::opmath_type of its inputs, float32 for
-# float16 and bfloat16, and returns that float32 log-sum-exp for its backward.
+# What a fused kernel does inside, where its source says so (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp).
 FUSED_INSIDE = {"_scaled_dot_product_flash_attention_for_cpu":
                 "float32 accumulation inside (PyTorch's CPU flash-attention kernel accumulates in at::opmath_type, "
                 "float32 for half inputs; its float32 output is the log-sum-exp it keeps for the backward)"}
@@ -48,9 +41,8 @@ def _dtypes(values) -> str:
 
 
 def _computed(inputs: str, outputs: str) -> str:
-    """The dtype one op computed in: its floating inputs' one dtype; where they mix (a float32 residual plus a
-    float16 branch), the dtype type promotion computes in, its (first) output's; with no input recorded (older
-    records, or an op made from scalars), its outputs'."""
+    """The dtype one op computed in: its floating inputs' dtype; where they mix, its (first) output's; with no
+    input recorded, its outputs'."""
     ins, outs = {x for x in inputs.split("+") if x}, [x for x in outputs.split("+") if x]
     if len(ins) == 1:
         return ins.pop()

@@ -1,11 +1,6 @@
-"""The report's explanatory sentences, built from what the run contains (framework-free, pure).
-
-Section intros, the summary's list of precision modes, the loss-scaling explanation and which glossary
-entries appear are written from `RunFacts`: the precisions, frameworks and seeds that finished, the device,
-whether the precision order rotated per seed, the loss scale, the growth interval against the steps run and
-how many steps were skipped. A mode that did not run is not explained; a method that was not used is not
-named (tests/test_report_sentences.py renders reports from synthetic tables and checks the sentences).
-"""
+"""The report's explanatory sentences, built from what the run contains (`RunFacts`): section intros, the list
+of precision modes, the loss-scaling explanation and which glossary entries appear; what did not run is not
+explained (tests/test_report_sentences.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.harness.report.numerics import growth_facts
 from amp_compare.harness.report.phrases import KERAS_STATIC
 
 
@@ -55,8 +51,6 @@ def rotated_order(manifest: dict) -> bool:
 
 def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
     """What the run contains: its finished cells (any cell, where none finished) and the manifest's order."""
-    from amp_compare.harness.report.numerics import growth_facts
-
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs and not runs.empty else runs
     source = done if not done.empty else runs
     matrix = manifest.get("matrix", {})
@@ -203,9 +197,8 @@ def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
 
 def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | None, machine: str,
                           floor_threads: list[int] | None = None) -> str:
-    """How many threads the 1-worker, floor and N-worker cells had (per_worker: each torch worker's; None: no torch
-    N-worker cell; floor_threads: the floor cells' --threads), and, where the calibrations saw the machine unsteady,
-    the range of those checks over the run (machine: dataparallel.machine_range) and what that does to N vs 1."""
+    """How many threads the 1-worker, floor and N-worker cells had and, where the calibrations saw the
+    machine unsteady, their range over the run and what it does to N vs 1."""
     parts = [f"Threads: each 1-worker cell was given --threads {threads_1}"]
     if floor_threads:
         parts.append(f"its floor cell --threads {', '.join(map(str, sorted(set(floor_threads))))}")
@@ -225,10 +218,8 @@ def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | Non
 
 
 def reproduce_note(environment) -> str:
-    """What the Reproduce command cannot do: where a run's git_sha ends in -dirty (env.git_sha: tracked files had
-    uncommitted changes), the command runs whatever code is checked out, so it rebuilds the run only from a tree
-    with those same changes, which the records do not hold. "" for a clean tree. A combined report's environment
-    keys carry the run's label ("<label>: git_sha")."""
+    """Where the run's git_sha ends in -dirty, that the Reproduce command rebuilds it only from a tree with the same
+    uncommitted changes; "" for a clean tree."""
     dirty = sorted({str(v)[:-len("-dirty")] for k, v in environment.items()
                     if (k == "git_sha" or str(k).endswith(": git_sha")) and str(v).endswith("-dirty")})
     if not dirty:
