@@ -1,5 +1,5 @@
 """The loss-scaling lab's verdict rows (harness/report/scaling.py, verdicts.LAB_RULES) and the answer's lines
-(answer.lab_items, phrases.lab_line), from small synthetic record tables; and the one classification of a mixed
+(answer.experiment_items, phrases.lab_line), from small synthetic record tables; and the one classification of a mixed
 backward's zeros (kit/fp16.py mixed_zero_kinds)."""
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def test_no_lab_without_noscale_or_static():
 def test_answer_says_the_lab_first_one_line_per_finding():
     table, runs, steps, underflow = _records()
     lab = pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)
-    ((header, lines),) = answer.lab_items(pd.concat([table, lab]))
-    assert header == answer.LAB_HEADER and len(lines) == len(lab)
+    ((header, lines),) = answer.experiment_items(pd.concat([table, lab]))
+    assert header == verdicts.EXPERIMENTS[0][0] and len(lines) == len(lab)
     text = "\n".join(lines)
     assert "PyTorch fp16: loss scale 2^15, doubling after every 10 clean steps, final 2^16" in text
     assert "step by step the same as Keras (TF) in every seed" in text

@@ -61,8 +61,10 @@ def train(framework: str, precision: str, data, init_file, **overrides):
 
 @pytest.mark.parametrize("framework", ["torch", "tf"])
 def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, data, init_file, tmp_path):
+    from amp_compare.harness.report import verdicts
+    from amp_compare.harness.report.answer import experiment_items
     from amp_compare.harness.report.figures import make_headroom_figure
-    from amp_compare.harness.report.numerics import vit_what_happened
+    from amp_compare.harness.report.numerics import naive_rows, vit_what_happened
 
     broken, cfg = train(framework, "fp16", data, init_file)
     # within the first epoch, in the forward: exp of a logit past ln(65504) is inf in float16, inf/inf NaN
@@ -95,6 +97,19 @@ def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, dat
     assert any(f"at step {broken.nonfinite['step']}, " in s and "in the forward of layer 'blocks.0.attn'" in s
                and "rerun with --fp32-layers blocks.0.attn" in s for s in said), said
     assert any("with --fp32-layers blocks.0.attn: finished with finite losses" in s for s in said), said
+    # the answer's naive-attention lines, from the verdict rows a report of each run builds (numerics.naive_rows)
+    for cell, status, reason, said in (
+            ("broken", "overflowed", "forward_located",
+             f"first skip or non-finite loss at step {broken.nonfinite['step']}; the locator found it in the "
+             "forward of blocks.0.attn"),
+            ("fixed", "finite", "fp32_layers_kept_finite", "with --fp32-layers blocks.0.attn: every loss finite")):
+        one = runs[runs["cell_id"] == cell]
+        key = one[["model", "dataset", "framework", "precision"]].assign(step_loop="plain", batch_size=64.0)
+        rows = pd.DataFrame(naive_rows(key, one, headroom), columns=verdicts.COLUMNS)
+        assert list(rows["status"]) == [status] and list(rows["reason"]) == [reason], rows
+        ((header, (line,)),) = experiment_items(rows)
+        assert header == verdicts.EXPERIMENTS[1][0] and said in line, line
+        assert ("rerun with --fp32-layers blocks.0.attn" in line) == (cell == "broken"), line
     # the report's headroom figure, drawn from these headroom rows (as from a run's headroom.parquet)
     figure = make_headroom_figure(headroom, runs, tmp_path)
     assert figure is not None and figure.key == "headroom" and (tmp_path / "headroom.png").stat().st_size > 0

@@ -12,6 +12,7 @@ FP16_MIN_SUBNORMAL = 2.0**-24  # smallest positive float16
 FP16_ROUNDS_TO_ZERO = 2.0**-25  # half the smallest subnormal: |x| at or below it rounds to 0 (ties to even)
 FP16_MIN_NORMAL = 2.0**-14  # below this float16 is subnormal: fewer significant bits
 FP16_MAX = 65504.0  # largest finite float16; from 65520 up rounds to inf
+FP16_EXP_LIMIT = float(np.log(FP16_MAX))  # exp(x) overflows float16 past this (~11.09)
 LOG2_BINS = range(-40, 17)  # histogram bins of floor(log2|g|); values outside go to the edge bins
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import phrases, speed
-from amp_compare.harness.report.verdicts import LAB_METRICS, choose
+from amp_compare.harness.report.verdicts import EXPERIMENTS, choose
 
 SHOWN = ("speed", "accuracy")  # the metrics each precision's line gives; the tables give every metric
 INTERVAL = ("speed",)  # whose interval the line gives (the page's tables give every interval; 80 columns)
@@ -20,8 +20,8 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
     """[(model on dataset, [(framework: use X (why), [one line per mixed precision])])]."""
     out = []
     for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False):
-        frameworks = lab_items(part)
-        part = part[~part["metric"].isin(LAB_METRICS)]
+        frameworks = experiment_items(part)
+        part = part[~part["metric"].isin([m for _, metrics in EXPERIMENTS for m in metrics])]
         for fw, group in part.groupby("framework", sort=False):
             use, reason = choose(group)
             lines = []
@@ -43,18 +43,18 @@ def _seeds(part: pd.DataFrame) -> float:
     return max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))
 
 
-LAB_HEADER = "Loss scaling (what this run asks)"
-
-
-def lab_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
-    """The loss-scaling rows of one model x dataset, framework by framework in LAB_METRICS' order; [] for no lab."""
-    lab = part[part["metric"].isin(LAB_METRICS)]
-    if lab.empty:
-        return []
-    order = {m: i for i, m in enumerate(LAB_METRICS)}
-    lines = [phrases.lab_line(v) for _, rows in lab.groupby("framework", sort=False)
-             for v in sorted(rows.itertuples(), key=lambda v: order[v.metric])]
-    return [(LAB_HEADER, lines)]
+def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    """Each experiment's rows (verdicts.EXPERIMENTS: the loss-scaling lab, the naive attention) of one model x
+    dataset under its header, framework by framework in its metrics' order; [] where the run is none of them."""
+    out = []
+    for header, metrics in EXPERIMENTS:
+        rows = part[part["metric"].isin(metrics)]
+        if rows.empty:
+            continue
+        order = {m: i for i, m in enumerate(metrics)}
+        out.append((header, [phrases.lab_line(v) for _, mine in rows.groupby("framework", sort=False)
+                             for v in sorted(mine.itertuples(), key=lambda v: order[v.metric])]))
+    return out
 
 
 def preface(environment: dict, device: str = "cpu") -> str:

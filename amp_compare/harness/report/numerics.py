@@ -4,15 +4,17 @@ vit's attention headroom, and sentences whose every number comes from the record
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
-from amp_compare.harness.report import phrases, scaling, stats
+from amp_compare.harness.report import phrases, scaling, stats, verdicts
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
-from amp_compare.kit.fp16 import FP16_MAX
+from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX
 
 # fp16 with its dynamic loss scaling and without any: "What happened" compares their accuracy.
 DYNAMIC_FP16 = precisions.names(half="float16", loss_scaling="dynamic")[0]
@@ -513,7 +515,6 @@ def _differing_rows(table: pd.DataFrame) -> dict:
 # The vit: headroom, the attention/normalisation dtype table, the naive attention's story
 # ---------------------------------------------------------------------------------------------
 
-FP16_EXP_LIMIT = float(np.log(FP16_MAX))  # exp(x) overflows float16 past this (~11.09)
 QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layernorm_input": "LayerNorm input"}
 
 
@@ -842,3 +843,50 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
         "nothing_happened": "No loss-scaling or numerics events to report in this run.",
         "no_scaled": "No loss-scaled cell in this run, so no loss-scale figure.",
     }
+
+
+def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame | None) -> list[dict]:
+    """The naive-attention verdict rows (verdicts.NAIVE): per model x framework x precision run with --attention
+    naive, the first step a seed went non-finite and where the locator put it, or that training stayed finite."""
+    if table.empty or runs.empty or "cfg_attention" not in runs:
+        return []
+    done = runs[runs["status"].isin(["ok", "diverged"]) & (runs["cfg_attention"] == "naive")]
+    blocks = headroom_per_block(headroom) if headroom is not None else pd.DataFrame()
+    out = []
+    for r in table.drop_duplicates(["model", "dataset", "framework", "precision"]).itertuples():
+        mine = done[(done["model"] == r.model) & (done["dataset"] == r.dataset) & (done["framework"] == r.framework)
+                    & (done["precision"] == r.precision)].sort_values("seed")
+        if mine.empty:
+            continue
+        seeds = [_naive_seed(c, blocks) for c in mine.to_dict("records")]
+        broke = [s for s in seeds if s["step"] >= 0]
+        first = min(broke, key=lambda s: s["step"]) if broke else {"step": -1, "where": ""}
+        facts = SimpleNamespace(estimate=first["step"] if broke else np.nan, step=first["step"], where=first["where"],
+                                forced=_cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
+                                finite=all(s["finite"] for s in seeds))
+        key = {k: getattr(r, k) for k in verdicts.IDENTITY}
+        out.append(verdicts.row(key, "attention_overflow", facts, "none", {"seeds": seeds, "forced": facts.forced}))
+    return out
+
+
+def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
+    """One naive-attention cell's facts: where it went non-finite (the locator's record), how it ended, its largest
+    attention logit (headroom.parquet, float32 before any scale)."""
+    step = pd.to_numeric(pd.Series([c.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
+    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
+        if not blocks.empty else blocks
+    loss = float(pd.to_numeric(pd.Series([c.get("final_train_loss", np.nan)]), errors="coerce").iloc[0])
+    first_bad = pd.to_numeric(pd.Series([c.get("first_nonfinite_loss_step", np.nan)]), errors="coerce").iloc[0]
+    every_finite = bool(first_bad < 0) if pd.notna(first_bad) else bool(np.isfinite(loss))
+    skipped = int(c.get("skipped_steps", 0) or 0)
+    return {"seed": int(c["seed"]), "step": int(step), "where": str(c.get("nonfinite_where") or ""),
+            "layer": str(c.get("nonfinite_layer") or ""), "value": str(c.get("nonfinite_value") or ""),
+            "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total", 0) or 0),
+            "finite": c.get("status") == "ok" and every_finite and skipped == 0,
+            "largest_logit": float(_peak(logits)["max_abs"]) if not logits.empty else float("nan")}
+
+
+def with_naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame | None) -> pd.DataFrame:
+    """The verdict table with the naive-attention rows (naive_rows) added where the run has any."""
+    said = naive_rows(table, runs, headroom)
+    return pd.concat([table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True) if said else table

@@ -14,7 +14,7 @@ from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.verdicts import REASONS, STATUSES
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
-from amp_compare.kit.fp16 import FP16_MAX
+from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
           "numerics": "numerics"}
@@ -294,9 +294,31 @@ def _static(v, e: dict) -> str:
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 
 
-LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static}
+def _naive(v, e: dict) -> str:
+    """A naive-attention row: where training first went non-finite and how it ended, or that it stayed finite."""
+    seeds = e.get("seeds", [])
+    forced = f"with --fp32-layers {e['forced']}: " if e.get("forced") else ""
+    if v.status == "finite":
+        top = max((s["largest_logit"] for s in seeds), default=float("nan"))
+        logit = (f"; largest attention logit {top:.3g}, {'past' if top > FP16_EXP_LIMIT else 'below'} ln(65,504) = "
+                 f"{FP16_EXP_LIMIT:.1f}, where exp overflows float16" if np.isfinite(top) else "")
+        return f"{forced}every loss finite, no update skipped{logit}"
+    said = []
+    for s in (s for s in seeds if s["step"] >= 0 or s["status"] != "ok"):
+        where = (f"the locator found it in the {s['where']} of {s['layer']} ({s['value']})" if s["where"] else
+                 "the locator named no layer")
+        ended = ("the run diverged" if s["status"] == "diverged" else
+                 f"the scaler skipped {s['skipped']:,} of {s['steps']:,} steps" if s["skipped"] else
+                 f"ended {s['status']}")
+        said.append(f"seed {s['seed']}: first skip or non-finite loss at step {s['step']}; {where}; {ended}")
+    fix = next((s["layer"] for s in seeds if s["layer"]), "")
+    return forced + "; ".join(said) + (f" — rerun with --fp32-layers {fix}" if fix and not e.get("forced") else "")
+
+
+LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
+             "attention_overflow": _naive}
 
 
 def lab_line(v) -> str:
-    """One loss-scaling verdict row as the answer's line: "PyTorch fp16: loss scale from 2^15 ..."."""
+    """One experiment's verdict row (verdicts.EXPERIMENTS) as the answer's line: "PyTorch fp16: loss scale ..."."""
     return f"{framework_label(v.framework)} {v.precision}: {LAB_WORDS[v.metric](v, evidence(v.evidence))}"

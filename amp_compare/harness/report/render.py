@@ -576,6 +576,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     seeds_text = (seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
     verdict_table = scaling.with_lab_rows(verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials"))),
                                           runs, steps, tables.get("underflow"))
+    verdict_table = nr.with_naive_rows(verdict_table, runs, tables.get("headroom"))
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"))
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,

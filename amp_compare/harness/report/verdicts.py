@@ -40,6 +40,9 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "lost": "underflow: gradient elements the float32 reference holds came out 0 in the float16 backward",
     "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no element lost to underflow",
     "insufficient": "static scale: it overflowed or let elements underflow",
+    # naive attention (NAIVE_METRICS)
+    "overflowed": "naive attention: training went non-finite (a skipped update or a non-finite loss)",
+    "finite": "naive attention: no update skipped and every loss finite to the end",
 }
 
 REASONS = {
@@ -87,6 +90,12 @@ REASONS = {
                   "(Keras)",
     "underflowed": "gradient elements came out 0 even at the static scale",
     "no_overflow_no_underflow": "no skip, every loss finite and no element lost at the static scale",
+    # naive attention (NAIVE_METRICS)
+    "forward_located": "the NaN/Inf locator found the first non-finite value in a layer's forward",
+    "backward_located": "the NaN/Inf locator found the first non-finite value in the backward",
+    "unlocated": "training went non-finite; the locator named no layer",
+    "fp32_layers_kept_finite": "the layers given to --fp32-layers computed in float32, and training stayed finite",
+    "stayed_finite": "training stayed finite with every layer in the precision's own dtype",
 }
 
 INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
@@ -198,8 +207,25 @@ STATIC_SCALE = [
     Rule("otherwise", lambda f: True, "sufficed", "no_overflow_no_underflow"),
 ]
 
+# The naive-attention ViT (facts from numerics.naive_rows). f.step: the first step a seed went non-finite (-1: none);
+# f.where: where the locator found it; f.forced: the --fp32-layers given; f.finite: every seed ended with finite losses.
+NAIVE = [
+    Rule("a seed went non-finite; the locator found it in a forward", lambda f: f.step >= 0 and f.where == "forward",
+         "overflowed", "forward_located"),
+    Rule("a seed went non-finite; the locator found it in the backward",
+         lambda f: f.step >= 0 and f.where == "backward", "overflowed", "backward_located"),
+    Rule("a seed went non-finite otherwise", lambda f: f.step >= 0 or not f.finite, "overflowed", "unlocated"),
+    Rule("finite, with layers forced to float32", lambda f: bool(f.forced), "finite", "fp32_layers_kept_finite"),
+    Rule("otherwise", lambda f: True, "finite", "stayed_finite"),
+]
+
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
-LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE}
+NAIVE_METRICS = ("attention_overflow",)
+LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
+             "attention_overflow": NAIVE}
+# Each experiment's own question, answered first (answer.experiment_items): its header and its metrics
+EXPERIMENTS = (("Loss scaling (what this run asks)", LAB_METRICS),
+               ("Naive attention (what this run asks)", NAIVE_METRICS))
 
 # a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
 FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
@@ -209,7 +235,7 @@ RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target
 # speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
-         "static_scale": "scale"}
+         "static_scale": "scale", "attention_overflow": "step"}
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
 COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "interval_kind", "status", "reason",
            "evidence"]
