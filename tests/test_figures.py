@@ -90,7 +90,7 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
     said = " ".join(numerics_said(pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame())["underflow"])
     assert ("PyTorch fp16, after the last step (the first batch again): the largest |parameter gradient| was below "
             "2^-5; times the scale the scaler held after that step (2^15) below 2^10 — a bound on the parameter "
-            "gradients only") in said
+            "gradients at this probe only") in said
     assert "Keras (TF) fp16-noscale, after the last step (the first batch again): the largest |parameter gradient| " \
            "was below 2^-5 — a bound" in said and "nothing overflowed" not in said
     assert "largest |gradient|" not in fig.caption

@@ -42,7 +42,7 @@ def test_overflow_is_said_from_the_step_records_not_from_the_largest_parameter_g
     assert "nothing overflowed" not in said and "scale in use" not in said, said
     assert "after the last step (the first batch again): the largest |parameter gradient| was below 2^-4; times the " \
            "scale the scaler held after that step (2^18) below 2^14 — a bound on the parameter gradients " \
-           "only, not on the intermediate tensors of the backward" in said, said
+           "at this probe only, not on other steps' nor on the intermediate tensors of the backward" in said, said
     assert said.endswith("The step records: the scaler skipped 2 of 10 updates, 2 with a finite loss (non-finite "
                          "gradients at the scale then in use: a backward overflow, which a lower scale cures, or a "
                          "forward value the loss does not read, which it does not — the NaN/Inf locator says which "

@@ -147,8 +147,8 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
     for part in (intro, section(html, "glossary"), section(html, "numerics")):
         assert "bf16" not in part and "bfloat16" not in part and "three precision modes" not in part
     scaling = section(html, "numerics")  # loss scaling is the Numerics section's first part
-    assert ("No cell ran more than 264 steps, so in this run the scale could not grow, only back off (a "
-            "--growth-interval below 264 lets it grow).") in scaling
+    assert ("No dynamically scaled cell ran more than 264 steps, so in this run the scale could not grow, only back "
+            "off (with a --growth-interval below 264, enough clean steps in a row could have doubled it).") in scaling
     assert "could not grow (--growth-interval ≥ steps)" in scaling  # the counts table: no "0 growth events"
     assert "No step was skipped in this run." in scaling and "No loss-scaled cell" not in scaling
     assert "grew the scale 0 times" not in html
@@ -162,8 +162,9 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
             "fc.weight (1).") in happened
     assert ("PyTorch fp16, after the last step (the first batch again): the largest |parameter gradient| was below "
             "2^-4; times the scale the scaler held after that step (2^15) below 2^11 — a bound on the parameter "
-            "gradients only, not on the intermediate tensors of the backward, where overflow happens (the NaN/Inf "
-            "locator names the layer), so it does not say whether a step overflowed. The step records: no update of "
+            "gradients at this probe only, not on other steps' nor on the intermediate tensors of the backward, "
+            "where overflow can also happen (the NaN/Inf locator names the tensor of each skip), so it does not say "
+            "whether a step overflowed. The step records: no update of "
             "264 was skipped (no overflow at the scale then in use); the last step (step 263, counting from 0) ran "
             "at 2^15 and was not skipped.") in happened
     assert "nothing overflowed" not in html

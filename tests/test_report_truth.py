@@ -95,7 +95,7 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     assert "arithmetic limited by" not in speed.hardware_paragraph(True)
     facts = RunFacts(frameworks=["torch"], precisions=["fp32", "bf16"], seeds=[0], device="cpu", rotated=False,
                      halves={"bfloat16"})
-    table = pd.DataFrame({"precision": ["fp32", "bf16"], "speedup_vs_fp32": [1.0, 0.15]})
+    table = pd.DataFrame({"metric": ["speed"], "precision": ["bf16"], "estimate": [0.15], "status": ["slower"]})
     text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, limited, None)
                 if e.id == "gl-half-formats")
     assert "This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): its bfloat16 rows are no evidence either " \
@@ -146,14 +146,17 @@ def test_lessons_carry_the_runs_evidence_for_or_against():
 
     facts = RunFacts(frameworks=["torch"], precisions=["fp32", "fp16", "bf16"], seeds=[0], device="cpu",
                      rotated=False, halves={"float16", "bfloat16"})
-    table = pd.DataFrame({"precision": ["fp32", "fp16", "bf16"], "speedup_vs_fp32": [1.0, 0.12, 0.5]})
+    # the speed verdicts (the trials), not the training cells' throughput (an audit found cells slowed by other
+    # load read as "faster without the format's arithmetic" beside an answer that every precision was slower)
+    table = pd.DataFrame({"metric": ["speed", "speed", "accuracy"], "precision": ["fp16", "bf16", "fp16"],
+                          "estimate": [0.12, 0.5, 3.0], "status": ["slower", "slower", "higher"]})
     text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, AVX512_BF16, None)
                 if e.id == "gl-half-formats")
     assert "Lesson: a half format can make training faster only where the hardware computes in it" in text
-    assert ("This run's training cells: float16 rows at 0.12× fp32's throughput on a CPU whose flags list no float16 "
-            "arithmetic") in text
+    assert ("This run's speed trials: float16 rows at 0.12× fp32's speed on a CPU whose flags list no float16 "
+            "arithmetic (avx512_fp16 and amx_fp16 absent): consistent with the lesson") in text
     # the arithmetic is needed for a gain, not enough: a slowdown beside it does not go against the lesson
-    assert ("bfloat16 rows at 0.50× fp32's throughput on a CPU whose flags list bfloat16 arithmetic: no gain in "
+    assert ("bfloat16 rows at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: no gain in "
             "some rows despite the arithmetic, which the lesson allows") in text and "against the lesson" not in text
     # the bf16 sentence reads as English and says what it means (the audit found it garbled)
     assert ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "

@@ -121,6 +121,18 @@ def test_memory_below_the_runs_resolution_is_undecided(tmp_path):
     assert (bf16.status, bf16.reason) == ("smaller", "above_resolution") and bf16.estimate == pytest.approx(-60)
 
 
+def test_memory_is_decided_only_where_every_seed_exceeds_the_spread(tmp_path):
+    # an outside audit found "+20 MiB more memory (every seed beyond the seed-to-seed spread, up to 12.7 MiB)" where
+    # one seed's difference was 11.6 MiB: the median beyond the spread, not every seed
+    memory = {("torch", "fp32"): [100, 110, 105], ("torch", "fp16"): [125, 125, 113],
+              ("torch", "bf16"): [150, 160, 155]}
+    v = _verdicts(write_run(tmp_path, frameworks=("torch",), memory=memory))
+    fp16, bf16 = _one(v, "torch", "fp16", "memory"), _one(v, "torch", "bf16", "memory")
+    assert fp16.estimate == pytest.approx(15) and fp16.margin == pytest.approx(12)  # median 15 MiB, spread 12 MiB
+    assert (fp16.status, fp16.reason) == ("undecided", "unresolved_memory")  # seed 2: +8 MiB, within the spread
+    assert (bf16.status, bf16.reason) == ("larger", "above_resolution")
+
+
 def test_no_rule_reads_a_sentence():
     """The verdict module decides from numbers and flags: no string prefix test, no regex, no count kept as text."""
     tree = ast.parse((REPORT / "verdicts.py").read_text())
@@ -180,6 +192,14 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
         "0.500–0.501×), outside the speed trial's")
     assert "using 1.90 (fp32) and 1.00 (fp16) CPU-seconds per second of training" in said[0]
     assert "2.0 and 2.0 s tracing and warming up, 1.0 and 1.0 s evaluating" in said[0]
+
+
+def test_every_status_and_reason_is_worded():
+    from amp_compare.harness.report import phrases
+
+    assert set(phrases.STATUS) == set(verdicts.STATUSES) and set(phrases.REASON) == set(verdicts.REASONS)
+    rules = [r for table in (*verdicts.RULES.values(), *verdicts.LAB_RULES.values()) for r in table]
+    assert {r.status for r in rules} <= set(verdicts.STATUSES) and {r.reason for r in rules} <= set(verdicts.REASONS)
 
 
 def test_the_glossary_explains_exactly_the_verdict_words_the_run_prints(tmp_path):

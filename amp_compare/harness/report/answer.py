@@ -9,6 +9,7 @@ import html
 import pandas as pd
 
 from amp_compare.contract.config import framework_label
+from amp_compare.contract.precision import NAMES
 from amp_compare.harness.report import phrases, speed
 from amp_compare.harness.report.verdicts import EXPERIMENTS, choose
 
@@ -43,6 +44,11 @@ def _seeds(part: pd.DataFrame) -> float:
     return max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))
 
 
+def rank(precision: str) -> int:
+    """A precision's place in display order (unknown ones last)."""
+    return NAMES.index(precision) if precision in NAMES else len(NAMES)
+
+
 def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
     """Each experiment's rows (verdicts.EXPERIMENTS: the loss-scaling lab, the naive attention) of one model x
     dataset under its header, framework by framework in its metrics' order; [] where the run is none of them."""
@@ -53,7 +59,7 @@ def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
             continue
         order = {m: i for i, m in enumerate(metrics)}
         out.append((header, [phrases.lab_line(v) for _, mine in rows.groupby("framework", sort=False)
-                             for v in sorted(mine.itertuples(), key=lambda v: order[v.metric])]))
+                             for v in sorted(mine.itertuples(), key=lambda v: (rank(v.precision), order[v.metric]))]))
     return out
 
 

@@ -341,7 +341,8 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                        " A decided mixed precision's label is its change against the same framework's fp32 (the "
                        "geometric mean over seeds of each seed's ratio), with ⚠ where its 95% interval is wider than "
                        f"{stats.NOISY_WIDTH}× end to end, includes no change, or is missing." if ratios.any() else
-                       " No mixed precision's difference was decided, so no bar carries a percentage.")
+                       " No mixed precision's difference was decided, so no mixed precision's bar carries a "
+                       "percentage.") + " fp32's bars read +0%: the reference the others are measured against."
                    + " On a CPU this is the "
                    "process's resident memory, which includes framework workspaces, so half-precision activations "
                    "need not make it smaller." + (" \"undecided\": some seed's difference from fp32 is within "

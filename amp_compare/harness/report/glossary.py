@@ -139,25 +139,26 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
     return out, [a for a in ABBREVIATIONS if a in expander.found or a in expander.nested]
 
 
-def _format_evidence(table: pd.DataFrame, environment: dict, half: str) -> str:
-    """This run's evidence on the lesson "a half format is fast only where the hardware computes in it"."""
-    mixed = table[precisions.is_mixed(table["precision"])] if not table.empty else table
-    rows = mixed[mixed["precision"].map(lambda p: precisions.of(p).half) == half] if not mixed.empty else mixed
-    if rows.empty or environment.get("cpu_model") is None or environment.get("device", "cpu") != "cpu":
+def _format_evidence(verdicts: pd.DataFrame, environment: dict, half: str) -> str:
+    """This run's evidence on the lesson "a half format is fast only where the hardware computes in it": its speed
+    verdicts (the trials) of the precisions computing in `half`."""
+    if verdicts.empty or environment.get("cpu_model") is None or environment.get("device", "cpu") != "cpu":
         return ""
-    ratios = rows["speedup_vs_fp32"].dropna().to_numpy(float)
-    if not ratios.size:
+    rows = verdicts[(verdicts["metric"] == "speed") & np.isfinite(verdicts["estimate"].astype(float))
+                    & verdicts["precision"].map(lambda p: p in precisions.BY_NAME and precisions.of(p).half == half)]
+    if rows.empty:
         return ""
+    ratios, status = rows["estimate"].to_numpy(float), set(rows["status"])
     arithmetic = has_arithmetic(environment, half)
     span = f"{ratios.min():.2f}×" if len(ratios) == 1 else f"{ratios.min():.2f}–{ratios.max():.2f}×"
     flags = (f"whose flags list {half} arithmetic" if arithmetic else
              f"whose flags list no {half} arithmetic ({' and '.join(ARITHMETIC_FLAGS[half])} absent)")
-    faster, slower = bool((ratios > 1).all()), bool((ratios < 1).all())
     # the lesson says the arithmetic is needed for a gain; slower rows on a CPU with it do not contradict it
-    verdict = ("consistent with the lesson" if (arithmetic and faster) or (not arithmetic and slower) else
+    verdict = ("consistent with the lesson" if status == ({"faster"} if arithmetic else {"slower"}) else
                "no gain in some rows despite the arithmetic, which the lesson allows (which kernels ran was not "
-               "recorded)" if arithmetic else "against the lesson: faster without the format's arithmetic")
-    return f" This run's training cells: {half} rows at {span} fp32's throughput on a CPU {flags}: {verdict}."
+               "recorded)" if arithmetic else "against the lesson: faster without the format's arithmetic"
+               if "faster" in status else "no row measured faster, as the lesson predicts")
+    return f" This run's speed trials: {half} rows at {span} fp32's speed on a CPU {flags}: {verdict}."
 
 
 # Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
@@ -227,7 +228,7 @@ def _underflow_evidence(underflow: pd.DataFrame | None, acc: pd.DataFrame | None
             + _mixed_lost(underflow) + _harm_verdict(acc))
 
 
-def entries(facts, dtype_facts: dict, comparison: str, table: pd.DataFrame, environment: dict,
+def entries(facts, dtype_facts: dict, comparison: str, verdicts: pd.DataFrame, environment: dict,
             underflow: pd.DataFrame | None, acc: pd.DataFrame | None = None) -> list[Entry]:
     """The glossary's entries for this run's modes, frameworks and device (`underflow`: the per-layer underflow
     records; `acc`: the Accuracy section's paired tests)."""
@@ -250,7 +251,7 @@ def entries(facts, dtype_facts: dict, comparison: str, table: pd.DataFrame, envi
     if facts.keras and facts.halves:
         out.append(Entry("gl-policy", "Dtype policies (Keras)", _policy_text(facts, dtype_facts, comparison)))
     if facts.halves:
-        out.append(_half_formats(facts, table, environment, underflow, acc))
+        out.append(_half_formats(facts, verdicts, environment, underflow, acc))
     if facts.device == "cuda":
         out.append(Entry("gl-tf32", "TF32", "TensorFloat-32: on NVIDIA Ampere and newer GPUs, float32 matrix "
                          "multiplies and convolutions may internally round inputs to a 10-bit mantissa on tensor "
@@ -291,7 +292,7 @@ def _policy_text(facts, d: dict, comparison: str) -> str:
     return text
 
 
-def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.DataFrame | None,
+def _half_formats(facts, verdicts: pd.DataFrame, environment: dict, underflow: pd.DataFrame | None,
                   acc: pd.DataFrame | None = None) -> Entry:
     both = {"float16", "bfloat16"} <= facts.halves
     term = "bfloat16 vs float16" if both else next(iter(facts.halves))
@@ -313,5 +314,5 @@ def _half_formats(facts, table: pd.DataFrame, environment: dict, underflow: pd.D
         return Entry("gl-half-formats", term, text + f" This run {isa_limit(environment)[0]}: its "
                      f"{' and '.join(halves)} rows are no evidence either way.")
     for half in halves:
-        text += _format_evidence(table, {**environment, "device": facts.device}, half)
+        text += _format_evidence(verdicts, {**environment, "device": facts.device}, half)
     return Entry("gl-half-formats", term, text)

@@ -135,8 +135,7 @@ def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
         # a cell may reuse an earlier cell's timing (kit/reuse.py): the same value, counted once
         timings = len(g.drop_duplicates(["framework", "ceiling_flops_measured"]))
         made = (f"of the run's {len(g)} timings of a {size}, one per cell" if timings == len(g) else
-                f"of the run's {timings} timing{'s' if timings > 1 else ''} of a {size}, which its {len(g)} cells "
-                "share")
+                f"of the run's {timings} timing{'s' if timings > 1 else ''} of a {size}, which its cells share")
         best = _three_digits(g["ceiling_flops_measured"].max() / 1e12)
         out.append(f"MFU is measured against one ceiling per device and dtype, the same for every framework: "
                    f"{key[-1]}{device} {best} TFLOP/s, the best {made} (each framework's own best: {own}).")

@@ -281,8 +281,9 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
         record = _cell_record(steps, rows)
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
                    f"|parameter gradient| was below 2^{top + 1}{scaled}{reach} — a bound on the parameter gradients "
-                   "only, not on the intermediate tensors of the backward, where overflow happens (the NaN/Inf "
-                   "locator names the layer), so it does not say whether a step overflowed"
+                   "at this probe only, not on other steps' nor on the intermediate tensors of the backward, where "
+                   "overflow can also happen (the NaN/Inf locator names the tensor of each skip), so it does not say "
+                   "whether a step overflowed"
                    + (f". {record}" if record else "") + ".")
     return out
 
@@ -612,14 +613,19 @@ def headroom_table(headroom: pd.DataFrame, runs: pd.DataFrame | None = None,
     first = df[df["seed"] == df["seed"].min()].copy()
     first["rank"] = first["layer"].map(_forward_rank)
     cells = _locator_cells(runs, steps)
+    forced = ({c: _cfg_text(v) for c, v in zip(runs["cell_id"], runs["cfg_fp32_layers"])}
+              if runs is not None and "cfg_fp32_layers" in runs else {})
     rows = []
     for (fw, prec, _, layer, quantity), part in first.sort_values(
             ["framework", "precision", "rank", "quantity"], key=display_order).groupby(
             ["framework", "precision", "rank", "layer", "quantity"], sort=False):
         cell = cells.get(part["cell_id"].iloc[0], {}) if "cell_id" in part else {}
         row = _headroom_row(layer, quantity, _peak(part), cell)
-        if not _in_float16(prec) and row["float16 headroom"] != "none (non-finite)":
+        if row["float16 headroom"] != "none (non-finite)" and not _in_float16(prec):
             row["float16 headroom"] += " (had it run in float16; this cell did not)"
+        elif row["float16 headroom"] != "none (non-finite)" and forced_fp32(layer, forced.get(
+                part["cell_id"].iloc[0], "")):
+            row["float16 headroom"] += " (had it run in float16; --fp32-layers kept this layer in float32)"
         rows.append({"framework": _label(fw), "precision": prec, **row})
     return pd.DataFrame(rows)
 
@@ -647,7 +653,9 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
         forced = _cfg_text(r.get("cfg_fp32_layers"))
         mine = blocks[(blocks["cell_id"] == r["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
             if not blocks.empty else blocks
-        peak = _logit_text(_peak(mine), naive, _in_float16(r["precision"])) if not mine.empty else ""
+        top = _peak(mine) if not mine.empty else None
+        peak = _logit_text(top, naive, _in_float16(r["precision"]), forced_fp32(f"{top['block']}.attn", forced)) \
+            if top is not None else ""
         step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
         if naive and step >= 0:
             out.append(f"{who}, --attention naive: {_located_text(r, int(step), forced)}"
@@ -676,9 +684,18 @@ def _in_float16(precision: str) -> bool:
     return precision in precisions.names(half="float16")
 
 
-def _logit_text(top: pd.Series, naive: bool, fp16: bool = True) -> str:
+def forced_fp32(layer: str, forced: str) -> bool:
+    """Whether `layer` computed in float32 because --fp32-layers named it or a module above it."""
+    return any(layer == f or layer.startswith(f + ".") for f in forced.split(",") if f)
+
+
+NOT_FP16 = " — had it run in float16: this cell did not compute in float16"
+FORCED = " — had it run in float16: --fp32-layers computed this layer in float32"
+
+
+def _logit_text(top: pd.Series, naive: bool, fp16: bool = True, forced: bool = False) -> str:
     """The cell's largest attention logit against the limit its softmax has (logit_limit); for a cell that did not
-    compute in float16, said as what it would be in float16."""
+    compute in float16, or whose attention --fp32-layers kept in float32, said as what it would be in float16."""
     where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
     if not (np.isfinite(top["max_abs"]) and top["max_abs"] > 0):
         return f"the attention logits' record went non-finite ({where})"
@@ -686,7 +703,7 @@ def _logit_text(top: pd.Series, naive: bool, fp16: bool = True) -> str:
     factor = limit / top["max_abs"]
     return (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
             + (f"{factor:.3g}× below {named}" if factor >= 1 else f"past {named} (headroom {factor:.2g}×)")
-            + ("" if fp16 else " — had it run in float16: this cell did not compute in float16"))
+            + (FORCED if forced and fp16 else "" if fp16 else NOT_FP16))
 
 
 def _located_text(r: dict, step: int, forced: str) -> str:
@@ -865,7 +882,9 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
                                 forced=_cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
                                 finite=all(s["finite"] for s in seeds))
         key = {k: getattr(r, k) for k in verdicts.IDENTITY}
-        out.append(verdicts.row(key, "attention_overflow", facts, "none", {"seeds": seeds, "forced": facts.forced}))
+        half = precisions.BY_NAME[r.precision].half if r.precision in precisions.BY_NAME else ""
+        out.append(verdicts.row(key, "attention_overflow", facts, "none",
+                                {"seeds": seeds, "forced": facts.forced, "half": half or ""}))
     return out
 
 

@@ -21,7 +21,8 @@ METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "ti
 STATUS = {"faster": "faster", "slower": "slower", "smaller": "less memory", "larger": "more memory",
           "higher": "higher", "lower": "lower", "same": "same", "undecided": "undecided",
           "not_comparable": "n/a", "failed": "failed", "differs": "differs", "skipped": "skipped",
-          "clean": "clean", "lost": "lost", "sufficed": "sufficed", "insufficient": "insufficient"}
+          "clean": "clean", "lost": "lost", "sufficed": "sufficed", "insufficient": "insufficient",
+          "overflowed": "overflowed", "finite": "finite"}
 REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
@@ -42,6 +43,8 @@ REASON = {  # a few words each, after "because" or in brackets
     "accuracy_lower": "accuracy lower", "accuracy_kept": "accuracy kept", "accuracy_undecided": "accuracy undecided",
     "accuracy_not_lower": "no accuracy lost",
     "overflowed": "overflowed", "underflowed": "underflowed", "no_overflow_no_underflow": "no overflow, no underflow",
+    "forward_located": "in a forward", "backward_located": "in the backward", "unlocated": "no layer named",
+    "fp32_layers_kept_finite": "--fp32-layers kept it finite", "stayed_finite": "finite throughout",
 }
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
@@ -99,9 +102,14 @@ def number(v, interval: bool = True, of: bool = True) -> str:
     return text + (f" [{low}, {high}]" if interval and np.isfinite(v.low) else "")
 
 
+# The sign test's interval is conservative: order statistics cover the median with at least 95% (8 rounds: 99.2%)
+AT_LEAST = ("sign test 95%", "trial 95%")
+
+
 def interval_words(v) -> str:
-    """What the interval is: "95% sign test", "" where there is none."""
-    return f"95% {KIND[v.interval_kind]}" if v.interval_kind in KIND else ""
+    """What the interval is: "≥95% sign test", "95% Newcombe", "" where there is none."""
+    level = "≥95%" if v.interval_kind in AT_LEAST else "95%"
+    return f"{level} {KIND[v.interval_kind]}" if v.interval_kind in KIND else ""
 
 
 def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False) -> str:
@@ -115,7 +123,7 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
         blocks = evidence(getattr(v, "evidence", "")).get("contended_blocks") or 0
         status += f" ({blocks} contended block{'s' if blocks != 1 else ''})" if blocks else ""
     if v.metric == "numerics" and v.status != "failed":
-        return "finite" if v.status == "same" else status  # numerics' "same": every loss and update finite
+        return "finite losses" if v.status == "same" else status  # numerics' "same": no cell diverged
     return f"{number(v, interval, of)} {status}".strip()
 
 
@@ -175,7 +183,8 @@ def columns_note(verdicts: pd.DataFrame) -> str:
             targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
     target = f" ({'; '.join(targets)})" if targets else ""
     return ("Speed: fp32's step time ÷ the precision's, from a speed trial (fp32 and mixed blocks interleaved in one "
-            "process): exp of the median of its rounds' log ratios, with its 95% sign-test interval. Peak memory: the "
+            "process): exp of the median of its rounds' log ratios, with its sign-test interval "
+            "(at least 95%: 99.2% over 8 rounds). Peak memory: the "
             "precision's peak minus fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in "
             "percentage points, with its 95% interval. Time to target: training wall time (Keras' tracing in the first "
             f"epoch included) until validation accuracy first reached the target{target}, ÷ fp32's of the same seed, "
@@ -255,7 +264,7 @@ def cause(f: dict) -> str:
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
-            f"so that step's was ≥ {FP16_MAX / f['scale']:.3g} unscaled (inferred from the overflow)")
+            f"so that step's was ≥ {FP16_MAX / f['scale']:.4g} unscaled (inferred from the overflow)")
 
 
 def _underflow(v, e: dict) -> str:
@@ -270,16 +279,24 @@ def _underflow(v, e: dict) -> str:
                    if e.get("accuracy_reason") in REASON and (acc in SHOWN or e["accuracy_reason"] in SHOWN_REASONS)
                    else ""))
     mattered = {"accuracy_lower": "it mattered", "accuracy_kept": "it did not matter",
-                "accuracy_not_lower": "it cost no accuracy: the difference from fp32's, "
-                                      f"{e.get('accuracy_pp', float('nan')):+.1f} pp "
-                                      f"[{e.get('accuracy_low', float('nan')):+.1f}, "
-                                      f"{e.get('accuracy_high', float('nan')):+.1f}], excludes a loss",
+                "accuracy_not_lower": "it cost no accuracy here: "
+                                      f"{e.get('accuracy_pp', float('nan')):+.1f} pp against fp32"
+                                      + _differing(e),
                 "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
         return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; "
                 f"{mattered[v.reason]}")
     return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; {acc_text}: "
             f"{mattered.get(v.reason, '')}").rstrip(": ")
+
+
+def _differing(e: dict) -> str:
+    """How many paired validation predictions differed from fp32's (seeds x images), where recorded."""
+    d, n, k = e.get("discordant"), e.get("images"), e.get("seeds_paired")
+    if not all(isinstance(x, (int, float)) and np.isfinite(x) for x in (d, n)):
+        return ""
+    pairs = int(n) * (int(k) if isinstance(k, (int, float)) and np.isfinite(k) else 1)
+    return f", {int(d):,} of {pairs:,} paired predictions differing"
 
 
 def _static(v, e: dict) -> str:
@@ -294,15 +311,16 @@ def _static(v, e: dict) -> str:
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 
 
+FP32_EXP_LIMIT = float(np.log(np.finfo(np.float32).max))  # exp overflows float32 and bfloat16 past this (~88.7)
+
+
 def _naive(v, e: dict) -> str:
     """A naive-attention row: where training first went non-finite and how it ended, or that it stayed finite."""
     seeds = e.get("seeds", [])
     forced = f"with --fp32-layers {e['forced']}: " if e.get("forced") else ""
     if v.status == "finite":
         top = max((s["largest_logit"] for s in seeds), default=float("nan"))
-        logit = (f"; largest attention logit {top:.3g}, {'past' if top > FP16_EXP_LIMIT else 'below'} ln(65,504) = "
-                 f"{FP16_EXP_LIMIT:.1f}, where exp overflows float16" if np.isfinite(top) else "")
-        return f"{forced}every loss finite, no update skipped{logit}"
+        return f"{forced}every loss finite, no update skipped" + (f"; {_logit(top, e)}" if np.isfinite(top) else "")
     said = []
     for s in (s for s in seeds if s["step"] >= 0 or s["status"] != "ok"):
         where = (f"the locator found it in the {s['where']} of {s['layer']} ({s['value']})" if s["where"] else
@@ -313,6 +331,17 @@ def _naive(v, e: dict) -> str:
         said.append(f"seed {s['seed']}: first skip or non-finite loss at step {s['step']}; {where}; {ended}")
     fix = next((s["layer"] for s in seeds if s["layer"]), "")
     return forced + "; ".join(said) + (f" — rerun with --fp32-layers {fix}" if fix and not e.get("forced") else "")
+
+
+def _logit(top: float, e: dict) -> str:
+    """The largest attention logit against float16's exp limit, and the limit of the dtype the attention ran in
+    where that was not float16 (bfloat16, or float32: fp32, or the layers given to --fp32-layers)."""
+    side = "past" if top > FP16_EXP_LIMIT else "below"
+    said = f"largest attention logit {top:.3g}, {side} ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16"
+    if e.get("half") == "float16" and not e.get("forced"):
+        return said
+    ran = "bfloat16" if e.get("half") == "bfloat16" and not e.get("forced") else "float32"
+    return f"{said}; {ran} overflows only past {FP32_EXP_LIMIT:.1f}"
 
 
 LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,

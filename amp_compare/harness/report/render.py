@@ -671,7 +671,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
         "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),
         "comparison": comparison, "init": init,
-        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"], comparison, summary["full"],
+        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"], comparison, summary["verdicts"],
                                              {**manifest["environment"], "device": manifest["device"]},
                                              tables.get("underflow", pd.DataFrame()), acc_stats)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(

@@ -4,6 +4,7 @@ static scale sufficed. Rules: verdicts.py; words: phrases.lab_line."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -140,6 +141,7 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
     acc = part[(part["framework"] == key["framework"]) & (part["precision"] == key["precision"])
                & (part["metric"] == "accuracy")]
     a = acc.iloc[0] if not acc.empty else None
+    said = json.loads(a["evidence"]) if a is not None and a["evidence"] else {}
     facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan,
                             accuracy=a["status"] if a is not None else "",
                             accuracy_low=float(a["low"]) if a is not None and np.isfinite(a["low"]) else np.nan)
@@ -148,7 +150,9 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
                                           "accuracy_pp": a["estimate"] if a is not None else np.nan,
                                           "accuracy_low": facts.accuracy_low,
                                           "accuracy_high": a["high"] if a is not None else np.nan,
-                                          "accuracy_margin": a["margin"] if a is not None else np.nan})
+                                          "accuracy_margin": a["margin"] if a is not None else np.nan,
+                                          "discordant": said.get("discordant"), "images": said.get("images"),
+                                          "seeds_paired": said.get("seeds")})
 
 
 def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:

@@ -270,7 +270,7 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
     return out
 
 
-ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images"]
+ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images", "discordant"]
 TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high"]
 
 

@@ -136,8 +136,8 @@ MEMORY = [
     Rule("no paired fp32 reading", lambda f: not _finite(f.difference), "not_comparable", "no_fp32"),
     Rule("one seed: nothing to measure the noise by", lambda f: not _finite(f.resolution), "undecided",
          "no_resolution"),
-    Rule("difference within the noise", lambda f: abs(f.difference) <= f.resolution, "undecided",
-         "unresolved_memory"),
+    Rule("some seed's difference within the noise (memory.weakest_difference_mib)", lambda f: f.resolved != 1.0,
+         "undecided", "unresolved_memory"),
     Rule("lower than fp32 beyond the noise", lambda f: f.difference < 0, "smaller", "above_resolution"),
     Rule("otherwise: higher beyond the noise", lambda f: True, "larger", "above_resolution"),
 ]
@@ -300,7 +300,8 @@ def _trial_kind(kind: str) -> str:
 def _memory(r, key: dict) -> dict:
     difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
     facts = SimpleNamespace(emulated=bool(r.emulated), difference=difference, resolution=resolution,
-                            estimate=difference, low=np.nan, high=np.nan, margin=resolution)
+                            resolved=_num(getattr(r, "memory_resolved", np.nan)), estimate=difference, low=np.nan,
+                            high=np.nan, margin=resolution)
     evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution}
     return row(key, "memory", facts, "none", evidence)
 
@@ -316,7 +317,7 @@ def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
                             low=_num(r.ci_low), high=_num(r.ci_high), no_difference=method == stats.NO_DIFFERENCE,
                             significant=np.isfinite(p) and p < stats.ALPHA, floor=floor, margin=floor)
     evidence = {"method": method, "p_value": p, "seeds": _num(getattr(r, "seeds", np.nan)),
-                "images": _num(getattr(r, "images", np.nan)),
+                "images": _num(getattr(r, "images", np.nan)), "discordant": _num(getattr(r, "discordant", np.nan)),
                 "too_short": r.too_short or "", "budget_cut_cells": cut,
                 "floor_fp32_seeds": _num(getattr(r, "floor_seeds", np.nan))}
     return row(key, "accuracy", facts, ACCURACY_KIND.get(method, "none"), evidence)

@@ -146,16 +146,17 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
         if facts.growth:
             interval, n = facts.growth
             text += f": after {interval:,} clean steps in a row the scale doubles"
-            text += (f". No cell ran more than {n:,} steps, so in this run the scale could not grow, only back off (a "
-                     f"--growth-interval below {n:,} lets it grow)." if n <= interval else ".")
+            text += (f". No dynamically scaled cell ran more than {n:,} steps, so in this run the scale could not "
+                     f"grow, only back off (with a --growth-interval below {n:,}, enough clean steps in a row could "
+                     "have doubled it)." if n <= interval else ".")
         out.append(text + ("" if facts.growth else "."))
     for name in facts.ran(loss_scaling="static"):
         keras = "; Keras: the optimizer's loss_scale_factor" if facts.keras else ""
         torch = "PyTorch: GradScaler held at it" if facts.torch else ""
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
         out.append(f"{name} multiplies the loss by a fixed scale{scale} ({torch}{keras}).".replace("(; ", "(")
-                   + (f" With it, {KERAS_STATIC}." if facts.keras and facts.torch else
-                      " With it, Keras applies an update whose gradients are not finite." if facts.keras else ""))
+                   + (f" Where its gradients overflow, {KERAS_STATIC}." if facts.keras and facts.torch else
+                      " Where its gradients overflow, Keras applies the update anyway." if facts.keras else ""))
     for name in facts.ran(half="float16", loss_scaling=None):
         out.append(f"{name} does not scale at all: what float16 cannot hold is lost.")
     if facts.ran(half="bfloat16"):
