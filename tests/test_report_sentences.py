@@ -163,8 +163,8 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
     assert ("PyTorch fp16, after the last step (the first batch again): the largest |parameter gradient| was below "
             "2^-4; times the scale the scaler held after that step (2^15) below 2^11 — a bound on the parameter "
             "gradients at this probe only, not on other steps' nor on the intermediate tensors of the backward, "
-            "where overflow can also happen (the NaN/Inf locator names the tensor of each skip), so it does not say "
-            "whether a step overflowed. The step records: no update of "
+            "where overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), so it does "
+            "not say whether a step overflowed. The step records: no update of "
             "264 was skipped (no overflow at the scale then in use); the last step (step 263, counting from 0) ran "
             "at 2^15 and was not skipped.") in happened
     assert "nothing overflowed" not in html

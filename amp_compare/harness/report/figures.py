@@ -593,8 +593,10 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     _save(grid.figure, out_dir, "underflow")
     return Figure("underflow", "numerics", "Gradient underflow per layer",
                   "Share of each layer's non-zero float32 gradient elements that round to 0 in float16 "
-                  "(|g| at or below 2^-25, half the smallest subnormal 2^-24) — without loss scaling (left) and "
-                  "multiplied by the loss scale the run used (right). Loss scaling exists to shrink the left bars.",
+                  "(|g| at or below 2^-25, half the smallest subnormal 2^-24) at the last step's probe — without loss "
+                  "scaling (left) and multiplied by the loss scale the run used (right). Each bar pools the layer's "
+                  "weight and bias and every seed, weighted by their non-zero elements (the tables beside it give the "
+                  "first seed per parameter). Loss scaling is there to make each right bar lower than its left one.",
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
                   "unscaled and scaled, per framework and precision.")
 

@@ -282,8 +282,8 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
                    f"|parameter gradient| was below 2^{top + 1}{scaled}{reach} — a bound on the parameter gradients "
                    "at this probe only, not on other steps' nor on the intermediate tensors of the backward, where "
-                   "overflow can also happen (the NaN/Inf locator names the tensor of each skip), so it does not say "
-                   "whether a step overflowed"
+                   "overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), so it does "
+                   "not say whether a step overflowed"
                    + (f". {record}" if record else "") + ".")
     return out
 

@@ -102,7 +102,7 @@ def number(v, interval: bool = True, of: bool = True) -> str:
     return text + (f" [{low}, {high}]" if interval and np.isfinite(v.low) else "")
 
 
-# The sign test's interval is conservative: order statistics cover the median with at least 95% (8 rounds: 99.2%)
+# The sign test's interval is conservative: order statistics cover the median with at least 95%
 AT_LEAST = ("sign test 95%", "trial 95%")
 
 
@@ -184,7 +184,7 @@ def columns_note(verdicts: pd.DataFrame) -> str:
     target = f" ({'; '.join(targets)})" if targets else ""
     return ("Speed: fp32's step time ÷ the precision's, from a speed trial (fp32 and mixed blocks interleaved in one "
             "process): exp of the median of its rounds' log ratios, with its sign-test interval "
-            "(at least 95%: 99.2% over 8 rounds). Peak memory: the "
+            "(order statistics of the rounds: at least 95%). Peak memory: the "
             "precision's peak minus fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in "
             "percentage points, with its 95% interval. Time to target: training wall time (Keras' tracing in the first "
             f"epoch included) until validation accuracy first reached the target{target}, ÷ fp32's of the same seed, "

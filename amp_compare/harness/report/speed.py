@@ -229,18 +229,6 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
             "eval": median("evaluation", "seconds")}
 
 
-LESS_CPU = 0.75  # a side of the cells that got less than this share of the other's CPU-seconds per second
-
-
-def _less_cpu(fp32: float, mixed: float, precision: str) -> str:
-    """Where one side's cells got much less of the CPU per second than the other's: said, with what it means (the
-    cells could not use their threads' share: other work ran beside them)."""
-    if not (np.isfinite(fp32) and np.isfinite(mixed)) or min(fp32, mixed) >= LESS_CPU * max(fp32, mixed):
-        return ""
-    return (f" (the {'fp32' if fp32 < mixed else precision} cells' {min(fp32, mixed) / max(fp32, mixed):.0%} of the "
-            "other's: other work held part of the CPU while they ran)")
-
-
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
                     phases: pd.DataFrame | None) -> list[str]:
     """One sentence per row where the training cells' wall-time ratio lies outside the speed trial's interval:
@@ -261,8 +249,7 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
                 f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]; the cells ran one after another, not side by side")
         if fp32 and mixed:
             text += (f", using {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds per second "
-                     f"of training{_less_cpu(fp32['cpu'], mixed['cpu'], v.precision)}, and spent {fp32['warmup']:.1f} "
-                     f"and {mixed['warmup']:.1f} s tracing and warming up, {fp32['eval']:.1f} and "
-                     f"{mixed['eval']:.1f} s evaluating, outside the timed steps")
+                     f"of training, and spent {fp32['warmup']:.1f} and {mixed['warmup']:.1f} s tracing and warming "
+                     f"up, {fp32['eval']:.1f} and {mixed['eval']:.1f} s evaluating, outside the timed steps")
         out.append(text + ".")
     return out
