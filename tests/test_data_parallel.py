@@ -244,6 +244,19 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
     # 2-worker run's gap outside it (docs/DATA_PARALLEL.md says why); asserted is that the page says what was measured
     first = rendered.data_parallel.iloc[0]
     assert gap_text.startswith(f"{first['loss_gap']:.2e} ") and " floor " in gap_text, gap_text
+    # the answer opens with the experiment's own verdicts (dataparallel.verdict_rows), fp32's all-reduce first
+    said = rendered.verdicts[rendered.verdicts["metric"] == "data_parallel"]
+    assert list(said["status"])[1:] == ["departs"] and list(said["reason"])[1:] == ["workers_disagree"], said
+    assert said["reason"].iloc[0] == ("within_thread_floor" if first["within_floor"] else
+                                      "at_thread_floor" if dataparallel.at_floor(first["loss_gap"], first["floor_gap"],
+                                                                                first["loss_scale"])
+                                      else "beyond_thread_floor")
+    assert "Data parallel (what this run asks)" in rendered.answer
+    assert ("PyTorch fp16: 2 workers, --allreduce fp16 (ran in float16): the workers' own records disagreed"
+            in rendered.answer), rendered.answer
+    assert (f"PyTorch fp16: 2 workers, --allreduce fp32 (ran in float32): workers agreed; losses within "
+            f"{first['loss_gap']:.2%} of 1 worker's at every step ({first['loss_gap']:.1e})") in rendered.answer, \
+        rendered.answer
     assert ("within" in gap_text) == bool(first["within_floor"]) and ("outside" in gap_text) != first["within_floor"]
     cells = {c.name: records.read_cell(c) for c in (run_dir / "cells").iterdir()}
     one = cells[_tiny_cell("torch").cell_id]

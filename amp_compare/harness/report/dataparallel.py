@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
-from amp_compare.contract.config import ALLREDUCE_DTYPES, ALLREDUCE_REFERENCE, display_order, framework_label
+from amp_compare.contract.config import (
+    ALLREDUCE_DTYPES,
+    ALLREDUCE_REFERENCE,
+    ALLREDUCES,
+    display_order,
+    framework_label,
+)
 from amp_compare.harness.common import UNSTEADY
-from amp_compare.harness.report import phrases, stats, wording
+from amp_compare.harness.report import phrases, stats, verdicts, wording
 from amp_compare.harness.report.speed import calibration_checks
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
@@ -484,3 +491,27 @@ def short_intro() -> str:
 def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) -> list[tuple[str, str]]:
     """The page's navigation: the Data parallel section only where the run has one."""
     return [s for s in all_sections if s[0] != "data_parallel" or data_parallel]
+
+
+def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
+    """The Data parallel answer's verdict rows (verdicts.DATA_PARALLEL), one per N-worker cell of `dp` (rows()):
+    its loss gap to the 1-worker cell against the floor, and whether its workers' own records agreed."""
+    if dp is None or dp.empty:
+        return []
+    out = []
+    order = dp.assign(_a=dp["allreduce"].map(lambda a: ALLREDUCES.index(a) if a in ALLREDUCES else len(ALLREDUCES)))
+    for r in order.sort_values(["model", "dataset", "framework", "precision", "_a", "seed"], kind="stable").to_dict(
+            "records"):
+        gap, floor = float(r.get("loss_gap", np.nan)), float(r.get("floor_gap", np.nan))
+        judged = r["status"] == "ok" and np.isfinite(gap)
+        facts = SimpleNamespace(ok=judged, agree=bool(r.get("agree", True)) if judged else True, gap=gap,
+                                floor=floor, estimate=gap, margin=floor,
+                                at_floor=judged and np.isfinite(floor) and at_floor(gap, floor, r.get("loss_scale",
+                                                                                                    np.nan)))
+        key = {"model": r["model"], "dataset": r["dataset"], "step_loop": "", "batch_size": np.nan,
+               "framework": r["framework"], "precision": r["precision"]}
+        said = {"seed": r["seed"], "workers": r["workers"], "allreduce": r["allreduce"],
+                "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
+                "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"), "error": r.get("error") or ""}
+        out.append(verdicts.row(key, "data_parallel", facts, "none", said))
+    return out

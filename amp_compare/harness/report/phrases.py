@@ -22,7 +22,7 @@ STATUS = {"faster": "faster", "slower": "slower", "smaller": "less memory", "lar
           "higher": "higher", "lower": "lower", "same": "same", "undecided": "undecided",
           "not_comparable": "n/a", "failed": "failed", "differs": "differs", "skipped": "skipped",
           "clean": "clean", "lost": "lost", "sufficed": "sufficed", "insufficient": "insufficient",
-          "overflowed": "overflowed", "finite": "finite"}
+          "overflowed": "overflowed", "finite": "finite", "agrees": "agrees", "departs": "departs"}
 REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
@@ -44,7 +44,10 @@ REASON = {  # a few words each, after "because" or in brackets
     "accuracy_not_lower": "no accuracy lost",
     "overflowed": "overflowed", "underflowed": "underflowed", "no_overflow_no_underflow": "no overflow, no underflow",
     "forward_located": "in a forward", "backward_located": "in the backward", "unlocated": "no layer named",
-    "fp32_layers_kept_finite": "--fp32-layers kept it finite", "stayed_finite": "finite throughout",
+    "fp32_layers_kept_finite": "--fp32-layers kept it finite", "stayed_finite": "stayed finite",
+    "workers_disagree": "workers disagreed", "within_thread_floor": "within the thread floor",
+    "at_thread_floor": "at the thread floor", "beyond_thread_floor": "beyond the thread floor",
+    "no_thread_floor": "no thread floor",
 }
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
@@ -165,6 +168,8 @@ def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
     rows = []
     for (fw, prec), part in verdicts.groupby(["framework", "precision"], sort=False):
         by = {r.metric: r for r in part.itertuples()}
+        if not by.keys() & METRIC.keys():  # only an experiment's rows (the answer says them): no empty table row
+            continue
         who = {"Cells": f"{fw} {prec}"} if short else {"Framework": framework_label(fw),  # short: --frameworks' names
                                                                            "Precision": prec}
         rows.append({**who, **{HEADER[m]: cell(by[m], not short, not short, of=False, short=short) if m in by else ""
@@ -344,8 +349,35 @@ def _logit(top: float, e: dict) -> str:
     return f"{said}; {ran} overflows only past {FP32_EXP_LIMIT:.1f}"
 
 
+def _times(ratio: float) -> str:
+    return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.1f}×"
+
+
+def _data_parallel(v, e: dict) -> str:
+    """An N-worker cell's row: whether its workers agreed, its largest per-step loss gap to 1 worker against the
+    thread floor (the 1-worker rerun at another thread count), its skips where they differ."""
+    who = (f"{e.get('workers')} workers, --allreduce {e.get('allreduce')}"
+           + (f" (ran in {e['allreduce_dtype']})" if e.get("allreduce_dtype") not in ("", "not recorded") else ""))
+    if v.status == "failed":
+        return f"{who}: did not finish" + (f" ({e['error']})" if e.get("error") else "")
+    gap, floor = float(v.estimate), float(v.margin)
+    rerun = f"the {e['floor_threads']}-thread 1-worker rerun" if e.get("floor_threads") else "the rerun"
+    against = {"within_thread_floor": f"within {rerun}'s {floor:.1e}",
+               "at_thread_floor": f"at {rerun}'s {floor:.1e}: no evidence either way",
+               "beyond_thread_floor": (f"beyond {rerun}'s {floor:.1e} ({_times(gap / floor)})" if floor > 0 else
+                                       f"where {rerun} gave the same bits"),
+               "no_thread_floor": "no rerun at another thread count to judge it by",
+               "workers_disagree": f"{rerun}'s {floor:.1e}" if np.isfinite(floor) else ""}[v.reason]
+    agreed = "the workers' own records disagreed" if v.reason == "workers_disagree" else "workers agreed"
+    losses = f"losses within {gap:.2%} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
+    n, one = e.get("skipped_n"), e.get("skipped_1")
+    skips = (f"; {n} skipped steps against 1 worker's {one}" if isinstance(n, (int, float)) and
+             isinstance(one, (int, float)) and n != one else "")
+    return f"{who}: {agreed}" + (f"; {losses}" if losses else "") + (f", {against}" if against else "") + skips
+
+
 LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
-             "attention_overflow": _naive}
+             "attention_overflow": _naive, "data_parallel": _data_parallel}
 
 
 def lab_line(v) -> str:

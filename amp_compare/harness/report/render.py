@@ -718,6 +718,11 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                "sections": dataparallel.sections(SECTIONS, None)}  # no Data parallel link without the section
     if every:
         context.update(_data_parallel_context(every, manifest))
+        said = dataparallel.verdict_rows((context["data_parallel"] or {}).get("rows"))
+        if said:  # the answer opens with the N-worker cells' verdicts (answer.experiment_items)
+            context["verdicts"] = pd.concat([context["verdicts"], pd.DataFrame(said, columns=verdicts.COLUMNS)],
+                                            ignore_index=True)
+            context.update(_answer_context(manifest, context["verdicts"]))
     profile = profile_report.section(single)  # --profile: where the mixed cells' time went (report/profile.py)
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
     fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (report/fp8.py)

@@ -43,6 +43,9 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     # naive attention (NAIVE_METRICS)
     "overflowed": "naive attention: training went non-finite (a skipped update or a non-finite loss)",
     "finite": "naive attention: no update skipped and every loss finite to the end",
+    # data parallel (DP_METRICS)
+    "agrees": "data parallel: the N-worker run's losses within what a rerun at another thread count moved them by",
+    "departs": "data parallel: the N-worker run's losses beyond that floor, or its workers disagreed",
 }
 
 REASONS = {
@@ -96,6 +99,13 @@ REASONS = {
     "unlocated": "training went non-finite; the locator named no layer",
     "fp32_layers_kept_finite": "the layers given to --fp32-layers computed in float32, and training stayed finite",
     "stayed_finite": "training stayed finite with every layer in the precision's own dtype",
+    # data parallel (DP_METRICS)
+    "workers_disagree": "the workers' own records disagreed (a skipped step or an update one worker did not make)",
+    "within_thread_floor": "the loss gap to 1 worker is within the 1-worker run's gap at another thread count",
+    "at_thread_floor": "the loss gap is within 2x that floor or a few float32 spacings of the loss: no evidence either "
+                       "way",
+    "beyond_thread_floor": "the loss gap to 1 worker is beyond the 1-worker run's gap at another thread count",
+    "no_thread_floor": "no 1-worker rerun at another thread count finished: no floor to judge against",
 }
 
 INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
@@ -219,13 +229,26 @@ NAIVE = [
     Rule("otherwise", lambda f: True, "finite", "stayed_finite"),
 ]
 
+# Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.ok, f.agree (the workers' records),
+# f.gap and f.floor (relative loss gaps to the 1-worker cell), f.at_floor (dataparallel.at_floor).
+DATA_PARALLEL = [
+    Rule("the N-worker cell did not finish", lambda f: not f.ok, "failed", "cell_failed"),
+    Rule("the workers' records disagree", lambda f: not f.agree, "departs", "workers_disagree"),
+    Rule("no floor run finished", lambda f: not _finite(f.floor), "undecided", "no_thread_floor"),
+    Rule("gap within the floor", lambda f: f.gap <= f.floor, "agrees", "within_thread_floor"),
+    Rule("gap at the floor", lambda f: f.at_floor, "undecided", "at_thread_floor"),
+    Rule("otherwise", lambda f: True, "departs", "beyond_thread_floor"),
+]
+
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
 NAIVE_METRICS = ("attention_overflow",)
+DP_METRICS = ("data_parallel",)
 LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
-             "attention_overflow": NAIVE}
+             "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL}
 # Each experiment's own question, answered first (answer.experiment_items): its header and its metrics
 EXPERIMENTS = (("Loss scaling (what this run asks)", LAB_METRICS),
-               ("Naive attention (what this run asks)", NAIVE_METRICS))
+               ("Naive attention (what this run asks)", NAIVE_METRICS),
+               ("Data parallel (what this run asks)", DP_METRICS))
 
 # a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
 FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
@@ -235,7 +258,8 @@ RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target
 # speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
-         "static_scale": "scale", "attention_overflow": "step"}
+         "static_scale": "scale", "attention_overflow": "step",
+         "data_parallel": "relative loss gap"}
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
 COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "interval_kind", "status", "reason",
            "evidence"]
