@@ -270,6 +270,31 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
     assert len(rendered.table[(rendered.table["framework"] == "torch") & (rendered.table["precision"] == "fp16")]) == 1
 
 
+def test_each_n_worker_cell_is_one_answer_line_whatever_became_of_it():
+    """dataparallel.verdict_rows over the Data parallel section's rows: a cell the engine cannot run, one that ran out
+    of time, one that crashed, one within the floor, one at it, one beyond it, one whose workers disagreed."""
+    from amp_compare.harness.report import phrases, verdicts
+
+    base = {"model": "simple_cnn", "dataset": "digits", "framework": "tf", "precision": "fp16", "seed": 0,
+            "workers": 2, "allreduce": "fp32", "error": "", "allreduce_dtype": "float32", "floor_threads": 1,
+            "skipped_n": 0, "skipped_1": 0, "agree": True, "loss_scale": 2.0}
+    cases = [({"status": "unavailable", "error": "no fp16 all-reduce"}, "unavailable"),
+             ({"status": "timeout"}, "timeout"), ({"status": "crashed"}, "cell_failed"),
+             ({"status": "ok", "loss_gap": 1e-7, "floor_gap": 2e-7}, "within_thread_floor"),
+             ({"status": "ok", "loss_gap": 3e-7, "floor_gap": 2e-7}, "at_thread_floor"),
+             ({"status": "ok", "loss_gap": 2e-4, "floor_gap": 1e-7}, "beyond_thread_floor"),
+             ({"status": "ok", "loss_gap": 2e-4, "floor_gap": 1e-7, "agree": False}, "workers_disagree")]
+    rows = pd.DataFrame(dataparallel.verdict_rows(pd.DataFrame([{**base, **c} for c, _ in cases])),
+                        columns=verdicts.COLUMNS)
+    assert list(rows["reason"]) == [reason for _, reason in cases]
+    lines = [phrases.lab_line(v) for v in rows.itertuples()]
+    assert lines[0] == "Keras (TF) fp16: 2 workers, --allreduce fp32 (ran in float32): unavailable here (no fp16 " \
+                       "all-reduce)", lines[0]
+    assert lines[3].endswith("workers agreed; losses within less than 0.01% of 1 worker's at every step (1.0e-07), "
+                             "within the 1-thread 1-worker rerun's 2.0e-07"), lines[3]
+    assert "beyond the 1-thread 1-worker rerun's 1.0e-07 (2,000×)" in lines[5] and "records disagreed" in lines[6]
+
+
 def test_keras_tf_mirrored_strategy_applies_an_update_one_replica_overflowed(tiny_run, tmp_path, monkeypatch):
     """Keras 3.15's LossScaleOptimizer under MirroredStrategy on a CPU decides from replica 0's own gradients, before
     the all-reduce: replica 1's overflow at step 1 is applied on both (the weights turn NaN). The replicas agree on

@@ -504,10 +504,10 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
             "records"):
         gap, floor = float(r.get("loss_gap", np.nan)), float(r.get("floor_gap", np.nan))
         judged = r["status"] == "ok" and np.isfinite(gap)
-        facts = SimpleNamespace(ok=judged, agree=bool(r.get("agree", True)) if judged else True, gap=gap,
-                                floor=floor, estimate=gap, margin=floor,
-                                at_floor=judged and np.isfinite(floor) and at_floor(gap, floor, r.get("loss_scale",
-                                                                                                    np.nan)))
+        level = r.get("loss_scale", np.nan)  # the run's smallest |loss|: what a float32 ulp is relative to
+        facts = SimpleNamespace(status=r["status"], ok=judged, agree=bool(r.get("agree", True)) if judged else True,
+                                gap=gap, floor=floor, estimate=gap, margin=floor,
+                                at_floor=judged and np.isfinite(floor) and at_floor(gap, floor, level))
         key = {"model": r["model"], "dataset": r["dataset"], "step_loop": "", "batch_size": np.nan,
                "framework": r["framework"], "precision": r["precision"]}
         said = {"seed": r["seed"], "workers": r["workers"], "allreduce": r["allreduce"],

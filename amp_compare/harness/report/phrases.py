@@ -359,7 +359,7 @@ def _data_parallel(v, e: dict) -> str:
     who = (f"{e.get('workers')} workers, --allreduce {e.get('allreduce')}"
            + (f" (ran in {e['allreduce_dtype']})" if e.get("allreduce_dtype") not in ("", "not recorded") else ""))
     if v.status == "failed":
-        return f"{who}: did not finish" + (f" ({e['error']})" if e.get("error") else "")
+        return f"{who}: {REASON[v.reason]}" + (f" ({e['error']})" if e.get("error") else "")
     gap, floor = float(v.estimate), float(v.margin)
     rerun = f"the {e['floor_threads']}-thread 1-worker rerun" if e.get("floor_threads") else "the rerun"
     against = {"within_thread_floor": f"within {rerun}'s {floor:.1e}",
@@ -369,7 +369,8 @@ def _data_parallel(v, e: dict) -> str:
                "no_thread_floor": "no rerun at another thread count to judge it by",
                "workers_disagree": f"{rerun}'s {floor:.1e}" if np.isfinite(floor) else ""}[v.reason]
     agreed = "the workers' own records disagreed" if v.reason == "workers_disagree" else "workers agreed"
-    losses = f"losses within {gap:.2%} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
+    share = f"{gap:.2%}" if gap >= 1e-4 else "less than 0.01%"
+    losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
     n, one = e.get("skipped_n"), e.get("skipped_1")
     skips = (f"; {n} skipped steps against 1 worker's {one}" if isinstance(n, (int, float)) and
              isinstance(one, (int, float)) and n != one else "")

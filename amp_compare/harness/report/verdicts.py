@@ -229,9 +229,12 @@ NAIVE = [
     Rule("otherwise", lambda f: True, "finite", "stayed_finite"),
 ]
 
-# Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.ok, f.agree (the workers' records),
+# Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.status (its run status), f.ok (finished
+# and judged against a 1-worker cell), f.agree (the workers' records),
 # f.gap and f.floor (relative loss gaps to the 1-worker cell), f.at_floor (dataparallel.at_floor).
 DATA_PARALLEL = [
+    Rule("the engine cannot run this all-reduce here", lambda f: f.status == "unavailable", "failed", "unavailable"),
+    Rule("the N-worker cell ran out of time", lambda f: f.status == "timeout", "failed", "timeout"),
     Rule("the N-worker cell did not finish", lambda f: not f.ok, "failed", "cell_failed"),
     Rule("the workers' records disagree", lambda f: not f.agree, "departs", "workers_disagree"),
     Rule("no floor run finished", lambda f: not _finite(f.floor), "undecided", "no_thread_floor"),
