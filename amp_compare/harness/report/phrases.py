@@ -367,7 +367,7 @@ def _data_parallel(v, e: dict) -> str:
                "beyond_thread_floor": (f"beyond {rerun}'s {floor:.1e} ({_times(gap / floor)})" if floor > 0 else
                                        f"where {rerun} gave the same bits"),
                "no_thread_floor": "no rerun at another thread count to judge it by",
-               "workers_disagree": f"{rerun}'s {floor:.1e}" if np.isfinite(floor) else ""}[v.reason]
+               "workers_disagree": ""}[v.reason]  # the disagreement decides: no floor to weigh a gap against
     agreed = "the workers' own records disagreed" if v.reason == "workers_disagree" else "workers agreed"
     share = f"{gap:.2%}" if gap >= 1e-4 else "less than 0.01%"
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
