@@ -13,6 +13,7 @@ FP16_ROUNDS_TO_ZERO = 2.0**-25  # half the smallest subnormal: |x| at or below i
 FP16_MIN_NORMAL = 2.0**-14  # below this float16 is subnormal: fewer significant bits
 FP16_MAX = 65504.0  # largest finite float16; from 65520 up rounds to inf
 FP16_EXP_LIMIT = float(np.log(FP16_MAX))  # exp(x) overflows float16 past this (~11.09)
+FP32_EXP_LIMIT = float(np.log(np.finfo(np.float32).max))  # ... and float32 and bfloat16 past this (~88.72)
 LOG2_BINS = range(-40, 17)  # histogram bins of floor(log2|g|); values outside go to the edge bins
 
 

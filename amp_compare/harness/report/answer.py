@@ -1,6 +1,6 @@
 """The answer the page, summary.md and the terminal open with, from the verdict table alone: per model x framework
-the precision to use and why (verdicts.choose), a loss-scaling lab's lines first, then one line per mixed
-precision, after a preface on the CPU's limits."""
+the precision to use and why (verdicts.choose), an experiment's lines first (verdicts.EXPERIMENTS), then one line per
+mixed precision, after a preface on the CPU's limits."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def rank(precision: str) -> int:
 
 
 def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
-    """Each experiment's rows (verdicts.EXPERIMENTS: the loss-scaling lab, the naive attention) of one model x
+    """Each experiment's rows (verdicts.EXPERIMENTS: loss scaling, naive attention, data parallel) of one model x
     dataset under its header, framework by framework in its metrics' order; [] where the run is none of them."""
     out = []
     for header, metrics in EXPERIMENTS:

@@ -14,7 +14,7 @@ from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.verdicts import REASONS, STATUSES
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
-from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX
+from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
           "numerics": "numerics"}
@@ -314,9 +314,6 @@ def _static(v, e: dict) -> str:
                            "all seeds)",
             "no_probe": f"static scale {power(v.estimate)}: no skip and every loss finite; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
-
-
-FP32_EXP_LIMIT = float(np.log(np.finfo(np.float32).max))  # exp overflows float32 and bfloat16 past this (~88.7)
 
 
 def _naive(v, e: dict) -> str:
