@@ -4,6 +4,7 @@ trials, rendered by the same report.render a compare calls."""
 
 import html
 import io
+import json
 
 import pandas as pd
 
@@ -129,3 +130,44 @@ def test_fp8_on_a_cpu_has_no_speed_or_memory_verdict(tmp_path):
     fp8 = v[v["precision"] == "fp8"].set_index("metric")
     assert fp8.loc["speed", "reason"] == fp8.loc["memory", "reason"] == "emulated"
     assert verdicts.choose(v)[0] == "bf16"  # an emulation's time never recommends fp8
+
+
+FP8_RECIPE = {"scaling": "dynamic", "granularity": "tensor", "amax_history": 1, "power_of_2_scales": False,
+              "formats": ["float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"], "converted": ["fc1", "fc2"]}
+
+
+def _fp8_run(tmp_path, wrong: int):
+    """A torch vit run with bf16 and fp8 cells of two seeds, the fp8 cells' recipe and per-layer SQNR recorded as a
+    child records them; fp8 gets the bf16 cell's images right but `wrong` more of them wrong."""
+    run_dir = write_run(tmp_path, frameworks=("torch",), precisions=("fp32", "bf16", "fp8"), seeds=(0, 1), model="vit")
+    for seed in (0, 1):
+        bf16 = next((run_dir / "cells").glob(f"*bf16-s{seed}"))
+        correct = records.unpack_correct(pd.read_parquet(bf16 / "run.parquet")["val_correct"].iloc[0], 200)
+        correct[:wrong] = False
+        _set(run_dir, f"*fp8-s{seed}", fp8_settings=json.dumps(FP8_RECIPE), val_correct=records.pack_correct(correct))
+        cell = next((run_dir / "cells").glob(f"*fp8-s{seed}"))
+        ident = pd.read_parquet(cell / "run.parquet")[["run_id", "cell_id", "framework", "model", "dataset",
+                                                       "precision", "seed"]].iloc[0].to_dict()
+        layers = pd.DataFrame([{**ident, "layer": layer, "role": role, "format": "e4m3", "when": when, "step": 0,
+                                "amax": 1.0,
+                                "sqnr_db": 12.0 if (layer, role, when) == ("fc2", "grad_output", "last step") else
+                                30.0 + seed, "zero_share": 0.0}
+                               for layer in ("fc1", "fc2") for role in ("input", "kernel", "grad_output")
+                               for when in ("first step", "last step")])
+        records.atomic_write_table(cell / "fp8_layers.parquet", layers)
+    return render.render(run_dir, figures=False)
+
+
+def test_an_fp8_run_answers_with_its_recipe_sqnr_and_accuracy_against_bf16(tmp_path):
+    """Issue: the fp8 report's answer says how the recipe scales and what that did to SQNR and accuracy against bf16
+    (verdicts.FP8, fp8.verdict_rows, phrases._fp8), before the speed lines."""
+    same = _fp8_run(tmp_path / "same", wrong=0)
+    row = same.verdicts[same.verdicts["metric"] == "fp8_vs_bf16"].iloc[0]
+    assert (row.status, row.reason) == ("same", "no_image_differed")  # paired against bf16, not fp32
+    text = same.answer
+    assert text.index("fp8 against bf16 (what this run asks)") < text.index("fp8: speed")
+    assert ("PyTorch fp8: 2 layers in fp8, scaled by each step's own amax, one scale per tensor; e4m3 input and "
+            "kernel, e5m2 gradients; SQNR at the last step: median over layers and seeds 21.0 dB, worst 12.0 dB (fc2 "
+            "grad_output); accuracy against bf16 (2 seeds paired) +0.0 pp") in text
+    lower = _fp8_run(tmp_path / "lower", wrong=60).verdicts
+    assert lower[lower["metric"] == "fp8_vs_bf16"].iloc[0].status == "lower"

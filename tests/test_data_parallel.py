@@ -293,6 +293,14 @@ def test_each_n_worker_cell_is_one_answer_line_whatever_became_of_it():
     assert lines[3].endswith("workers agreed; losses within less than 0.01% of 1 worker's at every step (1.0e-07), "
                              "within the 1-thread 1-worker rerun's 2.0e-07"), lines[3]
     assert "beyond the 1-thread 1-worker rerun's 1.0e-07 (2,000×)" in lines[5] and "records disagreed" in lines[6]
+    # what a reduced-precision all-reduce did to accuracy, paired with the fp32 all-reduce (dataparallel.rows' test)
+    test = {"diff_pp": -0.28, "ci_low": -0.83, "ci_high": 0.3, "p_value": 0.6, "method": "x", "detectable": False,
+            "near_chance": False}
+    fp16 = dataparallel.verdict_rows(pd.DataFrame([{**base, **cases[5][0], "allreduce": "fp16",
+                                                    "accuracy_test": test, "accuracy_seeds": 2}]))
+    line = phrases.lab_line(pd.DataFrame(fp16, columns=verdicts.COLUMNS).iloc[0])
+    assert line.endswith("; accuracy against the --allreduce fp32 cells (2 seeds paired) -0.3 pp [-0.8, +0.3]: no "
+                         "detectable change"), line
 
 
 def test_keras_tf_mirrored_strategy_applies_an_update_one_replica_overflowed(tiny_run, tmp_path, monkeypatch):

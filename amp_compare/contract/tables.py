@@ -149,12 +149,14 @@ IDENTITY_OF["verdicts"] = _columns(
     ("batch_size", "float", "images"), ("framework", "str"), ("precision", "str", "", "a mixed precision"))
 TABLES["verdicts"] = _columns(
     ("metric", "str", "", "speed, memory, accuracy, time_to_target, numerics; a loss-scaling lab's scale_path, "
-     "skipped_steps, underflow, static_scale (verdicts.LAB_METRICS); a naive-attention run's attention_overflow"),
+     "skipped_steps, underflow, static_scale (verdicts.LAB_METRICS); a naive-attention run's attention_overflow; an "
+     "N-worker cell's data_parallel; an fp8 mode's fp8_vs_bf16"),
     ("estimate", "float", "", "speed: fp32 step time / mixed (>1 faster); memory: mixed - fp32 peak; accuracy: "
      "mixed - fp32 validation accuracy; time_to_target: mixed time / fp32 time; numerics: median skipped steps; "
      "scale_path: the first seed's final scale; skipped_steps: skipped updates, all seeds; underflow: elements lost "
      "at the last step's probe, all seeds; static_scale: the static scale; attention_overflow: the first step a seed "
-     "skipped or went non-finite (NaN: none)"),
+     "skipped or went non-finite (NaN: none); data_parallel: the largest relative loss gap to 1 worker; fp8_vs_bf16: "
+     "fp8 - bf16 validation accuracy"),
     ("low", "float", "", "the interval's low end (the estimate's unit); NaN where none"),
     ("high", "float", "", "the interval's high end; NaN where none"),
     ("margin", "float", "", "what 'same' is judged against: speed and time to target ±this fraction of 1; accuracy "

@@ -119,24 +119,25 @@ def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None =
 POOL = ["model", "dataset", "framework", "precision", "cfg_replicas"]
 
 
-def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int]:
+def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int, dict]:
     """(a reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers, paired
-    by seed and image over the group's seeds; how many seeds were paired)."""
+    by seed and image over the group's seeds; how many seeds were paired; the paired test, {} where none)."""
     if cell["cfg_allreduce"] == ALLREDUCE_REFERENCE:
-        return "reference", 0
+        return "reference", 0, {}
     base = n_cells[(n_cells["cfg_allreduce"] == ALLREDUCE_REFERENCE) & (n_cells["status"] == "ok")]
     base = base[(base[POOL] == cell[POOL]).all(axis=1)]
     mine = n_cells[(n_cells["status"] == "ok") & (n_cells["cfg_allreduce"] == cell["cfg_allreduce"])]
     mine = mine[(mine[POOL] == cell[POOL]).all(axis=1)]
     pairs = stats.correct_pairs(base, mine)
     if not pairs:
-        return "no fp32 all-reduce cell to pair with", 0
+        return "no fp32 all-reduce cell to pair with", 0, {}
     res = stats.paired_test(pairs)
     verdict = "detectable" if stats.detectable(res) else "no detectable difference"
     test = phrases.test(res["method"], len(pairs))
     text = (f"{res['diff_pp']:+.2f} pp, 95% CI [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], "
             f"p = {res['p_value']:.3g} ({test}): {verdict}")
-    return text + _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"])), len(pairs)
+    near = _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))
+    return text + near, len(pairs), {**res, "detectable": stats.detectable(res), "near_chance": bool(near)}
 
 
 # within this many points of chance, validation accuracy says little: a difference there is between two guessers
@@ -240,9 +241,9 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     loss = {cell: g.set_index("step")["loss"] for cell, g in steps.groupby("cell_id")} if not steps.empty else {}
     timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
              if not steps.empty and "warmup" in steps else {})
-    pooled: dict[tuple, tuple[str, int]] = {}
+    pooled: dict[tuple, tuple[str, int, dict]] = {}
 
-    def accuracy(cell: pd.Series) -> tuple[str, int]:  # pooled over the seeds' cells: once per group
+    def accuracy(cell: pd.Series) -> tuple[str, int, dict]:  # pooled over the seeds' cells: once per group
         key = tuple(str(cell[k]) for k in [*POOL, "cfg_allreduce"])
         return pooled[key] if key in pooled else pooled.setdefault(key, _accuracy_vs_fp32_allreduce(cell, n_cells))
 
@@ -284,7 +285,7 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
-            **dict(zip(("accuracy", "accuracy_seeds"), accuracy(cell))),
+            **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), accuracy(cell))),
             "val_accuracy": float(cell.get("final_val_accuracy", np.nan)),
             "engine": str(cell.get("data_parallel") or "")}
 
@@ -493,6 +494,12 @@ def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) ->
     return [s for s in all_sections if s[0] != "data_parallel" or data_parallel]
 
 
+def _plain_test(test) -> dict:
+    """A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) as JSON can hold them."""
+    keys = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in (test or {}).items() if k in keys}
+
+
 def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
     """The Data parallel answer's verdict rows (verdicts.DATA_PARALLEL), one per N-worker cell of `dp` (rows()):
     its loss gap to the 1-worker cell against the floor, and whether its workers' own records agreed."""
@@ -512,6 +519,7 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
                "framework": r["framework"], "precision": r["precision"]}
         said = {"seed": r["seed"], "workers": r["workers"], "allreduce": r["allreduce"],
                 "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
-                "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"), "error": r.get("error") or ""}
+                "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"), "error": r.get("error") or "",
+                "accuracy_test": _plain_test(r.get("accuracy_test")), "accuracy_seeds": r.get("accuracy_seeds")}
         out.append(verdicts.row(key, "data_parallel", facts, "none", said))
     return out

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
+from amp_compare.harness.report import verdicts
 from amp_compare.harness.report.phrases import KIND
-from amp_compare.harness.report.stats import correct_pairs, paired_test
+from amp_compare.harness.report.stats import budgeted, correct_pairs, paired_test
 from amp_compare.harness.report.verdicts import ACCURACY_KIND
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -80,20 +82,65 @@ def _worst(row) -> str:
     return f"{row['sqnr_db']:.1f} ({row['layer']} {row['role']})" if row is not None else "n/a"
 
 
+def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, dict | None]:
+    """Of fp8_layers rows (one cell's, or several seeds'): the median over layers (and cells) of each layer's worst
+    SQNR of its three tensors at `when`, and the worst row's sqnr_db, layer and role (None without rows)."""
+    mine = cells[cells["when"] == when] if not cells.empty else cells
+    if mine.empty:
+        return float("nan"), None
+    per_layer = mine.groupby(["cell_id", "layer"])["sqnr_db"].min()
+    worst = mine.loc[mine["sqnr_db"].idxmin()]
+    return float(per_layer.median()), {k: (float(worst[k]) if k == "sqnr_db" else str(worst[k]))
+                                       for k in ("sqnr_db", "layer", "role")}
+
+
+def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | None) -> list[dict]:
+    """The fp8 verdict rows (verdicts.FP8): per model x dataset x framework x fp8 mode, its accuracy paired image by
+    image against bf16 of the same seeds (fp32's seed range the margin, as the accuracy verdict's), with the recipe
+    read back from the live objects and the SQNR of its converted layers as evidence."""
+    if acc.empty or runs.empty or not acc["precision"].isin(contract.FP8_MODES).any():
+        return []
+    ok = runs[(runs["status"] == "ok") & ~budgeted(runs)]
+    layers = layers if layers is not None else pd.DataFrame()
+    out = []
+    for r in acc[acc["precision"].isin(contract.FP8_MODES)].itertuples():
+        same = ok[(ok["model"] == r.model) & (ok["dataset"] == r.dataset) & (ok["framework"] == r.framework)]
+        mine = same[same["precision"] == r.precision]
+        pairs = correct_pairs(same[same["precision"] == "bf16"], mine)
+        test = paired_test(pairs) if pairs else {}
+        facts = {**r._asdict(), **{c: test.get(c, np.nan) for c in ("diff_pp", "ci_low", "ci_high", "p_value",
+                                                                    "images", "discordant")},
+                 "method": test.get("method", ""), "seeds": len(pairs)}
+        row = verdicts.accuracy(SimpleNamespace(**facts), metric="fp8_vs_bf16")
+        cells = layers[layers["cell_id"].isin(set(mine["cell_id"]))] if not layers.empty else layers
+        median, worst = sqnr(cells)
+        live = json.loads(mine["fp8_settings"].iloc[0]) if not mine.empty and isinstance(
+            mine["fp8_settings"].iloc[0], str) and mine["fp8_settings"].iloc[0] else {}
+        recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales")}
+        row["evidence"] = json.dumps({**json.loads(row["evidence"]), "recipe": recipe,
+                                      "layers": len(live.get("converted", [])), "fp8_seeds": len(mine),
+                                      "sqnr_median_db": median, "sqnr_worst": worst}, default=str)
+        out.append(row)
+    return out
+
+
+def with_rows(table: pd.DataFrame, acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | None) -> pd.DataFrame:
+    """The verdict table with the fp8 rows (verdict_rows) added where the run has any."""
+    said = verdict_rows(acc, runs, layers)
+    return pd.concat([table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True) if said else table
+
+
 def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for cell in fp8_runs.itertuples():
         settings = json.loads(cell.fp8_settings) if getattr(cell, "fp8_settings", "") else {}
         cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
-        mine = cells[cells["when"] == "last step"] if not cells.empty else cells
-        first = cells[cells["when"] == "first step"] if not cells.empty else cells
-        per_layer = mine.groupby("layer")["sqnr_db"].min() if not mine.empty else pd.Series(dtype=float)
-        worst = mine.loc[mine["sqnr_db"].idxmin()] if not mine.empty else None
-        worst_first = first.loc[first["sqnr_db"].idxmin()] if not first.empty else None
+        median, worst = sqnr(cells)
+        worst_first = sqnr(cells, "first step")[1]
         rows.append({
             "framework": framework_label(cell.framework), "precision": cell.precision, "seed": cell.seed,
             "layers in fp8": len(settings.get("converted", [])),
-            "median layer SQNR, last step (dB)": f"{per_layer.median():.1f}" if len(per_layer) else "n/a",
+            "median layer SQNR, last step (dB)": f"{median:.1f}" if np.isfinite(median) else "n/a",
             "worst SQNR, last step (dB)": _worst(worst),
             "worst SQNR, first step (dB)": _worst(worst_first),
             "val loss": f"{cell.final_val_loss:.4f}", "val acc.": f"{cell.final_val_accuracy:.2%}",

@@ -47,7 +47,7 @@ REASON = {  # a few words each, after "because" or in brackets
     "fp32_layers_kept_finite": "--fp32-layers kept it finite", "stayed_finite": "stayed finite",
     "workers_disagree": "workers disagreed", "within_thread_floor": "within the thread floor",
     "at_thread_floor": "at the thread floor", "beyond_thread_floor": "beyond the thread floor",
-    "no_thread_floor": "no thread floor",
+    "no_thread_floor": "no thread floor", "no_bf16": "no bf16 partner",
 }
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
@@ -371,11 +371,43 @@ def _data_parallel(v, e: dict) -> str:
     n, one = e.get("skipped_n"), e.get("skipped_1")
     skips = (f"; {n} skipped steps against 1 worker's {one}" if isinstance(n, (int, float)) and
              isinstance(one, (int, float)) and n != one else "")
-    return f"{who}: {agreed}" + (f"; {losses}" if losses else "") + (f", {against}" if against else "") + skips
+    return (f"{who}: {agreed}" + (f"; {losses}" if losses else "") + (f", {against}" if against else "") + skips
+            + _allreduce_accuracy(e))
+
+
+def _allreduce_accuracy(e: dict) -> str:
+    """What a reduced-precision all-reduce did to accuracy: paired with the fp32 all-reduce of the same workers."""
+    t, seeds = e.get("accuracy_test") or {}, e.get("accuracy_seeds") or 0
+    if "diff_pp" not in t:
+        return ""
+    said = "a detectable change" if t.get("detectable") else "no detectable change"
+    return (f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} ({seeds} seed{'s' * (seeds != 1)} "
+            f"paired) {t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]: {said}"
+            + (" (near chance: the runs barely learned)" if t.get("near_chance") else ""))
+
+
+def _fp8(v, e: dict) -> str:
+    """An fp8 row: its recipe as read back (what scales each tensor, its formats), its converted layers' SQNR at the
+    last step and its accuracy against bf16 of the same seeds."""
+    r = e.get("recipe") or {}
+    short = [str(f).removeprefix("float8_").removesuffix("fn") for f in r.get("formats") or []]
+    formats = (f"{short[0]} throughout" if len(set(short)) == 1 else f"{short[0]} input and kernel, {short[2]} "
+               "gradients") if len(short) == 3 else "formats not recorded"
+    scales = {"dynamic": "scaled by each step's own amax", "delayed": f"scaled by the largest amax of up to "
+              f"{r.get('amax_history') or 0:,} past steps"}.get(r.get("scaling"), "scaling not recorded")
+    scales += {"tensor": ", one scale per tensor", "row": ", one scale per row"}.get(r.get("granularity"), "")
+    scales += ", rounded down to powers of 2" if r.get("power_of_2_scales") else ""
+    worst, median = e.get("sqnr_worst"), e.get("sqnr_median_db", float("nan"))
+    over = "layers and seeds" if (e.get("fp8_seeds") or 0) > 1 else "layers"
+    sqnr = (f"SQNR at the last step: median over {over} {median:.1f} dB, worst {worst['sqnr_db']:.1f} dB "
+            f"({worst['layer']} {worst['role']})" if worst else "no SQNR recorded")
+    seeds = e.get("seeds")
+    paired = f" ({seeds:.0f} seed{'s' * (seeds != 1)} paired)" if isinstance(seeds, (int, float)) and seeds else ""
+    return f"{e.get('layers', 0)} layers in fp8, {scales}; {formats}; {sqnr}; accuracy against bf16{paired} {cell(v)}"
 
 
 LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
-             "attention_overflow": _naive, "data_parallel": _data_parallel}
+             "attention_overflow": _naive, "data_parallel": _data_parallel, "fp8_vs_bf16": _fp8}
 
 
 def lab_line(v) -> str:

@@ -562,8 +562,9 @@ def _log_lines(run_dir: Path, manifest: dict, runs: pd.DataFrame) -> list:
     return list(dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs)))
 
 
-def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
-    """The Summary and Speed sections: the table, the findings and the sentences built from the run's facts."""
+def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
+    """The Summary and Speed sections: the table, the findings and the sentences built from the run's facts; `said`:
+    verdict rows of cells these tables leave out (the N-worker cells', dataparallel.verdict_rows)."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
     accuracy = accuracy_statistics(runs, epochs)
@@ -577,6 +578,9 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     verdict_table = scaling.with_lab_rows(verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials"))),
                                           runs, steps, tables.get("underflow"))
     verdict_table = nr.with_naive_rows(verdict_table, runs, tables.get("headroom"))
+    verdict_table = fp8_report.with_rows(verdict_table, accuracy, runs, tables.get("fp8_layers"))
+    if said:  # the answer opens with the N-worker cells' verdicts (answer.experiment_items)
+        verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"))
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
@@ -630,9 +634,10 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
 
-def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool) -> dict:
+def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool,
+                  said: list[dict]) -> dict:
     """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
-    summary = _summary_context(run_dir, manifest, tables)
+    summary = _summary_context(run_dir, manifest, tables, said)
     figures = (_draw(run_dir, tables, summary["accuracy"], manifest["device"], summary["full"]) if draw
                else lambda cancel=False: [])
     try:
@@ -714,15 +719,10 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     tables = {**tables, "trials": read_trials(run_dir, tables)}
     # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
     single, every = dataparallel.split(tables)
-    context = {**_page_context(run_dir, manifest, single, draw), "data_parallel": None,
-               "sections": dataparallel.sections(SECTIONS, None)}  # no Data parallel link without the section
-    if every:
-        context.update(_data_parallel_context(every, manifest))
-        said = dataparallel.verdict_rows((context["data_parallel"] or {}).get("rows"))
-        if said:  # the answer opens with the N-worker cells' verdicts (answer.experiment_items)
-            context["verdicts"] = pd.concat([context["verdicts"], pd.DataFrame(said, columns=verdicts.COLUMNS)],
-                                            ignore_index=True)
-            context.update(_answer_context(manifest, context["verdicts"]))
+    parallel = _data_parallel_context(every, manifest) if every else {}
+    said = dataparallel.verdict_rows((parallel.get("data_parallel") or {}).get("rows"))
+    context = {**_page_context(run_dir, manifest, single, draw, said), "data_parallel": None,
+               "sections": dataparallel.sections(SECTIONS, None), **parallel}  # no Data parallel link without it
     profile = profile_report.section(single)  # --profile: where the mixed cells' time went (report/profile.py)
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
     fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (report/fp8.py)

@@ -106,6 +106,8 @@ REASONS = {
                        "way",
     "beyond_thread_floor": "the loss gap to 1 worker is beyond the 1-worker run's gap at another thread count",
     "no_thread_floor": "no 1-worker rerun at another thread count finished: no floor to judge against",
+    # fp8 (FP8_METRICS)
+    "no_bf16": "no finished bf16 cell of the same seed to pair with",
 }
 
 INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
@@ -243,15 +245,22 @@ DATA_PARALLEL = [
     Rule("otherwise", lambda f: True, "departs", "beyond_thread_floor"),
 ]
 
+# fp8 against bf16 (facts from fp8.verdict_rows): ACCURACY's rules with bf16 as the partner, fp32's seed range the
+# margin, as the accuracy verdicts'
+FP8 = [Rule("no finished bf16 cell of the same seed", lambda f: not _finite(f.estimate), "not_comparable", "no_bf16"),
+       *ACCURACY]
+
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
 NAIVE_METRICS = ("attention_overflow",)
 DP_METRICS = ("data_parallel",)
+FP8_METRICS = ("fp8_vs_bf16",)
 LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
-             "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL}
+             "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # Each experiment's own question, answered first (answer.experiment_items): its header and its metrics
 EXPERIMENTS = (("Loss scaling (what this run asks)", LAB_METRICS),
                ("Naive attention (what this run asks)", NAIVE_METRICS),
-               ("Data parallel (what this run asks)", DP_METRICS))
+               ("Data parallel (what this run asks)", DP_METRICS),
+               ("fp8 against bf16 (what this run asks)", FP8_METRICS))
 
 # a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
 FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
@@ -262,7 +271,7 @@ RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
          "static_scale": "scale", "attention_overflow": "step",
-         "data_parallel": "relative loss gap"}
+         "data_parallel": "relative loss gap", "fp8_vs_bf16": "pp"}
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
 COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "interval_kind", "status", "reason",
            "evidence"]
@@ -333,9 +342,10 @@ def _memory(r, key: dict) -> dict:
     return row(key, "memory", facts, "none", evidence)
 
 
-def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
+def accuracy(r, key: dict | None = None, cut: int | None = None, metric: str = "accuracy") -> dict:
     """The accuracy verdict row of an accuracy-table row (tables.accuracy_statistics, or the full table): its paired
-    test, fp32's seed range (floor_pp) and its budget-cut cells decide it (ACCURACY)."""
+    test, fp32's seed range (floor_pp) and its budget-cut cells decide it (ACCURACY; FP8 where `metric` is
+    fp8_vs_bf16 and the paired test is against bf16)."""
     method = r.method if isinstance(getattr(r, "method", None), str) else ""
     cut = int(np.nan_to_num(_num(getattr(r, "budget_cut", 0)))) if cut is None else cut
     floor, p = _num(getattr(r, "floor_pp", np.nan)), _num(r.p_value)
@@ -347,7 +357,7 @@ def accuracy(r, key: dict | None = None, cut: int | None = None) -> dict:
                 "images": _num(getattr(r, "images", np.nan)), "discordant": _num(getattr(r, "discordant", np.nan)),
                 "too_short": r.too_short or "", "budget_cut_cells": cut,
                 "floor_fp32_seeds": _num(getattr(r, "floor_seeds", np.nan))}
-    return row(key, "accuracy", facts, ACCURACY_KIND.get(method, "none"), evidence)
+    return row(key, metric, facts, ACCURACY_KIND.get(method, "none"), evidence)
 
 
 def _time(r, key: dict, cut: int) -> dict:
