@@ -224,7 +224,8 @@ def test_a_decided_speed_cell_names_the_blocks_that_lost_their_cores():
     from amp_compare.harness.report import phrases
 
     v = SimpleNamespace(metric="speed", status="slower", reason="interval_excludes_1", estimate=0.18, low=0.1,
-                        high=0.2, unit="x fp32 speed", margin=0.05, evidence=json.dumps({"contended_blocks": 3}))
-    assert phrases.cell(v) == "0.18× fp32's [0.10, 0.20] slower (3 contended blocks)"
+                        high=0.2, unit="x fp32 speed", margin=0.05,
+                        evidence=json.dumps({"contended_blocks": 3, "rounds": 8}))
+    assert phrases.cell(v) == "0.18× fp32's [0.10, 0.20] slower (3 of 16 blocks contended)"
     assert phrases.cell(v, True, False) == "0.18× fp32's [0.10, 0.20] slower"
     assert phrases.cell(SimpleNamespace(**{**vars(v), "evidence": "{}"})) == "0.18× fp32's [0.10, 0.20] slower"

@@ -117,14 +117,17 @@ def interval_words(v) -> str:
 
 def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False) -> str:
     """A table cell: the number (with its interval) and the status, with the reason in brackets where it says why
-    nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown)."""
+    nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown), and (why)
+    how many of a decided speed trial's blocks were contended."""
     if short and v.status == "undecided":
         return STATUS[v.status]  # the terminal's 80 columns: its number decides nothing, the answer and page give it
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
     status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
-    if why and v.metric == "speed" and v.reason != "contended":  # a decided trial that still lost its cores at times
-        blocks = evidence(getattr(v, "evidence", "")).get("contended_blocks") or 0
-        status += f" ({blocks} contended block{'s' if blocks != 1 else ''})" if blocks else ""
+    if why and v.metric == "speed" and v.reason != "contended":
+        said = evidence(getattr(v, "evidence", ""))  # a decided trial that still lost its cores at times
+        blocks, rounds = said.get("contended_blocks") or 0, said.get("rounds")
+        of_all = f" of {2 * rounds:,}" if isinstance(rounds, (int, float)) and rounds else ""
+        status += f" ({blocks}{of_all} blocks contended)" if blocks else ""
     if v.metric == "numerics" and v.status != "failed":
         return "finite losses" if v.status == "same" else status  # numerics' "same": no cell diverged
     return f"{number(v, interval, of)} {status}".strip()
