@@ -211,6 +211,7 @@ def test_the_glossary_explains_exactly_the_verdict_words_the_run_prints(tmp_path
     for status in set(v["status"]):
         assert f"\"{phrases.STATUS[status]}\": {verdicts.STATUSES[status]}" in words
     assert "\"failed\"" not in words and "failed" not in set(v["status"])  # a word the page does not print: not here
+    assert "\"finite losses\" (the Numerics column)" in words  # what the Numerics column prints for "same"
     assert all(verdicts.REASONS[r] in reasons for r in set(v["reason"]))
     render.render(run_dir, figures=False)
     assert "Verdict words" in (run_dir / "index.html").read_text()

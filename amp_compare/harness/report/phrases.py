@@ -205,6 +205,8 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
     if verdicts is None or verdicts.empty:
         return []
     statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))
+    if ((verdicts["metric"] == "numerics") & (verdicts["status"] == "same")).any():  # cell() words it so
+        statuses += f"; \"finite losses\" (the Numerics column): {REASONS['all_finite']}"
     reasons = "; ".join(f"\"{re.sub(r'{margin[^}]*}', 'X', REASON[r])}\": {REASONS[r]}"
                         for r in dict.fromkeys(verdicts["reason"]))
     return [("Verdict words", f"What each word in the per-model tables means. {statuses}."),
