@@ -147,8 +147,8 @@ def test_two_models_are_named_in_the_locator_and_dtype_tables_and_the_op_lists()
     assert "fp16: simple_cnn 0 of 2 rows, vit 1 of 2 rows (blocks.0.attn)" in nr.section_words(
         type("F", (), {"frameworks": ["torch", "tf"]})(), facts)["dtype_audit"]
     words = glossary._autocast_text(facts)
-    assert "simple_cnn: ops in float32 only: nll_loss_forward; ops in the half dtype: addmm; vit: ops in float32 " \
-           "only: native_layer_norm; ops in the half dtype: attn" in words, words
+    assert "simple_cnn: ops in float32 only: nll_loss_forward; in the half dtype only: addmm; vit: ops in float32 " \
+           "only: native_layer_norm; in the half dtype only: attn" in words, words
 
 
 def test_headroom_epochs_are_counted_from_1(tmp_path, monkeypatch):

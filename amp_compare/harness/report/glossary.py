@@ -271,10 +271,14 @@ def _autocast_text(d: dict) -> str:
             f"autocast each have their own); this run used {d['device']} autocast. Parameters stay float32 and are "
             "cast on the fly.")
     if d.get("precision"):
-        lists = d.get("torch_ops_by_model") or {"": (d["torch_float32_ops"], d["torch_half_ops"])}
-        text += f" What this run's own dtype audit saw ({d['precision']}, forward pass): " + "; ".join(
-            f"{model + ': ' if model else ''}ops in float32 only: {', '.join(f32) or 'none'}; ops in the half dtype: "
-            f"{', '.join(half) or 'none'}" for model, (f32, half) in lists.items())
+        lists = d.get("torch_ops_by_model") or {"": (d["torch_float32_ops"], d["torch_half_ops"],
+                                                     d.get("torch_both_ops", []))}
+        forced = f"; layers given to --fp32-layers left out: {', '.join(d['forced'])}" if d.get("forced") else ""
+        text += (f" What ran in this run's own dtype audit ({d['precision']}, forward pass{forced}; an op off "
+                 "autocast's lists runs in its inputs' dtype, so these are what ran, not the lists): ") + "; ".join(
+            f"{model + ': ' if model else ''}ops in float32 only: {', '.join(f32) or 'none'}; in the half dtype "
+            f"only: {', '.join(half) or 'none'}" + (f"; in both, by layer: {', '.join(both)}" if both else "")
+            for model, (f32, half, both) in lists.items())
         text += (". The final Linear (fc) computed in "
                  f"{d['torch_fc'] or 'n/a'}, the loss in {d.get('torch_loss') or 'n/a'}.")
     return text

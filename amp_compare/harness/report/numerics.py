@@ -462,12 +462,13 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.Data
             "vit": vit_what_happened(history, headroom)}
 
 
-def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
+def op_dtype_facts(dtypes: pd.DataFrame, device: str, forced: tuple[str, ...] = ()) -> dict:
     """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
-    first mixed precision, `device`'s autocast). Empty when no mixed precision was audited."""
+    first mixed precision, `device`'s autocast; the op lists leave out the layers given to --fp32-layers, `forced`).
+    Empty when no mixed precision was audited."""
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "torch_float32_ops": [],
-                   "torch_half_ops": [], "keras_fc": "", "keras_loss": "", "torch_fc": "", "differing": {},
-                   "keras_label": "Keras", "methods": audit_methods(dtypes)}
+                   "torch_half_ops": [], "torch_both_ops": [], "keras_fc": "", "keras_loss": "", "torch_fc": "",
+                   "differing": {}, "keras_label": "Keras", "methods": audit_methods(dtypes), "forced": list(forced)}
     if dtypes.empty:
         return facts
     first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & precisions.is_mixed(dtypes["precision"])]
@@ -476,9 +477,10 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     prec = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
     facts["precision"] = prec
     d = first[(first["precision"] == prec) & (first["phase"] == "forward")]
-    facts["torch_float32_ops"], facts["torch_half_ops"] = _torch_op_lists(d)
-    if "model" in d and d["model"].nunique() > 1:  # each model's own lists: never one list merging two models' ops
-        facts["torch_ops_by_model"] = {m: _torch_op_lists(g) for m, g in d.groupby("model", sort=True)}
+    ops = d[~d["layer"].map(lambda name: any(name == f or name.startswith(f"{f}.") for f in forced))]
+    facts["torch_float32_ops"], facts["torch_half_ops"], facts["torch_both_ops"] = _torch_op_lists(ops)
+    if "model" in ops and ops["model"].nunique() > 1:  # each model's own lists: never one list merging two models'
+        facts["torch_ops_by_model"] = {m: _torch_op_lists(g) for m, g in ops.groupby("model", sort=True)}
 
     def layer_dtype(fw: str, layer: str) -> str:
         rows = d[(d["framework"] == fw) & (d["layer"] == layer) & ~d["op"].isin(["_to_copy", "Cast"])]
@@ -496,12 +498,13 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     return facts
 
 
-def _torch_op_lists(d: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(ops that computed in float32 only, ops that computed in the half dtype only) of the torch audit rows `d`."""
+def _torch_op_lists(d: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
+    """(ops that computed in float32 only, in the half dtype only, in both) of the torch audit rows `d`."""
     torch_rows = d[(d["framework"] == "torch") & (d["op"] != "_to_copy")]
     per_op = torch_rows.groupby("op")["compute_dtype"].agg(lambda s: {x for v in s for x in v.split("+")})
     return (sorted(op for op, ds in per_op.items() if ds == {"float32"}),
-            sorted(op for op, ds in per_op.items() if "float32" not in ds))
+            sorted(op for op, ds in per_op.items() if "float32" not in ds),
+            sorted(op for op, ds in per_op.items() if "float32" in ds and len(ds) > 1))
 
 
 def _differing_rows(table: pd.DataFrame) -> dict:
@@ -613,7 +616,7 @@ def headroom_table(headroom: pd.DataFrame, runs: pd.DataFrame | None = None,
     first = df[df["seed"] == df["seed"].min()].copy()
     first["rank"] = first["layer"].map(_forward_rank)
     cells = _locator_cells(runs, steps)
-    forced = ({c: _cfg_text(v) for c, v in zip(runs["cell_id"], runs["cfg_fp32_layers"])}
+    forced = ({c: cfg_text(v) for c, v in zip(runs["cell_id"], runs["cfg_fp32_layers"])}
               if runs is not None and "cfg_fp32_layers" in runs else {})
     rows = []
     for (fw, prec, _, layer, quantity), part in first.sort_values(
@@ -630,7 +633,7 @@ def headroom_table(headroom: pd.DataFrame, runs: pd.DataFrame | None = None,
     return pd.DataFrame(rows)
 
 
-def _cfg_text(value) -> str:
+def cfg_text(value) -> str:
     """A tuple-valued config column (fp32_layers) as read back from parquet: a list/array, a string, or empty."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return ""
@@ -650,7 +653,7 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
     for r in vit_runs.to_dict("records"):
         who = f"{_label(r['framework'])} {r['precision']} (vit, seed {r['seed']})"
         naive = r.get("cfg_attention") == "naive"
-        forced = _cfg_text(r.get("cfg_fp32_layers"))
+        forced = cfg_text(r.get("cfg_fp32_layers"))
         mine = blocks[(blocks["cell_id"] == r["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
             if not blocks.empty else blocks
         top = _peak(mine) if not mine.empty else None
@@ -879,7 +882,7 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
         broke = [s for s in seeds if s["step"] >= 0]
         first = min(broke, key=lambda s: s["step"]) if broke else {"step": -1, "where": ""}
         facts = SimpleNamespace(estimate=first["step"] if broke else np.nan, step=first["step"], where=first["where"],
-                                forced=_cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
+                                forced=cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
                                 finite=all(s["finite"] for s in seeds))
         key = {k: getattr(r, k) for k in verdicts.IDENTITY}
         half = precisions.BY_NAME[r.precision].half if r.precision in precisions.BY_NAME else ""

@@ -619,7 +619,9 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
-    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
+    forced = runs["cfg_fp32_layers"].map(nr.cfg_text) if "cfg_fp32_layers" in runs else pd.Series(dtype=str)
+    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"],
+                                    tuple(sorted({f for v in forced for f in v.split(",") if f})))
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "glossary": wording.glossary(facts), "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
