@@ -167,7 +167,7 @@ def test_an_fp8_run_answers_with_its_recipe_sqnr_and_accuracy_against_bf16(tmp_p
     text = same.answer
     assert text.index("fp8 against bf16 (what this run asks)") < text.index("fp8: speed")
     assert ("PyTorch fp8: 2 layers in fp8, scaled by each step's own amax, one scale per tensor; e4m3 input and "
-            "kernel, e5m2 gradients; SQNR at the last step: median over layers and seeds 21.0 dB, worst 12.0 dB (fc2 "
+            "kernel, e5m2 gradients; last step's SQNR: median over layers and seeds 21.0 dB, worst 12.0 dB (fc2 "
             "grad_output); accuracy against bf16 (2 seeds paired) +0.0 pp") in text
     lower = _fp8_run(tmp_path / "lower", wrong=60).verdicts
     assert lower[lower["metric"] == "fp8_vs_bf16"].iloc[0].status == "lower"

@@ -400,15 +400,17 @@ def _fp8(v, e: dict) -> str:
                "gradients") if len(short) == 3 else "formats not recorded"
     scales = {"dynamic": "scaled by each step's own amax", "delayed": f"scaled by the largest amax of up to "
               f"{r.get('amax_history') or 0:,} past steps"}.get(r.get("scaling"), "scaling not recorded")
-    scales += {"tensor": ", one scale per tensor", "row": ", one scale per row"}.get(r.get("granularity"), "")
+    scales += {"tensor": ", one scale per tensor",
+               "row": ", one scale per row (the kernel: per output column)"}.get(r.get("granularity"), "")
     scales += ", rounded down to powers of 2" if r.get("power_of_2_scales") else ""
     worst, median = e.get("sqnr_worst"), e.get("sqnr_median_db", float("nan"))
     over = "layers and seeds" if (e.get("fp8_seeds") or 0) > 1 else "layers"
-    sqnr = (f"SQNR at the last step: median over {over} {median:.1f} dB, worst {worst['sqnr_db']:.1f} dB "
+    sqnr = (f"last step's SQNR: median over {over} {median:.1f} dB, worst {worst['sqnr_db']:.1f} dB "
             f"({worst['layer']} {worst['role']})" if worst else "no SQNR recorded")
     seeds = e.get("seeds")
     paired = f" ({seeds:.0f} seed{'s' * (seeds != 1)} paired)" if isinstance(seeds, (int, float)) and seeds else ""
-    return f"{e.get('layers', 0)} layers in fp8, {scales}; {formats}; {sqnr}; accuracy against bf16{paired} {cell(v)}"
+    said = f"n/a ({reason(v)})" if v.status == "not_comparable" else cell(v)  # no number beside "n/a"
+    return f"{e.get('layers', 0)} layers in fp8, {scales}; {formats}; {sqnr}; accuracy against bf16{paired} {said}"
 
 
 LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
