@@ -230,3 +230,14 @@ def test_a_decided_speed_cell_names_the_blocks_that_lost_their_cores():
     assert phrases.cell(v) == "0.18× fp32's [0.10, 0.20] slower (3 of 16 blocks contended)"
     assert phrases.cell(v, True, False) == "0.18× fp32's [0.10, 0.20] slower"
     assert phrases.cell(SimpleNamespace(**{**vars(v), "evidence": "{}"})) == "0.18× fp32's [0.10, 0.20] slower"
+
+
+def test_the_columns_note_speaks_of_keras_tracing_only_where_keras_ran(tmp_path):
+    """Audit: a PyTorch-only run's legend said "Keras' tracing in the first epoch included"."""
+    from amp_compare.harness.report import phrases
+
+    torch_only = _verdicts(write_run(tmp_path / "t", frameworks=("torch",), seeds=(0, 1)))
+    both = _verdicts(write_run(tmp_path / "b", seeds=(0, 1)))
+    assert "Keras" not in phrases.columns_note(torch_only) and "Time to target: training wall time until" in \
+        phrases.columns_note(torch_only)
+    assert "Keras' tracing in the first epoch included" in phrases.columns_note(both)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from amp_compare.contract.config import framework_label
+from amp_compare.contract.config import framework_label, is_keras
 from amp_compare.harness.report import stats
 from amp_compare.harness.report.verdicts import REASONS, STATUSES
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
@@ -190,12 +190,13 @@ def columns_note(verdicts: pd.DataFrame) -> str:
             basis = said.get("target_basis", "")
             targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
     target = f" ({'; '.join(targets)})" if targets else ""
+    tracing = " (Keras' tracing in the first epoch included)" if verdicts["framework"].map(is_keras).any() else ""
     return ("Speed: fp32's step time ÷ the precision's, from a speed trial (fp32 and mixed blocks interleaved in one "
             "process): exp of the median of its rounds' log ratios, with its sign-test interval "
             "(order statistics of the rounds: at least 95%). Peak memory: the "
             "precision's peak minus fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in "
-            "percentage points, with its 95% interval. Time to target: training wall time (Keras' tracing in the first "
-            f"epoch included) until validation accuracy first reached the target{target}, ÷ fp32's of the same seed, "
+            "percentage points, with its 95% interval. Time to target: training wall time"
+            f"{tracing} until validation accuracy first reached the target{target}, ÷ fp32's of the same seed, "
             "the geometric mean over seeds.")
 
 
