@@ -115,6 +115,8 @@ def test_answer_says_the_lab_first_one_line_per_finding():
     assert "sufficed" in keras_static and "Keras applies" not in keras_static
     torch_static = next(line for line in lines if line.startswith("PyTorch fp16-static"))
     assert "Keras applies" not in torch_static
+    # a Keras static scale applies every update: "no skip" would say a skip was possible (audit)
+    assert "sufficed: no skip, every loss finite" in torch_static and "no skip" not in keras_static, keras_static
 
 
 def test_scaling_up_cannot_make_a_lost_element():

@@ -171,6 +171,7 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
     facts = SimpleNamespace(estimate=float(scale.iloc[0]) if len(scale) else np.nan, skipped=skipped,
                             nonfinite=nonfinite, lost=lost if counted else np.nan)
     return _row(key, "static_scale", facts, {"skipped": skipped, "nonfinite_losses": nonfinite,
+                                             "skips": key["framework"] not in KERAS_BACKENDS,  # Keras never skips
                                              "lost": lost if counted else None,
                                              # Keras' static scale applies a non-finite update where PyTorch skips
                                              # it: said where this run had one (a skip or a non-finite loss)
