@@ -725,6 +725,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     said = dataparallel.verdict_rows((parallel.get("data_parallel") or {}).get("rows"))
     context = {**_page_context(run_dir, manifest, single, draw, said), "data_parallel": None,
                "sections": dataparallel.sections(SECTIONS, None), **parallel}  # no Data parallel link without it
+    if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
+        context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
+                              "cells are in the Data parallel section.")
     profile = profile_report.section(single)  # --profile: where the mixed cells' time went (report/profile.py)
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
     fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (report/fp8.py)
