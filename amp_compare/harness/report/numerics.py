@@ -200,16 +200,24 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
 
 
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
-    """(growth interval, steps of the longest dynamic-scaling cell), or None without a recorded interval or such
-    a cell."""
+    """(growth interval, the most clean steps in a row of any dynamic-scaling cell: the scale doubles only after
+    growth-interval of them), or None without a recorded interval or such a cell."""
     dynamic = precisions.names(loss_scaling="dynamic")
     cells = runs[runs["precision"].isin(dynamic)] if "precision" in runs else runs.iloc[0:0]
     if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all():
         return None
-    counts = steps[steps["cell_id"].isin(set(cells["cell_id"]))].groupby("cell_id").size()
-    if counts.empty:
+    mine = steps[steps["cell_id"].isin(set(cells["cell_id"]))]
+    if mine.empty:
         return None
-    return int(cells["cfg_growth_interval"].dropna().min()), int(counts.max())
+    return int(cells["cfg_growth_interval"].dropna().min()), max(
+        _clean_streak(g.sort_values("step")["skipped"]) for _, g in mine.groupby("cell_id"))
+
+
+def _clean_streak(skipped: pd.Series) -> int:
+    """The most consecutive steps not skipped."""
+    clean = ~skipped.fillna(False).astype(bool).to_numpy()
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate(([0], clean.astype(int), [0])))))[::2]
+    return int(runs.max()) if len(runs) else 0
 
 
 def growth_sentence(runs: pd.DataFrame, steps: pd.DataFrame) -> str:
@@ -220,8 +228,9 @@ def growth_sentence(runs: pd.DataFrame, steps: pd.DataFrame) -> str:
     interval, n = facts
     if n <= interval:
         return (f"The scale could not grow in this run: it doubles after {interval:,} consecutive clean steps and "
-                f"each cell ran {n:,}, so it could only back off (a --growth-interval below {n:,} lets it grow).")
-    return f"The scale could grow: it doubles after every {interval:,} consecutive clean steps of the {n:,} run."
+                f"no cell had more than {n:,} in a row, so it could only back off.")
+    return (f"The scale could grow: it doubles after every {interval:,} consecutive clean steps, and a cell had "
+            f"{n:,} in a row.")
 
 
 def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:

@@ -176,7 +176,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
 
 def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x loss-scaled mode: steps, skips, growth events ("could not grow" where the growth interval
-    was longer than the run: a 0 there would be no observation) and the first and final scale."""
+    was longer than any cell's clean steps in a row: a 0 there would be no observation), first and final scale."""
     counts = nr.scale_counts(steps)
     counts = counts[counts["precision"].isin(precisions.scaled_names())] if not counts.empty else counts
     if counts.empty:
@@ -188,7 +188,7 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
         cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)
                      & (runs["model"] == getattr(r, "model", runs["model"]))]
         facts = nr.growth_facts(cells, steps)
-        return "could not grow (--growth-interval ≥ steps)" if facts and facts[1] <= facts[0] else \
+        return "could not grow (--growth-interval ≥ clean steps in a row)" if facts and facts[1] <= facts[0] else \
             f"{r.growth_events:.0f}"
 
     return pd.DataFrame({**_identity(counts), "Steps": counts["steps"].map("{:.0f}".format),

@@ -146,9 +146,8 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
         if facts.growth:
             interval, n = facts.growth
             text += f": after {interval:,} clean steps in a row the scale doubles"
-            text += (f". No dynamically scaled cell ran more than {n:,} steps, so in this run the scale could not "
-                     f"grow, only back off (with a --growth-interval below {n:,}, enough clean steps in a row could "
-                     "have doubled it)." if n <= interval else ".")
+            text += (f". No dynamically scaled cell had more than {n:,} clean steps in a row, so in this run the "
+                     "scale could not grow, only back off." if n <= interval else ".")
         out.append(text + ("" if facts.growth else "."))
     for name in facts.ran(loss_scaling="static"):
         keras = "; Keras: the optimizer's loss_scale_factor" if facts.keras else ""
