@@ -22,8 +22,12 @@ from tests.conftest import TINY_ARGS
 
 pytest.importorskip("submitit")
 ROOT = Path(__file__).resolve().parent.parent
-# The shared tiny compare (tests/conftest.py) is the sequential run; these cells are its fp32 and bf16 cells.
-SUBMITIT_ARGS = [*TINY_ARGS, "--precisions", "fp32,bf16", "--no-figures", "--launcher", "submitit"]
+# The shared tiny compare (tests/conftest.py) is the sequential run; these cells are its torch fp32 and bf16 cells.
+# torch only: a job runs every framework's cell through the same run_cell (launchers.cell_job), and a Keras cell's
+# job would import TensorFlow in a fresh process (~10 s of CPU each); both frameworks' children are tested on the
+# shared tiny compare.
+SUBMITIT_ARGS = [*TINY_ARGS, "--frameworks", "torch", "--precisions", "fp32,bf16", "--no-figures", "--launcher",
+                 "submitit"]
 # Columns a record may differ in between two runs of the same cells: what was timed or measured of the machine
 # (step and epoch times, throughput, the matmul ceiling and what is derived from it, the memory peaks) and where
 # the cell ran.
@@ -72,10 +76,10 @@ def test_a_killed_job_is_a_failed_cell_and_resume_completes_the_run(submitit_run
     # submitit's own account of the job: the job's process ended without a result (Slurm would name TIMEOUT,
     # PREEMPTED, OUT_OF_MEMORY, ... here)
     assert "job" in runs.loc[killed, "error"] and "ended" in runs.loc[killed, "error"], runs.loc[killed, "error"]
-    assert (runs.drop(killed)["status"] == "ok").all() and len(runs) == 4
+    assert (runs.drop(killed)["status"] == "ok").all() and len(runs) == 2
     placements = submitit_run["manifest"]["placements"]
     assert submitit_run["manifest"]["launcher"]["executor"] == "local"
-    assert len({p["job_id"] for p in placements.values()}) == 4  # one job per cell
+    assert len({p["job_id"] for p in placements.values()}) == 2  # one job per cell
     resumed = submitit_run["resumed"]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "amp-compare: 1 cells on cpu" in resumed.stderr  # only the failed cell was submitted again
@@ -96,22 +100,35 @@ def test_submitit_records_and_report_equal_a_sequential_run(submitit_run, tiny_r
     assert submitit_run["resumed"].returncode == 0, submitit_run["resumed"].stderr[-3000:]
     seq, sub = records.read_run(tiny_run[1]), records.read_run(submitit_run["run_dir"])
     cells = set(sub["run"]["cell_id"])
-    assert len(cells) == 4 and cells < set(seq["run"]["cell_id"])
+    assert len(cells) == 2 and cells < set(seq["run"]["cell_id"])
     for name, table in sub.items():
         if name == "phases":  # where each child's wall time went: timings, and which phases a cell lapped
             continue  # depends on what an earlier cell had cached (kit/reuse.py), which concurrent cells change
         a = _sorted(seq[name][seq[name]["cell_id"].isin(cells)], name) if len(table) else table
         b = _sorted(table, name)
-        assert list(a.columns) == list(b.columns) and len(a) == len(b), name
+        # the columns only Keras cells fill, empty in these; the rest in the order of this run's own tables (a
+        # concatenated table's columns come in the order its first cell, here a Keras one, wrote them)
+        keras_only = [c for c in a.columns if c not in b.columns]
+        assert a[keras_only].isna().all().all(), f"{name}: {keras_only}"
+        assert sorted(set(a.columns) - set(keras_only)) == sorted(b.columns) and len(a) == len(b), name
+        a = a[list(b.columns)]
+        for c in b.columns:  # an int column here is float beside the Keras cells' NaN there: the same numbers
+            if a[c].dtype.kind == "f" and b[c].dtype.kind in "iu" and np.array_equal(a[c], a[c].round()):
+                a[c] = a[c].astype(b[c].dtype)
         differ = {c for c in a.columns if not a[c].astype(str).equals(b[c].astype(str))}
         assert differ <= TIMED | HOST, f"{name}: {sorted(differ - TIMED - HOST)} differ"
         for c in set(a.columns) - TIMED - HOST:  # the values themselves, not only their text
             if a[c].dtype.kind == "f":
                 np.testing.assert_array_equal(a[c].to_numpy(), b[c].to_numpy(), err_msg=f"{name}.{c}")
     assert "loss" in seq["steps"] and "val_correct" in seq["run"]  # the comparison covered the results
-    # a copy: the shared tiny run is only read (rendering it in place without figures took the browser test's images)
+    # a copy: the shared tiny run is only read (rendering it in place without figures took the browser test's images);
+    # without its Keras cells, whose fp32 accuracy would move the run-wide time-to-accuracy target (tables._target)
     seq_copy = tmp_path / "seq"
-    shutil.copytree(tiny_run[1], seq_copy, ignore=shutil.ignore_patterns(".lock"))
+
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if n == ".lock" or (Path(folder).name == "cells" and not n.startswith("torch-"))]
+
+    shutil.copytree(tiny_run[1], seq_copy, ignore=ignore)
     seq_table = render(seq_copy, figures=False).table
     sub_report = render(submitit_run["run_dir"], figures=False)
     a = seq_table[seq_table["precision"].isin(["fp32", "bf16"])].reset_index(drop=True)
