@@ -129,6 +129,8 @@ def test_fp8_on_a_cpu_has_no_speed_or_memory_verdict(tmp_path):
     v = verdicts.build(full, t["run"], verdicts.trial_rows(trials))
     fp8 = v[v["precision"] == "fp8"].set_index("metric")
     assert fp8.loc["speed", "reason"] == fp8.loc["memory", "reason"] == "emulated"
+    # the trial timed the emulation too: its ratio is printed nowhere ("0.25× n/a" in the terminal, audit)
+    assert pd.isna(fp8.loc["speed", "estimate"]) and pd.isna(fp8.loc["speed", "low"])
     assert verdicts.choose(v)[0] == "bf16"  # an emulation's time never recommends fp8
 
 

@@ -317,7 +317,7 @@ def _plain(value):
 
 
 def _speed(r, key: dict, trial: dict | None) -> dict:
-    t = trial or {}
+    t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
     facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
                             low=t.get("low", np.nan), high=t.get("high", np.nan),
                             contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
