@@ -236,6 +236,26 @@ def test_plan_trials_takes_fp32_and_the_mixed_precisions_of_one_seed():
     assert plan_trials(_cfgs(trial_budget_s=0.0)) == {}  # --trial-budget-s 0: no trials
 
 
+def test_a_trial_leaves_out_an_fp8_emulation_and_a_recipe_its_framework_lacks():
+    """Audit: Keras' trial of a run with fp8-rowwise (no Keras recipe) failed as a whole, taking Keras bf16's speed
+    verdict with it; off a GPU fp8 is an emulation whose time no report states."""
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.run.trials import plan_trials
+
+    def cfgs(device):
+        return [RunConfig(model="vit", dataset="synthetic", batch_size=16, device=device, threads=1, framework=fw,
+                          precision=p, seed=0)
+                for fw in ("torch", "tf") for p in ("fp32", "bf16", "fp8", "fp8-rowwise")]
+
+    on_cpu = plan_trials(cfgs("cpu"))
+    assert {tid: [c.precision for c in g] for tid, g in on_cpu.items()} == {
+        "torch-vit-synthetic-b16-plain": ["fp32", "bf16"], "tf-vit-synthetic-b16-plain": ["fp32", "bf16"]}
+    on_gpu = plan_trials(cfgs("cuda"))
+    assert {tid: [c.precision for c in g] for tid, g in on_gpu.items()} == {
+        "torch-vit-synthetic-b16-plain": ["fp32", "bf16", "fp8", "fp8-rowwise"],
+        "tf-vit-synthetic-b16-plain": ["fp32", "bf16", "fp8"]}
+
+
 def test_run_trials_skips_finished_trials_and_records_a_failed_one(tmp_path, monkeypatch):
     from amp_compare.contract import records
     from amp_compare.harness.run import trials

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from amp_compare.contract import fp8
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import FRAMEWORK_MODULES, RunConfig
 from amp_compare.contract.precision import REFERENCE
@@ -33,10 +34,19 @@ from amp_compare.kit.trial import trial_id
 TIMEOUT_MARGIN_S, TIMEOUT_FACTOR = 120.0, 6.0
 
 
+def timed(cfg: RunConfig) -> bool:
+    """Whether a trial times this configuration: not an fp8 mode off a GPU (an emulation's time is not fp8's: no
+    report gives it a speed) nor one its framework has no recipe for (its cells are unavailable: timing it would
+    fail the whole trial, its other precisions with it)."""
+    return not fp8.is_fp8(cfg.precision) or (cfg.device == "cuda" and fp8.unavailable_reason(
+        cfg.framework, cfg.precision, cfg.replicas) is None)
+
+
 def plan_trials(configs: list[RunConfig]) -> dict[str, list[RunConfig]]:
     """The run's trials: per trial_id (framework, model, dataset, batch size, step loop) with fp32 and at least one
-    other precision among 1-worker cells, the configurations of its first seed (fp32 first, then the matrix's
+    other precision among 1-worker cells (timed), the configurations of its first seed (fp32 first, then the matrix's
     order). None where the run's trial budget is 0."""
+    configs = [c for c in configs if timed(c)]
     groups: dict[str, dict[str, RunConfig]] = {}
     for cfg in configs:
         if cfg.replicas > 1 or cfg.thread_floor or cfg.trial_budget_s <= 0:
