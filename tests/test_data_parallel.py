@@ -3,7 +3,7 @@
 torch runs the whole `compare --replicas 2` path (1-worker cell, its thread floor, 2-worker cells, the report's
 rows); Keras on TF and on JAX run their 2-worker cell through the runner (TF beside the session's tiny compare,
 whose 1-worker cells are the baseline). Every real child is fed data that overflows float16 in worker 1's half of
-step 1 only (tests/children/poison_one_worker.py): torch DDP and JAX skip that step on every worker; Keras on
+step 1 only (tests/children/poison_one_worker): torch DDP and JAX skip that step on every worker; Keras on
 TensorFlow applies it (replica 0 decides). The mutant (tests/children/ddp_local_overflow.py: worker 1 alone sees an
 overflow after the all-reduce) must fail the agreement check through the report's rows; a hanging or crashing
 worker must end its cell and leave no process behind. The report's arithmetic is also checked on hand-made records.
@@ -19,7 +19,7 @@ import pytest
 from amp_compare.contract import records
 from amp_compare.contract.config import RunConfig
 from amp_compare.harness.report import dataparallel
-from amp_compare.harness.report.render import render
+from amp_compare.harness.report import render as report
 from amp_compare.harness.run import launch, runner
 from amp_compare.harness.run.compare import main
 from tests.parity_backend_child import FAST_XLA_FLAGS
@@ -178,7 +178,7 @@ def test_failed_cells_say_their_recorded_error_and_jax_agreement_is_by_construct
 # cells are the baseline. The thread-count floor and the whole report path run in test_report_* below on records.
 
 def _cell(cfg: RunConfig, run_dir: Path, monkeypatch) -> dict[str, pd.DataFrame]:
-    """Run one cell through the runner with tests/children/poison_one_worker.py: the real child, whose data overflows
+    """Run one cell through the runner with tests/children/poison_one_worker: the real child, whose data overflows
     float16 in worker 1's half of step 1's batch only (step 0 is untouched)."""
     real = runner.FRAMEWORK_MODULES[cfg.framework]
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, cfg.framework, "tests.children.poison_one_worker")
@@ -221,6 +221,10 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.poison_one_worker")
     monkeypatch.setenv("AMP_COMPARE_TEST_FRAMEWORK_MODULE", "tests.children.ddp_local_overflow")
     monkeypatch.setenv("AMP_COMPARE_TEST_MUTANT_STEP", "3")
+    # the report the compare itself renders (no second render here: the page, summary and rows read below are its)
+    real_render, renders = report.render, []
+    monkeypatch.setattr(report, "render", lambda *args, **kwargs: renders.append(real_render(*args, **kwargs))
+                        or renders[-1])
     out = tmp_path / "reports"
     # one epoch of 4 steps: the poisoned step 1 and the mutant's step 3 both inside it, one evaluation per worker
     assert main(["compare", "--out", str(out), "--frameworks", "torch", "--models", "simple_cnn", "--precisions",
@@ -229,7 +233,7 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
                  "--seeds", "0", "--run-id", "dp", "--device", "cpu", "--threads", "1", "--replicas", "2",
                  "--allreduce", "fp32,fp16", "--no-figures"]) == 0
     run_dir = out / "dp"
-    rendered = render(run_dir, figures=False)
+    [rendered] = renders
     rows = rendered.data_parallel.set_index("allreduce")
     row, mutant = rows.loc["fp32"], rows.loc["fp16"]
     assert len(rows) == 2 and row["status"] == mutant["status"] == "ok", rows

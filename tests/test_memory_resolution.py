@@ -6,6 +6,7 @@ them (no figures), in the summary table, the findings, summary.md and the termin
 import json
 
 import numpy as np
+import pytest
 
 from tests.test_report_sentences import make_run, write_run
 
@@ -16,19 +17,39 @@ MEMORY = {("torch", "fp32"): [36.7, 51.4, 43.6], ("torch", "fp16"): [40.0, 45.0,
           ("tf", "fp16"): [7.1, 7.3, 7.0], ("tf", "bf16"): [14.0, 14.2, 14.1]}
 
 
+@pytest.fixture(scope="module")
+def memory_run(tmp_path_factory):
+    """make_run(memory=MEMORY) once, for the tests that only read it (its render is seconds of CPU): (report.Rendered,
+    the page's text, the run folder)."""
+    tmp = tmp_path_factory.mktemp("memory")
+    rendered, html = make_run(tmp, memory=MEMORY)
+    return rendered, html, tmp / "r"
+
+
+def _draw_only(monkeypatch, *groups):
+    """make_figures draws only these groups of its figures (figures.py), the ones whose captions or labels a test
+    reads: the others' drawing is seconds of CPU each (the loss and accuracy curves of 18 cells about 5 s) and is
+    checked in tests/test_figures.py and on the shared tiny compare."""
+    from amp_compare.harness.report import figures
+
+    for group in ("_throughput_figures", "_memory_and_accuracy_figures", "_curve_figures", "_loss_scale_figures"):
+        if group not in groups:
+            monkeypatch.setattr(figures, group, lambda *args, **kwargs: [])
+
+
 def _row(table, framework, precision):
     return table[(table["framework"] == framework) & (table["precision"] == precision)].iloc[0]
 
 
-def test_memory_below_the_runs_resolution_is_unresolved_and_above_it_a_percentage_with_its_interval(tmp_path):
-    rendered, html = make_run(tmp_path, memory=MEMORY)
+def test_memory_below_the_runs_resolution_is_unresolved_and_above_it_a_percentage_with_its_interval(memory_run):
+    rendered, html, run_dir = memory_run
     table = rendered.table
     torch16, torch_bf16, tf16 = _row(table, "torch", "fp16"), _row(table, "torch", "bf16"), _row(table, "tf", "fp16")
     assert np.isclose(torch16["memory_resolution_mib"], 14.7) and torch16["memory_resolved"] == 0.0
     assert torch_bf16["memory_resolved"] == 1.0 and tf16["memory_resolved"] == 0.0
     assert np.isclose(_row(table, "tf", "bf16")["memory_resolution_mib"], 0.5)  # Keras' own spread, not PyTorch's
     assert not any("peak memory against fp32" in s for s in rendered.findings)  # the verdicts say it, once
-    summary = (tmp_path / "r" / "summary.md").read_text()
+    summary = (run_dir / "summary.md").read_text()
     # the per-model verdict tables word each difference once (phrases.cell), with the spread it is judged against
     assert "| -1.6 MiB undecided (within the seed-to-seed spread, up to 14.7 MiB) |" in summary
     assert "| -0.2 MiB undecided (within the seed-to-seed spread, up to 0.5 MiB) |" in summary
@@ -93,12 +114,14 @@ def test_the_verdict_the_table_and_the_findings_say_the_same_of_each_memory_diff
         assert said in summary and said in page
 
 
-def test_the_memory_figures_bar_labels_say_undecided_where_the_table_does(tmp_path, unsaved_figures):
+def test_the_memory_figures_bar_labels_say_undecided_where_the_table_does(memory_run, tmp_path, unsaved_figures,
+                                                                         monkeypatch):
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
     from amp_compare.harness.report.tables import ok_runs, summary_table, with_loop_columns
 
-    run_dir = write_run(tmp_path, memory=MEMORY)
+    _draw_only(monkeypatch, "_memory_and_accuracy_figures")
+    run_dir = memory_run[2]
     runs = records.read_run(run_dir)["run"]
     labels = figures._memory_labels(with_loop_columns(ok_runs(runs).copy()), summary_table(runs))
     by = labels.set_index(["framework", "precision"])["memory_label"]
@@ -111,24 +134,26 @@ def test_the_memory_figures_bar_labels_say_undecided_where_the_table_does(tmp_pa
     assert '"undecided": some seed\'s difference from fp32 is within what one precision\'s seeds differed by' in caption
 
 
-def test_the_memory_figures_bar_labels_carry_the_summary_tables_warning(tmp_path, monkeypatch):
+def test_the_memory_figures_bar_labels_carry_the_summary_tables_warning(memory_run, tmp_path, monkeypatch):
     """The audit's memory.png: "+51%", "+65%" bare where the Summary table's Memory vs fp32 said "+51% ⚠"."""
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
 
-    rendered, _ = make_run(tmp_path, memory=MEMORY)
+    rendered, _, run_dir = memory_run
+    _draw_only(monkeypatch, "_memory_and_accuracy_figures")
     drawn = {}
     monkeypatch.setattr(figures, "_save", lambda fig, out_dir, key: drawn.setdefault(key, fig))
-    t = records.read_run(tmp_path / "r")
+    t = records.read_run(run_dir)
     figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f", "cpu", rendered.table)
     labels = sorted(text.get_text() for ax in drawn["memory"].axes for text in ax.texts)
     assert labels == ["+0%", "+0%", "+601% ⚠", "+95%", "undecided", "undecided"], labels  # fp32: +0%
 
 
-def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path, unsaved_figures):
+def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path, unsaved_figures, monkeypatch):
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
 
+    _draw_only(monkeypatch, "_throughput_figures")
     for seeds, said in (((0,), "One run (one seed) per bar, so no error bar"),
                         ((0, 1), "interquartile range (interpolated between the 2 seeds' values)")):
         t = records.read_run(write_run(tmp_path / str(len(seeds)), seeds=seeds))
@@ -137,11 +162,13 @@ def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path, u
         assert said in caption, caption
 
 
-def test_the_accuracy_figure_does_not_read_overlapping_error_bars_as_no_effect(tmp_path, unsaved_figures):
+def test_the_accuracy_figure_does_not_read_overlapping_error_bars_as_no_effect(memory_run, tmp_path, unsaved_figures,
+                                                                              monkeypatch):
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
 
-    t = records.read_run(write_run(tmp_path, memory=MEMORY))
+    _draw_only(monkeypatch, "_memory_and_accuracy_figures")
+    t = records.read_run(memory_run[2])
     caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
                    if f.key == "accuracy").caption
     assert "Overlapping error bars mean" not in caption, caption
