@@ -16,7 +16,13 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from amp_compare.contract import precision as precisions  # noqa: E402
-from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
+from amp_compare.contract.config import (  # noqa: E402
+    DISPLAY_ORDER,
+    FRAMEWORK_LABELS,
+    PRECISIONS,
+    display_order,
+    framework_label,
+)
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
@@ -213,12 +219,84 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
                        linewidth=1.2, height=4.2 if not split_frameworks else 3.6,
                        aspect=1.7 if not split_frameworks else 1.3, estimator="median", **facet)
     _stagger_markers(grid)
+    show_hidden_lines(grid)
     if log:
         grid.set(yscale="log")
     _finish(grid, title, xlabel, ylabel)
     if log:  # last: the thinning measures the labels where the finished figure draws them
         plain_log_labels(grid.figure, "y")
     return grid.figure
+
+
+def _same(a, b) -> bool:
+    """Two curves one pixel cannot tell apart: equal to float32's rounding (an accuracy one framework stored in
+    float32 differs from the other's by ~1e-8)."""
+    return bool(np.allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=1e-6, atol=1e-9,
+                            equal_nan=True))
+
+
+def show_hidden_lines(grid) -> int:
+    """A line drawn exactly over an earlier one (PyTorch and Keras in aligned mode, shared weights) hides it: each
+    hidden line is redrawn wider, with larger markers, beneath the one over it, so it shows as a border around it.
+    Returns how many lines were widened."""
+    widened = 0
+    for ax in grid.axes.flat:
+        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
+        for i, low in enumerate(lines):
+            xy = np.column_stack([low.get_xdata(), low.get_ydata()]).astype(float)
+            over = sum(len(up.get_xdata()) == len(xy) and _same(
+                np.column_stack([up.get_xdata(), up.get_ydata()]).astype(float), xy) for up in lines[i + 1:])
+            if over:  # the more lines on top, the wider: each of a stack shows as its own border
+                low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
+                low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
+                low.set_zorder(low.get_zorder() - over)
+                widened += 1
+    return widened
+
+
+def coinciding_lines(frame: pd.DataFrame, x: str, y: str) -> list[tuple[str, list[str]]]:
+    """Per panel (model · dataset, where several), the groups of framework x precision lines whose median curves
+    are equal at every x, as the figure draws them: [(panel, ["PyTorch fp32", "Keras (TF) fp32"]), …]."""
+    panels = [k for k in ("machine", "model", "dataset") if k in frame and frame[k].nunique() > 1]
+    med = frame.groupby([*panels, "framework", "precision", x], observed=True)[y].median()
+    out = []
+    for key, part in (med.groupby(level=list(range(len(panels)))) if panels else [((), med)]):
+        curves = (part.droplevel(list(range(len(panels)))) if panels else part).unstack(x)
+        groups: list[list[tuple]] = []
+        for line, values in curves.iterrows():
+            same = next((g for g in groups if _same(curves.loc[g[0]], values)), None)
+            (same.append(line) if same is not None else groups.append([line]))
+        panel = " · ".join(map(str, key if isinstance(key, tuple) else (key,)))
+        order = [sorted(g, key=lambda line: (DISPLAY_ORDER.get(line[0], 99), DISPLAY_ORDER.get(line[1], 99)))
+                 for g in groups if len(g) > 1]
+        for g in sorted(order, key=lambda g: DISPLAY_ORDER.get(g[0][1], 99)):
+            out.append((panel, g))
+    return out
+
+
+def coinciding_text(frame: pd.DataFrame, x: str, y: str, where: str) -> str:
+    """The caption's sentence naming the lines that lie on one another ("" when none does): "PyTorch = Keras (TF)
+    in fp32, bf16 (vit)" where the frameworks' lines of one precision coincide, else each line named."""
+    said: dict[str, dict[str, list[str]]] = {}
+    for panel, lines in coinciding_lines(frame, x, y):
+        precs = {prec for _, prec in lines}
+        if len(precs) == 1:
+            who, what = " = ".join(framework_label(fw) for fw, _ in lines), next(iter(precs))
+        else:
+            who, what = " = ".join(f"{framework_label(fw)} {prec}" for fw, prec in lines), ""
+        said.setdefault(who, {}).setdefault(what, []).append(panel)
+    parts = []
+    for who, by_prec in said.items():
+        shared = len({tuple(ps) for ps in by_prec.values()}) == 1  # every precision in the same panels: said once
+        named = [prec + ("" if shared or not any(ps) else f" ({', '.join(ps)})")
+                 for prec, ps in sorted(by_prec.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99))]
+        panels = next(iter(by_prec.values())) if shared and any(next(iter(by_prec.values()))) else []
+        parts.append(who + (f" in {', '.join(n for n in named if n)}" if any(named) else "")
+                     + (f" ({', '.join(panels)})" if panels else ""))
+    if not parts:
+        return ""
+    return (f" Lines with the same value {where}: {'; '.join(parts)}. The line beneath is drawn wider with larger "
+            "markers, so it shows as a border around the one on top.")
 
 
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
@@ -392,11 +470,17 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, lef
                               "Line charts of per-step training loss, one panel per framework, one line per "
                               "precision."))
     if not epochs.empty:
-        _save(_lines(epochs, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch",
-                     "Validation accuracy (fraction)"), out_dir, "val_accuracy")
+        # the records count epochs from 0; the reader counts from 1, as the tables and the headroom figure do
+        counted = epochs.assign(epoch=epochs["epoch"] + 1)
+        fig = _lines(counted, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch (counting from 1)",
+                     "Validation accuracy (fraction)")
+        for ax in fig.axes:
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        _save(fig, out_dir, "val_accuracy")
         figures.append(Figure("val_accuracy", "accuracy", "Validation accuracy per epoch",
                               "Each line is one framework and precision, the median over seeds of the validation "
-                              "accuracy after each epoch; no band is drawn." + left,
+                              "accuracy after each epoch; no band is drawn."
+                              + coinciding_text(counted, "epoch", "val_accuracy", "after every epoch") + left,
                               "Line chart of validation accuracy after each epoch for each framework and precision."))
     return figures
 
