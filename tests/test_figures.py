@@ -294,3 +294,41 @@ def test_the_val_accuracy_figure_counts_epochs_from_1_as_the_tables_do(monkeypat
     assert ticks == [1.0, 2.0], ticks  # whole epochs, from 1
     assert sorted({x for ln in ax.get_lines() for x in ln.get_xdata()}) == [1, 2]
     plt.close(fig)
+
+
+def test_the_naive_exp_limit_is_drawn_inside_every_attention_logit_panel(monkeypatch, tmp_path):
+    """The audit's headroom.png: fp32 and bf16 logits of 48–63 set the axis' floor above ln(65,504) ≈ 11.1, so the
+    dotted line lay below the panel (only its label printed, under the axis)."""
+    from amp_compare.harness.report import figures
+    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT
+
+    cells = [(fw, prec) for fw in ("torch", "tf") for prec in ("fp32", "fp16", "bf16")]
+    headroom = pd.DataFrame([{"cell_id": f"{fw}-{prec}", "framework": fw, "precision": prec, "seed": 0, "epoch": e,
+                              "layer": "blocks.0.attn", "quantity": "attention_logit",
+                              "max_abs": (16.7 if prec == "fp16" else 48.0 + 7 * e)}
+                             for fw, prec in cells for e in range(2)])
+    runs = pd.DataFrame([{"cell_id": f"{fw}-{prec}", "cfg_attention": "naive"} for fw, prec in cells])
+    drawn = _drawn(monkeypatch, figures)
+    assert figures.make_headroom_figure(headroom, runs, tmp_path) is not None
+    (fig,) = drawn
+    panels = [ax for ax in fig.axes if "attention logit" in ax.get_title()]
+    assert len(panels) == 3
+    for ax in panels:
+        low, high = ax.get_ylim()
+        assert low < FP16_EXP_LIMIT < high, (ax.get_title(), low)
+        assert any(np.allclose(ln.get_ydata(), FP16_EXP_LIMIT) for ln in ax.get_lines())
+    plt.close(fig)
+
+
+def test_a_log_loss_axis_inside_one_decade_still_has_labelled_ticks():
+    """The audit's naive loss_curves.png: losses of 2.0–2.5 on a log axis, no tick inside, no number on the axis."""
+    steps = _steps()
+    steps["loss"] = 2.47 - 0.02 * steps["step"]
+    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
+                 split_frameworks=True)
+    from amp_compare.harness.report import figures
+
+    fig.canvas.draw()
+    shown = figures._drawn_tick_labels(fig.axes[0], "y", fig.canvas.get_renderer())  # major and minor, in view
+    assert len(shown) >= 2, [loc for loc, _, _ in shown]
+    plt.close(fig)

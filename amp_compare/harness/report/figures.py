@@ -194,6 +194,9 @@ def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     for ax in logs:
+        a = ax.xaxis if axis == "x" else ax.yaxis
+        if not any(t.label1.get_visible() for t in a.get_major_ticks()):
+            continue  # a shared axis' inner panel: its formatter is its neighbour's, which must not be emptied here
         drawn = _drawn_tick_labels(ax, axis, renderer)
         kept_boxes = [box.padded(2) for _, major, box in drawn if major]
         keep = []
@@ -202,8 +205,11 @@ def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
                 keep.append(loc)
                 kept_boxes.append(box.padded(2))
         kept = np.array(keep)
-        (ax.xaxis if axis == "x" else ax.yaxis).set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        a.set_minor_formatter(matplotlib.ticker.FuncFormatter(
             lambda v, _, kept=kept: f"{v:g}{suffix}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
+        if sum(major for _, major, _ in drawn) + len(keep) < 2:  # inside one decade and no minor tick: even steps
+            a.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
+            a.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str, log: bool = False,
@@ -828,6 +834,8 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
         ax.text(0.02, FP16_EXP_LIMIT, f"naive exp overflows float16: ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}",
                 color="#a0761e", fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
     low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
+    if naive_logits:  # the exp limit's line drawn in every panel, not below a panel whose logits lie above it
+        low = min(low, FP16_EXP_LIMIT / 2)
     ax.set_ylim(max(low, 1e-3), FP16_MAX * 4)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
