@@ -332,3 +332,45 @@ def test_a_log_loss_axis_inside_one_decade_still_has_labelled_ticks():
     shown = figures._drawn_tick_labels(fig.axes[0], "y", fig.canvas.get_renderer())  # major and minor, in view
     assert len(shown) >= 2, [loc for loc, _, _ in shown]
     plt.close(fig)
+
+
+def _key_bias_underflow():
+    """A vit's last-step probe, two seeds: the key bias (exact gradient zero) flushes whole, a weight 1 in 100."""
+    rows = []
+    for fw in ("torch", "tf"):
+        for seed in (0, 1):
+            for layer, param, flush in (("blocks.0.attn.key", "bias", 1.0), ("blocks.0.attn.key", "weight", 0.0),
+                                        ("fc", "weight", 0.01 * (seed + 1)), ("fc", "bias", 0.0)):
+                rows.append({"cell_id": f"{fw}-fp32-s{seed}", "framework": fw, "precision": "fp32", "seed": seed,
+                             "model": "vit", "when": "last step", "at_step": 87, "layer": layer, "param": param,
+                             "nonzero": 100, "elements": 100, "zero_fraction": 0.0, "flush_fraction_unscaled": flush,
+                             "flush_fraction_scaled": flush, "loss_scale": 1.0, "method": "m"})
+    return pd.DataFrame(rows)
+
+
+def test_the_underflow_bars_leave_out_key_bias_residue_and_the_caption_says_what_a_bar_pools(monkeypatch, tmp_path):
+    """The audits: attention key biases (exact gradient zero: rounding residue) drawn as 3% underflow, and a
+    caption that said neither the seed pooling nor the step."""
+    from amp_compare.harness.report import figures
+
+    drawn = _drawn(monkeypatch, figures)
+    fig = figures.make_underflow_figure(_key_bias_underflow(), tmp_path)
+    assert "Not drawn: blocks.0.attn.key.bias, of whose non-zero elements 100% would flush" in fig.caption
+    assert "rounding residue, not underflow" in fig.caption
+    assert "(step 87, counting from 0)" in fig.caption and "(seeds per bar: 2)" in fig.caption, fig.caption
+    assert "the layer's parameters (weight, bias)" in fig.caption
+    (drawn_fig,) = drawn
+    ax = drawn_fig.axes[0]
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    heights = {names[round(b.get_x() + b.get_width() / 2)]: b.get_height() for c in ax.containers for b in c}
+    assert heights["blocks.0.attn.key"] == 0  # the key's weight only: nothing flushed
+    assert heights["fc"] == pytest.approx(100 * (0.01 + 0.02) / 4)  # both seeds, weight and bias, by element
+    plt.close(drawn_fig)
+
+
+def test_the_underflow_table_says_which_share_is_key_bias_residue():
+    from amp_compare.harness.report import render
+
+    table = render._underflow_table(_key_bias_underflow())
+    cell = table["float32 reference: would flush in fp16, no scaling"].iloc[0]
+    assert cell == "25.250% (of it 25.000% attention key-bias residue)", cell  # first seed

@@ -657,10 +657,13 @@ def untangle_x_labels(fig) -> None:
 
 
 def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """Fraction of each layer's gradient elements float16 would flush to zero, unscaled vs at the scale in use."""
+    """Fraction of each layer's gradient elements float16 would flush to zero, unscaled vs at the scale in use; the
+    parameters whose exact gradient is zero (numerics.zero_gradient: residue, not underflow) left out, and said."""
     if underflow.empty:
         return None
-    df = _labelled(underflow[underflow["when"] == "last step"])
+    last = underflow[underflow["when"] == "last step"]
+    residue = last[nr.zero_gradient(last)] if not last.empty else last
+    df = _labelled(last[~nr.zero_gradient(last)]) if not last.empty else last
     if df.empty:
         return None
     if "model" in df and df["model"].nunique() > 1:  # two models' `fc` layers are two bars
@@ -681,14 +684,46 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     grid.figure.suptitle("Gradient underflow in float16 at the last step", y=1.02)
     untangle_x_labels(grid.figure)
     _save(grid.figure, out_dir, "underflow")
-    return Figure("underflow", "numerics", "Gradient underflow per layer",
-                  "Share of each layer's non-zero float32 gradient elements that round to 0 in float16 "
-                  "(|g| at or below 2^-25, half the smallest subnormal 2^-24) at the last step's probe — without loss "
-                  "scaling (left) and multiplied by the loss scale the run used (right). Each bar pools the layer's "
-                  "weight and bias and every seed, weighted by their non-zero elements (the tables beside it give the "
-                  "first seed per parameter). Loss scaling is there to make each right bar lower than its left one.",
+    return Figure("underflow", "numerics", "Gradient underflow per layer", underflow_caption(last, residue),
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
                   "unscaled and scaled, per framework and precision.")
+
+
+def _per_model_text(by_model: pd.Series, word: str) -> str:
+    """Each model's values (a Series of arrays indexed by model): "step 87" where every model has the same ones,
+    else "step 87 (simple_cnn), 131 (vit)"."""
+    said = {m: ", ".join(f"{v:g}" for v in sorted(values)) for m, values in by_model.items()}
+    if len(set(said.values())) == 1:
+        return f"{word} {next(iter(said.values()))}"
+    return f"{word} " + ", ".join(f"{v} ({m})" for m, v in said.items())
+
+
+def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
+    """The underflow figure's caption: what a bar pools (its parameters, the seeds, the probe's step, as
+    make_underflow_figure computes it) and the zero-gradient parameters left out of the bars."""
+    shown = last.drop(residue.index)
+    models = shown["model"].astype(str) if "model" in shown else pd.Series("", index=shown.index)
+    params = ", ".join(sorted(set(shown["param"].astype(str)), key=lambda p: (p != "weight", p)))
+    seeds = _per_model_text(shown.groupby(models)["seed"].nunique().map(lambda n: [n]), "seeds per bar:")
+    steps = (_per_model_text(shown.groupby(models)["at_step"].unique(), "step") + ", counting from 0"
+             if "at_step" in shown and shown["at_step"].notna().all() else "the last step")
+    text = ("Share of each layer's non-zero float32 gradient elements that round to 0 in float16 (|g| at or below "
+            f"2^-25, half the smallest subnormal 2^-24) at the last step's probe ({steps}), without loss scaling "
+            "(left) and multiplied by the loss scale the run used (right). Each bar pools the layer's parameters "
+            f"({params}) of every seed that ran ({seeds}): their flushed elements over their non-zero elements, "
+            "together. The table beside it gives the first seed only, every layer together. Loss scaling is "
+            "there to make each right bar lower than its left one.")
+    if residue.empty:
+        return text
+    names = sorted(set((residue["model"].astype(str) + ": " if models.nunique() > 1 else "")
+                       + residue["layer"].astype(str) + "." + residue["param"].astype(str)))
+    flushed = float((residue["flush_fraction_unscaled"] * residue["nonzero"]).sum() / max(residue["nonzero"].sum(), 1))
+    cells = residue["cell_id"].nunique() if "cell_id" in residue else len(residue.groupby(["framework", "precision",
+                                                                                            "seed"]))
+    return text + (f" Not drawn: {', '.join(names)}, of whose non-zero elements {flushed:.0%} would flush without "
+                   f"scaling ({int(residue['nonzero'].sum()):,} over {cells} cells): an attention key bias's exact "
+                   "gradient is zero (softmax ignores the constant shift it adds), so what the probe finds there is "
+                   "rounding residue, not underflow.")
 
 
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
