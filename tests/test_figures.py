@@ -374,3 +374,46 @@ def test_the_underflow_table_says_which_share_is_key_bias_residue():
     table = render._underflow_table(_key_bias_underflow())
     cell = table["float32 reference: would flush in fp16, no scaling"].iloc[0]
     assert cell == "25.250% (of it 25.000% attention key-bias residue)", cell  # first seed
+
+
+def _busy_run(tmp_path):
+    """A synthetic run whose torch fp32 seed 2 ran 3x slower than its speed trial's step (the machine busy), and
+    speed trials that ran each precision at the cells' own median step."""
+    from amp_compare.contract import records
+    from amp_compare.harness.report.tables import with_loop_columns
+    from tests.test_report_sentences import write_run
+
+    t = records.read_run(write_run(tmp_path))
+    cells = with_loop_columns(t["run"].copy())
+    keys = ["framework", "model", "dataset", "batch_size", "step_loop", "precision"]
+    trials = (cells["batch_size"] / cells["throughput_img_s"]).groupby([cells[k] for k in keys]).median()
+    trials = trials.rename("wall_s").reset_index().assign(steps=1, contended=False)
+    busy = t["run"]["cell_id"][(t["run"]["framework"] == "torch") & (t["run"]["precision"] == "fp32")
+                               & (t["run"]["seed"] == 2)].iloc[0]
+    t["run"].loc[t["run"]["cell_id"] == busy, "throughput_img_s"] /= 3
+    return t, trials, busy
+
+
+def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_path, monkeypatch):
+    """The audit's throughput.png: bars of 3.06× (a busy fp32 cell) beside a speed trial of 0.33×, unflagged."""
+    from amp_compare.harness.report import figures
+    from amp_compare.harness.report.tables import accuracy_statistics
+
+    t, trials, busy = _busy_run(tmp_path)
+    assert list(figures.busy_cells(t["run"], trials).round(1).items()) == [(busy, 3.0)]
+    drawn = _drawn(monkeypatch, figures)
+    made = {f.key: f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f", trials=trials)}
+    caption = made["throughput"].caption
+    assert "not a speed verdict (those come from the speed trials" in caption
+    assert (f"Ran while the machine was busy (wall time per step over 1.4× the speed trial's median step of the same "
+            f"framework and precision): {busy} (3.0×); a label marked † rests on one of them") in caption, caption
+    labels = [t.get_text() for t in drawn[0].axes[0].texts]
+    assert sum("†" in label for label in labels) == 3, labels  # torch's fp32, fp16 and bf16: each divides by fp32
+    tta = figures.make_time_to_accuracy_figure(t["run"], t["epochs"], accuracy_statistics(t["run"], t["epochs"]),
+                                               tmp_path / "f", trials)
+    assert f"busy (wall time per step over 1.4× the speed trial's median step of the same framework and precision): " \
+           f"{busy} (3.0×); their lines' times" in tta.caption, tta.caption
+    for fig in drawn:
+        plt.close(fig)
+    assert figures.busy_cells(t["run"], None).empty  # no trials: nothing said
+    assert figures.busy_text(figures.busy_cells(t["run"], None), "") == ""

@@ -359,9 +359,58 @@ def loss_scale_grid(scaled: pd.DataFrame):
     return grid
 
 
+# A training cell ran while the machine was busy when its wall time per timed step exceeds this many times the speed
+# trial's median step of the same framework, model, dataset, batch, loop and precision (uncontended blocks). Measured
+# on the 2-core AVX2 EPYC: cells on an idle machine ran at 0.64-1.36x their trial's median step (a loss-scaling lab,
+# two naive-attention runs, the default compare's cells whose CPU share matched their trial); the cells other work
+# held ran at 1.5-9.3x.
+BUSY_SLOWDOWN = 1.4
+
+
+def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
+    """Per finished cell (cell_id) that ran while the machine was busy (BUSY_SLOWDOWN): its wall time per timed
+    step over its speed trial's median step. Empty without trials."""
+    ok = ok_runs(runs)
+    if trials is None or trials.empty or ok.empty or "throughput_img_s" not in ok:
+        return pd.Series(dtype=float)
+    keys = ["framework", "model", "dataset", "batch_size", "step_loop", "precision"]
+    blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
+    step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
+    cells = with_loop_columns(ok.copy())
+    cells = cells.join(step, on=keys) if all(k in cells for k in keys) else cells.assign(trial_step=np.nan)
+    slowdown = (cells["batch_size"] / cells["throughput_img_s"]) / cells["trial_step"]
+    busy = slowdown > BUSY_SLOWDOWN
+    return pd.Series(slowdown[busy].to_numpy(dtype=float), index=cells.loc[busy, "cell_id"]).sort_index()
+
+
+def busy_text(busy: pd.Series, what: str) -> str:
+    """The caption's sentence naming the busy cells ("" when none was)."""
+    if busy.empty:
+        return ""
+    return (f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the speed trial's median "
+            f"step of the same framework and precision): {', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; "
+            f"{what}")
+
+
+def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Series:
+    """The throughput labels with " †" where the bar's own cells or the fp32 cells its ratio divides by include a
+    busy cell."""
+    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework") if k in table and k in ok]
+    hit = ok[ok["cell_id"].isin(set(busy.index))]
+    marked = []
+    for r in table.itertuples():
+        same = np.logical_and.reduce([hit[k] == getattr(r, k) for k in keys]) if keys else np.ones(len(hit), bool)
+        marked.append(bool((same & hit["precision"].isin({r.precision, precisions.REFERENCE})).any()))
+    labels = table["speed_label"].astype(str)
+    return labels.where(~(pd.Series(marked, index=table.index) & (labels != "")), labels + " †")
+
+
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                        spread: str, sweep_note: str) -> list[Figure]:
-    """The Speed section: throughput per precision and the step-time distribution."""
+                        spread: str, sweep_note: str, busy: pd.Series | None = None) -> list[Figure]:
+    """The Speed section: throughput per precision (a † on labels resting on a busy cell) and the step-time
+    distribution."""
+    busy = busy if busy is not None else pd.Series(dtype=float)
+    table = table.assign(speed_label=_busy_marks(table, ok, busy))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label", "{}"), out_dir, "throughput")
     figures = [Figure("throughput", "speed", "Training throughput by precision",
@@ -370,7 +419,8 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
                       "the label above it is not the quotient of two bars but the cells' throughput against the "
                       "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
                       "took, not a speed verdict (those come from the speed trials, in the tables above)."
-                      + spread + sweep_note,
+                      + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
+                                  "than about the precision.") + spread + sweep_note,
                       "Bar chart of training images per second for each framework and precision mode.")]
     if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
         timed = _labelled(steps[~steps["warmup"]])
@@ -538,9 +588,11 @@ def speed_labels(table: pd.DataFrame) -> pd.Series:
 
 
 def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                 device: str = "cpu", notes: pd.DataFrame | None = None) -> list[Figure]:
+                 device: str = "cpu", notes: pd.DataFrame | None = None,
+                 trials: pd.DataFrame | None = None) -> list[Figure]:
     """Draw every figure the data allows into out_dir; return their descriptions in report order. notes: the
-    full table (tables.full_table), whose ⚠ the speed and memory labels repeat."""
+    full table (tables.full_table), whose ⚠ the speed and memory labels repeat; trials: the speed trials, against
+    which busy_cells finds the cells that ran while the machine was busy."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = summary_table(runs)
     if table.empty:
@@ -562,7 +614,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     if emulated.any():
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
-    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note),
+    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note, busy_cells(ok, trials)),
             *_memory_and_accuracy_figures(ok, table, out_dir, spread, device, notes),
             *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
@@ -802,9 +854,10 @@ def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | Non
 
 
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
-                                 out_dir: Path) -> Figure | None:
+                                 out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
     """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
-    target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line."""
+    target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line; the
+    caption names the cells that ran while the machine was busy (busy_cells)."""
     ok = ok_runs(runs)
     if ok.empty or epochs.empty or acc.empty:
         return None
@@ -846,7 +899,9 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                    "No target line: the run is too short to judge accuracy (see the note).")
     return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
-                  f"the training time spent so far. {target_text} Panels: " + "; ".join(panels) + ".",
+                  f"the training time spent so far. {target_text}"
+                  + busy_text(busy_cells(ok, trials), "their lines' times say more about the machine than about the "
+                              "precision.") + " Panels: " + "; ".join(panels) + ".",
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
 

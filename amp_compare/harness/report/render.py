@@ -507,12 +507,13 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
-    tasks = [(fg.make_figures, (runs, epochs, steps, out, device, full)),
+    trials = tables.get("trials", pd.DataFrame())
+    tasks = [(fg.make_figures, (runs, epochs, steps, out, device, full, trials)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_max_batch_figure, (maxbatch, out)) if not maxbatch.empty else None,
-             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out))]
+             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out, trials))]
     pending = _in_parallel([t for t in tasks if t])
 
     def collect(cancel: bool = False) -> list:
