@@ -284,8 +284,10 @@ def test_the_val_accuracy_figure_counts_epochs_from_1_as_the_tables_do(monkeypat
     from amp_compare.harness.report import figures
 
     drawn = _drawn(monkeypatch, figures)
-    figures._curve_figures(pd.DataFrame(), _epochs(n=2), tmp_path)
-    (fig,) = drawn
+    figures._curve_figures(_steps(), _epochs(n=2), tmp_path)
+    loss, fig = drawn
+    assert loss.axes[0].get_xlabel() == "Optimizer step (counting from 0)"  # as the tables count steps
+    plt.close(loss)
     ax = fig.axes[0]
     fig.canvas.draw()
     assert ax.get_xlabel() == "Epoch (counting from 1)"

@@ -355,7 +355,7 @@ def loss_scale_grid(scaled: pd.DataFrame):
     _log2_axis(grid, df["log2_scale"])
     present = [p for p in precisions.scaled_names() if p in set(scaled["precision"])]
     kinds = "; ".join(f"{p}: {precisions.SCALING_WORDS[precisions.of(p).loss_scaling]}" for p in present)
-    _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step", "Loss scale")
+    _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step (counting from 0)", "Loss scale")
     return grid
 
 
@@ -512,7 +512,7 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, lef
     cells; `left` (left_out_note) names the others."""
     figures = []
     if not steps.empty:
-        _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step",
+        _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
                      "Batch cross-entropy loss (nats, log scale)", log=True, split_frameworks=True),
               out_dir, "loss_curves")
         gap = curves_coincide(steps, "step", "loss")
