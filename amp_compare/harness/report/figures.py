@@ -741,10 +741,11 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
                   "unscaled and scaled, per framework and precision.")
 
 
-def _per_model_text(by_model: pd.Series, word: str) -> str:
+def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -> str:
     """Each model's values (a Series of arrays indexed by model): "step 87" where every model has the same ones,
-    else "step 87 (simple_cnn), 131 (vit)"."""
-    said = {m: ", ".join(f"{v:g}" for v in sorted(values)) for m, values in by_model.items()}
+    else "step 87 (simple_cnn), 131 (vit)"; `plural` for the word where a model has several ("steps 26 and 49")."""
+    said = {m: " and ".join(f"{v:g}" for v in sorted(values)) for m, values in by_model.items()}
+    word = plural if plural and any(len(v) > 1 for v in by_model) else word
     if len(set(said.values())) == 1:
         return f"{word} {next(iter(said.values()))}"
     return f"{word} " + ", ".join(f"{v} ({m})" for m, v in said.items())
@@ -757,7 +758,7 @@ def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
     models = shown["model"].astype(str) if "model" in shown else pd.Series("", index=shown.index)
     params = ", ".join(sorted(set(shown["param"].astype(str)), key=lambda p: (p != "weight", p)))
     seeds = _per_model_text(shown.groupby(models)["seed"].nunique().map(lambda n: [n]), "seeds per bar:")
-    steps = (_per_model_text(shown.groupby(models)["at_step"].unique(), "step") + ", counting from 0"
+    steps = (_per_model_text(shown.groupby(models)["at_step"].unique(), "step", "steps") + ", counting from 0"
              if "at_step" in shown and shown["at_step"].notna().all() else "the last step")
     text = ("Share of each layer's non-zero float32 gradient elements that round to 0 in float16 (|g| at or below "
             f"2^-25, half the smallest subnormal 2^-24) at the last step's probe ({steps}), without loss scaling "
