@@ -373,7 +373,10 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     ok = ok_runs(runs)
     if trials is None or trials.empty or ok.empty or "throughput_img_s" not in ok:
         return pd.Series(dtype=float)
-    keys = ["framework", "model", "dataset", "batch_size", "step_loop", "precision"]
+    keys = [*(["machine"] if "machine" in trials and "machine" in ok else []), "framework", "model", "dataset",
+            "batch_size", "step_loop", "precision"]
+    if not all(k in trials for k in [*keys, "wall_s", "steps"]):  # records older than these columns: no judge
+        return pd.Series(dtype=float)
     blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
     step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
     cells = with_loop_columns(ok.copy())
