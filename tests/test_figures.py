@@ -4,6 +4,7 @@ had, and loss curves where lines that coincide stay distinguishable (panels, sta
 import os
 import sys
 
+import matplotlib.colors
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -240,3 +241,181 @@ def test_the_figures_are_drawn_while_the_rest_of_the_page_is_built_and_dropped_w
     with pytest.raises(RuntimeError):
         render.render(run_dir)
     assert order == ["drawing started", "dropped"]
+
+
+def _epochs(n=4, differ=()):
+    """Validation accuracy per epoch as aligned mode records it: both frameworks equal (one differs by ~1e-8, its
+    float32 rounding), except the precisions in `differ`, where Keras reads one image more."""
+    return pd.DataFrame([{"framework": fw, "precision": prec, "cell_id": f"{fw}-{prec}", "seed": 0, "epoch": e,
+                          "val_accuracy": 0.5 + 0.1 * e + 0.01 * i + (1e-8 if fw == "tf" else 0)
+                          + (1 / 359 if fw == "tf" and prec in differ else 0)}
+                         for fw in ("torch", "tf") for i, prec in enumerate(("fp32", "fp16", "bf16"))
+                         for e in range(n)])
+
+
+def test_identical_val_accuracy_lines_are_all_visible_and_the_caption_names_them(monkeypatch, tmp_path):
+    """The audit's val_accuracy.png: aligned mode's PyTorch lines lay exactly under the Keras ones, unseen and
+    unsaid. The hidden line is drawn wider beneath; the caption names, from the data, which lines coincide."""
+    from amp_compare.harness.report import figures
+
+    drawn = _drawn(monkeypatch, figures)
+    (fig,) = figures._curve_figures(pd.DataFrame(), _epochs(differ=("bf16",)), tmp_path)
+    assert ("Lines with the same value after every epoch: PyTorch = Keras (TF) in fp32, fp16. The line beneath is "
+            "drawn wider") in fig.caption, fig.caption
+    (drawn_fig,) = drawn
+    lines = [ln for ln in drawn_fig.axes[0].get_lines() if len(ln.get_xdata()) > 1]
+    torch_red = figures.FRAMEWORK_COLORS["PyTorch"]
+    widths = {(matplotlib.colors.to_hex(ln.get_color()), ln.get_marker()): ln.get_linewidth() for ln in lines}
+    keras = figures.FRAMEWORK_COLORS["Keras (TF)"]
+    for marker in ("o", "s"):  # fp32, fp16: PyTorch's line wider than the Keras line on top of it
+        assert widths[(torch_red, marker)] > widths[(keras, marker)]
+    assert widths[(torch_red, "^")] == widths[(keras, "^")]  # bf16 differs: nothing hidden, nothing widened
+    plt.close(drawn_fig)
+
+
+def test_lines_that_differ_are_not_said_to_coincide():
+    from amp_compare.harness.report import figures
+
+    assert figures.coinciding_text(_epochs(differ=("fp32", "fp16", "bf16")), "epoch", "val_accuracy", "x") == ""
+
+
+def test_the_val_accuracy_figure_counts_epochs_from_1_as_the_tables_do(monkeypatch, tmp_path):
+    """The audit: the headroom table and figure count epochs from 1, val_accuracy.png from 0 (ticks 0.0, 0.2 …)."""
+    from amp_compare.harness.report import figures
+
+    drawn = _drawn(monkeypatch, figures)
+    figures._curve_figures(_steps(), _epochs(n=2), tmp_path)
+    loss, fig = drawn
+    assert loss.axes[0].get_xlabel() == "Optimizer step (counting from 0)"  # as the tables count steps
+    plt.close(loss)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert ax.get_xlabel() == "Epoch (counting from 1)"
+    ticks = [float(t.get_text()) for t in ax.get_xticklabels() if t.get_text()
+             if ax.get_xlim()[0] <= float(t.get_text()) <= ax.get_xlim()[1]]
+    assert ticks == [1.0, 2.0], ticks  # whole epochs, from 1
+    assert sorted({x for ln in ax.get_lines() for x in ln.get_xdata()}) == [1, 2]
+    plt.close(fig)
+
+
+def test_the_naive_exp_limit_is_drawn_inside_every_attention_logit_panel(monkeypatch, tmp_path):
+    """The audit's headroom.png: fp32 and bf16 logits of 48–63 set the axis' floor above ln(65,504) ≈ 11.1, so the
+    dotted line lay below the panel (only its label printed, under the axis)."""
+    from amp_compare.harness.report import figures
+    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT
+
+    cells = [(fw, prec) for fw in ("torch", "tf") for prec in ("fp32", "fp16", "bf16")]
+    headroom = pd.DataFrame([{"cell_id": f"{fw}-{prec}", "framework": fw, "precision": prec, "seed": 0, "epoch": e,
+                              "layer": "blocks.0.attn", "quantity": "attention_logit",
+                              "max_abs": (16.7 if prec == "fp16" else 48.0 + 7 * e)}
+                             for fw, prec in cells for e in range(2)])
+    runs = pd.DataFrame([{"cell_id": f"{fw}-{prec}", "cfg_attention": "naive"} for fw, prec in cells])
+    drawn = _drawn(monkeypatch, figures)
+    assert figures.make_headroom_figure(headroom, runs, tmp_path) is not None
+    (fig,) = drawn
+    panels = [ax for ax in fig.axes if "attention logit" in ax.get_title()]
+    assert len(panels) == 3
+    for ax in panels:
+        low, high = ax.get_ylim()
+        assert low < FP16_EXP_LIMIT < high, (ax.get_title(), low)
+        assert any(np.allclose(ln.get_ydata(), FP16_EXP_LIMIT) for ln in ax.get_lines())
+    plt.close(fig)
+
+
+def test_a_log_loss_axis_inside_one_decade_still_has_labelled_ticks():
+    """The audit's naive loss_curves.png: losses of 2.0–2.5 on a log axis, no tick inside, no number on the axis."""
+    steps = _steps()
+    steps["loss"] = 2.47 - 0.02 * steps["step"]
+    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
+                 split_frameworks=True)
+    from amp_compare.harness.report import figures
+
+    fig.canvas.draw()
+    shown = figures._drawn_tick_labels(fig.axes[0], "y", fig.canvas.get_renderer())  # major and minor, in view
+    assert len(shown) >= 2, [loc for loc, _, _ in shown]
+    plt.close(fig)
+
+
+def _key_bias_underflow():
+    """A vit's last-step probe, two seeds: the key bias (exact gradient zero) flushes whole, a weight 1 in 100."""
+    rows = []
+    for fw in ("torch", "tf"):
+        for seed in (0, 1):
+            for layer, param, flush in (("blocks.0.attn.key", "bias", 1.0), ("blocks.0.attn.key", "weight", 0.0),
+                                        ("fc", "weight", 0.01 * (seed + 1)), ("fc", "bias", 0.0)):
+                rows.append({"cell_id": f"{fw}-fp32-s{seed}", "framework": fw, "precision": "fp32", "seed": seed,
+                             "model": "vit", "when": "last step", "at_step": 87, "layer": layer, "param": param,
+                             "nonzero": 100, "elements": 100, "zero_fraction": 0.0, "flush_fraction_unscaled": flush,
+                             "flush_fraction_scaled": flush, "loss_scale": 1.0, "method": "m"})
+    return pd.DataFrame(rows)
+
+
+def test_the_underflow_bars_leave_out_key_bias_residue_and_the_caption_says_what_a_bar_pools(monkeypatch, tmp_path):
+    """The audits: attention key biases (exact gradient zero: rounding residue) drawn as 3% underflow, and a
+    caption that said neither the seed pooling nor the step."""
+    from amp_compare.harness.report import figures
+
+    drawn = _drawn(monkeypatch, figures)
+    fig = figures.make_underflow_figure(_key_bias_underflow(), tmp_path)
+    assert "Not drawn: blocks.0.attn.key.bias, of whose non-zero elements 100% would flush" in fig.caption
+    assert "rounding residue, not underflow" in fig.caption
+    assert "(step 87, counting from 0)" in fig.caption and "(seeds per bar: 2)" in fig.caption, fig.caption
+    assert "the layer's parameters (weight, bias)" in fig.caption
+    (drawn_fig,) = drawn
+    ax = drawn_fig.axes[0]
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    heights = {names[round(b.get_x() + b.get_width() / 2)]: b.get_height() for c in ax.containers for b in c}
+    assert heights["blocks.0.attn.key"] == 0  # the key's weight only: nothing flushed
+    assert heights["fc"] == pytest.approx(100 * (0.01 + 0.02) / 4)  # both seeds, weight and bias, by element
+    plt.close(drawn_fig)
+
+
+def test_the_underflow_table_says_which_share_is_key_bias_residue():
+    from amp_compare.harness.report import render
+
+    table = render._underflow_table(_key_bias_underflow())
+    cell = table["float32 reference: would flush in fp16, no scaling"].iloc[0]
+    assert cell == "25.250% (of it 25.000% attention key-bias residue)", cell  # first seed
+
+
+def _busy_run(tmp_path):
+    """A synthetic run whose torch fp32 seed 2 ran 3x slower than its speed trial's step (the machine busy), and
+    speed trials that ran each precision at the cells' own median step."""
+    from amp_compare.contract import records
+    from amp_compare.harness.report.tables import with_loop_columns
+    from tests.test_report_sentences import write_run
+
+    t = records.read_run(write_run(tmp_path))
+    cells = with_loop_columns(t["run"].copy())
+    keys = ["framework", "model", "dataset", "batch_size", "step_loop", "precision"]
+    trials = (cells["batch_size"] / cells["throughput_img_s"]).groupby([cells[k] for k in keys]).median()
+    trials = trials.rename("wall_s").reset_index().assign(steps=1, contended=False)
+    busy = t["run"]["cell_id"][(t["run"]["framework"] == "torch") & (t["run"]["precision"] == "fp32")
+                               & (t["run"]["seed"] == 2)].iloc[0]
+    t["run"].loc[t["run"]["cell_id"] == busy, "throughput_img_s"] /= 3
+    return t, trials, busy
+
+
+def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_path, monkeypatch):
+    """The audit's throughput.png: bars of 3.06× (a busy fp32 cell) beside a speed trial of 0.33×, unflagged."""
+    from amp_compare.harness.report import figures
+    from amp_compare.harness.report.tables import accuracy_statistics
+
+    t, trials, busy = _busy_run(tmp_path)
+    assert list(figures.busy_cells(t["run"], trials).round(1).items()) == [(busy, 3.0)]
+    drawn = _drawn(monkeypatch, figures)
+    made = {f.key: f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f", trials=trials)}
+    caption = made["throughput"].caption
+    assert "not a speed verdict (those come from the speed trials" in caption
+    assert (f"Ran while the machine was busy (wall time per step over 1.4× the speed trial's median step of the same "
+            f"framework and precision): {busy} (3.0×); a label marked † rests on one of them") in caption, caption
+    labels = [t.get_text() for t in drawn[0].axes[0].texts]
+    assert sum("†" in label for label in labels) == 3, labels  # torch's fp32, fp16 and bf16: each divides by fp32
+    tta = figures.make_time_to_accuracy_figure(t["run"], t["epochs"], accuracy_statistics(t["run"], t["epochs"]),
+                                               tmp_path / "f", trials)
+    assert f"busy (wall time per step over 1.4× the speed trial's median step of the same framework and precision): " \
+           f"{busy} (3.0×); their lines' times" in tta.caption, tta.caption
+    for fig in drawn:
+        plt.close(fig)
+    assert figures.busy_cells(t["run"], None).empty  # no trials: nothing said
+    assert figures.busy_text(figures.busy_cells(t["run"], None), "") == ""

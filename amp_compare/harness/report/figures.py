@@ -16,7 +16,13 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from amp_compare.contract import precision as precisions  # noqa: E402
-from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
+from amp_compare.contract.config import (  # noqa: E402
+    DISPLAY_ORDER,
+    FRAMEWORK_LABELS,
+    PRECISIONS,
+    display_order,
+    framework_label,
+)
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
@@ -188,6 +194,9 @@ def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     for ax in logs:
+        a = ax.xaxis if axis == "x" else ax.yaxis
+        if not any(t.label1.get_visible() for t in a.get_major_ticks()):
+            continue  # a shared axis' inner panel: its formatter is its neighbour's, which must not be emptied here
         drawn = _drawn_tick_labels(ax, axis, renderer)
         kept_boxes = [box.padded(2) for _, major, box in drawn if major]
         keep = []
@@ -196,8 +205,11 @@ def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
                 keep.append(loc)
                 kept_boxes.append(box.padded(2))
         kept = np.array(keep)
-        (ax.xaxis if axis == "x" else ax.yaxis).set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        a.set_minor_formatter(matplotlib.ticker.FuncFormatter(
             lambda v, _, kept=kept: f"{v:g}{suffix}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
+        if sum(major for _, major, _ in drawn) + len(keep) < 2:  # inside one decade and no minor tick: even steps
+            a.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
+            a.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str, log: bool = False,
@@ -213,12 +225,84 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
                        linewidth=1.2, height=4.2 if not split_frameworks else 3.6,
                        aspect=1.7 if not split_frameworks else 1.3, estimator="median", **facet)
     _stagger_markers(grid)
+    show_hidden_lines(grid)
     if log:
         grid.set(yscale="log")
     _finish(grid, title, xlabel, ylabel)
     if log:  # last: the thinning measures the labels where the finished figure draws them
         plain_log_labels(grid.figure, "y")
     return grid.figure
+
+
+def _same(a, b) -> bool:
+    """Two curves one pixel cannot tell apart: equal to float32's rounding (an accuracy one framework stored in
+    float32 differs from the other's by ~1e-8)."""
+    return bool(np.allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=1e-6, atol=1e-9,
+                            equal_nan=True))
+
+
+def show_hidden_lines(grid) -> int:
+    """A line drawn exactly over an earlier one (PyTorch and Keras in aligned mode, shared weights) hides it: each
+    hidden line is redrawn wider, with larger markers, beneath the one over it, so it shows as a border around it.
+    Returns how many lines were widened."""
+    widened = 0
+    for ax in grid.axes.flat:
+        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
+        for i, low in enumerate(lines):
+            xy = np.column_stack([low.get_xdata(), low.get_ydata()]).astype(float)
+            over = sum(len(up.get_xdata()) == len(xy) and _same(
+                np.column_stack([up.get_xdata(), up.get_ydata()]).astype(float), xy) for up in lines[i + 1:])
+            if over:  # the more lines on top, the wider: each of a stack shows as its own border
+                low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
+                low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
+                low.set_zorder(low.get_zorder() - over)
+                widened += 1
+    return widened
+
+
+def coinciding_lines(frame: pd.DataFrame, x: str, y: str) -> list[tuple[str, list[str]]]:
+    """Per panel (model · dataset, where several), the groups of framework x precision lines whose median curves
+    are equal at every x, as the figure draws them: [(panel, ["PyTorch fp32", "Keras (TF) fp32"]), …]."""
+    panels = [k for k in ("machine", "model", "dataset") if k in frame and frame[k].nunique() > 1]
+    med = frame.groupby([*panels, "framework", "precision", x], observed=True)[y].median()
+    out = []
+    for key, part in (med.groupby(level=list(range(len(panels)))) if panels else [((), med)]):
+        curves = (part.droplevel(list(range(len(panels)))) if panels else part).unstack(x)
+        groups: list[list[tuple]] = []
+        for line, values in curves.iterrows():
+            same = next((g for g in groups if _same(curves.loc[g[0]], values)), None)
+            (same.append(line) if same is not None else groups.append([line]))
+        panel = " · ".join(map(str, key if isinstance(key, tuple) else (key,)))
+        order = [sorted(g, key=lambda line: (DISPLAY_ORDER.get(line[0], 99), DISPLAY_ORDER.get(line[1], 99)))
+                 for g in groups if len(g) > 1]
+        for g in sorted(order, key=lambda g: DISPLAY_ORDER.get(g[0][1], 99)):
+            out.append((panel, g))
+    return out
+
+
+def coinciding_text(frame: pd.DataFrame, x: str, y: str, where: str) -> str:
+    """The caption's sentence naming the lines that lie on one another ("" when none does): "PyTorch = Keras (TF)
+    in fp32, bf16 (vit)" where the frameworks' lines of one precision coincide, else each line named."""
+    said: dict[str, dict[str, list[str]]] = {}
+    for panel, lines in coinciding_lines(frame, x, y):
+        precs = {prec for _, prec in lines}
+        if len(precs) == 1:
+            who, what = " = ".join(framework_label(fw) for fw, _ in lines), next(iter(precs))
+        else:
+            who, what = " = ".join(f"{framework_label(fw)} {prec}" for fw, prec in lines), ""
+        said.setdefault(who, {}).setdefault(what, []).append(panel)
+    parts = []
+    for who, by_prec in said.items():
+        shared = len({tuple(ps) for ps in by_prec.values()}) == 1  # every precision in the same panels: said once
+        named = [prec + ("" if shared or not any(ps) else f" ({', '.join(ps)})")
+                 for prec, ps in sorted(by_prec.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99))]
+        panels = next(iter(by_prec.values())) if shared and any(next(iter(by_prec.values()))) else []
+        parts.append(who + (f" in {', '.join(n for n in named if n)}" if any(named) else "")
+                     + (f" ({', '.join(panels)})" if panels else ""))
+    if not parts:
+        return ""
+    return (f" Lines with the same value {where}: {'; '.join(parts)}. The line beneath is drawn wider with larger "
+            "markers, so it shows as a border around the one on top.")
 
 
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
@@ -271,13 +355,65 @@ def loss_scale_grid(scaled: pd.DataFrame):
     _log2_axis(grid, df["log2_scale"])
     present = [p for p in precisions.scaled_names() if p in set(scaled["precision"])]
     kinds = "; ".join(f"{p}: {precisions.SCALING_WORDS[precisions.of(p).loss_scaling]}" for p in present)
-    _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step", "Loss scale")
+    _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step (counting from 0)", "Loss scale")
     return grid
 
 
+# A training cell ran while the machine was busy when its wall time per timed step exceeds this many times the speed
+# trial's median step of the same framework, model, dataset, batch, loop and precision (uncontended blocks). Measured
+# on the 2-core AVX2 EPYC: cells on an idle machine ran at 0.64-1.36x their trial's median step (a loss-scaling lab,
+# two naive-attention runs, the default compare's cells whose CPU share matched their trial); the cells other work
+# held ran at 1.5-9.3x.
+BUSY_SLOWDOWN = 1.4
+
+
+def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
+    """Per finished cell (cell_id) that ran while the machine was busy (BUSY_SLOWDOWN): its wall time per timed
+    step over its speed trial's median step. Empty without trials."""
+    ok = ok_runs(runs)
+    if trials is None or trials.empty or ok.empty or "throughput_img_s" not in ok:
+        return pd.Series(dtype=float)
+    keys = [*(["machine"] if "machine" in trials and "machine" in ok else []), "framework", "model", "dataset",
+            "batch_size", "step_loop", "precision"]
+    if not all(k in trials for k in [*keys, "wall_s", "steps"]):  # records older than these columns: no judge
+        return pd.Series(dtype=float)
+    blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
+    step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
+    cells = with_loop_columns(ok.copy())
+    cells = cells.join(step, on=keys) if all(k in cells for k in keys) else cells.assign(trial_step=np.nan)
+    slowdown = (cells["batch_size"] / cells["throughput_img_s"]) / cells["trial_step"]
+    busy = slowdown > BUSY_SLOWDOWN
+    return pd.Series(slowdown[busy].to_numpy(dtype=float), index=cells.loc[busy, "cell_id"]).sort_index()
+
+
+def busy_text(busy: pd.Series, what: str) -> str:
+    """The caption's sentence naming the busy cells ("" when none was)."""
+    if busy.empty:
+        return ""
+    return (f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the speed trial's median "
+            f"step of the same framework and precision): {', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; "
+            f"{what}")
+
+
+def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Series:
+    """The throughput labels with " †" where the bar's own cells or the fp32 cells its ratio divides by include a
+    busy cell."""
+    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework") if k in table and k in ok]
+    hit = ok[ok["cell_id"].isin(set(busy.index))]
+    marked = []
+    for r in table.itertuples():
+        same = np.logical_and.reduce([hit[k] == getattr(r, k) for k in keys]) if keys else np.ones(len(hit), bool)
+        marked.append(bool((same & hit["precision"].isin({r.precision, precisions.REFERENCE})).any()))
+    labels = table["speed_label"].astype(str)
+    return labels.where(~(pd.Series(marked, index=table.index) & (labels != "")), labels + " †")
+
+
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                        spread: str, sweep_note: str) -> list[Figure]:
-    """The Speed section: throughput per precision and the step-time distribution."""
+                        spread: str, sweep_note: str, busy: pd.Series | None = None) -> list[Figure]:
+    """The Speed section: throughput per precision (a † on labels resting on a busy cell) and the step-time
+    distribution."""
+    busy = busy if busy is not None else pd.Series(dtype=float)
+    table = table.assign(speed_label=_busy_marks(table, ok, busy))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label", "{}"), out_dir, "throughput")
     figures = [Figure("throughput", "speed", "Training throughput by precision",
@@ -286,7 +422,8 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
                       "the label above it is not the quotient of two bars but the cells' throughput against the "
                       "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
                       "took, not a speed verdict (those come from the speed trials, in the tables above)."
-                      + spread + sweep_note,
+                      + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
+                                  "than about the precision.") + spread + sweep_note,
                       "Bar chart of training images per second for each framework and precision mode.")]
     if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
         timed = _labelled(steps[~steps["warmup"]])
@@ -378,7 +515,7 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, lef
     cells; `left` (left_out_note) names the others."""
     figures = []
     if not steps.empty:
-        _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step",
+        _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
                      "Batch cross-entropy loss (nats, log scale)", log=True, split_frameworks=True),
               out_dir, "loss_curves")
         gap = curves_coincide(steps, "step", "loss")
@@ -392,11 +529,17 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, lef
                               "Line charts of per-step training loss, one panel per framework, one line per "
                               "precision."))
     if not epochs.empty:
-        _save(_lines(epochs, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch",
-                     "Validation accuracy (fraction)"), out_dir, "val_accuracy")
+        # the records count epochs from 0; the reader counts from 1, as the tables and the headroom figure do
+        counted = epochs.assign(epoch=epochs["epoch"] + 1)
+        fig = _lines(counted, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch (counting from 1)",
+                     "Validation accuracy (fraction)")
+        for ax in fig.axes:
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        _save(fig, out_dir, "val_accuracy")
         figures.append(Figure("val_accuracy", "accuracy", "Validation accuracy per epoch",
                               "Each line is one framework and precision, the median over seeds of the validation "
-                              "accuracy after each epoch; no band is drawn." + left,
+                              "accuracy after each epoch; no band is drawn."
+                              + coinciding_text(counted, "epoch", "val_accuracy", "after every epoch") + left,
                               "Line chart of validation accuracy after each epoch for each framework and precision."))
     return figures
 
@@ -448,9 +591,11 @@ def speed_labels(table: pd.DataFrame) -> pd.Series:
 
 
 def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                 device: str = "cpu", notes: pd.DataFrame | None = None) -> list[Figure]:
+                 device: str = "cpu", notes: pd.DataFrame | None = None,
+                 trials: pd.DataFrame | None = None) -> list[Figure]:
     """Draw every figure the data allows into out_dir; return their descriptions in report order. notes: the
-    full table (tables.full_table), whose ⚠ the speed and memory labels repeat."""
+    full table (tables.full_table), whose ⚠ the speed and memory labels repeat; trials: the speed trials, against
+    which busy_cells finds the cells that ran while the machine was busy."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = summary_table(runs)
     if table.empty:
@@ -472,7 +617,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     if emulated.any():
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
-    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note),
+    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note, busy_cells(ok, trials)),
             *_memory_and_accuracy_figures(ok, table, out_dir, spread, device, notes),
             *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
@@ -567,10 +712,13 @@ def untangle_x_labels(fig) -> None:
 
 
 def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """Fraction of each layer's gradient elements float16 would flush to zero, unscaled vs at the scale in use."""
+    """Fraction of each layer's gradient elements float16 would flush to zero, unscaled vs at the scale in use; the
+    parameters whose exact gradient is zero (numerics.zero_gradient: residue, not underflow) left out, and said."""
     if underflow.empty:
         return None
-    df = _labelled(underflow[underflow["when"] == "last step"])
+    last = underflow[underflow["when"] == "last step"]
+    residue = last[nr.zero_gradient(last)] if not last.empty else last
+    df = _labelled(last[~nr.zero_gradient(last)]) if not last.empty else last
     if df.empty:
         return None
     if "model" in df and df["model"].nunique() > 1:  # two models' `fc` layers are two bars
@@ -591,14 +739,47 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     grid.figure.suptitle("Gradient underflow in float16 at the last step", y=1.02)
     untangle_x_labels(grid.figure)
     _save(grid.figure, out_dir, "underflow")
-    return Figure("underflow", "numerics", "Gradient underflow per layer",
-                  "Share of each layer's non-zero float32 gradient elements that round to 0 in float16 "
-                  "(|g| at or below 2^-25, half the smallest subnormal 2^-24) at the last step's probe — without loss "
-                  "scaling (left) and multiplied by the loss scale the run used (right). Each bar pools the layer's "
-                  "weight and bias and every seed, weighted by their non-zero elements (the tables beside it give the "
-                  "first seed per parameter). Loss scaling is there to make each right bar lower than its left one.",
+    return Figure("underflow", "numerics", "Gradient underflow per layer", underflow_caption(last, residue),
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
                   "unscaled and scaled, per framework and precision.")
+
+
+def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -> str:
+    """Each model's values (a Series of arrays indexed by model): "step 87" where every model has the same ones,
+    else "step 87 (simple_cnn), 131 (vit)"; `plural` for the word where a model has several ("steps 26 and 49")."""
+    said = {m: " and ".join(f"{v:g}" for v in sorted(values)) for m, values in by_model.items()}
+    word = plural if plural and any(len(v) > 1 for v in by_model) else word
+    if len(set(said.values())) == 1:
+        return f"{word} {next(iter(said.values()))}"
+    return f"{word} " + ", ".join(f"{v} ({m})" for m, v in said.items())
+
+
+def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
+    """The underflow figure's caption: what a bar pools (its parameters, the seeds, the probe's step, as
+    make_underflow_figure computes it) and the zero-gradient parameters left out of the bars."""
+    shown = last.drop(residue.index)
+    models = shown["model"].astype(str) if "model" in shown else pd.Series("", index=shown.index)
+    params = ", ".join(sorted(set(shown["param"].astype(str)), key=lambda p: (p != "weight", p)))
+    seeds = _per_model_text(shown.groupby(models)["seed"].nunique().map(lambda n: [n]), "seeds per bar:")
+    steps = (_per_model_text(shown.groupby(models)["at_step"].unique(), "step", "steps") + ", counting from 0"
+             if "at_step" in shown and shown["at_step"].notna().all() else "the last step")
+    text = ("Share of each layer's non-zero float32 gradient elements that round to 0 in float16 (|g| at or below "
+            f"2^-25, half the smallest subnormal 2^-24) at the last step's probe ({steps}), without loss scaling "
+            "(left) and multiplied by the loss scale the run used (right). Each bar pools the layer's parameters "
+            f"({params}) of every seed that ran ({seeds}): their flushed elements over their non-zero elements, "
+            "together. The table beside it gives the first seed only, every layer together. Loss scaling is "
+            "there to make each right bar lower than its left one.")
+    if residue.empty:
+        return text
+    names = sorted(set((residue["model"].astype(str) + ": " if models.nunique() > 1 else "")
+                       + residue["layer"].astype(str) + "." + residue["param"].astype(str)))
+    flushed = float((residue["flush_fraction_unscaled"] * residue["nonzero"]).sum() / max(residue["nonzero"].sum(), 1))
+    cells = residue["cell_id"].nunique() if "cell_id" in residue else len(residue.groupby(["framework", "precision",
+                                                                                            "seed"]))
+    return text + (f" Not drawn: {', '.join(names)}, of whose non-zero elements {flushed:.0%} would flush without "
+                   f"scaling ({int(residue['nonzero'].sum()):,} over {cells} cells): an attention key bias's exact "
+                   "gradient is zero (softmax ignores the constant shift it adds), so what the probe finds there is "
+                   "rounding residue, not underflow.")
 
 
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
@@ -677,9 +858,10 @@ def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | Non
 
 
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
-                                 out_dir: Path) -> Figure | None:
+                                 out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
     """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
-    target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line."""
+    target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line; the
+    caption names the cells that ran while the machine was busy (busy_cells)."""
     ok = ok_runs(runs)
     if ok.empty or epochs.empty or acc.empty:
         return None
@@ -721,7 +903,9 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                    "No target line: the run is too short to judge accuracy (see the note).")
     return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
-                  f"the training time spent so far. {target_text} Panels: " + "; ".join(panels) + ".",
+                  f"the training time spent so far. {target_text}"
+                  + busy_text(busy_cells(ok, trials), "their lines' times say more about the machine than about the "
+                              "precision.") + " Panels: " + "; ".join(panels) + ".",
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
 
@@ -744,6 +928,8 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
         ax.text(0.02, FP16_EXP_LIMIT, f"naive exp overflows float16: ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}",
                 color="#a0761e", fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
     low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
+    if naive_logits:  # the exp limit's line drawn in every panel, not below a panel whose logits lie above it
+        low = min(low, FP16_EXP_LIMIT / 2)
     ax.set_ylim(max(low, 1e-3), FP16_MAX * 4)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 

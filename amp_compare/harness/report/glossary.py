@@ -16,7 +16,7 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MAX
 from amp_compare.harness.report import phrases, verdicts
-from amp_compare.harness.report.numerics import underflow_summary
+from amp_compare.harness.report.numerics import ZERO_GRADIENT_PARAM, underflow_summary
 from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -159,10 +159,6 @@ def _format_evidence(verdicts: pd.DataFrame, environment: dict, half: str) -> st
                "recorded)" if arithmetic else "against the lesson: faster without the format's arithmetic"
                if "faster" in status else "no row measured faster, as the lesson predicts")
     return f" This run's speed trials: {half} rows at {span} fp32's speed on a CPU {flags}: {verdict}."
-
-
-# Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
-ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
 
 
 def _reference_flush(underflow: pd.DataFrame) -> str:

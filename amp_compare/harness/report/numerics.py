@@ -4,6 +4,7 @@ vit's attention headroom, and sentences whose every number comes from the record
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -47,19 +48,39 @@ UNDERFLOW_METHODS = (
 )
 
 
+# Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
+ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
+
+
+def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
+    """Per underflow row: whether its parameter's exact gradient is zero (ZERO_GRADIENT_PARAM), so that what the
+    probe finds there is rounding residue, not underflow."""
+    names = underflow["layer"].astype(str) + "." + underflow["param"].astype(str)
+    return names.map(lambda name: bool(ZERO_GRADIENT_PARAM.search(name)))
+
+
+# The summary's share columns that residue can sit in, and the record columns they weight.
+RESIDUE_COLUMNS = {"flush_unscaled": "flush_fraction_unscaled", "flush_scaled": "flush_fraction_scaled",
+                   "lost_unscaled": "lost_fraction_mixed_unscaled", "lost_scaled": "lost_fraction_mixed_scaled"}
+
+
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     """Element-weighted underflow fractions (both UNDERFLOW_METHODS) per framework x precision x when; NaN where
-    a column was not recorded."""
+    a column was not recorded; residue_<column>: the part of it held by zero-gradient parameters (zero_gradient)."""
     if underflow.empty:
         return pd.DataFrame()
+    underflow = underflow.assign(zero_gradient=zero_gradient(underflow))
 
     def weighted(g: pd.DataFrame) -> pd.Series:
         w = g["nonzero"].to_numpy(dtype=float)
         total = w.sum() or 1.0
         elements = max(g["elements"].sum(), 1)
 
-        def by_nonzero(col: str) -> float:
-            return float((g[col] * w).sum() / total) if col in g and g[col].notna().all() else float("nan")
+        def by_nonzero(col: str, only: np.ndarray | bool = True) -> float:
+            return float((g[col] * w * only).sum() / total) if col in g and g[col].notna().all() else float("nan")
+
+        residue = {f"residue_{name}": by_nonzero(col, g["zero_gradient"].to_numpy())
+                   for name, col in RESIDUE_COLUMNS.items()}
 
         return pd.Series({
             "elements": int(g["elements"].sum()),
@@ -73,6 +94,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
             "cancelled_scaled": by_nonzero("cancelled_fraction_mixed_scaled"),
             "loss_scale": float(g["loss_scale"].iloc[0]),
             "method": g["method"].iloc[0] if "method" in g else "",
+            **residue,
         })
 
     # One seed is enough to show the mechanism: the first seed of each cell.

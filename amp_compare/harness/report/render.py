@@ -206,12 +206,22 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
                          "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
-                         "float32 reference: would flush in fp16, no scaling": s["flush_unscaled"].map(_pct(3)),
-                         "float32 reference: would flush at that scale": s["flush_scaled"].map(_pct(3)),
+                         "float32 reference: would flush in fp16, no scaling": _with_residue(s, "flush_unscaled"),
+                         "float32 reference: would flush at that scale": _with_residue(s, "flush_scaled"),
                          "mixed backward: exactly zero (unscaled loss)": s["zero_fraction_mixed"].map(_pct(2)),
-                         "mixed backward: lost, no scaling": s["lost_unscaled"].map(_pct(3)),
-                         "mixed backward: lost at that scale": s["lost_scaled"].map(_pct(3)),
+                         "mixed backward: lost, no scaling": _with_residue(s, "lost_unscaled"),
+                         "mixed backward: lost at that scale": _with_residue(s, "lost_scaled"),
                          "mixed backward: cancelled at that scale only": s["cancelled_scaled"].map(_pct(3))})
+
+
+def _with_residue(s: pd.DataFrame, column: str) -> pd.Series:
+    """A share as a percentage, with the part of it in attention key biases said to be residue: their exact gradient
+    is zero (numerics.zero_gradient), so a share there is rounding residue, not underflow."""
+    residue = s.get(f"residue_{column}", pd.Series(0.0, index=s.index)).fillna(0.0)
+    return pd.Series([_pct(3)(v) + ("" if pd.isna(v) or r <= 0 else " (all attention key-bias residue)"
+                                    if np.isclose(r, v, rtol=1e-9, atol=0) else
+                                    f" (of it {r:.3%} attention key-bias residue)")
+                      for v, r in zip(s[column], residue)], index=s.index)
 
 
 def _pct(digits: int):
@@ -497,12 +507,13 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
-    tasks = [(fg.make_figures, (runs, epochs, steps, out, device, full)),
+    trials = tables.get("trials", pd.DataFrame())
+    tasks = [(fg.make_figures, (runs, epochs, steps, out, device, full, trials)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_max_batch_figure, (maxbatch, out)) if not maxbatch.empty else None,
-             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out))]
+             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out, trials))]
     pending = _in_parallel([t for t in tasks if t])
 
     def collect(cancel: bool = False) -> list:
