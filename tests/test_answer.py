@@ -138,14 +138,14 @@ FP8_RECIPE = {"scaling": "dynamic", "granularity": "tensor", "amax_history": 1, 
               "formats": ["float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"], "converted": ["fc1", "fc2"]}
 
 
-def _fp8_run(tmp_path, wrong: int):
+def _fp8_run(tmp_path, wrong: int, wrong_seed_1: int | None = None):
     """A torch vit run with bf16 and fp8 cells of two seeds, the fp8 cells' recipe and per-layer SQNR recorded as a
     child records them; fp8 gets the bf16 cell's images right but `wrong` more of them wrong."""
     run_dir = write_run(tmp_path, frameworks=("torch",), precisions=("fp32", "bf16", "fp8"), seeds=(0, 1), model="vit")
     for seed in (0, 1):
         bf16 = next((run_dir / "cells").glob(f"*bf16-s{seed}"))
         correct = records.unpack_correct(pd.read_parquet(bf16 / "run.parquet")["val_correct"].iloc[0], 200)
-        correct[:wrong] = False
+        correct[:wrong if seed == 0 or wrong_seed_1 is None else wrong_seed_1] = False
         _set(run_dir, f"*fp8-s{seed}", fp8_settings=json.dumps(FP8_RECIPE), val_correct=records.pack_correct(correct))
         cell = next((run_dir / "cells").glob(f"*fp8-s{seed}"))
         ident = pd.read_parquet(cell / "run.parquet")[["run_id", "cell_id", "framework", "model", "dataset",
@@ -169,7 +169,16 @@ def test_an_fp8_run_answers_with_its_recipe_sqnr_and_accuracy_against_bf16(tmp_p
     text = same.answer
     assert text.index("fp8 against bf16 (what this run asks)") < text.index("fp8: speed")
     assert ("PyTorch fp8: 2 layers in fp8, scaled by each step's own amax, one scale per tensor; e4m3 input and "
-            "kernel, e5m2 gradients; last step's SQNR: median over layers and seeds 21.0 dB, worst 12.0 dB (fc2 "
-            "grad_output); accuracy against bf16 (2 seeds paired) +0.0 pp") in text
+            "kernel, e5m2 gradients; median SQNR at the last step (over layers and seeds): input 30.5, kernel 30.5, "
+            "output gradient 21.0 dB; worst 30.0 dB at the first step (fc1 input); worst 12.0 dB at the last step "
+            "(fc2 output gradient); accuracy against bf16 (2 seeds paired) +0.0 pp") in text
     lower = _fp8_run(tmp_path / "lower", wrong=60).verdicts
     assert lower[lower["metric"] == "fp8_vs_bf16"].iloc[0].status == "lower"
+    # the fp8 section's table: one row per seed, each with its own seed's pairing (audit: the pooled difference was
+    # repeated on every seed's row)
+    from amp_compare.harness.report import fp8 as fp8_report
+
+    mixed = _fp8_run(tmp_path / "mixed", wrong=60, wrong_seed_1=0)
+    table = fp8_report.section(records.read_run(mixed.index.parent), "cpu")["table"].set_index("seed")
+    column = table["acc. − bf16, this seed [interval]"]
+    assert column[0].startswith("-29.00 pp") and column[1].startswith("+0.00 pp"), column

@@ -78,6 +78,7 @@ def test_torch_layers_follow_their_recipe(precision, data):
     for key in ("scaling", "granularity", "amax_history", "power_of_2_scales", "scale_convention"):
         assert live[key] == getattr(recipe, key), f"{key}: live {live[key]!r}, declared {getattr(recipe, key)!r}"
     assert live["formats"] == list(recipe.formats)
+    assert live["module"] == "torchao.float8.float8_linear.Float8Linear"  # what the report names as the API
 
 
 @pytest.mark.parametrize("precision, name", [("fp8", "tensorwise"), ("fp8-rowwise", "rowwise")])

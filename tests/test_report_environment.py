@@ -81,15 +81,17 @@ def test_fp8_amp_api_names_what_ran_from_its_fp8_settings():
     fp8 = {"converted": ["a", "b"], "scaling": "dynamic", "emulate": True}
     runs = pd.concat([runs, pd.DataFrame([
         {"framework": "torch", "precision": "fp8", "status": "ok", "device_name": "cpu", "amp_api": "none",
-         "fp8_settings": json.dumps(fp8)},
+         "fp8_settings": json.dumps(fp8 | {"module": "torchao.float8.float8_linear.Float8Linear"})},
         {"framework": "tf", "precision": "fp8", "status": "ok", "device_name": "cpu", "amp_api": "none",
-         "fp8_settings": json.dumps(fp8 | {"scaling": "delayed"})}])], ignore_index=True)
+         "fp8_settings": json.dumps(fp8 | {"scaling": "delayed", "policy": "float8_from_float32"})}])],
+        ignore_index=True)
     rows = dict(environment_rows({}, runs))
     torch_fp8 = [v for v in rows["PyTorch: AMP API per precision"] if v.startswith("fp8")]
-    assert torch_fp8 == ["fp8: torchao Float8Linear on 2 layers, dynamic scaling, emulated: float32 matmuls of "
-                         "dequantized values"]
+    # the classes and policy as the children read them back (an audit: "torchao" was said where nothing recorded it)
+    assert torch_fp8 == ["fp8: torchao.float8.float8_linear.Float8Linear on 2 layers, dynamic scaling, emulated: "
+                         "float32 matmuls of dequantized values"]
     keras = rows["Keras (TF): AMP API per precision"]
-    assert 'fp8: Keras model.quantize("float8") on 2 layers, delayed scaling' in keras
+    assert "fp8: Keras dtype policy float8_from_float32 on 2 layers, delayed scaling" in keras
 
 
 def test_values_two_models_used_differently_are_listed_model_by_model():

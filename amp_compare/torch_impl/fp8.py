@@ -86,9 +86,11 @@ def settings(model: nn.Module) -> dict:
     layers = converted(model)
     if not layers:
         return {}
-    config = next(iter(layers.values())).config
+    layer = next(iter(layers.values()))
+    config = layer.config
     casts = [getattr(config, _ROLE_DTYPE[role]) for role in contract.ROLES]
-    return {"formats": [_format(c.target_dtype) for c in casts],
+    return {"module": f"{type(layer).__module__}.{type(layer).__qualname__}",  # the class the report names
+            "formats": [_format(c.target_dtype) for c in casts],
             "scaling": casts[0].scaling_type.value,
             "granularity": "row" if casts[0].scaling_granularity.value == "axiswise" else "tensor",
             "amax_history": 1,  # torchao keeps no history: each cast takes its own tensor's amax

@@ -43,10 +43,10 @@ def api_text(row: dict) -> str:
         return recorded
     live = json.loads(row["fp8_settings"])
     layers = f"on {len(live.get('converted', []))} layers, {live.get('scaling', '?')} scaling"
-    if row.get("framework") == "torch":
+    if row.get("framework") == "torch":  # the converted layers' class, as the child read it (older records lack it)
         emulated = ", emulated: float32 matmuls of dequantized values" if live.get("emulate") else ""
-        return f"torchao Float8Linear {layers}{emulated}"
-    return f'Keras model.quantize("float8") {layers}'
+        return f"{live.get('module') or 'fp8 layers (class not recorded)'} {layers}{emulated}"
+    return f"Keras dtype policy {live.get('policy') or '(not recorded)'} {layers}"
 
 
 def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
@@ -61,9 +61,10 @@ OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-
 
 
 def _paired(runs: pd.DataFrame, cell, other: str) -> str:
-    """The fp8 cell's accuracy minus `other`'s (same framework, model, dataset), paired image by image over seeds."""
+    """The fp8 cell's accuracy minus `other`'s of the same seed (framework, model, dataset), paired image by image:
+    a row of the table is one seed's cell (the answer pools the seeds)."""
     same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
-                & (runs["dataset"] == cell.dataset)]
+                & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
     pairs = correct_pairs(same[same["precision"] == other], same[same["precision"] == cell.precision])
     if not pairs:
         return "n/a"
@@ -90,8 +91,9 @@ def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, dict | No
         return float("nan"), None
     per_layer = mine.groupby(["cell_id", "layer"])["sqnr_db"].min()
     worst = mine.loc[mine["sqnr_db"].idxmin()]
-    return float(per_layer.median()), {k: (float(worst[k]) if k == "sqnr_db" else str(worst[k]))
-                                       for k in ("sqnr_db", "layer", "role")}
+    return float(per_layer.median()), {"sqnr_db": float(worst["sqnr_db"]), "layer": str(worst["layer"]),
+                                       "role": str(worst["role"]),
+                                       "zero_share": float(worst["zero_share"]) if "zero_share" in worst else 0.0}
 
 
 def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | None) -> list[dict]:
@@ -113,13 +115,15 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
                  "method": test.get("method", ""), "seeds": len(pairs)}
         row = verdicts.accuracy(SimpleNamespace(**facts), metric="fp8_vs_bf16")
         cells = layers[layers["cell_id"].isin(set(mine["cell_id"]))] if not layers.empty else layers
-        median, worst = sqnr(cells)
+        last = cells[cells["when"] == "last step"] if not cells.empty else cells
+        roles = {role: float(g.median()) for role, g in last.groupby("role")["sqnr_db"]} if not last.empty else {}
         live = json.loads(mine["fp8_settings"].iloc[0]) if not mine.empty and isinstance(
             mine["fp8_settings"].iloc[0], str) and mine["fp8_settings"].iloc[0] else {}
         recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales")}
         row["evidence"] = json.dumps({**json.loads(row["evidence"]), "recipe": recipe,
                                       "layers": len(live.get("converted", [])), "fp8_seeds": len(mine),
-                                      "sqnr_median_db": median, "sqnr_worst": worst}, default=str)
+                                      "sqnr_by_role_db": roles, "sqnr_worst": sqnr(cells)[1],
+                                      "sqnr_worst_first": sqnr(cells, "first step")[1]}, default=str)
         out.append(row)
     return out
 
@@ -147,8 +151,8 @@ def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> 
             # one seed's loss difference: one reading, no interval (the column says so)
             "loss − bf16 (this seed)": _loss_gap(runs, cell, "bf16"),
             "loss − fp32 (this seed)": _loss_gap(runs, cell, "fp32"),
-            "acc. − bf16 [interval]": _paired(runs, cell, "bf16"),
-            "acc. − fp32 [interval]": _paired(runs, cell, "fp32")})
+            "acc. − bf16, this seed [interval]": _paired(runs, cell, "bf16"),
+            "acc. − fp32, this seed [interval]": _paired(runs, cell, "fp32")})
     return pd.DataFrame(rows)
 
 
@@ -177,9 +181,9 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
                    "alone, not an fp8 unit's accumulation.")
     if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
         out.append("The ViT headroom section leaves fp8 out: it measures distance to float16's largest value, "
-                   f"{FP16_MAX:,.0f}, while "
-                   "each fp8 tensor is multiplied by fmax / amax before its cast, so its largest "
-                   "magnitude meets its format's largest whatever its size.")
+                   f"{FP16_MAX:,.0f}, while each fp8 tensor is scaled into its own format's range before its cast "
+                   "(by fmax / amax: torchao from this step's amax, Keras from an amax history), so that distance "
+                   "says nothing of an fp8 tensor.")
     unavailable = runs[(runs["precision"].isin(contract.FP8_MODES)) & (runs["status"] == "unavailable")]
     for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples():
         reason = str(r.error).removeprefix("unavailable: ")
@@ -230,8 +234,7 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
              "Float8Linear), Keras through quantize('float8') (Dense and EinsumDense). SQNR: signal-to-quantization-"
              "noise ratio of each converted layer's input, kernel and output gradient as its recipe quantizes them, "
              "against the float32 tensors, at the first and the last training step. A layer's SQNR is its worst of the "
-             "three tensors (in these runs the e5m2 output gradient); the median is over layers, the worst names the "
-             "layer and tensor. Accuracy differences are "
+             "three tensors; the median is over layers, the worst names the layer and tensor. Accuracy differences are "
              "paired image by image (McNemar, or a paired bootstrap over seeds), as in the Accuracy section.</p>",
              "<ul>" + "".join(f"<li>{escape(s)}</li>" for s in sec["sentences"]) + "</ul>",
              sec["table"].to_html(index=False, escape=True, border=0) if not sec["table"].empty else

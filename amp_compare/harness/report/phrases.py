@@ -393,6 +393,9 @@ def _allreduce_accuracy(e: dict) -> str:
             + (" (near chance: the runs barely learned)" if t.get("near_chance") else ""))
 
 
+ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradient"}  # fp8's three tensors
+
+
 def _fp8(v, e: dict) -> str:
     """An fp8 row: its recipe as read back (what scales each tensor, its formats), its converted layers' SQNR at the
     last step and its accuracy against bf16 of the same seeds."""
@@ -402,13 +405,18 @@ def _fp8(v, e: dict) -> str:
                "gradients") if len(short) == 3 else "formats not recorded"
     scales = {"dynamic": "scaled by each step's own amax", "delayed": f"scaled by the largest amax of up to "
               f"{r.get('amax_history') or 0:,} past steps"}.get(r.get("scaling"), "scaling not recorded")
-    scales += {"tensor": ", one scale per tensor",
-               "row": ", one scale per row (the kernel: per output column)"}.get(r.get("granularity"), "")
+    scales += {"tensor": ", one scale per tensor", "row": ", one scale per row"}.get(r.get("granularity"), "")
     scales += ", rounded down to powers of 2" if r.get("power_of_2_scales") else ""
-    worst, median = e.get("sqnr_worst"), e.get("sqnr_median_db", float("nan"))
     over = "layers and seeds" if (e.get("fp8_seeds") or 0) > 1 else "layers"
-    sqnr = (f"last step's SQNR: median over {over} {median:.1f} dB, worst {worst['sqnr_db']:.1f} dB "
-            f"({worst['layer']} {worst['role']})" if worst else "no SQNR recorded")
+    by_role = e.get("sqnr_by_role_db") or {}
+    sqnr = (f"median SQNR at the last step (over {over}): " + ", ".join(
+        f"{ROLE_WORDS.get(role, role)} {by_role[role]:.1f}" for role in ROLE_WORDS if role in by_role) + " dB"
+        if by_role else "no SQNR recorded")
+    sqnr += "".join(f"; worst {w['sqnr_db']:.1f} dB at the {when} ({w['layer']} {ROLE_WORDS.get(w['role'], w['role'])}"
+                    + (f", {w['zero_share']:.0%} of its nonzero values flushed to 0" if w.get("zero_share", 0) >= 0.005
+                       else "") + ")"
+                    for when, w in (("first step", e.get("sqnr_worst_first")), ("last step", e.get("sqnr_worst")))
+                    if w)
     seeds = e.get("seeds")
     paired = f" ({seeds:.0f} seed{'s' * (seeds != 1)} paired)" if isinstance(seeds, (int, float)) and seeds else ""
     said = f"n/a ({reason(v)})" if v.status == "not_comparable" else cell(v)  # no number beside "n/a"

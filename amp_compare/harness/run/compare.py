@@ -363,7 +363,9 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
                       f"  python -m amp_compare compare --resume {run_dir.name} --out {shlex.quote(str(args.out))}")
     status = (EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED if interrupted
               else EXIT_CELLS_FAILED if bad else EXIT_OK)
-    console.print(f"amp-compare: {len(done)} of {len(cells)} cells finished, {len(bad)} failed"
+    unavailable = sum(o.status == "unavailable" for o in outcomes)  # asked for, but not runnable here: not a fault
+    console.print(f"amp-compare: {len(done)} of {len(cells)} cells finished, {len(bad) - unavailable} failed"
+                  f"{f', {unavailable} unavailable' if unavailable else ''}"
                   f"{f', {len(cells) - len(outcomes)} not run (interrupted)' if interrupted else ''}"
                   f" in {time.monotonic() - start:.0f} s (exit {status})")
     return status
