@@ -182,3 +182,12 @@ def test_an_fp8_run_answers_with_its_recipe_sqnr_and_accuracy_against_bf16(tmp_p
     table = fp8_report.section(records.read_run(mixed.index.parent), "cpu")["table"].set_index("seed")
     column = table["acc. − bf16, this seed [interval]"]
     assert column[0].startswith("-29.00 pp") and column[1].startswith("+0.00 pp"), column
+
+
+def test_a_precision_its_framework_cannot_run_is_one_word_not_a_failure_per_metric(tmp_path):
+    """Audit: "fp8-rowwise: speed failed (unavailable here); accuracy failed (unavailable here)" for cells that were
+    never run (Keras has no rowwise recipe)."""
+    v = _verdicts(write_run(tmp_path, frameworks=("torch",), seeds=(0, 1)))
+    v.loc[v["precision"] == "fp16", ["status", "reason"]] = ["failed", "unavailable"]
+    text = answer.render(v, "text")
+    assert "    fp16: unavailable here\n" in text + "\n" and "failed" not in text, text

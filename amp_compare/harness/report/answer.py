@@ -27,6 +27,9 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
             use, reason = choose(group)
             lines = []
             for prec, rows in group.groupby("precision", sort=False):
+                if (rows["reason"] == "unavailable").all():  # not run at all: one word, not a failure per metric
+                    lines.append(f"{prec}: {phrases.REASON['unavailable']}")
+                    continue
                 by = {r.metric: r for r in rows.itertuples()}
                 said = [(m, by[m]) for m in SHOWN if m in by]  # why a metric failed; not why it is n/a (no room)
                 cells = (f"{phrases.METRIC[m]} " + ("n/a" if v.status == "not_comparable"  # its reason: the tables
