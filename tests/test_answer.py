@@ -191,3 +191,18 @@ def test_a_precision_its_framework_cannot_run_is_one_word_not_a_failure_per_metr
     v.loc[v["precision"] == "fp16", ["status", "reason"]] = ["failed", "unavailable"]
     text = answer.render(v, "text")
     assert "    fp16: unavailable here\n" in text + "\n" and "failed" not in text, text
+
+
+def test_the_fp8_scale_trace_keeps_per_tensor_recipes_and_each_seed_apart():
+    """Audit: the scale figure joined two seeds into one line and drew a per-row recipe's per-tensor fmax / amax,
+    a scale that recipe never applies."""
+    from amp_compare.harness.report import fp8 as fp8_report
+
+    trace = pd.DataFrame([{"cell_id": f"{fw}-{p}-s{seed}", "framework": fw, "precision": p, "seed": seed,
+                           "layer": "fc1", "role": "input", "step": step + 1, "amax": 1.0, "scale": 448.0}
+                          for fw, p in (("torch", "fp8"), ("torch", "fp8-rowwise"), ("tf", "fp8"))
+                          for seed in (0, 1) for step in range(3)])
+    kept = fp8_report._from_zero(trace)
+    assert set(kept["precision"]) == {"fp8"} and kept["step"].min() == 0
+    assert kept.groupby(["framework", "seed"]).size().to_dict() == {("tf", 0): 3, ("tf", 1): 3, ("torch", 0): 3,
+                                                                    ("torch", 1): 3}

@@ -407,14 +407,15 @@ def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_pa
     made = {f.key: f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f", trials=trials)}
     caption = made["throughput"].caption
     assert "not a speed verdict (those come from the speed trials" in caption
-    assert (f"Ran while the machine was busy (wall time per step over 1.4× the speed trial's median step of the same "
-            f"framework and precision): {busy} (3.0×); a label marked † rests on one of them") in caption, caption
+    assert (f"Ran while the machine was busy (wall time per step over 1.4× the median step of the speed trial's "
+            f"uncontended blocks of the same framework and precision): {busy} (3.0×); a label marked † rests on one "
+            "of them") in caption, caption
     labels = [t.get_text() for t in drawn[0].axes[0].texts]
     assert sum("†" in label for label in labels) == 3, labels  # torch's fp32, fp16 and bf16: each divides by fp32
     tta = figures.make_time_to_accuracy_figure(t["run"], t["epochs"], accuracy_statistics(t["run"], t["epochs"]),
                                                tmp_path / "f", trials)
-    assert f"busy (wall time per step over 1.4× the speed trial's median step of the same framework and precision): " \
-           f"{busy} (3.0×); their lines' times" in tta.caption, tta.caption
+    assert f"busy (wall time per step over 1.4× the median step of the speed trial's uncontended blocks of the same " \
+           f"framework and precision): {busy} (3.0×); their lines' times" in tta.caption, tta.caption
     for fig in drawn:
         plt.close(fig)
     assert figures.busy_cells(t["run"], None).empty  # no trials: nothing said

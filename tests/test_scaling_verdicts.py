@@ -106,7 +106,7 @@ def test_answer_says_the_lab_first_one_line_per_finding():
     assert "PyTorch fp16: loss scale 2^15, doubling after every 10 clean steps, final 2^16" in text
     assert "step by step the same as Keras (TF) in every seed" in text
     assert ("seed 0 step 25 at 2^17 (fc.weight went inf: its largest |gradient| × 2^17 passed 65,504, so that "
-            "step's was ≥ 0.4998 unscaled (inferred from the overflow))") in text
+            "step's was ≥ 0.4997 unscaled (inferred from the overflow))") in text
     assert "3 of 1,000 (0.30%, seed 0)" in text and "it did not matter" in text
     assert "PyTorch fp16-static: static scale 2^10 sufficed" in text
     keras_static = next(line for line in lines if line.startswith("Keras (TF) fp16-static"))
@@ -139,7 +139,7 @@ def test_numerics_section_connects_the_skip_to_its_tensor_and_headroom():
     said = skip_cause_sentences(runs, steps, underflow)
     assert len(said) == 2  # one per framework's fp16 cell: the locator ran at its first skip
     assert said[0] == ("PyTorch fp16 seed 0: the skip at step 25 (scale 2^17) — fc.weight went inf: its largest "
-                       "|gradient| × 2^17 passed 65,504, so that step's was ≥ 0.4998 unscaled (inferred from the "
+                       "|gradient| × 2^17 passed 65,504, so that step's was ≥ 0.4997 unscaled (inferred from the "
                        "overflow); after the last step the probe measured "
                        "its largest |gradient| below 2^-2, times the scale then held (2^16) below 2^14, 4× under "
                        "65,504.")
@@ -155,3 +155,11 @@ def test_elements_lost_without_scaling_cost_no_accuracy_where_the_interval_exclu
 
     assert decide(0.0) == ("lost", "accuracy_not_lower")
     assert decide(-0.2) == ("lost", "accuracy_undecided")
+
+
+def test_bounds_round_down_and_tiny_shares_keep_a_digit():
+    """Audit: "≥ 0.2499" from 65,504 / 2^18 = 0.24988 (a bound rounded up), "(0.00%)" for 1 of 28,975."""
+    from amp_compare.harness.report import phrases
+
+    assert phrases._down(65504 / 2**18) == "0.2498" and phrases._down(65504 / 2**15) == "1.999"
+    assert phrases._share(1 / 28975) == "0.003%" and phrases._share(30 / 29000) == "0.10%"

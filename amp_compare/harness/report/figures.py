@@ -390,8 +390,9 @@ def busy_text(busy: pd.Series, what: str) -> str:
     """The caption's sentence naming the busy cells ("" when none was)."""
     if busy.empty:
         return ""
-    return (f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the speed trial's median "
-            f"step of the same framework and precision): {', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; "
+    return (f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the median step of the "
+            f"speed trial's uncontended blocks of the same framework and precision): "
+            f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; "
             f"{what}")
 
 

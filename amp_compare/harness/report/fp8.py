@@ -208,9 +208,13 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
 
 def _from_zero(trace: pd.DataFrame) -> pd.DataFrame:
     """The trace with each cell's first traced step as step 0, as every other step of the report counts (the
-    children number the trace's steps from 1)."""
+    children number the trace's steps from 1), less the per-row recipes' rows: their trace holds a per-tensor fmax /
+    amax that recipe never applies (it scales each row)."""
     if trace is None or trace.empty or "cell_id" not in trace:
         return trace
+    tensorwise = trace.apply(lambda r: getattr(contract.recipe(r["framework"], r["precision"]), "granularity", "")
+                             == "tensor", axis=1)
+    trace = trace[tensorwise]
     return trace.assign(step=trace["step"] - trace.groupby("cell_id")["step"].transform("min"))
 
 
@@ -243,8 +247,10 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
              sec["recipes"].to_html(index=False, escape=True, border=0) if not sec["recipes"].empty else ""]
     if figure_path:
         parts.append(f'<figure><img src="{figure_path}" alt="fp8 input scale per step and layer, each framework">'
-                     "<figcaption>Input scale (fmax / amax) of each converted layer per training step: torchao's "
-                     "follows each step's amax; Keras' is the largest amax of up to 1,024 earlier steps.</figcaption>"
+                     "<figcaption>Input scale (fmax / amax) of each converted layer per training step, one line "
+                     "per layer and seed, of the per-tensor recipes (a per-row recipe's scales, one per row, are not "
+                     "drawn): torchao's follows each step's amax; Keras' is the largest amax of up to 1,024 earlier "
+                     "steps.</figcaption>"
                      "</figure>")
     return "\n".join(parts)
 
@@ -273,7 +279,7 @@ def figure(sec: dict | None, out: Path) -> str | None:
     style = {name: (colours[i], ("-", "--", ":")[i % 3]) for i, name in enumerate(names)}
     fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.5), squeeze=False)
     for ax, ((fw, prec), group) in zip(axes[0], cells):
-        for layer, g in group.groupby("layer"):
+        for (layer, _), g in group.groupby(["layer", "seed"]):  # one line per seed: never joined across seeds
             ax.plot(g["step"], g["scale"], lw=0.8, color=style[layer][0], ls=style[layer][1], label=layer)
         ax.set(yscale="log", xlabel="training step (from 0)", ylabel="input scale (fmax / amax)",
                title=f"{framework_label(fw)} {prec}")

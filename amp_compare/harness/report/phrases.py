@@ -275,14 +275,22 @@ def cause(f: dict) -> str:
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
-            f"so that step's was ≥ {FP16_MAX / f['scale']:.4g} unscaled (inferred from the overflow)")
+            f"so that step's was ≥ {_down(FP16_MAX / f['scale'])} unscaled (inferred from the overflow)")
+
+
+def _down(bound: float, digits: int = 4) -> str:
+    """A lower bound to `digits` significant digits, rounded down (65,504 / 2^18 = 0.249878 is ≥ 0.2498, not 0.2499)."""
+    if not bound > 0:
+        return f"{bound:g}"
+    step = 10.0 ** (np.floor(np.log10(bound)) - digits + 1)
+    return f"{np.floor(bound / step) * step:.{max(0, int(digits - 1 - np.floor(np.log10(bound))))}f}"
 
 
 def _underflow(v, e: dict) -> str:
     seeds = e.get("seeds", [])
     if not seeds:
         return "no underflow probe recorded"
-    lost = ", ".join(f"{s['lost']:,} of {s['nonzero']:,} ({s['lost'] / s['nonzero']:.2%}, seed {s['seed']})"
+    lost = ", ".join(f"{s['lost']:,} of {s['nonzero']:,} ({_share(s['lost'] / s['nonzero'])}, seed {s['seed']})"
                      if s["nonzero"] else f"0 (seed {s['seed']})" for s in seeds)
     acc = e.get("accuracy_status", "")
     acc_text = (f"accuracy against fp32 {STATUS.get(acc, acc)}"
@@ -299,6 +307,11 @@ def _underflow(v, e: dict) -> str:
                 f"{mattered[v.reason]}")
     return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; {acc_text}: "
             f"{mattered.get(v.reason, '')}").rstrip(": ")
+
+
+def _share(x: float) -> str:
+    """A share as a percentage with its first significant digit shown (1 of 28,975: 0.003%, not 0.00%)."""
+    return f"{x:.2%}" if x == 0 or x >= 1e-4 else f"{x:.{int(-np.floor(np.log10(x * 100)))}%}"
 
 
 def _differing(e: dict) -> str:
