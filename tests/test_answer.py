@@ -135,6 +135,7 @@ def test_fp8_on_a_cpu_has_no_speed_or_memory_verdict(tmp_path):
 
 
 FP8_RECIPE = {"scaling": "dynamic", "granularity": "tensor", "amax_history": 1, "power_of_2_scales": False,
+              "module": "torchao.float8.float8_linear.Float8Linear",
               "formats": ["float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"], "converted": ["fc1", "fc2"]}
 
 
@@ -172,6 +173,9 @@ def test_an_fp8_run_answers_with_its_recipe_sqnr_and_accuracy_against_bf16(tmp_p
             "kernel, e5m2 gradients; median SQNR at the last step (over layers and seeds): input 30.5, kernel 30.5, "
             "output gradient 21.0 dB; worst 30.0 dB at the first step (fc1 input); worst 12.0 dB at the last step "
             "(fc2 output gradient); accuracy against bf16 (2 seeds paired) +0.0 pp") in text
+    page = (same.index.parent / "index.html").read_text()  # the section names the API each cell recorded
+    assert ("as its cells recorded it: PyTorch fp8: torchao.float8.float8_linear.Float8Linear on 2 layers, dynamic "
+            "scaling") in page
     lower = _fp8_run(tmp_path / "lower", wrong=60).verdicts
     assert lower[lower["metric"] == "fp8_vs_bf16"].iloc[0].status == "lower"
     # the fp8 section's table: one row per seed, each with its own seed's pairing (audit: the pooled difference was
@@ -191,6 +195,10 @@ def test_a_precision_its_framework_cannot_run_is_one_word_not_a_failure_per_metr
     v.loc[v["precision"] == "fp16", ["status", "reason"]] = ["failed", "unavailable"]
     text = answer.render(v, "text")
     assert "    fp16: unavailable here\n" in text + "\n" and "failed" not in text, text
+    from amp_compare.harness.report import phrases
+
+    cells = phrases.table(v).set_index("Precision").loc["fp16"]
+    assert set(cells.drop("Framework")) == {"unavailable here"}, cells  # the tables: not "failed" either
 
 
 def test_the_fp8_scale_trace_keeps_per_tensor_recipes_and_each_seed_apart():

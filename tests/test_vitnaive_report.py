@@ -109,6 +109,9 @@ def test_the_loss_gap_says_how_many_steps_each_median_covers_and_marks_a_cut_sho
     said = nr.cross_framework_loss_gap(_all_steps())
     assert "fp32 4.1e-05 (50 steps)" in said, said
     assert "fp16 4.1e-05 (only its first 5 of 27 steps: a non-finite loss cut it short, not comparable)" in said, said
+    # fp8: the frameworks run different recipes, so their gap is not the attention core's (audit)
+    fp8 = _all_steps().query("precision == 'fp32'").assign(precision="fp8")
+    assert "fp8" not in nr.cross_framework_loss_gap(pd.concat([_all_steps(), fp8], ignore_index=True))
 
 
 def test_a_diverged_cell_is_named_where_left_out_timed_not_reported_and_has_no_empty_stderr(tmp_path):

@@ -20,6 +20,7 @@ from amp_compare.contract.precision import names as precision_names
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 ROLES = ("input", "kernel", "grad_output")  # the three tensors a converted layer quantizes
 FP8_MODES = ("fp8", "fp8-rowwise")
+PARTNER = "bf16"  # the precision an fp8 mode's answer pairs its accuracy with: the half format it would replace
 # The models whose compute is Linear / Dense layers. The CNNs' compute is convolutions, which neither torchao's
 # float8 training nor Keras' float8 quantization converts: their only Linear is the classifier head, and an "fp8"
 # cell that ran every convolution in float32 would name a precision it did not train in. Refused (exit 2).

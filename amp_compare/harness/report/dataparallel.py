@@ -342,7 +342,7 @@ def _ratio_text(ratio: float, low: float, high: float, note: str) -> str:
     return text + (f" ⚠ {note}" if note else "")
 
 
-STEP_COLUMN = "Median step vs --allreduce fp32 (same seed)"
+STEP_COLUMN = "Median step time vs --allreduce fp32 (same seed; <1×: shorter)"
 
 
 def _step_vs_reference(ok: pd.DataFrame) -> list[str]:

@@ -108,7 +108,7 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
     for r in acc[acc["precision"].isin(contract.FP8_MODES)].itertuples():
         same = ok[(ok["model"] == r.model) & (ok["dataset"] == r.dataset) & (ok["framework"] == r.framework)]
         mine = same[same["precision"] == r.precision]
-        pairs = correct_pairs(same[same["precision"] == "bf16"], mine)
+        pairs = correct_pairs(same[same["precision"] == contract.PARTNER], mine)
         test = paired_test(pairs) if pairs else {}
         facts = {**r._asdict(), **{c: test.get(c, np.nan) for c in ("diff_pp", "ci_low", "ci_high", "p_value",
                                                                     "images", "discordant")},
@@ -177,8 +177,8 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
     if device != "cuda":
         out.append("fp8 is emulated on this CPU (fp8 casts, float32 matmuls of the dequantized values): this section "
                    "shows numerics only; no speed, memory or MFU is claimed for fp8. Every "
-                   "matmul ran in float32 on dequantized values, so each SQNR measures the fp8 casts' rounding "
-                   "alone, not an fp8 unit's accumulation.")
+                   "matmul ran in float32 on dequantized values, so each SQNR measures the casts' rounding, "
+                   "not an fp8 unit's accumulation.")
     if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
         out.append("The ViT headroom section leaves fp8 out: it measures distance to float16's largest value, "
                    f"{FP16_MAX:,.0f}, while each fp8 tensor is scaled into its own format's range before its cast "
@@ -225,7 +225,9 @@ def section(tables: dict[str, pd.DataFrame], device: str = "cpu") -> dict | None
     fp8_runs = runs[runs["precision"].isin(contract.FP8_MODES) & (runs["status"] == "ok")]
     layers, trace = tables.get("fp8_layers", pd.DataFrame()), _from_zero(tables.get("fp8_trace", pd.DataFrame()))
     return {"table": _table(runs, fp8_runs, layers), "recipes": _recipes(fp8_runs),
-            "sentences": _sentences(runs, fp8_runs, trace, layers, device), "layers": layers, "trace": trace}
+            "sentences": _sentences(runs, fp8_runs, trace, layers, device), "layers": layers, "trace": trace,
+            "apis": [f"{framework_label(r['framework'])} {r['precision']}: {api_text(r)}"
+                     for r in fp8_runs.drop_duplicates(["framework", "precision"]).to_dict("records")]}
 
 
 def html(sec: dict | None, figure_path: str | None = None) -> str:
@@ -234,12 +236,13 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
     from html import escape
 
     parts = ['<h2 id="fp8">fp8 training</h2>',
-             "<p>Each framework's own fp8 recipe on a float32 base: PyTorch through torchao.float8 (nn.Linear -> "
-             "Float8Linear), Keras through quantize('float8') (Dense and EinsumDense). SQNR: signal-to-quantization-"
+             "<p>Each framework's own fp8 recipe on a float32 base, as its cells recorded it: "
+             f"{escape('; '.join(sec['apis']))}. SQNR: signal-to-quantization-"
              "noise ratio of each converted layer's input, kernel and output gradient as its recipe quantizes them, "
              "against the float32 tensors, at the first and the last training step. A layer's SQNR is its worst of the "
-             "three tensors; the median is over layers, the worst names the layer and tensor. Accuracy differences are "
-             "paired image by image (McNemar, or a paired bootstrap over seeds), as in the Accuracy section.</p>",
+             "three tensors; the median is over layers, the worst names the layer and tensor. Each row's accuracy "
+             "differences pair that seed's cells image by image (McNemar's exact test; the bracket is Newcombe's "
+             "95% interval for a paired difference).</p>",
              "<ul>" + "".join(f"<li>{escape(s)}</li>" for s in sec["sentences"]) + "</ul>",
              sec["table"].to_html(index=False, escape=True, border=0) if not sec["table"].empty else
              "<p>No fp8 cell finished.</p>",

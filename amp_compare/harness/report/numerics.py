@@ -13,6 +13,7 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX
@@ -779,7 +780,8 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
     if keras_fw is None or "torch" not in set(mine["framework"]):
         return ""
-    parts = [part for prec in sorted(set(mine["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))
+    same_recipe = sorted(set(mine["precision"]) - set(FP8_MODES), key=lambda p: DISPLAY_ORDER.get(p, 99))
+    parts = [part for prec in same_recipe  # fp8: the two frameworks run different recipes, not one attention core
              if (part := _gap_part(prec, mine[mine["precision"] == prec], keras_fw))]
     if not parts:
         return ""

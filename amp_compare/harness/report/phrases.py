@@ -119,6 +119,8 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
     """A table cell: the number (with its interval) and the status, with the reason in brackets where it says why
     nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown), and (why)
     how many of a decided speed trial's blocks were contended."""
+    if v.reason == "unavailable":  # never run here: not a failure of what ran
+        return "unavailable" if short else REASON["unavailable"]
     if short and v.status == "undecided":
         return STATUS[v.status]  # the terminal's 80 columns: its number decides nothing, the answer and page give it
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
@@ -278,6 +280,12 @@ def cause(f: dict) -> str:
             f"so that step's was ≥ {_down(FP16_MAX / f['scale'])} unscaled (inferred from the overflow)")
 
 
+def _up(bound: float, digits: int) -> str:
+    """An upper bound to `digits` significant digits, rounded up (a largest gap of 0.0208% is within 0.021%)."""
+    step = 10.0 ** (np.floor(np.log10(bound)) - digits + 1)
+    return f"{np.ceil(bound / step - 1e-9) * step:.{max(0, int(digits - 1 - np.floor(np.log10(bound))))}f}"
+
+
 def _down(bound: float, digits: int = 4) -> str:
     """A lower bound to `digits` significant digits, rounded down (65,504 / 2^18 = 0.249878 is ≥ 0.2498, not 0.2499)."""
     if not bound > 0:
@@ -386,7 +394,7 @@ def _data_parallel(v, e: dict) -> str:
                "no_thread_floor": "no rerun at another thread count to judge it by",
                "workers_disagree": ""}[v.reason]  # the disagreement decides: no floor to weigh a gap against
     agreed = "the workers' own records disagreed" if v.reason == "workers_disagree" else "workers agreed"
-    share = f"{gap:.2%}" if gap >= 1e-4 else "less than 0.01%"
+    share = f"{_up(100 * gap, 2)}%" if gap >= 1e-4 else "less than 0.01%"  # "within": a bound, rounded up
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
     n, one = e.get("skipped_n"), e.get("skipped_1")
     skips = (f"; {n} skipped steps against 1 worker's {one}" if isinstance(n, (int, float)) and
