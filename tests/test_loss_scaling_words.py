@@ -51,6 +51,12 @@ def test_overflow_is_said_from_the_step_records_not_from_the_largest_parameter_g
     clean = nr.scale_record_text(_steps("c", [2.0**15] * 5, skipped=set()))
     assert clean == ("The step records: no update of 5 was skipped (no overflow at the scale then in use); the last "
                      "step (step 4, counting from 0) ran at 2^15 and was not skipped"), clean
+    # Keras under a static scale applies every update: no skip is no evidence (audit: "no update of 88 was skipped")
+    keras = nr.scale_record_text(_steps("k", [1024.0] * 5, skipped=set()).assign(framework="tf",
+                                                                                   precision="fp16-static"))
+    assert keras == ("The step records: every loss of its 5 steps was finite (a Keras static scale applies every "
+                     "update, so no skip can show an overflow); the last step (step 4, counting from 0) ran at "
+                     "2^10"), keras
 
 
 def test_skips_with_a_non_finite_loss_are_said_apart_from_those_loss_scaling_answers():

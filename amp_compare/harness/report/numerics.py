@@ -342,6 +342,13 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
     ending = (f"the last step ({last}) ran at {phrases.power(scale[-1])} and "
               + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
                  if np.isfinite(last_loss) else "was skipped, with a non-finite loss"))
+    keras_static = (str(g["framework"].iloc[0]) in KERAS_BACKENDS if "framework" in g else False) and str(
+        g["precision"].iloc[0] if "precision" in g else "") in precisions.names(loss_scaling="static")
+    if keras_static and not skipped.any():  # Keras applies every update under a static scale: no skip can show one
+        finite = bool(np.isfinite(g["loss"].astype(float)).all()) if "loss" in g else False
+        return (f"The step records: {'every' if finite else 'not every'} loss of its {len(g):,} steps was finite "
+                f"(a Keras static scale applies every update, so no skip can show an overflow); the last step "
+                f"({last}) ran at {phrases.power(scale[-1])}")
     if not skipped.any():
         return (f"The step records: no update of {len(g):,} was skipped (no overflow at the scale then in use); "
                 + ending)
