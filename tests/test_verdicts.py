@@ -229,6 +229,12 @@ def test_a_decided_speed_cell_names_the_blocks_that_lost_their_cores():
                         evidence=json.dumps({"contended_blocks": 3, "rounds": 8}))
     assert phrases.cell(v) == "0.18× fp32's [0.10, 0.20] slower (3 of 16 blocks contended)"
     assert phrases.cell(v, True, False) == "0.18× fp32's [0.10, 0.20] slower"
+    # the answer's line (why=False) names them only where most of the trial's blocks were contended (audit: Keras bf16
+    # "0.85× slower" from a trial with 75 of 92 blocks contended)
+    assert phrases.cell(v, True, False, contended=True) == "0.18× fp32's [0.10, 0.20] slower"
+    most = SimpleNamespace(**{**vars(v), "evidence": json.dumps({"contended_blocks": 9, "rounds": 8})})
+    assert phrases.cell(most, True, False, contended=True) == "0.18× fp32's [0.10, 0.20] slower (9 of 16 blocks " \
+        "contended)"
     assert phrases.cell(SimpleNamespace(**{**vars(v), "evidence": "{}"})) == "0.18× fp32's [0.10, 0.20] slower"
 
 

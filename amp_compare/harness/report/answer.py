@@ -14,6 +14,7 @@ from amp_compare.harness.report import phrases, speed
 from amp_compare.harness.report.verdicts import EXPERIMENTS, choose
 
 SHOWN = ("speed", "accuracy")  # the metrics each precision's line gives; the tables give every metric
+# a decided trial most of whose blocks were contended says so on its line too (phrases.cell): the rest, the tables
 INTERVAL = ("speed",)  # whose interval the line gives (the page's tables give every interval; 80 columns)
 
 
@@ -33,7 +34,8 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
                 by = {r.metric: r for r in rows.itertuples()}
                 said = [(m, by[m]) for m in SHOWN if m in by]  # why a metric failed; not why it is n/a (no room)
                 cells = (f"{phrases.METRIC[m]} " + ("n/a" if v.status == "not_comparable"  # its reason: the tables
-                                                    else phrases.cell(v, m in INTERVAL, v.status == "failed"))
+                                                    else phrases.cell(v, m in INTERVAL, v.status == "failed",
+                                                                      contended=True))  # where most blocks were
                          for m, v in said)
                 lines.append(f"{prec}: " + "; ".join(cells))
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})", lines))

@@ -115,21 +115,23 @@ def interval_words(v) -> str:
     return f"{level} {KIND[v.interval_kind]}" if v.interval_kind in KIND else ""
 
 
-def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False) -> str:
+def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False,
+         contended: bool = False) -> str:
     """A table cell: the number (with its interval) and the status, with the reason in brackets where it says why
-    nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown), and (why)
-    how many of a decided speed trial's blocks were contended."""
+    nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown), and (why,
+    or `contended` where most of them were) how many of a decided speed trial's blocks were contended."""
     if v.reason == "unavailable":  # never run here: not a failure of what ran
         return "unavailable" if short else REASON["unavailable"]
     if short and v.status == "undecided":
         return STATUS[v.status]  # the terminal's 80 columns: its number decides nothing, the answer and page give it
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
     status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
-    if why and v.metric == "speed" and v.reason != "contended":
+    if (why or contended) and v.metric == "speed" and v.reason != "contended":
         said = evidence(getattr(v, "evidence", ""))  # a decided trial that still lost its cores at times
         blocks, rounds = said.get("contended_blocks") or 0, said.get("rounds")
         of_all = f" of {2 * rounds:,}" if isinstance(rounds, (int, float)) and rounds else ""
-        status += f" ({blocks}{of_all} blocks contended)" if blocks else ""
+        most = isinstance(rounds, (int, float)) and blocks > rounds  # more than half of the trial's blocks
+        status += f" ({blocks}{of_all} blocks contended)" if blocks and (why or most) else ""
     if v.metric == "numerics" and v.status != "failed":
         return "finite losses" if v.status == "same" else status  # numerics' "same": no cell diverged
     return f"{number(v, interval, of)} {status}".strip()
