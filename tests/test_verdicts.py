@@ -247,3 +247,15 @@ def test_the_columns_note_speaks_of_keras_tracing_only_where_keras_ran(tmp_path)
     assert "Keras" not in phrases.columns_note(torch_only) and "Time to target: training wall time until" in \
         phrases.columns_note(torch_only)
     assert "Keras' tracing in the first epoch included" in phrases.columns_note(both)
+
+
+def test_the_numerics_cell_says_skipped_updates_beside_finite_losses():
+    """Lab audit: "finite losses" beside a cell whose scaler skipped one update per seed hid the skip."""
+    from types import SimpleNamespace
+
+    from amp_compare.harness.report import phrases
+
+    v = SimpleNamespace(metric="numerics", status="same", reason="all_finite", estimate=1.0, low=float("nan"),
+                        high=float("nan"), unit="steps", margin=float("nan"), evidence="{}")
+    assert phrases.cell(v) == "finite losses, 1 skipped update (median)"
+    assert phrases.cell(SimpleNamespace(**{**vars(v), "estimate": 0.0})) == "finite losses"

@@ -133,7 +133,10 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
         most = isinstance(rounds, (int, float)) and blocks > rounds  # more than half of the trial's blocks
         status += f" ({blocks}{of_all} blocks contended)" if blocks and (why or most) else ""
     if v.metric == "numerics" and v.status != "failed":
-        return "finite losses" if v.status == "same" else status  # numerics' "same": no cell diverged
+        if v.status != "same":
+            return status
+        skips = v.estimate if np.isfinite(v.estimate) else 0  # the seeds' median of skipped updates (lab audit)
+        return "finite losses" + (f", {skips:g} skipped update{'s' * (skips != 1)} (median)" if skips else "")
     return f"{number(v, interval, of)} {status}".strip()
 
 
