@@ -162,4 +162,4 @@ def test_bounds_round_down_and_tiny_shares_keep_a_digit():
     from amp_compare.harness.report import phrases
 
     assert phrases._down(65504 / 2**18) == "0.2498" and phrases._down(65504 / 2**15) == "1.999"
-    assert phrases._share(1 / 28975) == "0.003%" and phrases._share(30 / 29000) == "0.10%"
+    assert phrases.share(1 / 28975) == "0.003%" and phrases.share(30 / 29000) == "0.10%"

@@ -427,8 +427,8 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
                        f"elements came out exactly zero in the real float16 backward{at}.")
             continue
         out.append(f"{who}{_label(fw)} {prec}, after the last step: {total:,} of the {nonzero:,} non-zero gradient "
-                   f"elements ({total / nonzero:.2%}) came out exactly zero in the real float16 backward{at}; "
-                   f"{_where_lost(g, lost, total)}.")
+                   f"elements ({phrases.share(total / nonzero)}) came out exactly zero in the real float16 "
+                   f"backward{at}; {_where_lost(g, lost, total)}.")
     return out
 
 

@@ -303,7 +303,7 @@ def _underflow(v, e: dict) -> str:
     seeds = e.get("seeds", [])
     if not seeds:
         return "no underflow probe recorded"
-    lost = ", ".join(f"{s['lost']:,} of {s['nonzero']:,} ({_share(s['lost'] / s['nonzero'])}, seed {s['seed']})"
+    lost = ", ".join(f"{s['lost']:,} of {s['nonzero']:,} ({share(s['lost'] / s['nonzero'])}, seed {s['seed']})"
                      if s["nonzero"] else f"0 (seed {s['seed']})" for s in seeds)
     acc = e.get("accuracy_status", "")
     acc_text = (f"accuracy against fp32 {STATUS.get(acc, acc)}"
@@ -322,7 +322,7 @@ def _underflow(v, e: dict) -> str:
             f"{mattered.get(v.reason, '')}").rstrip(": ")
 
 
-def _share(x: float) -> str:
+def share(x: float) -> str:
     """A share as a percentage with its first significant digit shown (1 of 28,975: 0.003%, not 0.00%)."""
     return f"{x:.2%}" if x == 0 or x >= 1e-4 else f"{x:.{int(-np.floor(np.log10(x * 100)))}%}"
 
