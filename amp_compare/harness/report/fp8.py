@@ -116,7 +116,7 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
         row = verdicts.accuracy(SimpleNamespace(**facts), metric="fp8_vs_bf16")
         cells = layers[layers["cell_id"].isin(set(mine["cell_id"]))] if not layers.empty else layers
         last = cells[cells["when"] == "last step"] if not cells.empty else cells
-        roles = {role: float(g.median()) for role, g in last.groupby("role")["sqnr_db"]} if not last.empty else {}
+        roles = last.groupby("role")["sqnr_db"].median().astype(float).to_dict() if not last.empty else {}
         live = json.loads(mine["fp8_settings"].iloc[0]) if not mine.empty and isinstance(
             mine["fp8_settings"].iloc[0], str) and mine["fp8_settings"].iloc[0] else {}
         recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales")}
@@ -149,9 +149,9 @@ def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> 
             "worst SQNR, first step (dB)": _worst(worst_first),
             "val loss": f"{cell.final_val_loss:.4f}", "val acc.": f"{cell.final_val_accuracy:.2%}",
             # one seed's loss difference: one reading, no interval (the column says so)
-            "loss − bf16 (this seed)": _loss_gap(runs, cell, "bf16"),
+            f"loss − {contract.PARTNER} (this seed)": _loss_gap(runs, cell, contract.PARTNER),
             "loss − fp32 (this seed)": _loss_gap(runs, cell, "fp32"),
-            "acc. − bf16, this seed [interval]": _paired(runs, cell, "bf16"),
+            f"acc. − {contract.PARTNER}, this seed [interval]": _paired(runs, cell, contract.PARTNER),
             "acc. − fp32, this seed [interval]": _paired(runs, cell, "fp32")})
     return pd.DataFrame(rows)
 
@@ -212,9 +212,9 @@ def _from_zero(trace: pd.DataFrame) -> pd.DataFrame:
     amax that recipe never applies (it scales each row)."""
     if trace is None or trace.empty or "cell_id" not in trace:
         return trace
-    tensorwise = trace.apply(lambda r: getattr(contract.recipe(r["framework"], r["precision"]), "granularity", "")
-                             == "tensor", axis=1)
-    trace = trace[tensorwise]
+    modes = trace[["framework", "precision"]].drop_duplicates().itertuples(index=False)
+    tensorwise = {(fw, p) for fw, p in modes if getattr(contract.recipe(fw, p), "granularity", "") == "tensor"}
+    trace = trace[[key in tensorwise for key in zip(trace["framework"], trace["precision"])]]
     return trace.assign(step=trace["step"] - trace.groupby("cell_id")["step"].transform("min"))
 
 
