@@ -348,7 +348,7 @@ def test_a_full_disk_while_the_report_is_written_is_one_line_and_keeps_every_cel
 
     source = write_run(tmp_path / "src", frameworks=("torch",), precisions=("fp32", "fp16"), seeds=(0,), steps=30)
 
-    def synthetic_cell(cfg, run_dir, run_id, timeout_s, on_event=lambda e: None):  # no training: a finished cell
+    def synthetic_cell(cfg, run_dir, run_id, timeout_s, on_event=lambda e: None, placement=None):  # a finished cell
         tables = records.read_cell(source / "cells" / cfg.cell_id.replace("digits", "synthetic"))
         records.write_cell(run_dir / "cells" / cfg.cell_id, tables)
         return runner.CellOutcome(cfg.cell_id, "ok", "", 0.0)

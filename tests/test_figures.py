@@ -387,7 +387,8 @@ def _busy_run(tmp_path):
 
     t = records.read_run(write_run(tmp_path))
     cells = with_loop_columns(t["run"].copy())
-    keys = ["framework", "model", "dataset", "batch_size", "step_loop", "precision"]
+    cells = cells.assign(threads=cells["cfg_threads"])
+    keys = ["framework", "model", "dataset", "batch_size", "step_loop", "precision", "threads"]
     trials = (cells["batch_size"] / cells["throughput_img_s"]).groupby([cells[k] for k in keys]).median()
     trials = trials.rename("wall_s").reset_index().assign(steps=1, contended=False)
     busy = t["run"]["cell_id"][(t["run"]["framework"] == "torch") & (t["run"]["precision"] == "fp32")
@@ -408,15 +409,18 @@ def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_pa
     caption = made["throughput"].caption
     assert "not a speed verdict (those come from the speed trials" in caption
     assert (f"Ran while the machine was busy (wall time per step over 1.4× the median step of the speed trial's "
-            f"uncontended blocks of the same framework and precision): {busy} (3.0×); a label marked † rests on one "
+            f"uncontended blocks of the same framework, precision and thread count): {busy} (3.0×); a label marked † "
+            "rests on one "
             "of them") in caption, caption
     labels = [t.get_text() for t in drawn[0].axes[0].texts]
     assert sum("†" in label for label in labels) == 3, labels  # torch's fp32, fp16 and bf16: each divides by fp32
     tta = figures.make_time_to_accuracy_figure(t["run"], t["epochs"], accuracy_statistics(t["run"], t["epochs"]),
                                                tmp_path / "f", trials)
     assert f"busy (wall time per step over 1.4× the median step of the speed trial's uncontended blocks of the same " \
-           f"framework and precision): {busy} (3.0×); their lines' times" in tta.caption, tta.caption
+           f"framework, precision and thread count): {busy} (3.0×); their lines' times" in tta.caption, tta.caption
     for fig in drawn:
         plt.close(fig)
     assert figures.busy_cells(t["run"], None).empty  # no trials: nothing said
+    # cells at another thread count than their trial (one each, at once, beside a trial with more): not judged
+    assert figures.busy_cells(t["run"], trials.assign(threads=trials["threads"] + 1)).empty
     assert figures.busy_text(figures.busy_cells(t["run"], None), "") == ""

@@ -147,9 +147,13 @@ def test_parallel_cells_on_a_cpu_run_at_once_each_on_its_own_core(tmp_path):
     proc = _run(["compare", *TINY_ARGS, "--frameworks", "torch", "--precisions", "fp32", "--seeds", "0,1",
                  "--threads", "1", "--parallel", "2", "--no-figures", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = records.read_run(out / "tiny")["run"].set_index("cell_id")
+    tables = records.read_run(out / "tiny")
+    runs = tables["run"].set_index("cell_id")
     # each child's own view: one usable CPU, not the same one
     assert (runs["cpus_usable"] == 1).all() and runs["cpu_affinity"].nunique() == 2, runs["cpu_affinity"]
+    # forked from torch's pre-imported parent, as one-at-a-time cells are: no cell paid torch's import (seconds)
+    imports = tables["phases"].query("phase == 'framework import'").set_index("cell_id")["seconds"]
+    assert len(imports) == 2 and (imports < 1.0).all(), imports
     manifest = json.loads((out / "tiny" / "manifest.json").read_text())
     spans = sorted((p["started"], p["ended"]) for p in manifest["placements"].values())
     assert spans[1][0] < spans[0][1], spans  # the second started before the first ended: at once
@@ -211,7 +215,7 @@ def test_a_replicas_cell_is_one_job_with_its_gpus():
 
 
 BAD = [
-    (["--parallel", "0"], "parallel must be a positive int (1..4096), got 0"),
+    (["--parallel", "0"], "parallel must be a positive int (1..4096) or null, got 0"),
     (["--parallel", str(len(os.sched_getaffinity(0)) + 1), "--threads", "1"], "CPUs this process may run on: each "
      "cell gets its own cores (valid: --parallel 1.."),
     (["--launcher", "slurm"], "unknown launcher 'slurm' (valid: local, submitit)"),

@@ -52,7 +52,11 @@ def test_the_parent_keeps_its_own_phases(tiny_run):
     parent = json.loads((run_dir / "manifest.json").read_text())["phases"]
     for name in ("parent start", "planning", "calibration", "cells", "between cells", "render"):
         assert parent[name] >= 0, name
-    assert parent["cells"] == pytest.approx(sum(parent["cell_wall_s"].values()), abs=0.01 * len(parent["cell_wall_s"]))
+    walls = parent["cell_wall_s"].values()
+    if json.loads((run_dir / "manifest.json").read_text())["launcher"]["parallel"] > 1:  # cells at once: the span
+        assert max(walls) - 0.01 <= parent["cells"] <= sum(walls) + 0.01 * len(walls), parent
+    else:
+        assert parent["cells"] == pytest.approx(sum(walls), abs=0.01 * len(walls))
 
 
 def test_a_forked_cell_trains_as_a_fresh_process_does(tiny_run, tmp_path):

@@ -436,7 +436,9 @@ class RunConfig:
     clip_grad_norm: float | None = option(None, "global gradient-norm clipping on the unscaled gradients "
                                           "(torch: scaler.unscale_ then clip_grad_norm_; Keras: global_clipnorm "
                                           "inside the LossScaleOptimizer)", gt=0)
-    threads: int = option(help="intra- and inter-op threads, both frameworks", gt=0, factory=default_threads,
+    threads: int = option(help="intra- and inter-op threads, both frameworks: the speed trials', and each cell's "
+                          "(without it, on a CPU, cells run at once with one thread each: --parallel)", gt=0,
+                          factory=default_threads,
                           default_text="$OMP_NUM_THREADS where set, else the CPUs this process may run on")
     target_accuracy: float | None = option(None, "time-to-accuracy target as a fraction in (0, 1] (null: 95% of "
                                            "what fp32 reaches)", gt=0, le=1)

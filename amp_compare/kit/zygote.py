@@ -8,10 +8,11 @@ a default compare on a 2-core CPU (docs/MEASUREMENT.md, "Phases"). This process 
     python -m amp_compare.kit.zygote <module> <socket fd>
 
 (<module>: what a cell would be started as, `python -m <module>`: a twin package) with the environment its cells
-get, and sends one request per cell over the socket: the cell's argv, environment and working folder, and two file
-descriptors (the pipe its progress lines go to, its stderr.log). The child is forked from here, in a session of its
-own, and runs exactly what `python -m <module>` would run (runpy, the module's __main__); its phases start at the
-harness's spawn time, as a fresh process's do. This process answers each request with the child's pid and, once it
+get, and sends one request per cell over the socket: the cell's argv, environment, working folder and, for a cell
+placed on cores of its own (--parallel on a CPU), those cores; and two file descriptors (the pipe its progress lines
+go to, its stderr.log). The child is forked from here, in a session of its own, pinned to its cores, and runs exactly
+what `python -m <module>` would run (runpy, the module's __main__); its phases start at the harness's spawn time, as
+a fresh process's do. This process answers each request with the child's pid and, once it
 has exited, with its exit code (negative: killed by that signal), and exits when the harness closes the socket.
 
 It never computes anything itself: no framework thread pool exists when it forks (a fork copies only the forking
@@ -121,6 +122,8 @@ def run_child(sock: socket.socket, request: dict, fds: list[int], module: str) -
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()  # the harness stops a cell by its process group
+        if request.get("cpus"):  # --parallel's placement: before the framework starts a thread, so every thread has it
+            os.sched_setaffinity(0, request["cpus"])
         null = os.open(os.devnull, os.O_RDONLY)
         for source, target in ((null, 0), (fds[0], 1), (fds[1], 2)):
             os.dup2(source, target)

@@ -374,9 +374,12 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     if trials is None or trials.empty or ok.empty or "throughput_img_s" not in ok:
         return pd.Series(dtype=float)
     keys = [*(["machine"] if "machine" in trials and "machine" in ok else []), "framework", "model", "dataset",
-            "batch_size", "step_loop", "precision"]
+            "batch_size", "step_loop", "precision", "threads"]
     if not all(k in trials for k in [*keys, "wall_s", "steps"]):  # records older than these columns: no judge
         return pd.Series(dtype=float)
+    # a cell is judged by a trial at its own thread count only (cells one thread each, at once, beside a trial
+    # with more: no judge)
+    ok = ok.assign(threads=ok["cfg_threads"]) if "cfg_threads" in ok else ok
     blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
     step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
     cells = with_loop_columns(ok.copy())
@@ -391,7 +394,7 @@ def busy_text(busy: pd.Series, what: str) -> str:
     if busy.empty:
         return ""
     return (f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the median step of the "
-            f"speed trial's uncontended blocks of the same framework and precision): "
+            f"speed trial's uncontended blocks of the same framework, precision and thread count): "
             f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; "
             f"{what}")
 

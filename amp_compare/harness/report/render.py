@@ -593,7 +593,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     if said:  # the answer opens with the N-worker cells' verdicts (answer.experiment_items)
         verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
     tables_check("verdicts", verdict_table)
-    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"))
+    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"),
+                                                  manifest.get("launcher", {}), tables.get("trials"))
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
             "facts": facts,
             "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),

@@ -229,11 +229,31 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
             "eval": median("evaluation", "seconds")}
 
 
+def how_cells_ran(launcher: dict, runs: pd.DataFrame, trials: pd.DataFrame | None) -> str:
+    """How the training cells ran beside each other, against the trial (alone): from the manifest's launcher and
+    the threads the cells and the trials recorded."""
+    parallel = int(launcher.get("parallel") or 1)
+    if launcher.get("launcher") == "submitit":
+        return "the cells ran as submitit jobs"
+    if parallel <= 1:
+        return "the cells ran one after another, not side by side"
+    cells = sorted({int(t) for t in runs.get("cfg_threads", pd.Series(dtype=float)).dropna()})
+    timed = sorted({int(t) for t in trials["threads"].dropna()}) if trials is not None and "threads" in trials else []
+    text = f"up to {parallel} cells ran at once"
+    if cells:
+        text += f", with {'/'.join(map(str, cells))} thread{'' if cells == [1] else 's'} each"
+    if timed and timed != cells:
+        text += f", the trial alone with {'/'.join(map(str, timed))} thread{'' if timed == [1] else 's'}"
+    return text
+
+
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
-                    phases: pd.DataFrame | None) -> list[str]:
+                    phases: pd.DataFrame | None, launcher: dict | None = None,
+                    trials: pd.DataFrame | None = None) -> list[str]:
     """One sentence per row where the training cells' wall-time ratio lies outside the speed trial's interval:
-    the cells' per-seed ratios and their CPU, tracing and evaluation times."""
+    the cells' per-seed ratios, how they ran (how_cells_ran) and their CPU, tracing and evaluation times."""
     out = []
+    ran = how_cells_ran(launcher or {}, runs, trials)
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs
     for v in timed.itertuples():
@@ -246,7 +266,7 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
         fp32, mixed = (_phase_medians(phases, same[same["precision"] == p]) for p in ("fp32", v.precision))
         text = (f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}: the training cells ran at "
                 f"{cells:.3f}× fp32's throughput (seeds {lo:.3f}–{hi:.3f}×), outside the speed trial's "
-                f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]; the cells ran one after another, not side by side")
+                f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]; {ran}")
         if fp32 and mixed:
             text += (f", using {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds per second "
                      f"of training, and spent {fp32['warmup']:.1f} and {mixed['warmup']:.1f} s tracing and warming "

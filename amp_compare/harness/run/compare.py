@@ -314,9 +314,16 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
     if args.resume:
         run_dir, cells, manifest, lock = plan_resume(args)
         manifest.setdefault("resumed", []).append({"command": command, "cells": len(cells)})
+        trial_threads = manifest.get("launcher", {}).get("trial_threads")  # the run's, not this part's
+        cells = launchers.cells_at_once(args, cells)
         manifest["launcher"] = launchers.describe(args)  # the launcher of the latest part (each cell's placement)
+        manifest["launcher"].pop("trial_threads", None)
+        if trial_threads:
+            manifest["launcher"]["trial_threads"] = trial_threads
     else:
         run_id, cells, plan = plan_compare(args)
+        cells = launchers.cells_at_once(args, cells)  # on a CPU, by default, one thread per cell and cells at once
+        plan["defaults"]["threads"] = cells[0].threads
         run_dir = args.out / run_id
         make_dirs(run_dir)
         lock = lock_run(run_dir)
@@ -374,7 +381,7 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
 def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: float, console):
     """run_cells with the machine's calibration checked before the matrix and after every cell, in the
     parent while no child runs (harness/run/calibrate.py); every check lands in manifest["calibrations"]."""
-    from amp_compare.harness.run import calibrate, forkserver
+    from amp_compare.harness.run import calibrate, forkserver, launchers
 
     checks = manifest.setdefault("calibrations", [])
     phases = manifest.setdefault("phases", {})
@@ -386,9 +393,11 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
         spent.append(time.perf_counter() - begin)
 
     timed_check("before the matrix")
+    cells_start = time.perf_counter()
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], timeout, console,
                                       after_cell=lambda cfg: timed_check(f"after {cfg.cell_id}"),
                                       manifest=manifest)
+    cells_end = time.perf_counter()
     if not interrupted:  # the speed trials, alone on the machine, forked from the same parents (harness/run/trials.py)
         trials_start = time.perf_counter()
         interrupted = run_speed_trials(run_dir, manifest, timeout, console)
@@ -402,8 +411,10 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     # beyond their sum, the cell's "exit" (writing its tables, the interpreter's shutdown)
     phases["cell_wall_s"] = {**phases.get("cell_wall_s", {}), **{o.cell_id: round(o.wall_s, 3) for o in outcomes}}
     phases["calibration"] = sum(spent)
-    phases["cells"] = sum(o.wall_s for o in outcomes)
     phases["fork servers"] = sum(forked.values())  # the wall waited for the twins' parents to start (all at once)
+    # the cells' wall: their sum one after another; from the first start to the last end where they ran at once
+    phases["cells"] = (cells_end - cells_start - phases["fork servers"] if launchers.concurrent(manifest["launcher"])
+                       else sum(o.wall_s for o in outcomes))
     phases["between cells"] = (time.perf_counter() - started - phases["calibration"] - phases["cells"]
                                - phases["fork servers"] - phases.get("trials", 0.0))
     return outcomes, interrupted
@@ -418,6 +429,9 @@ def run_speed_trials(run_dir: Path, manifest: dict, timeout: float, console) -> 
         manifest["trials"] = {"planned": [], "skipped": "the cells ran as submitit jobs, not on this machine"}
         return None
     configs = [RunConfig.from_dict(c) for c in manifest["configs"]]
+    threads = manifest.get("launcher", {}).get("trial_threads")  # cells one thread each, at once: the trials more
+    if threads:
+        configs = [dataclasses.replace(c, threads=threads) for c in configs]
     try:
         return trials.run_trials(configs, run_dir, manifest["run_id"], timeout, console, manifest)
     finally:  # which trials ran, kept even when interrupted

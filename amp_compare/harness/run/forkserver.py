@@ -2,16 +2,18 @@
 at once before a sequential run's first cell (prestart; or at the first cell that needs one), each cell then forked
 from it instead of started as a fresh `python -m`.
 
-`child_for(cmd, env, stderr)` gives the runner (harness/run/runner.py) a handle with what it uses of a Popen:
+`child_for(cmd, env, stderr, cpus)` gives the runner (harness/run/runner.py) a handle with what it uses of a Popen:
 `pid`, `stdout` (the child's progress lines), `poll()`, `wait()`, `returncode`; None where the cell must start as a
 process of its own:
   * a cell whose environment has something of its own (--profile's trace folder, an N-worker cell's XLA flags, a
-    --parallel placement): a variable read at import time would be the parent's, not the cell's;
+    --parallel GPU placement's CUDA_VISIBLE_DEVICES): a variable read at import time would be the parent's, not the
+    cell's (a --parallel CPU placement is no such variable: the forked child pins itself to its `cpus`);
   * a twin whose parent could not start (its framework fails to import: the cell's own process says why, as
     before) or has died;
   * AMP_COMPARE_FORK_SERVER=0 in the harness's environment (every cell a fresh interpreter, as before).
-Only one cell at a time uses a parent (cells run one after another unless --parallel places them, and placed
-cells start as processes of their own). This module never imports a framework.
+Cells running at once (--parallel on a CPU, one runner thread each) share their twin's parent: a lock keeps each
+request and its answer together, and exit reports, read by whichever thread looks first, are kept for the child
+they name. This module never imports a framework.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from amp_compare.contract.env import PROJECT_ROOT
@@ -31,6 +34,7 @@ from amp_compare.kit.phases import SPAWNED_AT_ENV
 DISABLE_ENV = "AMP_COMPARE_FORK_SERVER"  # "0": start every cell as a fresh interpreter
 READY_TIMEOUT_S = 600.0  # a framework's import on a loaded 2-core machine takes seconds; this only catches a hang
 ANSWER_TIMEOUT_S = 120.0  # the pid of a forked child comes back at once
+WAIT_S = 0.05  # how long a wait for a child's exit looks at the socket before it looks at its child again
 
 
 class ForkServerError(RuntimeError):
@@ -50,6 +54,7 @@ class ForkServer:
                                      start_new_session=True)  # a failed import is said by the cell's own process
         theirs.close()
         self.sock, self.exits, self.alive = mine, {}, True
+        self.lock = threading.Lock()  # one thread at a time reads or writes the socket
 
     def ready(self) -> ForkServer:
         """Wait for the parent's imports; ForkServerError where it could not make them."""
@@ -60,19 +65,21 @@ class ForkServer:
         self.ready_at = time.perf_counter()
         return self
 
-    def spawn(self, argv: list[str], env: dict[str, str], stderr) -> ForkedChild:
-        """Fork one cell: its stdout a new pipe (returned as the handle's `stdout`), its stderr `stderr`."""
+    def spawn(self, argv: list[str], env: dict[str, str], stderr, cpus: tuple[int, ...] = ()) -> ForkedChild:
+        """Fork one cell: its stdout a new pipe (returned as the handle's `stdout`), its stderr `stderr`, pinned to
+        `cpus` where given (a --parallel placement)."""
         read, write = os.pipe()
-        try:
-            request = {"argv": argv, "env": env, "cwd": str(PROJECT_ROOT)}
-            socket.send_fds(self.sock, [json.dumps(request).encode()], [write, stderr.fileno()])
-        except OSError as exc:
-            os.close(read)
-            self.alive = False
-            raise ForkServerError(f"it no longer answers ({exc})") from exc
-        finally:
-            os.close(write)
-        answer = self._receive(ANSWER_TIMEOUT_S, "pid")
+        with self.lock:  # the pid answer follows its request: no other thread reads in between
+            try:
+                request = {"argv": argv, "env": env, "cwd": str(PROJECT_ROOT), "cpus": list(cpus)}
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [write, stderr.fileno()])
+            except OSError as exc:
+                os.close(read)
+                self.alive = False
+                raise ForkServerError(f"it no longer answers ({exc})") from exc
+            finally:
+                os.close(write)
+            answer = self._receive(ANSWER_TIMEOUT_S, "pid")
         if "pid" not in answer:
             os.close(read)
             raise ForkServerError("it closed its socket")
@@ -100,11 +107,14 @@ class ForkServer:
                 return message
 
     def collect(self, block: bool) -> None:
-        """Take in the exit reports sent so far (block: wait for the next one)."""
-        while self.alive and select.select([self.sock], [], [], None if block else 0)[0]:
-            if not self._receive(None, "exit"):
-                return
-            block = False
+        """Take in the exit reports sent so far (block: first wait up to WAIT_S for one; outside the lock, so that
+        a thread waiting on its cell never holds up another's spawn)."""
+        if block and self.alive:
+            select.select([self.sock], [], [], WAIT_S)
+        with self.lock:
+            while self.alive and select.select([self.sock], [], [], 0)[0]:
+                if not self._receive(None, "exit"):
+                    return
 
     def close(self) -> None:
         self.alive = False
@@ -142,6 +152,7 @@ class ForkedChild:
 
 
 _SERVERS: dict[tuple, ForkServer | None] = {}
+_STARTING = threading.Lock()  # runner threads of cells running at once may look a parent up together
 # Wall seconds the harness waited for parents to start, by the twin packages started together (the run's phases)
 START_SECONDS: dict[str, float] = {}
 
@@ -191,19 +202,22 @@ def server_for(cmd: list[str], env: dict[str, str], plain_env: dict[str, str]) -
     key = _key(cmd, env, plain_env)
     if key is None:
         return None
-    if key not in _SERVERS:
-        prestart([(cmd, env, plain_env)])
-    server = _SERVERS[key]
+    with _STARTING:
+        if key not in _SERVERS:
+            prestart([(cmd, env, plain_env)])
+        server = _SERVERS[key]
     return server if server is not None and server.alive else None
 
 
-def child_for(cmd: list[str], env: dict[str, str], plain_env: dict[str, str], stderr) -> ForkedChild | None:
-    """The cell `cmd` forked from its twin's pre-imported parent (server_for), or None: start it on its own."""
+def child_for(cmd: list[str], env: dict[str, str], plain_env: dict[str, str], stderr,
+              cpus: tuple[int, ...] = ()) -> ForkedChild | None:
+    """The cell `cmd` forked from its twin's pre-imported parent (server_for), pinned to `cpus` where given, or
+    None: start it on its own."""
     server = server_for(cmd, env, plain_env)
     if server is None:
         return None
     try:
-        return server.spawn([cmd[2], *cmd[3:]], env, stderr)
+        return server.spawn([cmd[2], *cmd[3:]], env, stderr, cpus)
     except ForkServerError:
         return None
 

@@ -1,12 +1,16 @@
-"""Where the matrix's cells run: one after another (the default), several at once on this machine, or on a Slurm
-cluster through submitit. Every launcher runs each cell through runner.run_cell, in a child process of its own,
-which writes its records atomically as on one machine; only where and when that happens changes.
+"""Where the matrix's cells run: one after another, several at once on this machine, or on a Slurm cluster through
+submitit. Every launcher runs each cell through runner.run_cell, in a child process of its own, which writes its
+records atomically as on one machine; only where and when that happens changes.
 
-* `--parallel 1` (default): the cells one after another, the calibration checked between them (cli.run_cells).
+* The default (cells_at_once): on a CPU without --threads, one cell per usable CPU at once, one thread each (the
+  speed trials, which decide speed, run after them alone with --threads' default); on a GPU, with --replicas or
+  --threads, one after another.
+* `--parallel 1`: the cells one after another, the calibration checked between them (cli.run_cells).
 * `--parallel N` (local launcher): N cells at once. On a GPU each cell gets its own device(s) through
-  CUDA_VISIBLE_DEVICES (an N-worker --replicas cell gets N of them); on a CPU each cell gets its own `--threads`
-  cores (os.sched_setaffinity before the child's exec), so N x --threads may not exceed the usable CPUs, and the
-  report says the cells shared the machine.
+  CUDA_VISIBLE_DEVICES (an N-worker --replicas cell gets N of them), started as a process of its own; on a CPU each
+  cell gets its own `--threads` cores, forked from its twin's pre-imported parent and pinned there before its
+  framework starts a thread (os.sched_setaffinity; a cell that cannot be forked pins itself before its exec), so
+  N x --threads may not exceed the usable CPUs, and the report says the cells shared the machine.
 * `--launcher submitit`: one job per cell, submitted with submitit's `executor.batch()` (a Slurm job array where
   `srun` is found, submitit's local executor elsewhere), the run folder on the filesystem the nodes share. A job
   that fails, times out or is pre-empted becomes a failed cell with the scheduler's reason; Ctrl-C cancels the
@@ -45,9 +49,12 @@ class LauncherOptions:
     """Where the cells run (harness/run/cli.py's compare_options reads these; none of them changes a cell's result,
     so --resume accepts them: a run started on one node may be finished on a cluster)."""
 
-    parallel: int = option(1, "cells at once: on a GPU each on its own device (CUDA_VISIBLE_DEVICES); on a CPU each "
-                           "on its own --threads cores (N x --threads <= usable CPUs); with --launcher submitit the "
-                           "most jobs running at once (1: no limit)", gt=0, le=4096, matrix=False)
+    parallel: int | None = option(None, "cells at once: on a GPU each on its own device (CUDA_VISIBLE_DEVICES); on a "
+                                  "CPU each on its own --threads cores (N x --threads <= usable CPUs); with --launcher "
+                                  "submitit the most jobs running at once (1: no limit)",
+                                  default_text="on a CPU without --threads, one cell per usable CPU, one thread each "
+                                  "(the speed trials still run alone, with --threads' default); else 1",
+                                  gt=0, le=4096, matrix=False)
     launcher: str = option("local", "local: child processes on this machine; submitit: one job per cell through "
                            "submitit (Slurm where srun is found, submitit's local executor elsewhere; pip install "
                            "'.[cluster]')", choices=LAUNCHERS, matrix=False)
@@ -93,7 +100,7 @@ def check_launcher(args) -> None:
             raise ConfigError("--launcher submitit needs submitit (pip install -e '.[cluster]' installs it; valid "
                               "without it: --launcher local)") from None
         return
-    if args.parallel == 1:
+    if args.parallel in (None, 1):  # None: cells_at_once decides, once the matrix is known
         return
     if args.resolved_device == "cuda":
         gpus = len(visible_gpus())
@@ -119,9 +126,40 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _threads_text(cells: list[RunConfig]) -> str:
+    counts = sorted({c.threads for c in cells})
+    return _count(counts[0], "thread") if len(counts) == 1 else f"{'/'.join(map(str, counts))} threads"
+
+
+def cells_at_once(args, cells: list[RunConfig]) -> list[RunConfig]:
+    """--parallel's default (args.parallel None). On a CPU, with the local launcher, 1-worker cells and no --threads
+    given: one cell per usable CPU (at most one per cell), each with one thread; the cells, which no longer decide
+    speed, take half the time or less on two cores (the default compare on the 2-core AVX2-only EPYC: 243 s against
+    320 s one after another at two threads), and the speed trials keep --threads' default, alone on the machine
+    (args.trial_threads; the manifest's launcher entry). Elsewhere (a GPU, submitit, --replicas, --threads given,
+    --resume, one cell) one at a time, as before. Returns the cells with the threads they run with."""
+    args.trial_threads = getattr(args, "trial_threads", None) or args.threads
+    if args.parallel is not None:
+        return cells
+    n = min(usable_cpus(), len(cells))
+    if (n < 2 or args.launcher != "local" or args.resolved_device != "cpu" or "threads" in args.given
+            or getattr(args, "resume", None) or any(c.replicas > 1 or c.thread_floor for c in cells)):
+        args.parallel = 1
+        return cells
+    args.parallel, args.threads = n, 1
+    return [dataclasses.replace(c, threads=1) for c in cells]
+
+
 def describe(args) -> dict:
-    """The manifest's `launcher` entry: what was asked for (submitit's executor is added once it is made)."""
+    """The manifest's `launcher` entry: what was asked for (submitit's executor is added once it is made) and
+    the speed trials' threads where they differ from the cells' (cells_at_once)."""
     out = {"launcher": args.launcher, "parallel": args.parallel}
+    if getattr(args, "trial_threads", None) and args.trial_threads != args.threads:
+        out["trial_threads"] = args.trial_threads
     if args.launcher == "submitit":
         out.update({n: getattr(args, n) for n in SLURM_OPTIONS})
         out["slurm_extra"] = list(args.slurm_extra)
@@ -225,8 +263,13 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
                  placements: dict, on_fault: Callable) -> tuple[list, BaseException | None]:
     """Up to `parallel` cells at once, each in its own child on its own units; returns the outcomes in the order
     cells ended and the interruption (Ctrl-C / SIGTERM), if any: then every running child is stopped."""
-    from amp_compare.harness.run.runner import run_cell
+    from amp_compare.harness.run.runner import prestart_fork_servers, run_cell
 
+    if cells and cells[0].device != "cuda":  # CPU cells fork from their twin's parent, pinned (runner.run_cell)
+        try:
+            prestart_fork_servers(cells, run_dir)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM, while the frameworks start: no cell ran
+            return [], exc
     bars, gate, free = CellBars(progress, len(cells)), InitGate(run_dir), local_units(cells)
     rank = {unit: i for i, unit in enumerate(free)}  # units go back in their first order (GPU 0 first)
     waiting, running, outcomes = list(cells), {}, []
@@ -272,6 +315,10 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
         cancel.set()  # every running child is stopped by its own runner thread (runner._run_child)
         for thread, _ in running.values():
             thread.join()
+        while not ended.empty():  # cells that finished before the signal and were not taken in yet are kept
+            cfg, outcome = ended.get()
+            if outcome is not None:
+                outcomes.append(outcome)
         return outcomes, exc
     return outcomes, None
 
@@ -437,8 +484,10 @@ def launch(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, p
                                              placements, on_fault)
         note = (f"Up to {settings.parallel} cells ran at once on this machine, each pinned to its own "
                 + ("GPU (CUDA_VISIBLE_DEVICES)." if cells and cells[0].device == "cuda" else
-                   "cores (CPU affinity): the cells shared the machine's memory bandwidth and caches, so their "
-                   "speeds are not those of a cell running alone."))
+                   f"cores (CPU affinity), {_threads_text(cells)} each: the cells shared the machine's memory "
+                   "bandwidth and caches, so their speeds are not those of a cell running alone"
+                   + (f"; the speed trials ran after them, alone, with {_count(trials, 'thread')}."
+                      if (trials := manifest["launcher"].get("trial_threads")) else ".")))
     if note not in notes:
         notes.append(note)
     return outcomes, interrupted

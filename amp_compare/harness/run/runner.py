@@ -190,8 +190,9 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
              on_event: Callable[[dict], None] = lambda event: None, placement=None, fork: bool = True) -> CellOutcome:
     """Train one cell in a child process; always leaves a run record behind. `placement` (harness/run/launchers.py,
     --parallel): the GPUs / CPUs the child is pinned to and the event that stops it. `fork`: the child may be
-    forked from its twin's pre-imported parent (harness/run/forkserver.py; never with a placement)."""
-    fork = fork and placement is None
+    forked from its twin's pre-imported parent (harness/run/forkserver.py; not with a GPU placement, whose
+    CUDA_VISIBLE_DEVICES a framework reads when it is imported)."""
+    fork = fork and (placement is None or not placement.gpus)
     cell_dir = Path(run_dir) / "cells" / cfg.cell_id
     cell_dir.mkdir(parents=True, exist_ok=True)
     remove_partial(cell_dir)  # a resumed cell starts clean
@@ -217,8 +218,8 @@ def run_cell(cfg: RunConfig, run_dir: Path, run_id: str, timeout_s: float,
 
 
 def prestart_fork_servers(cells: list[RunConfig], run_dir: Path) -> None:
-    """Start at once the pre-imported parents these cells, run one after another, will be forked from
-    (forkserver.prestart): the commands and environments run_cell gives them."""
+    """Start at once the pre-imported parents these cells (one after another, or at once on a CPU's cores) will be
+    forked from (forkserver.prestart): the commands and environments run_cell gives them."""
     wanted = []
     for cfg in cells:
         if not framework_missing(cfg.framework):
@@ -238,17 +239,18 @@ def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, env: dict[str, st
     its exit code and the harness's error ("" unless it timed out); Ctrl-C (or the placement's cancel event, set by
     the parent of cells running at once) stops it and drops its unfinished tables."""
     start, proc, error = time.monotonic(), None, ""
+    own_cmd, cpus = cmd, ()  # what a child started on its own runs; the cores a forked child pins itself to
     if placement is not None:
-        cmd, env = placement.command(cmd), placement.env(env)
+        own_cmd, env, cpus = placement.command(cmd), placement.env(env), placement.cpus
     cancel = placement.cancel if placement is not None else None
     with open(cell_dir / "stderr.log", "wb") as err:
         try:
             with signals_deferred():  # a Ctrl-C/SIGTERM inside Popen would leave its child running, unkillable
                 env = {**env, SPAWNED_AT_ENV: repr(time.time())}  # the child's "process start" phase begins here
                 if fork:  # forked from its twin's pre-imported parent where it can be
-                    proc = forkserver.child_for(cmd, env, child_env(cfg), err)
+                    proc = forkserver.child_for(cmd, env, child_env(cfg), err, cpus)
                 if proc is None:
-                    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                    proc = subprocess.Popen(own_cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
                                             env=env, cwd=PROJECT_ROOT, start_new_session=True)
             lines: queue.Queue = queue.Queue()
             # its lines, then None at the end of its output (it has exited, or is exiting): from then on the loop
