@@ -281,3 +281,38 @@ def test_a_cell_waits_for_the_initial_weights_its_seed_is_making(tmp_path):
     gate.started(torch_fp32)
     gate.ended(torch_fp32)  # the maker failed without the file: the next cell of the seed makes it
     assert gate.may_start(tf_bf16)
+
+
+def test_cells_at_once_is_the_cpu_default_and_nowhere_else(monkeypatch):
+    """--parallel's default (launchers.cells_at_once): on a CPU without --threads, one cell per usable CPU, one thread
+    each, the speed trials keeping --threads' value; one at a time on a GPU, with submitit, --replicas, --threads
+    given, --resume or a single cell."""
+    import argparse
+    import dataclasses
+
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.run import launchers
+
+    monkeypatch.setattr(launchers, "usable_cpus", lambda: 4)
+    cell = RunConfig(framework="torch", model="simple_cnn", dataset="synthetic", precision="fp32", seed=0,
+                     device="cpu", threads=4)
+
+    def resolve(cells=(cell,) * 6, **changes):
+        args = argparse.Namespace(**{"parallel": None, "launcher": "local", "resolved_device": "cpu", "threads": 4,
+                                     "given": set(), "resume": None, **changes})
+        return args, launchers.cells_at_once(args, list(cells))
+
+    args, cells = resolve()
+    assert (args.parallel, args.threads, args.trial_threads) == (4, 1, 4) and {c.threads for c in cells} == {1}
+    assert launchers.describe(args) == {"launcher": "local", "parallel": 4, "trial_threads": 4}
+    assert resolve(cells=(cell,) * 3)[0].parallel == 3  # never more at once than there are cells
+    for changes in ({"resolved_device": "cuda"}, {"launcher": "submitit"}, {"given": {"threads"}},
+                    {"resume": "r1"}, {"parallel": 1}):
+        args, cells = resolve(**changes)
+        assert args.parallel == 1 and {c.threads for c in cells} == {4}, changes
+        assert args.trial_threads == args.threads, changes  # the trials as the cells: nothing to record
+    args, _ = resolve(cells=[cell, dataclasses.replace(cell, replicas=2)])
+    assert args.parallel == 1
+    assert resolve(cells=(cell,))[0].parallel == 1
+    args, cells = resolve(parallel=2)  # given: as asked, threads untouched
+    assert args.parallel == 2 and {c.threads for c in cells} == {4}
