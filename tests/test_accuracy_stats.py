@@ -139,9 +139,14 @@ def test_the_machine_note_is_one_line_from_the_recorded_checks():
     check = calibrate.check("before the matrix")
     assert check["ms"] > 0 and check["spread"] >= 0 and check["when"] == "before the matrix"
     assert speed.machine_note({}) == "" and speed.machine_note({"calibrations": [{"ms": 3.0}]}) == ""
-    checks = {"calibrations": [{"when": f"check {i}", "ms": ms} for i, ms in enumerate((3.0, 31.0, 3.1, 3.1))]}
+    whens = ("before the matrix", "after torch-a", "after tf-a", "after the matrix")
+    checks = {"calibrations": [{"when": w, "ms": ms} for w, ms in zip(whens, (3.0, 31.0, 3.1, 3.1))]}
     assert speed.machine_note(checks) == ("How busy the machine was: 4 calibration checks (a fixed 256×256 float32 "
-                                          "matmul timed between cells) read 3.0–31.0 ms, median 3.1 ms.")
+                                          "matmul timed before the cells, between them and after them, while no cell "
+                                          "ran) read 3.0–31.0 ms, median 3.1 ms.")
+    # cells at once: no check between them, and the note does not say there was one
+    at_once = {"calibrations": [{"when": w, "ms": 6.0} for w in ("before the matrix", "after the matrix")]}
+    assert "timed before and after the cells, while no cell ran" in speed.machine_note(at_once)
     old = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0}  # recorded before the checks between cells
     assert "2 calibration checks" in speed.machine_note(old) and "\n" not in speed.machine_note(old)
 

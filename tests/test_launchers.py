@@ -158,8 +158,8 @@ def test_parallel_cells_on_a_cpu_run_at_once_each_on_its_own_core(tmp_path):
     spans = sorted((p["started"], p["ended"]) for p in manifest["placements"].values())
     assert spans[1][0] < spans[0][1], spans  # the second started before the first ended: at once
     assert manifest["launcher"] == {"launcher": "local", "parallel": 2}
-    assert any("shared the machine" in n for n in manifest["notes"])
-    assert "shared the machine" in (out / "tiny" / "index.html").read_text()
+    assert any("sharing the machine's memory and caches" in n for n in manifest["notes"])
+    assert "sharing the machine's memory and caches" in (out / "tiny" / "index.html").read_text()
 
 
 def _fake_slurm(bin_dir: Path) -> None:

@@ -27,8 +27,17 @@ def _rows(device="cpu"):
 
 def test_thread_counts_are_integers():
     rows = _rows()
-    assert rows["PyTorch: intra-op threads"] == "2" and rows["Keras (TF): intra-op threads"] == "2"
+    assert rows["PyTorch: intra-op threads (training cells)"] == "2"
+    assert rows["Keras (TF): intra-op threads (training cells)"] == "2"
     assert rows["cpu_count"] == "2"
+
+
+def test_the_speed_trials_threads_are_their_own_row():
+    """Cells at once with one thread, the trials alone with two: the table says both (audit: "intra-op threads 1"
+    was read as the threads behind every speed verdict)."""
+    trials = pd.DataFrame({"framework": ["torch", "torch", "tf"], "threads": [2, 2, 2]})
+    rows = dict(environment_rows({"cpu_count": 2}, _runs("cpu"), trials))
+    assert rows["PyTorch: threads (speed trials)"] == "2" and rows["Keras (TF): threads (speed trials)"] == "2"
 
 
 def test_build_time_cuda_is_labelled_build_info_and_not_shown_as_present_on_a_cpu_run():

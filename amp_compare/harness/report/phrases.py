@@ -187,8 +187,9 @@ def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def columns_note(verdicts: pd.DataFrame) -> str:
-    """What the per-model tables' columns measure, each model's time-to-target target with how it was chosen."""
+def columns_note(verdicts: pd.DataFrame, conditions: tuple[str, str] = ("", "")) -> str:
+    """What the per-model tables' columns measure, each model's time-to-target target with how it was chosen;
+    `conditions`: how the training cells and the speed trials ran (speed.conditions)."""
     targets = []
     for (model, _), part in verdicts[verdicts["metric"] == "time_to_target"].groupby(["model", "dataset"], sort=False):
         said = evidence(part["evidence"].iloc[0])
@@ -197,14 +198,17 @@ def columns_note(verdicts: pd.DataFrame) -> str:
             basis = said.get("target_basis", "")
             targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
     target = f" ({'; '.join(targets)})" if targets else ""
-    tracing = " (Keras' tracing in the first epoch included)" if verdicts["framework"].map(is_keras).any() else ""
+    cells, trial = conditions
+    about = [*([f"they ran {cells}"] if cells else []),
+             *(["Keras' tracing in the first epoch included"] if verdicts["framework"].map(is_keras).any() else [])]
+    about = f" ({'; '.join(about)})" if about else ""
     return ("Speed: fp32's step time ÷ the precision's, from a speed trial (fp32 and mixed blocks interleaved in one "
-            "process): exp of the median of its rounds' log ratios, with its sign-test interval "
-            "(order statistics of the rounds: at least 95%). Peak memory: the "
+            f"process{f', {trial}' if trial else ''}): exp of the median of its rounds' log ratios, with its "
+            "sign-test interval (order statistics of the rounds: at least 95%). Peak memory: the "
             "precision's peak minus fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in "
-            "percentage points, with its 95% interval. Time to target: training wall time"
-            f"{tracing} until validation accuracy first reached the target{target}, ÷ fp32's of the same seed, "
-            "the geometric mean over seeds.")
+            f"percentage points, with its 95% interval. Time to target: the training cells' wall time{about} until "
+            f"validation accuracy first reached the target{target}, ÷ fp32's of the same seed, the geometric mean "
+            "over seeds.")
 
 
 def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:

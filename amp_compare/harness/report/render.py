@@ -368,6 +368,7 @@ class Rendered:
     data_parallel: pd.DataFrame | None = None  # dataparallel.rows: the Data parallel section's rows
     answer: str = ""  # the answer the page opens with, as terminal text (answer.render)
     verdicts: pd.DataFrame | None = None  # verdicts.build: what the answer and the terminal's tables word
+    conditions: tuple[str, str] = ("", "")  # how the training cells and the speed trials ran (speed.conditions)
 
 
 def render_report(run_dir: Path, figures: bool = True) -> Path:
@@ -447,9 +448,9 @@ ENV_COLUMNS = {
     "torch_cudnn_version": "cuDNN version PyTorch loads (torch.backends.cudnn.version())",
     "tf_cuda_version": "CUDA version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
     "tf_cudnn_version": "cuDNN version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
-    "torch_threads": "intra-op threads", "torch_interop_threads": "inter-op threads",
-    "tf_intra_op_threads": "intra-op threads", "tf_inter_op_threads": "inter-op threads",
-    "jax_threads": "threads",
+    "torch_threads": "intra-op threads (training cells)", "torch_interop_threads": "inter-op threads (training cells)",
+    "tf_intra_op_threads": "intra-op threads (training cells)",
+    "tf_inter_op_threads": "inter-op threads (training cells)", "jax_threads": "threads (training cells)",
     "tf32": "TF32", "compiled": "compilation", "amp_api": "AMP API per precision", "memory_kind": "memory measured as",
     "dataset_source": "dataset",
 }
@@ -463,10 +464,16 @@ def _env_value(value) -> str:
     return str(value)
 
 
-def environment_rows(environment: dict, runs: pd.DataFrame) -> list[tuple[str, str | list[str]]]:
+def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
+                     ) -> list[tuple[str, str | list[str]]]:
     """The Environment table: the host as the parent recorded it, then what each framework's cells reported (a
-    list where cells differ); build-time CUDA/cuDNN versions labelled as such."""
+    list where cells differ) and the threads its speed trials ran with; build-time CUDA/cuDNN versions labelled as
+    such."""
     rows: list[tuple[str, str | list[str]]] = [(k, _env_value(environment[k])) for k in sorted(environment)]
+    if trials is not None and not trials.empty and {"framework", "threads"} <= set(trials):
+        for fw, part in trials.groupby("framework", sort=False):
+            rows.append((f"{framework_label(fw)}: threads (speed trials)",
+                         ", ".join(dict.fromkeys(_env_value(v) for v in part["threads"].dropna()))))
     if runs.empty or "framework" not in runs:
         return rows
     ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
@@ -621,7 +628,8 @@ def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],
-            "verdict_columns": phrases.columns_note(verdict_table) if per_model else "",
+            "verdict_columns": phrases.columns_note(verdict_table, speed.manifest_conditions(manifest))
+            if per_model else "", "conditions": speed.manifest_conditions(manifest),
             "verdict_tables_md": per_model,
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
@@ -680,7 +688,8 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "warmup": manifest["defaults"]["warmup_steps"],
-        **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs)))),
+        **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs,
+                                                                          tables.get("trials"))))),
         "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
         "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
@@ -762,7 +771,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     records.export_tables(run_dir, {"verdicts": context["verdicts"]})
     render_runs_index(run_dir.parent)
     return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
-                    (context["data_parallel"] or {}).get("rows"), context["answer_text"], context["verdicts"])
+                    (context["data_parallel"] or {}).get("rows"), context["answer_text"], context["verdicts"],
+                    context["conditions"])
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:

@@ -201,13 +201,18 @@ def calibration_checks(environment: dict) -> list[float]:
 
 
 def machine_note(environment: dict) -> str:
-    """How busy the machine was, in one line, from the calibration checks the run recorded; "" with fewer than two.
-    A note only: no verdict reads it (speed is the speed trials')."""
+    """How busy the machine was, in one line, from the calibration checks the run recorded (when each ran: before
+    the cells, between them where they ran one after another, after them); "" with fewer than two. A note only: no
+    verdict reads it (speed is the speed trials')."""
     ms = calibration_checks(environment)
     if len(ms) < 2:
         return ""
+    listed = environment.get("calibrations")
+    between = isinstance(listed, list) and any(str(c.get("when", "")).startswith("after ") and
+                                               c.get("when") != "after the matrix" for c in listed)
+    where = "before the cells, between them and after them" if between else "before and after the cells"
     return (f"How busy the machine was: {len(ms)} calibration checks (a fixed {SIZE}×{SIZE} float32 matmul timed "
-            f"between cells) read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms.")
+            f"{where}, while no cell ran) read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms.")
 
 
 def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
@@ -229,31 +234,40 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
             "eval": median("evaluation", "seconds")}
 
 
-def how_cells_ran(launcher: dict, runs: pd.DataFrame, trials: pd.DataFrame | None) -> str:
-    """How the training cells ran beside each other, against the trial (alone): from the manifest's launcher and
-    the threads the cells and the trials recorded."""
-    parallel = int(launcher.get("parallel") or 1)
+def _threads(counts) -> str:
+    counts = sorted({int(c) for c in counts})
+    return f"{'/'.join(map(str, counts))} thread{'' if counts == [1] else 's'}" if counts else ""
+
+
+def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
+    """How the training cells ran and how the speed trials did, in a few words each, from the manifest's launcher and
+    the threads each recorded: ("2 at once, 1 thread each", "alone, 2 threads"); ("", "") for a submitit run."""
     if launcher.get("launcher") == "submitit":
-        return "the cells ran as submitit jobs"
-    if parallel <= 1:
-        return "the cells ran one after another, not side by side"
-    cells = sorted({int(t) for t in runs.get("cfg_threads", pd.Series(dtype=float)).dropna()})
-    timed = sorted({int(t) for t in trials["threads"].dropna()}) if trials is not None and "threads" in trials else []
-    text = f"up to {parallel} cells ran at once"
-    if cells:
-        text += f", with {'/'.join(map(str, cells))} thread{'' if cells == [1] else 's'} each"
-    if timed and timed != cells:
-        text += f", the trial alone with {'/'.join(map(str, timed))} thread{'' if timed == [1] else 's'}"
-    return text
+        return "", ""
+    cell_threads, trial_threads = list(cell_threads), list(trial_threads)
+    parallel, cells = int(launcher.get("parallel") or 1), _threads(cell_threads)
+    ran = f"up to {parallel} at once" if parallel > 1 else "one after another"
+    return f"{ran}{f', {cells} each' if cells else ''}", "alone" + (f", {_threads(trial_threads)}" if trial_threads
+                                                                     else "")
+
+
+def manifest_conditions(manifest: dict) -> tuple[str, str]:
+    """conditions() from the manifest alone: the cells' threads its defaults hold, the trials' its launcher entry."""
+    launcher = manifest.get("launcher", {})
+    cells = [t] if (t := manifest.get("defaults", {}).get("threads")) else []
+    return conditions(launcher, cells, [launcher["trial_threads"]] if launcher.get("trial_threads") else cells)
 
 
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
                     phases: pd.DataFrame | None, launcher: dict | None = None,
                     trials: pd.DataFrame | None = None) -> list[str]:
     """One sentence per row where the training cells' wall-time ratio lies outside the speed trial's interval:
-    the cells' per-seed ratios, how they ran (how_cells_ran) and their CPU, tracing and evaluation times."""
+    the cells' per-seed ratios, how they and the trial ran (conditions: threads first) and their CPU, tracing and
+    evaluation times."""
     out = []
-    ran = how_cells_ran(launcher or {}, runs, trials)
+    cells, trial = conditions(launcher or {}, runs.get("cfg_threads", pd.Series(dtype=float)).dropna(),
+                              trials["threads"].dropna() if trials is not None and "threads" in trials else [])
+    ran = f"the cells ran {cells}; the trial {trial}" if cells else "the cells ran as submitit jobs"
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs
     for v in timed.itertuples():
@@ -268,8 +282,8 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
                 f"{cells:.3f}× fp32's throughput (seeds {lo:.3f}–{hi:.3f}×), outside the speed trial's "
                 f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]; {ran}")
         if fp32 and mixed:
-            text += (f", using {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds per second "
-                     f"of training, and spent {fp32['warmup']:.1f} and {mixed['warmup']:.1f} s tracing and warming "
-                     f"up, {fp32['eval']:.1f} and {mixed['eval']:.1f} s evaluating, outside the timed steps")
+            text += (f"; the cells used {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds "
+                     f"per second of training, and spent {fp32['warmup']:.1f} and {mixed['warmup']:.1f} s tracing and "
+                     f"warming up, {fp32['eval']:.1f} and {mixed['eval']:.1f} s evaluating, outside the timed steps")
         out.append(text + ".")
     return out

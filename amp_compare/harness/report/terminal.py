@@ -51,4 +51,8 @@ def print_summary(console, title: str, rendered) -> None:
         console.print(t)
     if said:
         console.print(LEGEND, markup=False, highlight=False)
+        cells, trial = rendered.conditions
+        if cells:
+            console.print(f"Speed from the speed trials ({trial}); to target from the training cells ({cells}).",
+                          markup=False, highlight=False)
     console.print(f"Report: {rendered.index}", markup=False, highlight=False, soft_wrap=True)

@@ -484,8 +484,8 @@ def launch(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, p
                                              placements, on_fault)
         note = (f"Up to {settings.parallel} cells ran at once on this machine, each pinned to its own "
                 + ("GPU (CUDA_VISIBLE_DEVICES)." if cells and cells[0].device == "cuda" else
-                   f"cores (CPU affinity), {_threads_text(cells)} each: the cells shared the machine's memory "
-                   "bandwidth and caches, so their speeds are not those of a cell running alone"
+                   f"CPUs (CPU affinity), {_threads_text(cells)} each, sharing the machine's memory and caches: "
+                   "their times are what training took beside other cells, not alone"
                    + (f"; the speed trials ran after them, alone, with {_count(trials, 'thread')}."
                       if (trials := manifest["launcher"].get("trial_threads")) else ".")))
     if note not in notes:
