@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from amp_compare.contract import records
 from amp_compare.kit import trial
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -326,3 +327,20 @@ def test_run_blocks_stops_once_the_rounds_decide_and_not_before():
     assert rounds(stepper("fp32", 0.01), stepper("fp16", 0.06), stepper("bf16", 0.06)) == trial.MIN_ROUNDS
     now[0] = 0.0
     assert rounds(stepper("fp32", 0.01, 0.03), stepper("fp16", 0.01, 0.03)) > trial.MIN_ROUNDS + 4
+
+
+def test_the_speed_section_shows_the_trial_each_verdict_rests_on(tiny_run):
+    """Audit: every speed verdict rested on data the report did not show. The Speed section's table has one row per
+    trial x mixed precision: its ratio and interval as the answer gives them, its rounds, contended blocks and threads."""
+    from amp_compare.harness.report import speed
+
+    _, run_dir = tiny_run
+    trials = records.read_run(run_dir)["trials"]
+    table = speed.trials_table(trials)
+    mixed = trials[trials["precision"] != "fp32"].groupby(["trial_id", "precision"]).ngroups
+    assert len(table) == mixed > 0
+    assert set(table["threads"]) == set(trials["threads"])
+    assert all(int(r.split(" of ")[1]) == 2 * n for r, n in zip(table["contended blocks"], table["rounds"]))
+    page = (run_dir / "index.html").read_text()
+    assert 'id="speed-trials"' in page and table["speed (× fp32's)"].iloc[0] in page
+    assert speed.trials_table(None).empty

@@ -695,6 +695,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
                         for k, v in keras_backend_split(runs).items()},
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
+        "trials_table": _html_or_none(speed.trials_table(tables.get("trials"))),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
         "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
         "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),

@@ -134,7 +134,8 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
 
 def timing_paragraph(warmup: int) -> str:
     """The Speed section's first paragraph: the three throughput figures and how the table relates them."""
-    return (f"The headline throughput is the images of the timed steps divided by their wall time, with the first "
+    return (f"The training cells' throughput (what their training took, beside the speed verdicts above) is the "
+            f"images of the timed steps divided by their wall time, with the first "
             f"{warmup} steps excluded as warm-up, stalls and host syncs included (a whole epoch, warm-up included, is "
             "the epoch-time column); training "
             "is timed apart from validation, process start and imports. The median-step figure (batch size over the "
@@ -256,6 +257,26 @@ def manifest_conditions(manifest: dict) -> tuple[str, str]:
     launcher = manifest.get("launcher", {})
     cells = [t] if (t := manifest.get("defaults", {}).get("threads")) else []
     return conditions(launcher, cells, [launcher["trial_threads"]] if launcher.get("trial_threads") else cells)
+
+
+def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
+    """The Speed section's table of the speed trials (every speed verdict rests on one row): per trial x mixed
+    precision, the ratio with its interval and verdict, the rounds, the contended blocks, the median step times and
+    the threads the trial ran with. Empty without trials."""
+    if trials is None or trials.empty or "threads" not in trials:
+        return pd.DataFrame()
+    from amp_compare.kit.trial import speed_status, trial_summary
+
+    summary = trial_summary(trials)
+    threads = trials.groupby("trial_id")["threads"].first()
+    return pd.DataFrame([{"model": r.model, "dataset": r.dataset, "framework": framework_label(r.framework),
+                          "precision": r.precision, "batch": int(r.batch_size),
+                          "speed (× fp32's)": f"{r.ratio:.2f}× [{r.low:.2f}, {r.high:.2f}]",
+                          "verdict": speed_status(r.ratio, r.low, r.high), "rounds": int(r.rounds),
+                          "contended blocks": f"{r.contended_blocks} of {2 * r.rounds}",
+                          "fp32 step (ms)": round(1000 * r.fp32_step_s, 1),
+                          "mixed step (ms)": round(1000 * r.mixed_step_s, 1), "threads": int(threads[r.trial_id])}
+                         for r in summary.itertuples()])
 
 
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
