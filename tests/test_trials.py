@@ -331,7 +331,8 @@ def test_run_blocks_stops_once_the_rounds_decide_and_not_before():
 
 def test_the_speed_section_shows_the_trial_each_verdict_rests_on(tiny_run):
     """Audit: every speed verdict rested on data the report did not show. The Speed section's table has one row per
-    trial x mixed precision: its ratio and interval as the answer gives them, its rounds, contended blocks and threads."""
+    trial x mixed precision: its ratio and interval as the answer gives them, its rounds, contended blocks and
+    threads."""
     from amp_compare.harness.report import speed
 
     _, run_dir = tiny_run
