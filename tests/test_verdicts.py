@@ -197,7 +197,8 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
     # cells at once with one thread, the trial alone with two: said as what ran, threads first
     at_once = speed.trial_and_cells(differ, full, t["run"].assign(cfg_threads=1), phases,
                                     {"launcher": "local", "parallel": 2}, pd.DataFrame({"threads": [2, 2]}))
-    assert "; the cells ran up to 2 at once, 1 thread each; the trial alone, 2 threads; the cells used" in at_once[0]
+    assert ("; the cells ran up to 2 at once, 1 thread each; the trial with no cell beside it, 2 threads; the cells "
+            "used") in at_once[0]
 
 
 def test_every_status_and_reason_is_worded():
@@ -250,13 +251,15 @@ def test_the_columns_note_speaks_of_keras_tracing_only_where_keras_ran(tmp_path)
 
     torch_only = _verdicts(write_run(tmp_path / "t", frameworks=("torch",), seeds=(0, 1)))
     both = _verdicts(write_run(tmp_path / "b", seeds=(0, 1)))
-    assert "Keras" not in phrases.columns_note(torch_only) and "Time to target: the training cells' wall time until" \
+    assert "Keras" not in phrases.columns_note(torch_only) and ("Time to target: the training cells' training wall "
+                                                                "time, validation excluded, until") \
         in phrases.columns_note(torch_only)
     assert "Keras' tracing in the first epoch included" in phrases.columns_note(both)
     # how the cells and the trials ran, where the run says (speed.conditions)
-    said = phrases.columns_note(both, ("up to 2 at once, 1 thread each", "alone, 2 threads"))
-    assert "interleaved in one process, alone, 2 threads)" in said
-    assert "Time to target: the training cells' wall time (they ran up to 2 at once, 1 thread each; Keras'" in said
+    said = phrases.columns_note(both, ("up to 2 at once, 1 thread each", "no cell beside them, 2 threads"))
+    assert "interleaved in one process, no cell beside them, 2 threads)" in said
+    assert ("Time to target: the training cells' training wall time, validation excluded (they ran up to 2 at once, "
+            "1 thread each; Keras'") in said
 
 
 def test_the_numerics_cell_says_skipped_updates_beside_finite_losses():

@@ -206,7 +206,8 @@ def columns_note(verdicts: pd.DataFrame, conditions: tuple[str, str] = ("", ""))
             f"process{f', {trial}' if trial else ''}): exp of the median of its rounds' log ratios, with its "
             "sign-test interval (order statistics of the rounds: at least 95%). Peak memory: the "
             "precision's peak minus fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in "
-            f"percentage points, with its 95% interval. Time to target: the training cells' wall time{about} until "
+            f"percentage points, with its 95% interval. Time to target: the training cells' training wall time, "
+            f"validation excluded{about}, until "
             f"validation accuracy first reached the target{target}, ÷ fp32's of the same seed, the geometric mean "
             "over seeds.")
 

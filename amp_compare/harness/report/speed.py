@@ -132,9 +132,11 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
     return out
 
 
-def timing_paragraph(warmup: int) -> str:
-    """The Speed section's first paragraph: the three throughput figures and how the table relates them."""
-    return (f"The training cells' throughput (what their training took, beside the speed verdicts above) is the "
+def timing_paragraph(warmup: int, cells: str = "") -> str:
+    """The Speed section's paragraph on the training cells' throughput figures and how the table relates them;
+    `cells`: how the cells ran (conditions)."""
+    return (f"The training cells' throughput (what their training took{f', {cells}' if cells else ''}; not the speed "
+            f"verdicts, which are the trials' above) is the "
             f"images of the timed steps divided by their wall time, with the first "
             f"{warmup} steps excluded as warm-up, stalls and host syncs included (a whole epoch, warm-up included, is "
             "the epoch-time column); training "
@@ -242,14 +244,16 @@ def _threads(counts) -> str:
 
 def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
     """How the training cells ran and how the speed trials did, in a few words each, from the manifest's launcher and
-    the threads each recorded: ("2 at once, 1 thread each", "alone, 2 threads"); ("", "") for a submitit run."""
+    the threads each recorded: ("up to 2 at once, 1 thread each", "no cell beside them, 2 threads"); ("", "") for a
+    submitit run. The trials ran after the cells, with none of the run's cells beside them; whether other work
+    shared the machine is what their contended blocks say."""
     if launcher.get("launcher") == "submitit":
         return "", ""
     cell_threads, trial_threads = list(cell_threads), list(trial_threads)
     parallel, cells = int(launcher.get("parallel") or 1), _threads(cell_threads)
     ran = f"up to {parallel} at once" if parallel > 1 else "one after another"
-    return f"{ran}{f', {cells} each' if cells else ''}", "alone" + (f", {_threads(trial_threads)}" if trial_threads
-                                                                     else "")
+    return (f"{ran}{f', {cells} each' if cells else ''}",
+            "no cell beside them" + (f", {_threads(trial_threads)}" if trial_threads else ""))
 
 
 def manifest_conditions(manifest: dict) -> tuple[str, str]:
@@ -288,7 +292,8 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
     out = []
     cells, trial = conditions(launcher or {}, runs.get("cfg_threads", pd.Series(dtype=float)).dropna(),
                               trials["threads"].dropna() if trials is not None and "threads" in trials else [])
-    ran = f"the cells ran {cells}; the trial {trial}" if cells else "the cells ran as submitit jobs"
+    ran = f"the cells ran {cells}; the trial with {trial.replace('them', 'it')}" if cells else \
+        "the cells ran as submitit jobs"
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
     ok = runs[runs["status"] == "ok"] if "status" in runs else runs
     for v in timed.itertuples():

@@ -280,7 +280,7 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
         try:
             outcome = run_cell(cfg, run_dir, run_id, timeout, on_event, placement=placement)
         except KeyboardInterrupt:  # stopped by `cancel`: its unfinished tables are gone, no record
-            outcome = None
+            outcome = finished_outcome(cfg, run_dir)
         except Exception as exc:  # a harness fault in one cell: recorded, and the other cells run
             outcome = on_fault(cfg, run_dir, run_id, exc)
         ended.put((cfg, outcome))
@@ -312,15 +312,35 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
             outcomes.append(outcome)
             bars.end(cfg, outcome)
     except KeyboardInterrupt as exc:
-        cancel.set()  # every running child is stopped by its own runner thread (runner._run_child)
-        for thread, _ in running.values():
-            thread.join()
-        while not ended.empty():  # cells that finished before the signal and were not taken in yet are kept
-            cfg, outcome = ended.get()
-            if outcome is not None:
-                outcomes.append(outcome)
-        return outcomes, exc
+        return _stop(running, cancel, ended, outcomes), exc
     return outcomes, None
+
+
+def finished_outcome(cfg: RunConfig, run_dir: Path):
+    """The outcome of a cell stopped by Ctrl-C / SIGTERM after its child had written every record (it was still
+    exiting): finished, as resume will see it (compare.cell_complete); None where it had not."""
+    import pandas as pd
+
+    from amp_compare.harness.run.compare import cell_complete
+    from amp_compare.harness.run.runner import CellOutcome
+
+    if not cell_complete(run_dir, cfg):
+        return None
+    run = pd.read_parquet(Path(run_dir) / "cells" / cfg.cell_id / "run.parquet", columns=["status", "error"])
+    return CellOutcome(cfg.cell_id, str(run["status"].iloc[0]), str(run["error"].iloc[0]), 0.0)
+
+
+def _stop(running: dict, cancel: threading.Event, ended: queue.Queue, outcomes: list) -> list:
+    """Ctrl-C / SIGTERM in run_parallel: every running child is stopped by its own runner thread (runner._run_child);
+    cells that finished before the signal, taken in or not yet, keep their outcomes."""
+    cancel.set()
+    for thread, _ in running.values():
+        thread.join()
+    while not ended.empty():
+        _, outcome = ended.get()
+        if outcome is not None:
+            outcomes.append(outcome)
+    return outcomes
 
 
 # ---- one job per cell through submitit -------------------------------------------------------------------
@@ -486,7 +506,7 @@ def launch(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, p
                 + ("GPU (CUDA_VISIBLE_DEVICES)." if cells and cells[0].device == "cuda" else
                    f"CPUs (CPU affinity), {_threads_text(cells)} each, sharing the machine's memory and caches: "
                    "their times are what training took beside other cells, not alone"
-                   + (f"; the speed trials ran after them, alone, with {_count(trials, 'thread')}."
+                   + (f"; the speed trials ran after them, with no cell beside them, {_count(trials, 'thread')}."
                       if (trials := manifest["launcher"].get("trial_threads")) else ".")))
     if note not in notes:
         notes.append(note)

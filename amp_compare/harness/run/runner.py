@@ -269,8 +269,8 @@ def _run_child(cmd: list[str], cfg: RunConfig, cell_dir: Path, env: dict[str, st
                     pass
                 if ended and proc.poll() is not None and lines.empty():
                     break
-                if cancel is not None and cancel.is_set():
-                    raise KeyboardInterrupt
+                if cancel is not None and cancel.is_set() and proc.poll() is None:  # one that has ended keeps
+                    raise KeyboardInterrupt  # its outcome: it finished before the stop
                 if time.monotonic() - start > timeout_s:
                     kill_group(proc)
                     error = f"timed out after {timeout_s:g} s"
