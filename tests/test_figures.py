@@ -421,6 +421,13 @@ def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_pa
     for fig in drawn:
         plt.close(fig)
     assert figures.busy_cells(t["run"], None).empty  # no trials: nothing said
-    # cells at another thread count than their trial (one each, at once, beside a trial with more): not judged
-    assert figures.busy_cells(t["run"], trials.assign(threads=trials["threads"] + 1)).empty
+    # cells at another thread count than their trial (one each, at once, beside a trial with more): not judged,
+    # and the captions say so instead of keeping silent
+    more = trials.assign(threads=trials["threads"] + 1)
+    assert figures.busy_cells(t["run"], more).empty and figures.unjudged_text(t["run"], trials) == ""
+    said = figures.unjudged_text(t["run"], more)
+    assert said.startswith(" Whether the machine was busy while a cell ran is not judged here") and "no trial's" in said
+    made = {f.key: f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "g", trials=more)}
+    assert said in made["throughput"].caption and "Ran while the machine was busy" not in made["throughput"].caption
+    assert figures.unjudged_text(t["run"], None) == ""
     assert figures.busy_text(figures.busy_cells(t["run"], None), "") == ""

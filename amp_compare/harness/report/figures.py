@@ -389,6 +389,24 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     return pd.Series(slowdown[busy].to_numpy(dtype=float), index=cells.loc[busy, "cell_id"]).sort_index()
 
 
+def unjudged_text(runs: pd.DataFrame, trials: pd.DataFrame | None) -> str:
+    """The caption's sentence where no cell could be judged (BUSY_SLOWDOWN needs a speed trial at the cell's own
+    thread count; cells at once with one thread beside trials with more have none): "" where some could be, or
+    where the run has no trials (then no caption speaks of busy cells)."""
+    ok = ok_runs(runs)
+    if trials is None or trials.empty or "threads" not in trials or "cfg_threads" not in ok or ok.empty:
+        return ""
+    if set(ok["cfg_threads"].dropna().astype(int)) & set(trials["threads"].dropna().astype(int)):
+        return ""
+    def count(values) -> str:
+        n = sorted(set(values.dropna().astype(int)))
+        return f"{'/'.join(map(str, n))} thread{'' if n == [1] else 's'}"
+
+    return (f" Whether the machine was busy while a cell ran is not judged here: the cells ran with "
+            f"{count(ok['cfg_threads'])}, the speed trials with {count(trials['threads'])}, so no trial's step is "
+            "theirs to compare with.")
+
+
 def busy_text(busy: pd.Series, what: str) -> str:
     """The caption's sentence naming the busy cells ("" when none was)."""
     if busy.empty:
@@ -413,9 +431,10 @@ def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Se
 
 
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                        spread: str, sweep_note: str, busy: pd.Series | None = None) -> list[Figure]:
-    """The Speed section: throughput per precision (a † on labels resting on a busy cell) and the step-time
-    distribution."""
+                        spread: str, sweep_note: str, busy: pd.Series | None = None,
+                        unjudged: str = "") -> list[Figure]:
+    """The Speed section: throughput per precision (a † on labels resting on a busy cell; `unjudged`: unjudged_text)
+    and the step-time distribution."""
     busy = busy if busy is not None else pd.Series(dtype=float)
     table = table.assign(speed_label=_busy_marks(table, ok, busy))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
@@ -427,7 +446,7 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFra
                       "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
                       "took, not a speed verdict (those come from the speed trials, in the tables above)."
                       + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
-                                  "than about the precision.") + spread + sweep_note,
+                                  "than about the precision.") + unjudged + spread + sweep_note,
                       "Bar chart of training images per second for each framework and precision mode.")]
     if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
         timed = _labelled(steps[~steps["warmup"]])
@@ -621,7 +640,8 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     if emulated.any():
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
-    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note, busy_cells(ok, trials)),
+    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note, busy_cells(ok, trials),
+                                unjudged_text(ok, trials)),
             *_memory_and_accuracy_figures(ok, table, out_dir, spread, device, notes),
             *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
@@ -909,7 +929,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
                   f"the training time spent so far. {target_text}"
                   + busy_text(busy_cells(ok, trials), "their lines' times say more about the machine than about the "
-                              "precision.") + " Panels: " + "; ".join(panels) + ".",
+                              "precision.") + unjudged_text(ok, trials) + " Panels: " + "; ".join(panels) + ".",
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
 
