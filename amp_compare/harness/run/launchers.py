@@ -3,8 +3,8 @@ submitit. Every launcher runs each cell through runner.run_cell, in a child proc
 records atomically as on one machine; only where and when that happens changes.
 
 * The default (cells_at_once): on a CPU without --threads, one cell per usable CPU at once, one thread each (the
-  speed trials, which decide speed, run after them alone with --threads' default); on a GPU, with --replicas or
-  --threads, one after another.
+  speed trials, which decide speed, run after them with no cell beside them, at --threads' default); on a GPU, with
+  --replicas or --threads, one after another.
 * `--parallel 1`: the cells one after another, the calibration checked between them (cli.run_cells).
 * `--parallel N` (local launcher): N cells at once. On a GPU each cell gets its own device(s) through
   CUDA_VISIBLE_DEVICES (an N-worker --replicas cell gets N of them), started as a process of its own; on a CPU each
@@ -53,7 +53,8 @@ class LauncherOptions:
                                   "CPU each on its own --threads cores (N x --threads <= usable CPUs); with --launcher "
                                   "submitit the most jobs running at once (1: no limit)",
                                   default_text="on a CPU without --threads, one cell per usable CPU, one thread each "
-                                  "(the speed trials still run alone, with --threads' default); else 1",
+                                  "(the speed trials still run with no cell beside them, at --threads' default); "
+                                  "else 1",
                                   gt=0, le=4096, matrix=False)
     launcher: str = option("local", "local: child processes on this machine; submitit: one job per cell through "
                            "submitit (Slurm where srun is found, submitit's local executor elsewhere; pip install "
@@ -139,7 +140,7 @@ def cells_at_once(args, cells: list[RunConfig]) -> list[RunConfig]:
     """--parallel's default (args.parallel None). On a CPU, with the local launcher, 1-worker cells and no --threads
     given: one cell per usable CPU (at most one per cell), each with one thread; the cells, which no longer decide
     speed, take half the time or less on two cores (the default compare on the 2-core AVX2-only EPYC: 243 s against
-    320 s one after another at two threads), and the speed trials keep --threads' default, alone on the machine
+    320 s one after another at two threads), and the speed trials keep --threads' default, with no cell beside them
     (args.trial_threads; the manifest's launcher entry). Elsewhere (a GPU, submitit, --replicas, --threads given,
     --resume, one cell) one at a time, as before. Returns the cells with the threads they run with."""
     args.trial_threads = getattr(args, "trial_threads", None) or args.threads
