@@ -133,8 +133,10 @@ def test_submitit_records_and_report_equal_a_sequential_run(submitit_run, tiny_r
     sub_report = render(submitit_run["run_dir"], figures=False)
     a = seq_table[seq_table["precision"].isin(["fp32", "bf16"])].reset_index(drop=True)
     b = sub_report.table.reset_index(drop=True)
+    # timings, and what is judged from them ("bound": compute-bound where the measured MFU reached 50%; a CI run
+    # found one of two identical fp32 cells on either side of it)
     timed = [c for c in a.columns if any(w in c for w in ("throughput", "speed", "memory", "flops", "mfu", "time",
-                                                          "ttt", "spread", "compile", "timing", "target_s"))]
+                                                          "ttt", "spread", "compile", "timing", "target_s", "bound"))]
     assert timed and a.drop(columns=timed).astype(str).equals(b.drop(columns=timed).astype(str))
     assert any("submitit jobs" in n for n in json.loads((submitit_run["run_dir"] / "manifest.json").read_text())
                ["notes"])
