@@ -21,3 +21,9 @@ DEFAULT_MODEL_SEEDS = {"cpu": {"vit": (0,)}}
 # so the default compare answers within minutes on a 2-core CPU without float16/bfloat16 arithmetic. run/compare.py
 # plans the cells with it and notes it.
 DEFAULT_MODEL_EPOCHS = {"cpu": {"simple_cnn": 4, "vit": 6}}
+
+
+def threads_text(counts) -> str:
+    """Thread counts as both sides word them: "1 thread", "2 threads", "1/2 threads" (distinct, ascending)."""
+    n = sorted({int(c) for c in counts})
+    return f"{'/'.join(map(str, n))} thread{'' if n == [1] else 's'}" if n else ""

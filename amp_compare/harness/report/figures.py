@@ -23,6 +23,7 @@ from amp_compare.contract.config import (  # noqa: E402
     display_order,
     framework_label,
 )
+from amp_compare.harness.common import threads_text  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
@@ -398,13 +399,9 @@ def unjudged_text(runs: pd.DataFrame, trials: pd.DataFrame | None) -> str:
         return ""
     if set(ok["cfg_threads"].dropna().astype(int)) & set(trials["threads"].dropna().astype(int)):
         return ""
-    def count(values) -> str:
-        n = sorted(set(values.dropna().astype(int)))
-        return f"{'/'.join(map(str, n))} thread{'' if n == [1] else 's'}"
-
     return (f" Whether the machine was busy while a cell ran is not judged here: the cells ran with "
-            f"{count(ok['cfg_threads'])}, the speed trials with {count(trials['threads'])}, so no trial's step is "
-            "theirs to compare with.")
+            f"{threads_text(ok['cfg_threads'].dropna())}, the speed trials with "
+            f"{threads_text(trials['threads'].dropna())}, so no trial's step is theirs to compare with.")
 
 
 def busy_text(busy: pd.Series, what: str) -> str:

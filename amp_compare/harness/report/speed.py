@@ -14,7 +14,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
 from amp_compare.contract.env import ARITHMETIC_FLAGS, BELOW_AVX512, ISA_LIMITED
 from amp_compare.contract.log_words import HALF_FALLBACK
-from amp_compare.harness.common import SIZE
+from amp_compare.harness.common import SIZE, threads_text
 from amp_compare.harness.report.hardware import log_line_flags
 
 # Lines a framework writes to stderr that say which kernels it fell back to: (pattern, half format it is about).
@@ -237,11 +237,6 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
             "eval": median("evaluation", "seconds")}
 
 
-def _threads(counts) -> str:
-    counts = sorted({int(c) for c in counts})
-    return f"{'/'.join(map(str, counts))} thread{'' if counts == [1] else 's'}" if counts else ""
-
-
 def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
     """How the training cells ran and how the speed trials did, in a few words each, from the manifest's launcher and
     the threads each recorded: ("up to 2 at once, 1 thread each", "no cell beside them, 2 threads"); ("", "") for a
@@ -250,10 +245,10 @@ def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
     if launcher.get("launcher") == "submitit":
         return "", ""
     cell_threads, trial_threads = list(cell_threads), list(trial_threads)
-    parallel, cells = int(launcher.get("parallel") or 1), _threads(cell_threads)
+    parallel, cells = int(launcher.get("parallel") or 1), threads_text(cell_threads)
     ran = f"up to {parallel} at once" if parallel > 1 else "one after another"
     return (f"{ran}{f', {cells} each' if cells else ''}",
-            "no cell beside them" + (f", {_threads(trial_threads)}" if trial_threads else ""))
+            "no cell beside them" + (f", {threads_text(trial_threads)}" if trial_threads else ""))
 
 
 def manifest_conditions(manifest: dict) -> tuple[str, str]:

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from amp_compare.contract.config import ConfigError, RunConfig, declared, option, usable_cpus
+from amp_compare.harness.common import threads_text
 
 LAUNCHERS = ("local", "submitit")
 SLURM_OPTIONS = ("slurm_partition", "slurm_gpus_per_cell", "slurm_time", "slurm_account", "slurm_extra")
@@ -125,15 +126,6 @@ def visible_gpus() -> list[str]:
     if visible is not None:
         return [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"][:count]
     return [str(i) for i in range(count)]
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _threads_text(cells: list[RunConfig]) -> str:
-    counts = sorted({c.threads for c in cells})
-    return _count(counts[0], "thread") if len(counts) == 1 else f"{'/'.join(map(str, counts))} threads"
 
 
 def cells_at_once(args, cells: list[RunConfig]) -> list[RunConfig]:
@@ -505,9 +497,10 @@ def launch(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, p
                                              placements, on_fault)
         note = (f"Up to {settings.parallel} cells ran at once on this machine, each pinned to its own "
                 + ("GPU (CUDA_VISIBLE_DEVICES)." if cells and cells[0].device == "cuda" else
-                   f"CPUs (CPU affinity), {_threads_text(cells)} each, sharing the machine's memory and caches: "
+                   f"CPUs (CPU affinity), {threads_text(c.threads for c in cells)} each, sharing the machine's memory "
+                   "and caches: "
                    "their times are what training took beside other cells, not alone"
-                   + (f"; the speed trials ran after them, with no cell beside them, {_count(trials, 'thread')}."
+                   + (f"; the speed trials ran after them, with no cell beside them, {threads_text([trials])}."
                       if (trials := manifest["launcher"].get("trial_threads")) else ".")))
     if note not in notes:
         notes.append(note)
