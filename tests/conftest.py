@@ -1,7 +1,10 @@
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import filelock
@@ -13,6 +16,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # (docs/DEVELOPMENT.md, "The test suite").
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
+# The twins' pre-imported parents kept across the suite's compares (harness/run/forkserver.py, AMP_COMPARE_PARENTS):
+# about 6-9 CPU-seconds of framework imports a compare saved. Made by the first process (pytest-xdist's controller,
+# whose workers inherit it), which stops the parents at its end.
+_PARENTS = None if os.environ.get("AMP_COMPARE_PARENTS") else tempfile.mkdtemp(prefix="amp-compare-parents-")
+if _PARENTS:
+    os.environ["AMP_COMPARE_PARENTS"] = _PARENTS
+
+
+def pytest_unconfigure(config):
+    if _PARENTS:
+        for pidfile in Path(_PARENTS).glob("*.pid"):
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGTERM)  # each removes its socket and exits
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(_PARENTS, ignore_errors=True)
 # simple_cnn only: the CPU default adds the vit (its cells would double this fixture's time); tests/test_vit.py
 # runs the vit through both children's train() and the report's vit parts
 TINY_ARGS = ["--models", "simple_cnn", "--datasets", "synthetic", "--epochs", "2", "--steps-per-epoch", "3",

@@ -17,6 +17,14 @@ has exited, with its exit code (negative: killed by that signal), and exits when
 
 It never computes anything itself: no framework thread pool exists when it forks (a fork copies only the forking
 thread, and a pool started before the fork would be unusable in the child).
+
+Kept across compares (AMP_COMPARE_PARENTS, harness/run/forkserver.py) it is started as
+
+    python -m amp_compare.kit.zygote <module> --listen <socket path> <idle seconds>
+
+and, once imported, listens on that path instead: each compare connects, is greeted as above, and sends its
+requests; each exit report goes to the connection that asked for the child. It removes the path and exits once no
+compare has been connected and no child has run for <idle seconds>.
 """
 
 from __future__ import annotations
@@ -30,21 +38,33 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 
 
 def main(argv: list[str]) -> int:
-    module, fd = argv[0], int(argv[1])
-    sock = socket.socket(fileno=fd)
+    module = argv[0]
+    listen = argv[1] == "--listen"
+    sock = None if listen else socket.socket(fileno=int(argv[1]))
     try:
         from amp_compare.kit import child  # noqa: F401 - imported here, once, for every child
         preload(module)
     except ImportError as exc:  # the harness starts this framework's cells as processes of their own
-        sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+        if listen:  # said where the harness waits for the socket to appear
+            with open(argv[2] + ".error", "w") as f:
+                f.write(f"{type(exc).__name__}: {exc}")
+        else:
+            sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
         return 3
-    sock.send(json.dumps({"ready": True}).encode())
-    serve(sock, module)
+    if listen:
+        serve_many(argv[2], float(argv[3]), module)
+    else:
+        sock.send(READY)
+        serve(sock, module)
     os._exit(0)  # nothing to write or free: the interpreter's shutdown of a framework only costs the harness time
+
+
+READY = json.dumps({"ready": True}).encode()
 
 
 # What every child imports lazily whatever its twin: pyarrow's Parquet writer (its records), pydantic's types
@@ -70,36 +90,88 @@ def preload(module: str) -> None:
             pass
 
 
-def serve(sock: socket.socket, module: str) -> None:
-    """Fork a child per request; report each child's exit. SIGCHLD wakes the loop (through a wakeup pipe)."""
+def _wakeup_pipe() -> tuple[int, int]:
+    """SIGCHLD wakes the serving loop's select (through this pipe)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(wake_w)
+    return wake_r, wake_w
+
+
+def serve(sock: socket.socket, module: str) -> None:
+    """Fork a child per request; report each child's exit."""
+    wake = _wakeup_pipe()
+    owners: dict[int, socket.socket] = {}
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [], 5.0)
-        if wake_r in readable:
-            os.read(wake_r, 4096)
-        _report_exits(sock)
-        if sock not in readable:
-            continue
+        readable, _, _ = select.select([sock, wake[0]], [], [], 5.0)
+        if wake[0] in readable:
+            os.read(wake[0], 4096)
+        _report_exits(owners)
+        if sock in readable and not _answer(sock, owners, module, wake, ()):
+            return  # the harness closed its end: no more cells
+
+
+def serve_many(path: str, idle_s: float, module: str) -> None:
+    """Listen on `path`; serve every connected harness as serve() serves one; exit after `idle_s` without any."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path + ".new")  # renamed once listening: a harness that finds the path can connect
+    listener.listen(16)
+    os.rename(path + ".new", path)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    wake = _wakeup_pipe()
+    owners: dict[int, socket.socket] = {}
+    conns: list[socket.socket] = []
+    idle_since = time.monotonic()
+    try:
+        while conns or owners or time.monotonic() - idle_since < idle_s:
+            readable, _, _ = select.select([listener, wake[0], *conns], [], [], 1.0)
+            if wake[0] in readable:
+                os.read(wake[0], 4096)
+            _report_exits(owners)
+            if listener in readable:
+                conn, _ = listener.accept()
+                conn.send(READY)
+                conns.append(conn)
+            for conn in [c for c in conns if c in readable]:
+                if not _answer(conn, owners, module, wake, (listener, *conns)):
+                    conns.remove(conn)
+                    conn.close()
+            if conns or owners:
+                idle_since = time.monotonic()
+    finally:  # no harness finds the path from now on; one that connected meanwhile reads a closed socket
+        os.unlink(path)
+        listener.close()
+
+
+def _answer(sock: socket.socket, owners: dict, module: str, wake: tuple[int, int], others: tuple) -> bool:
+    """Fork the child `sock`'s next request asks for and send its pid; False where `sock` was closed."""
+    try:
         data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
-        if not data:  # the harness closed its end: no more cells
-            return
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            for fd in (wake_r, wake_w):
-                os.close(fd)
-            run_child(sock, json.loads(data), fds, module)  # never returns
-        for fd in fds:
+    except OSError:
+        return False
+    if not data:
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        for fd in wake:
             os.close(fd)
-        sock.send(json.dumps({"pid": pid}).encode())
+        for other in others:
+            if other is not sock:
+                other.close()
+        run_child(sock, json.loads(data), fds, module)  # never returns
+    for fd in fds:
+        os.close(fd)
+    owners[pid] = sock
+    _send(sock, {"pid": pid})
+    return True
 
 
-def _report_exits(sock: socket.socket) -> None:
+def _report_exits(owners: dict[int, socket.socket]) -> None:
+    """Send each ended child's exit code to the harness that asked for it."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -107,7 +179,16 @@ def _report_exits(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+        owner = owners.pop(pid, None)
+        if owner is not None:
+            _send(owner, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:  # that harness has gone (Ctrl-C, killed): its children's reports have no reader
+        pass
 
 
 def run_child(sock: socket.socket, request: dict, fds: list[int], module: str) -> None:

@@ -11,6 +11,11 @@ process of its own:
   * a twin whose parent could not start (its framework fails to import: the cell's own process says why, as
     before) or has died;
   * AMP_COMPARE_FORK_SERVER=0 in the harness's environment (every cell a fresh interpreter, as before).
+With AMP_COMPARE_PARENTS=<folder> the parents outlive the compare that started them: each listens on a socket in
+that folder named after its twin and environment, the next compare with the same twin and environment connects to
+it instead of paying the imports again (a test suite's dozens of compares; a script's compares in a row), and it
+exits after SHARED_IDLE_S without a compare. The environment that names it leaves out variables no import reads
+differently (UNREAD_AT_IMPORT: the test runner's per-test ones); each cell still gets its own whole environment.
 Cells running at once (--parallel on a CPU, one runner thread each) share their twin's parent: a lock keeps each
 request and its answer together, and exit reports, read by whichever thread looks first, are kept for the child
 they name. This module never imports a framework.
@@ -19,6 +24,8 @@ they name. This module never imports a framework.
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import json
 import os
 import select
@@ -27,11 +34,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from amp_compare.contract.env import PROJECT_ROOT
 from amp_compare.kit.phases import SPAWNED_AT_ENV
 
 DISABLE_ENV = "AMP_COMPARE_FORK_SERVER"  # "0": start every cell as a fresh interpreter
+SHARED_ENV = "AMP_COMPARE_PARENTS"  # a folder: parents kept there across compares
+SHARED_IDLE_S = 300.0  # a kept parent exits after this long without a compare connected or a child running
 READY_TIMEOUT_S = 600.0  # a framework's import on a loaded 2-core machine takes seconds; this only catches a hang
 ANSWER_TIMEOUT_S = 120.0  # the pid of a forked child comes back at once
 WAIT_S = 0.05  # how long a wait for a child's exit looks at the socket before it looks at its child again
@@ -56,9 +66,30 @@ class ForkServer:
         self.sock, self.exits, self.alive = mine, {}, True
         self.lock = threading.Lock()  # one thread at a time reads or writes the socket
 
+    @classmethod
+    def shared(cls, package: str, env: dict[str, str], folder: str) -> ForkServer:
+        """A connection to the parent kept in `folder` for this twin and environment, started here where none is
+        running or starting (SHARED_ENV). Starting it does not wait for its imports: ready() does."""
+        self = cls.__new__(cls)
+        self.started, self.proc, self.sock, self.exits, self.alive = time.perf_counter(), None, None, {}, True
+        self.lock = threading.Lock()
+        self.path = Path(folder) / f"{package}-{_env_digest(env)}.sock"
+        self.package, self.env = package, env
+        _launch_shared(package, env, self.path)
+        return self
+
     def ready(self) -> ForkServer:
         """Wait for the parent's imports; ForkServerError where it could not make them."""
-        answer = self._receive(READY_TIMEOUT_S, "ready")
+        if self.proc is None:  # a kept parent: connect (it may have exited on its idle timeout as we connected)
+            for _attempt in range(3):
+                self.sock, self.alive = _connect(self.path, READY_TIMEOUT_S), True
+                answer = self._receive(READY_TIMEOUT_S, "ready")
+                if answer.get("ready"):
+                    break
+                self.sock.close()
+                _launch_shared(self.package, self.env, self.path)
+        else:
+            answer = self._receive(READY_TIMEOUT_S, "ready")
         if not answer.get("ready"):
             self.close()
             raise ForkServerError(answer.get("error", "it did not start"))
@@ -118,7 +149,10 @@ class ForkServer:
 
     def close(self) -> None:
         self.alive = False
-        self.sock.close()  # the parent exits when its socket closes
+        if self.sock is not None:
+            self.sock.close()  # a parent of this compare's own exits when its socket closes; a kept one goes on
+        if self.proc is None:
+            return
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -151,6 +185,66 @@ class ForkedChild:
             self.returncode = -9
 
 
+# Left out of a kept parent's name: variables no import reads differently (the test runner's per-test ones; the
+# inductor cache folder, which torch sets to its default in a process that imported it, a parent included)
+UNREAD_AT_IMPORT = ("PYTEST_", "TORCHINDUCTOR_CACHE_DIR", SPAWNED_AT_ENV)
+
+
+def _env_digest(env: dict[str, str]) -> str:
+    """Names a kept parent by what its children inherit at import: the interpreter and the environment, less
+    UNREAD_AT_IMPORT."""
+    kept = sorted((k, v) for k, v in env.items() if not k.startswith(UNREAD_AT_IMPORT))
+    return hashlib.sha256(json.dumps([sys.executable, kept]).encode()).hexdigest()[:16]
+
+
+def _zygote_running(pidfile: Path) -> bool:
+    try:
+        pid = int(pidfile.read_text())
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"kit.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+_DETACHED: list[subprocess.Popen] = []  # kept parents this process started (held so that none is reaped as garbage)
+
+
+def _launch_shared(package: str, env: dict[str, str], path: Path) -> None:
+    """Start the kept parent that listens on `path` unless it runs or another harness is starting it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pidfile, error = path.with_suffix(".pid"), path.with_suffix(".sock.error")
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # only while looking and starting, never while a parent imports
+        if path.exists() or _zygote_running(pidfile):
+            return
+        error.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", "amp_compare.kit.zygote", package, "--listen", str(path),
+                                 str(SHARED_IDLE_S)], env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        _DETACHED.append(proc)
+        pidfile.write_text(str(proc.pid))
+
+
+def _connect(path: Path, timeout: float) -> socket.socket:
+    """A connection to the kept parent at `path` once it listens (ForkServerError where it failed to import or
+    ended before it did)."""
+    deadline, pidfile, error = time.monotonic() + timeout, path.with_suffix(".pid"), path.with_suffix(".sock.error")
+    while time.monotonic() < deadline:
+        if path.exists():
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                sock.connect(str(path))
+                return sock
+            except OSError:  # it removed the path as it exited
+                sock.close()
+        elif error.exists():
+            raise ForkServerError(error.read_text())
+        elif not _zygote_running(pidfile):
+            raise ForkServerError("it ended before it listened")
+        time.sleep(WAIT_S)  # its import takes seconds; nothing to wait on but the path
+    raise ForkServerError(f"it did not listen in {timeout:g} s")
+
+
 _SERVERS: dict[tuple, ForkServer | None] = {}
 _STARTING = threading.Lock()  # runner threads of cells running at once may look a parent up together
 # Wall seconds the harness waited for parents to start, by the twin packages started together (the run's phases)
@@ -177,7 +271,9 @@ def prestart(cells: list[tuple[list[str], dict[str, str], dict[str, str]]]) -> N
         key = _key(cmd, env, plain_env)
         if key is not None and key not in _SERVERS and key not in pending:
             try:
-                pending[key] = ForkServer(key[0], plain_env)
+                folder = os.environ.get(SHARED_ENV)
+                pending[key] = (ForkServer.shared(key[0], plain_env, folder) if folder else
+                                ForkServer(key[0], plain_env))
             except OSError:
                 _SERVERS[key] = None
     try:
