@@ -44,6 +44,8 @@ PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale"
                     "fp16-static": (8, 2, 2, 2), "fp8": (2, 2), "fp8-rowwise": (6, 1.5, 1, 1.5)}
 PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "fp16-noscale": "v", "fp16-static": "D", "fp8": "X",
                      "fp8-rowwise": "P"}
+LINES = {"hue": "Framework", "style": "Precision", "palette": FRAMEWORK_COLORS, "dashes": PRECISION_DASHES,
+         "markers": PRECISION_MARKERS}  # every line chart's seaborn keywords
 
 
 @dataclass
@@ -70,9 +72,14 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _facet(df: pd.DataFrame) -> dict:
-    """A combined report of several runs puts each machine in its own column of every figure; a run of several
-    models or datasets each model x dataset (_labelled's "machine" label)."""
+    """A column per machine of a combined report, or per model x dataset (_labelled's "machine"), where several."""
     return {"col": "machine"} if df["machine"].nunique() > 1 else {}
+
+
+def _per_panel(grid, frame: pd.DataFrame):
+    """(axes, the rows of `frame` it shows) per panel of a grid with a column per machine (_facet) or one panel."""
+    for machine, ax in zip(grid.col_names or [None], grid.axes.flat):
+        yield ax, frame if machine is None else frame[frame["machine"] == machine]
 
 
 def _save(fig, out_dir: Path, key: str) -> None:
@@ -98,25 +105,20 @@ def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
         grid.ax.set_title(title)
 
 
-def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str | None,
-         fmt: str):
+def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str, fmt: str):
     """Median over seeds per bar, with the interquartile range as error bar; labels from the summary table."""
     df = _labelled(runs)
     grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
                        estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
-    if annotate:
-        labelled = _labelled(table)
-        machines = grid.col_names if _facet(df) else [None]
-        precisions = list(df["Precision"].cat.categories)
-        for machine, ax in zip(machines, grid.axes.flat):
-            part = labelled if machine is None else labelled[labelled["machine"] == machine]
-            # one container per framework, one bar per precision category (empty where no cell ran)
-            for container, framework in zip(ax.containers, df["Framework"].cat.categories):
-                values = part[part["Framework"] == framework].set_index("precision")[annotate]
-                # a column of words (memory's "undecided") is its own label; numbers are formatted
-                labels = [values[p] if p in values and isinstance(values[p], str) else
-                          fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
-                _label_above_error_bars(ax, container, labels[:len(container)])
+    precisions = list(df["Precision"].cat.categories)
+    for ax, part in _per_panel(grid, _labelled(table)):
+        # one container per framework, one bar per precision category (empty where no cell ran)
+        for container, framework in zip(ax.containers, df["Framework"].cat.categories):
+            values = part[part["Framework"] == framework].set_index("precision")[annotate]
+            # a column of words (memory's "undecided") is its own label; numbers are formatted
+            labels = [values[p] if p in values and isinstance(values[p], str) else
+                      fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
+            _label_above_error_bars(ax, container, labels[:len(container)])
     _finish(grid, title, "Precision mode", ylabel)
     untangle_x_labels(grid.figure)  # many precision modes (the loss-scaling lab) in a narrow panel
     return grid.figure
@@ -221,10 +223,9 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
     facet = _facet(df)
     if split_frameworks:
         facet = {"col": "machine", "row": "Framework"} if facet else {"col": "Framework"}
-    grid = sns.relplot(data=df, kind="line", x=x, y=y, hue="Framework", style="Precision", palette=FRAMEWORK_COLORS,
-                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, errorbar=None, markersize=6,
-                       linewidth=1.2, height=4.2 if not split_frameworks else 3.6,
-                       aspect=1.7 if not split_frameworks else 1.3, estimator="median", **facet)
+    grid = sns.relplot(data=df, kind="line", x=x, y=y, **LINES, errorbar=None, markersize=6, linewidth=1.2,
+                       height=3.6 if split_frameworks else 4.2, aspect=1.3 if split_frameworks else 1.7,
+                       estimator="median", **facet)
     _stagger_markers(grid)
     show_hidden_lines(grid)
     if log:
@@ -342,14 +343,10 @@ def loss_scale_grid(scaled: pd.DataFrame):
     df = _labelled(scaled)
     df["log2_scale"] = np.log2(df["loss_scale"])
     unit = "cell_id" if "cell_id" in df else "seed"
-    grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", hue="Framework", style="Precision",
-                       units=unit, estimator=None, palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES,
-                       markers=PRECISION_MARKERS, markersize=6, drawstyle="steps-post", height=4, aspect=1.8,
-                       **_facet(df))
+    grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", **LINES, units=unit, estimator=None,
+                       markersize=6, drawstyle="steps-post", height=4, aspect=1.8, **_facet(df))
     _stagger_markers(grid)
-    skipped = df[df["skipped"]]
-    for machine, ax in zip(grid.col_names if _facet(df) else [None], grid.axes.flat):
-        part = skipped if machine is None else skipped[skipped["machine"] == machine]
+    for ax, part in _per_panel(grid, df[df["skipped"]]):
         if not part.empty:
             sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
                             marker="X", s=60, legend=False, ax=ax)
@@ -360,11 +357,9 @@ def loss_scale_grid(scaled: pd.DataFrame):
     return grid
 
 
-# A training cell ran while the machine was busy when its wall time per timed step exceeds this many times the speed
-# trial's median step of the same framework, model, dataset, batch, loop and precision (uncontended blocks). Measured
-# on the 2-core AVX2 EPYC: cells on an idle machine ran at 0.64-1.36x their trial's median step (a loss-scaling lab,
-# two naive-attention runs, the default compare's cells whose CPU share matched their trial); the cells other work
-# held ran at 1.5-9.3x.
+# A cell ran while the machine was busy when its wall time per timed step exceeds this many times its speed trial's
+# median step (same framework, model, dataset, batch, loop, precision; uncontended blocks). On the 2-core AVX2 EPYC,
+# cells on an idle machine ran at 0.64-1.36x their trial's median step, cells that other work held at 1.5-9.3x.
 BUSY_SLOWDOWN = 1.4
 
 
@@ -500,13 +495,12 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                        f"{stats.NOISY_WIDTH}× end to end, includes no change, or is missing." if ratios.any() else
                        " No mixed precision's difference was decided, so no mixed precision's bar carries a "
                        "percentage.") + " fp32's bars read +0%: the reference the others are measured against."
-                   + " On a CPU this is the "
-                   "process's resident memory, which includes framework workspaces, so half-precision activations "
-                   "need not make it smaller." + (" \"undecided\": some seed's difference from fp32 is within "
-                                                  "what one precision's seeds differed by, or one seed ran (the "
-                                                  "per-model tables above give the difference in MiB)."
-                                 if unresolved else "")
-                   + not_drawn + spread,
+                   + " On a CPU this is the process's resident memory, which includes framework workspaces, so "
+                   "half-precision activations need not make it smaller."
+                   + (" \"undecided\": some seed's difference from fp32 is within what one precision's seeds differed "
+                      "by, or one seed ran (the per-model tables above give the difference in MiB)." if unresolved
+                      else "") + not_drawn + spread,
+
                    "Bar chart of peak training memory in MiB for each framework and precision mode."),
             Figure("accuracy", "accuracy", "Final validation accuracy",
                    "Accuracy on the held-out split after the last epoch. Whether a precision mode changed "
@@ -685,9 +679,8 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
         if data.empty:
             continue
         data = _labelled(data)
-        grid = sns.relplot(data=data, kind="line", x="batch_size", y=y, hue="Framework", style="Precision",
-                           palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
-                           errorbar=None, height=4, aspect=1.5, **facet)
+        grid = sns.relplot(data=data, kind="line", x="batch_size", y=y, **LINES, errorbar=None, height=4, aspect=1.5,
+                           **facet)
         grid.set(xscale="log")
         for ax in grid.axes.flat:
             sizes = sorted(table["batch_size"].unique())
@@ -815,13 +808,13 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
     hist["share_pct"] = 100 * hist["count"] / hist.groupby([*per, "framework", "precision"])["count"].transform("sum")
     df = _labelled(hist)
     df["Panel"] = (df["model"].astype(str) + " · " if per else "") + df["Framework"].astype(str)
-    grid = sns.relplot(data=df, kind="line", x="scaled_log2", y="share_pct", hue="Framework", style="Precision",
-                       col="Panel", palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+    grid = sns.relplot(data=df, kind="line", x="scaled_log2", y="share_pct", **LINES, col="Panel",
                        drawstyle="steps-mid", errorbar=None, height=3.6, aspect=1.5)
     low, high = float(df["scaled_log2"].min()) - 1, max(float(df["scaled_log2"].max()) + 1, 17.0)
     for ax in grid.axes.flat:
         ax.axvspan(min(low, -26), -25, color="#d1495b", alpha=0.12, linewidth=0)
-        ax.axvspan(np.log2(nr.FP16_MAX), high, color="#d1495b", alpha=0.12, linewidth=0)
+        ax.axvspan(np.log2(FP16_MAX), high, color="#d1495b", alpha=0.12, linewidth=0)
+
         ax.axvline(-14, color="#888", linestyle=":", linewidth=1)
         ax.set_xlim(min(low, -26), high)
     grid.set_titles("{col_name}")
@@ -834,10 +827,11 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
                   "layers), by power of two of |gradient| times the loss scale the cell used. Shaded: what float16 "
                   "cannot hold — below 2^-25 it rounds to zero (the smallest subnormal is 2^-24), above "
-                  f"{nr.FP16_MAX:,.0f} (2^16) it overflows to inf; the dotted "
-                  "line is 2^-14, below which float16 keeps fewer significant bits. Loss scaling moves the whole "
-                  "histogram right: it rescues the left tail as long as the right one stays out of the shade. "
-                  "The Numerics section says how close each cell came to float16's largest value.",
+                  f"{FP16_MAX:,.0f} (2^16) it overflows to inf; the dotted line is 2^-14, below which float16 keeps "
+                  "fewer significant bits. Loss scaling moves the whole histogram right: it rescues the left tail as "
+                  "long as the right one stays out of the shade. The Numerics section says how close each cell came "
+                  "to float16's largest value.",
+
                   "Step chart per framework of the percentage of gradient elements per power of two of the scaled "
                   "gradient magnitude, with float16's underflow and overflow regions shaded.")
 
@@ -899,9 +893,8 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     e["panel"] = e[keys].astype(str).agg(" · ".join, axis=1)
     df = _labelled(e)
     panels = list(dict.fromkeys(df["panel"]))
-    grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", hue="Framework",
-                       style="Precision", units="cell_id", estimator=None, palette=FRAMEWORK_COLORS,
-                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, linewidth=1, height=4.2, aspect=1.7,
+    grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", **LINES, units="cell_id",
+                       estimator=None, linewidth=1, height=4.2, aspect=1.7,
                        **({"col": "panel", "col_order": panels} if len(panels) > 1 else {}))
     targets = acc.drop_duplicates(keys).copy()
     targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
@@ -995,10 +988,9 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     return Figure("headroom", "numerics", "ViT headroom per block",
                   "The largest |attention logit| (what enters the softmax) and the largest |input| of the block's "
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
-                  "the step, read once per epoch), against float16's largest finite value "
-                  f"{FP16_MAX:,.0f} (dashed): the "
-                  "distance to the line is the headroom before float16 overflows. A value that went non-finite is "
-                  "left out (the tables say where)."
+                  f"the step, read once per epoch), against float16's largest finite value {FP16_MAX:,.0f} (dashed): "
+                  "the distance to the line is the headroom before float16 overflows. A value that went non-finite "
+                  "is left out (the tables say where)."
                   + (" The dotted line: the naive attention's exp overflows float16 once a logit passes "
                      f"ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}." if naive else "")
                   + (f" Measured on {cpu}." if cpu else ""),
