@@ -234,6 +234,11 @@ def seeds_text(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
 
 
+def seed_list_text(seeds: list) -> str:
+    """"3 seeds (0, 1, 2)" or "one seed (0)"."""
+    return f"{seeds_text(len(seeds))} ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
+
+
 def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
     """The time-to-accuracy target of a model/dataset and how it was chosen."""
     given = ok["cfg_target_accuracy"].dropna() if "cfg_target_accuracy" in ok else pd.Series(dtype=float)
@@ -413,9 +418,8 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
     keys = _keys(ok)
     counts = ok.groupby(keys, sort=False, dropna=False)["seed"].nunique()
     if counts.nunique() == 1:
-        seeds = sorted(set(ok["seed"]))
-        n = int(counts.iloc[0])
-        return f"{seeds_text(n)} ({', '.join(map(str, seeds))})" if n > 1 else f"one seed ({seeds[0]})"
+        return seed_list_text(sorted(set(ok["seed"])))
+
     multi = named_machines(ok)
     return " and ".join(f"{seeds_text(int(n))} for {group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
 
