@@ -124,14 +124,14 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
     return grid.figure
 
 
-def _stagger_markers(grid, every: int | None = None) -> None:
+def _stagger_markers(grid) -> None:
     """Lines that coincide hide each other; each line gets its markers at its own offset (fp32 at steps 0, k,
     2k…; fp16 at 1, k+1…), so every framework x precision stays visible even where the lines overlap."""
     for ax in grid.axes.flat:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
         for i, line in enumerate(lines):
             n = len(line.get_xdata())
-            step = every or max(len(lines), n // 8, 1)
+            step = max(len(lines), n // 8, 1)
             line.set_markevery((i % step, step) if n > len(lines) else None)
 
 
@@ -183,10 +183,10 @@ def _mantissa_rank(v: float) -> int:
     return {2: 0, 5: 0, 3: 1}.get(m, 2)
 
 
-def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
-    """A log axis labelled in plain numbers (0.3×, 0.04), not 3×10^-1, and its minor labels thinned: every
+def plain_log_labels(fig, axis: str) -> None:
+    """A log axis labelled in plain numbers (0.3, 0.04), not 3×10^-1, and its minor labels thinned: every
     major label stays; a minor one is shown only where its drawn box clears every label already kept."""
-    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}{suffix}")
+    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     logs = [ax for ax in fig.axes if (ax.xaxis if axis == "x" else ax.yaxis).get_scale() == "log"]
     for ax in logs:
         a = ax.xaxis if axis == "x" else ax.yaxis
@@ -209,7 +209,7 @@ def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
                 kept_boxes.append(box.padded(2))
         kept = np.array(keep)
         a.set_minor_formatter(matplotlib.ticker.FuncFormatter(
-            lambda v, _, kept=kept: f"{v:g}{suffix}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
+            lambda v, _, kept=kept: f"{v:g}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
         if sum(major for _, major, _ in drawn) + len(keep) < 2:  # inside one decade and no minor tick: even steps
             a.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
             a.set_minor_locator(matplotlib.ticker.NullLocator())
@@ -423,11 +423,9 @@ def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Se
 
 
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                        spread: str, sweep_note: str, busy: pd.Series | None = None,
-                        unjudged: str = "") -> list[Figure]:
+                        spread: str, sweep_note: str, busy: pd.Series, unjudged: str) -> list[Figure]:
     """The Speed section: throughput per precision (a † on labels resting on a busy cell; `unjudged`: unjudged_text)
     and the step-time distribution."""
-    busy = busy if busy is not None else pd.Series(dtype=float)
     table = table.assign(speed_label=_busy_marks(table, ok, busy))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label", "{}"), out_dir, "throughput")
@@ -584,9 +582,8 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
 
 
 def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, column: str,
-            eligible: pd.Series | None = None) -> pd.Series:
-    """`labels` with " ⚠" after each non-empty one whose row has a note in the full table's `column`; `eligible`:
-    the rows that may carry one."""
+            eligible: pd.Series) -> pd.Series:
+    """`labels` with " ⚠" after each non-empty `eligible` one whose row has a note in the full table's `column`."""
     if notes is None or notes.empty or column not in notes:
         return labels
     keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]
@@ -594,7 +591,8 @@ def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, 
         index=False, name=None))
     marked = pd.Series([r in flagged for r in table[keys].astype(str).itertuples(index=False, name=None)],
                        index=table.index) & (labels != "")
-    return labels.where(~(marked if eligible is None else marked & eligible), labels + " ⚠")
+    return labels.where(~(marked & eligible), labels + " ⚠")
+
 
 
 def speed_labels(table: pd.DataFrame) -> pd.Series:

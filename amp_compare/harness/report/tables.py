@@ -24,8 +24,12 @@ def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
 
 
-def _q(p: float):
-    return lambda s: float(np.percentile(s, p))
+def _spread_of(column: str, name: str, median: str | None = None) -> dict:
+    """The named aggregations of a column's median (named `median`, else the column), quartiles and extremes."""
+    return {median or column: (column, "median"), f"{name}_q1": (column, lambda s: float(np.percentile(s, 25))),
+            f"{name}_q3": (column, lambda s: float(np.percentile(s, 75))), f"{name}_min": (column, "min"),
+            f"{name}_max": (column, "max")}
+
 
 
 def paired_fp32(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.ndarray:
@@ -64,26 +68,14 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok["log_memory"] = paired_log_ratio(ok, "peak_memory_bytes", base_keys)
     agg = ok.groupby(group, sort=False, dropna=False).agg(
         runs=("seed", "size"),
-        throughput_img_s=("throughput_img_s", "median"),
-        throughput_q1=("throughput_img_s", _q(25)),
-        throughput_q3=("throughput_img_s", _q(75)),
+        **_spread_of("throughput_img_s", "throughput"),
+        **_spread_of("final_val_accuracy", "accuracy", median="val_accuracy"),
+        **_spread_of("accuracy_change_pp", "accuracy_change"),
         log_speed=("log_speed", "mean"),
         log_speed_min=("log_speed", "min"),
         log_speed_max=("log_speed", "max"),
-        throughput_min=("throughput_img_s", "min"),
-        throughput_max=("throughput_img_s", "max"),
-        accuracy_min=("final_val_accuracy", "min"),
-        accuracy_max=("final_val_accuracy", "max"),
-        accuracy_change_min=("accuracy_change_pp", "min"),
-        accuracy_change_max=("accuracy_change_pp", "max"),
         peak_memory_bytes=("peak_memory_bytes", "median"),
         log_memory=("log_memory", "mean"),
-        val_accuracy=("final_val_accuracy", "median"),
-        accuracy_q1=("final_val_accuracy", _q(25)),
-        accuracy_q3=("final_val_accuracy", _q(75)),
-        accuracy_change_pp=("accuracy_change_pp", "median"),
-        accuracy_change_q1=("accuracy_change_pp", _q(25)),
-        accuracy_change_q3=("accuracy_change_pp", _q(75)),
         skipped_steps=("skipped_steps", "median"),
         **{c: (c, "median") for c in PERF_MEDIANS},
         **{c: (c, "first") for c in CEILING_WHY},
