@@ -815,11 +815,10 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
 
         ax.axvline(-14, color="#888", linestyle=":", linewidth=1)
         ax.set_xlim(min(low, -26), high)
-    grid.set_titles("{col_name}")
-    # on two lines: on one, each panel's label ran into its neighbour's
-    grid.set_axis_labels("log2 |gradient × loss scale in use|\n(float16: 0 below −25, inf above 16)",
-                         "Non-zero elements (%)")
-    grid.figure.suptitle("Gradient magnitudes against float16's range, last step", y=1.03)
+    # the x label on two lines: on one, each panel's label ran into its neighbour's
+    _finish(grid, "Gradient magnitudes against float16's range, last step",
+            "log2 |gradient × loss scale in use|\n(float16: 0 below −25, inf above 16)", "Non-zero elements (%)")
+
     _save(grid.figure, out_dir, "gradient_histogram")
     return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
