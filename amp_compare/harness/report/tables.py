@@ -211,15 +211,16 @@ def named_machines(table: pd.DataFrame) -> set:
     return set(n[n > 1].index)
 
 
-def group_label(key: dict, multi_machine, varying: set = frozenset()) -> str:
+def group_label(key: dict, multi_machine: set, varying: set = frozenset()) -> str:
+    """A group's name in sentences: model on dataset, the loop keys that vary, the machine where it must be named."""
     text = f"{key['model']} on {key['dataset']}"
     if "step_loop" in varying and "step_loop" in key:
         text += f", {key['step_loop']} step"
     if "batch_size" in varying and "batch_size" in key:
         text += f", batch {key['batch_size']:.0f}"
-    if isinstance(multi_machine, set):
-        multi_machine = (key["model"], key["dataset"]) in multi_machine
-    return text + (f" ({key['machine']})" if multi_machine and "machine" in key else "")
+    named = "machine" in key and (key["model"], key["dataset"]) in multi_machine
+    return text + (f" ({key['machine']})" if named else "")
+
 
 
 def seeds_text(n: int) -> str:
