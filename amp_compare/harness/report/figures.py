@@ -44,6 +44,8 @@ PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale"
                     "fp16-static": (8, 2, 2, 2), "fp8": (2, 2), "fp8-rowwise": (6, 1.5, 1, 1.5)}
 PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "fp16-noscale": "v", "fp16-static": "D", "fp8": "X",
                      "fp8-rowwise": "P"}
+LINES = {"hue": "Framework", "style": "Precision", "palette": FRAMEWORK_COLORS, "dashes": PRECISION_DASHES,
+         "markers": PRECISION_MARKERS}  # every line chart's seaborn keywords
 
 
 @dataclass
@@ -70,9 +72,14 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _facet(df: pd.DataFrame) -> dict:
-    """A combined report of several runs puts each machine in its own column of every figure; a run of several
-    models or datasets each model x dataset (_labelled's "machine" label)."""
+    """A column per machine of a combined report, or per model x dataset (_labelled's "machine"), where several."""
     return {"col": "machine"} if df["machine"].nunique() > 1 else {}
+
+
+def _per_panel(grid, frame: pd.DataFrame):
+    """(axes, the rows of `frame` it shows) per panel of a grid with a column per machine (_facet) or one panel."""
+    for machine, ax in zip(grid.col_names or [None], grid.axes.flat):
+        yield ax, frame if machine is None else frame[frame["machine"] == machine]
 
 
 def _save(fig, out_dir: Path, key: str) -> None:
@@ -98,38 +105,33 @@ def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
         grid.ax.set_title(title)
 
 
-def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str | None,
-         fmt: str):
+def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str, fmt: str):
     """Median over seeds per bar, with the interquartile range as error bar; labels from the summary table."""
     df = _labelled(runs)
     grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
                        estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
-    if annotate:
-        labelled = _labelled(table)
-        machines = grid.col_names if _facet(df) else [None]
-        precisions = list(df["Precision"].cat.categories)
-        for machine, ax in zip(machines, grid.axes.flat):
-            part = labelled if machine is None else labelled[labelled["machine"] == machine]
-            # one container per framework, one bar per precision category (empty where no cell ran)
-            for container, framework in zip(ax.containers, df["Framework"].cat.categories):
-                values = part[part["Framework"] == framework].set_index("precision")[annotate]
-                # a column of words (memory's "undecided") is its own label; numbers are formatted
-                labels = [values[p] if p in values and isinstance(values[p], str) else
-                          fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
-                _label_above_error_bars(ax, container, labels[:len(container)])
+    precisions = list(df["Precision"].cat.categories)
+    for ax, part in _per_panel(grid, _labelled(table)):
+        # one container per framework, one bar per precision category (empty where no cell ran)
+        for container, framework in zip(ax.containers, df["Framework"].cat.categories):
+            values = part[part["Framework"] == framework].set_index("precision")[annotate]
+            # a column of words (memory's "undecided") is its own label; numbers are formatted
+            labels = [values[p] if p in values and isinstance(values[p], str) else
+                      fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
+            _label_above_error_bars(ax, container, labels[:len(container)])
     _finish(grid, title, "Precision mode", ylabel)
     untangle_x_labels(grid.figure)  # many precision modes (the loss-scaling lab) in a narrow panel
     return grid.figure
 
 
-def _stagger_markers(grid, every: int | None = None) -> None:
+def _stagger_markers(grid) -> None:
     """Lines that coincide hide each other; each line gets its markers at its own offset (fp32 at steps 0, k,
     2k…; fp16 at 1, k+1…), so every framework x precision stays visible even where the lines overlap."""
     for ax in grid.axes.flat:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
         for i, line in enumerate(lines):
             n = len(line.get_xdata())
-            step = every or max(len(lines), n // 8, 1)
+            step = max(len(lines), n // 8, 1)
             line.set_markevery((i % step, step) if n > len(lines) else None)
 
 
@@ -181,10 +183,10 @@ def _mantissa_rank(v: float) -> int:
     return {2: 0, 5: 0, 3: 1}.get(m, 2)
 
 
-def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
-    """A log axis labelled in plain numbers (0.3×, 0.04), not 3×10^-1, and its minor labels thinned: every
+def plain_log_labels(fig, axis: str) -> None:
+    """A log axis labelled in plain numbers (0.3, 0.04), not 3×10^-1, and its minor labels thinned: every
     major label stays; a minor one is shown only where its drawn box clears every label already kept."""
-    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}{suffix}")
+    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     logs = [ax for ax in fig.axes if (ax.xaxis if axis == "x" else ax.yaxis).get_scale() == "log"]
     for ax in logs:
         a = ax.xaxis if axis == "x" else ax.yaxis
@@ -207,7 +209,7 @@ def plain_log_labels(fig, axis: str, suffix: str = "") -> None:
                 kept_boxes.append(box.padded(2))
         kept = np.array(keep)
         a.set_minor_formatter(matplotlib.ticker.FuncFormatter(
-            lambda v, _, kept=kept: f"{v:g}{suffix}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
+            lambda v, _, kept=kept: f"{v:g}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
         if sum(major for _, major, _ in drawn) + len(keep) < 2:  # inside one decade and no minor tick: even steps
             a.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
             a.set_minor_locator(matplotlib.ticker.NullLocator())
@@ -221,10 +223,9 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
     facet = _facet(df)
     if split_frameworks:
         facet = {"col": "machine", "row": "Framework"} if facet else {"col": "Framework"}
-    grid = sns.relplot(data=df, kind="line", x=x, y=y, hue="Framework", style="Precision", palette=FRAMEWORK_COLORS,
-                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, errorbar=None, markersize=6,
-                       linewidth=1.2, height=4.2 if not split_frameworks else 3.6,
-                       aspect=1.7 if not split_frameworks else 1.3, estimator="median", **facet)
+    grid = sns.relplot(data=df, kind="line", x=x, y=y, **LINES, errorbar=None, markersize=6, linewidth=1.2,
+                       height=3.6 if split_frameworks else 4.2, aspect=1.3 if split_frameworks else 1.7,
+                       estimator="median", **facet)
     _stagger_markers(grid)
     show_hidden_lines(grid)
     if log:
@@ -342,14 +343,10 @@ def loss_scale_grid(scaled: pd.DataFrame):
     df = _labelled(scaled)
     df["log2_scale"] = np.log2(df["loss_scale"])
     unit = "cell_id" if "cell_id" in df else "seed"
-    grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", hue="Framework", style="Precision",
-                       units=unit, estimator=None, palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES,
-                       markers=PRECISION_MARKERS, markersize=6, drawstyle="steps-post", height=4, aspect=1.8,
-                       **_facet(df))
+    grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", **LINES, units=unit, estimator=None,
+                       markersize=6, drawstyle="steps-post", height=4, aspect=1.8, **_facet(df))
     _stagger_markers(grid)
-    skipped = df[df["skipped"]]
-    for machine, ax in zip(grid.col_names if _facet(df) else [None], grid.axes.flat):
-        part = skipped if machine is None else skipped[skipped["machine"] == machine]
+    for ax, part in _per_panel(grid, df[df["skipped"]]):
         if not part.empty:
             sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
                             marker="X", s=60, legend=False, ax=ax)
@@ -360,11 +357,9 @@ def loss_scale_grid(scaled: pd.DataFrame):
     return grid
 
 
-# A training cell ran while the machine was busy when its wall time per timed step exceeds this many times the speed
-# trial's median step of the same framework, model, dataset, batch, loop and precision (uncontended blocks). Measured
-# on the 2-core AVX2 EPYC: cells on an idle machine ran at 0.64-1.36x their trial's median step (a loss-scaling lab,
-# two naive-attention runs, the default compare's cells whose CPU share matched their trial); the cells other work
-# held ran at 1.5-9.3x.
+# A cell ran while the machine was busy when its wall time per timed step exceeds this many times its speed trial's
+# median step (same framework, model, dataset, batch, loop, precision; uncontended blocks). On the 2-core AVX2 EPYC,
+# cells on an idle machine ran at 0.64-1.36x their trial's median step, cells that other work held at 1.5-9.3x.
 BUSY_SLOWDOWN = 1.4
 
 
@@ -428,11 +423,9 @@ def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Se
 
 
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                        spread: str, sweep_note: str, busy: pd.Series | None = None,
-                        unjudged: str = "") -> list[Figure]:
+                        spread: str, sweep_note: str, busy: pd.Series, unjudged: str) -> list[Figure]:
     """The Speed section: throughput per precision (a † on labels resting on a busy cell; `unjudged`: unjudged_text)
     and the step-time distribution."""
-    busy = busy if busy is not None else pd.Series(dtype=float)
     table = table.assign(speed_label=_busy_marks(table, ok, busy))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label", "{}"), out_dir, "throughput")
@@ -500,13 +493,12 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                        f"{stats.NOISY_WIDTH}× end to end, includes no change, or is missing." if ratios.any() else
                        " No mixed precision's difference was decided, so no mixed precision's bar carries a "
                        "percentage.") + " fp32's bars read +0%: the reference the others are measured against."
-                   + " On a CPU this is the "
-                   "process's resident memory, which includes framework workspaces, so half-precision activations "
-                   "need not make it smaller." + (" \"undecided\": some seed's difference from fp32 is within "
-                                                  "what one precision's seeds differed by, or one seed ran (the "
-                                                  "per-model tables above give the difference in MiB)."
-                                 if unresolved else "")
-                   + not_drawn + spread,
+                   + " On a CPU this is the process's resident memory, which includes framework workspaces, so "
+                   "half-precision activations need not make it smaller."
+                   + (" \"undecided\": some seed's difference from fp32 is within what one precision's seeds differed "
+                      "by, or one seed ran (the per-model tables above give the difference in MiB)." if unresolved
+                      else "") + not_drawn + spread,
+
                    "Bar chart of peak training memory in MiB for each framework and precision mode."),
             Figure("accuracy", "accuracy", "Final validation accuracy",
                    "Accuracy on the held-out split after the last epoch. Whether a precision mode changed "
@@ -590,9 +582,8 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
 
 
 def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, column: str,
-            eligible: pd.Series | None = None) -> pd.Series:
-    """`labels` with " ⚠" after each non-empty one whose row has a note in the full table's `column`; `eligible`:
-    the rows that may carry one."""
+            eligible: pd.Series) -> pd.Series:
+    """`labels` with " ⚠" after each non-empty `eligible` one whose row has a note in the full table's `column`."""
     if notes is None or notes.empty or column not in notes:
         return labels
     keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]
@@ -600,7 +591,8 @@ def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, 
         index=False, name=None))
     marked = pd.Series([r in flagged for r in table[keys].astype(str).itertuples(index=False, name=None)],
                        index=table.index) & (labels != "")
-    return labels.where(~(marked if eligible is None else marked & eligible), labels + " ⚠")
+    return labels.where(~(marked & eligible), labels + " ⚠")
+
 
 
 def speed_labels(table: pd.DataFrame) -> pd.Series:
@@ -685,9 +677,8 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
         if data.empty:
             continue
         data = _labelled(data)
-        grid = sns.relplot(data=data, kind="line", x="batch_size", y=y, hue="Framework", style="Precision",
-                           palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
-                           errorbar=None, height=4, aspect=1.5, **facet)
+        grid = sns.relplot(data=data, kind="line", x="batch_size", y=y, **LINES, errorbar=None, height=4, aspect=1.5,
+                           **facet)
         grid.set(xscale="log")
         for ax in grid.axes.flat:
             sizes = sorted(table["batch_size"].unique())
@@ -815,29 +806,29 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
     hist["share_pct"] = 100 * hist["count"] / hist.groupby([*per, "framework", "precision"])["count"].transform("sum")
     df = _labelled(hist)
     df["Panel"] = (df["model"].astype(str) + " · " if per else "") + df["Framework"].astype(str)
-    grid = sns.relplot(data=df, kind="line", x="scaled_log2", y="share_pct", hue="Framework", style="Precision",
-                       col="Panel", palette=FRAMEWORK_COLORS, dashes=PRECISION_DASHES, markers=PRECISION_MARKERS,
+    grid = sns.relplot(data=df, kind="line", x="scaled_log2", y="share_pct", **LINES, col="Panel",
                        drawstyle="steps-mid", errorbar=None, height=3.6, aspect=1.5)
     low, high = float(df["scaled_log2"].min()) - 1, max(float(df["scaled_log2"].max()) + 1, 17.0)
     for ax in grid.axes.flat:
         ax.axvspan(min(low, -26), -25, color="#d1495b", alpha=0.12, linewidth=0)
-        ax.axvspan(np.log2(nr.FP16_MAX), high, color="#d1495b", alpha=0.12, linewidth=0)
+        ax.axvspan(np.log2(FP16_MAX), high, color="#d1495b", alpha=0.12, linewidth=0)
+
         ax.axvline(-14, color="#888", linestyle=":", linewidth=1)
         ax.set_xlim(min(low, -26), high)
-    grid.set_titles("{col_name}")
-    # on two lines: on one, each panel's label ran into its neighbour's
-    grid.set_axis_labels("log2 |gradient × loss scale in use|\n(float16: 0 below −25, inf above 16)",
-                         "Non-zero elements (%)")
-    grid.figure.suptitle("Gradient magnitudes against float16's range, last step", y=1.03)
+    # the x label on two lines: on one, each panel's label ran into its neighbour's
+    _finish(grid, "Gradient magnitudes against float16's range, last step",
+            "log2 |gradient × loss scale in use|\n(float16: 0 below −25, inf above 16)", "Non-zero elements (%)")
+
     _save(grid.figure, out_dir, "gradient_histogram")
     return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
                   "layers), by power of two of |gradient| times the loss scale the cell used. Shaded: what float16 "
                   "cannot hold — below 2^-25 it rounds to zero (the smallest subnormal is 2^-24), above "
-                  f"{nr.FP16_MAX:,.0f} (2^16) it overflows to inf; the dotted "
-                  "line is 2^-14, below which float16 keeps fewer significant bits. Loss scaling moves the whole "
-                  "histogram right: it rescues the left tail as long as the right one stays out of the shade. "
-                  "The Numerics section says how close each cell came to float16's largest value.",
+                  f"{FP16_MAX:,.0f} (2^16) it overflows to inf; the dotted line is 2^-14, below which float16 keeps "
+                  "fewer significant bits. Loss scaling moves the whole histogram right: it rescues the left tail as "
+                  "long as the right one stays out of the shade. The Numerics section says how close each cell came "
+                  "to float16's largest value.",
+
                   "Step chart per framework of the percentage of gradient elements per power of two of the scaled "
                   "gradient magnitude, with float16's underflow and overflow regions shaded.")
 
@@ -899,9 +890,8 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     e["panel"] = e[keys].astype(str).agg(" · ".join, axis=1)
     df = _labelled(e)
     panels = list(dict.fromkeys(df["panel"]))
-    grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", hue="Framework",
-                       style="Precision", units="cell_id", estimator=None, palette=FRAMEWORK_COLORS,
-                       dashes=PRECISION_DASHES, markers=PRECISION_MARKERS, linewidth=1, height=4.2, aspect=1.7,
+    grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", **LINES, units="cell_id",
+                       estimator=None, linewidth=1, height=4.2, aspect=1.7,
                        **({"col": "panel", "col_order": panels} if len(panels) > 1 else {}))
     targets = acc.drop_duplicates(keys).copy()
     targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
@@ -995,10 +985,9 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     return Figure("headroom", "numerics", "ViT headroom per block",
                   "The largest |attention logit| (what enters the softmax) and the largest |input| of the block's "
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
-                  "the step, read once per epoch), against float16's largest finite value "
-                  f"{FP16_MAX:,.0f} (dashed): the "
-                  "distance to the line is the headroom before float16 overflows. A value that went non-finite is "
-                  "left out (the tables say where)."
+                  f"the step, read once per epoch), against float16's largest finite value {FP16_MAX:,.0f} (dashed): "
+                  "the distance to the line is the headroom before float16 overflows. A value that went non-finite "
+                  "is left out (the tables say where)."
                   + (" The dotted line: the naive attention's exp overflows float16 once a logit passes "
                      f"ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}." if naive else "")
                   + (f" Measured on {cpu}." if cpu else ""),

@@ -131,15 +131,14 @@ def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
         return Findings(["No cell finished, so there is nothing to compare yet; see the failed cells below."], [],
                         False)
     groups = Groups.of(table)
-    out = [*machine_findings(groups, runs, environment), *too_short_findings(groups),
-           *scaling_findings(groups, runs, steps)]
+    short = too_short_findings(groups)
+    out = [*machine_findings(groups, runs, environment), *short, *scaling_findings(groups, runs, steps)]
     diverged = nr.with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
     mixed = table[precisions.is_mixed(table["precision"])]
     ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
              + (f"; {nr.ending_text(r, since=False)}." if nr.ending_text(r) else ".") for r in diverged.itertuples()]
-    return Findings(
-        ended[::-1] + out, too_short_findings(groups),
-        slowdown_scope(runs) and bool((mixed["speedup_vs_fp32"] < 1).any()))
+    return Findings(ended[::-1] + out, short, slowdown_scope(runs) and bool((mixed["speedup_vs_fp32"] < 1).any()))
+
 
 
 def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,

@@ -14,15 +14,13 @@ from amp_compare.kit.profile import PLAIN_STEPS
 SPEED_BAND = 1.1  # mixed vs fp32 median step ratio outside [1/1.1, 1.1]: a slowdown or speed-up worth explaining
 SHOWN_OPS = 3  # operations named per cell
 NO_PROFILE = "unexplained: no profile evidence for this cell or its fp32 cell (run with --profile)"
+NONE_MOVED = f"No mixed cell ran more than {SPEED_BAND - 1:.0%} slower or faster than its fp32 cell."
 
 
 def _per_step(ops: pd.DataFrame, cell: str, steps: float) -> pd.Series:
     rows = ops[ops["cell_id"] == cell]
     return rows.groupby("op")["self_time_s"].sum() / max(steps, 1.0)
 
-
-def _fp32_cell(cell_id: str, precision: str) -> str:
-    return cell_id.replace(f"-{precision}-", f"-{precisions.REFERENCE}-", 1)
 
 
 def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFrame) -> dict:
@@ -66,10 +64,10 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
     ok = runs[runs["status"] == "ok"].set_index("cell_id", drop=False)
     rows = []
     for _, run in ok[ok["precision"] != precisions.REFERENCE].iterrows():
-        base = ok.loc[_fp32_cell(run["cell_id"], run["precision"])] if _fp32_cell(run["cell_id"], run["precision"]) \
-            in ok.index else None
-        if base is None or not run["median_step_s"] > 0:
+        fp32 = run["cell_id"].replace(f"-{run['precision']}-", f"-{precisions.REFERENCE}-", 1)  # its fp32 cell's id
+        if fp32 not in ok.index or not run["median_step_s"] > 0:
             continue
+        base = ok.loc[fp32]
         ratio = base["median_step_s"] / run["median_step_s"]
         if 1 / SPEED_BAND <= ratio <= SPEED_BAND:
             continue
@@ -77,7 +75,7 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
     profiled = ok[ok["profile_step_s"].notna()] if "profile_step_s" in ok else ok.iloc[:0]
     sentences = [overhead_sentence(profiled)] if not profiled.empty else []
     traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
-    return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces}
+    return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces, "none_moved": NONE_MOVED}
 
 
 def overhead_sentence(profiled: pd.DataFrame) -> str:
@@ -92,6 +90,6 @@ def overhead_sentence(profiled: pd.DataFrame) -> str:
 def markdown(profile: dict | None, table_markdown) -> list[str]:
     if not profile:
         return []
-    body = table_markdown(profile["table"]) if not profile["table"].empty else "No mixed cell ran more than 10% " \
-        "slower or faster than its fp32 cell."
+    body = table_markdown(profile["table"]) if not profile["table"].empty else NONE_MOVED
+
     return ["", "### Profile", "", body, "", *[f"- {s}" for s in profile["sentences"]]]

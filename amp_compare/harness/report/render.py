@@ -50,7 +50,9 @@ from amp_compare.harness.report.tables import (
     formatted_summary,
     full_table,
     legend,
+    ok_runs,
     seed_counts_text,
+    seed_list_text,
     split_summary,
     summary_table,
 )
@@ -77,14 +79,18 @@ def _env() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined)
 
 
+def _left(i: int) -> str:
+    """The first four columns of a table are left-aligned."""
+    return " class='l'" if i < 4 else ""
+
+
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
-    """A plain HTML table, the first four columns left-aligned, rows where `highlight` is true marked; `grouped`:
-    columns named "group: name" share a header cell over their names."""
+    """A plain HTML table, rows where `highlight` is true marked; `grouped`: columns named "group: name" share a
+    header cell over their names."""
     cols = [c for c in df.columns if c != highlight]
     if grouped:
         return f"<table>{_grouped_head(cols)}{''.join(_rows(df, cols, highlight))}</table>"
-    head = "".join(f"<th class='l'>{html.escape(str(c))}</th>" if i < 4 else f"<th>{html.escape(str(c))}</th>"
-                   for i, c in enumerate(cols))
+    head = "".join(f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols))
     return f"<table><tr>{head}</tr>{''.join(_rows(df, cols, highlight))}</table>"
 
 
@@ -92,9 +98,8 @@ def _grouped_head(cols: list[str]) -> str:
     top, sub = [], []  # top: a finished <th> for a column of its own, [group, span] for a group
     for i, c in enumerate(cols):
         group, _, name = str(c).rpartition(": ")
-        align = " class='l'" if i < 4 else ""
         if not group:
-            top.append(f"<th rowspan='2'{align}>{html.escape(name)}</th>")
+            top.append(f"<th rowspan='2'{_left(i)}>{html.escape(name)}</th>")
             continue
         if top and isinstance(top[-1], list) and top[-1][0] == group:
             top[-1][1] += 1
@@ -108,8 +113,7 @@ def _grouped_head(cols: list[str]) -> str:
 def _rows(df: pd.DataFrame, cols: list, highlight: str | None) -> list[str]:
     rows = []
     for rec in df.to_dict("records"):
-        cells = "".join(f"<td class='l'>{html.escape(str(rec[c]))}</td>" if i < 4 else
-                        f"<td>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))
+        cells = "".join(f"<td{_left(i)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))
         mark = " class='differs'" if highlight and rec.get(highlight) else ""
         rows.append(f"<tr{mark}>{cells}</tr>")
     return rows
@@ -121,7 +125,7 @@ def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
 
 def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Step-time percentiles and both throughputs, medians over seeds."""
-    ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+    ok = ok_runs(runs)
     if ok.empty or "p99_step_s" not in ok:
         return pd.DataFrame()
     group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["model", "dataset",
@@ -311,7 +315,7 @@ def _vit_settings(settings: dict) -> dict:
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
     """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
     from the installed versions, and the values this run's cells actually used."""
-    ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+    ok = ok_runs(runs)
     # what a cell used: every cell that recorded its settings, diverged ones too
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
     defaults: dict[str, dict] = {}
@@ -351,10 +355,6 @@ def _used_text(by_model: dict[str, set]) -> str:
     if len({frozenset(vs) for vs in by_model.values()}) <= 1:
         return "; ".join(sorted(set(values))) or "not used"
     return "; ".join(f"{model} {', '.join(sorted(vs))}" for model, vs in sorted(by_model.items()))
-
-
-def _seeds_text(seeds: list) -> str:
-    return f"{len(seeds)} seeds ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
 
 
 @dataclass
@@ -500,11 +500,6 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     return rows
 
 
-def _split_packages(rows: list) -> tuple[list, list]:
-    """The Environment rows as (the machine and frameworks, the package versions the appendix lists)."""
-    return [r for r in rows if not r[0].startswith("version_")], [r for r in rows if r[0].startswith("version_")]
-
-
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str = "cpu",
           full: pd.DataFrame | None = None) -> Callable[[], list]:
     """Every figure of the page, started now on up to two processes; the returned collect() gives them in page order,
@@ -592,7 +587,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     parts = finding_parts(runs, steps, evidence, epochs, table=full)
     sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
-    seeds_text = (seed_counts_text(runs) or _seeds_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
+    seeds_text = (seed_counts_text(runs) or seed_list_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
     verdict_table = scaling.with_lab_rows(verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials"))),
                                           runs, steps, tables.get("underflow"))
     verdict_table = nr.with_naive_rows(verdict_table, runs, tables.get("headroom"))
@@ -609,17 +604,12 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"],
                                                              speed.manifest_conditions(manifest)[0]),
-                            "hardware": speed.hardware_paragraph(*_fp32_ceilings(full))},
+                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
+                                                                 bool((ceiling_limits(full) != "").any()))},
             "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
             "machine_note": speed.machine_note(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
             **_answer_context(manifest, verdict_table)}
-
-
-def _fp32_ceilings(full: pd.DataFrame) -> tuple[bool, bool]:
-    """Whether some cell is measured against the fp32 ceiling for want of its half format's arithmetic, and whether
-    some because the run kept the frameworks from its instructions (hardware.on_fp32_ceiling / ceiling_limits)."""
-    return bool(on_fp32_ceiling(full).any()), bool((ceiling_limits(full) != "").any())
 
 
 def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
@@ -679,7 +669,8 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
         f"python -m amp_compare report {run_dir} draws them."]) + ignored_settings(runs.to_dict("records"))
-    checked = side_by_side(runs[runs["status"] == "ok"].to_dict("records") if "status" in runs else [])
+    checked = side_by_side(ok_runs(runs).to_dict("records"))
+    env = environment_rows(manifest["environment"], runs, tables.get("trials"))  # the appendix lists the packages
     numerics = _numerics_context(manifest, tables, summary["facts"], acc_stats)
     return {
         **summary, **numerics,
@@ -689,8 +680,8 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "warmup": manifest["defaults"]["warmup_steps"],
-        **dict(zip(("env_rows", "package_rows"), _split_packages(environment_rows(manifest["environment"], runs,
-                                                                          tables.get("trials"))))),
+        "env_rows": [r for r in env if not r[0].startswith("version_")],
+        "package_rows": [r for r in env if r[0].startswith("version_")],
         "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
         "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)

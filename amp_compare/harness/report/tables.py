@@ -24,8 +24,12 @@ def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
 
 
-def _q(p: float):
-    return lambda s: float(np.percentile(s, p))
+def _spread_of(column: str, name: str, median: str | None = None) -> dict:
+    """The named aggregations of a column's median (named `median`, else the column), quartiles and extremes."""
+    return {median or column: (column, "median"), f"{name}_q1": (column, lambda s: float(np.percentile(s, 25))),
+            f"{name}_q3": (column, lambda s: float(np.percentile(s, 75))), f"{name}_min": (column, "min"),
+            f"{name}_max": (column, "max")}
+
 
 
 def paired_fp32(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.ndarray:
@@ -64,26 +68,14 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok["log_memory"] = paired_log_ratio(ok, "peak_memory_bytes", base_keys)
     agg = ok.groupby(group, sort=False, dropna=False).agg(
         runs=("seed", "size"),
-        throughput_img_s=("throughput_img_s", "median"),
-        throughput_q1=("throughput_img_s", _q(25)),
-        throughput_q3=("throughput_img_s", _q(75)),
+        **_spread_of("throughput_img_s", "throughput"),
+        **_spread_of("final_val_accuracy", "accuracy", median="val_accuracy"),
+        **_spread_of("accuracy_change_pp", "accuracy_change"),
         log_speed=("log_speed", "mean"),
         log_speed_min=("log_speed", "min"),
         log_speed_max=("log_speed", "max"),
-        throughput_min=("throughput_img_s", "min"),
-        throughput_max=("throughput_img_s", "max"),
-        accuracy_min=("final_val_accuracy", "min"),
-        accuracy_max=("final_val_accuracy", "max"),
-        accuracy_change_min=("accuracy_change_pp", "min"),
-        accuracy_change_max=("accuracy_change_pp", "max"),
         peak_memory_bytes=("peak_memory_bytes", "median"),
         log_memory=("log_memory", "mean"),
-        val_accuracy=("final_val_accuracy", "median"),
-        accuracy_q1=("final_val_accuracy", _q(25)),
-        accuracy_q3=("final_val_accuracy", _q(75)),
-        accuracy_change_pp=("accuracy_change_pp", "median"),
-        accuracy_change_q1=("accuracy_change_pp", _q(25)),
-        accuracy_change_q3=("accuracy_change_pp", _q(75)),
         skipped_steps=("skipped_steps", "median"),
         **{c: (c, "median") for c in PERF_MEDIANS},
         **{c: (c, "first") for c in CEILING_WHY},
@@ -219,19 +211,25 @@ def named_machines(table: pd.DataFrame) -> set:
     return set(n[n > 1].index)
 
 
-def group_label(key: dict, multi_machine, varying: set = frozenset()) -> str:
+def group_label(key: dict, multi_machine: set, varying: set = frozenset()) -> str:
+    """A group's name in sentences: model on dataset, the loop keys that vary, the machine where it must be named."""
     text = f"{key['model']} on {key['dataset']}"
     if "step_loop" in varying and "step_loop" in key:
         text += f", {key['step_loop']} step"
     if "batch_size" in varying and "batch_size" in key:
         text += f", batch {key['batch_size']:.0f}"
-    if isinstance(multi_machine, set):
-        multi_machine = (key["model"], key["dataset"]) in multi_machine
-    return text + (f" ({key['machine']})" if multi_machine and "machine" in key else "")
+    named = "machine" in key and (key["model"], key["dataset"]) in multi_machine
+    return text + (f" ({key['machine']})" if named else "")
+
 
 
 def seeds_text(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
+
+
+def seed_list_text(seeds: list) -> str:
+    """"3 seeds (0, 1, 2)" or "one seed (0)"."""
+    return f"{seeds_text(len(seeds))} ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
 
 
 def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
@@ -413,9 +411,8 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
     keys = _keys(ok)
     counts = ok.groupby(keys, sort=False, dropna=False)["seed"].nunique()
     if counts.nunique() == 1:
-        seeds = sorted(set(ok["seed"]))
-        n = int(counts.iloc[0])
-        return f"{seeds_text(n)} ({', '.join(map(str, seeds))})" if n > 1 else f"one seed ({seeds[0]})"
+        return seed_list_text(sorted(set(ok["seed"])))
+
     multi = named_machines(ok)
     return " and ".join(f"{seeds_text(int(n))} for {group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
 
