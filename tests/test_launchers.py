@@ -288,7 +288,7 @@ def test_a_cell_waits_for_the_initial_weights_its_seed_is_making(tmp_path):
 def test_cells_at_once_is_the_cpu_default_and_nowhere_else(monkeypatch):
     """--parallel's default (launchers.cells_at_once): on a CPU without --threads, one cell per usable CPU, one thread
     each, the speed trials keeping --threads' value; one at a time on a GPU, with submitit, --replicas, --threads
-    given, --resume or a single cell."""
+    given or a single cell; a --resume as its run planned its cells."""
     import argparse
     import dataclasses
 
@@ -318,3 +318,19 @@ def test_cells_at_once_is_the_cpu_default_and_nowhere_else(monkeypatch):
     assert resolve(cells=(cell,))[0].parallel == 1
     args, cells = resolve(parallel=2)  # given: as asked, threads untouched
     assert args.parallel == 2 and {c.threads for c in cells} == {4}
+    # --resume: as the run planned its cells (at once, up to the run's number, where they ran so with one thread)
+    one = dataclasses.replace(cell, threads=1)
+    at_once = {"launcher": "local", "parallel": 2, "trial_threads": 4}
+
+    def resume(cells, previous, **changes):
+        args = argparse.Namespace(**{"parallel": None, "launcher": "local", "resolved_device": "cpu", "threads": 4,
+                                     "given": set(), "resume": "r1", **changes})
+        return args, launchers.cells_at_once(args, list(cells), previous)
+
+    args, cells = resume([one] * 3, at_once)
+    assert args.parallel == 2 and {c.threads for c in cells} == {1}
+    assert resume([one], at_once)[0].parallel == 2  # the last cell of such a run: its conditions are the run's
+    assert resume([one] * 3, {"launcher": "local", "parallel": 1})[0].parallel == 1  # it ran one after another
+    assert resume([cell] * 3, at_once)[0].parallel == 1  # cells of more threads than one
+    assert resume([one] * 3, at_once, resolved_device="cuda")[0].parallel == 1
+    assert resume([one] * 3, None)[0].parallel == 1

@@ -315,7 +315,7 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
         run_dir, cells, manifest, lock = plan_resume(args)
         manifest.setdefault("resumed", []).append({"command": command, "cells": len(cells)})
         trial_threads = manifest.get("launcher", {}).get("trial_threads")  # the run's, not this part's
-        cells = launchers.cells_at_once(args, cells)
+        cells = launchers.cells_at_once(args, cells, manifest.get("launcher"))
         manifest["launcher"] = launchers.describe(args)  # the launcher of the latest part (each cell's placement)
         manifest["launcher"].pop("trial_threads", None)
         if trial_threads:

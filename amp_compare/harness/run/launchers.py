@@ -128,19 +128,27 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def cells_at_once(args, cells: list[RunConfig]) -> list[RunConfig]:
+def cells_at_once(args, cells: list[RunConfig], previous: dict | None = None) -> list[RunConfig]:
     """--parallel's default (args.parallel None). On a CPU, with the local launcher, 1-worker cells and no --threads
     given: one cell per usable CPU (at most one per cell), each with one thread; the cells, which no longer decide
     speed, take half the time or less on two cores (the default compare on the 2-core AVX2-only EPYC: 243 s against
     320 s one after another at two threads), and the speed trials keep --threads' default, with no cell beside them
-    (args.trial_threads; the manifest's launcher entry). Elsewhere (a GPU, submitit, --replicas, --threads given,
-    --resume, one cell) one at a time, as before. Returns the cells with the threads they run with."""
+    (args.trial_threads; the manifest's launcher entry). A --resume (`previous`: the run's launcher entry) runs its
+    cells as the run planned them: at once, up to the run's number, where the run's ran at once with one thread each
+    and they still do. Elsewhere (a GPU, submitit, --replicas, --threads given, one cell) one at a time, as before.
+    Returns the cells with the threads they run with."""
     args.trial_threads = getattr(args, "trial_threads", None) or args.threads
     if args.parallel is not None:
         return cells
+    if getattr(args, "resume", None):
+        ran_at_once = (previous or {}).get("launcher") == "local" and (previous or {}).get("parallel", 1) > 1
+        local_cpu = args.launcher == "local" and args.resolved_device == "cpu"
+        at_once = ran_at_once and local_cpu and cells and all(c.threads == 1 and c.replicas == 1 for c in cells)
+        args.parallel = min(previous["parallel"], usable_cpus()) if at_once else 1
+        return cells
     n = min(usable_cpus(), len(cells))
     if (n < 2 or args.launcher != "local" or args.resolved_device != "cpu" or "threads" in args.given
-            or getattr(args, "resume", None) or any(c.replicas > 1 or c.thread_floor for c in cells)):
+            or any(c.replicas > 1 or c.thread_floor for c in cells)):
         args.parallel = 1
         return cells
     args.parallel, args.threads = n, 1
