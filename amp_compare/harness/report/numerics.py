@@ -54,8 +54,7 @@ ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
 
 
 def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
-    """Per underflow row: whether its parameter's exact gradient is zero (ZERO_GRADIENT_PARAM), so that what the
-    probe finds there is rounding residue, not underflow."""
+    """Per underflow row: whether its parameter's exact gradient is zero (ZERO_GRADIENT_PARAM): residue, not loss."""
     names = underflow["layer"].astype(str) + "." + underflow["param"].astype(str)
     return names.map(lambda name: bool(ZERO_GRADIENT_PARAM.search(name)))
 
@@ -220,8 +219,6 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
         if not found.empty else pd.DataFrame()
 
 
-
-
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
     """(growth interval, the most clean steps in a row of any dynamic-scaling cell: the scale doubles only after
     growth-interval of them), or None without a recorded interval or such a cell."""
@@ -321,7 +318,7 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
 
 
 def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
-    """scale_record_text of the cell whose probe rows `rows` are ("" without step records)."""
+    """scale_record_text of the cell of the probe rows `rows` ("" without step records)."""
     if steps is None or steps.empty or rows.empty or "cell_id" not in rows or "loss_scale" not in steps:
         return ""
     return scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]])
@@ -627,8 +624,8 @@ def _locator_cells(runs: pd.DataFrame | None, steps: pd.DataFrame | None) -> dic
 
 
 def _headroom_row(layer: str, quantity: str, peak: pd.Series, cell: dict) -> dict:
-    """One layer's record against the float16 limit it meets (logit_limit); a non-finite record said as carried
-    from an earlier layer where the records show one."""
+    """One layer's record against the float16 limit it meets; a non-finite record said as carried from an earlier
+    layer where the records show one."""
     naive = quantity == "attention_logit" and cell.get("cfg_attention") == "naive"
     limit = FP16_EXP_LIMIT if naive else FP16_MAX
     value, epoch = float(peak["max_abs"]), int(peak["epoch"])
@@ -713,16 +710,8 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
     return out
 
 
-def logit_limit(naive: bool) -> tuple[float, str]:
-    """(limit, its words) an attention logit is measured against: ln(65,504) for the naive softmax's exp, else
-    float16's largest value."""
-    return ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive else
-            (FP16_MAX, "float16's 65,504"))
-
-
 def _in_float16(precision: str) -> bool:
-    """Whether a precision computes in float16 (its headroom against float16's limits is its own; any other
-    precision's is what it would be had it run in float16)."""
+    """Whether a precision computes in float16 (else its float16 headroom is what it would be had it run in float16)."""
     return precision in precisions.names(half="float16")
 
 
@@ -736,12 +725,14 @@ FORCED = " — had it run in float16: --fp32-layers computed this layer in float
 
 
 def _logit_text(top: pd.Series, naive: bool, fp16: bool = True, forced: bool = False) -> str:
-    """The cell's largest attention logit against the limit its softmax has (logit_limit); for a cell that did not
-    compute in float16, or whose attention --fp32-layers kept in float32, said as what it would be in float16."""
+    """The cell's largest attention logit against the limit its softmax meets (ln(65,504) for the naive softmax's exp,
+    else float16's largest value); for a cell that did not compute in float16, or whose attention --fp32-layers kept
+    in float32, said as what it would be in float16."""
     where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
     if not (np.isfinite(top["max_abs"]) and top["max_abs"] > 0):
         return f"the attention logits' record went non-finite ({where})"
-    limit, named = logit_limit(naive)
+    limit, named = ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive
+                    else (FP16_MAX, "float16's 65,504"))
     factor = limit / top["max_abs"]
     return (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
             + (f"{factor:.3g}× below {named}" if factor >= 1 else f"past {named} (headroom {factor:.2g}×)")
@@ -831,8 +822,7 @@ def _layers_text(f: dict) -> str:
 
 
 def _unattributed_text(differing: dict) -> str:
-    """The rows only one framework's audit attributes ("-" in the other's column): not a difference, so counted
-    apart from the red rows."""
+    """The rows only one framework's audit attributes ("-" in the other's column), counted apart from the red rows."""
     lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
     if not lone:
         return ""
@@ -949,6 +939,6 @@ def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
 
 
 def with_naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame | None) -> pd.DataFrame:
-    """The verdict table with the naive-attention rows (naive_rows) added where the run has any."""
+    """The verdict table with naive_rows added."""
     said = naive_rows(table, runs, headroom)
     return pd.concat([table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True) if said else table
