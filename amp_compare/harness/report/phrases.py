@@ -287,21 +287,17 @@ def cause(f: dict) -> str:
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
-            f"so that step's was ≥ {_down(FP16_MAX / f['scale'])} unscaled (inferred from the overflow)")
+            f"so that step's was ≥ {_bound(FP16_MAX / f['scale'], 4, up=False)} unscaled (inferred from the overflow)")
 
 
-def _up(bound: float, digits: int) -> str:
-    """An upper bound to `digits` significant digits, rounded up (a largest gap of 0.0208% is within 0.021%)."""
-    step = 10.0 ** (np.floor(np.log10(bound)) - digits + 1)
-    return f"{np.ceil(bound / step - 1e-9) * step:.{max(0, int(digits - 1 - np.floor(np.log10(bound))))}f}"
-
-
-def _down(bound: float, digits: int = 4) -> str:
-    """A lower bound to `digits` significant digits, rounded down (65,504 / 2^18 = 0.249878 is ≥ 0.2498, not 0.2499)."""
+def _bound(bound: float, digits: int, up: bool) -> str:
+    """`bound` to `digits` significant digits, rounded away from what it bounds: up for an upper bound (a largest
+    gap of 0.0208% is within 0.021%), down for a lower one (65,504 / 2^18 = 0.249878 is ≥ 0.2498, not 0.2499)."""
     if not bound > 0:
         return f"{bound:g}"
     step = 10.0 ** (np.floor(np.log10(bound)) - digits + 1)
-    return f"{np.floor(bound / step) * step:.{max(0, int(digits - 1 - np.floor(np.log10(bound))))}f}"
+    rounded = np.ceil(bound / step - 1e-9) if up else np.floor(bound / step)
+    return f"{rounded * step:.{max(0, int(digits - 1 - np.floor(np.log10(bound))))}f}"
 
 
 def _underflow(v, e: dict) -> str:
@@ -404,7 +400,7 @@ def _data_parallel(v, e: dict) -> str:
                "no_thread_floor": "no rerun at another thread count to judge it by",
                "workers_disagree": ""}[v.reason]  # the disagreement decides: no floor to weigh a gap against
     agreed = "the workers' own records disagreed" if v.reason == "workers_disagree" else "workers agreed"
-    share = f"{_up(100 * gap, 2)}%" if gap >= 1e-4 else "less than 0.01%"  # "within": a bound, rounded up
+    share = f"{_bound(100 * gap, 2, up=True)}%" if gap >= 1e-4 else "less than 0.01%"  # "within": a bound, rounded up
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
     n, one = e.get("skipped_n"), e.get("skipped_1")
     skips = (f"; {n} skipped steps against 1 worker's {one}" if isinstance(n, (int, float)) and
