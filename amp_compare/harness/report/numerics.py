@@ -526,7 +526,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str, forced: tuple[str, ...] = 
     facts["inputs_recorded"] = recorded_inputs(dtypes)
     facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype(keras_fw, "fc"),
                  keras_loss=layer_dtype(keras_fw, "loss"), torch_loss=layer_dtype("torch", "loss"),
-                 keras_label=_label(keras_fw), methods=audit_methods(dtypes))
+                 keras_label=_label(keras_fw))
     for p, table in dtype_side_by_side(dtypes).items():
         facts["differing"][p] = _differing_rows(table)
         if "model" in table:  # a two-model table: the rows counted per model as well
