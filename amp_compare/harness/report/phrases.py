@@ -18,11 +18,8 @@ from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
           "numerics": "numerics"}
-STATUS = {"faster": "faster", "slower": "slower", "smaller": "less memory", "larger": "more memory",
-          "higher": "higher", "lower": "lower", "same": "same", "undecided": "undecided",
-          "not_comparable": "n/a", "failed": "failed", "differs": "differs", "skipped": "skipped",
-          "clean": "clean", "lost": "lost", "sufficed": "sufficed", "insufficient": "insufficient",
-          "overflowed": "overflowed", "finite": "finite", "agrees": "agrees", "departs": "departs"}
+# the word a table prints for each status: the status itself but for these three
+STATUS = {**{s: s for s in STATUSES}, "smaller": "less memory", "larger": "more memory", "not_comparable": "n/a"}
 REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
