@@ -131,7 +131,7 @@ def _within(low, high, margin) -> bool:
     return _finite(low, high) and 1 - margin <= low and high <= 1 + margin
 
 
-# Each table is read top to bottom; the first rule that holds decides. f: the row's facts (_facts below).
+# Each table is read top to bottom; the first rule that holds decides. f: the row's facts.
 SPEED = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
     Rule("no speed trial of this pair", lambda f: not f.trial, "not_comparable", "no_trial"),
