@@ -334,22 +334,21 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
     if (scale == 1).all():
         return ""
     skipped = g["skipped"].astype(bool).to_numpy() if "skipped" in g else np.zeros(len(g), bool)
+    finite = np.isfinite(g["loss"].astype(float).to_numpy()) if "loss" in g else np.ones(len(g), bool)
     last = f"step {int(g['step'].iloc[-1])}, counting from 0"
-    last_loss = float(g["loss"].iloc[-1]) if "loss" in g else 0.0
     ending = (f"the last step ({last}) ran at {phrases.power(scale[-1])} and "
               + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
-                 if np.isfinite(last_loss) else "was skipped, with a non-finite loss"))
+                 if finite[-1] else "was skipped, with a non-finite loss"))
     keras_static = (str(g["framework"].iloc[0]) in KERAS_BACKENDS if "framework" in g else False) and str(
         g["precision"].iloc[0] if "precision" in g else "") in precisions.names(loss_scaling="static")
     if keras_static and not skipped.any():  # Keras applies every update under a static scale: no skip can show one
-        finite = bool(np.isfinite(g["loss"].astype(float)).all()) if "loss" in g else False
-        return (f"The step records: {'every' if finite else 'not every'} loss of its {len(g):,} steps was finite "
+        every = "every" if "loss" in g and finite.all() else "not every"
+        return (f"The step records: {every} loss of its {len(g):,} steps was finite "
                 f"(a Keras static scale applies every update, so no skip can show an overflow); the last step "
                 f"({last}) ran at {phrases.power(scale[-1])}")
     if not skipped.any():
         return (f"The step records: no update of {len(g):,} was skipped (no overflow at the scale then in use); "
                 + ending)
-    finite = np.isfinite(g["loss"].astype(float).to_numpy()) if "loss" in g else np.ones(len(g), bool)
     steps = g["step"].astype(int).to_numpy()
     kinds = [_skips_text(steps[skipped & finite], scale[skipped & finite], "with a finite loss (non-finite "
                          "gradients at the scale then in use: a backward overflow, which a lower scale cures, or a "
