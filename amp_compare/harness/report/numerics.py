@@ -18,10 +18,6 @@ from amp_compare.harness.report import phrases, scaling, stats, verdicts
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX
 
-# fp16 with its dynamic loss scaling and without any: "What happened" compares their accuracy.
-DYNAMIC_FP16 = precisions.names(half="float16", loss_scaling="dynamic")[0]
-UNSCALED_FP16 = precisions.names(half="float16", loss_scaling=None)[0]
-
 
 def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
@@ -470,7 +466,7 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
     median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median() if not ok.empty \
         else pd.Series()
     for group in dict.fromkeys(k[:-1] for k in median.index):
-        with_s, without = median.get((*group, DYNAMIC_FP16)), median.get((*group, UNSCALED_FP16))
+        with_s, without = median.get((*group, scaling.DYNAMIC[0])), median.get((*group, scaling.UNSCALED[0]))
         if with_s is None or without is None:
             continue
 
@@ -482,7 +478,7 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
             return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if not sel.empty else ""
 
         out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
-                   f"loss scaling{tested(DYNAMIC_FP16)}, {without:.1%} without any{tested(UNSCALED_FP16)}"
+                   f"loss scaling{tested(scaling.DYNAMIC[0])}, {without:.1%} without any{tested(scaling.UNSCALED[0])}"
                    + (" — each tested against fp32 image by image, as the Accuracy section does." if acc_rows
                       is not None else "."))
     return out
