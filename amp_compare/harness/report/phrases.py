@@ -313,11 +313,10 @@ def _underflow(v, e: dict) -> str:
                                       f"{e.get('accuracy_pp', float('nan')):+.1f} pp against fp32"
                                       + _differing(e),
                 "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
+    said = f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; "
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
-        return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; "
-                f"{mattered[v.reason]}")
-    return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; {acc_text}: "
-            f"{mattered.get(v.reason, '')}").rstrip(": ")
+        return said + mattered[v.reason]
+    return f"{said}{acc_text}: {mattered.get(v.reason, '')}".rstrip(": ")
 
 
 def share(x: float) -> str:
