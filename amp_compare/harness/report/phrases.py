@@ -335,14 +335,13 @@ def _differing(e: dict) -> str:
 
 def _static(v, e: dict) -> str:
     no_skip = "no skip, " if e.get("skips", True) else ""  # a Keras static scale applies every update: none to skip
-    said = {"no_overflow_no_underflow": f"static scale {power(v.estimate)} sufficed: {no_skip}every loss finite, "
-                                        "no element lost at it",
-            "overflowed": f"static scale {power(v.estimate)} overflowed: {_plural(e.get('skipped', 0), 'update')} "
-                          f"skipped, {_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
-            "underflowed": f"static scale {power(v.estimate)}: {no_skip}every loss finite; "
-                           f"{_plural(e.get('lost', 0), 'gradient element')} still rounded to 0 at it (both probes, "
-                           "all seeds)",
-            "no_probe": f"static scale {power(v.estimate)}: {no_skip}every loss finite; no underflow probe"}
+    scale = f"static scale {power(v.estimate)}"
+    said = {"no_overflow_no_underflow": f"{scale} sufficed: {no_skip}every loss finite, no element lost at it",
+            "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
+                          f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
+            "underflowed": f"{scale}: {no_skip}every loss finite; {_plural(e.get('lost', 0), 'gradient element')} "
+                           "still rounded to 0 at it (both probes, all seeds)",
+            "no_probe": f"{scale}: {no_skip}every loss finite; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 
 
