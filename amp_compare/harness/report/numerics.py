@@ -414,13 +414,10 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
         at = f" at the scale held after the last step ({phrases.power(scale)})" if scale != 1 else " (no loss scaling)"
-        if total == 0:
-            out.append(f"{who}{_label(fw)} {prec}, after the last step: none of the {nonzero:,} non-zero gradient "
-                       f"elements came out exactly zero in the real float16 backward{at}.")
-            continue
-        out.append(f"{who}{_label(fw)} {prec}, after the last step: {total:,} of the {nonzero:,} non-zero gradient "
-                   f"elements ({phrases.share(total / nonzero)}) came out exactly zero in the real float16 "
-                   f"backward{at}; {_where_lost(g, lost, total)}.")
+        counted = (f"none of the {nonzero:,} non-zero gradient elements" if total == 0 else
+                   f"{total:,} of the {nonzero:,} non-zero gradient elements ({phrases.share(total / nonzero)})")
+        out.append(f"{who}{_label(fw)} {prec}, after the last step: {counted} came out exactly zero in the real "
+                   f"float16 backward{at}" + (f"; {_where_lost(g, lost, total)}." if total else "."))
     return out
 
 
