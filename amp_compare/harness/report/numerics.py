@@ -735,8 +735,7 @@ def _located_text(r: dict, step: int, forced: str) -> str:
     """A naive-attention cell's locator finding, the loss of the step it ran at, and how the cell ended."""
     layer = r.get("nonfinite_layer", "")
     ending = ending_text(r)
-    after = (f"the run diverged ({ending})" if r.get("status") == "diverged" and ending else
-             "the run diverged" if r.get("status") == "diverged" else
+    after = ("the run diverged" + (f" ({ending})" if ending else "") if r.get("status") == "diverged" else
              f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of {int(r.get('steps_total', 0))} steps")
     beside = locator_loss_text(r)
     return (f"at step {step}, its first skipped update or non-finite loss, the NaN/Inf locator (that step's batch "

@@ -111,12 +111,10 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         if below.empty:
             continue
         text = _slower_text(fmt, rows, below)
-        if has_arithmetic(environment, fmt) and did:
-            text += (f" This CPU's flags list {fmt} arithmetic, but this run {did}, {follows}; the run did not record "
-                     "which kernels ran (a profile would).")
-        elif has_arithmetic(environment, fmt):
-            text += (f" This CPU's flags list {fmt} arithmetic, so they do not explain a slowdown: the run did not "
-                     "record which kernels ran (a profile would).")
+        if has_arithmetic(environment, fmt):
+            why = f"but this run {did}, {follows};" if did else "so they do not explain a slowdown:"
+            text += (f" This CPU's flags list {fmt} arithmetic, {why} the run did not record which kernels ran (a "
+                     "profile would).")
         else:
             text += (f" This CPU's flags list no {fmt} arithmetic ({' and '.join(ARITHMETIC_FLAGS[fmt])} absent), "
                      f"so {fmt} work cannot have run on {fmt} units here; which kernels ran instead was not "
