@@ -55,7 +55,7 @@ def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
     return names.map(lambda name: bool(ZERO_GRADIENT_PARAM.search(name)))
 
 
-# The summary's share columns that residue can sit in, and the record columns they weight.
+# The summary's share columns (residue can sit in each) and the record columns they weight.
 RESIDUE_COLUMNS = {"flush_unscaled": "flush_fraction_unscaled", "flush_scaled": "flush_fraction_scaled",
                    "lost_unscaled": "lost_fraction_mixed_unscaled", "lost_scaled": "lost_fraction_mixed_scaled"}
 
@@ -83,10 +83,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
             "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / elements),
             "zero_fraction_mixed": float((g["zero_fraction_mixed"] * g["elements"]).sum() / elements)
             if "zero_fraction_mixed" in g and g["zero_fraction_mixed"].notna().all() else float("nan"),
-            "flush_unscaled": by_nonzero("flush_fraction_unscaled"),
-            "flush_scaled": by_nonzero("flush_fraction_scaled"),
-            "lost_unscaled": by_nonzero("lost_fraction_mixed_unscaled"),
-            "lost_scaled": by_nonzero("lost_fraction_mixed_scaled"),
+            **{name: by_nonzero(col) for name, col in RESIDUE_COLUMNS.items()},
             "cancelled_scaled": by_nonzero("cancelled_fraction_mixed_scaled"),
             "loss_scale": float(g["loss_scale"].iloc[0]),
             "method": g["method"].iloc[0] if "method" in g else "",
@@ -799,10 +796,9 @@ def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
         return ""
     n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
     per = " per seed" if len(counts) > 1 else ""
-    if counts == totals:
-        return f"{prec} {float(np.median(gaps)):.2g} ({n} steps{per})"
-    return (f"{prec} {float(np.median(gaps)):.2g} (only its first {n} of {max(totals)} steps{per}: a non-finite loss "
-            f"cut it short, not comparable)")
+    steps = (f"{n} steps{per}" if counts == totals else
+             f"only its first {n} of {max(totals)} steps{per}: a non-finite loss cut it short, not comparable")
+    return f"{prec} {float(np.median(gaps)):.2g} ({steps})"
 
 
 def _layers_text(f: dict) -> str:
