@@ -304,7 +304,7 @@ def test_each_n_worker_cell_is_one_answer_line_whatever_became_of_it():
                              "within the 1-thread 1-worker rerun's 2.0e-07"), lines[3]
     assert "beyond the 1-thread 1-worker rerun's 1.0e-07 (2,000×)" in lines[5] and "records disagreed" in lines[6]
     assert "losses within 0.020% of 1 worker's" in lines[5]  # "within" a bound rounded up: 0.0208% is not 0.02%
-    assert phrases._up(100 * 2.08e-4, 2) == "0.021"
+    assert phrases._bound(100 * 2.08e-4, 2, up=True) == "0.021"
     # what a reduced-precision all-reduce did to accuracy, paired with the fp32 all-reduce (dataparallel.rows' test)
     test = {"diff_pp": -0.28, "ci_low": -0.83, "ci_high": 0.3, "p_value": 0.6, "method": "x", "detectable": False,
             "near_chance": False}

@@ -161,5 +161,6 @@ def test_bounds_round_down_and_tiny_shares_keep_a_digit():
     """Audit: "≥ 0.2499" from 65,504 / 2^18 = 0.24988 (a bound rounded up), "(0.00%)" for 1 of 28,975."""
     from amp_compare.harness.report import phrases
 
-    assert phrases._down(65504 / 2**18) == "0.2498" and phrases._down(65504 / 2**15) == "1.999"
+    assert phrases._bound(65504 / 2**18, 4, up=False) == "0.2498"
+    assert phrases._bound(65504 / 2**15, 4, up=False) == "1.999"
     assert phrases.share(1 / 28975) == "0.003%" and phrases.share(30 / 29000) == "0.10%"

@@ -14,7 +14,6 @@ from amp_compare.harness.report import phrases, speed
 from amp_compare.harness.report.verdicts import EXPERIMENTS, choose
 
 SHOWN = ("speed", "accuracy")  # the metrics each precision's line gives; the tables give every metric
-# a decided trial most of whose blocks were contended says so on its line too (phrases.cell): the rest, the tables
 INTERVAL = ("speed",)  # whose interval the line gives (the page's tables give every interval; 80 columns)
 
 

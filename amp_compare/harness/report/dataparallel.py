@@ -125,10 +125,8 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
     by seed and image over the group's seeds; how many seeds were paired; the paired test, {} where none)."""
     if cell["cfg_allreduce"] == ALLREDUCE_REFERENCE:
         return "reference", 0, {}
-    base = n_cells[(n_cells["cfg_allreduce"] == ALLREDUCE_REFERENCE) & (n_cells["status"] == "ok")]
-    base = base[(base[POOL] == cell[POOL]).all(axis=1)]
-    mine = n_cells[(n_cells["status"] == "ok") & (n_cells["cfg_allreduce"] == cell["cfg_allreduce"])]
-    mine = mine[(mine[POOL] == cell[POOL]).all(axis=1)]
+    group = n_cells[(n_cells["status"] == "ok") & (n_cells[POOL] == cell[POOL]).all(axis=1)]
+    base, mine = (group[group["cfg_allreduce"] == a] for a in (ALLREDUCE_REFERENCE, cell["cfg_allreduce"]))
     pairs = stats.correct_pairs(base, mine)
     if not pairs:
         return "no fp32 all-reduce cell to pair with", 0, {}
@@ -347,8 +345,7 @@ STEP_COLUMN = "Median step time vs --allreduce fp32 (same seed; <1×: shorter)"
 
 def _step_vs_reference(ok: pd.DataFrame) -> list[str]:
     """What the all-reduce's precision did to the step a user waits for: each cell's median timed step ÷ that of the
-    --allreduce fp32 cell of the same model, framework, precision, workers and seed (a cost the step times show,
-    where DDP's own sampled communication times did not match them)."""
+    --allreduce fp32 cell of the same model, framework, precision, workers and seed."""
     same = ["model", "dataset", "framework", "precision", "workers", "seed"]
     reference = {tuple(r[k] for k in same): r["step_s"] for _, r in ok.iterrows()
                  if r["allreduce"] == ALLREDUCE_REFERENCE}

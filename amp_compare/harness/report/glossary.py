@@ -15,7 +15,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MAX
-from amp_compare.harness.report import phrases, verdicts
+from amp_compare.harness.report import phrases, scaling, verdicts
 from amp_compare.harness.report.numerics import ZERO_GRADIENT_PARAM, underflow_summary
 from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit
 from amp_compare.kit.fp16 import FP16_MAX
@@ -199,8 +199,7 @@ def _mixed_lost(underflow: pd.DataFrame) -> str:
 
 def _harm_verdict(acc: pd.DataFrame | None) -> str:
     """fp16-noscale's accuracy against fp32, each row by the Accuracy section's paired test, and what it shows."""
-    unscaled = precisions.names(half="float16", loss_scaling=None)
-    rows = acc[acc["precision"].isin(unscaled)] if acc is not None and not acc.empty else pd.DataFrame()
+    rows = acc[acc["precision"].isin(scaling.UNSCALED)] if acc is not None and not acc.empty else pd.DataFrame()
     if rows.empty:
         return (" No cell trained float16 without loss scaling, so this run does not measure what dropping it would "
                 "cost (--precisions fp32,fp16,fp16-noscale does).")

@@ -2,8 +2,7 @@
 
 The run's resolution is the largest spread among one precision's seeds (same framework, model, dataset, loop); a
 mixed precision's difference is resolved only where every seed's paired difference exceeds it in the same
-direction, and the median of those differences is printed. One seed: resolution unknown, difference unresolved.
-`status` is the one rule; the verdict table (verdicts.MEMORY) and the figures say what it says."""
+direction, and the median of those differences is printed. One seed: resolution unknown, difference unresolved."""
 
 from __future__ import annotations
 
@@ -56,12 +55,7 @@ def resolved(difference: float, resolution: float) -> float:
     return float(np.isfinite(resolution) and abs(difference) > resolution)
 
 
-def status(r) -> str:
-    """"resolved", "unresolved" or "" (nothing measured) for a row of the full table: every memory sentence,
-    cell and bar label is chosen by this."""
-    known = getattr(r, "memory_resolved", float("nan"))
-    return "" if not np.isfinite(known) else "resolved" if known == 1.0 else "unresolved"
-
-
 def unresolved(r) -> bool:
-    return status(r) == "unresolved"
+    """Whether a row of the full table measured a memory difference the run does not resolve."""
+    known = getattr(r, "memory_resolved", float("nan"))
+    return bool(np.isfinite(known) and known != 1.0)

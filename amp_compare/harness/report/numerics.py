@@ -18,10 +18,6 @@ from amp_compare.harness.report import phrases, scaling, stats, verdicts
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX
 
-# fp16 with its dynamic loss scaling and without any: "What happened" compares their accuracy.
-DYNAMIC_FP16 = precisions.names(half="float16", loss_scaling="dynamic")[0]
-UNSCALED_FP16 = precisions.names(half="float16", loss_scaling=None)[0]
-
 
 def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
@@ -54,13 +50,12 @@ ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
 
 
 def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
-    """Per underflow row: whether its parameter's exact gradient is zero (ZERO_GRADIENT_PARAM), so that what the
-    probe finds there is rounding residue, not underflow."""
+    """Per underflow row: whether its parameter's exact gradient is zero (ZERO_GRADIENT_PARAM): residue, not loss."""
     names = underflow["layer"].astype(str) + "." + underflow["param"].astype(str)
     return names.map(lambda name: bool(ZERO_GRADIENT_PARAM.search(name)))
 
 
-# The summary's share columns that residue can sit in, and the record columns they weight.
+# The summary's share columns (residue can sit in each) and the record columns they weight.
 RESIDUE_COLUMNS = {"flush_unscaled": "flush_fraction_unscaled", "flush_scaled": "flush_fraction_scaled",
                    "lost_unscaled": "lost_fraction_mixed_unscaled", "lost_scaled": "lost_fraction_mixed_scaled"}
 
@@ -88,10 +83,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
             "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / elements),
             "zero_fraction_mixed": float((g["zero_fraction_mixed"] * g["elements"]).sum() / elements)
             if "zero_fraction_mixed" in g and g["zero_fraction_mixed"].notna().all() else float("nan"),
-            "flush_unscaled": by_nonzero("flush_fraction_unscaled"),
-            "flush_scaled": by_nonzero("flush_fraction_scaled"),
-            "lost_unscaled": by_nonzero("lost_fraction_mixed_unscaled"),
-            "lost_scaled": by_nonzero("lost_fraction_mixed_scaled"),
+            **{name: by_nonzero(col) for name, col in RESIDUE_COLUMNS.items()},
             "cancelled_scaled": by_nonzero("cancelled_fraction_mixed_scaled"),
             "loss_scale": float(g["loss_scale"].iloc[0]),
             "method": g["method"].iloc[0] if "method" in g else "",
@@ -220,8 +212,6 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
         if not found.empty else pd.DataFrame()
 
 
-
-
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
     """(growth interval, the most clean steps in a row of any dynamic-scaling cell: the scale doubles only after
     growth-interval of them), or None without a recorded interval or such a cell."""
@@ -321,7 +311,7 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
 
 
 def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
-    """scale_record_text of the cell whose probe rows `rows` are ("" without step records)."""
+    """scale_record_text of the cell of the probe rows `rows` ("" without step records)."""
     if steps is None or steps.empty or rows.empty or "cell_id" not in rows or "loss_scale" not in steps:
         return ""
     return scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]])
@@ -337,22 +327,21 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
     if (scale == 1).all():
         return ""
     skipped = g["skipped"].astype(bool).to_numpy() if "skipped" in g else np.zeros(len(g), bool)
+    finite = np.isfinite(g["loss"].astype(float).to_numpy()) if "loss" in g else np.ones(len(g), bool)
     last = f"step {int(g['step'].iloc[-1])}, counting from 0"
-    last_loss = float(g["loss"].iloc[-1]) if "loss" in g else 0.0
     ending = (f"the last step ({last}) ran at {phrases.power(scale[-1])} and "
               + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
-                 if np.isfinite(last_loss) else "was skipped, with a non-finite loss"))
+                 if finite[-1] else "was skipped, with a non-finite loss"))
     keras_static = (str(g["framework"].iloc[0]) in KERAS_BACKENDS if "framework" in g else False) and str(
         g["precision"].iloc[0] if "precision" in g else "") in precisions.names(loss_scaling="static")
     if keras_static and not skipped.any():  # Keras applies every update under a static scale: no skip can show one
-        finite = bool(np.isfinite(g["loss"].astype(float)).all()) if "loss" in g else False
-        return (f"The step records: {'every' if finite else 'not every'} loss of its {len(g):,} steps was finite "
+        every = "every" if "loss" in g and finite.all() else "not every"
+        return (f"The step records: {every} loss of its {len(g):,} steps was finite "
                 f"(a Keras static scale applies every update, so no skip can show an overflow); the last step "
                 f"({last}) ran at {phrases.power(scale[-1])}")
     if not skipped.any():
         return (f"The step records: no update of {len(g):,} was skipped (no overflow at the scale then in use); "
                 + ending)
-    finite = np.isfinite(g["loss"].astype(float).to_numpy()) if "loss" in g else np.ones(len(g), bool)
     steps = g["step"].astype(int).to_numpy()
     kinds = [_skips_text(steps[skipped & finite], scale[skipped & finite], "with a finite loss (non-finite "
                          "gradients at the scale then in use: a backward overflow, which a lower scale cures, or a "
@@ -422,13 +411,10 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
         at = f" at the scale held after the last step ({phrases.power(scale)})" if scale != 1 else " (no loss scaling)"
-        if total == 0:
-            out.append(f"{who}{_label(fw)} {prec}, after the last step: none of the {nonzero:,} non-zero gradient "
-                       f"elements came out exactly zero in the real float16 backward{at}.")
-            continue
-        out.append(f"{who}{_label(fw)} {prec}, after the last step: {total:,} of the {nonzero:,} non-zero gradient "
-                   f"elements ({phrases.share(total / nonzero)}) came out exactly zero in the real float16 "
-                   f"backward{at}; {_where_lost(g, lost, total)}.")
+        counted = (f"none of the {nonzero:,} non-zero gradient elements" if total == 0 else
+                   f"{total:,} of the {nonzero:,} non-zero gradient elements ({phrases.share(total / nonzero)})")
+        out.append(f"{who}{_label(fw)} {prec}, after the last step: {counted} came out exactly zero in the real "
+                   f"float16 backward{at}" + (f"; {_where_lost(g, lost, total)}." if total else "."))
     return out
 
 
@@ -474,7 +460,7 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
     median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median() if not ok.empty \
         else pd.Series()
     for group in dict.fromkeys(k[:-1] for k in median.index):
-        with_s, without = median.get((*group, DYNAMIC_FP16)), median.get((*group, UNSCALED_FP16))
+        with_s, without = median.get((*group, scaling.DYNAMIC[0])), median.get((*group, scaling.UNSCALED[0]))
         if with_s is None or without is None:
             continue
 
@@ -486,7 +472,7 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
             return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if not sel.empty else ""
 
         out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
-                   f"loss scaling{tested(DYNAMIC_FP16)}, {without:.1%} without any{tested(UNSCALED_FP16)}"
+                   f"loss scaling{tested(scaling.DYNAMIC[0])}, {without:.1%} without any{tested(scaling.UNSCALED[0])}"
                    + (" — each tested against fp32 image by image, as the Accuracy section does." if acc_rows
                       is not None else "."))
     return out
@@ -529,7 +515,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str, forced: tuple[str, ...] = 
     facts["inputs_recorded"] = recorded_inputs(dtypes)
     facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype(keras_fw, "fc"),
                  keras_loss=layer_dtype(keras_fw, "loss"), torch_loss=layer_dtype("torch", "loss"),
-                 keras_label=_label(keras_fw), methods=audit_methods(dtypes))
+                 keras_label=_label(keras_fw))
     for p, table in dtype_side_by_side(dtypes).items():
         facts["differing"][p] = _differing_rows(table)
         if "model" in table:  # a two-model table: the rows counted per model as well
@@ -627,8 +613,8 @@ def _locator_cells(runs: pd.DataFrame | None, steps: pd.DataFrame | None) -> dic
 
 
 def _headroom_row(layer: str, quantity: str, peak: pd.Series, cell: dict) -> dict:
-    """One layer's record against the float16 limit it meets (logit_limit); a non-finite record said as carried
-    from an earlier layer where the records show one."""
+    """One layer's record against the float16 limit it meets; a non-finite record said as carried from an earlier
+    layer where the records show one."""
     naive = quantity == "attention_logit" and cell.get("cfg_attention") == "naive"
     limit = FP16_EXP_LIMIT if naive else FP16_MAX
     value, epoch = float(peak["max_abs"]), int(peak["epoch"])
@@ -713,16 +699,8 @@ def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
     return out
 
 
-def logit_limit(naive: bool) -> tuple[float, str]:
-    """(limit, its words) an attention logit is measured against: ln(65,504) for the naive softmax's exp, else
-    float16's largest value."""
-    return ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive else
-            (FP16_MAX, "float16's 65,504"))
-
-
 def _in_float16(precision: str) -> bool:
-    """Whether a precision computes in float16 (its headroom against float16's limits is its own; any other
-    precision's is what it would be had it run in float16)."""
+    """Whether a precision computes in float16 (else its float16 headroom is what it would be had it run in float16)."""
     return precision in precisions.names(half="float16")
 
 
@@ -736,12 +714,14 @@ FORCED = " — had it run in float16: --fp32-layers computed this layer in float
 
 
 def _logit_text(top: pd.Series, naive: bool, fp16: bool = True, forced: bool = False) -> str:
-    """The cell's largest attention logit against the limit its softmax has (logit_limit); for a cell that did not
-    compute in float16, or whose attention --fp32-layers kept in float32, said as what it would be in float16."""
+    """The cell's largest attention logit against the limit its softmax meets (ln(65,504) for the naive softmax's exp,
+    else float16's largest value); for a cell that did not compute in float16, or whose attention --fp32-layers kept
+    in float32, said as what it would be in float16."""
     where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
     if not (np.isfinite(top["max_abs"]) and top["max_abs"] > 0):
         return f"the attention logits' record went non-finite ({where})"
-    limit, named = logit_limit(naive)
+    limit, named = ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive
+                    else (FP16_MAX, "float16's 65,504"))
     factor = limit / top["max_abs"]
     return (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
             + (f"{factor:.3g}× below {named}" if factor >= 1 else f"past {named} (headroom {factor:.2g}×)")
@@ -752,8 +732,7 @@ def _located_text(r: dict, step: int, forced: str) -> str:
     """A naive-attention cell's locator finding, the loss of the step it ran at, and how the cell ended."""
     layer = r.get("nonfinite_layer", "")
     ending = ending_text(r)
-    after = (f"the run diverged ({ending})" if r.get("status") == "diverged" and ending else
-             "the run diverged" if r.get("status") == "diverged" else
+    after = ("the run diverged" + (f" ({ending})" if ending else "") if r.get("status") == "diverged" else
              f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of {int(r.get('steps_total', 0))} steps")
     beside = locator_loss_text(r)
     return (f"at step {step}, its first skipped update or non-finite loss, the NaN/Inf locator (that step's batch "
@@ -817,10 +796,9 @@ def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
         return ""
     n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
     per = " per seed" if len(counts) > 1 else ""
-    if counts == totals:
-        return f"{prec} {float(np.median(gaps)):.2g} ({n} steps{per})"
-    return (f"{prec} {float(np.median(gaps)):.2g} (only its first {n} of {max(totals)} steps{per}: a non-finite loss "
-            f"cut it short, not comparable)")
+    steps = (f"{n} steps{per}" if counts == totals else
+             f"only its first {n} of {max(totals)} steps{per}: a non-finite loss cut it short, not comparable")
+    return f"{prec} {float(np.median(gaps)):.2g} ({steps})"
 
 
 def _layers_text(f: dict) -> str:
@@ -831,8 +809,7 @@ def _layers_text(f: dict) -> str:
 
 
 def _unattributed_text(differing: dict) -> str:
-    """The rows only one framework's audit attributes ("-" in the other's column): not a difference, so counted
-    apart from the red rows."""
+    """The rows only one framework's audit attributes ("-" in the other's column), counted apart from the red rows."""
     lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
     if not lone:
         return ""
@@ -949,6 +926,6 @@ def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
 
 
 def with_naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame | None) -> pd.DataFrame:
-    """The verdict table with the naive-attention rows (naive_rows) added where the run has any."""
+    """The verdict table with naive_rows added."""
     said = naive_rows(table, runs, headroom)
     return pd.concat([table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True) if said else table

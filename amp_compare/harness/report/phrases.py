@@ -18,11 +18,8 @@ from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
 METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
           "numerics": "numerics"}
-STATUS = {"faster": "faster", "slower": "slower", "smaller": "less memory", "larger": "more memory",
-          "higher": "higher", "lower": "lower", "same": "same", "undecided": "undecided",
-          "not_comparable": "n/a", "failed": "failed", "differs": "differs", "skipped": "skipped",
-          "clean": "clean", "lost": "lost", "sufficed": "sufficed", "insufficient": "insufficient",
-          "overflowed": "overflowed", "finite": "finite", "agrees": "agrees", "departs": "departs"}
+# the word a table prints for each status: the status itself but for these three
+STATUS = {**{s: s for s in STATUSES}, "smaller": "less memory", "larger": "more memory", "not_comparable": "n/a"}
 REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
@@ -287,21 +284,17 @@ def cause(f: dict) -> str:
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
-            f"so that step's was ≥ {_down(FP16_MAX / f['scale'])} unscaled (inferred from the overflow)")
+            f"so that step's was ≥ {_bound(FP16_MAX / f['scale'], 4, up=False)} unscaled (inferred from the overflow)")
 
 
-def _up(bound: float, digits: int) -> str:
-    """An upper bound to `digits` significant digits, rounded up (a largest gap of 0.0208% is within 0.021%)."""
-    step = 10.0 ** (np.floor(np.log10(bound)) - digits + 1)
-    return f"{np.ceil(bound / step - 1e-9) * step:.{max(0, int(digits - 1 - np.floor(np.log10(bound))))}f}"
-
-
-def _down(bound: float, digits: int = 4) -> str:
-    """A lower bound to `digits` significant digits, rounded down (65,504 / 2^18 = 0.249878 is ≥ 0.2498, not 0.2499)."""
+def _bound(bound: float, digits: int, up: bool) -> str:
+    """`bound` to `digits` significant digits, rounded away from what it bounds: up for an upper bound (a largest
+    gap of 0.0208% is within 0.021%), down for a lower one (65,504 / 2^18 = 0.249878 is ≥ 0.2498, not 0.2499)."""
     if not bound > 0:
         return f"{bound:g}"
     step = 10.0 ** (np.floor(np.log10(bound)) - digits + 1)
-    return f"{np.floor(bound / step) * step:.{max(0, int(digits - 1 - np.floor(np.log10(bound))))}f}"
+    rounded = np.ceil(bound / step - 1e-9) if up else np.floor(bound / step)
+    return f"{rounded * step:.{max(0, int(digits - 1 - np.floor(np.log10(bound))))}f}"
 
 
 def _underflow(v, e: dict) -> str:
@@ -320,11 +313,10 @@ def _underflow(v, e: dict) -> str:
                                       f"{e.get('accuracy_pp', float('nan')):+.1f} pp against fp32"
                                       + _differing(e),
                 "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
+    said = f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; "
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
-        return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; "
-                f"{mattered[v.reason]}")
-    return (f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; {acc_text}: "
-            f"{mattered.get(v.reason, '')}").rstrip(": ")
+        return said + mattered[v.reason]
+    return f"{said}{acc_text}: {mattered.get(v.reason, '')}".rstrip(": ")
 
 
 def share(x: float) -> str:
@@ -343,14 +335,13 @@ def _differing(e: dict) -> str:
 
 def _static(v, e: dict) -> str:
     no_skip = "no skip, " if e.get("skips", True) else ""  # a Keras static scale applies every update: none to skip
-    said = {"no_overflow_no_underflow": f"static scale {power(v.estimate)} sufficed: {no_skip}every loss finite, "
-                                        "no element lost at it",
-            "overflowed": f"static scale {power(v.estimate)} overflowed: {_plural(e.get('skipped', 0), 'update')} "
-                          f"skipped, {_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
-            "underflowed": f"static scale {power(v.estimate)}: {no_skip}every loss finite; "
-                           f"{_plural(e.get('lost', 0), 'gradient element')} still rounded to 0 at it (both probes, "
-                           "all seeds)",
-            "no_probe": f"static scale {power(v.estimate)}: {no_skip}every loss finite; no underflow probe"}
+    scale = f"static scale {power(v.estimate)}"
+    said = {"no_overflow_no_underflow": f"{scale} sufficed: {no_skip}every loss finite, no element lost at it",
+            "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
+                          f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
+            "underflowed": f"{scale}: {no_skip}every loss finite; {_plural(e.get('lost', 0), 'gradient element')} "
+                           "still rounded to 0 at it (both probes, all seeds)",
+            "no_probe": f"{scale}: {no_skip}every loss finite; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 
 
@@ -404,7 +395,7 @@ def _data_parallel(v, e: dict) -> str:
                "no_thread_floor": "no rerun at another thread count to judge it by",
                "workers_disagree": ""}[v.reason]  # the disagreement decides: no floor to weigh a gap against
     agreed = "the workers' own records disagreed" if v.reason == "workers_disagree" else "workers agreed"
-    share = f"{_up(100 * gap, 2)}%" if gap >= 1e-4 else "less than 0.01%"  # "within": a bound, rounded up
+    share = f"{_bound(100 * gap, 2, up=True)}%" if gap >= 1e-4 else "less than 0.01%"  # "within": a bound, rounded up
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
     n, one = e.get("skipped_n"), e.get("skipped_1")
     skips = (f"; {n} skipped steps against 1 worker's {one}" if isinstance(n, (int, float)) and

@@ -103,6 +103,7 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
     if mixed.empty:
         return []
     half = mixed["precision"].map(lambda p: precisions.of(p).half)
+    did, follows = isa_limit(environment)
     out = []
     for fmt in ("float16", "bfloat16"):
         rows = mixed[half == fmt]
@@ -110,13 +111,10 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         if below.empty:
             continue
         text = _slower_text(fmt, rows, below)
-        did, follows = isa_limit(environment)
-        if has_arithmetic(environment, fmt) and did:
-            text += (f" This CPU's flags list {fmt} arithmetic, but this run {did}, {follows}; the run did not record "
-                     "which kernels ran (a profile would).")
-        elif has_arithmetic(environment, fmt):
-            text += (f" This CPU's flags list {fmt} arithmetic, so they do not explain a slowdown: the run did not "
-                     "record which kernels ran (a profile would).")
+        if has_arithmetic(environment, fmt):
+            why = f"but this run {did}, {follows};" if did else "so they do not explain a slowdown:"
+            text += (f" This CPU's flags list {fmt} arithmetic, {why} the run did not record which kernels ran (a "
+                     "profile would).")
         else:
             text += (f" This CPU's flags list no {fmt} arithmetic ({' and '.join(ARITHMETIC_FLAGS[fmt])} absent), "
                      f"so {fmt} work cannot have run on {fmt} units here; which kernels ran instead was not "
@@ -125,7 +123,6 @@ def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLin
         out.append(text)
     for line in logs:  # the framework's record of its path, quoted; the CPU's flags beside it, not a reading of it
         flags = log_line_flags(line.text, environment.get("cpu_amp_flags", ""))
-        did = isa_limit(environment)[0]
         limit = f"; and this run {did}: the line does not say which of the two made it fall back" if did else ""
         out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own "
                    "record of the path it took)" + (f"; {flags}{limit}." if flags else f"{limit}."))

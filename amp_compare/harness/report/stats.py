@@ -75,8 +75,7 @@ def sign_test_p(successes: int, n: int) -> float:
 
 
 def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
-    """McNemar's exact test on one pair of correctness vectors; diff_pp (mixed minus fp32, points) with its 95%
-    interval."""
+    """McNemar's exact test on one pair of correctness vectors; diff_pp (mixed − fp32, points) with its 95% interval."""
     fp32, mixed = np.asarray(fp32, bool), np.asarray(mixed, bool)
     n = len(fp32)
     lost = int(np.sum(fp32 & ~mixed))  # right in fp32, wrong in mixed
@@ -197,8 +196,7 @@ TARGET_FRACTION = 0.95  # default target: this fraction of the fp32 median final
 
 
 def time_to_accuracy(epochs: pd.DataFrame, target: float) -> float:
-    """Training wall time (s, cumulative over epochs, validation excluded) until val accuracy >= target;
-    inf when not reached."""
+    """Training wall time (s, summed over epochs, validation excluded) until val accuracy >= target; inf if never."""
     if epochs.empty or "epoch" not in epochs:
         return float("nan")  # no per-epoch record: unknown, not "not reached"
     e = epochs.sort_values("epoch")

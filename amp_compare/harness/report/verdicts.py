@@ -131,7 +131,7 @@ def _within(low, high, margin) -> bool:
     return _finite(low, high) and 1 - margin <= low and high <= 1 + margin
 
 
-# Each table is read top to bottom; the first rule that holds decides. f: the row's facts (_facts below).
+# Each table is read top to bottom; the first rule that holds decides. f: the row's facts.
 SPEED = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
     Rule("no speed trial of this pair", lambda f: not f.trial, "not_comparable", "no_trial"),
@@ -265,8 +265,7 @@ EXPERIMENTS = (("Loss scaling (what this run asks)", LAB_METRICS),
 # a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
 FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
 
-RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET,
-         "numerics": NUMERICS}
+RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET, "numerics": NUMERICS}
 # speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
