@@ -28,7 +28,7 @@ def pytest_unconfigure(config):
     if _PARENTS:
         for pidfile in Path(_PARENTS).glob("*.pid"):
             try:
-                os.kill(int(pidfile.read_text()), signal.SIGTERM)  # each removes its socket and exits
+                os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)  # each removes its socket and exits
             except (OSError, ValueError):
                 pass
         shutil.rmtree(_PARENTS, ignore_errors=True)

@@ -197,11 +197,18 @@ def _env_digest(env: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps([sys.executable, kept]).encode()).hexdigest()[:16]
 
 
+def _process_id(pid: int) -> tuple[str, str]:
+    """(state, start time) of a process from /proc/<pid>/stat: a pid and its start time name one process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return fields[0], fields[19]
+
+
 def _zygote_running(pidfile: Path) -> bool:
+    """Whether the kept parent the pid file names (its pid and start time) runs, listening or still importing."""
     try:
-        pid = int(pidfile.read_text())
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"kit.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        pid, started = pidfile.read_text().split()
+        state, now_started = _process_id(int(pid))
+        return state != "Z" and now_started == started
     except (OSError, ValueError, IndexError):
         return False
 
@@ -222,7 +229,7 @@ def _launch_shared(package: str, env: dict[str, str], path: Path) -> None:
                                  str(SHARED_IDLE_S)], env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         _DETACHED.append(proc)
-        pidfile.write_text(str(proc.pid))
+        pidfile.write_text(f"{proc.pid} {_process_id(proc.pid)[1]}")
 
 
 def _connect(path: Path, timeout: float) -> socket.socket:
