@@ -634,7 +634,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"],
                                     tuple(sorted({f for v in forced for f in v.split(",") if f})))
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
-            "glossary": wording.glossary(facts), "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
+            "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
             "underflow_methods": nr.UNDERFLOW_METHODS,
             "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")

@@ -175,14 +175,6 @@ def numerics_intro(facts: RunFacts) -> str:
     return text + ". Each part says what happened there, from the records."
 
 
-def glossary(facts: RunFacts) -> dict[str, bool]:
-    """Which glossary entries this run needs."""
-    return {"loss_scaling": bool(facts.ran(half="float16")), "dynamic": bool(facts.ran(loss_scaling="dynamic")),
-            "autocast": facts.torch and bool(facts.halves), "policy": facts.keras and bool(facts.halves),
-            "float16": "float16" in facts.halves, "bfloat16": "bfloat16" in facts.halves,
-            "tf32": facts.device == "cuda"}
-
-
 def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
     """The Data parallel section's first sentence on a CPU: what its N workers were, for the engines that ran
     N-worker cells (facts.frameworks), and that the speed figures measure sharing one CPU (None on a GPU)."""
