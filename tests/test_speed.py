@@ -115,13 +115,14 @@ def test_the_twins_parents_start_at_once():
 def test_kept_parents_serve_compare_after_compare_and_exit_when_idle(tmp_path, monkeypatch):
     """AMP_COMPARE_PARENTS: the parent one compare started serves the next (no second import), two compares
     connected at once each get their own children's exit codes, the test runner's per-test variables do not name
-    another parent, and the parent exits (and removes its socket) once idle."""
+    another parent, and the parent exits (and removes its pid file) once idle. The folder's path is longer than a
+    socket file's may be (108 bytes): the parents listen on abstract socket names."""
     from amp_compare.harness.run import forkserver
 
     monkeypatch.setattr(forkserver, "SHARED_IDLE_S", 1.0)
     env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
     (tmp_path / "in.json").write_text('{"b": 1, "a": [2]}')
-    folder, err = tmp_path / "parents", open(tmp_path / "stderr.log", "w")
+    folder, err = tmp_path / ("parents-" + "x" * 100), open(tmp_path / "stderr.log", "w")
 
     def connect(extra: dict[str, str] | None = None) -> forkserver.ForkServer:
         return forkserver.ForkServer.shared("json.tool", {**env, **(extra or {})}, str(folder)).ready()
@@ -136,7 +137,7 @@ def test_kept_parents_serve_compare_after_compare_and_exit_when_idle(tmp_path, m
     first.close()  # the end of one compare: its parent goes on
     second = connect({"PYTEST_CURRENT_TEST": "another test", "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"})
     third = connect()
-    assert int(pidfile.read_text().split()[0]) == kept and len(list(folder.glob("*.sock"))) == 1  # no second parent
+    assert int(pidfile.read_text().split()[0]) == kept and len(list(folder.glob("*.pid"))) == 1  # no second parent
     bad = run(second, [str(tmp_path / "missing.json")])  # argparse's exit code 2
     good = run(third, [str(tmp_path / "in.json"), str(tmp_path / "out2.json")])
     assert (good.wait(), bad.wait()) == (0, 2)  # each compare gets its own child's exit
@@ -145,10 +146,10 @@ def test_kept_parents_serve_compare_after_compare_and_exit_when_idle(tmp_path, m
     assert other.path != second.path  # a variable a framework may read at import: a parent of its own
     for server in (second, third, other.ready()):
         server.close()
-    pids = {kept, int(other.path.with_suffix(".pid").read_text().split()[0])}
+    pids = {kept, int(other.path.with_name(other.path.name + ".pid").read_text().split()[0])}
     for proc in [p for p in forkserver._DETACHED if p.pid in pids]:
         assert proc.wait(timeout=60) == 0  # idle for SHARED_IDLE_S: it exits
-    assert not list(folder.glob("*.sock"))
+    assert not list(folder.glob("*.pid"))
     err.close()
 
 

@@ -20,11 +20,12 @@ thread, and a pool started before the fork would be unusable in the child).
 
 Kept across compares (AMP_COMPARE_PARENTS, harness/run/forkserver.py) it is started as
 
-    python -m amp_compare.kit.zygote <module> --listen <socket path> <idle seconds>
+    python -m amp_compare.kit.zygote <module> --listen <socket name> <idle seconds> <files' stem>
 
-and, once imported, listens on that path instead: each compare connects, is greeted as above, and sends its
-requests; each exit report goes to the connection that asked for the child. It removes the path and exits once no
-compare has been connected and no child has run for <idle seconds>.
+and, once imported, listens on that name (Linux's abstract namespace) instead: each compare connects, is greeted as
+above, and sends its requests; each exit report goes to the connection that asked for the child. It stops listening,
+removes its pid file (<stem>.pid) and exits once no compare has been connected and no child has run for <idle
+seconds>; a failed import is written to <stem>.error.
 """
 
 from __future__ import annotations
@@ -50,14 +51,14 @@ def main(argv: list[str]) -> int:
         from amp_compare.kit import child  # noqa: F401 - imported here, once, for every child
         preload(module)
     except ImportError as exc:  # the harness starts this framework's cells as processes of their own
-        if listen:  # said where the harness waits for the socket to appear
-            with open(argv[2] + ".error", "w") as f:
+        if listen:  # said where the harness waiting for the socket looks
+            with open(argv[4] + ".error", "w") as f:
                 f.write(f"{type(exc).__name__}: {exc}")
         else:
             sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
         return 3
     if listen:
-        serve_many(argv[2], float(argv[3]), module)
+        serve_many(argv[2], float(argv[3]), argv[4], module)
     else:
         sock.send(READY)
         serve(sock, module)
@@ -112,12 +113,12 @@ def serve(sock: socket.socket, module: str) -> None:
             return  # the harness closed its end: no more cells
 
 
-def serve_many(path: str, idle_s: float, module: str) -> None:
-    """Listen on `path`; serve every connected harness as serve() serves one; exit after `idle_s` without any."""
+def serve_many(name: str, idle_s: float, stem: str, module: str) -> None:
+    """Listen on the abstract socket `name`; serve every connected harness as serve() serves one; exit after `idle_s`
+    without any."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path + ".new")  # renamed once listening: a harness that finds the path can connect
+    listener.bind("\0" + name)
     listener.listen(16)
-    os.rename(path + ".new", path)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     wake = _wakeup_pipe()
     owners: dict[int, socket.socket] = {}
@@ -139,9 +140,12 @@ def serve_many(path: str, idle_s: float, module: str) -> None:
                     conn.close()
             if conns or owners:
                 idle_since = time.monotonic()
-    finally:  # no harness finds the path from now on; one that connected meanwhile reads a closed socket
-        os.unlink(path)
+    finally:  # no harness connects from now on (one that connected meanwhile reads a closed socket) or waits for this
         listener.close()
+        try:
+            os.unlink(stem + ".pid")
+        except OSError:
+            pass
 
 
 def _answer(sock: socket.socket, owners: dict, module: str, wake: tuple[int, int], others: tuple) -> bool:

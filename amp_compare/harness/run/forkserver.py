@@ -11,11 +11,12 @@ process of its own:
   * a twin whose parent could not start (its framework fails to import: the cell's own process says why, as
     before) or has died;
   * AMP_COMPARE_FORK_SERVER=0 in the harness's environment (every cell a fresh interpreter, as before).
-With AMP_COMPARE_PARENTS=<folder> the parents outlive the compare that started them: each listens on a socket in
-that folder named after its twin and environment, the next compare with the same twin and environment connects to
-it instead of paying the imports again (a test suite's dozens of compares; a script's compares in a row), and it
-exits after SHARED_IDLE_S without a compare. The environment that names it leaves out variables no import reads
-differently (UNREAD_AT_IMPORT: the test runner's per-test ones); each cell still gets its own whole environment.
+With AMP_COMPARE_PARENTS=<folder> the parents outlive the compare that started them: each listens on a socket
+named after that folder, its twin and environment (its pid file in the folder), the next compare with the same twin
+and environment connects to it instead of paying the imports again (a test suite's dozens of compares; a script's
+compares in a row), and it exits after SHARED_IDLE_S without a compare. The environment that names it leaves out
+variables no import reads differently (UNREAD_AT_IMPORT: the test runner's per-test ones); each cell still gets its
+own whole environment.
 Cells running at once (--parallel on a CPU, one runner thread each) share their twin's parent: a lock keeps each
 request and its answer together, and exit reports, read by whichever thread looks first, are kept for the child
 they name. This module never imports a framework.
@@ -73,7 +74,7 @@ class ForkServer:
         self = cls.__new__(cls)
         self.started, self.proc, self.sock, self.exits, self.alive = time.perf_counter(), None, None, {}, True
         self.lock = threading.Lock()
-        self.path = Path(folder) / f"{package}-{_env_digest(env)}.sock"
+        self.path = Path(folder) / f"{package}-{_env_digest(env)}"  # its .pid, .lock and .error files
         self.package, self.env = package, env
         _launch_shared(package, env, self.path)
         return self
@@ -81,8 +82,14 @@ class ForkServer:
     def ready(self) -> ForkServer:
         """Wait for the parent's imports; ForkServerError where it could not make them."""
         if self.proc is None:  # a kept parent: connect (it may have exited on its idle timeout as we connected)
-            for _attempt in range(3):
-                self.sock, self.alive = _connect(self.path, READY_TIMEOUT_S), True
+            for attempt in range(3):
+                try:
+                    self.sock, self.alive = _connect(self.path, READY_TIMEOUT_S), True
+                except ForkServerError:
+                    if attempt == 2:
+                        raise
+                    _launch_shared(self.package, self.env, self.path)
+                    continue
                 answer = self._receive(READY_TIMEOUT_S, "ready")
                 if answer.get("ready"):
                     break
@@ -216,39 +223,45 @@ def _zygote_running(pidfile: Path) -> bool:
 _DETACHED: list[subprocess.Popen] = []  # kept parents this process started (held so that none is reaped as garbage)
 
 
-def _launch_shared(package: str, env: dict[str, str], path: Path) -> None:
-    """Start the kept parent that listens on `path` unless it runs or another harness is starting it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pidfile, error = path.with_suffix(".pid"), path.with_suffix(".sock.error")
-    with open(path.with_suffix(".lock"), "w") as lock:
+def socket_name(stem: Path) -> str:
+    """The kept parent's socket: a name in Linux's abstract namespace (no file, so no path-length limit and nothing
+    left behind by a killed parent), made from its files' stem."""
+    return "amp-compare-" + hashlib.sha256(str(stem.resolve()).encode()).hexdigest()[:32]
+
+
+def _launch_shared(package: str, env: dict[str, str], stem: Path) -> None:
+    """Start the kept parent of `stem` unless it runs (listening or still importing) or another harness starts it."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    pidfile = stem.with_name(stem.name + ".pid")
+    with open(stem.with_name(stem.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # only while looking and starting, never while a parent imports
-        if path.exists() or _zygote_running(pidfile):
+        if _zygote_running(pidfile):
             return
-        error.unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, "-m", "amp_compare.kit.zygote", package, "--listen", str(path),
-                                 str(SHARED_IDLE_S)], env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
+        stem.with_name(stem.name + ".error").unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", "amp_compare.kit.zygote", package, "--listen", socket_name(stem),
+                                 str(SHARED_IDLE_S), str(stem)], env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         _DETACHED.append(proc)
         pidfile.write_text(f"{proc.pid} {_process_id(proc.pid)[1]}")
 
 
-def _connect(path: Path, timeout: float) -> socket.socket:
-    """A connection to the kept parent at `path` once it listens (ForkServerError where it failed to import or
-    ended before it did)."""
-    deadline, pidfile, error = time.monotonic() + timeout, path.with_suffix(".pid"), path.with_suffix(".sock.error")
+def _connect(stem: Path, timeout: float) -> socket.socket:
+    """A connection to the kept parent of `stem` once it listens (ForkServerError where it failed to import or
+    ended before it listened)."""
+    deadline, name = time.monotonic() + timeout, "\0" + socket_name(stem)
+    pidfile, error = stem.with_name(stem.name + ".pid"), stem.with_name(stem.name + ".error")
     while time.monotonic() < deadline:
-        if path.exists():
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                sock.connect(str(path))
-                return sock
-            except OSError:  # it removed the path as it exited
-                sock.close()
-        elif error.exists():
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(name)
+            return sock
+        except OSError:  # not listening yet (importing), or no more
+            sock.close()
+        if error.exists():
             raise ForkServerError(error.read_text())
-        elif not _zygote_running(pidfile):
+        if not _zygote_running(pidfile):
             raise ForkServerError("it ended before it listened")
-        time.sleep(WAIT_S)  # its import takes seconds; nothing to wait on but the path
+        time.sleep(WAIT_S)  # its import takes seconds, and nothing tells when it listens
     raise ForkServerError(f"it did not listen in {timeout:g} s")
 
 
