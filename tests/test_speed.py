@@ -153,6 +153,22 @@ def test_kept_parents_serve_compare_after_compare_and_exit_when_idle(tmp_path, m
     err.close()
 
 
+def test_an_edited_source_file_names_another_kept_parent(tmp_path, monkeypatch):
+    """A kept parent has imported the project's code: once a source file changes, a compare must not fork its cells
+    from it (the parent is named by the files' modification times too, forkserver._code_stamp)."""
+    from amp_compare.harness.run import forkserver
+
+    source = tmp_path / "amp_compare" / "kit" / "training.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("x = 1\n")
+    monkeypatch.setattr(forkserver, "PROJECT_ROOT", tmp_path)
+    env = {"PATH": "/usr/bin:/bin"}
+    before = forkserver._env_digest(env, "amp_compare.torch_impl")
+    assert forkserver._env_digest(env, "amp_compare.torch_impl") == before
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1))
+    assert forkserver._env_digest(env, "amp_compare.torch_impl") != before
+
+
 def test_a_moved_part_keeps_the_sum():
     phases = Phases()
     phases.lap("training")

@@ -11,12 +11,12 @@ process of its own:
   * a twin whose parent could not start (its framework fails to import: the cell's own process says why, as
     before) or has died;
   * AMP_COMPARE_FORK_SERVER=0 in the harness's environment (every cell a fresh interpreter, as before).
-With AMP_COMPARE_PARENTS=<folder> the parents outlive the compare that started them: each listens on a socket
-named after that folder, its twin and environment (its pid file in the folder), the next compare with the same twin
-and environment connects to it instead of paying the imports again (a test suite's dozens of compares; a script's
-compares in a row), and it exits after SHARED_IDLE_S without a compare. The environment that names it leaves out
-variables no import reads differently (UNREAD_AT_IMPORT: the test runner's per-test ones); each cell still gets its
-own whole environment.
+With AMP_COMPARE_PARENTS=<folder> the parents outlive the compare that started them: each listens on a socket named
+after that folder, its twin, environment and code (its pid file in the folder; _code_stamp: an edited source file or
+an upgraded framework names another), the next compare with the same twin and environment connects to it instead of
+paying the imports again (a test suite's dozens of compares; a script's compares in a row), and it exits after
+SHARED_IDLE_S without a compare. The environment that names it leaves out variables no import reads differently
+(UNREAD_AT_IMPORT: the test runner's per-test ones); each cell still gets its own whole environment.
 Cells running at once (--parallel on a CPU, one runner thread each) share their twin's parent: a lock keeps each
 request and its answer together, and exit reports, read by whichever thread looks first, are kept for the child
 they name. This module never imports a framework.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import select
@@ -74,7 +75,7 @@ class ForkServer:
         self = cls.__new__(cls)
         self.started, self.proc, self.sock, self.exits, self.alive = time.perf_counter(), None, None, {}, True
         self.lock = threading.Lock()
-        self.path = Path(folder) / f"{package}-{_env_digest(env)}"  # its .pid, .lock and .error files
+        self.path = Path(folder) / f"{package}-{_env_digest(env, package)}"  # its .pid, .lock and .error files
         self.package, self.env = package, env
         _launch_shared(package, env, self.path)
         return self
@@ -197,11 +198,28 @@ class ForkedChild:
 UNREAD_AT_IMPORT = ("PYTEST_", "TORCHINDUCTOR_CACHE_DIR", SPAWNED_AT_ENV)
 
 
-def _env_digest(env: dict[str, str]) -> str:
-    """Names a kept parent by what its children inherit at import: the interpreter and the environment, less
-    UNREAD_AT_IMPORT."""
+FRAMEWORKS = ("torch", "tensorflow", "keras", "jax")  # whose installed version a kept parent has imported
+
+
+def _code_stamp(package: str) -> list:
+    """What a kept parent has imported that may change between compares: the project's source files and the twin
+    package's (their modification times) and the installed frameworks (their package's file): an edit or an upgrade
+    names another parent, so no cell runs code older than its compare's."""
+    roots = {PROJECT_ROOT / "amp_compare", PROJECT_ROOT / package.split(".")[0]}
+    files = [f for root in sorted(roots) if root.is_dir() for f in sorted(root.rglob("*.py"))]
+    stamp = [(str(f), f.stat().st_mtime_ns) for f in files]
+    for name in FRAMEWORKS:
+        spec = importlib.util.find_spec(name)  # finds without importing
+        if spec is not None and spec.origin:
+            stamp.append((spec.origin, os.stat(spec.origin).st_mtime_ns))
+    return stamp
+
+
+def _env_digest(env: dict[str, str], package: str) -> str:
+    """Names a kept parent by what its children inherit from it: the interpreter, the environment less
+    UNREAD_AT_IMPORT, and the code it imported (_code_stamp)."""
     kept = sorted((k, v) for k, v in env.items() if not k.startswith(UNREAD_AT_IMPORT))
-    return hashlib.sha256(json.dumps([sys.executable, kept]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([sys.executable, kept, _code_stamp(package)]).encode()).hexdigest()[:16]
 
 
 def _process_id(pid: int) -> tuple[str, str]:
