@@ -1,5 +1,5 @@
 """Issue 24's ViT numerics lab, in both frameworks through each child's own train(): --attention naive overflows
-float16 where the NaN/Inf locator says, --fp32-layers on that layer fixes it, float32 and bfloat16 stay finite;
+float16 where the NaN/Inf locator says, --fp32-layers on that layer fixes it, bfloat16 stays finite;
 the headroom is recorded per epoch and the report's "What happened" tells the story from the run's own tables.
 
 Tiny on purpose: one block of one 64-wide head (ViT-B's head size: without the 1/sqrt(64) scale its logits start
@@ -81,10 +81,10 @@ def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, dat
     assert fixed.nonfinite is None and np.isfinite(fixed.step_loss).all() and not any(fixed.step_skipped)
     assert fixed.diverged_at_step is None
 
-    # float32 and bfloat16 have float32's exponent range: exp of the same logits is finite
-    for precision in ("fp32", "bf16"):
-        run, _ = train(framework, precision, data, init_file)
-        assert run.nonfinite is None and np.isfinite(run.step_loss).all(), (precision, run.nonfinite)
+    # bfloat16 has float32's exponent range: exp of the same logits is finite (float32's own finiteness is the
+    # headroom bound above: the logits stay below ln(float32's largest value) ≈ 88.7, so an fp32 run is not repeated)
+    run, _ = train(framework, "bf16", data, init_file)
+    assert run.nonfinite is None and np.isfinite(run.step_loss).all(), run.nonfinite
 
     # "What happened", from the runs' own tables (kit/child.build_tables, as a child writes them)
     import pandas as pd
