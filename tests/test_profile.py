@@ -120,6 +120,7 @@ def test_report_names_the_ops_and_library_behind_a_slow_cell():
     section = profile_report.section(_tables(True))
     rows = section["table"].set_index("cell")
     assert list(rows.index) == ["tf-simple_cnn-digits-fp16-s0"]  # bf16 is within 10% of fp32: not explained
+    assert section["band"] == "10%"  # the page's paragraph names the band the rows were chosen by
     row = rows.iloc[0]
     assert row["vs fp32"] == "0.10x (slower)"
     assert row["operations behind the difference"].startswith("Conv2DBackpropFilter +80.0 ms/step")

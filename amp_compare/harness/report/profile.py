@@ -12,9 +12,10 @@ from amp_compare.contract import precision as precisions
 from amp_compare.kit.profile import PLAIN_STEPS
 
 SPEED_BAND = 1.1  # mixed vs fp32 median step ratio outside [1/1.1, 1.1]: a slowdown or speed-up worth explaining
+BAND_TEXT = f"{SPEED_BAND - 1:.0%}"
 SHOWN_OPS = 3  # operations named per cell
 NO_PROFILE = "unexplained: no profile evidence for this cell or its fp32 cell (run with --profile)"
-NONE_MOVED = f"No mixed cell ran more than {SPEED_BAND - 1:.0%} slower or faster than its fp32 cell."
+NONE_MOVED = f"No mixed cell ran more than {BAND_TEXT} slower or faster than its fp32 cell."
 
 
 def _per_step(ops: pd.DataFrame, cell: str, steps: float) -> pd.Series:
@@ -75,7 +76,8 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
     profiled = ok[ok["profile_step_s"].notna()] if "profile_step_s" in ok else ok.iloc[:0]
     sentences = [overhead_sentence(profiled)] if not profiled.empty else []
     traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
-    return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces, "none_moved": NONE_MOVED}
+    return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces, "none_moved": NONE_MOVED,
+            "band": BAND_TEXT}
 
 
 def overhead_sentence(profiled: pd.DataFrame) -> str:
