@@ -1,8 +1,8 @@
 """--find-max-batch: size parsing, the search algorithm, the probe protocol, and real searches on CPU.
 
-The real searches train simple_cnn on digits in both frameworks under a cap a little above each
-child's own baseline RSS, so they end after a handful of probes; they run side by side
-(threads=1 per child) to keep this file well under two minutes on two cores.
+The real searches train simple_cnn on digits in both frameworks under a cap set between the peaks of two
+batches, measured by a real child first, so that they end after five children in all (each imports its
+framework: TensorFlow ~8 s of CPU); the search's doubling, halving and bisection are tested with fake probes.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from amp_compare.kit.probe import parse_size
 from tests.conftest import ROOT
 
 MiB = 2**20
-# The cap above a child's baseline: room for a batch of 512 digits, not of 1024 (torch: +128 and about +256 MiB on
-# the AVX2-only EPYC; TensorFlow: +77 and +149 MiB), so that each search stops at its first doubling that fails
-# (TensorFlow's at its second probe: each of its probes imports TensorFlow, ~10 s of CPU)
-HEADROOM = {"torch": 150 * MiB, "tf": 125 * MiB}
+# Two batches of digits whose peak RSS lies far enough apart for a cap between them (where this was written: torch
+# 545 and 668 MiB, TensorFlow 819 and 955 MiB; a batch of one 386 and 675 MiB), a cap far above any of them, and
+# how far from a measured peak the caps between them are set
+SMALL, LARGE = 1024, 2048
+BIG_CAP = 8 * 2**30
+MARGIN = 60 * MiB
 LIMIT = 2**15
-RESOLUTION = {"torch": 0.5, "tf": 1.0}
 
 
 @pytest.mark.parametrize("text, size", [
@@ -293,58 +294,76 @@ def test_the_jax_gpu_cap_is_set_before_jax_starts(tmp_path):
 
 @pytest.fixture(scope="module")
 def real_searches():
-    """Baseline RSS (a batch of one) of each child, then searches under baseline + HEADROOM (and 2x for torch)."""
+    """Per framework, two real batches (SMALL fits, LARGE does not) under a cap set from a real child's peak.
+
+    torch: a search under a cap far above it (LARGE fits at once) gives LARGE's peak; the search from SMALL under
+    that peak less MARGIN then fits SMALL and not LARGE. TensorFlow: SMALL's peak, then LARGE under it plus
+    MARGIN, probed directly (the search around the probes is framework-free: test_search_* and torch's here).
+    Five children in all, each importing its framework; the two frameworks side by side (threads=1 per child).
+    """
     cfgs = {fw: RunConfig(framework=fw, model="simple_cnn", dataset="digits", precision="fp32", device="cpu",
                           threads=1) for fw in ("torch", "tf")}
+
+    def torch_searches() -> tuple[SearchResult, SearchResult]:
+        larger = find_max_batch(cfgs["torch"], BIG_CAP, start=LARGE, limit=LARGE, resolution=1.0, timeout_s=120)
+        cap = larger.probes[0].peak_bytes - MARGIN
+        return larger, find_max_batch(cfgs["torch"], cap, start=SMALL, limit=LIMIT, resolution=1.0, timeout_s=120)
+
+    def tf_probes() -> tuple[ProbeResult, int, ProbeResult]:
+        fit = probe(cfgs["tf"], SMALL, BIG_CAP, timeout_s=120)
+        cap = fit.peak_bytes + MARGIN
+        return fit, cap, probe(cfgs["tf"], LARGE, cap, timeout_s=120)
+
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        baselines = dict(zip(cfgs, pool.map(lambda fw: probe(cfgs[fw], 1, None, timeout_s=120), cfgs)))
-        caps = {fw: baselines[fw].peak_bytes + HEADROOM[fw] for fw in cfgs}
-
-        def search(fw: str) -> SearchResult:
-            # start 512 and stop at a 50% bracket (torch: one bisection) or a 100% one (TensorFlow: doubling
-            # alone): each probe is a child that imports its framework (TensorFlow ~8 s of CPU), and the
-            # bisection's resolution is tested with fake probes (test_search_*); here the real memory is.
-            return find_max_batch(cfgs[fw], caps[fw], start=512, limit=LIMIT, resolution=RESOLUTION[fw],
-                                  timeout_s=120)
-
-        small = {fw: pool.submit(search, fw) for fw in cfgs}
-        # A cap twice the headroom, at the batch where the first torch search failed: that batch must now fit
-        # (limit = start: one probe).
-        torch_small = small["torch"].result()
-        larger = pool.submit(find_max_batch, cfgs["torch"], caps["torch"] + HEADROOM["torch"],
-                             start=torch_small.first_failed, limit=torch_small.first_failed, resolution=1.0,
-                             timeout_s=120)
-        small = {fw: future.result() for fw, future in small.items()}
-        larger = larger.result()
-    wall = time.monotonic() - start
-    print("\nbaseline RSS: " + ", ".join(f"{fw} {b.peak_bytes / MiB:.0f} MiB" for fw, b in baselines.items())
-          + "; max_ok: " + ", ".join(f"{fw} {r.max_ok} (first failed {r.first_failed})" for fw, r in small.items())
-          + f"; torch at +{2 * HEADROOM['torch'] // MiB} MiB: {larger.max_ok}; {wall:.0f} s")
-    return baselines, caps, small, larger
+        tf = pool.submit(tf_probes)
+        larger, small = torch_searches()
+        tf = tf.result()
+    print(f"\ntorch: {LARGE} under {BIG_CAP / MiB:.0f} MiB peaks at {larger.probes[0].peak_bytes / MiB:.0f} MiB; "
+          f"under {small.cap_bytes / MiB:.0f} MiB: max_ok {small.max_ok} (first failed {small.first_failed}); "
+          f"tf: {SMALL} peaks at {tf[0].peak_bytes / MiB:.0f} MiB, {LARGE} under {tf[1] / MiB:.0f} MiB: "
+          f"{tf[2].reason or 'fits'}; {time.monotonic() - start:.0f} s")
+    return larger, small, tf
 
 
-@pytest.mark.parametrize("framework", ["torch", "tf"])
-def test_real_search_finds_a_max_batch_under_the_cap(real_searches, framework):
-    baselines, caps, small, _ = real_searches
-    baseline, result = baselines[framework], small[framework]
-    assert baseline.ok and baseline.memory_kind == probe_child.PEAK_RSS_KIND and baseline.peak_bytes > 100 * MiB
-    assert 512 <= result.max_ok < LIMIT and result.first_failed is not None
-    assert result.max_ok < result.first_failed
-    assert result.first_failed - result.max_ok <= RESOLUTION[framework] * result.max_ok
-    assert [p.batch for p in result.probes[:2]] == [512, 1024]  # doubling first
+def _peak_of_a_whole_child(result: ProbeResult) -> None:
+    """A child that fit reports its own peak RSS (VmHWM), framework and all."""
+    assert result.ok and result.memory_kind == probe_child.PEAK_RSS_KIND and result.peak_bytes > 100 * MiB
+
+
+def _stopped_at_the_cap(result: ProbeResult, cap: int) -> None:
+    """Stopped by the watchdog or by the child's own check, with the peak seen above the cap."""
+    assert not result.ok and result.reason.startswith(("killed: RSS above the cap", "peak RSS")), result.reason
+    assert result.peak_bytes > cap
+
+
+def test_real_search_finds_a_max_batch_under_the_cap(real_searches):
+    larger, result, _ = real_searches
+    _peak_of_a_whole_child(larger.probes[0])
+    assert (result.max_ok, result.first_failed) == (SMALL, LARGE)
+    assert [p.batch for p in result.probes] == [SMALL, LARGE]  # doubling first
     for p in result.probes:
         if p.ok:  # everything that fit stayed under the cap
-            assert p.batch <= result.max_ok and p.peak_bytes <= caps[framework]
+            assert p.batch <= result.max_ok and p.peak_bytes <= result.cap_bytes
+            _peak_of_a_whole_child(p)
         else:  # and what did not was stopped by the watchdog or by the child's own check
             assert p.batch >= result.first_failed
-            assert p.reason.startswith(("killed: RSS above the cap", "peak RSS")), p.reason
+            _stopped_at_the_cap(p, result.cap_bytes)
     table = search_table([result])
-    assert (table["framework"] == framework).all() and (table["max_ok"] == result.max_ok).all()
+    assert (table["framework"] == "torch").all() and (table["max_ok"] == result.max_ok).all()
     assert table["ok"].any() and not table["ok"].all()
 
 
+def test_real_keras_probe_stops_a_batch_above_the_cap(real_searches):
+    """TensorFlow's child: its peak grows with the batch, and the batch above the cap is stopped."""
+    _, _, (fit, cap, above) = real_searches
+    _peak_of_a_whole_child(fit)
+    assert (fit.batch, above.batch) == (SMALL, LARGE)
+    _stopped_at_the_cap(above, cap)
+
+
 def test_real_search_larger_cap_larger_batch(real_searches):
-    _, _, small, larger = real_searches
-    assert len(larger.probes) == 1 and larger.probes[0].ok and larger.max_ok > small["torch"].max_ok
-    assert isinstance(search_table([small["torch"], larger]), pd.DataFrame)
+    larger, small, _ = real_searches
+    assert len(larger.probes) == 1 and larger.probes[0].ok and larger.max_ok > small.max_ok
+    assert larger.cap_bytes > small.cap_bytes
+    assert isinstance(search_table([small, larger]), pd.DataFrame)
