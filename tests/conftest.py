@@ -109,7 +109,7 @@ def pytest_collection_modifyitems(config, items):
 def unsaved_figures(monkeypatch):
     """Figures drawn as a report draws them, then closed unwritten: writing each to PNG and SVG is most of a
     figure's time, and a test that reads only what make_figures returns (captions, labels) needs no file. The
-    files themselves are checked on the shared tiny compare, the combined report and tests/test_figures.py."""
+    files themselves are checked on the shared tiny compare (tests/test_end_to_end.py) and tests/test_figures.py."""
     import matplotlib.pyplot as plt
 
     from amp_compare.harness.report import figures
