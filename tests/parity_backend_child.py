@@ -54,6 +54,14 @@ def prepare_process() -> None:
         # Keras imports TensorFlow wherever it is installed, only to seed it (keras.utils.set_random_seed):
         # seconds of import this child never uses
         sys.modules.setdefault("tensorflow", None)
+    # Keras imports its scikit-learn wrappers whenever scikit-learn is installed (scipy.stats among it, over a second
+    # of every child's start): left out as the product's Keras child leaves it out (keras_impl/entry.py); the digits
+    # are read from scikit-learn's file without importing it (kit/data.py digits_arrays)
+    sys.modules.setdefault("sklearn", None)
+    if os.environ.get("KERAS_BACKEND") == "torch":
+        # Keras imports JAX wherever it is installed, only to patch jax.monitoring for its Orbax callback (keras/src/
+        # callbacks/orbax_checkpoint.py, inside `except ImportError`): a second of import the torch backend never uses
+        sys.modules.setdefault("jax", None)
 
 
 def tf32_read_back(tp) -> None:

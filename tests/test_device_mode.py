@@ -37,6 +37,11 @@ def test_fit_waits_for_the_device_as_often_as_the_run_records(monkeypatch):
     tuned loop, which runs each epoch as one execution, must wait once per epoch. Counted in train() itself."""
     import io
 
+    from tests.parity_backend_child import FAST_XLA_FLAGS
+
+    # the tuned loop's jit_compile: XLA compiles this tiny model less hard (half the test's CPU); what is counted,
+    # fit()'s conversions of its logs, is the same (read by XLA when TensorFlow first compiles, in this process)
+    monkeypatch.setenv("XLA_FLAGS", FAST_XLA_FLAGS)
     from keras.src import backend as keras_backend
     from keras.src.callbacks import callback_list
 
