@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # CUDA-driver chatter on GPU-less machines
@@ -60,6 +61,18 @@ def check_backend(cfg: RunConfig) -> None:
     if BACKEND != expected:
         raise RuntimeError(f"framework {cfg.framework!r} runs Keras on {expected!r}, but this process's Keras runs "
                            f"on {BACKEND!r}: set KERAS_BACKEND={expected} before Keras is imported")
+
+
+def set_random_seed(seed: int) -> None:
+    """keras.utils.set_random_seed (Python's, NumPy's and the backend's generators, Keras' global seed generator),
+    without importing TensorFlow off the TensorFlow backend: Keras seeds TensorFlow wherever it is installed, for
+    tf.data pipelines, which only the TensorFlow cells use (keras_impl/train.make_dataset); that import was ~5
+    CPU-seconds of every keras-jax and keras-torch cell's setup."""
+    if not TENSORFLOW and "tensorflow" not in sys.modules:
+        from keras.src.utils import module_utils
+
+        module_utils.tensorflow._available = False  # noqa: SLF001 - what Keras caches where TensorFlow is absent
+    keras.utils.set_random_seed(seed)
 
 
 def set_threads(threads: int) -> None:

@@ -51,7 +51,7 @@ from amp_compare.kit.training import EVAL_BATCH, StepBook, first_batch_index  # 
 def setup(cfg: RunConfig) -> None:
     backends.check_backend(cfg)  # the cell's framework names the backend this process's Keras must run on
     distributed.prepare(cfg)  # DATA PARALLEL: N devices before the backend starts, or unavailable (distributed.py)
-    keras.utils.set_random_seed(cfg.seed)
+    backends.set_random_seed(cfg.seed)
     backends.set_threads(cfg.threads)
     amp.mixed_precision(cfg.precision)  # AMP: layers built from now on compute in half precision
     # TF32 decided here, as on the torch side (TF's and JAX's own GPU defaults are on), so fp32 means the same
