@@ -4,6 +4,7 @@ Real framework children run here (torch: ~3 s a cell); a few tests break exactly
 real matrix through tests/children/misbehave/__main__.py, which runs the real child for every other cell.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pandas as pd
 
 from amp_compare.contract import records
 from amp_compare.harness.report.render import render_report
+from tests.children import misbehave
 
 ROOT = Path(__file__).resolve().parent.parent
 # --no-figures: these tests read records and the report's text; drawing figures (seconds of CPU per run) is
@@ -45,10 +47,21 @@ HARNESS = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_
            "from amp_compare.harness.run.compare import main; sys.exit(main(sys.argv[1:]))")
 
 
+def _misbehave(out: Path, cell: str, mode: str = "hang") -> None:
+    """Which cell of the runs under `out` misbehaves, and how: written where the stand-in reads it at the cell's start
+    (tests/children/misbehave), not in the environment, which would name a pre-imported parent of this test's own
+    (a torch import): every test's stand-in cells fork from one."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / misbehave.SPEC).write_text(json.dumps({"mode": mode, "cell": cell}))
+
+
 def _harness(out: Path, *args: str, cell: str, mode: str = "hang") -> subprocess.Popen:
-    env = dict(os.environ, AMP_COMPARE_TEST_MODE=mode, AMP_COMPARE_TEST_CELL=cell)
+    _misbehave(out, cell, mode)
+    # os.environ given as it is: the environment this process's C library holds also has the COLUMNS and LINES that
+    # readline (imported by pytest) puts there, and a harness inheriting them would name another stand-in parent
+    # than the in-process harness of test_timeout_fails_one_cell_and_the_matrix_goes_on and tests/test_runner.py
     return subprocess.Popen([sys.executable, "-c", HARNESS, "compare", "--out", str(out), *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
 
 
 def _runs(run_dir: Path) -> pd.DataFrame:
@@ -104,8 +117,7 @@ def test_timeout_fails_one_cell_and_the_matrix_goes_on(tmp_path, monkeypatch, ca
     from amp_compare.harness.run import runner
 
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
-    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", "hang")
-    monkeypatch.setenv("AMP_COMPARE_TEST_CELL", "-bf16-")
+    _misbehave(tmp_path, "-bf16-")
     from amp_compare.harness.run.compare import main
 
     rc = main(["compare", "--out", str(tmp_path), "--frameworks", "torch", "--precisions", "bf16,fp32",

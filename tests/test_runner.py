@@ -1,10 +1,13 @@
 """A child that crashes, is killed or hangs is recorded as failed; the harness goes on."""
 
+import json
+
 import pytest
 
 from amp_compare.contract import records
 from amp_compare.contract.config import RunConfig
 from amp_compare.harness.run import runner
+from tests.children import misbehave
 
 
 @pytest.mark.parametrize(
@@ -14,7 +17,9 @@ from amp_compare.harness.run import runner
 )
 def test_failed_child_leaves_a_failed_record(tmp_path, monkeypatch, mode, timeout, expected):
     monkeypatch.setitem(runner.FRAMEWORK_MODULES, "torch", "tests.children.misbehave")
-    monkeypatch.setenv("AMP_COMPARE_TEST_MODE", mode)
+    # the mode in a file the stand-in reads at the cell's start: in the environment it would name a pre-imported
+    # parent per mode (a torch import each); every mode's cell forks from one
+    (tmp_path / misbehave.SPEC).write_text(json.dumps({"mode": mode}))
     cfg = RunConfig(dataset="synthetic")
     events = []
     outcome = runner.run_cell(cfg, tmp_path, "r1", timeout, events.append)

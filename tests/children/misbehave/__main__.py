@@ -7,16 +7,40 @@ whose --out path contains that text misbehaves; every other cell runs the real t
 cell of a real matrix. With
 AMP_COMPARE_TEST_PIDS set, a misbehaving process first leaves its pid there (a file named by it), so a test can
 check that none is left alive.
+
+A test may write the mode and the cell to SPEC ({"mode": ..., "cell": ...}) in the run's folder instead: the
+variables are part of the environment that names a kept pre-imported parent (harness/run/forkserver.py), so each
+test's own pair would start a parent of its own (a torch import, seconds of CPU), where a file read at the cell's
+start lets every test's stand-in cells fork from one.
 """
 
+import json
 import os
 import runpy
 import sys
 import time
+from pathlib import Path
 
-mode = os.environ.get("AMP_COMPARE_TEST_MODE", "crash")
-only = os.environ.get("AMP_COMPARE_TEST_CELL")
+from tests.children.misbehave import SPEC
+
 out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else ""
+
+
+def _spec() -> dict:
+    """The misbehaviour a test wrote beside its run: SPEC in the run's folder or in the folder it is in (compare's
+    --out), read here at the cell's start; {} where there is none (the variables then say it)."""
+    if not out:
+        return {}
+    cell_dir = Path(out).resolve()  # <run folder>/cells/<cell id>
+    for folder in cell_dir.parents[1:3]:
+        if (folder / SPEC).exists():
+            return json.loads((folder / SPEC).read_text())
+    return {}
+
+
+spec = _spec()
+mode = spec.get("mode", os.environ.get("AMP_COMPARE_TEST_MODE", "crash"))
+only = spec.get("cell", os.environ.get("AMP_COMPARE_TEST_CELL"))
 if only and only not in out:
     runpy.run_module("amp_compare.torch_impl", run_name="__main__")  # the real child; exits itself
 if os.environ.get("AMP_COMPARE_TEST_PIDS"):
