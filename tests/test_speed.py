@@ -145,7 +145,11 @@ def test_kept_parents_serve_compare_after_compare_and_exit_when_idle(tmp_path, m
     kept = int(pidfile.read_text().split()[0])
     assert run(first, ["--sort-keys", str(tmp_path / "in.json"), str(tmp_path / "out1.json")]).wait() == 0
     first.close()  # the end of one compare: its parent goes on
-    second = connect({"PYTEST_CURRENT_TEST": "another test", "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"})
+    from amp_compare.kit.phases import SLOW_STEP_ENV
+
+    # the test runner's, torch's cache folder, the terminal's size, the tests' slowed step: none read at import
+    second = connect({"PYTEST_CURRENT_TEST": "another test", "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x",
+                      "COLUMNS": "80", "LINES": "24", SLOW_STEP_ENV: "bf16=0.06"})
     third = connect()
     assert int(pidfile.read_text().split()[0]) == kept and len(list(folder.glob("*.pid"))) == 1  # no second parent
     bad = run(second, [str(tmp_path / "missing.json")])  # argparse's exit code 2
@@ -363,15 +367,17 @@ def test_ctrl_c_while_the_parents_start_ends_the_run_as_an_interruption(tmp_path
 def test_a_keras_child_leaves_out_the_imports_its_cells_never_use(backend, has_jax):
     """keras_impl/entry.py, what every Keras child (forked or fresh) imports first: on TensorFlow, neither
     scikit-learn (Keras' wrappers) nor JAX (TensorFlow's lite converter imports it) is loaded with its training
-    module; the keras-jax twin's child still has JAX."""
+    module; the keras-jax twin's child still has JAX, and its setup (the seeds) does not import TensorFlow."""
     import subprocess
     import sys
 
-    code = ("import sys, importlib; from amp_compare.keras_impl import entry; importlib.import_module("
-            "entry.TRAIN_MODULE); import keras; print(keras.backend.backend(), sys.modules.get('jax') is not None, "
-            "sys.modules.get('sklearn') is not None)")
+    framework = {"tensorflow": "tf", "jax": "keras-jax"}[backend]
+    code = ("import sys, importlib; from amp_compare.keras_impl import entry; train = importlib.import_module("
+            "entry.TRAIN_MODULE); import keras; from amp_compare.contract.config import RunConfig; "
+            f"train.setup(RunConfig(framework={framework!r}, threads=1)); print(keras.backend.backend(), "
+            "sys.modules.get('jax') is not None, sys.modules.get('sklearn') is not None, 'tensorflow' in sys.modules)")
     env = {**os.environ, "KERAS_BACKEND": backend, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == [backend, str(has_jax), "False"], proc.stdout
+    assert proc.stdout.split() == [backend, str(has_jax), "False", str(backend == "tensorflow")], proc.stdout

@@ -17,6 +17,9 @@ import sys
 import time
 
 SPAWNED_AT_ENV = "AMP_COMPARE_SPAWNED_AT"  # time.time() in the parent just before it started the child
+# Test hook (kit/training.simulated_slow_step): "fp16=0.05" sleeps 0.05 s in every step of precision fp16, a stand-in
+# for a CPU where it is slow; read as the step runs
+SLOW_STEP_ENV = "AMP_COMPARE_TEST_SLOW_STEP"
 
 # The phases in the order a cell runs them; a phase a cell does not run is absent from its table.
 ORDER = ("process start", "framework import", "config", "data", "setup", "init", "ceiling", "audits",

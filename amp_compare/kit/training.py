@@ -26,6 +26,7 @@ from amp_compare.contract.twins import Locate
 from amp_compare.kit.child import DivergenceWatch, Progress, TrainResult, first_nonfinite_parameter
 from amp_compare.kit.data import epoch_batches
 from amp_compare.kit.dataparallel import numerics_for
+from amp_compare.kit.phases import SLOW_STEP_ENV
 from amp_compare.kit.reuse import cached
 
 # kit/ceiling.py names a matmul's dtype fp32/tf32/fp16/bf16; the frameworks' tensors take these names
@@ -58,8 +59,6 @@ BUDGET_MAX_STEPS = 200  # stats.py's ten batch means of 20 steps: more adds noth
 # this many times slower per step is budgeted: a busy machine slows fp32 too, and a mixed precision a few times
 # slower than fp32 (this project's CPUs without half-precision units: 2-10x) is a result to measure in full
 BUDGET_SLOW_RATIO = 20.0
-# Test hook: "fp16=0.05" sleeps 0.05 s in every step of precision fp16, a stand-in for a CPU where it is slow
-SLOW_STEP_ENV = "AMP_COMPARE_TEST_SLOW_STEP"
 
 
 def simulated_slow_step(precision: str) -> float:

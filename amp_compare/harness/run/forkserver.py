@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from amp_compare.contract.env import PROJECT_ROOT
-from amp_compare.kit.phases import SPAWNED_AT_ENV
+from amp_compare.kit.phases import SLOW_STEP_ENV, SPAWNED_AT_ENV
 
 DISABLE_ENV = "AMP_COMPARE_FORK_SERVER"  # "0": start every cell as a fresh interpreter
 SHARED_ENV = "AMP_COMPARE_PARENTS"  # a folder: parents kept there across compares
@@ -194,8 +194,10 @@ class ForkedChild:
 
 
 # Left out of a kept parent's name: variables no import reads differently (the test runner's per-test ones; the
-# inductor cache folder, which torch sets to its default in a process that imported it, a parent included)
-UNREAD_AT_IMPORT = ("PYTEST_", "TORCHINDUCTOR_CACHE_DIR", SPAWNED_AT_ENV)
+# inductor cache folder, which torch sets to its default in a process that imported it, a parent included; the
+# terminal's size, which readline puts in the C environment of the process that loaded it, so a compare started
+# from it sees them where one in that process does not; the slowed step the tests inject, read as the step runs)
+UNREAD_AT_IMPORT = ("PYTEST_", "TORCHINDUCTOR_CACHE_DIR", SPAWNED_AT_ENV, "COLUMNS", "LINES", SLOW_STEP_ENV)
 
 
 FRAMEWORKS = ("torch", "tensorflow", "keras", "jax")  # whose installed version a kept parent has imported
