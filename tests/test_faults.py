@@ -57,11 +57,8 @@ def _misbehave(out: Path, cell: str, mode: str = "hang") -> None:
 
 def _harness(out: Path, *args: str, cell: str, mode: str = "hang") -> subprocess.Popen:
     _misbehave(out, cell, mode)
-    # os.environ given as it is: the environment this process's C library holds also has the COLUMNS and LINES that
-    # readline (imported by pytest) puts there, and a harness inheriting them would name another stand-in parent
-    # than the in-process harness of test_timeout_fails_one_cell_and_the_matrix_goes_on and tests/test_runner.py
     return subprocess.Popen([sys.executable, "-c", HARNESS, "compare", "--out", str(out), *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _runs(run_dir: Path) -> pd.DataFrame:

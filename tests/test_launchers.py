@@ -48,12 +48,8 @@ HARNESS = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_
 
 def _run(argv: list[str], env: dict | None = None, harness: bool = False) -> subprocess.CompletedProcess:
     head = [sys.executable, "-c", HARNESS] if harness else [sys.executable, "-m", "amp_compare"]
-    # Without variables of its own, the process's environment as the shared tiny compare's harness inherits it (the
-    # C library's, where readline, imported by pytest, has put COLUMNS and LINES): the same environment names the
-    # same kept pre-imported parents (harness/run/forkserver.py), so a CPU run's torch cells fork from the tiny
-    # compare's torch parent instead of a parent of their own (a torch import)
     return subprocess.run([*head, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **env} if env else None)
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
