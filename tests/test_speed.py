@@ -167,6 +167,26 @@ def test_kept_parents_serve_compare_after_compare_and_exit_when_idle(tmp_path, m
     err.close()
 
 
+def test_a_kept_parent_that_failed_to_import_is_not_started_again(tmp_path, monkeypatch):
+    """A twin whose framework does not import (a broken install) fails the same way every time: ready() says why
+    after the one start, instead of importing it twice more (the retries are for a parent that ended on its idle
+    timeout as a compare connected)."""
+    from amp_compare.harness.run import forkserver
+
+    twin = tmp_path / "code" / "broken_twin"  # a twin package whose training module imports a missing framework
+    twin.mkdir(parents=True)
+    (twin / "__init__.py").write_text("")
+    (twin / "entry.py").write_text('TRAIN_MODULE = "broken_twin.train"\nPRELOAD = ()\n')
+    (twin / "train.py").write_text("import no_such_framework_installed\n")
+    launches = []
+    real = forkserver._launch_shared
+    monkeypatch.setattr(forkserver, "_launch_shared", lambda *a: launches.append(a[0]) or real(*a))
+    env = {"PYTHONPATH": f"{Path(__file__).resolve().parents[1]}:{twin.parent}", "PATH": "/usr/bin:/bin"}
+    with pytest.raises(forkserver.ForkServerError, match="no_such_framework_installed"):
+        forkserver.ForkServer.shared("broken_twin", env, str(tmp_path / "parents")).ready()
+    assert launches == ["broken_twin"]
+
+
 def test_an_edited_source_file_names_another_kept_parent(tmp_path, monkeypatch):
     """A kept parent has imported the project's code: once a source file changes, a compare must not fork its cells
     from it (the parent is named by the files' modification times too, forkserver._code_stamp)."""

@@ -87,7 +87,9 @@ class ForkServer:
                 try:
                     self.sock, self.alive = _connect(self.path, READY_TIMEOUT_S), True
                 except ForkServerError:
-                    if attempt == 2:
+                    # a failed import fails again (a broken install: seconds of import each time); a parent that
+                    # ended on its idle timeout as we connected is started again
+                    if attempt == 2 or self.path.with_name(self.path.name + ".error").exists():
                         raise
                     _launch_shared(self.package, self.env, self.path)
                     continue
