@@ -434,3 +434,37 @@ def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_pa
     assert said in made["throughput"].caption and "Ran while the machine was busy" not in made["throughput"].caption
     assert figures.unjudged_text(t["run"], None) == ""
     assert figures.busy_text(figures.busy_cells(t["run"], None), "") == ""
+
+
+
+def test_figures_measured_from_the_layout_alone_are_the_pngs_full_draws_give(tmp_path, monkeypatch):
+    """figures.laid_out (layout without a raster) replaces full draws where a figure measures its text: the minor
+    log labels it keeps (loss curves over three decades) and seaborn's legend beside a grid. The PNGs are the same,
+    byte for byte, as when every measurement drew the whole figure."""
+    import seaborn as sns
+    import seaborn.axisgrid
+    import seaborn.utils
+
+    from amp_compare.harness.report import figures
+
+    steps = _steps()
+    steps["loss"] = 3.0 * np.exp(-np.log(3.0 / 0.007) * steps["step"] / 23)
+    bars = pd.DataFrame({"Layer": ["conv1", "conv2", "fc"] * 4, "Share": np.linspace(0.1, 0.9, 12),
+                         "Framework": ["PyTorch", "Keras (TensorFlow)"] * 6, "Scaling": ["none"] * 6 + ["used"] * 6})
+
+    def pngs(name):
+        curves = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
+                        split_frameworks=True)
+        grid = sns.catplot(data=bars, kind="bar", x="Layer", y="Share", hue="Framework", col="Scaling", height=2)
+        out = []
+        for i, fig in enumerate((curves, grid.figure)):
+            fig.savefig(tmp_path / f"{name}{i}.png", dpi=110, bbox_inches="tight")
+            plt.close(fig)
+            out.append((tmp_path / f"{name}{i}.png").read_bytes())
+        return out
+
+    assert seaborn.axisgrid._draw_figure is figures.laid_out  # what a report draws with
+    ours = pngs("ours")
+    monkeypatch.setattr(figures, "laid_out", lambda fig: fig.canvas.draw() or fig.canvas.get_renderer())
+    monkeypatch.setattr(seaborn.axisgrid, "_draw_figure", seaborn.utils._draw_figure)
+    assert ours == pngs("drawn")
