@@ -187,8 +187,12 @@ def test_real_trials_in_both_frameworks(tiny_run):
     from amp_compare.contract.records import read_trials
 
     _, run_dir = tiny_run
-    planned = json.loads((run_dir / "manifest.json").read_text())["trials"]["planned"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    planned = manifest["trials"]["planned"]
     assert sorted(planned) == ["tf-simple_cnn-synthetic-b16-plain", "torch-simple_cnn-synthetic-b16-plain"]
+    # cells at once on this machine's CPUs (its default): the trials were set up beside the last cells (trials.Ahead)
+    ahead = manifest["launcher"]["parallel"] > 1
+    assert [o.get("set_up") == "beside the last cells" for o in manifest["trials"]["outcomes"].values()] == [ahead] * 2
     table = read_trials(run_dir)
     assert list(table.columns) == list(trial.TRIAL_COLUMNS)
     assert sorted(table["trial_id"].unique()) == sorted(planned)
@@ -345,3 +349,50 @@ def test_the_speed_section_shows_the_trial_each_verdict_rests_on(tiny_run):
     page = (run_dir / "index.html").read_text()
     assert 'id="speed-trials"' in page and table["speed (× fp32's)"].iloc[0] in page
     assert speed.trials_table(None).empty
+
+
+def _allowed_cpus(pid: int) -> set[str]:
+    """The CPUs each thread of a process may run on (/proc: affinity is per thread)."""
+    from pathlib import Path
+
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        status = (task / "status").read_text()
+        out.add(next(ln.split(":")[1].strip() for ln in status.splitlines() if ln.startswith("Cpus_allowed_list")))
+    return out
+
+
+def test_a_trial_set_up_ahead_waits_on_its_core_and_times_its_rounds_only_once_released(tmp_path):
+    """harness/run/trials.Ahead, as run_parallel drives it beside a run's last cells: a trial's child builds and warms
+    up its models pinned to the one core it was given, then waits with nothing timed; release() gives every thread of
+    it the harness's cores and GO, and its rounds follow. stop() (Ctrl-C) ends a trial that is still held: no process
+    is left waiting."""
+    import os
+    import threading
+
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.run import trials
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two usable CPUs to tell one core from all of them")
+    cpu = min(os.sched_getaffinity(0))
+    configs = [RunConfig(framework="torch", dataset="synthetic", precision=p, batch_size=b, threads=2, init="framework",
+                         trial_budget_s=0.2) for b in (8, 16) for p in ("fp32", "bf16")]
+    ahead = trials.Ahead(configs, tmp_path, "held", timeout=120)
+    ready = {tid: threading.Event() for tid, _ in ahead.todo}
+    first, second = (ahead.start_next(cpu, lambda tid: ready[tid].set()) for _ in range(2))
+    for tid in (first, second):
+        assert ready[tid].wait(120) and ahead.started[tid].pid, ahead.started[tid].outcome
+    pid = ahead.started[first].pid
+    assert _allowed_cpus(pid) == {str(cpu)}  # every thread it started (torch's 2) on the one core it was given
+    assert not (tmp_path / "trials" / first / "trials.parquet").exists()  # held: no block timed yet
+    events = []
+    outcome = ahead.release(first, events.append)
+    assert outcome["status"] == "ok" and outcome["set_up"] == "beside the last cells", outcome
+    assert events[0] == {"kind": "released", "cpus": sorted(os.sched_getaffinity(0))}  # its rounds: every core
+    blocks = pd.read_parquet(tmp_path / "trials" / first / "trials.parquet")
+    assert blocks["round"].max() + 1 >= trial.MIN_ROUNDS and (blocks["threads"] == 2).all()
+    held = ahead.started[second].pid
+    ahead.stop()
+    assert ahead.started[second].outcome["status"] == "failed"
+    assert not os.path.exists(f"/proc/{held}") or "Z" in open(f"/proc/{held}/stat").read().rsplit(")", 1)[1][:3]

@@ -35,6 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -117,13 +119,15 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
                on_round: Callable[[int, int], None] = lambda done, planned: None,
                clock: Callable[[], float] = time.perf_counter,
                cpu_clock: Callable[[], float] = time.process_time, start: float | None = None) -> list[dict]:
-    """Warm every model up (warmup steps, then one timed step that sets its k), then mirrored pairs of rounds until the
-    budget (seconds of rounds: from `start`, a `clock` time, where given, else from the end of the warm-up) would be
+    """Warm every model up (warmup steps: 0 where warm_up ran them already; then one timed step that sets its k),
+    then mirrored pairs of rounds until the budget (seconds of rounds: from `start`, a `clock` time, where given,
+    else from the end of the warm-up) would be
     passed, MIN_ROUNDS at least, or until the rounds decide every mixed precision (decided). Returns one dict per
     block: round, position, precision, steps, wall_s, cpu_s."""
     ks = {}
     for s in steppers:
-        s.run(warmup)
+        if warmup:
+            s.run(warmup)
         t0 = clock()
         s.run(1)
         ks[s.precision] = block_steps(clock() - t0, block_s)
@@ -166,6 +170,24 @@ def decided(rows: list[dict], precisions: list[str], confidence: float = STOP_CO
 
 # ---- the child's side --------------------------------------------------------------------------------------------
 
+GO = signal.SIGUSR1  # what a held trial waits for (harness/run/trials.py Ahead.release)
+
+
+def warm_up(steppers: list[Stepper], steps: int = WARMUP_STEPS) -> None:
+    """Every model's first steps (tracing, compilation, first allocations), untimed."""
+    for s in steppers:
+        s.run(steps)
+
+
+def hold(progress, timeout_s: float) -> bool:
+    """A trial set up ahead, beside the run's last cells: say so (with this process's id, which the harness re-pins
+    to every core and signals) and wait for GO. False if it did not come within timeout_s (the harness is gone)."""
+    progress.emit(kind="ready", pid=os.getpid())
+    if signal.sigtimedwait({GO}, timeout_s) is None:
+        return False
+    progress.emit(kind="released", cpus=sorted(os.sched_getaffinity(0)))  # the cores its rounds run on
+    return True
+
 StepperFactory = Callable[[list[RunConfig], object, object], tuple[list[Stepper], int]]
 
 
@@ -182,7 +204,10 @@ def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> 
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--init-file", type=Path, default=None)
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--hold", type=float, default=0.0, help="set up, then wait up to this many seconds for GO")
     args = parser.parse_args(argv)
+    if args.hold:  # blocked before any thread starts, so that every thread inherits it and only sigtimedwait takes it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {GO})
     try:
         spec = json.loads(args.trial.read_text())
         cfgs = [RunConfig.from_dict(c) for c in spec["configs"]]
@@ -192,7 +217,11 @@ def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> 
     progress = Progress()
     data = load_dataset(cfgs[0].dataset, cfgs[0].data_dir)
     steppers, threads = make_steppers(cfgs, data, SharedInit(args.init_file, cfgs[0].framework, cfgs[0].seed))
-    blocks = run_blocks(steppers, cfgs[0].trial_budget_s,  # the rounds' budget: building and warm-up come before it
+    warm_up(steppers)
+    if args.hold and not hold(progress, args.hold):
+        print(f"error: set up, but not released within {args.hold:g} s", file=sys.stderr)
+        return 3
+    blocks = run_blocks(steppers, cfgs[0].trial_budget_s, warmup=0,  # the rounds' budget: set-up comes before it
                         on_round=lambda done, planned: progress.emit(kind="step", epoch=0, epochs=1, step=done,
                                                                      steps=max(planned, done)))
     table = trial_table(args.run_id, cfgs[0], blocks, threads)

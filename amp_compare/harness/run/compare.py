@@ -393,15 +393,16 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
         spent.append(time.perf_counter() - begin)
 
     timed_check("before the matrix")
+    ahead = _trials_ahead(run_dir, manifest, timeout)
     cells_start = time.perf_counter()
     outcomes, interrupted = run_cells(cells, run_dir, manifest["run_id"], timeout, console,
                                       after_cell=lambda cfg: timed_check(f"after {cfg.cell_id}"),
-                                      manifest=manifest)
-    cells_end = time.perf_counter()
+                                      manifest=manifest, ahead=ahead)
+    # the trials' time runs from the last cell's end: a trial set up beside the last cells took none of the run's
+    cells_end = ahead.cells_ended if ahead is not None and ahead.cells_ended else time.perf_counter()
     if not interrupted:  # the speed trials, alone on the machine, forked from the same parents (harness/run/trials.py)
-        trials_start = time.perf_counter()
-        interrupted = run_speed_trials(run_dir, manifest, timeout, console)
-        phases["trials"] = phases.get("trials", 0.0) + time.perf_counter() - trials_start
+        interrupted = run_speed_trials(run_dir, manifest, timeout, console, ahead)
+        phases["trials"] = phases.get("trials", 0.0) + time.perf_counter() - cells_end
     # the twins' pre-imported parents (harness/run/forkserver.py) go before the last check and the report
     forked = forkserver.close_all()
     if len(checks) < 2:
@@ -420,20 +421,38 @@ def _run_matrix(cells: list[RunConfig], run_dir: Path, manifest: dict, timeout: 
     return outcomes, interrupted
 
 
-def run_speed_trials(run_dir: Path, manifest: dict, timeout: float, console) -> BaseException | None:
+def _trial_configs(manifest: dict) -> list[RunConfig]:
+    """Every cell's configuration as the speed trials run it: at the launcher's trial threads where the cells ran one
+    thread each, at once."""
+    configs = [RunConfig.from_dict(c) for c in manifest["configs"]]
+    threads = manifest.get("launcher", {}).get("trial_threads")
+    return [dataclasses.replace(c, threads=threads) for c in configs] if threads else configs
+
+
+def _trials_ahead(run_dir: Path, manifest: dict, timeout: float):
+    """The speed trials to set up beside the last cells (trials.Ahead): where the cells run at once on this machine's
+    CPUs (the default on a CPU); None elsewhere (one after another, submitit jobs, GPUs)."""
+    from amp_compare.harness.run import trials
+
+    launcher = manifest.get("launcher", {})
+    if (launcher.get("launcher", "local") != "local" or launcher.get("parallel", 1) < 2
+            or manifest.get("device") == "cuda"):
+        return None
+    return trials.Ahead(_trial_configs(manifest), run_dir, manifest["run_id"], timeout)
+
+
+def run_speed_trials(run_dir: Path, manifest: dict, timeout: float, console, ahead=None) -> BaseException | None:
     """The run's speed trials (harness/run/trials.py) over every cell of its manifest, so a resumed run plans the same
-    ones; on this machine only: where a submitit launcher ran the cells elsewhere, the manifest says none ran."""
+    ones; on this machine only: where a submitit launcher ran the cells elsewhere, the manifest says none ran. ahead:
+    the trials set up beside the last cells (trials.Ahead), released here."""
     from amp_compare.harness.run import trials
 
     if manifest.get("launcher", {}).get("launcher") == "submitit":
         manifest["trials"] = {"planned": [], "skipped": "the cells ran as submitit jobs, not on this machine"}
         return None
-    configs = [RunConfig.from_dict(c) for c in manifest["configs"]]
-    threads = manifest.get("launcher", {}).get("trial_threads")  # cells one thread each, at once: the trials more
-    if threads:
-        configs = [dataclasses.replace(c, threads=threads) for c in configs]
     try:
-        return trials.run_trials(configs, run_dir, manifest["run_id"], timeout, console, manifest)
+        return trials.run_trials(_trial_configs(manifest), run_dir, manifest["run_id"], timeout, console, manifest,
+                                 ahead)
     finally:  # which trials ran, kept even when interrupted
         from amp_compare.contract.atomic import atomic_write_text
 
@@ -501,8 +520,8 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
     return None
 
 
-def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float,
-              console, after_cell=lambda cfg: None, manifest: dict | None = None) -> tuple[list, BaseException | None]:
+def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, console, after_cell=lambda cfg: None,
+              manifest: dict | None = None, ahead=None) -> tuple[list, BaseException | None]:
     """Each cell in its own child, with a progress bar over the matrix and one within each cell; after_cell(cfg)
     runs once each cell has ended (the calibration check between cells). The manifest's launcher (--parallel,
     --launcher submitit) may run several at once instead (harness/run/launchers.py)."""
@@ -515,7 +534,7 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         if manifest is not None and launchers.concurrent(manifest["launcher"]):
-            return launchers.launch(cells, run_dir, run_id, timeout, progress, manifest, harness_fault)
+            return launchers.launch(cells, run_dir, run_id, timeout, progress, manifest, harness_fault, ahead)
         starting = progress.add_task("  starting the frameworks", total=None)
         try:
             prestart_fork_servers(cells, run_dir)  # every twin's pre-imported parent at once, before the first cell

@@ -3,8 +3,9 @@ submitit. Every launcher runs each cell through runner.run_cell, in a child proc
 records atomically as on one machine; only where and when that happens changes.
 
 * The default (cells_at_once): on a CPU without --threads, one cell per usable CPU at once, one thread each (the
-  speed trials, which decide speed, run after them with no cell beside them, at --threads' default); on a GPU, with
-  --replicas or --threads, one after another.
+  speed trials, which decide speed, time their rounds after them with no cell beside them, at --threads' default,
+  having built and warmed up their models beside the last cells on cores no cell was using: trials.Ahead); on a
+  GPU, with --replicas or --threads, one after another.
 * `--parallel 1`: the cells one after another, the calibration checked between them (cli.run_cells).
 * `--parallel N` (local launcher): N cells at once. On a GPU each cell gets its own device(s) through
   CUDA_VISIBLE_DEVICES (an N-worker --replicas cell gets N of them), started as a process of its own; on a CPU each
@@ -261,9 +262,11 @@ def local_units(cells: list[RunConfig]) -> list:
 
 
 def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, progress, parallel: int,
-                 placements: dict, on_fault: Callable) -> tuple[list, BaseException | None]:
+                 placements: dict, on_fault: Callable, ahead=None) -> tuple[list, BaseException | None]:
     """Up to `parallel` cells at once, each in its own child on its own units; returns the outcomes in the order
-    cells ended and the interruption (Ctrl-C / SIGTERM), if any: then every running child is stopped."""
+    cells ended and the interruption (Ctrl-C / SIGTERM), if any: then every running child is stopped. ahead
+    (trials.Ahead): once no cell is left to start, a free CPU sets up the next speed trial; this returns when every
+    cell has ended and every trial that could start is set up."""
     from amp_compare.harness.run.runner import prestart_fork_servers, run_cell
 
     if cells and cells[0].device != "cuda":  # CPU cells fork from their twin's parent, pinned (runner.run_cell)
@@ -286,8 +289,9 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
             outcome = on_fault(cfg, run_dir, run_id, exc)
         ended.put((cfg, outcome))
 
+    setting_up, set_up_bars = {}, {}  # speed trials being set up ahead: their units, their progress lines
     try:
-        while waiting or running:
+        while waiting or running or setting_up:
             for cfg in [c for c in waiting if gate.may_start(c)]:
                 need = min(cell_needs(cfg), len(rank))  # a cell wanting more than there is gets everything
                 if len(running) >= parallel or need > len(free):
@@ -302,9 +306,19 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
                 thread = threading.Thread(target=work, args=(cfg, placement, on_event), daemon=True)
                 running[cfg.cell_id] = (thread, units)
                 thread.start()
+            while ahead is not None and not waiting and free and len(running) + len(setting_up) < len(rank):
+                tid = ahead.start_next(free[0], lambda tid: ended.put((tid, None)))
+                if tid is None:
+                    break
+                setting_up[tid], free = free[:1], free[1:]
+                set_up_bars[tid] = progress.add_task(f"  speed trial {tid}: setting up", total=None)
             try:
                 cfg, outcome = ended.get(timeout=POLL_S)
             except queue.Empty:
+                continue
+            if isinstance(cfg, str):  # a trial set up ahead is ready (or has ended): its core is free again
+                free = sorted([*free, *setting_up.pop(cfg)], key=rank.get)
+                progress.update(set_up_bars[cfg], description=f"  speed trial {cfg}: set up", total=1, completed=1)
                 continue
             thread, units = running.pop(cfg.cell_id)
             free = sorted([*free, *units], key=rank.get)
@@ -312,7 +326,11 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
             placements[cfg.cell_id]["ended"] = now()
             outcomes.append(outcome)
             bars.end(cfg, outcome)
+            if ahead is not None and not waiting and not running:
+                ahead.cells_ended = time.perf_counter()
     except KeyboardInterrupt as exc:
+        if ahead is not None:
+            ahead.stop()
         return _stop(running, cancel, ended, outcomes), exc
     return outcomes, None
 
@@ -489,7 +507,7 @@ def settings_of(launcher: dict):
 
 
 def launch(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, progress, manifest: dict,
-           on_fault: Callable) -> tuple[list, BaseException | None]:
+           on_fault: Callable, ahead=None) -> tuple[list, BaseException | None]:
     """Run the cells with the manifest's launcher; where each ran lands in manifest["placements"], and a note
     in the report says the cells shared the machine or ran as jobs. No calibration check runs between cells:
     the parent's matmul would time the machine while other cells load it."""
@@ -502,13 +520,15 @@ def launch(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, p
                 "cell; each cell's host and GPUs are in its run record and in the manifest's placements.")
     else:
         outcomes, interrupted = run_parallel(cells, run_dir, run_id, timeout, progress, settings.parallel,
-                                             placements, on_fault)
+                                             placements, on_fault, ahead)
         note = (f"Up to {settings.parallel} cells ran at once on this machine, each pinned to its own "
                 + ("GPU (CUDA_VISIBLE_DEVICES)." if cells and cells[0].device == "cuda" else
                    f"CPUs (CPU affinity), {threads_text(c.threads for c in cells)} each, sharing the machine's memory "
                    "and caches: "
                    "their times are what training took beside other cells, not alone"
-                   + (f"; the speed trials ran after them, with no cell beside them, {threads_text([trials])}."
+                   + (f"; the speed trials timed their rounds after them, with no cell beside them, "
+                      f"{threads_text([trials])} (their models were built and warmed up before that, on cores no "
+                      "cell was using)."
                       if (trials := manifest["launcher"].get("trial_threads")) else ".")))
     if note not in notes:
         notes.append(note)

@@ -7,8 +7,11 @@ not rerun by --resume; the manifest's `trials` entry says which ran and how each
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +30,7 @@ from amp_compare.harness.run.runner import (
     stderr_tail,
 )
 from amp_compare.kit.child import EXIT_UNAVAILABLE
-from amp_compare.kit.trial import trial_id
+from amp_compare.kit.trial import GO, trial_id
 
 # A trial's own timeout: its budget and the start of three models (framework import is the parent's), with room for
 # a loaded machine; never longer than a cell's --timeout
@@ -72,9 +75,11 @@ def trial_complete(run_dir: Path, tid: str) -> bool:
         return False
 
 
-def run_trial(cfgs: list[RunConfig], run_dir: Path, run_id: str, timeout_s: float, on_event=lambda event: None
-              ) -> dict:
-    """One trial in a child of its own (forked where its twin's parent runs); returns its manifest outcome."""
+def run_trial(cfgs: list[RunConfig], run_dir: Path, run_id: str, timeout_s: float, on_event=lambda event: None,
+              placement=None, hold_s: float = 0.0) -> dict:
+    """One trial in a child of its own (forked where its twin's parent runs); returns its manifest outcome. placement:
+    its cores and cancel event (launchers.Placement); hold_s: the child sets up, then waits that long for Ahead.release
+    (kit/trial.py hold)."""
     tid = trial_id(cfgs[0])
     out = Path(run_dir) / "trials" / tid
     out.mkdir(parents=True, exist_ok=True)
@@ -90,10 +95,12 @@ def run_trial(cfgs: list[RunConfig], run_dir: Path, run_id: str, timeout_s: floa
            "--run-id", run_id, "--cache-dir", str(Path(run_dir) / "cache")]
     if cfg.init == "shared":
         cmd += ["--init-file", str(shared_init_path(run_dir, cfg))]
+    if hold_s:
+        cmd += ["--hold", f"{hold_s:g}"]
     env = child_env(cfg)
     forkserver.server_for(cmd, env, env)
-    timeout = min(timeout_s, TIMEOUT_MARGIN_S + TIMEOUT_FACTOR * cfg.trial_budget_s)
-    returncode, error = _run_child(cmd, cfg, out, env, timeout, on_event, None, fork=True)
+    timeout = min(timeout_s, TIMEOUT_MARGIN_S + TIMEOUT_FACTOR * cfg.trial_budget_s) + hold_s
+    returncode, error = _run_child(cmd, cfg, out, env, timeout, on_event, placement, fork=True)
     wall = time.monotonic() - start
     tail = stderr_tail(out / "stderr.log")
     if not error and returncode == EXIT_UNAVAILABLE:
@@ -114,8 +121,94 @@ def _failed(out: Path, status: str, error: str, tail: str, wall: float) -> dict:
     return outcome
 
 
-def run_trials(configs: list[RunConfig], run_dir: Path, run_id: str, timeout: float, console, manifest: dict
-               ) -> BaseException | None:
+class _Started:
+    """A trial started ahead: its thread (run_trial), the child's pid once it is ready, its outcome once it ended."""
+
+    def __init__(self) -> None:
+        self.pid, self.outcome, self.forward = None, None, lambda event: None
+        self.ready, self.done = threading.Event(), threading.Event()
+
+
+class Ahead:
+    """Speed trials set up ahead, while a run's last cells train (a default CPU run's cells, one per core). A core that
+    no cell will take again builds and warms up the next trial's models (its child pinned there, as a cell is), which
+    then waits (kit/trial.py hold); once every cell has ended, release() gives each in turn every core and lets it time
+    its rounds alone, as a trial started afterwards does. The building and warm-up (Keras' tracing: 21 s for the ViT's
+    three models on the AVX2-only EPYC) then takes a core the run's last cell left idle instead of the run's time."""
+
+    def __init__(self, configs: list[RunConfig], run_dir: Path, run_id: str, timeout: float) -> None:
+        self.todo = [(tid, cfgs) for tid, cfgs in plan_trials(configs).items() if not trial_complete(run_dir, tid)]
+        self.run_dir, self.run_id, self.timeout = run_dir, run_id, timeout
+        self.cancel = threading.Event()
+        self.started: dict[str, _Started] = {}
+        self.cells_ended: float | None = None  # perf_counter time of the last cell's end (run_parallel sets it)
+
+    def start_next(self, cpu: int, on_ready: Callable[[str], None]) -> str | None:
+        """Start setting up the next trial whose shared initial weights exist, pinned to `cpu`; on_ready(trial id)
+        once its child is ready or has ended. Returns its trial id; None if no trial can start."""
+        from amp_compare.harness.run.launchers import Placement
+
+        index = next((i for i, (_, cfgs) in enumerate(self.todo) if cfgs[0].init != "shared"
+                      or shared_init_path(self.run_dir, cfgs[0]).exists()), None)
+        if index is None:
+            return None
+        tid, cfgs = self.todo.pop(index)
+        started = self.started[tid] = _Started()
+
+        def ready() -> None:
+            if not started.ready.is_set():
+                started.ready.set()
+                on_ready(tid)
+
+        def on_event(event: dict) -> None:
+            if event.get("kind") == "ready":
+                started.pid = int(event["pid"])
+                ready()
+            else:
+                started.forward(event)
+
+        def work() -> None:
+            try:
+                started.outcome = {**run_trial(cfgs, self.run_dir, self.run_id, self.timeout, on_event,
+                                               Placement(cpus=(cpu,), cancel=self.cancel), hold_s=self.timeout),
+                                   "set_up": "beside the last cells"}
+            except KeyboardInterrupt:  # stopped by `cancel`: its unfinished blocks are gone
+                started.outcome = {"status": "failed", "error": "interrupted", "wall_s": 0.0}
+            except Exception as exc:  # a harness fault in one trial: recorded, the others run
+                started.outcome = {"status": "failed", "error": f"harness error: {type(exc).__name__}: {exc}",
+                                   "wall_s": 0.0}
+            started.done.set()
+            ready()
+
+        threading.Thread(target=work, daemon=True).start()
+        return tid
+
+    def release(self, tid: str, on_event) -> dict:
+        """Trial `tid`, set up ahead: every usable core for its child's threads, GO, and its outcome once it ended."""
+        started = self.started[tid]
+        started.forward = on_event
+        started.ready.wait()
+        if not started.done.is_set() and started.pid is not None:
+            cpus = os.sched_getaffinity(0)
+            try:
+                for task in os.listdir(f"/proc/{started.pid}/task"):  # every thread it has: affinity is per thread
+                    os.sched_setaffinity(int(task), cpus)
+                os.kill(started.pid, GO)
+            except (OSError, ValueError):
+                pass  # it has ended meanwhile: its outcome says how
+        while not started.done.wait(0.2):  # a short wait, so that Ctrl-C reaches this thread
+            pass
+        return started.outcome
+
+    def stop(self) -> None:
+        """Ctrl-C / SIGTERM: every child started ahead is stopped by its own thread (runner._run_child)."""
+        self.cancel.set()
+        for started in self.started.values():
+            started.done.wait(30)
+
+
+def run_trials(configs: list[RunConfig], run_dir: Path, run_id: str, timeout: float, console, manifest: dict,
+               ahead: Ahead | None = None) -> BaseException | None:
     """Every planned trial not finished yet, one after another, with a progress bar each; their outcomes in
     manifest["trials"]. Returns the interruption (Ctrl-C, SIGTERM), if any: finished trials and cells are kept."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -138,8 +231,11 @@ def run_trials(configs: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
                     progress.update(task, total=event["steps"], completed=event["step"])
 
             try:
-                outcome = run_trial(cfgs, run_dir, run_id, timeout, on_event)
+                outcome = (ahead.release(tid, on_event) if ahead is not None and tid in ahead.started
+                           else run_trial(cfgs, run_dir, run_id, timeout, on_event))
             except KeyboardInterrupt as exc:
+                if ahead is not None:
+                    ahead.stop()
                 progress.update(task, description=f"  {tid} [interrupted]")
                 return exc
             except Exception as exc:  # a harness fault in one trial: recorded, the others run
