@@ -166,8 +166,9 @@ def test_parallel_cells_on_a_cpu_run_at_once_each_on_its_own_core(tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 usable CPUs")
     out = tmp_path / "reports"
-    proc = _run(["compare", *TINY_ARGS, "--frameworks", "torch", "--precisions", "fp32", "--seeds", "0,1",
-                 "--threads", "1", "--parallel", "2", "--no-figures", "--out", str(out)])
+    # in this process (as the resume above): no interpreter of its own to start for the harness
+    proc, _ = _compare_here(["compare", *TINY_ARGS, "--frameworks", "torch", "--precisions", "fp32", "--seeds", "0,1",
+                             "--threads", "1", "--parallel", "2", "--no-figures", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     tables = records.read_run(out / "tiny")
     runs = tables["run"].set_index("cell_id")
