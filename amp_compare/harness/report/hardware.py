@@ -31,7 +31,9 @@ def log_line_flags(text: str, flags: str) -> str:
 
 
 def _text(table: pd.DataFrame, column: str) -> pd.Series:
-    return table[column].fillna("").astype(str) if column in table else pd.Series("", index=table.index)
+    if column not in table:
+        return pd.Series("", index=table.index)
+    return table[column].astype(object).where(table[column].notna(), "").astype(str)  # missing: "", never "nan"
 
 
 def on_fp32_ceiling(table: pd.DataFrame) -> pd.Series:
