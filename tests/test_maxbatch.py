@@ -223,12 +223,14 @@ def test_real_cpu_allocation_failure_is_out_of_memory(monkeypatch):
     std::bad_alloc or segfaults, depending on where the allocation fails: not repeatable enough to test.)
     """
     # Room for torch itself (a CUDA build maps several GB of libraries), not for the first activation of
-    # 500,000 images (16 GB): the allocation fails at once, without touching memory.
+    # 250,000 images (16 GB): the allocation fails at once, without touching memory. resnet18, whose first conv
+    # has 64 channels (simple_cnn's 32): half the images for the same activation, and the child's random batch
+    # (0.25 GB, drawn before the first step) half as long to draw.
     limit = 12 * 2**30
     popen = subprocess.Popen
     monkeypatch.setattr(subprocess, "Popen", functools.partial(
         popen, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))))
-    result = probe(RunConfig(framework="torch", threads=1), 500_000, cap_bytes=None, timeout_s=120)
+    result = probe(RunConfig(framework="torch", model="resnet18", threads=1), 250_000, cap_bytes=None, timeout_s=120)
     assert not result.ok
     assert result.reason.startswith("RuntimeError:") and "DefaultCPUAllocator" in result.reason, result.reason
 

@@ -258,16 +258,25 @@ def test_bad_step_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path):
+def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path, unsaved_figures):
+    """The sweep's compare writes its tables, not its figures (--no-figures: drawing and writing every figure of the
+    page was half this test's CPU); the report's figures are then drawn from its records by make_figures, as the
+    report draws them, but not written (unsaved_figures: the files are checked in test_end_to_end.py)."""
+    from amp_compare.contract import records
+    from amp_compare.harness.report.figures import make_figures
+
     proc = subprocess.run(
         [sys.executable, "-m", "amp_compare", "compare", "--device", "cpu", "--frameworks", "torch",
          "--models", "simple_cnn", "--datasets", "synthetic", "--precisions", "fp32,bf16", "--batch-sizes", "8,16",
          "--epochs", "1", "--steps-per-epoch", "3", "--warmup-steps", "1", "--seeds", "0", "--out", str(tmp_path),
-         "--run-id", "sweep", "--trial-budget-s", "0"],  # no speed trials (one per batch size): this reads the cells
+         "--run-id", "sweep", "--no-figures",
+         "--trial-budget-s", "0"],  # no speed trials (one per batch size): this reads the cells
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "sweep"
-    assert (run / "figures" / "speedup_vs_batch.png").exists() and (run / "figures" / "mfu_vs_batch.png").exists()
+    tables = records.read_run(run)
+    drawn = [f.key for f in make_figures(tables["run"], tables["epochs"], tables["steps"], run / "figures")]
+    assert {"speedup_vs_batch", "mfu_vs_batch"} <= set(drawn), drawn
     summary = (run / "summary.md").read_text()
     for column in ("MFU", "Ceiling TFLOP/s (measured)", "Bound", "Images/s (median step)", "Batch", "Step"):
         assert column in summary
