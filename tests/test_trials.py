@@ -396,3 +396,36 @@ def test_a_trial_set_up_ahead_waits_on_its_core_and_times_its_rounds_only_once_r
     ahead.stop()
     assert ahead.started[second].outcome["status"] == "failed"
     assert not os.path.exists(f"/proc/{held}") or "Z" in open(f"/proc/{held}/stat").read().rsplit(")", 1)[1][:3]
+
+
+def test_the_longest_set_up_goes_first_among_trials_whose_initial_weights_exist(tmp_path):
+    """Ahead.next_index: the trial whose finished cells spent the most in compile/warm-up (their phases.parquet) is set
+    up first, so that it overlaps the last cells; one whose shared initial weights are not made yet waits."""
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.run import runner, trials
+
+    configs = [RunConfig(framework=fw, model=model, dataset="digits", precision=p)
+               for fw in ("torch", "tf") for model in ("simple_cnn", "vit") for p in ("fp32", "bf16")]
+    ahead = trials.Ahead(configs, tmp_path, "order", timeout=60)
+    warm_up = {("tf", "vit"): 7.5, ("tf", "simple_cnn"): 0.7, ("torch", "vit"): 0.1}  # torch simple_cnn: unfinished
+    for cfg in configs:
+        if (cfg.framework, cfg.model) in warm_up:
+            (tmp_path / "cells" / cfg.cell_id).mkdir(parents=True)
+            pd.DataFrame({"phase": ["training", "compile/warm-up"], "seconds": [30.0, warm_up[cfg.framework,
+                                                                                              cfg.model]]}
+                         ).to_parquet(tmp_path / "cells" / cfg.cell_id / "phases.parquet")
+    for cfg in configs:
+        if cfg.model == "simple_cnn":
+            runner.shared_init_path(tmp_path, cfg).parent.mkdir(parents=True, exist_ok=True)
+            runner.shared_init_path(tmp_path, cfg).touch()
+    order = []
+    while (index := ahead.next_index()) is not None:
+        order.append(ahead.todo.pop(index)[0])
+    assert order == ["tf-simple_cnn-digits-b64-plain", "torch-simple_cnn-digits-b64-plain"]  # the vit's weights: none
+    for cfg in configs:
+        runner.shared_init_path(tmp_path, cfg).touch()
+    ahead = trials.Ahead(configs, tmp_path, "order", timeout=60)
+    order = []
+    while (index := ahead.next_index()) is not None:
+        order.append(ahead.todo.pop(index)[0].split("-b64")[0])
+    assert order == ["tf-vit-digits", "tf-simple_cnn-digits", "torch-vit-digits", "torch-simple_cnn-digits"]

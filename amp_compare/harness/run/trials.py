@@ -148,8 +148,7 @@ class Ahead:
         once its child is ready or has ended. Returns its trial id; None if no trial can start."""
         from amp_compare.harness.run.launchers import Placement
 
-        index = next((i for i, (_, cfgs) in enumerate(self.todo) if cfgs[0].init != "shared"
-                      or shared_init_path(self.run_dir, cfgs[0]).exists()), None)
+        index = self.next_index()
         if index is None:
             return None
         tid, cfgs = self.todo.pop(index)
@@ -182,6 +181,26 @@ class Ahead:
 
         threading.Thread(target=work, daemon=True).start()
         return tid
+
+    def next_index(self) -> int | None:
+        """The trial (index into todo) to set up next: of those whose shared initial weights exist, the longest
+        set-up, so that it overlaps the last cells and the short ones fill the cores after them; None if none can."""
+        startable = [i for i, (_, cfgs) in enumerate(self.todo) if cfgs[0].init != "shared"
+                     or shared_init_path(self.run_dir, cfgs[0]).exists()]
+        return max(startable, key=lambda i: (self.set_up_cost(self.todo[i][1]), -i)) if startable else None
+
+    def set_up_cost(self, cfgs: list[RunConfig]) -> float:
+        """What a trial's set-up should take, from its cells that have finished: their own compile/warm-up seconds
+        (phases.parquet; Keras' ViT traces for seconds, torch's models hardly at all)."""
+        total = 0.0
+        for cfg in cfgs:
+            try:
+                phases = pd.read_parquet(Path(self.run_dir) / "cells" / cfg.cell_id / "phases.parquet",
+                                         columns=["phase", "seconds"])
+            except Exception:  # noqa: BLE001 - not finished (or unreadable): nothing known
+                continue
+            total += float(phases.loc[phases["phase"] == "compile/warm-up", "seconds"].sum())
+        return total
 
     def release(self, tid: str, on_event) -> dict:
         """Trial `tid`, set up ahead: every usable core for its child's threads, GO, and its outcome once it ended."""
