@@ -17,7 +17,12 @@ import time
 import traceback
 from pathlib import Path
 
-FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+# XLA's CPU compiler made cheap for the tests' tiny models (every eager op and initializer compiles once per shape,
+# each fit() its step): optimisation level 0, LLVM's expensive passes off, and the older loop emitters instead of the
+# fusion emitters (their MLIR pipeline per fusion was ~40% of this child's CPU). The same ops; sums may round
+# differently, far below the tolerances. JAX and TensorFlow's XLA (tests/test_device_mode.py) both know these flags.
+FAST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                  "--xla_cpu_use_fusion_emitters=false")
 MODELS = os.environ.get("AMP_COMPARE_PARITY_MODELS", "simple_cnn").split(",")
 # (check name, test_parity's test function, its arguments before the fixtures'): a cheap, representative set.
 CHECKS = [
@@ -47,8 +52,7 @@ def prepare_process() -> None:
         os.environ.setdefault("JAX_ENABLE_X64", "1")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         # XLA compiles every eager op and initializer once per shape, ~0.5 s each here at its default
-        # optimisation: compiling less hard is 3x faster for these tiny models (the same ops; float64 sums may
-        # round differently, far below the tolerances)
+        # optimisation: FAST_XLA_FLAGS make it ~5x cheaper for these tiny models
         os.environ.setdefault("XLA_FLAGS", FAST_XLA_FLAGS)
     if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
         # Keras imports TensorFlow wherever it is installed, only to seed it (keras.utils.set_random_seed):
@@ -58,6 +62,9 @@ def prepare_process() -> None:
     # of every child's start): left out as the product's Keras child leaves it out (keras_impl/entry.py); the digits
     # are read from scikit-learn's file without importing it (kit/data.py digits_arrays)
     sys.modules.setdefault("sklearn", None)
+    # Keras' visualization utilities import matplotlib.pyplot whenever it is installed (keras/src/visualization/
+    # plot_image_gallery.py, inside `except ImportError`): ~1 CPU-second of this child's start for plots it never draws
+    sys.modules.setdefault("matplotlib", None)
     if os.environ.get("KERAS_BACKEND") == "torch":
         # Keras imports JAX wherever it is installed, only to patch jax.monitoring for its Orbax callback (keras/src/
         # callbacks/orbax_checkpoint.py, inside `except ImportError`): a second of import the torch backend never uses

@@ -284,10 +284,18 @@ def test_gradients_of_one_step(name, datasets, parity_record):
 
 # (model, optimizer); tests/mutants.py puts the fast ones first (pytest -x stops sooner). The vit trains with its own
 # recipe, AdamW (decoupled weight decay) under the warm-up + cosine schedule, both frameworks' own implementations.
-# Each model with its recipe's optimizer; one trained with Adam is also trained with SGD (momentum).
+# Each model with its recipe's optimizer; one trained with Adam is also trained with SGD (momentum), but resnet18:
+# SGD's update is the same code whatever the model (simple_cnn and the mlp prove its mapping), and resnet18's own
+# layers (strided convolutions, shortcuts, their BatchNorms) are proven over the free-running steps by its recipe's
+# Adam, which magnifies a small gradient difference more than SGD does (resnet18 with SGD as well: ~8 CPU-s more).
+SGD_LEFT_OUT = {"resnet18"}
 TRAINING_CASES = [(name, optimizer) for name in DATASET_NAMES
-                  for optimizer in (("sgd", "adam") if model_registry.spec(name).recipe["optimizer"] == "adam"
-                                     else (model_registry.spec(name).recipe["optimizer"],))]
+                  for optimizer in (("sgd", "adam")[name in SGD_LEFT_OUT:]
+                                    if model_registry.spec(name).recipe["optimizer"] == "adam"
+                                    else (model_registry.spec(name).recipe["optimizer"],))]
+# How far apart (relative) the float32 twins' losses may be over test_fp8_steps_from_shared_init's steps: 1e-7 measured,
+# 1000x that allowed; fp8 moves them 50x further
+FP32_AGREEMENT = 1e-4
 # fp16 dynamic loss scaling from a scale that overflows: per model, measured on its data (test_loss_scaler_sequence)
 SCALER_START = {"simple_cnn": 2.0**19, "vit": 2.0**19}
 
@@ -321,11 +329,23 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
     batches as keras_impl/train.py runs it (AmpModel.train_step, make_optimizer, make_loss, make_dataset).
     """
     from amp_compare.keras_impl import train as kt
+
+    (cfg_t, torch_model), (cfg_k, keras_model) = build_pair(name, data, optimizer, float64, **overrides)
+    torch_side, initial = run_torch(cfg_t, torch_model, data, steps, float64)
+    kt.compile_model(cfg_k, keras_model)  # as amp_compare.keras_impl.train.train does
+    stepper = Stepper()
+    # the same batches as run_torch's plan: one epoch of `steps` (make_dataset reads the plan from the cell's config)
+    dataset, _ = kt.attach_dataset(keras_model, dataclasses.replace(cfg_k, steps_per_epoch=steps), data)
+    keras_model.fit(dataset, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[stepper])
+    return {"torch": torch_side, "keras": stepper, "initial": initial, "keras_model": keras_model}
+
+
+def run_torch(cfg_t: RunConfig, torch_model, data, steps: int, float64: bool) -> tuple[dict, dict]:
+    """torch's side of run_both: its per-step values, and its initial weights."""
     from amp_compare.torch_impl import amp as tamp
     from amp_compare.torch_impl import models as pm
     from amp_compare.torch_impl import train as pt
 
-    (cfg_t, torch_model), (cfg_k, keras_model) = build_pair(name, data, optimizer, float64, **overrides)
     dtype = torch.float64 if float64 else None
     plan = epoch_batches(len(data.x_train), BATCH, SEED, 0, steps)
     opt, scaler = pt.make_optimizer(cfg_t, torch_model.parameters()), tamp.make_scaler(cfg_t)
@@ -343,12 +363,7 @@ def run_both(name: str, data, optimizer: str, steps: int, float64: bool, **overr
         torch_side["losses"].append(float(record.loss))
         torch_side["weights"].append(pm.get_weights(torch_model))
         torch_side["lrs"].append(opt.param_groups[0]["lr"])  # the rate of the next update
-    kt.compile_model(cfg_k, keras_model)  # as amp_compare.keras_impl.train.train does
-    stepper = Stepper()
-    # the same batches as `plan`: one epoch of `steps` (make_dataset reads the plan from the cell's config)
-    dataset, _ = kt.attach_dataset(keras_model, dataclasses.replace(cfg_k, steps_per_epoch=steps), data)
-    keras_model.fit(dataset, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[stepper])
-    return {"torch": torch_side, "keras": stepper, "initial": initial, "keras_model": keras_model}
+    return torch_side, initial
 
 
 def compare_training(run: dict, steps: int, loss_tol, weights_tol) -> dict[str, object]:
@@ -417,17 +432,24 @@ def test_training_steps_agree(name, optimizer, datasets, parity_record):
 
 def test_fp8_steps_from_shared_init(datasets, parity_record):
     """fp8 from the shared initial weights: both frameworks' own recipes (torchao tensorwise, dynamic; Keras
-    delayed), each step's loss within fp8's rounding of the other's and of fp32's, and not equal to fp32's (the
-    layers did run in fp8). The recipes differ, so this bounds the gap instead of asking for agreement."""
+    delayed), each step's loss within fp8's rounding of the other's and of fp32's, and not fp32's (the layers did run
+    in fp8). The recipes differ, so this bounds the gap instead of asking for agreement.
+
+    fp32's losses are torch's alone (Keras' fp32 steps would cost a second trace of the vit's train step): Keras' fp32
+    twin's losses are torch's within float32 rounding (measured here: 1e-7 relative; test_training_steps_agree proves
+    the steps equal), so Keras' fp8 losses within FP32_AGREEMENT of them would be Keras' fp32 losses (no layer in
+    fp8); fp8 moves them ~5e-3."""
     steps = 3
     torch.manual_seed(SEED)  # the same initial weights for both runs
     fp8 = run_both("vit", datasets["vit"], "adamw", steps, float64=False, precision="fp8")
     torch.manual_seed(SEED)
-    fp32 = run_both("vit", datasets["vit"], "adamw", steps, float64=False)
-    record = {"torch_fp8": fp8["torch"]["losses"], "keras_fp8": fp8["keras"].losses,
-              "torch_fp32": fp32["torch"]["losses"], "keras_fp32": fp32["keras"].losses}
+    (cfg_t, torch_model), _ = build_pair("vit", datasets["vit"], "adamw")
+    fp32, _ = run_torch(cfg_t, torch_model, datasets["vit"], steps, float64=False)
+    record = {"torch_fp8": fp8["torch"]["losses"], "keras_fp8": fp8["keras"].losses, "torch_fp32": fp32["losses"]}
     parity_record.setdefault("vit", {})["fp8"] = record
     for side in ("torch_fp8", "keras_fp8"):
         np.testing.assert_allclose(record[side], record["torch_fp32"], rtol=2e-2, err_msg=f"{side}: {record}")
-        assert record[side] != record[side.replace("fp8", "fp32")], f"{side} equals fp32: no layer in fp8? {record}"
+    assert record["torch_fp8"] != record["torch_fp32"], f"torch_fp8 equals fp32: no layer in fp8? {record}"
+    moved = np.max(np.abs(np.subtract(record["keras_fp8"], record["torch_fp32"])) / np.abs(record["torch_fp32"]))
+    assert moved > FP32_AGREEMENT, f"keras_fp8 is fp32's (moved {moved:.1e}): no layer in fp8? {record}"
     np.testing.assert_allclose(record["keras_fp8"], record["torch_fp8"], rtol=2e-2, err_msg=f"{record}")

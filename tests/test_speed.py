@@ -62,19 +62,17 @@ def test_the_parent_keeps_its_own_phases(tiny_run):
 def test_a_forked_cell_trains_as_a_fresh_process_does(tiny_run, tmp_path):
     """The shared tiny compare's cells were forked from their twin's pre-imported parent (harness/run/forkserver.py):
     their framework import is the parent's, paid once (the manifest's "fork servers"), and they train to the same
-    losses and accuracies as the same cells started as fresh interpreters (AMP_COMPARE_FORK_SERVER=0).
+    losses and accuracies as the same cells started as fresh interpreters.
 
-    The fresh cell is Keras' bf16 cell, run again in a copy of the tiny compare (--resume, which runs the cells a run
-    lacks): it starts from the initial weights the tiny compare's torch fp32 cell made, as the forked one did. Torch's
-    forked fp32 and bf16 cells are compared, every record, with the same cells run as fresh interpreters in
-    tests/test_launchers.py (its submitit jobs run their cells unforked, launchers.cell_job); a fresh torch cell here
-    would cost a torch import and a cell for that same check."""
-    import os
+    The fresh cell is Keras' bf16 cell, run again in a copy of the tiny compare by the function a compare runs per
+    cell, unforked (runner.run_cell(fork=False), as a submitit job runs its cell: launchers.cell_job), from the
+    config the compare gave it: it starts from the initial weights the tiny compare's torch fp32 cell made, as the
+    forked one did. Torch's forked fp32 and bf16 cells are compared, every record, with the same cells run as fresh
+    interpreters in tests/test_launchers.py; a fresh torch cell here would cost a torch import and a cell for that
+    same check."""
     import shutil
-    import subprocess
-    import sys
 
-    from tests.conftest import ROOT
+    from amp_compare.contract.config import RunConfig
 
     _, run_dir = tiny_run
     parent = json.loads((run_dir / "manifest.json").read_text())["phases"]
@@ -85,13 +83,10 @@ def test_a_forked_cell_trains_as_a_fresh_process_does(tiny_run, tmp_path):
     cells = ["tf-simple_cnn-synthetic-bf16-s0"]
     copy = tmp_path / run_dir.name
     shutil.copytree(run_dir, copy, ignore=lambda folder, names: [n for n in names if n in (".lock", *cells)])
-    proc = subprocess.run([sys.executable, "-m", "amp_compare", "compare", "--resume", copy.name, "--out",
-                           str(tmp_path), "--no-figures"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "AMP_COMPARE_FORK_SERVER": "0"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "1 cells on cpu" in proc.stderr, proc.stderr[-3000:]
+    cfg = RunConfig.from_json((run_dir / "cells" / cells[0] / "config.json").read_text())
+    outcome = runner.run_cell(cfg, copy, run_dir.name, 600, fork=False)
+    assert outcome.status == "ok", outcome.error
     fresh = records.read_run(copy)
-    assert json.loads((copy / "manifest.json").read_text())["phases"]["fork servers"] == 0
     fresh_imports = fresh["phases"].query("phase == 'framework import' and cell_id in @cells")["seconds"]
     assert len(fresh_imports) == 1 and (fresh_imports > 0.5).all(), fresh_imports
     for name, column in (("steps", "loss"), ("epochs", "val_accuracy")):
