@@ -144,6 +144,9 @@ class Trial(Protocol):
         """One kit/trial.Stepper per configuration (fp32 first), built and stepped by the cells' own functions, and
         the intra-op threads the process runs with."""
 
+    def set_threads(self, n: int) -> int:
+        """Intra-op threads from here on, where the framework can still change them; the count in use."""
+
 
 @runtime_checkable
 class Fp8(Protocol):

@@ -39,7 +39,7 @@ def steppers(cfgs: list[RunConfig], data: Dataset, shared_init: SharedInit) -> t
                 model.device_images = images
         out.append(Stepper(cfg.precision, _runner(model, data, plan)))
     keras.config.set_dtype_policy("float32")
-    return out, _threads(cfgs[0])
+    return out, _threads(cfgs[0].threads)
 
 
 def _runner(model: keras.Model, data: Dataset, plan: np.ndarray):
@@ -67,6 +67,14 @@ def _runner(model: keras.Model, data: Dataset, plan: np.ndarray):
     return run_steps
 
 
-def _threads(cfg: RunConfig) -> int:
+def set_threads(n: int) -> int:
+    """Intra-op threads from here on where the backend can still change them (torch; TensorFlow and XLA keep the
+    count their runtime started with), and the count in use."""
+    if backends.TORCH:
+        backends.set_threads(n)
+    return _threads(n)
+
+
+def _threads(default: int) -> int:
     info = backends.thread_info()
-    return next((v for k, v in info.items() if k in ("tf_intra_op_threads", "torch_threads") and v > 0), cfg.threads)
+    return next((v for k, v in info.items() if k in ("tf_intra_op_threads", "torch_threads") and v > 0), default)

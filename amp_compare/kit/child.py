@@ -408,7 +408,8 @@ def child_entry(train_module: str) -> int:
     if "--trial" in sys.argv[1:]:  # a speed trial (kit/trial.py), run by the twin's trial module
         from amp_compare.kit.trial import trial_main
 
-        return trial_main(importlib.import_module(train_module.rsplit(".", 1)[0] + ".trial").steppers)
+        twin = importlib.import_module(train_module.rsplit(".", 1)[0] + ".trial")
+        return trial_main(twin.steppers, set_threads=getattr(twin, "set_threads", None))
     return child_main(train_fn)
 
 

@@ -191,7 +191,8 @@ def hold(progress, timeout_s: float) -> bool:
 StepperFactory = Callable[[list[RunConfig], object, object], tuple[list[Stepper], int]]
 
 
-def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> int:
+def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None,
+               set_threads: Callable[[int], int] | None = None) -> int:
     """`python -m amp_compare.<twin> --trial trial.json --out trials/<trial-id> --run-id <id> [--init-file f]`: build
     the steppers (the twin's trial.steppers), run the blocks for the configs' trial_budget_s, write trials.parquet
     atomically."""
@@ -217,10 +218,19 @@ def trial_main(make_steppers: StepperFactory, argv: list[str] | None = None) -> 
     progress = Progress()
     data = load_dataset(cfgs[0].dataset, cfgs[0].data_dir)
     steppers, threads = make_steppers(cfgs, data, SharedInit(args.init_file, cfgs[0].framework, cfgs[0].seed))
+    # held on one core: one intra-op thread while it warms up where the twin can change it later (torch: two OpenMP
+    # threads on one core wait for each other at every op), its threads again once released, and one untimed step
+    # each at that count (oneDNN picks its kernels per thread count) before run_blocks times the step that sets k
+    adjust = set_threads if args.hold else None
+    if adjust:
+        adjust(1)
     warm_up(steppers)
     if args.hold and not hold(progress, args.hold):
         print(f"error: set up, but not released within {args.hold:g} s", file=sys.stderr)
         return 3
+    if adjust:
+        threads = adjust(threads)
+        warm_up(steppers, 1)
     blocks = run_blocks(steppers, cfgs[0].trial_budget_s, warmup=0,  # the rounds' budget: set-up comes before it
                         on_round=lambda done, planned: progress.emit(kind="step", epoch=0, epochs=1, step=done,
                                                                      steps=max(planned, done)))

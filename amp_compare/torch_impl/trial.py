@@ -34,6 +34,12 @@ def steppers(cfgs: list[RunConfig], data: Dataset, shared_init: SharedInit) -> t
     return out, torch.get_num_threads()
 
 
+def set_threads(n: int) -> int:
+    """Intra-op threads from here on (kit/trial.py: a held trial warms up at one), and the number torch then uses."""
+    torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
 def _runner(cfg: RunConfig, run, batches: tuple):
     run.model.train()
     x_train, y_train, plan = batches
