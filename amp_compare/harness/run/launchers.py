@@ -267,7 +267,7 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
     cells ended and the interruption (Ctrl-C / SIGTERM), if any: then every running child is stopped. ahead
     (trials.Ahead): once no cell is left to start, a free CPU sets up the next speed trial; this returns when every
     cell has ended and every trial that could start is set up."""
-    from amp_compare.harness.run.runner import prestart_fork_servers, run_cell
+    from amp_compare.harness.run.runner import prestart_fork_servers
 
     if cells and cells[0].device != "cuda":  # CPU cells fork from their twin's parent, pinned (runner.run_cell)
         try:
@@ -279,19 +279,9 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
     waiting, running, outcomes = list(cells), {}, []
     ended: queue.Queue = queue.Queue()
     cancel = threading.Event()
-
-    def work(cfg: RunConfig, placement: Placement, on_event) -> None:
-        try:
-            outcome = run_cell(cfg, run_dir, run_id, timeout, on_event, placement=placement)
-        except KeyboardInterrupt:  # stopped by `cancel`: its unfinished tables are gone, no record
-            outcome = finished_outcome(cfg, run_dir)
-        except Exception as exc:  # a harness fault in one cell: recorded, and the other cells run
-            outcome = on_fault(cfg, run_dir, run_id, exc)
-        ended.put((cfg, outcome))
-
-    setting_up, set_up_bars = {}, {}  # speed trials being set up ahead: their units, their progress lines
+    set_ups = TrialSetUps(ahead, progress, ended)
     try:
-        while waiting or running or setting_up:
+        while waiting or running or set_ups.units:
             for cfg in [c for c in waiting if gate.may_start(c)]:
                 need = min(cell_needs(cfg), len(rank))  # a cell wanting more than there is gets everything
                 if len(running) >= parallel or need > len(free):
@@ -303,22 +293,18 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
                 gate.started(cfg)
                 waiting.remove(cfg)
                 on_event = bars.start(cfg, placement.record()["gpus"] or f"cpus {placement.record()['cpus']}")
-                thread = threading.Thread(target=work, args=(cfg, placement, on_event), daemon=True)
+                thread = threading.Thread(target=_cell_work, daemon=True,
+                                          args=(cfg, run_dir, run_id, timeout, placement, on_event, on_fault, ended))
                 running[cfg.cell_id] = (thread, units)
                 thread.start()
-            while ahead is not None and not waiting and free and len(running) + len(setting_up) < len(rank):
-                tid = ahead.start_next(free[0], lambda tid: ended.put((tid, None)))
-                if tid is None:
-                    break
-                setting_up[tid], free = free[:1], free[1:]
-                set_up_bars[tid] = progress.add_task(f"  speed trial {tid}: setting up", total=None)
+            if not waiting:  # no cell left to start: a free core sets up a speed trial
+                free = set_ups.start(free, len(rank) - len(running))
             try:
                 cfg, outcome = ended.get(timeout=POLL_S)
             except queue.Empty:
                 continue
             if isinstance(cfg, str):  # a trial set up ahead is ready (or has ended): its core is free again
-                free = sorted([*free, *setting_up.pop(cfg)], key=rank.get)
-                progress.update(set_up_bars[cfg], description=f"  speed trial {cfg}: set up", total=1, completed=1)
+                free = sorted([*free, *set_ups.done(cfg)], key=rank.get)
                 continue
             thread, units = running.pop(cfg.cell_id)
             free = sorted([*free, *units], key=rank.get)
@@ -326,13 +312,59 @@ def run_parallel(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
             placements[cfg.cell_id]["ended"] = now()
             outcomes.append(outcome)
             bars.end(cfg, outcome)
-            if ahead is not None and not waiting and not running:
-                ahead.cells_ended = time.perf_counter()
+            if not waiting and not running:
+                set_ups.cells_done()
     except KeyboardInterrupt as exc:
-        if ahead is not None:
-            ahead.stop()
+        set_ups.stop()
         return _stop(running, cancel, ended, outcomes), exc
     return outcomes, None
+
+
+def _cell_work(cfg: RunConfig, run_dir: Path, run_id: str, timeout: float, placement: Placement, on_event,
+               on_fault: Callable, ended: queue.Queue) -> None:
+    """One cell of run_parallel, in a thread of its own: its outcome goes to `ended`."""
+    from amp_compare.harness.run.runner import run_cell
+
+    try:
+        outcome = run_cell(cfg, run_dir, run_id, timeout, on_event, placement=placement)
+    except KeyboardInterrupt:  # stopped by `cancel`: its unfinished tables are gone, no record
+        outcome = finished_outcome(cfg, run_dir)
+    except Exception as exc:  # a harness fault in one cell: recorded, and the other cells run
+        outcome = on_fault(cfg, run_dir, run_id, exc)
+    ended.put((cfg, outcome))
+
+
+class TrialSetUps:
+    """The speed trials run_parallel sets up ahead (trials.Ahead; None: none) on units no cell will take again: the
+    unit each holds, its progress line; each reports its end (ready, or its child ended) as (trial id, None) on
+    `ended`, the queue the cells report on."""
+
+    def __init__(self, ahead, progress, ended: queue.Queue) -> None:
+        self.ahead, self.progress, self.ended = ahead, progress, ended
+        self.units, self.bars = {}, {}
+
+    def start(self, free: list, room: int) -> list:
+        """Set up trials on free units while fewer than `room` are set up; the units left free."""
+        while self.ahead is not None and free and len(self.units) < room:
+            tid = self.ahead.start_next(free[0], lambda tid: self.ended.put((tid, None)))
+            if tid is None:
+                break
+            self.units[tid], free = free[:1], free[1:]
+            self.bars[tid] = self.progress.add_task(f"  speed trial {tid}: setting up", total=None)
+        return free
+
+    def done(self, tid: str) -> list:
+        """A trial set up (or ended): the units it held."""
+        self.progress.update(self.bars[tid], description=f"  speed trial {tid}: set up", total=1, completed=1)
+        return self.units.pop(tid)
+
+    def cells_done(self) -> None:
+        if self.ahead is not None:
+            self.ahead.cells_ended = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.ahead is not None:
+            self.ahead.stop()
 
 
 def finished_outcome(cfg: RunConfig, run_dir: Path):
