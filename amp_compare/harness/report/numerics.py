@@ -853,9 +853,8 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
                            "layers each computes in the half dtype (see the dtype audit).",
         "dtype_audit": dtype,
         "vit_dtypes": "For each part of the ViT, the dtype its arithmetic computed in, per framework and precision: "
-                      "the dtype of the floating inputs of the ops that did it, as the two audits recorded them "
-                      f"(first seed, forward of one training step; {dtype_facts.get('device', 'CPU')} autocast for "
-                      "PyTorch, the dtype policy per layer for Keras). An op whose inputs mix dtypes computes in the "
+                      "the dtype of the floating inputs of the ops that did it in the forward of the audited step "
+                      "(the dtype audit says how each column was taken). An op whose inputs mix dtypes computes in the "
                       "promoted one (a float32 residual plus a float16 branch: float32). A fused attention kernel is "
                       "one op for Q·Kᵀ, softmax and ·V: the table names it and its inputs' dtype, and says what it "
                       "does inside only where its source says so; an extra float32 output (torch's log-sum-exp, kept "

@@ -63,7 +63,7 @@ SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("
             ("data_parallel", "Data parallel"),
             ("differences", "Framework differences"), ("cells", "Cells"),
             ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
-            ("appendix", "Appendix")]  # the full per-op dtype audits and the package versions
+            ("appendix", "Appendix")]  # the package versions
 
 
 def load_manifest(run_dir: Path) -> dict:
@@ -626,7 +626,7 @@ def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
 
 
 def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, acc: pd.DataFrame) -> dict:
-    """The Numerics section and the appendix's dtype audits; `acc`: the Accuracy section's paired tests."""
+    """The Numerics section, its dtype audit included; `acc`: the Accuracy section's paired tests."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
