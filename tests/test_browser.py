@@ -67,14 +67,17 @@ const wide = Array.from(document.querySelectorAll('table, figure, pre')).map(el 
   return [el.tagName + ' in ' + (where || section), Math.round(el.getBoundingClientRect().width),
           Math.round(inner(el.parentElement)), el.scrollWidth, el.clientWidth];
 }).filter(([_, width, room, scroll, client]) => width > room + 1 || scroll > client + 1);
-return {page: [doc.scrollWidth, doc.clientWidth], wide: wide, tables: document.querySelectorAll('table').length};
+return {page: [doc.scrollWidth, doc.clientWidth], wide: wide, tables: document.querySelectorAll('table').length,
+        viewport: window.innerWidth};
 """
 
 
 def _check_layout(driver, page: Path, width: int) -> int:
+    """The page already loaded (_check_page), laid out again at this window width: a resize re-runs the layout
+    (and the media queries) as a load at that width would, without fetching and parsing the page again."""
     driver.set_window_size(width, 900)
-    driver.get(page.as_uri())
     layout = driver.execute_script(LAYOUT_JS)
+    assert layout["viewport"] == width, f"{page.name}: laid out at {layout['viewport']}px, not {width}px"
     scroll, client = layout["page"]
     assert scroll <= client, f"{page.name} at {width}px: the page scrolls sideways ({scroll} > {client})"
     assert not layout["wide"], f"{page.name} at {width}px: wider than their column: {layout['wide']}"
@@ -89,7 +92,7 @@ def test_report_renders_in_chromium(browser, tiny_run):
     assert "http://" not in html and "https://" not in html  # no CDN, no network
     for width in (1280, 1024):  # the dtype audit's tables were ~1,300 px in a 1,100 px page
         assert _check_layout(browser, run_dir / "index.html", width) >= 6
-        browser.set_window_size(1280, 900)
+    browser.set_window_size(1280, 900)
     height = browser.execute_script("return document.documentElement.scrollHeight;")
     browser.set_window_size(1280, min(height + 50, 16000))
     shot = artifacts_dir() / "report.png"
