@@ -435,37 +435,22 @@ def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Se
     return labels.where(~(pd.Series(marked, index=table.index) & (labels != "")), labels + " †")
 
 
-def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                        spread: str, sweep_note: str, busy: pd.Series, unjudged: str) -> list[Figure]:
-    """The Speed section: throughput per precision (a † on labels resting on a busy cell; `unjudged`: unjudged_text)
-    and the step-time distribution."""
+def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
+                        busy: pd.Series, unjudged: str) -> list[Figure]:
+    """The Speed section: throughput per precision (a † on labels resting on a busy cell; `unjudged`:
+    unjudged_text)."""
     table = table.assign(speed_label=_busy_marks(table, ok, busy))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label", "{}"), out_dir, "throughput")
-    figures = [Figure("throughput", "speed", "Training throughput by precision",
-                      "Images per second over the wall time of the training cells' timed steps (warm-up, tracing "
-                      "and evaluation excluded). A bar's height is the median over seeds of its cells' images/s; "
-                      "the label above it is not the quotient of two bars but the cells' throughput against the "
-                      "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
-                      "took, not a speed verdict (those come from the speed trials, in the tables above)."
-                      + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
-                                  "than about the precision.") + unjudged + spread + sweep_note,
-                      "Bar chart of training images per second for each framework and precision mode.")]
-    if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
-        timed = _labelled(steps[~steps["warmup"]])
-        timed["step_time_ms"] = timed["step_time_s"] * 1000
-        grid = sns.catplot(data=timed, kind="box", x="Precision", y="step_time_ms", hue="Framework",
-                           palette=FRAMEWORK_COLORS, fliersize=2, height=4, aspect=1.6, log_scale=True,
-                           **_facet(timed))
-        _finish(grid, "Step-time distribution (warm-up excluded)", "Precision mode",
-                "Time per training step (ms, log scale)")
-        _save(grid.figure, out_dir, "step_times")
-        figures.append(Figure("step_times", "speed", "Distribution of step times",
-                              "Each box pools the timed steps of every seed's cell of that framework and precision: "
-                              "the box spans their 25th–75th percentile with the median inside, the whiskers reach "
-                              "the furthest step within 1.5 box heights of the box, and dots are the steps beyond.",
-                              "Box plot of per-step training time in milliseconds for each framework and precision."))
-    return figures
+    return [Figure("throughput", "speed", "Training throughput by precision",
+                   "Images per second over the wall time of the training cells' timed steps (warm-up, tracing "
+                   "and evaluation excluded). A bar's height is the median over seeds of its cells' images/s; "
+                   "the label above it is not the quotient of two bars but the cells' throughput against the "
+                   "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
+                   "took, not a speed verdict (those come from the speed trials, in the tables above)."
+                   + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
+                               "than about the precision.") + unjudged + spread + sweep_note,
+                   "Bar chart of training images per second for each framework and precision mode.")]
 
 
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -642,7 +627,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     if emulated.any():
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
-    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note, busy_cells(ok, trials),
+    return [*_throughput_figures(ok, table, out_dir, spread, sweep_note, busy_cells(ok, trials),
                                 unjudged_text(ok, trials)),
             *_memory_and_accuracy_figures(ok, table, out_dir, spread, device, notes),
             *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
