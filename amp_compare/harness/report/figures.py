@@ -933,6 +933,18 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
 
+def _non_finite_records(headroom: pd.DataFrame) -> str:
+    """The records the headroom figure leaves out as non-finite, per framework and precision: their layers and the
+    first epoch (counting from 1) in brackets; "" where none is."""
+    bad = headroom[headroom["quantity"].isin(QUANTITY_LABELS)
+                   & ~np.isfinite(headroom["max_abs"].to_numpy(dtype=float))]
+    said = [f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} "
+            f"from epoch {int(g['epoch'].min()) + 1}"
+            for (fw, prec), g in bad.sort_values(["framework", "precision"], key=display_order).groupby(
+                ["framework", "precision"], sort=False)]
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
     framework and precision, on a log axis against float16's largest value (harness/report/numerics.py)."""
@@ -975,7 +987,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
                   f"the step, read once per epoch), against float16's largest finite value {FP16_MAX:,.0f} (dashed): "
                   "the distance to the line is the headroom before float16 overflows. A value that went non-finite "
-                  "is left out (the tables say where)."
+                  f"is left out{_non_finite_records(headroom)}."
                   + (" The dotted line: the naive attention's exp overflows float16 once a logit passes "
                      f"ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}." if naive else "")
                   + (f" Measured on {cpu}." if cpu else ""),
