@@ -187,7 +187,7 @@ def test_bar_labels_stand_above_their_error_bars(monkeypatch, tmp_path):
     runs = pd.DataFrame([{"framework": fw, "precision": p, "seed": s, "peak_memory_mib": 40 + 10 * s}
                          for fw in ("torch", "tf") for p in ("fp32", "fp16") for s in range(3)])
     table = runs.drop_duplicates(["framework", "precision"]).assign(label="+0%")
-    fig = figures._bar(runs, table, "peak_memory_mib", "MiB", "Peak memory", "label", "{}")
+    fig = figures._bar(runs, table, "peak_memory_mib", "MiB", "Peak memory", "label")
     fig.canvas.draw()
     ax = fig.axes[0]
     texts = [t.get_window_extent() for t in ax.texts if t.get_text()]

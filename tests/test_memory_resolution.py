@@ -32,7 +32,7 @@ def _draw_only(monkeypatch, *groups):
     checked in tests/test_figures.py and on the shared tiny compare."""
     from amp_compare.harness.report import figures
 
-    for group in ("_throughput_figures", "_memory_and_accuracy_figures", "_curve_figures", "_loss_scale_figures"):
+    for group in ("_throughput_figures", "_memory_figures", "_curve_figures", "_loss_scale_figures"):
         if group not in groups:
             monkeypatch.setattr(figures, group, lambda *args, **kwargs: [])
 
@@ -120,7 +120,7 @@ def test_the_memory_figures_bar_labels_say_undecided_where_the_table_does(memory
     from amp_compare.harness.report import figures
     from amp_compare.harness.report.tables import ok_runs, summary_table, with_loop_columns
 
-    _draw_only(monkeypatch, "_memory_and_accuracy_figures")
+    _draw_only(monkeypatch, "_memory_figures")
     run_dir = memory_run[2]
     runs = records.read_run(run_dir)["run"]
     labels = figures._memory_labels(with_loop_columns(ok_runs(runs).copy()), summary_table(runs))
@@ -140,7 +140,7 @@ def test_the_memory_figures_bar_labels_carry_the_summary_tables_warning(memory_r
     from amp_compare.harness.report import figures
 
     rendered, _, run_dir = memory_run
-    _draw_only(monkeypatch, "_memory_and_accuracy_figures")
+    _draw_only(monkeypatch, "_memory_figures")
     drawn = {}
     monkeypatch.setattr(figures, "_save", lambda fig, out_dir, key: drawn.setdefault(key, fig))
     t = records.read_run(run_dir)
@@ -160,16 +160,3 @@ def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path, u
         caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
                        if f.key == "throughput").caption
         assert said in caption, caption
-
-
-def test_the_accuracy_figure_does_not_read_overlapping_error_bars_as_no_effect(memory_run, tmp_path, unsaved_figures,
-                                                                              monkeypatch):
-    from amp_compare.contract import records
-    from amp_compare.harness.report import figures
-
-    _draw_only(monkeypatch, "_memory_and_accuracy_figures")
-    t = records.read_run(memory_run[2])
-    caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
-                   if f.key == "accuracy").caption
-    assert "Overlapping error bars mean" not in caption, caption
-    assert "the Accuracy section's paired test compares each mixed cell image by image with fp32" in caption

@@ -1,8 +1,8 @@
 """The report of a naive-attention ViT whose fp16 cells diverged (`--models vit --attention naive --vit-dim 64
 --vit-heads 1 --vit-depth 1 --datasets synthetic --epochs 2`), held to its own records, each through the function
-the report calls: the NaN/Inf locator's forward finding beside that step's finite loss, the headroom table's
-limits and carried non-finite records, the loss gap's step counts, the figures' left-out cells, the diverged
-cells' timing and their empty stderr.
+the report calls: the NaN/Inf locator's forward finding beside that step's finite loss, the naive logit's limit
+and the non-finite records the headroom figure names, the loss gap's step counts, the figures' left-out cells, the
+diverged cells' timing and their empty stderr.
 
 The records mirror that run's: steps 1-2 skipped with finite losses at 2^15, 2^14; step 5 and 7-26 non-finite;
 the locator at step 1 in the forward of blocks.0.attn; ln2 and the final norm's input records NaN in epoch 1.
@@ -83,24 +83,23 @@ def test_a_forward_finding_beside_a_finite_loss_says_the_loss_did_not_read_it():
     assert list(table["That step's loss"]) == ["2.469", "2.469"], table
 
 
-def test_headroom_table_uses_exps_limit_for_the_naive_logit_and_names_each_layernorm():
+def test_the_naive_logit_meets_exps_limit_and_the_figure_names_each_non_finite_layernorm(tmp_path, monkeypatch):
     """The audit's "attention logit 16.74 … 3.91e+03×" (against 65,504, for a softmax whose exp overflows past
-    ln(65,504) = 11.1), ln1 alone shown for the block though ln2's record was NaN, and the final norm's NaN called
-    its own overflow though it was carried from the attention."""
-    table = nr.headroom_table(_headroom(), _runs(), _all_steps())
-    fp16 = table[(table["framework"] == "PyTorch") & (table["precision"] == "fp16")].set_index("layer")
-    assert list(fp16.index) == ["blocks.0.ln1", "blocks.0.attn", "blocks.0.ln2", "norm"]
-    attn = fp16.loc["blocks.0.attn"]
-    assert attn["float16 limit"].startswith("ln(65,504) = 11.1")
-    assert attn["float16 headroom"] == "0.662× (past the limit)"
-    assert fp16.loc["blocks.0.ln1", "float16 headroom"] == "2.15e+04×"
-    for layer in ("blocks.0.ln2", "norm"):
-        assert fp16.loc[layer, "max |value|"] == "non-finite (carried from blocks.0.attn) (epoch 1)", fp16
-        assert "overflow" not in fp16.loc[layer, "float16 headroom"]
-    # without the locator's record the table cannot say where it began: only "non-finite"
-    bare = nr.headroom_table(_headroom())
-    norm = bare[(bare["layer"] == "norm") & (bare["precision"] == "fp16")]
-    assert set(norm["max |value|"]) == {"non-finite (epoch 1)"}, norm
+    ln(65,504) = 11.1), and ln1 alone shown for the block though ln2's record was NaN: the sentence sets the logit
+    against exp's limit, the headroom figure's caption names each LayerNorm record that went non-finite."""
+    import matplotlib.pyplot as plt
+
+    from amp_compare.harness.report import figures
+
+    said = nr.vit_what_happened(nr.with_loss_history(_runs(), _all_steps()), _headroom())
+    torch_fp16 = next(s for s in said if s.startswith("PyTorch fp16"))
+    assert "the largest attention logit was 16.74 (blocks.0, epoch 1), past ln(65,504) = 11.1, where exp overflows " \
+           "float16 (headroom 0.66×)" in torch_fp16, torch_fp16
+    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, key: plt.close(fig))
+    caption = figures.make_headroom_figure(_headroom(), _runs(), tmp_path).caption
+    assert "A value that went non-finite is left out (PyTorch fp16: blocks.0.ln2, norm from epoch 1; Keras (TF) " \
+           "fp16: blocks.0.ln2, norm from epoch 1)." in caption, caption
+    assert "ln(65,504) ≈ 11.1" in caption, caption
 
 
 def test_the_loss_gap_says_how_many_steps_each_median_covers_and_marks_a_cut_short_cell():

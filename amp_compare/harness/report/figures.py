@@ -120,8 +120,9 @@ def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
         grid.ax.set_title(title)
 
 
-def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str, fmt: str):
-    """Median over seeds per bar, with the interquartile range as error bar; labels from the summary table."""
+def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str):
+    """Median over seeds per bar, with the interquartile range as error bar; labels: the summary table's column
+    `annotate`, a string per row ("" for none)."""
     df = _labelled(runs)
     grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
                        estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
@@ -130,9 +131,7 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
         # one container per framework, one bar per precision category (empty where no cell ran)
         for container, framework in zip(ax.containers, df["Framework"].cat.categories):
             values = part[part["Framework"] == framework].set_index("precision")[annotate]
-            # a column of words (memory's "undecided") is its own label; numbers are formatted
-            labels = [values[p] if p in values and isinstance(values[p], str) else
-                      fmt.format(values[p]) if p in values and np.isfinite(values[p]) else "" for p in precisions]
+            labels = [values[p] if p in values else "" for p in precisions]
             _label_above_error_bars(ax, container, labels[:len(container)])
     _finish(grid, title, "Precision mode", ylabel)
     untangle_x_labels(grid.figure)  # many precision modes (the loss-scaling lab) in a narrow panel
@@ -435,37 +434,22 @@ def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Se
     return labels.where(~(pd.Series(marked, index=table.index) & (labels != "")), labels + " †")
 
 
-def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                        spread: str, sweep_note: str, busy: pd.Series, unjudged: str) -> list[Figure]:
-    """The Speed section: throughput per precision (a † on labels resting on a busy cell; `unjudged`: unjudged_text)
-    and the step-time distribution."""
+def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
+                        busy: pd.Series, unjudged: str) -> list[Figure]:
+    """The Speed section: throughput per precision (a † on labels resting on a busy cell; `unjudged`:
+    unjudged_text)."""
     table = table.assign(speed_label=_busy_marks(table, ok, busy))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
-               "Training throughput", "speed_label", "{}"), out_dir, "throughput")
-    figures = [Figure("throughput", "speed", "Training throughput by precision",
-                      "Images per second over the wall time of the training cells' timed steps (warm-up, tracing "
-                      "and evaluation excluded). A bar's height is the median over seeds of its cells' images/s; "
-                      "the label above it is not the quotient of two bars but the cells' throughput against the "
-                      "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
-                      "took, not a speed verdict (those come from the speed trials, in the tables above)."
-                      + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
-                                  "than about the precision.") + unjudged + spread + sweep_note,
-                      "Bar chart of training images per second for each framework and precision mode.")]
-    if not steps.empty and (~steps["warmup"]).any():  # a run shorter than its warm-up has no timed steps
-        timed = _labelled(steps[~steps["warmup"]])
-        timed["step_time_ms"] = timed["step_time_s"] * 1000
-        grid = sns.catplot(data=timed, kind="box", x="Precision", y="step_time_ms", hue="Framework",
-                           palette=FRAMEWORK_COLORS, fliersize=2, height=4, aspect=1.6, log_scale=True,
-                           **_facet(timed))
-        _finish(grid, "Step-time distribution (warm-up excluded)", "Precision mode",
-                "Time per training step (ms, log scale)")
-        _save(grid.figure, out_dir, "step_times")
-        figures.append(Figure("step_times", "speed", "Distribution of step times",
-                              "Each box pools the timed steps of every seed's cell of that framework and precision: "
-                              "the box spans their 25th–75th percentile with the median inside, the whiskers reach "
-                              "the furthest step within 1.5 box heights of the box, and dots are the steps beyond.",
-                              "Box plot of per-step training time in milliseconds for each framework and precision."))
-    return figures
+               "Training throughput", "speed_label"), out_dir, "throughput")
+    return [Figure("throughput", "speed", "Training throughput by precision",
+                   "Images per second over the wall time of the training cells' timed steps (warm-up, tracing "
+                   "and evaluation excluded). A bar's height is the median over seeds of its cells' images/s; "
+                   "the label above it is not the quotient of two bars but the cells' throughput against the "
+                   "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
+                   "took, not a speed verdict (those come from the speed trials, in the tables above)."
+                   + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
+                               "than about the precision.") + unjudged + spread + sweep_note,
+                   "Bar chart of training images per second for each framework and precision mode.")]
 
 
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -482,23 +466,21 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
     return out
 
 
-def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str,
-                                 device: str = "cpu", notes: pd.DataFrame | None = None) -> list[Figure]:
-    """The Memory section's bar chart (an emulated fp8 left out: its memory is the emulation's, fp8.py), its
-    labels with the ⚠ of notes (the full table), and the Accuracy section's final-accuracy bars."""
+def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, device: str = "cpu",
+                    notes: pd.DataFrame | None = None) -> list[Figure]:
+    """The Memory section's bar chart (an emulated fp8 left out: its memory is the emulation's, fp8.py) and its
+    labels with the ⚠ of notes (the full table)."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
     left_out = sorted(set(ok.loc[fp8_report.speed_emulated(ok["precision"], device), "precision"]))
     measured = ~ok["precision"].isin(left_out)
     mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)], notes)
     _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
-               "memory_label", "{}"), out_dir, "memory")
+               "memory_label"), out_dir, "memory")
     unresolved = mem_table["memory_unresolved"].any()
     ratios = (np.isfinite(mem_table["memory_change_vs_fp32"].astype(float)) & ~mem_table["memory_unresolved"]
               & ~mem_table["precision"].isin([precisions.REFERENCE]))  # a decided mixed precision: its change
     not_drawn = (f" Not drawn: {', '.join(left_out)}, emulated on this CPU ({fp8_report.EMULATED_MEMORY})."
                  if left_out else "")
-    _save(_bar(ok, table, "final_val_accuracy", "Final validation accuracy (fraction)", "Final validation accuracy",
-               "val_accuracy", "{:.1%}"), out_dir, "accuracy")
     return [Figure("memory", "memory", "Peak memory by precision",
                    f"Memory measured as: {kinds}." + (
                        " A decided mixed precision's label is its change against the same framework's fp32 (the "
@@ -512,13 +494,7 @@ def _memory_and_accuracy_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir:
                       "by, or one seed ran (the per-model tables above give the difference in MiB)." if unresolved
                       else "") + not_drawn + spread,
 
-                   "Bar chart of peak training memory in MiB for each framework and precision mode."),
-            Figure("accuracy", "accuracy", "Final validation accuracy",
-                   "Accuracy on the held-out split after the last epoch. Whether a precision mode changed "
-                   "accuracy is not read from these bars: the Accuracy section's paired test compares each mixed "
-                   "cell image by image with fp32 of the same seed, and overlapping error bars can hide a "
-                   "difference that test detects (or separate bars show one it does not)." + spread,
-                   "Bar chart of final validation accuracy for each framework and precision mode.")]
+                   "Bar chart of peak training memory in MiB for each framework and precision mode.")]
 
 
 def left_out_note(runs: pd.DataFrame, shown: set) -> str:
@@ -642,9 +618,9 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     if emulated.any():
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
-    return [*_throughput_figures(ok, table, steps, out_dir, spread, sweep_note, busy_cells(ok, trials),
+    return [*_throughput_figures(ok, table, out_dir, spread, sweep_note, busy_cells(ok, trials),
                                 unjudged_text(ok, trials)),
-            *_memory_and_accuracy_figures(ok, table, out_dir, spread, device, notes),
+            *_memory_figures(ok, table, out_dir, spread, device, notes),
             *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
 
@@ -957,6 +933,18 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
 
+def _non_finite_records(headroom: pd.DataFrame) -> str:
+    """The records the headroom figure leaves out as non-finite, per framework and precision: their layers and the
+    first epoch (counting from 1) in brackets; "" where none is."""
+    bad = headroom[headroom["quantity"].isin(QUANTITY_LABELS)
+                   & ~np.isfinite(headroom["max_abs"].to_numpy(dtype=float))]
+    said = [f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} "
+            f"from epoch {int(g['epoch'].min()) + 1}"
+            for (fw, prec), g in bad.sort_values(["framework", "precision"], key=display_order).groupby(
+                ["framework", "precision"], sort=False)]
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
     framework and precision, on a log axis against float16's largest value (harness/report/numerics.py)."""
@@ -999,7 +987,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
                   f"the step, read once per epoch), against float16's largest finite value {FP16_MAX:,.0f} (dashed): "
                   "the distance to the line is the headroom before float16 overflows. A value that went non-finite "
-                  "is left out (the tables say where)."
+                  f"is left out{_non_finite_records(headroom)}."
                   + (" The dotted line: the naive attention's exp overflows float16 once a logit passes "
                      f"ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}." if naive else "")
                   + (f" Measured on {cpu}." if cpu else ""),

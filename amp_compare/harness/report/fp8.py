@@ -50,8 +50,8 @@ def api_text(row: dict) -> str:
 
 
 def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
-    """The headroom records less the fp8 cells': that section measures distance to float16's largest value, which
-    says nothing of an fp8 tensor (each is scaled to its format's largest before its cast)."""
+    """The headroom records less the fp8 cells': the headroom figure measures distance to float16's largest value,
+    which says nothing of an fp8 tensor (each is scaled to its format's largest before its cast)."""
     if headroom is None or headroom.empty or "precision" not in headroom:
         return headroom
     return headroom[~headroom["precision"].isin(contract.FP8_MODES)]
@@ -180,7 +180,7 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
                    "matmul ran in float32 on dequantized values, so each SQNR measures the casts' rounding, "
                    "not an fp8 unit's accumulation.")
     if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
-        out.append("The ViT headroom section leaves fp8 out: it measures distance to float16's largest value, "
+        out.append("The ViT headroom figure leaves fp8 out: it measures distance to float16's largest value, "
                    f"{FP16_MAX:,.0f}, while each fp8 tensor is scaled into its own format's range before its cast "
                    "(by fmax / amax: torchao from this step's amax, Keras from an amax history), so that distance "
                    "says nothing of an fp8 tensor.")

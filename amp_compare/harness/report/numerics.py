@@ -577,87 +577,6 @@ def _peak(part: pd.DataFrame) -> pd.Series:
     return bad.sort_values("epoch").iloc[0] if not bad.empty else part.loc[part["max_abs"].idxmax()]
 
 
-# Where each recorded layer runs in a block's forward, to tell which one a non-finite value came from first.
-FORWARD_PART_ORDER = {"ln1": 0, "attn": 1, "ln2": 2, "mlp": 3}
-
-
-def _forward_rank(layer: str) -> tuple[float, int]:
-    """blocks.0.ln2 -> (0, 2); norm (the final LayerNorm, after every block) -> (inf, 0)."""
-    parts = str(layer).split(".")
-    if parts[0] == "blocks" and len(parts) > 2 and parts[1].isdigit():
-        return float(parts[1]), FORWARD_PART_ORDER.get(parts[2], 9)
-    return float("inf"), 0
-
-
-def _carried_from(layer: str, epoch: int, cell: dict) -> str:
-    """The earlier layer a non-finite record was carried from: the NaN/Inf locator's forward finding in the same
-    epoch, if it runs before `layer`; else ""."""
-    source, epoch_of = cell.get("nonfinite_layer", ""), cell.get("locator_epoch", -1)
-    if cell.get("nonfinite_where") != "forward" or not source or epoch_of != epoch:
-        return ""
-    return source if _forward_rank(source) < _forward_rank(layer) else ""
-
-
-def _locator_cells(runs: pd.DataFrame | None, steps: pd.DataFrame | None) -> dict[str, dict]:
-    """cell_id -> its attention mode and NaN/Inf locator finding, with the epoch of the locator's step."""
-    if runs is None or runs.empty or "cell_id" not in runs:
-        return {}
-    epoch_of = ({(c, int(st)): int(e) for c, st, e in zip(steps["cell_id"], steps["step"], steps["epoch"])}
-                if steps is not None and not steps.empty and {"cell_id", "step", "epoch"} <= set(steps) else {})
-    cells = {}
-    for r in runs.to_dict("records"):
-        step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
-        cells[r["cell_id"]] = {**{k: r.get(k, "") for k in ("cfg_attention", "nonfinite_where", "nonfinite_layer")},
-                               "locator_epoch": epoch_of.get((r["cell_id"], int(step)), -1)}
-    return cells
-
-
-def _headroom_row(layer: str, quantity: str, peak: pd.Series, cell: dict) -> dict:
-    """One layer's record against the float16 limit it meets; a non-finite record said as carried from an earlier
-    layer where the records show one."""
-    naive = quantity == "attention_logit" and cell.get("cfg_attention") == "naive"
-    limit = FP16_EXP_LIMIT if naive else FP16_MAX
-    value, epoch = float(peak["max_abs"]), int(peak["epoch"])
-    if np.isfinite(value):
-        seen, room = f"{value:.4g}", (f"{limit / value:.3g}×" + (" (past the limit)" if value > limit else "")
-                                      if value > 0 else "n/a")
-    else:
-        source = _carried_from(layer, epoch, cell)
-        seen, room = (f"non-finite (carried from {source})" if source else "non-finite"), "none (non-finite)"
-    return {"layer": layer, "quantity": QUANTITY_LABELS[quantity], "max |value|": f"{seen} (epoch {epoch + 1})",
-            "float16 limit": (f"ln(65,504) = {FP16_EXP_LIMIT:.1f} (the naive softmax's exp input)" if naive
-                              else "65,504 (float16's largest value)"), "float16 headroom": room}
-
-
-def headroom_table(headroom: pd.DataFrame, runs: pd.DataFrame | None = None,
-                   steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The headroom table: per framework x precision x recorded layer, the run's largest value (first seed),
-    its float16 limit and the headroom; `runs` and `steps` tell where a non-finite record was carried from."""
-    if headroom is None or headroom.empty:
-        return pd.DataFrame()
-    df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)]
-    if df.empty:
-        return pd.DataFrame()
-    first = df[df["seed"] == df["seed"].min()].copy()
-    first["rank"] = first["layer"].map(_forward_rank)
-    cells = _locator_cells(runs, steps)
-    forced = ({c: cfg_text(v) for c, v in zip(runs["cell_id"], runs["cfg_fp32_layers"])}
-              if runs is not None and "cfg_fp32_layers" in runs else {})
-    rows = []
-    for (fw, prec, _, layer, quantity), part in first.sort_values(
-            ["framework", "precision", "rank", "quantity"], key=display_order).groupby(
-            ["framework", "precision", "rank", "layer", "quantity"], sort=False):
-        cell = cells.get(part["cell_id"].iloc[0], {}) if "cell_id" in part else {}
-        row = _headroom_row(layer, quantity, _peak(part), cell)
-        if row["float16 headroom"] != "none (non-finite)" and not _in_float16(prec):
-            row["float16 headroom"] += " (had it run in float16; this cell did not)"
-        elif row["float16 headroom"] != "none (non-finite)" and forced_fp32(layer, forced.get(
-                part["cell_id"].iloc[0], "")):
-            row["float16 headroom"] += " (had it run in float16; --fp32-layers kept this layer in float32)"
-        rows.append({"framework": _label(fw), "precision": prec, **row})
-    return pd.DataFrame(rows)
-
-
 def cfg_text(value) -> str:
     """A tuple-valued config column (fp32_layers) as read back from parquet: a list/array, a string, or empty."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
@@ -863,13 +782,6 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
                       "mode makes identical and how."
                       + ("" if dtype_facts.get("inputs_recorded", True) else
                          " These records predate the audits' input dtypes: the table shows each op's output dtypes."),
-        "headroom": "Per recorded layer (each LayerNorm apart), the largest |attention logit| (the softmax's input) "
-                    "and |LayerNorm input| seen in any training step of the run (first seed), recorded inside the "
-                    "step and read once per epoch (epochs counted from 1), the float16 limit it meets and how many "
-                    "times that limit lies above it: the naive attention's logit meets exp's ln(65,504) ≈ 11.1 (exp "
-                    "overflows past it), everything else float16's largest value 65,504. A record that went "
-                    "non-finite says \"carried from\" the layer the NaN/Inf locator found first in that epoch's "
-                    "forward where that layer runs earlier: the value did not overflow there.",
         "nonfinite": "At the first non-finite loss or skipped update, the run located the first layer whose forward "
                      "output (or, if the forward was finite, whose gradient) was non-finite, re-running that step's "
                      "batch at its weights and loss scale. A forward finding beside a finite loss of that step is "

@@ -642,7 +642,6 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
             "dtype_facts": dtype_facts,
             "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
             "said": nr.numerics_said(runs, underflow, headroom, steps, acc),
-            "headroom_table": _html_or_none(nr.headroom_table(headroom, runs, steps)),  # the vit's
             "words": nr.section_words(facts, dtype_facts),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
