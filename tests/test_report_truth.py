@@ -50,7 +50,7 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     bf16 matmul timed at 0.0009 TFLOP/s): the flags still list bfloat16 arithmetic, but the frameworks could not
     use it, so no sentence reads the flags as explaining a slowdown or as evidence for the lesson."""
     from amp_compare.contract import env
-    from amp_compare.harness.report.wording import RunFacts
+    from amp_compare.harness.report import answer
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     for var in ("DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
@@ -94,13 +94,8 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     assert not on_fp32_ceiling(table).any() and (ceiling_limits(table) != "").any()
     assert "arithmetic limited by" in speed.hardware_paragraph(False, True)
     assert "arithmetic limited by" not in speed.hardware_paragraph(True)
-    facts = RunFacts(frameworks=["torch"], precisions=["fp32", "bf16"], seeds=[0], device="cpu", rotated=False,
-                     halves={"bfloat16"})
-    table = pd.DataFrame({"metric": ["speed"], "precision": ["bf16"], "estimate": [0.15], "status": ["slower"]})
-    text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, limited, None)
-                if e.id == "gl-half-formats")
-    assert "This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): its bfloat16 rows are no evidence either " \
-           "way." in text and "the lesson allows" not in text
+    assert answer.preface(limited) == ("This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): every number "
+                                       "is what the frameworks did under that limit.")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert "cpu_isa_limits" not in env.cpu_info("flags\t: avx2\n")
 
@@ -142,28 +137,22 @@ def test_accuracy_warnings_come_from_the_table_not_from_sentence_text():
     assert len(parts.accuracy_warnings) == 1 and parts.accuracy_warnings[0] in parts.sentences
 
 
-def test_lessons_carry_the_runs_evidence_for_or_against():
+def test_the_half_formats_entry_defines_them_and_points_at_the_runs_evidence():
     from amp_compare.harness.report.wording import RunFacts
 
     facts = RunFacts(frameworks=["torch"], precisions=["fp32", "fp16", "bf16"], seeds=[0], device="cpu",
                      rotated=False, halves={"float16", "bfloat16"})
-    # the speed verdicts (the trials), not the training cells' throughput (an audit found cells slowed by other
-    # load read as "faster without the format's arithmetic" beside an answer that every precision was slower)
-    table = pd.DataFrame({"metric": ["speed", "speed", "accuracy"], "precision": ["fp16", "bf16", "fp16"],
-                          "estimate": [0.12, 0.5, 3.0], "status": ["slower", "slower", "higher"]})
-    text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, AVX512_BF16, None)
-                if e.id == "gl-half-formats")
+    text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, True) if e.id == "gl-half-formats")
     assert "Lesson: a half format can make training faster only where the hardware computes in it" in text
-    assert ("This run's speed trials: float16 rows at 0.12× fp32's speed on a CPU whose flags list no float16 "
-            "arithmetic (avx512_fp16 and amx_fp16 absent): consistent with the lesson") in text
-    # the arithmetic is needed for a gain, not enough: a slowdown beside it does not go against the lesson
-    assert ("bfloat16 rows at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: no gain in "
-            "some rows despite the arithmetic, which the lesson allows") in text and "against the lesson" not in text
     # the bf16 sentence reads as English and says what it means (the audit found it garbled)
     assert ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
             "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
             "underflow in bfloat16") in text
-    assert "This run measured no gradient against float16's range." in text
+    # the run's evidence is the Numerics section's and the verdicts': the entry points at it, not restates it
+    assert "The Gradient underflow part of the Numerics section shows what float16 did to this run's gradients." \
+        in text and "This run" not in text and "against the lesson" not in text
+    unmeasured = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, False) if e.id == "gl-half-formats")
+    assert "Gradient underflow" not in unmeasured
     assert "need loss scaling" not in text
 
 

@@ -630,9 +630,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
-    forced = runs["cfg_fp32_layers"].map(nr.cfg_text) if "cfg_fp32_layers" in runs else pd.Series(dtype=str)
-    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"],
-                                    tuple(sorted({f for v in forced for f in v.split(",") if f})))
+    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
@@ -692,9 +690,8 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
         "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),
         "comparison": comparison, "init": init,
-        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"], comparison, summary["verdicts"],
-                                             {**manifest["environment"], "device": manifest["device"]},
-                                             tables.get("underflow", pd.DataFrame()), acc_stats)
+        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"],
+                                             numerics["underflow_table"] is not None)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
             summary["verdicts"]))],
     }
