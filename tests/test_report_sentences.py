@@ -280,11 +280,18 @@ def test_whether_the_scale_could_grow_counts_clean_steps_in_a_row_not_steps():
     import pandas as pd
 
     from amp_compare.harness.report import numerics
+    from amp_compare.harness.report.wording import RunFacts, loss_scaling_intro
+
+    def said(growth):  # the Loss scaling paragraph of a run with these growth facts
+        return loss_scaling_intro(RunFacts(frameworks=["torch"], precisions=["fp32", "fp16"], seeds=[0],
+                                           device="cpu", rotated=False, growth=growth, halves={"float16"}))[0]
 
     runs = pd.DataFrame({"cell_id": ["a"], "precision": ["fp16"], "cfg_growth_interval": [20]})
     skipped = [False, True, False, False, True, False, True] + [True] * 20
     steps = pd.DataFrame({"cell_id": "a", "step": range(len(skipped)), "skipped": skipped})
     assert numerics.growth_facts(runs, steps) == (20, 2)
-    assert "no cell had more than 2 in a row" in numerics.growth_sentence(runs, steps)
+    assert "No dynamically scaled cell had more than 2 clean steps in a row" in said((20, 2))
     clean = steps.assign(skipped=False)
-    assert numerics.growth_facts(runs, clean) == (20, 27) and "could grow" in numerics.growth_sentence(runs, clean)
+    assert numerics.growth_facts(runs, clean) == (20, 27)
+    assert said((20, 27)).endswith("A dynamically scaled cell had 27 clean steps in a row, so in this run the scale "
+                                   "could grow.")

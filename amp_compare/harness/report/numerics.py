@@ -233,19 +233,6 @@ def _clean_streak(skipped: pd.Series) -> int:
     return int(runs.max()) if len(runs) else 0
 
 
-def growth_sentence(runs: pd.DataFrame, steps: pd.DataFrame) -> str:
-    """Whether the dynamic scale could have grown at all: it doubles after growth_interval clean steps."""
-    facts = growth_facts(runs, steps)
-    if facts is None:
-        return ""
-    interval, n = facts
-    if n <= interval:
-        return (f"The scale could not grow in this run: it doubles after {interval:,} consecutive clean steps and "
-                f"no cell had more than {n:,} in a row, so it could only back off.")
-    return (f"The scale could grow: it doubles after every {interval:,} consecutive clean steps, and a cell had "
-            f"{n:,} in a row.")
-
-
 def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:
     """Per framework x float16 precision (first seed): how many non-zero float32 reference gradient elements
     fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""

@@ -31,7 +31,7 @@ from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
-from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
+from amp_compare.harness.report.hardware import ceiling_clauses, ceiling_limits, on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.settings_check import (
     adam_gap_text,
@@ -605,8 +605,9 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"],
                                                              speed.manifest_conditions(manifest)[0]),
                             "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
-                                                                 bool((ceiling_limits(full) != "").any()))},
-            "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
+                                                                 bool((ceiling_limits(full) != "").any()),
+                                                                 tuple(ceiling_clauses(ok_runs(runs))))},
+            "cpu_verdict": "" if parts.slower_on_cpu else speed.flags_sentence(manifest["environment"]),
             "machine_note": speed.machine_note(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
             **_answer_context(manifest, verdict_table)}
