@@ -36,7 +36,7 @@ class Groups:
 
 
 def slowdown_scope(runs: pd.DataFrame) -> bool:
-    """Whether the run's slowdowns can be explained from one CPU's flags: every cell on a CPU, one CPU model."""
+    """Whether every cell ran on a CPU, one CPU model: the flags and the frameworks' log lines are then that CPU's."""
     devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
     one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
     return devices == {"cpu"} and bool(one_cpu)
