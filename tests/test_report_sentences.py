@@ -274,40 +274,24 @@ def test_a_dtype_audit_row_one_framework_does_not_attribute_is_no_difference():
            "attribute" in said, said
 
 
-def test_the_autocast_entry_lists_what_ran_leaving_out_the_layers_forced_to_float32():
-    """Audit: with --fp32-layers blocks.0.attn the glossary credited that layer's float32 bmm and exp to autocast's
-    op lists, and left out addmm, which ran in float16 in the MLP and in float32 in the forced layer."""
-    import pandas as pd
-
-    from amp_compare.harness.report import glossary, numerics
-
-    dtypes = pd.DataFrame([{"framework": "torch", "precision": "fp16", "seed": 0, "layer": layer, "phase": "forward",
-                            "op": op, "compute_dtype": dt, "param_dtype": "float32"}
-                           for layer, op, dt in (("blocks.0.attn", "bmm", "float32"),
-                                                 ("blocks.0.attn", "exp", "float32"),
-                                                 ("blocks.0.attn.query", "addmm", "float32"),
-                                                 ("blocks.0.mlp.fc1", "addmm", "float16"),
-                                                 ("loss", "nll_loss_forward", "float32"))])
-    plain = numerics.op_dtype_facts(dtypes, "cpu")
-    assert plain["torch_float32_ops"] == ["bmm", "exp", "nll_loss_forward"] and plain["torch_both_ops"] == ["addmm"]
-    forced = numerics.op_dtype_facts(dtypes, "cpu", ("blocks.0.attn",))
-    assert forced["torch_float32_ops"] == ["nll_loss_forward"] and forced["torch_half_ops"] == ["addmm"]
-    said = glossary._autocast_text(forced)
-    assert "layers given to --fp32-layers left out: blocks.0.attn" in said and "bmm" not in said, said
-    assert "in both, by layer: addmm" in glossary._autocast_text(plain)
-
-
 def test_whether_the_scale_could_grow_counts_clean_steps_in_a_row_not_steps():
     """Audit (naive attention): 27 steps with skips at most 2 steps apart; the report advised a --growth-interval
     below 27, where only one of 2 or less could have doubled the scale."""
     import pandas as pd
 
     from amp_compare.harness.report import numerics
+    from amp_compare.harness.report.wording import RunFacts, loss_scaling_intro
+
+    def said(growth):  # the Loss scaling paragraph of a run with these growth facts
+        return loss_scaling_intro(RunFacts(frameworks=["torch"], precisions=["fp32", "fp16"], seeds=[0],
+                                           device="cpu", rotated=False, growth=growth, halves={"float16"}))[0]
 
     runs = pd.DataFrame({"cell_id": ["a"], "precision": ["fp16"], "cfg_growth_interval": [20]})
     skipped = [False, True, False, False, True, False, True] + [True] * 20
     steps = pd.DataFrame({"cell_id": "a", "step": range(len(skipped)), "skipped": skipped})
     assert numerics.growth_facts(runs, steps) == (20, 2)
-    assert "no cell had more than 2 in a row" in numerics.growth_sentence(runs, steps)
+    assert "No dynamically scaled cell had more than 2 clean steps in a row" in said((20, 2))
     clean = steps.assign(skipped=False)
-    assert numerics.growth_facts(runs, clean) == (20, 27) and "could grow" in numerics.growth_sentence(runs, clean)
+    assert numerics.growth_facts(runs, clean) == (20, 27)
+    assert said((20, 27)).endswith("A dynamically scaled cell had 27 clean steps in a row, so in this run the scale "
+                                   "could grow.")

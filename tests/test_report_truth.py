@@ -26,21 +26,10 @@ def test_the_epoch_time_figure_is_said_lower_or_higher_per_row():
     assert "user's epoch" not in speed.timing_paragraph(5) and "epoch-time column" in speed.timing_paragraph(5)
 
 
-def test_a_bf16_slowdown_on_a_cpu_with_bfloat16_arithmetic_is_not_explained_by_emulation():
-    said = " ".join(finding_parts(_runs(), pd.DataFrame(), AVX512_BF16).sentences)
-    # the training cells' wall time only: no row is called slower (speed is the trials' verdict)
-    assert "bf16 (bfloat16) read below fp32's speed in 2 of 2 bfloat16 rows of the summary" in said
-    assert "the training cells' wall time, not a speed verdict" in said and "was slower" not in said
-    assert "flags list bfloat16 arithmetic, so they do not explain a slowdown" in said
-    assert "flags list no float16 arithmetic (avx512_fp16 and amx_fp16 absent)" in said
-    assert "emulate" not in said
-
-
 def test_flags_for_both_formats_say_what_the_cpu_can_do_not_which_kernels_ran():
     text = speed.flags_sentence(FP16_HW)
     assert "float16 arithmetic listed (avx512_fp16)" in text and "not which kernels a framework ran" in text
     said = " ".join(finding_parts(_runs(), pd.DataFrame(), FP16_HW).sentences)
-    assert "fp16 (float16) read below fp32's speed" in said and "flags list float16 arithmetic, so they do not" in said
     assert "computes both bfloat16 and float16 in hardware" not in said
 
 
@@ -50,7 +39,7 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     bf16 matmul timed at 0.0009 TFLOP/s): the flags still list bfloat16 arithmetic, but the frameworks could not
     use it, so no sentence reads the flags as explaining a slowdown or as evidence for the lesson."""
     from amp_compare.contract import env
-    from amp_compare.harness.report.wording import RunFacts
+    from amp_compare.harness.report import answer
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     for var in ("DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
@@ -58,22 +47,16 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     info = env.cpu_info("model name\t: Test CPU\nflags\t\t: avx2 avx512f avx512_bf16 f16c\n")
     assert info["cpu_bf16_hardware"] and info["cpu_isa_limits"] == "ONEDNN_MAX_CPU_ISA=AVX2"
     limited = {**AVX512_BF16, "cpu_isa_limits": info["cpu_isa_limits"]}
-    said = " ".join(finding_parts(_runs(), pd.DataFrame(), limited).sentences)
-    assert ("flags list bfloat16 arithmetic, but this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2), so "
-            "oneDNN could not use those instructions, whatever the flags list; the run did not record which kernels "
-            "ran") in said
-    assert "so they do not explain a slowdown" not in said
     assert speed.flags_sentence(limited).endswith("This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): the "
                                                   "flags are not what those libraries could use.")
     assert "this run kept" not in speed.flags_sentence(AVX512_BF16)
     # a framework's fallback line beside the flags and the limit: either could have made it fall back
     line = speed.LogLine("tf", "fp16", "float16", "oneDNN supports DT_HALF only on platforms with AVX-512.")
-    logged = speed.slowdown_sentences(pd.DataFrame({"precision": ["fp16"], "speedup_vs_fp32": [0.3]}),
-                                      {**limited, "cpu_amp_flags": "avx512f"}, [line])[-1]
+    logged = speed.log_sentences(pd.DataFrame({"precision": ["fp16"], "speedup_vs_fp32": [0.3]}),
+                                 {**limited, "cpu_amp_flags": "avx512f"}, [line])[-1]
     assert logged.endswith("; and this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): the line does not say "
                            "which of the two made it fall back."), logged
     # the ceiling: a half-format matmul timed under the limit is no ceiling (0.0009 TFLOP/s measured): fp32's, named
-    from amp_compare.harness.report.findings import mfu_findings
     from amp_compare.kit import ceiling
 
     choice = ceiling.ceiling_choice("bf16", "off", "cpu", info)
@@ -85,22 +68,13 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     assert ceiling.ceiling_dtype("bf16", "off", "cpu", AVX512_BF16) == ("bf16", "")
     table = pd.DataFrame([{"framework": "torch", "precision": "bf16", "batch_size": 64, "mfu_measured": 0.04,
                            **{k: v for k, v in recorded.items() if k.startswith("ceiling_")}}])
-    assert mfu_findings(table) == ["MFU of the bf16 cells is against the fp32 matmul ceiling, used because this run "
-                                   "kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): a half-format matmul timed "
-                                   "under that limit is no ceiling (the ceiling chosen, not a record of which "
-                                   "kernels ran)."]
     from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling
 
     assert not on_fp32_ceiling(table).any() and (ceiling_limits(table) != "").any()
     assert "arithmetic limited by" in speed.hardware_paragraph(False, True)
     assert "arithmetic limited by" not in speed.hardware_paragraph(True)
-    facts = RunFacts(frameworks=["torch"], precisions=["fp32", "bf16"], seeds=[0], device="cpu", rotated=False,
-                     halves={"bfloat16"})
-    table = pd.DataFrame({"metric": ["speed"], "precision": ["bf16"], "estimate": [0.15], "status": ["slower"]})
-    text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, limited, None)
-                if e.id == "gl-half-formats")
-    assert "This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): its bfloat16 rows are no evidence either " \
-           "way." in text and "the lesson allows" not in text
+    assert answer.preface(limited) == ("This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): every number "
+                                       "is what the frameworks did under that limit.")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert "cpu_isa_limits" not in env.cpu_info("flags\t: avx2\n")
 
@@ -142,28 +116,22 @@ def test_accuracy_warnings_come_from_the_table_not_from_sentence_text():
     assert len(parts.accuracy_warnings) == 1 and parts.accuracy_warnings[0] in parts.sentences
 
 
-def test_lessons_carry_the_runs_evidence_for_or_against():
+def test_the_half_formats_entry_defines_them_and_points_at_the_runs_evidence():
     from amp_compare.harness.report.wording import RunFacts
 
     facts = RunFacts(frameworks=["torch"], precisions=["fp32", "fp16", "bf16"], seeds=[0], device="cpu",
                      rotated=False, halves={"float16", "bfloat16"})
-    # the speed verdicts (the trials), not the training cells' throughput (an audit found cells slowed by other
-    # load read as "faster without the format's arithmetic" beside an answer that every precision was slower)
-    table = pd.DataFrame({"metric": ["speed", "speed", "accuracy"], "precision": ["fp16", "bf16", "fp16"],
-                          "estimate": [0.12, 0.5, 3.0], "status": ["slower", "slower", "higher"]})
-    text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, "aligned", table, AVX512_BF16, None)
-                if e.id == "gl-half-formats")
+    text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, True) if e.id == "gl-half-formats")
     assert "Lesson: a half format can make training faster only where the hardware computes in it" in text
-    assert ("This run's speed trials: float16 rows at 0.12× fp32's speed on a CPU whose flags list no float16 "
-            "arithmetic (avx512_fp16 and amx_fp16 absent): consistent with the lesson") in text
-    # the arithmetic is needed for a gain, not enough: a slowdown beside it does not go against the lesson
-    assert ("bfloat16 rows at 0.50× fp32's speed on a CPU whose flags list bfloat16 arithmetic: no gain in "
-            "some rows despite the arithmetic, which the lesson allows") in text and "against the lesson" not in text
     # the bf16 sentence reads as English and says what it means (the audit found it garbled)
     assert ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
             "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
             "underflow in bfloat16") in text
-    assert "This run measured no gradient against float16's range." in text
+    # the run's evidence is the Numerics section's and the verdicts': the entry points at it, not restates it
+    assert "The Gradient underflow part of the Numerics section shows what float16 did to this run's gradients." \
+        in text and "This run" not in text and "against the lesson" not in text
+    unmeasured = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, False) if e.id == "gl-half-formats")
+    assert "Gradient underflow" not in unmeasured
     assert "need loss scaling" not in text
 
 

@@ -70,7 +70,7 @@ def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
 def preface(environment: dict, device: str = "cpu") -> str:
     """Whether the run kept the frameworks from instructions (speed.isa_limit), or which half formats' arithmetic the
     CPU's flags do not list."""
-    did = speed.isa_limit(environment)[0]
+    did = speed.isa_limit(environment)
     if did:
         return f"This run {did}: every number is what the frameworks did under that limit."
     missing = [half for half in ("bfloat16", "float16") if not speed.has_arithmetic(environment, half)]

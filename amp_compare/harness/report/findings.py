@@ -1,29 +1,18 @@
-"""The findings: the Summary's sentences on what the verdict tables do not say (diverged cells, the machine's
-steadiness, slowdowns, MFU, runs too short to judge accuracy, loss scaling), from full_table and the records."""
+"""The findings: the Summary's sentences on what the verdict tables and the other sections do not say (diverged
+cells, the machine's steadiness, the frameworks' own log lines on their half-precision path, MFU over 100%, runs
+too short to judge accuracy), from full_table and the records."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import numerics as nr
-from amp_compare.harness.report.hardware import ceiling_limits, ceiling_sentences, on_fp32_ceiling
-from amp_compare.harness.report.speed import LogLine, isa_limit, machine_note, slowdown_sentences
-from amp_compare.harness.report.tables import (
-    LOOP,
-    full_table,
-    group_label,
-    named_machines,
-    ok_runs,
-    same_value,
-    seeds_text,
-    varying_keys,
-    with_loop_columns,
-)
+from amp_compare.harness.report.speed import LogLine, log_sentences, machine_note
+from amp_compare.harness.report.tables import LOOP, full_table, group_label, named_machines, varying_keys
 
 
 @dataclass
@@ -47,22 +36,20 @@ class Groups:
 
 
 def slowdown_scope(runs: pd.DataFrame) -> bool:
-    """Whether the run's slowdowns can be explained from one CPU's flags: every cell on a CPU, one CPU model."""
+    """Whether every cell ran on a CPU, one CPU model: the flags and the frameworks' log lines are then that CPU's."""
     devices = set(runs.get("cfg_device", pd.Series(dtype=str)).dropna())
     one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
     return devices == {"cpu"} and bool(one_cpu)
 
 
 def machine_findings(groups: Groups, runs: pd.DataFrame, environment: dict) -> list[str]:
-    """The machine's steadiness, mixed precision slower than fp32 with what the run's evidence says of why,
-    and MFU."""
+    """The machine's steadiness, the frameworks' own log lines on their half-precision path (one CPU only), and
+    any MFU over 100%."""
     out = [note] if (note := machine_note(environment)) else []
     table = groups.table
     if slowdown_scope(runs):
         logs = [line for line in environment.get("framework_logs", []) if isinstance(line, LogLine)]
-        out += slowdown_sentences(table, environment, logs)
-    if table["mfu_measured"].notna().any():
-        out += ceiling_sentences(with_loop_columns(ok_runs(runs).copy()))
+        out += log_sentences(table, environment, logs)
     return out + mfu_findings(table)
 
 
@@ -79,48 +66,15 @@ def too_short_findings(groups: Groups) -> list[str]:
     return out
 
 
-def scaling_findings(groups: Groups, runs: pd.DataFrame, steps: pd.DataFrame) -> list[str]:
-    """Dynamic loss scaling per model/dataset and framework (medians over seeds, the loss-scaling table's
-    numbers), and whether the scale could have grown at all in a run this long."""
-    ok = with_loop_columns(ok_runs(runs).copy())
-    dynamic = precisions.names(loss_scaling="dynamic")
-    if steps.empty or "precision" not in steps:
-        return []
-    fp16 = steps[steps["precision"].isin(dynamic) & steps["cell_id"].isin(set(ok["cell_id"]))]
-    if fp16.empty:
-        return []
-    keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in groups.table]
-    fp16 = fp16.assign(**{k: fp16["cell_id"].map(ok.set_index("cell_id")[k]) for k in keys if k not in fp16})
-    out = []
-    for key, group in groups.items:
-        sel = fp16
-        for k, v in key.items():
-            sel = sel[same_value(sel[k], v)]
-        parts = []
-        for fw in group["framework"].drop_duplicates():
-            cells = [g.sort_values("step") for _, g in sel[sel["framework"] == fw].groupby("cell_id")]
-            if cells:
-                skipped = float(np.median([g["skipped"].sum() for g in cells]))
-                n = float(np.median([len(g) for g in cells]))
-                last = float(np.median([g["loss_scale"].iloc[-1] for g in cells]))
-                per_seed = ", median per seed" if len(cells) > 1 else ""
-                parts.append(f"{_label(fw)} skipped {skipped:.0f} of {n:.0f} steps and ended at scale "
-                             f"2^{np.log2(last):.0f} ({seeds_text(len(cells))}{per_seed})")
-        if parts:
-            growth = nr.growth_sentence(ok[ok["cell_id"].isin(set(sel["cell_id"]))], sel)
-            out.append(f"{groups.label(key)}, dynamic loss scaling (fp16): " + "; ".join(parts) + "."
-                       + (f" {growth}" if growth else ""))
-    return out
-
-
 @dataclass
 class Findings:
     """The findings as facts the page lays out: every sentence in order, the accuracy warnings among them, and
-    whether a slowdown sentence already explained the CPU (the page then shows no separate flags note)."""
+    whether a mixed row of the summary read below fp32's throughput on one CPU (the page then shows no separate
+    flags note)."""
 
     sentences: list[str]
     accuracy_warnings: list[str]
-    slowdown_explained: bool
+    slower_on_cpu: bool
 
 
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
@@ -132,7 +86,7 @@ def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                         False)
     groups = Groups.of(table)
     short = too_short_findings(groups)
-    out = [*machine_findings(groups, runs, environment), *short, *scaling_findings(groups, runs, steps)]
+    out = [*machine_findings(groups, runs, environment), *short]
     diverged = nr.with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
     mixed = table[precisions.is_mixed(table["precision"])]
     ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
@@ -148,27 +102,13 @@ def findings(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
 
 
 def mfu_findings(table: pd.DataFrame) -> list[str]:
-    """What the MFU column is measured against where that is not the cell's own dtype, and any MFU over 100%
-    (the measured matmul is then not the ceiling of the path the cell ran: the number is shown, flagged)."""
-    out = []
-    emulated = table[on_fp32_ceiling(table)]
-    if not emulated.empty:
-        which = ", ".join(sorted(set(emulated["precision"])))
-        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this CPU's flags "
-                   "list no arithmetic for their half format (the ceiling chosen, not a record of which kernels ran).")
-    limits = ceiling_limits(table)
-    limited = table[limits != ""]
-    if not limited.empty:
-        which = ", ".join(sorted(set(limited["precision"])))
-        did = isa_limit({"cpu_isa_limits": limits[limits != ""].iloc[0]})[0]
-        out.append(f"MFU of the {which} cells is against the fp32 matmul ceiling, used because this run {did}: a "
-                   "half-format matmul timed under that limit is no ceiling (the ceiling chosen, not a record of "
-                   "which kernels ran).")
+    """Any MFU over 100% (the measured matmul is then not the ceiling of the path the cell ran: the number is shown,
+    flagged)."""
     over = table[table["mfu_measured"] > 1]
-    if not over.empty:
-        cells = ", ".join(f"{_label(r.framework)} {r.precision} batch {r.batch_size:.0f} ({r.mfu_measured:.0%})"
-                          for r in over.itertuples())
-        out.append(f"MFU above 100% in {len(over)} cell(s) ({cells}): the model trained faster than the matmul "
-                   "measured as the ceiling, so that matmul is not the ceiling of the kernels these cells ran; "
-                   "read their MFU as a ratio of two measured rates, not as a fraction of the hardware.")
-    return out
+    if over.empty:
+        return []
+    cells = ", ".join(f"{_label(r.framework)} {r.precision} batch {r.batch_size:.0f} ({r.mfu_measured:.0%})"
+                      for r in over.itertuples())
+    return [f"MFU above 100% in {len(over)} cell(s) ({cells}): the model trained faster than the matmul measured as "
+            "the ceiling, so that matmul is not the ceiling of the kernels these cells ran; read their MFU as a ratio "
+            "of two measured rates, not as a fraction of the hardware."]

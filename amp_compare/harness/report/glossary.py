@@ -1,6 +1,6 @@
 """The Glossary section and the page's abbreviations, generated from the run: entries only for what it had
-(wording.RunFacts), general lessons with this run's evidence; each abbreviation written out at its first use
-(`expand_first_use`)."""
+(wording.RunFacts), each defining its term and pointing at the section that shows this run's evidence; each
+abbreviation written out at its first use (`expand_first_use`)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,7 @@ import html
 import re
 from dataclasses import dataclass
 
-import numpy as np
-import pandas as pd
-
-from amp_compare.contract import precision as precisions
-from amp_compare.contract.config import display_order
-from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MAX
-from amp_compare.harness.report import phrases, scaling, verdicts
-from amp_compare.harness.report.numerics import ZERO_GRADIENT_PARAM, underflow_summary
-from amp_compare.harness.report.speed import ARITHMETIC_FLAGS, has_arithmetic, isa_limit
 from amp_compare.kit.fp16 import FP16_MAX
 
 # abbreviation -> (how it is found in text, its expansion). "p" only where it stands for a p-value.
@@ -139,94 +130,9 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
     return out, [a for a in ABBREVIATIONS if a in expander.found or a in expander.nested]
 
 
-def _format_evidence(verdicts: pd.DataFrame, environment: dict, half: str) -> str:
-    """This run's evidence on the lesson "a half format is fast only where the hardware computes in it": its speed
-    verdicts (the trials) of the precisions computing in `half`."""
-    if verdicts.empty or environment.get("cpu_model") is None or environment.get("device", "cpu") != "cpu":
-        return ""
-    rows = verdicts[(verdicts["metric"] == "speed") & np.isfinite(verdicts["estimate"].astype(float))
-                    & verdicts["precision"].map(lambda p: p in precisions.BY_NAME and precisions.of(p).half == half)]
-    if rows.empty:
-        return ""
-    ratios, status = rows["estimate"].to_numpy(float), set(rows["status"])
-    arithmetic = has_arithmetic(environment, half)
-    span = f"{ratios.min():.2f}×" if len(ratios) == 1 else f"{ratios.min():.2f}–{ratios.max():.2f}×"
-    flags = (f"whose flags list {half} arithmetic" if arithmetic else
-             f"whose flags list no {half} arithmetic ({' and '.join(ARITHMETIC_FLAGS[half])} absent)")
-    # the lesson says the arithmetic is needed for a gain; slower rows on a CPU with it do not contradict it
-    verdict = ("consistent with the lesson" if status == ({"faster"} if arithmetic else {"slower"}) else
-               "no gain in some rows despite the arithmetic, which the lesson allows (which kernels ran was not "
-               "recorded)" if arithmetic else "against the lesson: faster without the format's arithmetic"
-               if "faster" in status else "no row measured faster, as the lesson predicts")
-    return f" This run's speed trials: {half} rows at {span} fp32's speed on a CPU {flags}: {verdict}."
-
-
-def _reference_flush(underflow: pd.DataFrame) -> str:
-    """Per model x framework: the float32 reference's first-step share that float16 would flush without scaling,
-    with the layers that hold it; shares held by parameters whose exact gradient is zero are said to be residue."""
-    ref = underflow[precisions.is_reference(underflow["precision"]) & (underflow["when"] == "first step")
-                    & (underflow["seed"] == underflow["seed"].min())]
-    keys = [k for k in ("model",) if k in ref and ref["model"].nunique() > 1] + ["framework"]
-    parts = []
-    for key, g in ref.sort_values(keys, key=display_order, kind="stable").groupby(keys, sort=False):
-        flushed = (g["flush_fraction_unscaled"].fillna(0) * g["nonzero"]).round().astype(int)
-        total, nonzero = int(flushed.sum()), int(g["nonzero"].sum())
-        names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
-        held = [(names[i], int(flushed.iloc[i])) for i in np.argsort(-flushed.to_numpy(), kind="stable")
-                if flushed.iloc[i] > 0]
-        residue = sum(n for name, n in held if ZERO_GRADIENT_PARAM.search(name))
-        where = ", ".join(f"{name} {n:,}" for name, n in held[:3]) + (", …" if len(held) > 3 else "")
-        who = " ".join([*(map(str, key[:-1])), _label(key[-1])])
-        text = f"{who} {total / max(nonzero, 1):.3%} ({total:,} of {nonzero:,}{': ' + where if where else ''})"
-        if residue:
-            text += (f", {'all' if residue == total else f'{residue:,}'} of it in attention key biases, whose exact "
-                     "gradient is zero (softmax ignores a constant shift): rounding residue, not evidence")
-        parts.append(text)
-    return "; ".join(parts)
-
-
-def _mixed_lost(underflow: pd.DataFrame) -> str:
-    """The largest share the run's own float16 backward lost without scaling, and in which cell."""
-    s = underflow_summary(underflow)
-    s = s[s["precision"].isin(precisions.names(half="float16"))].dropna(subset=["lost_unscaled"]) if not s.empty else s
-    if s.empty:
-        return ""
-    top = s.loc[s["lost_unscaled"].idxmax()]
-    who = " ".join([*([str(top["model"])] if "model" in s else []), _label(top["framework"]), top["precision"]])
-    return (f" The run's own float16 backward without scaling lost up to {top['lost_unscaled']:.3%} of the "
-            f"non-zero gradient elements of a probe ({who}, {top['when']}).")
-
-
-def _harm_verdict(acc: pd.DataFrame | None) -> str:
-    """fp16-noscale's accuracy against fp32, each row by the Accuracy section's paired test, and what it shows."""
-    rows = acc[acc["precision"].isin(scaling.UNSCALED)] if acc is not None and not acc.empty else pd.DataFrame()
-    if rows.empty:
-        return (" No cell trained float16 without loss scaling, so this run does not measure what dropping it would "
-                "cost (--precisions fp32,fp16,fp16-noscale does).")
-    said = "; ".join(" ".join([*([str(r.model)] if rows["model"].nunique() > 1 else []), _label(r.framework),
-                               r.precision]) + ": " + phrases.accuracy(r) for r in rows.itertuples())
-    status = [verdicts.accuracy(r)["status"] for r in rows.itertuples()]
-    verdict = ("dropping loss scaling cost accuracy in this run" if "lower" in status else
-               "the run cannot judge every such cell's accuracy" if "not_comparable" in status else
-               "this run shows no measurable harm from dropping loss scaling")
-    return f" Trained without loss scaling, against fp32 (the Accuracy section's paired test): {said}: {verdict}."
-
-
-def _underflow_evidence(underflow: pd.DataFrame | None, acc: pd.DataFrame | None = None) -> str:
-    """This run's evidence on "float16 gradients underflow without loss scaling" from `underflow` and the
-    Accuracy section's paired tests `acc`."""
-    if underflow is None or underflow.empty or "flush_fraction_unscaled" not in underflow:
-        return " This run measured no gradient against float16's range."
-    flush = _reference_flush(underflow)
-    return ((f" This run, float32 reference gradients of a cell's first step that float16 would flush without "
-             f"scaling (share of the non-zero elements): {flush}." if flush else "")
-            + _mixed_lost(underflow) + _harm_verdict(acc))
-
-
-def entries(facts, dtype_facts: dict, comparison: str, verdicts: pd.DataFrame, environment: dict,
-            underflow: pd.DataFrame | None, acc: pd.DataFrame | None = None) -> list[Entry]:
-    """The glossary's entries for this run's modes, frameworks and device (`underflow`: the per-layer underflow
-    records; `acc`: the Accuracy section's paired tests)."""
+def entries(facts, dtype_facts: dict, underflow_measured: bool) -> list[Entry]:
+    """The glossary's entries for this run's modes, frameworks and device (`dtype_facts`: numerics.op_dtype_facts;
+    `underflow_measured`: whether the Numerics section has a Gradient underflow part)."""
     out = []
     if facts.ran(half="float16"):
         out.append(Entry("gl-loss-scaling", "Loss scaling",
@@ -244,9 +150,9 @@ def entries(facts, dtype_facts: dict, comparison: str, verdicts: pd.DataFrame, e
     if facts.torch and facts.halves:
         out.append(Entry("gl-autocast", "Autocast op lists (PyTorch)", _autocast_text(dtype_facts)))
     if facts.keras and facts.halves:
-        out.append(Entry("gl-policy", "Dtype policies (Keras)", _policy_text(facts, dtype_facts, comparison)))
+        out.append(Entry("gl-policy", "Dtype policies (Keras)", _policy_text(facts, dtype_facts)))
     if facts.halves:
-        out.append(_half_formats(facts, verdicts, environment, underflow, acc))
+        out.append(_half_formats(facts, underflow_measured))
     if facts.device == "cuda":
         out.append(Entry("gl-tf32", "TF32", "TensorFloat-32: on NVIDIA Ampere and newer GPUs, float32 matrix "
                          "multiplies and convolutions may internally round inputs to a 10-bit mantissa on tensor "
@@ -265,34 +171,21 @@ def _autocast_text(d: dict) -> str:
     text = (f"torch.autocast decides per operation, from op lists that differ between devices (CPU and CUDA "
             f"autocast each have their own); this run used {d['device']} autocast. Parameters stay float32 and are "
             "cast on the fly.")
-    if d.get("precision"):
-        lists = d.get("torch_ops_by_model") or {"": (d["torch_float32_ops"], d["torch_half_ops"],
-                                                     d.get("torch_both_ops", []))}
-        forced = f"; layers given to --fp32-layers left out: {', '.join(d['forced'])}" if d.get("forced") else ""
-        text += (f" What ran in this run's own dtype audit ({d['precision']}, forward pass{forced}; an op off "
-                 "autocast's lists runs in its inputs' dtype, so these are what ran, not the lists): ") + "; ".join(
-            f"{model + ': ' if model else ''}ops in float32 only: {', '.join(f32) or 'none'}; in the half dtype "
-            f"only: {', '.join(half) or 'none'}" + (f"; in both, by layer: {', '.join(both)}" if both else "")
-            for model, (f32, half, both) in lists.items())
-        text += (". The final Linear (fc) computed in "
-                 f"{d['torch_fc'] or 'n/a'}, the loss in {d.get('torch_loss') or 'n/a'}.")
-    return text
+    return text + (" The Numerics section's dtype audit shows which ops ran in which dtype here."
+                   if d.get("precision") else "")
 
 
-def _policy_text(facts, d: dict, comparison: str) -> str:
+def _policy_text(facts, d: dict) -> str:
     policies = " or ".join(f"mixed_{h}" for h in sorted(facts.halves))
     text = (f"Keras decides per layer: under {policies} each layer computes in half precision and keeps float32 "
             "variables; a layer given dtype=\"float32\" computes in float32 (Keras' guide recommends it for the "
             "output layer, which defaults mode does; aligned mode keeps the output layer in the policy's dtype as "
             "torch does). Keras losses compute in float32.")
-    if d.get("precision"):
-        text += (f" In this run's audit ({d['precision']}, {comparison} mode) Keras' fc computed in "
-                 f"{d['keras_fc'] or 'n/a'} and the loss in {d['keras_loss'] or 'n/a'}.")
-    return text
+    return text + (" The Numerics section's dtype audit shows what each layer computed in here."
+                   if d.get("precision") else "")
 
 
-def _half_formats(facts, verdicts: pd.DataFrame, environment: dict, underflow: pd.DataFrame | None,
-                  acc: pd.DataFrame | None = None) -> Entry:
+def _half_formats(facts, underflow_measured: bool) -> Entry:
     both = {"float16", "bfloat16"} <= facts.halves
     term = "bfloat16 vs float16" if both else next(iter(facts.halves))
     text = ""
@@ -301,17 +194,13 @@ def _half_formats(facts, verdicts: pd.DataFrame, environment: dict, underflow: p
                  f"±{FP16_MAX:,.0f} down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
                  "Lesson: a gradient below 2^-25, half the smallest subnormal, rounds to zero in float16 (and "
                  "below 2^-14 loses precision), "
-                 "which loss scaling exists to prevent." + _underflow_evidence(underflow, acc) + " ")
+                 "which loss scaling exists to prevent."
+                 + (" The Gradient underflow part of the Numerics section shows what float16 did to this run's "
+                    "gradients." if underflow_measured else "") + " ")
     if "bfloat16" in facts.halves:
         text += ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
                  "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
                  "underflow in bfloat16, so no loss scaling is used. ")
     text += ("Lesson: a half format can make training faster only where the hardware computes in it (needed, "
              "not enough: the kernels a framework picks decide the rest).")
-    halves = [half for half in ("float16", "bfloat16") if half in facts.halves]
-    if isa_limit(environment)[0] and facts.device == "cpu":  # the flags are not what the frameworks could use
-        return Entry("gl-half-formats", term, text + f" This run {isa_limit(environment)[0]}: its "
-                     f"{' and '.join(halves)} rows are no evidence either way.")
-    for half in halves:
-        text += _format_evidence(verdicts, {**environment, "device": facts.device}, half)
     return Entry("gl-half-formats", term, text)

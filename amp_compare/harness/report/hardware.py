@@ -1,6 +1,6 @@
 """What the report says of the step loops (--step plain|tuned), the batch-size sweep (--batch-sizes) and the
 host-/compute-bound verdict, with one FLOP/s ceiling per device and dtype that both frameworks' MFU is measured
-against (`with_run_ceiling`, `ceiling_sentences`). Framework-free."""
+against (`with_run_ceiling`, `ceiling_clauses`). Framework-free."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def _three_digits(value: float) -> str:
     return f"{value:#.3g}".rstrip(".")
 
 
-def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
+def ceiling_clauses(runs: pd.DataFrame) -> list[str]:
     """Per device and ceiling dtype: the run's ceiling, the matmul it came from and each framework's own best."""
     if "ceiling_flops_measured" not in runs or runs["ceiling_flops_measured"].notna().sum() == 0:
         return []
@@ -139,6 +139,5 @@ def ceiling_sentences(runs: pd.DataFrame) -> list[str]:
         made = (f"of the run's {len(g)} timings of a {size}, one per cell" if timings == len(g) else
                 f"of the run's {timings} timing{'s' if timings > 1 else ''} of a {size}, which its cells share")
         best = _three_digits(g["ceiling_flops_measured"].max() / 1e12)
-        out.append(f"MFU is measured against one ceiling per device and dtype, the same for every framework: "
-                   f"{key[-1]}{device} {best} TFLOP/s, the best {made} (each framework's own best: {own}).")
+        out.append(f"{key[-1]}{device} {best} TFLOP/s, the best {made} (each framework's own best: {own})")
     return out

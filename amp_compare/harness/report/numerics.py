@@ -233,19 +233,6 @@ def _clean_streak(skipped: pd.Series) -> int:
     return int(runs.max()) if len(runs) else 0
 
 
-def growth_sentence(runs: pd.DataFrame, steps: pd.DataFrame) -> str:
-    """Whether the dynamic scale could have grown at all: it doubles after growth_interval clean steps."""
-    facts = growth_facts(runs, steps)
-    if facts is None:
-        return ""
-    interval, n = facts
-    if n <= interval:
-        return (f"The scale could not grow in this run: it doubles after {interval:,} consecutive clean steps and "
-                f"no cell had more than {n:,} in a row, so it could only back off.")
-    return (f"The scale could grow: it doubles after every {interval:,} consecutive clean steps, and a cell had "
-            f"{n:,} in a row.")
-
-
 def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:
     """Per framework x float16 precision (first seed): how many non-zero float32 reference gradient elements
     fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""
@@ -487,49 +474,23 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.Data
             "vit": vit_what_happened(history, headroom)}
 
 
-def op_dtype_facts(dtypes: pd.DataFrame, device: str, forced: tuple[str, ...] = ()) -> dict:
+def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
-    first mixed precision, `device`'s autocast; the op lists leave out the layers given to --fp32-layers, `forced`).
-    Empty when no mixed precision was audited."""
-    facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "torch_float32_ops": [],
-                   "torch_half_ops": [], "torch_both_ops": [], "keras_fc": "", "keras_loss": "", "torch_fc": "",
-                   "differing": {}, "keras_label": "Keras", "methods": audit_methods(dtypes), "forced": list(forced)}
+    first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited."""
+    facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
+                   "methods": audit_methods(dtypes)}
     if dtypes.empty:
         return facts
     first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & precisions.is_mixed(dtypes["precision"])]
     if first.empty:
         return facts
-    prec = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
-    facts["precision"] = prec
-    d = first[(first["precision"] == prec) & (first["phase"] == "forward")]
-    ops = d[~d["layer"].map(lambda name: any(name == f or name.startswith(f"{f}.") for f in forced))]
-    facts["torch_float32_ops"], facts["torch_half_ops"], facts["torch_both_ops"] = _torch_op_lists(ops)
-    if "model" in ops and ops["model"].nunique() > 1:  # each model's own lists: never one list merging two models'
-        facts["torch_ops_by_model"] = {m: _torch_op_lists(g) for m, g in ops.groupby("model", sort=True)}
-
-    def layer_dtype(fw: str, layer: str) -> str:
-        rows = d[(d["framework"] == fw) & (d["layer"] == layer) & ~d["op"].isin(["_to_copy", "Cast"])]
-        return ", ".join(sorted({x for v in rows["compute_dtype"] for x in v.split("+")}))
-
-    keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(d["framework"])), "tf")  # the first Keras column
+    facts["precision"] = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
     facts["inputs_recorded"] = recorded_inputs(dtypes)
-    facts.update(torch_fc=layer_dtype("torch", "fc"), keras_fc=layer_dtype(keras_fw, "fc"),
-                 keras_loss=layer_dtype(keras_fw, "loss"), torch_loss=layer_dtype("torch", "loss"),
-                 keras_label=_label(keras_fw))
     for p, table in dtype_side_by_side(dtypes).items():
         facts["differing"][p] = _differing_rows(table)
         if "model" in table:  # a two-model table: the rows counted per model as well
             facts["differing"][p]["models"] = {m: _differing_rows(g) for m, g in table.groupby("model", sort=False)}
     return facts
-
-
-def _torch_op_lists(d: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
-    """(ops that computed in float32 only, in the half dtype only, in both) of the torch audit rows `d`."""
-    torch_rows = d[(d["framework"] == "torch") & (d["op"] != "_to_copy")]
-    per_op = torch_rows.groupby("op")["compute_dtype"].agg(lambda s: {x for v in s for x in v.split("+")})
-    return (sorted(op for op, ds in per_op.items() if ds == {"float32"}),
-            sorted(op for op, ds in per_op.items() if "float32" not in ds),
-            sorted(op for op, ds in per_op.items() if "float32" in ds and len(ds) > 1))
 
 
 def _differing_rows(table: pd.DataFrame) -> dict:

@@ -31,7 +31,7 @@ from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
-from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling, with_run_ceiling
+from amp_compare.harness.report.hardware import ceiling_clauses, ceiling_limits, on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.settings_check import (
     adam_gap_text,
@@ -605,8 +605,9 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"],
                                                              speed.manifest_conditions(manifest)[0]),
                             "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
-                                                                 bool((ceiling_limits(full) != "").any()))},
-            "cpu_verdict": "" if parts.slowdown_explained else speed.flags_sentence(manifest["environment"]),
+                                                                 bool((ceiling_limits(full) != "").any()),
+                                                                 tuple(ceiling_clauses(ok_runs(runs))))},
+            "cpu_verdict": "" if parts.slower_on_cpu else speed.flags_sentence(manifest["environment"]),
             "machine_note": speed.machine_note(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
             **_answer_context(manifest, verdict_table)}
@@ -630,9 +631,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
-    forced = runs["cfg_fp32_layers"].map(nr.cfg_text) if "cfg_fp32_layers" in runs else pd.Series(dtype=str)
-    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"],
-                                    tuple(sorted({f for v in forced for f in v.split(",") if f})))
+    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
@@ -691,9 +690,8 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
         "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),
         "comparison": comparison, "init": init,
-        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"], comparison, summary["verdicts"],
-                                             {**manifest["environment"], "device": manifest["device"]},
-                                             tables.get("underflow", pd.DataFrame()), acc_stats)
+        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"],
+                                             numerics["underflow_table"] is not None)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
             summary["verdicts"]))],
     }

@@ -1,5 +1,5 @@
 """The Speed section's words: how throughput and warm-up are measured, what the CPU's flags do and do not say, and
-why a mixed mode was slower than fp32 only as far as the run's evidence (flags, the frameworks' log lines) goes."""
+the frameworks' own log lines on their half-precision path."""
 
 from __future__ import annotations
 
@@ -49,19 +49,17 @@ def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
     return list(out.values())
 
 
-def isa_limit(environment: dict) -> tuple[str, str]:
-    """(what the run did, what follows for a half format's arithmetic) where the run set the variables of
-    contract/env.py ISA_LIMIT_VARS (recorded as cpu_isa_limits), else ("", "")."""
+def isa_limit(environment: dict) -> str:
+    """What the run did where it set the variables of contract/env.py ISA_LIMIT_VARS (recorded as cpu_isa_limits),
+    else ""."""
     limits = str(environment.get("cpu_isa_limits") or "")
     if not limits:
-        return "", ""
+        return ""
     pairs = [part.split("=", 1) for part in limits.split(", ")]
     libraries = " and ".join(dict.fromkeys(ISA_LIMITED.get(name, name) for name, _ in pairs))
     if all(value.upper() in BELOW_AVX512.get(name, ()) for name, value in pairs):
-        return (f"kept {libraries} from AVX-512 ({limits})",
-                f"so {libraries} could not use those instructions, whatever the flags list")
-    return (f"kept {libraries} from some of the CPU's instructions ({limits})",
-            "so whether the frameworks could use it is not known here")
+        return f"kept {libraries} from AVX-512 ({limits})"
+    return f"kept {libraries} from some of the CPU's instructions ({limits})"
 
 
 def has_arithmetic(environment: dict, half: str) -> bool:
@@ -78,50 +76,20 @@ def flags_sentence(environment: dict) -> str:
         parts.append(f"{half} arithmetic {'listed (' + ', '.join(present) + ')' if present else 'not listed'}"
                      + ("" if present else f" ({' and '.join(names)} absent)"))
     f16c = "; F16C, present, only converts between float16 and float32" if "f16c" in flags else ""
-    did = isa_limit(environment)[0]
+    did = isa_limit(environment)
     limits = f" This run {did}: the flags are not what those libraries could use." if did else ""
     return (f"This CPU's flags: {'; '.join(parts)}{f16c}. Flags say what the CPU can compute, not which kernels a "
             f"framework ran.{limits}")
 
 
-def _range(values) -> str:
-    lo, hi = float(np.min(values)), float(np.max(values))
-    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
-
-
-def _slower_text(fmt: str, rows: pd.DataFrame, below: pd.DataFrame) -> str:
-    modes = "/".join(dict.fromkeys(below["precision"]))
-    return (f"{modes} ({fmt}) read below fp32's speed in {len(below)} of {len(rows)} {fmt} rows of the summary "
-            f"({_range(below['speedup_vs_fp32'])}): the training cells' wall time, not a speed verdict (the speed "
-            "trials decide speed).")
-
-
-def slowdown_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -> list[str]:
-    """Per half format with a training cells' row below fp32's throughput: how many, and what this run's evidence says
-    about why (the flags, the frameworks' own log lines), scoped to this run; nothing for a format never below 1×."""
-    mixed = table[precisions.is_mixed(table["precision"])]
-    if mixed.empty:
+def log_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -> list[str]:
+    """Where the summary has a mixed row: each framework log line about its half-precision path, quoted, with the
+    CPU's flags and any instruction limit of the run beside it, not a reading of it."""
+    if not precisions.is_mixed(table["precision"]).any():
         return []
-    half = mixed["precision"].map(lambda p: precisions.of(p).half)
-    did, follows = isa_limit(environment)
+    did = isa_limit(environment)
     out = []
-    for fmt in ("float16", "bfloat16"):
-        rows = mixed[half == fmt]
-        below = rows[rows["speedup_vs_fp32"] < 1]
-        if below.empty:
-            continue
-        text = _slower_text(fmt, rows, below)
-        if has_arithmetic(environment, fmt):
-            why = f"but this run {did}, {follows};" if did else "so they do not explain a slowdown:"
-            text += (f" This CPU's flags list {fmt} arithmetic, {why} the run did not record which kernels ran (a "
-                     "profile would).")
-        else:
-            text += (f" This CPU's flags list no {fmt} arithmetic ({' and '.join(ARITHMETIC_FLAGS[fmt])} absent), "
-                     f"so {fmt} work cannot have run on {fmt} units here; which kernels ran instead was not "
-                     "recorded" + (", except where a framework said so below." if any(line.half == fmt for line in logs)
-                                  else "."))
-        out.append(text)
-    for line in logs:  # the framework's record of its path, quoted; the CPU's flags beside it, not a reading of it
+    for line in logs:
         flags = log_line_flags(line.text, environment.get("cpu_amp_flags", ""))
         limit = f"; and this run {did}: the line does not say which of the two made it fall back" if did else ""
         out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own "
@@ -145,20 +113,22 @@ def timing_paragraph(warmup: int, cells: str = "") -> str:
             "\"First step's extra time\" is the first step's time beyond the median step (ms).")
 
 
-def hardware_paragraph(emulated: bool, limited: bool = False) -> str:
+def hardware_paragraph(emulated: bool, limited: bool = False, ceilings: tuple[str, ...] = ()) -> str:
     """The Hardware efficiency table's paragraph (`emulated`: some cell is measured against the fp32 ceiling for
-    want of its format's arithmetic; `limited`: because the run kept the frameworks from its instructions)."""
+    want of its format's arithmetic; `limited`: because the run kept the frameworks from its instructions;
+    `ceilings`: the run's ceilings, hardware.ceiling_clauses)."""
     text = ("Per cell: the median-step throughput beside the headline's wall-time one, training FLOPs per image "
             "(counted once from the layer shapes both frameworks share), the FLOP/s achieved over the timed steps' "
             "wall time, and MFU: that rate over the run's one FLOP/s ceiling per device and dtype, the best matmul "
-            "of one fixed size timed by any cell of the run, in either framework (the Summary names it and each "
-            "framework's own best), so both frameworks are measured against the same ceiling; where the device is "
-            "in the data-sheet table, MFU against that ceiling too. The verdict host-bound / compute-bound comes "
-            "from how throughput moved with the batch size; without --batch-sizes it is \"undetermined\", or "
-            "\"compute-bound\" with its rule beside it (MFU ≥ 50%). \"Warm-up steps' extra time\" is what the "
-            "warm-up steps took beyond as many median steps (ms), whatever it went to (first-call setup, tracing "
-            "or compilation where the loop compiles); a timing note marks a wall-time figure more than 10% from "
-            "the median-step one.")
+            "of one fixed size timed by any cell of the run, in either framework, so both frameworks are measured "
+            "against the same ceiling; where the device is in the data-sheet table, MFU against that ceiling too.")
+    if ceilings:
+        text += f" This run's ceiling{'s' if len(ceilings) > 1 else ''}: {'; '.join(ceilings)}."
+    text += (" The verdict host-bound / compute-bound comes from how throughput moved with the batch size; "
+             "without --batch-sizes it is \"undetermined\", or \"compute-bound\" with its rule beside it (MFU ≥ "
+             "50%). \"Warm-up steps' extra time\" is what the warm-up steps took beyond as many median steps (ms), "
+             "whatever it went to (first-call setup, tracing or compilation where the loop compiles); a timing note "
+             "marks a wall-time figure more than 10% from the median-step one.")
     if emulated:
         text += (" Where the CPU's flags list no arithmetic for a half format, that format's cells are measured "
                  "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because "

@@ -147,7 +147,9 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
             interval, n = facts.growth
             text += f": after {interval:,} clean steps in a row the scale doubles"
             text += (f". No dynamically scaled cell had more than {n:,} clean steps in a row, so in this run the "
-                     "scale could not grow, only back off." if n <= interval else ".")
+                     "scale could not grow, only back off." if n <= interval else
+                     f". A dynamically scaled cell had {n:,} clean steps in a row, so in this run the scale could "
+                     "grow.")
         out.append(text + ("" if facts.growth else "."))
     for name in facts.ran(loss_scaling="static"):
         keras = "; Keras: the optimizer's loss_scale_factor" if facts.keras else ""
