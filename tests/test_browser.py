@@ -54,9 +54,11 @@ def _check_page(driver, page: Path) -> dict:
     return {"images": len(images), "links": len(links)}
 
 
-# Page and every table, figure and code block: scrollWidth against clientWidth (the page scrolls sideways, or a
-# table is wider than the column it sits in, when a cell holds an unbreakable name).
+# Page and every table, figure and code block, collapsed sections opened: scrollWidth against clientWidth (the
+# page scrolls sideways, or a table is wider than the column it sits in, when a cell holds an unbreakable name).
 LAYOUT_JS = """
+const closed = Array.from(document.querySelectorAll('details:not([open])'));
+closed.forEach(d => { d.open = true; });  // collapsed sections are measured too, as a reader who opens them sees them
 const doc = document.documentElement;
 const inner = el => { const s = getComputedStyle(el);
   return el.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); };
@@ -67,8 +69,9 @@ const wide = Array.from(document.querySelectorAll('table, figure, pre')).map(el 
   return [el.tagName + ' in ' + (where || section), Math.round(el.getBoundingClientRect().width),
           Math.round(inner(el.parentElement)), el.scrollWidth, el.clientWidth];
 }).filter(([_, width, room, scroll, client]) => width > room + 1 || scroll > client + 1);
-return {page: [doc.scrollWidth, doc.clientWidth], wide: wide, tables: document.querySelectorAll('table').length,
-        viewport: window.innerWidth};
+const page = [doc.scrollWidth, doc.clientWidth];
+closed.forEach(d => { d.open = false; });
+return {page: page, wide: wide, tables: document.querySelectorAll('table').length, viewport: window.innerWidth};
 """
 
 
