@@ -51,6 +51,28 @@ def test_loss_scale_title_names_fp16_static_when_the_run_had_it():
     plt.close(grid.figure)
 
 
+def test_a_skipped_steps_x_is_drawn_above_the_lines_markers():
+    """The lab audit's loss_scale.png: the lines' staggered square markers hid the X of half the skipped steps."""
+    steps = _steps(precisions=("fp16",))
+    steps.loc[steps["step"] == 7, "skipped"] = True
+    grid = loss_scale_grid(steps)
+    crosses = [c for c in grid.ax.collections if len(c.get_offsets())]
+    assert crosses and all(c.get_zorder() > line.get_zorder() for c in crosses for line in grid.ax.lines)
+    plt.close(grid.figure)
+
+
+def test_the_loss_curves_caption_counts_its_panels(tmp_path):
+    """The lab audit: "One panel per framework" under a figure with a panel per framework and model."""
+    from amp_compare.harness.report import figures
+
+    one, two = _steps(precisions=("fp32",)).assign(model="simple_cnn"), []
+    two = pd.concat([one, one.assign(model="vit")])
+    for steps, panels in ((one, "One panel per framework;"), (two, "One panel per framework and model;")):
+        (fig,) = figures._curve_figures(steps, pd.DataFrame(), tmp_path)
+        assert fig.caption.startswith(panels), fig.caption
+    plt.close("all")
+
+
 def test_coinciding_loss_curves_stay_distinguishable():
     steps = _steps()  # six identical curves: what a tiny run from shared weights draws
     fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,

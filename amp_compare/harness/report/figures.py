@@ -361,7 +361,7 @@ def loss_scale_grid(scaled: pd.DataFrame):
     for ax, part in _per_panel(grid, df[df["skipped"]]):
         if not part.empty:
             sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
-                            marker="X", s=60, legend=False, ax=ax)
+                            marker="X", s=60, legend=False, ax=ax, zorder=4)  # above the lines' own markers
     _log2_axis(grid, df["log2_scale"])
     present = [p for p in precisions.scaled_names() if p in set(scaled["precision"])]
     kinds = "; ".join(f"{p}: {precisions.SCALING_WORDS[precisions.of(p).loss_scaling]}" for p in present)
@@ -523,8 +523,10 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, lef
         overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
                    f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
                    "markers show each one." if gap is not None and gap < 0.02 else "")
+        panels = " and ".join(["framework"] + [k for k in ("machine", "model", "dataset")
+                                                if k in steps and steps[k].nunique() > 1])
         figures.append(Figure("loss_curves", "accuracy", "Training loss per step",
-                              "One panel per framework; each line is one precision, the median over seeds of the "
+                              f"One panel per {panels}; each line is one precision, the median over seeds of the "
                               "loss at each step, all from the same initial weights, with its own marker; no band "
                               "is drawn." + overlap + left,
                               "Line charts of per-step training loss, one panel per framework, one line per "
