@@ -161,12 +161,16 @@ def test_the_loss_scaling_lab_without_bf16_explains_only_its_own_modes(tmp_path)
             "exactly zero in the real float16 backward (no loss scaling); most (30 of 31) were in conv1.weight, then "
             "fc.weight (1).") in happened
     assert ("PyTorch fp16, after the last step (the first batch again): the largest |parameter gradient| was below "
-            "2^-4; times the scale the scaler held after that step (2^15) below 2^11 — a bound on the parameter "
-            "gradients at this probe only, not on other steps' nor on the intermediate tensors of the backward, "
-            "where overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), so it does "
-            "not say whether a step overflowed. The step records: no update of "
+            "2^-4; times the scale the scaler held after that step (2^15) below 2^11 — a bound, like each below, on "
+            "the parameter gradients at its probe only, not on other steps' nor on the intermediate tensors of the "
+            "backward, where overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), "
+            "so it does not say whether a step overflowed. The step records: no update of "
             "264 was skipped (no overflow at the scale then in use); the last step (step 263, counting from 0) ran "
             "at 2^15 and was not skipped.") in happened
+    # the caveat is said once (audit T7: four times verbatim); the other cells' sentences keep their numbers
+    assert happened.count("not on other steps'") == 1, happened
+    assert "fp16-static, after the last step (the first batch again): the largest |parameter gradient| was below " \
+           "2^-4; times the scale the scaler held after that step (2^10) below 2^6. The step records:" in happened
     assert "nothing overflowed" not in html
     # the accuracies with and without scaling carry the Accuracy section's paired test against fp32
     assert "PyTorch: validation accuracy " in scaling and "with dynamic loss scaling (against fp32: " in scaling \
@@ -231,6 +235,20 @@ def test_lost_elements_spread_thinly_are_counted_not_called_most():
     assert "most (" not in said and "most were" not in said, said
     assert said.endswith("they were spread over 3 layers, none holding most of them: a.weight (1), b.weight (1), "
                          "c.weight (1)."), said
+
+
+def test_zeros_by_cancellation_at_the_scale_are_counted_apart_from_the_lost():
+    """Audit F10: "none of the 29,005 non-zero gradient elements came out exactly zero ... at the scale" beside a
+    table whose "cancelled at that scale only" column held 1 of them."""
+    from amp_compare.harness.report import numerics
+
+    rows = [{"framework": "tf", "precision": "fp16", "seed": 0, "when": "last step", "loss_scale": 32768.0,
+             "layer": "conv2", "param": "weight", "nonzero": 18432, "lost_fraction_mixed_scaled": 0.0,
+             "lost_fraction_mixed_unscaled": 0.0, "cancelled_fraction_mixed_scaled": 1 / 18432}]
+    (said,) = numerics.lost_sentences(pd.DataFrame(rows))
+    assert said == ("Keras (TF) fp16, after the last step: none of the 18,432 non-zero gradient elements came out "
+                    "exactly zero in the real float16 backward both at the scale held after the last step (2^15) and "
+                    "without it (lost); 1 (0.005%) did only at the scale (float16 cancellation)."), said
 
 
 def test_the_dtype_audit_counts_the_rows_that_differ_instead_of_saying_every_row_should_match():

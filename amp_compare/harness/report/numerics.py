@@ -274,8 +274,8 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
     float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
     hist = gradient_histogram(underflow)
     per = [k for k in _per_model(underflow) if k in hist]
-    out = []
-    for key, g in hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False):
+    out, groups = [], list(hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False))
+    for key, g in groups:
         fw, prec = key[-2:]
         top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
         bound = 2.0 ** (top + 1) * scale  # |g| < 2^(top+1), so |g| x scale is below this
@@ -289,12 +289,18 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
         record = _cell_record(steps, rows)
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
-                   f"|parameter gradient| was below 2^{top + 1}{scaled}{reach} — a bound on the parameter gradients "
-                   "at this probe only, not on other steps' nor on the intermediate tensors of the backward, where "
-                   "overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), so it does "
-                   "not say whether a step overflowed"
+                   f"|parameter gradient| was below 2^{top + 1}{scaled}{reach}"
+                   + ("" if out else _bound_caveat(len(groups)))
                    + (f". {record}" if record else "") + ".")
     return out
+
+
+def _bound_caveat(n: int) -> str:
+    """What headroom_sentences' bound does not bound, said once, in the first of its `n` sentences."""
+    return (f" — a bound{', like each below,' if n > 1 else ''} on the parameter gradients at "
+            f"{'its' if n > 1 else 'this'} probe only, not on other steps' nor on the intermediate tensors of the "
+            "backward, where overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), "
+            "so it does not say whether a step overflowed")
 
 
 def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
@@ -383,7 +389,8 @@ def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     """Where the elements lost in the real float16 backward (exact zeros where the float32 reference is not
-    zero) were, by layer, per framework x float16 mode at the last step (first seed)."""
+    zero; at a scale, zero without it too) were, by layer, per framework x float16 mode at the last step (first
+    seed), with the count of those zero only at the scale (cancellation) apart."""
     if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
         return []
     sel = _float16_probe(underflow)
@@ -397,11 +404,16 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
             continue
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
-        at = f" at the scale held after the last step ({phrases.power(scale)})" if scale != 1 else " (no loss scaling)"
+        at = (f" both at the scale held after the last step ({phrases.power(scale)}) and without it (lost)"
+              if scale != 1 else " (no loss scaling)")
         counted = (f"none of the {nonzero:,} non-zero gradient elements" if total == 0 else
                    f"{total:,} of the {nonzero:,} non-zero gradient elements ({phrases.share(total / nonzero)})")
+        gone = (g["cancelled_fraction_mixed_scaled"].fillna(0) * g["nonzero"]).round().sum() \
+            if scale != 1 and "cancelled_fraction_mixed_scaled" in g else 0
         out.append(f"{who}{_label(fw)} {prec}, after the last step: {counted} came out exactly zero in the real "
-                   f"float16 backward{at}" + (f"; {_where_lost(g, lost, total)}." if total else "."))
+                   f"float16 backward{at}" + (f"; {_where_lost(g, lost, total)}" if total else "")
+                   + (f"; {int(gone):,} ({phrases.share(gone / nonzero)}) did only at the scale (float16 cancellation)."
+                      if gone else "."))
     return out
 
 
