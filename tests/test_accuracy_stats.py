@@ -146,7 +146,9 @@ def test_the_machine_note_is_one_line_from_the_recorded_checks():
                                           "ran) read 3.0–31.0 ms, median 3.1 ms.")
     # cells at once: no check between them, and the note does not say there was one
     at_once = {"calibrations": [{"when": w, "ms": 6.0} for w in ("before the matrix", "after the matrix")]}
-    assert "timed before and after the cells, while no cell ran" in speed.machine_note(at_once)
+    assert speed.machine_note(at_once) == ("How busy the machine was: 2 calibration checks (a fixed 256×256 float32 "
+                                           "matmul timed while no cell ran) read 6.0 ms before the cells and 6.0 ms "
+                                           "after them.")  # two: in order, no median
     old = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0}  # recorded before the checks between cells
     assert "2 calibration checks" in speed.machine_note(old) and "\n" not in speed.machine_note(old)
 

@@ -40,6 +40,10 @@ def test_the_faster_precision_is_used_a_slower_one_never(tmp_path):
                                                  ("tf", "bf16"): 1.0}))
     assert _choice(both, "torch") == ("fp32", "all_slower")  # said as what was measured, not as "none faster"
     assert _choice(both, "tf") == ("fp32", "none_faster")
+    # the reason names its instrument: the training cells may have measured otherwise by wall time
+    said = answer.render(both, "text")
+    assert "PyTorch: use fp32 (every mixed precision slower in the speed trials)" in said
+    assert "Keras (TF): use fp32 (none faster in the speed trials with accuracy kept)" in said
 
 
 def test_a_faster_precision_that_lost_accuracy_or_diverged_is_not_used(tmp_path):

@@ -447,14 +447,14 @@ def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_pa
         plt.close(fig)
     assert figures.busy_cells(t["run"], None).empty  # no trials: nothing said
     # cells at another thread count than their trial (one each, at once, beside a trial with more): not judged,
-    # and the captions say so instead of keeping silent
+    # and with no mark to explain the captions say nothing of busy cells
     more = trials.assign(threads=trials["threads"] + 1)
-    assert figures.busy_cells(t["run"], more).empty and figures.unjudged_text(t["run"], trials) == ""
-    said = figures.unjudged_text(t["run"], more)
-    assert said.startswith(" Whether the machine was busy while a cell ran is not judged here") and "no trial's" in said
+    assert figures.busy_cells(t["run"], more).empty
     made = {f.key: f for f in figures.make_figures(t["run"], nothing, nothing, tmp_path / "g", trials=more)}
-    assert said in made["throughput"].caption and "Ran while the machine was busy" not in made["throughput"].caption
-    assert figures.unjudged_text(t["run"], None) == ""
+    tta = figures.make_time_to_accuracy_figure(t["run"], t["epochs"], accuracy_statistics(t["run"], t["epochs"]),
+                                               tmp_path / "g", more)
+    for caption in (made["throughput"].caption, tta.caption):
+        assert "busy" not in caption and "thread" not in caption, caption
     assert figures.busy_text(figures.busy_cells(t["run"], None), "") == ""
 
 

@@ -272,3 +272,26 @@ def test_the_numerics_cell_says_skipped_updates_beside_finite_losses():
                         high=float("nan"), unit="steps", margin=float("nan"), evidence="{}")
     assert phrases.cell(v) == "finite losses, 1 skipped update (median)"
     assert phrases.cell(SimpleNamespace(**{**vars(v), "estimate": 0.0})) == "finite losses"
+
+
+def test_the_speed_section_and_records_say_what_the_run_holds(tmp_path):
+    """An outside audit: the trials table's step columns read as the speed's quotient, "Images/s (median step)" twice
+    (Speed timing and Hardware tables), the Records line leaving out the tables the verdicts rest on, and the
+    glossary's "CPU contended" naming another process where the rule reads the process's own CPU share."""
+    from amp_compare.harness.report import phrases
+
+    run_dir = write_run(tmp_path, frameworks=("torch",), seeds=(0, 1))
+    trials = _trials(run_dir, {("torch", "fp16"): 0.5, ("torch", "bf16"): 0.9})
+    records.atomic_write_table(run_dir / "trials" / "t" / "trials.parquet", trials)
+    render.render(run_dir, figures=False)
+    page, md = (run_dir / "index.html").read_text(), (run_dir / "summary.md").read_text()
+    assert "the step columns are each precision's own median step, so their quotient need not equal it" in page
+    assert page.count("Images/s from p50") == 1 and "Images/s (median step)" not in page
+    assert "Images/s (median step)" in md  # summary.md has no timing table: it keeps the column
+    said = page[page.index("Records in data/"):].split("</p>")[0]
+    for name in ("run", "epochs", "steps", "trials", "verdicts"):
+        assert f'href="data/{name}.csv"' in said, said
+    rule = "much less CPU than its own best blocks (or its threads) allowed"
+    assert rule in page  # the Speed section's rule, and the glossary's word for it
+    v = _verdicts(run_dir, trials).assign(reason="contended")
+    assert f"\"CPU contended\": in some of the trial's blocks the process got {rule}" in phrases.glossary(v)[1][1]

@@ -23,7 +23,6 @@ from amp_compare.contract.config import (  # noqa: E402
     display_order,
     framework_label,
 )
-from amp_compare.harness.common import threads_text  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
@@ -397,20 +396,6 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     return pd.Series(slowdown[busy].to_numpy(dtype=float), index=cells.loc[busy, "cell_id"]).sort_index()
 
 
-def unjudged_text(runs: pd.DataFrame, trials: pd.DataFrame | None) -> str:
-    """The caption's sentence where no cell could be judged (BUSY_SLOWDOWN needs a speed trial at the cell's own
-    thread count; cells at once with one thread beside trials with more have none): "" where some could be, or
-    where the run has no trials (then no caption speaks of busy cells)."""
-    ok = ok_runs(runs)
-    if trials is None or trials.empty or "threads" not in trials or "cfg_threads" not in ok or ok.empty:
-        return ""
-    if set(ok["cfg_threads"].dropna().astype(int)) & set(trials["threads"].dropna().astype(int)):
-        return ""
-    return (f" Whether the machine was busy while a cell ran is not judged here: the cells ran with "
-            f"{threads_text(ok['cfg_threads'].dropna())}, the speed trials with "
-            f"{threads_text(trials['threads'].dropna())}, so no trial's step is theirs to compare with.")
-
-
 def busy_text(busy: pd.Series, what: str) -> str:
     """The caption's sentence naming the busy cells ("" when none was)."""
     if busy.empty:
@@ -435,9 +420,8 @@ def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Se
 
 
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
-                        busy: pd.Series, unjudged: str) -> list[Figure]:
-    """The Speed section: throughput per precision (a † on labels resting on a busy cell; `unjudged`:
-    unjudged_text)."""
+                        busy: pd.Series) -> list[Figure]:
+    """The Speed section: throughput per precision (a † on labels resting on a busy cell)."""
     table = table.assign(speed_label=_busy_marks(table, ok, busy))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label"), out_dir, "throughput")
@@ -448,7 +432,7 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, sp
                    "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
                    "took, not a speed verdict (those come from the speed trials, in the tables above)."
                    + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
-                               "than about the precision.") + unjudged + spread + sweep_note,
+                               "than about the precision.") + spread + sweep_note,
                    "Bar chart of training images per second for each framework and precision mode.")]
 
 
@@ -620,8 +604,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     if emulated.any():
         sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
-    return [*_throughput_figures(ok, table, out_dir, spread, sweep_note, busy_cells(ok, trials),
-                                unjudged_text(ok, trials)),
+    return [*_throughput_figures(ok, table, out_dir, spread, sweep_note, busy_cells(ok, trials)),
             *_memory_figures(ok, table, out_dir, spread, device, notes),
             *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
@@ -906,7 +889,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
                   f"the training time spent so far. {target_text}"
                   + busy_text(busy_cells(ok, trials), "their lines' times say more about the machine than about the "
-                              "precision.") + unjudged_text(ok, trials) + " Panels: " + "; ".join(panels) + ".",
+                              "precision.") + " Panels: " + "; ".join(panels) + ".",
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
 

@@ -729,13 +729,15 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     # data/run: each cell's MFU against the run's one ceiling per device and dtype, as the report prints it
     records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
                           if "run" in tables else tables)
+    held = [name for name, df in tables.items() if df is not None and not df.empty] + ["verdicts"]  # data/'s
     tables = {**tables, "trials": read_trials(run_dir, tables)}
     # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
     single, every = dataparallel.split(tables)
     parallel = _data_parallel_context(every, manifest) if every else {}
     said = dataparallel.verdict_rows((parallel.get("data_parallel") or {}).get("rows"))
     context = {**_page_context(run_dir, manifest, single, draw, said), "data_parallel": None,
-               "sections": dataparallel.sections(SECTIONS, None), **parallel}  # no Data parallel link without it
+               "sections": dataparallel.sections(SECTIONS, None), **parallel,  # no Data parallel link without it
+               "records": held}
     if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
         context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
                               "cells are in the Data parallel section.")

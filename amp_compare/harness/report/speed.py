@@ -181,8 +181,12 @@ def machine_note(environment: dict) -> str:
     between = isinstance(listed, list) and any(str(c.get("when", "")).startswith("after ") and
                                                c.get("when") != "after the matrix" for c in listed)
     where = "before the cells, between them and after them" if between else "before and after the cells"
-    return (f"How busy the machine was: {len(ms)} calibration checks (a fixed {SIZE}×{SIZE} float32 matmul timed "
-            f"{where}, while no cell ran) read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms.")
+    if len(ms) == 2:  # in order: a median of two would hide which way it went
+        where, read = "", f"read {ms[0]:.1f} ms before the cells and {ms[1]:.1f} ms after them"
+    else:
+        where, read = f" {where},", f"read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms"
+    return (f"How busy the machine was: {len(ms)} calibration checks (a fixed {SIZE}×{SIZE} float32 matmul timed"
+            f"{where} while no cell ran) {read}.")
 
 
 def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:

@@ -123,14 +123,16 @@ IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch",
 def split_summary(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """The formatted summary as (the summary table, the hardware-efficiency table, the loop text): both tables
     with the identity columns, less Step and Batch where every row has the same one (the loop text names it)."""
-    # the median-step throughput sits with the timing note that compares it with the wall-time headline
-    hardware = [c for c in ("Images/s (median step)", *HARDWARE_COLUMNS) if c in summary]
+    # the page's Speed timing table gives the median-step throughput ("Images/s from p50"); summary.md, without
+    # that table, keeps it
+    hardware = [c for c in HARDWARE_COLUMNS if c in summary]
     constant = [c for c in ("Step", "Batch") if c in summary and summary[c].nunique() == 1]
     loop = {"Step": "{} step loop", "Batch": "batch size {}"}
     text = ", ".join(loop[c].format(summary[c].iloc[0]) for c in constant)
     identity = [c for c in IDENTITY_COLUMNS if c in summary and c not in constant]
     lean = [c for c in identity if c in ("Framework", "Precision") or summary[c].nunique() > 1]  # fits the page
-    return summary.drop(columns=hardware + constant), summary[lean + hardware], text
+    p50 = [c for c in ("Images/s (median step)",) if c in summary]
+    return summary.drop(columns=hardware + constant + p50), summary[lean + hardware], text
 
 
 def _fmt(value, spec, suffix=""):

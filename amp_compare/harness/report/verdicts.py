@@ -53,7 +53,8 @@ REASONS = {
     "within_5pct": "the ratio's 95% interval lies within ±5% of 1",
     "interval_too_wide": "the 95% interval is wider than the margin and includes no change",
     "no_interval": "a single measurement: no interval",
-    "contended": "another process used the CPU during some of the trial's blocks",
+    "contended": "in some of the trial's blocks the process got much less CPU than its own best blocks (or its "
+                 "threads) allowed",
     "no_trial": "the run timed no speed trial",
     "emulated": "fp8 off a GPU: an emulation's time and memory are not fp8's",
     "above_resolution": "every seed's difference exceeds what one precision's seeds varied by",
