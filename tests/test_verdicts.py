@@ -133,6 +133,20 @@ def test_memory_is_decided_only_where_every_seed_exceeds_the_spread(tmp_path):
     assert (bf16.status, bf16.reason) == ("larger", "above_resolution")
 
 
+def test_memory_is_judged_against_fp32s_and_its_own_seeds_not_another_precisions(tmp_path):
+    # an outside audit found bf16's +7.2/+8.6/+8.3 MiB "undecided (within the seed-to-seed spread, up to 28.7 MiB)":
+    # fp16's spread, while fp32's seeds varied by 0.1 MiB and bf16's by 1.5 MiB
+    from amp_compare.harness.report import phrases
+
+    memory = {("torch", "fp32"): [100.0, 100.1, 100.05], ("torch", "fp16"): [120.0, 148.7, 130.0],
+              ("torch", "bf16"): [107.2, 108.7, 108.4]}
+    v = _verdicts(write_run(tmp_path, frameworks=("torch",), memory=memory))
+    fp16, bf16 = _one(v, "torch", "fp16", "memory"), _one(v, "torch", "bf16", "memory")
+    assert fp16.margin == pytest.approx(28.7, abs=0.01) and bf16.margin == pytest.approx(1.5, abs=0.01)
+    assert (bf16.status, bf16.reason) == ("larger", "above_resolution")
+    assert phrases.reason(bf16) == "every seed beyond fp32's and bf16's seed-to-seed spreads, up to 1.5 MiB"
+
+
 def test_no_rule_reads_a_sentence():
     """The verdict module decides from numbers and flags: no string prefix test, no regex, no count kept as text."""
     tree = ast.parse((REPORT / "verdicts.py").read_text())
@@ -220,6 +234,8 @@ def test_the_glossary_explains_exactly_the_verdict_words_the_run_prints(tmp_path
     assert "\"failed\"" not in words and "failed" not in set(v["status"])  # a word the page does not print: not here
     assert "\"finite losses\" (the Numerics column)" in words  # what the Numerics column prints for "same"
     assert all(verdicts.REASONS[r] in reasons for r in set(v["reason"]))
+    # "same" with one seed rests on no image differing (no seed range measured): the glossary's "same" says so
+    assert "or none: every validation image classified as fp32 classified it, in the seeds run" in words
     render.render(run_dir, figures=False)
     assert "Verdict words" in (run_dir / "index.html").read_text()
 

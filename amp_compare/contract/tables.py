@@ -160,7 +160,8 @@ TABLES["verdicts"] = _columns(
     ("low", "float", "", "the interval's low end (the estimate's unit); NaN where none"),
     ("high", "float", "", "the interval's high end; NaN where none"),
     ("margin", "float", "", "what 'same' is judged against: speed and time to target ±this fraction of 1; accuracy "
-     "± fp32's seed-to-seed range of final validation accuracy in pp (measured; NaN with one fp32 seed)"),
+     "± fp32's seed-to-seed range of final validation accuracy in pp (measured; NaN with one fp32 seed); memory: the "
+     "larger of fp32's and the mixed precision's seed-to-seed peak spreads in MiB (NaN with one seed)"),
     ("unit", "str", "", "x fp32 speed, x fp32 time, MiB, pp, steps, scale, elements"),
     ("interval_kind", "str", "", "verdicts.INTERVAL_KINDS: hodges-lehmann 95%, newcombe 95%, bootstrap 95%, ..."),
     ("status", "str", "", "verdicts.STATUSES"), ("reason", "str", "", "verdicts.REASONS"),

@@ -474,8 +474,9 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
                        "percentage.") + " fp32's bars read +0%: the reference the others are measured against."
                    + " On a CPU this is the process's resident memory, which includes framework workspaces, so "
                    "half-precision activations need not make it smaller."
-                   + (" \"undecided\": some seed's difference from fp32 is within what one precision's seeds differed "
-                      "by, or one seed ran (the per-model tables above give the difference in MiB)." if unresolved
+                   + (" \"undecided\": some seed's difference from fp32 is within what fp32's or its own seeds"
+                      " differed by, or one seed ran (the per-model tables above give the difference in MiB)."
+                      if unresolved
                       else "") + not_drawn + spread,
 
                    "Bar chart of peak training memory in MiB for each framework and precision mode.")]

@@ -1,30 +1,22 @@
 """The Memory words: a peak-memory difference against fp32 only where the run resolves it.
 
-The run's resolution is the largest spread among one precision's seeds (same framework, model, dataset, loop); a
-mixed precision's difference is resolved only where every seed's paired difference exceeds it in the same
-direction, and the median of those differences is printed. One seed: resolution unknown, difference unresolved."""
+A mixed precision's resolution is the larger spread of the cells it is compared over: fp32's seeds and its own
+(same framework, model, dataset, loop); its difference is resolved only where every seed's paired difference exceeds
+it in the same direction, and the median of those differences is printed. One seed: resolution unknown."""
 
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 MIB = 2**20
 
 
-def resolution_mib(group: pd.DataFrame) -> float:
-    """The largest max−min peak memory (MiB) among one precision's seeds, over the precisions of one framework's
-    comparison group; NaN where no precision ran two seeds with a reading."""
-    spreads = [float(v.max() - v.min()) / MIB for _, v in group.groupby("precision")["peak_memory_bytes"]
-               if v.notna().sum() >= 2]
-    return max(spreads, default=float("nan"))
-
-
-def resolutions(ok: pd.DataFrame, keys: list[str]) -> dict[tuple, float]:
-    """{group key: resolution in MiB} for every comparison group of the ok run table (`keys` ends in
-    "framework"): the spread of the group's own seeds, NaN for one seed."""
-    return {k if isinstance(k, tuple) else (k,): resolution_mib(g)
-            for k, g in ok.groupby(keys, sort=False, dropna=False)} if not ok.empty else {}
+def resolution_mib(pairs) -> float:
+    """The larger max−min peak memory (MiB) of fp32's and the mixed precision's seeds, over (fp32 row, mixed row)
+    pairs with both readings; NaN under two such pairs."""
+    both = [(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs
+            if np.isfinite(a.peak_memory_bytes) and np.isfinite(b.peak_memory_bytes)]
+    return float(np.ptp(both, axis=0).max()) / MIB if len(both) >= 2 else float("nan")
 
 
 def paired_differences_mib(pairs) -> list[float]:

@@ -24,8 +24,8 @@ REASON = {  # a few words each, after "because" or in brackets
     "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
     "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
     "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
-    "above_resolution": "every seed beyond the seed-to-seed spread, up to {margin:,.1f} MiB",
-    "unresolved_memory": "within the seed-to-seed spread, up to {margin:,.1f} MiB",
+    "above_resolution": "every seed beyond {spreads} seed-to-seed spreads, up to {margin:,.1f} MiB",
+    "unresolved_memory": "within {spreads} seed-to-seed spreads, up to {margin:,.1f} MiB",
     "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
     "within_floor": "fp32 seeds {margin:.2f} pp apart", "no_floor": "one fp32 seed: no seed range",
     "no_image_differed": "no image differed",
@@ -64,7 +64,9 @@ def reason(v) -> str:
     """The verdict's reason in a few words, with its measured margin where the reason quotes one, and the option
     that would decide it where DECIDES has one."""
     option = DECIDES.get((getattr(v, "metric", ""), v.reason))
-    return REASON[v.reason].format(margin=getattr(v, "margin", float("nan"))) + (f": {option}" if option else "")
+    spreads = f"fp32's and {v.precision}'s" if hasattr(v, "precision") else "fp32's and its"  # memory's margin
+    return REASON[v.reason].format(margin=getattr(v, "margin", float("nan")), spreads=spreads) + (
+        f": {option}" if option else "")
 
 
 # the tables' column headers: a ratio column says once what its numbers are multiples of
@@ -217,8 +219,9 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
     statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))
     if ((verdicts["metric"] == "numerics") & (verdicts["status"] == "same")).any():  # cell() words it so
         statuses += f"; \"finite losses\" (the Numerics column): {REASONS['all_finite']}"
-    reasons = "; ".join(f"\"{re.sub(r'{margin[^}]*}', 'X', REASON[r])}\": {REASONS[r]}"
-                        for r in dict.fromkeys(verdicts["reason"]))
+    words = {r: re.sub(r"{margin[^}]*}", "X", REASON[r]).replace("{spreads}", "fp32's and its")
+             for r in dict.fromkeys(verdicts["reason"])}
+    reasons = "; ".join(f"\"{w}\": {REASONS[r]}" for r, w in words.items())
     return [("Verdict words", f"What each word in the per-model tables means. {statuses}."),
             ("Verdict reasons", f"Why a verdict is what it is, in brackets beside it. {reasons}.")]
 

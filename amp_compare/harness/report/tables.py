@@ -363,12 +363,11 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "memory_low", "memory_high", "memory_note", "memory_difference_mib",
             "memory_resolution_mib", "memory_resolved"]
-    resolutions = memory.resolutions(ok, keys)
     rows = []
     for key, prec, pairs in _pairs(ok, keys) if not ok.empty else []:
         res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
         difference = memory.paired_difference_mib(pairs)
-        resolution = resolutions.get(key if isinstance(key, tuple) else (key,), float("nan"))
+        resolution = memory.resolution_mib(pairs)
         known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
         rows.append({**dict(zip(keys, key)), "precision": prec, "memory_low": res["low"] - 1,
                      "memory_high": res["high"] - 1, "memory_difference_mib": difference,

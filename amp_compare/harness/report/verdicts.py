@@ -24,12 +24,13 @@ STATUSES = {  # the closed set; the metric says which direction words apply
               "of 1× (speed: above it, as a multiple of fp32's speed; time to target: below it, of fp32's time)",
     "slower": "speed, time to target: mixed precision took more time than fp32, its 95% interval wholly on that side "
               "of 1× (speed: below it; time to target: above it)",
-    "smaller": "memory: a lower peak than fp32's in every seed, by more than one precision's seeds varied",
-    "larger": "memory: a higher peak than fp32's in every seed, by more than one precision's seeds varied",
+    "smaller": "memory: a lower peak than fp32's in every seed, by more than fp32's or its own seeds varied",
+    "larger": "memory: a higher peak than fp32's in every seed, by more than fp32's or its own seeds varied",
     "higher": "accuracy: more images right than fp32, the 95% interval excludes 0",
     "lower": "accuracy: fewer images right than fp32, the 95% interval excludes 0",
     "same": "no difference beyond the stated margin (speed, time: ±5%; accuracy: fp32's own seed-to-seed range, "
-            "measured in the run) or, numerics, trained finite",
+            "measured in the run, or none: every validation image classified as fp32 classified it, in the seeds "
+            "run) or, numerics, trained finite",
     "undecided": "measured, but the run cannot tell which way",
     "not_comparable": "nothing to compare (no trial, an emulation, a cut or too short run, no fp32 partner)",
     "failed": "the mixed cells did not finish",
@@ -57,8 +58,8 @@ REASONS = {
                  "threads) allowed",
     "no_trial": "the run timed no speed trial",
     "emulated": "fp8 off a GPU: an emulation's time and memory are not fp8's",
-    "above_resolution": "every seed's difference exceeds what one precision's seeds varied by",
-    "unresolved_memory": "some seed's difference is within what one precision's seeds varied by",
+    "above_resolution": "every seed's difference exceeds what fp32's seeds and the mixed precision's each varied by",
+    "unresolved_memory": "some seed's difference is within what fp32's or the mixed precision's seeds varied by",
     "no_resolution": "one seed: nothing to measure the noise by",
     "interval_excludes_0": "the paired test is significant and its 95% interval excludes 0",
     "within_floor": "the paired 95% interval lies within fp32's own seed-to-seed accuracy range (the margin column)",
