@@ -112,10 +112,11 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
     # the headroom sentences are said once, in the Numerics section's list beside the figure, not in its caption
     said = " ".join(numerics_said(pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame())["underflow"])
     assert ("PyTorch fp16, after the last step (the first batch again): the largest |parameter gradient| was below "
-            "2^-5; times the scale the scaler held after that step (2^15) below 2^10 — a bound on the parameter "
-            "gradients at this probe only") in said
+            "2^-5; times the scale the scaler held after that step (2^15) below 2^10 — a bound, like each below, on "
+            "the parameter gradients at its probe only") in said
+    assert said.count("a bound") == 1  # the caveat once, not per sentence
     assert "Keras (TF) fp16-noscale, after the last step (the first batch again): the largest |parameter gradient| " \
-           "was below 2^-5 — a bound" in said and "nothing overflowed" not in said
+           "was below 2^-5." in said and "nothing overflowed" not in said
     assert "largest |gradient|" not in fig.caption
     assert make_gradient_histogram_figure(pd.DataFrame(rows).assign(log2_hist="{}"), tmp_path) is None
 
