@@ -184,7 +184,10 @@ def test_the_floor_is_fp32s_seed_range_and_printed_beside_same(tmp_path):
 
     row = SimpleNamespace(metric="accuracy", estimate=0.1, low=-0.2, high=0.3, margin=0.8, unit="pp",
                           status="same", reason="within_floor", interval_kind="bootstrap 95%")
-    assert phrases.cell(row, why=False) == "+0.1 pp [-0.2, +0.3] same (fp32 seeds 0.80 pp apart)"
+    assert phrases.cell(row, why=False) == "+0.1 pp [-0.20, +0.30] same (fp32 seeds 0.80 pp apart)"
+    # the lab audit: "[0, +0.3] same (fp32 seeds 0.28 pp apart)", a bound printed past the margin it lies within
+    edge = SimpleNamespace(**{**vars(row), "estimate": 0.0929, "low": 0.0, "high": 0.278552, "margin": 0.278552})
+    assert phrases.cell(edge, why=False) == "+0.1 pp [0, +0.28] same (fp32 seeds 0.28 pp apart)"
 
 
 def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_extra_time(tmp_path):

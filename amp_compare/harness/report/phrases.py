@@ -79,12 +79,12 @@ def _ratio(v: float) -> str:
     return f"{v:.2f}×" if v >= 0.1 else f"{v:.3f}×"
 
 
-def pp_bound(value: float) -> str:
+def pp_bound(value: float, digits: int = 1) -> str:
     """One end of an accuracy interval in pp: exactly 0 prints as 0 (the interval includes no change), one that
     rounds to ±0.0 without being 0 gets a digit more (+0.03)."""
     if value == 0:
         return "0"
-    return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.1f}"
+    return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.{digits}f}"
 
 
 def number(v, interval: bool = True, of: bool = True) -> str:
@@ -96,7 +96,8 @@ def number(v, interval: bool = True, of: bool = True) -> str:
         text = _ratio(v.estimate) + (" fp32's" if of else "")
         low, high = (_ratio(v.low)[:-1], _ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
     elif v.unit == "pp":
-        text, low, high = f"{v.estimate:+.1f} pp", pp_bound(v.low), pp_bound(v.high)
+        digits = 2 if np.isfinite(getattr(v, "margin", np.nan)) else 1  # as the margin prints: within it, visibly
+        text, low, high = f"{v.estimate:+.1f} pp", pp_bound(v.low, digits), pp_bound(v.high, digits)
     elif v.unit == "MiB":
         text, low, high = f"{v.estimate:+,.{1 if abs(v.estimate) < 10 else 0}f} MiB", "", ""
     else:
