@@ -164,3 +164,75 @@ def test_bounds_round_down_and_tiny_shares_keep_a_digit():
     assert phrases._bound(65504 / 2**18, 4, up=False) == "0.2498"
     assert phrases._bound(65504 / 2**15, 4, up=False) == "1.999"
     assert phrases.share(1 / 28975) == "0.003%" and phrases.share(30 / 29000) == "0.10%"
+
+
+def _lab_lines(table, runs, steps, underflow) -> dict:
+    lab = pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)
+    ((_, lines),) = answer.experiment_items(pd.concat([table, lab]))
+    return {line.split(":")[0]: line for line in lines}
+
+
+def test_exact_zeros_are_said_as_such_residue_apart_with_the_part_the_reference_flush_explains():
+    """An outside audit (lab9): "lost to underflow" / "still rounded to 0" counted every exact zero of the float16
+    backward, some of which no scale recovers and the float32 reference's flush does not explain, and counted an
+    attention key bias's zeros (exact gradient 0: rounding residue) as underflow."""
+    table, runs, steps, underflow = _records(lost=3, static_lost=2)
+    underflow["flush_fraction_unscaled"] = underflow["flush_fraction_scaled"] = 0.001  # 1 of the 1,000 would flush
+    residue = underflow[underflow["cell_id"] == "tf-fp16-noscale-s0"].assign(layer="blocks.0.attn.key", param="bias",
+                                                                            nonzero=30)
+    residue["lost_fraction_mixed_unscaled"] = 2 / 30
+    lines = _lab_lines(table, runs, steps, pd.concat([underflow, residue], ignore_index=True))
+    noscale = lines["PyTorch fp16-noscale"]
+    assert "lost to underflow" not in noscale
+    assert ("non-zero gradient elements that came out exactly zero in the float16 backward at the last step (the "
+            "float32 reference's flush explains at most 1 of the 3): 3 of 1,000 (0.30%, seed 0)") in noscale
+    assert "3 of 1,030 (0.29%, seed 0; 2 more are attention key-bias residue)" in lines["Keras (TF) fp16-noscale"]
+    static = lines["PyTorch fp16-static"]
+    assert ("4 gradient elements came out exactly zero in the float16 backward at it (both probes, all seeds; the "
+            "float32 reference's flush explains at most 2 of the 4)") in static and "rounded" not in static
+    # residue alone is nothing lost
+    only_residue = underflow.assign(lost_fraction_mixed_unscaled=0.0)
+    only_residue = pd.concat([only_residue, residue], ignore_index=True)
+    lab = pd.DataFrame(scaling.rows(table, runs, steps, only_residue), columns=verdicts.COLUMNS)
+    assert _one(lab, "tf", "underflow").reason == "nothing_lost"
+
+
+def test_a_keras_sublayer_weight_is_not_named_as_a_parameter():
+    """An outside audit (lab9): Keras' locator names the layer (blocks.0.attn) and the variable's own name (weight,
+    of its query/key/value sublayer): "blocks.0.attn.weight" is no parameter; PyTorch's names are."""
+    from amp_compare.harness.report.numerics import skip_cause_sentences
+
+    table, runs, steps, underflow = _records()
+    runs.loc[runs["nonfinite_layer"] == "fc", "nonfinite_layer"] = "blocks.0.attn"
+    said = skip_cause_sentences(runs, steps, underflow)
+    assert "PyTorch fp16 seed 0: the skip at step 25 (scale 2^17) — blocks.0.attn.weight went inf" in said[0]
+    assert "Keras (TF) fp16 seed 0: the skip at step 25 (scale 2^17) — a weight of blocks.0.attn went inf" in said[1]
+    assert "(a weight of blocks.0.attn went inf: its largest" in _lab_lines(table, runs, steps, underflow)[
+        "Keras (TF) fp16"]
+    assert "(fc.weight went inf" in _lab_lines(*_records())["Keras (TF) fp16"]  # the probe holds fc.weight
+
+
+def test_a_keras_static_scale_shows_no_skip_count():
+    """An outside audit (lab9): Keras' static scale applies every update, so its "Skipped 0" is no observation."""
+    from amp_compare.harness.report.render import _scale_counts_table
+
+    _, runs, steps, _ = _records()
+    steps = steps.merge(runs[["cell_id", "framework", "precision"]], on="cell_id")
+    shown = _scale_counts_table(runs, steps).set_index(["Framework", "Precision"])["Skipped"]
+    assert shown[("Keras (TF)", "fp16-static")] == "n/a (cannot skip)"
+    assert shown[("PyTorch", "fp16-static")] == "0" and shown[("Keras (TF)", "fp16")] == "1"
+    assert [scaling.cannot_skip(fw, p) for fw, p in (("tf", "fp16-noscale"), ("tf", "fp16"), ("torch", "fp16-static"))
+            ] == [True, False, False]
+
+
+def test_the_cross_framework_loss_gap_stops_at_the_first_skip():
+    """An outside audit (lab9): after the two scalers skipped different steps the paths differ; the gap measured
+    there is the scalers', not the attention core's."""
+    from amp_compare.harness.report.numerics import cross_framework_loss_gap
+
+    rows = [{"model": "vit", "framework": fw, "precision": "fp16", "seed": 0, "step": i,
+             "loss": 1.0 + (0.5 if fw == "tf" and i >= 10 else 0.0), "skipped": i == (10 if fw == "tf" else 20)}
+            for fw in ("torch", "tf") for i in range(30)]
+    said = cross_framework_loss_gap(pd.DataFrame(rows))
+    assert "before either cell's first non-finite loss or skipped update" in said
+    assert "fp16 0 (only its first 10 of 30 steps: a skip or non-finite loss cut it short, not comparable)" in said

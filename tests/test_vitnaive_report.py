@@ -107,7 +107,9 @@ def test_the_loss_gap_says_how_many_steps_each_median_covers_and_marks_a_cut_sho
     finite steps (0-4 and 6, the NaN steps dropped before the cut) against fp32's 50, and fell below the floor."""
     said = nr.cross_framework_loss_gap(_all_steps())
     assert "fp32 4.1e-05 (50 steps)" in said, said
-    assert "fp16 4.1e-05 (only its first 5 of 27 steps: a non-finite loss cut it short, not comparable)" in said, said
+    # the first skip (step 1) cuts it too: after it the two scalers' paths differ (audit lab9)
+    assert "fp16 4e-05 (only its first 1 of 27 steps: a skip or non-finite loss cut it short, not comparable)" \
+        in said, said
     # fp8: the frameworks run different recipes, so their gap is not the attention core's (audit)
     fp8 = _all_steps().query("precision == 'fp32'").assign(precision="fp8")
     assert "fp8" not in nr.cross_framework_loss_gap(pd.concat([_all_steps(), fp8], ignore_index=True))

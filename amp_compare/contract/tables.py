@@ -153,10 +153,10 @@ TABLES["verdicts"] = _columns(
      "N-worker cell's data_parallel; an fp8 mode's fp8_vs_bf16"),
     ("estimate", "float", "", "speed: fp32 step time / mixed (>1 faster); memory: mixed - fp32 peak; accuracy: "
      "mixed - fp32 validation accuracy; time_to_target: mixed time / fp32 time; numerics: median skipped steps; "
-     "scale_path: the first seed's final scale; skipped_steps: skipped updates, all seeds; underflow: elements lost "
-     "at the last step's probe, all seeds; static_scale: the static scale; attention_overflow: the first step a seed "
-     "skipped or went non-finite (NaN: none); data_parallel: the largest relative loss gap to 1 worker; fp8_vs_bf16: "
-     "fp8 - bf16 validation accuracy"),
+     "scale_path: the first seed's final scale; skipped_steps: skipped updates, all seeds; underflow: elements "
+     "exactly zero in the float16 backward at the last step's probe (key-bias residue apart), all seeds; "
+     "static_scale: the static scale; attention_overflow: the first step a seed skipped or went non-finite (NaN: "
+     "none); data_parallel: the largest relative loss gap to 1 worker; fp8_vs_bf16: fp8 - bf16 validation accuracy"),
     ("low", "float", "", "the interval's low end (the estimate's unit); NaN where none"),
     ("high", "float", "", "the interval's high end; NaN where none"),
     ("margin", "float", "", "what 'same' is judged against: speed and time to target ±this fraction of 1; accuracy "

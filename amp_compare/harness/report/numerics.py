@@ -433,7 +433,9 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
         if at.empty or g.empty:
             continue
         f = {"seed": r["seed"], "step": int(r["nonfinite_step"]), "where": "backward", "layer": r["nonfinite_layer"],
-             "tensor": r["nonfinite_tensor"], "value": r["nonfinite_value"], "scale": float(at.iloc[0])}
+             "tensor": r["nonfinite_tensor"], "value": r["nonfinite_value"], "scale": float(at.iloc[0]),
+             "named": scaling.is_parameter(underflow, r["cell_id"], r["framework"], r["nonfinite_layer"],
+                                           r["nonfinite_tensor"])}
         top = scaling.probe_top(underflow, r["cell_id"], f["layer"], f["tensor"])
         final = float(g["loss_scale"].iloc[-1])
         after = ""
@@ -651,7 +653,7 @@ def locator_loss_text(r) -> str:
 
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     """Per precision, the median over steps (then seeds) of the relative loss gap between PyTorch and
-    Keras cells of the same seed, before either's first non-finite loss; "" without such pairs."""
+    Keras cells of the same seed, before either's first non-finite loss or skipped update; "" without such pairs."""
     if steps.empty or "model" not in steps:
         return ""
     mine = steps[steps["model"] == model]
@@ -664,21 +666,23 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     if not parts:
         return ""
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
-            f"same weights and batches, over the steps before either cell's first non-finite loss: {', '.join(parts)} "
-            "(fp32's gap is the floor: summation order alone; a precision cut short by a non-finite loss covers "
+            f"same weights and batches, over the steps before either cell's first non-finite loss or skipped update: "
+            f"{', '.join(parts)} (fp32's gap is the floor: summation order alone; a precision cut short covers "
             "fewer, earlier steps and is not compared with it).")
 
 
 def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
     """One precision's gap (median over seeds) and the steps each seed's median covers, marked where a non-finite
-    loss cut it short ("" without a seed with both frameworks' steps)."""
+    loss or a skipped update (after it the two scalers' paths differ) cut it short ("" without a seed with both
+    frameworks' steps)."""
     gaps, counts, totals = [], [], []
     for seed in sorted(set(mine["seed"])):
         sel = mine[mine["seed"] == seed]
-        t = sel[sel["framework"] == "torch"].set_index("step")["loss"]
-        k = sel[sel["framework"] == keras_fw].set_index("step")["loss"]
-        both = pd.concat([t, k], axis=1, keys=["t", "k"], join="inner")  # steps both ran, NaN losses kept
-        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
+        t, k = (sel[sel["framework"] == fw].set_index("step") for fw in ("torch", keras_fw))
+        both = pd.concat([t["loss"], k["loss"]], axis=1, keys=["t", "k"], join="inner")  # NaN losses kept
+        skipped = [x["skipped"].reindex(both.index).fillna(False).astype(bool) if "skipped" in x else False
+                   for x in (t, k)]
+        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1) | (skipped[0] | skipped[1])
         kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
         if len(kept):
             gaps.append(float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))))
@@ -689,7 +693,7 @@ def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
     n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
     per = " per seed" if len(counts) > 1 else ""
     steps = (f"{n} steps{per}" if counts == totals else
-             f"only its first {n} of {max(totals)} steps{per}: a non-finite loss cut it short, not comparable")
+             f"only its first {n} of {max(totals)} steps{per}: a skip or non-finite loss cut it short, not comparable")
     return f"{prec} {float(np.median(gaps)):.2g} ({steps})"
 
 

@@ -284,7 +284,8 @@ def cause(f: dict) -> str:
     """The locator's finding at a cell's first skip with its headroom: |g| x scale reached 65,504."""
     if f["where"] != "backward":
         return f"the forward of {f['layer']} went {f['value']}: no scale helps"
-    name = f"{f['layer']}.{f['tensor']}" if f["tensor"] != "output" else f"{f['layer']}'s output gradient"
+    name = (f"{f['layer']}'s output gradient" if f["tensor"] == "output" else f"{f['layer']}.{f['tensor']}"
+            if f.get("named", True) else f"a {f['tensor']} of {f['layer']}")  # named: a parameter of that name
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
@@ -305,7 +306,8 @@ def _underflow(v, e: dict) -> str:
     seeds = e.get("seeds", [])
     if not seeds:
         return "no underflow probe recorded"
-    lost = ", ".join(f"{s['lost']:,} of {s['nonzero']:,} ({share(s['lost'] / s['nonzero'])}, seed {s['seed']})"
+    lost = ", ".join(f"{s['lost']:,} of {s['nonzero']:,} ({share(s['lost'] / s['nonzero'])}, seed {s['seed']}"
+                     + (f"; {s['residue']:,} more are attention key-bias residue)" if s.get("residue") else ")")
                      if s["nonzero"] else f"0 (seed {s['seed']})" for s in seeds)
     acc = e.get("accuracy_status", "")
     acc_text = (f"accuracy against fp32 {STATUS.get(acc, acc)}"
@@ -317,10 +319,17 @@ def _underflow(v, e: dict) -> str:
                                       f"{e.get('accuracy_pp', float('nan')):+.1f} pp against fp32"
                                       + _differing(e),
                 "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
-    said = f"without loss scaling, gradient elements lost to underflow at the last step: {lost}; "
+    said = (f"without loss scaling, non-zero gradient elements that came out exactly zero in the float16 backward at "
+            f"the last step{_flushed(sum(s['lost'] for s in seeds), sum(s.get('flushed', 0) for s in seeds))}: "
+            f"{lost}; ")
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
         return said + mattered[v.reason]
     return f"{said}{acc_text}: {mattered.get(v.reason, '')}".rstrip(": ")
+
+
+def _flushed(zeros: int, flushed: int, inside: str = " (") -> str:
+    """The part of `zeros` that the float32 reference's flush test explains (at most: it counts, not matches)."""
+    return f"{inside}the float32 reference's flush explains at most {flushed:,} of the {zeros:,})" if zeros else ""
 
 
 def share(x: float) -> str:
@@ -340,11 +349,13 @@ def _differing(e: dict) -> str:
 def _static(v, e: dict) -> str:
     no_skip = "no skip, " if e.get("skips", True) else ""  # a Keras static scale applies every update: none to skip
     scale = f"static scale {power(v.estimate)}"
-    said = {"no_overflow_no_underflow": f"{scale} sufficed: {no_skip}every loss finite, no element lost at it",
+    said = {"no_overflow_no_underflow": f"{scale} sufficed: {no_skip}every loss finite, no gradient element came out "
+                                        "exactly zero at it",
             "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
                           f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
             "underflowed": f"{scale}: {no_skip}every loss finite; {_plural(e.get('lost', 0), 'gradient element')} "
-                           "still rounded to 0 at it (both probes, all seeds)",
+                           "came out exactly zero in the float16 backward at it (both probes, all seeds"
+                           + _flushed(e.get("lost", 0), e.get("flushed", 0), "; "),
             "no_probe": f"{scale}: {no_skip}every loss finite; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 

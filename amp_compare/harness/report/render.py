@@ -196,7 +196,8 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
             f"{r.growth_events:.0f}"
 
     return pd.DataFrame({**_identity(counts), "Steps": counts["steps"].map("{:.0f}".format),
-                         "Skipped": counts["skipped"].map("{:.0f}".format),
+                         "Skipped": ["n/a (cannot skip)" if scaling.cannot_skip(r.framework, r.precision) else
+                                     f"{r.skipped:.0f}" for r in counts.itertuples()],
                          "Growth events": [growth(r) for r in counts.itertuples()],
                          "First scale": counts["first_scale"].map("{:g}".format),
                          "Final scale": counts["final_scale"].map("{:g}".format)})

@@ -26,6 +26,13 @@ def is_lab(run_precisions) -> bool:
     return bool(have & set(DYNAMIC)) and bool(have & (set(STATIC) | set(UNSCALED)))
 
 
+def cannot_skip(framework: str, precision: str) -> bool:
+    """A mode whose skipped-step count is no observation: no loss scaler, or Keras' static one (it applies every
+    update)."""
+    scaling = precisions.of(precision).loss_scaling
+    return scaling is None or (scaling == "static" and framework in KERAS_BACKENDS)
+
+
 def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> list[dict]:
     """The lab's verdict rows of every model x dataset that is a lab (is_lab), keyed like `table`'s rows."""
     out: list[dict] = []
@@ -101,10 +108,21 @@ def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd
             located.append({"seed": int(c.seed), "step": step, "where": str(c.nonfinite_where),
                             "layer": str(c.nonfinite_layer), "tensor": str(c.nonfinite_tensor),
                             "value": str(c.nonfinite_value), "scale": float(at.iloc[0]) if len(at) else None,
+                            "named": is_parameter(underflow, c.cell_id, key["framework"], str(c.nonfinite_layer),
+                                                  str(c.nonfinite_tensor)),
                             "probe_top_log2": probe_top(underflow, c.cell_id, str(c.nonfinite_layer),
                                                         str(c.nonfinite_tensor))})
     facts = SimpleNamespace(estimate=float(len(skips)), where={f["where"] for f in located})
     return _row(key, "skipped_steps", facts, {"skips": skips, "located": located})
+
+
+def is_parameter(underflow: pd.DataFrame | None, cell_id: str, framework: str, layer: str, tensor: str) -> bool:
+    """Whether the locator's layer.tensor names a parameter: PyTorch's do; Keras' tensor is the variable's own name,
+    of a sublayer's where the layer has them (attention's query/key/value), so named only where the probe has it."""
+    if framework not in KERAS_BACKENDS:
+        return True
+    return underflow is not None and "param" in underflow and bool(
+        ((underflow["cell_id"] == cell_id) & (underflow["layer"] == layer) & (underflow["param"] == tensor)).any())
 
 
 def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: str) -> int | None:
@@ -120,24 +138,33 @@ def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: s
     return max(tops) if tops else None
 
 
-def lost_elements(underflow: pd.DataFrame | None, cell_id: str, column: str, when: str = "last step") -> tuple:
-    """(elements lost, non-zero reference elements) of one cell's probe at `when`, counted from the recorded
-    fractions (kit/fp16.py mixed_zero_kinds); (NaN, 0) where the probe was not recorded."""
+def lost_elements(underflow: pd.DataFrame | None, cell_id: str, column: str, when: str = "last step",
+                  flush: str = "") -> tuple:
+    """(non-zero reference elements of one cell's probe at `when` that came out exactly zero in the float16 backward,
+    non-zero reference elements, how many of those zeros at most the reference's `flush` column explains, the zeros
+    in zero-gradient parameters: residue, counted apart from the first), counted from the recorded fractions
+    (kit/fp16.py mixed_zero_kinds); (NaN, 0, 0, 0) where the probe was not recorded."""
+    from amp_compare.harness.report.numerics import zero_gradient  # numerics imports this module
     if underflow is None or underflow.empty or column not in underflow:
-        return np.nan, 0
+        return np.nan, 0, 0, 0
     sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]
     if sel.empty or sel[column].isna().all():
-        return np.nan, 0
-    return int(round(float((sel[column].fillna(0) * sel["nonzero"]).sum()))), int(sel["nonzero"].sum())
+        return np.nan, 0, 0, 0
+    zeros, residue = (sel[column].fillna(0) * sel["nonzero"]).round(), zero_gradient(sel).to_numpy()
+    flushed = np.minimum(zeros, (sel[flush].fillna(0) * sel["nonzero"]).round()) if flush in sel else 0 * zeros
+    return (int(zeros[~residue].sum()), int(sel["nonzero"].sum()), int(flushed[~residue].sum()),
+            int(zeros[residue].sum()))
 
 
 def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None, part: pd.DataFrame) -> dict:
     """What dropping loss scaling lost at the last step's probe, per seed, beside the same cells' accuracy verdict."""
     seeds = []
     for c in mine.sort_values("seed").itertuples():
-        lost, nonzero = lost_elements(underflow, c.cell_id, "lost_fraction_mixed_unscaled")
+        lost, nonzero, flushed, residue = lost_elements(underflow, c.cell_id, "lost_fraction_mixed_unscaled",
+                                                        flush="flush_fraction_unscaled")
         if np.isfinite(lost):
-            seeds.append({"seed": int(c.seed), "lost": lost, "nonzero": nonzero})
+            seeds.append({"seed": int(c.seed), "lost": lost, "nonzero": nonzero, "flushed": flushed,
+                          "residue": residue})
     acc = part[(part["framework"] == key["framework"]) & (part["precision"] == key["precision"])
                & (part["metric"] == "accuracy")]
     a = acc.iloc[0] if not acc.empty else None
@@ -158,21 +185,22 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
 def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
     """Whether the fixed scale sufficed: no skipped update, no non-finite loss, nothing lost at it (both probes)."""
     skipped = nonfinite = 0
-    lost, counted = 0, False
+    lost, flushed, counted = 0, 0, False
     for c in mine.itertuples():
         g = _scales(steps, c.cell_id)
         skipped += int(g["skipped"].astype(bool).sum())
         nonfinite += int((~np.isfinite(g["loss"].astype(float))).sum()) + int(getattr(c, "status", "") == "diverged")
         for when in ("first step", "last step"):
-            n, _ = lost_elements(underflow, c.cell_id, "lost_fraction_mixed_scaled", when)
+            n, _, f, _ = lost_elements(underflow, c.cell_id, "lost_fraction_mixed_scaled", when,
+                                       flush="flush_fraction_scaled")
             if np.isfinite(n):
-                lost, counted = lost + n, True
+                lost, flushed, counted = lost + n, flushed + f, True
     scale = pd.to_numeric(mine.get("cfg_loss_scale", pd.Series(dtype=float)), errors="coerce").dropna()
     facts = SimpleNamespace(estimate=float(scale.iloc[0]) if len(scale) else np.nan, skipped=skipped,
                             nonfinite=nonfinite, lost=lost if counted else np.nan)
     return _row(key, "static_scale", facts, {"skipped": skipped, "nonfinite_losses": nonfinite,
                                              "skips": key["framework"] not in KERAS_BACKENDS,  # Keras never skips
-                                             "lost": lost if counted else None,
+                                             "lost": lost if counted else None, "flushed": flushed,
                                              # Keras' static scale applies a non-finite update where PyTorch skips
                                              # it: said where this run had one (a skip or a non-finite loss)
                                              "applies_nonfinite": key["framework"] in KERAS_BACKENDS

@@ -12,7 +12,7 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
 from amp_compare.harness.report import fp8 as fp8_report
-from amp_compare.harness.report import memory, stats
+from amp_compare.harness.report import memory, scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
 
@@ -84,8 +84,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
     agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
     agg["memory_change_vs_fp32"] = np.expm1(agg["log_memory"])
-    # a mode without a loss scaler cannot skip a step: n/a, not 0
-    agg.loc[~agg["precision"].map(lambda p: precisions.of(p).loss_scaling is not None), "skipped_steps"] = np.nan
+    # a mode that cannot skip a step (no loss scaler, Keras' static one): n/a, not 0
+    agg.loc[[scaling.cannot_skip(f, p) for f, p in zip(agg["framework"], agg["precision"])], "skipped_steps"] = np.nan
     agg["timing_note"] = [timing_note(w, m) for w, m in zip(agg["throughput_img_s"],
                                                              agg["median_step_throughput_img_s"])]
     agg["bound"] = bound_verdicts(agg, group)
@@ -441,8 +441,11 @@ def legend(table: pd.DataFrame) -> str:
     several = "runs" in table and (table["runs"] > 1).any()
     brackets = ("Brackets: the min–max of the seeds' values (3 or fewer seeds) or their IQR (more). " if several
                 else "")
+    keras_static = "framework" in table and any(scaling.cannot_skip(f, p) and precisions.of(p).loss_scaling
+                                                for f, p in zip(table["framework"], table["precision"]))
+    scaler = "a mode without a loss scaler" + (", or with Keras' static one," if keras_static else "")
     return ("Each row is what one framework and precision's training cells measured, the median over seeds. "
-            f"{brackets}n/a: not measured, or not applicable (a mode without a loss scaler skips no step). Each "
+            f"{brackets}n/a: not measured, or not applicable ({scaler} skips no step). Each "
             "comparison with fp32 is a verdict, in the per-model tables above.")
 
 

@@ -37,10 +37,10 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     # loss scaling (LAB_METRICS)
     "differs": "loss scale path: the frameworks' scales differed at some step of the same seed",
     "skipped": "skipped steps: the scaler skipped updates (non-finite gradients at the scale then in use)",
-    "clean": "skipped steps, underflow: no update skipped / no gradient element lost to underflow",
+    "clean": "skipped steps, underflow: no update skipped / no gradient element came out 0 in the float16 backward",
     "lost": "underflow: gradient elements the float32 reference holds came out 0 in the float16 backward",
-    "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no element lost to underflow",
-    "insufficient": "static scale: it overflowed or let elements underflow",
+    "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no gradient element came out 0 at it",
+    "insufficient": "static scale: it overflowed or gradient elements came out 0 at it",
     # naive attention (NAIVE_METRICS)
     "overflowed": "naive attention: training went non-finite (a skipped update or a non-finite loss)",
     "finite": "naive attention: no update skipped and every loss finite to the end",
@@ -86,7 +86,7 @@ REASONS = {
     "forward_overflow": "the locator found the forward non-finite: no loss scale helps",
     "skip_unlocated": "updates were skipped; the locator named no tensor",
     "no_probe": "the run recorded no underflow probe of this cell",
-    "nothing_lost": "no gradient element the float32 reference holds came out 0",
+    "nothing_lost": "no gradient element the float32 reference holds came out 0 (attention key-bias residue apart)",
     "accuracy_lower": "elements were lost and accuracy was lower than fp32's (the accuracy verdict)",
     "accuracy_kept": "elements were lost and accuracy was the same as or higher than fp32's (the accuracy verdict)",
     "accuracy_undecided": "elements were lost; the accuracy verdict could not tell whether it mattered",
@@ -94,7 +94,7 @@ REASONS = {
     "overflowed": "non-finite gradients or losses at the static scale: updates skipped (PyTorch) or applied "
                   "(Keras)",
     "underflowed": "gradient elements came out 0 even at the static scale",
-    "no_overflow_no_underflow": "no skip, every loss finite and no element lost at the static scale",
+    "no_overflow_no_underflow": "no skip, every loss finite and no gradient element came out 0 at the static scale",
     # naive attention (NAIVE_METRICS)
     "forward_located": "the NaN/Inf locator found the first non-finite value in a layer's forward",
     "backward_located": "the NaN/Inf locator found the first non-finite value in the backward",
