@@ -251,6 +251,21 @@ def test_zeros_by_cancellation_at_the_scale_are_counted_apart_from_the_lost():
                     "without it (lost); 1 (0.005%) did only at the scale (float16 cancellation)."), said
 
 
+def test_exact_zeros_of_a_key_bias_are_named_as_residue():
+    """The lab audit: "3 of the 18,601 ... came out exactly zero" for fp16-noscale, all attention key-bias residue
+    (an exact gradient of zero), which the table beside it marks and the sentence did not."""
+    from amp_compare.harness.report import numerics
+
+    rows = [{"framework": "tf", "precision": "fp16-noscale", "seed": 0, "when": "last step", "loss_scale": 1.0,
+             "layer": layer, "param": param, "nonzero": n, "lost_fraction_mixed_unscaled": lost,
+             "lost_fraction_mixed_scaled": lost}
+            for layer, param, n, lost in (("blocks.0.attn.key", "bias", 32, 2 / 32), ("fc", "weight", 640, 1 / 640))]
+    (said,) = numerics.lost_sentences(pd.DataFrame(rows))
+    assert said.endswith("blocks.0.attn.key.bias, then fc.weight (1) (2 of them attention key-bias residue)."), said
+    (alone,) = numerics.lost_sentences(pd.DataFrame(rows[:1]))
+    assert alone.endswith("(all attention key-bias residue)."), alone
+
+
 def test_the_dtype_audit_counts_the_rows_that_differ_instead_of_saying_every_row_should_match():
     from amp_compare.harness.report import numerics
     from amp_compare.harness.report.wording import RunFacts

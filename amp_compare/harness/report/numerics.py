@@ -410,8 +410,11 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
                    f"{total:,} of the {nonzero:,} non-zero gradient elements ({phrases.share(total / nonzero)})")
         gone = (g["cancelled_fraction_mixed_scaled"].fillna(0) * g["nonzero"]).round().sum() \
             if scale != 1 and "cancelled_fraction_mixed_scaled" in g else 0
+        residue = int(lost[zero_gradient(g).to_numpy()].sum())
+        residue = (f" ({'all' if residue == total else f'{residue:,} of them'} attention key-bias residue)"
+                   if residue else "")
         out.append(f"{who}{_label(fw)} {prec}, after the last step: {counted} came out exactly zero in the real "
-                   f"float16 backward{at}" + (f"; {_where_lost(g, lost, total)}" if total else "")
+                   f"float16 backward{at}" + (f"; {_where_lost(g, lost, total)}{residue}" if total else "")
                    + (f"; {int(gone):,} ({phrases.share(gone / nonzero)}) did only at the scale (float16 cancellation)."
                       if gone else "."))
     return out
