@@ -312,7 +312,8 @@ def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
 
 def scale_record_text(cell_steps: pd.DataFrame) -> str:
     """What one loss-scaled cell's step records show of overflow: the skipped updates, split by finite and
-    non-finite loss, their steps and scales, and the last step's scale; "" where it never scaled or has no records."""
+    non-finite loss, their steps and scales, and the last step's scale; "" where it never scaled, skipped nothing
+    or has no records."""
     if cell_steps.empty or "loss_scale" not in cell_steps:
         return ""
     g = cell_steps.sort_values("step")
@@ -332,9 +333,8 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
         return (f"The step records: {every} loss of its {len(g):,} steps was finite "
                 f"(a Keras static scale applies every update, so no skip can show an overflow); the last step "
                 f"({last}) ran at {phrases.power(scale[-1])}")
-    if not skipped.any():
-        return (f"The step records: no update of {len(g):,} was skipped (no overflow at the scale then in use); "
-                + ending)
+    if not skipped.any():  # the Loss scaling part's table and paragraph say so: not again beside each probe
+        return ""
     steps = g["step"].astype(int).to_numpy()
     kinds = [_skips_text(steps[skipped & finite], scale[skipped & finite], "with a finite loss (non-finite "
                          "gradients at the scale then in use: a backward overflow, which a lower scale cures, or a "
