@@ -188,8 +188,10 @@ def test_exact_zeros_are_said_as_such_residue_apart_with_the_part_the_reference_
             "float32 reference's flush explains at most 1 of the 3): 3 of 1,000 (0.30%, seed 0)") in noscale
     assert "3 of 1,030 (0.29%, seed 0; 2 more are attention key-bias residue)" in lines["Keras (TF) fp16-noscale"]
     static = lines["PyTorch fp16-static"]
-    assert ("4 gradient elements came out exactly zero in the float16 backward at it (both probes, all seeds; the "
-            "float32 reference's flush explains at most 2 of the 4)") in static and "rounded" not in static
+    # round 2 of the audit: the count is of elements zero both at the scale and without it, and says so
+    assert ("4 gradient elements lost at it (exactly zero in the float16 backward both at it and without it; both "
+            "probes, all seeds; the float32 reference's flush explains at most 2 of the 4)") in static \
+        and "rounded" not in static
     # residue alone is nothing lost
     only_residue = underflow.assign(lost_fraction_mixed_unscaled=0.0)
     only_residue = pd.concat([only_residue, residue], ignore_index=True)

@@ -4,7 +4,6 @@ vit's attention headroom, and sentences whose every number comes from the record
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +14,7 @@ from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_o
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
+from amp_compare.harness.report.scaling import zero_gradient
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX
 
@@ -43,16 +43,6 @@ UNDERFLOW_METHODS = (
     "without it too: scaling up cannot underflow, so a zero only at the scale is float16 cancellation, counted "
     "apart (kit/fp16.py mixed_zero_kinds); a reference of exactly 0 is the gradient's own cancellation, no loss.",
 )
-
-
-# Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
-ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
-
-
-def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
-    """Per underflow row: whether its parameter's exact gradient is zero (ZERO_GRADIENT_PARAM): residue, not loss."""
-    names = underflow["layer"].astype(str) + "." + underflow["param"].astype(str)
-    return names.map(lambda name: bool(ZERO_GRADIENT_PARAM.search(name)))
 
 
 # The summary's share columns (residue can sit in each) and the record columns they weight.

@@ -349,12 +349,13 @@ def _differing(e: dict) -> str:
 def _static(v, e: dict) -> str:
     no_skip = "no skip, " if e.get("skips", True) else ""  # a Keras static scale applies every update: none to skip
     scale = f"static scale {power(v.estimate)}"
-    said = {"no_overflow_no_underflow": f"{scale} sufficed: {no_skip}every loss finite, no gradient element came out "
-                                        "exactly zero at it",
+    said = {"no_overflow_no_underflow": f"{scale} sufficed: {no_skip}every loss finite, no gradient element lost at "
+                                        "it (exactly zero in the float16 backward both at it and without it)",
             "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
                           f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
             "underflowed": f"{scale}: {no_skip}every loss finite; {_plural(e.get('lost', 0), 'gradient element')} "
-                           "came out exactly zero in the float16 backward at it (both probes, all seeds"
+                           "lost at it (exactly zero in the float16 backward both at it and without it; both probes, "
+                           "all seeds"
                            + _flushed(e.get("lost", 0), e.get("flushed", 0), "; "),
             "no_probe": f"{scale}: {no_skip}every loss finite; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")

@@ -5,6 +5,7 @@ static scale sufficed. Rules: verdicts.py; words: phrases.lab_line."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -138,13 +139,22 @@ def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: s
     return max(tops) if tops else None
 
 
+# Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
+ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
+
+
+def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
+    """Per underflow row: whether its parameter's exact gradient is zero (ZERO_GRADIENT_PARAM): residue, not loss."""
+    names = underflow["layer"].astype(str) + "." + underflow["param"].astype(str)
+    return names.map(lambda name: bool(ZERO_GRADIENT_PARAM.search(name)))
+
+
 def lost_elements(underflow: pd.DataFrame | None, cell_id: str, column: str, when: str = "last step",
                   flush: str = "") -> tuple:
     """(non-zero reference elements of one cell's probe at `when` that came out exactly zero in the float16 backward,
     non-zero reference elements, how many of those zeros at most the reference's `flush` column explains, the zeros
     in zero-gradient parameters: residue, counted apart from the first), counted from the recorded fractions
     (kit/fp16.py mixed_zero_kinds); (NaN, 0, 0, 0) where the probe was not recorded."""
-    from amp_compare.harness.report.numerics import zero_gradient  # numerics imports this module
     if underflow is None or underflow.empty or column not in underflow:
         return np.nan, 0, 0, 0
     sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]

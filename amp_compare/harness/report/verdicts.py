@@ -39,8 +39,9 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "skipped": "skipped steps: the scaler skipped updates (non-finite gradients at the scale then in use)",
     "clean": "skipped steps, underflow: no update skipped / no gradient element came out 0 in the float16 backward",
     "lost": "underflow: gradient elements the float32 reference holds came out 0 in the float16 backward",
-    "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no gradient element came out 0 at it",
-    "insufficient": "static scale: it overflowed or gradient elements came out 0 at it",
+    "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no gradient element lost at it (0 both "
+                "at it and without it)",
+    "insufficient": "static scale: it overflowed or gradient elements were lost at it (0 both at it and without it)",
     # naive attention (NAIVE_METRICS)
     "overflowed": "naive attention: training went non-finite (a skipped update or a non-finite loss)",
     "finite": "naive attention: no update skipped and every loss finite to the end",
