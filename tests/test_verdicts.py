@@ -190,6 +190,16 @@ def test_the_floor_is_fp32s_seed_range_and_printed_beside_same(tmp_path):
     assert phrases.cell(edge, why=False) == "+0.1 pp [0, +0.28] same (fp32 seeds 0.28 pp apart)"
 
 
+def test_an_interval_that_excludes_one_does_not_print_as_touching_it():
+    """Round 2 of the audit: "0.93× fp32's [0.86, 1.00] slower", its upper end 0.999."""
+    from amp_compare.harness.report import phrases
+
+    row = SimpleNamespace(metric="speed", estimate=0.93, low=0.86, high=0.9991, margin=float("nan"),
+                          unit="x fp32 speed", status="slower", reason="interval_excludes_1",
+                          interval_kind="sign test 95%")
+    assert phrases.number(row) == "0.93× fp32's [0.86, 0.999]", phrases.number(row)
+
+
 def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_extra_time(tmp_path):
     from amp_compare.harness.report import speed
 

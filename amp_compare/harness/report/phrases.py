@@ -76,7 +76,9 @@ RATIO_UNITS = ("x fp32 speed", "x fp32 time")  # worded after the metric as mult
 
 
 def _ratio(v: float) -> str:
-    return f"{v:.2f}×" if v >= 0.1 else f"{v:.3f}×"
+    """Two decimals; three below 0.1 and where two would print 1.00 for a ratio that is not 1 (an interval that
+    excludes 1× must not read as touching it)."""
+    return f"{v:.3f}×" if v < 0.1 or (round(v, 2) == 1 and v != 1) else f"{v:.2f}×"
 
 
 def pp_bound(value: float, digits: int = 1) -> str:
