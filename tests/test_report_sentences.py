@@ -263,6 +263,11 @@ def test_exact_zeros_of_a_key_bias_are_named_as_residue():
     assert said.endswith("blocks.0.attn.key.bias, then fc.weight (1) (2 of them attention key-bias residue)."), said
     (alone,) = numerics.lost_sentences(pd.DataFrame(rows[:1]))
     assert alone.endswith("(all attention key-bias residue)."), alone
+    # round 2: a key bias zero only at the scale is residue too, not "float16 cancellation"
+    scaled = [{**r, "precision": "fp16", "loss_scale": 32768.0, "lost_fraction_mixed_scaled": 0.0,
+               "cancelled_fraction_mixed_scaled": r["lost_fraction_mixed_unscaled"]} for r in rows[:1]]
+    (said,) = numerics.lost_sentences(pd.DataFrame(scaled))
+    assert "cancellation" not in said, said
 
 
 def test_the_dtype_audit_counts_the_rows_that_differ_instead_of_saying_every_row_should_match():

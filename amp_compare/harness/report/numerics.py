@@ -398,7 +398,8 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
               if scale != 1 else " (no loss scaling)")
         counted = (f"none of the {nonzero:,} non-zero gradient elements" if total == 0 else
                    f"{total:,} of the {nonzero:,} non-zero gradient elements ({phrases.share(total / nonzero)})")
-        gone = (g["cancelled_fraction_mixed_scaled"].fillna(0) * g["nonzero"]).round().sum() \
+        real = ~zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
+        gone = (g["cancelled_fraction_mixed_scaled"].fillna(0) * g["nonzero"]).round()[real].sum() \
             if scale != 1 and "cancelled_fraction_mixed_scaled" in g else 0
         residue = int(lost[zero_gradient(g).to_numpy()].sum())
         residue = (f" ({'all' if residue == total else f'{residue:,} of them'} attention key-bias residue)"
