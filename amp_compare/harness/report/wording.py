@@ -156,8 +156,9 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
         torch = "PyTorch: GradScaler held at it" if facts.torch else ""
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
         out.append(f"{name} multiplies the loss by a fixed scale{scale} ({torch}{keras}).".replace("(; ", "(")
-                   + (f" Where its gradients overflow, {KERAS_STATIC}." if facts.keras and facts.torch else
-                      " Where its gradients overflow, Keras applies the update anyway." if facts.keras else ""))
+                   + (f" By design, where its gradients overflow, {KERAS_STATIC}." if facts.keras and facts.torch
+                      else " By design, where its gradients overflow, Keras applies the update anyway." if facts.keras
+                      else ""))
     for name in facts.ran(half="float16", loss_scaling=None):
         out.append(f"{name} does not scale at all: what float16 cannot hold is lost.")
     if facts.ran(half="bfloat16"):
