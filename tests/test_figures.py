@@ -399,6 +399,11 @@ def test_the_underflow_table_says_which_share_is_key_bias_residue():
     table = render._underflow_table(_key_bias_underflow())
     cell = table["float32 reference: would flush in fp16, no scaling"].iloc[0]
     assert cell == "25.250% (of it 25.000% attention key-bias residue)", cell  # first seed
+    # round 3 of the audit: the cancelled column said 0.016% beside a sentence that left the key biases out of it
+    cancelled = render._underflow_table(_key_bias_underflow().assign(
+        lost_fraction_mixed_unscaled=0.0, lost_fraction_mixed_scaled=0.0,
+        cancelled_fraction_mixed_scaled=lambda d: d["flush_fraction_unscaled"]))
+    assert cancelled["mixed backward: cancelled at that scale only"].iloc[0] == cell, cancelled.iloc[0]
 
 
 def _busy_run(tmp_path):

@@ -47,7 +47,8 @@ UNDERFLOW_METHODS = (
 
 # The summary's share columns (residue can sit in each) and the record columns they weight.
 RESIDUE_COLUMNS = {"flush_unscaled": "flush_fraction_unscaled", "flush_scaled": "flush_fraction_scaled",
-                   "lost_unscaled": "lost_fraction_mixed_unscaled", "lost_scaled": "lost_fraction_mixed_scaled"}
+                   "lost_unscaled": "lost_fraction_mixed_unscaled", "lost_scaled": "lost_fraction_mixed_scaled",
+                   "cancelled_scaled": "cancelled_fraction_mixed_scaled"}
 
 
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
@@ -74,7 +75,6 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
             "zero_fraction_mixed": float((g["zero_fraction_mixed"] * g["elements"]).sum() / elements)
             if "zero_fraction_mixed" in g and g["zero_fraction_mixed"].notna().all() else float("nan"),
             **{name: by_nonzero(col) for name, col in RESIDUE_COLUMNS.items()},
-            "cancelled_scaled": by_nonzero("cancelled_fraction_mixed_scaled"),
             "loss_scale": float(g["loss_scale"].iloc[0]),
             "method": g["method"].iloc[0] if "method" in g else "",
             **residue,

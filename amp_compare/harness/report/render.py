@@ -216,7 +216,7 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
                          "mixed backward: exactly zero (unscaled loss)": s["zero_fraction_mixed"].map(_pct(2)),
                          "mixed backward: lost, no scaling": _with_residue(s, "lost_unscaled"),
                          "mixed backward: lost at that scale": _with_residue(s, "lost_scaled"),
-                         "mixed backward: cancelled at that scale only": s["cancelled_scaled"].map(_pct(3))})
+                         "mixed backward: cancelled at that scale only": _with_residue(s, "cancelled_scaled")})
 
 
 def _with_residue(s: pd.DataFrame, column: str) -> pd.Series:

@@ -37,8 +37,10 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     # loss scaling (LAB_METRICS)
     "differs": "loss scale path: the frameworks' scales differed at some step of the same seed",
     "skipped": "skipped steps: the scaler skipped updates (non-finite gradients at the scale then in use)",
-    "clean": "skipped steps, underflow: no update skipped / no gradient element came out 0 in the float16 backward",
-    "lost": "underflow: gradient elements the float32 reference holds came out 0 in the float16 backward",
+    "clean": "skipped steps, underflow: no update skipped / no gradient element came out 0 in the float16 backward "
+             "(attention key-bias residue apart)",
+    "lost": "underflow: gradient elements the float32 reference holds came out 0 in the float16 backward (attention "
+            "key-bias residue apart)",
     "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no gradient element lost at it (0 both "
                 "at it and without it)",
     "insufficient": "static scale: it overflowed or gradient elements were lost at it (0 both at it and without it)",
