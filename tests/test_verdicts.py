@@ -190,6 +190,17 @@ def test_the_floor_is_fp32s_seed_range_and_printed_beside_same(tmp_path):
     assert phrases.cell(edge, why=False) == "+0.1 pp [0, +0.28] same (fp32 seeds 0.28 pp apart)"
 
 
+def test_a_phase_some_cells_did_not_record_counts_as_zero_seconds_in_the_median():
+    """Round 2 of the audit: "0.4 s tracing and warming up" for seeds that spent 0, 0.41 and 0 s."""
+    from amp_compare.harness.report import speed
+
+    phases = pd.DataFrame([{"cell_id": f"c{i}", "phase": phase, "seconds": s, "cpu_seconds": s}
+                           for i in range(3) for phase, s in (("training", 10.0), ("evaluation", 1.0))]
+                          + [{"cell_id": "c1", "phase": "compile/warm-up", "seconds": 0.41, "cpu_seconds": 0.4}])
+    medians = speed._phase_medians(phases, pd.DataFrame({"cell_id": ["c0", "c1", "c2"]}))
+    assert medians["warmup"] == 0.0 and medians["eval"] == 1.0 and medians["cpu"] == 1.0, medians
+
+
 def test_an_interval_that_excludes_one_does_not_print_as_touching_it():
     """Round 2 of the audit: "0.93× fp32's [0.86, 1.00] slower", its upper end 0.999."""
     from amp_compare.harness.report import phrases

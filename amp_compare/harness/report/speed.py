@@ -200,8 +200,9 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
     def median(phase: str, column: str, per_wall: bool = False) -> float:
         if phase not in by.index.get_level_values("phase"):
             return float("nan")
-        rows = by.xs(phase, level="phase")
-        values = rows[column] / rows["seconds"] if per_wall else rows[column]
+        rows = by.xs(phase, level="phase").reindex(mine["cell_id"].unique())
+        # a cell that recorded no such phase spent no time in it: a median over every cell, not over those that did
+        values = rows[column] / rows["seconds"] if per_wall else rows[column].fillna(0.0)
         return float(values.median())
 
     return {"cpu": median("training", "cpu_seconds", per_wall=True), "warmup": median("compile/warm-up", "seconds"),
