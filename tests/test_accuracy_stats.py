@@ -149,6 +149,12 @@ def test_the_machine_note_is_one_line_from_the_recorded_checks():
     assert speed.machine_note(at_once) == ("How busy the machine was: 2 calibration checks (a fixed 256×256 float32 "
                                            "matmul timed while no cell ran) read 6.0 ms before the cells and 6.0 ms "
                                            "after them.")  # two: in order, no median
+    # round 2 of the audit: two checks whose own rounds varied several-fold say little about load without that
+    busy = {"calibrations": [{"when": w, "ms": ms, "spread": sp}
+                             for w, ms, sp in (("before the matrix", 66.0, 3.862), ("after the matrix", 47.9, 2.231))]}
+    assert speed.machine_note(busy).endswith("read 66.0 ms before the cells and 47.9 ms after them; within a check "
+                                             "its rounds varied by up to 386% of their median (p10 to p90), more than "
+                                             "the 25% of a steady machine."), speed.machine_note(busy)
     old = {"calibration_before_ms": 10.0, "calibration_after_ms": 15.0}  # recorded before the checks between cells
     assert "2 calibration checks" in speed.machine_note(old) and "\n" not in speed.machine_note(old)
 

@@ -14,7 +14,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
 from amp_compare.contract.env import ARITHMETIC_FLAGS, BELOW_AVX512, ISA_LIMITED
 from amp_compare.contract.log_words import HALF_FALLBACK
-from amp_compare.harness.common import SIZE, threads_text
+from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
 from amp_compare.harness.report.hardware import log_line_flags
 
 # Lines a framework writes to stderr that say which kernels it fell back to: (pattern, half format it is about).
@@ -185,8 +185,13 @@ def machine_note(environment: dict) -> str:
         where, read = "", f"read {ms[0]:.1f} ms before the cells and {ms[1]:.1f} ms after them"
     else:
         where, read = f" {where},", f"read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms"
+    old = [environment[k] for k in ("calibration_before_spread", "calibration_after_spread") if k in environment]
+    spreads = [float(c["spread"]) for c in listed if isinstance(c, dict) and c.get("spread") is not None] \
+        if isinstance(listed, list) else [float(v) for v in old]
+    unsteady = (f"; within a check its rounds varied by up to {max(spreads):.0%} of their median (p10 to p90), more "
+                f"than the {UNSTEADY:.0%} of a steady machine" if spreads and max(spreads) > UNSTEADY else "")
     return (f"How busy the machine was: {len(ms)} calibration checks (a fixed {SIZE}×{SIZE} float32 matmul timed"
-            f"{where} while no cell ran) {read}.")
+            f"{where} while no cell ran) {read}{unsteady}.")
 
 
 def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
