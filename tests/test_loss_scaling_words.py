@@ -30,6 +30,17 @@ def _steps(cell: str, scales: list[float], skipped: set[int], seed: int = 0) -> 
                          "skipped": [i in skipped for i in range(len(scales))], "loss": 1.0})
 
 
+def test_what_a_skip_means_is_said_once_across_the_cells_sentences():
+    """The lab audit: "(non-finite gradients at the scale then in use: a backward overflow, …)" printed in every
+    fp16 cell's sentence, five times on one page."""
+    scales = [2.0**18] * 4 + [2.0**19] * 4
+    steps = pd.concat([_steps("a", scales, skipped={7}), _steps("b", scales, skipped={6}).assign(framework="tf")])
+    underflow = pd.DataFrame(_probe("a", "fp16", 2.0**18) + [{**_probe("b", "fp16", 2.0**18)[0], "framework": "tf"}])
+    said = " ".join(nr.headroom_sentences(underflow, steps))
+    assert said.count("a backward overflow, which a lower scale cures") == 1, said
+    assert said.count("1 with a finite loss") == 2, said  # each cell still says its own skips
+
+
 def test_overflow_is_said_from_the_step_records_not_from_the_largest_parameter_gradient():
     """The lab's seed 0: the last step ran at 2^19 and was skipped, yet the probe after it (at the halved 2^18)
     put the largest parameter gradient times the scale under 2^14 — which once read "so nothing overflowed"."""

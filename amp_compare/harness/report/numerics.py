@@ -264,7 +264,8 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
     float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
     hist = gradient_histogram(underflow)
     per = [k for k in _per_model(underflow) if k in hist]
-    out, groups = [], list(hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False))
+    out, explained = [], set()
+    groups = list(hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False))
     for key, g in groups:
         fw, prec = key[-2:]
         top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
@@ -277,7 +278,7 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
         scaled = (f"; times the scale the scaler held after that step ({phrases.power(scale)}) below "
                   f"{phrases.power(bound)}" if scale != 1 else "")
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
-        record = _cell_record(steps, rows)
+        record = _cell_record(steps, rows, explained)  # what a skip means: said in the first that has one
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
                    f"|parameter gradient| was below 2^{top + 1}{scaled}{reach}"
                    + ("" if out else _bound_caveat(len(groups)))
@@ -293,14 +294,21 @@ def _bound_caveat(n: int) -> str:
             "so it does not say whether a step overflowed")
 
 
-def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame) -> str:
+def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame, explained: set) -> str:
     """scale_record_text of the cell of the probe rows `rows` ("" without step records)."""
     if steps is None or steps.empty or rows.empty or "cell_id" not in rows or "loss_scale" not in steps:
         return ""
-    return scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]])
+    return scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]], explained)
 
 
-def scale_record_text(cell_steps: pd.DataFrame) -> str:
+# What a skipped update with a finite (True) or non-finite (False) loss means, said at its first mention only
+SKIP_WHY = {True: " (non-finite gradients at the scale then in use: a backward overflow, which a lower scale cures, or "
+                  "a forward value the loss does not read, which it does not — the NaN/Inf locator says which at the "
+                  "first)",
+            False: " (the forward overflowed: no loss scale helps, since the scale multiplies only the backward)"}
+
+
+def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) -> str:
     """What one loss-scaled cell's step records show of overflow: the skipped updates, split by finite and
     non-finite loss, their steps and scales, and the last step's scale; "" where it never scaled, skipped nothing
     or has no records."""
@@ -325,13 +333,11 @@ def scale_record_text(cell_steps: pd.DataFrame) -> str:
                 f"({last}) ran at {phrases.power(scale[-1])}")
     if not skipped.any():  # the Loss scaling part's table and paragraph say so: not again beside each probe
         return ""
-    steps = g["step"].astype(int).to_numpy()
-    kinds = [_skips_text(steps[skipped & finite], scale[skipped & finite], "with a finite loss (non-finite "
-                         "gradients at the scale then in use: a backward overflow, which a lower scale cures, or a "
-                         "forward value the loss does not read, which it does not — the NaN/Inf locator says which "
-                         "at the first)"),
-             _skips_text(steps[skipped & ~finite], scale[skipped & ~finite], "with a non-finite loss (the forward "
-                         "overflowed: no loss scale helps, since the scale multiplies only the backward)")]
+    steps, explained = g["step"].astype(int).to_numpy(), set() if explained is None else explained
+    kinds = [_skips_text(steps[skipped & mask], scale[skipped & mask], said + ("" if said in explained else why))
+             for mask, said, why in ((finite, "with a finite loss", SKIP_WHY[True]),
+                                     (~finite, "with a non-finite loss", SKIP_WHY[False]))]
+    explained.update(said for said, text in zip(("with a finite loss", "with a non-finite loss"), kinds) if text)
     late = steps[~finite]
     irrelevant = (f"; from step {int(late[0])} (the first non-finite loss) on, the scale's fall could not help: "
                   f"compute the layer the NaN/Inf locator names in float32 (--fp32-layers) or use a max-subtracted "
