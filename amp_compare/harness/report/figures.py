@@ -273,10 +273,16 @@ def show_hidden_lines(grid) -> int:
     return widened
 
 
+def _panel_keys(frame: pd.DataFrame) -> list[str]:
+    """The record columns a figure splits into panels by (_labelled, _facet): those of machine, model and dataset
+    that vary."""
+    return [k for k in ("machine", "model", "dataset") if k in frame and frame[k].nunique() > 1]
+
+
 def coinciding_lines(frame: pd.DataFrame, x: str, y: str) -> list[tuple[str, list[str]]]:
     """Per panel (model · dataset, where several), the groups of framework x precision lines whose median curves
     are equal at every x, as the figure draws them: [(panel, ["PyTorch fp32", "Keras (TF) fp32"]), …]."""
-    panels = [k for k in ("machine", "model", "dataset") if k in frame and frame[k].nunique() > 1]
+    panels = _panel_keys(frame)
     med = frame.groupby([*panels, "framework", "precision", x], observed=True)[y].median()
     out = []
     for key, part in (med.groupby(level=list(range(len(panels)))) if panels else [((), med)]):
@@ -508,8 +514,7 @@ def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, lef
         overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
                    f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
                    "markers show each one." if gap is not None and gap < 0.02 else "")
-        panels = " and ".join(["framework"] + [k for k in ("machine", "model", "dataset")
-                                                if k in steps and steps[k].nunique() > 1])
+        panels = " and ".join(["framework", *_panel_keys(steps)])
         figures.append(Figure("loss_curves", "accuracy", "Training loss per step",
                               f"One panel per {panels}; each line is one precision, the median over seeds of the "
                               "loss at each step, all from the same initial weights, with its own marker; no band "
