@@ -115,6 +115,23 @@ def test_both_frameworks_get_identical_batches(augment):
         assert not np.array_equal(keras_batches[0][0], data.x_train[plan[0, 0]])
 
 
+def test_keras_tf_pipelines_run_without_the_autotuner():
+    """fit()'s batches and its validation pass on TensorFlow carry no tf.data autotuner: destroying an iterator
+    waited for its thread's sleep (keras_impl/train.untuned); the validation pipeline is every image once, in order."""
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.keras_impl.train import make_dataset, validation_data
+
+    data = load_dataset("synthetic")
+    batches, _ = make_dataset(RunConfig(framework="tf", dataset="synthetic", batch_size=32, epochs=1,
+                                        steps_per_epoch=2), data)
+    validation, batch_size = validation_data(data)
+    assert batch_size is None
+    assert [d.options().autotune.enabled for d in (batches, validation)] == [False, False]
+    pairs = list(validation.as_numpy_iterator())
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in pairs]), data.x_val)
+    np.testing.assert_array_equal(np.concatenate([y for _, y in pairs]), data.y_val)
+
+
 def test_train_samples_known_without_loading_are_the_loaded_ones():
     """kit/schedule.py plans a run's updates from TRAIN_SAMPLES (both children, from the config alone): each bundled
     dataset's count must be what loading it gives (CIFAR's training sets are 50,000 by definition; synthetic_cifar
