@@ -355,7 +355,7 @@ def test_the_manifest_holds_the_cell_budget_and_the_option_turns_it_off(tmp_path
         return plan_compare(args)
 
     _, cells, manifest = plan()
-    assert manifest["cell_budget"]["enabled"] and manifest["cell_budget"]["limit_s"] == 120.0
+    assert manifest["cell_budget"]["enabled"] and manifest["cell_budget"]["limit_s"] == 60.0
     assert manifest["cell_budget"]["min_steps"] == training.BUDGET_MIN_STEPS >= 2 * stats.BLOCK
     assert all(c.speed_budget for c in cells)
     _, cells, manifest = plan("--no-speed-budget", "--speed-budget-s", "30")

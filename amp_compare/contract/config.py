@@ -408,7 +408,7 @@ class RunConfig:
     speed_budget: bool = option(True, "stop a cell whose training its first measured steps project past "
                                 "--speed-budget-s, once it has timed enough steps for a speed interval (its accuracy "
                                 "is then not compared); --no-speed-budget runs every cell in full")
-    speed_budget_s: float = option(120.0, "the cell budget: seconds of training a cell may be projected to take "
+    speed_budget_s: float = option(60.0, "the cell budget: seconds of training a cell may be projected to take "
                                    "before the speed budget stops it early", gt=0)
     # Speed trials (kit/trial.py, harness/run/trials.py): per framework x model x dataset x batch size x step loop, fp32
     # and each mixed precision timed block by block in one process, after the cells

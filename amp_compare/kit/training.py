@@ -50,7 +50,7 @@ NOT_REPRODUCED = {"where": "not reproduced", "layer": "", "value": ""}
 # cell) is noticed from its first measured steps and timed over a bounded number of steps instead of its full epochs.
 BUDGET_PROBE_STEPS = 10  # measured steps after the warm-up whose median projects the cell's training time
 # The training time a budgeted cell aims to spend measuring, warm-up and probe included, as a share of the cell
-# budget: 20 s of the default 120 s
+# budget: 10 s of the default 60 s (then BUDGET_MIN_STEPS decides, at that Xeon's 0.75-0.96 s float16 steps)
 BUDGET_MEASURE_SHARE = 1 / 6
 # At least two batch means of harness/report/stats.py's BLOCK (20) steps: a one-seed speed interval needs two
 BUDGET_MIN_STEPS = 40
