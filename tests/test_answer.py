@@ -84,6 +84,17 @@ def test_a_cpu_without_half_arithmetic_is_named_before_the_answer():
     assert answer.preface({"cpu_bf16_hardware": False, "cpu_fp16_hardware": False}, "cuda") == ""
 
 
+def test_a_precision_far_slower_than_fp32_is_named_before_the_answer_with_where_its_kernels_are_named():
+    """A speed verdict whose interval stays at or below answer.FAR_SLOWER (seen: float16 convolutions 40-95x slower on
+    a Xeon whose flags list float16 arithmetic) opens the answer; a merely slower one does not."""
+    both = {"cpu_bf16_hardware": True, "cpu_fp16_hardware": True}
+    rows = pd.DataFrame([{"metric": "speed", "precision": p, "status": "slower", "estimate": e, "high": h}
+                         for p, e, h in (("fp16", 0.0105, 0.013), ("fp16", 0.024, 0.029), ("bf16", 0.38, 0.41))])
+    assert answer.preface(both, "cpu", rows) == "fp16 up to 95× slower than fp32 here: --profile names the kernels."
+    assert answer.preface(both, "cpu", rows, profiled=True).endswith("the Profile section names the kernels.")
+    assert answer.preface(both, "cpu", rows.assign(high=rows["high"] + 0.1)) == ""
+
+
 def test_the_page_summary_and_terminal_open_with_the_same_answer(tmp_path):
     run_dir = write_run(tmp_path, seeds=(0, 1))
     rendered = render.render(run_dir, figures=False)

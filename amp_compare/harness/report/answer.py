@@ -67,14 +67,23 @@ def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
     return out
 
 
-def preface(environment: dict, device: str = "cpu") -> str:
+FAR_SLOWER = 0.1  # a speed verdict whose interval stays at or below this x fp32's: the kernels are the question
+
+
+def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | None = None,
+            profiled: bool = False) -> str:
     """Whether the run kept the frameworks from instructions (speed.isa_limit), or which half formats' arithmetic the
-    CPU's flags do not list."""
+    CPU's flags do not list; then each precision the speed trials found FAR_SLOWER, and where its kernels are named."""
     did = speed.isa_limit(environment)
-    if did:
-        return f"This run {did}: every number is what the frameworks did under that limit."
     missing = [half for half in ("bfloat16", "float16") if not speed.has_arithmetic(environment, half)]
-    return f"This CPU's flags list no {' or '.join(missing)} arithmetic." if device == "cpu" and missing else ""
+    said = [f"This run {did}: every number is what the frameworks did under that limit." if did else
+            f"This CPU's flags list no {' or '.join(missing)} arithmetic." if device == "cpu" and missing else ""]
+    far = verdicts[(verdicts["metric"] == "speed") & (verdicts["status"] == "slower")
+                   & (verdicts["high"] <= FAR_SLOWER)] if verdicts is not None and not verdicts.empty else None
+    for prec, rows in () if far is None else far.groupby("precision", sort=False):
+        said.append(f"{prec} up to {1 / rows['estimate'].min():.0f}× slower than fp32 here: "
+                    + ("the Profile section names the kernels." if profiled else "--profile names the kernels."))
+    return " ".join(filter(None, said))
 
 
 def render(verdicts: pd.DataFrame, fmt: str, first: str = "") -> str:

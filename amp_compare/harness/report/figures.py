@@ -612,7 +612,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                        "bar has no ratio label (not a speed result).")
     return [*_throughput_figures(ok, table, out_dir, spread, sweep_note, busy_cells(ok, trials)),
             *_memory_figures(ok, table, out_dir, spread, device, notes),
-            *_curve_figures(steps, epochs, out_dir, left_out_note(runs, ok_ids)),
+            *_curve_figures(steps, stats.whole_epochs(epochs, steps, ok), out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
 
 

@@ -42,6 +42,7 @@ from amp_compare.harness.report.settings_check import (
     value_text,
 )
 from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
+from amp_compare.harness.report.stats import whole_epochs
 from amp_compare.harness.report.tables import (
     HARDWARE_COLUMNS,
     accuracy_statistics,
@@ -261,15 +262,17 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
     times = {key(v): v for v in verdicts.of(verdict_table, "time_to_target").itertuples()}
     rows = []
     for r in acc.itertuples():
+        # its cells ran a few dozen steps: neither its accuracy nor its time to target is compared
+        cut = phrases.REASON["budget_cut"] if (getattr(r, "budget_cut", 0) or 0) > 0 else ""
         tested = isinstance(r.method, str) and not r.too_short
-        timed = np.isfinite(r.target) and not r.too_short
+        timed = np.isfinite(r.target) and not r.too_short and not cut
         rows.append({
             **({"Machine": r.machine} if multi else {}),
             "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
             "Precision": r.precision,
             "Accuracy vs fp32 (pp)": phrases.accuracy(r) if precisions.is_mixed(r.precision) else "",
             "Test": phrases.test(r.method, r.seeds) if tested else "",
-            "Comparable": "no: " + r.too_short if r.too_short else "yes",
+            "Comparable": "no: " + (r.too_short or cut) if r.too_short or cut else "yes",
             "Target": f"{r.target * 100:.1f}%" if timed else "",
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
                                    else f"{r.time_to_target_s:.1f}"),
@@ -617,7 +620,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
 def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
     """The answer the page, summary.md and the terminal open with (answer.py, from the verdict table), the per-model
     verdict tables (phrases.table)."""
-    first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"))
+    first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"), verdict_table,
+                                 bool(manifest.get("defaults", {}).get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],
@@ -702,7 +706,8 @@ def _cell_counts(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
     """How many cells finished, the manifest's cells without a result (with their status), and the Cells section."""
     runs = tables["run"]
     status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
-    return {"n_ok": sum(v == "ok" for v in status.values()), "cells": _cells(runs, tables["epochs"], tables["steps"]),
+    return {"n_ok": sum(v == "ok" for v in status.values()),
+            "cells": _cells(runs, whole_epochs(tables["epochs"], tables["steps"], runs), tables["steps"]),
             "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
 
 

@@ -142,6 +142,17 @@ def budgeted(runs: pd.DataFrame) -> pd.Series:
     return runs["budget_steps"].notna()
 
 
+def whole_epochs(epochs: pd.DataFrame, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """epochs less the last one of each cell the speed budget stopped inside an epoch: its validation pass came
+    after a few steps of that epoch, and a curve or an epoch count would read it as a whole epoch."""
+    cut = set(runs.loc[budgeted(runs), "cell_id"])
+    if not cut or epochs.empty or steps.empty:
+        return epochs
+    counts = steps[steps["cell_id"].isin(cut)].groupby(["cell_id", "epoch"]).size()
+    partial = set(counts[counts < counts.groupby(level=0).transform("max")].index)
+    return epochs[[(c, e) not in partial for c, e in zip(epochs["cell_id"], epochs["epoch"])]]
+
+
 def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """One row per mixed group (keys + precision): the paired test against the same framework's fp32, budgeted
     cells (and their seed's fp32 cell) left out."""
