@@ -335,3 +335,14 @@ def test_the_speed_section_and_records_say_what_the_run_holds(tmp_path):
     assert rule in page  # the Speed section's rule, and the glossary's word for it
     v = _verdicts(run_dir, trials).assign(reason="contended")
     assert f"\"CPU contended\": in some of the trial's blocks the process got {rule}" in phrases.glossary(v)[1][1]
+
+
+def test_the_speed_trials_table_prints_a_ratio_as_the_verdict_does(tmp_path):
+    """Audit (a Xeon's fp16 at 0.011x): the Speed section's trial table printed "0.01× [0.01, 0.01]" beside the
+    answer's "0.011× [0.010, 0.013]"; both print through phrases.ratio (three decimals below 0.1)."""
+    from amp_compare.harness.report import phrases, speed
+
+    trials = _trials(write_run(tmp_path, frameworks=("torch",), seeds=(0,)), {("torch", "fp16"): 0.011})
+    row = speed.trials_table(trials).iloc[0]
+    assert row["speed (× fp32's)"].startswith("0.011× [0.01") and row["speed (× fp32's)"].count(".") == 3
+    assert phrases.ratio(0.011) == "0.011×" and phrases.ratio(0.5) == "0.50×"

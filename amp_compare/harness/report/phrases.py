@@ -75,7 +75,7 @@ HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Ac
 RATIO_UNITS = ("x fp32 speed", "x fp32 time")  # worded after the metric as multiples of fp32's: "speed 0.16× fp32's"
 
 
-def _ratio(v: float) -> str:
+def ratio(v: float) -> str:
     """Two decimals; three below 0.1 and where two would print 1.00 for a ratio that is not 1 (an interval that
     excludes 1× must not read as touching it)."""
     return f"{v:.3f}×" if v < 0.1 or (round(v, 2) == 1 and v != 1) else f"{v:.2f}×"
@@ -95,8 +95,8 @@ def number(v, interval: bool = True, of: bool = True) -> str:
     if not np.isfinite(v.estimate):
         return ""
     if v.unit in RATIO_UNITS:
-        text = _ratio(v.estimate) + (" fp32's" if of else "")
-        low, high = (_ratio(v.low)[:-1], _ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
+        text = ratio(v.estimate) + (" fp32's" if of else "")
+        low, high = (ratio(v.low)[:-1], ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
     elif v.unit == "pp":
         digits = 2 if np.isfinite(getattr(v, "margin", np.nan)) else 1  # as the margin prints: within it, visibly
         text, low, high = f"{v.estimate:+.1f} pp", pp_bound(v.low, digits), pp_bound(v.high, digits)

@@ -241,13 +241,14 @@ def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
     the threads the trial ran with. Empty without trials."""
     if trials is None or trials.empty or "threads" not in trials:
         return pd.DataFrame()
+    from amp_compare.harness.report.phrases import ratio
     from amp_compare.kit.trial import speed_status, trial_summary
 
     summary = trial_summary(trials)
     threads = trials.groupby("trial_id")["threads"].first()
     return pd.DataFrame([{"model": r.model, "dataset": r.dataset, "framework": framework_label(r.framework),
                           "precision": r.precision, "batch": int(r.batch_size),
-                          "speed (× fp32's)": f"{r.ratio:.2f}× [{r.low:.2f}, {r.high:.2f}]",
+                          "speed (× fp32's)": f"{ratio(r.ratio)} [{ratio(r.low)[:-1]}, {ratio(r.high)[:-1]}]",
                           "verdict": speed_status(r.ratio, r.low, r.high), "rounds": int(r.rounds),
                           "contended blocks": f"{r.contended_blocks} of {2 * r.rounds}",
                           "fp32 step (ms)": round(1000 * r.fp32_step_s, 1),
