@@ -400,7 +400,9 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
             continue
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
-        at = (f" both at the scale held after the last step ({phrases.power(scale)}) and without it (lost)"
+        alone = int((g["lost_fraction_mixed_unscaled"].fillna(0) * g["nonzero"]).round().sum())  # with no scale
+        at = (f" both at the scale held after the last step ({phrases.power(scale)}) and without it (lost"
+              + (f"; without the scale alone, {alone:,} did" if alone != total else "") + ")"
               if scale != 1 else " (no loss scaling)")
         counted = (f"none of the {nonzero:,} non-zero gradient elements" if total == 0 else
                    f"{total:,} of the {nonzero:,} non-zero gradient elements ({phrases.share(total / nonzero)})")
