@@ -345,15 +345,16 @@ def test_a_budgeted_cells_accuracy_is_compared_with_nothing():
     assert stats.accuracy_tests(_accuracy_runs("fp32"), ["model", "dataset", "framework"]).empty
 
 
-def test_a_budgeted_cells_row_says_why_it_has_no_time_to_target_and_its_partial_epoch_is_not_drawn():
+def test_a_budgeted_cells_row_says_why_it_has_no_time_to_target_and_its_partial_epoch_is_not_drawn(tmp_path):
     """The accuracy table: a budget-cut precision is not comparable and has no time to target (its cells reached
     the target in fewer epochs than fp32's, or not at all: "not reached" would be false); its last, partial epoch
     (the budget stopped it a step in) is neither a curve's point nor counted as an epoch."""
     from amp_compare.harness.report import render
 
     runs = _accuracy_runs("bf16")
-    epochs = pd.DataFrame([{"cell_id": c, "epoch": e, "val_accuracy": 0.88 + 0.01 * e, "train_time_s": 1.0,
-                            "eval_time_s": 0.1} for c in runs["cell_id"] for e in range(3)])
+    epochs = pd.DataFrame([{**r, "epoch": e, "val_accuracy": 0.88 + 0.01 * e, "train_time_s": 1.0, "eval_time_s": 0.1}
+                           for r in runs[["cell_id", "framework", "model", "dataset", "precision", "seed"]]
+                           .to_dict("records") for e in range(3)])
     table = render._accuracy_table(accuracy_statistics(runs, epochs), pd.DataFrame(columns=["metric"]))
     bf16 = table.set_index("Precision").loc["bf16"]
     assert bf16["Comparable"] == "no: cut by the speed budget"
@@ -361,6 +362,11 @@ def test_a_budgeted_cells_row_says_why_it_has_no_time_to_target_and_its_partial_
     assert table.set_index("Precision").loc["fp32", "Comparable"] == "yes"
     steps = pd.DataFrame([{"cell_id": c, "epoch": e} for c in runs["cell_id"] for e in range(3)
                           for _ in range(22 if e < 2 or c.startswith("torch-fp32") else 1)])
+    from amp_compare.harness.report import figures
+
+    tta = figures.make_time_to_accuracy_figure(runs, epochs, accuracy_statistics(runs, epochs), tmp_path)
+    assert tta.caption.endswith("Not drawn: PyTorch simple_cnn bf16 (the speed budget stopped them: their time to "
+                                "accuracy is not compared).")
     kept = stats.whole_epochs(epochs, steps, runs)
     assert kept.groupby("cell_id").size().to_dict() == {**{f"torch-fp32-{s}": 3 for s in range(3)},
                                                          **{f"torch-bf16-{s}": 2 for s in range(3)}}

@@ -80,9 +80,13 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
             f"This CPU's flags list no {' or '.join(missing)} arithmetic." if device == "cpu" and missing else ""]
     far = verdicts[(verdicts["metric"] == "speed") & (verdicts["status"] == "slower")
                    & (verdicts["high"] <= FAR_SLOWER)] if verdicts is not None and not verdicts.empty else None
-    for prec, rows in () if far is None else far.groupby("precision", sort=False):
-        said.append(f"{prec} up to {1 / rows['estimate'].min():.0f}× slower than fp32 here: "
-                    + ("the Profile section names the kernels." if profiled else "--profile names the kernels."))
+    if far is not None and not far.empty:
+        times = sorted(1 / far["estimate"])
+        said.append(f"{' and '.join(dict.fromkeys(far['precision']))} {times[0]:.0f}"
+                    + (f"–{times[-1]:.0f}" if round(times[-1]) != round(times[0]) else "")
+                    + "× slower than fp32 in the speed trials; " + ("the Profile section names the kernels."
+                                                                    if profiled else "no profile names the kernels "
+                                                                    "(--profile records one)."))
     return " ".join(filter(None, said))
 
 

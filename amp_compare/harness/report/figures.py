@@ -895,8 +895,14 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                                  out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
     """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
     target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line; the
-    caption names the cells that ran while the machine was busy (busy_cells)."""
+    caption names the cells that ran while the machine was busy (busy_cells), and leaves out (naming them) the cells
+    the speed budget stopped, whose time to accuracy is compared with nothing."""
     ok = ok_runs(runs)
+    cut = ok[stats.budgeted(ok)]
+    left = ("" if cut.empty else " Not drawn: " + ", ".join(dict.fromkeys(
+        f"{framework_label(f)} {m} {p}" for f, m, p in zip(cut["framework"], cut["model"], cut["precision"])))
+        + " (the speed budget stopped them: their time to accuracy is not compared).")
+    ok = ok[~stats.budgeted(ok)]
     if ok.empty or epochs.empty or acc.empty:
         return None
     keys = (["machine"] if "machine" in ok else []) + ["model", "dataset"]
@@ -938,7 +944,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
                   f"the training time spent so far. {target_text}"
                   + busy_text(busy_cells(ok, trials), "their lines' times say more about the machine than about the "
-                              "precision.") + " Panels: " + "; ".join(panels) + ".",
+                              "precision.") + " Panels: " + "; ".join(panels) + "." + left,
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
 
