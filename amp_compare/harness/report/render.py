@@ -672,7 +672,8 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
-        f"python -m amp_compare report {run_dir} draws them."]) + ignored_settings(runs.to_dict("records"))
+        f"python -m amp_compare report {run_dir} draws them."]) + ignored_settings(runs.to_dict("records")) \
+        + speed.budget_note(runs, manifest.get("cell_budget", {}).get("limit_s", float("nan")))
     checked = side_by_side(ok_runs(runs).to_dict("records"))
     env = environment_rows(manifest["environment"], runs, tables.get("trials"))  # the appendix lists the packages
     numerics = _numerics_context(manifest, tables, summary["facts"], acc_stats)

@@ -16,6 +16,7 @@ from amp_compare.contract.env import ARITHMETIC_FLAGS, BELOW_AVX512, ISA_LIMITED
 from amp_compare.contract.log_words import HALF_FALLBACK
 from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
 from amp_compare.harness.report.hardware import log_line_flags
+from amp_compare.harness.report.stats import budgeted
 
 # Lines a framework writes to stderr that say which kernels it fell back to: (pattern, half format it is about).
 FALLBACK_LINES = ((re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*"), "float16"),)
@@ -286,3 +287,19 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
                      f"warming up, {fp32['eval']:.1f} and {mixed['eval']:.1f} s evaluating, outside the timed steps")
         out.append(text + ".")
     return out
+
+
+def budget_note(runs: pd.DataFrame, limit_s: float) -> list[str]:
+    """The finished cells the speed budget stopped (kit/training.py SpeedBudget): which, after how many of the steps
+    their fp32 partners ran, and what that costs them."""
+    cut = runs[(runs["status"] == "ok") & budgeted(runs)] if not runs.empty else runs
+    if cut.empty:
+        return []
+    full = runs[(runs["status"] == "ok") & (runs["precision"] == precisions.REFERENCE)]
+    planned = full.groupby(["framework", "model"])["steps_total"].median()
+    said = ", ".join(dict.fromkeys(
+        f"{framework_label(f)} {m} {p} ({int(n)}" + (f" of {int(planned[(f, m)])}" if (f, m) in planned else "")
+        + " steps)" for f, m, p, n in zip(cut["framework"], cut["model"], cut["precision"], cut["steps_total"])))
+    return [f"The speed budget stopped {len(cut)} cell{'s' * (len(cut) != 1)}: {said}. Their first steps projected "
+            f"more than the {limit_s:g} s cell budget; their accuracy and time to target are compared with nothing "
+            "(their speed comes from the speed trials); --no-speed-budget runs them in full."]
