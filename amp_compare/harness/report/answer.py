@@ -82,7 +82,8 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
                    & (verdicts["high"] <= FAR_SLOWER)] if verdicts is not None and not verdicts.empty else None
     if far is not None and not far.empty:
         times = sorted(1 / far["estimate"])
-        said.append(f"{' and '.join(dict.fromkeys(far['precision']))} {times[0]:.0f}"
+        names = list(dict.fromkeys(far["precision"]))
+        said.append(f"{' and '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)} {times[0]:.0f}"
                     + (f"–{times[-1]:.0f}" if round(times[-1]) != round(times[0]) else "")
                     + "× slower than fp32 in the speed trials; " + ("the Profile section names the kernels."
                                                                     if profiled else "no profile names the kernels "
