@@ -90,8 +90,8 @@ def test_a_precision_far_slower_than_fp32_is_named_before_the_answer_with_where_
     both = {"cpu_bf16_hardware": True, "cpu_fp16_hardware": True}
     rows = pd.DataFrame([{"metric": "speed", "precision": p, "status": "slower", "estimate": e, "high": h}
                          for p, e, h in (("fp16", 0.0105, 0.013), ("fp16", 0.024, 0.029), ("bf16", 0.38, 0.41))])
-    assert answer.preface(both, "cpu", rows) == ("fp16 42–95× slower than fp32 in the speed trials; no profile names "
-                                                 "the kernels (--profile records one).")
+    assert answer.preface(both, "cpu", rows) == "fp16 42–95× slower than fp32 in the speed trials; --profile names " \
+        "the kernels."
     assert answer.preface(both, "cpu", rows, profiled=True).endswith("the Profile section names the kernels.")
     assert answer.preface(both, "cpu", rows.assign(high=rows["high"] + 0.1)) == ""
 
