@@ -102,6 +102,11 @@ def block_order(n: int, round_: int) -> list[int]:
     return order if round_ % 2 == 0 else order[::-1]
 
 
+# The steps whose mean sets k, where they fit in a K_STEPS-th of a block (a fast step timed alone, one scheduler tick
+# beside it, gave blocks a quarter of BLOCK_S on a 2-core Xeon); a slow step is timed once
+K_STEPS = 5
+
+
 def block_steps(step_s: float, block_s: float = BLOCK_S) -> int:
     """k: the steps a block of a precision whose step takes step_s needs to last at least block_s."""
     return max(1, math.ceil(block_s / step_s)) if step_s > 0 and math.isfinite(step_s) else 1
@@ -119,7 +124,8 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
                on_round: Callable[[int, int], None] = lambda done, planned: None,
                clock: Callable[[], float] = time.perf_counter,
                cpu_clock: Callable[[], float] = time.process_time, start: float | None = None) -> list[dict]:
-    """Warm every model up (warmup steps: 0 where warm_up ran them already; then one timed step that sets its k),
+    """Warm every model up (warmup steps: 0 where warm_up ran them already; then up to K_STEPS timed steps, their
+    mean setting its k),
     then mirrored pairs of rounds until the budget (seconds of rounds: from `start`, a `clock` time, where given,
     else from the end of the warm-up) would be
     passed, MIN_ROUNDS at least, or until the rounds decide every mixed precision (decided). Returns one dict per
@@ -128,9 +134,11 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
     for s in steppers:
         if warmup:
             s.run(warmup)
-        t0 = clock()
-        s.run(1)
-        ks[s.precision] = block_steps(clock() - t0, block_s)
+        t0, timed = clock(), 0
+        while not timed or (timed < K_STEPS and clock() - t0 < block_s / K_STEPS):  # one jittered step misleads
+            s.run(1)
+            timed += 1
+        ks[s.precision] = block_steps((clock() - t0) / timed, block_s)
     start = clock() if start is None else start
     rows, round_ = [], 0
     pair_s = None
