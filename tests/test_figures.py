@@ -381,7 +381,8 @@ def test_the_underflow_bars_leave_out_key_bias_residue_and_the_caption_says_what
 
     drawn = _drawn(monkeypatch, figures)
     fig = figures.make_underflow_figure(_key_bias_underflow(), tmp_path)
-    assert "Not drawn: blocks.0.attn.key.bias, of whose non-zero elements 100% would flush" in fig.caption
+    assert "Not drawn: blocks.0.attn.key.bias, of whose 400 non-zero elements over 4 cells 400 would flush" \
+        in fig.caption
     assert "rounding residue, not underflow" in fig.caption
     assert "(step 87, counting from 0)" in fig.caption and "(seeds per bar: 2)" in fig.caption, fig.caption
     assert "the layer's parameters (weight, bias)" in fig.caption

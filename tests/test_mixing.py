@@ -81,6 +81,11 @@ def test_numerics_sentences_captions_and_the_max_batch_table_keep_the_two_models
         precision="fp16-noscale", final_val_accuracy=lambda d: d["final_val_accuracy"] - 0.5 * (d["model"] == "vit"))])
     said = nr.scaling_accuracy_sentences(runs)
     assert len(said) == 4 and any(s.startswith("vit, PyTorch") for s in said), said
+    # the lab audit: cells the speed budget stopped are not the run's accuracy, nor "tested against fp32"
+    cut = runs.assign(budget_steps=[40 if m == "simple_cnn" and p.startswith("fp16") else None
+                                    for m, p in zip(runs["model"], runs["precision"])])
+    cut = cut.astype({"budget_steps": "Int64"})
+    assert [s.split(",")[0] for s in nr.scaling_accuracy_sentences(cut)] == ["vit"] * 2
     steps = t["steps"].assign(precision=t["steps"]["precision"].replace("bf16", "fp16-static"))
     from amp_compare.harness.report import figures
 

@@ -105,8 +105,8 @@ def test_answer_says_the_lab_first_one_line_per_finding():
     text = "\n".join(lines)
     assert "PyTorch fp16: loss scale 2^15, doubling after every 10 clean steps, final 2^16" in text
     assert "step by step the same as Keras (TF) in every seed" in text
-    assert ("seed 0 step 25 at 2^17 (fc.weight went inf: its largest |gradient| × 2^17 passed 65,504, so that "
-            "step's was ≥ 0.4997 unscaled (inferred from the overflow))") in text
+    assert ("seed 0 step 25 at 2^17 (fc.weight went inf: either its largest |gradient| × 2^17 passed 65,504 "
+            "(≥ 0.4997 unscaled) or a tensor before it in the backward did)") in text
     assert "3 of 1,000 (0.30%, seed 0)" in text and "it did not matter" in text
     assert "PyTorch fp16-static: static scale 2^10 sufficed" in text
     keras_static = next(line for line in lines if line.startswith("Keras (TF) fp16-static"))
@@ -138,9 +138,9 @@ def test_numerics_section_connects_the_skip_to_its_tensor_and_headroom():
     _, runs, steps, underflow = _records()
     said = skip_cause_sentences(runs, steps, underflow)
     assert len(said) == 2  # one per framework's fp16 cell: the locator ran at its first skip
-    assert said[0] == ("PyTorch fp16 seed 0: the skip at step 25 (scale 2^17) — fc.weight went inf: its largest "
-                       "|gradient| × 2^17 passed 65,504, so that step's was ≥ 0.4997 unscaled (inferred from the "
-                       "overflow); after the last step the probe measured "
+    assert said[0] == ("PyTorch fp16 seed 0: the skip at step 25 (scale 2^17) — fc.weight went inf: either its "
+                       "largest |gradient| × 2^17 passed 65,504 (≥ 0.4997 unscaled) or a tensor before it in the "
+                       "backward did; after the last step the probe measured "
                        "its largest |gradient| below 2^-2, times the scale then held (2^16) below 2^14, 4× under "
                        "65,504.")
 
@@ -209,7 +209,7 @@ def test_a_keras_sublayer_weight_is_not_named_as_a_parameter():
     said = skip_cause_sentences(runs, steps, underflow)
     assert "PyTorch fp16 seed 0: the skip at step 25 (scale 2^17) — blocks.0.attn.weight went inf" in said[0]
     assert "Keras (TF) fp16 seed 0: the skip at step 25 (scale 2^17) — a weight of blocks.0.attn went inf" in said[1]
-    assert "(a weight of blocks.0.attn went inf: its largest" in _lab_lines(table, runs, steps, underflow)[
+    assert "(a weight of blocks.0.attn went inf: either its largest" in _lab_lines(table, runs, steps, underflow)[
         "Keras (TF) fp16"]
     assert "(fc.weight went inf" in _lab_lines(*_records())["Keras (TF) fp16"]  # the probe holds fc.weight
 

@@ -346,3 +346,15 @@ def test_the_speed_trials_table_prints_a_ratio_as_the_verdict_does(tmp_path):
     row = speed.trials_table(trials).iloc[0]
     assert row["speed (× fp32's)"].startswith("0.011× [0.01") and row["speed (× fp32's)"].count(".") == 3
     assert phrases.ratio(0.011) == "0.011×" and phrases.ratio(0.5) == "0.50×"
+
+
+def test_a_budget_cut_precisions_time_to_target_counts_no_seeds():
+    """The lab audit: verdicts.parquet said "reached_seeds": 0 for budget-cut fp16 cells two of whose seeds had
+    reached the target: their cells were never timed to it, so the evidence holds no count."""
+    r = SimpleNamespace(emulated=False, too_short="", reached_seeds=0, timed_seeds=0, ttt_ratio=np.nan,
+                        ttt_low=np.nan, ttt_high=np.nan, target=0.93, target_basis="", time_to_target_s=np.inf)
+    cut = verdicts._time(r, {}, cut=3)
+    said = json.loads(cut["evidence"])
+    assert (cut["status"], cut["reason"]) == ("not_comparable", "budget_cut") and said["budget_cut_cells"] == 3
+    assert not np.isfinite(said["reached_seeds"]) and not np.isfinite(said["seeds"])
+    assert json.loads(verdicts._time(r, {}, cut=0)["evidence"])["seeds"] == 0

@@ -807,11 +807,12 @@ def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
         return text
     names = sorted(set((residue["model"].astype(str) + ": " if models.nunique() > 1 else "")
                        + residue["layer"].astype(str) + "." + residue["param"].astype(str)))
-    flushed = float((residue["flush_fraction_unscaled"] * residue["nonzero"]).sum() / max(residue["nonzero"].sum(), 1))
+    flushed = int((residue["flush_fraction_unscaled"] * residue["nonzero"]).round().sum())  # a count: 494 of 495
+    # is not "100%"
     cells = residue["cell_id"].nunique() if "cell_id" in residue else len(residue.groupby(["framework", "precision",
                                                                                             "seed"]))
-    return text + (f" Not drawn: {', '.join(names)}, of whose non-zero elements {flushed:.0%} would flush without "
-                   f"scaling ({int(residue['nonzero'].sum()):,} over {cells} cells): an attention key bias's exact "
+    return text + (f" Not drawn: {', '.join(names)}, of whose {int(residue['nonzero'].sum()):,} non-zero elements "
+                   f"over {cells} cells {flushed:,} would flush without scaling: an attention key bias's exact "
                    "gradient is zero (softmax ignores the constant shift it adds), so what the probe finds there is "
                    "rounding residue, not underflow.")
 

@@ -290,8 +290,9 @@ def cause(f: dict) -> str:
             if f.get("named", True) else f"a {f['tensor']} of {f['layer']}")  # named: a parameter of that name
     if not f.get("scale"):
         return f"{name} went {f['value']}"
-    return (f"{name} went {f['value']}: its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT}, "
-            f"so that step's was ≥ {_bound(FP16_MAX / f['scale'], 4, up=False)} unscaled (inferred from the overflow)")
+    # the inf may have come from a tensor before it in the backward: the bound holds only if its own overflowed
+    return (f"{name} went {f['value']}: either its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT} "
+            f"(≥ {_bound(FP16_MAX / f['scale'], 4, up=False)} unscaled) or a tensor before it in the backward did")
 
 
 def _bound(bound: float, digits: int, up: bool) -> str:
