@@ -83,9 +83,9 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
     if far is not None and not far.empty:
         times = sorted(1 / far["estimate"])
         names = list(dict.fromkeys(far["precision"]))
-        said.append(f"{' and '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)} {times[0]:.0f}"
-                    + (f"–{times[-1]:.0f}" if round(times[-1]) != round(times[0]) else "")
-                    + "× slower than fp32 in the speed trials; "  # no profile here: the option says where to look
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        span = f"{times[0]:.0f}" + (f"–{times[-1]:.0f}" if round(times[-1]) != round(times[0]) else "")
+        said.append(f"{listed} {span}× slower than fp32 in the speed trials; "  # no profile: the option says where
                     + ("the Profile section names the kernels." if profiled else "--profile names the kernels."))
     return " ".join(filter(None, said))
 
