@@ -22,8 +22,7 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
     out = []
     for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False):
         frameworks = experiment_items(part)
-        part = part[~part["metric"].isin([m for _, metrics in EXPERIMENTS for m in metrics])]
-        for fw, group in part.groupby("framework", sort=False):
+        for fw, group in _answerable(part).groupby("framework", sort=False):
             use, reason = choose(group)
             lines = []
             for prec, rows in group.groupby("precision", sort=False):
@@ -40,6 +39,18 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})", lines))
         out.append((f"{model} on {dataset}" + (" (one seed)" if _seeds(part) == 1 else ""), frameworks))
     return out
+
+
+def _answerable(part: pd.DataFrame) -> pd.DataFrame:
+    """The rows the precision to use is chosen from: all but the experiments' (verdicts.EXPERIMENTS)."""
+    return part[~part["metric"].isin([m for _, metrics in EXPERIMENTS for m in metrics])]
+
+
+def uses(verdicts: pd.DataFrame) -> str:
+    """The runs index's headline of a run: per model x dataset, the precision each framework should use."""
+    return "; ".join(f"{model}/{dataset}: " + ", ".join(f"{framework_label(fw)} {choose(group)[0]}" for fw, group
+                                                       in _answerable(part).groupby("framework", sort=False))
+                     for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False))
 
 
 def _seeds(part: pd.DataFrame) -> float:

@@ -776,8 +776,12 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
-    """A run's headline in the runs index: each mixed precision's training throughput against fp32's (geometric
-    mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
+    """A run's headline in the runs index: the precision its answer says each framework should use (its verdict
+    table); a run recorded before verdicts were: each mixed precision's training throughput against fp32's
+    (geometric mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
+    stored = run_dir / "data" / "verdicts.parquet"
+    if stored.exists():
+        return "use " + answer_block.uses(pd.read_parquet(stored))
     table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
     if table.empty:
         return ""
@@ -790,7 +794,7 @@ def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) 
         ratio = (fp8_report.EMULATED_SPEED if fake else f"{r.speedup_vs_fp32:.2f}× fp32 speed"
                  if np.isfinite(r.speedup_vs_fp32) else "n/a")
         said.append(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: {ratio}, "
-                    f"{r.val_accuracy:.1%} acc.")
+                    + (f"{r.val_accuracy:.1%} acc." if np.isfinite(r.val_accuracy) else "accuracy n/a"))
     return "; ".join(said)
 
 
