@@ -88,10 +88,13 @@ def test_a_precision_far_slower_than_fp32_is_named_before_the_answer_with_where_
     """A speed verdict whose interval stays at or below answer.FAR_SLOWER (seen: float16 convolutions 40-95x slower on
     a Xeon whose flags list float16 arithmetic) opens the answer; a merely slower one does not."""
     both = {"cpu_bf16_hardware": True, "cpu_fp16_hardware": True}
-    rows = pd.DataFrame([{"metric": "speed", "precision": p, "status": "slower", "estimate": e, "high": h}
-                         for p, e, h in (("fp16", 0.0105, 0.013), ("fp16", 0.024, 0.029), ("bf16", 0.38, 0.41))])
-    assert answer.preface(both, "cpu", rows) == "fp16 42–95× slower than fp32 in the speed trials; --profile names " \
-        "the kernels."
+    rows = pd.DataFrame([{"metric": "speed", "framework": f, "model": "simple_cnn", "precision": p, "status": "slower",
+                          "estimate": e, "high": h} for f, p, e, h in (("tf", "fp16", 0.0105, 0.013),
+                                                                       ("torch", "fp16", 0.024, 0.029),
+                                                                       ("torch", "bf16", 0.38, 0.41))])
+    # the lab audit: "fp16, fp16-noscale and fp16-static 96–98× slower" read as every framework's and model's
+    assert answer.preface(both, "cpu", rows) == ("Keras (TF) simple_cnn fp16 95× and PyTorch simple_cnn fp16 42× "
+                                                 "slower than fp32 in the speed trials; --profile names the kernels.")
     assert answer.preface(both, "cpu", rows, profiled=True).endswith("the Profile section names the kernels.")
     assert answer.preface(both, "cpu", rows.assign(high=rows["high"] + 0.1)) == ""
 

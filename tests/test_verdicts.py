@@ -358,3 +358,10 @@ def test_a_budget_cut_precisions_time_to_target_counts_no_seeds():
     assert (cut["status"], cut["reason"]) == ("not_comparable", "budget_cut") and said["budget_cut_cells"] == 3
     assert not np.isfinite(said["reached_seeds"]) and not np.isfinite(said["seeds"])
     assert json.loads(verdicts._time(r, {}, cut=0)["evidence"])["seeds"] == 0
+
+
+def test_a_located_overflow_is_defined_as_what_the_locator_can_name():
+    """The lab's second audit: "named the backward tensor that overflowed" where the locator records the first
+    parameter whose gradient came out non-finite, and the Numerics text allows an overflow before it."""
+    said = verdicts.REASONS["overflow_located"]
+    assert "first parameter whose gradient came out non-finite" in said and "a tensor before it" in said

@@ -91,14 +91,21 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
             f"This CPU's flags list no {' or '.join(missing)} arithmetic." if device == "cpu" and missing else ""]
     far = verdicts[(verdicts["metric"] == "speed") & (verdicts["status"] == "slower")
                    & (verdicts["high"] <= FAR_SLOWER)] if verdicts is not None and not verdicts.empty else None
-    if far is not None and not far.empty:
-        times = sorted(1 / far["estimate"])
-        names = list(dict.fromkeys(far["precision"]))
-        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-        span = f"{times[0]:.0f}" + (f"–{times[-1]:.0f}" if round(times[-1]) != round(times[0]) else "")
-        said.append(f"{listed} {span}× slower than fp32 in the speed trials; "  # no profile: the option says where
+    if far is not None and not far.empty:  # per framework x model: which precisions, and how much slower
+        parts = [f"{framework_label(fw)} {model} {_listed(list(dict.fromkeys(rows['precision'])))} "
+                 f"{_span(sorted(1 / rows['estimate']))}×" for (fw, model), rows
+                 in far.groupby(["framework", "model"], sort=False)]
+        said.append(f"{_listed(parts)} slower than fp32 in the speed trials; "  # no profile: the option says where
                     + ("the Profile section names the kernels." if profiled else "--profile names the kernels."))
     return " ".join(filter(None, said))
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _span(times: list[float]) -> str:
+    return f"{times[0]:.0f}" + (f"–{times[-1]:.0f}" if round(times[-1]) != round(times[0]) else "")
 
 
 def render(verdicts: pd.DataFrame, fmt: str, first: str = "") -> str:

@@ -85,7 +85,8 @@ REASONS = {
     "same_path": "every seed's per-step loss scale was the same in each framework",
     "different_path": "some seed's per-step loss scale differed between the frameworks",
     "no_skip": "no update was skipped",
-    "overflow_located": "the NaN/Inf locator named the backward tensor that overflowed at the first skip",
+    "overflow_located": "at the first skip the NaN/Inf locator named the first parameter whose gradient came out "
+                        "non-finite (the overflow was there or in a tensor before it in the backward)",
     "forward_overflow": "the locator found the forward non-finite: no loss scale helps",
     "skip_unlocated": "updates were skipped; the locator named no tensor",
     "no_probe": "the run recorded no underflow probe of this cell",
@@ -201,7 +202,7 @@ SKIPS = [
     Rule("no update skipped", lambda f: f.estimate == 0, "clean", "no_skip"),
     Rule("the locator found a forward value non-finite", lambda f: "forward" in f.where, "skipped",
          "forward_overflow"),
-    Rule("the locator named a backward tensor", lambda f: "backward" in f.where, "skipped", "overflow_located"),
+    Rule("the locator named a backward gradient", lambda f: "backward" in f.where, "skipped", "overflow_located"),
     Rule("otherwise", lambda f: True, "skipped", "skip_unlocated"),
 ]
 
