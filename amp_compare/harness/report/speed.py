@@ -297,9 +297,11 @@ def budget_note(runs: pd.DataFrame, limit_s: float) -> list[str]:
         return []
     full = runs[(runs["status"] == "ok") & (runs["precision"] == precisions.REFERENCE)]
     planned = full.groupby(["framework", "model"])["steps_total"].median()
-    said = ", ".join(dict.fromkeys(
-        f"{framework_label(f)} {m} {p} ({int(n)}" + (f" of {int(planned[(f, m)])}" if (f, m) in planned else "")
-        + " steps)" for f, m, p, n in zip(cut["framework"], cut["model"], cut["precision"], cut["steps_total"])))
+    said = ", ".join(
+        f"{framework_label(f)} {m} {p} ({len(g)} cell{'s' * (len(g) != 1)}, "
+        + "/".join(str(int(n)) for n in sorted(set(g["steps_total"])))
+        + (f" of {int(planned[(f, m)])}" if (f, m) in planned else "") + " steps)"
+        for (f, m, p), g in cut.groupby(["framework", "model", "precision"], sort=False))
     return [f"The speed budget stopped {len(cut)} cell{'s' * (len(cut) != 1)}: {said}. Their first steps projected "
             f"more than the {limit_s:g} s cell budget; their accuracy and time to target are compared with nothing "
             "(their speed comes from the speed trials); --no-speed-budget runs them in full."]
