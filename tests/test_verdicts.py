@@ -365,3 +365,9 @@ def test_a_located_overflow_is_defined_as_what_the_locator_can_name():
     parameter whose gradient came out non-finite, and the Numerics text allows an overflow before it."""
     said = verdicts.REASONS["overflow_located"]
     assert "first parameter whose gradient came out non-finite" in said and "a tensor before it" in said
+
+
+def test_finite_losses_do_not_claim_a_budget_cut_cell_trained_to_the_end():
+    """Both Xeon audits: "finite losses" was defined as "every cell trained to the end" beside cells the speed budget
+    stopped at 45 of 88 steps."""
+    assert "to the end" not in verdicts.REASONS["all_finite"] and "speed budget" in verdicts.REASONS["all_finite"]

@@ -73,7 +73,8 @@ REASONS = {
     "not_reached": "some seeds never reached the target",
     "one_seed": "one seed: no interval over seeds",
     "no_fp32": "no finished fp32 cell of the same seed to pair with",
-    "all_finite": "every cell trained to the end with a finite loss",
+    "all_finite": "every loss of every cell was finite, to its last step (where the speed budget stopped a cell: to "
+                  "that step)",
     "diverged": "a cell's loss went non-finite and it stopped",
     "cell_failed": "the cells crashed or were refused",
     "timeout": "the cells ran out of time",
