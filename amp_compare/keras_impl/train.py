@@ -293,7 +293,7 @@ def close_records(cfg: RunConfig, data: Dataset, model: keras.Model, result: Tra
     # Per validation image, right or wrong: the final model's predictions for the paired tests
     # (harness/report/stats.py).
     validation, batch = validation_data(data)
-    x = validation if batch is None else data.x_val
+    x = validation if backends.TENSORFLOW else data.x_val  # the arrays' (x, y) pair would read as two inputs
     result.val_correct = np.argmax(model.predict(x, batch_size=batch, verbose=0), axis=1) == data.y_val
     check_final_weights(result, get_weights(model))  # non-finite weights behind a finite loss: diverged
     training.last_underflow(cfg, numerics, model, first_batch, float(amp.current_scale(model.optimizer)), result)

@@ -372,10 +372,11 @@ def _time(r, key: dict, cut: int) -> dict:
                             reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
                             estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high),
                             margin=SAME_RATIO)
-    counted = np.nan if cut else 1  # a budget-cut precision's cells were not timed to the target: no count
+    # a budget-cut precision's cells were not timed to the target: no count
+    reached_seeds, seeds = (np.nan, np.nan) if cut else (facts.reached, facts.seeds)
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
-                "reached_seeds": facts.reached * counted, "seeds": facts.seeds * counted,
-                "time_s": _num(r.time_to_target_s), "budget_cut_cells": cut}
+                "reached_seeds": reached_seeds, "seeds": seeds, "time_s": _num(r.time_to_target_s),
+                "budget_cut_cells": cut}
     return row(key, "time_to_target", facts, "t over seeds 95%" if facts.seeds >= 2 else "none", evidence)
 
 
