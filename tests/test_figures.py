@@ -64,7 +64,6 @@ def test_a_skipped_steps_x_is_drawn_above_the_lines_markers():
 
 def test_the_loss_curves_caption_counts_its_panels(tmp_path):
     """The lab audit: "One panel per framework" under a figure with a panel per framework and model."""
-    from amp_compare.harness.report import figures
 
     one, two = _steps(precisions=("fp32",)).assign(model="simple_cnn"), []
     two = pd.concat([one, one.assign(model="vit")])
@@ -125,7 +124,6 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
 def test_the_underflow_figures_layer_names_do_not_overlap(tmp_path, monkeypatch):
     """Issue 32: a two-model run's 20 layer names at 45° ran into each other. They are drawn upright with room
     for each, and the drawn label boxes are checked for overlap."""
-    from amp_compare.harness.report import figures
 
     names = ["conv1", "conv2", "fc"] + [f"blocks.{b}.{p}" for b in range(2) for p in
                                         ("attn.query", "attn.key", "attn.value", "attn.out", "ln1", "ln2", "mlp.fc1",
@@ -153,7 +151,6 @@ def _drawn(monkeypatch, module):
 
 def test_a_log_loss_axis_over_three_decades_has_no_overprinted_labels():
     """The audit's loss_curves.png: every minor tick of 0.007–3 labelled, 0.09/0.08/0.07… overprinting."""
-    from amp_compare.harness.report import figures
 
     steps = _steps()
     steps["loss"] = 3.0 * np.exp(-np.log(3.0 / 0.007) * steps["step"] / 23)
@@ -167,7 +164,6 @@ def test_a_log_loss_axis_over_three_decades_has_no_overprinted_labels():
 def test_the_gradient_histograms_axis_labels_do_not_run_into_the_next_panels(monkeypatch, tmp_path):
     import json
 
-    from amp_compare.harness.report import figures
 
     hist = json.dumps({str(k): (10 if -20 <= k <= -6 else 0) for k in range(-40, 17)})
     rows = [{"framework": fw, "precision": "fp16", "seed": 0, "when": "last step", "layer": "conv1",
@@ -189,7 +185,6 @@ def test_the_gradient_histograms_axis_labels_do_not_run_into_the_next_panels(mon
 def test_the_time_to_accuracy_target_is_named_clear_of_the_data(monkeypatch, tmp_path):
     """The audit: "target 93.9%" written at the line's left end, where the first epochs' points overprinted it."""
     from amp_compare.contract import records
-    from amp_compare.harness.report import figures
     from amp_compare.harness.report.tables import accuracy_statistics
     from tests.test_report_sentences import write_run
 
@@ -206,7 +201,6 @@ def test_the_time_to_accuracy_target_is_named_clear_of_the_data(monkeypatch, tmp
 
 def test_bar_labels_stand_above_their_error_bars(monkeypatch, tmp_path):
     """The audit's memory.png: "+0%" at the bar's top, under the bar's own error bar."""
-    from amp_compare.harness.report import figures
 
     runs = pd.DataFrame([{"framework": fw, "precision": p, "seed": s, "peak_memory_mib": 40 + 10 * s}
                          for fw in ("torch", "tf") for p in ("fp32", "fp16") for s in range(3)])
@@ -280,7 +274,6 @@ def _epochs(n=4, differ=()):
 def test_identical_val_accuracy_lines_are_all_visible_and_the_caption_names_them(monkeypatch, tmp_path):
     """The audit's val_accuracy.png: aligned mode's PyTorch lines lay exactly under the Keras ones, unseen and
     unsaid. The hidden line is drawn wider beneath; the caption names, from the data, which lines coincide."""
-    from amp_compare.harness.report import figures
 
     drawn = _drawn(monkeypatch, figures)
     (fig,) = figures._curve_figures(pd.DataFrame(), _epochs(differ=("bf16",)), tmp_path)
@@ -298,14 +291,12 @@ def test_identical_val_accuracy_lines_are_all_visible_and_the_caption_names_them
 
 
 def test_lines_that_differ_are_not_said_to_coincide():
-    from amp_compare.harness.report import figures
 
     assert figures.coinciding_text(_epochs(differ=("fp32", "fp16", "bf16")), "epoch", "val_accuracy", "x") == ""
 
 
 def test_the_val_accuracy_figure_counts_epochs_from_1_as_the_tables_do(monkeypatch, tmp_path):
     """The audit: the headroom table and figure count epochs from 1, val_accuracy.png from 0 (ticks 0.0, 0.2 …)."""
-    from amp_compare.harness.report import figures
 
     drawn = _drawn(monkeypatch, figures)
     figures._curve_figures(_steps(), _epochs(n=2), tmp_path)
@@ -325,7 +316,6 @@ def test_the_val_accuracy_figure_counts_epochs_from_1_as_the_tables_do(monkeypat
 def test_the_naive_exp_limit_is_drawn_inside_every_attention_logit_panel(monkeypatch, tmp_path):
     """The audit's headroom.png: fp32 and bf16 logits of 48–63 set the axis' floor above ln(65,504) ≈ 11.1, so the
     dotted line lay below the panel (only its label printed, under the axis)."""
-    from amp_compare.harness.report import figures
     from amp_compare.harness.report.numerics import FP16_EXP_LIMIT
 
     cells = [(fw, prec) for fw in ("torch", "tf") for prec in ("fp32", "fp16", "bf16")]
@@ -352,7 +342,6 @@ def test_a_log_loss_axis_inside_one_decade_still_has_labelled_ticks():
     steps["loss"] = 2.47 - 0.02 * steps["step"]
     fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
                  split_frameworks=True)
-    from amp_compare.harness.report import figures
 
     fig.canvas.draw()
     shown = figures._drawn_tick_labels(fig.axes[0], "y", fig.canvas.get_renderer())  # major and minor, in view
@@ -377,7 +366,6 @@ def _key_bias_underflow():
 def test_the_underflow_bars_leave_out_key_bias_residue_and_the_caption_says_what_a_bar_pools(monkeypatch, tmp_path):
     """The audits: attention key biases (exact gradient zero: rounding residue) drawn as 3% underflow, and a
     caption that said neither the seed pooling nor the step."""
-    from amp_compare.harness.report import figures
 
     drawn = _drawn(monkeypatch, figures)
     fig = figures.make_underflow_figure(_key_bias_underflow(), tmp_path)
@@ -429,7 +417,6 @@ def _busy_run(tmp_path):
 
 def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_path, monkeypatch):
     """The audit's throughput.png: bars of 3.06× (a busy fp32 cell) beside a speed trial of 0.33×, unflagged."""
-    from amp_compare.harness.report import figures
     from amp_compare.harness.report.tables import accuracy_statistics
 
     t, trials, busy = _busy_run(tmp_path)
@@ -475,7 +462,6 @@ def test_figures_measured_from_the_layout_alone_are_the_pngs_full_draws_give(tmp
     import seaborn.axisgrid
     import seaborn.utils
 
-    from amp_compare.harness.report import figures
 
     steps = _steps()
     steps["loss"] = 3.0 * np.exp(-np.log(3.0 / 0.007) * steps["step"] / 23)
@@ -498,23 +484,3 @@ def test_figures_measured_from_the_layout_alone_are_the_pngs_full_draws_give(tmp
     monkeypatch.setattr(figures, "laid_out", lambda fig: fig.canvas.draw() or fig.canvas.get_renderer())
     monkeypatch.setattr(seaborn.axisgrid, "_draw_figure", seaborn.utils._draw_figure)
     assert ours == pngs("drawn")
-
-
-def test_the_speed_figure_draws_each_speed_verdict_with_its_interval(tmp_path, monkeypatch):
-    """The figure under the answer is the verdict table's speed rows (estimate, low, high) against 1×, not the
-    cells' throughput (whose ratios the audit found beside, and disagreeing with, the verdicts)."""
-    drawn = {}
-    monkeypatch.setattr(figures, "_save", lambda fig, out, key: drawn.setdefault(key, fig))
-    rows = [("torch", "fp16", 0.024, 0.021, 0.029, "slower"), ("torch", "bf16", 1.54, 1.25, 1.91, "faster"),
-            ("tf", "bf16", 0.97, 0.90, 1.05, "undecided")]
-    v = pd.DataFrame([{"model": "simple_cnn", "dataset": "digits", "framework": f, "precision": p, "metric": "speed",
-                       "estimate": e, "low": lo, "high": hi, "status": st, "interval_kind": "trial 95%"}
-                      for f, p, e, lo, hi, st in rows])
-    fig = figures.make_speed_verdict_figure(pd.concat([v, v.assign(metric="memory")]), tmp_path)
-    assert fig.key == "speed_verdicts" and "≥95% trial" in fig.caption
-    (ax,) = drawn["speed_verdicts"].axes
-    points = sorted(line.get_xdata()[0] for line in ax.lines if len(line.get_xdata()) == 1)
-    intervals = sorted(tuple(line.get_xdata()) for line in ax.lines if line.get_linestyle() == "-"
-                       and len(line.get_xdata()) == 2)  # not the dashed 1× line
-    assert points == sorted([0.024, 1.54, 0.97]) and intervals == sorted((lo, hi) for *_, lo, hi, _ in rows)
-    assert figures.make_speed_verdict_figure(v.assign(metric="memory"), tmp_path) is None

@@ -1,6 +1,7 @@
 """Issue 13: the timed loop adds no per-step host sync, the wall-time headline, FLOPs counted once,
 ceilings, the --step / --batch-sizes matrix, the bound verdict, and a sweep rendered into the report."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -275,7 +276,7 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path, unsaved_fi
     run = tmp_path / "sweep"
     tables = records.read_run(run)
     drawn = [f.key for f in make_figures(tables["run"], tables["epochs"], tables["steps"], run / "figures")]
-    assert {"speedup_vs_batch", "mfu_vs_batch"} <= set(drawn), drawn
+    assert "speedup_vs_batch" in drawn, drawn
     summary = (run / "summary.md").read_text()
     for column in ("MFU", "Ceiling TFLOP/s (measured)", "Bound", "Images/s (median step)", "Batch", "Step"):
         assert column in summary
@@ -321,10 +322,10 @@ def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_
     assert calls == [16, 32] and early.max_ok == 32 and "25 s budget" in early.stopped_early
     table = search_table([done])
     assert "stopped_early" in table
-    from amp_compare.harness.report.figures import make_max_batch_figure
+    from amp_compare.harness.report.render import _maxbatch_table
 
-    fig = make_max_batch_figure(search_table([early, done]).assign(precision="fp32"), tmp_path)
-    assert fig is not None and "Stopped early" in fig.caption
+    shown = _maxbatch_table(search_table([early, dataclasses.replace(done, cfg=RunConfig(precision="bf16"))]))
+    assert list(shown["Search"]) == [early.stopped_early, "converged"]
 
 
 def test_gpu_cap_is_enforced_by_the_framework_in_the_probe(tmp_path, capsys):

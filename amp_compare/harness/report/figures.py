@@ -26,7 +26,6 @@ from amp_compare.contract.config import (  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
-from amp_compare.harness.report.maxbatch_table import cap_label  # noqa: E402
 from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX, QUANTITY_LABELS, headroom_per_block  # noqa: E402
 from amp_compare.harness.report.tables import (  # noqa: E402
     LOOP,
@@ -442,49 +441,6 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, sp
                    "Bar chart of training images per second for each framework and precision mode.")]
 
 
-STATUS_COLORS = {"faster": "#2a9d8f", "slower": "#d1495b"}  # every other status (same, undecided, …): grey
-
-
-def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """The answer's speed, drawn: per model x dataset, each speed verdict's ratio to fp32 with the interval it rests
-    on (the verdict table's estimate, low and high), against 1×. None without a speed verdict that has a number."""
-    from amp_compare.harness.report import phrases
-
-    speed = verdicts[(verdicts["metric"] == "speed") & np.isfinite(verdicts["estimate"].astype(float))]
-    if speed.empty:
-        return None
-    groups = list(speed.groupby(["model", "dataset"], sort=False))
-    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 0.9 + 0.5 * max(len(g) for _, g in groups)),
-                             squeeze=False, layout="constrained")
-    for ax, ((model, dataset), part) in zip(axes[0], groups):
-        labels = [f"{framework_label(f)} {p}" for f, p in zip(part["framework"], part["precision"])][::-1]
-        for y, v in enumerate(part.iloc[::-1].itertuples()):
-            color = STATUS_COLORS.get(v.status, "#8d8d8d")
-            if np.isfinite(v.low):
-                ax.plot([v.low, v.high], [y, y], color=color, lw=2.5)
-            ax.plot(v.estimate, y, "o", color=color)
-            ax.annotate(f"{phrases.ratio(v.estimate)} {phrases.STATUS[v.status]}", (v.estimate, y),
-                        xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)
-        ax.axvline(1, color="black", ls="--", lw=1)
-        ax.set_xscale("log")
-        ends = part[["estimate", "low", "high"]].astype(float).to_numpy()
-        ax.set_xlim(min(np.nanmin(ends), 1) / 1.4, max(np.nanmax(ends), 1) * 1.4)  # the labels and 1× inside
-        ax.set_yticks(range(len(labels)), labels)
-        ax.set_ylim(-0.6, len(labels) - 0.2)
-        ax.set_title(f"{model} on {dataset}")
-        ax.set_xlabel("× fp32's speed (log scale; right of 1: faster)")
-    plain_log_labels(fig, "x")
-    _save(fig, out_dir, "speed_verdicts")
-    kinds = sorted({phrases.interval_words(v) for v in speed.itertuples()} - {""})
-    return Figure("speed_verdicts", "speed", "Speed verdicts",
-                  "Each point is a mixed precision's speed verdict from the speed trials: fp32's step time over its "
-                  "own, as a multiple of fp32's speed; the line through it is the interval the verdict rests on"
-                  + (f" ({', '.join(kinds)})" if kinds else "") + ", coloured by the verdict (green faster, red "
-                  "slower, grey neither). Right of the dashed 1× line: faster than fp32.",
-                  "Dot plot of each framework and mixed precision's speed relative to fp32, with intervals, on a "
-                  "log axis with a line at 1x.")
-
-
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
     """The memory bars' labels: the change against fp32 with the summary table's ⚠ (`notes`: the full table), or
     "undecided" where memory.py leaves the difference unresolved."""
@@ -673,51 +629,35 @@ def primary_cells(ok: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, 
 
 
 def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
-    """--batch-sizes: speed-up against fp32 and MFU per batch size, per framework and precision
-    (one column per step loop). Pure function of the summary table."""
+    """--batch-sizes: speed-up against fp32 per batch size, per framework and mixed precision (one column per step
+    loop; MFU per batch size is in the hardware table). Pure function of the summary table."""
     if table.empty or table["batch_size"].nunique() < 2:
         return []
     facet = {"col": "Step"} if table["step_loop"].nunique() > 1 else {}
-    out = []
-    for key, y, ylabel, title, caption in [
-        ("speedup_vs_batch", "speedup_vs_fp32", "Speed-up against fp32 at the same batch (×)",
-         "Mixed-precision speed-up vs batch size",
-         "Each line is one framework in one mixed precision: its throughput (wall time) over the same framework's "
-         "fp32 at the same batch size and loop. A speed-up that grows with the batch means the smaller batches "
-         "were bound by per-step host cost (Python, kernel launches, syncs), not by arithmetic: a property of the "
-         "loop and the batch size, not of AMP."),
-        ("mfu_vs_batch", "mfu_pct", "MFU (% of the run's measured matmul ceiling for the dtype)",
-         "Model FLOPs utilisation vs batch size",
-         "Achieved training FLOP/s (FLOPs per image counted once from the shared layer shapes, times images/s) "
-         "over the run's ceiling for the dtype: the best fixed-size matmul any cell timed, in either framework. "
-         "Low and rising with the batch: host-bound; flat: the device's work sets the pace (see Bound in the "
-         "summary table)."),
-    ]:
-        data = table.assign(mfu_pct=table["mfu_measured"] * 100, Step=table["step_loop"])
-        if y == "speedup_vs_fp32":
-            data = data[precisions.is_mixed(data["precision"])]
-        data = data[np.isfinite(data[y].astype(float))]
-        if data.empty:
-            continue
-        data = _labelled(data)
-        grid = sns.relplot(data=data, kind="line", x="batch_size", y=y, **LINES, errorbar=None, height=4, aspect=1.5,
-                           **facet)
-        grid.set(xscale="log")
-        for ax in grid.axes.flat:
-            sizes = sorted(table["batch_size"].unique())
-            ax.set_xticks(sizes, [f"{b:.0f}" for b in sizes])
-            ax.minorticks_off()
-            if y == "speedup_vs_fp32":
-                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-        if facet:
-            grid.set_titles("{col_name} loop")
-        grid.set_axis_labels("Batch size (images per step, log scale)", ylabel)
-        grid.figure.suptitle(title, y=1.03)
-        _save(grid.figure, out_dir, key)
-        out.append(Figure(key, "speed", title, caption,
-                          f"Line chart of {ylabel.split(' (')[0].lower()} against batch size for each framework "
-                          "and precision."))
-    return out
+    data = table.assign(Step=table["step_loop"])
+    data = data[precisions.is_mixed(data["precision"]) & np.isfinite(data["speedup_vs_fp32"].astype(float))]
+    if data.empty:
+        return []
+    title = "Mixed-precision speed-up vs batch size"
+    grid = sns.relplot(data=_labelled(data), kind="line", x="batch_size", y="speedup_vs_fp32", **LINES,
+                       errorbar=None, height=4, aspect=1.5, **facet)
+    grid.set(xscale="log")
+    sizes = sorted(table["batch_size"].unique())
+    for ax in grid.axes.flat:
+        ax.set_xticks(sizes, [f"{b:.0f}" for b in sizes])
+        ax.minorticks_off()
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    if facet:
+        grid.set_titles("{col_name} loop")
+    grid.set_axis_labels("Batch size (images per step, log scale)", "Speed-up against fp32 at the same batch (×)")
+    grid.figure.suptitle(title, y=1.03)
+    _save(grid.figure, out_dir, "speedup_vs_batch")
+    return [Figure("speedup_vs_batch", "speed", title,
+                   "Each line is one framework in one mixed precision: its throughput (wall time) over the same "
+                   "framework's fp32 at the same batch size and loop. A speed-up that grows with the batch means the "
+                   "smaller batches were bound by per-step host cost (Python, kernel launches, syncs), not by "
+                   "arithmetic: a property of the loop and the batch size, not of AMP.",
+                   "Line chart of speed-up against batch size for each framework and precision.")]
 
 
 def x_label_overlaps(fig) -> int:
@@ -854,42 +794,6 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
 
                   "Step chart per framework of the percentage of gradient elements per power of two of the scaled "
                   "gradient magnitude, with float16's underflow and overflow regions shaded.")
-
-
-def make_max_batch_figure(maxbatch: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """--find-max-batch: per precision the largest batch under the memory cap, labelled with the memory it used."""
-    if maxbatch.empty:
-        return None
-    fitted = maxbatch[maxbatch["ok"] & (maxbatch["batch"] == maxbatch["max_ok"])]
-    used = fitted.groupby(["framework", "precision"])["peak_bytes"].max()
-    df = _labelled(maxbatch.groupby(["framework", "precision"], as_index=False)["max_ok"].first())
-    grid = sns.catplot(data=df, kind="bar", x="Precision", y="max_ok", hue="Framework", palette=FRAMEWORK_COLORS,
-                       height=4, aspect=1.6, errorbar=None)
-    precisions = list(df["Precision"].cat.categories)
-    for container, framework in zip(grid.ax.containers, df["Framework"].cat.categories):
-        fw = next(k for k, v in FRAMEWORK_LABELS.items() if v == framework)
-        part = df[df["framework"] == fw].set_index("precision")["max_ok"]
-        labels = []
-        for p in precisions[:len(container)]:
-            memory = used.get((fw, p), pd.NA)
-            labels.append("" if p not in part.index else f"{part[p]:d}" + (
-                f"\n{memory / 2**30:.2f} GiB" if not pd.isna(memory) else ""))
-        grid.ax.bar_label(container, labels=labels, fontsize=8, padding=2)
-    _finish(grid, "Largest batch that trains under the memory cap", "Precision mode", "Batch size (images)")
-    _save(grid.figure, out_dir, "max_batch")
-    device = str(maxbatch["device"].dropna().iloc[0]) if maxbatch["device"].notna().any() else "cpu"
-    cap = maxbatch["cap_bytes"].dropna()
-    cap_text = cap_label(device, int(cap.iloc[0]) if not cap.empty else None)
-    stopped = sorted(set(maxbatch.get("stopped_early", pd.Series(dtype=str)).fillna("")) - {""})
-    early = (" Stopped early, so the bar is the largest batch that fit before the search's time ran out: "
-             + "; ".join(stopped) + "." if stopped else "")
-    return Figure("max_batch", "memory", "Largest batch per precision",
-                  f"Found by doubling, then bisection, each probe a fresh process training two steps under {cap_text}. "
-                  "Under each bar's batch size, the peak memory its probe used (the framework allocator's on a GPU, "
-                  "the process's peak RSS on a CPU). Where half precision halves activation memory, its bar is "
-                  "taller: AMP's memory headroom shown as the batch it makes possible." + early,
-                  "Bar chart of the largest batch size that trained under the memory cap, per framework and precision, "
-                  "labelled with the memory used.")
 
 
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,

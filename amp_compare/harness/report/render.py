@@ -163,6 +163,8 @@ def _identity(df: pd.DataFrame) -> dict:
 
 
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
+    """One row per --find-max-batch search: the largest batch that fit, the memory it used, the cap, and whether the
+    search converged or stopped early (its time budget spent)."""
     if maxbatch.empty:
         return maxbatch
     # one row per search: model and dataset are part of its identity (two models' searches never share a row)
@@ -176,6 +178,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
                                              for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
         "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),
+        "Search": first.get("stopped_early", pd.Series("", index=first.index)).fillna("").replace("", "converged"),
     })
 
 
@@ -505,21 +508,19 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
 
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str = "cpu",
-          full: pd.DataFrame | None = None, verdict_table: pd.DataFrame | None = None) -> Callable[[], list]:
+          full: pd.DataFrame | None = None) -> Callable[[], list]:
     """Every figure of the page, started now on up to two processes; the returned collect() gives them in page order,
     collect(cancel=True) drops them."""
     from amp_compare.harness.report import figures as fg
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
-    underflow, maxbatch = tables.get("underflow", pd.DataFrame()), tables.get("maxbatch", pd.DataFrame())
+    underflow = tables.get("underflow", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     trials = tables.get("trials", pd.DataFrame())
-    tasks = [(fg.make_speed_verdict_figure, (verdict_table, out)) if verdict_table is not None else None,
-             (fg.make_figures, (runs, epochs, steps, out, device, full, trials)),
+    tasks = [(fg.make_figures, (runs, epochs, steps, out, device, full, trials)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
-             (fg.make_max_batch_figure, (maxbatch, out)) if not maxbatch.empty else None,
              (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out, trials))]
     pending = _in_parallel([t for t in tasks if t])
 
@@ -655,7 +656,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
                   said: list[dict]) -> dict:
     """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
     summary = _summary_context(run_dir, manifest, tables, said)
-    figures = (_draw(run_dir, tables, summary["accuracy"], manifest["device"], summary["full"], summary["verdicts"])
+    figures = (_draw(run_dir, tables, summary["accuracy"], manifest["device"], summary["full"])
                if draw else lambda cancel=False: [])
     try:
         rest = _page_rest(run_dir, manifest, tables, summary, draw)
