@@ -8,7 +8,7 @@ import pandas as pd
 
 from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS
 
-FIGURES = ["throughput", "memory", "loss_curves", "val_accuracy", "loss_scale", "underflow"]
+FIGURES = ["throughput", "memory", "loss_curves", "loss_scale", "underflow"]
 
 
 def test_tiny_compare_writes_records_and_report(tiny_run):

@@ -4,7 +4,6 @@ had, and loss curves where lines that coincide stay distinguishable (panels, sta
 import os
 import sys
 
-import matplotlib.colors
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -68,7 +67,7 @@ def test_the_loss_curves_caption_counts_its_panels(tmp_path):
     one, two = _steps(precisions=("fp32",)).assign(model="simple_cnn"), []
     two = pd.concat([one, one.assign(model="vit")])
     for steps, panels in ((one, "One panel per framework;"), (two, "One panel per framework and model;")):
-        (fig,) = figures._curve_figures(steps, pd.DataFrame(), tmp_path)
+        (fig,) = figures._loss_curve_figures(steps, tmp_path)
         assert fig.caption.startswith(panels), fig.caption
     plt.close("all")
 
@@ -261,56 +260,14 @@ def test_the_figures_are_drawn_while_the_rest_of_the_page_is_built_and_dropped_w
     assert order == ["drawing started", "dropped"]
 
 
-def _epochs(n=4, differ=()):
-    """Validation accuracy per epoch as aligned mode records it: both frameworks equal (one differs by ~1e-8, its
-    float32 rounding), except the precisions in `differ`, where Keras reads one image more."""
-    return pd.DataFrame([{"framework": fw, "precision": prec, "cell_id": f"{fw}-{prec}", "seed": 0, "epoch": e,
-                          "val_accuracy": 0.5 + 0.1 * e + 0.01 * i + (1e-8 if fw == "tf" else 0)
-                          + (1 / 359 if fw == "tf" and prec in differ else 0)}
-                         for fw in ("torch", "tf") for i, prec in enumerate(("fp32", "fp16", "bf16"))
-                         for e in range(n)])
-
-
-def test_identical_val_accuracy_lines_are_all_visible_and_the_caption_names_them(monkeypatch, tmp_path):
-    """The audit's val_accuracy.png: aligned mode's PyTorch lines lay exactly under the Keras ones, unseen and
-    unsaid. The hidden line is drawn wider beneath; the caption names, from the data, which lines coincide."""
+def test_the_loss_curves_count_steps_from_0_as_the_tables_do(monkeypatch, tmp_path):
+    """The audit: the tables count optimizer steps from 0; so does the loss figure's axis."""
 
     drawn = _drawn(monkeypatch, figures)
-    (fig,) = figures._curve_figures(pd.DataFrame(), _epochs(differ=("bf16",)), tmp_path)
-    assert ("Lines with the same value after every epoch: PyTorch = Keras (TF) in fp32, fp16. The line beneath is "
-            "drawn wider") in fig.caption, fig.caption
-    (drawn_fig,) = drawn
-    lines = [ln for ln in drawn_fig.axes[0].get_lines() if len(ln.get_xdata()) > 1]
-    torch_red = figures.FRAMEWORK_COLORS["PyTorch"]
-    widths = {(matplotlib.colors.to_hex(ln.get_color()), ln.get_marker()): ln.get_linewidth() for ln in lines}
-    keras = figures.FRAMEWORK_COLORS["Keras (TF)"]
-    for marker in ("o", "s"):  # fp32, fp16: PyTorch's line wider than the Keras line on top of it
-        assert widths[(torch_red, marker)] > widths[(keras, marker)]
-    assert widths[(torch_red, "^")] == widths[(keras, "^")]  # bf16 differs: nothing hidden, nothing widened
-    plt.close(drawn_fig)
-
-
-def test_lines_that_differ_are_not_said_to_coincide():
-
-    assert figures.coinciding_text(_epochs(differ=("fp32", "fp16", "bf16")), "epoch", "val_accuracy", "x") == ""
-
-
-def test_the_val_accuracy_figure_counts_epochs_from_1_as_the_tables_do(monkeypatch, tmp_path):
-    """The audit: the headroom table and figure count epochs from 1, val_accuracy.png from 0 (ticks 0.0, 0.2 …)."""
-
-    drawn = _drawn(monkeypatch, figures)
-    figures._curve_figures(_steps(), _epochs(n=2), tmp_path)
-    loss, fig = drawn
-    assert loss.axes[0].get_xlabel() == "Optimizer step (counting from 0)"  # as the tables count steps
+    figures._loss_curve_figures(_steps(), tmp_path)
+    (loss,) = drawn
+    assert loss.axes[0].get_xlabel() == "Optimizer step (counting from 0)"
     plt.close(loss)
-    ax = fig.axes[0]
-    fig.canvas.draw()
-    assert ax.get_xlabel() == "Epoch (counting from 1)"
-    ticks = [float(t.get_text()) for t in ax.get_xticklabels() if t.get_text()
-             if ax.get_xlim()[0] <= float(t.get_text()) <= ax.get_xlim()[1]]
-    assert ticks == [1.0, 2.0], ticks  # whole epochs, from 1
-    assert sorted({x for ln in ax.get_lines() for x in ln.get_xdata()}) == [1, 2]
-    plt.close(fig)
 
 
 def test_the_naive_exp_limit_is_drawn_inside_every_attention_logit_panel(monkeypatch, tmp_path):
@@ -422,10 +379,10 @@ def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_pa
     t, trials, busy = _busy_run(tmp_path)
     assert list(figures.busy_cells(t["run"], trials).round(1).items()) == [(busy, 3.0)]
     drawn = _drawn(monkeypatch, figures)
-    # the cells' records alone: the throughput figure is drawn from them and the trials, and without the steps and
-    # epochs make_figures draws no curves (their own tests are above), most of its time
+    # the cells' records alone: the throughput figure is drawn from them and the trials, and without the steps
+    # make_figures draws no curves (their own tests are above), most of its time
     nothing = pd.DataFrame()
-    made = {f.key: f for f in figures.make_figures(t["run"], nothing, nothing, tmp_path / "f", trials=trials)}
+    made = {f.key: f for f in figures.make_figures(t["run"], nothing, tmp_path / "f", trials=trials)}
     caption = made["throughput"].caption
     assert "not a speed verdict (those come from the speed trials" in caption
     assert (f"Ran while the machine was busy (wall time per step over 1.4× the median step of the speed trial's "
@@ -445,7 +402,7 @@ def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_pa
     # and with no mark to explain the captions say nothing of busy cells
     more = trials.assign(threads=trials["threads"] + 1)
     assert figures.busy_cells(t["run"], more).empty
-    made = {f.key: f for f in figures.make_figures(t["run"], nothing, nothing, tmp_path / "g", trials=more)}
+    made = {f.key: f for f in figures.make_figures(t["run"], nothing, tmp_path / "g", trials=more)}
     tta = figures.make_time_to_accuracy_figure(t["run"], t["epochs"], accuracy_statistics(t["run"], t["epochs"]),
                                                tmp_path / "g", more)
     for caption in (made["throughput"].caption, tta.caption):

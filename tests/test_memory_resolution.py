@@ -28,11 +28,11 @@ def memory_run(tmp_path_factory):
 
 def _draw_only(monkeypatch, *groups):
     """make_figures draws only these groups of its figures (figures.py), the ones whose captions or labels a test
-    reads: the others' drawing is seconds of CPU each (the loss and accuracy curves of 18 cells about 5 s) and is
+    reads: the others' drawing is seconds of CPU each (the loss curves of 18 cells about 5 s) and is
     checked in tests/test_figures.py and on the shared tiny compare."""
     from amp_compare.harness.report import figures
 
-    for group in ("_throughput_figures", "_memory_figures", "_curve_figures", "_loss_scale_figures"):
+    for group in ("_throughput_figures", "_memory_figures", "_loss_curve_figures", "_loss_scale_figures"):
         if group not in groups:
             monkeypatch.setattr(figures, group, lambda *args, **kwargs: [])
 
@@ -131,7 +131,7 @@ def test_the_memory_figures_bar_labels_say_undecided_where_the_table_does(memory
     assert by[("tf", "bf16")] == "+95%" and not any(v.endswith("%") for v in labels.loc[
         labels["memory_label"] == "undecided", "memory_label"])
     t = records.read_run(run_dir)
-    caption = next(f for f in figures.make_figures(runs, t["epochs"], t["steps"], tmp_path / "f")
+    caption = next(f for f in figures.make_figures(runs, t["steps"], tmp_path / "f")
                    if f.key == "memory").caption
     assert "some seed's difference from fp32 is within what fp32's or its own seeds differed by" in caption
 
@@ -146,7 +146,7 @@ def test_the_memory_figures_bar_labels_carry_the_summary_tables_warning(memory_r
     drawn = {}
     monkeypatch.setattr(figures, "_save", lambda fig, out_dir, key: drawn.setdefault(key, fig))
     t = records.read_run(run_dir)
-    figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f", "cpu", rendered.table)
+    figures.make_figures(t["run"], t["steps"], tmp_path / "f", "cpu", rendered.table)
     labels = sorted(text.get_text() for ax in drawn["memory"].axes for text in ax.texts)
     assert labels == ["+0%", "+0%", "+601% ⚠", "+95%", "undecided", "undecided"], labels  # fp32: +0%
 
@@ -159,6 +159,6 @@ def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path, u
     for seeds, said in (((0,), "One run (one seed) per bar, so no error bar"),
                         ((0, 1), "interquartile range (interpolated between the 2 seeds' values)")):
         t = records.read_run(write_run(tmp_path / str(len(seeds)), seeds=seeds))
-        caption = next(f for f in figures.make_figures(t["run"], t["epochs"], t["steps"], tmp_path / "f")
+        caption = next(f for f in figures.make_figures(t["run"], t["steps"], tmp_path / "f")
                        if f.key == "throughput").caption
         assert said in caption, caption

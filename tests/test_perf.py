@@ -275,7 +275,7 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path, unsaved_fi
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "sweep"
     tables = records.read_run(run)
-    drawn = [f.key for f in make_figures(tables["run"], tables["epochs"], tables["steps"], run / "figures")]
+    drawn = [f.key for f in make_figures(tables["run"], tables["steps"], run / "figures")]
     assert "speedup_vs_batch" in drawn, drawn
     summary = (run / "summary.md").read_text()
     for column in ("MFU", "Ceiling TFLOP/s (measured)", "Bound", "Images/s (median step)", "Batch", "Step"):

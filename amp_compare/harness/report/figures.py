@@ -17,7 +17,6 @@ import seaborn as sns  # noqa: E402
 
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import (  # noqa: E402
-    DISPLAY_ORDER,
     FRAMEWORK_LABELS,
     PRECISIONS,
     display_order,
@@ -278,51 +277,6 @@ def _panel_keys(frame: pd.DataFrame) -> list[str]:
     return [k for k in ("machine", "model", "dataset") if k in frame and frame[k].nunique() > 1]
 
 
-def coinciding_lines(frame: pd.DataFrame, x: str, y: str) -> list[tuple[str, list[str]]]:
-    """Per panel (model · dataset, where several), the groups of framework x precision lines whose median curves
-    are equal at every x, as the figure draws them: [(panel, ["PyTorch fp32", "Keras (TF) fp32"]), …]."""
-    panels = _panel_keys(frame)
-    med = frame.groupby([*panels, "framework", "precision", x], observed=True)[y].median()
-    out = []
-    for key, part in (med.groupby(level=list(range(len(panels)))) if panels else [((), med)]):
-        curves = (part.droplevel(list(range(len(panels)))) if panels else part).unstack(x)
-        groups: list[list[tuple]] = []
-        for line, values in curves.iterrows():
-            same = next((g for g in groups if _same(curves.loc[g[0]], values)), None)
-            (same.append(line) if same is not None else groups.append([line]))
-        panel = " · ".join(map(str, key if isinstance(key, tuple) else (key,)))
-        order = [sorted(g, key=lambda line: (DISPLAY_ORDER.get(line[0], 99), DISPLAY_ORDER.get(line[1], 99)))
-                 for g in groups if len(g) > 1]
-        for g in sorted(order, key=lambda g: DISPLAY_ORDER.get(g[0][1], 99)):
-            out.append((panel, g))
-    return out
-
-
-def coinciding_text(frame: pd.DataFrame, x: str, y: str, where: str) -> str:
-    """The caption's sentence naming the lines that lie on one another ("" when none does): "PyTorch = Keras (TF)
-    in fp32, bf16 (vit)" where the frameworks' lines of one precision coincide, else each line named."""
-    said: dict[str, dict[str, list[str]]] = {}
-    for panel, lines in coinciding_lines(frame, x, y):
-        precs = {prec for _, prec in lines}
-        if len(precs) == 1:
-            who, what = " = ".join(framework_label(fw) for fw, _ in lines), next(iter(precs))
-        else:
-            who, what = " = ".join(f"{framework_label(fw)} {prec}" for fw, prec in lines), ""
-        said.setdefault(who, {}).setdefault(what, []).append(panel)
-    parts = []
-    for who, by_prec in said.items():
-        shared = len({tuple(ps) for ps in by_prec.values()}) == 1  # every precision in the same panels: said once
-        named = [prec + ("" if shared or not any(ps) else f" ({', '.join(ps)})")
-                 for prec, ps in sorted(by_prec.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99))]
-        panels = next(iter(by_prec.values())) if shared and any(next(iter(by_prec.values()))) else []
-        parts.append(who + (f" in {', '.join(n for n in named if n)}" if any(named) else "")
-                     + (f" ({', '.join(panels)})" if panels else ""))
-    if not parts:
-        return ""
-    return (f" Lines with the same value {where}: {'; '.join(parts)}. The line beneath is drawn wider with larger "
-            "markers, so it shows as a border around the one on top.")
-
-
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
     """The largest relative gap, over every step and panel, between a precision's median curve and the same
     framework's fp32 curve of the same model and dataset, as the figure draws them (None without an fp32 curve)."""
@@ -501,39 +455,22 @@ def left_out_note(runs: pd.DataFrame, shown: set) -> str:
             f"{'its curve is' if one else 'their curves are'} not drawn.")
 
 
-def _curve_figures(steps: pd.DataFrame, epochs: pd.DataFrame, out_dir: Path, left: str = "") -> list[Figure]:
-    """The Accuracy section's curves: training loss per step and validation accuracy per epoch, of the finished
-    cells; `left` (left_out_note) names the others."""
-    figures = []
-    if not steps.empty:
-        _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
-                     "Batch cross-entropy loss (nats, log scale)", log=True, split_frameworks=True),
-              out_dir, "loss_curves")
-        gap = curves_coincide(steps, "step", "loss")
-        overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
-                   f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
-                   "markers show each one." if gap is not None and gap < 0.02 else "")
-        panels = " and ".join(["framework", *_panel_keys(steps)])
-        figures.append(Figure("loss_curves", "accuracy", "Training loss per step",
-                              f"One panel per {panels}; each line is one precision, the median over seeds of the "
-                              "loss at each step, all from the same initial weights, with its own marker; no band "
-                              "is drawn." + overlap + left,
-                              "Line charts of per-step training loss, one panel per framework, one line per "
-                              "precision."))
-    if not epochs.empty:
-        # the records count epochs from 0; the reader counts from 1, as the tables and the headroom figure do
-        counted = epochs.assign(epoch=epochs["epoch"] + 1)
-        fig = _lines(counted, "epoch", "val_accuracy", "Validation accuracy per epoch", "Epoch (counting from 1)",
-                     "Validation accuracy (fraction)")
-        for ax in fig.axes:
-            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        _save(fig, out_dir, "val_accuracy")
-        figures.append(Figure("val_accuracy", "accuracy", "Validation accuracy per epoch",
-                              "Each line is one framework and precision, the median over seeds of the validation "
-                              "accuracy after each epoch; no band is drawn."
-                              + coinciding_text(counted, "epoch", "val_accuracy", "after every epoch") + left,
-                              "Line chart of validation accuracy after each epoch for each framework and precision."))
-    return figures
+def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> list[Figure]:
+    """The Accuracy section's loss curves: training loss per step of the finished cells; `left` (left_out_note)
+    names the others. Accuracy per epoch is the time-to-accuracy figure's."""
+    if steps.empty:
+        return []
+    _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
+                 "Batch cross-entropy loss (nats, log scale)", log=True, split_frameworks=True), out_dir, "loss_curves")
+    gap = curves_coincide(steps, "step", "loss")
+    overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
+               f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
+               "markers show each one." if gap is not None and gap < 0.02 else "")
+    panels = " and ".join(["framework", *_panel_keys(steps)])
+    return [Figure("loss_curves", "accuracy", "Training loss per step",
+                   f"One panel per {panels}; each line is one precision, the median over seeds of the loss at each "
+                   "step, all from the same initial weights, with its own marker; no band is drawn." + overlap + left,
+                   "Line charts of per-step training loss, one panel per framework, one line per precision.")]
 
 
 def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
@@ -582,7 +519,7 @@ def speed_labels(table: pd.DataFrame) -> pd.Series:
                      index=table.index)
 
 
-def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
+def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
                  device: str = "cpu", notes: pd.DataFrame | None = None,
                  trials: pd.DataFrame | None = None) -> list[Figure]:
     """Draw every figure the data allows into out_dir; return their descriptions in report order. notes: the
@@ -600,7 +537,6 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
-    epochs = epochs[epochs["cell_id"].isin(ok_ids)] if not epochs.empty else epochs
     n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
     # the error bar is seaborn's 25th–75th percentile interval; over 2–3 seeds that is interpolated between them
     spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range"
@@ -611,7 +547,7 @@ def make_figures(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame, 
                        "bar has no ratio label (not a speed result).")
     return [*_throughput_figures(ok, table, out_dir, spread, sweep_note, busy_cells(ok, trials)),
             *_memory_figures(ok, table, out_dir, spread, device, notes),
-            *_curve_figures(steps, stats.whole_epochs(epochs, steps, ok), out_dir, left_out_note(runs, ok_ids)),
+            *_loss_curve_figures(steps, out_dir, left_out_note(runs, ok_ids)),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
 
 

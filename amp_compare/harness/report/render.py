@@ -517,7 +517,7 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str
     underflow = tables.get("underflow", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     trials = tables.get("trials", pd.DataFrame())
-    tasks = [(fg.make_figures, (runs, epochs, steps, out, device, full, trials)),
+    tasks = [(fg.make_figures, (runs, steps, out, device, full, trials)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
