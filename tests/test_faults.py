@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract import records
-from amp_compare.harness.report.render import render_report
+from amp_compare.harness.report.render import render
 from tests.children import misbehave
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,7 +251,7 @@ def test_corrupt_record_among_good_ones(tiny_run, tmp_path):
     warnings: list[str] = []
     tables = records.read_run(copy, warn=warnings.append)
     assert len(tables["run"]) == 5 and "tf-simple_cnn-synthetic-fp16-s0" in warnings[0]
-    render_report(copy, figures=False)  # the page's text is what it reads
+    render(copy, figures=False)  # the page's text is what it reads
     html = (copy / "index.html").read_text()
     assert "tf-simple_cnn-synthetic-fp16-s0 (missing)" in html
     assert html.count("simple_cnn-synthetic-") >= 5

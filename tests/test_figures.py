@@ -138,7 +138,7 @@ def test_the_underflow_figures_layer_names_do_not_overlap(tmp_path, monkeypatch)
     (fig,) = drawn
     labels = [t.get_text() for t in fig.axes[-1].get_xticklabels() if t.get_visible()]
     assert "vit: blocks.1.attn.query" in labels and len(labels) == len(names)
-    assert figures.x_label_overlaps(fig) == 0
+    assert figures.tick_label_overlaps(fig) == 0
 
 
 def _drawn(monkeypatch, module):

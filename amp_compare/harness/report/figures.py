@@ -177,8 +177,9 @@ def _drawn_tick_labels(ax, axis: str, renderer) -> list[tuple[float, bool, objec
     return out
 
 
-def tick_label_overlaps(fig, axis: str) -> int:
-    """How many pairs of the figure's drawn tick labels (major and minor) on one axis overlap, per axes."""
+def tick_label_overlaps(fig, axis: str = "x") -> int:
+    """How many pairs of the figure's drawn tick labels (major and minor, hidden ones not) on one axis overlap, per
+    axes."""
     renderer = laid_out(fig)
     count = 0
     for ax in fig.axes:
@@ -596,25 +597,15 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    "Line chart of speed-up against batch size for each framework and precision.")]
 
 
-def x_label_overlaps(fig) -> int:
-    """How many neighbouring x tick labels of the figure's axes overlap on the drawn canvas."""
-    renderer = laid_out(fig)
-    count = 0
-    for ax in fig.axes:
-        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
-        count += sum(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
-    return count
-
-
 def untangle_x_labels(fig) -> None:
     """Tick labels that overlap are unreadable: turn them upright (90°), and where they still overlap show
     every k-th only (the smallest k that clears them)."""
-    if not x_label_overlaps(fig):
+    if not tick_label_overlaps(fig):
         return
     for ax in fig.axes:
         ax.tick_params(axis="x", rotation=90)
     for every in range(2, 50):
-        if not x_label_overlaps(fig):
+        if not tick_label_overlaps(fig):
             return
         for ax in fig.axes:
             for i, label in enumerate(ax.get_xticklabels()):

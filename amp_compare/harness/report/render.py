@@ -125,7 +125,7 @@ def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
 
 
 def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Step-time percentiles and both throughputs, medians over seeds."""
+    """Step-time percentiles and both throughputs, medians over seeds (how many: the summary table's Runs)."""
     ok = ok_runs(runs)
     if ok.empty or "p99_step_s" not in ok:
         return pd.DataFrame()
@@ -135,8 +135,8 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
         "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
     cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "median_step_throughput_img_s",
-            "epoch_throughput_img_s", "first_step_overhead_s", "runs"]
-    t = ok.assign(runs=1).groupby(group, sort=False).agg({**{c: "median" for c in cols[:-1]}, "runs": "sum"})
+            "epoch_throughput_img_s", "first_step_overhead_s"]
+    t = ok.groupby(group, sort=False)[cols].median()
     t = t.reset_index().sort_values(["model", "dataset", "framework", "precision"], key=display_order)
     return pd.DataFrame({  # one row per model and dataset: never a median over two models' cells
         **({"Machine": t["machine"]} if "machine" in group else {}),
@@ -152,7 +152,6 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         "Epoch-time figure vs p50 figure": [speed.relation(e, m) for e, m in
                                            zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
         "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
-        "Runs": t["runs"].astype(int).astype(str),
     })
 
 
@@ -378,14 +377,9 @@ class Rendered:
     conditions: tuple[str, str] = ("", "")  # how the training cells and the speed trials ran (speed.conditions)
 
 
-def render_report(run_dir: Path, figures: bool = True) -> Path:
-    """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn;
-    the page says so and how to draw them). Returns its index.html."""
-    return render(run_dir, figures).index
-
-
 def render(run_dir: Path, figures: bool = True) -> Rendered:
-    """render_report, returning what it computed as well."""
+    """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn;
+    the page says so and how to draw them): its index.html and what was computed on the way."""
     run_dir = Path(run_dir)
     tables = records.read_run(run_dir)
     searches = []
@@ -582,7 +576,7 @@ def _log_lines(run_dir: Path, manifest: dict, runs: pd.DataFrame) -> list:
 
 
 def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
-    """The Summary and Speed sections: the table, the findings and the sentences built from the run's facts; `said`:
+    """The Summary and Speed sections: the table and the findings (`sentences`) built from the run's facts; `said`:
     verdict rows of cells these tables leave out (the N-worker cells', dataparallel.verdict_rows)."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
@@ -606,7 +600,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
             "facts": facts,
             "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
-            "findings": sentences, "loop_text": loop_text, "legend": legend(full),
+            "legend": legend(full),
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"],
                                                              speed.manifest_conditions(manifest)[0]),
@@ -614,7 +608,6 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
                                                                  bool((ceiling_limits(full) != "").any()),
                                                                  tuple(ceiling_clauses(ok_runs(runs))))},
             "cpu_verdict": "" if parts.slower_on_cpu else speed.flags_sentence(manifest["environment"]),
-            "machine_note": speed.machine_note(evidence), "seeds_text": seeds_text,
             "accuracy_warnings": parts.accuracy_warnings,
             **_answer_context(manifest, verdict_table)}
 
@@ -685,7 +678,6 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         **_cell_counts(manifest, tables),
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
-        "warmup": manifest["defaults"]["warmup_steps"],
         "env_rows": [r for r in env if not r[0].startswith("version_")],
         "package_rows": [r for r in env if r[0].startswith("version_")],
         "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
@@ -697,7 +689,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
         "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
         "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),
-        "comparison": comparison, "init": init,
+        "comparison": comparison,
         "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"],
                                              numerics["underflow_table"] is not None)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
