@@ -136,7 +136,8 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
     cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "median_step_throughput_img_s",
             "epoch_throughput_img_s", "first_step_overhead_s"]
-    t = ok.groupby(group, sort=False)[cols].median()
+    dispatch = "first_step_dispatch_s" in ok and ok["first_step_dispatch_s"].notna().any()  # Keras, device mode
+    t = ok.groupby(group, sort=False)[cols + ["first_step_dispatch_s"] * dispatch].median()
     t = t.reset_index().sort_values(["model", "dataset", "framework", "precision"], key=display_order)
     return pd.DataFrame({  # one row per model and dataset: never a median over two models' cells
         **({"Machine": t["machine"]} if "machine" in group else {}),
@@ -152,6 +153,8 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         "Epoch-time figure vs p50 figure": [speed.relation(e, m) for e, m in
                                            zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
         "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
+        **({"First step's dispatch, device mode (ms)": t["first_step_dispatch_s"].map(speed.milliseconds)}
+           if dispatch else {}),
     })
 
 
@@ -452,7 +455,8 @@ ENV_COLUMNS = {
     "torch_threads": "intra-op threads (training cells)", "torch_interop_threads": "inter-op threads (training cells)",
     "tf_intra_op_threads": "intra-op threads (training cells)",
     "tf_inter_op_threads": "inter-op threads (training cells)", "jax_threads": "threads (training cells)",
-    "tf32": "TF32", "compiled": "compilation", "amp_api": "AMP API per precision", "memory_kind": "memory measured as",
+    "tf32": "TF32", "compiled": "compilation", "step_values": "per-step values", "amp_api": "AMP API per precision",
+    "memory_kind": "memory measured as",
     "dataset_source": "dataset",
 }
 BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
