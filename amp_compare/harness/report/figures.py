@@ -272,12 +272,6 @@ def show_hidden_lines(grid) -> int:
     return widened
 
 
-def _panel_keys(frame: pd.DataFrame) -> list[str]:
-    """The record columns a figure splits into panels by (_labelled, _facet): those of machine, model and dataset
-    that vary."""
-    return [k for k in ("machine", "model", "dataset") if k in frame and frame[k].nunique() > 1]
-
-
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
     """The largest relative gap, over every step and panel, between a precision's median curve and the same
     framework's fp32 curve of the same model and dataset, as the figure draws them (None without an fp32 curve)."""
@@ -369,14 +363,10 @@ def busy_text(busy: pd.Series, what: str) -> str:
 def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Series:
     """The throughput labels with " †" where the bar's own cells or the fp32 cells its ratio divides by include a
     busy cell."""
-    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework") if k in table and k in ok]
     hit = ok[ok["cell_id"].isin(set(busy.index))]
-    marked = []
-    for r in table.itertuples():
-        same = np.logical_and.reduce([hit[k] == getattr(r, k) for k in keys]) if keys else np.ones(len(hit), bool)
-        marked.append(bool((same & hit["precision"].isin({r.precision, precisions.REFERENCE})).any()))
-    labels = table["speed_label"].astype(str)
-    return labels.where(~(pd.Series(marked, index=table.index) & (labels != "")), labels + " †")
+    reference = hit[hit["precision"] == precisions.REFERENCE]  # a busy fp32 cell: every ratio of its framework
+    flagged = pd.concat([hit, *(reference.assign(precision=p) for p in set(table["precision"]))])
+    return _marked(table, table["speed_label"].astype(str), flagged, " †")
 
 
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
@@ -406,7 +396,9 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
     out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
     labels = pd.Series(["undecided" if r.memory_unresolved else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
-    out["memory_label"] = _marked(out, labels, notes, "memory_note", ~out["memory_unresolved"])
+    noted = (notes[notes["memory_note"].fillna("").astype(str) != ""] if notes is not None and "memory_note" in notes
+             else pd.DataFrame())
+    out["memory_label"] = _marked(out, labels, noted, " ⚠", ~out["memory_unresolved"])
     return out
 
 
@@ -467,7 +459,8 @@ def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> l
     overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
                f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
                "markers show each one." if gap is not None and gap < 0.02 else "")
-    panels = " and ".join(["framework", *_panel_keys(steps)])
+    panels = " and ".join(["framework", *(k for k in ("machine", "model", "dataset")  # those that vary: _labelled
+                                          if k in steps and steps[k].nunique() > 1)])
     return [Figure("loss_curves", "accuracy", "Training loss per step",
                    f"One panel per {panels}; each line is one precision, the median over seeds of the loss at each "
                    "step, all from the same initial weights, with its own marker; no band is drawn." + overlap + left,
@@ -499,17 +492,15 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    "loss-scaled run of each framework.")]
 
 
-def _marked(table: pd.DataFrame, labels: pd.Series, notes: pd.DataFrame | None, column: str,
-            eligible: pd.Series) -> pd.Series:
-    """`labels` with " ⚠" after each non-empty `eligible` one whose row has a note in the full table's `column`."""
-    if notes is None or notes.empty or column not in notes:
-        return labels
-    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in notes]
-    flagged = set(notes.loc[notes[column].fillna("").astype(str) != "", keys].astype(str).itertuples(
-        index=False, name=None))
-    marked = pd.Series([r in flagged for r in table[keys].astype(str).itertuples(index=False, name=None)],
-                       index=table.index) & (labels != "")
-    return labels.where(~(marked & eligible), labels + " ⚠")
+def _marked(table: pd.DataFrame, labels: pd.Series, flagged: pd.DataFrame, symbol: str,
+            eligible: pd.Series | bool = True) -> pd.Series:
+    """`labels` with `symbol` after each non-empty `eligible` one whose row (machine, model, dataset, loop, framework,
+    precision) is among `flagged`'s rows."""
+    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in flagged]
+    hit = set(flagged[keys].astype(str).itertuples(index=False, name=None))
+    marked = pd.Series([r in hit for r in table[keys].astype(str).itertuples(index=False, name=None)],
+                       index=table.index) & (labels != "") & eligible
+    return labels.where(~marked, labels + symbol)
 
 
 
