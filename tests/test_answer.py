@@ -129,7 +129,7 @@ def test_the_default_shaped_run_fits_an_80_by_40_terminal(tmp_path):
     from rich.console import Console
 
     console = Console(width=80, file=io.StringIO(), color_system=None)
-    print_summary(console, "amp-compare summary (r)", render.Rendered(run_dir / "index.html", None, None, [],
+    print_summary(console, "amp-compare summary (r)", render.Rendered(run_dir / "index.html", None, [],
                                                                         answer=answer.render(v, "text"), verdicts=v))
     lines = console.file.getvalue().splitlines()
     assert len(lines) <= 40 and max(map(len, lines[:-1])) <= 80  # the last: the report's path, whole

@@ -73,6 +73,6 @@ def test_the_terminal_prints_brackets_as_text_not_as_markup(tmp_path):
                        "margin": 1.0, "unit": "pp", "interval_kind": "newcombe 95%", "status": "same",
                        "reason": "within_floor", "evidence": "{}"}], columns=verdicts.COLUMNS)
     console = Console(width=80, file=io.StringIO(), color_system=None)
-    print_summary(console, "t", Rendered(tmp_path / "index.html", None, None, [], answer="[min–max 1–2]", verdicts=v))
+    print_summary(console, "t", Rendered(tmp_path / "index.html", None, [], answer="[min–max 1–2]", verdicts=v))
     text = console.file.getvalue()
     assert "[min–max 1–2]" in text and "+0.0 pp same" in text and str(tmp_path / "index.html") in text

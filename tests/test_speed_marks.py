@@ -25,7 +25,7 @@ def test_the_runs_index_and_the_figure_labels_carry_no_wall_time_warning(tmp_pat
     # the runs index gives each run's answer (its verdict table), not the cells' throughput beside it (audits)
     assert "use simple_cnn/synthetic: PyTorch fp32" in index and "fp32 speed" not in index, index
     assert "⚠" not in index
-    table = summary_table(rendered.runs)
+    table = summary_table(records.read_run(rendered.index.parent)["run"])
     labels = figures.speed_labels(table).set_axis(pd.MultiIndex.from_frame(
         table[["framework", "precision"]]))
     assert labels[("torch", "bf16")] == bf16 and labels[("torch", "fp16")] == "0.12×"

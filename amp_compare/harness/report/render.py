@@ -371,7 +371,6 @@ class Rendered:
     """What rendering a run wrote (index) and computed on the way, for the terminal summary to reuse."""
 
     index: Path
-    runs: pd.DataFrame
     table: pd.DataFrame  # tables.full_table
     findings: list[str]
     data_parallel: pd.DataFrame | None = None  # dataparallel.rows: the Data parallel section's rows
@@ -767,7 +766,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     records.export_tables(run_dir, {"verdicts": context["verdicts"]})
     render_runs_index(run_dir.parent)
-    return Rendered(run_dir / "index.html", single["run"], context["full"], context["sentences"],
+    return Rendered(run_dir / "index.html", context["full"], context["sentences"],
                     (context["data_parallel"] or {}).get("rows"), context["answer_text"], context["verdicts"],
                     context["conditions"])
 
