@@ -143,7 +143,7 @@ def test_fp8_on_a_cpu_has_no_speed_or_memory_verdict(tmp_path):
     t = records.read_run(run_dir)
     from amp_compare.harness.report.tables import full_table
 
-    full = full_table(t["run"], t["steps"], t["epochs"], {"device": "cpu"})
+    full = full_table(t["run"], t["epochs"], {"device": "cpu"})
     trials = _trials(run_dir, {("torch", "bf16"): 1.3, ("torch", "fp8"): 2.0}).assign(model="vit")
     v = verdicts.build(full, t["run"], verdicts.trial_rows(trials))
     fp8 = v[v["precision"] == "fp8"].set_index("metric")

@@ -100,7 +100,7 @@ def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
     from amp_compare.harness.report.tables import full_table
 
     runs, epochs, steps = _cells(seeds=(0, 1, 2))
-    v = verdicts.build(full_table(runs, steps, epochs), runs)
+    v = verdicts.build(full_table(runs, epochs), runs)
     acc = v[(v["metric"] == "accuracy") & (v["precision"] == "fp16")].iloc[0]
     assert (acc.status, acc.reason, acc.interval_kind) == ("same", "no_image_differed", "exact 95% bound")
     assert phrases.clause(acc).endswith("same (no image differed) (95% exact bound)"), phrases.clause(acc)

@@ -195,8 +195,7 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
     if machine and not notes:
         notes.append(f"the machine was unsteady over the run ({machine}) and the two cells ran at different times")
     return {"speed_ratio": ratio, "speed_low": speed["low"], "speed_high": speed["high"],
-            "speed_note": "; ".join(notes), "efficiency": efficiency, "rerun_factor": rerun,
-            "stalled": bool(np.isfinite(rerun) and rerun > STALL_FACTOR)}
+            "speed_note": "; ".join(notes)}
 
 
 def machine_range(environment: dict) -> str:
@@ -272,21 +271,17 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
                  if not floor.empty else float("nan"))
     mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
     agreement = worker_agreement(mine)
-    share = float(cell.get("allreduce_time_s", np.nan)) / float(cell["median_step_s"]) \
-        if pd.notna(cell.get("allreduce_time_s", np.nan)) else float("nan")
     return {**row, "skipped_1": int(one.get("skipped_steps", 0)), "skipped_n": int(cell.get("skipped_steps", 0)),
             "threads_1": int(one["cfg_threads"]), "threads_per_worker": cell.get("threads_per_worker"),
             "throughput_1": float(one["throughput_img_s"]), "throughput_n": float(cell["throughput_img_s"]),
             **_speed(cell, one, floor, timed, environment),
             "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
-            "allreduce_share": share, "allreduce_time_source": str(cell.get("allreduce_time_source") or ""),
             "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": _loss_level(loss.get(one["cell_id"], none)),
             "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
             **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), accuracy(cell))),
-            "val_accuracy": float(cell.get("final_val_accuracy", np.nan)),
             "step_s": float(np.median(timed[cell["cell_id"]])) if len(timed.get(cell["cell_id"], [])) else np.nan,
             "engine": str(cell.get("data_parallel") or "")}
 

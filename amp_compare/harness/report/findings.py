@@ -80,7 +80,7 @@ class Findings:
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                   epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> Findings:
     """The findings' sentences in order, each naming its model and dataset (and machine) and its seed count."""
-    table = full_table(runs, steps, epochs, environment) if table is None else table
+    table = full_table(runs, epochs, environment) if table is None else table
     if table.empty:
         return Findings(["No cell finished, so there is nothing to compare yet; see the failed cells below."], [],
                         False)

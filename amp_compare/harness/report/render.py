@@ -586,7 +586,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
     accuracy = accuracy_statistics(runs, epochs)
-    full = full_table(runs, steps, epochs, evidence, accuracy)
+    full = full_table(runs, epochs, evidence, accuracy)
     summary = formatted_summary(full)
     main_table, hardware, loop_text = split_summary(summary)
     parts = finding_parts(runs, steps, evidence, epochs, table=full)
