@@ -1,5 +1,5 @@
 """The phrasebook: each verdict (verdicts.py) worded once per form, from its row alone: `number` (estimate and
-interval), `cell` (a table cell), `clause` (metric, cell and why), `sentence` (who, then the clause)."""
+interval), `cell` (a table cell), `lab_line` (an experiment's line in the answer)."""
 
 from __future__ import annotations
 
@@ -142,12 +142,6 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
     return f"{number(v, interval, of)} {status}".strip()
 
 
-def clause(v) -> str:
-    """The metric, its cell and the interval's kind: "speed 0.20× [0.19×, 0.21×] slower (95% sign test)"."""
-    kind = interval_words(v)
-    return f"{METRIC[v.metric]} {cell(v)}" + (f" ({kind})" if kind and np.isfinite(v.low) else "")
-
-
 def test(method, seeds) -> str:
     """The paired accuracy test by name, with its seeds: "McNemar exact, 1 seed"."""
     if method not in METHOD:
@@ -163,15 +157,6 @@ def accuracy(r) -> str:
     said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
                         f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
     return cell(v) + (f" ({', '.join(said)})" if said else "")
-
-
-def who(v) -> str:
-    return f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}"
-
-
-def sentence(v) -> str:
-    """One verdict as a sentence: who, the clause, and why."""
-    return f"{who(v)}: {clause(v)}, because {reason(v)}."
 
 
 def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:

@@ -612,9 +612,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
                             "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
                                                                  bool((ceiling_limits(full) != "").any()),
                                                                  tuple(ceiling_clauses(ok_runs(runs))))},
-            "cpu_verdict": "" if parts.slower_on_cpu else speed.flags_sentence(manifest["environment"]),
             "machine_note": speed.machine_note(evidence), "seeds_text": seeds_text,
-            "accuracy_warnings": parts.accuracy_warnings,
             **_answer_context(manifest, verdict_table)}
 
 
