@@ -128,12 +128,6 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
     return out
 
 
-def with_rows(table: pd.DataFrame, acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | None) -> pd.DataFrame:
-    """The verdict table with the fp8 rows (verdict_rows) added where the run has any."""
-    said = verdict_rows(acc, runs, layers)
-    return pd.concat([table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True) if said else table
-
-
 def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for cell in fp8_runs.itertuples():

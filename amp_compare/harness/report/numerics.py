@@ -815,9 +815,3 @@ def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
             "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total", 0) or 0),
             "finite": c.get("status") == "ok" and every_finite and skipped == 0,
             "largest_logit": float(_peak(logits)["max_abs"]) if not logits.empty else float("nan")}
-
-
-def with_naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame | None) -> pd.DataFrame:
-    """The verdict table with naive_rows added."""
-    said = naive_rows(table, runs, headroom)
-    return pd.concat([table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True) if said else table

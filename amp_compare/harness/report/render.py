@@ -593,12 +593,11 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = (seed_counts_text(runs) or seed_list_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
-    verdict_table = scaling.with_lab_rows(verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials"))),
-                                          runs, steps, tables.get("underflow"))
-    verdict_table = nr.with_naive_rows(verdict_table, runs, tables.get("headroom"))
-    verdict_table = fp8_report.with_rows(verdict_table, accuracy, runs, tables.get("fp8_layers"))
-    if said:  # the answer opens with the N-worker cells' verdicts (answer.experiment_items)
-        verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
+    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
+    verdict_table = verdicts.with_rows(verdict_table, [  # said: the N-worker cells' (answer.experiment_items)
+        *scaling.rows(verdict_table, runs, steps, tables.get("underflow")),
+        *nr.naive_rows(verdict_table, runs, tables.get("headroom")),
+        *fp8_report.verdict_rows(accuracy, runs, tables.get("fp8_layers")), *said])
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"),
                                                   manifest.get("launcher", {}), tables.get("trials"))

@@ -37,7 +37,7 @@ def cannot_skip(framework: str, precision: str) -> bool:
 def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> list[dict]:
     """The lab's verdict rows of every model x dataset that is a lab (is_lab), keyed like `table`'s rows."""
     out: list[dict] = []
-    if runs.empty or steps is None or steps.empty or "cell_id" not in runs:
+    if table.empty or runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
@@ -56,15 +56,6 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
             elif r.precision in STATIC:
                 out.append(_static_row(key, mine, steps, underflow))
     return out
-
-
-def with_lab_rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame | None,
-                  underflow: pd.DataFrame | None) -> pd.DataFrame:
-    """The verdict table (verdicts.build) with the lab's rows (rows) added where the run is a lab."""
-    if steps is None or table.empty:
-        return table
-    return pd.concat([table, pd.DataFrame(rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)],
-                     ignore_index=True)
 
 
 def _row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict) -> dict:
