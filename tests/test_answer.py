@@ -204,7 +204,7 @@ def test_an_fp8_run_answers_with_its_recipe_sqnr_and_accuracy_against_bf16(tmp_p
     mixed = _fp8_run(tmp_path / "mixed", wrong=60, wrong_seed_1=0)
     table = fp8_report.section(records.read_run(mixed.index.parent), "cpu")["table"].set_index("seed")
     column = table["acc. − bf16, this seed [interval]"]
-    assert column[0].startswith("-29.00 pp") and column[1].startswith("+0.00 pp"), column
+    assert column[0].startswith("-29.0 pp [") and column[1].startswith("+0.0 pp ["), column
 
 
 def test_a_precision_its_framework_cannot_run_is_one_word_not_a_failure_per_metric(tmp_path):

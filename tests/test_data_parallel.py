@@ -282,7 +282,7 @@ def test_torch_compare_replicas_2_is_judged_against_its_measured_floor(tmp_path,
 def test_each_n_worker_cell_is_one_answer_line_whatever_became_of_it():
     """dataparallel.verdict_rows over the Data parallel section's rows: a cell the engine cannot run, one that ran out
     of time, one that crashed, one within the floor, one at it, one beyond it, one whose workers disagreed."""
-    from amp_compare.harness.report import phrases, verdicts
+    from amp_compare.harness.report import phrases, stats, verdicts
 
     base = {"model": "simple_cnn", "dataset": "digits", "framework": "tf", "precision": "fp16", "seed": 0,
             "workers": 2, "allreduce": "fp32", "error": "", "allreduce_dtype": "float32", "floor_threads": 1,
@@ -310,8 +310,11 @@ def test_each_n_worker_cell_is_one_answer_line_whatever_became_of_it():
     fp16 = dataparallel.verdict_rows(pd.DataFrame([{**base, **cases[5][0], "allreduce": "fp16",
                                                     "accuracy_test": test, "accuracy_seeds": 2}]))
     line = phrases.lab_line(pd.DataFrame(fp16, columns=verdicts.COLUMNS).iloc[0])
-    assert line.endswith("; accuracy against the --allreduce fp32 cells (2 seeds paired) -0.3 pp [-0.8, +0.3]: no "
+    assert line.endswith("; accuracy against the --allreduce fp32 cells -0.3 pp [-0.8, +0.3] (2 seeds paired): no "
                          "detectable change"), line
+    # the section's table words the same test the same way (phrases.paired)
+    assert phrases.paired({**test, "method": stats.MCNEMAR}, 2) == ("-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds "
+                                                                    "paired): no detectable change")
 
 
 def test_keras_tf_mirrored_strategy_applies_an_update_one_replica_overflowed(tiny_run, tmp_path, monkeypatch):

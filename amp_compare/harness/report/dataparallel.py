@@ -131,27 +131,21 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
     if not pairs:
         return "no fp32 all-reduce cell to pair with", 0, {}
     res = stats.paired_test(pairs)
-    verdict = "detectable" if stats.detectable(res) else "no detectable difference"
-    test = phrases.test(res["method"], len(pairs))
-    text = (f"{res['diff_pp']:+.2f} pp, 95% CI [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], "
-            f"p = {res['p_value']:.3g} ({test}): {verdict}")
-    near = _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))
-    return text + near, len(pairs), {**res, "detectable": stats.detectable(res), "near_chance": bool(near)}
+    test = {**res, "detectable": stats.detectable(res),
+            "near_chance": _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))}
+    return phrases.paired(test, len(pairs)), len(pairs), test
 
 
 # within this many points of chance, validation accuracy says little: a difference there is between two guessers
 NEAR_CHANCE_PP = 10.0
 
 
-def _near_chance(correct: list[np.ndarray], dataset: str) -> str:
-    """The caveat where the paired runs' validation accuracy is near chance (stats.chance_accuracy: 1 / the
-    dataset's classes, 10 where the dataset is not one the kit knows)."""
+def _near_chance(correct: list[np.ndarray], dataset: str) -> bool:
+    """Whether the paired runs' validation accuracy is within NEAR_CHANCE_PP of chance (stats.chance_accuracy: 1 /
+    the dataset's classes, 10 where the dataset is not one the kit knows)."""
     chance = 100.0 * stats.chance_accuracy(dataset)
     accuracy = 100.0 * float(np.mean([c.mean() for c in correct])) if correct else float("nan")
-    if np.isfinite(accuracy) and accuracy - chance <= NEAR_CHANCE_PP:
-        return (f" — validation accuracy {accuracy:.1f}% is near chance ({chance:.0f}%): the runs barely learned, "
-                "so this says little about the all-reduce")
-    return ""
+    return bool(np.isfinite(accuracy) and accuracy - chance <= NEAR_CHANCE_PP)
 
 
 # A 1-worker baseline whose floor cell (its rerun with at most its threads) ran this many times faster stalled.

@@ -13,10 +13,8 @@ import pandas as pd
 
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
-from amp_compare.harness.report import verdicts
-from amp_compare.harness.report.phrases import KIND
+from amp_compare.harness.report import phrases, verdicts
 from amp_compare.harness.report.stats import budgeted, correct_pairs, paired_test
-from amp_compare.harness.report.verdicts import ACCURACY_KIND
 from amp_compare.kit.fp16 import FP16_MAX
 
 # An fp8 cell off a GPU runs in emulation: no table, finding, answer or figure gives it a speed ratio or verdict.
@@ -66,11 +64,7 @@ def _paired(runs: pd.DataFrame, cell, other: str) -> str:
     same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
                 & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
     pairs = correct_pairs(same[same["precision"] == other], same[same["precision"] == cell.precision])
-    if not pairs:
-        return "n/a"
-    res = paired_test(pairs)
-    kind = "95% " + KIND[ACCURACY_KIND[res["method"]]]  # the bracket's kind, as the Accuracy section's
-    return f"{res['diff_pp']:+.2f} pp [{kind} {res['ci_low']:+.2f}, {res['ci_high']:+.2f}]"
+    return phrases.paired(paired_test(pairs)) if pairs else "n/a"
 
 
 def _loss_gap(runs: pd.DataFrame, cell, other: str) -> str:

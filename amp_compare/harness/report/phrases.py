@@ -12,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label, is_keras
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.verdicts import REASONS, STATUSES
+from amp_compare.harness.report.verdicts import ACCURACY_KIND, REASONS, STATUSES
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
@@ -147,6 +147,19 @@ def test(method, seeds) -> str:
     if method not in METHOD:
         return ""
     return METHOD[method] + (f", {seeds:.0f} seed{'s' * (seeds != 1)}" if np.isfinite(seeds) else "")
+
+
+def paired(t: dict, seeds: int = 0) -> str:
+    """A paired accuracy test (stats.paired_test's diff_pp, ci_low, ci_high and method; detectable and near_chance
+    where given), worded once for every table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no
+    detectable change"."""
+    kind = interval_words(SimpleNamespace(interval_kind=ACCURACY_KIND.get(t.get("method"), "")))
+    said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
+    text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
+            + (f" ({', '.join(said)})" if said else ""))
+    if "detectable" in t:
+        text += ": a detectable change" if t["detectable"] else ": no detectable change"
+    return text + (" (near chance: the runs barely learned)" if t.get("near_chance") else "")
 
 
 def accuracy(r) -> str:
@@ -413,10 +426,7 @@ def _allreduce_accuracy(e: dict) -> str:
     t, seeds = e.get("accuracy_test") or {}, e.get("accuracy_seeds") or 0
     if "diff_pp" not in t:
         return ""
-    said = "a detectable change" if t.get("detectable") else "no detectable change"
-    return (f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} ({seeds} seed{'s' * (seeds != 1)} "
-            f"paired) {t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]: {said}"
-            + (" (near chance: the runs barely learned)" if t.get("near_chance") else ""))
+    return f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} {paired(t, int(seeds))}"
 
 
 ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradient"}  # fp8's three tensors
