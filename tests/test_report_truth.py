@@ -159,11 +159,12 @@ def test_the_fp8_mode_is_worded_from_each_frameworks_recipe_without_repeating_it
     both = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp8"], seeds=[0], device="cpu", rotated=False)
     intro = summary_intro(both, "1 seed", "")
     assert "fp8 (fp8" not in intro and "where offered" not in intro
-    assert "PyTorch: the matmuls of Linear layers in float8 with dynamic scaling, one scale per tensor" in intro
-    assert "Keras: the matmuls of Dense and EinsumDense layers in float8 with delayed scaling" in intro
+    assert "PyTorch: the matmuls of Linear layers in float8, scaled by each step's own amax, one scale per tensor" \
+        in intro
+    assert "Keras: the matmuls of Dense and EinsumDense layers in float8, scaled by the largest amax of up to" in intro
     assert "up to 1,024 past steps" in intro and intro.count("emulated on a CPU") == 1
     # the audits show casts inside layers (Keras fp8 attention to bfloat16): no "everything else in float32"
     assert "everything else in float32" not in intro and "the rest on a float32 base, with the casts" in intro
     keras_gpu = RunFacts(frameworks=["tf"], precisions=["fp32", "fp8"], seeds=[0], device="cuda", rotated=False)
     text = summary_intro(keras_gpu, "1 seed", "")
-    assert "emulated" not in text and "PyTorch" not in text and "delayed scaling" in text
+    assert "emulated" not in text and "PyTorch" not in text and "past steps" in text

@@ -74,7 +74,11 @@ def _loss_gap(runs: pd.DataFrame, cell, other: str) -> str:
 
 
 def _worst(row) -> str:
-    return f"{row['sqnr_db']:.1f} ({row['layer']} {row['role']})" if row is not None else "n/a"
+    """A worst SQNR with its layer and tensor, and the share of its nonzero values flushed to 0 where ≥ 0.5%."""
+    if row is None:
+        return "n/a"
+    flushed = f", {row['zero_share']:.0%} of its nonzero values flushed to 0" if row["zero_share"] >= 0.005 else ""
+    return f"{row['sqnr_db']:.1f} ({row['layer']} {row['role']}{flushed})"
 
 
 def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, dict | None]:
@@ -113,11 +117,10 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
         roles = last.groupby("role")["sqnr_db"].median().astype(float).to_dict() if not last.empty else {}
         live = json.loads(mine["fp8_settings"].iloc[0]) if not mine.empty and isinstance(
             mine["fp8_settings"].iloc[0], str) and mine["fp8_settings"].iloc[0] else {}
-        recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales")}
+        recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "power_of_2_scales")}
         row["evidence"] = json.dumps({**json.loads(row["evidence"]), "recipe": recipe,
                                       "layers": len(live.get("converted", [])), "fp8_seeds": len(mine),
-                                      "sqnr_by_role_db": roles, "sqnr_worst": sqnr(cells)[1],
-                                      "sqnr_worst_first": sqnr(cells, "first step")[1]}, default=str)
+                                      "sqnr_by_role_db": roles}, default=str)
         out.append(row)
     return out
 

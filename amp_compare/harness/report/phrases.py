@@ -432,31 +432,29 @@ def _allreduce_accuracy(e: dict) -> str:
 ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradient"}  # fp8's three tensors
 
 
+def recipe(scaling, granularity, amax_history=0, power_of_2: bool = False) -> str:
+    """How an fp8 recipe scales (contract/fp8.py's fields, declared or read back), worded once for the summary's
+    intro and the answer: "scaled by each step's own amax, one scale per tensor"."""
+    said = {"dynamic": "scaled by each step's own amax", "delayed": f"scaled by the largest amax of up to "
+            f"{amax_history or 0:,} past steps"}.get(scaling, "scaling not recorded")
+    said += {"tensor": ", one scale per tensor", "row": ", one scale per row"}.get(granularity, "")
+    return said + (", rounded down to powers of 2" if power_of_2 else "")
+
+
 def _fp8(v, e: dict) -> str:
-    """An fp8 row: its recipe as read back (what scales each tensor, its formats), its converted layers' SQNR at the
-    last step and its accuracy against bf16 of the same seeds."""
+    """An fp8 row: how its recipe as read back scales, its converted layers' median SQNR at the last step and its
+    accuracy against bf16 of the same seeds (the formats and the worst layers: the fp8 section's tables)."""
     r = e.get("recipe") or {}
-    short = [str(f).removeprefix("float8_").removesuffix("fn") for f in r.get("formats") or []]
-    formats = (f"{short[0]} throughout" if len(set(short)) == 1 else f"{short[0]} input and kernel, {short[2]} "
-               "gradients") if len(short) == 3 else "formats not recorded"
-    scales = {"dynamic": "scaled by each step's own amax", "delayed": f"scaled by the largest amax of up to "
-              f"{r.get('amax_history') or 0:,} past steps"}.get(r.get("scaling"), "scaling not recorded")
-    scales += {"tensor": ", one scale per tensor", "row": ", one scale per row"}.get(r.get("granularity"), "")
-    scales += ", rounded down to powers of 2" if r.get("power_of_2_scales") else ""
+    scales = recipe(r.get("scaling"), r.get("granularity"), r.get("amax_history"), r.get("power_of_2_scales"))
     over = "layers and seeds" if (e.get("fp8_seeds") or 0) > 1 else "layers"
     by_role = e.get("sqnr_by_role_db") or {}
     sqnr = (f"median SQNR at the last step (over {over}): " + ", ".join(
         f"{ROLE_WORDS.get(role, role)} {by_role[role]:.1f}" for role in ROLE_WORDS if role in by_role) + " dB"
         if by_role else "no SQNR recorded")
-    sqnr += "".join(f"; worst {w['sqnr_db']:.1f} dB at the {when} ({w['layer']} {ROLE_WORDS.get(w['role'], w['role'])}"
-                    + (f", {w['zero_share']:.0%} of its nonzero values flushed to 0" if w.get("zero_share", 0) >= 0.005
-                       else "") + ")"
-                    for when, w in (("first step", e.get("sqnr_worst_first")), ("last step", e.get("sqnr_worst")))
-                    if w)
     seeds = e.get("seeds")
     paired = f" ({seeds:.0f} seed{'s' * (seeds != 1)} paired)" if isinstance(seeds, (int, float)) and seeds else ""
     said = f"n/a ({reason(v)})" if v.status == "not_comparable" else cell(v)  # no number beside "n/a"
-    return f"{e.get('layers', 0)} layers in fp8, {scales}; {formats}; {sqnr}; accuracy against bf16{paired} {said}"
+    return f"{e.get('layers', 0)} layers in fp8, {scales}; {sqnr}; accuracy against bf16{paired} {said}"
 
 
 LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
