@@ -259,6 +259,14 @@ def _who(per: list[str], key: tuple) -> str:
     return " on ".join(map(str, key[:len(per)])) + ", " if per else ""
 
 
+def scaled_bound(top: int, scale: float) -> tuple[float, str]:
+    """The probe's bound on |gradient| × scale after the last step, 2^(top+1) × scale (every |g| < 2^(top+1)), and
+    its words for headroom_sentences and skip_cause_sentences."""
+    bound = 2.0 ** (top + 1) * scale
+    held = phrases.power(scale)
+    return bound, f"times the scale the scaler held after that step ({held}) below {phrases.power(bound)}"
+
+
 def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
     """Per framework x float16 mode: the probe's largest parameter gradient after the last step against
     float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
@@ -269,14 +277,13 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
     for key, g in groups:
         fw, prec = key[-2:]
         top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
-        bound = 2.0 ** (top + 1) * scale  # |g| < 2^(top+1), so |g| x scale is below this
+        bound, below = scaled_bound(top, scale)
         mine = np.logical_and.reduce([underflow[k] == v for k, v in zip(per, key)] + [underflow["framework"] == fw])
         rows = underflow[mine & (underflow["precision"] == prec)
                          & (underflow["when"] == "last step") & (underflow["seed"] == underflow["seed"].min())]
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
-        scaled = (f"; times the scale the scaler held after that step ({phrases.power(scale)}) below "
-                  f"{phrases.power(bound)}" if scale != 1 else "")
+        scaled = f"; {below}" if scale != 1 else ""
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
         record = _cell_record(steps, rows, explained)  # what a skip means: said in the first that has one
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
@@ -439,12 +446,10 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
              "named": scaling.is_parameter(underflow, r["cell_id"], r["framework"], r["nonfinite_layer"],
                                            r["nonfinite_tensor"])}
         top = scaling.probe_top(underflow, r["cell_id"], f["layer"], f["tensor"])
-        final = float(g["loss_scale"].iloc[-1])
         after = ""
         if top is not None:
-            bound = 2.0 ** (top + 1) * final
-            after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, times the "
-                     f"scale then held ({phrases.power(final)}) below {phrases.power(bound)}"
+            bound, below = scaled_bound(top, float(g["loss_scale"].iloc[-1]))
+            after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, {below}"
                      + (f", {FP16_MAX / bound:.3g}× under 65,504" if bound <= FP16_MAX else
                         ", not provably under 65,504"))
         who = _who(per, tuple(r[k] for k in per))
