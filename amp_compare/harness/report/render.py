@@ -237,7 +237,7 @@ def _pct(digits: int):
 
 def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """The NaN/Inf locator's rows, with the loss the step it ran at recorded: a forward finding beside a finite
-    loss is one in elements the loss does not read (numerics.locator_loss_text)."""
+    loss is one in elements the loss does not read (numerics' "nonfinite" paragraph)."""
     f = nr.nonfinite_findings(runs, steps)
     if f.empty:
         return f
@@ -633,7 +633,6 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     """The Numerics section, its dtype audit included; `acc`: the Accuracy section's paired tests."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
-    headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
@@ -643,7 +642,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
                              for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": dtype_facts,
             "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
-            "said": nr.numerics_said(runs, underflow, headroom, steps, acc),
+            "said": nr.numerics_said(runs, underflow, steps, acc),
             "words": nr.section_words(facts, dtype_facts),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
