@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import (
-    ALLREDUCE_DTYPES,
     ALLREDUCE_REFERENCE,
     ALLREDUCES,
     display_order,
@@ -384,16 +383,14 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
 
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
-    """What the section says in words, from its rows only (harness/report/wording.py: sentences fit what ran)."""
+    """What the section says beside its table and the answer's lines: what the workers were and their threads
+    (harness/report/wording.py: sentences fit what ran)."""
     facts = wording.RunFacts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [], precisions=[],
                              seeds=[], device=device, rotated=False)
     out = [s for s in [wording.data_parallel_workers(facts, environment.get("cpu_model", ""))] if s]
-    if dp.empty:
-        return out
-    out += not_run(dp)
     # judged rows only: a finished N-worker cell without a finished 1-worker cell has nothing to be judged against
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
-    if ok.empty:  # no N-worker cell finished (all unavailable or failed): nothing more to say
+    if ok.empty:  # no N-worker cell finished (all unavailable or failed): the answer's lines say why
         return out
     ran = wording.RunFacts(frameworks=sorted(set(ok["framework"])), precisions=[], seeds=[], device=device,
                            rotated=False)
@@ -401,50 +398,17 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
     floors = [int(t) for t in ok["floor_threads"].dropna()] if "floor_threads" in ok else []
     machine = machine_range(environment)  # run-wide
-    for threads in sorted(set(ok["threads_1"].astype(int))):
-        out.append(wording.data_parallel_threads(ran, threads, per_worker, machine, floors))
-    for r in ok[~ok["agree"].astype(bool)].itertuples():
-        out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
-                   f"agree — {r.agreement}.")
-    mismatch = ok[[str(d).split(",") != [ALLREDUCE_DTYPES[a]] for d, a in zip(ok["allreduce_dtype"], ok["allreduce"])]]
-    if "skipped_1" in ok:
-        for r in ok[ok["skipped_n"] != ok["skipped_1"]].itertuples():
-            out.append(f"{framework_label(r.framework)} {r.precision}, {r.workers} workers, --allreduce {r.allreduce}: "
-                       f"{r.skipped_n} skipped steps against the 1-worker run's {r.skipped_1}: a different loss-scale "
-                       "trajectory, so from there on not the same experiment" + (
-                           " (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and "
-                           "DDP averages the gradients afterwards, so the scaled half-precision gradients in a "
-                           "worker's backward are up to N× larger and overflow at a lower loss scale)."
-                           if r.framework == "torch" else "."))
-    for r in mismatch.itertuples():
-        out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the all-reduce ran in "
-                   f"{r.allreduce_dtype} (read back), not only the precision asked for.")
-    return out
+    return out + [wording.data_parallel_threads(ran, threads, per_worker, machine, floors)
+                  for threads in sorted(set(ok["threads_1"].astype(int)))]
 
 
 def unavailable_text(error: str) -> str:
-    """A cell's error as the section says it: the child's reason, without the runner's 'unavailable:' prefix or
+    """A cell's error as the answer says it: the child's reason, without the runner's 'unavailable:' prefix or
     the stderr line's own, nor the name of a compiler dump file the run folder does not keep."""
     text = error.strip()
     for prefix in ("unavailable:", "unavailable —", "unavailable"):
         text = text.removeprefix(prefix).strip()
-    text = re.sub(r",?\s*XLA HLO after optimizations: \S+\.txt", "", text)
-    return text or "no reason recorded"
-
-
-def not_run(dp: pd.DataFrame) -> list[str]:
-    """The N-worker cells that did not finish, one line per framework, status and reason, with the cells it
-    covers (model precision seed; the vit named as every model is)."""
-    bad = dp[dp["status"] != "ok"]
-    if bad.empty:
-        return []
-    bad = bad.assign(reason=[unavailable_text(str(e)) for e in bad["error"]])
-    out = []
-    for (framework, status, reason), g in bad.groupby(["framework", "status", "reason"], sort=False):
-        cells = ", ".join(f"{r.model} {r.precision} seed {r.seed} (--allreduce {r.allreduce})" for r in g.itertuples())
-        out.append(f"{framework_label(framework)}, {int(g['workers'].iloc[0])} workers: {status} for {len(g)} "
-                   f"cell{'s' * (len(g) > 1)} — {reason}. Cells: {cells}.")
-    return out
+    return re.sub(r",?\s*XLA HLO after optimizations: \S+\.txt", "", text)
 
 
 def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> dict | None:
@@ -515,7 +479,8 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
                "framework": r["framework"], "precision": r["precision"]}
         said = {"seed": r["seed"], "workers": r["workers"], "allreduce": r["allreduce"],
                 "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
-                "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"), "error": r.get("error") or "",
+                "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"),
+                "error": unavailable_text(str(r.get("error") or "")),
                 "accuracy_test": _plain_test(r.get("accuracy_test")), "accuracy_seeds": r.get("accuracy_seeds")}
         out.append(verdicts.row(key, "data_parallel", facts, "none", said))
     return out

@@ -396,6 +396,12 @@ def _times(ratio: float) -> str:
     return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.1f}×"
 
 
+# why a torch N-worker cell can skip steps its 1-worker cell does not
+DDP_SKIPS = (" (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and DDP averages "
+             "the gradients afterwards, so the scaled half-precision gradients in a worker's backward are up to N× "
+             "larger and overflow at a lower loss scale)")
+
+
 def _data_parallel(v, e: dict) -> str:
     """An N-worker cell's row: whether its workers agreed, its largest per-step loss gap to 1 worker against the
     thread floor (the 1-worker rerun at another thread count), its skips where they differ."""
@@ -415,8 +421,9 @@ def _data_parallel(v, e: dict) -> str:
     share = f"{_bound(100 * gap, 2, up=True)}%" if gap >= 1e-4 else "less than 0.01%"  # "within": a bound, rounded up
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
     n, one = e.get("skipped_n"), e.get("skipped_1")
-    skips = (f"; {n} skipped steps against 1 worker's {one}" if isinstance(n, (int, float)) and
-             isinstance(one, (int, float)) and n != one else "")
+    skips = (f"; {n} skipped steps against 1 worker's {one}: a different loss-scale trajectory, so from there on not "
+             "the same experiment" + (DDP_SKIPS if v.framework == "torch" else "")
+             if isinstance(n, (int, float)) and isinstance(one, (int, float)) and n != one else "")
     return (f"{who}: {agreed}" + (f"; {losses}" if losses else "") + (f", {against}" if against else "") + skips
             + _allreduce_accuracy(e))
 
