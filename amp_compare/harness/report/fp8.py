@@ -36,10 +36,9 @@ def api_text(row: dict) -> str:
     """The AMP API an fp8 cell ran, from its fp8_settings (its child's amp_api names only the autocast/policy
     machinery, "none" for fp8); any other cell's amp_api as recorded."""
     recorded = row.get("amp_api") if isinstance(row.get("amp_api"), str) else ""  # a crashed cell's is missing (NaN)
-    if row.get("precision") not in contract.FP8_MODES or not isinstance(row.get("fp8_settings"), str) \
-            or not row["fp8_settings"]:
+    live = phrases.evidence(row.get("fp8_settings"))
+    if row.get("precision") not in contract.FP8_MODES or not live:
         return recorded
-    live = json.loads(row["fp8_settings"])
     layers = f"on {len(live.get('converted', []))} layers, {live.get('scaling', '?')} scaling"
     if row.get("framework") == "torch":  # the converted layers' class, as the child read it (older records lack it)
         emulated = ", emulated: float32 matmuls of dequantized values" if live.get("emulate") else ""
@@ -115,10 +114,9 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
         cells = layers[layers["cell_id"].isin(set(mine["cell_id"]))] if not layers.empty else layers
         last = cells[cells["when"] == "last step"] if not cells.empty else cells
         roles = last.groupby("role")["sqnr_db"].median().astype(float).to_dict() if not last.empty else {}
-        live = json.loads(mine["fp8_settings"].iloc[0]) if not mine.empty and isinstance(
-            mine["fp8_settings"].iloc[0], str) and mine["fp8_settings"].iloc[0] else {}
+        live = phrases.evidence(mine["fp8_settings"].iloc[0]) if not mine.empty else {}
         recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "power_of_2_scales")}
-        row["evidence"] = json.dumps({**json.loads(row["evidence"]), "recipe": recipe,
+        row["evidence"] = json.dumps({**phrases.evidence(row["evidence"]), "recipe": recipe,
                                       "layers": len(live.get("converted", [])), "fp8_seeds": len(mine),
                                       "sqnr_by_role_db": roles}, default=str)
         out.append(row)
@@ -128,7 +126,7 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
 def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for cell in fp8_runs.itertuples():
-        settings = json.loads(cell.fp8_settings) if getattr(cell, "fp8_settings", "") else {}
+        settings = phrases.evidence(getattr(cell, "fp8_settings", ""))
         cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
         median, worst = sqnr(cells)
         worst_first = sqnr(cells, "first step")[1]
@@ -151,7 +149,7 @@ def _recipes(fp8_runs: pd.DataFrame) -> pd.DataFrame:
     """Each recipe's settings as the child read them from the live objects, beside contract/fp8.py's."""
     rows = []
     for cell in fp8_runs.drop_duplicates(["framework", "precision"]).itertuples():
-        live = json.loads(cell.fp8_settings) if getattr(cell, "fp8_settings", "") else {}
+        live = phrases.evidence(getattr(cell, "fp8_settings", ""))
         declared = contract.recipe(cell.framework, cell.precision)
         for key in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales", "scale_convention"):
             want = list(declared.formats) if key == "formats" else getattr(declared, key)

@@ -4,7 +4,6 @@ static scale sufficed. Rules: verdicts.py; words: phrases.lab_line."""
 
 from __future__ import annotations
 
-import json
 import re
 from types import SimpleNamespace
 
@@ -13,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import KERAS_BACKENDS
-from amp_compare.harness.report import verdicts
+from amp_compare.harness.report import phrases, verdicts
 from amp_compare.harness.report.stats import log2_histogram
 
 DYNAMIC = precisions.names(half="float16", loss_scaling="dynamic")
@@ -169,7 +168,7 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
     acc = part[(part["framework"] == key["framework"]) & (part["precision"] == key["precision"])
                & (part["metric"] == "accuracy")]
     a = acc.iloc[0] if not acc.empty else None
-    said = json.loads(a["evidence"]) if a is not None and a["evidence"] else {}
+    said = phrases.evidence(a["evidence"]) if a is not None else {}
     facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan,
                             accuracy=a["status"] if a is not None else "",
                             accuracy_low=float(a["low"]) if a is not None and np.isfinite(a["low"]) else np.nan)
