@@ -272,7 +272,6 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
             "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": _loss_level(loss.get(one["cell_id"], none)),
             "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
-            "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
             **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), accuracy(cell))),
             "step_s": float(np.median(timed[cell["cell_id"]])) if len(timed.get(cell["cell_id"], [])) else np.nan,
@@ -306,20 +305,12 @@ def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool
     return bool(gap <= AT_FLOOR_FACTOR * floor or gap <= ulps)
 
 
-def _gap_text(gap: float, floor: float, within, kind: str = "", loss_level: float = float("nan")) -> str:
+def _gap_text(gap: float, floor: float, kind: str = "") -> str:
+    """The loss gap beside its floor, as numbers: the answer's line words the verdict on them (phrases)."""
     if not np.isfinite(gap):
         return "n/a"
-    if within is None:
-        return f"{gap:.2e} (no floor measured)"
-    if within:
-        return f"{gap:.2e} ≤ floor {floor:.2e}: within"
-    kind = kind or "a rerun"
-    if at_floor(gap, floor, loss_level):
-        return (f"{gap:.2e} vs floor {floor:.2e}: at the floor (within {AT_FLOOR_FACTOR:g}× the floor or "
-                f"{FLOAT32_ULPS} float32 ulps of the loss: no evidence either way)")
-    if floor == 0:
-        return f"{gap:.2e} > floor 0: outside (the floor, {kind}, gave the same bits; the N-worker run does not)"
-    return f"{gap:.2e} > floor {floor:.2e}: outside ({gap / floor:.1f}× the floor, {kind})"
+    return f"{gap:.2e} against floor " + (f"{floor:.2e} ({kind or 'a rerun'})" if np.isfinite(floor) else
+                                            "none (no floor measured)")
 
 
 def _ratio_text(ratio: float, low: float, high: float, note: str) -> str:
@@ -363,9 +354,8 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
         "N vs 1": [_ratio_text(r, lo, hi, n) for r, lo, hi, n in
                    zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
         STEP_COLUMN: _step_vs_reference(ok),
-        "Loss gap vs 1 worker (max rel.)": [_gap_text(g, f, w, k, lv) for g, f, w, k, lv in
-                                            zip(ok["loss_gap"], ok["floor_gap"], ok["within_floor"],
-                                                ok["floor_kind"], ok["loss_scale"])],
+        "Loss gap vs 1 worker (max rel.)": [_gap_text(g, f, k) for g, f, k in
+                                            zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
         "Workers agree": ok["agreement"],
         "Accuracy vs fp32 all-reduce": pooled_once(ok),
     })
@@ -421,7 +411,7 @@ def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> 
 
 def intro(dp: pd.DataFrame) -> str:
     """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran; the rules it
-    states are the ones _speed, _gap_text and _agreement_text follow."""
+    states are the ones _speed, verdict_rows and _agreement_text follow."""
     engines = "; ".join(e for e in dp.get("engine", pd.Series(dtype=str)).dropna().unique() if e)
     return (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
             "losses are compared with the 1-worker run's and judged against the floor: the same difference between "
