@@ -109,7 +109,7 @@ def test_gradient_histogram_shows_each_framework_against_float16s_range(tmp_path
     fig = make_gradient_histogram_figure(pd.DataFrame(rows), tmp_path)
     assert fig is not None and (tmp_path / "gradient_histogram.png").stat().st_size > 1000
     # the headroom sentences are said once, in the Numerics section's list beside the figure, not in its caption
-    said = " ".join(numerics_said(pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame())["underflow"])
+    said = " ".join(numerics_said(pd.DataFrame(), pd.DataFrame(rows))["underflow"])
     assert ("PyTorch fp16, after the last step (the first batch again): the largest |parameter gradient| was below "
             "2^-5; times the scale the scaler held after that step (2^15) below 2^10 — a bound, like each below, on "
             "the parameter gradients at its probe only") in said

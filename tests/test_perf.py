@@ -207,14 +207,17 @@ def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
 
 
 def test_an_mfu_over_100_percent_is_flagged_not_passed_off():
-    from amp_compare.harness.report.findings import mfu_findings
+    from types import SimpleNamespace
 
-    table = pd.DataFrame([{"framework": "torch", "precision": "bf16", "batch_size": 64, "mfu_measured": 5.56,
-                           "ceiling_dtype": "bf16"},
-                          {"framework": "torch", "precision": "fp32", "batch_size": 64, "mfu_measured": 0.29,
-                           "ceiling_dtype": "fp32"}])
-    said = mfu_findings(table)
-    assert len(said) == 1 and "MFU above 100% in 1 cell(s) (PyTorch bf16 batch 64 (556%))" in said[0]
+    from amp_compare.harness.report import speed
+    from amp_compare.harness.report.tables import _hardware_cells
+
+    row = SimpleNamespace(flops_per_image=1e6, achieved_flops=5.56e11, ceiling_flops=1e11, ceiling_dtype="bf16",
+                          mfu_measured=5.56, mfu_table=float("nan"), bound="undetermined", compile_warmup_s=0.0,
+                          timing_note="")
+    assert _hardware_cells(row, False)["MFU"] == "556.0% ⚠"
+    assert _hardware_cells(SimpleNamespace(**{**vars(row), "mfu_measured": 0.29}), False)["MFU"] == "29.0%"
+    assert "An MFU over 100% is marked ⚠" in speed.hardware_paragraph(False, False, ())
 
 
 def test_bound_verdict_from_the_sweep():

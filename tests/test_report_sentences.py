@@ -186,18 +186,12 @@ def test_a_single_framework_run_speaks_of_that_framework_only(tmp_path):
     assert not any("Keras" in s for s in rendered.findings)
 
 
-def test_seeds_that_disagree_get_an_interval_holding_their_own_ratios(tmp_path):
+def test_seeds_that_disagree_get_their_geometric_mean_and_no_verdict(tmp_path):
     """Issue 28's default run, re-made: PyTorch bf16 per-seed ratios 0.70, 1.05, 1.06 ("1.04× [1.02–1.05]"),
     Keras fp16 0.22, 0.14, 0.26 ("0.23× [0.22–0.23]"), with the precision order rotated per seed."""
     speeds = {("torch", "bf16"): [0.70, 1.05, 1.06], ("tf", "fp16"): [0.22, 0.14, 0.26]}
     rendered, html = make_run(tmp_path, speeds=speeds, steps=200)
     t = rendered.table.set_index(["framework", "precision"])
-    for key, seeds in speeds.items():
-        r = t.loc[key]
-        assert r["speed_low"] < min(seeds) * 0.99 and r["speed_high"] > max(seeds) * 1.01, (key, r["speed_low"])
-        assert r["speed_low"] <= r["speedup_vs_fp32"] <= r["speed_high"]
-    assert t.loc[("torch", "bf16"), "speed_low"] < 1 < t.loc[("torch", "bf16"), "speed_high"]
-    assert t.loc[("tf", "fp16"), "speed_high"] < 1
     assert t.loc[("torch", "bf16"), "speedup_vs_fp32"] == pytest.approx(0.92, abs=0.01)  # the seeds' geometric mean
     # what training took, never a verdict: no ⚠, no sentence on these wall-time ratios (speed is the trials')
     assert "speed_note" not in t and not any("against fp32's" in s for s in rendered.findings)

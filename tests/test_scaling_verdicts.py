@@ -140,9 +140,8 @@ def test_numerics_section_connects_the_skip_to_its_tensor_and_headroom():
     assert len(said) == 2  # one per framework's fp16 cell: the locator ran at its first skip
     assert said[0] == ("PyTorch fp16 seed 0: the skip at step 25 (scale 2^17) — fc.weight went inf: either its "
                        "largest |gradient| × 2^17 passed 65,504 (≥ 0.4997 unscaled) or a tensor before it in the "
-                       "backward did; after the last step the probe measured "
-                       "its largest |gradient| below 2^-2, times the scale then held (2^16) below 2^14, 4× under "
-                       "65,504.")
+                       "backward did; after the last step the probe measured its largest |gradient| below 2^-2, times "
+                       "the scale the scaler held after that step (2^16) below 2^14, 4× under 65,504.")
 
 
 def test_elements_lost_without_scaling_cost_no_accuracy_where_the_interval_excludes_a_loss():

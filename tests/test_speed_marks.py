@@ -52,7 +52,7 @@ def test_the_runs_index_computes_a_runs_headline_once_per_state_of_its_records(t
 def test_the_throughput_caption_says_what_its_bars_and_labels_are(tmp_path, unsaved_figures):
     t = records.read_run(write_run(tmp_path, speeds=SPEEDS))
     caption = next(f for f in figures.make_figures(t["run"], t["steps"], tmp_path / "f",
-                                                   notes=full_table(t["run"], t["steps"], t["epochs"]))
+                                                   notes=full_table(t["run"], t["epochs"]))
                    if f.key == "throughput").caption
     assert "A bar's height is the median over seeds" in caption and "not the quotient of two bars" in caption
 

@@ -42,7 +42,7 @@ def _trials(run_dir, ratios: dict, rounds: int = 8, contended: tuple = ()) -> pd
 
 def _verdicts(run_dir, trials=None) -> pd.DataFrame:
     t = records.read_run(run_dir)
-    full = full_table(t["run"], t["steps"], t["epochs"], {"device": "cpu"})
+    full = full_table(t["run"], t["epochs"], {"device": "cpu"})
     return verdicts.build(full, t["run"], verdicts.trial_rows(trials))
 
 
@@ -216,7 +216,7 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
 
     run_dir = write_run(tmp_path, frameworks=("torch",), seeds=(0, 1))  # the cells: mixed at 0.5x fp32
     t = records.read_run(run_dir)
-    full = full_table(t["run"], t["steps"], t["epochs"], {"device": "cpu"})
+    full = full_table(t["run"], t["epochs"], {"device": "cpu"})
     phases = pd.DataFrame([{"cell_id": c, "phase": phase, "seconds": s,
                             "cpu_seconds": s * (1.9 if p == "fp32" else 1.0)}
                            for c, p in zip(t["run"]["cell_id"], t["run"]["precision"])

@@ -64,7 +64,7 @@ def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, dat
     from amp_compare.harness.report import verdicts
     from amp_compare.harness.report.answer import experiment_items
     from amp_compare.harness.report.figures import make_headroom_figure
-    from amp_compare.harness.report.numerics import naive_rows, vit_what_happened
+    from amp_compare.harness.report.numerics import naive_rows
 
     broken, cfg = train(framework, "fp16", data, init_file)
     # within the first epoch, in the forward: exp of a logit past ln(65504) is inf in float16, inf/inf NaN
@@ -93,10 +93,6 @@ def test_naive_attention_overflows_float16_and_fp32_layers_fix_it(framework, dat
     runs = pd.concat([t["run"] for t in tables], ignore_index=True)
     runs["cell_id"] = ["broken", "fixed"]
     headroom = pd.concat([t["headroom"].assign(cell_id=name) for t, name in zip(tables, ("broken", "fixed"))])
-    said = vit_what_happened(runs, headroom)
-    assert any(f"at step {broken.nonfinite['step']}, " in s and "in the forward of layer 'blocks.0.attn'" in s
-               and "rerun with --fp32-layers blocks.0.attn" in s for s in said), said
-    assert any("with --fp32-layers blocks.0.attn: finished with finite losses" in s for s in said), said
     # the answer's naive-attention lines, from the verdict rows a report of each run builds (numerics.naive_rows)
     for cell, status, reason, said in (
             ("broken", "overflowed", "forward_located",

@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import (
-    ALLREDUCE_DTYPES,
     ALLREDUCE_REFERENCE,
     ALLREDUCES,
     display_order,
@@ -131,27 +130,21 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
     if not pairs:
         return "no fp32 all-reduce cell to pair with", 0, {}
     res = stats.paired_test(pairs)
-    verdict = "detectable" if stats.detectable(res) else "no detectable difference"
-    test = phrases.test(res["method"], len(pairs))
-    text = (f"{res['diff_pp']:+.2f} pp, 95% CI [{res['ci_low']:+.2f}, {res['ci_high']:+.2f}], "
-            f"p = {res['p_value']:.3g} ({test}): {verdict}")
-    near = _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))
-    return text + near, len(pairs), {**res, "detectable": stats.detectable(res), "near_chance": bool(near)}
+    test = {**res, "detectable": stats.detectable(res),
+            "near_chance": _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))}
+    return phrases.paired(test, len(pairs)), len(pairs), test
 
 
 # within this many points of chance, validation accuracy says little: a difference there is between two guessers
 NEAR_CHANCE_PP = 10.0
 
 
-def _near_chance(correct: list[np.ndarray], dataset: str) -> str:
-    """The caveat where the paired runs' validation accuracy is near chance (stats.chance_accuracy: 1 / the
-    dataset's classes, 10 where the dataset is not one the kit knows)."""
+def _near_chance(correct: list[np.ndarray], dataset: str) -> bool:
+    """Whether the paired runs' validation accuracy is within NEAR_CHANCE_PP of chance (stats.chance_accuracy: 1 /
+    the dataset's classes, 10 where the dataset is not one the kit knows)."""
     chance = 100.0 * stats.chance_accuracy(dataset)
     accuracy = 100.0 * float(np.mean([c.mean() for c in correct])) if correct else float("nan")
-    if np.isfinite(accuracy) and accuracy - chance <= NEAR_CHANCE_PP:
-        return (f" — validation accuracy {accuracy:.1f}% is near chance ({chance:.0f}%): the runs barely learned, "
-                "so this says little about the all-reduce")
-    return ""
+    return bool(np.isfinite(accuracy) and accuracy - chance <= NEAR_CHANCE_PP)
 
 
 # A 1-worker baseline whose floor cell (its rerun with at most its threads) ran this many times faster stalled.
@@ -195,8 +188,7 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
     if machine and not notes:
         notes.append(f"the machine was unsteady over the run ({machine}) and the two cells ran at different times")
     return {"speed_ratio": ratio, "speed_low": speed["low"], "speed_high": speed["high"],
-            "speed_note": "; ".join(notes), "efficiency": efficiency, "rerun_factor": rerun,
-            "stalled": bool(np.isfinite(rerun) and rerun > STALL_FACTOR)}
+            "speed_note": "; ".join(notes)}
 
 
 def machine_range(environment: dict) -> str:
@@ -272,21 +264,16 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
                  if not floor.empty else float("nan"))
     mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
     agreement = worker_agreement(mine)
-    share = float(cell.get("allreduce_time_s", np.nan)) / float(cell["median_step_s"]) \
-        if pd.notna(cell.get("allreduce_time_s", np.nan)) else float("nan")
     return {**row, "skipped_1": int(one.get("skipped_steps", 0)), "skipped_n": int(cell.get("skipped_steps", 0)),
             "threads_1": int(one["cfg_threads"]), "threads_per_worker": cell.get("threads_per_worker"),
             "throughput_1": float(one["throughput_img_s"]), "throughput_n": float(cell["throughput_img_s"]),
             **_speed(cell, one, floor, timed, environment),
             "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
-            "allreduce_share": share, "allreduce_time_source": str(cell.get("allreduce_time_source") or ""),
             "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": _loss_level(loss.get(one["cell_id"], none)),
             "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
-            "within_floor": bool(gap <= floor_gap) if np.isfinite(gap) and np.isfinite(floor_gap) else None,
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
             **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), accuracy(cell))),
-            "val_accuracy": float(cell.get("final_val_accuracy", np.nan)),
             "step_s": float(np.median(timed[cell["cell_id"]])) if len(timed.get(cell["cell_id"], [])) else np.nan,
             "engine": str(cell.get("data_parallel") or "")}
 
@@ -318,20 +305,12 @@ def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool
     return bool(gap <= AT_FLOOR_FACTOR * floor or gap <= ulps)
 
 
-def _gap_text(gap: float, floor: float, within, kind: str = "", loss_level: float = float("nan")) -> str:
+def _gap_text(gap: float, floor: float, kind: str = "") -> str:
+    """The loss gap beside its floor, as numbers: the answer's line words the verdict on them (phrases)."""
     if not np.isfinite(gap):
         return "n/a"
-    if within is None:
-        return f"{gap:.2e} (no floor measured)"
-    if within:
-        return f"{gap:.2e} ≤ floor {floor:.2e}: within"
-    kind = kind or "a rerun"
-    if at_floor(gap, floor, loss_level):
-        return (f"{gap:.2e} vs floor {floor:.2e}: at the floor (within {AT_FLOOR_FACTOR:g}× the floor or "
-                f"{FLOAT32_ULPS} float32 ulps of the loss: no evidence either way)")
-    if floor == 0:
-        return f"{gap:.2e} > floor 0: outside (the floor, {kind}, gave the same bits; the N-worker run does not)"
-    return f"{gap:.2e} > floor {floor:.2e}: outside ({gap / floor:.1f}× the floor, {kind})"
+    return f"{gap:.2e} against floor " + (f"{floor:.2e} ({kind or 'a rerun'})" if np.isfinite(floor) else
+                                            "none (no floor measured)")
 
 
 def _ratio_text(ratio: float, low: float, high: float, note: str) -> str:
@@ -375,9 +354,8 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
         "N vs 1": [_ratio_text(r, lo, hi, n) for r, lo, hi, n in
                    zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
         STEP_COLUMN: _step_vs_reference(ok),
-        "Loss gap vs 1 worker (max rel.)": [_gap_text(g, f, w, k, lv) for g, f, w, k, lv in
-                                            zip(ok["loss_gap"], ok["floor_gap"], ok["within_floor"],
-                                                ok["floor_kind"], ok["loss_scale"])],
+        "Loss gap vs 1 worker (max rel.)": [_gap_text(g, f, k) for g, f, k in
+                                            zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
         "Workers agree": ok["agreement"],
         "Accuracy vs fp32 all-reduce": pooled_once(ok),
     })
@@ -395,16 +373,14 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
 
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
-    """What the section says in words, from its rows only (harness/report/wording.py: sentences fit what ran)."""
+    """What the section says beside its table and the answer's lines: what the workers were and their threads
+    (harness/report/wording.py: sentences fit what ran)."""
     facts = wording.RunFacts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [], precisions=[],
                              seeds=[], device=device, rotated=False)
     out = [s for s in [wording.data_parallel_workers(facts, environment.get("cpu_model", ""))] if s]
-    if dp.empty:
-        return out
-    out += not_run(dp)
     # judged rows only: a finished N-worker cell without a finished 1-worker cell has nothing to be judged against
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
-    if ok.empty:  # no N-worker cell finished (all unavailable or failed): nothing more to say
+    if ok.empty:  # no N-worker cell finished (all unavailable or failed): the answer's lines say why
         return out
     ran = wording.RunFacts(frameworks=sorted(set(ok["framework"])), precisions=[], seeds=[], device=device,
                            rotated=False)
@@ -412,50 +388,17 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
     floors = [int(t) for t in ok["floor_threads"].dropna()] if "floor_threads" in ok else []
     machine = machine_range(environment)  # run-wide
-    for threads in sorted(set(ok["threads_1"].astype(int))):
-        out.append(wording.data_parallel_threads(ran, threads, per_worker, machine, floors))
-    for r in ok[~ok["agree"].astype(bool)].itertuples():
-        out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the workers did not "
-                   f"agree — {r.agreement}.")
-    mismatch = ok[[str(d).split(",") != [ALLREDUCE_DTYPES[a]] for d, a in zip(ok["allreduce_dtype"], ok["allreduce"])]]
-    if "skipped_1" in ok:
-        for r in ok[ok["skipped_n"] != ok["skipped_1"]].itertuples():
-            out.append(f"{framework_label(r.framework)} {r.precision}, {r.workers} workers, --allreduce {r.allreduce}: "
-                       f"{r.skipped_n} skipped steps against the 1-worker run's {r.skipped_1}: a different loss-scale "
-                       "trajectory, so from there on not the same experiment" + (
-                           " (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and "
-                           "DDP averages the gradients afterwards, so the scaled half-precision gradients in a "
-                           "worker's backward are up to N× larger and overflow at a lower loss scale)."
-                           if r.framework == "torch" else "."))
-    for r in mismatch.itertuples():
-        out.append(f"{framework_label(r.framework)} {r.precision}, --allreduce {r.allreduce}: the all-reduce ran in "
-                   f"{r.allreduce_dtype} (read back), not only the precision asked for.")
-    return out
+    return out + [wording.data_parallel_threads(ran, threads, per_worker, machine, floors)
+                  for threads in sorted(set(ok["threads_1"].astype(int)))]
 
 
 def unavailable_text(error: str) -> str:
-    """A cell's error as the section says it: the child's reason, without the runner's 'unavailable:' prefix or
+    """A cell's error as the answer says it: the child's reason, without the runner's 'unavailable:' prefix or
     the stderr line's own, nor the name of a compiler dump file the run folder does not keep."""
     text = error.strip()
     for prefix in ("unavailable:", "unavailable —", "unavailable"):
         text = text.removeprefix(prefix).strip()
-    text = re.sub(r",?\s*XLA HLO after optimizations: \S+\.txt", "", text)
-    return text or "no reason recorded"
-
-
-def not_run(dp: pd.DataFrame) -> list[str]:
-    """The N-worker cells that did not finish, one line per framework, status and reason, with the cells it
-    covers (model precision seed; the vit named as every model is)."""
-    bad = dp[dp["status"] != "ok"]
-    if bad.empty:
-        return []
-    bad = bad.assign(reason=[unavailable_text(str(e)) for e in bad["error"]])
-    out = []
-    for (framework, status, reason), g in bad.groupby(["framework", "status", "reason"], sort=False):
-        cells = ", ".join(f"{r.model} {r.precision} seed {r.seed} (--allreduce {r.allreduce})" for r in g.itertuples())
-        out.append(f"{framework_label(framework)}, {int(g['workers'].iloc[0])} workers: {status} for {len(g)} "
-                   f"cell{'s' * (len(g) > 1)} — {reason}. Cells: {cells}.")
-    return out
+    return re.sub(r",?\s*XLA HLO after optimizations: \S+\.txt", "", text)
 
 
 def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> dict | None:
@@ -468,7 +411,7 @@ def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> 
 
 def intro(dp: pd.DataFrame) -> str:
     """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran; the rules it
-    states are the ones _speed, _gap_text and _agreement_text follow."""
+    states are the ones _speed, verdict_rows and _agreement_text follow."""
     engines = "; ".join(e for e in dp.get("engine", pd.Series(dtype=str)).dropna().unique() if e)
     return (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
             "losses are compared with the 1-worker run's and judged against the floor: the same difference between "
@@ -526,7 +469,8 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
                "framework": r["framework"], "precision": r["precision"]}
         said = {"seed": r["seed"], "workers": r["workers"], "allreduce": r["allreduce"],
                 "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
-                "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"), "error": r.get("error") or "",
+                "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"),
+                "error": unavailable_text(str(r.get("error") or "")),
                 "accuracy_test": _plain_test(r.get("accuracy_test")), "accuracy_seeds": r.get("accuracy_seeds")}
         out.append(verdicts.row(key, "data_parallel", facts, "none", said))
     return out

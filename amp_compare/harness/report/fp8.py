@@ -13,10 +13,8 @@ import pandas as pd
 
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
-from amp_compare.harness.report import verdicts
-from amp_compare.harness.report.phrases import KIND
+from amp_compare.harness.report import phrases, verdicts
 from amp_compare.harness.report.stats import budgeted, correct_pairs, paired_test
-from amp_compare.harness.report.verdicts import ACCURACY_KIND
 from amp_compare.kit.fp16 import FP16_MAX
 
 # An fp8 cell off a GPU runs in emulation: no table, finding, answer or figure gives it a speed ratio or verdict.
@@ -38,10 +36,9 @@ def api_text(row: dict) -> str:
     """The AMP API an fp8 cell ran, from its fp8_settings (its child's amp_api names only the autocast/policy
     machinery, "none" for fp8); any other cell's amp_api as recorded."""
     recorded = row.get("amp_api") if isinstance(row.get("amp_api"), str) else ""  # a crashed cell's is missing (NaN)
-    if row.get("precision") not in contract.FP8_MODES or not isinstance(row.get("fp8_settings"), str) \
-            or not row["fp8_settings"]:
+    live = phrases.evidence(row.get("fp8_settings"))
+    if row.get("precision") not in contract.FP8_MODES or not live:
         return recorded
-    live = json.loads(row["fp8_settings"])
     layers = f"on {len(live.get('converted', []))} layers, {live.get('scaling', '?')} scaling"
     if row.get("framework") == "torch":  # the converted layers' class, as the child read it (older records lack it)
         emulated = ", emulated: float32 matmuls of dequantized values" if live.get("emulate") else ""
@@ -66,11 +63,7 @@ def _paired(runs: pd.DataFrame, cell, other: str) -> str:
     same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
                 & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
     pairs = correct_pairs(same[same["precision"] == other], same[same["precision"] == cell.precision])
-    if not pairs:
-        return "n/a"
-    res = paired_test(pairs)
-    kind = "95% " + KIND[ACCURACY_KIND[res["method"]]]  # the bracket's kind, as the Accuracy section's
-    return f"{res['diff_pp']:+.2f} pp [{kind} {res['ci_low']:+.2f}, {res['ci_high']:+.2f}]"
+    return phrases.paired(paired_test(pairs)) if pairs else "n/a"
 
 
 def _loss_gap(runs: pd.DataFrame, cell, other: str) -> str:
@@ -80,7 +73,11 @@ def _loss_gap(runs: pd.DataFrame, cell, other: str) -> str:
 
 
 def _worst(row) -> str:
-    return f"{row['sqnr_db']:.1f} ({row['layer']} {row['role']})" if row is not None else "n/a"
+    """A worst SQNR with its layer and tensor, and the share of its nonzero values flushed to 0 where ≥ 0.5%."""
+    if row is None:
+        return "n/a"
+    flushed = f", {row['zero_share']:.0%} of its nonzero values flushed to 0" if row["zero_share"] >= 0.005 else ""
+    return f"{row['sqnr_db']:.1f} ({row['layer']} {row['role']}{flushed})"
 
 
 def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, dict | None]:
@@ -117,27 +114,19 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
         cells = layers[layers["cell_id"].isin(set(mine["cell_id"]))] if not layers.empty else layers
         last = cells[cells["when"] == "last step"] if not cells.empty else cells
         roles = last.groupby("role")["sqnr_db"].median().astype(float).to_dict() if not last.empty else {}
-        live = json.loads(mine["fp8_settings"].iloc[0]) if not mine.empty and isinstance(
-            mine["fp8_settings"].iloc[0], str) and mine["fp8_settings"].iloc[0] else {}
-        recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales")}
-        row["evidence"] = json.dumps({**json.loads(row["evidence"]), "recipe": recipe,
+        live = phrases.evidence(mine["fp8_settings"].iloc[0]) if not mine.empty else {}
+        recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "power_of_2_scales")}
+        row["evidence"] = json.dumps({**phrases.evidence(row["evidence"]), "recipe": recipe,
                                       "layers": len(live.get("converted", [])), "fp8_seeds": len(mine),
-                                      "sqnr_by_role_db": roles, "sqnr_worst": sqnr(cells)[1],
-                                      "sqnr_worst_first": sqnr(cells, "first step")[1]}, default=str)
+                                      "sqnr_by_role_db": roles}, default=str)
         out.append(row)
     return out
-
-
-def with_rows(table: pd.DataFrame, acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | None) -> pd.DataFrame:
-    """The verdict table with the fp8 rows (verdict_rows) added where the run has any."""
-    said = verdict_rows(acc, runs, layers)
-    return pd.concat([table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True) if said else table
 
 
 def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for cell in fp8_runs.itertuples():
-        settings = json.loads(cell.fp8_settings) if getattr(cell, "fp8_settings", "") else {}
+        settings = phrases.evidence(getattr(cell, "fp8_settings", ""))
         cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
         median, worst = sqnr(cells)
         worst_first = sqnr(cells, "first step")[1]
@@ -160,7 +149,7 @@ def _recipes(fp8_runs: pd.DataFrame) -> pd.DataFrame:
     """Each recipe's settings as the child read them from the live objects, beside contract/fp8.py's."""
     rows = []
     for cell in fp8_runs.drop_duplicates(["framework", "precision"]).itertuples():
-        live = json.loads(cell.fp8_settings) if getattr(cell, "fp8_settings", "") else {}
+        live = phrases.evidence(getattr(cell, "fp8_settings", ""))
         declared = contract.recipe(cell.framework, cell.precision)
         for key in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales", "scale_convention"):
             want = list(declared.formats) if key == "formats" else getattr(declared, key)

@@ -16,7 +16,7 @@ from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
 from amp_compare.harness.report.scaling import zero_gradient
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
-from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX
+from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX  # noqa: F401 (figures.py reads FP16_EXP_LIMIT here)
 
 
 def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
@@ -259,6 +259,14 @@ def _who(per: list[str], key: tuple) -> str:
     return " on ".join(map(str, key[:len(per)])) + ", " if per else ""
 
 
+def scaled_bound(top: int, scale: float) -> tuple[float, str]:
+    """The probe's bound on |gradient| × scale after the last step, 2^(top+1) × scale (every |g| < 2^(top+1)), and
+    its words for headroom_sentences and skip_cause_sentences."""
+    bound = 2.0 ** (top + 1) * scale
+    held = phrases.power(scale)
+    return bound, f"times the scale the scaler held after that step ({held}) below {phrases.power(bound)}"
+
+
 def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
     """Per framework x float16 mode: the probe's largest parameter gradient after the last step against
     float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
@@ -269,14 +277,13 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
     for key, g in groups:
         fw, prec = key[-2:]
         top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
-        bound = 2.0 ** (top + 1) * scale  # |g| < 2^(top+1), so |g| x scale is below this
+        bound, below = scaled_bound(top, scale)
         mine = np.logical_and.reduce([underflow[k] == v for k, v in zip(per, key)] + [underflow["framework"] == fw])
         rows = underflow[mine & (underflow["precision"] == prec)
                          & (underflow["when"] == "last step") & (underflow["seed"] == underflow["seed"].min())]
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
-        scaled = (f"; times the scale the scaler held after that step ({phrases.power(scale)}) below "
-                  f"{phrases.power(bound)}" if scale != 1 else "")
+        scaled = f"; {below}" if scale != 1 else ""
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
         record = _cell_record(steps, rows, explained)  # what a skip means: said in the first that has one
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
@@ -439,12 +446,10 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
              "named": scaling.is_parameter(underflow, r["cell_id"], r["framework"], r["nonfinite_layer"],
                                            r["nonfinite_tensor"])}
         top = scaling.probe_top(underflow, r["cell_id"], f["layer"], f["tensor"])
-        final = float(g["loss_scale"].iloc[-1])
         after = ""
         if top is not None:
-            bound = 2.0 ** (top + 1) * final
-            after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, times the "
-                     f"scale then held ({phrases.power(final)}) below {phrases.power(bound)}"
+            bound, below = scaled_bound(top, float(g["loss_scale"].iloc[-1]))
+            after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, {below}"
                      + (f", {FP16_MAX / bound:.3g}× under 65,504" if bound <= FP16_MAX else
                         ", not provably under 65,504"))
         who = _who(per, tuple(r[k] for k in per))
@@ -483,13 +488,11 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
     return out
 
 
-def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, headroom: pd.DataFrame,
-                  steps: pd.DataFrame | None = None, acc: pd.DataFrame | None = None) -> dict[str, list[str]]:
+def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFrame | None = None,
+                  acc: pd.DataFrame | None = None) -> dict[str, list[str]]:
     """What happened, per Numerics subsection, saying only what its tables do not."""
-    history = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
     return {"loss_scaling": skip_cause_sentences(runs, steps, underflow) + scaling_accuracy_sentences(runs, acc),
-            "underflow": headroom_sentences(underflow, steps) + lost_sentences(underflow),
-            "vit": vit_what_happened(history, headroom)}
+            "underflow": headroom_sentences(underflow, steps) + lost_sentences(underflow)}
 
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
@@ -563,96 +566,6 @@ def cfg_text(value) -> str:
     if isinstance(value, str):
         return value
     return ",".join(map(str, list(value)))
-
-
-def vit_what_happened(runs: pd.DataFrame, headroom: pd.DataFrame) -> list[str]:
-    """Sentences on the vit's numerics: each cell's largest attention logit against float16's range and, with
-    --attention naive, where it overflowed or that it finished finite."""
-    out: list[str] = []
-    if runs.empty or "model" not in runs or not (runs["model"] == "vit").any():
-        return out
-    blocks = headroom_per_block(headroom)
-    vit_runs = runs[runs["model"] == "vit"].sort_values(["framework", "precision", "seed"], key=display_order)
-    for r in vit_runs.to_dict("records"):
-        who = f"{_label(r['framework'])} {r['precision']} (vit, seed {r['seed']})"
-        naive = r.get("cfg_attention") == "naive"
-        forced = cfg_text(r.get("cfg_fp32_layers"))
-        mine = blocks[(blocks["cell_id"] == r["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
-            if not blocks.empty else blocks
-        top = _peak(mine) if not mine.empty else None
-        peak = _logit_text(top, naive, _in_float16(r["precision"]), forced_fp32(f"{top['block']}.attn", forced)) \
-            if top is not None else ""
-        step = pd.to_numeric(pd.Series([r.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
-        if naive and step >= 0:
-            out.append(f"{who}, --attention naive: {_located_text(r, int(step), forced)}"
-                       + (f"; {peak}." if peak else "."))
-        elif naive:
-            finite = np.isfinite(float(r.get("final_train_loss", np.nan))) and r.get("status") == "ok"
-            ending = "finished with finite losses" if finite else f"ended {r.get('status')}"
-            out.append(f"{who}, --attention naive{f' with --fp32-layers {forced}' if forced else ''}: {ending}"
-                       f" (final training loss {float(r.get('final_train_loss', np.nan)):.4g}, validation accuracy "
-                       f"{float(r.get('final_val_accuracy', np.nan)):.1%})" + (f"; {peak}." if peak else "."))
-        elif peak:
-            out.append(f"{who}: {peak}.")
-    return out
-
-
-def _in_float16(precision: str) -> bool:
-    """Whether a precision computes in float16 (else its float16 headroom is what it would be had it run in float16)."""
-    return precision in precisions.names(half="float16")
-
-
-def forced_fp32(layer: str, forced: str) -> bool:
-    """Whether `layer` computed in float32 because --fp32-layers named it or a module above it."""
-    return any(layer == f or layer.startswith(f + ".") for f in forced.split(",") if f)
-
-
-NOT_FP16 = " — had it run in float16: this cell did not compute in float16"
-FORCED = " — had it run in float16: --fp32-layers computed this layer in float32"
-
-
-def _logit_text(top: pd.Series, naive: bool, fp16: bool = True, forced: bool = False) -> str:
-    """The cell's largest attention logit against the limit its softmax meets (ln(65,504) for the naive softmax's exp,
-    else float16's largest value); for a cell that did not compute in float16, or whose attention --fp32-layers kept
-    in float32, said as what it would be in float16."""
-    where = f"{top['block']}, epoch {int(top['epoch']) + 1}"  # epochs counted from 1, as everywhere
-    if not (np.isfinite(top["max_abs"]) and top["max_abs"] > 0):
-        return f"the attention logits' record went non-finite ({where})"
-    limit, named = ((FP16_EXP_LIMIT, f"ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16") if naive
-                    else (FP16_MAX, "float16's 65,504"))
-    factor = limit / top["max_abs"]
-    return (f"the largest attention logit was {top['max_abs']:.4g} ({where}), "
-            + (f"{factor:.3g}× below {named}" if factor >= 1 else f"past {named} (headroom {factor:.2g}×)")
-            + (FORCED if forced and fp16 else "" if fp16 else NOT_FP16))
-
-
-def _located_text(r: dict, step: int, forced: str) -> str:
-    """A naive-attention cell's locator finding, the loss of the step it ran at, and how the cell ended."""
-    layer = r.get("nonfinite_layer", "")
-    ending = ending_text(r)
-    after = ("the run diverged" + (f" ({ending})" if ending else "") if r.get("status") == "diverged" else
-             f"the loss scaler skipped {int(r.get('skipped_steps', 0))} of {int(r.get('steps_total', 0))} steps")
-    beside = locator_loss_text(r)
-    return (f"at step {step}, its first skipped update or non-finite loss, the NaN/Inf locator (that step's batch "
-            f"again, at its weights and loss scale) found the first non-finite value in the "
-            f"{r.get('nonfinite_where', '')} of layer '{layer}' ({r.get('nonfinite_value', '')})"
-            + (f" {beside}" if beside else "") + f", and {after}"
-            + (f" — rerun with --fp32-layers {layer} to compute that layer in float32" if layer and not forced else ""))
-
-
-def locator_loss_text(r) -> str:
-    """Beside a forward finding of the NaN/Inf locator, the loss of that step and what a finite one implies; ""
-    where the finding is not in the forward or the loss was not recorded."""
-    get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
-    loss = pd.to_numeric(get("nonfinite_step_loss", np.nan), errors="coerce")
-    if get("nonfinite_where") != "forward" or pd.isna(loss):
-        return ""
-    if not np.isfinite(loss):
-        return "(that step's loss was non-finite too)"
-    unread = " (the vit's head reads only the class token's row)" if get("model") == "vit" else ""
-    return (f"while that step's loss was finite ({loss:.4g}): so the non-finite elements must be ones the loss does "
-            f"not read{unread} (an inference from the finite loss: no record says which elements they were), and "
-            "they reached the update through the gradients, so the scaler skipped it")
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
@@ -815,9 +728,3 @@ def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
             "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total", 0) or 0),
             "finite": c.get("status") == "ok" and every_finite and skipped == 0,
             "largest_logit": float(_peak(logits)["max_abs"]) if not logits.empty else float("nan")}
-
-
-def with_naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame | None) -> pd.DataFrame:
-    """The verdict table with naive_rows added."""
-    said = naive_rows(table, runs, headroom)
-    return pd.concat([table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True) if said else table

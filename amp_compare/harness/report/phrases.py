@@ -1,5 +1,5 @@
 """The phrasebook: each verdict (verdicts.py) worded once per form, from its row alone: `number` (estimate and
-interval), `cell` (a table cell), `clause` (metric, cell and why), `sentence` (who, then the clause)."""
+interval), `cell` (a table cell), `lab_line` (an experiment's line in the answer)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label, is_keras
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.verdicts import REASONS, STATUSES
+from amp_compare.harness.report.verdicts import ACCURACY_KIND, REASONS, STATUSES
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
@@ -142,17 +142,24 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
     return f"{number(v, interval, of)} {status}".strip()
 
 
-def clause(v) -> str:
-    """The metric, its cell and the interval's kind: "speed 0.20× [0.19×, 0.21×] slower (95% sign test)"."""
-    kind = interval_words(v)
-    return f"{METRIC[v.metric]} {cell(v)}" + (f" ({kind})" if kind and np.isfinite(v.low) else "")
-
-
 def test(method, seeds) -> str:
     """The paired accuracy test by name, with its seeds: "McNemar exact, 1 seed"."""
     if method not in METHOD:
         return ""
     return METHOD[method] + (f", {seeds:.0f} seed{'s' * (seeds != 1)}" if np.isfinite(seeds) else "")
+
+
+def paired(t: dict, seeds: int = 0) -> str:
+    """A paired accuracy test (stats.paired_test's diff_pp, ci_low, ci_high and method; detectable and near_chance
+    where given), worded once for every table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no
+    detectable change"."""
+    kind = interval_words(SimpleNamespace(interval_kind=ACCURACY_KIND.get(t.get("method"), "")))
+    said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
+    text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
+            + (f" ({', '.join(said)})" if said else ""))
+    if "detectable" in t:
+        text += ": a detectable change" if t["detectable"] else ": no detectable change"
+    return text + (" (near chance: the runs barely learned)" if t.get("near_chance") else "")
 
 
 def accuracy(r) -> str:
@@ -163,15 +170,6 @@ def accuracy(r) -> str:
     said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
                         f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
     return cell(v) + (f" ({', '.join(said)})" if said else "")
-
-
-def who(v) -> str:
-    return f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}"
-
-
-def sentence(v) -> str:
-    """One verdict as a sentence: who, the clause, and why."""
-    return f"{who(v)}: {clause(v)}, because {reason(v)}."
 
 
 def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
@@ -398,6 +396,12 @@ def _times(ratio: float) -> str:
     return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.1f}×"
 
 
+# why a torch N-worker cell can skip steps its 1-worker cell does not
+DDP_SKIPS = (" (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and DDP averages "
+             "the gradients afterwards, so the scaled half-precision gradients in a worker's backward are up to N× "
+             "larger and overflow at a lower loss scale)")
+
+
 def _data_parallel(v, e: dict) -> str:
     """An N-worker cell's row: whether its workers agreed, its largest per-step loss gap to 1 worker against the
     thread floor (the 1-worker rerun at another thread count), its skips where they differ."""
@@ -417,8 +421,9 @@ def _data_parallel(v, e: dict) -> str:
     share = f"{_bound(100 * gap, 2, up=True)}%" if gap >= 1e-4 else "less than 0.01%"  # "within": a bound, rounded up
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
     n, one = e.get("skipped_n"), e.get("skipped_1")
-    skips = (f"; {n} skipped steps against 1 worker's {one}" if isinstance(n, (int, float)) and
-             isinstance(one, (int, float)) and n != one else "")
+    skips = (f"; {n} skipped steps against 1 worker's {one}: a different loss-scale trajectory, so from there on not "
+             "the same experiment" + (DDP_SKIPS if v.framework == "torch" else "")
+             if isinstance(n, (int, float)) and isinstance(one, (int, float)) and n != one else "")
     return (f"{who}: {agreed}" + (f"; {losses}" if losses else "") + (f", {against}" if against else "") + skips
             + _allreduce_accuracy(e))
 
@@ -428,40 +433,35 @@ def _allreduce_accuracy(e: dict) -> str:
     t, seeds = e.get("accuracy_test") or {}, e.get("accuracy_seeds") or 0
     if "diff_pp" not in t:
         return ""
-    said = "a detectable change" if t.get("detectable") else "no detectable change"
-    return (f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} ({seeds} seed{'s' * (seeds != 1)} "
-            f"paired) {t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]: {said}"
-            + (" (near chance: the runs barely learned)" if t.get("near_chance") else ""))
+    return f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} {paired(t, int(seeds))}"
 
 
 ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradient"}  # fp8's three tensors
 
 
+def recipe(scaling, granularity, amax_history=0, power_of_2: bool = False) -> str:
+    """How an fp8 recipe scales (contract/fp8.py's fields, declared or read back), worded once for the summary's
+    intro and the answer: "scaled by each step's own amax, one scale per tensor"."""
+    said = {"dynamic": "scaled by each step's own amax", "delayed": f"scaled by the largest amax of up to "
+            f"{amax_history or 0:,} past steps"}.get(scaling, "scaling not recorded")
+    said += {"tensor": ", one scale per tensor", "row": ", one scale per row"}.get(granularity, "")
+    return said + (", rounded down to powers of 2" if power_of_2 else "")
+
+
 def _fp8(v, e: dict) -> str:
-    """An fp8 row: its recipe as read back (what scales each tensor, its formats), its converted layers' SQNR at the
-    last step and its accuracy against bf16 of the same seeds."""
+    """An fp8 row: how its recipe as read back scales, its converted layers' median SQNR at the last step and its
+    accuracy against bf16 of the same seeds (the formats and the worst layers: the fp8 section's tables)."""
     r = e.get("recipe") or {}
-    short = [str(f).removeprefix("float8_").removesuffix("fn") for f in r.get("formats") or []]
-    formats = (f"{short[0]} throughout" if len(set(short)) == 1 else f"{short[0]} input and kernel, {short[2]} "
-               "gradients") if len(short) == 3 else "formats not recorded"
-    scales = {"dynamic": "scaled by each step's own amax", "delayed": f"scaled by the largest amax of up to "
-              f"{r.get('amax_history') or 0:,} past steps"}.get(r.get("scaling"), "scaling not recorded")
-    scales += {"tensor": ", one scale per tensor", "row": ", one scale per row"}.get(r.get("granularity"), "")
-    scales += ", rounded down to powers of 2" if r.get("power_of_2_scales") else ""
+    scales = recipe(r.get("scaling"), r.get("granularity"), r.get("amax_history"), r.get("power_of_2_scales"))
     over = "layers and seeds" if (e.get("fp8_seeds") or 0) > 1 else "layers"
     by_role = e.get("sqnr_by_role_db") or {}
     sqnr = (f"median SQNR at the last step (over {over}): " + ", ".join(
         f"{ROLE_WORDS.get(role, role)} {by_role[role]:.1f}" for role in ROLE_WORDS if role in by_role) + " dB"
         if by_role else "no SQNR recorded")
-    sqnr += "".join(f"; worst {w['sqnr_db']:.1f} dB at the {when} ({w['layer']} {ROLE_WORDS.get(w['role'], w['role'])}"
-                    + (f", {w['zero_share']:.0%} of its nonzero values flushed to 0" if w.get("zero_share", 0) >= 0.005
-                       else "") + ")"
-                    for when, w in (("first step", e.get("sqnr_worst_first")), ("last step", e.get("sqnr_worst")))
-                    if w)
     seeds = e.get("seeds")
     paired = f" ({seeds:.0f} seed{'s' * (seeds != 1)} paired)" if isinstance(seeds, (int, float)) and seeds else ""
     said = f"n/a ({reason(v)})" if v.status == "not_comparable" else cell(v)  # no number beside "n/a"
-    return f"{e.get('layers', 0)} layers in fp8, {scales}; {formats}; {sqnr}; accuracy against bf16{paired} {said}"
+    return f"{e.get('layers', 0)} layers in fp8, {scales}; {sqnr}; accuracy against bf16{paired} {said}"
 
 
 LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,

@@ -242,7 +242,7 @@ def _pct(digits: int):
 
 def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """The NaN/Inf locator's rows, with the loss the step it ran at recorded: a forward finding beside a finite
-    loss is one in elements the loss does not read (numerics.locator_loss_text)."""
+    loss is one in elements the loss does not read (numerics' "nonfinite" paragraph)."""
     f = nr.nonfinite_findings(runs, steps)
     if f.empty:
         return f
@@ -584,19 +584,18 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
     accuracy = accuracy_statistics(runs, epochs)
-    full = full_table(runs, steps, epochs, evidence, accuracy)
+    full = full_table(runs, epochs, evidence, accuracy)
     summary = formatted_summary(full)
     main_table, hardware, loop_text = split_summary(summary)
     parts = finding_parts(runs, steps, evidence, epochs, table=full)
     sentences = parts.sentences
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = (seed_counts_text(runs) or seed_list_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
-    verdict_table = scaling.with_lab_rows(verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials"))),
-                                          runs, steps, tables.get("underflow"))
-    verdict_table = nr.with_naive_rows(verdict_table, runs, tables.get("headroom"))
-    verdict_table = fp8_report.with_rows(verdict_table, accuracy, runs, tables.get("fp8_layers"))
-    if said:  # the answer opens with the N-worker cells' verdicts (answer.experiment_items)
-        verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
+    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
+    verdict_table = verdicts.with_rows(verdict_table, [  # said: the N-worker cells' (answer.experiment_items)
+        *scaling.rows(verdict_table, runs, steps, tables.get("underflow")),
+        *nr.naive_rows(verdict_table, runs, tables.get("headroom")),
+        *fp8_report.verdict_rows(accuracy, runs, tables.get("fp8_layers")), *said])
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"),
                                                   manifest.get("launcher", {}), tables.get("trials"))
@@ -610,8 +609,6 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
                             "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
                                                                  bool((ceiling_limits(full) != "").any()),
                                                                  tuple(ceiling_clauses(ok_runs(runs))))},
-            "cpu_verdict": "" if parts.slower_on_cpu else speed.flags_sentence(manifest["environment"]),
-            "accuracy_warnings": parts.accuracy_warnings,
             **_answer_context(manifest, verdict_table)}
 
 
@@ -633,7 +630,6 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     """The Numerics section, its dtype audit included; `acc`: the Accuracy section's paired tests."""
     runs, steps = tables["run"], tables["steps"]
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
-    headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
@@ -643,7 +639,7 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
                              for p, t in nr.dtype_side_by_side(dtypes).items()},
             "dtype_facts": dtype_facts,
             "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
-            "said": nr.numerics_said(runs, underflow, headroom, steps, acc),
+            "said": nr.numerics_said(runs, underflow, steps, acc),
             "words": nr.section_words(facts, dtype_facts),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 

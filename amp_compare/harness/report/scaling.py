@@ -4,7 +4,6 @@ static scale sufficed. Rules: verdicts.py; words: phrases.lab_line."""
 
 from __future__ import annotations
 
-import json
 import re
 from types import SimpleNamespace
 
@@ -13,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import KERAS_BACKENDS
-from amp_compare.harness.report import verdicts
+from amp_compare.harness.report import phrases, verdicts
 from amp_compare.harness.report.stats import log2_histogram
 
 DYNAMIC = precisions.names(half="float16", loss_scaling="dynamic")
@@ -37,7 +36,7 @@ def cannot_skip(framework: str, precision: str) -> bool:
 def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> list[dict]:
     """The lab's verdict rows of every model x dataset that is a lab (is_lab), keyed like `table`'s rows."""
     out: list[dict] = []
-    if runs.empty or steps is None or steps.empty or "cell_id" not in runs:
+    if table.empty or runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
@@ -56,15 +55,6 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
             elif r.precision in STATIC:
                 out.append(_static_row(key, mine, steps, underflow))
     return out
-
-
-def with_lab_rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame | None,
-                  underflow: pd.DataFrame | None) -> pd.DataFrame:
-    """The verdict table (verdicts.build) with the lab's rows (rows) added where the run is a lab."""
-    if steps is None or table.empty:
-        return table
-    return pd.concat([table, pd.DataFrame(rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)],
-                     ignore_index=True)
 
 
 def _row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict) -> dict:
@@ -178,7 +168,7 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
     acc = part[(part["framework"] == key["framework"]) & (part["precision"] == key["precision"])
                & (part["metric"] == "accuracy")]
     a = acc.iloc[0] if not acc.empty else None
-    said = json.loads(a["evidence"]) if a is not None and a["evidence"] else {}
+    said = phrases.evidence(a["evidence"]) if a is not None else {}
     facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan,
                             accuracy=a["status"] if a is not None else "",
                             accuracy_low=float(a["low"]) if a is not None and np.isfinite(a["low"]) else np.nan)

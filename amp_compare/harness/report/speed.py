@@ -12,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
-from amp_compare.contract.env import ARITHMETIC_FLAGS, BELOW_AVX512, ISA_LIMITED
+from amp_compare.contract.env import BELOW_AVX512, ISA_LIMITED
 from amp_compare.contract.log_words import HALF_FALLBACK
 from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
 from amp_compare.harness.report.hardware import log_line_flags
@@ -66,21 +66,6 @@ def isa_limit(environment: dict) -> str:
 def has_arithmetic(environment: dict, half: str) -> bool:
     key = {"bfloat16": "cpu_bf16_hardware", "float16": "cpu_fp16_hardware"}[half]
     return bool(environment.get(key))
-
-
-def flags_sentence(environment: dict) -> str:
-    """What the CPU's flags say about each half format's arithmetic, and what flags cannot say."""
-    flags = set(filter(None, str(environment.get("cpu_amp_flags") or "").split(",")))
-    parts = []
-    for half, names in ARITHMETIC_FLAGS.items():
-        present = [f for f in names if f in flags]
-        parts.append(f"{half} arithmetic {'listed (' + ', '.join(present) + ')' if present else 'not listed'}"
-                     + ("" if present else f" ({' and '.join(names)} absent)"))
-    f16c = "; F16C, present, only converts between float16 and float32" if "f16c" in flags else ""
-    did = isa_limit(environment)
-    limits = f" This run {did}: the flags are not what those libraries could use." if did else ""
-    return (f"This CPU's flags: {'; '.join(parts)}{f16c}. Flags say what the CPU can compute, not which kernels a "
-            f"framework ran.{limits}")
 
 
 def log_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -> list[str]:

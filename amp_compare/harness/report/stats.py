@@ -217,15 +217,6 @@ def time_to_accuracy(epochs: pd.DataFrame, target: float) -> float:
     return float(np.cumsum(e["train_time_s"].to_numpy(float))[int(np.argmax(reached))])
 
 
-def epoch_reached(epochs: pd.DataFrame, target: float) -> int | None:
-    """The epoch (as recorded) whose validation accuracy first reached target; None when none did."""
-    if epochs.empty or "epoch" not in epochs:
-        return None
-    e = epochs.sort_values("epoch")
-    reached = e["val_accuracy"].to_numpy(float) >= target
-    return int(e["epoch"].iloc[int(np.argmax(reached))]) if reached.any() else None
-
-
 # ---- ratios of paired cells: speed, memory, time to target ------------------------------------
 
 def cell_log_mean(times: np.ndarray) -> tuple[float, float, float]:
@@ -289,12 +280,6 @@ def speed_interval(fp32_steps: list[np.ndarray], mixed_steps: list[np.ndarray],
         within, df = v1 + v2, welch_df([v1, v2], [d1, d2])
     res = ratio_interval(log_ratios, within, df)
     return {**res, "timed_steps": int(min((min(a.size, b.size) for a, b in zip(fp32, mixed)), default=0))}
-
-
-def step_spread(step_times: list[np.ndarray]) -> float:
-    """The largest p90/p50 of the cells' timed steps: how uneven the slowest cell's steps were."""
-    cells = [x[np.isfinite(x)] for x in (np.asarray(t, float) for t in step_times)]
-    return max((float(np.percentile(x, 90) / np.median(x)) for x in cells if x.size), default=float("nan"))
 
 
 ONE_SEED = "one seed: seed-to-seed spread unknown"

@@ -50,14 +50,13 @@ def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges, and
-    ratios to that framework's fp32 (geometric mean of per-seed ratios); accuracy changes paired by seed."""
+    ratios to that framework's fp32 (geometric mean of per-seed ratios)."""
     ok = with_loop_columns(ok_runs(runs).copy())
     group = (["machine"] if "machine" in ok else []) + GROUP[:-1] + LOOP + GROUP[-1:]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
                     "speedup_vs_fp32", "speed_min", "speed_max", "accuracy_min", "accuracy_max",
-                    "accuracy_change_min", "accuracy_change_max",
                     "peak_memory_mib", "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3",
-                    "accuracy_change_pp", "accuracy_change_q1", "accuracy_change_q3", "skipped_steps",
+                    "skipped_steps",
                     *PERF_COLS]
     if ok.empty:
         return pd.DataFrame(columns=cols)
@@ -65,15 +64,12 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     # a cell the speed budget stopped ended after a few dozen steps: its accuracy is not the run's (n/a here; the
     # per-model tables say why)
     ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~stats.budgeted(ok))
-    ok["accuracy_change_pp"] = 100 * (ok["final_val_accuracy"].to_numpy(float)
-                                      - paired_fp32(ok, "final_val_accuracy", base_keys))
     ok["log_speed"] = paired_log_ratio(ok, "throughput_img_s", base_keys)
     ok["log_memory"] = paired_log_ratio(ok, "peak_memory_bytes", base_keys)
     agg = ok.groupby(group, sort=False, dropna=False).agg(
         runs=("seed", "size"),
         **_spread_of("throughput_img_s", "throughput"),
         **_spread_of("final_val_accuracy", "accuracy", median="val_accuracy"),
-        **_spread_of("accuracy_change_pp", "accuracy_change"),
         log_speed=("log_speed", "mean"),
         log_speed_min=("log_speed", "min"),
         log_speed_max=("log_speed", "max"),
@@ -246,26 +242,23 @@ def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
 
 
 def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
-    """Per (framework, precision) of one group: median time to target, seeds reaching it, their epochs, and a mixed
+    """Per (framework, precision) of one group: median time to target, seeds reaching it and a mixed
     precision's ratio to fp32's (ratio_interval over the seeds where both reached it)."""
     by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
     empty = epochs.iloc[0:0]
-    per_cell = {c: (stats.time_to_accuracy(by_cell.get(c, empty), target), stats.epoch_reached(by_cell.get(c, empty),
-                                                                                             target))
-                if np.isfinite(target) else (float("nan"), None) for c in group["cell_id"]}
+    per_cell = {c: stats.time_to_accuracy(by_cell.get(c, empty), target) if np.isfinite(target) else float("nan")
+                for c in group["cell_id"]}
     out = {}
     for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):
-        times = [per_cell[c][0] for c in cells["cell_id"] if not np.isnan(per_cell[c][0])]
+        times = [per_cell[c] for c in cells["cell_id"] if not np.isnan(per_cell[c])]
         finite = [t for t in times if np.isfinite(t)]
-        reached_in = sorted({per_cell[c][1] for c in cells["cell_id"] if per_cell[c][1] is not None})
         row = {"time_to_target_s": float(np.median(times)) if times else float("nan"),
-               "reached_seeds": len(finite), "timed_seeds": len(times),
-               "reached_epochs": ",".join(map(str, reached_in))}
+               "reached_seeds": len(finite), "timed_seeds": len(times)}
         fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
-        fp32_time = {r.seed: per_cell[r.cell_id][0] for r in fp32.itertuples()}
-        logs = [np.log(per_cell[r.cell_id][0] / fp32_time[r.seed]) for r in cells.itertuples()
-                if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id][0])
-                and fp32_time[r.seed] > 0 and per_cell[r.cell_id][0] > 0]
+        fp32_time = {r.seed: per_cell[r.cell_id] for r in fp32.itertuples()}
+        logs = [np.log(per_cell[r.cell_id] / fp32_time[r.seed]) for r in cells.itertuples()
+                if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id])
+                and fp32_time[r.seed] > 0 and per_cell[r.cell_id] > 0]
         if precisions.is_mixed(prec) and logs:
             res = stats.ratio_interval(logs)
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
@@ -274,7 +267,7 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
 
 
 ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images", "discordant"]
-TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "reached_epochs", "ttt_ratio", "ttt_low", "ttt_high"]
+TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "ttt_ratio", "ttt_low", "ttt_high"]
 
 
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -334,37 +327,12 @@ def _log_ratio(a: float, b: float) -> float:
     return float(np.log(b / a)) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else float("nan")
 
 
-def speed_statistics(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
-    """Per mixed group: the speed ratio's interval and verdict from the per-seed wall-time throughputs; the steps
-    give one seed its within-seed interval, the timed-step count and the spread."""
-    ok = with_loop_columns(ok_runs(runs).copy())
-    keys = _keys(ok) + ["framework"]
-    cols = [*keys, "precision", "speed_low", "speed_high", "speed_seeds", "speed_basis", "timed_steps",
-            "spread_p90_p50"]
-    if ok.empty:
-        return pd.DataFrame(columns=cols)
-    timed = steps if steps is not None and "step_time_s" in steps else pd.DataFrame(columns=["cell_id", "step_time_s"])
-    timed = timed[timed["cell_id"].isin(set(ok["cell_id"]))]
-    timed = timed[~timed["warmup"].astype(bool)] if "warmup" in timed else timed
-    by_cell = {c: g["step_time_s"].to_numpy(float) for c, g in timed.groupby("cell_id")}
-    rows = []
-    for key, prec, pairs in _pairs(ok, keys):
-        fp32 = [by_cell.get(a.cell_id, np.array([])) for a, _ in pairs]
-        mixed = [by_cell.get(b.cell_id, np.array([])) for _, b in pairs]
-        logs = [_log_ratio(a.throughput_img_s, b.throughput_img_s) for a, b in pairs]
-        res = stats.speed_interval(fp32, mixed, logs)
-        rows.append({**dict(zip(keys, key)), "precision": prec, "speed_low": res["low"], "speed_high": res["high"],
-                     "speed_seeds": res["seeds"], "speed_basis": res["basis"], "timed_steps": res["timed_steps"],
-                     "spread_p90_p50": stats.step_spread(fp32 + mixed)})
-    return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
-
-
 def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     """Per mixed group: the peak-memory ratio's interval and verdict, the difference in MiB and whether it is
     resolved (memory.py); an unresolved one gets no ⚠ note."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
-    cols = [*keys, "precision", "memory_low", "memory_high", "memory_note", "memory_difference_mib",
+    cols = [*keys, "precision", "memory_note", "memory_difference_mib",
             "memory_resolution_mib", "memory_resolved"]
     rows = []
     for key, prec, pairs in _pairs(ok, keys) if not ok.empty else []:
@@ -372,36 +340,34 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         difference = memory.paired_difference_mib(pairs)
         resolution = memory.resolution_mib(pairs)
         known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
-        rows.append({**dict(zip(keys, key)), "precision": prec, "memory_low": res["low"] - 1,
-                     "memory_high": res["high"] - 1, "memory_difference_mib": difference,
+        rows.append({**dict(zip(keys, key)), "precision": prec, "memory_difference_mib": difference,
                      "memory_resolution_mib": resolution, "memory_resolved": known,
                      "memory_note": "" if known == 0.0 else
                      stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
     return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
 
 
-def full_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None, epochs: pd.DataFrame | None = None,
-               environment: dict | None = None, accuracy: pd.DataFrame | None = None) -> pd.DataFrame:
+def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environment: dict | None = None,
+               accuracy: pd.DataFrame | None = None) -> pd.DataFrame:
     """summary_table with the ratios' intervals and the paired accuracy tests beside each row (`accuracy`: the
     caller's accuracy_statistics, where it has it)."""
     table = summary_table(runs)
     if table.empty:
         return table
     keys = [c for c in ("machine", "model", "dataset", *LOOP, "framework", "precision") if c in table]
-    out = table.merge(speed_statistics(runs, steps), on=keys, how="left")
-    out = out.merge(memory_statistics(runs), on=keys, how="left")
+    out = table.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs) if accuracy is None else accuracy
     out = out.merge(accuracy, on=keys, how="left")
-    for col in ("memory_note", "too_short", "speed_basis"):
+    for col in ("memory_note", "too_short"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
     emulated = fp8_report.speed_emulated(out["precision"], (environment or {}).get("device", "cpu"))
-    out.loc[emulated, [c for c in ("speedup_vs_fp32", "speed_low", "speed_high", "speed_min", "speed_max",
+    out.loc[emulated, [c for c in ("speedup_vs_fp32", "speed_min", "speed_max",
                                    "ttt_ratio", "ttt_low", "ttt_high",
                                    # FLOP/s and MFU of an emulation measure float32 matmuls of dequantized values
                                    "achieved_flops", "mfu_measured", "mfu_table") if c in out]] = np.nan
     out["emulated"] = emulated  # what every sentence and table tests, rather than the notes' words
-    out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_low", "memory_high", "memory_difference_mib",
+    out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_difference_mib",
                                    "memory_resolved", "memory_resolution_mib") if c in out]] = np.nan
     out.loc[emulated, "memory_note"] = fp8_report.EMULATED_MEMORY
     return out

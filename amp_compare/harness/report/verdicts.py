@@ -423,9 +423,15 @@ def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
     return trial_summary(trials)
 
 
+def with_rows(table: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    """The verdict table with the experiments' rows (scaling.rows, numerics.naive_rows, fp8.verdict_rows, the
+    N-worker cells') after its own."""
+    return pd.concat([table, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True) if rows else table
+
+
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """The verdict table of a run from `full` (tables.full_table), `runs` (the run table) and `trials` (trial_summary or
-    None), the loss-scaling lab's rows on top (scaling.with_lab_rows)."""
+    None); the experiments' rows go after it (with_rows)."""
     by_trial = {}
     for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
         by_trial.setdefault((t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],

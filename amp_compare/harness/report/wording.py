@@ -10,6 +10,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.harness.report import phrases
 from amp_compare.harness.report.numerics import growth_facts
 from amp_compare.harness.report.phrases import KERAS_STATIC
 
@@ -92,14 +93,6 @@ def mode_text(facts: RunFacts, name: str) -> str:
     return text + " (float32's exponent range, so no loss scaling)"
 
 
-def _recipe_words(recipe) -> str:
-    """One fp8 recipe's scaling, in words (contract/fp8.py's fields)."""
-    scales = "one scale per row" if recipe.granularity == "row" else "one scale per tensor"
-    if recipe.scaling == "delayed":
-        return f"delayed scaling, {scales} from the largest amax of up to {recipe.amax_history:,} past steps"
-    return f"dynamic scaling, {scales} from that step's own amax"
-
-
 def fp8_mode_text(facts: RunFacts, name: str) -> str:
     """An fp8 mode for the summary's intro: each of this run's frameworks' own recipe (contract/fp8.py), the
     base precision, and "emulated" only on a CPU (torchao's emulate=True; Keras' float8 matmul in software)."""
@@ -111,7 +104,8 @@ def fp8_mode_text(facts: RunFacts, name: str) -> str:
         if recipe is None or not (facts.torch if key == "torch" else facts.keras):
             continue
         layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
-        parts.append(f"{label}: the matmuls of {layers} layers in float8 with {_recipe_words(recipe)}")
+        parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
+            recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
         base = recipe.base
     text = "; ".join(parts) or "float8 matmuls"
     # "a float32 base", not "everything else in float32": the audits show casts to other dtypes inside layers
