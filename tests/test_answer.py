@@ -94,7 +94,8 @@ def test_a_precision_far_slower_than_fp32_is_named_before_the_answer_with_where_
                                                                        ("torch", "bf16", 0.38, 0.41))])
     # the lab audit: "fp16, fp16-noscale and fp16-static 96–98× slower" read as every framework's and model's
     assert answer.preface(both, "cpu", rows) == ("Keras (TF) simple_cnn fp16 95× and PyTorch simple_cnn fp16 42× "
-                                                 "slower than fp32 in the speed trials; --profile names the kernels.")
+                                                 "slower than fp32 in the speed trials; this run recorded no profile: "
+                                                 "rerun with --profile to name the kernels.")
     assert answer.preface(both, "cpu", rows, profiled=True).endswith("the Profile section names the kernels.")
     assert answer.preface(both, "cpu", rows.assign(high=rows["high"] + 0.1)) == ""
 

@@ -113,3 +113,10 @@ def test_values_two_models_used_differently_are_listed_model_by_model():
                          "settings_used": json.dumps({"weight_decay": decay}), "framework_defaults": "{}"})
     row = {d["item"]: d for d in framework_differences(pd.DataFrame(rows))}["Weight decay semantics"]
     assert row["torch_used"] == "simple_cnn 0; vit 0.05" and row["keras_used"] == "simple_cnn None; vit 0.05", row
+
+
+def test_a_cpu_flag_row_says_it_is_a_flag_not_a_kernel():
+    """The audit: "cpu_fp16_hardware | True" beside fp16 steps 45-107x slower than fp32 read as fp16 in hardware."""
+    rows = dict(environment_rows({"cpu_fp16_hardware": True, "cpu_bf16_hardware": False}, _runs("cpu")))
+    label = next(k for k in rows if k.startswith("cpu_fp16_hardware"))
+    assert "avx512_fp16 or amx_fp16 in the CPU's flags" in label and "speed" in label and rows[label] == "True"

@@ -96,7 +96,8 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
                  f"{_span(sorted(1 / rows['estimate']))}×" for (fw, model), rows
                  in far.groupby(["framework", "model"], sort=False)]
         said.append(f"{_listed(parts)} slower than fp32 in the speed trials; "  # no profile: the option says where
-                    + ("the Profile section names the kernels." if profiled else "--profile names the kernels."))
+                    + ("the Profile section names the kernels." if profiled
+                       else "this run recorded no profile: rerun with --profile to name the kernels."))
     return " ".join(filter(None, said))
 
 

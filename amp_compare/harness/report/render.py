@@ -21,6 +21,7 @@ from amp_compare.contract import precision as precisions
 from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.contract.env import ARITHMETIC_FLAGS
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.contract.tables import check as tables_check
 from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, scaling, speed, verdicts, wording
@@ -442,6 +443,10 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
                    draw=figures).index
 
 
+# Host facts whose key alone reads as more than it is: a flag in /proc/cpuinfo is not a framework's kernel using it.
+HOST_LABELS = {f"cpu_{short}_hardware": f"cpu_{short}_hardware ({' or '.join(flags)} in the CPU's flags; whether a "
+               "framework's kernels use them shows in its speed)"
+               for short, flags in (("bf16", ARITHMETIC_FLAGS["bfloat16"]), ("fp16", ARITHMETIC_FLAGS["float16"]))}
 # Per-framework columns of the run table shown in the Environment section, with how each is labelled.
 ENV_COLUMNS = {
     "framework_version": "version", "keras_version": "Keras version", "keras_backend": "Keras backend",
@@ -473,7 +478,8 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     """The Environment table: the host as the parent recorded it, then what each framework's cells reported (a
     list where cells differ) and the threads its speed trials ran with; build-time CUDA/cuDNN versions labelled as
     such."""
-    rows: list[tuple[str, str | list[str]]] = [(k, _env_value(environment[k])) for k in sorted(environment)]
+    rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), _env_value(environment[k]))
+                                               for k in sorted(environment)]
     if trials is not None and not trials.empty and {"framework", "threads"} <= set(trials):
         for fw, part in trials.groupby("framework", sort=False):
             rows.append((f"{framework_label(fw)}: threads (speed trials)",
