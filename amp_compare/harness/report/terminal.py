@@ -29,8 +29,8 @@ def tables(verdicts) -> list:
     out = []
     for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False):
         rows = verdict_table(part, short=True)
-        t = Table(title=f"{model} on {dataset}", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0),
-                  title_justify="left")
+        t = Table(title=f"{model} on {dataset}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0), title_justify="left")  # no blank edge lines: the answer fits 80x40
         columns = ["Cells", *(HEADER[m] for m in TERMINAL_METRICS)]
         for col in ["Cells", *(HEADERS[m] for m in TERMINAL_METRICS)]:
             t.add_column(col, no_wrap=True)
