@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from amp_compare.harness.report import answer, scaling, verdicts
+from amp_compare.harness.report import answer, phrases, scaling, verdicts
 from amp_compare.kit.fp16 import gradient_stats, mixed_zero_kinds
 
 PRECS = ("fp16", "fp16-noscale", "fp16-static")
@@ -237,3 +237,24 @@ def test_the_cross_framework_loss_gap_stops_at_the_first_skip():
     said = cross_framework_loss_gap(pd.DataFrame(rows))
     assert "before either cell's first non-finite loss or skipped update" in said
     assert "fp16 0 (only its first 10 of 30 steps: a skip or non-finite loss cut it short, not comparable)" in said
+
+
+def test_a_cell_the_speed_budget_stopped_is_compared_over_the_steps_both_ran():
+    """The lab audit: Keras' cells stopped at step 45 by the speed budget, PyTorch's ran 88 and grew its scale after
+    step 45; the paths were equal over the steps both ran and "a different path" was false. A clean record of a cut
+    cell says how far it reaches."""
+    table, runs, steps, underflow = _records()
+    runs["budget_steps"] = pd.array([40 if fw == "tf" else None for fw in runs["framework"]], dtype="Int64")
+    ran = steps["cell_id"].str.startswith("tf-") & (steps["step"] >= 20)  # the cut cells' steps end at 20
+    steps = steps[~ran]
+    lab = pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)
+    path = _one(lab, "torch", "scale_path")
+    assert (path.status, path.reason) == ("same", "same_path_until_cut")
+    line = phrases.lab_line(path)
+    assert "over the 20 steps both ran (the speed budget stopped one of them there)" in line
+    static = _one(lab, "tf", "static_scale")
+    assert "sufficed (in the 20 steps a cell ran before the speed budget stopped it)" in phrases.lab_line(static)
+    # unequal over the steps both ran is still a different path
+    steps.loc[steps["cell_id"].eq("tf-fp16-s0") & steps["step"].eq(3), "loss_scale"] = 1.0
+    lab = pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)
+    assert _one(lab, "torch", "scale_path").reason == "different_path"

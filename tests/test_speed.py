@@ -429,3 +429,19 @@ def test_a_keras_child_leaves_out_the_imports_its_cells_never_use(backend, has_j
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [backend, str(has_jax), "False", str(backend == "tensorflow")], proc.stdout
+
+
+def test_a_precision_with_one_budget_cut_seed_is_left_out_of_the_time_to_accuracy_figure_named_by_seed(tmp_path):
+    """The lab audit: the caption said "Not drawn: PyTorch simple_cnn fp16" while the figure drew its two uncut
+    seeds; a precision with a cut cell has no time to target (verdicts.TIME_TO_TARGET), so none of it is drawn."""
+    from amp_compare.harness.report import figures
+
+    runs = _accuracy_runs("bf16")
+    runs["budget_steps"] = runs["budget_steps"].where(runs["seed"] == 0)
+    epochs = pd.DataFrame([{**r, "epoch": e, "val_accuracy": 0.88 + 0.01 * e, "train_time_s": 1.0, "eval_time_s": 0.1}
+                           for r in runs[["cell_id", "framework", "model", "dataset", "precision", "seed"]]
+                           .to_dict("records") for e in range(3)])
+    tta = figures.make_time_to_accuracy_figure(runs, epochs, accuracy_statistics(runs, epochs), tmp_path)
+    assert tta.caption.endswith("Not drawn: PyTorch simple_cnn bf16 (seed 0 of 3 stopped) (the speed budget stopped "
+                                "them, or the seeds named: a precision with a stopped cell has no time to accuracy "
+                                "compared).")

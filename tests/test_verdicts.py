@@ -371,3 +371,23 @@ def test_finite_losses_do_not_claim_a_budget_cut_cell_trained_to_the_end():
     """Both Xeon audits: "finite losses" was defined as "every cell trained to the end" beside cells the speed budget
     stopped at 45 of 88 steps."""
     assert "to the end" not in verdicts.REASONS["all_finite"] and "speed budget" in verdicts.REASONS["all_finite"]
+
+
+def test_a_precision_with_a_budget_cut_cell_has_no_memory_verdict_and_no_summary_figures(tmp_path):
+    """The audits: Keras' cut fp16 cells read "-9.6 MiB less memory" (peak RSS grows over a run; they ran 45 of 88
+    steps), and a summary row "3 runs, 97.8%" was the median of the two seeds that ran in full."""
+    from amp_compare.harness.report.tables import summary_table
+
+    memory = {("torch", "fp32"): [100, 120, 110], ("torch", "bf16"): [40, 60, 50]}
+    run_dir = write_run(tmp_path, frameworks=("torch",), precisions=("fp32", "bf16"), memory=memory)
+    assert _one(_verdicts(run_dir), "torch", "bf16", "memory").status == "smaller"
+    path = next(p for p in (run_dir / "cells").glob("*/run.parquet") if "bf16" in p.parent.name)
+    run = pd.read_parquet(path)
+    run["budget_steps"] = pd.array([40], dtype="Int64")
+    run.to_parquet(path)
+    cut = _one(_verdicts(run_dir), "torch", "bf16", "memory")
+    assert (cut.status, cut.reason) == ("not_comparable", "budget_cut") and not np.isfinite(cut.estimate)
+    summary = summary_table(records.read_run(run_dir)["run"]).set_index("precision")
+    assert summary.loc["bf16", "runs"] == 3 and not np.isfinite(summary.loc["bf16", "val_accuracy"])
+    assert not np.isfinite(summary.loc["bf16", "memory_change_vs_fp32"])
+    assert np.isfinite(summary.loc["fp32", "val_accuracy"])

@@ -721,11 +721,20 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     caption names the cells that ran while the machine was busy (busy_cells), and leaves out (naming them) the cells
     the speed budget stopped, whose time to accuracy is compared with nothing."""
     ok = ok_runs(runs)
-    cut = ok[stats.budgeted(ok)]
-    left = ("" if cut.empty else " Not drawn: " + ", ".join(dict.fromkeys(
-        f"{framework_label(f)} {m} {p}" for f, m, p in zip(cut["framework"], cut["model"], cut["precision"])))
-        + " (the speed budget stopped them: their time to accuracy is not compared).")
-    ok = ok[~stats.budgeted(ok)]
+    group = [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok]
+    # a precision with a cut cell has no time to target (verdicts.TIME_TO_TARGET): none of its cells is drawn
+    cut_group = ok.assign(cut=stats.budgeted(ok)).groupby(group, sort=False)["cut"].transform("any")
+    named, whole = [], True
+    for (f, m, p), part in ok[cut_group].groupby(["framework", "model", "precision"], sort=False):
+        seeds = sorted(part.loc[stats.budgeted(part), "seed"])
+        whole = whole and len(seeds) == len(part)
+        named.append(f"{framework_label(f)} {m} {p}" + ("" if len(seeds) == len(part) else
+                                                       f" (seed{'s' if len(seeds) > 1 else ''} "
+                                                       f"{', '.join(map(str, seeds))} of {len(part)} stopped)"))
+    left = ("" if not named else f" Not drawn: {', '.join(named)} (the speed budget stopped "
+            + ("them: their time to accuracy is not compared)." if whole else
+               "them, or the seeds named: a precision with a stopped cell has no time to accuracy compared)."))
+    ok = ok[~cut_group]
     if ok.empty or epochs.empty or acc.empty:
         return None
     keys = (["machine"] if "machine" in ok else []) + ["model", "dataset"]

@@ -35,6 +35,7 @@ REASON = {  # a few words each, after "because" or in brackets
     "unavailable": "unavailable here", "none_faster": "none faster in the speed trials with accuracy kept",
     "all_slower": "every mixed precision slower in the speed trials",
     "one_framework": "one framework", "same_path": "same path", "different_path": "different path",
+    "same_path_until_cut": "same path until cut",
     "no_skip": "no skip", "overflow_located": "overflow located", "forward_overflow": "forward overflow",
     "skip_unlocated": "not located", "no_probe": "no probe", "nothing_lost": "nothing lost",
     "accuracy_lower": "accuracy lower", "accuracy_kept": "accuracy kept", "accuracy_undecided": "accuracy undecided",
@@ -264,6 +265,8 @@ def _path(v, e: dict) -> str:
     every = f", doubling after every {e['growth_interval']:,} clean steps" if e.get("growth_interval") else ""
     others = ", ".join(framework_label(f) for f in e.get("others", []))
     same = {"same_path": f"step by step the same as {others} in every seed",
+            "same_path_until_cut": f"step by step the same as {others} over the {e.get('common_steps')} steps both "
+                                   "ran (the speed budget stopped one of them there)",
             "different_path": f"a different path from {others}",
             "one_framework": "no other framework ran it"}[v.reason]
     return f"loss scale {power(seeds[0]['start'])}{every}, final {finals}; {same}"
@@ -272,12 +275,18 @@ def _path(v, e: dict) -> str:
 def _skips(v, e: dict) -> str:
     skips = e.get("skips", [])
     if not skips:
-        return "no update skipped"
+        return "no update skipped" + _until_cut(e)
     found = {(f["seed"], f["step"]): f for f in e.get("located", [])}
     said = [f"seed {s['seed']} step {s['step']} at {power(s['scale'])}"
             + (f" ({cause(found[(s['seed'], s['step'])])})" if (s["seed"], s["step"]) in found else "")
             for s in skips[:6]]
     return f"skipped {len(skips)}: " + "; ".join(said) + (f"; and {len(skips) - 6} more" if len(skips) > 6 else "")
+
+
+def _until_cut(e: dict) -> str:
+    """Where the speed budget stopped a cell of the row: how far what it says reaches."""
+    n = e.get("cut_steps")
+    return f" (in the {n} steps a cell ran before the speed budget stopped it)" if n else ""
 
 
 def cause(f: dict) -> str:
@@ -350,8 +359,9 @@ def _differing(e: dict) -> str:
 def _static(v, e: dict) -> str:
     no_skip = "no skip, " if e.get("skips", True) else ""  # a Keras static scale applies every update: none to skip
     scale = f"static scale {power(v.estimate)}"
-    said = {"no_overflow_no_underflow": f"{scale} sufficed: {no_skip}every loss finite, no gradient element lost at "
-                                        "it (exactly zero in the float16 backward both at it and without it)",
+    said = {"no_overflow_no_underflow": f"{scale} sufficed{_until_cut(e)}: {no_skip}every loss finite, no gradient "
+                                        "element lost at it (exactly zero in the float16 backward both at it and "
+                                        "without it)",
             "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
                           f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
             "underflowed": f"{scale}: {no_skip}every loss finite; {_plural(e.get('lost', 0), 'gradient element')} "

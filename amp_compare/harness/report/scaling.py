@@ -12,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import KERAS_BACKENDS
-from amp_compare.harness.report import phrases, verdicts
+from amp_compare.harness.report import phrases, stats, verdicts
 from amp_compare.harness.report.stats import log2_histogram
 
 DYNAMIC = precisions.names(half="float16", loss_scaling="dynamic")
@@ -67,7 +67,7 @@ def _scales(steps: pd.DataFrame, cell_id: str) -> pd.DataFrame:
 
 def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.DataFrame) -> dict:
     """The dynamic scale's path per seed, against every other framework's cell of the same precision and seed."""
-    seeds, same, others = [], True, set()
+    seeds, same, others, common = [], True, set(), []
     for c in mine.sort_values("seed").itertuples():
         scale = _scales(steps, c.cell_id)["loss_scale"].astype(float).to_numpy()
         if not len(scale):
@@ -79,11 +79,22 @@ def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.Data
         for t in twins.itertuples():
             others.add(t.framework)
             theirs = _scales(steps, t.cell_id)["loss_scale"].astype(float).to_numpy()
-            same = same and len(theirs) == len(scale) and bool(np.array_equal(theirs, scale))
+            n = min(len(theirs), len(scale))  # a cell the speed budget stopped: the steps both ran
+            same = same and bool(np.array_equal(theirs[:n], scale[:n]))
+            common.append(n if len(theirs) != len(scale) else None)
     interval = pd.to_numeric(mine.get("cfg_growth_interval", pd.Series(dtype=float)), errors="coerce").dropna()
-    facts = SimpleNamespace(estimate=seeds[0]["final"] if seeds else np.nan, others=len(others), same=same)
+    shorter = [n for n in common if n is not None]
+    facts = SimpleNamespace(estimate=seeds[0]["final"] if seeds else np.nan, others=len(others), same=same,
+                            whole=not shorter)
     return _row(key, "scale_path", facts, {"seeds": seeds, "others": sorted(others),
+                                           "common_steps": min(shorter) if shorter else None,
                                            "growth_interval": int(interval.iloc[0]) if len(interval) else None})
+
+
+def cut_steps(mine: pd.DataFrame, steps: pd.DataFrame) -> int | None:
+    """The fewest steps a cell of `mine` ran where the speed budget stopped one (None: every cell ran in full)."""
+    cut = mine[stats.budgeted(mine)]
+    return min(len(_scales(steps, c)) for c in cut["cell_id"]) if not cut.empty else None
 
 
 def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
@@ -104,7 +115,7 @@ def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd
                             "probe_top_log2": probe_top(underflow, c.cell_id, str(c.nonfinite_layer),
                                                         str(c.nonfinite_tensor))})
     facts = SimpleNamespace(estimate=float(len(skips)), where={f["where"] for f in located})
-    return _row(key, "skipped_steps", facts, {"skips": skips, "located": located})
+    return _row(key, "skipped_steps", facts, {"skips": skips, "located": located, "cut_steps": cut_steps(mine, steps)})
 
 
 def is_parameter(underflow: pd.DataFrame | None, cell_id: str, framework: str, layer: str, tensor: str) -> bool:
@@ -199,6 +210,7 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
     facts = SimpleNamespace(estimate=float(scale.iloc[0]) if len(scale) else np.nan, skipped=skipped,
                             nonfinite=nonfinite, lost=lost if counted else np.nan)
     return _row(key, "static_scale", facts, {"skipped": skipped, "nonfinite_losses": nonfinite,
+                                             "cut_steps": cut_steps(mine, steps),
                                              "skips": key["framework"] not in KERAS_BACKENDS,  # Keras never skips
                                              "lost": lost if counted else None, "flushed": flushed,
                                              # Keras' static scale applies a non-finite update where PyTorch skips

@@ -61,11 +61,13 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     if ok.empty:
         return pd.DataFrame(columns=cols)
     base_keys = [c for c in group if c != "precision"]
-    # a cell the speed budget stopped ended after a few dozen steps: its accuracy is not the run's (n/a here; the
-    # per-model tables say why)
-    ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~stats.budgeted(ok))
+    # a cell the speed budget stopped ended after a few dozen steps: neither its accuracy nor its peak memory (which
+    # grows over a run) is the run's, so a row with such a cell has neither (n/a here; the per-model tables say why),
+    # not a median over the seeds that ran in full beside a count of every seed
+    cut = ok.assign(cut=stats.budgeted(ok)).groupby(group, sort=False, dropna=False)["cut"].transform("any")
+    ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~cut)
     ok["log_speed"] = paired_log_ratio(ok, "throughput_img_s", base_keys)
-    ok["log_memory"] = paired_log_ratio(ok, "peak_memory_bytes", base_keys)
+    ok["log_memory"] = np.where(cut, np.nan, paired_log_ratio(ok, "peak_memory_bytes", base_keys))
     agg = ok.groupby(group, sort=False, dropna=False).agg(
         runs=("seed", "size"),
         **_spread_of("throughput_img_s", "throughput"),

@@ -84,6 +84,8 @@ REASONS = {
     # loss scaling (LAB_METRICS)
     "one_framework": "only one framework ran this precision: no path to compare",
     "same_path": "every seed's per-step loss scale was the same in each framework",
+    "same_path_until_cut": "every seed's per-step loss scale was the same in each framework over the steps both ran; "
+                           "the speed budget stopped one of them earlier",
     "different_path": "some seed's per-step loss scale differed between the frameworks",
     "no_skip": "no update was skipped",
     "overflow_located": "at the first skip the NaN/Inf locator named the first parameter whose gradient came out "
@@ -152,6 +154,8 @@ SPEED = [
 
 MEMORY = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
+    # peak RSS grows over a run (Keras' fp32 doubles after its first step): a shorter run's peak is not comparable
+    Rule("a cell stopped by the speed budget", lambda f: f.budget_cut > 0, "not_comparable", "budget_cut"),
     Rule("no paired fp32 reading", lambda f: not _finite(f.difference), "not_comparable", "no_fp32"),
     Rule("one seed: nothing to measure the noise by", lambda f: not _finite(f.resolution), "undecided",
          "no_resolution"),
@@ -195,7 +199,10 @@ NUMERICS = [
 # Loss scaling (facts from scaling.py). f.estimate: the final scale / skipped updates / lost elements / static scale.
 SCALE_PATH = [
     Rule("no other framework ran it", lambda f: f.others == 0, "not_comparable", "one_framework"),
-    Rule("every seed's per-step scales equal the other frameworks'", lambda f: f.same, "same", "same_path"),
+    Rule("every seed's per-step scales equal the other frameworks'", lambda f: f.same and f.whole, "same",
+         "same_path"),
+    Rule("equal over the steps both ran, where the speed budget stopped one", lambda f: f.same, "same",
+         "same_path_until_cut"),
     Rule("otherwise", lambda f: True, "differs", "different_path"),
 ]
 
@@ -312,7 +319,10 @@ def row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dic
     """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
     status, reason = decide(metric, facts)
     low, high = _num(getattr(facts, "low", np.nan)), _num(getattr(facts, "high", np.nan))
-    return {**key, "metric": metric, "estimate": _num(facts.estimate), "low": low, "high": high,
+    estimate = _num(facts.estimate)
+    if reason == "budget_cut":  # a figure over the cells that ran in full, or beside a cut one's, is no verdict's
+        estimate = low = high = np.nan
+    return {**key, "metric": metric, "estimate": estimate, "low": low, "high": high,
             "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
             "interval_kind": kind if np.isfinite(low) else "none", "status": status, "reason": reason,
             "evidence": json.dumps(evidence, default=_plain)}
@@ -339,12 +349,13 @@ def _trial_kind(kind: str) -> str:
     return {INTERVAL_KIND: "sign test 95%"}.get(kind, "trial 95%")
 
 
-def _memory(r, key: dict) -> dict:
+def _memory(r, key: dict, cut: int) -> dict:
     difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
-    facts = SimpleNamespace(emulated=bool(r.emulated), difference=difference, resolution=resolution,
+    facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, difference=difference, resolution=resolution,
                             resolved=_num(getattr(r, "memory_resolved", np.nan)), estimate=difference, low=np.nan,
                             high=np.nan, margin=resolution)
-    evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution}
+    evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution,
+                "budget_cut_cells": cut}
     return row(key, "memory", facts, "none", evidence)
 
 
@@ -447,7 +458,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
                "framework": r.framework, "precision": r.precision}
         n_cut = int(cut.get(ident, 0))
         trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
-        rows += [_speed(r, key, trial), _memory(r, key), accuracy(r, key, n_cut),
+        rows += [_speed(r, key, trial), _memory(r, key, n_cut), accuracy(r, key, n_cut),
                  _time(r, key, n_cut), _numerics(r, key, int(diverged.get(ident, 0)))]
     rows += _failed_rows(runs, done)
     return pd.DataFrame(rows, columns=COLUMNS)
