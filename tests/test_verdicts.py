@@ -373,7 +373,7 @@ def test_finite_losses_do_not_claim_a_budget_cut_cell_trained_to_the_end():
     assert "to the end" not in verdicts.REASONS["all_finite"] and "speed budget" in verdicts.REASONS["all_finite"]
 
 
-def test_a_precision_with_a_budget_cut_cell_has_no_memory_verdict_and_no_summary_figures(tmp_path):
+def test_a_precision_with_a_budget_cut_cell_has_no_memory_verdict_and_no_summary_figures(tmp_path, unsaved_figures):
     """The audits: Keras' cut fp16 cells read "-9.6 MiB less memory" (peak RSS grows over a run; they ran 45 of 88
     steps), and a summary row "3 runs, 97.8%" was the median of the two seeds that ran in full."""
     from amp_compare.harness.report.tables import summary_table
@@ -391,3 +391,8 @@ def test_a_precision_with_a_budget_cut_cell_has_no_memory_verdict_and_no_summary
     assert summary.loc["bf16", "runs"] == 3 and not np.isfinite(summary.loc["bf16", "val_accuracy"])
     assert not np.isfinite(summary.loc["bf16", "memory_change_vs_fp32"])
     assert np.isfinite(summary.loc["fp32", "val_accuracy"])
+    from amp_compare.harness.report import figures
+
+    t = records.read_run(run_dir)
+    (mem,) = [f for f in figures.make_figures(t["run"], t["steps"], tmp_path / "f") if f.key == "memory"]
+    assert '"cut": the speed budget stopped a cell of it' in mem.caption  # its bar's label, not a percentage

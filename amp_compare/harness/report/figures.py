@@ -389,16 +389,20 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, sp
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
     """The memory bars' labels: the change against fp32 with the summary table's ⚠ (`notes`: the full table), or
     "undecided" where memory.py leaves the difference unresolved."""
-    stats = memory_statistics(ok)
-    keys = [c for c in stats.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
-                                                             "framework", "precision")]
-    out = table.merge(stats, on=keys, how="left") if not stats.empty else table.copy()
+    mem = memory_statistics(ok)
+    keys = [c for c in mem.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
+                                                           "framework", "precision")]
+    out = table.merge(mem, on=keys, how="left") if not mem.empty else table.copy()
     out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
-    labels = pd.Series(["undecided" if r.memory_unresolved else "" if not np.isfinite(r.memory_change_vs_fp32)
+    by = [k for k in keys if k in ok]
+    cut = ok.loc[stats.budgeted(ok), by].drop_duplicates().assign(memory_cut=True)  # no verdict: verdicts.MEMORY
+    out = out.merge(cut, on=by, how="left").assign(memory_cut=lambda d: d["memory_cut"].eq(True))
+    labels = pd.Series(["cut" if r.memory_cut else "undecided" if r.memory_unresolved
+                        else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
     noted = (notes[notes["memory_note"].fillna("").astype(str) != ""] if notes is not None and "memory_note" in notes
              else pd.DataFrame())
-    out["memory_label"] = _marked(out, labels, noted, " ⚠", ~out["memory_unresolved"])
+    out["memory_label"] = _marked(out, labels, noted, " ⚠", ~out["memory_unresolved"] & ~out["memory_cut"])
     return out
 
 
@@ -429,6 +433,9 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
                    + (" \"undecided\": some seed's difference from fp32 is within what fp32's or its own seeds"
                       " differed by, or one seed ran (the per-model tables above give the difference in MiB)."
                       if unresolved
+                      else "")
+                   + (" \"cut\": the speed budget stopped a cell of it after a few dozen steps, and a peak over "
+                      "fewer steps is not compared (resident memory grows over a run)." if mem_table["memory_cut"].any()
                       else "") + not_drawn + spread,
 
                    "Bar chart of peak training memory in MiB for each framework and precision mode.")]
