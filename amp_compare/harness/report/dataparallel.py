@@ -1,11 +1,6 @@
-"""The report's "Data parallel" section, from a --replicas run's records (framework-free).
-
-A --replicas N run gives every 1-worker cell a thread-count floor (a rerun) and N-worker cells (one per
---allreduce precision); `split` keeps them out of the other sections. Per N-worker cell (`rows`), against its
-1-worker cell of the same seed: throughput N vs 1 with its interval (`_speed`), the all-reduce's dtype, the
-median step against the fp32 all-reduce cell's, the loss gap beside the floor's (`floor_kind`), whether the workers
-agreed on scale and skips (`worker_agreement`), and a reduced-precision all-reduce's accuracy against the fp32
-all-reduce cell."""
+"""The report's "Data parallel" section, from a --replicas run's records (framework-free): each N-worker cell
+judged against its 1-worker cell of the same seed and that cell's floor (`rows`); `split` keeps them out of the
+other sections."""
 
 from __future__ import annotations
 

@@ -125,6 +125,11 @@ def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
     return table_html(df, grouped=grouped) if df is not None and not df.empty else None
 
 
+TIMING_MS = {"p50 step (ms)": "median_step_s", "p90 (ms)": "p90_step_s", "p99 (ms)": "p99_step_s"}
+TIMING_IMAGES = {"Images/s (wall, headline)": "throughput_img_s", "Images/s from p50": "median_step_throughput_img_s",
+                 "Images/s from epoch time": "epoch_throughput_img_s"}
+
+
 def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Step-time percentiles and both throughputs, medians over seeds (how many: the summary table's Runs)."""
     ok = ok_runs(runs)
@@ -135,8 +140,7 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # a sweep
     group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
         "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
-    cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "median_step_throughput_img_s",
-            "epoch_throughput_img_s", "first_step_overhead_s"]
+    cols = [*TIMING_MS.values(), *TIMING_IMAGES.values(), "first_step_overhead_s"]
     dispatch = "first_step_dispatch_s" in ok and ok["first_step_dispatch_s"].notna().any()  # Keras, device mode
     t = ok.groupby(group, sort=False)[cols + ["first_step_dispatch_s"] * dispatch].median()
     t = t.reset_index().sort_values(["model", "dataset", "framework", "precision"], key=display_order)
@@ -145,12 +149,8 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         "Model": t["model"], "Dataset": t["dataset"], "Framework": t["framework"].map(framework_label),
         **{{"cfg_step": "Step", "cfg_batch_size": "Batch"}[c]: t[c].astype(str) for c in loops},
         "Precision": t["precision"],
-        "p50 step (ms)": (t["median_step_s"] * 1e3).map("{:.2f}".format),
-        "p90 (ms)": (t["p90_step_s"] * 1e3).map("{:.2f}".format),
-        "p99 (ms)": (t["p99_step_s"] * 1e3).map("{:.2f}".format),
-        "Images/s (wall, headline)": t["throughput_img_s"].map("{:,.0f}".format),
-        "Images/s from p50": t["median_step_throughput_img_s"].map("{:,.0f}".format),
-        "Images/s from epoch time": t["epoch_throughput_img_s"].map("{:,.0f}".format),
+        **{name: (t[c] * 1e3).map("{:.2f}".format) for name, c in TIMING_MS.items()},
+        **{name: t[c].map("{:,.0f}".format) for name, c in TIMING_IMAGES.items()},
         "Epoch-time figure vs p50 figure": [speed.relation(e, m) for e, m in
                                            zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
         "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
@@ -315,11 +315,9 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
 
 
 def _vit_settings(settings: dict) -> dict:
-    """A vit cell's settings with its attention items (the core is the --attention it ran)."""
-    if "attention" not in settings:  # the CNNs have no attention
-        return settings
-    core = f"--attention {settings['attention']}"
-    return {"mha_bias": "used (setting not recorded)", **settings, "attention_core": core}
+    """A vit cell's settings with its attention items (the core is the --attention it ran; the CNNs have none)."""
+    return settings if "attention" not in settings else {
+        "mha_bias": "used (setting not recorded)", **settings, "attention_core": f"--attention {settings['attention']}"}
 
 
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
@@ -625,9 +623,10 @@ def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
                                  bool(manifest.get("defaults", {}).get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
+    conditions = speed.manifest_conditions(manifest)
     return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],
-            "verdict_columns": phrases.columns_note(verdict_table, speed.manifest_conditions(manifest))
-            if per_model else "", "conditions": speed.manifest_conditions(manifest),
+            "verdict_columns": phrases.columns_note(verdict_table, conditions) if per_model else "",
+            "conditions": conditions,
             "verdict_tables_md": per_model,
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
@@ -679,8 +678,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     return {
         **summary, **numerics,
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
-        "device_names": device_names, "n_cells": len(manifest["cells"]), "sections": SECTIONS,
-        **_cell_counts(manifest, tables),
+        "device_names": device_names, "n_cells": len(manifest["cells"]),
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "env_rows": [r for r in env if not r[0].startswith("version_")],
@@ -712,11 +710,9 @@ def _cell_counts(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
 
 
 def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> dict:
-    """DATA PARALLEL: the Data parallel section (harness/report/dataparallel.py) and the page's counts over every
-    cell (the other sections' context is built from the 1-worker cells only)."""
+    """DATA PARALLEL: the Data parallel section (harness/report/dataparallel.py)."""
     section = dataparallel.section(every, _evidence(manifest), manifest["device"])
     return {"data_parallel": section and {**section, "table": _html_or_none(section["table"])},
-            "sections": dataparallel.sections(SECTIONS, section), **_cell_counts(manifest, every),
             "data_parallel_md": section and (
                 [] if section["table"].empty else ["", "### Data parallel", "", dataparallel.short_intro(), "",
                                                     table_markdown(section["table"]), "",
@@ -741,9 +737,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     single, every = dataparallel.split(tables)
     parallel = _data_parallel_context(every, manifest) if every else {}
     said = dataparallel.verdict_rows((parallel.get("data_parallel") or {}).get("rows"))
-    context = {**_page_context(run_dir, manifest, single, draw, said), "data_parallel": None,
-               "sections": dataparallel.sections(SECTIONS, None), **parallel,  # no Data parallel link without it
-               "records": held}
+    context = {**_page_context(run_dir, manifest, single, draw, said), "data_parallel": None, **parallel,
+               "sections": dataparallel.sections(SECTIONS, parallel.get("data_parallel")), "records": held,
+               **_cell_counts(manifest, every or single)}  # the page's counts are over every cell
     if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
         context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
                               "cells are in the Data parallel section.")
