@@ -834,13 +834,11 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                 ax.set_xlabel("Epoch (counting from 1)")
             if c == 0:
                 ax.set_ylabel("Largest |value| (log)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes.flat:  # every block x framework that appears anywhere, once
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="block · framework")
+    shown = {}  # every block x framework that appears anywhere, once, in order of first appearance
+    for ax in axes.flat:
+        shown.update({lab: h for h, lab in zip(*ax.get_legend_handles_labels()) if lab not in shown})
+    fig.legend(list(shown.values()), list(shown), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+               title="block · framework")
     fig.suptitle("ViT headroom per block over training", y=1.02)
     fig.tight_layout()
     cpu = ", ".join(sorted(set(runs.get("cpu_model", pd.Series(dtype=str)).dropna().astype(str)) - {""}))

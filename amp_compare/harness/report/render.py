@@ -90,10 +90,9 @@ def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = F
     """A plain HTML table, rows where `highlight` is true marked; `grouped`: columns named "group: name" share a
     header cell over their names."""
     cols = [c for c in df.columns if c != highlight]
-    if grouped:
-        return f"<table>{_grouped_head(cols)}{''.join(_rows(df, cols, highlight))}</table>"
-    head = "".join(f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols))
-    return f"<table><tr>{head}</tr>{''.join(_rows(df, cols, highlight))}</table>"
+    head = _grouped_head(cols) if grouped else "<tr>" + "".join(
+        f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
+    return f"<table>{head}{''.join(_rows(df, cols, highlight))}</table>"
 
 
 def _grouped_head(cols: list[str]) -> str:
@@ -394,13 +393,6 @@ def render(run_dir: Path, figures: bool = True) -> Rendered:
     return _render(run_dir, load_manifest(run_dir), by_gpu_model(tables), draw=figures)
 
 
-def machine_label(manifest: dict, runs: pd.DataFrame, folder: str) -> str:
-    """How a run is named in a combined report: its accelerator or CPU, and its folder."""
-    gpus = sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
-    where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")
-    return f"{where} · {folder}"
-
-
 def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -> Path:
     """One report over several compare runs (a CPU run and a GPU run, two package versions, …): every
     table gains a `machine` column and every figure a column per machine."""
@@ -411,8 +403,10 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     for run_dir in run_dirs:
         manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
         manifests.append(manifest)
-        label = machine_label(manifest, tables["run"], Path(run_dir).name)
-        hardware.add(label.rsplit(" · ", 1)[0])  # the machine without the folder
+        gpus = sorted(set(tables["run"].get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
+        where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")  # its accelerator or CPU
+        hardware.add(where)
+        label = f"{where} · {Path(run_dir).name}"  # how the run is named: its machine and its folder
         for name, df in tables.items():
             if "cell_id" in df:  # the speed trials' blocks have no cell
                 df = df.assign(cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
