@@ -200,7 +200,7 @@ def floor_kind(one: pd.Series, floor: pd.Series) -> str:
     where the framework recorded the same for both."""
     column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(
         str(one["framework"]), "")
-    a, b = (_count(one.get(column)), _count(floor.get(column))) if column else (None, None)
+    a, b = (as_written(one.get(column)), as_written(floor.get(column))) if column else (None, None)
     if column and pd.notna(a) and pd.notna(b) and str(a) == str(b):
         return f"a plain rerun (both recorded threads: {a})"
     if column and pd.notna(a) and pd.notna(b):
@@ -208,8 +208,9 @@ def floor_kind(one: pd.Series, floor: pd.Series) -> str:
     return f"a rerun with --threads {int(floor['cfg_threads'])} against {int(one['cfg_threads'])}"
 
 
-def _count(value):
-    """A recorded thread count as written (2, not 2.0); a text (JAX's) as it is."""
+def as_written(value):
+    """A recorded number as written (2, not 2.0, a thread count read back through a float column); a text as it
+    is."""
     if isinstance(value, float) and np.isfinite(value) and value.is_integer():
         return int(value)
     return value

@@ -246,13 +246,6 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
     return grid.figure
 
 
-def _same(a, b) -> bool:
-    """Two curves one pixel cannot tell apart: equal to float32's rounding (an accuracy one framework stored in
-    float32 differs from the other's by ~1e-8)."""
-    return bool(np.allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=1e-6, atol=1e-9,
-                            equal_nan=True))
-
-
 def show_hidden_lines(grid) -> int:
     """A line drawn exactly over an earlier one (PyTorch and Keras in aligned mode, shared weights) hides it: each
     hidden line is redrawn wider, with larger markers, beneath the one over it, so it shows as a border around it.
@@ -262,8 +255,11 @@ def show_hidden_lines(grid) -> int:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
         for i, low in enumerate(lines):
             xy = np.column_stack([low.get_xdata(), low.get_ydata()]).astype(float)
-            over = sum(len(up.get_xdata()) == len(xy) and _same(
-                np.column_stack([up.get_xdata(), up.get_ydata()]).astype(float), xy) for up in lines[i + 1:])
+            # one pixel cannot tell them apart: equal to float32's rounding (an accuracy one framework stored in
+            # float32 differs from the other's by ~1e-8)
+            over = sum(len(up.get_xdata()) == len(xy) and np.allclose(np.column_stack(
+                [up.get_xdata(), up.get_ydata()]).astype(float), xy, rtol=1e-6, atol=1e-9, equal_nan=True)
+                for up in lines[i + 1:])
             if over:  # the more lines on top, the wider: each of a stack shows as its own border
                 low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
                 low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
@@ -360,19 +356,14 @@ def busy_text(busy: pd.Series, what: str) -> str:
             f"{what}")
 
 
-def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Series:
-    """The throughput labels with " †" where the bar's own cells or the fp32 cells its ratio divides by include a
-    busy cell."""
+def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
+                        busy: pd.Series) -> list[Figure]:
+    """The Speed section: throughput per precision, a † on a label where the bar's own cells or the fp32 cells its
+    ratio divides by include a busy cell."""
     hit = ok[ok["cell_id"].isin(set(busy.index))]
     reference = hit[hit["precision"] == precisions.REFERENCE]  # a busy fp32 cell: every ratio of its framework
     flagged = pd.concat([hit, *(reference.assign(precision=p) for p in set(table["precision"]))])
-    return _marked(table, table["speed_label"].astype(str), flagged, " †")
-
-
-def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
-                        busy: pd.Series) -> list[Figure]:
-    """The Speed section: throughput per precision (a † on labels resting on a busy cell)."""
-    table = table.assign(speed_label=_busy_marks(table, ok, busy))
+    table = table.assign(speed_label=_marked(table, table["speed_label"].astype(str), flagged, " †"))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label"), out_dir, "throughput")
     return [Figure("throughput", "speed", "Training throughput by precision",

@@ -459,10 +459,7 @@ BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "t
 
 
 def _env_value(value) -> str:
-    """One value as a reader expects it: 2 not 2.0 (a thread count read back through a float column)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+    return str(dataparallel.as_written(value))
 
 
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
