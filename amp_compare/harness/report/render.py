@@ -710,20 +710,11 @@ def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> di
                                                     *[f"- {s}" for s in section["sentences"]]])}
 
 
-def read_trials(run_dir: Path, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """The run's speed trials (contract/tables.py `trials`): as read with its records, else each trial's file."""
-    if tables.get("trials") is not None and not tables["trials"].empty:
-        return tables["trials"]
-    files = sorted(Path(run_dir).glob("trials/*/trials.parquet"))
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
-
-
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
     # data/run: each cell's MFU against the run's one ceiling per device and dtype, as the report prints it
     records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
                           if "run" in tables else tables)
     held = [name for name, df in tables.items() if df is not None and not df.empty] + ["verdicts"]  # data/'s
-    tables = {**tables, "trials": read_trials(run_dir, tables)}
     # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
     single, every = dataparallel.split(tables)
     parallel = _data_parallel_context(every, manifest) if every else {}
