@@ -150,15 +150,6 @@ FLOAT32_ULPS = 4
 _REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
 
 
-def _shares_cores(cell: pd.Series, threads_1: int) -> bool:
-    """Do the N workers run on the cores of the one? torch: N workers × their threads no more than the 1-worker
-    cell's; Keras: the replicas are logical devices of one process, so always."""
-    if cell["framework"] != "torch":
-        return True
-    per = cell.get("threads_per_worker")
-    return pd.notna(per) and int(per) * int(cell["cfg_replicas"]) <= threads_1
-
-
 def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, environment: dict) -> dict:
     """N vs 1 for one seed's pair of cells, with its interval and its ⚠ note (see intro for the rules)."""
     ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
@@ -170,8 +161,10 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
     notes = []
     if np.isfinite(rerun) and rerun > STALL_FACTOR:
         notes.append(f"1-worker baseline stalled: its own rerun (floor cell) was {rerun:.1f}× faster")
-    if efficiency > 1 and _shares_cores(cell, int(one["cfg_threads"])):
-        n = int(cell["cfg_replicas"])
+    # do the N workers run on the cores of the one? torch: N workers × their threads no more than the 1-worker
+    # cell's; Keras: the replicas are logical devices of one process, so always
+    n, per = int(cell["cfg_replicas"]), cell.get("threads_per_worker")
+    if efficiency > 1 and (cell["framework"] != "torch" or pd.notna(per) and int(per) * n <= int(one["cfg_threads"])):
         notes.append(f"more than {n}× faster with {n} workers sharing the 1-worker cell's cores: impossible unless "
                      "the 1-worker baseline ran slow")
     if not (np.isfinite(speed["low"]) and np.isfinite(speed["high"])):
@@ -255,7 +248,9 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
             loss: dict, timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
     """A finished N-worker cell's row against its finished 1-worker cell `one` (accuracy: rows()' pooled one)."""
     none = pd.Series(dtype=float)
-    gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
+    losses_1 = loss.get(one["cell_id"], none)
+    level = float(losses_1[np.isfinite(losses_1) & (losses_1 != 0)].abs().min())  # where a float32 ulp is largest
+    gap = relative_gap(loss.get(cell["cell_id"], none), losses_1)
     floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))
                  if not floor.empty else float("nan"))
     mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
@@ -265,19 +260,13 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
             "throughput_1": float(one["throughput_img_s"]), "throughput_n": float(cell["throughput_img_s"]),
             **_speed(cell, one, floor, timed, environment),
             "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
-            "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": _loss_level(loss.get(one["cell_id"], none)),
+            "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": level,
             "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
             **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), accuracy(cell))),
             "step_s": float(np.median(timed[cell["cell_id"]])) if len(timed.get(cell["cell_id"], [])) else np.nan,
             "engine": str(cell.get("data_parallel") or "")}
-
-
-def _loss_level(losses: pd.Series) -> float:
-    """The smallest finite |loss| of a run: where a float32 ulp is largest relative to it."""
-    finite = losses[np.isfinite(losses) & (losses != 0)].abs()
-    return float(finite.min()) if not finite.empty else float("nan")
 
 
 def recorded_error(error, stderr_tail) -> str:
@@ -440,10 +429,8 @@ def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) ->
     return [s for s in all_sections if s[0] != "data_parallel" or data_parallel]
 
 
-def _plain_test(test) -> dict:
-    """A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) as JSON can hold them."""
-    keys = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
-    return {k: (v.item() if hasattr(v, "item") else v) for k, v in (test or {}).items() if k in keys}
+# A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) a verdict row keeps.
+TEST_KEYS = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
 
 
 def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
@@ -467,6 +454,8 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
                 "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
                 "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"),
                 "error": unavailable_text(str(r.get("error") or "")),
-                "accuracy_test": _plain_test(r.get("accuracy_test")), "accuracy_seeds": r.get("accuracy_seeds")}
+                "accuracy_test": {k: (v.item() if hasattr(v, "item") else v)  # as JSON can hold them
+                                  for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS},
+                "accuracy_seeds": r.get("accuracy_seeds")}
         out.append(verdicts.row(key, "data_parallel", facts, "none", said))
     return out
