@@ -188,12 +188,6 @@ def tick_label_overlaps(fig, axis: str = "x") -> int:
     return count
 
 
-def _mantissa_rank(v: float) -> int:
-    """Which minor ticks of a log axis to keep first when not all fit: 2 and 5, then 3, then the rest."""
-    m = int(round(v / 10 ** np.floor(np.log10(v))))
-    return {2: 0, 5: 0, 3: 1}.get(m, 2)
-
-
 def plain_log_labels(fig, axis: str) -> None:
     """A log axis labelled in plain numbers (0.3, 0.04), not 3×10^-1, and its minor labels thinned: every
     major label stays; a minor one is shown only where its drawn box clears every label already kept."""
@@ -213,7 +207,9 @@ def plain_log_labels(fig, axis: str) -> None:
         drawn = _drawn_tick_labels(ax, axis, renderer)
         kept_boxes = [box.padded(2) for _, major, box in drawn if major]
         keep = []
-        for loc, _, box in sorted((d for d in drawn if not d[1]), key=lambda d: (_mantissa_rank(d[0]), d[0])):
+        rank = {2: 0, 5: 0, 3: 1}  # the minor ticks kept first when not all fit: 2 and 5, then 3, then the rest
+        for loc, _, box in sorted((d for d in drawn if not d[1]), key=lambda d: (
+                rank.get(int(round(d[0] / 10 ** np.floor(np.log10(d[0])))), 2), d[0])):
             if not any(box.padded(2).overlaps(k) for k in kept_boxes):
                 keep.append(loc)
                 kept_boxes.append(box.padded(2))

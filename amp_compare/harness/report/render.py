@@ -313,12 +313,6 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
     return out
 
 
-def _vit_settings(settings: dict) -> dict:
-    """A vit cell's settings with its attention items (the core is the --attention it ran; the CNNs have none)."""
-    return settings if "attention" not in settings else {
-        "mha_bias": "used (setting not recorded)", **settings, "attention_core": f"--attention {settings['attention']}"}
-
-
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
     """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
     from the installed versions, and the values this run's cells actually used."""
@@ -334,7 +328,11 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
     for row in recorded.to_dict("records"):
         mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
-            for key, value in _vit_settings(json.loads(row["settings_used"])).items():
+            settings = json.loads(row["settings_used"])
+            if "attention" in settings:  # a vit cell: its attention items (the core is the --attention it ran)
+                settings = {"mha_bias": "used (setting not recorded)", **settings,
+                            "attention_core": f"--attention {settings['attention']}"}
+            for key, value in settings.items():
                 mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(value_text(value))
         if row.get("init_source"):  # " (this cell)" marks the cell that wrote the shared file: the same file
             mine.setdefault("initial_weights", {}).setdefault("", set()).add(
@@ -567,17 +565,13 @@ def _evidence(manifest: dict) -> dict:
             "device": manifest.get("device", "cpu")}
 
 
-def _log_lines(run_dir: Path, manifest: dict, runs: pd.DataFrame) -> list:
-    """The frameworks' own log lines about kernels, from the run's cells (a combined report: its sources')."""
-    dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]
-    return list(dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs)))
-
-
 def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
     """The Summary and Speed sections: the table and the findings (`sentences`) built from the run's facts; `said`:
     verdict rows of cells these tables leave out (the N-worker cells', dataparallel.verdict_rows)."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
+    dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
+    logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
+    evidence = {**_evidence(manifest), "framework_logs": list(logs)}
     accuracy = accuracy_statistics(runs, epochs)
     full = full_table(runs, epochs, evidence, accuracy)
     summary = formatted_summary(full)
