@@ -114,6 +114,10 @@ def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None =
 POOL = ["model", "dataset", "framework", "precision", "cfg_replicas"]
 
 
+# within this many points of chance, validation accuracy says little: a difference there is between two guessers
+NEAR_CHANCE_PP = 10.0
+
+
 def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int, dict]:
     """(a reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers, paired
     by seed and image over the group's seeds; how many seeds were paired; the paired test, {} where none)."""
@@ -125,21 +129,11 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
     if not pairs:
         return "no fp32 all-reduce cell to pair with", 0, {}
     res = stats.paired_test(pairs)
+    # near chance: the paired runs' validation accuracy within NEAR_CHANCE_PP of chance (stats.chance_accuracy)
+    accuracy = 100.0 * float(np.mean([c.mean() for pair in pairs for c in pair]))
     test = {**res, "detectable": stats.detectable(res),
-            "near_chance": _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))}
+            "near_chance": bool(accuracy - 100.0 * stats.chance_accuracy(str(cell["dataset"])) <= NEAR_CHANCE_PP)}
     return phrases.paired(test, len(pairs)), len(pairs), test
-
-
-# within this many points of chance, validation accuracy says little: a difference there is between two guessers
-NEAR_CHANCE_PP = 10.0
-
-
-def _near_chance(correct: list[np.ndarray], dataset: str) -> bool:
-    """Whether the paired runs' validation accuracy is within NEAR_CHANCE_PP of chance (stats.chance_accuracy: 1 /
-    the dataset's classes, 10 where the dataset is not one the kit knows)."""
-    chance = 100.0 * stats.chance_accuracy(dataset)
-    accuracy = 100.0 * float(np.mean([c.mean() for c in correct])) if correct else float("nan")
-    return bool(np.isfinite(accuracy) and accuracy - chance <= NEAR_CHANCE_PP)
 
 
 # A 1-worker baseline whose floor cell (its rerun with at most its threads) ran this many times faster stalled.
