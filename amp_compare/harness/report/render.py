@@ -694,16 +694,6 @@ def _cell_counts(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
             "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
 
 
-def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> dict:
-    """DATA PARALLEL: the Data parallel section (harness/report/dataparallel.py)."""
-    section = dataparallel.section(every, _evidence(manifest), manifest["device"])
-    return {"data_parallel": section and {**section, "table": _html_or_none(section["table"])},
-            "data_parallel_md": section and (
-                [] if section["table"].empty else ["", "### Data parallel", "", dataparallel.short_intro(), "",
-                                                    table_markdown(section["table"]), "",
-                                                    *[f"- {s}" for s in section["sentences"]]])}
-
-
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
     # data/run: each cell's MFU against the run's one ceiling per device and dtype, as the report prints it
     records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
@@ -711,10 +701,11 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     held = [name for name, df in tables.items() if df is not None and not df.empty] + ["verdicts"]  # data/'s
     # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
     single, every = dataparallel.split(tables)
-    parallel = _data_parallel_context(every, manifest) if every else {}
-    said = dataparallel.verdict_rows((parallel.get("data_parallel") or {}).get("rows"))
-    context = {**_page_context(run_dir, manifest, single, draw, said), "data_parallel": None, **parallel,
-               "sections": dataparallel.sections(SECTIONS, parallel.get("data_parallel")), "records": held,
+    parallel = dataparallel.section(every, _evidence(manifest), manifest["device"])  # DATA PARALLEL (None: none)
+    said = dataparallel.verdict_rows(parallel and parallel["rows"])
+    context = {**_page_context(run_dir, manifest, single, draw, said),
+               "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
+               "sections": dataparallel.sections(SECTIONS, parallel), "records": held,
                **_cell_counts(manifest, every or single)}  # the page's counts are over every cell
     if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
         context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
@@ -731,7 +722,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           *[part for title, t in context["verdict_tables_md"] for part in (f"#### {title}", "", table_markdown(t), "")],
           *([context["verdict_columns"], ""] if context["verdict_columns"] else []),
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
-          *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown),
+          *(["", "### Data parallel", "", dataparallel.short_intro(), "", table_markdown(parallel["table"]), "",
+             *[f"- {s}" for s in parallel["sentences"]]] if parallel and not parallel["table"].empty else []),
+          *profile_report.markdown(profile, table_markdown),
           *fp8_report.markdown(fp8, table_markdown)]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
@@ -740,9 +733,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     records.export_tables(run_dir, {"verdicts": context["verdicts"]})
     render_runs_index(run_dir.parent)
-    return Rendered(run_dir / "index.html", context["full"], context["sentences"],
-                    (context["data_parallel"] or {}).get("rows"), context["answer_text"], context["verdicts"],
-                    context["conditions"])
+    return Rendered(run_dir / "index.html", context["full"], context["sentences"], parallel and parallel["rows"],
+                    context["answer_text"], context["verdicts"], context["conditions"])
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
