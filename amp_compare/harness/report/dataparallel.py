@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -354,15 +355,14 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     """What the section says beside its table and the answer's lines: what the workers were and their threads
     (harness/report/wording.py: sentences fit what ran)."""
-    facts = wording.RunFacts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [], precisions=[],
-                             seeds=[], device=device, rotated=False)
-    out = [s for s in [wording.data_parallel_workers(facts, environment.get("cpu_model", ""))] if s]
+    facts = partial(wording.RunFacts, precisions=[], seeds=[], device=device, rotated=False)
+    every = facts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [])
+    out = [s for s in [wording.data_parallel_workers(every, environment.get("cpu_model", ""))] if s]
     # judged rows only: a finished N-worker cell without a finished 1-worker cell has nothing to be judged against
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
     if ok.empty:  # no N-worker cell finished (all unavailable or failed): the answer's lines say why
         return out
-    ran = wording.RunFacts(frameworks=sorted(set(ok["framework"])), precisions=[], seeds=[], device=device,
-                           rotated=False)
+    ran = facts(frameworks=sorted(set(ok["framework"])))
     torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()]
     per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
     floors = [int(t) for t in ok["floor_threads"].dropna()] if "floor_threads" in ok else []

@@ -774,10 +774,9 @@ def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -
         stored = json.loads(path.read_text())
         if stored["key"] == key:
             return stored["headline"]
-    single = runs  # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
-    if runs is not None and not runs.empty:
-        single = runs[dataparallel.roles(runs) == "single"]
-    headline = _index_headline(run_dir, manifest, single)
+    # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
+    headline = _index_headline(run_dir, manifest, runs[dataparallel.roles(runs) == "single"]
+                               if runs is not None and not runs.empty else runs)
     with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
         path.parent.mkdir(exist_ok=True)
         atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
