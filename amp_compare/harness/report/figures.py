@@ -282,18 +282,6 @@ def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
     return max(gaps) if gaps else None
 
 
-def _log2_axis(grid, log2_values: pd.Series) -> None:
-    """A log2 scale axis with whole powers of two only, labelled 2^k: a flat line at 2^15 shows 2^14–2^16,
-    never 14.2, 14.4 … 15.8."""
-    finite = log2_values[np.isfinite(log2_values)]
-    low, high = (float(finite.min()), float(finite.max())) if not finite.empty else (0.0, 1.0)
-    low, high = np.floor(low) - 1, np.ceil(high) + 1
-    for ax in grid.axes.flat:
-        ax.set_ylim(low - 0.2, high + 0.2)
-        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=8, min_n_ticks=3))
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"$2^{{{int(round(v))}}}$"))
-
-
 def loss_scale_grid(scaled: pd.DataFrame):
     """The loss scale per step of the loss-scaled cells: one step line per cell, an X on its skipped steps,
     whole powers of two on the axis."""
@@ -307,7 +295,13 @@ def loss_scale_grid(scaled: pd.DataFrame):
         if not part.empty:
             sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
                             marker="X", s=60, legend=False, ax=ax, zorder=4)  # above the lines' own markers
-    _log2_axis(grid, df["log2_scale"])
+    # whole powers of two only, labelled 2^k: a flat line at 2^15 shows 2^14–2^16, never 14.2, 14.4 … 15.8
+    finite = df["log2_scale"][np.isfinite(df["log2_scale"])]
+    low, high = (np.floor(finite.min()) - 1, np.ceil(finite.max()) + 1) if not finite.empty else (-1.0, 2.0)
+    for ax in grid.axes.flat:
+        ax.set_ylim(low - 0.2, high + 0.2)
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=8, min_n_ticks=3))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"$2^{{{int(round(v))}}}$"))
     present = [p for p in precisions.scaled_names() if p in set(scaled["precision"])]
     kinds = "; ".join(f"{p}: {precisions.SCALING_WORDS[precisions.of(p).loss_scaling]}" for p in present)
     _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step (counting from 0)", "Loss scale")
