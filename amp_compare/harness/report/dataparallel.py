@@ -1,16 +1,12 @@
-"""The report's "Data parallel" section, from a --replicas run's records (framework-free).
-
-A --replicas N run gives every 1-worker cell a thread-count floor (a rerun) and N-worker cells (one per
---allreduce precision); `split` keeps them out of the other sections. Per N-worker cell (`rows`), against its
-1-worker cell of the same seed: throughput N vs 1 with its interval (`_speed`), the all-reduce's dtype, the
-median step against the fp32 all-reduce cell's, the loss gap beside the floor's (`floor_kind`), whether the workers
-agreed on scale and skips (`worker_agreement`), and a reduced-precision all-reduce's accuracy against the fp32
-all-reduce cell."""
+"""The report's "Data parallel" section, from a --replicas run's records (framework-free): each N-worker cell
+judged against its 1-worker cell of the same seed and that cell's floor (`rows`); `split` keeps them out of the
+other sections."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -119,6 +115,10 @@ def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None =
 POOL = ["model", "dataset", "framework", "precision", "cfg_replicas"]
 
 
+# within this many points of chance, validation accuracy says little: a difference there is between two guessers
+NEAR_CHANCE_PP = 10.0
+
+
 def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int, dict]:
     """(a reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers, paired
     by seed and image over the group's seeds; how many seeds were paired; the paired test, {} where none)."""
@@ -130,21 +130,11 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
     if not pairs:
         return "no fp32 all-reduce cell to pair with", 0, {}
     res = stats.paired_test(pairs)
+    # near chance: the paired runs' validation accuracy within NEAR_CHANCE_PP of chance (stats.chance_accuracy)
+    accuracy = 100.0 * float(np.mean([c.mean() for pair in pairs for c in pair]))
     test = {**res, "detectable": stats.detectable(res),
-            "near_chance": _near_chance([b for _, b in pairs] + [a for a, _ in pairs], str(cell["dataset"]))}
+            "near_chance": bool(accuracy - 100.0 * stats.chance_accuracy(str(cell["dataset"])) <= NEAR_CHANCE_PP)}
     return phrases.paired(test, len(pairs)), len(pairs), test
-
-
-# within this many points of chance, validation accuracy says little: a difference there is between two guessers
-NEAR_CHANCE_PP = 10.0
-
-
-def _near_chance(correct: list[np.ndarray], dataset: str) -> bool:
-    """Whether the paired runs' validation accuracy is within NEAR_CHANCE_PP of chance (stats.chance_accuracy: 1 /
-    the dataset's classes, 10 where the dataset is not one the kit knows)."""
-    chance = 100.0 * stats.chance_accuracy(dataset)
-    accuracy = 100.0 * float(np.mean([c.mean() for c in correct])) if correct else float("nan")
-    return bool(np.isfinite(accuracy) and accuracy - chance <= NEAR_CHANCE_PP)
 
 
 # A 1-worker baseline whose floor cell (its rerun with at most its threads) ran this many times faster stalled.
@@ -153,15 +143,6 @@ STALL_FACTOR = 2.0
 AT_FLOOR_FACTOR = 2.0
 FLOAT32_ULPS = 4
 _REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
-
-
-def _shares_cores(cell: pd.Series, threads_1: int) -> bool:
-    """Do the N workers run on the cores of the one? torch: N workers × their threads no more than the 1-worker
-    cell's; Keras: the replicas are logical devices of one process, so always."""
-    if cell["framework"] != "torch":
-        return True
-    per = cell.get("threads_per_worker")
-    return pd.notna(per) and int(per) * int(cell["cfg_replicas"]) <= threads_1
 
 
 def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, environment: dict) -> dict:
@@ -175,8 +156,10 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
     notes = []
     if np.isfinite(rerun) and rerun > STALL_FACTOR:
         notes.append(f"1-worker baseline stalled: its own rerun (floor cell) was {rerun:.1f}× faster")
-    if efficiency > 1 and _shares_cores(cell, int(one["cfg_threads"])):
-        n = int(cell["cfg_replicas"])
+    # do the N workers run on the cores of the one? torch: N workers × their threads no more than the 1-worker
+    # cell's; Keras: the replicas are logical devices of one process, so always
+    n, per = int(cell["cfg_replicas"]), cell.get("threads_per_worker")
+    if efficiency > 1 and (cell["framework"] != "torch" or pd.notna(per) and int(per) * n <= int(one["cfg_threads"])):
         notes.append(f"more than {n}× faster with {n} workers sharing the 1-worker cell's cores: impossible unless "
                      "the 1-worker baseline ran slow")
     if not (np.isfinite(speed["low"]) and np.isfinite(speed["high"])):
@@ -205,7 +188,7 @@ def floor_kind(one: pd.Series, floor: pd.Series) -> str:
     where the framework recorded the same for both."""
     column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(
         str(one["framework"]), "")
-    a, b = (_count(one.get(column)), _count(floor.get(column))) if column else (None, None)
+    a, b = (as_written(one.get(column)), as_written(floor.get(column))) if column else (None, None)
     if column and pd.notna(a) and pd.notna(b) and str(a) == str(b):
         return f"a plain rerun (both recorded threads: {a})"
     if column and pd.notna(a) and pd.notna(b):
@@ -213,8 +196,9 @@ def floor_kind(one: pd.Series, floor: pd.Series) -> str:
     return f"a rerun with --threads {int(floor['cfg_threads'])} against {int(one['cfg_threads'])}"
 
 
-def _count(value):
-    """A recorded thread count as written (2, not 2.0); a text (JAX's) as it is."""
+def as_written(value):
+    """A recorded number as written (2, not 2.0, a thread count read back through a float column); a text as it
+    is."""
     if isinstance(value, float) and np.isfinite(value) and value.is_integer():
         return int(value)
     return value
@@ -259,7 +243,9 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
             loss: dict, timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
     """A finished N-worker cell's row against its finished 1-worker cell `one` (accuracy: rows()' pooled one)."""
     none = pd.Series(dtype=float)
-    gap = relative_gap(loss.get(cell["cell_id"], none), loss.get(one["cell_id"], none))
+    losses_1 = loss.get(one["cell_id"], none)
+    level = float(losses_1[np.isfinite(losses_1) & (losses_1 != 0)].abs().min())  # where a float32 ulp is largest
+    gap = relative_gap(loss.get(cell["cell_id"], none), losses_1)
     floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))
                  if not floor.empty else float("nan"))
     mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
@@ -269,19 +255,13 @@ def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, acc
             "throughput_1": float(one["throughput_img_s"]), "throughput_n": float(cell["throughput_img_s"]),
             **_speed(cell, one, floor, timed, environment),
             "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
-            "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": _loss_level(loss.get(one["cell_id"], none)),
+            "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": level,
             "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
             **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), accuracy(cell))),
             "step_s": float(np.median(timed[cell["cell_id"]])) if len(timed.get(cell["cell_id"], [])) else np.nan,
             "engine": str(cell.get("data_parallel") or "")}
-
-
-def _loss_level(losses: pd.Series) -> float:
-    """The smallest finite |loss| of a run: where a float32 ulp is largest relative to it."""
-    finite = losses[np.isfinite(losses) & (losses != 0)].abs()
-    return float(finite.min()) if not finite.empty else float("nan")
 
 
 def recorded_error(error, stderr_tail) -> str:
@@ -375,15 +355,14 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     """What the section says beside its table and the answer's lines: what the workers were and their threads
     (harness/report/wording.py: sentences fit what ran)."""
-    facts = wording.RunFacts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [], precisions=[],
-                             seeds=[], device=device, rotated=False)
-    out = [s for s in [wording.data_parallel_workers(facts, environment.get("cpu_model", ""))] if s]
+    facts = partial(wording.RunFacts, precisions=[], seeds=[], device=device, rotated=False)
+    every = facts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [])
+    out = [s for s in [wording.data_parallel_workers(every, environment.get("cpu_model", ""))] if s]
     # judged rows only: a finished N-worker cell without a finished 1-worker cell has nothing to be judged against
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
     if ok.empty:  # no N-worker cell finished (all unavailable or failed): the answer's lines say why
         return out
-    ran = wording.RunFacts(frameworks=sorted(set(ok["framework"])), precisions=[], seeds=[], device=device,
-                           rotated=False)
+    ran = facts(frameworks=sorted(set(ok["framework"])))
     torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()]
     per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
     floors = [int(t) for t in ok["floor_threads"].dropna()] if "floor_threads" in ok else []
@@ -444,10 +423,8 @@ def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) ->
     return [s for s in all_sections if s[0] != "data_parallel" or data_parallel]
 
 
-def _plain_test(test) -> dict:
-    """A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) as JSON can hold them."""
-    keys = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
-    return {k: (v.item() if hasattr(v, "item") else v) for k, v in (test or {}).items() if k in keys}
+# A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) a verdict row keeps.
+TEST_KEYS = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
 
 
 def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
@@ -471,6 +448,8 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
                 "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
                 "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"),
                 "error": unavailable_text(str(r.get("error") or "")),
-                "accuracy_test": _plain_test(r.get("accuracy_test")), "accuracy_seeds": r.get("accuracy_seeds")}
+                "accuracy_test": {k: (v.item() if hasattr(v, "item") else v)  # as JSON can hold them
+                                  for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS},
+                "accuracy_seeds": r.get("accuracy_seeds")}
         out.append(verdicts.row(key, "data_parallel", facts, "none", said))
     return out

@@ -188,12 +188,6 @@ def tick_label_overlaps(fig, axis: str = "x") -> int:
     return count
 
 
-def _mantissa_rank(v: float) -> int:
-    """Which minor ticks of a log axis to keep first when not all fit: 2 and 5, then 3, then the rest."""
-    m = int(round(v / 10 ** np.floor(np.log10(v))))
-    return {2: 0, 5: 0, 3: 1}.get(m, 2)
-
-
 def plain_log_labels(fig, axis: str) -> None:
     """A log axis labelled in plain numbers (0.3, 0.04), not 3×10^-1, and its minor labels thinned: every
     major label stays; a minor one is shown only where its drawn box clears every label already kept."""
@@ -213,7 +207,9 @@ def plain_log_labels(fig, axis: str) -> None:
         drawn = _drawn_tick_labels(ax, axis, renderer)
         kept_boxes = [box.padded(2) for _, major, box in drawn if major]
         keep = []
-        for loc, _, box in sorted((d for d in drawn if not d[1]), key=lambda d: (_mantissa_rank(d[0]), d[0])):
+        rank = {2: 0, 5: 0, 3: 1}  # the minor ticks kept first when not all fit: 2 and 5, then 3, then the rest
+        for loc, _, box in sorted((d for d in drawn if not d[1]), key=lambda d: (
+                rank.get(int(round(d[0] / 10 ** np.floor(np.log10(d[0])))), 2), d[0])):
             if not any(box.padded(2).overlaps(k) for k in kept_boxes):
                 keep.append(loc)
                 kept_boxes.append(box.padded(2))
@@ -246,13 +242,6 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
     return grid.figure
 
 
-def _same(a, b) -> bool:
-    """Two curves one pixel cannot tell apart: equal to float32's rounding (an accuracy one framework stored in
-    float32 differs from the other's by ~1e-8)."""
-    return bool(np.allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=1e-6, atol=1e-9,
-                            equal_nan=True))
-
-
 def show_hidden_lines(grid) -> int:
     """A line drawn exactly over an earlier one (PyTorch and Keras in aligned mode, shared weights) hides it: each
     hidden line is redrawn wider, with larger markers, beneath the one over it, so it shows as a border around it.
@@ -262,8 +251,11 @@ def show_hidden_lines(grid) -> int:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
         for i, low in enumerate(lines):
             xy = np.column_stack([low.get_xdata(), low.get_ydata()]).astype(float)
-            over = sum(len(up.get_xdata()) == len(xy) and _same(
-                np.column_stack([up.get_xdata(), up.get_ydata()]).astype(float), xy) for up in lines[i + 1:])
+            # one pixel cannot tell them apart: equal to float32's rounding (an accuracy one framework stored in
+            # float32 differs from the other's by ~1e-8)
+            over = sum(len(up.get_xdata()) == len(xy) and np.allclose(np.column_stack(
+                [up.get_xdata(), up.get_ydata()]).astype(float), xy, rtol=1e-6, atol=1e-9, equal_nan=True)
+                for up in lines[i + 1:])
             if over:  # the more lines on top, the wider: each of a stack shows as its own border
                 low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
                 low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
@@ -290,18 +282,6 @@ def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
     return max(gaps) if gaps else None
 
 
-def _log2_axis(grid, log2_values: pd.Series) -> None:
-    """A log2 scale axis with whole powers of two only, labelled 2^k: a flat line at 2^15 shows 2^14–2^16,
-    never 14.2, 14.4 … 15.8."""
-    finite = log2_values[np.isfinite(log2_values)]
-    low, high = (float(finite.min()), float(finite.max())) if not finite.empty else (0.0, 1.0)
-    low, high = np.floor(low) - 1, np.ceil(high) + 1
-    for ax in grid.axes.flat:
-        ax.set_ylim(low - 0.2, high + 0.2)
-        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=8, min_n_ticks=3))
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"$2^{{{int(round(v))}}}$"))
-
-
 def loss_scale_grid(scaled: pd.DataFrame):
     """The loss scale per step of the loss-scaled cells: one step line per cell, an X on its skipped steps,
     whole powers of two on the axis."""
@@ -315,7 +295,13 @@ def loss_scale_grid(scaled: pd.DataFrame):
         if not part.empty:
             sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
                             marker="X", s=60, legend=False, ax=ax, zorder=4)  # above the lines' own markers
-    _log2_axis(grid, df["log2_scale"])
+    # whole powers of two only, labelled 2^k: a flat line at 2^15 shows 2^14–2^16, never 14.2, 14.4 … 15.8
+    finite = df["log2_scale"][np.isfinite(df["log2_scale"])]
+    low, high = (np.floor(finite.min()) - 1, np.ceil(finite.max()) + 1) if not finite.empty else (-1.0, 2.0)
+    for ax in grid.axes.flat:
+        ax.set_ylim(low - 0.2, high + 0.2)
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=8, min_n_ticks=3))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"$2^{{{int(round(v))}}}$"))
     present = [p for p in precisions.scaled_names() if p in set(scaled["precision"])]
     kinds = "; ".join(f"{p}: {precisions.SCALING_WORDS[precisions.of(p).loss_scaling]}" for p in present)
     _finish(grid, f"Loss scale per step ({kinds})", "Optimizer step (counting from 0)", "Loss scale")
@@ -360,19 +346,14 @@ def busy_text(busy: pd.Series, what: str) -> str:
             f"{what}")
 
 
-def _busy_marks(table: pd.DataFrame, ok: pd.DataFrame, busy: pd.Series) -> pd.Series:
-    """The throughput labels with " †" where the bar's own cells or the fp32 cells its ratio divides by include a
-    busy cell."""
+def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
+                        busy: pd.Series) -> list[Figure]:
+    """The Speed section: throughput per precision, a † on a label where the bar's own cells or the fp32 cells its
+    ratio divides by include a busy cell."""
     hit = ok[ok["cell_id"].isin(set(busy.index))]
     reference = hit[hit["precision"] == precisions.REFERENCE]  # a busy fp32 cell: every ratio of its framework
     flagged = pd.concat([hit, *(reference.assign(precision=p) for p in set(table["precision"]))])
-    return _marked(table, table["speed_label"].astype(str), flagged, " †")
-
-
-def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
-                        busy: pd.Series) -> list[Figure]:
-    """The Speed section: throughput per precision (a † on labels resting on a busy cell)."""
-    table = table.assign(speed_label=_busy_marks(table, ok, busy))
+    table = table.assign(speed_label=_marked(table, table["speed_label"].astype(str), flagged, " †"))
     _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
                "Training throughput", "speed_label"), out_dir, "throughput")
     return [Figure("throughput", "speed", "Training throughput by precision",
@@ -850,13 +831,11 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                 ax.set_xlabel("Epoch (counting from 1)")
             if c == 0:
                 ax.set_ylabel("Largest |value| (log)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes.flat:  # every block x framework that appears anywhere, once
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="block · framework")
+    shown = {}  # every block x framework that appears anywhere, once, in order of first appearance
+    for ax in axes.flat:
+        shown.update({lab: h for h, lab in zip(*ax.get_legend_handles_labels()) if lab not in shown})
+    fig.legend(list(shown.values()), list(shown), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+               title="block · framework")
     fig.suptitle("ViT headroom per block over training", y=1.02)
     fig.tight_layout()
     cpu = ", ".join(sorted(set(runs.get("cpu_model", pd.Series(dtype=str)).dropna().astype(str)) - {""}))

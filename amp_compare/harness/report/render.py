@@ -90,10 +90,9 @@ def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = F
     """A plain HTML table, rows where `highlight` is true marked; `grouped`: columns named "group: name" share a
     header cell over their names."""
     cols = [c for c in df.columns if c != highlight]
-    if grouped:
-        return f"<table>{_grouped_head(cols)}{''.join(_rows(df, cols, highlight))}</table>"
-    head = "".join(f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols))
-    return f"<table><tr>{head}</tr>{''.join(_rows(df, cols, highlight))}</table>"
+    head = _grouped_head(cols) if grouped else "<tr>" + "".join(
+        f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
+    return f"<table>{head}{''.join(_rows(df, cols, highlight))}</table>"
 
 
 def _grouped_head(cols: list[str]) -> str:
@@ -125,6 +124,11 @@ def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
     return table_html(df, grouped=grouped) if df is not None and not df.empty else None
 
 
+TIMING_MS = {"p50 step (ms)": "median_step_s", "p90 (ms)": "p90_step_s", "p99 (ms)": "p99_step_s"}
+TIMING_IMAGES = {"Images/s (wall, headline)": "throughput_img_s", "Images/s from p50": "median_step_throughput_img_s",
+                 "Images/s from epoch time": "epoch_throughput_img_s"}
+
+
 def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Step-time percentiles and both throughputs, medians over seeds (how many: the summary table's Runs)."""
     ok = ok_runs(runs)
@@ -135,8 +139,7 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # a sweep
     group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
         "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
-    cols = ["median_step_s", "p90_step_s", "p99_step_s", "throughput_img_s", "median_step_throughput_img_s",
-            "epoch_throughput_img_s", "first_step_overhead_s"]
+    cols = [*TIMING_MS.values(), *TIMING_IMAGES.values(), "first_step_overhead_s"]
     dispatch = "first_step_dispatch_s" in ok and ok["first_step_dispatch_s"].notna().any()  # Keras, device mode
     t = ok.groupby(group, sort=False)[cols + ["first_step_dispatch_s"] * dispatch].median()
     t = t.reset_index().sort_values(["model", "dataset", "framework", "precision"], key=display_order)
@@ -145,12 +148,8 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         "Model": t["model"], "Dataset": t["dataset"], "Framework": t["framework"].map(framework_label),
         **{{"cfg_step": "Step", "cfg_batch_size": "Batch"}[c]: t[c].astype(str) for c in loops},
         "Precision": t["precision"],
-        "p50 step (ms)": (t["median_step_s"] * 1e3).map("{:.2f}".format),
-        "p90 (ms)": (t["p90_step_s"] * 1e3).map("{:.2f}".format),
-        "p99 (ms)": (t["p99_step_s"] * 1e3).map("{:.2f}".format),
-        "Images/s (wall, headline)": t["throughput_img_s"].map("{:,.0f}".format),
-        "Images/s from p50": t["median_step_throughput_img_s"].map("{:,.0f}".format),
-        "Images/s from epoch time": t["epoch_throughput_img_s"].map("{:,.0f}".format),
+        **{name: (t[c] * 1e3).map("{:.2f}".format) for name, c in TIMING_MS.items()},
+        **{name: t[c].map("{:,.0f}".format) for name, c in TIMING_IMAGES.items()},
         "Epoch-time figure vs p50 figure": [speed.relation(e, m) for e, m in
                                            zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
         "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
@@ -314,14 +313,6 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
     return out
 
 
-def _vit_settings(settings: dict) -> dict:
-    """A vit cell's settings with its attention items (the core is the --attention it ran)."""
-    if "attention" not in settings:  # the CNNs have no attention
-        return settings
-    core = f"--attention {settings['attention']}"
-    return {"mha_bias": "used (setting not recorded)", **settings, "attention_core": core}
-
-
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
     """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
     from the installed versions, and the values this run's cells actually used."""
@@ -337,7 +328,11 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
     for row in recorded.to_dict("records"):
         mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
-            for key, value in _vit_settings(json.loads(row["settings_used"])).items():
+            settings = json.loads(row["settings_used"])
+            if "attention" in settings:  # a vit cell: its attention items (the core is the --attention it ran)
+                settings = {"mha_bias": "used (setting not recorded)", **settings,
+                            "attention_core": f"--attention {settings['attention']}"}
+            for key, value in settings.items():
                 mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(value_text(value))
         if row.get("init_source"):  # " (this cell)" marks the cell that wrote the shared file: the same file
             mine.setdefault("initial_weights", {}).setdefault("", set()).add(
@@ -396,13 +391,6 @@ def render(run_dir: Path, figures: bool = True) -> Rendered:
     return _render(run_dir, load_manifest(run_dir), by_gpu_model(tables), draw=figures)
 
 
-def machine_label(manifest: dict, runs: pd.DataFrame, folder: str) -> str:
-    """How a run is named in a combined report: its accelerator or CPU, and its folder."""
-    gpus = sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
-    where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")
-    return f"{where} · {folder}"
-
-
 def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -> Path:
     """One report over several compare runs (a CPU run and a GPU run, two package versions, …): every
     table gains a `machine` column and every figure a column per machine."""
@@ -413,8 +401,10 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     for run_dir in run_dirs:
         manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
         manifests.append(manifest)
-        label = machine_label(manifest, tables["run"], Path(run_dir).name)
-        hardware.add(label.rsplit(" · ", 1)[0])  # the machine without the folder
+        gpus = sorted(set(tables["run"].get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
+        where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")  # its accelerator or CPU
+        hardware.add(where)
+        label = f"{where} · {Path(run_dir).name}"  # how the run is named: its machine and its folder
         for name, df in tables.items():
             if "cell_id" in df:  # the speed trials' blocks have no cell
                 df = df.assign(cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
@@ -467,10 +457,7 @@ BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "t
 
 
 def _env_value(value) -> str:
-    """One value as a reader expects it: 2 not 2.0 (a thread count read back through a float column)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+    return str(dataparallel.as_written(value))
 
 
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
@@ -578,17 +565,13 @@ def _evidence(manifest: dict) -> dict:
             "device": manifest.get("device", "cpu")}
 
 
-def _log_lines(run_dir: Path, manifest: dict, runs: pd.DataFrame) -> list:
-    """The frameworks' own log lines about kernels, from the run's cells (a combined report: its sources')."""
-    dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]
-    return list(dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs)))
-
-
 def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
     """The Summary and Speed sections: the table and the findings (`sentences`) built from the run's facts; `said`:
     verdict rows of cells these tables leave out (the N-worker cells', dataparallel.verdict_rows)."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
-    evidence = {**_evidence(manifest), "framework_logs": _log_lines(run_dir, manifest, runs)}
+    dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
+    logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
+    evidence = {**_evidence(manifest), "framework_logs": list(logs)}
     accuracy = accuracy_statistics(runs, epochs)
     full = full_table(runs, epochs, evidence, accuracy)
     summary = formatted_summary(full)
@@ -625,9 +608,10 @@ def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
                                  bool(manifest.get("defaults", {}).get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
+    conditions = speed.manifest_conditions(manifest)
     return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],
-            "verdict_columns": phrases.columns_note(verdict_table, speed.manifest_conditions(manifest))
-            if per_model else "", "conditions": speed.manifest_conditions(manifest),
+            "verdict_columns": phrases.columns_note(verdict_table, conditions) if per_model else "",
+            "conditions": conditions,
             "verdict_tables_md": per_model,
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
@@ -679,8 +663,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     return {
         **summary, **numerics,
         "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
-        "device_names": device_names, "n_cells": len(manifest["cells"]), "sections": SECTIONS,
-        **_cell_counts(manifest, tables),
+        "device_names": device_names, "n_cells": len(manifest["cells"]),
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "env_rows": [r for r in env if not r[0].startswith("version_")],
@@ -711,39 +694,19 @@ def _cell_counts(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
             "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
 
 
-def _data_parallel_context(every: dict[str, pd.DataFrame], manifest: dict) -> dict:
-    """DATA PARALLEL: the Data parallel section (harness/report/dataparallel.py) and the page's counts over every
-    cell (the other sections' context is built from the 1-worker cells only)."""
-    section = dataparallel.section(every, _evidence(manifest), manifest["device"])
-    return {"data_parallel": section and {**section, "table": _html_or_none(section["table"])},
-            "sections": dataparallel.sections(SECTIONS, section), **_cell_counts(manifest, every),
-            "data_parallel_md": section and (
-                [] if section["table"].empty else ["", "### Data parallel", "", dataparallel.short_intro(), "",
-                                                    table_markdown(section["table"]), "",
-                                                    *[f"- {s}" for s in section["sentences"]]])}
-
-
-def read_trials(run_dir: Path, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """The run's speed trials (contract/tables.py `trials`): as read with its records, else each trial's file."""
-    if tables.get("trials") is not None and not tables["trials"].empty:
-        return tables["trials"]
-    files = sorted(Path(run_dir).glob("trials/*/trials.parquet"))
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
-
-
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
     # data/run: each cell's MFU against the run's one ceiling per device and dtype, as the report prints it
     records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
                           if "run" in tables else tables)
     held = [name for name, df in tables.items() if df is not None and not df.empty] + ["verdicts"]  # data/'s
-    tables = {**tables, "trials": read_trials(run_dir, tables)}
     # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
     single, every = dataparallel.split(tables)
-    parallel = _data_parallel_context(every, manifest) if every else {}
-    said = dataparallel.verdict_rows((parallel.get("data_parallel") or {}).get("rows"))
-    context = {**_page_context(run_dir, manifest, single, draw, said), "data_parallel": None,
-               "sections": dataparallel.sections(SECTIONS, None), **parallel,  # no Data parallel link without it
-               "records": held}
+    parallel = dataparallel.section(every, _evidence(manifest), manifest["device"])  # DATA PARALLEL (None: none)
+    said = dataparallel.verdict_rows(parallel and parallel["rows"])
+    context = {**_page_context(run_dir, manifest, single, draw, said),
+               "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
+               "sections": dataparallel.sections(SECTIONS, parallel), "records": held,
+               **_cell_counts(manifest, every or single)}  # the page's counts are over every cell
     if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
         context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
                               "cells are in the Data parallel section.")
@@ -759,7 +722,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           *[part for title, t in context["verdict_tables_md"] for part in (f"#### {title}", "", table_markdown(t), "")],
           *([context["verdict_columns"], ""] if context["verdict_columns"] else []),
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
-          *(context.get("data_parallel_md") or []), *profile_report.markdown(profile, table_markdown),
+          *(["", "### Data parallel", "", dataparallel.short_intro(), "", table_markdown(parallel["table"]), "",
+             *[f"- {s}" for s in parallel["sentences"]]] if parallel and not parallel["table"].empty else []),
+          *profile_report.markdown(profile, table_markdown),
           *fp8_report.markdown(fp8, table_markdown)]
     if missing:
         md += ["", f"Cells without a result: {', '.join(missing)}."]
@@ -768,9 +733,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     records.export_tables(run_dir, {"verdicts": context["verdicts"]})
     render_runs_index(run_dir.parent)
-    return Rendered(run_dir / "index.html", context["full"], context["sentences"],
-                    (context["data_parallel"] or {}).get("rows"), context["answer_text"], context["verdicts"],
-                    context["conditions"])
+    return Rendered(run_dir / "index.html", context["full"], context["sentences"], parallel and parallel["rows"],
+                    context["answer_text"], context["verdicts"], context["conditions"])
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
@@ -810,10 +774,9 @@ def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -
         stored = json.loads(path.read_text())
         if stored["key"] == key:
             return stored["headline"]
-    single = runs  # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
-    if runs is not None and not runs.empty:
-        single = runs[dataparallel.roles(runs) == "single"]
-    headline = _index_headline(run_dir, manifest, single)
+    # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
+    headline = _index_headline(run_dir, manifest, runs[dataparallel.roles(runs) == "single"]
+                               if runs is not None and not runs.empty else runs)
     with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
         path.parent.mkdir(exist_ok=True)
         atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
