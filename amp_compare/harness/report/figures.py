@@ -702,15 +702,10 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                   "gradient magnitude, with float16's underflow and overflow regions shaded.")
 
 
-def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
-                                 out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
-    """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
-    target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line; the
-    caption names the cells that ran while the machine was busy (busy_cells), and leaves out (naming them) the cells
-    the speed budget stopped, whose time to accuracy is compared with nothing."""
-    ok = ok_runs(runs)
+def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Per cell, whether its precision has a cell the speed budget stopped (such a precision has no time to target:
+    verdicts.TIME_TO_TARGET, so none of its cells is drawn), and the caption's sentence naming them."""
     group = [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok]
-    # a precision with a cut cell has no time to target (verdicts.TIME_TO_TARGET): none of its cells is drawn
     cut_group = ok.assign(cut=stats.budgeted(ok)).groupby(group, sort=False)["cut"].transform("any")
     named, whole = [], True
     for (f, m, p), part in ok[cut_group].groupby(["framework", "model", "precision"], sort=False):
@@ -722,6 +717,17 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     left = ("" if not named else f" Not drawn: {', '.join(named)} (the speed budget stopped "
             + ("them: their time to accuracy is not compared)." if whole else
                "them, or the seeds named: a precision with a stopped cell has no time to accuracy compared)."))
+    return cut_group, left
+
+
+def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
+                                 out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
+    """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
+    target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line; the
+    caption names the cells that ran while the machine was busy (busy_cells), and leaves out (naming them) the cells
+    the speed budget stopped, whose time to accuracy is compared with nothing."""
+    ok = ok_runs(runs)
+    cut_group, left = _budget_cut_precisions(ok)
     ok = ok[~cut_group]
     if ok.empty or epochs.empty or acc.empty:
         return None
