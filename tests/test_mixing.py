@@ -86,6 +86,12 @@ def test_numerics_sentences_captions_and_the_max_batch_table_keep_the_two_models
                                     for m, p in zip(runs["model"], runs["precision"])])
     cut = cut.astype({"budget_steps": "Int64"})
     assert [s.split(",")[0] for s in nr.scaling_accuracy_sentences(cut)] == ["vit"] * 2
+    # the second lab audit: one cut seed leaves its precision out, not its other seeds' median
+    two = pd.concat([runs, runs.assign(seed=1, cell_id=runs["cell_id"] + "-1")], ignore_index=True)
+    one = two.assign(budget_steps=[40 if m == "simple_cnn" and p == "fp16" and s == 0 else None
+                                   for m, p, s in zip(two["model"], two["precision"], two["seed"])])
+    one = one.astype({"budget_steps": "Int64"})
+    assert [s.split(",")[0] for s in nr.scaling_accuracy_sentences(one)] == ["vit"] * 2
     steps = t["steps"].assign(precision=t["steps"]["precision"].replace("bf16", "fp16-static"))
     from amp_compare.harness.report import figures
 

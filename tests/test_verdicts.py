@@ -390,6 +390,12 @@ def test_a_precision_with_a_budget_cut_cell_has_no_memory_verdict_and_no_summary
     summary = summary_table(records.read_run(run_dir)["run"]).set_index("precision")
     assert summary.loc["bf16", "runs"] == 3 and not np.isfinite(summary.loc["bf16", "val_accuracy"])
     assert not np.isfinite(summary.loc["bf16", "memory_change_vs_fp32"])
+    assert not np.isfinite(summary.loc["bf16", "peak_memory_mib"])  # a shorter run's peak
+    assert np.isfinite(summary.loc["fp32", "peak_memory_mib"])
+    from amp_compare.harness.report.tables import legend
+
+    assert "accuracy and peak memory of a precision the speed budget stopped a cell of" in legend(
+        full_table(records.read_run(run_dir)["run"]))
     assert np.isfinite(summary.loc["fp32", "val_accuracy"])
     from amp_compare.harness.report import figures
 

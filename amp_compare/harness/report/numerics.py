@@ -460,11 +460,12 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
 
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
     """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with
-    its paired test against fp32 from `acc` (tables.accuracy_statistics); cells the speed budget stopped are not
-    the run's accuracy and are left out."""
+    its paired test against fp32 from `acc` (tables.accuracy_statistics); a precision with a cell the speed budget
+    stopped has no accuracy of the run (verdicts.ACCURACY) and is left out, not given its other seeds' median."""
     out = []
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
-    ok = ok[~stats.budgeted(ok)]
+    keys = [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok]
+    ok = ok[~ok.assign(cut=stats.budgeted(ok)).groupby(keys)["cut"].transform("any")] if not ok.empty else ok
     per = _per_model(ok) if not ok.empty else []  # per model and dataset: never two models' median
     acc_rows = acc if acc is not None and not acc.empty else None
     median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median() if not ok.empty \

@@ -56,7 +56,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
                     "speedup_vs_fp32", "speed_min", "speed_max", "accuracy_min", "accuracy_max",
                     "peak_memory_mib", "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3",
-                    "skipped_steps",
+                    "skipped_steps", "budget_cut",
                     *PERF_COLS]
     if ok.empty:
         return pd.DataFrame(columns=cols)
@@ -68,6 +68,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~cut)
     ok["log_speed"] = paired_log_ratio(ok, "throughput_img_s", base_keys)
     ok["log_memory"] = np.where(cut, np.nan, paired_log_ratio(ok, "peak_memory_bytes", base_keys))
+    ok["peak_memory_bytes"] = ok["peak_memory_bytes"].where(~cut)
+    ok["budget_cut"] = stats.budgeted(ok)
     agg = ok.groupby(group, sort=False, dropna=False).agg(
         runs=("seed", "size"),
         **_spread_of("throughput_img_s", "throughput"),
@@ -78,6 +80,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         peak_memory_bytes=("peak_memory_bytes", "median"),
         log_memory=("log_memory", "mean"),
         skipped_steps=("skipped_steps", "median"),
+        budget_cut=("budget_cut", "sum"),
         **{c: (c, "median") for c in PERF_MEDIANS},
         **{c: (c, "first") for c in CEILING_WHY},
     ).reset_index()
@@ -359,7 +362,7 @@ def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environme
     keys = [c for c in ("machine", "model", "dataset", *LOOP, "framework", "precision") if c in table]
     out = table.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs) if accuracy is None else accuracy
-    out = out.merge(accuracy, on=keys, how="left")
+    out = out.drop(columns=[c for c in ("budget_cut",) if c in accuracy]).merge(accuracy, on=keys, how="left")
     for col in ("memory_note", "too_short"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
@@ -415,8 +418,10 @@ def legend(table: pd.DataFrame) -> str:
     keras_static = "framework" in table and any(scaling.cannot_skip(f, p) and precisions.of(p).loss_scaling
                                                 for f, p in zip(table["framework"], table["precision"]))
     scaler = "a mode without a loss scaler" + (", or with Keras' static one," if keras_static else "")
+    cut = ("; accuracy and peak memory of a precision the speed budget stopped a cell of (a shorter run's are not "
+           "the run's)" if "budget_cut" in table and (table["budget_cut"] > 0).any() else "")
     return ("Each row is what one framework and precision's training cells measured, the median over seeds. "
-            f"{brackets}n/a: not measured, or not applicable ({scaler} skips no step). Each "
+            f"{brackets}n/a: not measured, or not applicable ({scaler} skips no step){cut}. Each "
             "comparison with fp32 is a verdict, in the per-model tables above.")
 
 
