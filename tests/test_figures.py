@@ -441,3 +441,23 @@ def test_figures_measured_from_the_layout_alone_are_the_pngs_full_draws_give(tmp
     monkeypatch.setattr(figures, "laid_out", lambda fig: fig.canvas.draw() or fig.canvas.get_renderer())
     monkeypatch.setattr(seaborn.axisgrid, "_draw_figure", seaborn.utils._draw_figure)
     assert ours == pngs("drawn")
+
+
+def test_the_speed_figure_draws_each_speed_verdict_with_its_interval(tmp_path, monkeypatch):
+    """The figure under the answer is the verdict table's speed rows (estimate, low, high) against 1×, not the
+    cells' throughput (whose ratios the audit found beside, and disagreeing with, the verdicts)."""
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, out, key: drawn.setdefault(key, fig))
+    rows = [("torch", "fp16", 0.024, 0.021, 0.029, "slower"), ("torch", "bf16", 1.54, 1.25, 1.91, "faster"),
+            ("tf", "bf16", 0.97, 0.90, 1.05, "undecided")]
+    v = pd.DataFrame([{"model": "simple_cnn", "dataset": "digits", "framework": f, "precision": p, "metric": "speed",
+                       "estimate": e, "low": lo, "high": hi, "status": st, "interval_kind": "trial 95%"}
+                      for f, p, e, lo, hi, st in rows])
+    fig = figures.make_speed_verdict_figure(pd.concat([v, v.assign(metric="memory")]), tmp_path)
+    assert fig.key == "speed_verdicts" and "≥95% trial" in fig.caption
+    (ax,) = drawn["speed_verdicts"].axes
+    points = sorted(line.get_xdata()[0] for line in ax.lines if len(line.get_xdata()) == 1)
+    intervals = sorted(tuple(line.get_xdata()) for line in ax.lines if line.get_linestyle() == "-"
+                       and len(line.get_xdata()) == 2)  # not the dashed 1× line
+    assert points == sorted([0.024, 1.54, 0.97]) and intervals == sorted((lo, hi) for *_, lo, hi, _ in rows)
+    assert figures.make_speed_verdict_figure(v.assign(metric="memory"), tmp_path) is None

@@ -367,6 +367,49 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, sp
                    "Bar chart of training images per second for each framework and precision mode.")]
 
 
+STATUS_COLORS = {"faster": "#2a9d8f", "slower": "#d1495b"}  # every other status (same, undecided, …): grey
+
+
+def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """The answer's speed, drawn: per model x dataset, each speed verdict's ratio to fp32 with the interval it rests
+    on (the verdict table's estimate, low and high), against 1×. None without a speed verdict that has a number."""
+    from amp_compare.harness.report import phrases
+
+    speed = verdicts[(verdicts["metric"] == "speed") & np.isfinite(verdicts["estimate"].astype(float))]
+    if speed.empty:
+        return None
+    groups = list(speed.groupby(["model", "dataset"], sort=False))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 0.9 + 0.5 * max(len(g) for _, g in groups)),
+                             squeeze=False, layout="constrained")
+    for ax, ((model, dataset), part) in zip(axes[0], groups):
+        labels = [f"{framework_label(f)} {p}" for f, p in zip(part["framework"], part["precision"])][::-1]
+        for y, v in enumerate(part.iloc[::-1].itertuples()):
+            color = STATUS_COLORS.get(v.status, "#8d8d8d")
+            if np.isfinite(v.low):
+                ax.plot([v.low, v.high], [y, y], color=color, lw=2.5)
+            ax.plot(v.estimate, y, "o", color=color)
+            ax.annotate(f"{phrases.ratio(v.estimate)} {phrases.STATUS[v.status]}", (v.estimate, y),
+                        xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)
+        ax.axvline(1, color="black", ls="--", lw=1)
+        ax.set_xscale("log")
+        ends = part[["estimate", "low", "high"]].astype(float).to_numpy()
+        ax.set_xlim(min(np.nanmin(ends), 1) / 1.4, max(np.nanmax(ends), 1) * 1.4)  # the labels and 1× inside
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_ylim(-0.6, len(labels) - 0.2)
+        ax.set_title(f"{model} on {dataset}")
+        ax.set_xlabel("× fp32's speed (log scale; right of 1: faster)")
+    plain_log_labels(fig, "x")
+    _save(fig, out_dir, "speed_verdicts")
+    kinds = sorted({phrases.interval_words(v) for v in speed.itertuples()} - {""})
+    return Figure("speed_verdicts", "speed", "Speed verdicts",
+                  "Each point is a mixed precision's speed verdict from the speed trials: fp32's step time over its "
+                  "own, as a multiple of fp32's speed; the line through it is the interval the verdict rests on"
+                  + (f" ({', '.join(kinds)})" if kinds else "") + ", coloured by the verdict (green faster, red "
+                  "slower, grey neither). Right of the dashed 1× line: faster than fp32.",
+                  "Dot plot of each framework and mixed precision's speed relative to fp32, with intervals, on a "
+                  "log axis with a line at 1x.")
+
+
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
     """The memory bars' labels: the change against fp32 with the summary table's ⚠ (`notes`: the full table), or
     "undecided" where memory.py leaves the difference unresolved."""

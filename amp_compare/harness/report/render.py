@@ -498,7 +498,7 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
 
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str = "cpu",
-          full: pd.DataFrame | None = None) -> Callable[[], list]:
+          full: pd.DataFrame | None = None, verdict_table: pd.DataFrame | None = None) -> Callable[[], list]:
     """Every figure of the page, started now on up to two processes; the returned collect() gives them in page order,
     collect(cancel=True) drops them."""
     from amp_compare.harness.report import figures as fg
@@ -507,7 +507,8 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str
     underflow = tables.get("underflow", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     trials = tables.get("trials", pd.DataFrame())
-    tasks = [(fg.make_figures, (runs, steps, out, device, full, trials)),
+    tasks = [(fg.make_speed_verdict_figure, (verdict_table, out)) if verdict_table is not None else None,
+             (fg.make_figures, (runs, steps, out, device, full, trials)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
@@ -638,7 +639,7 @@ def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame]
                   said: list[dict]) -> dict:
     """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
     summary = _summary_context(run_dir, manifest, tables, said)
-    figures = (_draw(run_dir, tables, summary["accuracy"], manifest["device"], summary["full"])
+    figures = (_draw(run_dir, tables, summary["accuracy"], manifest["device"], summary["full"], summary["verdicts"])
                if draw else lambda cancel=False: [])
     try:
         rest = _page_rest(run_dir, manifest, tables, summary, draw)
