@@ -346,6 +346,9 @@ def test_the_underflow_table_says_which_share_is_key_bias_residue():
     table = render._underflow_table(_key_bias_underflow())
     cell = table["float32 reference: would flush in fp16, no scaling"].iloc[0]
     assert cell == "25.250% (of it 25.000% attention key-bias residue)", cell  # first seed
+    # the lab audit: "last step" rows of cells the speed budget stopped (step 44) beside fp32's (step 87)
+    assert set(table["When"]) == {"last step (step 87)"}
+    assert set(render._underflow_table(_key_bias_underflow().drop(columns="at_step"))["When"]) == {"last step"}
     # round 3 of the audit: the cancelled column said 0.016% beside a sentence that left the key biases out of it
     cancelled = render._underflow_table(_key_bias_underflow().assign(
         lost_fraction_mixed_unscaled=0.0, lost_fraction_mixed_scaled=0.0,

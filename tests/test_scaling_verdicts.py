@@ -88,6 +88,8 @@ def test_a_different_path_or_a_lost_element_changes_the_verdict():
     lab = _lab(keras_path_differs=True, static_lost=2)
     assert _one(lab, "torch", "scale_path").reason == "different_path"
     assert _one(lab, "tf", "static_scale").reason == "underflowed"
+    # the lab audit: "both probes, all seeds" read as every probe losing some; the line names whose did
+    assert "2 at seed 0's first step, 2 at seed 0's last step;" in phrases.lab_line(_one(lab, "tf", "static_scale"))
     assert _one(_lab(lost=0), "tf", "underflow").reason == "nothing_lost"
 
 
@@ -188,8 +190,9 @@ def test_exact_zeros_are_said_as_such_residue_apart_with_the_part_the_reference_
     assert "3 of 1,030 (0.29%, seed 0; 2 more are attention key-bias residue)" in lines["Keras (TF) fp16-noscale"]
     static = lines["PyTorch fp16-static"]
     # round 2 of the audit: the count is of elements zero both at the scale and without it, and says so
-    assert ("4 gradient elements lost at it (exactly zero in the float16 backward both at it and without it; both "
-            "probes, all seeds; the float32 reference's flush explains at most 2 of the 4)") in static \
+    assert ("4 gradient elements lost at it (exactly zero in the float16 backward both at it and without it; 2 at "
+            "seed 0's first step, 2 at seed 0's last step; the float32 reference's flush explains at most 2 of the "
+            "4)") in static \
         and "rounded" not in static
     # residue alone is nothing lost
     only_residue = underflow.assign(lost_fraction_mixed_unscaled=0.0)

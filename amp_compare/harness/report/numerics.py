@@ -76,6 +76,8 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
             if "zero_fraction_mixed" in g and g["zero_fraction_mixed"].notna().all() else float("nan"),
             **{name: by_nonzero(col) for name, col in RESIDUE_COLUMNS.items()},
             "loss_scale": float(g["loss_scale"].iloc[0]),
+            # the step the probe ran at: a "last step" of a cell the speed budget stopped is not fp32's
+            "at_step": int(g["at_step"].iloc[0]) if "at_step" in g and g["at_step"].notna().all() else -1,
             "method": g["method"].iloc[0] if "method" in g else "",
             **residue,
         })

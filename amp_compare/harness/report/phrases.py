@@ -365,8 +365,9 @@ def _static(v, e: dict) -> str:
             "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
                           f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
             "underflowed": f"{scale}: {no_skip}every loss finite; {_plural(e.get('lost', 0), 'gradient element')} "
-                           "lost at it (exactly zero in the float16 backward both at it and without it; both probes, "
-                           "all seeds"
+                           "lost at it (exactly zero in the float16 backward both at it and without it; "
+                           + (", ".join(f"{a['lost']:,} at seed {a['seed']}'s {a['when']}" for a in e["lost_at"])
+                              if e.get("lost_at") else "both probes, all seeds")
                            + _flushed(e.get("lost", 0), e.get("flushed", 0), "; "),
             "no_probe": f"{scale}: {no_skip}every loss finite; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")

@@ -213,7 +213,8 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     s = nr.underflow_summary(underflow)
     if s.empty:
         return s
-    return pd.DataFrame({**_identity(s), "When": s["when"],
+    when = [f"{w} (step {n})" if n >= 0 else w for w, n in zip(s["when"], s["at_step"])]
+    return pd.DataFrame({**_identity(s), "When": when,
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
                          "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),

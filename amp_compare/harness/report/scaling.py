@@ -196,8 +196,8 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
 def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
     """Whether the fixed scale sufficed: no skipped update, no non-finite loss, nothing lost at it (both probes)."""
     skipped = nonfinite = 0
-    lost, flushed, counted = 0, 0, False
-    for c in mine.itertuples():
+    lost, flushed, counted, lost_at = 0, 0, False, []
+    for c in mine.sort_values("seed").itertuples():
         g = _scales(steps, c.cell_id)
         skipped += int(g["skipped"].astype(bool).sum())
         nonfinite += int((~np.isfinite(g["loss"].astype(float))).sum()) + int(getattr(c, "status", "") == "diverged")
@@ -206,6 +206,7 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
                                        flush="flush_fraction_scaled")
             if np.isfinite(n):
                 lost, flushed, counted = lost + n, flushed + f, True
+                lost_at += [{"seed": int(c.seed), "when": when, "lost": int(n)}] if n else []
     scale = pd.to_numeric(mine.get("cfg_loss_scale", pd.Series(dtype=float)), errors="coerce").dropna()
     facts = SimpleNamespace(estimate=float(scale.iloc[0]) if len(scale) else np.nan, skipped=skipped,
                             nonfinite=nonfinite, lost=lost if counted else np.nan)
@@ -213,6 +214,7 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
                                              "cut_steps": cut_steps(mine, steps),
                                              "skips": key["framework"] not in KERAS_BACKENDS,  # Keras never skips
                                              "lost": lost if counted else None, "flushed": flushed,
+                                             "lost_at": lost_at,  # which seed's probe: not every one lost some
                                              # Keras' static scale applies a non-finite update where PyTorch skips
                                              # it: said where this run had one (a skip or a non-finite loss)
                                              "applies_nonfinite": key["framework"] in KERAS_BACKENDS
