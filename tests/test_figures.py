@@ -464,3 +464,15 @@ def test_the_speed_figure_draws_each_speed_verdict_with_its_interval(tmp_path, m
                        and len(line.get_xdata()) == 2)  # not the dashed 1× line
     assert points == sorted([0.024, 1.54, 0.97]) and intervals == sorted((lo, hi) for *_, lo, hi, _ in rows)
     assert figures.make_speed_verdict_figure(v.assign(metric="memory"), tmp_path) is None
+
+
+def test_the_headroom_caption_says_which_tensors_are_float16_and_gives_the_unscaled_product(monkeypatch, tmp_path):
+    """The default audit: the caption set LayerNorm inputs (computed in float32) against float16's largest value as
+    if they were float16, and left out Keras' float16 Q·Kᵀ product (about 4x the plotted logit), recorded beside it."""
+    rows = [{"cell_id": "tf-fp16", "framework": "tf", "precision": "fp16", "seed": 0, "epoch": 0,
+             "layer": "blocks.0.attn", "quantity": q, "max_abs": v}
+            for q, v in (("attention_logit", 5.8), ("layernorm_input", 3.9), ("qk_product", 23.36))]
+    _drawn(monkeypatch, figures)
+    fig = figures.make_headroom_figure(pd.DataFrame(rows), pd.DataFrame([{"cell_id": "tf-fp16"}]), tmp_path)
+    assert "Whether a tensor is float16 at all is the dtype table's" in fig.caption
+    assert "Q·Kᵀ before its 1/√d scaling reached 23.4 (data/headroom, qk_product)" in fig.caption

@@ -894,7 +894,11 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
                   f"the step, read once per epoch), against float16's largest finite value {FP16_MAX:,.0f} (dashed): "
                   "the distance to the line is the headroom before float16 overflows. A value that went non-finite "
-                  f"is left out{_non_finite_records(headroom)}."
+                  f"is left out{_non_finite_records(headroom)}. Whether a tensor is float16 at all is the dtype "
+                  "table's: one computed in float32 has float32's range"
+                  + (f"; the product Q·Kᵀ before its 1/√d scaling reached {qk.max():,.1f} (data/headroom, "
+                     "qk_product)" if len(qk := headroom.loc[headroom["quantity"] == "qk_product", "max_abs"]
+                                          .astype(float).dropna()) else "") + "."
                   + (" The dotted line: the naive attention's exp overflows float16 once a logit passes "
                      f"ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}." if naive else "")
                   + (f" Measured on {cpu}." if cpu else ""),
