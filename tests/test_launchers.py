@@ -355,3 +355,25 @@ def test_cells_at_once_is_the_cpu_default_and_nowhere_else(monkeypatch):
     assert resume([cell] * 3, at_once)[0].parallel == 1  # cells of more threads than one
     assert resume([one] * 3, at_once, resolved_device="cuda")[0].parallel == 1
     assert resume([one] * 3, None)[0].parallel == 1
+
+
+def test_a_finished_cells_bar_goes_and_a_failed_ones_stays_with_why():
+    """The terminal keeps the answer, not one full bar per cell: the matrix bar counts finished cells."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from amp_compare.contract.config import RunConfig
+    from amp_compare.harness.run.launchers import CellBars
+
+    cells = [RunConfig(dataset="synthetic", seed=s) for s in (0, 1)]
+    with Progress(console=Console(file=io.StringIO())) as progress:
+        bars = CellBars(progress, len(cells))
+        for cfg in cells:
+            bars.start(cfg, "cpus 0")
+        bars.end(cells[0], SimpleNamespace(status="ok", error=""))
+        bars.end(cells[1], SimpleNamespace(status="timeout", error="timed out after 5 s"))
+        shown = [t.description for t in progress.tasks]
+    assert shown == ["matrix", f"  {cells[1].cell_id} [TIMEOUT: timed out after 5 s]"], shown
+    assert progress.tasks[0].completed == 2

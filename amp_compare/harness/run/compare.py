@@ -559,8 +559,10 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
                 outcome = harness_fault(cfg, run_dir, run_id, exc)
             outcomes.append(outcome)
             after_cell(cfg)
-            status = outcome.status if outcome.status == "ok" else f"{outcome.status.upper()}: {outcome.error}"
-            progress.update(task, description=f"  {cfg.cell_id} [{status}]")
+            if outcome.status == "ok":  # the matrix bar counts it; a cell that did not finish keeps its bar and why
+                progress.remove_task(task)
+            else:
+                progress.update(task, description=f"  {cfg.cell_id} [{outcome.status.upper()}: {outcome.error}]")
             progress.advance(overall)
     return outcomes, None
 

@@ -248,7 +248,12 @@ class CellBars:
         self.progress.update(self.tasks[cfg.cell_id], description=f"  {cfg.cell_id} [{text}]")
 
     def end(self, cfg: RunConfig, outcome) -> None:
-        self.state(cfg, outcome.status if outcome.status == "ok" else f"{outcome.status.upper()}: {outcome.error}")
+        """A finished cell's bar goes (the matrix bar counts it: the terminal keeps the answer, not 24 full bars);
+        one that did not finish stays, with why."""
+        if outcome.status == "ok":
+            self.progress.remove_task(self.tasks.pop(cfg.cell_id))
+        else:
+            self.state(cfg, f"{outcome.status.upper()}: {outcome.error}")
         self.progress.advance(self.overall)
 
 
@@ -354,8 +359,8 @@ class TrialSetUps:
         return free
 
     def done(self, tid: str) -> list:
-        """A trial set up (or ended): the units it held."""
-        self.progress.update(self.bars[tid], description=f"  speed trial {tid}: set up", total=1, completed=1)
+        """A trial set up (or ended): the units it held. Its bar goes: the speed trials' own bars take over."""
+        self.progress.remove_task(self.bars.pop(tid))
         return self.units.pop(tid)
 
     def cells_done(self) -> None:

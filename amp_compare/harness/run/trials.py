@@ -260,8 +260,9 @@ def run_trials(configs: list[RunConfig], run_dir: Path, run_id: str, timeout: fl
             except Exception as exc:  # a harness fault in one trial: recorded, the others run
                 outcome = {"status": "failed", "error": f"harness error: {type(exc).__name__}: {exc}", "wall_s": 0.0}
             outcomes[tid] = outcome
-            status = (outcome["status"] if outcome["status"] == "ok"
-                      else f"{outcome['status'].upper()}: {outcome['error']}")
-            progress.update(task, description=f"  {tid} [{status}]")
+            if outcome["status"] == "ok":  # the trials bar counts it; one that failed keeps its bar and why
+                progress.remove_task(task)
+            else:
+                progress.update(task, description=f"  {tid} [{outcome['status'].upper()}: {outcome['error']}]")
             progress.advance(overall)
     return None
