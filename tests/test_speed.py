@@ -372,6 +372,7 @@ def test_a_budgeted_cells_row_says_why_it_has_no_time_to_target_and_its_partial_
     (note,) = speed.budget_note(runs.assign(steps_total=[66, 45] * 3), 60.0)
     assert note.startswith("The speed budget stopped 3 cells: PyTorch simple_cnn bf16 (3 cells, 45 of 66 steps). "
                            "Their first steps projected more than the 60 s cell budget"), note
+    assert "their precision's accuracy, memory and time to target are compared with nothing" in note  # as verdicts'
     assert speed.budget_note(_accuracy_runs(None).assign(steps_total=66), 60.0) == []
     kept = stats.whole_epochs(epochs, steps, runs)
     assert kept.groupby("cell_id").size().to_dict() == {**{f"torch-fp32-{s}": 3 for s in range(3)},

@@ -394,7 +394,7 @@ def test_a_precision_with_a_budget_cut_cell_has_no_memory_verdict_and_no_summary
     assert np.isfinite(summary.loc["fp32", "peak_memory_mib"])
     from amp_compare.harness.report.tables import legend
 
-    assert "accuracy and peak memory of a precision the speed budget stopped a cell of" in legend(
+    assert "accuracy and peak memory where the speed budget stopped a cell of that precision" in legend(
         full_table(records.read_run(run_dir)["run"]))
     assert np.isfinite(summary.loc["fp32", "val_accuracy"])
     from amp_compare.harness.report import figures

@@ -404,7 +404,7 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
     return Figure("speed_verdicts", "speed", "Speed verdicts",
                   "Each point is a mixed precision's speed verdict from the speed trials: fp32's step time over its "
                   "own, as a multiple of fp32's speed; the line through it is the interval the verdict rests on"
-                  + (f" ({', '.join(kinds)})" if kinds else "") + ", coloured by the verdict (green faster, red "
+                  + (f" ({', '.join(kinds)})" if kinds else "") + ", coloured by the verdict (teal faster, red "
                   "slower, grey neither). Right of the dashed 1× line: faster than fp32.",
                   "Dot plot of each framework and mixed precision's speed relative to fp32, with intervals, on a "
                   "log axis with a line at 1x.")

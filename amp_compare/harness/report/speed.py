@@ -288,5 +288,6 @@ def budget_note(runs: pd.DataFrame, limit_s: float) -> list[str]:
         + (f" of {int(planned[(f, m)])}" if (f, m) in planned else "") + " steps)"
         for (f, m, p), g in cut.groupby(["framework", "model", "precision"], sort=False))
     return [f"The speed budget stopped {len(cut)} cell{'s' * (len(cut) != 1)}: {said}. Their first steps projected "
-            f"more than the {limit_s:g} s cell budget; their accuracy and time to target are compared with nothing "
+            f"more than the {limit_s:g} s cell budget; their precision's accuracy, memory and time to target "
+            "are compared with nothing "
             "(their speed comes from the speed trials); --no-speed-budget runs them in full."]

@@ -418,8 +418,8 @@ def legend(table: pd.DataFrame) -> str:
     keras_static = "framework" in table and any(scaling.cannot_skip(f, p) and precisions.of(p).loss_scaling
                                                 for f, p in zip(table["framework"], table["precision"]))
     scaler = "a mode without a loss scaler" + (", or with Keras' static one," if keras_static else "")
-    cut = ("; accuracy and peak memory of a precision the speed budget stopped a cell of (a shorter run's are not "
-           "the run's)" if "budget_cut" in table and (table["budget_cut"] > 0).any() else "")
+    cut = ("; accuracy and peak memory where the speed budget stopped a cell of that precision (a run cut short "
+           "is not comparable)" if "budget_cut" in table and (table["budget_cut"] > 0).any() else "")
     return ("Each row is what one framework and precision's training cells measured, the median over seeds. "
             f"{brackets}n/a: not measured, or not applicable ({scaler} skips no step){cut}. Each "
             "comparison with fp32 is a verdict, in the per-model tables above.")
