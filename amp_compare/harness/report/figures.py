@@ -389,11 +389,12 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
                 ax.plot([v.low, v.high], [y, y], color=color, lw=2.5)
             ax.plot(v.estimate, y, "o", color=color)
             ax.annotate(f"{phrases.ratio(v.estimate)} {phrases.STATUS[v.status]}", (v.estimate, y),
-                        xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)
+                        xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8,
+                        bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none"})  # legible over the 1× line
         ax.axvline(1, color="black", ls="--", lw=1)
         ax.set_xscale("log")
         ends = part[["estimate", "low", "high"]].astype(float).to_numpy()
-        ax.set_xlim(min(np.nanmin(ends), 1) / 1.4, max(np.nanmax(ends), 1) * 1.4)  # the labels and 1× inside
+        ax.set_xlim(min(np.nanmin(ends), 1) / 2, max(np.nanmax(ends), 1) * 2)  # the labels and 1× inside
         ax.set_yticks(range(len(labels)), labels)
         ax.set_ylim(-0.6, len(labels) - 0.2)
         ax.set_title(f"{model} on {dataset}")
