@@ -124,8 +124,6 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
                 dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
                 ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
                 params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
-        if not per_fw:
-            continue
         per_fw = dict(sorted(per_fw.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99)))
         table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
@@ -520,7 +518,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
 def _differing_rows(table: pd.DataFrame) -> dict:
     """How many of a dtype side-by-side table's rows differ between the frameworks, and in which layers."""
     differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
-    both = table["attributed"] if "attributed" in table else pd.Series(True, index=table.index)
+    both = table["attributed"]
     return {"rows": int(table["differs"].sum()), "of": int(both.sum()), "unattributed": int((~both).sum()),
             "layers": list(dict.fromkeys(differing))[:8]}
 
@@ -696,7 +694,7 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
     if table.empty or runs.empty or "cfg_attention" not in runs:
         return []
     done = runs[runs["status"].isin(["ok", "diverged"]) & (runs["cfg_attention"] == "naive")]
-    blocks = headroom_per_block(headroom) if headroom is not None else pd.DataFrame()
+    blocks = headroom_per_block(headroom)
     out = []
     for r in table.drop_duplicates(["model", "dataset", "framework", "precision"]).itertuples():
         mine = done[(done["model"] == r.model) & (done["dataset"] == r.dataset) & (done["framework"] == r.framework)

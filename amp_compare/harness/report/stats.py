@@ -29,13 +29,14 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261122  # fixed: re-rendering a report gives the same intervals
 NOISY_WIDTH = 1.3  # a speed interval whose high end exceeds its low end by more than 30% is noisy
 SAME = 0.05  # a ratio within this of 1 whose narrow interval includes 1 is "no difference", not noisy
-MIN_TIMED_STEPS = 20  # fewer timed steps per cell than this: a backend's speed is not compared (backend_split)
 BLOCK = 20  # steps per batch mean, at least (a load burst of up to ~20 steps stays inside one batch)
 MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batches)
 
 
 # The `method` of a paired accuracy comparison (phrases.METHOD words it).
 MCNEMAR, BOOTSTRAP, NO_DIFFERENCE = "mcnemar", "bootstrap", "exact_bound"
+# What a paired accuracy comparison gives, per mixed group (accuracy_tests' columns beyond the group's keys).
+ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images", "discordant"]
 
 
 # ---- accuracy ----------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def whole_epochs(epochs: pd.DataFrame, steps: pd.DataFrame, runs: pd.DataFrame) 
 def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """One row per mixed group (keys + precision): the paired test against the same framework's fp32, budgeted
     cells (and their seed's fp32 cell) left out."""
-    cols = [*keys, "precision", "diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images", "discordant"]
+    cols = [*keys, "precision", *ACC_COLS]
     runs = runs[~budgeted(runs)]
     if runs.empty or "val_correct" not in runs:
         return pd.DataFrame(columns=cols)

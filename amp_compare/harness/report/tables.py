@@ -32,19 +32,14 @@ def _spread_of(column: str, name: str, median: str | None = None) -> dict:
 
 
 
-def paired_fp32(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.ndarray:
-    """Per row, `column` of the same framework's fp32 cell of the same seed, loop and batch size (NaN: none)."""
+def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.ndarray:
+    """log(value / that of the same framework's fp32 cell of the same seed, loop and batch size) per row: the
+    per-seed ratio every ratio of the report is built from (NaN without a positive pair)."""
     keys = base_keys + ["seed"]
     fp32 = ok.loc[precisions.is_reference(ok["precision"]), keys + [column]].drop_duplicates(keys)
     merged = ok[keys].merge(fp32, on=keys, how="left")  # a left merge keeps ok's rows in order; NaN keys match
-    return merged[column].to_numpy(float)
-
-
-def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.ndarray:
-    """log(value / paired_fp32's) per row: the per-seed ratio every ratio of the report is built from (NaN
-    without a positive pair)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.log(ok[column].to_numpy(float) / paired_fp32(ok, column, base_keys))
+        out = np.log(ok[column].to_numpy(float) / merged[column].to_numpy(float))
     return np.where(np.isfinite(out), out, np.nan)
 
 
@@ -64,12 +59,12 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     # a cell the speed budget stopped ended after a few dozen steps: neither its accuracy nor its peak memory (which
     # grows over a run) is the run's, so a row with such a cell has neither (n/a here; the per-model tables say why),
     # not a median over the seeds that ran in full beside a count of every seed
-    cut = ok.assign(cut=stats.budgeted(ok)).groupby(group, sort=False, dropna=False)["cut"].transform("any")
+    ok["budget_cut"] = stats.budgeted(ok)
+    cut = ok.groupby(group, sort=False, dropna=False)["budget_cut"].transform("any")
     ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~cut)
     ok["log_speed"] = paired_log_ratio(ok, "throughput_img_s", base_keys)
     ok["log_memory"] = np.where(cut, np.nan, paired_log_ratio(ok, "peak_memory_bytes", base_keys))
     ok["peak_memory_bytes"] = ok["peak_memory_bytes"].where(~cut)
-    ok["budget_cut"] = stats.budgeted(ok)
     agg = ok.groupby(group, sort=False, dropna=False).agg(
         runs=("seed", "size"),
         **_spread_of("throughput_img_s", "throughput"),
@@ -271,7 +266,6 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
     return out
 
 
-ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images", "discordant"]
 TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "ttt_ratio", "ttt_low", "ttt_high"]
 
 
@@ -279,7 +273,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
     """Per (machine x) model x dataset x framework x precision, in the summary table's order: the paired test
     against fp32, whether the run was too short to judge, and the time to target with its ratio to fp32's."""
     ok = with_loop_columns(ok_runs(runs).copy())
-    cols = [*_keys(ok), "framework", "precision", *ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
+    cols = [*_keys(ok), "framework", "precision", *stats.ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
             "budget_cut", "floor_pp", "floor_seeds"]
     if ok.empty:
         return pd.DataFrame(columns=cols)
@@ -307,7 +301,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
             for k, v in {**key, "framework": fw, "precision": prec}.items():
                 match = match[same_value(match[k], v)] if not match.empty else match
             if not match.empty:
-                row.update(match.iloc[0][ACC_COLS].to_dict())
+                row.update(match.iloc[0][stats.ACC_COLS].to_dict())
             rows.append(row)
     out = pd.DataFrame(rows).reindex(columns=cols)
     return out.sort_values([*keys, "framework", "precision"], key=display_order).reset_index(drop=True)
@@ -359,7 +353,7 @@ def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environme
     table = summary_table(runs)
     if table.empty:
         return table
-    keys = [c for c in ("machine", "model", "dataset", *LOOP, "framework", "precision") if c in table]
+    keys = [*_keys(table), "framework", "precision"]
     out = table.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs) if accuracy is None else accuracy
     out = out.drop(columns=[c for c in ("budget_cut",) if c in accuracy]).merge(accuracy, on=keys, how="left")
