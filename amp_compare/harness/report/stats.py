@@ -163,7 +163,6 @@ def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     rows = []
     for key, group in runs.groupby(keys, sort=False, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
         fp32 = group[precisions.is_reference(group["precision"])]
         for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
             if pairs := correct_pairs(fp32, cells):

@@ -193,11 +193,6 @@ def _keys(runs: pd.DataFrame) -> list[str]:
     return (["machine"] if "machine" in runs else []) + ["model", "dataset"] + [k for k in LOOP if k in runs]
 
 
-def same_value(column: pd.Series, value) -> pd.Series:
-    """column == value, with a missing value (e.g. a batch size older records lack) equal to itself."""
-    return column.isna() if pd.isna(value) else column == value
-
-
 def varying_keys(table: pd.DataFrame) -> set:
     """The loop keys (step loop, batch size) that take several values in a table: sentences must name them."""
     return {k for k in LOOP if k in table and table[k].nunique(dropna=False) > 1}
@@ -283,7 +278,7 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
     epochs = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False):
-        key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        key = dict(zip(keys, key))
         fp32 = group[precisions.is_reference(group["precision"]) & ~stats.budgeted(group)]
         fp32_epochs = epochs[epochs["cell_id"].isin(set(fp32["cell_id"]))]
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
@@ -297,13 +292,10 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
             row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
                    "target_basis": basis, **time_row, "budget_cut": len(cut),
                    **_seed_range(fp32[fp32["framework"] == fw])}
-            match = tests
-            for k, v in {**key, "framework": fw, "precision": prec}.items():
-                match = match[same_value(match[k], v)] if not match.empty else match
-            if not match.empty:
-                row.update(match.iloc[0][stats.ACC_COLS].to_dict())
             rows.append(row)
-    out = pd.DataFrame(rows).reindex(columns=cols)
+    out = pd.DataFrame(rows)  # a left merge keeps the rows' order; a missing key (NaN) matches itself
+    out = out.merge(tests, on=[*keys, "framework", "precision"], how="left") if not tests.empty else out
+    out = out.reindex(columns=cols)
     return out.sort_values([*keys, "framework", "precision"], key=display_order).reset_index(drop=True)
 
 
