@@ -271,21 +271,22 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
     """Per framework x float16 mode: the probe's largest parameter gradient after the last step against
     float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
     hist = gradient_histogram(underflow)
-    per = [k for k in _per_model(underflow) if k in hist]
+    if hist.empty:
+        return []
+    probe, per = _float16_probe(underflow), [k for k in _per_model(underflow) if k in hist]
     out, explained = [], set()
     groups = list(hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False))
     for key, g in groups:
         fw, prec = key[-2:]
         top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
         bound, below = scaled_bound(top, scale)
-        mine = np.logical_and.reduce([underflow[k] == v for k, v in zip(per, key)] + [underflow["framework"] == fw])
-        rows = underflow[mine & (underflow["precision"] == prec)
-                         & (underflow["when"] == "last step") & (underflow["seed"] == underflow["seed"].min())]
+        rows = probe[np.logical_and.reduce([probe[k] == v for k, v in zip([*per, "framework", "precision"], key)])]
         w = rows["nonzero"].to_numpy(float)
         over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
         scaled = f"; {below}" if scale != 1 else ""
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
-        record = _cell_record(steps, rows, explained)  # what a skip means: said in the first that has one
+        record = scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]], explained) \
+            if steps is not None and not steps.empty else ""  # what a skip means: said in the first that has one
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
                    f"|parameter gradient| was below 2^{top + 1}{scaled}{reach}"
                    + ("" if out else _bound_caveat(len(groups)))
@@ -299,13 +300,6 @@ def _bound_caveat(n: int) -> str:
             f"{'its' if n > 1 else 'this'} probe only, not on other steps' nor on the intermediate tensors of the "
             "backward, where overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), "
             "so it does not say whether a step overflowed")
-
-
-def _cell_record(steps: pd.DataFrame | None, rows: pd.DataFrame, explained: set) -> str:
-    """scale_record_text of the cell of the probe rows `rows` ("" without step records)."""
-    if steps is None or steps.empty or rows.empty or "cell_id" not in rows or "loss_scale" not in steps:
-        return ""
-    return scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]], explained)
 
 
 # What a skipped update with a finite (True) or non-finite (False) loss means, said at its first mention only
@@ -530,19 +524,14 @@ def _differing_rows(table: pd.DataFrame) -> dict:
 QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layernorm_input": "LayerNorm input"}
 
 
-def _block(layer: str) -> str:
-    """blocks.1.attn -> blocks.1; norm -> norm (the final LayerNorm is a block of its own here)."""
-    parts = layer.split(".")
-    return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
-
-
 def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per framework x precision x seed x epoch x block x quantity: the largest magnitude and its float16
     headroom 65504 / max; `attention` from the runs' config where given."""
     if headroom is None or headroom.empty:
         return pd.DataFrame()
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
-    df["block"] = df["layer"].map(_block)
+    # blocks.1.attn -> blocks.1; norm -> norm (the final LayerNorm is a block of its own here)
+    df["block"] = [".".join(p[:2]) if p[0] == "blocks" else p[0] for p in df["layer"].str.split(".")]
     keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
     out = df.groupby(keys, as_index=False)["max_abs"].max()
     out["quantity_label"] = out["quantity"].map(QUANTITY_LABELS)
