@@ -150,14 +150,12 @@ def loss_history(steps: pd.DataFrame | None, locator_steps: dict | None = None) 
     for cell, g in steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False):
         nonfinite = ~np.isfinite(g["loss"].astype(float))
         bad = g.loc[nonfinite, "step"]
-        skipped = g.loc[g["skipped"].astype(bool), "step"] if "skipped" in g else pd.Series(dtype=int)
-        scale = g["loss_scale"].astype(float) if "loss_scale" in g else pd.Series(dtype=float)
+        skipped, scale = g.loc[g["skipped"].astype(bool), "step"], g["loss_scale"].astype(float)
         located = g.loc[g["step"] == (locator_steps or {}).get(cell, -1), "loss"]
         rows.append({"cell_id": cell, "first_nonfinite_loss_step": int(bad.iloc[0]) if len(bad) else -1,
                      "first_skipped_step": int(skipped.iloc[0]) if len(skipped) else -1,
                      "last_step": int(g["step"].iloc[-1]), "skipped_count": len(skipped),
-                     "first_scale": float(scale.iloc[0]) if len(scale) else np.nan,
-                     "last_scale": float(scale.iloc[-1]) if len(scale) else np.nan,
+                     "first_scale": float(scale.iloc[0]), "last_scale": float(scale.iloc[-1]),
                      "nonfinite_loss_count": len(bad), "nonfinite_skipped_count": int(bad.isin(skipped).sum()),
                      "nonfinite_step_loss": float(located.iloc[0]) if len(located) else np.nan})
     return pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS])
@@ -319,8 +317,7 @@ def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) ->
     scale = g["loss_scale"].astype(float).to_numpy()
     if (scale == 1).all():
         return ""
-    skipped = g["skipped"].astype(bool).to_numpy() if "skipped" in g else np.zeros(len(g), bool)
-    finite = np.isfinite(g["loss"].astype(float).to_numpy()) if "loss" in g else np.ones(len(g), bool)
+    skipped, finite = g["skipped"].astype(bool).to_numpy(), np.isfinite(g["loss"].astype(float).to_numpy())
     last = f"step {int(g['step'].iloc[-1])}, counting from 0"
     ending = (f"the last step ({last}) ran at {phrases.power(scale[-1])} and "
               + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
@@ -328,7 +325,7 @@ def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) ->
     keras_static = (str(g["framework"].iloc[0]) in KERAS_BACKENDS if "framework" in g else False) and str(
         g["precision"].iloc[0] if "precision" in g else "") in precisions.names(loss_scaling="static")
     if keras_static and not skipped.any():  # Keras applies every update under a static scale: no skip can show one
-        every = "every" if "loss" in g and finite.all() else "not every"
+        every = "every" if finite.all() else "not every"
         return (f"The step records: {every} loss of its {len(g):,} steps was finite "
                 f"(a Keras static scale applies every update, so no skip can show an overflow); the last step "
                 f"({last}) ran at {phrases.power(scale[-1])}")
