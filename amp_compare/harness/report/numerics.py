@@ -453,14 +453,14 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
     """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with
     its paired test against fp32 from `acc` (tables.accuracy_statistics); a precision with a cell the speed budget
     stopped has no accuracy of the run (verdicts.ACCURACY) and is left out, not given its other seeds' median."""
-    out = []
-    ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    out, ok = [], runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    if ok.empty:
+        return out
     keys = [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok]
-    ok = ok[~ok.assign(cut=stats.budgeted(ok)).groupby(keys)["cut"].transform("any")] if not ok.empty else ok
-    per = _per_model(ok) if not ok.empty else []  # per model and dataset: never two models' median
+    ok = ok[~ok.assign(cut=stats.budgeted(ok)).groupby(keys)["cut"].transform("any")]
+    per = _per_model(ok)  # per model and dataset: never two models' median
     acc_rows = acc if acc is not None and not acc.empty else None
-    median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median() if not ok.empty \
-        else pd.Series()
+    median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median()
     for group in dict.fromkeys(k[:-1] for k in median.index):
         with_s, without = median.get((*group, scaling.DYNAMIC[0])), median.get((*group, scaling.UNSCALED[0]))
         if with_s is None or without is None:

@@ -165,24 +165,21 @@ def _hardware_cells(r, data_sheet: bool) -> dict:
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
     """The summary table as display strings (HTML and Markdown): what each precision's training cells measured.
     Each comparison with fp32 is a verdict (verdicts.py), worded in the per-model tables, not here."""
-    rows = []
     multi = "machine" in table and table["machine"].nunique() > 1
     data_sheet = bool(table["mfu_table"].notna().any()) if "mfu_table" in table else False
-    for r in table.itertuples():
-        rows.append({
-            **({"Machine": r.machine} if multi else {}),
-            "Framework": _label(r.framework), "Model": r.model, "Dataset": r.dataset, "Step": r.step_loop,
-            "Batch": _fmt(r.batch_size, ".0f"), "Precision": r.precision, "Runs": str(r.runs),
-            "Images/s": _spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f",
-                                lo=r.throughput_min, hi=r.throughput_max),
-            "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
-            "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
-            "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%",
-                                     lo=r.accuracy_min, hi=r.accuracy_max),
-            "Skipped steps": _fmt(r.skipped_steps, ".0f"),
-            **_hardware_cells(r, data_sheet),
-        })
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{
+        **({"Machine": r.machine} if multi else {}),
+        "Framework": _label(r.framework), "Model": r.model, "Dataset": r.dataset, "Step": r.step_loop,
+        "Batch": _fmt(r.batch_size, ".0f"), "Precision": r.precision, "Runs": str(r.runs),
+        "Images/s": _spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f",
+                            lo=r.throughput_min, hi=r.throughput_max),
+        "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
+        "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
+        "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%",
+                                 lo=r.accuracy_min, hi=r.accuracy_max),
+        "Skipped steps": _fmt(r.skipped_steps, ".0f"),
+        **_hardware_cells(r, data_sheet),
+    } for r in table.itertuples()])
 
 
 # ---- statistics per group, for the table, the findings and the report's accuracy section -------
@@ -335,7 +332,7 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
                      "memory_resolution_mib": resolution, "memory_resolved": known,
                      "memory_note": "" if known == 0.0 else
                      stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
-    return pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
+    return pd.DataFrame(rows, columns=cols)
 
 
 def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environment: dict | None = None,
