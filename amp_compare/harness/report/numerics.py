@@ -118,13 +118,12 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     for prec in sorted(set(first_seed["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
         d = first_seed[first_seed["precision"] == prec]
         per_fw = {}
-        for fw, g in d.groupby("framework"):
+        for fw, g in sorted(d.groupby("framework"), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99)):
             per_fw[fw] = g.groupby([*per, "layer", "phase"], sort=False).agg(
                 # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
                 dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
                 ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
                 params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
-        per_fw = dict(sorted(per_fw.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99)))
         table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
@@ -221,13 +220,13 @@ def _clean_streak(skipped: pd.Series) -> int:
     return int(runs.max()) if len(runs) else 0
 
 
-def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:
-    """Per framework x float16 precision (first seed): how many non-zero float32 reference gradient elements
-    fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""
+def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
+    """Per framework x float16 precision (first seed, last step): how many non-zero float32 reference gradient
+    elements fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""
     cols = ["framework", "precision", "log2", "count", "loss_scale"]
     if underflow.empty or "log2_hist" not in underflow:
         return pd.DataFrame(columns=cols)
-    sel = _float16_probe(underflow, when)
+    sel = _float16_probe(underflow)
     rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
         total: dict[int, int] = {}
@@ -241,9 +240,9 @@ def gradient_histogram(underflow: pd.DataFrame, when: str = "last step") -> pd.D
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
 
-def _float16_probe(underflow: pd.DataFrame, when: str = "last step") -> pd.DataFrame:
-    """The underflow probe's rows of the float16 modes at `when`, first seed."""
-    sel = underflow[(underflow["when"] == when) & underflow["precision"].isin(precisions.names(half="float16"))]
+def _float16_probe(underflow: pd.DataFrame) -> pd.DataFrame:
+    """The underflow probe's rows of the float16 modes at the last step, first seed."""
+    sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
     return sel[sel["seed"] == sel["seed"].min()]
 
 
