@@ -171,9 +171,9 @@ def machine_note(environment: dict) -> str:
         where, read = "", f"read {ms[0]:.1f} ms before the cells and {ms[1]:.1f} ms after them"
     else:
         where, read = f" {where},", f"read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms"
-    old = [environment[k] for k in ("calibration_before_spread", "calibration_after_spread") if k in environment]
     spreads = [float(c["spread"]) for c in listed if isinstance(c, dict) and c.get("spread") is not None] \
-        if isinstance(listed, list) else [float(v) for v in old]
+        if isinstance(listed, list) else [float(environment[k]) for k in ("calibration_before_spread",
+                                                                        "calibration_after_spread") if k in environment]
     unsteady = (f"; within a check its rounds varied by up to {max(spreads):.0%} of their median (p10 to p90), more "
                 f"than the {UNSTEADY:.0%} of a steady machine" if spreads and max(spreads) > UNSTEADY else "")
     return (f"How busy the machine was: {len(ms)} calibration checks (a fixed {SIZE}×{SIZE} float32 matmul timed"

@@ -276,20 +276,20 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False):
         key = dict(zip(keys, key))
-        fp32 = group[precisions.is_reference(group["precision"]) & ~stats.budgeted(group)]
+        cut = stats.budgeted(group)
+        fp32 = group[precisions.is_reference(group["precision"]) & ~cut]
         fp32_epochs = epochs[epochs["cell_id"].isin(set(fp32["cell_id"]))]
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
         target, basis = (_target(group, float(fp32["final_val_accuracy"].median())) if not fp32.empty
                          else (float("nan"), ""))
-        times = _time_rows(group[~stats.budgeted(group)], epochs, target)
-        for fw, prec in group.loc[stats.budgeted(group), ["framework", "precision"]].itertuples(index=False):
-            times.setdefault((fw, prec), {})  # all its cells budgeted: a row without accuracy or time to target
+        times = _time_rows(group[~cut], epochs, target)
+        n_cut = group[cut].groupby(["framework", "precision"]).size()
+        for fw_prec in n_cut.index:
+            times.setdefault(fw_prec, {})  # all its cells budgeted: a row without accuracy or time to target
         for (fw, prec), time_row in times.items():
-            cut = group[(group["framework"] == fw) & (group["precision"] == prec) & stats.budgeted(group)]
-            row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
-                   "target_basis": basis, **time_row, "budget_cut": len(cut),
-                   **_seed_range(fp32[fp32["framework"] == fw])}
-            rows.append(row)
+            rows.append({**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
+                         "target_basis": basis, **time_row, "budget_cut": int(n_cut.get((fw, prec), 0)),
+                         **_seed_range(fp32[fp32["framework"] == fw])})
     out = pd.DataFrame(rows)  # a left merge keeps the rows' order; a missing key (NaN) matches itself
     out = out.merge(tests, on=[*keys, "framework", "precision"], how="left") if not tests.empty else out
     out = out.reindex(columns=cols)
