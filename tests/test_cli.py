@@ -397,3 +397,17 @@ def test_the_reports_advice_for_a_one_seed_vit_gives_it_the_seeds_and_the_report
     assert note.startswith(" (the vit ran seed 0 only: a compare on a CPU given neither --seeds nor --repeats")
     assert stats.MORE_SEEDS in note  # the advice the report gives is the one followed above
     assert fewer_seeds_note(runs[runs["model"] == "vit"]) == ""  # every model ran the same seeds: nothing to say
+
+
+def test_the_reports_path_is_printed_once_on_a_terminal_and_always_for_a_script(monkeypatch, capsys):
+    """A default run's summary fits 80x40 only if the path its last line already gives ("Report: …") is not printed a
+    second time on the same terminal; a script reading stdout still gets it."""
+    from types import SimpleNamespace
+
+    from amp_compare.harness.run.compare import print_path
+
+    for stdout_tty, console_tty, printed in ((True, True, ""), (False, True, "r/index.html\n"),
+                                             (True, False, "r/index.html\n")):
+        monkeypatch.setattr(sys.stdout, "isatty", lambda tty=stdout_tty: tty)
+        print_path(Path("r/index.html"), SimpleNamespace(is_terminal=console_tty))
+        assert capsys.readouterr().out == printed

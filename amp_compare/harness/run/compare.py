@@ -363,7 +363,7 @@ def _compare_locked(args: argparse.Namespace, run_dir: Path, cells: list[RunConf
     bad = [f"{o.cell_id} ({o.status}: {o.error})" for o in outcomes if o not in done]
     if bad:
         console.print(f"not finished: {'; '.join(bad)}")
-    print(index)
+    print_path(index, console)
     if interrupted:
         console.print(f"{'Terminated' if isinstance(interrupted, Terminated) else 'Interrupted'}: {len(done)} "
                       f"finished cells are kept in {run_dir}. Resume with:\n"
@@ -594,6 +594,13 @@ def _render(run_dir: Path, console, figures: bool = True) -> Path:
     return rendered.index
 
 
+def print_path(index: Path, console) -> None:
+    """The report's path on stdout, for a script; not where stdout and the summary's console are one terminal, whose
+    last lines already say it ("Report: …", report/terminal.py): the default run's answer then fits 80x40."""
+    if not (sys.stdout.isatty() and console.is_terminal):
+        print(index)
+
+
 def report(args: argparse.Namespace) -> int:
     for run_dir in args.run_dirs:
         if not (run_dir / "manifest.json").exists():
@@ -609,7 +616,7 @@ def report(args: argparse.Namespace) -> int:
         print(render_combined(args.run_dirs, out, figures=args.figures))
         return 0
     try:
-        print(_render(args.run_dirs[0], console, figures=args.figures))
+        print_path(_render(args.run_dirs[0], console, figures=args.figures), console)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
