@@ -411,3 +411,19 @@ def test_the_reports_path_is_printed_once_on_a_terminal_and_always_for_a_script(
         monkeypatch.setattr(sys.stdout, "isatty", lambda tty=stdout_tty: tty)
         print_path(Path("r/index.html"), SimpleNamespace(is_terminal=console_tty))
         assert capsys.readouterr().out == printed
+
+
+def test_every_path_option_is_made_absolute_before_a_child_starts(monkeypatch, tmp_path):
+    """The children run in the project's folder: every option naming a file or folder (a declared Path, or path=True)
+    is resolved against the user's working directory first, and no option whose help names a folder or file is
+    left out of that set (run_id names a folder inside --out; slurm_extra passes sbatch options through; profile is
+    a switch whose traces go in the cell's folder)."""
+    from amp_compare.harness.run.cli import PATH_OPTIONS, absolute_paths, compare_options
+
+    named = {n for n, d in compare_options().items() if any(w in d.spec.help.lower() for w in ("folder", " file"))}
+    assert set(PATH_OPTIONS) == {"out", "config", "data_dir"} and named - set(PATH_OPTIONS) <= {"run_id", "slurm_extra",
+                                                                                          "profile"}, named
+    monkeypatch.chdir(tmp_path)
+    made = absolute_paths({"out": Path("reports"), "config": Path("c.json"), "data_dir": "archives", "seeds": (0,)})
+    assert made == {"out": tmp_path / "reports", "config": tmp_path / "c.json", "data_dir": str(tmp_path / "archives"),
+                    "seeds": (0,)}

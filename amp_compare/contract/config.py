@@ -133,6 +133,7 @@ class OptionSpec:
     metavar: str | None = None
     empty_ok: bool = False  # a list option that may be empty
     aliases: dict | None = None  # other accepted spellings of a choice, normalised to it before validation
+    path: bool = False  # a file or folder given as text: made absolute before a child starts (Path-typed ones are)
 
 
 def usable_cpus() -> int:
@@ -364,7 +365,7 @@ class RunConfig:
     attention: str = option("builtin", "vit attention: builtin (torch F.scaled_dot_product_attention, Keras "
                             "MultiHeadAttention) or naive (a handwritten softmax(Q·Kᵀ) in the compute dtype, no max "
                             "subtraction, no 1/sqrt(d): overflows float16)", choices=ATTENTIONS)
-    data_dir: str | None = option(None, "folder to look in first for dataset archives (CIFAR)")
+    data_dir: str | None = option(None, "folder to look in first for dataset archives (CIFAR)", path=True)
     augment: bool = option(False, "random crop (4-pixel padding) + horizontal flip, identical in both frameworks",
                            cpu=False, cuda=True)
     tf32: str = option("off", "TF32 for float32 matmul/conv on NVIDIA GPUs, set the same in every framework and "

@@ -98,6 +98,7 @@ def compare_options() -> dict[str, Declared]:
 
 
 NOT_IN_CONFIG_FILE = ("config", "resume")
+PATH_OPTIONS = tuple(n for n, d in compare_options().items() if d.item is Path or d.spec.path)
 # Options that define the matrix: with --resume the run's own saved configuration is used instead.
 MATRIX_OPTIONS = tuple(n for n, d in compare_options().items() if d.spec.matrix)
 
@@ -217,10 +218,10 @@ def compare_settings(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def absolute_paths(values: dict) -> dict:
-    """The path options resolved against the user's working directory: the children run in the project's folder
-    (harness/run/runner.py), so a relative --out or --data-dir would name another folder there."""
+    """The path options (declared Path, or path=True) resolved against the user's working directory: the children run
+    in the project's folder (harness/run/runner.py), so a relative --out or --data-dir would name another folder."""
     resolved = dict(values)
-    for name in ("out", "config", "data_dir"):
+    for name in PATH_OPTIONS:
         if resolved.get(name) is not None:
             path = Path(resolved[name]).expanduser().absolute()
             resolved[name] = path if isinstance(values[name], Path) else str(path)
