@@ -261,3 +261,13 @@ def test_a_cell_the_speed_budget_stopped_is_compared_over_the_steps_both_ran():
     steps.loc[steps["cell_id"].eq("tf-fp16-s0") & steps["step"].eq(3), "loss_scale"] = 1.0
     lab = pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)
     assert _one(lab, "torch", "scale_path").reason == "different_path"
+
+
+def test_a_twin_that_ended_early_without_a_budget_cut_is_a_different_path():
+    """Only the speed budget's stop limits the comparison to the steps both ran: a twin that diverged and ended
+    early has another path."""
+    table, runs, steps = _records()[:3]
+    underflow = _records()[3]
+    steps = steps[~(steps["cell_id"].eq("tf-fp16-s0") & (steps["step"] >= 20))]
+    lab = pd.DataFrame(scaling.rows(table, runs, steps, underflow), columns=verdicts.COLUMNS)
+    assert _one(lab, "torch", "scale_path").reason == "different_path"

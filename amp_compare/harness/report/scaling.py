@@ -79,9 +79,12 @@ def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.Data
         for t in twins.itertuples():
             others.add(t.framework)
             theirs = _scales(steps, t.cell_id)["loss_scale"].astype(float).to_numpy()
-            n = min(len(theirs), len(scale))  # a cell the speed budget stopped: the steps both ran
-            same = same and bool(np.array_equal(theirs[:n], scale[:n]))
-            common.append(n if len(theirs) != len(scale) else None)
+            # where the speed budget stopped either cell, the steps both ran; otherwise (a cell that diverged and
+            # ended early included) the whole path
+            cut = bool(stats.budgeted(cells.loc[[c.Index, t.Index]]).any()) and len(theirs) != len(scale)
+            n = min(len(theirs), len(scale)) if cut else max(len(theirs), len(scale))
+            same = same and len(theirs[:n]) == len(scale[:n]) and bool(np.array_equal(theirs[:n], scale[:n]))
+            common.append(n if cut else None)
     interval = pd.to_numeric(mine.get("cfg_growth_interval", pd.Series(dtype=float)), errors="coerce").dropna()
     shorter = [n for n in common if n is not None]
     facts = SimpleNamespace(estimate=seeds[0]["final"] if seeds else np.nan, others=len(others), same=same,
