@@ -273,7 +273,7 @@ def test_the_loss_curves_count_steps_from_0_as_the_tables_do(monkeypatch, tmp_pa
 def test_the_naive_exp_limit_is_drawn_inside_every_attention_logit_panel(monkeypatch, tmp_path):
     """The audit's headroom.png: fp32 and bf16 logits of 48–63 set the axis' floor above ln(65,504) ≈ 11.1, so the
     dotted line lay below the panel (only its label printed, under the axis)."""
-    from amp_compare.harness.report.numerics import FP16_EXP_LIMIT
+    from amp_compare.kit.fp16 import FP16_EXP_LIMIT
 
     cells = [(fw, prec) for fw in ("torch", "tf") for prec in ("fp32", "fp16", "bf16")]
     headroom = pd.DataFrame([{"cell_id": f"{fw}-{prec}", "framework": fw, "precision": prec, "seed": 0, "epoch": e,

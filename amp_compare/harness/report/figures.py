@@ -25,7 +25,7 @@ from amp_compare.contract.config import (  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
-from amp_compare.harness.report.numerics import FP16_EXP_LIMIT, FP16_MAX, QUANTITY_LABELS, headroom_per_block  # noqa: E402
+from amp_compare.harness.report.numerics import FP16_MAX, QUANTITY_LABELS, headroom_per_block  # noqa: E402
 from amp_compare.harness.report.tables import (  # noqa: E402
     LOOP,
     memory_statistics,
@@ -34,6 +34,7 @@ from amp_compare.harness.report.tables import (  # noqa: E402
     summary_table,
     with_loop_columns,
 )
+from amp_compare.kit.fp16 import FP16_EXP_LIMIT  # noqa: E402
 
 
 def laid_out(fig):
@@ -419,9 +420,8 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
                                                            "framework", "precision")]
     out = table.merge(mem, on=keys, how="left") if not mem.empty else table.copy()
     out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
-    by = [k for k in keys if k in ok]
-    cut = ok.loc[stats.budgeted(ok), by].drop_duplicates().assign(memory_cut=True)  # no verdict: verdicts.MEMORY
-    out = out.merge(cut, on=by, how="left").assign(memory_cut=lambda d: d["memory_cut"].eq(True))
+    cut = out["budget_cut"] if "budget_cut" in out else pd.Series(0, index=out.index)  # summary_table's count
+    out["memory_cut"] = cut.fillna(0).gt(0)  # no verdict: verdicts.MEMORY
     labels = pd.Series(["cut" if r.memory_cut else "undecided" if r.memory_unresolved
                         else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
@@ -750,7 +750,7 @@ def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
     """Per cell, whether its precision has a cell the speed budget stopped (such a precision has no time to target:
     verdicts.TIME_TO_TARGET, so none of its cells is drawn), and the caption's sentence naming them."""
     group = [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok]
-    cut_group = ok.assign(cut=stats.budgeted(ok)).groupby(group, sort=False)["cut"].transform("any")
+    cut_group = stats.cut_groups(ok, group)
     named, whole = [], True
     for (f, m, p), part in ok[cut_group].groupby(["framework", "model", "precision"], sort=False):
         seeds = sorted(part.loc[stats.budgeted(part), "seed"])

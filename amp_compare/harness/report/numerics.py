@@ -16,7 +16,7 @@ from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
 from amp_compare.harness.report.scaling import zero_gradient
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
-from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX  # noqa: F401 (figures.py reads FP16_EXP_LIMIT here)
+from amp_compare.kit.fp16 import FP16_MAX
 
 
 def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
@@ -456,7 +456,7 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
     if ok.empty:
         return out
     keys = [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok]
-    ok = ok[~ok.assign(cut=stats.budgeted(ok)).groupby(keys)["cut"].transform("any")]
+    ok = ok[~stats.cut_groups(ok, keys)]
     per = _per_model(ok)  # per model and dataset: never two models' median
     acc_rows = acc if acc is not None and not acc.empty else None
     median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median()

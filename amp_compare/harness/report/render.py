@@ -769,6 +769,7 @@ def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -
     """_index_headline of a run, cached in HEADLINE_FILE keyed by the size and time of its records and of the
     report's modules."""
     sources = [run_dir / "manifest.json", run_dir / "data" / "run.csv", run_dir / "data" / "steps.parquet",
+               run_dir / "data" / "verdicts.parquet",  # the headline is the run's answer (_index_headline)
                *sorted(Path(__file__).parent.glob("*.py"))]
     key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
     path = run_dir / HEADLINE_FILE

@@ -143,6 +143,12 @@ def budgeted(runs: pd.DataFrame) -> pd.Series:
     return runs["budget_steps"].notna()
 
 
+def cut_groups(runs: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Per run row, whether a cell of its group (`keys`: e.g. a framework x precision) was stopped by the speed
+    budget: such a group has no accuracy, memory or time to target of the run, not its other seeds' median."""
+    return budgeted(runs).groupby([runs[k] for k in keys], sort=False, dropna=False).transform("any")
+
+
 def whole_epochs(epochs: pd.DataFrame, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """epochs less the last one of each cell the speed budget stopped inside an epoch: its validation pass came
     after a few steps of that epoch, and a curve or an epoch count would read it as a whole epoch."""

@@ -60,7 +60,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     # grows over a run) is the run's, so a row with such a cell has neither (n/a here; the per-model tables say why),
     # not a median over the seeds that ran in full beside a count of every seed
     ok["budget_cut"] = stats.budgeted(ok)
-    cut = ok.groupby(group, sort=False, dropna=False)["budget_cut"].transform("any")
+    cut = stats.cut_groups(ok, group)
     ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~cut)
     ok["log_speed"] = paired_log_ratio(ok, "throughput_img_s", base_keys)
     ok["log_memory"] = np.where(cut, np.nan, paired_log_ratio(ok, "peak_memory_bytes", base_keys))
