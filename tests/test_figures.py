@@ -301,7 +301,7 @@ def test_a_log_loss_axis_inside_one_decade_still_has_labelled_ticks():
                  split_frameworks=True)
 
     fig.canvas.draw()
-    shown = figures._drawn_tick_labels(fig.axes[0], "y", fig.canvas.get_renderer())  # major and minor, in view
+    shown = figures._drawn_tick_labels(fig.axes[0].yaxis, fig.canvas.get_renderer())  # major and minor, in view
     assert len(shown) >= 2, [loc for loc, _, _ in shown]
     plt.close(fig)
 

@@ -16,37 +16,21 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from amp_compare.contract import precision as precisions  # noqa: E402
-from amp_compare.contract.config import (  # noqa: E402
-    FRAMEWORK_LABELS,
-    PRECISIONS,
-    display_order,
-    framework_label,
-)
+from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
-from amp_compare.harness.report import memory, stats  # noqa: E402
+from amp_compare.harness.report import memory, stats, tables  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
-from amp_compare.harness.report.numerics import FP16_MAX, QUANTITY_LABELS, headroom_per_block  # noqa: E402
-from amp_compare.harness.report.tables import (  # noqa: E402
-    LOOP,
-    memory_statistics,
-    ok_runs,
-    seed_counts_text,
-    summary_table,
-    with_loop_columns,
-)
+from amp_compare.harness.report.numerics import FP16_MAX, QUANTITY_LABELS  # noqa: E402
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT  # noqa: E402
 
 
 def laid_out(fig):
-    """The figure laid out as it will be drawn (text extents, tick labels, legends), without rasterizing it: the
-    renderer to measure its artists with. A full draw (canvas.draw) costs a raster of every pixel besides."""
+    """The figure laid out as it will be drawn, without rasterizing it: the renderer to measure its artists with."""
     fig.draw_without_rendering()
     return fig.canvas.get_renderer()
 
 
-# seaborn sizes a legend placed outside a grid's axes by drawing the whole figure twice (seaborn.utils._draw_figure,
-# two full rasters per grid: a quarter of a report's drawing time); all it reads afterwards is the layout. The PNGs
-# are byte for byte the same (tests/test_figures.py).
+# seaborn sizes a legend outside a grid by drawing the figure twice; all it reads is the layout (same PNGs)
 for _module in (sns.axisgrid, sns.categorical):
     if hasattr(_module, "_draw_figure"):
         _module._draw_figure = laid_out
@@ -77,7 +61,6 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
     if "machine" not in df:
         df["machine"] = ""
-    # several models or datasets: each its own panel, as a machine is (never one median over two workloads)
     varied = [c for c in ("model", "dataset") if c in df and df[c].nunique() > 1]
     if varied:
         df["machine"] = df[["machine", *varied]].astype(str).agg(lambda r: " · ".join(v for v in r if v), axis=1)
@@ -98,8 +81,7 @@ def _per_panel(grid, frame: pd.DataFrame):
 def _save(fig, out_dir: Path, key: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        for ext in ("png", "svg"):
-            path = out_dir / f"{key}.{ext}"
+        for path in (out_dir / f"{key}.png", out_dir / f"{key}.svg"):
             try:
                 fig.savefig(path, dpi=110, bbox_inches="tight")
             except OSError as exc:  # a full disk: no half-written figure, and the error names it
@@ -120,17 +102,27 @@ def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
 
 def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str):
     """Median over seeds per bar, with the interquartile range as error bar; labels: the summary table's column
-    `annotate`, a string per row ("" for none)."""
+    `annotate` ("" for none), each above whatever is drawn over its bar (its error bar and caps, else the bar)."""
     df = _labelled(runs)
     grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
                        estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
-    precisions = list(df["Precision"].cat.categories)
+    precs = list(df["Precision"].cat.categories)
     for ax, part in _per_panel(grid, _labelled(table)):
-        # one container per framework, one bar per precision category (empty where no cell ran)
-        for container, framework in zip(ax.containers, df["Framework"].cat.categories):
+        for container, framework in zip(ax.containers, df["Framework"].cat.categories):  # a bar per precision
             values = part[part["Framework"] == framework].set_index("precision")[annotate]
-            labels = [values[p] if p in values else "" for p in precisions]
-            _label_above_error_bars(ax, container, labels[:len(container)])
+            for bar, prec in zip(container, precs):
+                if not (label := values[prec] if prec in values else ""):
+                    continue
+                left, right = bar.get_x(), bar.get_x() + bar.get_width()
+                top = bar.get_height()
+                for line in ax.get_lines():  # an error bar and its caps are one line, NaN between the parts
+                    xs, ys = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+                    drawn = np.isfinite(xs) & np.isfinite(ys)
+                    if drawn.any() and np.all((xs[drawn] >= left - 1e-9) & (xs[drawn] <= right + 1e-9)):
+                        top = max(top, float(ys[drawn].max()))
+                ax.annotate(label, (left + bar.get_width() / 2, top), xytext=(0, 2), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=8)
+            ax.margins(y=0.12)  # room above the tallest label
     _finish(grid, title, "Precision mode", ylabel)
     untangle_x_labels(grid.figure)  # many precision modes (the loss-scaling lab) in a narrow panel
     return grid.figure
@@ -147,65 +139,34 @@ def _stagger_markers(grid) -> None:
             line.set_markevery((i % step, step) if n > len(lines) else None)
 
 
-def _label_above_error_bars(ax, container, labels: list[str]) -> None:
-    """Each bar's label above the top of whatever is drawn over the bar (its error bar and caps, else the bar):
-    a label at the bar's own top sits under its error bar and is overprinted by it."""
-    for bar, label in zip(container, labels):
-        if not label:
-            continue
-        left, right = bar.get_x(), bar.get_x() + bar.get_width()
-        top = bar.get_height()
-        for line in ax.get_lines():  # seaborn draws an error bar and its caps as one line, NaN between the parts
-            x, y = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
-            drawn = np.isfinite(x) & np.isfinite(y)
-            if drawn.any() and np.all((x[drawn] >= left - 1e-9) & (x[drawn] <= right + 1e-9)):
-                top = max(top, float(y[drawn].max()))
-        ax.annotate(label, (left + bar.get_width() / 2, top), xytext=(0, 2), textcoords="offset points",
-                    ha="center", va="bottom", fontsize=8)
-    ax.margins(y=0.12)  # room above the tallest label
-
-
-def _drawn_tick_labels(ax, axis: str, renderer) -> list[tuple[float, bool, object]]:
-    """(tick position, major?, drawn box) of every labelled tick of one axis inside its view."""
-    a = ax.xaxis if axis == "x" else ax.yaxis
+def _drawn_tick_labels(a, renderer) -> list[tuple[float, bool, object]]:
+    """(tick position, major?, drawn box) of every labelled tick of an axis (ax.xaxis) inside its view."""
     low, high = sorted(a.get_view_interval())
-    out = []
-    for major, ticks in ((True, a.get_major_ticks()), (False, a.get_minor_ticks())):
-        for tick in ticks:
-            label = tick.label1
-            if label.get_visible() and label.get_text() and low <= tick.get_loc() <= high:
-                out.append((tick.get_loc(), major, label.get_window_extent(renderer)))
-    return out
+    return [(t.get_loc(), major, t.label1.get_window_extent(renderer))
+            for major, ticks in ((True, a.get_major_ticks()), (False, a.get_minor_ticks())) for t in ticks
+            if t.label1.get_visible() and t.label1.get_text() and low <= t.get_loc() <= high]
 
 
 def tick_label_overlaps(fig, axis: str = "x") -> int:
-    """How many pairs of the figure's drawn tick labels (major and minor, hidden ones not) on one axis overlap, per
-    axes."""
+    """How many pairs of the drawn tick labels (major and minor) on one axis of each axes overlap, in all."""
     renderer = laid_out(fig)
-    count = 0
-    for ax in fig.axes:
-        boxes = [box for _, _, box in _drawn_tick_labels(ax, axis, renderer)]
-        count += sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
-    return count
+    boxes = [[box for _, _, box in _drawn_tick_labels(getattr(ax, f"{axis}axis"), renderer)] for ax in fig.axes]
+    return sum(a.overlaps(b) for drawn in boxes for i, a in enumerate(drawn) for b in drawn[i + 1:])
 
 
 def plain_log_labels(fig, axis: str) -> None:
     """A log axis labelled in plain numbers (0.3, 0.04), not 3×10^-1, and its minor labels thinned: every
     major label stays; a minor one is shown only where its drawn box clears every label already kept."""
     formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-    logs = [ax for ax in fig.axes if (ax.xaxis if axis == "x" else ax.yaxis).get_scale() == "log"]
-    for ax in logs:
-        a = ax.xaxis if axis == "x" else ax.yaxis
+    logs = [a for a in (getattr(ax, f"{axis}axis") for ax in fig.axes) if a.get_scale() == "log"]
+    for a in logs:
         a.set_major_formatter(formatter)
         a.set_minor_formatter(formatter)
-    if not logs:
-        return
-    renderer = laid_out(fig)
-    for ax in logs:
-        a = ax.xaxis if axis == "x" else ax.yaxis
+    renderer = laid_out(fig) if logs else None
+    for a in logs:
         if not any(t.label1.get_visible() for t in a.get_major_ticks()):
             continue  # a shared axis' inner panel: its formatter is its neighbour's, which must not be emptied here
-        drawn = _drawn_tick_labels(ax, axis, renderer)
+        drawn = _drawn_tick_labels(a, renderer)
         kept_boxes = [box.padded(2) for _, major, box in drawn if major]
         keep = []
         rank = {2: 0, 5: 0, 3: 1}  # the minor ticks kept first when not all fit: 2 and 5, then 3, then the rest
@@ -243,17 +204,14 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
     return grid.figure
 
 
-def show_hidden_lines(grid) -> int:
+def show_hidden_lines(grid) -> None:
     """A line drawn exactly over an earlier one (PyTorch and Keras in aligned mode, shared weights) hides it: each
-    hidden line is redrawn wider, with larger markers, beneath the one over it, so it shows as a border around it.
-    Returns how many lines were widened."""
-    widened = 0
+    hidden line is redrawn wider, with larger markers, beneath the one(s) over it, so it shows as a border."""
     for ax in grid.axes.flat:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
         for i, low in enumerate(lines):
             xy = np.column_stack([low.get_xdata(), low.get_ydata()]).astype(float)
-            # one pixel cannot tell them apart: equal to float32's rounding (an accuracy one framework stored in
-            # float32 differs from the other's by ~1e-8)
+            # equal to float32's rounding: one pixel cannot tell them apart
             over = sum(len(up.get_xdata()) == len(xy) and np.allclose(np.column_stack(
                 [up.get_xdata(), up.get_ydata()]).astype(float), xy, rtol=1e-6, atol=1e-9, equal_nan=True)
                 for up in lines[i + 1:])
@@ -261,26 +219,18 @@ def show_hidden_lines(grid) -> int:
                 low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
                 low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
                 low.set_zorder(low.get_zorder() - over)
-                widened += 1
-    return widened
 
 
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
     """The largest relative gap, over every step and panel, between a precision's median curve and the same
     framework's fp32 curve of the same model and dataset, as the figure draws them (None without an fp32 curve)."""
     keys = [k for k in ("machine", "model", "dataset", "framework") if k in frame]
-    med = frame.groupby([*keys, "precision", x], observed=True)[y].median()
-    gaps = []
-    for _, part in med.groupby(level=list(range(len(keys))) if keys else None):
-        curves = part.unstack("precision") if "precision" in part.index.names else part
-        if precisions.REFERENCE not in curves:
-            continue
-        base = curves[precisions.REFERENCE]
-        for prec in curves.columns.drop(precisions.REFERENCE):
-            rel = ((curves[prec] - base).abs() / base.abs().clip(lower=1e-12)).dropna()
-            if not rel.empty:
-                gaps.append(float(rel.max()))
-    return max(gaps) if gaps else None
+    curves = frame.groupby([*keys, "precision", x], observed=True)[y].median().unstack("precision")
+    if precisions.REFERENCE not in curves:
+        return None
+    base = curves[precisions.REFERENCE]
+    gap = curves.drop(columns=precisions.REFERENCE).sub(base, axis=0).abs().div(base.abs().clip(lower=1e-12), axis=0)
+    return None if np.isnan(gap := gap.max().max()) else float(gap)
 
 
 def loss_scale_grid(scaled: pd.DataFrame):
@@ -309,28 +259,26 @@ def loss_scale_grid(scaled: pd.DataFrame):
     return grid
 
 
-# A cell ran while the machine was busy when its wall time per timed step exceeds this many times its speed trial's
-# median step (same framework, model, dataset, batch, loop, precision; uncontended blocks). On the 2-core AVX2 EPYC,
-# cells on an idle machine ran at 0.64-1.36x their trial's median step, cells that other work held at 1.5-9.3x.
+# A cell's wall time per step over its speed trial's median step above which the machine was busy (on the 2-core
+# EPYC: 0.64-1.36x idle, 1.5-9.3x when other work held it).
 BUSY_SLOWDOWN = 1.4
 
 
 def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     """Per finished cell (cell_id) that ran while the machine was busy (BUSY_SLOWDOWN): its wall time per timed
     step over its speed trial's median step. Empty without trials."""
-    ok = ok_runs(runs)
+    ok = tables.ok_runs(runs)
     if trials is None or trials.empty or ok.empty or "throughput_img_s" not in ok:
         return pd.Series(dtype=float)
     keys = [*(["machine"] if "machine" in trials and "machine" in ok else []), "framework", "model", "dataset",
             "batch_size", "step_loop", "precision", "threads"]
     if not all(k in trials for k in [*keys, "wall_s", "steps"]):  # records older than these columns: no judge
         return pd.Series(dtype=float)
-    # a cell is judged by a trial at its own thread count only (cells one thread each, at once, beside a trial
-    # with more: no judge)
+    # judged by a trial at its own thread count only
     ok = ok.assign(threads=ok["cfg_threads"]) if "cfg_threads" in ok else ok
     blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
     step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
-    cells = with_loop_columns(ok.copy())
+    cells = tables.with_loop_columns(ok.copy())
     cells = cells.join(step, on=keys) if all(k in cells for k in keys) else cells.assign(trial_step=np.nan)
     slowdown = (cells["batch_size"] / cells["throughput_img_s"]) / cells["trial_step"]
     busy = slowdown > BUSY_SLOWDOWN
@@ -339,12 +287,10 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
 
 def busy_text(busy: pd.Series, what: str) -> str:
     """The caption's sentence naming the busy cells ("" when none was)."""
-    if busy.empty:
-        return ""
-    return (f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the median step of the "
-            f"speed trial's uncontended blocks of the same framework, precision and thread count): "
-            f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; "
-            f"{what}")
+    return "" if busy.empty else (
+        f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the median step of the speed "
+        f"trial's uncontended blocks of the same framework, precision and thread count): "
+        f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; {what}")
 
 
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
@@ -368,9 +314,6 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, sp
                    "Bar chart of training images per second for each framework and precision mode.")]
 
 
-STATUS_COLORS = {"faster": "#2a9d8f", "slower": "#d1495b"}  # every other status (same, undecided, …): grey
-
-
 def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The answer's speed, drawn: per model x dataset, each speed verdict's ratio to fp32 with the interval it rests
     on (the verdict table's estimate, low and high), against 1×. None without a speed verdict that has a number."""
@@ -385,7 +328,7 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
     for ax, ((model, dataset), part) in zip(axes[0], groups):
         labels = [f"{framework_label(f)} {p}" for f, p in zip(part["framework"], part["precision"])][::-1]
         for y, v in enumerate(part.iloc[::-1].itertuples()):
-            color = STATUS_COLORS.get(v.status, "#8d8d8d")
+            color = {"faster": "#2a9d8f", "slower": "#d1495b"}.get(v.status, "#8d8d8d")
             if np.isfinite(v.low):
                 ax.plot([v.low, v.high], [y, y], color=color, lw=2.5)
             ax.plot(v.estimate, y, "o", color=color)
@@ -415,13 +358,12 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
     """The memory bars' labels: the change against fp32 with the summary table's ⚠ (`notes`: the full table), or
     "undecided" where memory.py leaves the difference unresolved."""
-    mem = memory_statistics(ok)
+    mem = tables.memory_statistics(ok)
     keys = [c for c in mem.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
                                                            "framework", "precision")]
     out = table.merge(mem, on=keys, how="left") if not mem.empty else table.copy()
     out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
-    cut = out["budget_cut"] if "budget_cut" in out else pd.Series(0, index=out.index)  # summary_table's count
-    out["memory_cut"] = cut.fillna(0).gt(0)  # no verdict: verdicts.MEMORY
+    out["memory_cut"] = out.get("budget_cut", pd.Series(0, index=out.index)).fillna(0).gt(0)  # no verdict
     labels = pd.Series(["cut" if r.memory_cut else "undecided" if r.memory_unresolved
                         else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
@@ -441,7 +383,6 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
     mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)], notes)
     _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_label"), out_dir, "memory")
-    unresolved = mem_table["memory_unresolved"].any()
     ratios = (np.isfinite(mem_table["memory_change_vs_fp32"].astype(float)) & ~mem_table["memory_unresolved"]
               & ~mem_table["precision"].isin([precisions.REFERENCE]))  # a decided mixed precision: its change
     not_drawn = (f" Not drawn: {', '.join(left_out)}, emulated on this CPU ({fp8_report.EMULATED_MEMORY})."
@@ -457,22 +398,19 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
                    "half-precision activations need not make it smaller."
                    + (" \"undecided\": some seed's difference from fp32 is within what fp32's or its own seeds"
                       " differed by, or one seed ran (the per-model tables above give the difference in MiB)."
-                      if unresolved
-                      else "")
+                      if mem_table["memory_unresolved"].any() else "")
                    + (" \"cut\": the speed budget stopped a cell of it after a few dozen steps, and a peak over "
                       "fewer steps is not compared (resident memory grows over a run)." if mem_table["memory_cut"].any()
                       else "") + not_drawn + spread,
-
                    "Bar chart of peak training memory in MiB for each framework and precision mode.")]
 
 
 def left_out_note(runs: pd.DataFrame, shown: set) -> str:
     """The cells a figure of finished cells leaves out, named with how each ended ("" when none is)."""
-    if runs.empty or "cell_id" not in runs:
-        return ""
-    left = runs[~runs["cell_id"].isin(shown)].sort_values("cell_id")
+    left = runs[~runs["cell_id"].isin(shown)] if "cell_id" in runs else runs.iloc[:0]
     if left.empty:
         return ""
+    left = left.sort_values("cell_id")
     said = ", ".join(f"{r.cell_id} ({getattr(r, 'status', 'failed')})" for r in left.itertuples())
     one = len(left) == 1
     diverged = " (a diverged cell's losses went non-finite)" if (left.get("status") == "diverged").any() else ""
@@ -508,14 +446,12 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
     _save(grid.figure, out_dir, "loss_scale")
     runs_of = (lambda g: f" in {g['cell_id'].nunique()} run{'s' if g['cell_id'].nunique() != 1 else ''}"
                ) if "cell_id" in scaled else (lambda g: "")
-    # per model and dataset as well: two models' steps are never counted together
     per = [k for k in ("model", "dataset") if k in scaled and scaled[k].nunique() > 1]
     counts = ", ".join(
         f"{' '.join(map(str, key[:len(per)]))}{' ' if per else ''}{framework_label(key[-1])} {key[-2]}: "
         f"{int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
         for key, g in scaled.sort_values(["framework", "precision"], key=display_order).groupby(
             [*per, "precision", "framework"], sort=False))
-    # how the dynamic scale moves is the glossary's to say (once); the caption says what this figure shows
     return [Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
                    "The scale each step used, one line per seed (each cell's own trajectory from its step "
                    f"records, not a median over seeds); an X marks that cell's own skipped step, at the scale it "
@@ -528,12 +464,12 @@ def _marked(table: pd.DataFrame, labels: pd.Series, flagged: pd.DataFrame, symbo
             eligible: pd.Series | bool = True) -> pd.Series:
     """`labels` with `symbol` after each non-empty `eligible` one whose row (machine, model, dataset, loop, framework,
     precision) is among `flagged`'s rows."""
-    keys = [k for k in ("machine", "model", "dataset", *LOOP, "framework", "precision") if k in table and k in flagged]
+    keys = [k for k in ("machine", "model", "dataset", *tables.LOOP, "framework", "precision")
+            if k in table and k in flagged]
     hit = set(flagged[keys].astype(str).itertuples(index=False, name=None))
     marked = pd.Series([r in hit for r in table[keys].astype(str).itertuples(index=False, name=None)],
                        index=table.index) & (labels != "") & eligible
     return labels.where(~marked, labels + symbol)
-
 
 
 def speed_labels(table: pd.DataFrame) -> pd.Series:
@@ -550,20 +486,19 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
     full table (tables.full_table), whose ⚠ the speed and memory labels repeat; trials: the speed trials, against
     which busy_cells finds the cells that ran while the machine was busy."""
     sns.set_theme(style="whitegrid", context="notebook")
-    table = summary_table(runs)
+    table = tables.summary_table(runs)
     if table.empty:
         return []
     emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
     table.loc[emulated, "speedup_vs_fp32"] = np.nan
     table["speed_label"] = speed_labels(table)
     full_table = table
-    ok, table, sweep_note = primary_cells(with_loop_columns(ok_runs(runs).copy()), table)
+    ok, table, sweep_note = primary_cells(tables.with_loop_columns(tables.ok_runs(runs).copy()), table)
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
     n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
-    # the error bar is seaborn's 25th–75th percentile interval; over 2–3 seeds that is interpolated between them
-    spread = (f" Bars are medians over {seed_counts_text(ok)}; error bars span the interquartile range"
+    spread = (f" Bars are medians over {tables.seed_counts_text(ok)}; error bars span the interquartile range"
               + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
               " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")
     if emulated.any():
@@ -623,26 +558,22 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
 def untangle_x_labels(fig) -> None:
     """Tick labels that overlap are unreadable: turn them upright (90°), and where they still overlap show
     every k-th only (the smallest k that clears them)."""
-    if not tick_label_overlaps(fig):
-        return
-    for ax in fig.axes:
-        ax.tick_params(axis="x", rotation=90)
-    for every in range(2, 50):
+    for every in range(1, 50):
         if not tick_label_overlaps(fig):
             return
         for ax in fig.axes:
-            for i, label in enumerate(ax.get_xticklabels()):
+            ax.tick_params(axis="x", rotation=90)
+            for i, label in enumerate(ax.get_xticklabels() if every > 1 else []):
                 label.set_visible(i % every == 0)
 
 
 def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Fraction of each layer's gradient elements float16 would flush to zero, unscaled vs at the scale in use; the
     parameters whose exact gradient is zero (numerics.zero_gradient: residue, not underflow) left out, and said."""
-    if underflow.empty:
+    if underflow.empty or (last := underflow[underflow["when"] == "last step"]).empty:
         return None
-    last = underflow[underflow["when"] == "last step"]
-    residue = last[nr.zero_gradient(last)] if not last.empty else last
-    df = _labelled(last[~nr.zero_gradient(last)]) if not last.empty else last
+    zero = nr.zero_gradient(last)
+    residue, df = last[zero], _labelled(last[~zero])
     if df.empty:
         return None
     if "model" in df and df["model"].nunique() > 1:  # two models' `fc` layers are two bars
@@ -653,8 +584,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
         include_groups=False).reset_index()
     long = df.melt(id_vars=["Framework", "Precision", "layer"], var_name="Scaling", value_name="flush")
     long["flush_pct"] = long["flush"] * 100
-    # each layer's name gets room on the axis (a 90° label about 0.25 inch wide), so the names never overlap
-    aspect = max(2.0, 0.25 * long["layer"].nunique() / 2.6)
+    aspect = max(2.0, 0.25 * long["layer"].nunique() / 2.6)  # room for each layer's name, upright
     grid = sns.catplot(data=long, kind="bar", x="layer", y="flush_pct", hue="Framework", col="Scaling",
                        row="Precision", palette=FRAMEWORK_COLORS, height=2.6, aspect=aspect, sharey=True, errorbar=None)
     grid.set_axis_labels("Layer (canonical name)", "Flushed to 0 (%)")
@@ -697,10 +627,9 @@ def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
         return text
     names = sorted(set((residue["model"].astype(str) + ": " if models.nunique() > 1 else "")
                        + residue["layer"].astype(str) + "." + residue["param"].astype(str)))
-    flushed = int((residue["flush_fraction_unscaled"] * residue["nonzero"]).round().sum())  # a count: 494 of 495
-    # is not "100%"
-    cells = residue["cell_id"].nunique() if "cell_id" in residue else len(residue.groupby(["framework", "precision",
-                                                                                            "seed"]))
+    flushed = int((residue["flush_fraction_unscaled"] * residue["nonzero"]).round().sum())
+    cells = (residue["cell_id"].nunique() if "cell_id" in residue
+             else len(residue.groupby(["framework", "precision", "seed"])))
     return text + (f" Not drawn: {', '.join(names)}, of whose {int(residue['nonzero'].sum()):,} non-zero elements "
                    f"over {cells} cells {flushed:,} would flush without scaling: an attention key bias's exact "
                    "gradient is zero (softmax ignores the constant shift it adds), so what the probe finds there is "
@@ -725,13 +654,10 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
     for ax in grid.axes.flat:
         ax.axvspan(min(low, -26), -25, color="#d1495b", alpha=0.12, linewidth=0)
         ax.axvspan(np.log2(FP16_MAX), high, color="#d1495b", alpha=0.12, linewidth=0)
-
         ax.axvline(-14, color="#888", linestyle=":", linewidth=1)
         ax.set_xlim(min(low, -26), high)
-    # the x label on two lines: on one, each panel's label ran into its neighbour's
     _finish(grid, "Gradient magnitudes against float16's range, last step",
             "log2 |gradient × loss scale in use|\n(float16: 0 below −25, inf above 16)", "Non-zero elements (%)")
-
     _save(grid.figure, out_dir, "gradient_histogram")
     return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
@@ -741,7 +667,6 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                   "fewer significant bits. Loss scaling moves the whole histogram right: it rescues the left tail as "
                   "long as the right one stays out of the shade. The Numerics section says how close each cell came "
                   "to float16's largest value.",
-
                   "Step chart per framework of the percentage of gradient elements per power of two of the scaled "
                   "gradient magnitude, with float16's underflow and overflow regions shaded.")
 
@@ -756,8 +681,7 @@ def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
         seeds = sorted(part.loc[stats.budgeted(part), "seed"])
         whole = whole and len(seeds) == len(part)
         named.append(f"{framework_label(f)} {m} {p}" + ("" if len(seeds) == len(part) else
-                                                       f" (seed{'s' if len(seeds) > 1 else ''} "
-                                                       f"{', '.join(map(str, seeds))} of {len(part)} stopped)"))
+                     f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} of {len(part)} stopped)"))
     left = ("" if not named else f" Not drawn: {', '.join(named)} (the speed budget stopped "
             + ("them: their time to accuracy is not compared)." if whole else
                "them, or the seeds named: a precision with a stopped cell has no time to accuracy compared)."))
@@ -767,10 +691,9 @@ def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
                                  out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
     """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
-    target accuracy (from `acc`, amp_compare.harness.report.tables.accuracy_statistics) as a horizontal line; the
-    caption names the cells that ran while the machine was busy (busy_cells), and leaves out (naming them) the cells
-    the speed budget stopped, whose time to accuracy is compared with nothing."""
-    ok = ok_runs(runs)
+    target accuracy (`acc`: tables.accuracy_statistics) as a horizontal line; the caption names the busy cells
+    (busy_cells) and the cells the speed budget stopped, left out (their time to accuracy is compared with nothing)."""
+    ok = tables.ok_runs(runs)
     cut_group, left = _budget_cut_precisions(ok)
     ok = ok[~cut_group]
     if ok.empty or epochs.empty or acc.empty:
@@ -780,9 +703,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     if e.empty:
         return None
     meta = ok.set_index("cell_id")
-    for k in keys:
-        if k not in e:
-            e[k] = e["cell_id"].map(meta[k])
+    e = e.assign(**{k: e["cell_id"].map(meta[k]) for k in keys if k not in e})
     e["train_wall_s"] = e.groupby("cell_id")["train_time_s"].cumsum()
     e["val_accuracy_pct"] = e["val_accuracy"] * 100
     e["panel"] = e[keys].astype(str).agg(" · ".join, axis=1)
@@ -825,19 +746,17 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
     for (block, label), g in part.groupby(["block", "Framework"], observed=True):
         g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
         line, marker = ("-", "o") if str(label) == "PyTorch" else ("--", "s")
-        # the records count epochs from 0; the reader counts from 1, as the tables and time to target do
         ax.plot(g["epoch"] + 1, g["max_abs"], line, marker=marker, color=colours[block], markersize=4,
                 linewidth=1.2, label=f"{block} · {label}")
     ax.set_yscale("log")
-    ax.axhline(FP16_MAX, color="#d1495b", linewidth=1, linestyle="--")
-    ax.text(0.02, FP16_MAX, f"float16 max {FP16_MAX:,.0f}", color="#d1495b", fontsize=7, va="bottom",
-            transform=ax.get_yaxis_transform())
-    if naive_logits:  # exp overflows float16 far below the logit's own limit
-        ax.axhline(FP16_EXP_LIMIT, color="#a0761e", linewidth=1, linestyle=":")
-        ax.text(0.02, FP16_EXP_LIMIT, f"naive exp overflows float16: ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}",
-                color="#a0761e", fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
+    exp_limit = (FP16_EXP_LIMIT, "#a0761e", ":", f"naive exp overflows float16: ln({FP16_MAX:,.0f}) ≈ "
+                 f"{FP16_EXP_LIMIT:.1f}")  # far below the logit's own limit
+    for level, colour, style, text in [(FP16_MAX, "#d1495b", "--", f"float16 max {FP16_MAX:,.0f}"),
+                                       *([exp_limit] if naive_logits else [])]:
+        ax.axhline(level, color=colour, linewidth=1, linestyle=style)
+        ax.text(0.02, level, text, color=colour, fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
     low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
-    if naive_logits:  # the exp limit's line drawn in every panel, not below a panel whose logits lie above it
+    if naive_logits:  # the exp limit's line inside every panel
         low = min(low, FP16_EXP_LIMIT / 2)
     ax.set_ylim(max(low, 1e-3), FP16_MAX * 4)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -858,10 +777,9 @@ def _non_finite_records(headroom: pd.DataFrame) -> str:
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
     framework and precision, on a log axis against float16's largest value (harness/report/numerics.py)."""
-    blocks = headroom_per_block(headroom, runs)
-    blocks = blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float)) & (blocks["max_abs"] > 0)] \
-        if not blocks.empty else blocks
-    if blocks.empty:
+    blocks = nr.headroom_per_block(headroom, runs)
+    if blocks.empty or (blocks := blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float))
+                                         & (blocks["max_abs"] > 0)]).empty:
         return None
     df = _labelled(blocks)
     precs = list(df["Precision"].cat.categories)
@@ -877,10 +795,8 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
             _headroom_panel(ax, df[(df["quantity"] == quantity) & (df["Precision"] == prec)], colours,
                             naive and quantity == "attention_logit")
             ax.set_title(f"{prec} · {QUANTITY_LABELS[quantity]}", fontsize=9)
-            if r == len(quantities) - 1:
-                ax.set_xlabel("Epoch (counting from 1)")
-            if c == 0:
-                ax.set_ylabel("Largest |value| (log)")
+            ax.set_xlabel("Epoch (counting from 1)" if r == len(quantities) - 1 else "")
+            ax.set_ylabel("Largest |value| (log)" if c == 0 else "")
     shown = {}  # every block x framework that appears anywhere, once, in order of first appearance
     for ax in axes.flat:
         shown.update({lab: h for h, lab in zip(*ax.get_legend_handles_labels()) if lab not in shown})
