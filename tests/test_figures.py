@@ -74,8 +74,7 @@ def test_the_loss_curves_caption_counts_its_panels(tmp_path):
 
 def test_coinciding_loss_curves_stay_distinguishable():
     steps = _steps()  # six identical curves: what a tiny run from shared weights draws
-    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
-                 split_frameworks=True)
+    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss")
     axes = fig.axes[:2]
     assert [ax.get_title() for ax in axes] == ["PyTorch", "Keras (TF)"]  # one panel per framework
     for ax in axes:
@@ -153,8 +152,7 @@ def test_a_log_loss_axis_over_three_decades_has_no_overprinted_labels():
 
     steps = _steps()
     steps["loss"] = 3.0 * np.exp(-np.log(3.0 / 0.007) * steps["step"] / 23)
-    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
-                 split_frameworks=True)
+    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss")
     assert figures.tick_label_overlaps(fig, "y") == 0
     assert {"0.01", "0.1", "1"} <= set(_tick_labels(fig.axes[0]))  # plain numbers, not 10^-1
     plt.close(fig)
@@ -297,8 +295,7 @@ def test_a_log_loss_axis_inside_one_decade_still_has_labelled_ticks():
     """The audit's naive loss_curves.png: losses of 2.0–2.5 on a log axis, no tick inside, no number on the axis."""
     steps = _steps()
     steps["loss"] = 2.47 - 0.02 * steps["step"]
-    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
-                 split_frameworks=True)
+    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss")
 
     fig.canvas.draw()
     shown = figures._drawn_tick_labels(fig.axes[0].yaxis, fig.canvas.get_renderer())  # major and minor, in view
@@ -429,8 +426,7 @@ def test_figures_measured_from_the_layout_alone_are_the_pngs_full_draws_give(tmp
                          "Framework": ["PyTorch", "Keras (TensorFlow)"] * 6, "Scaling": ["none"] * 6 + ["used"] * 6})
 
     def pngs(name):
-        curves = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss", log=True,
-                        split_frameworks=True)
+        curves = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss")
         grid = sns.catplot(data=bars, kind="bar", x="Layer", y="Share", hue="Framework", col="Scaling", height=2)
         out = []
         for i, fig in enumerate((curves, grid.figure)):

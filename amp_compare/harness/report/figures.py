@@ -35,14 +35,11 @@ for _module in (sns.axisgrid, sns.categorical):
     if hasattr(_module, "_draw_figure"):
         _module._draw_figure = laid_out
 
-# One colour per framework label; the Keras backends share a blue-green family, PyTorch stands apart.
 FRAMEWORK_COLORS = dict(zip(FRAMEWORK_LABELS.values(), ("#d1495b", "#00798c", "#edae49", "#66a182")))
-PRECISION_DASHES = {"fp32": "", "fp16": (5, 2), "bf16": (1, 1.5), "fp16-noscale": (3, 1, 1, 1),
-                    "fp16-static": (8, 2, 2, 2), "fp8": (2, 2), "fp8-rowwise": (6, 1.5, 1, 1.5)}
-PRECISION_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "^", "fp16-noscale": "v", "fp16-static": "D", "fp8": "X",
-                     "fp8-rowwise": "P"}
-LINES = {"hue": "Framework", "style": "Precision", "palette": FRAMEWORK_COLORS, "dashes": PRECISION_DASHES,
-         "markers": PRECISION_MARKERS}  # every line chart's seaborn keywords
+_STYLES = {"fp32": ("", "o"), "fp16": ((5, 2), "s"), "bf16": ((1, 1.5), "^"), "fp16-noscale": ((3, 1, 1, 1), "v"),
+           "fp16-static": ((8, 2, 2, 2), "D"), "fp8": ((2, 2), "X"), "fp8-rowwise": ((6, 1.5, 1, 1.5), "P")}
+LINES = {"hue": "Framework", "style": "Precision", "palette": FRAMEWORK_COLORS,  # every line chart's seaborn keywords
+         "dashes": {p: d for p, (d, _) in _STYLES.items()}, "markers": {p: m for p, (_, m) in _STYLES.items()}}
 
 
 @dataclass
@@ -101,8 +98,7 @@ def _finish(grid, title: str, xlabel: str, ylabel: str) -> None:
 
 
 def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: str, annotate: str):
-    """Median over seeds per bar, with the interquartile range as error bar; labels: the summary table's column
-    `annotate` ("" for none), each above whatever is drawn over its bar (its error bar and caps, else the bar)."""
+    """Median bars over seeds with interquartile error bars, each labelled by table[annotate] above its error bar."""
     df = _labelled(runs)
     grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
                        estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
@@ -129,8 +125,7 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
 
 
 def _stagger_markers(grid) -> None:
-    """Lines that coincide hide each other; each line gets its markers at its own offset (fp32 at steps 0, k,
-    2k…; fp16 at 1, k+1…), so every framework x precision stays visible even where the lines overlap."""
+    """Each line's markers at its own offset (fp32 at steps 0, k, 2k…; fp16 at 1, k+1…): coinciding lines show."""
     for ax in grid.axes.flat:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
         for i, line in enumerate(lines):
@@ -155,8 +150,7 @@ def tick_label_overlaps(fig, axis: str = "x") -> int:
 
 
 def plain_log_labels(fig, axis: str) -> None:
-    """A log axis labelled in plain numbers (0.3, 0.04), not 3×10^-1, and its minor labels thinned: every
-    major label stays; a minor one is shown only where its drawn box clears every label already kept."""
+    """A log axis in plain numbers (0.3, not 3×10^-1); a minor label kept only where it clears the others."""
     formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     logs = [a for a in (getattr(ax, f"{axis}axis") for ax in fig.axes) if a.get_scale() == "log"]
     for a in logs:
@@ -183,38 +177,28 @@ def plain_log_labels(fig, axis: str) -> None:
             a.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
-def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str, log: bool = False,
-           split_frameworks: bool = False):
-    """One line per framework x precision (median over seeds), a marker per precision staggered along the line.
-    split_frameworks: one panel per framework (per machine and framework in a combined report)."""
+def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str):
+    """One panel per framework (and machine), a line per precision (median over seeds), log y, staggered markers."""
     df = _labelled(df)
-    facet = _facet(df)
-    if split_frameworks:
-        facet = {"col": "machine", "row": "Framework"} if facet else {"col": "Framework"}
     grid = sns.relplot(data=df, kind="line", x=x, y=y, **LINES, errorbar=None, markersize=6, linewidth=1.2,
-                       height=3.6 if split_frameworks else 4.2, aspect=1.3 if split_frameworks else 1.7,
-                       estimator="median", **facet)
+                       height=3.6, aspect=1.3, estimator="median",
+                       **({"col": "machine", "row": "Framework"} if _facet(df) else {"col": "Framework"}))
     _stagger_markers(grid)
     show_hidden_lines(grid)
-    if log:
-        grid.set(yscale="log")
+    grid.set(yscale="log")
     _finish(grid, title, xlabel, ylabel)
-    if log:  # last: the thinning measures the labels where the finished figure draws them
-        plain_log_labels(grid.figure, "y")
+    plain_log_labels(grid.figure, "y")  # last: it measures the labels where the finished figure draws them
     return grid.figure
 
 
 def show_hidden_lines(grid) -> None:
-    """A line drawn exactly over an earlier one (PyTorch and Keras in aligned mode, shared weights) hides it: each
-    hidden line is redrawn wider, with larger markers, beneath the one(s) over it, so it shows as a border."""
+    """Each line hidden under identical later ones is redrawn wider beneath them, as their border."""
     for ax in grid.axes.flat:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
-        for i, low in enumerate(lines):
-            xy = np.column_stack([low.get_xdata(), low.get_ydata()]).astype(float)
-            # equal to float32's rounding: one pixel cannot tell them apart
-            over = sum(len(up.get_xdata()) == len(xy) and np.allclose(np.column_stack(
-                [up.get_xdata(), up.get_ydata()]).astype(float), xy, rtol=1e-6, atol=1e-9, equal_nan=True)
-                for up in lines[i + 1:])
+        xys = [np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float) for ln in lines]
+        for i, low in enumerate(lines):  # within float32's rounding: one pixel cannot tell them apart
+            over = sum(len(up) == len(xys[i]) and np.allclose(up, xys[i], rtol=1e-6, atol=1e-9, equal_nan=True)
+                       for up in xys[i + 1:])
             if over:  # the more lines on top, the wider: each of a stack shows as its own border
                 low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
                 low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
@@ -222,8 +206,7 @@ def show_hidden_lines(grid) -> None:
 
 
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
-    """The largest relative gap, over every step and panel, between a precision's median curve and the same
-    framework's fp32 curve of the same model and dataset, as the figure draws them (None without an fp32 curve)."""
+    """Largest relative gap of a precision's median curve from its framework's fp32 one (None without)."""
     keys = [k for k in ("machine", "model", "dataset", "framework") if k in frame]
     curves = frame.groupby([*keys, "precision", x], observed=True)[y].median().unstack("precision")
     if precisions.REFERENCE not in curves:
@@ -234,19 +217,16 @@ def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
 
 
 def loss_scale_grid(scaled: pd.DataFrame):
-    """The loss scale per step of the loss-scaled cells: one step line per cell, an X on its skipped steps,
-    whole powers of two on the axis."""
+    """The loss scale per step of each loss-scaled cell, an X on its skipped steps, y in powers of two."""
     df = _labelled(scaled)
     df["log2_scale"] = np.log2(df["loss_scale"])
-    unit = "cell_id" if "cell_id" in df else "seed"
-    grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", **LINES, units=unit, estimator=None,
+    grid = sns.relplot(data=df, kind="line", x="step", y="log2_scale", **LINES, units="cell_id", estimator=None,
                        markersize=6, drawstyle="steps-post", height=4, aspect=1.8, **_facet(df))
     _stagger_markers(grid)
     for ax, part in _per_panel(grid, df[df["skipped"]]):
         if not part.empty:
             sns.scatterplot(data=part, x="step", y="log2_scale", hue="Framework", palette=FRAMEWORK_COLORS,
                             marker="X", s=60, legend=False, ax=ax, zorder=4)  # above the lines' own markers
-    # whole powers of two only, labelled 2^k: a flat line at 2^15 shows 2^14–2^16, never 14.2, 14.4 … 15.8
     finite = df["log2_scale"][np.isfinite(df["log2_scale"])]
     low, high = (np.floor(finite.min()) - 1, np.ceil(finite.max()) + 1) if not finite.empty else (-1.0, 2.0)
     for ax in grid.axes.flat:
@@ -265,21 +245,17 @@ BUSY_SLOWDOWN = 1.4
 
 
 def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
-    """Per finished cell (cell_id) that ran while the machine was busy (BUSY_SLOWDOWN): its wall time per timed
-    step over its speed trial's median step. Empty without trials."""
+    """Per finished cell that ran while the machine was busy: its time per step over its speed trial's."""
     ok = tables.ok_runs(runs)
-    if trials is None or trials.empty or ok.empty or "throughput_img_s" not in ok:
+    if trials is None or trials.empty or ok.empty or not {"throughput_img_s", "cfg_threads"} <= set(ok):
         return pd.Series(dtype=float)
     keys = [*(["machine"] if "machine" in trials and "machine" in ok else []), "framework", "model", "dataset",
             "batch_size", "step_loop", "precision", "threads"]
     if not all(k in trials for k in [*keys, "wall_s", "steps"]):  # records older than these columns: no judge
         return pd.Series(dtype=float)
-    # judged by a trial at its own thread count only
-    ok = ok.assign(threads=ok["cfg_threads"]) if "cfg_threads" in ok else ok
     blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
     step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
-    cells = tables.with_loop_columns(ok.copy())
-    cells = cells.join(step, on=keys) if all(k in cells for k in keys) else cells.assign(trial_step=np.nan)
+    cells = tables.with_loop_columns(ok.assign(threads=ok["cfg_threads"])).join(step, on=keys)  # its thread count
     slowdown = (cells["batch_size"] / cells["throughput_img_s"]) / cells["trial_step"]
     busy = slowdown > BUSY_SLOWDOWN
     return pd.Series(slowdown[busy].to_numpy(dtype=float), index=cells.loc[busy, "cell_id"]).sort_index()
@@ -295,8 +271,7 @@ def busy_text(busy: pd.Series, what: str) -> str:
 
 def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
                         busy: pd.Series) -> list[Figure]:
-    """The Speed section: throughput per precision, a † on a label where the bar's own cells or the fp32 cells its
-    ratio divides by include a busy cell."""
+    """Throughput bars; † on a label whose own or fp32 divisor's cells include a busy cell."""
     hit = ok[ok["cell_id"].isin(set(busy.index))]
     reference = hit[hit["precision"] == precisions.REFERENCE]  # a busy fp32 cell: every ratio of its framework
     flagged = pd.concat([hit, *(reference.assign(precision=p) for p in set(table["precision"]))])
@@ -315,8 +290,7 @@ def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, sp
 
 
 def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """The answer's speed, drawn: per model x dataset, each speed verdict's ratio to fp32 with the interval it rests
-    on (the verdict table's estimate, low and high), against 1×. None without a speed verdict that has a number."""
+    """Each speed verdict's ratio to fp32 and its interval, per model x dataset, against 1×."""
     from amp_compare.harness.report import phrases
 
     speed = verdicts[(verdicts["metric"] == "speed") & np.isfinite(verdicts["estimate"].astype(float))]
@@ -356,8 +330,7 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
 
 
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The memory bars' labels: the change against fp32 with the summary table's ⚠ (`notes`: the full table), or
-    "undecided" where memory.py leaves the difference unresolved."""
+    """The memory bars' labels: change against fp32 with the full table's ⚠ (`notes`), undecided or cut."""
     mem = tables.memory_statistics(ok)
     keys = [c for c in mem.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
                                                            "framework", "precision")]
@@ -375,8 +348,7 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
 
 def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, device: str = "cpu",
                     notes: pd.DataFrame | None = None) -> list[Figure]:
-    """The Memory section's bar chart (an emulated fp8 left out: its memory is the emulation's, fp8.py) and its
-    labels with the ⚠ of notes (the full table)."""
+    """Peak memory bars (an emulated fp8 left out: its memory is the emulation's), _memory_labels' labels."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
     left_out = sorted(set(ok.loc[fp8_report.speed_emulated(ok["precision"], device), "precision"]))
     measured = ~ok["precision"].isin(left_out)
@@ -419,12 +391,11 @@ def left_out_note(runs: pd.DataFrame, shown: set) -> str:
 
 
 def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> list[Figure]:
-    """The Accuracy section's loss curves: training loss per step of the finished cells; `left` (left_out_note)
-    names the others. Accuracy per epoch is the time-to-accuracy figure's."""
+    """Training loss per step of the finished cells; `left` (left_out_note) names the others."""
     if steps.empty:
         return []
     _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
-                 "Batch cross-entropy loss (nats, log scale)", log=True, split_frameworks=True), out_dir, "loss_curves")
+                 "Batch cross-entropy loss (nats, log scale)"), out_dir, "loss_curves")
     gap = curves_coincide(steps, "step", "loss")
     overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
                f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
@@ -444,12 +415,10 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
         return []
     grid = loss_scale_grid(scaled)
     _save(grid.figure, out_dir, "loss_scale")
-    runs_of = (lambda g: f" in {g['cell_id'].nunique()} run{'s' if g['cell_id'].nunique() != 1 else ''}"
-               ) if "cell_id" in scaled else (lambda g: "")
     per = [k for k in ("model", "dataset") if k in scaled and scaled[k].nunique() > 1]
     counts = ", ".join(
         f"{' '.join(map(str, key[:len(per)]))}{' ' if per else ''}{framework_label(key[-1])} {key[-2]}: "
-        f"{int(g['skipped'].sum())} of {len(g)} steps skipped{runs_of(g)}"
+        f"{int(g['skipped'].sum())} of {len(g)} steps skipped in {(n := g['cell_id'].nunique())} run{'s' * (n != 1)}"
         for key, g in scaled.sort_values(["framework", "precision"], key=display_order).groupby(
             [*per, "precision", "framework"], sort=False))
     return [Figure("loss_scale", "loss_scaling", "Loss-scale trajectory",
@@ -462,8 +431,7 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
 
 def _marked(table: pd.DataFrame, labels: pd.Series, flagged: pd.DataFrame, symbol: str,
             eligible: pd.Series | bool = True) -> pd.Series:
-    """`labels` with `symbol` after each non-empty `eligible` one whose row (machine, model, dataset, loop, framework,
-    precision) is among `flagged`'s rows."""
+    """`labels` with `symbol` after each non-empty `eligible` one whose row is among `flagged`'s rows."""
     keys = [k for k in ("machine", "model", "dataset", *tables.LOOP, "framework", "precision")
             if k in table and k in flagged]
     hit = set(flagged[keys].astype(str).itertuples(index=False, name=None))
@@ -473,8 +441,7 @@ def _marked(table: pd.DataFrame, labels: pd.Series, flagged: pd.DataFrame, symbo
 
 
 def speed_labels(table: pd.DataFrame) -> pd.Series:
-    """Each bar's speed-ratio label as the summary table prints it: what training took, no verdict (speed
-    verdicts are the speed trials')."""
+    """Each bar's speed-ratio label as the summary table prints it (what training took, not a verdict)."""
     return pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
                      index=table.index)
 
@@ -482,9 +449,8 @@ def speed_labels(table: pd.DataFrame) -> pd.Series:
 def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
                  device: str = "cpu", notes: pd.DataFrame | None = None,
                  trials: pd.DataFrame | None = None) -> list[Figure]:
-    """Draw every figure the data allows into out_dir; return their descriptions in report order. notes: the
-    full table (tables.full_table), whose ⚠ the speed and memory labels repeat; trials: the speed trials, against
-    which busy_cells finds the cells that ran while the machine was busy."""
+    """Every figure the data allows, drawn into out_dir, in report order; notes: the full table (its ⚠ on the
+    labels); trials: the speed trials (busy_cells)."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = tables.summary_table(runs)
     if table.empty:
@@ -511,8 +477,7 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
 
 
 def primary_cells(ok: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The cells the per-precision figures show when a run has several batch sizes or step loops: the
-    plain loop (else tuned) at the largest batch size; the sweep has its own figures (make_batch_figures)."""
+    """The cells per-precision figures show of a sweep: the plain loop (else tuned), largest batch."""
     if table.empty or (table["batch_size"].nunique() <= 1 and table["step_loop"].nunique() <= 1):
         return ok, table, ""
     step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
@@ -524,16 +489,14 @@ def primary_cells(ok: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, 
 
 
 def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
-    """--batch-sizes: speed-up against fp32 per batch size, per framework and mixed precision (one column per step
-    loop; MFU per batch size is in the hardware table). Pure function of the summary table."""
+    """--batch-sizes: speed-up against fp32 per batch size and mixed precision, a column per loop."""
     if table.empty or table["batch_size"].nunique() < 2:
         return []
-    facet = {"col": "Step"} if table["step_loop"].nunique() > 1 else {}
-    data = table.assign(Step=table["step_loop"])
-    data = data[precisions.is_mixed(data["precision"]) & np.isfinite(data["speedup_vs_fp32"].astype(float))]
+    data = table[precisions.is_mixed(table["precision"]) & np.isfinite(table["speedup_vs_fp32"].astype(float))]
     if data.empty:
         return []
     title = "Mixed-precision speed-up vs batch size"
+    facet = {"col": "step_loop"} if table["step_loop"].nunique() > 1 else {}
     grid = sns.relplot(data=_labelled(data), kind="line", x="batch_size", y="speedup_vs_fp32", **LINES,
                        errorbar=None, height=4, aspect=1.5, **facet)
     grid.set(xscale="log")
@@ -556,8 +519,7 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
 
 
 def untangle_x_labels(fig) -> None:
-    """Tick labels that overlap are unreadable: turn them upright (90°), and where they still overlap show
-    every k-th only (the smallest k that clears them)."""
+    """Overlapping x tick labels turned upright, then every k-th shown, the smallest k that clears them."""
     for every in range(1, 50):
         if not tick_label_overlaps(fig):
             return
@@ -568,8 +530,7 @@ def untangle_x_labels(fig) -> None:
 
 
 def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """Fraction of each layer's gradient elements float16 would flush to zero, unscaled vs at the scale in use; the
-    parameters whose exact gradient is zero (numerics.zero_gradient: residue, not underflow) left out, and said."""
+    """Share of each layer's gradient float16 flushes to 0, unscaled vs scaled, zero gradients aside."""
     if underflow.empty or (last := underflow[underflow["when"] == "last step"]).empty:
         return None
     zero = nr.zero_gradient(last)
@@ -599,8 +560,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
 
 
 def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -> str:
-    """Each model's values (a Series of arrays indexed by model): "step 87" where every model has the same ones,
-    else "step 87 (simple_cnn), 131 (vit)"; `plural` for the word where a model has several ("steps 26 and 49")."""
+    """Per model values: "step 87" where every model has the same ones, else "step 87 (simple_cnn), 131 (vit)"."""
     said = {m: " and ".join(f"{v:g}" for v in sorted(values)) for m, values in by_model.items()}
     word = plural if plural and any(len(v) > 1 for v in by_model) else word
     if len(set(said.values())) == 1:
@@ -609,8 +569,7 @@ def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -
 
 
 def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
-    """The underflow figure's caption: what a bar pools (its parameters, the seeds, the probe's step, as
-    make_underflow_figure computes it) and the zero-gradient parameters left out of the bars."""
+    """The underflow figure's caption: what a bar pools, and the zero-gradient parameters left out."""
     shown = last.drop(residue.index)
     models = shown["model"].astype(str) if "model" in shown else pd.Series("", index=shown.index)
     params = ", ".join(sorted(set(shown["param"].astype(str)), key=lambda p: (p != "weight", p)))
@@ -637,8 +596,7 @@ def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
 
 
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """Per framework: the magnitudes of the float16 modes' gradients at the last step, times the loss scale in
-    use, as a histogram over powers of two against float16's range (0 below 2^-25, overflow above its max)."""
+    """Per framework: last-step scaled gradient magnitudes per power of two vs float16."""
     hist = nr.gradient_histogram(underflow)
     hist = hist[hist["count"] > 0]  # empty powers of two would draw a flat line across the whole axis
     if hist.empty:
@@ -672,8 +630,7 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
 
 
 def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
-    """Per cell, whether its precision has a cell the speed budget stopped (such a precision has no time to target:
-    verdicts.TIME_TO_TARGET, so none of its cells is drawn), and the caption's sentence naming them."""
+    """Per cell, whether the speed budget stopped a cell of its precision; the sentence naming them."""
     group = [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok]
     cut_group = stats.cut_groups(ok, group)
     named, whole = [], True
@@ -690,9 +647,8 @@ def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
 
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
                                  out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
-    """Validation accuracy against cumulative training wall time, one line per cell, with each model/dataset's
-    target accuracy (`acc`: tables.accuracy_statistics) as a horizontal line; the caption names the busy cells
-    (busy_cells) and the cells the speed budget stopped, left out (their time to accuracy is compared with nothing)."""
+    """Validation accuracy against cumulative training time per cell, each panel's target dotted; the
+    caption names busy cells and leaves out (named) the precisions the speed budget stopped."""
     ok = tables.ok_runs(runs)
     cut_group, left = _budget_cut_precisions(ok)
     ok = ok[~cut_group]
@@ -741,8 +697,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
 
 
 def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
-    """One panel of the headroom figure: a line per block and framework (PyTorch solid, Keras dashed), float16's
-    largest value, and with the naive attention's logits the level where its exp overflows float16."""
+    """One headroom panel: a line per block and framework, float16's max, and naive exp's overflow."""
     for (block, label), g in part.groupby(["block", "Framework"], observed=True):
         g = g.groupby("epoch", as_index=False)["max_abs"].max()  # the largest over seeds
         line, marker = ("-", "o") if str(label) == "PyTorch" else ("--", "s")
@@ -763,8 +718,7 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
 
 
 def _non_finite_records(headroom: pd.DataFrame) -> str:
-    """The records the headroom figure leaves out as non-finite, per framework and precision: their layers and the
-    first epoch (counting from 1) in brackets; "" where none is."""
+    """The non-finite records the headroom figure leaves out, per framework and precision."""
     bad = headroom[headroom["quantity"].isin(QUANTITY_LABELS)
                    & ~np.isfinite(headroom["max_abs"].to_numpy(dtype=float))]
     said = [f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} "
@@ -775,8 +729,7 @@ def _non_finite_records(headroom: pd.DataFrame) -> str:
 
 
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
-    """The vit's headroom per block over training: the largest attention logit and LayerNorm input per epoch, per
-    framework and precision, on a log axis against float16's largest value (harness/report/numerics.py)."""
+    """The vit's largest attention logit and LayerNorm input per block and epoch against float16's max."""
     blocks = nr.headroom_per_block(headroom, runs)
     if blocks.empty or (blocks := blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float))
                                          & (blocks["max_abs"] > 0)]).empty:
