@@ -184,15 +184,8 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
                        height=3.6, aspect=1.3, estimator="median",
                        **({"col": "machine", "row": "Framework"} if _facet(df) else {"col": "Framework"}))
     _stagger_markers(grid)
-    show_hidden_lines(grid)
-    grid.set(yscale="log")
-    _finish(grid, title, xlabel, ylabel)
-    plain_log_labels(grid.figure, "y")  # last: it measures the labels where the finished figure draws them
-    return grid.figure
-
-
-def show_hidden_lines(grid) -> None:
-    """Each line hidden under identical later ones is redrawn wider beneath them, as their border."""
+    # a line drawn exactly over an earlier one (PyTorch and Keras in aligned mode) hides it: it is redrawn wider,
+    # with larger markers, beneath the ones over it, as their border
     for ax in grid.axes.flat:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
         xys = [np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float) for ln in lines]
@@ -203,6 +196,10 @@ def show_hidden_lines(grid) -> None:
                 low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
                 low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
                 low.set_zorder(low.get_zorder() - over)
+    grid.set(yscale="log")
+    _finish(grid, title, xlabel, ylabel)
+    plain_log_labels(grid.figure, "y")  # last: it measures the labels where the finished figure draws them
+    return grid.figure
 
 
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
@@ -377,21 +374,8 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
                    "Bar chart of peak training memory in MiB for each framework and precision mode.")]
 
 
-def left_out_note(runs: pd.DataFrame, shown: set) -> str:
-    """The cells a figure of finished cells leaves out, named with how each ended ("" when none is)."""
-    left = runs[~runs["cell_id"].isin(shown)] if "cell_id" in runs else runs.iloc[:0]
-    if left.empty:
-        return ""
-    left = left.sort_values("cell_id")
-    said = ", ".join(f"{r.cell_id} ({getattr(r, 'status', 'failed')})" for r in left.itertuples())
-    one = len(left) == 1
-    diverged = " (a diverged cell's losses went non-finite)" if (left.get("status") == "diverged").any() else ""
-    return (f" Left out: {said}: {'it' if one else 'they'} did not finish{diverged}, so "
-            f"{'its curve is' if one else 'their curves are'} not drawn.")
-
-
 def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> list[Figure]:
-    """Training loss per step of the finished cells; `left` (left_out_note) names the others."""
+    """Training loss per step of the finished cells; `left` (left_out_note) names the others ("Left out: …")."""
     if steps.empty:
         return []
     _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
@@ -446,9 +430,8 @@ def speed_labels(table: pd.DataFrame) -> pd.Series:
                      index=table.index)
 
 
-def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
-                 device: str = "cpu", notes: pd.DataFrame | None = None,
-                 trials: pd.DataFrame | None = None) -> list[Figure]:
+def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device: str = "cpu",
+                 notes: pd.DataFrame | None = None, trials: pd.DataFrame | None = None) -> list[Figure]:
     """Every figure the data allows, drawn into out_dir, in report order; notes: the full table (its ⚠ on the
     labels); trials: the speed trials (busy_cells)."""
     sns.set_theme(style="whitegrid", context="notebook")
@@ -458,8 +441,14 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
     emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
     table.loc[emulated, "speedup_vs_fp32"] = np.nan
     table["speed_label"] = speed_labels(table)
-    full_table = table
-    ok, table, sweep_note = primary_cells(tables.with_loop_columns(tables.ok_runs(runs).copy()), table)
+    ok, shown, sweep_note = tables.with_loop_columns(tables.ok_runs(runs).copy()), table, ""
+    if table["batch_size"].nunique() > 1 or table["step_loop"].nunique() > 1:  # a sweep: one loop, largest batch
+        step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
+        batch = table.loc[table["step_loop"] == step, "batch_size"].max()
+        ok = ok[(ok["step_loop"] == step) & (ok["batch_size"] == batch)]
+        shown = table[(table["step_loop"] == step) & (table["batch_size"] == batch)]
+        sweep_note = (f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
+                      "speed-up-vs-batch figure and the summary table.")
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
@@ -468,24 +457,18 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path,
               + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
               " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")
     if emulated.any():
-        sweep_note += (f" {', '.join(sorted(set(table.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
+        sweep_note += (f" {', '.join(sorted(set(shown.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
                        "bar has no ratio label (not a speed result).")
-    return [*_throughput_figures(ok, table, out_dir, spread, sweep_note, busy_cells(ok, trials)),
-            *_memory_figures(ok, table, out_dir, spread, device, notes),
-            *_loss_curve_figures(steps, out_dir, left_out_note(runs, ok_ids)),
-            *_loss_scale_figures(steps, out_dir), *make_batch_figures(full_table, out_dir)]
-
-
-def primary_cells(ok: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The cells per-precision figures show of a sweep: the plain loop (else tuned), largest batch."""
-    if table.empty or (table["batch_size"].nunique() <= 1 and table["step_loop"].nunique() <= 1):
-        return ok, table, ""
-    step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
-    batch = table.loc[table["step_loop"] == step, "batch_size"].max()
-    keep = (ok["step_loop"] == step) & (ok["batch_size"] == batch)
-    return (ok[keep], table[(table["step_loop"] == step) & (table["batch_size"] == batch)],
-            f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
-            "speed-up-vs-batch figure and the summary table.")
+    left = runs[~runs["cell_id"].isin(ok_ids)].sort_values("cell_id")  # named with how each ended
+    said, one = ", ".join(f"{r.cell_id} ({getattr(r, 'status', 'failed')})" for r in left.itertuples()), len(left) == 1
+    left_out = "" if left.empty else (
+        f" Left out: {said}: {'it' if one else 'they'} did not finish"
+        + (" (a diverged cell's losses went non-finite)" if (left.get("status") == "diverged").any() else "")
+        + f", so {'its curve is' if one else 'their curves are'} not drawn.")
+    return [*_throughput_figures(ok, shown, out_dir, spread, sweep_note, busy_cells(ok, trials)),
+            *_memory_figures(ok, shown, out_dir, spread, device, notes),
+            *_loss_curve_figures(steps, out_dir, left_out),
+            *_loss_scale_figures(steps, out_dir), *make_batch_figures(table, out_dir)]
 
 
 def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
@@ -554,22 +537,6 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     grid.figure.suptitle("Gradient underflow in float16 at the last step", y=1.02)
     untangle_x_labels(grid.figure)
     _save(grid.figure, out_dir, "underflow")
-    return Figure("underflow", "numerics", "Gradient underflow per layer", underflow_caption(last, residue),
-                  "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
-                  "unscaled and scaled, per framework and precision.")
-
-
-def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -> str:
-    """Per model values: "step 87" where every model has the same ones, else "step 87 (simple_cnn), 131 (vit)"."""
-    said = {m: " and ".join(f"{v:g}" for v in sorted(values)) for m, values in by_model.items()}
-    word = plural if plural and any(len(v) > 1 for v in by_model) else word
-    if len(set(said.values())) == 1:
-        return f"{word} {next(iter(said.values()))}"
-    return f"{word} " + ", ".join(f"{v} ({m})" for m, v in said.items())
-
-
-def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
-    """The underflow figure's caption: what a bar pools, and the zero-gradient parameters left out."""
     shown = last.drop(residue.index)
     models = shown["model"].astype(str) if "model" in shown else pd.Series("", index=shown.index)
     params = ", ".join(sorted(set(shown["param"].astype(str)), key=lambda p: (p != "weight", p)))
@@ -582,17 +549,28 @@ def underflow_caption(last: pd.DataFrame, residue: pd.DataFrame) -> str:
             f"({params}) of every seed that ran ({seeds}): their flushed elements over their non-zero elements, "
             "together. The table beside it gives the first seed only, every layer together. Loss scaling is "
             "there to make each right bar lower than its left one.")
-    if residue.empty:
-        return text
-    names = sorted(set((residue["model"].astype(str) + ": " if models.nunique() > 1 else "")
-                       + residue["layer"].astype(str) + "." + residue["param"].astype(str)))
-    flushed = int((residue["flush_fraction_unscaled"] * residue["nonzero"]).round().sum())
-    cells = (residue["cell_id"].nunique() if "cell_id" in residue
-             else len(residue.groupby(["framework", "precision", "seed"])))
-    return text + (f" Not drawn: {', '.join(names)}, of whose {int(residue['nonzero'].sum()):,} non-zero elements "
-                   f"over {cells} cells {flushed:,} would flush without scaling: an attention key bias's exact "
-                   "gradient is zero (softmax ignores the constant shift it adds), so what the probe finds there is "
-                   "rounding residue, not underflow.")
+    if not residue.empty:
+        names = sorted(set((residue["model"].astype(str) + ": " if models.nunique() > 1 else "")
+                           + residue["layer"].astype(str) + "." + residue["param"].astype(str)))
+        flushed = int((residue["flush_fraction_unscaled"] * residue["nonzero"]).round().sum())
+        cells = (residue["cell_id"].nunique() if "cell_id" in residue
+                 else len(residue.groupby(["framework", "precision", "seed"])))
+        text += (f" Not drawn: {', '.join(names)}, of whose {int(residue['nonzero'].sum()):,} non-zero elements "
+                 f"over {cells} cells {flushed:,} would flush without scaling: an attention key bias's exact "
+                 "gradient is zero (softmax ignores the constant shift it adds), so what the probe finds there is "
+                 "rounding residue, not underflow.")
+    return Figure("underflow", "numerics", "Gradient underflow per layer", text,
+                  "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
+                  "unscaled and scaled, per framework and precision.")
+
+
+def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -> str:
+    """Per model values: "step 87" where every model has the same ones, else "step 87 (simple_cnn), 131 (vit)"."""
+    said = {m: " and ".join(f"{v:g}" for v in sorted(values)) for m, values in by_model.items()}
+    word = plural if plural and any(len(v) > 1 for v in by_model) else word
+    if len(set(said.values())) == 1:
+        return f"{word} {next(iter(said.values()))}"
+    return f"{word} " + ", ".join(f"{v} ({m})" for m, v in said.items())
 
 
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
@@ -717,17 +695,6 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
 
-def _non_finite_records(headroom: pd.DataFrame) -> str:
-    """The non-finite records the headroom figure leaves out, per framework and precision."""
-    bad = headroom[headroom["quantity"].isin(QUANTITY_LABELS)
-                   & ~np.isfinite(headroom["max_abs"].to_numpy(dtype=float))]
-    said = [f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} "
-            f"from epoch {int(g['epoch'].min()) + 1}"
-            for (fw, prec), g in bad.sort_values(["framework", "precision"], key=display_order).groupby(
-                ["framework", "precision"], sort=False)]
-    return f" ({'; '.join(said)})" if said else ""
-
-
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's largest attention logit and LayerNorm input per block and epoch against float16's max."""
     blocks = nr.headroom_per_block(headroom, runs)
@@ -758,13 +725,17 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     fig.suptitle("ViT headroom per block over training", y=1.02)
     fig.tight_layout()
     cpu = ", ".join(sorted(set(runs.get("cpu_model", pd.Series(dtype=str)).dropna().astype(str)) - {""}))
+    bad = headroom[headroom["quantity"].isin(QUANTITY_LABELS) & ~np.isfinite(headroom["max_abs"].to_numpy(dtype=float))]
+    bad = "; ".join(f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} from epoch "
+                    f"{int(g['epoch'].min()) + 1}" for (fw, prec), g in bad.sort_values(
+                        ["framework", "precision"], key=display_order).groupby(["framework", "precision"], sort=False))
     _save(fig, out_dir, "headroom")
     return Figure("headroom", "numerics", "ViT headroom per block",
                   "The largest |attention logit| (what enters the softmax) and the largest |input| of the block's "
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
                   f"the step, read once per epoch), against float16's largest finite value {FP16_MAX:,.0f} (dashed): "
                   "the distance to the line is the headroom before float16 overflows. A value that went non-finite "
-                  f"is left out{_non_finite_records(headroom)}. Whether a tensor is float16 at all is the dtype "
+                  f"is left out{f' ({bad})' if bad else ''}. Whether a tensor is float16 at all is the dtype "
                   "table's: one computed in float32 has float32's range"
                   + (f"; the product Q·Kᵀ before its 1/√d scaling reached {qk.max():,.1f} (data/headroom, "
                      "qk_product)" if len(qk := headroom.loc[headroom["quantity"] == "qk_product", "max_abs"]
