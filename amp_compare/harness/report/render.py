@@ -29,49 +29,25 @@ from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
+from amp_compare.harness.report import settings_check as sc
+from amp_compare.harness.report import tables as tb
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, ceiling_limits, on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
-from amp_compare.harness.report.settings_check import (
-    adam_gap_text,
-    differences_apply,
-    ignored_settings,
-    settings_paragraph,
-    side_by_side,
-    value_text,
-)
-from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
 from amp_compare.harness.report.stats import whole_epochs
-from amp_compare.harness.report.tables import (
-    HARDWARE_COLUMNS,
-    accuracy_statistics,
-    by_gpu_model,
-    fewer_seeds_note,
-    formatted_summary,
-    full_table,
-    legend,
-    ok_runs,
-    seed_counts_text,
-    seed_list_text,
-    split_summary,
-    summary_table,
-)
 
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
-            ("numerics", "Numerics"),  # what happened to the numbers, loss scaling first: each said once
-            ("data_parallel", "Data parallel"),
-            ("differences", "Framework differences"), ("cells", "Cells"),
-            ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
-            ("appendix", "Appendix")]  # the package versions
+            ("numerics", "Numerics"), ("data_parallel", "Data parallel"), ("differences", "Framework differences"),
+            ("cells", "Cells"), ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
+            ("appendix", "Appendix")]  # the appendix: the package versions
 
 
 def load_manifest(run_dir: Path) -> dict:
-    path = Path(run_dir) / "manifest.json"
     try:
-        return json.loads(path.read_text())
+        return json.loads((Path(run_dir) / "manifest.json").read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{run_dir} is not a compare run folder (no manifest.json)") from None
 
@@ -92,7 +68,9 @@ def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = F
     cols = [c for c in df.columns if c != highlight]
     head = _grouped_head(cols) if grouped else "<tr>" + "".join(
         f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
-    return f"<table>{head}{''.join(_rows(df, cols, highlight))}</table>"
+    rows = "".join("<tr{}>{}</tr>".format(" class='differs'" if highlight and rec.get(highlight) else "", "".join(
+        f"<td{_left(i)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))) for rec in df.to_dict("records"))
+    return f"<table>{head}{rows}</table>"
 
 
 def _grouped_head(cols: list[str]) -> str:
@@ -111,15 +89,6 @@ def _grouped_head(cols: list[str]) -> str:
     return f"<tr>{first}</tr><tr>{''.join(sub)}</tr>"
 
 
-def _rows(df: pd.DataFrame, cols: list, highlight: str | None) -> list[str]:
-    rows = []
-    for rec in df.to_dict("records"):
-        cells = "".join(f"<td{_left(i)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))
-        mark = " class='differs'" if highlight and rec.get(highlight) else ""
-        rows.append(f"<tr{mark}>{cells}</tr>")
-    return rows
-
-
 def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
     return table_html(df, grouped=grouped) if df is not None and not df.empty else None
 
@@ -131,7 +100,7 @@ TIMING_IMAGES = {"Images/s (wall, headline)": "throughput_img_s", "Images/s from
 
 def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Step-time percentiles and both throughputs, medians over seeds (how many: the summary table's Runs)."""
-    ok = ok_runs(runs)
+    ok = tb.ok_runs(runs)
     if ok.empty or "p99_step_s" not in ok:
         return pd.DataFrame()
     group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["model", "dataset",
@@ -165,11 +134,10 @@ def _identity(df: pd.DataFrame) -> dict:
 
 
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
-    """One row per --find-max-batch search: the largest batch that fit, the memory it used, the cap, and whether the
-    search converged or stopped early (its time budget spent)."""
+    """One row per --find-max-batch search (model, dataset, framework, precision): the largest batch that fit, the
+    memory it used, the cap, and whether the search converged or stopped early (its time budget spent)."""
     if maxbatch.empty:
         return maxbatch
-    # one row per search: model and dataset are part of its identity (two models' searches never share a row)
     keys = [k for k in ("model", "dataset") if k in maxbatch] + ["framework", "precision"]
     first = maxbatch.groupby(keys, sort=False).first().reset_index()
     peak = maxbatch[maxbatch["ok"]].groupby(keys)["peak_bytes"].max()
@@ -188,8 +156,7 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
     """Per framework x loss-scaled mode: steps, skips, growth events ("could not grow" where the growth interval
     was longer than any cell's clean steps in a row: a 0 there would be no observation), first and final scale."""
     counts = nr.scale_counts(steps)
-    counts = counts[counts["precision"].isin(precisions.scaled_names())] if not counts.empty else counts
-    if counts.empty:
+    if counts.empty or (counts := counts[counts["precision"].isin(precisions.scaled_names())]).empty:
         return counts
 
     def growth(r) -> str:
@@ -198,8 +165,8 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
         cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)
                      & (runs["model"] == getattr(r, "model", runs["model"]))]
         facts = nr.growth_facts(cells, steps)
-        return "could not grow (--growth-interval ≥ clean steps in a row)" if facts and facts[1] <= facts[0] else \
-            f"{r.growth_events:.0f}"
+        return ("could not grow (--growth-interval ≥ clean steps in a row)" if facts and facts[1] <= facts[0]
+                else f"{r.growth_events:.0f}")
 
     return pd.DataFrame({**_identity(counts), "Steps": counts["steps"].map("{:.0f}".format),
                          "Skipped": ["n/a (cannot skip)" if scaling.cannot_skip(r.framework, r.precision) else
@@ -247,11 +214,11 @@ def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
     f = nr.nonfinite_findings(runs, steps)
     if f.empty:
         return f
-    loss = ({"That step's loss": f["nonfinite_step_loss"].map(lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
-            if "nonfinite_step_loss" in f else {})
     return pd.DataFrame({**_identity(f), "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
-                         **loss})
+                         **({"That step's loss": f["nonfinite_step_loss"].map(
+                             lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
+                            if "nonfinite_step_loss" in f else {})})
 
 
 def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFrame:
@@ -268,7 +235,6 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
     times = {key(v): v for v in verdicts.of(verdict_table, "time_to_target").itertuples()}
     rows = []
     for r in acc.itertuples():
-        # its cells ran a few dozen steps: neither its accuracy nor its time to target is compared
         cut = phrases.REASON["budget_cut"] if (getattr(r, "budget_cut", 0) or 0) > 0 else ""
         tested = isinstance(r.method, str) and not r.too_short
         timed = np.isfinite(r.target) and not r.too_short and not cut
@@ -289,9 +255,8 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
 
 
 def table_markdown(df: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
+    return "\n".join(["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns),
+                      *("| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False))])
 
 
 # What the Cells section says of a cell without a stderr tail, by its status.
@@ -315,17 +280,16 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
 
 
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
-    """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
-    from the installed versions, and the values this run's cells actually used."""
-    ok = ok_runs(runs)
-    # what a cell used: every cell that recorded its settings, diverged ones too
+    """Each item of contract.mapping.DIFFERENCES the run's models have: both frameworks' defaults as their children
+    read them from the installed versions, and the values the cells that recorded them (diverged ones too) used."""
+    ok = tb.ok_runs(runs)
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
-    defaults: dict[str, dict] = {}
-    used: dict[str, dict[str, set]] = {}
+    defaults: dict[str, dict] = {}  # per engine: every Keras backend's cells together
     for row in ok.to_dict("records"):
-        fw = "keras" if is_keras(row["framework"]) else row["framework"]  # every Keras backend's cells together
         if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
-            defaults.setdefault(fw, json.loads(row["framework_defaults"]))
+            defaults.setdefault("keras" if is_keras(row["framework"]) else row["framework"],
+                                json.loads(row["framework_defaults"]))
+    used: dict[str, dict] = {}
     for row in recorded.to_dict("records"):
         mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
@@ -334,32 +298,24 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
                 settings = {"mha_bias": "used (setting not recorded)", **settings,
                             "attention_core": f"--attention {settings['attention']}"}
             for key, value in settings.items():
-                mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(value_text(value))
+                mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(sc.value_text(value))
         if row.get("init_source"):  # " (this cell)" marks the cell that wrote the shared file: the same file
             mine.setdefault("initial_weights", {}).setdefault("", set()).add(
                 str(row["init_source"]).removesuffix(" (this cell)"))
-    rows = []
-    adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
-    vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
+    measured = {"adam_formula": sc.adam_gap_text(ok.to_dict("records")),  # defaults mode: the two Adams
+                "attention_core": nr.cross_framework_loss_gap(steps) if steps is not None else ""}
     has = [set(runs[c].dropna().astype(str)) if c in runs else None for c in ("model", "cfg_optimizer", "precision")]
-    for d in (d for d in DIFFERENCES if differences_apply(d.key, *has)):  # only parts the run's models have
-        rows.append({
-            "item": d.item, "why": d.why,
-            "measured": adam_gap if d.key == "adam_formula" else vit_gap if d.key == "attention_core" else "",
-            "torch_default": value_text(defaults.get("torch", {}).get(d.key, "n/a")),
-            "keras_default": value_text(defaults.get("keras", {}).get(d.key, "n/a")),
-            "torch_used": _used_text(used.get("torch", {}).get(d.key, {})),
-            "keras_used": _used_text(used.get("keras", {}).get(d.key, {})),
-        })
-    return rows
+    return [{"item": d.item, "why": d.why, "measured": measured.get(d.key, ""),
+             **{f"{fw}_default": sc.value_text(defaults.get(fw, {}).get(d.key, "n/a")) for fw in ("torch", "keras")},
+             **{f"{fw}_used": _used_text(used.get(fw, {}).get(d.key, {})) for fw in ("torch", "keras")}}
+            for d in DIFFERENCES if sc.differences_apply(d.key, *has)]
 
 
 def _used_text(by_model: dict[str, set]) -> str:
     """The values a framework's cells used, per model where the models used different ones ("simple_cnn 0; vit
-    0.05"), so the two frameworks' columns read model by model, not as two unordered lists."""
-    values = [v for vs in by_model.values() for v in vs]
+    0.05")."""
     if len({frozenset(vs) for vs in by_model.values()}) <= 1:
-        return "; ".join(sorted(set(values))) or "not used"
+        return "; ".join(sorted({v for vs in by_model.values() for v in vs})) or "not used"
     return "; ".join(f"{model} {', '.join(sorted(vs))}" for model, vs in sorted(by_model.items()))
 
 
@@ -389,7 +345,7 @@ def render(run_dir: Path, figures: bool = True) -> Rendered:
             print(f"skipping unreadable max-batch search {path}: {exc}", file=sys.stderr)
     if searches:
         tables["maxbatch"] = pd.concat(searches, ignore_index=True)
-    return _render(run_dir, load_manifest(run_dir), by_gpu_model(tables), draw=figures)
+    return _render(run_dir, load_manifest(run_dir), tb.by_gpu_model(tables), draw=figures)
 
 
 def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -> Path:
@@ -418,7 +374,6 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
             environment[key] = first["environment"][key]
     environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
                        cpu_model=" / ".join(dict.fromkeys(e.get("cpu_model", "?") for e in envs)))
-    # Every run's frameworks, models, datasets, precisions and seeds (the run list's Matrix column).
     matrix = {k: list(dict.fromkeys(v for m in manifests for v in m["matrix"].get(k, []))) for k in first["matrix"]}
     seeds, devices = sorted({s for m in manifests for s in m["matrix"]["seeds"]}), {m["device"] for m in manifests}
     device = "several machines" if len(hardware) > 1 else devices.pop() if len(devices) == 1 else "several devices"
@@ -441,8 +396,7 @@ HOST_LABELS = {f"cpu_{short}_hardware": f"cpu_{short}_hardware ({' or '.join(fla
 # Per-framework columns of the run table shown in the Environment section, with how each is labelled.
 ENV_COLUMNS = {
     "framework_version": "version", "keras_version": "Keras version", "keras_backend": "Keras backend",
-    "device_name": "device",
-    "compute_capability": "compute capability",
+    "device_name": "device", "compute_capability": "compute capability",
     "torch_cuda_version": "CUDA version PyTorch was built with (torch.version.cuda; build info)",
     "torch_cudnn_version": "cuDNN version PyTorch loads (torch.backends.cudnn.version())",
     "tf_cuda_version": "CUDA version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
@@ -451,8 +405,7 @@ ENV_COLUMNS = {
     "tf_intra_op_threads": "intra-op threads (training cells)",
     "tf_inter_op_threads": "inter-op threads (training cells)", "jax_threads": "threads (training cells)",
     "tf32": "TF32", "compiled": "compilation", "step_values": "per-step values", "amp_api": "AMP API per precision",
-    "memory_kind": "memory measured as",
-    "dataset_source": "dataset",
+    "memory_kind": "memory measured as", "dataset_source": "dataset",
 }
 BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
 
@@ -463,9 +416,8 @@ def _env_value(value) -> str:
 
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
                      ) -> list[tuple[str, str | list[str]]]:
-    """The Environment table: the host as the parent recorded it, then what each framework's cells reported (a
-    list where cells differ) and the threads its speed trials ran with; build-time CUDA/cuDNN versions labelled as
-    such."""
+    """The Environment table: the host as the parent recorded it, the threads each framework's speed trials ran with,
+    then what its cells reported (build-time CUDA/cuDNN versions labelled as such)."""
     rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), _env_value(environment[k]))
                                                for k in sorted(environment)]
     if trials is not None and not trials.empty and {"framework", "threads"} <= set(trials):
@@ -477,24 +429,18 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
     if "amp_api" in ordered and "fp8_settings" in ordered:  # fp8: what ran is in its fp8_settings
         ordered = ordered.assign(amp_api=[fp8_report.api_text(r) for r in ordered.to_dict("records")])
-    for col, label in ENV_COLUMNS.items():
-        if col not in ordered:
-            continue
+    for col, label in ((c, label) for c, label in ENV_COLUMNS.items() if c in ordered):
         for fw, part in ordered.groupby("framework", sort=False):
-            if col == "amp_api" and "precision" in part:
-                pairs = dict.fromkeys(f"{p}: {_env_value(v)}" for p, v in zip(part["precision"], part[col])
-                                      if pd.notna(v) and str(v))
-                if pairs:
-                    rows.append((f"{framework_label(fw)}: {label}", list(pairs)))
+            if col == "amp_api" and "precision" in part:  # per precision, a list
+                pairs = list(dict.fromkeys(f"{p}: {_env_value(v)}" for p, v in zip(part["precision"], part[col])
+                                           if pd.notna(v) and str(v)))
+                rows += [(f"{framework_label(fw)}: {label}", pairs)] if pairs else []
                 continue
-            values = list(dict.fromkeys(_env_value(v) for v in part[col].dropna() if str(v)))
-            if not values:
-                continue
-            text = ", ".join(values)
             devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
-            if col in BUILD_INFO and devices <= {"cpu", ""}:
-                text += " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
-            rows.append((f"{framework_label(fw)}: {label}", text))
+            if values := list(dict.fromkeys(_env_value(v) for v in part[col].dropna() if str(v))):
+                rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
+                    " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
+                    if col in BUILD_INFO and devices <= {"cpu", ""} else "")))
     return rows
 
 
@@ -517,10 +463,7 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str
     pending = _in_parallel([t for t in tasks if t])
 
     def collect(cancel: bool = False) -> list:
-        drawn = []
-        for made in pending(cancel):
-            drawn += made if isinstance(made, list) else [made]
-        return [f for f in drawn if f]
+        return [f for made in pending(cancel) for f in (made if isinstance(made, list) else [made]) if f]
 
     return collect
 
@@ -574,14 +517,13 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
     logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
     evidence = {**_evidence(manifest), "framework_logs": list(logs)}
-    accuracy = accuracy_statistics(runs, epochs)
-    full = full_table(runs, epochs, evidence, accuracy)
-    summary = formatted_summary(full)
-    main_table, hardware, loop_text = split_summary(summary)
-    parts = finding_parts(runs, steps, evidence, epochs, table=full)
-    sentences = parts.sentences
+    accuracy = tb.accuracy_statistics(runs, epochs)
+    full = tb.full_table(runs, epochs, evidence, accuracy)
+    summary = tb.formatted_summary(full)
+    main_table, hardware, loop_text = tb.split_summary(summary)
+    sentences = finding_parts(runs, steps, evidence, epochs, table=full).sentences
     facts = wording.run_facts(manifest, runs, steps)
-    seeds_text = (seed_counts_text(runs) or seed_list_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
+    seeds_text = tb.seed_counts_text(runs) or tb.seed_list_text(manifest["matrix"]["seeds"])
     verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
     verdict_table = verdicts.with_rows(verdict_table, [  # said: the N-worker cells' (answer.experiment_items)
         *scaling.rows(verdict_table, runs, steps, tables.get("underflow")),
@@ -591,15 +533,14 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"),
                                                   manifest.get("launcher", {}), tables.get("trials"))
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
-            "facts": facts,
-            "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
-            "legend": legend(full),
-            "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
+            "facts": facts, "intro": wording.summary_intro(facts, seeds_text + tb.fewer_seeds_note(runs), loop_text),
+            "summary_html": table_html(main_table), "legend": tb.legend(full),
+            "hardware_table": _html_or_none(hardware) if any(c in summary for c in tb.HARDWARE_COLUMNS) else None,
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"],
                                                              speed.manifest_conditions(manifest)[0]),
                             "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
                                                                  bool((ceiling_limits(full) != "").any()),
-                                                                 tuple(ceiling_clauses(ok_runs(runs))))},
+                                                                 tuple(ceiling_clauses(tb.ok_runs(runs))))},
             **_answer_context(manifest, verdict_table)}
 
 
@@ -611,10 +552,9 @@ def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     conditions = speed.manifest_conditions(manifest)
-    return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],
+    return {"verdict_tables": [(title, table_html(t)) for title, t in per_model], "verdict_tables_md": per_model,
             "verdict_columns": phrases.columns_note(verdict_table, conditions) if per_model else "",
             "conditions": conditions,
-            "verdict_tables_md": per_model,
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
 
@@ -626,13 +566,11 @@ def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, ac
     return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
             "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
             "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
-            "underflow_methods": nr.UNDERFLOW_METHODS,
+            "underflow_methods": nr.UNDERFLOW_METHODS, "dtype_facts": dtype_facts,
             "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
                              for p, t in nr.dtype_side_by_side(dtypes).items()},
-            "dtype_facts": dtype_facts,
             "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
-            "said": nr.numerics_said(runs, underflow, steps, acc),
-            "words": nr.section_words(facts, dtype_facts),
+            "said": nr.numerics_said(runs, underflow, steps, acc), "words": nr.section_words(facts, dtype_facts),
             "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
 
@@ -657,15 +595,14 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
-        f"python -m amp_compare report {run_dir} draws them."]) + ignored_settings(runs.to_dict("records")) \
+        f"python -m amp_compare report {run_dir} draws them."]) + sc.ignored_settings(runs.to_dict("records")) \
         + speed.budget_note(runs, manifest.get("cell_budget", {}).get("limit_s", float("nan")))
-    checked = side_by_side(ok_runs(runs).to_dict("records"))
+    checked = sc.side_by_side(tb.ok_runs(runs).to_dict("records"))
     env = environment_rows(manifest["environment"], runs, tables.get("trials"))  # the appendix lists the packages
     numerics = _numerics_context(manifest, tables, summary["facts"], acc_stats)
     return {
-        **summary, **numerics,
-        "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
-        "device_names": device_names, "n_cells": len(manifest["cells"]),
+        **summary, **numerics, "run_id": manifest["run_id"], "env": manifest["environment"],
+        "device": manifest["device"], "device_names": device_names, "n_cells": len(manifest["cells"]),
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "env_rows": [r for r in env if not r[0].startswith("version_")],
@@ -677,11 +614,10 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
         "trials_table": _html_or_none(speed.trials_table(tables.get("trials"))),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
-        "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),
-        "comparison": comparison,
-        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"],
-                                             numerics["underflow_table"] is not None)
+        "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": BACKEND_INTRO,
+        "settings_check": checked, "settings_words": sc.settings_paragraph(checked["cells"], comparison),
+        "comparison": comparison, "glossary_entries": glossary.entries(
+            summary["facts"], numerics["dtype_facts"], numerics["underflow_table"] is not None)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
             summary["verdicts"]))],
     }
@@ -743,23 +679,19 @@ def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) 
     """A run's headline in the runs index: the precision its answer says each framework should use (its verdict
     table); a run recorded before verdicts were: each mixed precision's training throughput against fp32's
     (geometric mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
-    stored = run_dir / "data" / "verdicts.parquet"
-    if stored.exists():
+    if (stored := run_dir / "data" / "verdicts.parquet").exists():
         return "use " + answer_block.uses(pd.read_parquet(stored))
-    table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
+    table = tb.summary_table(single) if single is not None and not single.empty else pd.DataFrame()
     if table.empty:
         return ""
     emulated = fp8_report.speed_emulated(table["precision"], manifest.get("device", "cpu"))
     several = len(table.groupby(["model", "dataset"])) > 1
-    said = []
-    for r, fake in zip(table.itertuples(), emulated):
-        if not precisions.is_mixed(r.precision):
-            continue
-        ratio = (fp8_report.EMULATED_SPEED if fake else f"{r.speedup_vs_fp32:.2f}× fp32 speed"
-                 if np.isfinite(r.speedup_vs_fp32) else "n/a")
-        said.append(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: {ratio}, "
-                    + (f"{r.val_accuracy:.1%} acc." if np.isfinite(r.val_accuracy) else "accuracy n/a"))
-    return "; ".join(said)
+    return "; ".join(
+        f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: " + (
+            fp8_report.EMULATED_SPEED if fake else f"{r.speedup_vs_fp32:.2f}× fp32 speed"
+            if np.isfinite(r.speedup_vs_fp32) else "n/a")
+        + (f", {r.val_accuracy:.1%} acc." if np.isfinite(r.val_accuracy) else ", accuracy n/a")
+        for r, fake in zip(table.itertuples(), emulated) if precisions.is_mixed(r.precision))
 
 
 HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept beside its records

@@ -69,10 +69,9 @@ def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFac
                     halves={precisions.of(p).half for p in modes} - {None})
 
 
-def _how(facts: RunFacts) -> str:
-    """How each framework that ran computes a mixed mode."""
-    return " and ".join(([ "autocast in PyTorch"] if facts.torch else []) + (["a dtype policy in Keras"]
-                                                                           if facts.keras else []))
+def _both(facts: RunFacts, torch: str, keras: str) -> str:
+    """The torch and the Keras words, of the frameworks that ran, joined by "and"."""
+    return " and ".join([torch] * facts.torch + [keras] * facts.keras)
 
 
 def mode_text(facts: RunFacts, name: str) -> str:
@@ -82,7 +81,7 @@ def mode_text(facts: RunFacts, name: str) -> str:
         return fp8_mode_text(facts, name)
     if p.half is None:
         return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
-    text = f"{_how(facts)}, computing most layers in {p.half}"
+    text = f"{_both(facts, 'autocast in PyTorch', 'a dtype policy in Keras')}, computing most layers in {p.half}"
     if p.loss_scaling == "dynamic":
         return text + ", with dynamic loss scaling"
     if p.loss_scaling == "static":
@@ -132,8 +131,7 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
     """The Loss scaling section's explanation: only the modes this run had, and what happened to them."""
     out = []
     if facts.ran(loss_scaling="dynamic"):
-        apis = " and ".join((["torch.amp.GradScaler"] if facts.torch else []) +
-                            (["Keras' LossScaleOptimizer"] if facts.keras else []))
+        apis = _both(facts, "torch.amp.GradScaler", "Keras' LossScaleOptimizer")
         # how loss scaling works is the glossary's (said once there); here only what this run's scaler could do
         text = (f"{', '.join(facts.ran(loss_scaling='dynamic'))} uses dynamic loss scaling ({apis}; the glossary "
                 "says how it works)")
@@ -146,13 +144,12 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
                      "grow.")
         out.append(text + ("" if facts.growth else "."))
     for name in facts.ran(loss_scaling="static"):
-        keras = "; Keras: the optimizer's loss_scale_factor" if facts.keras else ""
-        torch = "PyTorch: GradScaler held at it" if facts.torch else ""
+        how = "; ".join(["PyTorch: GradScaler held at it"] * facts.torch + ["Keras: the optimizer's loss_scale_factor"]
+                        * facts.keras)
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
-        out.append(f"{name} multiplies the loss by a fixed scale{scale} ({torch}{keras}).".replace("(; ", "(")
-                   + (f" By design, where its gradients overflow, {KERAS_STATIC}." if facts.keras and facts.torch
-                      else " By design, where its gradients overflow, Keras applies the update anyway." if facts.keras
-                      else ""))
+        overflow = KERAS_STATIC if facts.torch else "Keras applies the update anyway"
+        out.append(f"{name} multiplies the loss by a fixed scale{scale} ({how})."
+                   + (f" By design, where its gradients overflow, {overflow}." if facts.keras else ""))
     for name in facts.ran(half="float16", loss_scaling=None):
         out.append(f"{name} does not scale at all: what float16 cannot hold is lost.")
     if facts.ran(half="bfloat16"):
@@ -177,9 +174,8 @@ def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
     N-worker cells (facts.frameworks), and that the speed figures measure sharing one CPU (None on a GPU)."""
     if facts.device != "cpu" or not facts.frameworks:
         return None
-    what = " and ".join((["processes (torch: torchrun's workers)"] if facts.torch else []) +
-                        (["logical devices of one process (Keras: MirroredStrategy's CPU devices, JAX's host "
-                          "devices)"] if facts.keras else []))
+    what = _both(facts, "processes (torch: torchrun's workers)", "logical devices of one process (Keras: "
+                 "MirroredStrategy's CPU devices, JAX's host devices)")
     return (f"On this CPU ({cpu_model or 'CPU'}) the N workers are {what} sharing the same cores and memory: the "
             "speed figures measure that sharing and the engines' overhead, not a network or more hardware.")
 
