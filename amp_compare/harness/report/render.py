@@ -354,10 +354,9 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
         raise ValueError("the same run folder was given twice")
     parts: dict[str, list[pd.DataFrame]] = {}
-    manifests, environment, cells, hardware = [], {}, [], set()
-    for run_dir in run_dirs:
-        manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
-        manifests.append(manifest)
+    manifests, environment, hardware = [load_manifest(d) for d in run_dirs], {}, set()
+    for run_dir, manifest in zip(run_dirs, manifests):
+        tables = records.read_run(run_dir)
         gpus = sorted(set(tables["run"].get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
         where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")  # its accelerator or CPU
         hardware.add(where)
@@ -367,7 +366,6 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
                 df = df.assign(cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
             parts.setdefault(name, []).append(df.assign(machine=label))
         environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
-        cells += [f"{Path(run_dir).name}/{c}" for c in manifest["cells"]]
     first, envs = manifests[0], [m["environment"] for m in manifests]
     for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware", "cpu_isa_limits"):  # where runs agree
         if len({str(e.get(key)) for e in envs}) == 1 and key in first["environment"]:
@@ -377,6 +375,7 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     matrix = {k: list(dict.fromkeys(v for m in manifests for v in m["matrix"].get(k, []))) for k in first["matrix"]}
     seeds, devices = sorted({s for m in manifests for s in m["matrix"]["seeds"]}), {m["device"] for m in manifests}
     device = "several machines" if len(hardware) > 1 else devices.pop() if len(devices) == 1 else "several devices"
+    cells = [f"{Path(d).name}/{c}" for d, m in zip(run_dirs, manifests) for c in m["cells"]]
     manifest = {"run_id": out_dir.name, "device": device, "cells": cells, "environment": environment,
                 "matrix": {**matrix, "seeds": seeds}, "defaults": first["defaults"],
                 "notes": [f"Combined report of {len(run_dirs)} runs: {', '.join(str(d) for d in run_dirs)}."],
@@ -654,8 +653,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     context["fp8_html"] = fp8_report.html(fp8, fp8_report.figure(fp8, run_dir / "figures") if draw else None)
     page, used = glossary.expand_first_use(_env().get_template("report.html").render(**context))
     atomic_write_text(run_dir / "index.html", page.replace("<!--abbreviations-->", glossary.abbreviations_html(used)))
-    environment, missing = manifest["environment"], context["missing"]
-    md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
+    md = [f"## amp-compare `{manifest['run_id']}` ({manifest['environment'].get('cpu_model', '')}, "
+          f"{manifest['device']})", "",
           *(["### Answer", "", context["answer_markdown"], ""] if context["answer_markdown"] else []),
           *[part for title, t in context["verdict_tables_md"] for part in (f"#### {title}", "", table_markdown(t), "")],
           *([context["verdict_columns"], ""] if context["verdict_columns"] else []),
@@ -663,11 +662,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           *(["", "### Data parallel", "", dataparallel.short_intro(), "", table_markdown(parallel["table"]), "",
              *[f"- {s}" for s in parallel["sentences"]]] if parallel and not parallel["table"].empty else []),
           *profile_report.markdown(profile, table_markdown),
-          *fp8_report.markdown(fp8, table_markdown)]
-    if missing:
-        md += ["", f"Cells without a result: {', '.join(missing)}."]
-    md += ["", f"Reproduce: `{manifest['command']}`", *([context["reproduce_note"]] if context.get("reproduce_note")
-                                                        else []), ""]
+          *fp8_report.markdown(fp8, table_markdown),
+          *(["", f"Cells without a result: {', '.join(context['missing'])}."] if context["missing"] else []),
+          "", f"Reproduce: `{manifest['command']}`", *filter(None, [context["reproduce_note"]]), ""]
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     records.export_tables(run_dir, {"verdicts": context["verdicts"]})
     render_runs_index(run_dir.parent)

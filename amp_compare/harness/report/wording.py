@@ -21,7 +21,7 @@ class RunFacts:
     precisions: list[str]
     seeds: list[int]
     device: str
-    rotated: bool  # the precision order rotated with each seed (harness/run/order.py), as the run's cells show
+    rotated: bool = False  # not read: its callers still pass it
     loss_scale: float | None = None  # fp16-static's fixed scale
     growth: tuple[int, int] | None = None  # (growth interval, steps each dynamic cell ran)
     skipped: int | None = None  # steps skipped in all loss-scaled cells; None: no loss-scaled cell
@@ -40,16 +40,6 @@ class RunFacts:
         return any(is_keras(f) for f in self.frameworks)
 
 
-def rotated_order(manifest: dict) -> bool:
-    """Whether the cells ran with the precision order rotated per seed: two seeds of one model/dataset that
-    started with different precisions (read from the order the manifest lists the cells in)."""
-    firsts: dict[tuple, dict] = {}
-    for c in manifest.get("configs", []) or []:
-        if isinstance(c, dict):
-            firsts.setdefault((c.get("model"), c.get("dataset")), {}).setdefault(c.get("seed"), c.get("precision"))
-    return any(len(set(by_seed.values())) > 1 for by_seed in firsts.values())
-
-
 def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
     """What the run contains: its finished cells (any cell, where none finished) and the manifest's order."""
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs and not runs.empty else runs
@@ -62,7 +52,6 @@ def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFac
     scaled = steps[steps["precision"].isin(precisions.scaled_names())] if "precision" in steps else steps.iloc[0:0]
     static = done.get("cfg_loss_scale", pd.Series(dtype=float)).dropna() if not done.empty else pd.Series()
     return RunFacts(frameworks=frameworks, precisions=modes, seeds=seeds, device=manifest.get("device", "cpu"),
-                    rotated=rotated_order(manifest) and len(seeds) > 1,
                     loss_scale=float(static.iloc[0]) if not static.empty else None,
                     growth=growth_facts(done, steps) if not done.empty and "cell_id" in steps else None,
                     skipped=int(scaled["skipped"].sum()) if not scaled.empty else None,
@@ -81,15 +70,12 @@ def mode_text(facts: RunFacts, name: str) -> str:
         return fp8_mode_text(facts, name)
     if p.half is None:
         return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
-    text = f"{_both(facts, 'autocast in PyTorch', 'a dtype policy in Keras')}, computing most layers in {p.half}"
-    if p.loss_scaling == "dynamic":
-        return text + ", with dynamic loss scaling"
-    if p.loss_scaling == "static":
-        scale = f" {facts.loss_scale:g}" if facts.loss_scale else ""
-        return text + f", with the fixed loss scale{scale} (--loss-scale), never grown or backed off"
-    if p.half == "float16":
-        return text + ", with no loss scaling at all (gradients below float16's range flush to zero)"
-    return text + " (float32's exponent range, so no loss scaling)"
+    scale = f" {facts.loss_scale:g}" if facts.loss_scale else ""
+    return f"{_both(facts, 'autocast in PyTorch', 'a dtype policy in Keras')}, computing most layers in {p.half}" + {
+        "dynamic": ", with dynamic loss scaling",
+        "static": f", with the fixed loss scale{scale} (--loss-scale), never grown or backed off"}.get(
+        p.loss_scaling, ", with no loss scaling at all (gradients below float16's range flush to zero)"
+        if p.half == "float16" else " (float32's exponent range, so no loss scaling)")
 
 
 def fp8_mode_text(facts: RunFacts, name: str) -> str:
@@ -107,8 +93,7 @@ def fp8_mode_text(facts: RunFacts, name: str) -> str:
             recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
         base = recipe.base
     text = "; ".join(parts) or "float8 matmuls"
-    # "a float32 base", not "everything else in float32": the audits show casts to other dtypes inside layers
-    # (Keras fp8 attention casts to bfloat16 and back), which the dtype audit lists op by op
+    # "a float32 base": the audits show casts to other dtypes inside layers (Keras fp8 attention: bfloat16)
     return (text + f"; the rest on a {base} base, with the casts the dtype audit lists"
             + (", emulated on a CPU" if facts.device == "cpu" else ""))
 
