@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import itertools
 import json
 import os
 import sys
@@ -63,8 +64,7 @@ def _left(i: int) -> str:
 
 
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
-    """A plain HTML table, rows where `highlight` is true marked; `grouped`: columns named "group: name" share a
-    header cell over their names."""
+    """An HTML table, `highlight` rows marked; `grouped`: columns named "group: name" share a header cell."""
     cols = [c for c in df.columns if c != highlight]
     head = _grouped_head(cols) if grouped else "<tr>" + "".join(
         f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
@@ -74,19 +74,15 @@ def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = F
 
 
 def _grouped_head(cols: list[str]) -> str:
-    top, sub = [], []  # top: a finished <th> for a column of its own, [group, span] for a group
-    for i, c in enumerate(cols):
-        group, _, name = str(c).rpartition(": ")
-        if not group:
-            top.append(f"<th rowspan='2'{_left(i)}>{html.escape(name)}</th>")
+    top, sub = [], []
+    for group, named in itertools.groupby(enumerate(cols), key=lambda ic: str(ic[1]).rpartition(": ")[0]):
+        named = list(named)
+        if not group:  # a column of its own
+            top += [f"<th rowspan='2'{_left(i)}>{html.escape(str(c))}</th>" for i, c in named]
             continue
-        if top and isinstance(top[-1], list) and top[-1][0] == group:
-            top[-1][1] += 1
-        else:
-            top.append([group, 1])
-        sub.append(f"<th>{html.escape(name)}</th>")
-    first = "".join(t if isinstance(t, str) else f"<th colspan='{t[1]}'>{html.escape(t[0])}</th>" for t in top)
-    return f"<tr>{first}</tr><tr>{''.join(sub)}</tr>"
+        top.append(f"<th colspan='{len(named)}'>{html.escape(group)}</th>")
+        sub += [f"<th>{html.escape(str(c).rpartition(': ')[2])}</th>" for _, c in named]
+    return f"<tr>{''.join(top)}</tr><tr>{''.join(sub)}</tr>"
 
 
 def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
@@ -153,8 +149,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
 
 
 def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per framework x loss-scaled mode: steps, skips, growth events ("could not grow" where the growth interval
-    was longer than any cell's clean steps in a row: a 0 there would be no observation), first and final scale."""
+    """Per framework x loss-scaled mode: steps, skips, growth events (or "could not grow"), first and final scale."""
     counts = nr.scale_counts(steps)
     if counts.empty or (counts := counts[counts["precision"].isin(precisions.scaled_names())]).empty:
         return counts
@@ -209,8 +204,7 @@ def _pct(digits: int):
 
 
 def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The NaN/Inf locator's rows, with the loss the step it ran at recorded: a forward finding beside a finite
-    loss is one in elements the loss does not read (numerics' "nonfinite" paragraph)."""
+    """The NaN/Inf locator's rows, with the loss recorded at the step it ran at."""
     f = nr.nonfinite_findings(runs, steps)
     if f.empty:
         return f
@@ -222,8 +216,7 @@ def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
 
 
 def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFrame:
-    """The accuracy section's table: each mixed cell's paired comparison with fp32 (phrases.accuracy) and every
-    cell's time to target, with its time-to-target verdict (the verdict table's, phrases.cell)."""
+    """Each mixed cell's paired comparison with fp32 and every cell's time to target, with its verdict."""
     if acc.empty:
         return acc
     multi = "machine" in acc and acc["machine"].nunique() > 1
@@ -333,8 +326,7 @@ class Rendered:
 
 
 def render(run_dir: Path, figures: bool = True) -> Rendered:
-    """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn;
-    the page says so and how to draw them): its index.html and what was computed on the way."""
+    """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn)."""
     run_dir = Path(run_dir)
     tables = records.read_run(run_dir)
     searches = []
@@ -349,8 +341,7 @@ def render(run_dir: Path, figures: bool = True) -> Rendered:
 
 
 def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -> Path:
-    """One report over several compare runs (a CPU run and a GPU run, two package versions, …): every
-    table gains a `machine` column and every figure a column per machine."""
+    """One report over several compare runs: every table gains a `machine` column, every figure a column per machine."""
     if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
         raise ValueError("the same run folder was given twice")
     parts: dict[str, list[pd.DataFrame]] = {}
@@ -443,22 +434,20 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     return rows
 
 
-def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str = "cpu",
-          full: pd.DataFrame | None = None, verdict_table: pd.DataFrame | None = None) -> Callable[[], list]:
-    """Every figure of the page, started now on up to two processes; the returned collect() gives them in page order,
-    collect(cancel=True) drops them."""
+def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], summary: dict, device: str) -> Callable[[], list]:
+    """Every figure of the page, started now; collect() gives them in page order, collect(cancel=True) drops them."""
     from amp_compare.harness.report import figures as fg
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow = tables.get("underflow", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     trials = tables.get("trials", pd.DataFrame())
-    tasks = [(fg.make_speed_verdict_figure, (verdict_table, out)) if verdict_table is not None else None,
-             (fg.make_figures, (runs, steps, out, device, full, trials)),
+    tasks = [(fg.make_speed_verdict_figure, (summary["verdicts"], out)),
+             (fg.make_figures, (runs, steps, out, device, summary["full"], trials)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
-             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out, trials))]
+             (fg.make_time_to_accuracy_figure, (runs, epochs, summary["accuracy"], out, trials))]
     pending = _in_parallel([t for t in tasks if t])
 
     def collect(cancel: bool = False) -> list:
@@ -476,8 +465,7 @@ def _themed(fn, args):
 
 
 def _in_parallel(tasks: list) -> Callable[[], list]:
-    """Each (function, args) task started on up to two forked processes; the returned results() waits for them
-    in order, results(cancel=True) drops them."""
+    """Each (function, args) task started on up to two forked processes; results(cancel=False) gives them in order."""
     # a process that loaded a framework may hold thread pools a fork cannot copy: it draws in turn
     framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
 
@@ -510,8 +498,8 @@ def _evidence(manifest: dict) -> dict:
 
 
 def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
-    """The Summary and Speed sections: the table and the findings (`sentences`) built from the run's facts; `said`:
-    verdict rows of cells these tables leave out (the N-worker cells', dataparallel.verdict_rows)."""
+    """The answer, the Summary and Speed sections: the verdict tables, the summary table and the findings
+    (`sentences`); `said`: verdict rows of cells these tables leave out (dataparallel.verdict_rows)."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
     logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
@@ -531,54 +519,30 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"),
                                                   manifest.get("launcher", {}), tables.get("trials"))
-    return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
-            "facts": facts, "intro": wording.summary_intro(facts, seeds_text + tb.fewer_seeds_note(runs), loop_text),
-            "summary_html": table_html(main_table), "legend": tb.legend(full),
-            "hardware_table": _html_or_none(hardware) if any(c in summary for c in tb.HARDWARE_COLUMNS) else None,
-            "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"],
-                                                             speed.manifest_conditions(manifest)[0]),
-                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
-                                                                 bool((ceiling_limits(full) != "").any()),
-                                                                 tuple(ceiling_clauses(tb.ok_runs(runs))))},
-            **_answer_context(manifest, verdict_table)}
-
-
-def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
-    """The answer the page, summary.md and the terminal open with (answer.py, from the verdict table), the per-model
-    verdict tables (phrases.table)."""
     first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"), verdict_table,
                                  bool(manifest.get("defaults", {}).get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     conditions = speed.manifest_conditions(manifest)
-    return {"verdict_tables": [(title, table_html(t)) for title, t in per_model], "verdict_tables_md": per_model,
+    return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
+            "facts": facts, "intro": wording.summary_intro(facts, seeds_text + tb.fewer_seeds_note(runs), loop_text),
+            "summary_html": table_html(main_table), "legend": tb.legend(full),
+            "hardware_table": _html_or_none(hardware) if any(c in summary for c in tb.HARDWARE_COLUMNS) else None,
+            "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"], conditions[0]),
+                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
+                                                                 bool((ceiling_limits(full) != "").any()),
+                                                                 tuple(ceiling_clauses(tb.ok_runs(runs))))},
+            "verdict_tables": [(title, table_html(t)) for title, t in per_model], "verdict_tables_md": per_model,
             "verdict_columns": phrases.columns_note(verdict_table, conditions) if per_model else "",
             "conditions": conditions,
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
-
-
-def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, acc: pd.DataFrame) -> dict:
-    """The Numerics section, its dtype audit included; `acc`: the Accuracy section's paired tests."""
-    runs, steps = tables["run"], tables["steps"]
-    underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
-    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
-    return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
-            "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
-            "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
-            "underflow_methods": nr.UNDERFLOW_METHODS, "dtype_facts": dtype_facts,
-            "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
-                             for p, t in nr.dtype_side_by_side(dtypes).items()},
-            "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
-            "said": nr.numerics_said(runs, underflow, steps, acc), "words": nr.section_words(facts, dtype_facts),
-            "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
 
 def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool,
                   said: list[dict]) -> dict:
     """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
     summary = _summary_context(run_dir, manifest, tables, said)
-    figures = (_draw(run_dir, tables, summary["accuracy"], manifest["device"], summary["full"], summary["verdicts"])
-               if draw else lambda cancel=False: [])
+    figures = _draw(run_dir, tables, summary, manifest["device"]) if draw else lambda cancel=False: []
     try:
         rest = _page_rest(run_dir, manifest, tables, summary, draw)
     except BaseException:
@@ -598,10 +562,22 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         + speed.budget_note(runs, manifest.get("cell_budget", {}).get("limit_s", float("nan")))
     checked = sc.side_by_side(tb.ok_runs(runs).to_dict("records"))
     env = environment_rows(manifest["environment"], runs, tables.get("trials"))  # the appendix lists the packages
-    numerics = _numerics_context(manifest, tables, summary["facts"], acc_stats)
+    underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
+    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
+    underflow_table = _html_or_none(_underflow_table(underflow), grouped=True)
     return {
-        **summary, **numerics, "run_id": manifest["run_id"], "env": manifest["environment"],
-        "device": manifest["device"], "device_names": device_names, "n_cells": len(manifest["cells"]),
+        **summary, "loss_scaling_intro": wording.loss_scaling_intro(summary["facts"]),
+        "numerics_intro": wording.numerics_intro(summary["facts"]), "underflow_table": underflow_table,
+        "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
+        "underflow_methods": nr.UNDERFLOW_METHODS, "dtype_facts": dtype_facts,
+        "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
+                         for p, t in nr.dtype_side_by_side(dtypes).items()},
+        "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()},
+        "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
+        "said": nr.numerics_said(runs, underflow, steps, acc_stats),
+        "words": nr.section_words(summary["facts"], dtype_facts), "run_id": manifest["run_id"],
+        "env": manifest["environment"], "device": manifest["device"], "device_names": device_names,
+        "n_cells": len(manifest["cells"]), "comparison": comparison,
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "env_rows": [r for r in env if not r[0].startswith("version_")],
@@ -615,20 +591,10 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
         "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": BACKEND_INTRO,
         "settings_check": checked, "settings_words": sc.settings_paragraph(checked["cells"], comparison),
-        "comparison": comparison, "glossary_entries": glossary.entries(
-            summary["facts"], numerics["dtype_facts"], numerics["underflow_table"] is not None)
+        "glossary_entries": glossary.entries(summary["facts"], dtype_facts, underflow_table is not None)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
             summary["verdicts"]))],
     }
-
-
-def _cell_counts(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
-    """How many cells finished, the manifest's cells without a result (with their status), and the Cells section."""
-    runs = tables["run"]
-    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
-    return {"n_ok": sum(v == "ok" for v in status.values()),
-            "cells": _cells(runs, whole_epochs(tables["epochs"], tables["steps"], runs), tables["steps"]),
-            "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
 
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
@@ -640,10 +606,15 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     single, every = dataparallel.split(tables)
     parallel = dataparallel.section(every, _evidence(manifest), manifest["device"])  # DATA PARALLEL (None: none)
     said = dataparallel.verdict_rows(parallel and parallel["rows"])
+    counted = every or single  # the page's counts are over every cell
+    status = dict(zip(counted["run"]["cell_id"], counted["run"]["status"])) if not counted["run"].empty else {}
     context = {**_page_context(run_dir, manifest, single, draw, said),
                "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
                "sections": dataparallel.sections(SECTIONS, parallel), "records": held,
-               **_cell_counts(manifest, every or single)}  # the page's counts are over every cell
+               "n_ok": sum(v == "ok" for v in status.values()),
+               "cells": _cells(counted["run"], whole_epochs(counted["epochs"], counted["steps"], counted["run"]),
+                               counted["steps"]),
+               "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
     if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
         context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
                               "cells are in the Data parallel section.")
@@ -694,37 +665,30 @@ def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) 
 HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept beside its records
 
 
-def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -> str:
-    """_index_headline of a run, cached in HEADLINE_FILE keyed by the size and time of its records and of the
-    report's modules."""
-    sources = [run_dir / "manifest.json", run_dir / "data" / "run.csv", run_dir / "data" / "steps.parquet",
-               run_dir / "data" / "verdicts.parquet",  # the headline is the run's answer (_index_headline)
-               *sorted(Path(__file__).parent.glob("*.py"))]
-    key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
-    path = run_dir / HEADLINE_FILE
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        stored = json.loads(path.read_text())
-        if stored["key"] == key:
-            return stored["headline"]
-    # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
-    headline = _index_headline(run_dir, manifest, runs[dataparallel.roles(runs) == "single"]
-                               if runs is not None and not runs.empty else runs)
-    with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
-        path.parent.mkdir(exist_ok=True)
-        atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
-    return headline
-
-
 def render_runs_index(reports_dir: Path) -> Path:
-    """reports/index.html: every compare run in the folder with its headline numbers."""
+    """reports/index.html: every compare run in the folder with its headline (_index_headline, cached in each run's
+    HEADLINE_FILE keyed by the size and time of its records and of this code)."""
     rows = []
     for run_dir in sorted((p for p in Path(reports_dir).iterdir() if (p / "manifest.json").exists()), reverse=True):
+        data = run_dir / "data"
         try:
             manifest = load_manifest(run_dir)
-            runs = pd.read_csv(run_dir / "data" / "run.csv") if (run_dir / "data" / "run.csv").exists() else None
+            runs = pd.read_csv(data / "run.csv") if (data / "run.csv").exists() else None
         except (OSError, ValueError, pd.errors.ParserError):
             continue
-        headline = _stored_headline(run_dir, manifest, runs)
+        sources = [run_dir / "manifest.json", data / "run.csv", data / "steps.parquet", data / "verdicts.parquet",
+                   *sorted(Path(__file__).parent.glob("*.py"))]
+        key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
+        headline, path = None, run_dir / HEADLINE_FILE
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            stored = json.loads(path.read_text())
+            headline = stored["headline"] if stored["key"] == key else None
+        if headline is None:  # the 1-worker cells' headline; the count of finished cells is all of them
+            headline = _index_headline(run_dir, manifest, runs[dataparallel.roles(runs) == "single"]
+                                       if runs is not None and not runs.empty else runs)
+            with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
+                path.parent.mkdir(exist_ok=True)
+                atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
         m = manifest["matrix"]
         rows.append({
             "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
