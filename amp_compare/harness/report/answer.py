@@ -1,6 +1,5 @@
-"""The answer the page, summary.md and the terminal open with, from the verdict table alone: per model x framework
-the precision to use and why (verdicts.choose), an experiment's lines first (verdicts.EXPERIMENTS), then one line per
-mixed precision, after a preface on the CPU's limits."""
+"""The answer the page, summary.md and the terminal open with, from the verdict table alone: a preface, then per model
+x framework an experiment's lines, the precision to use and why (verdicts.choose), one line per mixed precision."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The findings: the Summary's sentences on what the verdict tables and the other sections do not say (diverged
-cells, the machine's steadiness, the frameworks' own log lines on their half-precision path, runs too short to
-judge accuracy), from full_table and the records."""
+"""The findings: the Summary's sentences on what the verdict tables and the other sections do not say, from
+full_table and the records."""
 
 from __future__ import annotations
 

@@ -99,11 +99,11 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok = tb.ok_runs(runs)
     if ok.empty or "p99_step_s" not in ok:
         return pd.DataFrame()
-    group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["model", "dataset",
-                                                                                         "framework", "precision"]
     loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # a sweep
-    group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
-        "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
+    group = ["machine"] * ("machine" in ok and ok["machine"].nunique() > 1) + ["model", "dataset", "framework",
+                                                                               *loops, "precision"]
+    ok = ok.assign(median_step_throughput_img_s=ok.get(  # older records: throughput was the p50 figure
+        "median_step_throughput_img_s", ok["throughput_img_s"]))
     cols = [*TIMING_MS.values(), *TIMING_IMAGES.values(), "first_step_overhead_s"]
     dispatch = "first_step_dispatch_s" in ok and ok["first_step_dispatch_s"].notna().any()  # Keras, device mode
     t = ok.groupby(group, sort=False)[cols + ["first_step_dispatch_s"] * dispatch].median()
@@ -258,18 +258,13 @@ NO_STDERR = {"diverged": "its own divergence watch stopped it and its child ende
 
 
 def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
-    out = []
-    for r in runs.sort_values("cell_id").to_dict("records"):
-        wall = r.get("child_wall_s")
-        out.append({
-            "cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
-            "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r) or "not recorded",
-            "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
-            "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
-            "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
-            "wall": f"{wall:.1f}" if isinstance(wall, float) and pd.notna(wall) else "",
-        })
-    return out
+    return [{"cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
+             "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r) or "not recorded",
+             "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
+             "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
+             "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
+             "wall": f"{wall:.1f}" if isinstance(wall := r.get("child_wall_s"), float) and pd.notna(wall) else ""}
+            for r in runs.sort_values("cell_id").to_dict("records")]
 
 
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:

@@ -1,6 +1,5 @@
 """The report's explanatory sentences, built from what the run contains (`RunFacts`): section intros, the list
-of precision modes, the loss-scaling explanation and which glossary entries appear; what did not run is not
-explained (tests/test_report_sentences.py)."""
+of precision modes, the loss-scaling explanation; what did not run is not explained."""
 
 from __future__ import annotations
 
@@ -192,8 +191,6 @@ def reproduce_note(environment) -> str:
     uncommitted changes; "" for a clean tree."""
     dirty = sorted({str(v)[:-len("-dirty")] for k, v in environment.items()
                     if (k == "git_sha" or str(k).endswith(": git_sha")) and str(v).endswith("-dirty")})
-    if not dirty:
-        return ""
     return (f"The code that ran was commit {', '.join(dirty)} with uncommitted changes (its git_sha ends in "
             "-dirty): the command alone does not rebuild this run; it needs a tree with those same changes, "
-            "which the records do not hold.")
+            "which the records do not hold.") if dirty else ""
