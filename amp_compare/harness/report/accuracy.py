@@ -18,14 +18,12 @@ HOW = {  # how each of stats' methods makes a paired comparison, and what its in
 
 def section_paragraph(acc: pd.DataFrame) -> str:
     """The paragraph above the accuracy table."""
-    ran = set(acc.get("method", pd.Series(dtype=str)).dropna())
-    how = [text for method, text in HOW.items() if method in ran]
-    text = ("Accuracy differences are paired: cells of one model, dataset and seed start from the same weights and "
+    how = [text for method, text in HOW.items() if method in set(acc.get("method", pd.Series(dtype=str)).dropna())]
+    return ("Accuracy differences are paired: cells of one model, dataset and seed start from the same weights and "
             "are scored on the same validation images, so each mixed cell is compared image by image with its fp32"
-            + (": " + "; ".join(how) if how else "") + ".")
-    return text + (f" A difference counts as detectable only when p (the probability of a difference at least this "
-                   f"large if precision changed nothing) is below {stats.ALPHA} and its 95% interval excludes zero. "
-                   "\"Not comparable\" means fp32 itself was near chance or still improving steeply at the last "
-                   "epoch, so the run is too short to say anything about accuracy. Time to target is the training "
-                   "time (validation excluded) until the validation accuracy, checked after every epoch, first "
-                   "reached the target.")
+            + (": " + "; ".join(how) if how else "") + ". A difference counts as detectable only when p (the "
+            "probability of a difference at least this large if precision changed nothing) is below "
+            f"{stats.ALPHA} and its 95% interval excludes zero. \"Not comparable\" means fp32 itself was near chance "
+            "or still improving steeply at the last epoch, so the run is too short to say anything about accuracy. "
+            "Time to target is the training time (validation excluded) until the validation accuracy, checked after "
+            "every epoch, first reached the target.")

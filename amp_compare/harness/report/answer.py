@@ -1,6 +1,5 @@
-"""The answer the page, summary.md and the terminal open with, from the verdict table alone: per model x framework
-the precision to use and why (verdicts.choose), an experiment's lines first (verdicts.EXPERIMENTS), then one line per
-mixed precision, after a preface on the CPU's limits."""
+"""The answer the page, summary.md and the terminal open with, from the verdict table alone: a preface, then per model
+x framework an experiment's lines, the precision to use and why (verdicts.choose), one line per mixed precision."""
 
 from __future__ import annotations
 
@@ -14,7 +13,16 @@ from amp_compare.harness.report import phrases, speed
 from amp_compare.harness.report.verdicts import EXPERIMENTS, choose
 
 SHOWN = ("speed", "accuracy")  # the metrics each precision's line gives; the tables give every metric
-INTERVAL = ("speed",)  # whose interval the line gives (the page's tables give every interval; 80 columns)
+
+
+def _line(prec: str, rows: pd.DataFrame) -> str:
+    """A mixed precision's line: its speed (with interval) and accuracy verdicts, or one word where it did not run."""
+    if (rows["reason"] == "unavailable").all():
+        return f"{prec}: {phrases.REASON['unavailable']}"
+    by = {r.metric: r for r in rows.itertuples()}
+    return f"{prec}: " + "; ".join(  # n/a's reason and the rest of the intervals: the tables (80 columns)
+        f"{phrases.METRIC[m]} " + ("n/a" if v.status == "not_comparable" else phrases.cell(
+            v, m == "speed", v.status == "failed", contended=True)) for m, v in ((m, by[m]) for m in SHOWN if m in by))
 
 
 def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]]]:
@@ -24,19 +32,8 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
         frameworks = experiment_items(part)
         for fw, group in _answerable(part).groupby("framework", sort=False):
             use, reason = choose(group)
-            lines = []
-            for prec, rows in group.groupby("precision", sort=False):
-                if (rows["reason"] == "unavailable").all():  # not run at all: one word, not a failure per metric
-                    lines.append(f"{prec}: {phrases.REASON['unavailable']}")
-                    continue
-                by = {r.metric: r for r in rows.itertuples()}
-                said = [(m, by[m]) for m in SHOWN if m in by]  # why a metric failed; not why it is n/a (no room)
-                cells = (f"{phrases.METRIC[m]} " + ("n/a" if v.status == "not_comparable"  # its reason: the tables
-                                                    else phrases.cell(v, m in INTERVAL, v.status == "failed",
-                                                                      contended=True))  # where most blocks were
-                         for m, v in said)
-                lines.append(f"{prec}: " + "; ".join(cells))
-            frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})", lines))
+            frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})",
+                               [_line(prec, rows) for prec, rows in group.groupby("precision", sort=False)]))
         out.append((f"{model} on {dataset}" + (" (one seed)" if _seeds(part) == 1 else ""), frameworks))
     return out
 
@@ -59,11 +56,6 @@ def _seeds(part: pd.DataFrame) -> float:
     return max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))
 
 
-def rank(precision: str) -> int:
-    """A precision's place in display order (unknown ones last)."""
-    return NAMES.index(precision) if precision in NAMES else len(NAMES)
-
-
 def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
     """Each experiment's rows (verdicts.EXPERIMENTS: loss scaling, naive attention, data parallel) of one model x
     dataset under its header, framework by framework in its metrics' order; [] where the run is none of them."""
@@ -74,7 +66,7 @@ def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
             continue
         order = {m: i for i, m in enumerate(metrics)}
         out.append((header, [phrases.lab_line(v) for _, mine in rows.groupby("framework", sort=False)
-                             for v in sorted(mine.itertuples(), key=lambda v: (rank(v.precision), order[v.metric]))]))
+                             for v in sorted(mine.itertuples(), key=lambda v: (_rank(v.precision), order[v.metric]))]))
     return out
 
 
@@ -99,6 +91,10 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
                     + ("the Profile section names the kernels." if profiled
                        else "this run recorded no profile: rerun with --profile to name the kernels."))
     return " ".join(filter(None, said))
+
+
+def _rank(precision: str) -> int:
+    return NAMES.index(precision) if precision in NAMES else len(NAMES)
 
 
 def _listed(names: list[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import itertools
 import json
 import os
 import sys
@@ -29,49 +30,25 @@ from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
+from amp_compare.harness.report import settings_check as sc
+from amp_compare.harness.report import tables as tb
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, ceiling_limits, on_fp32_ceiling, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
-from amp_compare.harness.report.settings_check import (
-    adam_gap_text,
-    differences_apply,
-    ignored_settings,
-    settings_paragraph,
-    side_by_side,
-    value_text,
-)
-from amp_compare.harness.report.settings_check import differences_paragraph as settings_differences
 from amp_compare.harness.report.stats import whole_epochs
-from amp_compare.harness.report.tables import (
-    HARDWARE_COLUMNS,
-    accuracy_statistics,
-    by_gpu_model,
-    fewer_seeds_note,
-    formatted_summary,
-    full_table,
-    legend,
-    ok_runs,
-    seed_counts_text,
-    seed_list_text,
-    split_summary,
-    summary_table,
-)
 
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
-            ("numerics", "Numerics"),  # what happened to the numbers, loss scaling first: each said once
-            ("data_parallel", "Data parallel"),
-            ("differences", "Framework differences"), ("cells", "Cells"),
-            ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
-            ("appendix", "Appendix")]  # the package versions
+            ("numerics", "Numerics"), ("data_parallel", "Data parallel"), ("differences", "Framework differences"),
+            ("cells", "Cells"), ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
+            ("appendix", "Appendix")]  # the appendix: the package versions
 
 
 def load_manifest(run_dir: Path) -> dict:
-    path = Path(run_dir) / "manifest.json"
     try:
-        return json.loads(path.read_text())
+        return json.loads((Path(run_dir) / "manifest.json").read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{run_dir} is not a compare run folder (no manifest.json)") from None
 
@@ -87,37 +64,25 @@ def _left(i: int) -> str:
 
 
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
-    """A plain HTML table, rows where `highlight` is true marked; `grouped`: columns named "group: name" share a
-    header cell over their names."""
+    """An HTML table, `highlight` rows marked; `grouped`: columns named "group: name" share a header cell."""
     cols = [c for c in df.columns if c != highlight]
     head = _grouped_head(cols) if grouped else "<tr>" + "".join(
         f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
-    return f"<table>{head}{''.join(_rows(df, cols, highlight))}</table>"
+    rows = "".join("<tr{}>{}</tr>".format(" class='differs'" if highlight and rec.get(highlight) else "", "".join(
+        f"<td{_left(i)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))) for rec in df.to_dict("records"))
+    return f"<table>{head}{rows}</table>"
 
 
 def _grouped_head(cols: list[str]) -> str:
-    top, sub = [], []  # top: a finished <th> for a column of its own, [group, span] for a group
-    for i, c in enumerate(cols):
-        group, _, name = str(c).rpartition(": ")
-        if not group:
-            top.append(f"<th rowspan='2'{_left(i)}>{html.escape(name)}</th>")
+    top, sub = [], []
+    for group, named in itertools.groupby(enumerate(cols), key=lambda ic: str(ic[1]).rpartition(": ")[0]):
+        named = list(named)
+        if not group:  # a column of its own
+            top += [f"<th rowspan='2'{_left(i)}>{html.escape(str(c))}</th>" for i, c in named]
             continue
-        if top and isinstance(top[-1], list) and top[-1][0] == group:
-            top[-1][1] += 1
-        else:
-            top.append([group, 1])
-        sub.append(f"<th>{html.escape(name)}</th>")
-    first = "".join(t if isinstance(t, str) else f"<th colspan='{t[1]}'>{html.escape(t[0])}</th>" for t in top)
-    return f"<tr>{first}</tr><tr>{''.join(sub)}</tr>"
-
-
-def _rows(df: pd.DataFrame, cols: list, highlight: str | None) -> list[str]:
-    rows = []
-    for rec in df.to_dict("records"):
-        cells = "".join(f"<td{_left(i)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))
-        mark = " class='differs'" if highlight and rec.get(highlight) else ""
-        rows.append(f"<tr{mark}>{cells}</tr>")
-    return rows
+        top.append(f"<th colspan='{len(named)}'>{html.escape(group)}</th>")
+        sub += [f"<th>{html.escape(str(c).rpartition(': ')[2])}</th>" for _, c in named]
+    return f"<tr>{''.join(top)}</tr><tr>{''.join(sub)}</tr>"
 
 
 def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
@@ -131,14 +96,14 @@ TIMING_IMAGES = {"Images/s (wall, headline)": "throughput_img_s", "Images/s from
 
 def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Step-time percentiles and both throughputs, medians over seeds (how many: the summary table's Runs)."""
-    ok = ok_runs(runs)
+    ok = tb.ok_runs(runs)
     if ok.empty or "p99_step_s" not in ok:
         return pd.DataFrame()
-    group = (["machine"] if "machine" in ok and ok["machine"].nunique() > 1 else []) + ["model", "dataset",
-                                                                                         "framework", "precision"]
     loops = [c for c in ("cfg_step", "cfg_batch_size") if c in ok and ok[c].nunique() > 1]  # a sweep
-    group, ok = group[:-1] + loops + group[-1:], ok.assign(median_step_throughput_img_s=ok.get(
-        "median_step_throughput_img_s", ok["throughput_img_s"]))  # older records: throughput was the p50 figure
+    group = ["machine"] * ("machine" in ok and ok["machine"].nunique() > 1) + ["model", "dataset", "framework",
+                                                                               *loops, "precision"]
+    ok = ok.assign(median_step_throughput_img_s=ok.get(  # older records: throughput was the p50 figure
+        "median_step_throughput_img_s", ok["throughput_img_s"]))
     cols = [*TIMING_MS.values(), *TIMING_IMAGES.values(), "first_step_overhead_s"]
     dispatch = "first_step_dispatch_s" in ok and ok["first_step_dispatch_s"].notna().any()  # Keras, device mode
     t = ok.groupby(group, sort=False)[cols + ["first_step_dispatch_s"] * dispatch].median()
@@ -165,11 +130,10 @@ def _identity(df: pd.DataFrame) -> dict:
 
 
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
-    """One row per --find-max-batch search: the largest batch that fit, the memory it used, the cap, and whether the
-    search converged or stopped early (its time budget spent)."""
+    """One row per --find-max-batch search (model, dataset, framework, precision): the largest batch that fit, the
+    memory it used, the cap, and whether the search converged or stopped early (its time budget spent)."""
     if maxbatch.empty:
         return maxbatch
-    # one row per search: model and dataset are part of its identity (two models' searches never share a row)
     keys = [k for k in ("model", "dataset") if k in maxbatch] + ["framework", "precision"]
     first = maxbatch.groupby(keys, sort=False).first().reset_index()
     peak = maxbatch[maxbatch["ok"]].groupby(keys)["peak_bytes"].max()
@@ -185,11 +149,9 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
 
 
 def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per framework x loss-scaled mode: steps, skips, growth events ("could not grow" where the growth interval
-    was longer than any cell's clean steps in a row: a 0 there would be no observation), first and final scale."""
+    """Per framework x loss-scaled mode: steps, skips, growth events (or "could not grow"), first and final scale."""
     counts = nr.scale_counts(steps)
-    counts = counts[counts["precision"].isin(precisions.scaled_names())] if not counts.empty else counts
-    if counts.empty:
+    if counts.empty or (counts := counts[counts["precision"].isin(precisions.scaled_names())]).empty:
         return counts
 
     def growth(r) -> str:
@@ -198,8 +160,8 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
         cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)
                      & (runs["model"] == getattr(r, "model", runs["model"]))]
         facts = nr.growth_facts(cells, steps)
-        return "could not grow (--growth-interval ≥ clean steps in a row)" if facts and facts[1] <= facts[0] else \
-            f"{r.growth_events:.0f}"
+        return ("could not grow (--growth-interval ≥ clean steps in a row)" if facts and facts[1] <= facts[0]
+                else f"{r.growth_events:.0f}")
 
     return pd.DataFrame({**_identity(counts), "Steps": counts["steps"].map("{:.0f}".format),
                          "Skipped": ["n/a (cannot skip)" if scaling.cannot_skip(r.framework, r.precision) else
@@ -242,21 +204,19 @@ def _pct(digits: int):
 
 
 def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The NaN/Inf locator's rows, with the loss the step it ran at recorded: a forward finding beside a finite
-    loss is one in elements the loss does not read (numerics' "nonfinite" paragraph)."""
+    """The NaN/Inf locator's rows, with the loss recorded at the step it ran at."""
     f = nr.nonfinite_findings(runs, steps)
     if f.empty:
         return f
-    loss = ({"That step's loss": f["nonfinite_step_loss"].map(lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
-            if "nonfinite_step_loss" in f else {})
     return pd.DataFrame({**_identity(f), "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
-                         **loss})
+                         **({"That step's loss": f["nonfinite_step_loss"].map(
+                             lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
+                            if "nonfinite_step_loss" in f else {})})
 
 
 def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFrame:
-    """The accuracy section's table: each mixed cell's paired comparison with fp32 (phrases.accuracy) and every
-    cell's time to target, with its time-to-target verdict (the verdict table's, phrases.cell)."""
+    """Each mixed cell's paired comparison with fp32 and every cell's time to target, with its verdict."""
     if acc.empty:
         return acc
     multi = "machine" in acc and acc["machine"].nunique() > 1
@@ -268,7 +228,6 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
     times = {key(v): v for v in verdicts.of(verdict_table, "time_to_target").itertuples()}
     rows = []
     for r in acc.itertuples():
-        # its cells ran a few dozen steps: neither its accuracy nor its time to target is compared
         cut = phrases.REASON["budget_cut"] if (getattr(r, "budget_cut", 0) or 0) > 0 else ""
         tested = isinstance(r.method, str) and not r.too_short
         timed = np.isfinite(r.target) and not r.too_short and not cut
@@ -289,9 +248,8 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
 
 
 def table_markdown(df: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
+    return "\n".join(["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns),
+                      *("| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False))])
 
 
 # What the Cells section says of a cell without a stderr tail, by its status.
@@ -300,32 +258,26 @@ NO_STDERR = {"diverged": "its own divergence watch stopped it and its child ende
 
 
 def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
-    out = []
-    for r in runs.sort_values("cell_id").to_dict("records"):
-        wall = r.get("child_wall_s")
-        out.append({
-            "cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
-            "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r) or "not recorded",
-            "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
-            "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
-            "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
-            "wall": f"{wall:.1f}" if isinstance(wall, float) and pd.notna(wall) else "",
-        })
-    return out
+    return [{"cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
+             "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r) or "not recorded",
+             "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
+             "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
+             "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
+             "wall": f"{wall:.1f}" if isinstance(wall := r.get("child_wall_s"), float) and pd.notna(wall) else ""}
+            for r in runs.sort_values("cell_id").to_dict("records")]
 
 
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
-    """Each item of amp_compare.contract.mapping.DIFFERENCES: both frameworks' defaults as their children read them
-    from the installed versions, and the values this run's cells actually used."""
-    ok = ok_runs(runs)
-    # what a cell used: every cell that recorded its settings, diverged ones too
+    """Each item of contract.mapping.DIFFERENCES the run's models have: both frameworks' defaults as their children
+    read them from the installed versions, and the values the cells that recorded them (diverged ones too) used."""
+    ok = tb.ok_runs(runs)
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
-    defaults: dict[str, dict] = {}
-    used: dict[str, dict[str, set]] = {}
+    defaults: dict[str, dict] = {}  # per engine: every Keras backend's cells together
     for row in ok.to_dict("records"):
-        fw = "keras" if is_keras(row["framework"]) else row["framework"]  # every Keras backend's cells together
         if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
-            defaults.setdefault(fw, json.loads(row["framework_defaults"]))
+            defaults.setdefault("keras" if is_keras(row["framework"]) else row["framework"],
+                                json.loads(row["framework_defaults"]))
+    used: dict[str, dict] = {}
     for row in recorded.to_dict("records"):
         mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
         if isinstance(row.get("settings_used"), str) and row["settings_used"]:
@@ -334,32 +286,24 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
                 settings = {"mha_bias": "used (setting not recorded)", **settings,
                             "attention_core": f"--attention {settings['attention']}"}
             for key, value in settings.items():
-                mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(value_text(value))
+                mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(sc.value_text(value))
         if row.get("init_source"):  # " (this cell)" marks the cell that wrote the shared file: the same file
             mine.setdefault("initial_weights", {}).setdefault("", set()).add(
                 str(row["init_source"]).removesuffix(" (this cell)"))
-    rows = []
-    adam_gap = adam_gap_text(ok.to_dict("records"))  # defaults mode: the two Adams on this run's gradients
-    vit_gap = nr.cross_framework_loss_gap(steps) if steps is not None else ""  # the vit's attention core
+    measured = {"adam_formula": sc.adam_gap_text(ok.to_dict("records")),  # defaults mode: the two Adams
+                "attention_core": nr.cross_framework_loss_gap(steps) if steps is not None else ""}
     has = [set(runs[c].dropna().astype(str)) if c in runs else None for c in ("model", "cfg_optimizer", "precision")]
-    for d in (d for d in DIFFERENCES if differences_apply(d.key, *has)):  # only parts the run's models have
-        rows.append({
-            "item": d.item, "why": d.why,
-            "measured": adam_gap if d.key == "adam_formula" else vit_gap if d.key == "attention_core" else "",
-            "torch_default": value_text(defaults.get("torch", {}).get(d.key, "n/a")),
-            "keras_default": value_text(defaults.get("keras", {}).get(d.key, "n/a")),
-            "torch_used": _used_text(used.get("torch", {}).get(d.key, {})),
-            "keras_used": _used_text(used.get("keras", {}).get(d.key, {})),
-        })
-    return rows
+    return [{"item": d.item, "why": d.why, "measured": measured.get(d.key, ""),
+             **{f"{fw}_default": sc.value_text(defaults.get(fw, {}).get(d.key, "n/a")) for fw in ("torch", "keras")},
+             **{f"{fw}_used": _used_text(used.get(fw, {}).get(d.key, {})) for fw in ("torch", "keras")}}
+            for d in DIFFERENCES if sc.differences_apply(d.key, *has)]
 
 
 def _used_text(by_model: dict[str, set]) -> str:
     """The values a framework's cells used, per model where the models used different ones ("simple_cnn 0; vit
-    0.05"), so the two frameworks' columns read model by model, not as two unordered lists."""
-    values = [v for vs in by_model.values() for v in vs]
+    0.05")."""
     if len({frozenset(vs) for vs in by_model.values()}) <= 1:
-        return "; ".join(sorted(set(values))) or "not used"
+        return "; ".join(sorted({v for vs in by_model.values() for v in vs})) or "not used"
     return "; ".join(f"{model} {', '.join(sorted(vs))}" for model, vs in sorted(by_model.items()))
 
 
@@ -377,8 +321,7 @@ class Rendered:
 
 
 def render(run_dir: Path, figures: bool = True) -> Rendered:
-    """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn;
-    the page says so and how to draw them): its index.html and what was computed on the way."""
+    """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn)."""
     run_dir = Path(run_dir)
     tables = records.read_run(run_dir)
     searches = []
@@ -389,19 +332,17 @@ def render(run_dir: Path, figures: bool = True) -> Rendered:
             print(f"skipping unreadable max-batch search {path}: {exc}", file=sys.stderr)
     if searches:
         tables["maxbatch"] = pd.concat(searches, ignore_index=True)
-    return _render(run_dir, load_manifest(run_dir), by_gpu_model(tables), draw=figures)
+    return _render(run_dir, load_manifest(run_dir), tb.by_gpu_model(tables), draw=figures)
 
 
 def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -> Path:
-    """One report over several compare runs (a CPU run and a GPU run, two package versions, …): every
-    table gains a `machine` column and every figure a column per machine."""
+    """One report over several compare runs: every table gains a `machine` column, every figure a column per machine."""
     if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
         raise ValueError("the same run folder was given twice")
     parts: dict[str, list[pd.DataFrame]] = {}
-    manifests, environment, cells, hardware = [], {}, [], set()
-    for run_dir in run_dirs:
-        manifest, tables = load_manifest(run_dir), records.read_run(run_dir)
-        manifests.append(manifest)
+    manifests, environment, hardware = [load_manifest(d) for d in run_dirs], {}, set()
+    for run_dir, manifest in zip(run_dirs, manifests):
+        tables = records.read_run(run_dir)
         gpus = sorted(set(tables["run"].get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
         where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")  # its accelerator or CPU
         hardware.add(where)
@@ -411,17 +352,16 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
                 df = df.assign(cell_id=Path(run_dir).name + "/" + df["cell_id"].astype(str))
             parts.setdefault(name, []).append(df.assign(machine=label))
         environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
-        cells += [f"{Path(run_dir).name}/{c}" for c in manifest["cells"]]
     first, envs = manifests[0], [m["environment"] for m in manifests]
     for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware", "cpu_isa_limits"):  # where runs agree
         if len({str(e.get(key)) for e in envs}) == 1 and key in first["environment"]:
             environment[key] = first["environment"][key]
     environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
                        cpu_model=" / ".join(dict.fromkeys(e.get("cpu_model", "?") for e in envs)))
-    # Every run's frameworks, models, datasets, precisions and seeds (the run list's Matrix column).
     matrix = {k: list(dict.fromkeys(v for m in manifests for v in m["matrix"].get(k, []))) for k in first["matrix"]}
     seeds, devices = sorted({s for m in manifests for s in m["matrix"]["seeds"]}), {m["device"] for m in manifests}
     device = "several machines" if len(hardware) > 1 else devices.pop() if len(devices) == 1 else "several devices"
+    cells = [f"{Path(d).name}/{c}" for d, m in zip(run_dirs, manifests) for c in m["cells"]]
     manifest = {"run_id": out_dir.name, "device": device, "cells": cells, "environment": environment,
                 "matrix": {**matrix, "seeds": seeds}, "defaults": first["defaults"],
                 "notes": [f"Combined report of {len(run_dirs)} runs: {', '.join(str(d) for d in run_dirs)}."],
@@ -441,8 +381,7 @@ HOST_LABELS = {f"cpu_{short}_hardware": f"cpu_{short}_hardware ({' or '.join(fla
 # Per-framework columns of the run table shown in the Environment section, with how each is labelled.
 ENV_COLUMNS = {
     "framework_version": "version", "keras_version": "Keras version", "keras_backend": "Keras backend",
-    "device_name": "device",
-    "compute_capability": "compute capability",
+    "device_name": "device", "compute_capability": "compute capability",
     "torch_cuda_version": "CUDA version PyTorch was built with (torch.version.cuda; build info)",
     "torch_cudnn_version": "cuDNN version PyTorch loads (torch.backends.cudnn.version())",
     "tf_cuda_version": "CUDA version TensorFlow was built with (tf.sysconfig.get_build_info(); build info)",
@@ -451,8 +390,7 @@ ENV_COLUMNS = {
     "tf_intra_op_threads": "intra-op threads (training cells)",
     "tf_inter_op_threads": "inter-op threads (training cells)", "jax_threads": "threads (training cells)",
     "tf32": "TF32", "compiled": "compilation", "step_values": "per-step values", "amp_api": "AMP API per precision",
-    "memory_kind": "memory measured as",
-    "dataset_source": "dataset",
+    "memory_kind": "memory measured as", "dataset_source": "dataset",
 }
 BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
 
@@ -463,9 +401,8 @@ def _env_value(value) -> str:
 
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
                      ) -> list[tuple[str, str | list[str]]]:
-    """The Environment table: the host as the parent recorded it, then what each framework's cells reported (a
-    list where cells differ) and the threads its speed trials ran with; build-time CUDA/cuDNN versions labelled as
-    such."""
+    """The Environment table: the host as the parent recorded it, the threads each framework's speed trials ran with,
+    then what its cells reported (build-time CUDA/cuDNN versions labelled as such)."""
     rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), _env_value(environment[k]))
                                                for k in sorted(environment)]
     if trials is not None and not trials.empty and {"framework", "threads"} <= set(trials):
@@ -477,50 +414,39 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
     if "amp_api" in ordered and "fp8_settings" in ordered:  # fp8: what ran is in its fp8_settings
         ordered = ordered.assign(amp_api=[fp8_report.api_text(r) for r in ordered.to_dict("records")])
-    for col, label in ENV_COLUMNS.items():
-        if col not in ordered:
-            continue
+    for col, label in ((c, label) for c, label in ENV_COLUMNS.items() if c in ordered):
         for fw, part in ordered.groupby("framework", sort=False):
-            if col == "amp_api" and "precision" in part:
-                pairs = dict.fromkeys(f"{p}: {_env_value(v)}" for p, v in zip(part["precision"], part[col])
-                                      if pd.notna(v) and str(v))
-                if pairs:
-                    rows.append((f"{framework_label(fw)}: {label}", list(pairs)))
+            if col == "amp_api" and "precision" in part:  # per precision, a list
+                pairs = list(dict.fromkeys(f"{p}: {_env_value(v)}" for p, v in zip(part["precision"], part[col])
+                                           if pd.notna(v) and str(v)))
+                rows += [(f"{framework_label(fw)}: {label}", pairs)] if pairs else []
                 continue
-            values = list(dict.fromkeys(_env_value(v) for v in part[col].dropna() if str(v)))
-            if not values:
-                continue
-            text = ", ".join(values)
             devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
-            if col in BUILD_INFO and devices <= {"cpu", ""}:
-                text += " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
-            rows.append((f"{framework_label(fw)}: {label}", text))
+            if values := list(dict.fromkeys(_env_value(v) for v in part[col].dropna() if str(v))):
+                rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
+                    " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
+                    if col in BUILD_INFO and devices <= {"cpu", ""} else "")))
     return rows
 
 
-def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], acc_stats, device: str = "cpu",
-          full: pd.DataFrame | None = None, verdict_table: pd.DataFrame | None = None) -> Callable[[], list]:
-    """Every figure of the page, started now on up to two processes; the returned collect() gives them in page order,
-    collect(cancel=True) drops them."""
+def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], summary: dict, device: str) -> Callable[[], list]:
+    """Every figure of the page, started now; collect() gives them in page order, collect(cancel=True) drops them."""
     from amp_compare.harness.report import figures as fg
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow = tables.get("underflow", pd.DataFrame())
     headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
     trials = tables.get("trials", pd.DataFrame())
-    tasks = [(fg.make_speed_verdict_figure, (verdict_table, out)) if verdict_table is not None else None,
-             (fg.make_figures, (runs, steps, out, device, full, trials)),
+    tasks = [(fg.make_speed_verdict_figure, (summary["verdicts"], out)),
+             (fg.make_figures, (runs, steps, out, device, summary["full"], trials)),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
-             (fg.make_time_to_accuracy_figure, (runs, epochs, acc_stats, out, trials))]
+             (fg.make_time_to_accuracy_figure, (runs, epochs, summary["accuracy"], out, trials))]
     pending = _in_parallel([t for t in tasks if t])
 
     def collect(cancel: bool = False) -> list:
-        drawn = []
-        for made in pending(cancel):
-            drawn += made if isinstance(made, list) else [made]
-        return [f for f in drawn if f]
+        return [f for made in pending(cancel) for f in (made if isinstance(made, list) else [made]) if f]
 
     return collect
 
@@ -534,8 +460,7 @@ def _themed(fn, args):
 
 
 def _in_parallel(tasks: list) -> Callable[[], list]:
-    """Each (function, args) task started on up to two forked processes; the returned results() waits for them
-    in order, results(cancel=True) drops them."""
+    """Each (function, args) task started on up to two forked processes; results(cancel=False) gives them in order."""
     # a process that loaded a framework may hold thread pools a fork cannot copy: it draws in turn
     framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
 
@@ -568,20 +493,19 @@ def _evidence(manifest: dict) -> dict:
 
 
 def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
-    """The Summary and Speed sections: the table and the findings (`sentences`) built from the run's facts; `said`:
-    verdict rows of cells these tables leave out (the N-worker cells', dataparallel.verdict_rows)."""
+    """The answer, the Summary and Speed sections: the verdict tables, the summary table and the findings
+    (`sentences`); `said`: verdict rows of cells these tables leave out (dataparallel.verdict_rows)."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
     logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
     evidence = {**_evidence(manifest), "framework_logs": list(logs)}
-    accuracy = accuracy_statistics(runs, epochs)
-    full = full_table(runs, epochs, evidence, accuracy)
-    summary = formatted_summary(full)
-    main_table, hardware, loop_text = split_summary(summary)
-    parts = finding_parts(runs, steps, evidence, epochs, table=full)
-    sentences = parts.sentences
+    accuracy = tb.accuracy_statistics(runs, epochs)
+    full = tb.full_table(runs, epochs, evidence, accuracy)
+    summary = tb.formatted_summary(full)
+    main_table, hardware, loop_text = tb.split_summary(summary)
+    sentences = finding_parts(runs, steps, evidence, epochs, table=full).sentences
     facts = wording.run_facts(manifest, runs, steps)
-    seeds_text = (seed_counts_text(runs) or seed_list_text(manifest["matrix"]["seeds"])) + fewer_seeds_note(runs)
+    seeds_text = tb.seed_counts_text(runs) or tb.seed_list_text(manifest["matrix"]["seeds"])
     verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
     verdict_table = verdicts.with_rows(verdict_table, [  # said: the N-worker cells' (answer.experiment_items)
         *scaling.rows(verdict_table, runs, steps, tables.get("underflow")),
@@ -590,58 +514,30 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     tables_check("verdicts", verdict_table)
     sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"),
                                                   manifest.get("launcher", {}), tables.get("trials"))
-    return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
-            "facts": facts,
-            "intro": wording.summary_intro(facts, seeds_text, loop_text), "summary_html": table_html(main_table),
-            "legend": legend(full),
-            "hardware_table": _html_or_none(hardware) if any(c in summary for c in HARDWARE_COLUMNS) else None,
-            "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"],
-                                                             speed.manifest_conditions(manifest)[0]),
-                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
-                                                                 bool((ceiling_limits(full) != "").any()),
-                                                                 tuple(ceiling_clauses(ok_runs(runs))))},
-            **_answer_context(manifest, verdict_table)}
-
-
-def _answer_context(manifest: dict, verdict_table: pd.DataFrame) -> dict:
-    """The answer the page, summary.md and the terminal open with (answer.py, from the verdict table), the per-model
-    verdict tables (phrases.table)."""
     first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"), verdict_table,
                                  bool(manifest.get("defaults", {}).get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     conditions = speed.manifest_conditions(manifest)
-    return {"verdict_tables": [(title, table_html(t)) for title, t in per_model],
+    return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
+            "facts": facts, "intro": wording.summary_intro(facts, seeds_text + tb.fewer_seeds_note(runs), loop_text),
+            "summary_html": table_html(main_table), "legend": tb.legend(full),
+            "hardware_table": _html_or_none(hardware) if any(c in summary for c in tb.HARDWARE_COLUMNS) else None,
+            "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"], conditions[0]),
+                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
+                                                                 bool((ceiling_limits(full) != "").any()),
+                                                                 tuple(ceiling_clauses(tb.ok_runs(runs))))},
+            "verdict_tables": [(title, table_html(t)) for title, t in per_model], "verdict_tables_md": per_model,
             "verdict_columns": phrases.columns_note(verdict_table, conditions) if per_model else "",
             "conditions": conditions,
-            "verdict_tables_md": per_model,
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
-
-
-def _numerics_context(manifest: dict, tables: dict[str, pd.DataFrame], facts, acc: pd.DataFrame) -> dict:
-    """The Numerics section, its dtype audit included; `acc`: the Accuracy section's paired tests."""
-    runs, steps = tables["run"], tables["steps"]
-    underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
-    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
-    return {"loss_scaling_intro": wording.loss_scaling_intro(facts), "numerics_intro": wording.numerics_intro(facts),
-            "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
-            "underflow_table": _html_or_none(_underflow_table(underflow), grouped=True),
-            "underflow_methods": nr.UNDERFLOW_METHODS,
-            "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
-                             for p, t in nr.dtype_side_by_side(dtypes).items()},
-            "dtype_facts": dtype_facts,
-            "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
-            "said": nr.numerics_said(runs, underflow, steps, acc),
-            "words": nr.section_words(facts, dtype_facts),
-            "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()}}
 
 
 def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool,
                   said: list[dict]) -> dict:
     """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
     summary = _summary_context(run_dir, manifest, tables, said)
-    figures = (_draw(run_dir, tables, summary["accuracy"], manifest["device"], summary["full"], summary["verdicts"])
-               if draw else lambda cancel=False: [])
+    figures = _draw(run_dir, tables, summary, manifest["device"]) if draw else lambda cancel=False: []
     try:
         rest = _page_rest(run_dir, manifest, tables, summary, draw)
     except BaseException:
@@ -657,15 +553,26 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
-        f"python -m amp_compare report {run_dir} draws them."]) + ignored_settings(runs.to_dict("records")) \
+        f"python -m amp_compare report {run_dir} draws them."]) + sc.ignored_settings(runs.to_dict("records")) \
         + speed.budget_note(runs, manifest.get("cell_budget", {}).get("limit_s", float("nan")))
-    checked = side_by_side(ok_runs(runs).to_dict("records"))
+    checked = sc.side_by_side(tb.ok_runs(runs).to_dict("records"))
     env = environment_rows(manifest["environment"], runs, tables.get("trials"))  # the appendix lists the packages
-    numerics = _numerics_context(manifest, tables, summary["facts"], acc_stats)
+    underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
+    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
+    underflow_table = _html_or_none(_underflow_table(underflow), grouped=True)
     return {
-        **summary, **numerics,
-        "run_id": manifest["run_id"], "env": manifest["environment"], "device": manifest["device"],
-        "device_names": device_names, "n_cells": len(manifest["cells"]),
+        **summary, "loss_scaling_intro": wording.loss_scaling_intro(summary["facts"]),
+        "numerics_intro": wording.numerics_intro(summary["facts"]), "underflow_table": underflow_table,
+        "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
+        "underflow_methods": nr.UNDERFLOW_METHODS, "dtype_facts": dtype_facts,
+        "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
+                         for p, t in nr.dtype_side_by_side(dtypes).items()},
+        "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()},
+        "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
+        "said": nr.numerics_said(runs, underflow, steps, acc_stats),
+        "words": nr.section_words(summary["facts"], dtype_facts), "run_id": manifest["run_id"],
+        "env": manifest["environment"], "device": manifest["device"], "device_names": device_names,
+        "n_cells": len(manifest["cells"]), "comparison": comparison,
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "env_rows": [r for r in env if not r[0].startswith("version_")],
@@ -677,23 +584,12 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
         "trials_table": _html_or_none(speed.trials_table(tables.get("trials"))),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "differences_words": settings_differences(comparison, init), "keras_split_intro": BACKEND_INTRO,
-        "settings_check": checked, "settings_words": settings_paragraph(checked["cells"], comparison),
-        "comparison": comparison,
-        "glossary_entries": glossary.entries(summary["facts"], numerics["dtype_facts"],
-                                             numerics["underflow_table"] is not None)
+        "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": BACKEND_INTRO,
+        "settings_check": checked, "settings_words": sc.settings_paragraph(checked["cells"], comparison),
+        "glossary_entries": glossary.entries(summary["facts"], dtype_facts, underflow_table is not None)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
             summary["verdicts"]))],
     }
-
-
-def _cell_counts(manifest: dict, tables: dict[str, pd.DataFrame]) -> dict:
-    """How many cells finished, the manifest's cells without a result (with their status), and the Cells section."""
-    runs = tables["run"]
-    status = dict(zip(runs["cell_id"], runs["status"])) if not runs.empty else {}
-    return {"n_ok": sum(v == "ok" for v in status.values()),
-            "cells": _cells(runs, whole_epochs(tables["epochs"], tables["steps"], runs), tables["steps"]),
-            "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
 
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
@@ -705,10 +601,15 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     single, every = dataparallel.split(tables)
     parallel = dataparallel.section(every, _evidence(manifest), manifest["device"])  # DATA PARALLEL (None: none)
     said = dataparallel.verdict_rows(parallel and parallel["rows"])
+    counted = every or single  # the page's counts are over every cell
+    status = dict(zip(counted["run"]["cell_id"], counted["run"]["status"])) if not counted["run"].empty else {}
     context = {**_page_context(run_dir, manifest, single, draw, said),
                "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
                "sections": dataparallel.sections(SECTIONS, parallel), "records": held,
-               **_cell_counts(manifest, every or single)}  # the page's counts are over every cell
+               "n_ok": sum(v == "ok" for v in status.values()),
+               "cells": _cells(counted["run"], whole_epochs(counted["epochs"], counted["steps"], counted["run"]),
+                               counted["steps"]),
+               "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
     if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
         context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
                               "cells are in the Data parallel section.")
@@ -718,8 +619,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     context["fp8_html"] = fp8_report.html(fp8, fp8_report.figure(fp8, run_dir / "figures") if draw else None)
     page, used = glossary.expand_first_use(_env().get_template("report.html").render(**context))
     atomic_write_text(run_dir / "index.html", page.replace("<!--abbreviations-->", glossary.abbreviations_html(used)))
-    environment, missing = manifest["environment"], context["missing"]
-    md = [f"## amp-compare `{manifest['run_id']}` ({environment.get('cpu_model', '')}, {manifest['device']})", "",
+    md = [f"## amp-compare `{manifest['run_id']}` ({manifest['environment'].get('cpu_model', '')}, "
+          f"{manifest['device']})", "",
           *(["### Answer", "", context["answer_markdown"], ""] if context["answer_markdown"] else []),
           *[part for title, t in context["verdict_tables_md"] for part in (f"#### {title}", "", table_markdown(t), "")],
           *([context["verdict_columns"], ""] if context["verdict_columns"] else []),
@@ -727,11 +628,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           *(["", "### Data parallel", "", dataparallel.short_intro(), "", table_markdown(parallel["table"]), "",
              *[f"- {s}" for s in parallel["sentences"]]] if parallel and not parallel["table"].empty else []),
           *profile_report.markdown(profile, table_markdown),
-          *fp8_report.markdown(fp8, table_markdown)]
-    if missing:
-        md += ["", f"Cells without a result: {', '.join(missing)}."]
-    md += ["", f"Reproduce: `{manifest['command']}`", *([context["reproduce_note"]] if context.get("reproduce_note")
-                                                        else []), ""]
+          *fp8_report.markdown(fp8, table_markdown),
+          *(["", f"Cells without a result: {', '.join(context['missing'])}."] if context["missing"] else []),
+          "", f"Reproduce: `{manifest['command']}`", *filter(None, [context["reproduce_note"]]), ""]
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
     records.export_tables(run_dir, {"verdicts": context["verdicts"]})
     render_runs_index(run_dir.parent)
@@ -743,59 +642,48 @@ def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) 
     """A run's headline in the runs index: the precision its answer says each framework should use (its verdict
     table); a run recorded before verdicts were: each mixed precision's training throughput against fp32's
     (geometric mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
-    stored = run_dir / "data" / "verdicts.parquet"
-    if stored.exists():
+    if (stored := run_dir / "data" / "verdicts.parquet").exists():
         return "use " + answer_block.uses(pd.read_parquet(stored))
-    table = summary_table(single) if single is not None and not single.empty else pd.DataFrame()
+    table = tb.summary_table(single) if single is not None and not single.empty else pd.DataFrame()
     if table.empty:
         return ""
     emulated = fp8_report.speed_emulated(table["precision"], manifest.get("device", "cpu"))
     several = len(table.groupby(["model", "dataset"])) > 1
-    said = []
-    for r, fake in zip(table.itertuples(), emulated):
-        if not precisions.is_mixed(r.precision):
-            continue
-        ratio = (fp8_report.EMULATED_SPEED if fake else f"{r.speedup_vs_fp32:.2f}× fp32 speed"
-                 if np.isfinite(r.speedup_vs_fp32) else "n/a")
-        said.append(f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: {ratio}, "
-                    + (f"{r.val_accuracy:.1%} acc." if np.isfinite(r.val_accuracy) else "accuracy n/a"))
-    return "; ".join(said)
+    return "; ".join(
+        f"{f'{r.model}/{r.dataset} ' if several else ''}{r.framework} {r.precision}: " + (
+            fp8_report.EMULATED_SPEED if fake else f"{r.speedup_vs_fp32:.2f}× fp32 speed"
+            if np.isfinite(r.speedup_vs_fp32) else "n/a")
+        + (f", {r.val_accuracy:.1%} acc." if np.isfinite(r.val_accuracy) else ", accuracy n/a")
+        for r, fake in zip(table.itertuples(), emulated) if precisions.is_mixed(r.precision))
 
 
 HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept beside its records
 
 
-def _stored_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -> str:
-    """_index_headline of a run, cached in HEADLINE_FILE keyed by the size and time of its records and of the
-    report's modules."""
-    sources = [run_dir / "manifest.json", run_dir / "data" / "run.csv", run_dir / "data" / "steps.parquet",
-               run_dir / "data" / "verdicts.parquet",  # the headline is the run's answer (_index_headline)
-               *sorted(Path(__file__).parent.glob("*.py"))]
-    key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
-    path = run_dir / HEADLINE_FILE
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        stored = json.loads(path.read_text())
-        if stored["key"] == key:
-            return stored["headline"]
-    # DATA PARALLEL: the headline is the 1-worker cells'; the count of finished cells is all of them
-    headline = _index_headline(run_dir, manifest, runs[dataparallel.roles(runs) == "single"]
-                               if runs is not None and not runs.empty else runs)
-    with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
-        path.parent.mkdir(exist_ok=True)
-        atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
-    return headline
-
-
 def render_runs_index(reports_dir: Path) -> Path:
-    """reports/index.html: every compare run in the folder with its headline numbers."""
+    """reports/index.html: every compare run in the folder with its headline (_index_headline, cached in each run's
+    HEADLINE_FILE keyed by the size and time of its records and of this code)."""
     rows = []
     for run_dir in sorted((p for p in Path(reports_dir).iterdir() if (p / "manifest.json").exists()), reverse=True):
+        data = run_dir / "data"
         try:
             manifest = load_manifest(run_dir)
-            runs = pd.read_csv(run_dir / "data" / "run.csv") if (run_dir / "data" / "run.csv").exists() else None
+            runs = pd.read_csv(data / "run.csv") if (data / "run.csv").exists() else None
         except (OSError, ValueError, pd.errors.ParserError):
             continue
-        headline = _stored_headline(run_dir, manifest, runs)
+        sources = [run_dir / "manifest.json", data / "run.csv", data / "steps.parquet", data / "verdicts.parquet",
+                   *sorted(Path(__file__).parent.glob("*.py"))]
+        key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
+        headline, path = None, run_dir / HEADLINE_FILE
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            stored = json.loads(path.read_text())
+            headline = stored["headline"] if stored["key"] == key else None
+        if headline is None:  # the 1-worker cells' headline; the count of finished cells is all of them
+            headline = _index_headline(run_dir, manifest, runs[dataparallel.roles(runs) == "single"]
+                                       if runs is not None and not runs.empty else runs)
+            with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
+                path.parent.mkdir(exist_ok=True)
+                atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
         m = manifest["matrix"]
         rows.append({
             "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),

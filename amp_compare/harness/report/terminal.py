@@ -3,15 +3,13 @@ each metric's verdict in short: phrases.cell), and where the report is."""
 
 from __future__ import annotations
 
-TERMINAL_METRICS = ("speed", "memory", "accuracy", "time_to_target")
 HEADERS = {"speed": "Speed", "memory": "Memory", "accuracy": "Accuracy", "time_to_target": "To target"}
 # what the short headers' ratios are multiples of (the page's headers say it in each column: phrases.HEADER)
 LEGEND = "Speed: × fp32's speed (<1×: slower). To target: × fp32's time (>1×: slower)."
 
 
 def console_for_stderr():
-    """A rich console on stderr. When stderr is no terminal (a log, CI), rich's own width applies
-    (the COLUMNS variable, else 80); nothing is forced wider than the reader's screen."""
+    """A rich console on stderr, rich's own width where stderr is no terminal (COLUMNS, else 80)."""
     from rich.console import Console
 
     return Console(stderr=True)
@@ -28,31 +26,30 @@ def tables(verdicts) -> list:
 
     out = []
     for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False):
-        rows = verdict_table(part, short=True)
+        rows = verdict_table(part, short=True)[["Cells", *(HEADER[m] for m in HEADERS)]]
         t = Table(title=f"{model} on {dataset}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1, 0, 0), title_justify="left")  # no blank edge lines: the answer fits 80x40
-        columns = ["Cells", *(HEADER[m] for m in TERMINAL_METRICS)]
-        for col in ["Cells", *(HEADERS[m] for m in TERMINAL_METRICS)]:
+        for col in ["Cells", *HEADERS.values()]:
             t.add_column(col, no_wrap=True)
         for row in rows.itertuples(index=False):
-            values = dict(zip(rows.columns, row))
-            t.add_row(*[Text(values[c]) for c in columns])  # Text: "[…]" is no rich markup
+            t.add_row(*map(Text, row))  # Text: "[…]" is no rich markup
         out.append(t)
     return out
 
 
 def print_summary(console, title: str, rendered) -> None:
     """The answer, the per-model verdict tables and the report's path (render.Rendered) on `console`."""
+    plain = {"markup": False, "highlight": False}
     console.print(title, markup=False)
     if rendered.answer:
-        console.print(rendered.answer, markup=False, highlight=False)
+        console.print(rendered.answer, **plain)
     said = tables(rendered.verdicts)
     for t in said:
         console.print(t)
     if said:
-        console.print(LEGEND, markup=False, highlight=False)
+        console.print(LEGEND, **plain)
         cells, trial = rendered.conditions
         if cells:
             console.print(f"Speed from the speed trials ({trial}); to target from the training cells ({cells}).",
-                          markup=False, highlight=False)
-    console.print(f"Report: {rendered.index}", markup=False, highlight=False, soft_wrap=True)
+                          **plain)
+    console.print(f"Report: {rendered.index}", soft_wrap=True, **plain)

@@ -1,6 +1,5 @@
 """The report's explanatory sentences, built from what the run contains (`RunFacts`): section intros, the list
-of precision modes, the loss-scaling explanation and which glossary entries appear; what did not run is not
-explained (tests/test_report_sentences.py)."""
+of precision modes, the loss-scaling explanation; what did not run is not explained."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ class RunFacts:
     precisions: list[str]
     seeds: list[int]
     device: str
-    rotated: bool  # the precision order rotated with each seed (harness/run/order.py), as the run's cells show
+    rotated: bool = False  # not read: its callers still pass it
     loss_scale: float | None = None  # fp16-static's fixed scale
     growth: tuple[int, int] | None = None  # (growth interval, steps each dynamic cell ran)
     skipped: int | None = None  # steps skipped in all loss-scaled cells; None: no loss-scaled cell
@@ -40,16 +39,6 @@ class RunFacts:
         return any(is_keras(f) for f in self.frameworks)
 
 
-def rotated_order(manifest: dict) -> bool:
-    """Whether the cells ran with the precision order rotated per seed: two seeds of one model/dataset that
-    started with different precisions (read from the order the manifest lists the cells in)."""
-    firsts: dict[tuple, dict] = {}
-    for c in manifest.get("configs", []) or []:
-        if isinstance(c, dict):
-            firsts.setdefault((c.get("model"), c.get("dataset")), {}).setdefault(c.get("seed"), c.get("precision"))
-    return any(len(set(by_seed.values())) > 1 for by_seed in firsts.values())
-
-
 def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
     """What the run contains: its finished cells (any cell, where none finished) and the manifest's order."""
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs and not runs.empty else runs
@@ -62,17 +51,15 @@ def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFac
     scaled = steps[steps["precision"].isin(precisions.scaled_names())] if "precision" in steps else steps.iloc[0:0]
     static = done.get("cfg_loss_scale", pd.Series(dtype=float)).dropna() if not done.empty else pd.Series()
     return RunFacts(frameworks=frameworks, precisions=modes, seeds=seeds, device=manifest.get("device", "cpu"),
-                    rotated=rotated_order(manifest) and len(seeds) > 1,
                     loss_scale=float(static.iloc[0]) if not static.empty else None,
                     growth=growth_facts(done, steps) if not done.empty and "cell_id" in steps else None,
                     skipped=int(scaled["skipped"].sum()) if not scaled.empty else None,
                     halves={precisions.of(p).half for p in modes} - {None})
 
 
-def _how(facts: RunFacts) -> str:
-    """How each framework that ran computes a mixed mode."""
-    return " and ".join(([ "autocast in PyTorch"] if facts.torch else []) + (["a dtype policy in Keras"]
-                                                                           if facts.keras else []))
+def _both(facts: RunFacts, torch: str, keras: str) -> str:
+    """The torch and the Keras words, of the frameworks that ran, joined by "and"."""
+    return " and ".join([torch] * facts.torch + [keras] * facts.keras)
 
 
 def mode_text(facts: RunFacts, name: str) -> str:
@@ -82,15 +69,12 @@ def mode_text(facts: RunFacts, name: str) -> str:
         return fp8_mode_text(facts, name)
     if p.half is None:
         return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
-    text = f"{_how(facts)}, computing most layers in {p.half}"
-    if p.loss_scaling == "dynamic":
-        return text + ", with dynamic loss scaling"
-    if p.loss_scaling == "static":
-        scale = f" {facts.loss_scale:g}" if facts.loss_scale else ""
-        return text + f", with the fixed loss scale{scale} (--loss-scale), never grown or backed off"
-    if p.half == "float16":
-        return text + ", with no loss scaling at all (gradients below float16's range flush to zero)"
-    return text + " (float32's exponent range, so no loss scaling)"
+    scale = f" {facts.loss_scale:g}" if facts.loss_scale else ""
+    return f"{_both(facts, 'autocast in PyTorch', 'a dtype policy in Keras')}, computing most layers in {p.half}" + {
+        "dynamic": ", with dynamic loss scaling",
+        "static": f", with the fixed loss scale{scale} (--loss-scale), never grown or backed off"}.get(
+        p.loss_scaling, ", with no loss scaling at all (gradients below float16's range flush to zero)"
+        if p.half == "float16" else " (float32's exponent range, so no loss scaling)")
 
 
 def fp8_mode_text(facts: RunFacts, name: str) -> str:
@@ -108,8 +92,7 @@ def fp8_mode_text(facts: RunFacts, name: str) -> str:
             recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
         base = recipe.base
     text = "; ".join(parts) or "float8 matmuls"
-    # "a float32 base", not "everything else in float32": the audits show casts to other dtypes inside layers
-    # (Keras fp8 attention casts to bfloat16 and back), which the dtype audit lists op by op
+    # "a float32 base": the audits show casts to other dtypes inside layers (Keras fp8 attention: bfloat16)
     return (text + f"; the rest on a {base} base, with the casts the dtype audit lists"
             + (", emulated on a CPU" if facts.device == "cpu" else ""))
 
@@ -132,8 +115,7 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
     """The Loss scaling section's explanation: only the modes this run had, and what happened to them."""
     out = []
     if facts.ran(loss_scaling="dynamic"):
-        apis = " and ".join((["torch.amp.GradScaler"] if facts.torch else []) +
-                            (["Keras' LossScaleOptimizer"] if facts.keras else []))
+        apis = _both(facts, "torch.amp.GradScaler", "Keras' LossScaleOptimizer")
         # how loss scaling works is the glossary's (said once there); here only what this run's scaler could do
         text = (f"{', '.join(facts.ran(loss_scaling='dynamic'))} uses dynamic loss scaling ({apis}; the glossary "
                 "says how it works)")
@@ -146,13 +128,12 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
                      "grow.")
         out.append(text + ("" if facts.growth else "."))
     for name in facts.ran(loss_scaling="static"):
-        keras = "; Keras: the optimizer's loss_scale_factor" if facts.keras else ""
-        torch = "PyTorch: GradScaler held at it" if facts.torch else ""
+        how = "; ".join(["PyTorch: GradScaler held at it"] * facts.torch + ["Keras: the optimizer's loss_scale_factor"]
+                        * facts.keras)
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
-        out.append(f"{name} multiplies the loss by a fixed scale{scale} ({torch}{keras}).".replace("(; ", "(")
-                   + (f" By design, where its gradients overflow, {KERAS_STATIC}." if facts.keras and facts.torch
-                      else " By design, where its gradients overflow, Keras applies the update anyway." if facts.keras
-                      else ""))
+        overflow = KERAS_STATIC if facts.torch else "Keras applies the update anyway"
+        out.append(f"{name} multiplies the loss by a fixed scale{scale} ({how})."
+                   + (f" By design, where its gradients overflow, {overflow}." if facts.keras else ""))
     for name in facts.ran(half="float16", loss_scaling=None):
         out.append(f"{name} does not scale at all: what float16 cannot hold is lost.")
     if facts.ran(half="bfloat16"):
@@ -177,9 +158,8 @@ def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
     N-worker cells (facts.frameworks), and that the speed figures measure sharing one CPU (None on a GPU)."""
     if facts.device != "cpu" or not facts.frameworks:
         return None
-    what = " and ".join((["processes (torch: torchrun's workers)"] if facts.torch else []) +
-                        (["logical devices of one process (Keras: MirroredStrategy's CPU devices, JAX's host "
-                          "devices)"] if facts.keras else []))
+    what = _both(facts, "processes (torch: torchrun's workers)", "logical devices of one process (Keras: "
+                 "MirroredStrategy's CPU devices, JAX's host devices)")
     return (f"On this CPU ({cpu_model or 'CPU'}) the N workers are {what} sharing the same cores and memory: the "
             "speed figures measure that sharing and the engines' overhead, not a network or more hardware.")
 
@@ -211,8 +191,6 @@ def reproduce_note(environment) -> str:
     uncommitted changes; "" for a clean tree."""
     dirty = sorted({str(v)[:-len("-dirty")] for k, v in environment.items()
                     if (k == "git_sha" or str(k).endswith(": git_sha")) and str(v).endswith("-dirty")})
-    if not dirty:
-        return ""
     return (f"The code that ran was commit {', '.join(dirty)} with uncommitted changes (its git_sha ends in "
             "-dirty): the command alone does not rebuild this run; it needs a tree with those same changes, "
-            "which the records do not hold.")
+            "which the records do not hold.") if dirty else ""
