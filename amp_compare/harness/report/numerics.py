@@ -422,21 +422,15 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
     at the skip beside the probe's largest |gradient| after the last step at the scale then held."""
     if steps is None or steps.empty or "nonfinite_where" not in runs:
         return []
-    out = []
+    out, per = [], _per_model(runs)
     found = runs[(runs["nonfinite_where"] == "backward") & (runs["nonfinite_tensor"] != "output")
                  & runs["precision"].isin(precisions.scaled_names())]
-    per = _per_model(runs)
     for r in found.sort_values([*per, "framework", "precision", "seed"], key=display_order).to_dict("records"):
         g = steps[steps["cell_id"] == r["cell_id"]].sort_values("step")
-        at = g.loc[g["step"] == int(r["nonfinite_step"]), "loss_scale"].astype(float)
-        if at.empty or g.empty:
+        f = scaling.finding(r, g, underflow)
+        if f["scale"] is None:
             continue
-        f = {"seed": r["seed"], "step": int(r["nonfinite_step"]), "where": "backward", "layer": r["nonfinite_layer"],
-             "tensor": r["nonfinite_tensor"], "value": r["nonfinite_value"], "scale": float(at.iloc[0]),
-             "named": scaling.is_parameter(underflow, r["cell_id"], r["framework"], r["nonfinite_layer"],
-                                           r["nonfinite_tensor"])}
-        top = scaling.probe_top(underflow, r["cell_id"], f["layer"], f["tensor"])
-        after = ""
+        top, after = f["probe_top_log2"], ""
         if top is not None:
             bound, below = scaled_bound(top, float(g["loss_scale"].iloc[-1]))
             after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, {below}"
