@@ -4,6 +4,7 @@ vit's attention headroom, and sentences whose every number comes from the record
 
 from __future__ import annotations
 
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -59,32 +60,26 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     underflow = underflow.assign(zero_gradient=zero_gradient(underflow))
 
     def weighted(g: pd.DataFrame) -> pd.Series:
-        w = g["nonzero"].to_numpy(dtype=float)
-        total = w.sum() or 1.0
-        elements = max(g["elements"].sum(), 1)
+        w, elements = g["nonzero"].to_numpy(dtype=float), max(g["elements"].sum(), 1)
+        has = set(g.columns[g.notna().all()])  # the columns recorded
 
         def by_nonzero(col: str, only: np.ndarray | bool = True) -> float:
-            return float((g[col] * w * only).sum() / total) if col in g and g[col].notna().all() else float("nan")
-
-        residue = {f"residue_{name}": by_nonzero(col, g["zero_gradient"].to_numpy())
-                   for name, col in RESIDUE_COLUMNS.items()}
+            return float((g[col] * w * only).sum() / (w.sum() or 1.0)) if col in has else float("nan")
 
         return pd.Series({
             "elements": int(g["elements"].sum()),
             "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / elements),
             "zero_fraction_mixed": float((g["zero_fraction_mixed"] * g["elements"]).sum() / elements)
-            if "zero_fraction_mixed" in g and g["zero_fraction_mixed"].notna().all() else float("nan"),
+            if "zero_fraction_mixed" in has else float("nan"),
             **{name: by_nonzero(col) for name, col in RESIDUE_COLUMNS.items()},
             "loss_scale": float(g["loss_scale"].iloc[0]),
-            # the step the probe ran at: a "last step" of a cell the speed budget stopped is not fp32's
-            "at_step": int(g["at_step"].iloc[0]) if "at_step" in g and g["at_step"].notna().all() else -1,
+            "at_step": int(g["at_step"].iloc[0]) if "at_step" in has else -1,
             "method": g["method"].iloc[0] if "method" in g else "",
-            **residue,
+            **{f"residue_{name}": by_nonzero(col, g["zero_gradient"].to_numpy())
+               for name, col in RESIDUE_COLUMNS.items()},
         })
 
-    # One seed is enough to show the mechanism: the first seed of each cell.
-    first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
-    # per model and dataset: two models' gradient elements are never added up
+    first_seed = underflow[underflow["seed"] == underflow["seed"].min()]  # one seed shows the mechanism
     keys = _per_model(first_seed) + ["framework", "precision", "when"]
     out = first_seed.groupby(keys).apply(weighted, include_groups=False).reset_index()
     return out.sort_values(keys, key=display_order)
@@ -97,15 +92,10 @@ AUDIT_METHOD_DEFAULTS = {"torch": "aten ops seen by a TorchDispatchMode inside a
 
 def audit_methods(dtypes: pd.DataFrame) -> list[str]:
     """"<framework label>: <how its dtype audit was taken>" per framework in the audit, in display order."""
-    out = []
-    if dtypes.empty:
-        return out
-    for fw in sorted(set(dtypes["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
-        rows = dtypes[dtypes["framework"] == fw]
-        methods = set(rows["audit_method"].dropna()) - {""} if "audit_method" in rows else set()
-        text = "; ".join(sorted(methods)) or AUDIT_METHOD_DEFAULTS.get(fw, "not recorded")
-        out.append(f"{_label(fw)}: {text}")
-    return out
+    said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
+        if "audit_method" in dtypes else {}
+    return [f"{_label(fw)}: {said.get(fw) or AUDIT_METHOD_DEFAULTS.get(fw, 'not recorded')}"
+            for fw in sorted(set(dtypes["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99))] if len(dtypes) else []
 
 
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -117,14 +107,13 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     per = [k for k in ("model",) if k in first_seed and first_seed[k].nunique() > 1]  # a row names its model
     for prec in sorted(set(first_seed["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
         d = first_seed[first_seed["precision"] == prec]
-        per_fw = {}
-        for fw, g in sorted(d.groupby("framework"), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99)):
-            per_fw[fw] = g.groupby([*per, "layer", "phase"], sort=False).agg(
-                # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
-                dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
-                ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
-                params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
-        table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
+        table = pd.concat({_label(fw): g.groupby([*per, "layer", "phase"], sort=False).agg(
+            # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
+            dtypes=("compute_dtype", lambda s: ", ".join(sorted({x for v in s for x in v.split("+")}))),
+            ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
+            params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
+            for fw, g in sorted(d.groupby("framework"), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99))}, axis=1)
+        table = table.reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
@@ -139,37 +128,30 @@ HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", 
                 "last_scale", "nonfinite_loss_count", "nonfinite_skipped_count", "nonfinite_step_loss"]
 
 
-def loss_history(steps: pd.DataFrame | None, locator_steps: dict | None = None) -> pd.DataFrame:
-    """Per cell_id, from the step records (steps from 0): first non-finite loss, first skipped update, last step,
-    skip count, first/last loss scale, non-finite loss count (and how many skipped), and the loss at the step in
-    `locator_steps` (cell_id -> the NaN/Inf locator's step)."""
-    if steps is None or steps.empty or "loss" not in steps:
-        return pd.DataFrame(columns=["cell_id", *HISTORY_COLS])
+def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """The run table with HISTORY_COLS beside each cell, from its step records (steps from 0; -1 / NaN where they
+    were not recorded): first non-finite loss, first skipped update, last step, skip count, first/last loss scale,
+    non-finite loss count (and how many skipped), and the loss at the NaN/Inf locator's step."""
+    located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
+               if "nonfinite_step" in runs and "cell_id" in runs else {})
     rows = []
-    for cell, g in steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False):
-        nonfinite = ~np.isfinite(g["loss"].astype(float))
-        bad = g.loc[nonfinite, "step"]
+    for cell, g in ([] if steps is None or steps.empty or "loss" not in steps else
+                    steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False)):
+        bad = g.loc[~np.isfinite(g["loss"].astype(float)), "step"]
         skipped, scale = g.loc[g["skipped"].astype(bool), "step"], g["loss_scale"].astype(float)
-        located = g.loc[g["step"] == (locator_steps or {}).get(cell, -1), "loss"]
+        at = g.loc[g["step"] == located.get(cell, -1), "loss"]
         rows.append({"cell_id": cell, "first_nonfinite_loss_step": int(bad.iloc[0]) if len(bad) else -1,
                      "first_skipped_step": int(skipped.iloc[0]) if len(skipped) else -1,
                      "last_step": int(g["step"].iloc[-1]), "skipped_count": len(skipped),
                      "first_scale": float(scale.iloc[0]), "last_scale": float(scale.iloc[-1]),
                      "nonfinite_loss_count": len(bad), "nonfinite_skipped_count": int(bad.isin(skipped).sum()),
-                     "nonfinite_step_loss": float(located.iloc[0]) if len(located) else np.nan})
-    return pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS])
-
-
-def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
-    """The run table with loss_history's columns beside each cell (-1 / NaN where its steps were not recorded)."""
-    located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
-               if "nonfinite_step" in runs and "cell_id" in runs else {})
-    return runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(loss_history(steps, located),
-                                                                           on="cell_id", how="left")
+                     "nonfinite_step_loss": float(at.iloc[0]) if len(at) else np.nan})
+    return runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(
+        pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS]), on="cell_id", how="left")
 
 
 def ending_text(r, since: bool = True) -> str:
-    """How a cell went non-finite, from loss_history's columns on a row (dict or namedtuple); "" where not
+    """How a cell went non-finite, from with_loss_history's columns on a row (dict or namedtuple); "" where not
     recorded. `since`: say where the non-finite run that stopped it began."""
     get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
     first = pd.to_numeric(get("first_nonfinite_loss_step", np.nan), errors="coerce")
@@ -202,22 +184,15 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
     """(growth interval, the most clean steps in a row of any dynamic-scaling cell: the scale doubles only after
     growth-interval of them), or None without a recorded interval or such a cell."""
-    dynamic = precisions.names(loss_scaling="dynamic")
-    cells = runs[runs["precision"].isin(dynamic)] if "precision" in runs else runs.iloc[0:0]
+    cells = runs[runs["precision"].isin(precisions.names(loss_scaling="dynamic"))] if "precision" in runs else runs[:0]
     if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all():
         return None
     mine = steps[steps["cell_id"].isin(set(cells["cell_id"]))]
     if mine.empty:
         return None
-    return int(cells["cfg_growth_interval"].dropna().min()), max(
-        _clean_streak(g.sort_values("step")["skipped"]) for _, g in mine.groupby("cell_id"))
-
-
-def _clean_streak(skipped: pd.Series) -> int:
-    """The most consecutive steps not skipped."""
-    clean = ~skipped.fillna(False).astype(bool).to_numpy()
-    runs = np.diff(np.flatnonzero(np.diff(np.concatenate(([0], clean.astype(int), [0])))))[::2]
-    return int(runs.max()) if len(runs) else 0
+    skips = (g.sort_values("step")["skipped"].fillna(False).astype(bool) for _, g in mine.groupby("cell_id"))
+    return int(cells["cfg_growth_interval"].dropna().min()), int(max((~s).groupby(s.cumsum()).sum().max()
+                                                                     for s in skips))
 
 
 def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
@@ -229,13 +204,11 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
     sel = _float16_probe(underflow)
     rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
-        total: dict[int, int] = {}
+        total: Counter = Counter()
         for text in g["log2_hist"]:
-            for k, v in stats.log2_histogram(text).items():
-                total[k] = total.get(k, 0) + v
-        scale = float(g["loss_scale"].iloc[0])
+            total.update(stats.log2_histogram(text))
         rows += [{**dict(zip(per, key[:len(per)])), "framework": key[-2], "precision": key[-1], "log2": k,
-                  "count": v, "loss_scale": scale} for k, v in sorted(total.items())]
+                  "count": v, "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
     out = pd.DataFrame(rows, columns=[*per, *cols])
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
