@@ -5,6 +5,7 @@ vit's attention headroom, and sentences whose every number comes from the record
 from __future__ import annotations
 
 from collections import Counter
+from itertools import groupby
 from types import SimpleNamespace
 
 import numpy as np
@@ -232,8 +233,7 @@ def _who(per: list[str], key: tuple) -> str:
 def scaled_bound(top: int, scale: float) -> tuple[float, str]:
     """The probe's bound on |gradient| × scale after the last step, 2^(top+1) × scale (every |g| < 2^(top+1)), and
     its words for headroom_sentences and skip_cause_sentences."""
-    bound = 2.0 ** (top + 1) * scale
-    held = phrases.power(scale)
+    bound, held = 2.0 ** (top + 1) * scale, phrases.power(scale)
     return bound, f"times the scale the scaler held after that step ({held}) below {phrases.power(bound)}"
 
 
@@ -259,30 +259,26 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
             if steps is not None and not steps.empty else ""  # what a skip means: said in the first that has one
         out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
                    f"|parameter gradient| was below 2^{top + 1}{scaled}{reach}"
-                   + ("" if out else _bound_caveat(len(groups)))
+                   + ("" if out else  # what the bound does not bound, said once
+                      f" — a bound{', like each below,' if len(groups) > 1 else ''} on the parameter gradients at "
+                      f"{'its' if len(groups) > 1 else 'this'} probe only, not on other steps' nor on the intermediate "
+                      "tensors of the backward, where overflow can also happen (the NaN/Inf locator names the tensor "
+                      "at a cell's first skip), so it does not say whether a step overflowed")
                    + (f". {record}" if record else "") + ".")
     return out
 
 
-def _bound_caveat(n: int) -> str:
-    """What headroom_sentences' bound does not bound, said once, in the first of its `n` sentences."""
-    return (f" — a bound{', like each below,' if n > 1 else ''} on the parameter gradients at "
-            f"{'its' if n > 1 else 'this'} probe only, not on other steps' nor on the intermediate tensors of the "
-            "backward, where overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), "
-            "so it does not say whether a step overflowed")
-
-
-# What a skipped update with a finite (True) or non-finite (False) loss means, said at its first mention only
-SKIP_WHY = {True: " (non-finite gradients at the scale then in use: a backward overflow, which a lower scale cures, or "
-                  "a forward value the loss does not read, which it does not — the NaN/Inf locator says which at the "
-                  "first)",
-            False: " (the forward overflowed: no loss scale helps, since the scale multiplies only the backward)"}
+# What a skipped update with a finite or a non-finite loss means, said at its first mention only
+SKIP_WHY = {"with a finite loss": " (non-finite gradients at the scale then in use: a backward overflow, which a lower "
+                                  "scale cures, or a forward value the loss does not read, which it does not — the "
+                                  "NaN/Inf locator says which at the first)",
+            "with a non-finite loss": " (the forward overflowed: no loss scale helps, since the scale multiplies only "
+                                      "the backward)"}
 
 
 def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) -> str:
-    """What one loss-scaled cell's step records show of overflow: the skipped updates, split by finite and
-    non-finite loss, their steps and scales, and the last step's scale; "" where it never scaled, skipped nothing
-    or has no records."""
+    """What one loss-scaled cell's step records show of overflow: the skipped updates by finite and non-finite loss,
+    their steps and scales, and the last step's scale; "" where it never scaled, skipped nothing or has no records."""
     if cell_steps.empty or "loss_scale" not in cell_steps:
         return ""
     g = cell_steps.sort_values("step")
@@ -290,52 +286,36 @@ def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) ->
     if (scale == 1).all():
         return ""
     skipped, finite = g["skipped"].astype(bool).to_numpy(), np.isfinite(g["loss"].astype(float).to_numpy())
-    last = f"step {int(g['step'].iloc[-1])}, counting from 0"
-    ending = (f"the last step ({last}) ran at {phrases.power(scale[-1])} and "
-              + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
-                 if finite[-1] else "was skipped, with a non-finite loss"))
-    keras_static = (str(g["framework"].iloc[0]) in KERAS_BACKENDS if "framework" in g else False) and str(
-        g["precision"].iloc[0] if "precision" in g else "") in precisions.names(loss_scaling="static")
-    if keras_static and not skipped.any():  # Keras applies every update under a static scale: no skip can show one
-        every = "every" if finite.all() else "not every"
-        return (f"The step records: {every} loss of its {len(g):,} steps was finite "
-                f"(a Keras static scale applies every update, so no skip can show an overflow); the last step "
-                f"({last}) ran at {phrases.power(scale[-1])}")
+    last = f"the last step (step {int(g['step'].iloc[-1])}, counting from 0) ran at {phrases.power(scale[-1])}"
+    fw, prec = (str(g[k].iloc[0]) if k in g else "" for k in ("framework", "precision"))
+    if fw in KERAS_BACKENDS and prec in precisions.names(loss_scaling="static") and not skipped.any():
+        return (f"The step records: {'every' if finite.all() else 'not every'} loss of its {len(g):,} steps was "
+                f"finite (a Keras static scale applies every update, so no skip can show an overflow); {last}")
     if not skipped.any():  # the Loss scaling part's table and paragraph say so: not again beside each probe
         return ""
     steps, explained = g["step"].astype(int).to_numpy(), set() if explained is None else explained
     kinds = [_skips_text(steps[skipped & mask], scale[skipped & mask], said + ("" if said in explained else why))
-             for mask, said, why in ((finite, "with a finite loss", SKIP_WHY[True]),
-                                     (~finite, "with a non-finite loss", SKIP_WHY[False]))]
-    explained.update(said for said, text in zip(("with a finite loss", "with a non-finite loss"), kinds) if text)
+             for mask, (said, why) in zip((finite, ~finite), SKIP_WHY.items())]
+    explained.update(said for said, text in zip(SKIP_WHY, kinds) if text)
     late = steps[~finite]
     irrelevant = (f"; from step {int(late[0])} (the first non-finite loss) on, the scale's fall could not help: "
                   f"compute the layer the NaN/Inf locator names in float32 (--fp32-layers) or use a max-subtracted "
                   f"softmax" if len(late) else "")
+    ending = f"was skipped, with a {'' if finite[-1] else 'non-'}finite loss" if skipped[-1] else "was not skipped"
     return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, "
-            + "; ".join(k for k in kinds if k) + f"{irrelevant}; {ending}")
+            + "; ".join(k for k in kinds if k) + f"{irrelevant}; {last} and {ending}")
 
 
 def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
-    """"N <what>: steps …, at <scales>" for one kind of skipped update ("" for none)."""
+    """"N <what>: steps 1–2, 5, 7–9, at <scales>" for one kind of skipped update ("" for none)."""
     if not len(steps):
         return ""
     at = pd.Series(scales).value_counts().sort_index(ascending=False)
     said = (", ".join(f"{phrases.power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
             f"{len(at)} scales from {phrases.power(at.index[0])} down to {phrases.power(at.index[-1])}")
-    return f"{len(steps)} {what}: {_step_ranges(steps)}, at {said}"
-
-
-def _step_ranges(steps: np.ndarray) -> str:
-    """Steps as runs: [1, 2, 5, 7, 8, 9] -> "steps 1–2, 5, 7–9"."""
-    runs: list[list[int]] = []
-    for s in sorted(int(v) for v in steps):
-        if runs and s == runs[-1][1] + 1:
-            runs[-1][1] = s
-        else:
-            runs.append([s, s])
-    text = ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
-    return f"step{'s' if len(steps) > 1 else ''} {text}"
+    runs = [[s for _, s in run] for _, run in groupby(enumerate(sorted(int(v) for v in steps)), lambda t: t[1] - t[0])]
+    ranges = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+    return f"{len(steps)} {what}: step{'s' if len(steps) > 1 else ''} {ranges}, at {said}"
 
 
 def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
@@ -458,10 +438,8 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited."""
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
                    "methods": audit_methods(dtypes)}
-    if dtypes.empty:
-        return facts
-    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & precisions.is_mixed(dtypes["precision"])]
-    if first.empty:
+    if dtypes.empty or (first := dtypes[(dtypes["seed"] == dtypes["seed"].min())
+                                        & precisions.is_mixed(dtypes["precision"])]).empty:
         return facts
     facts["precision"] = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
     facts["inputs_recorded"] = recorded_inputs(dtypes)
@@ -505,20 +483,11 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
     return out.sort_values(["framework", "precision", "block", "quantity", "epoch"], key=display_order)
 
 
-def _peak(part: pd.DataFrame) -> pd.Series:
-    """The row of the largest magnitude; a non-finite one (inf, or NaN: the recorder saw an overflowed value, and a
-    running maximum that meets NaN stays NaN) wins, at its first epoch."""
-    bad = part[~np.isfinite(part["max_abs"].to_numpy(dtype=float))]
-    return bad.sort_values("epoch").iloc[0] if not bad.empty else part.loc[part["max_abs"].idxmax()]
-
-
 def cfg_text(value) -> str:
     """A tuple-valued config column (fp32_layers) as read back from parquet: a list/array, a string, or empty."""
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return ""
     if isinstance(value, str):
         return value
-    return ",".join(map(str, list(value)))
+    return "" if value is None or (isinstance(value, float) and np.isnan(value)) else ",".join(map(str, list(value)))
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
@@ -533,12 +502,10 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     same_recipe = sorted(set(mine["precision"]) - set(FP8_MODES), key=lambda p: DISPLAY_ORDER.get(p, 99))
     parts = [part for prec in same_recipe  # fp8: the two frameworks run different recipes, not one attention core
              if (part := _gap_part(prec, mine[mine["precision"] == prec], keras_fw))]
-    if not parts:
-        return ""
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
             f"same weights and batches, over the steps before either cell's first non-finite loss or skipped update: "
             f"{', '.join(parts)} (fp32's gap is the floor: summation order alone; a precision cut short covers "
-            "fewer, earlier steps and is not compared with it).")
+            "fewer, earlier steps and is not compared with it).") if parts else ""
 
 
 def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
@@ -567,34 +534,24 @@ def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
     return f"{prec} {float(np.median(gaps)):.2g} ({steps})"
 
 
-def _layers_text(f: dict) -> str:
-    """A differing-rows entry's layers, with "…" where more rows differ than layers are named."""
-    if not f["layers"]:
-        return ""
-    return f" ({', '.join(f['layers'])}{', …' if f['rows'] > len(f['layers']) else ''})"
-
-
-def _unattributed_text(differing: dict) -> str:
-    """The rows only one framework's audit attributes ("-" in the other's column), counted apart from the red rows."""
-    lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
-    if not lone:
-        return ""
-    n = sum(lone.values())
-    return (f" {n} row{'s' if n != 1 else ''} ({', '.join(f'{p}: {k}' for p, k in lone.items())}) one framework's "
-            "audit does not attribute (\"-\" in its column): not attributed, so not compared.")
+def _rows_text(f: dict) -> str:
+    """"3 of 40 rows (fc, …)": a differing-rows entry, "…" where more rows differ than layers are named."""
+    more = ", …" if f["rows"] > len(f["layers"]) else ""
+    return f"{f['rows']} of {f['of']} rows" + (f" ({', '.join(f['layers'])}{more})" if f["layers"] else "")
 
 
 def _differing_text(differing: dict) -> str:
-    """How many audit rows differ between the frameworks and why they may: never "every row should match"
-    beside rows that do not."""
+    """How many audit rows differ between the frameworks, how many only one attributes (not compared), and why
+    rows may differ."""
     rows = sum(f["rows"] for f in differing.values())
-    apart = _unattributed_text(differing)
+    lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
+    n = sum(lone.values())
+    apart = (f" {n} row{'s' if n != 1 else ''} ({', '.join(f'{p}: {k}' for p, k in lone.items())}) one framework's "
+             "audit does not attribute (\"-\" in its column): not attributed, so not compared." if lone else "")
     if not rows:
         return "No row both frameworks attribute differs between them." + apart
-    per = "; ".join(f"{p}: " + (", ".join(f"{m} {g['rows']} of {g['of']} rows" + _layers_text(g)
-                                          for m, g in f["models"].items()) if "models" in f else
-                                f"{f['rows']} of {f['of']} rows" + _layers_text(f))
-                    for p, f in differing.items() if f["rows"])
+    per = "; ".join(f"{p}: " + (", ".join(f"{m} {_rows_text(g)}" for m, g in f["models"].items())
+                                if "models" in f else _rows_text(f)) for p, f in differing.items() if f["rows"])
     return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red, counted over "
             f"the rows both attribute — {per}.{apart} Aligned "
             "mode (the default) aligns every difference a setting can, and tests/test_numerics.py checks those "
@@ -655,29 +612,31 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
             continue
         seeds = [_naive_seed(c, blocks) for c in mine.to_dict("records")]
         broke = [s for s in seeds if s["step"] >= 0]
-        first = min(broke, key=lambda s: s["step"]) if broke else {"step": -1, "where": ""}
+        first = min(broke, key=lambda s: s["step"], default={"step": -1, "where": ""})
         facts = SimpleNamespace(estimate=first["step"] if broke else np.nan, step=first["step"], where=first["where"],
                                 forced=cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
                                 finite=all(s["finite"] for s in seeds))
         key = {k: getattr(r, k) for k in verdicts.IDENTITY}
-        half = precisions.BY_NAME[r.precision].half if r.precision in precisions.BY_NAME else ""
+        half = getattr(precisions.BY_NAME.get(r.precision), "half", "") or ""
         out.append(verdicts.row(key, "attention_overflow", facts, "none",
-                                {"seeds": seeds, "forced": facts.forced, "half": half or ""}))
+                                {"seeds": seeds, "forced": facts.forced, "half": half}))
     return out
 
 
 def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
     """One naive-attention cell's facts: where it went non-finite (the locator's record), how it ended, its largest
     attention logit (headroom.parquet, float32 before any scale)."""
-    step = pd.to_numeric(pd.Series([c.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
-    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
-        if not blocks.empty else blocks
-    loss = float(pd.to_numeric(pd.Series([c.get("final_train_loss", np.nan)]), errors="coerce").iloc[0])
-    first_bad = pd.to_numeric(pd.Series([c.get("first_nonfinite_loss_step", np.nan)]), errors="coerce").iloc[0]
+    step, first_bad, loss = (pd.to_numeric(c.get(k, np.nan), errors="coerce")
+                             for k in ("nonfinite_step", "first_nonfinite_loss_step", "final_train_loss"))
     every_finite = bool(first_bad < 0) if pd.notna(first_bad) else bool(np.isfinite(loss))
     skipped = int(c.get("skipped_steps", 0) or 0)
-    return {"seed": int(c["seed"]), "step": int(step), "where": str(c.get("nonfinite_where") or ""),
+    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
+        if not blocks.empty else pd.DataFrame({"epoch": [], "max_abs": []})
+    # a non-finite peak (inf, or NaN: a running maximum that met an overflowed value) wins, at its first epoch
+    bad = logits[~np.isfinite(logits["max_abs"].to_numpy(dtype=float))].sort_values("epoch")["max_abs"]
+    return {"seed": int(c["seed"]), "step": int(step) if pd.notna(step) else -1,
+            "where": str(c.get("nonfinite_where") or ""),
             "layer": str(c.get("nonfinite_layer") or ""), "value": str(c.get("nonfinite_value") or ""),
             "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total", 0) or 0),
             "finite": c.get("status") == "ok" and every_finite and skipped == 0,
-            "largest_logit": float(_peak(logits)["max_abs"]) if not logits.empty else float("nan")}
+            "largest_logit": float(bad.iloc[0] if len(bad) else logits["max_abs"].max())}

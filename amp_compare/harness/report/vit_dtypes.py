@@ -1,7 +1,5 @@
-"""The ViT's table of computed dtypes: per part, framework and mixed precision, the dtype its arithmetic read
-(the audits' input dtypes, first seed, forward of the audited step). A fused attention's three rows name the kernel
-and its inputs' dtype, saying what it does inside only where FUSED_INSIDE knows; records without input dtypes fall
-back to the output dtypes, and the table says so."""
+"""The ViT's table of computed dtypes: per part, framework and mixed precision, the dtype its arithmetic read (the
+audits' input dtypes, first seed, forward of the audited step; the output dtypes in records without them)."""
 
 from __future__ import annotations
 
@@ -59,17 +57,13 @@ def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
     """One framework's (ops text, computed-in text) for one part."""
     math = rows[~rows["op"].isin(CAST_OPS | LAYOUT_OPS)]
     fused = math[math["op"].astype(str).str.contains(FUSED_ATTENTION)]
-    if kind != "all" and not fused.empty:
-        op = str(fused["op"].iloc[0])
-        inputs = _dtypes(_computed_in(fused))
-        if kind == "softmax":  # said once, in the middle row of the three the kernel does
-            return f"fused kernel {op}, inputs {inputs}" + (f"; {FUSED_INSIDE[op]}" if op in FUSED_INSIDE else ""), \
-                inputs
-        return f"the fused kernel, inputs {inputs}", inputs
-    if kind == "matmul":
-        math = math[math["op"].isin(MATMUL_OPS)]
-    elif kind == "softmax":
-        math = math[~math["op"].isin(MATMUL_OPS)]
+    if kind != "all" and not fused.empty:  # named once, in the middle row of the three the kernel does
+        op, inputs = str(fused["op"].iloc[0]), _dtypes(_computed_in(fused))
+        inside = f"; {FUSED_INSIDE[op]}" if op in FUSED_INSIDE else ""
+        return (f"fused kernel {op}, inputs {inputs}{inside}" if kind == "softmax" else
+                f"the fused kernel, inputs {inputs}"), inputs
+    if kind != "all":
+        math = math[math["op"].isin(MATMUL_OPS) == (kind == "matmul")]
     per_op = math.assign(computed=_computed_in(math)).groupby("op", sort=False)["computed"].agg(_dtypes)
     text = "; ".join(f"{op}: {dt}" for op, dt in per_op.items()) or "-"
     if kind == "matmul" and per_op.str.contains(",").any():
