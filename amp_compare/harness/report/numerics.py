@@ -186,10 +186,8 @@ def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | N
     """(growth interval, the most clean steps in a row of any dynamic-scaling cell: the scale doubles only after
     growth-interval of them), or None without a recorded interval or such a cell."""
     cells = runs[runs["precision"].isin(precisions.names(loss_scaling="dynamic"))] if "precision" in runs else runs[:0]
-    if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all():
-        return None
-    mine = steps[steps["cell_id"].isin(set(cells["cell_id"]))]
-    if mine.empty:
+    if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all() \
+            or (mine := steps[steps["cell_id"].isin(set(cells["cell_id"]))]).empty:
         return None
     skips = (g.sort_values("step")["skipped"].fillna(False).astype(bool) for _, g in mine.groupby("cell_id"))
     return int(cells["cfg_growth_interval"].dropna().min()), int(max((~s).groupby(s.cumsum()).sum().max()
@@ -231,8 +229,7 @@ def _who(per: list[str], key: tuple) -> str:
 
 
 def scaled_bound(top: int, scale: float) -> tuple[float, str]:
-    """The probe's bound on |gradient| × scale after the last step, 2^(top+1) × scale (every |g| < 2^(top+1)), and
-    its words for headroom_sentences and skip_cause_sentences."""
+    """The probe's bound 2^(top+1) × scale on |gradient| × scale after the last step, and its words."""
     bound, held = 2.0 ** (top + 1) * scale, phrases.power(scale)
     return bound, f"times the scale the scaler held after that step ({held}) below {phrases.power(bound)}"
 
@@ -319,24 +316,19 @@ def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
 
 
 def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
-    """Where the lost elements were, in counts: "most" only for a layer holding more than half of them, and
-    every layer named where each holds the same few (three layers with one each are not "most ... (1, 33%)")."""
-    names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
-    counts = lost.to_numpy()
+    """Where the lost elements were, in counts: "most" only for a layer holding more than half of them."""
+    names, counts = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy(), lost.to_numpy()
     order = [i for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
-    listed = ", ".join(f"{names[i]} ({counts[i]:,})" for i in order[:3]) + (
-        f" and {len(order) - 3} more layers" if len(order) > 3 else "")
-    top = counts[order[0]]
+    said, top = [f"{names[i]} ({counts[i]:,})" for i in order], counts[order[0]]
     if 2 * top > total:
-        rest = ", then ".join(f"{names[i]} ({counts[i]:,})" for i in order[1:2])
-        return f"most ({top:,} of {total:,}) were in {names[order[0]]}" + (f", then {rest}" if rest else "")
-    return f"they were spread over {len(order)} layers, none holding most of them: {listed}"
+        return f"most ({top:,} of {total:,}) were in {names[order[0]]}" + (f", then {said[1]}" if len(said) > 1 else "")
+    return (f"they were spread over {len(order)} layers, none holding most of them: {', '.join(said[:3])}"
+            + (f" and {len(order) - 3} more layers" if len(order) > 3 else ""))
 
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
-    """Where the elements lost in the real float16 backward (exact zeros where the float32 reference is not
-    zero; at a scale, zero without it too) were, by layer, per framework x float16 mode at the last step (first
-    seed), with the count of those zero only at the scale (cancellation) apart."""
+    """Per framework x float16 mode (last step, first seed): how many elements the real float16 backward lost
+    (UNDERFLOW_METHODS' second) and in which layers, with those zero only at the scale (cancellation) apart."""
     if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
         return []
     sel = _float16_probe(underflow)
@@ -396,33 +388,27 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
 
 
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
-    """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with
-    its paired test against fp32 from `acc` (tables.accuracy_statistics); a precision with a cell the speed budget
-    stopped has no accuracy of the run (verdicts.ACCURACY) and is left out, not given its other seeds' median."""
-    out, ok = [], runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with its paired
+    test against fp32 from `acc`; a precision with a cell the speed budget stopped is left out (verdicts.ACCURACY)."""
+    ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     if ok.empty:
-        return out
-    keys = [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok]
-    ok = ok[~stats.cut_groups(ok, keys)]
-    per = _per_model(ok)  # per model and dataset: never two models' median
-    acc_rows = acc if acc is not None and not acc.empty else None
+        return []
+    ok = ok[~stats.cut_groups(ok, [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok])]
+    out, per, acc = [], _per_model(ok), acc if acc is not None and not acc.empty else None  # never two models' median
     median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median()
+
+    def tested(key: tuple) -> str:
+        sel = acc[np.logical_and.reduce([acc[k] == v for k, v in zip([*per, "framework", "precision"], key)])] \
+            if acc is not None else []
+        return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if len(sel) else ""
+
     for group in dict.fromkeys(k[:-1] for k in median.index):
-        with_s, without = median.get((*group, scaling.DYNAMIC[0])), median.get((*group, scaling.UNSCALED[0]))
-        if with_s is None or without is None:
-            continue
-
-        def tested(prec: str, group=group) -> str:
-            if acc_rows is None:
-                return ""
-            sel = acc_rows[np.logical_and.reduce([acc_rows[k] == v for k, v in zip([*per, "framework"], group)]
-                                                 + [acc_rows["precision"] == prec])]
-            return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if not sel.empty else ""
-
-        out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
-                   f"loss scaling{tested(scaling.DYNAMIC[0])}, {without:.1%} without any{tested(scaling.UNSCALED[0])}"
-                   + (" — each tested against fp32 image by image, as the Accuracy section does." if acc_rows
-                      is not None else "."))
+        dyn, none = (*group, scaling.DYNAMIC[0]), (*group, scaling.UNSCALED[0])
+        if dyn in median and none in median:
+            out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {median[dyn]:.1%} with dynamic "
+                       f"loss scaling{tested(dyn)}, {median[none]:.1%} without any{tested(none)}"
+                       + (" — each tested against fp32 image by image, as the Accuracy section does." if acc
+                          is not None else "."))
     return out
 
 
@@ -510,8 +496,7 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
 
 def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
     """One precision's gap (median over seeds) and the steps each seed's median covers, marked where a non-finite
-    loss or a skipped update (after it the two scalers' paths differ) cut it short ("" without a seed with both
-    frameworks' steps)."""
+    loss or a skipped update cut it short; "" without a seed with both frameworks' steps."""
     gaps, counts, totals = [], [], []
     for seed in sorted(set(mine["seed"])):
         sel = mine[mine["seed"] == seed]
@@ -541,8 +526,7 @@ def _rows_text(f: dict) -> str:
 
 
 def _differing_text(differing: dict) -> str:
-    """How many audit rows differ between the frameworks, how many only one attributes (not compared), and why
-    rows may differ."""
+    """How many audit rows differ between the frameworks, how many only one attributes, and why rows may differ."""
     rows = sum(f["rows"] for f in differing.values())
     lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
     n = sum(lone.values())
@@ -624,8 +608,7 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
 
 
 def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
-    """One naive-attention cell's facts: where it went non-finite (the locator's record), how it ended, its largest
-    attention logit (headroom.parquet, float32 before any scale)."""
+    """One naive-attention cell's facts: where it went non-finite, how it ended, its largest attention logit."""
     step, first_bad, loss = (pd.to_numeric(c.get(k, np.nan), errors="coerce")
                              for k in ("nonfinite_step", "first_nonfinite_loss_step", "final_train_loss"))
     every_finite = bool(first_bad < 0) if pd.notna(first_bad) else bool(np.isfinite(loss))

@@ -21,15 +21,13 @@ UNSCALED = precisions.names(half="float16", loss_scaling=None)
 
 
 def cannot_skip(framework: str, precision: str) -> bool:
-    """A mode whose skipped-step count is no observation: no loss scaler, or Keras' static one (it applies every
-    update)."""
+    """A mode whose skipped-step count is no observation: no loss scaler, or Keras' static one (it never skips)."""
     scaling = precisions.of(precision).loss_scaling
     return scaling is None or (scaling == "static" and framework in KERAS_BACKENDS)
 
 
 def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> list[dict]:
-    """The lab's verdict rows of every model x dataset with fp16 beside fp16-noscale or fp16-static, keyed like
-    `table`'s rows."""
+    """The lab's verdict rows of every model x dataset with fp16 beside fp16-noscale or fp16-static."""
     out: list[dict] = []
     if table.empty or runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
@@ -91,13 +89,20 @@ def cut_steps(mine: pd.DataFrame, steps: pd.DataFrame) -> int | None:
 
 
 def finding(c: dict, g: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
-    """The NaN/Inf locator's finding of run record `c` (`g`: its steps), with the scale that step ran at."""
+    """The NaN/Inf locator's finding of run record `c` (`g`: its steps), with the scale that step ran at; `named`:
+    layer.tensor is a parameter (PyTorch's always; Keras' tensor is a variable's own name, of a sublayer's where the
+    layer has them, so named only where the probe has it); `probe_top_log2`: k such that the last step's probe put
+    that parameter's largest |float32 gradient| in [2^k, 2^(k+1)), None where it was not probed."""
     step, layer, tensor = int(pd.to_numeric(c["nonfinite_step"])), str(c["nonfinite_layer"]), str(c["nonfinite_tensor"])
     at = g.loc[g["step"] == step, "loss_scale"].astype(float)
+    probed = underflow[(underflow["cell_id"] == c["cell_id"]) & (underflow["layer"] == layer)
+                       & (underflow["param"] == tensor)] if underflow is not None and "param" in underflow else None
+    last = probed[probed["when"] == "last step"] if probed is not None and "log2_hist" in probed else []
+    tops = [k for k, v in log2_histogram(last["log2_hist"].iloc[0]).items() if v > 0] if len(last) else []
     return {"seed": int(c["seed"]), "step": step, "where": str(c["nonfinite_where"]), "layer": layer, "tensor": tensor,
             "value": str(c["nonfinite_value"]), "scale": float(at.iloc[0]) if len(at) else None,
-            "named": is_parameter(underflow, c["cell_id"], c["framework"], layer, tensor),
-            "probe_top_log2": probe_top(underflow, c["cell_id"], layer, tensor)}
+            "named": c["framework"] not in KERAS_BACKENDS or (probed is not None and not probed.empty),
+            "probe_top_log2": max(tops) if tops else None}
 
 
 def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
@@ -114,28 +119,6 @@ def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd
                         {"skips": skips, "located": located, "cut_steps": cut_steps(mine, steps)})
 
 
-def is_parameter(underflow: pd.DataFrame | None, cell_id: str, framework: str, layer: str, tensor: str) -> bool:
-    """Whether the locator's layer.tensor names a parameter: PyTorch's do; Keras' tensor is the variable's own name,
-    of a sublayer's where the layer has them (attention's query/key/value), so named only where the probe has it."""
-    if framework not in KERAS_BACKENDS:
-        return True
-    return underflow is not None and "param" in underflow and bool(
-        ((underflow["cell_id"] == cell_id) & (underflow["layer"] == layer) & (underflow["param"] == tensor)).any())
-
-
-def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: str) -> int | None:
-    """k such that the last step's probe measured the parameter's largest |float32 gradient| in [2^k, 2^(k+1))
-    (its log2 histogram), or None where the probe did not record that parameter."""
-    if underflow is None or underflow.empty or "log2_hist" not in underflow:
-        return None
-    sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["layer"] == layer)
-                    & (underflow["param"] == param) & (underflow["when"] == "last step")]
-    if sel.empty:
-        return None
-    tops = [k for k, v in log2_histogram(sel["log2_hist"].iloc[0]).items() if v > 0]
-    return max(tops) if tops else None
-
-
 # Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
 ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
 
@@ -148,10 +131,9 @@ def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
 
 def lost_elements(underflow: pd.DataFrame | None, cell_id: str, column: str, when: str = "last step",
                   flush: str = "") -> tuple:
-    """(non-zero reference elements of one cell's probe at `when` that came out exactly zero in the float16 backward,
-    non-zero reference elements, how many of those zeros at most the reference's `flush` column explains, the zeros
-    in zero-gradient parameters: residue, counted apart from the first), counted from the recorded fractions
-    (kit/fp16.py mixed_zero_kinds); (NaN, 0, 0, 0) where the probe was not recorded."""
+    """(lost, non-zero, flushed, residue) elements of one cell's probe at `when`: non-zero reference elements zero in
+    the float16 backward (`column`), outside zero-gradient parameters; how many of those the reference's `flush`
+    column explains; the zeros in zero-gradient parameters. (NaN, 0, 0, 0) where the probe was not recorded."""
     if underflow is None or underflow.empty or column not in underflow:
         return np.nan, 0, 0, 0
     sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]

@@ -38,19 +38,15 @@ def _dtypes(values) -> str:
     return ", ".join(sorted({x for v in values for x in str(v).split("+") if x}))
 
 
-def _computed(inputs: str, outputs: str) -> str:
-    """The dtype one op computed in: its floating inputs' dtype; where they mix, its (first) output's; with no
-    input recorded, its outputs'."""
-    ins, outs = {x for x in inputs.split("+") if x}, [x for x in outputs.split("+") if x]
-    if len(ins) == 1:
-        return ins.pop()
-    return outs[0] if outs and (ins or len(outs) == 1) else outputs
-
-
 def _computed_in(rows: pd.DataFrame) -> pd.Series:
+    """The dtype each op computed in: its floating inputs' dtype; where they mix, its (first) output's; with no
+    input recorded, its outputs'."""
     inputs = rows["input_dtype"].fillna("").astype(str) if "input_dtype" in rows else pd.Series("", rows.index)
-    return pd.Series([_computed(i, str(o)) for i, o in zip(inputs, rows["compute_dtype"])], index=rows.index,
-                     dtype=object)
+    out = []
+    for i, o in zip(inputs, rows["compute_dtype"].astype(str)):
+        ins, outs = {x for x in i.split("+") if x}, [x for x in o.split("+") if x]
+        out.append(ins.pop() if len(ins) == 1 else outs[0] if outs and (ins or len(outs) == 1) else o)
+    return pd.Series(out, index=rows.index, dtype=object)
 
 
 def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
@@ -75,9 +71,8 @@ def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
 
 
 def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per mixed precision: each vit part (VIT_COMPONENTS) with, per framework, the ops that did its arithmetic
-    and the dtype each computed in, and a "computed in" column; `differs` where the frameworks' differ.
-    Empty for the CNNs."""
+    """Per mixed precision: each vit part (VIT_COMPONENTS) with, per framework, the ops that did its arithmetic and
+    the dtype each computed in; `differs` where the frameworks' "computed in" differ. Empty for the CNNs."""
     out: dict[str, pd.DataFrame] = {}
     if dtypes.empty or not dtypes["layer"].astype(str).str.match(r"blocks\.\d+\.attn$").any():
         return out
