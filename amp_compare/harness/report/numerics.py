@@ -155,15 +155,14 @@ def ending_text(r, since: bool = True) -> str:
     """How a cell went non-finite, from with_loss_history's columns on a row (dict or namedtuple); "" where not
     recorded. `since`: say where the non-finite run that stopped it began."""
     get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
-    first = pd.to_numeric(get("first_nonfinite_loss_step", np.nan), errors="coerce")
+    first, skip, start = (pd.to_numeric(get(k, np.nan), errors="coerce")
+                          for k in ("first_nonfinite_loss_step", "first_skipped_step", "diverged_at_step"))
     if pd.isna(first):
         return ""
     said = [f"first non-finite loss at step {int(first)}" if first >= 0 else "every loss finite"]
-    skip = pd.to_numeric(get("first_skipped_step", np.nan), errors="coerce")
-    if pd.notna(skip) and 0 <= skip < (first if first >= 0 else np.inf):
+    if 0 <= skip < (first if first >= 0 else np.inf):  # NaN compares False
         said.append(f"the loss scaler skipped its first update at step {int(skip)}, with a finite loss")
-    start = pd.to_numeric(get("diverged_at_step", np.nan), errors="coerce")
-    if get("status") == "diverged" and pd.notna(start) and start >= 0:
+    if get("status") == "diverged" and start >= 0:
         said.append((f"non-finite from step {int(start)} on, " if since else "")
                     + f"it was stopped after step {int(get('last_step'))}")
     return "steps counted from 0: " + "; ".join(said)
@@ -244,7 +243,6 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
     out, explained = [], set()
     groups = list(hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False))
     for key, g in groups:
-        fw, prec = key[-2:]
         top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
         bound, below = scaled_bound(top, scale)
         rows = probe[np.logical_and.reduce([probe[k] == v for k, v in zip([*per, "framework", "precision"], key)])]
@@ -254,8 +252,8 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
         record = scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]], explained) \
             if steps is not None and not steps.empty else ""  # what a skip means: said in the first that has one
-        out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
-                   f"|parameter gradient| was below 2^{top + 1}{scaled}{reach}"
+        out.append(f"{_who(per, key)}{_label(key[-2])} {key[-1]}, after the last step (the first batch again): the "
+                   f"largest |parameter gradient| was below 2^{top + 1}{scaled}{reach}"
                    + ("" if out else  # what the bound does not bound, said once
                       f" — a bound{', like each below,' if len(groups) > 1 else ''} on the parameter gradients at "
                       f"{'its' if len(groups) > 1 else 'this'} probe only, not on other steps' nor on the intermediate "
@@ -315,17 +313,6 @@ def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
     return f"{len(steps)} {what}: step{'s' if len(steps) > 1 else ''} {ranges}, at {said}"
 
 
-def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
-    """Where the lost elements were, in counts: "most" only for a layer holding more than half of them."""
-    names, counts = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy(), lost.to_numpy()
-    order = [i for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
-    said, top = [f"{names[i]} ({counts[i]:,})" for i in order], counts[order[0]]
-    if 2 * top > total:
-        return f"most ({top:,} of {total:,}) were in {names[order[0]]}" + (f", then {said[1]}" if len(said) > 1 else "")
-    return (f"they were spread over {len(order)} layers, none holding most of them: {', '.join(said[:3])}"
-            + (f" and {len(order) - 3} more layers" if len(order) > 3 else ""))
-
-
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     """Per framework x float16 mode (last step, first seed): how many elements the real float16 backward lost
     (UNDERFLOW_METHODS' second) and in which layers, with those zero only at the scale (cancellation) apart."""
@@ -335,27 +322,32 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
     out, per = [], _per_model(sel)
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
-        fw, prec, who = *key[-2:], _who(per, key)
         scale = float(g["loss_scale"].iloc[0])
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
             continue
+        zero = zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
-        total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
+        total, nonzero, residue = int(lost.sum()), int(g["nonzero"].sum()), int(lost[zero].sum())
         alone = int((g["lost_fraction_mixed_unscaled"].fillna(0) * g["nonzero"]).round().sum())  # with no scale
         at = (f" both at the scale held after the last step ({phrases.power(scale)}) and without it (lost"
               + (f"; without the scale alone, {alone:,} did" if alone != total else "") + ")"
               if scale != 1 else " (no loss scaling)")
         counted = (f"none of the {nonzero:,} non-zero gradient elements" if total == 0 else
                    f"{total:,} of the {nonzero:,} non-zero gradient elements ({phrases.share(total / nonzero)})")
-        real = ~zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
-        gone = (g["cancelled_fraction_mixed_scaled"].fillna(0) * g["nonzero"]).round()[real].sum() \
+        gone = (g["cancelled_fraction_mixed_scaled"].fillna(0) * g["nonzero"]).round()[~zero].sum() \
             if scale != 1 and "cancelled_fraction_mixed_scaled" in g else 0
-        residue = int(lost[zero_gradient(g).to_numpy()].sum())
         residue = (f" ({'all' if residue == total else f'{residue:,} of them'} attention key-bias residue)"
                    if residue else "")
-        out.append(f"{who}{_label(fw)} {prec}, after the last step: {counted} came out exactly zero in the real "
-                   f"float16 backward{at}" + (f"; {_where_lost(g, lost, total)}{residue}" if total else "")
+        names, counts = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy(), lost.to_numpy()
+        order = [i for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
+        said, top = [f"{names[i]} ({counts[i]:,})" for i in order], counts[order[0]] if order else 0
+        where = (f"most ({top:,} of {total:,}) were in {names[order[0]]}"
+                 + (f", then {said[1]}" if len(said) > 1 else "") if 2 * top > total else  # "most": over half
+                 f"they were spread over {len(order)} layers, none holding most of them: {', '.join(said[:3])}"
+                 + (f" and {len(order) - 3} more layers" if len(order) > 3 else ""))
+        out.append(f"{_who(per, key)}{_label(key[-2])} {key[-1]}, after the last step: {counted} came out exactly "
+                   f"zero in the real float16 backward{at}" + (f"; {where}{residue}" if total else "")
                    + (f"; {int(gone):,} ({phrases.share(gone / nonzero)}) did only at the scale (float16 cancellation)."
                       if gone else "."))
     return out
@@ -381,9 +373,8 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
             after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, {below}"
                      + (f", {FP16_MAX / bound:.3g}× under 65,504" if bound <= FP16_MAX else
                         ", not provably under 65,504"))
-        who = _who(per, tuple(r[k] for k in per))
-        out.append(f"{who}{_label(r['framework'])} {r['precision']} seed {r['seed']}: the skip at step {f['step']} "
-                   f"(scale {phrases.power(f['scale'])}) — {phrases.cause(f)}{after}.")
+        out.append(f"{_who(per, tuple(r[k] for k in per))}{_label(r['framework'])} {r['precision']} seed {r['seed']}: "
+                   f"the skip at step {f['step']} (scale {phrases.power(f['scale'])}) — {phrases.cause(f)}{after}.")
     return out
 
 
@@ -438,15 +429,12 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
 
 def _differing_rows(table: pd.DataFrame) -> dict:
     """How many of a dtype side-by-side table's rows differ between the frameworks, and in which layers."""
-    differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
-    both = table["attributed"]
+    both, differing = table["attributed"], table.loc[table["differs"], "layer"].replace("", "(unnamed)")
     return {"rows": int(table["differs"].sum()), "of": int(both.sum()), "unattributed": int((~both).sum()),
             "layers": list(dict.fromkeys(differing))[:8]}
 
 
-# ---------------------------------------------------------------------------------------------
 # The vit: headroom, the attention/normalisation dtype table, the naive attention's story
-# ---------------------------------------------------------------------------------------------
 
 QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layernorm_input": "LayerNorm input"}
 
@@ -497,21 +485,19 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
 def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
     """One precision's gap (median over seeds) and the steps each seed's median covers, marked where a non-finite
     loss or a skipped update cut it short; "" without a seed with both frameworks' steps."""
-    gaps, counts, totals = [], [], []
-    for seed in sorted(set(mine["seed"])):
-        sel = mine[mine["seed"] == seed]
+    found = []  # per seed: (median gap, steps compared, steps both ran)
+    for _, sel in mine.groupby("seed"):
         t, k = (sel[sel["framework"] == fw].set_index("step") for fw in ("torch", keras_fw))
         both = pd.concat([t["loss"], k["loss"]], axis=1, keys=["t", "k"], join="inner")  # NaN losses kept
-        skipped = [x["skipped"].reindex(both.index).fillna(False).astype(bool) if "skipped" in x else False
-                   for x in (t, k)]
-        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1) | (skipped[0] | skipped[1])
+        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
+        for x in (t, k):  # after a skipped update the two scalers' paths differ
+            bad |= x["skipped"].reindex(both.index).fillna(False).astype(bool).to_numpy() if "skipped" in x else False
         kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
         if len(kept):
-            gaps.append(float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))))
-            counts.append(len(kept))
-            totals.append(len(both))
-    if not gaps:
+            found.append((float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))), len(kept), len(both)))
+    if not found:
         return ""
+    gaps, counts, totals = zip(*found)
     n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
     per = " per seed" if len(counts) > 1 else ""
     steps = (f"{n} steps{per}" if counts == totals else
@@ -595,9 +581,9 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
         if mine.empty:
             continue
         seeds = [_naive_seed(c, blocks) for c in mine.to_dict("records")]
-        broke = [s for s in seeds if s["step"] >= 0]
-        first = min(broke, key=lambda s: s["step"], default={"step": -1, "where": ""})
-        facts = SimpleNamespace(estimate=first["step"] if broke else np.nan, step=first["step"], where=first["where"],
+        first = min((s for s in seeds if s["step"] >= 0), key=lambda s: s["step"], default={"step": -1, "where": ""})
+        facts = SimpleNamespace(estimate=first["step"] if first["step"] >= 0 else np.nan, step=first["step"],
+                                where=first["where"],
                                 forced=cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
                                 finite=all(s["finite"] for s in seeds))
         key = {k: getattr(r, k) for k in verdicts.IDENTITY}
