@@ -4,6 +4,8 @@ vit's attention headroom, and sentences whose every number comes from the record
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import groupby
 from types import SimpleNamespace
 
 import numpy as np
@@ -59,32 +61,26 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     underflow = underflow.assign(zero_gradient=zero_gradient(underflow))
 
     def weighted(g: pd.DataFrame) -> pd.Series:
-        w = g["nonzero"].to_numpy(dtype=float)
-        total = w.sum() or 1.0
-        elements = max(g["elements"].sum(), 1)
+        w, elements = g["nonzero"].to_numpy(dtype=float), max(g["elements"].sum(), 1)
+        has = set(g.columns[g.notna().all()])  # the columns recorded
 
         def by_nonzero(col: str, only: np.ndarray | bool = True) -> float:
-            return float((g[col] * w * only).sum() / total) if col in g and g[col].notna().all() else float("nan")
-
-        residue = {f"residue_{name}": by_nonzero(col, g["zero_gradient"].to_numpy())
-                   for name, col in RESIDUE_COLUMNS.items()}
+            return float((g[col] * w * only).sum() / (w.sum() or 1.0)) if col in has else float("nan")
 
         return pd.Series({
             "elements": int(g["elements"].sum()),
             "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / elements),
             "zero_fraction_mixed": float((g["zero_fraction_mixed"] * g["elements"]).sum() / elements)
-            if "zero_fraction_mixed" in g and g["zero_fraction_mixed"].notna().all() else float("nan"),
+            if "zero_fraction_mixed" in has else float("nan"),
             **{name: by_nonzero(col) for name, col in RESIDUE_COLUMNS.items()},
             "loss_scale": float(g["loss_scale"].iloc[0]),
-            # the step the probe ran at: a "last step" of a cell the speed budget stopped is not fp32's
-            "at_step": int(g["at_step"].iloc[0]) if "at_step" in g and g["at_step"].notna().all() else -1,
+            "at_step": int(g["at_step"].iloc[0]) if "at_step" in has else -1,
             "method": g["method"].iloc[0] if "method" in g else "",
-            **residue,
+            **{f"residue_{name}": by_nonzero(col, g["zero_gradient"].to_numpy())
+               for name, col in RESIDUE_COLUMNS.items()},
         })
 
-    # One seed is enough to show the mechanism: the first seed of each cell.
-    first_seed = underflow[underflow["seed"] == underflow["seed"].min()]
-    # per model and dataset: two models' gradient elements are never added up
+    first_seed = underflow[underflow["seed"] == underflow["seed"].min()]  # one seed shows the mechanism
     keys = _per_model(first_seed) + ["framework", "precision", "when"]
     out = first_seed.groupby(keys).apply(weighted, include_groups=False).reset_index()
     return out.sort_values(keys, key=display_order)
@@ -97,15 +93,10 @@ AUDIT_METHOD_DEFAULTS = {"torch": "aten ops seen by a TorchDispatchMode inside a
 
 def audit_methods(dtypes: pd.DataFrame) -> list[str]:
     """"<framework label>: <how its dtype audit was taken>" per framework in the audit, in display order."""
-    out = []
-    if dtypes.empty:
-        return out
-    for fw in sorted(set(dtypes["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
-        rows = dtypes[dtypes["framework"] == fw]
-        methods = set(rows["audit_method"].dropna()) - {""} if "audit_method" in rows else set()
-        text = "; ".join(sorted(methods)) or AUDIT_METHOD_DEFAULTS.get(fw, "not recorded")
-        out.append(f"{_label(fw)}: {text}")
-    return out
+    said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
+        if "audit_method" in dtypes else {}
+    return [f"{_label(fw)}: {said.get(fw) or AUDIT_METHOD_DEFAULTS.get(fw, 'not recorded')}"
+            for fw in sorted(set(dtypes["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99))] if len(dtypes) else []
 
 
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -117,14 +108,13 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     per = [k for k in ("model",) if k in first_seed and first_seed[k].nunique() > 1]  # a row names its model
     for prec in sorted(set(first_seed["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
         d = first_seed[first_seed["precision"] == prec]
-        per_fw = {}
-        for fw, g in sorted(d.groupby("framework"), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99)):
-            per_fw[fw] = g.groupby([*per, "layer", "phase"], sort=False).agg(
-                # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
-                dtypes=("compute_dtype", lambda s: ", ".join(sorted({d for v in s for d in v.split("+")}))),
-                ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
-                params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
-        table = pd.concat({_label(fw): t for fw, t in per_fw.items()}, axis=1).reset_index()
+        table = pd.concat({_label(fw): g.groupby([*per, "layer", "phase"], sort=False).agg(
+            # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
+            dtypes=("compute_dtype", lambda s: ", ".join(sorted({x for v in s for x in v.split("+")}))),
+            ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
+            params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
+            for fw, g in sorted(d.groupby("framework"), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99))}, axis=1)
+        table = table.reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
@@ -139,48 +129,40 @@ HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", 
                 "last_scale", "nonfinite_loss_count", "nonfinite_skipped_count", "nonfinite_step_loss"]
 
 
-def loss_history(steps: pd.DataFrame | None, locator_steps: dict | None = None) -> pd.DataFrame:
-    """Per cell_id, from the step records (steps from 0): first non-finite loss, first skipped update, last step,
-    skip count, first/last loss scale, non-finite loss count (and how many skipped), and the loss at the step in
-    `locator_steps` (cell_id -> the NaN/Inf locator's step)."""
-    if steps is None or steps.empty or "loss" not in steps:
-        return pd.DataFrame(columns=["cell_id", *HISTORY_COLS])
+def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """The run table with HISTORY_COLS beside each cell, from its step records (steps from 0; -1 / NaN where they
+    were not recorded): first non-finite loss, first skipped update, last step, skip count, first/last loss scale,
+    non-finite loss count (and how many skipped), and the loss at the NaN/Inf locator's step."""
+    located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
+               if "nonfinite_step" in runs and "cell_id" in runs else {})
     rows = []
-    for cell, g in steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False):
-        nonfinite = ~np.isfinite(g["loss"].astype(float))
-        bad = g.loc[nonfinite, "step"]
+    for cell, g in ([] if steps is None or steps.empty or "loss" not in steps else
+                    steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False)):
+        bad = g.loc[~np.isfinite(g["loss"].astype(float)), "step"]
         skipped, scale = g.loc[g["skipped"].astype(bool), "step"], g["loss_scale"].astype(float)
-        located = g.loc[g["step"] == (locator_steps or {}).get(cell, -1), "loss"]
+        at = g.loc[g["step"] == located.get(cell, -1), "loss"]
         rows.append({"cell_id": cell, "first_nonfinite_loss_step": int(bad.iloc[0]) if len(bad) else -1,
                      "first_skipped_step": int(skipped.iloc[0]) if len(skipped) else -1,
                      "last_step": int(g["step"].iloc[-1]), "skipped_count": len(skipped),
                      "first_scale": float(scale.iloc[0]), "last_scale": float(scale.iloc[-1]),
                      "nonfinite_loss_count": len(bad), "nonfinite_skipped_count": int(bad.isin(skipped).sum()),
-                     "nonfinite_step_loss": float(located.iloc[0]) if len(located) else np.nan})
-    return pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS])
-
-
-def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
-    """The run table with loss_history's columns beside each cell (-1 / NaN where its steps were not recorded)."""
-    located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
-               if "nonfinite_step" in runs and "cell_id" in runs else {})
-    return runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(loss_history(steps, located),
-                                                                           on="cell_id", how="left")
+                     "nonfinite_step_loss": float(at.iloc[0]) if len(at) else np.nan})
+    return runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(
+        pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS]), on="cell_id", how="left")
 
 
 def ending_text(r, since: bool = True) -> str:
-    """How a cell went non-finite, from loss_history's columns on a row (dict or namedtuple); "" where not
+    """How a cell went non-finite, from with_loss_history's columns on a row (dict or namedtuple); "" where not
     recorded. `since`: say where the non-finite run that stopped it began."""
     get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
-    first = pd.to_numeric(get("first_nonfinite_loss_step", np.nan), errors="coerce")
+    first, skip, start = (pd.to_numeric(get(k, np.nan), errors="coerce")
+                          for k in ("first_nonfinite_loss_step", "first_skipped_step", "diverged_at_step"))
     if pd.isna(first):
         return ""
     said = [f"first non-finite loss at step {int(first)}" if first >= 0 else "every loss finite"]
-    skip = pd.to_numeric(get("first_skipped_step", np.nan), errors="coerce")
-    if pd.notna(skip) and 0 <= skip < (first if first >= 0 else np.inf):
+    if 0 <= skip < (first if first >= 0 else np.inf):  # NaN compares False
         said.append(f"the loss scaler skipped its first update at step {int(skip)}, with a finite loss")
-    start = pd.to_numeric(get("diverged_at_step", np.nan), errors="coerce")
-    if get("status") == "diverged" and pd.notna(start) and start >= 0:
+    if get("status") == "diverged" and start >= 0:
         said.append((f"non-finite from step {int(start)} on, " if since else "")
                     + f"it was stopped after step {int(get('last_step'))}")
     return "steps counted from 0: " + "; ".join(said)
@@ -202,22 +184,13 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
     """(growth interval, the most clean steps in a row of any dynamic-scaling cell: the scale doubles only after
     growth-interval of them), or None without a recorded interval or such a cell."""
-    dynamic = precisions.names(loss_scaling="dynamic")
-    cells = runs[runs["precision"].isin(dynamic)] if "precision" in runs else runs.iloc[0:0]
-    if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all():
+    cells = runs[runs["precision"].isin(precisions.names(loss_scaling="dynamic"))] if "precision" in runs else runs[:0]
+    if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all() \
+            or (mine := steps[steps["cell_id"].isin(set(cells["cell_id"]))]).empty:
         return None
-    mine = steps[steps["cell_id"].isin(set(cells["cell_id"]))]
-    if mine.empty:
-        return None
-    return int(cells["cfg_growth_interval"].dropna().min()), max(
-        _clean_streak(g.sort_values("step")["skipped"]) for _, g in mine.groupby("cell_id"))
-
-
-def _clean_streak(skipped: pd.Series) -> int:
-    """The most consecutive steps not skipped."""
-    clean = ~skipped.fillna(False).astype(bool).to_numpy()
-    runs = np.diff(np.flatnonzero(np.diff(np.concatenate(([0], clean.astype(int), [0])))))[::2]
-    return int(runs.max()) if len(runs) else 0
+    skips = (g.sort_values("step")["skipped"].fillna(False).astype(bool) for _, g in mine.groupby("cell_id"))
+    return int(cells["cfg_growth_interval"].dropna().min()), int(max((~s).groupby(s.cumsum()).sum().max()
+                                                                     for s in skips))
 
 
 def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
@@ -229,13 +202,11 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
     sel = _float16_probe(underflow)
     rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
-        total: dict[int, int] = {}
+        total: Counter = Counter()
         for text in g["log2_hist"]:
-            for k, v in stats.log2_histogram(text).items():
-                total[k] = total.get(k, 0) + v
-        scale = float(g["loss_scale"].iloc[0])
+            total.update(stats.log2_histogram(text))
         rows += [{**dict(zip(per, key[:len(per)])), "framework": key[-2], "precision": key[-1], "log2": k,
-                  "count": v, "loss_scale": scale} for k, v in sorted(total.items())]
+                  "count": v, "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
     out = pd.DataFrame(rows, columns=[*per, *cols])
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
@@ -257,10 +228,8 @@ def _who(per: list[str], key: tuple) -> str:
 
 
 def scaled_bound(top: int, scale: float) -> tuple[float, str]:
-    """The probe's bound on |gradient| × scale after the last step, 2^(top+1) × scale (every |g| < 2^(top+1)), and
-    its words for headroom_sentences and skip_cause_sentences."""
-    bound = 2.0 ** (top + 1) * scale
-    held = phrases.power(scale)
+    """The probe's bound 2^(top+1) × scale on |gradient| × scale after the last step, and its words."""
+    bound, held = 2.0 ** (top + 1) * scale, phrases.power(scale)
     return bound, f"times the scale the scaler held after that step ({held}) below {phrases.power(bound)}"
 
 
@@ -274,7 +243,6 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
     out, explained = [], set()
     groups = list(hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False))
     for key, g in groups:
-        fw, prec = key[-2:]
         top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
         bound, below = scaled_bound(top, scale)
         rows = probe[np.logical_and.reduce([probe[k] == v for k, v in zip([*per, "framework", "precision"], key)])]
@@ -284,32 +252,28 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
         record = scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]], explained) \
             if steps is not None and not steps.empty else ""  # what a skip means: said in the first that has one
-        out.append(f"{_who(per, key)}{_label(fw)} {prec}, after the last step (the first batch again): the largest "
-                   f"|parameter gradient| was below 2^{top + 1}{scaled}{reach}"
-                   + ("" if out else _bound_caveat(len(groups)))
+        out.append(f"{_who(per, key)}{_label(key[-2])} {key[-1]}, after the last step (the first batch again): the "
+                   f"largest |parameter gradient| was below 2^{top + 1}{scaled}{reach}"
+                   + ("" if out else  # what the bound does not bound, said once
+                      f" — a bound{', like each below,' if len(groups) > 1 else ''} on the parameter gradients at "
+                      f"{'its' if len(groups) > 1 else 'this'} probe only, not on other steps' nor on the intermediate "
+                      "tensors of the backward, where overflow can also happen (the NaN/Inf locator names the tensor "
+                      "at a cell's first skip), so it does not say whether a step overflowed")
                    + (f". {record}" if record else "") + ".")
     return out
 
 
-def _bound_caveat(n: int) -> str:
-    """What headroom_sentences' bound does not bound, said once, in the first of its `n` sentences."""
-    return (f" — a bound{', like each below,' if n > 1 else ''} on the parameter gradients at "
-            f"{'its' if n > 1 else 'this'} probe only, not on other steps' nor on the intermediate tensors of the "
-            "backward, where overflow can also happen (the NaN/Inf locator names the tensor at a cell's first skip), "
-            "so it does not say whether a step overflowed")
-
-
-# What a skipped update with a finite (True) or non-finite (False) loss means, said at its first mention only
-SKIP_WHY = {True: " (non-finite gradients at the scale then in use: a backward overflow, which a lower scale cures, or "
-                  "a forward value the loss does not read, which it does not — the NaN/Inf locator says which at the "
-                  "first)",
-            False: " (the forward overflowed: no loss scale helps, since the scale multiplies only the backward)"}
+# What a skipped update with a finite or a non-finite loss means, said at its first mention only
+SKIP_WHY = {"with a finite loss": " (non-finite gradients at the scale then in use: a backward overflow, which a lower "
+                                  "scale cures, or a forward value the loss does not read, which it does not — the "
+                                  "NaN/Inf locator says which at the first)",
+            "with a non-finite loss": " (the forward overflowed: no loss scale helps, since the scale multiplies only "
+                                      "the backward)"}
 
 
 def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) -> str:
-    """What one loss-scaled cell's step records show of overflow: the skipped updates, split by finite and
-    non-finite loss, their steps and scales, and the last step's scale; "" where it never scaled, skipped nothing
-    or has no records."""
+    """What one loss-scaled cell's step records show of overflow: the skipped updates by finite and non-finite loss,
+    their steps and scales, and the last step's scale; "" where it never scaled, skipped nothing or has no records."""
     if cell_steps.empty or "loss_scale" not in cell_steps:
         return ""
     g = cell_steps.sort_values("step")
@@ -317,100 +281,73 @@ def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) ->
     if (scale == 1).all():
         return ""
     skipped, finite = g["skipped"].astype(bool).to_numpy(), np.isfinite(g["loss"].astype(float).to_numpy())
-    last = f"step {int(g['step'].iloc[-1])}, counting from 0"
-    ending = (f"the last step ({last}) ran at {phrases.power(scale[-1])} and "
-              + ("was not skipped" if not skipped[-1] else "was skipped, with a finite loss"
-                 if finite[-1] else "was skipped, with a non-finite loss"))
-    keras_static = (str(g["framework"].iloc[0]) in KERAS_BACKENDS if "framework" in g else False) and str(
-        g["precision"].iloc[0] if "precision" in g else "") in precisions.names(loss_scaling="static")
-    if keras_static and not skipped.any():  # Keras applies every update under a static scale: no skip can show one
-        every = "every" if finite.all() else "not every"
-        return (f"The step records: {every} loss of its {len(g):,} steps was finite "
-                f"(a Keras static scale applies every update, so no skip can show an overflow); the last step "
-                f"({last}) ran at {phrases.power(scale[-1])}")
+    last = f"the last step (step {int(g['step'].iloc[-1])}, counting from 0) ran at {phrases.power(scale[-1])}"
+    fw, prec = (str(g[k].iloc[0]) if k in g else "" for k in ("framework", "precision"))
+    if fw in KERAS_BACKENDS and prec in precisions.names(loss_scaling="static") and not skipped.any():
+        return (f"The step records: {'every' if finite.all() else 'not every'} loss of its {len(g):,} steps was "
+                f"finite (a Keras static scale applies every update, so no skip can show an overflow); {last}")
     if not skipped.any():  # the Loss scaling part's table and paragraph say so: not again beside each probe
         return ""
     steps, explained = g["step"].astype(int).to_numpy(), set() if explained is None else explained
     kinds = [_skips_text(steps[skipped & mask], scale[skipped & mask], said + ("" if said in explained else why))
-             for mask, said, why in ((finite, "with a finite loss", SKIP_WHY[True]),
-                                     (~finite, "with a non-finite loss", SKIP_WHY[False]))]
-    explained.update(said for said, text in zip(("with a finite loss", "with a non-finite loss"), kinds) if text)
+             for mask, (said, why) in zip((finite, ~finite), SKIP_WHY.items())]
+    explained.update(said for said, text in zip(SKIP_WHY, kinds) if text)
     late = steps[~finite]
     irrelevant = (f"; from step {int(late[0])} (the first non-finite loss) on, the scale's fall could not help: "
                   f"compute the layer the NaN/Inf locator names in float32 (--fp32-layers) or use a max-subtracted "
                   f"softmax" if len(late) else "")
+    ending = f"was skipped, with a {'' if finite[-1] else 'non-'}finite loss" if skipped[-1] else "was not skipped"
     return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, "
-            + "; ".join(k for k in kinds if k) + f"{irrelevant}; {ending}")
+            + "; ".join(k for k in kinds if k) + f"{irrelevant}; {last} and {ending}")
 
 
 def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
-    """"N <what>: steps …, at <scales>" for one kind of skipped update ("" for none)."""
+    """"N <what>: steps 1–2, 5, 7–9, at <scales>" for one kind of skipped update ("" for none)."""
     if not len(steps):
         return ""
     at = pd.Series(scales).value_counts().sort_index(ascending=False)
     said = (", ".join(f"{phrases.power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
             f"{len(at)} scales from {phrases.power(at.index[0])} down to {phrases.power(at.index[-1])}")
-    return f"{len(steps)} {what}: {_step_ranges(steps)}, at {said}"
-
-
-def _step_ranges(steps: np.ndarray) -> str:
-    """Steps as runs: [1, 2, 5, 7, 8, 9] -> "steps 1–2, 5, 7–9"."""
-    runs: list[list[int]] = []
-    for s in sorted(int(v) for v in steps):
-        if runs and s == runs[-1][1] + 1:
-            runs[-1][1] = s
-        else:
-            runs.append([s, s])
-    text = ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
-    return f"step{'s' if len(steps) > 1 else ''} {text}"
-
-
-def _where_lost(g: pd.DataFrame, lost: pd.Series, total: int) -> str:
-    """Where the lost elements were, in counts: "most" only for a layer holding more than half of them, and
-    every layer named where each holds the same few (three layers with one each are not "most ... (1, 33%)")."""
-    names = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy()
-    counts = lost.to_numpy()
-    order = [i for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
-    listed = ", ".join(f"{names[i]} ({counts[i]:,})" for i in order[:3]) + (
-        f" and {len(order) - 3} more layers" if len(order) > 3 else "")
-    top = counts[order[0]]
-    if 2 * top > total:
-        rest = ", then ".join(f"{names[i]} ({counts[i]:,})" for i in order[1:2])
-        return f"most ({top:,} of {total:,}) were in {names[order[0]]}" + (f", then {rest}" if rest else "")
-    return f"they were spread over {len(order)} layers, none holding most of them: {listed}"
+    runs = [[s for _, s in run] for _, run in groupby(enumerate(sorted(int(v) for v in steps)), lambda t: t[1] - t[0])]
+    ranges = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+    return f"{len(steps)} {what}: step{'s' if len(steps) > 1 else ''} {ranges}, at {said}"
 
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
-    """Where the elements lost in the real float16 backward (exact zeros where the float32 reference is not
-    zero; at a scale, zero without it too) were, by layer, per framework x float16 mode at the last step (first
-    seed), with the count of those zero only at the scale (cancellation) apart."""
+    """Per framework x float16 mode (last step, first seed): how many elements the real float16 backward lost
+    (UNDERFLOW_METHODS' second) and in which layers, with those zero only at the scale (cancellation) apart."""
     if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
         return []
     sel = _float16_probe(underflow)
     sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
     out, per = [], _per_model(sel)
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
-        fw, prec, who = *key[-2:], _who(per, key)
         scale = float(g["loss_scale"].iloc[0])
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
             continue
+        zero = zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
-        total, nonzero = int(lost.sum()), int(g["nonzero"].sum())
+        total, nonzero, residue = int(lost.sum()), int(g["nonzero"].sum()), int(lost[zero].sum())
         alone = int((g["lost_fraction_mixed_unscaled"].fillna(0) * g["nonzero"]).round().sum())  # with no scale
         at = (f" both at the scale held after the last step ({phrases.power(scale)}) and without it (lost"
               + (f"; without the scale alone, {alone:,} did" if alone != total else "") + ")"
               if scale != 1 else " (no loss scaling)")
         counted = (f"none of the {nonzero:,} non-zero gradient elements" if total == 0 else
                    f"{total:,} of the {nonzero:,} non-zero gradient elements ({phrases.share(total / nonzero)})")
-        real = ~zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
-        gone = (g["cancelled_fraction_mixed_scaled"].fillna(0) * g["nonzero"]).round()[real].sum() \
+        gone = (g["cancelled_fraction_mixed_scaled"].fillna(0) * g["nonzero"]).round()[~zero].sum() \
             if scale != 1 and "cancelled_fraction_mixed_scaled" in g else 0
-        residue = int(lost[zero_gradient(g).to_numpy()].sum())
         residue = (f" ({'all' if residue == total else f'{residue:,} of them'} attention key-bias residue)"
                    if residue else "")
-        out.append(f"{who}{_label(fw)} {prec}, after the last step: {counted} came out exactly zero in the real "
-                   f"float16 backward{at}" + (f"; {_where_lost(g, lost, total)}{residue}" if total else "")
+        names, counts = (g["layer"].astype(str) + "." + g["param"].astype(str)).to_numpy(), lost.to_numpy()
+        order = [i for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
+        said, top = [f"{names[i]} ({counts[i]:,})" for i in order], counts[order[0]] if order else 0
+        where = (f"most ({top:,} of {total:,}) were in {names[order[0]]}"
+                 + (f", then {said[1]}" if len(said) > 1 else "") if 2 * top > total else  # "most": over half
+                 f"they were spread over {len(order)} layers, none holding most of them: {', '.join(said[:3])}"
+                 + (f" and {len(order) - 3} more layers" if len(order) > 3 else ""))
+        out.append(f"{_who(per, key)}{_label(key[-2])} {key[-1]}, after the last step: {counted} came out exactly "
+                   f"zero in the real float16 backward{at}" + (f"; {where}{residue}" if total else "")
                    + (f"; {int(gone):,} ({phrases.share(gone / nonzero)}) did only at the scale (float16 cancellation)."
                       if gone else "."))
     return out
@@ -422,60 +359,47 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
     at the skip beside the probe's largest |gradient| after the last step at the scale then held."""
     if steps is None or steps.empty or "nonfinite_where" not in runs:
         return []
-    out = []
+    out, per = [], _per_model(runs)
     found = runs[(runs["nonfinite_where"] == "backward") & (runs["nonfinite_tensor"] != "output")
                  & runs["precision"].isin(precisions.scaled_names())]
-    per = _per_model(runs)
     for r in found.sort_values([*per, "framework", "precision", "seed"], key=display_order).to_dict("records"):
         g = steps[steps["cell_id"] == r["cell_id"]].sort_values("step")
-        at = g.loc[g["step"] == int(r["nonfinite_step"]), "loss_scale"].astype(float)
-        if at.empty or g.empty:
+        f = scaling.finding(r, g, underflow)
+        if f["scale"] is None:
             continue
-        f = {"seed": r["seed"], "step": int(r["nonfinite_step"]), "where": "backward", "layer": r["nonfinite_layer"],
-             "tensor": r["nonfinite_tensor"], "value": r["nonfinite_value"], "scale": float(at.iloc[0]),
-             "named": scaling.is_parameter(underflow, r["cell_id"], r["framework"], r["nonfinite_layer"],
-                                           r["nonfinite_tensor"])}
-        top = scaling.probe_top(underflow, r["cell_id"], f["layer"], f["tensor"])
-        after = ""
+        top, after = f["probe_top_log2"], ""
         if top is not None:
             bound, below = scaled_bound(top, float(g["loss_scale"].iloc[-1]))
             after = (f"; after the last step the probe measured its largest |gradient| below 2^{top + 1}, {below}"
                      + (f", {FP16_MAX / bound:.3g}× under 65,504" if bound <= FP16_MAX else
                         ", not provably under 65,504"))
-        who = _who(per, tuple(r[k] for k in per))
-        out.append(f"{who}{_label(r['framework'])} {r['precision']} seed {r['seed']}: the skip at step {f['step']} "
-                   f"(scale {phrases.power(f['scale'])}) — {phrases.cause(f)}{after}.")
+        out.append(f"{_who(per, tuple(r[k] for k in per))}{_label(r['framework'])} {r['precision']} seed {r['seed']}: "
+                   f"the skip at step {f['step']} (scale {phrases.power(f['scale'])}) — {phrases.cause(f)}{after}.")
     return out
 
 
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
-    """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with
-    its paired test against fp32 from `acc` (tables.accuracy_statistics); a precision with a cell the speed budget
-    stopped has no accuracy of the run (verdicts.ACCURACY) and is left out, not given its other seeds' median."""
-    out, ok = [], runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with its paired
+    test against fp32 from `acc`; a precision with a cell the speed budget stopped is left out (verdicts.ACCURACY)."""
+    ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     if ok.empty:
-        return out
-    keys = [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok]
-    ok = ok[~stats.cut_groups(ok, keys)]
-    per = _per_model(ok)  # per model and dataset: never two models' median
-    acc_rows = acc if acc is not None and not acc.empty else None
+        return []
+    ok = ok[~stats.cut_groups(ok, [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok])]
+    out, per, acc = [], _per_model(ok), acc if acc is not None and not acc.empty else None  # never two models' median
     median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median()
+
+    def tested(key: tuple) -> str:
+        sel = acc[np.logical_and.reduce([acc[k] == v for k, v in zip([*per, "framework", "precision"], key)])] \
+            if acc is not None else []
+        return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if len(sel) else ""
+
     for group in dict.fromkeys(k[:-1] for k in median.index):
-        with_s, without = median.get((*group, scaling.DYNAMIC[0])), median.get((*group, scaling.UNSCALED[0]))
-        if with_s is None or without is None:
-            continue
-
-        def tested(prec: str, group=group) -> str:
-            if acc_rows is None:
-                return ""
-            sel = acc_rows[np.logical_and.reduce([acc_rows[k] == v for k, v in zip([*per, "framework"], group)]
-                                                 + [acc_rows["precision"] == prec])]
-            return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if not sel.empty else ""
-
-        out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {with_s:.1%} with dynamic "
-                   f"loss scaling{tested(scaling.DYNAMIC[0])}, {without:.1%} without any{tested(scaling.UNSCALED[0])}"
-                   + (" — each tested against fp32 image by image, as the Accuracy section does." if acc_rows
-                      is not None else "."))
+        dyn, none = (*group, scaling.DYNAMIC[0]), (*group, scaling.UNSCALED[0])
+        if dyn in median and none in median:
+            out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {median[dyn]:.1%} with dynamic "
+                       f"loss scaling{tested(dyn)}, {median[none]:.1%} without any{tested(none)}"
+                       + (" — each tested against fp32 image by image, as the Accuracy section does." if acc
+                          is not None else "."))
     return out
 
 
@@ -491,10 +415,8 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited."""
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
                    "methods": audit_methods(dtypes)}
-    if dtypes.empty:
-        return facts
-    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & precisions.is_mixed(dtypes["precision"])]
-    if first.empty:
+    if dtypes.empty or (first := dtypes[(dtypes["seed"] == dtypes["seed"].min())
+                                        & precisions.is_mixed(dtypes["precision"])]).empty:
         return facts
     facts["precision"] = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
     facts["inputs_recorded"] = recorded_inputs(dtypes)
@@ -507,15 +429,12 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
 
 def _differing_rows(table: pd.DataFrame) -> dict:
     """How many of a dtype side-by-side table's rows differ between the frameworks, and in which layers."""
-    differing = table.loc[table["differs"], "layer"].replace("", "(unnamed)")
-    both = table["attributed"]
+    both, differing = table["attributed"], table.loc[table["differs"], "layer"].replace("", "(unnamed)")
     return {"rows": int(table["differs"].sum()), "of": int(both.sum()), "unattributed": int((~both).sum()),
             "layers": list(dict.fromkeys(differing))[:8]}
 
 
-# ---------------------------------------------------------------------------------------------
 # The vit: headroom, the attention/normalisation dtype table, the naive attention's story
-# ---------------------------------------------------------------------------------------------
 
 QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layernorm_input": "LayerNorm input"}
 
@@ -538,20 +457,11 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
     return out.sort_values(["framework", "precision", "block", "quantity", "epoch"], key=display_order)
 
 
-def _peak(part: pd.DataFrame) -> pd.Series:
-    """The row of the largest magnitude; a non-finite one (inf, or NaN: the recorder saw an overflowed value, and a
-    running maximum that meets NaN stays NaN) wins, at its first epoch."""
-    bad = part[~np.isfinite(part["max_abs"].to_numpy(dtype=float))]
-    return bad.sort_values("epoch").iloc[0] if not bad.empty else part.loc[part["max_abs"].idxmax()]
-
-
 def cfg_text(value) -> str:
     """A tuple-valued config column (fp32_layers) as read back from parquet: a list/array, a string, or empty."""
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return ""
     if isinstance(value, str):
         return value
-    return ",".join(map(str, list(value)))
+    return "" if value is None or (isinstance(value, float) and np.isnan(value)) else ",".join(map(str, list(value)))
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
@@ -566,33 +476,28 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     same_recipe = sorted(set(mine["precision"]) - set(FP8_MODES), key=lambda p: DISPLAY_ORDER.get(p, 99))
     parts = [part for prec in same_recipe  # fp8: the two frameworks run different recipes, not one attention core
              if (part := _gap_part(prec, mine[mine["precision"] == prec], keras_fw))]
-    if not parts:
-        return ""
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
             f"same weights and batches, over the steps before either cell's first non-finite loss or skipped update: "
             f"{', '.join(parts)} (fp32's gap is the floor: summation order alone; a precision cut short covers "
-            "fewer, earlier steps and is not compared with it).")
+            "fewer, earlier steps and is not compared with it).") if parts else ""
 
 
 def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
     """One precision's gap (median over seeds) and the steps each seed's median covers, marked where a non-finite
-    loss or a skipped update (after it the two scalers' paths differ) cut it short ("" without a seed with both
-    frameworks' steps)."""
-    gaps, counts, totals = [], [], []
-    for seed in sorted(set(mine["seed"])):
-        sel = mine[mine["seed"] == seed]
+    loss or a skipped update cut it short; "" without a seed with both frameworks' steps."""
+    found = []  # per seed: (median gap, steps compared, steps both ran)
+    for _, sel in mine.groupby("seed"):
         t, k = (sel[sel["framework"] == fw].set_index("step") for fw in ("torch", keras_fw))
         both = pd.concat([t["loss"], k["loss"]], axis=1, keys=["t", "k"], join="inner")  # NaN losses kept
-        skipped = [x["skipped"].reindex(both.index).fillna(False).astype(bool) if "skipped" in x else False
-                   for x in (t, k)]
-        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1) | (skipped[0] | skipped[1])
+        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
+        for x in (t, k):  # after a skipped update the two scalers' paths differ
+            bad |= x["skipped"].reindex(both.index).fillna(False).astype(bool).to_numpy() if "skipped" in x else False
         kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
         if len(kept):
-            gaps.append(float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))))
-            counts.append(len(kept))
-            totals.append(len(both))
-    if not gaps:
+            found.append((float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))), len(kept), len(both)))
+    if not found:
         return ""
+    gaps, counts, totals = zip(*found)
     n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
     per = " per seed" if len(counts) > 1 else ""
     steps = (f"{n} steps{per}" if counts == totals else
@@ -600,34 +505,23 @@ def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
     return f"{prec} {float(np.median(gaps)):.2g} ({steps})"
 
 
-def _layers_text(f: dict) -> str:
-    """A differing-rows entry's layers, with "…" where more rows differ than layers are named."""
-    if not f["layers"]:
-        return ""
-    return f" ({', '.join(f['layers'])}{', …' if f['rows'] > len(f['layers']) else ''})"
-
-
-def _unattributed_text(differing: dict) -> str:
-    """The rows only one framework's audit attributes ("-" in the other's column), counted apart from the red rows."""
-    lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
-    if not lone:
-        return ""
-    n = sum(lone.values())
-    return (f" {n} row{'s' if n != 1 else ''} ({', '.join(f'{p}: {k}' for p, k in lone.items())}) one framework's "
-            "audit does not attribute (\"-\" in its column): not attributed, so not compared.")
+def _rows_text(f: dict) -> str:
+    """"3 of 40 rows (fc, …)": a differing-rows entry, "…" where more rows differ than layers are named."""
+    more = ", …" if f["rows"] > len(f["layers"]) else ""
+    return f"{f['rows']} of {f['of']} rows" + (f" ({', '.join(f['layers'])}{more})" if f["layers"] else "")
 
 
 def _differing_text(differing: dict) -> str:
-    """How many audit rows differ between the frameworks and why they may: never "every row should match"
-    beside rows that do not."""
+    """How many audit rows differ between the frameworks, how many only one attributes, and why rows may differ."""
     rows = sum(f["rows"] for f in differing.values())
-    apart = _unattributed_text(differing)
+    lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
+    n = sum(lone.values())
+    apart = (f" {n} row{'s' if n != 1 else ''} ({', '.join(f'{p}: {k}' for p, k in lone.items())}) one framework's "
+             "audit does not attribute (\"-\" in its column): not attributed, so not compared." if lone else "")
     if not rows:
         return "No row both frameworks attribute differs between them." + apart
-    per = "; ".join(f"{p}: " + (", ".join(f"{m} {g['rows']} of {g['of']} rows" + _layers_text(g)
-                                          for m, g in f["models"].items()) if "models" in f else
-                                f"{f['rows']} of {f['of']} rows" + _layers_text(f))
-                    for p, f in differing.items() if f["rows"])
+    per = "; ".join(f"{p}: " + (", ".join(f"{m} {_rows_text(g)}" for m, g in f["models"].items())
+                                if "models" in f else _rows_text(f)) for p, f in differing.items() if f["rows"])
     return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red, counted over "
             f"the rows both attribute — {per}.{apart} Aligned "
             "mode (the default) aligns every difference a setting can, and tests/test_numerics.py checks those "
@@ -687,30 +581,31 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
         if mine.empty:
             continue
         seeds = [_naive_seed(c, blocks) for c in mine.to_dict("records")]
-        broke = [s for s in seeds if s["step"] >= 0]
-        first = min(broke, key=lambda s: s["step"]) if broke else {"step": -1, "where": ""}
-        facts = SimpleNamespace(estimate=first["step"] if broke else np.nan, step=first["step"], where=first["where"],
+        first = min((s for s in seeds if s["step"] >= 0), key=lambda s: s["step"], default={"step": -1, "where": ""})
+        facts = SimpleNamespace(estimate=first["step"] if first["step"] >= 0 else np.nan, step=first["step"],
+                                where=first["where"],
                                 forced=cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
                                 finite=all(s["finite"] for s in seeds))
         key = {k: getattr(r, k) for k in verdicts.IDENTITY}
-        half = precisions.BY_NAME[r.precision].half if r.precision in precisions.BY_NAME else ""
+        half = getattr(precisions.BY_NAME.get(r.precision), "half", "") or ""
         out.append(verdicts.row(key, "attention_overflow", facts, "none",
-                                {"seeds": seeds, "forced": facts.forced, "half": half or ""}))
+                                {"seeds": seeds, "forced": facts.forced, "half": half}))
     return out
 
 
 def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
-    """One naive-attention cell's facts: where it went non-finite (the locator's record), how it ended, its largest
-    attention logit (headroom.parquet, float32 before any scale)."""
-    step = pd.to_numeric(pd.Series([c.get("nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0]
-    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
-        if not blocks.empty else blocks
-    loss = float(pd.to_numeric(pd.Series([c.get("final_train_loss", np.nan)]), errors="coerce").iloc[0])
-    first_bad = pd.to_numeric(pd.Series([c.get("first_nonfinite_loss_step", np.nan)]), errors="coerce").iloc[0]
+    """One naive-attention cell's facts: where it went non-finite, how it ended, its largest attention logit."""
+    step, first_bad, loss = (pd.to_numeric(c.get(k, np.nan), errors="coerce")
+                             for k in ("nonfinite_step", "first_nonfinite_loss_step", "final_train_loss"))
     every_finite = bool(first_bad < 0) if pd.notna(first_bad) else bool(np.isfinite(loss))
     skipped = int(c.get("skipped_steps", 0) or 0)
-    return {"seed": int(c["seed"]), "step": int(step), "where": str(c.get("nonfinite_where") or ""),
+    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
+        if not blocks.empty else pd.DataFrame({"epoch": [], "max_abs": []})
+    # a non-finite peak (inf, or NaN: a running maximum that met an overflowed value) wins, at its first epoch
+    bad = logits[~np.isfinite(logits["max_abs"].to_numpy(dtype=float))].sort_values("epoch")["max_abs"]
+    return {"seed": int(c["seed"]), "step": int(step) if pd.notna(step) else -1,
+            "where": str(c.get("nonfinite_where") or ""),
             "layer": str(c.get("nonfinite_layer") or ""), "value": str(c.get("nonfinite_value") or ""),
             "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total", 0) or 0),
             "finite": c.get("status") == "ok" and every_finite and skipped == 0,
-            "largest_logit": float(_peak(logits)["max_abs"]) if not logits.empty else float("nan")}
+            "largest_logit": float(bad.iloc[0] if len(bad) else logits["max_abs"].max())}

@@ -20,28 +20,22 @@ STATIC = precisions.names(half="float16", loss_scaling="static")
 UNSCALED = precisions.names(half="float16", loss_scaling=None)
 
 
-def is_lab(run_precisions) -> bool:
-    """A run (or one model's cells) with fp16 beside fp16-noscale or fp16-static: the loss-scaling lab."""
-    have = set(run_precisions)
-    return bool(have & set(DYNAMIC)) and bool(have & (set(STATIC) | set(UNSCALED)))
-
-
 def cannot_skip(framework: str, precision: str) -> bool:
-    """A mode whose skipped-step count is no observation: no loss scaler, or Keras' static one (it applies every
-    update)."""
+    """A mode whose skipped-step count is no observation: no loss scaler, or Keras' static one (it never skips)."""
     scaling = precisions.of(precision).loss_scaling
     return scaling is None or (scaling == "static" and framework in KERAS_BACKENDS)
 
 
 def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> list[dict]:
-    """The lab's verdict rows of every model x dataset that is a lab (is_lab), keyed like `table`'s rows."""
+    """The lab's verdict rows of every model x dataset with fp16 beside fp16-noscale or fp16-static."""
     out: list[dict] = []
     if table.empty or runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
         cells = done[(done["model"] == model) & (done["dataset"] == dataset)]
-        if not is_lab(cells["precision"]):
+        have = set(cells["precision"])
+        if not (have & set(DYNAMIC) and have & set(STATIC + UNSCALED)):
             continue
         for r in part.drop_duplicates(["framework", "precision"]).itertuples():
             key = {k: getattr(r, k) for k in verdicts.IDENTITY}
@@ -57,17 +51,13 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
     return out
 
 
-def _row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict) -> dict:
-    return verdicts.row(key, metric, facts, "none", evidence)
-
-
 def _scales(steps: pd.DataFrame, cell_id: str) -> pd.DataFrame:
     return steps[steps["cell_id"] == cell_id].sort_values("step")
 
 
 def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.DataFrame) -> dict:
     """The dynamic scale's path per seed, against every other framework's cell of the same precision and seed."""
-    seeds, same, others, common = [], True, set(), []
+    seeds, same, others, shorter = [], True, set(), []
     for c in mine.sort_values("seed").itertuples():
         scale = _scales(steps, c.cell_id)["loss_scale"].astype(float).to_numpy()
         if not len(scale):
@@ -79,19 +69,17 @@ def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.Data
         for t in twins.itertuples():
             others.add(t.framework)
             theirs = _scales(steps, t.cell_id)["loss_scale"].astype(float).to_numpy()
-            # where the speed budget stopped either cell, the steps both ran; otherwise (a cell that diverged and
-            # ended early included) the whole path
+            # compared over the steps both ran only where the speed budget stopped either cell
             cut = bool(stats.budgeted(cells.loc[[c.Index, t.Index]]).any()) and len(theirs) != len(scale)
-            n = min(len(theirs), len(scale)) if cut else max(len(theirs), len(scale))
-            same = same and len(theirs[:n]) == len(scale[:n]) and bool(np.array_equal(theirs[:n], scale[:n]))
-            common.append(n if cut else None)
+            n = min(len(theirs), len(scale)) if cut else None
+            same = same and bool(np.array_equal(theirs[:n], scale[:n]))
+            shorter += [n] if cut else []
     interval = pd.to_numeric(mine.get("cfg_growth_interval", pd.Series(dtype=float)), errors="coerce").dropna()
-    shorter = [n for n in common if n is not None]
     facts = SimpleNamespace(estimate=seeds[0]["final"] if seeds else np.nan, others=len(others), same=same,
                             whole=not shorter)
-    return _row(key, "scale_path", facts, {"seeds": seeds, "others": sorted(others),
-                                           "common_steps": min(shorter) if shorter else None,
-                                           "growth_interval": int(interval.iloc[0]) if len(interval) else None})
+    return verdicts.row(key, "scale_path", facts, "none", {
+        "seeds": seeds, "others": sorted(others), "common_steps": min(shorter) if shorter else None,
+        "growth_interval": int(interval.iloc[0]) if len(interval) else None})
 
 
 def cut_steps(mine: pd.DataFrame, steps: pd.DataFrame) -> int | None:
@@ -100,47 +88,35 @@ def cut_steps(mine: pd.DataFrame, steps: pd.DataFrame) -> int | None:
     return min(len(_scales(steps, c)) for c in cut["cell_id"]) if not cut.empty else None
 
 
+def finding(c: dict, g: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
+    """The NaN/Inf locator's finding of run record `c` (`g`: its steps), with the scale that step ran at; `named`:
+    layer.tensor is a parameter (PyTorch's always; Keras' tensor is a variable's own name, of a sublayer's where the
+    layer has them, so named only where the probe has it); `probe_top_log2`: k such that the last step's probe put
+    that parameter's largest |float32 gradient| in [2^k, 2^(k+1)), None where it was not probed."""
+    step, layer, tensor = int(pd.to_numeric(c["nonfinite_step"])), str(c["nonfinite_layer"]), str(c["nonfinite_tensor"])
+    at = g.loc[g["step"] == step, "loss_scale"].astype(float)
+    probed = underflow[(underflow["cell_id"] == c["cell_id"]) & (underflow["layer"] == layer)
+                       & (underflow["param"] == tensor)] if underflow is not None and "param" in underflow else None
+    last = probed[probed["when"] == "last step"] if probed is not None and "log2_hist" in probed else []
+    tops = [k for k, v in log2_histogram(last["log2_hist"].iloc[0]).items() if v > 0] if len(last) else []
+    return {"seed": int(c["seed"]), "step": step, "where": str(c["nonfinite_where"]), "layer": layer, "tensor": tensor,
+            "value": str(c["nonfinite_value"]), "scale": float(at.iloc[0]) if len(at) else None,
+            "named": c["framework"] not in KERAS_BACKENDS or (probed is not None and not probed.empty),
+            "probe_top_log2": max(tops) if tops else None}
+
+
 def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
     """Each skipped update (seed, step, the scale it ran at) and the locator's finding at each cell's first."""
     skips, located = [], []
-    for c in mine.sort_values("seed").itertuples():
-        g = _scales(steps, c.cell_id)
-        bad = g[g["skipped"].astype(bool)]
-        skips += [{"seed": int(c.seed), "step": int(s.step), "scale": float(s.loss_scale)} for s in bad.itertuples()]
-        step = int(pd.to_numeric(pd.Series([getattr(c, "nonfinite_step", -1)]), errors="coerce").fillna(-1).iloc[0])
-        if step >= 0 and str(getattr(c, "nonfinite_where", "")):
-            at = g.loc[g["step"] == step, "loss_scale"].astype(float)
-            located.append({"seed": int(c.seed), "step": step, "where": str(c.nonfinite_where),
-                            "layer": str(c.nonfinite_layer), "tensor": str(c.nonfinite_tensor),
-                            "value": str(c.nonfinite_value), "scale": float(at.iloc[0]) if len(at) else None,
-                            "named": is_parameter(underflow, c.cell_id, key["framework"], str(c.nonfinite_layer),
-                                                  str(c.nonfinite_tensor)),
-                            "probe_top_log2": probe_top(underflow, c.cell_id, str(c.nonfinite_layer),
-                                                        str(c.nonfinite_tensor))})
+    for c in mine.sort_values("seed").to_dict("records"):
+        g = _scales(steps, c["cell_id"])
+        skips += [{"seed": int(c["seed"]), "step": int(s.step), "scale": float(s.loss_scale)}
+                  for s in g[g["skipped"].astype(bool)].itertuples()]
+        if pd.to_numeric(c.get("nonfinite_step", -1), errors="coerce") >= 0 and str(c.get("nonfinite_where", "")):
+            located.append(finding(c, g, underflow))
     facts = SimpleNamespace(estimate=float(len(skips)), where={f["where"] for f in located})
-    return _row(key, "skipped_steps", facts, {"skips": skips, "located": located, "cut_steps": cut_steps(mine, steps)})
-
-
-def is_parameter(underflow: pd.DataFrame | None, cell_id: str, framework: str, layer: str, tensor: str) -> bool:
-    """Whether the locator's layer.tensor names a parameter: PyTorch's do; Keras' tensor is the variable's own name,
-    of a sublayer's where the layer has them (attention's query/key/value), so named only where the probe has it."""
-    if framework not in KERAS_BACKENDS:
-        return True
-    return underflow is not None and "param" in underflow and bool(
-        ((underflow["cell_id"] == cell_id) & (underflow["layer"] == layer) & (underflow["param"] == tensor)).any())
-
-
-def probe_top(underflow: pd.DataFrame | None, cell_id: str, layer: str, param: str) -> int | None:
-    """k such that the last step's probe measured the parameter's largest |float32 gradient| in [2^k, 2^(k+1))
-    (its log2 histogram), or None where the probe did not record that parameter."""
-    if underflow is None or underflow.empty or "log2_hist" not in underflow:
-        return None
-    sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["layer"] == layer)
-                    & (underflow["param"] == param) & (underflow["when"] == "last step")]
-    if sel.empty:
-        return None
-    tops = [k for k, v in log2_histogram(sel["log2_hist"].iloc[0]).items() if v > 0]
-    return max(tops) if tops else None
+    return verdicts.row(key, "skipped_steps", facts, "none",
+                        {"skips": skips, "located": located, "cut_steps": cut_steps(mine, steps)})
 
 
 # Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
@@ -155,10 +131,9 @@ def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
 
 def lost_elements(underflow: pd.DataFrame | None, cell_id: str, column: str, when: str = "last step",
                   flush: str = "") -> tuple:
-    """(non-zero reference elements of one cell's probe at `when` that came out exactly zero in the float16 backward,
-    non-zero reference elements, how many of those zeros at most the reference's `flush` column explains, the zeros
-    in zero-gradient parameters: residue, counted apart from the first), counted from the recorded fractions
-    (kit/fp16.py mixed_zero_kinds); (NaN, 0, 0, 0) where the probe was not recorded."""
+    """(lost, non-zero, flushed, residue) elements of one cell's probe at `when`: non-zero reference elements zero in
+    the float16 backward (`column`), outside zero-gradient parameters; how many of those the reference's `flush`
+    column explains; the zeros in zero-gradient parameters. (NaN, 0, 0, 0) where the probe was not recorded."""
     if underflow is None or underflow.empty or column not in underflow:
         return np.nan, 0, 0, 0
     sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]
@@ -181,25 +156,21 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
                           "residue": residue})
     acc = part[(part["framework"] == key["framework"]) & (part["precision"] == key["precision"])
                & (part["metric"] == "accuracy")]
-    a = acc.iloc[0] if not acc.empty else None
-    said = phrases.evidence(a["evidence"]) if a is not None else {}
-    facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan,
-                            accuracy=a["status"] if a is not None else "",
-                            accuracy_low=float(a["low"]) if a is not None and np.isfinite(a["low"]) else np.nan)
-    return _row(key, "underflow", facts, {"seeds": seeds, "accuracy_status": facts.accuracy,
-                                          "accuracy_reason": a["reason"] if a is not None else "",
-                                          "accuracy_pp": a["estimate"] if a is not None else np.nan,
-                                          "accuracy_low": facts.accuracy_low,
-                                          "accuracy_high": a["high"] if a is not None else np.nan,
-                                          "accuracy_margin": a["margin"] if a is not None else np.nan,
-                                          "discordant": said.get("discordant"), "images": said.get("images"),
-                                          "seeds_paired": said.get("seeds")})
+    a = acc.iloc[0] if not acc.empty else dict.fromkeys(["estimate", "low", "high", "margin"], np.nan) | {
+        "status": "", "reason": "", "evidence": None}
+    said = phrases.evidence(a["evidence"]) if not acc.empty else {}
+    facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan, accuracy=a["status"],
+                            accuracy_low=float(a["low"]) if np.isfinite(a["low"]) else np.nan)
+    return verdicts.row(key, "underflow", facts, "none", {
+        "seeds": seeds, "accuracy_status": facts.accuracy, "accuracy_reason": a["reason"], "accuracy_pp": a["estimate"],
+        "accuracy_low": facts.accuracy_low, "accuracy_high": a["high"], "accuracy_margin": a["margin"],
+        "discordant": said.get("discordant"), "images": said.get("images"), "seeds_paired": said.get("seeds")})
 
 
 def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
     """Whether the fixed scale sufficed: no skipped update, no non-finite loss, nothing lost at it (both probes)."""
-    skipped = nonfinite = 0
-    lost, flushed, counted, lost_at = 0, 0, False, []
+    skipped = nonfinite = lost = flushed = 0
+    counted, lost_at = False, []
     for c in mine.sort_values("seed").itertuples():
         g = _scales(steps, c.cell_id)
         skipped += int(g["skipped"].astype(bool).sum())
@@ -213,12 +184,8 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
     scale = pd.to_numeric(mine.get("cfg_loss_scale", pd.Series(dtype=float)), errors="coerce").dropna()
     facts = SimpleNamespace(estimate=float(scale.iloc[0]) if len(scale) else np.nan, skipped=skipped,
                             nonfinite=nonfinite, lost=lost if counted else np.nan)
-    return _row(key, "static_scale", facts, {"skipped": skipped, "nonfinite_losses": nonfinite,
-                                             "cut_steps": cut_steps(mine, steps),
-                                             "skips": key["framework"] not in KERAS_BACKENDS,  # Keras never skips
-                                             "lost": lost if counted else None, "flushed": flushed,
-                                             "lost_at": lost_at,  # which seed's probe: not every one lost some
-                                             # Keras' static scale applies a non-finite update where PyTorch skips
-                                             # it: said where this run had one (a skip or a non-finite loss)
-                                             "applies_nonfinite": key["framework"] in KERAS_BACKENDS
-                                             and bool(skipped or nonfinite)})
+    keras = key["framework"] in KERAS_BACKENDS  # Keras' static scale never skips: it applies a non-finite update
+    return verdicts.row(key, "static_scale", facts, "none", {
+        "skipped": skipped, "nonfinite_losses": nonfinite, "cut_steps": cut_steps(mine, steps), "skips": not keras,
+        "lost": lost if counted else None, "flushed": flushed, "lost_at": lost_at,
+        "applies_nonfinite": keras and bool(skipped or nonfinite)})

@@ -1,7 +1,5 @@
-"""The ViT's table of computed dtypes: per part, framework and mixed precision, the dtype its arithmetic read
-(the audits' input dtypes, first seed, forward of the audited step). A fused attention's three rows name the kernel
-and its inputs' dtype, saying what it does inside only where FUSED_INSIDE knows; records without input dtypes fall
-back to the output dtypes, and the table says so."""
+"""The ViT's table of computed dtypes: per part, framework and mixed precision, the dtype its arithmetic read (the
+audits' input dtypes, first seed, forward of the audited step; the output dtypes in records without them)."""
 
 from __future__ import annotations
 
@@ -40,36 +38,28 @@ def _dtypes(values) -> str:
     return ", ".join(sorted({x for v in values for x in str(v).split("+") if x}))
 
 
-def _computed(inputs: str, outputs: str) -> str:
-    """The dtype one op computed in: its floating inputs' dtype; where they mix, its (first) output's; with no
-    input recorded, its outputs'."""
-    ins, outs = {x for x in inputs.split("+") if x}, [x for x in outputs.split("+") if x]
-    if len(ins) == 1:
-        return ins.pop()
-    return outs[0] if outs and (ins or len(outs) == 1) else outputs
-
-
 def _computed_in(rows: pd.DataFrame) -> pd.Series:
+    """The dtype each op computed in: its floating inputs' dtype; where they mix, its (first) output's; with no
+    input recorded, its outputs'."""
     inputs = rows["input_dtype"].fillna("").astype(str) if "input_dtype" in rows else pd.Series("", rows.index)
-    return pd.Series([_computed(i, str(o)) for i, o in zip(inputs, rows["compute_dtype"])], index=rows.index,
-                     dtype=object)
+    out = []
+    for i, o in zip(inputs, rows["compute_dtype"].astype(str)):
+        ins, outs = {x for x in i.split("+") if x}, [x for x in o.split("+") if x]
+        out.append(ins.pop() if len(ins) == 1 else outs[0] if outs and (ins or len(outs) == 1) else o)
+    return pd.Series(out, index=rows.index, dtype=object)
 
 
 def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
     """One framework's (ops text, computed-in text) for one part."""
     math = rows[~rows["op"].isin(CAST_OPS | LAYOUT_OPS)]
     fused = math[math["op"].astype(str).str.contains(FUSED_ATTENTION)]
-    if kind != "all" and not fused.empty:
-        op = str(fused["op"].iloc[0])
-        inputs = _dtypes(_computed_in(fused))
-        if kind == "softmax":  # said once, in the middle row of the three the kernel does
-            return f"fused kernel {op}, inputs {inputs}" + (f"; {FUSED_INSIDE[op]}" if op in FUSED_INSIDE else ""), \
-                inputs
-        return f"the fused kernel, inputs {inputs}", inputs
-    if kind == "matmul":
-        math = math[math["op"].isin(MATMUL_OPS)]
-    elif kind == "softmax":
-        math = math[~math["op"].isin(MATMUL_OPS)]
+    if kind != "all" and not fused.empty:  # named once, in the middle row of the three the kernel does
+        op, inputs = str(fused["op"].iloc[0]), _dtypes(_computed_in(fused))
+        inside = f"; {FUSED_INSIDE[op]}" if op in FUSED_INSIDE else ""
+        return (f"fused kernel {op}, inputs {inputs}{inside}" if kind == "softmax" else
+                f"the fused kernel, inputs {inputs}"), inputs
+    if kind != "all":
+        math = math[math["op"].isin(MATMUL_OPS) == (kind == "matmul")]
     per_op = math.assign(computed=_computed_in(math)).groupby("op", sort=False)["computed"].agg(_dtypes)
     text = "; ".join(f"{op}: {dt}" for op, dt in per_op.items()) or "-"
     if kind == "matmul" and per_op.str.contains(",").any():
@@ -81,9 +71,8 @@ def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
 
 
 def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per mixed precision: each vit part (VIT_COMPONENTS) with, per framework, the ops that did its arithmetic
-    and the dtype each computed in, and a "computed in" column; `differs` where the frameworks' differ.
-    Empty for the CNNs."""
+    """Per mixed precision: each vit part (VIT_COMPONENTS) with, per framework, the ops that did its arithmetic and
+    the dtype each computed in; `differs` where the frameworks' "computed in" differ. Empty for the CNNs."""
     out: dict[str, pd.DataFrame] = {}
     if dtypes.empty or not dtypes["layer"].astype(str).str.match(r"blocks\.\d+\.attn$").any():
         return out
