@@ -1,7 +1,6 @@
 """Keras or its backend? When one compare ran the Keras model on several backends, what the Keras cells share
 (settings read back, defaults of fresh objects) is Keras' own doing and what differs is the backend's: a table of
-them from the run's own records (each backend's speed, memory and settings are in the summary, timing and Environment
-tables). Framework-free."""
+them from the run's own records. Framework-free."""
 
 from __future__ import annotations
 
@@ -14,12 +13,10 @@ from amp_compare.harness.report.settings_check import value_text
 
 
 def _json(value) -> dict:
-    if isinstance(value, str) and value:
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-    return value if isinstance(value, dict) else {}
+    try:
+        return json.loads(value) if isinstance(value, str) and value else value if isinstance(value, dict) else {}
+    except json.JSONDecodeError:
+        return {}
 
 
 def keras_frameworks(runs: pd.DataFrame) -> list[str]:
@@ -50,8 +47,7 @@ def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
     rows = []
     for item, per_fw in sorted(values.items()):
         cells = {framework_label(fw): "; ".join(sorted(v)) or "not recorded" for fw, v in per_fw.items()}
-        recorded = [v for v in per_fw.values() if v]
-        same = len(recorded) == len(frameworks) and all(v == recorded[0] for v in recorded)
+        same = all(per_fw.values()) and len({frozenset(v) for v in per_fw.values()}) == 1
         rows.append({"item": item, **cells, "same on every backend": "✓" if same else "✗ differs"})
     return pd.DataFrame(rows)
 
@@ -62,8 +58,7 @@ INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer
 
 
 def split_sentences(frameworks: list[str], keras: pd.DataFrame) -> list[str]:
-    """What the Keras table says, in words, from its own rows (each backend's speed, memory and settings are the
-    summary's, timing and Environment tables')."""
+    """What the Keras table says, in words, from its own rows."""
     if keras.empty:
         return []
     same = keras["same on every backend"] == "✓"
