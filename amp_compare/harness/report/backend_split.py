@@ -23,27 +23,22 @@ def keras_frameworks(runs: pd.DataFrame) -> list[str]:
     """The Keras frameworks with at least one finished cell, in display order."""
     if runs.empty or "framework" not in runs:
         return []
-    ok = runs[runs["status"] == "ok"] if "status" in runs else runs
-    return sorted({fw for fw in ok["framework"] if fw in KERAS_BACKENDS}, key=lambda f: DISPLAY_ORDER.get(f, 99))
+    ok = set(runs.loc[runs["status"] == "ok", "framework"])
+    return sorted(ok & set(KERAS_BACKENDS), key=lambda f: DISPLAY_ORDER.get(f, 99))
 
 
 def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
     """One row per Keras-level item: each backend's values (over its cells) and whether all backends agree."""
     ok = runs[(runs["status"] == "ok") & runs["framework"].isin(frameworks)]
     values: dict[str, dict[str, set]] = {}
-
-    def add(item: str, fw: str, value) -> None:
-        values.setdefault(item, {f: set() for f in frameworks})[fw].add(value_text(value))
-
     for row in ok.to_dict("records"):
-        fw, prec = row["framework"], row["precision"]
-        if row.get("amp_api"):
-            add(f"AMP API ({prec})", fw, row["amp_api"])
-        for key, value in _json(row.get("settings_used")).items():
-            if key != "tf32":  # the backend's setting: the Environment table shows it
-                add(f"{key} ({prec})" if key == "output_dtype" else key, fw, value)
-        for key, value in _json(row.get("framework_defaults")).items():
-            add(f"Keras default: {key}", fw, value)
+        prec = row["precision"]
+        items = [*([(f"AMP API ({prec})", row["amp_api"])] if row.get("amp_api") else []),
+                 *((f"{key} ({prec})" if key == "output_dtype" else key, value)  # tf32: the Environment table's
+                   for key, value in _json(row.get("settings_used")).items() if key != "tf32"),
+                 *((f"Keras default: {key}", value) for key, value in _json(row.get("framework_defaults")).items())]
+        for item, value in items:
+            values.setdefault(item, {f: set() for f in frameworks})[row["framework"]].add(value_text(value))
     rows = []
     for item, per_fw in sorted(values.items()):
         cells = {framework_label(fw): "; ".join(sorted(v)) or "not recorded" for fw, v in per_fw.items()}

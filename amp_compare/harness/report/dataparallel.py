@@ -55,8 +55,6 @@ def relative_gap(a: pd.Series, b: pd.Series) -> float:
     """The largest relative difference between two per-step loss series (by step; finite steps of both)."""
     both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
     both = both[np.isfinite(both["a"]) & np.isfinite(both["b"]) & (both["b"] != 0)]
-    if both.empty:
-        return float("nan")
     return float((both["a"] - both["b"]).abs().div(both["b"].abs()).max())
 
 
@@ -66,15 +64,13 @@ def worker_agreement(workers: pd.DataFrame) -> dict:
     if workers.empty:
         return {"agree": False, "workers": 0, "steps": 0, "disagreement": "no per-worker records"}
     w = workers.sort_values(["step", "worker"])
-    n_workers = w["worker"].nunique()
+    n_workers, per_step = w["worker"].nunique(), w.groupby("step")
     failed = {"agree": False, "workers": n_workers, "steps": w["step"].nunique()}
-    per_step = w.groupby("step")
     counts = per_step["worker"].nunique()
-    if (counts != n_workers).any():
-        step = int(counts.index[counts != n_workers][0])
-        return {**failed, "disagreement": f"step {step}: {int(counts[step])} of {n_workers} workers recorded it"}
-    differs = {column: per_step[column].nunique() > 1 for column in ("loss_scale", "skipped")}
-    first = {column: int(d.index[d][0]) for column, d in differs.items() if d.any()}
+    if len(short := counts[counts != n_workers]):
+        return {**failed, "disagreement": f"step {int(short.index[0])}: {int(short.iloc[0])} of {n_workers} workers "
+                                          "recorded it"}
+    first = {c: int(d.index[d][0]) for c in ("loss_scale", "skipped") if (d := per_step[c].nunique() > 1).any()}
     if first:  # the earliest step where any worker differs, and in what
         column = min(first, key=lambda c: (first[c], c != "skipped"))
         step, what = first[column], {"loss_scale": "loss scale", "skipped": "skipped flag"}[column]
@@ -86,10 +82,9 @@ def worker_agreement(workers: pd.DataFrame) -> dict:
     if checked and (missed := overflow & ~skipped).any():
         step = int(missed.index[missed][0])
         bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
-        return {**failed, "local_checked": True,
-                "disagreement": f"step {step}: worker {bad}'s own gradients were non-finite before the all-reduce, "
-                                "yet the update was applied (the overflow decision was not taken over every worker's "
-                                "gradients)"}
+        return {**failed, "local_checked": True, "disagreement": f"step {step}: worker {bad}'s own gradients were "
+                "non-finite before the all-reduce, yet the update was applied (the overflow decision was not taken "
+                "over every worker's gradients)"}
     return {**failed, "agree": True, "local_checked": checked, "overflows": int(overflow.sum()) if checked else None,
             "skipped_steps": int(skipped.sum()), "disagreement": ""}
 
@@ -154,9 +149,8 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
 def machine_range(environment: dict) -> str:
     """The calibration checks' range over the run where it exceeds common.UNSTEADY ("" where steady or unchecked)."""
     ms = calibration_checks(environment or {})
-    if len(ms) < 2 or max(ms) / min(ms) - 1 <= UNSTEADY:
-        return ""
-    return f"calibration checks ranged {min(ms):,.1f}–{max(ms):,.1f} ms over the run"
+    steady = len(ms) < 2 or max(ms) / min(ms) - 1 <= UNSTEADY
+    return "" if steady else f"calibration checks ranged {min(ms):,.1f}–{max(ms):,.1f} ms over the run"
 
 
 def floor_kind(one: pd.Series, floor: pd.Series) -> str:
@@ -172,9 +166,7 @@ def floor_kind(one: pd.Series, floor: pd.Series) -> str:
 
 def as_written(value):
     """A recorded number as written (2, not 2.0, read back through a float column); a text as it is."""
-    if isinstance(value, float) and np.isfinite(value) and value.is_integer():
-        return int(value)
-    return value
+    return int(value) if isinstance(value, float) and np.isfinite(value) and value.is_integer() else value
 
 
 def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd.DataFrame:
@@ -191,11 +183,10 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
              if not steps.empty and "warmup" in steps else {})
     pooled: dict[tuple, tuple[str, int, dict]] = {}  # the accuracy test pools a group's seeds: once per group
-    out = []
+    out, none = [], pd.Series(dtype=float)
     for _, cell in n_cells.sort_values(KEY[:4], key=display_order).iterrows():
         same = (runs[KEY] == cell[KEY]).all(axis=1)
-        single = runs[same & (runs["role"] == "single") & (runs["status"] == "ok")]
-        floor = runs[same & (runs["role"] == "floor") & (runs["status"] == "ok")]
+        single, floor = (runs[same & (runs["role"] == role) & (runs["status"] == "ok")] for role in ("single", "floor"))
         row = {**{k: cell[k] for k in KEY}, "workers": int(cell["cfg_replicas"]),
                "allreduce": cell["cfg_allreduce"], "status": cell["status"],
                "error": recorded_error(cell.get("error"), cell.get("stderr_tail"))}
@@ -205,32 +196,26 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
         key = tuple(str(cell[k]) for k in [*POOL, "cfg_allreduce"])
         if key not in pooled:
             pooled[key] = _accuracy_vs_fp32_allreduce(cell, n_cells)
-        out.append(_judged(row, cell, single.iloc[0], floor, pooled[key], loss, timed, workers, environment or {}))
-    return pd.DataFrame(out)
-
-
-def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, accuracy: tuple,
-            loss: dict, timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
-    """A finished N-worker cell's row against its finished 1-worker cell `one` (accuracy: its pooled test)."""
-    none = pd.Series(dtype=float)
-    losses_1 = loss.get(one["cell_id"], none)
-    level = float(losses_1[np.isfinite(losses_1) & (losses_1 != 0)].abs().min())  # where a float32 ulp is largest
-    gap = relative_gap(loss.get(cell["cell_id"], none), losses_1)
-    floor_gap = relative_gap(loss.get(floor.iloc[0]["cell_id"], none), losses_1) if not floor.empty else np.nan
-    mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
-    agreement = worker_agreement(mine)
-    return {**row, "skipped_1": int(one.get("skipped_steps", 0)), "skipped_n": int(cell.get("skipped_steps", 0)),
+        one, losses_1 = single.iloc[0], loss.get(single.iloc[0]["cell_id"], none)
+        mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
+        agreement = worker_agreement(mine)
+        out.append({
+            **row, "skipped_1": int(one.get("skipped_steps", 0)), "skipped_n": int(cell.get("skipped_steps", 0)),
             "threads_1": int(one["cfg_threads"]), "threads_per_worker": cell.get("threads_per_worker"),
             "throughput_1": float(one["throughput_img_s"]), "throughput_n": float(cell["throughput_img_s"]),
-            **_speed(cell, one, floor, timed, environment),
+            **_speed(cell, one, floor, timed, environment or {}),
             "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
-            "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": level,
+            "loss_gap": relative_gap(loss.get(cell["cell_id"], none), losses_1),
+            "floor_gap": relative_gap(loss.get(None if floor.empty else floor.iloc[0]["cell_id"], none), losses_1),
+            # the 1-worker run's smallest |loss|, where a float32 ulp is largest
+            "loss_scale": float(losses_1[np.isfinite(losses_1) & (losses_1 != 0)].abs().min()),
             "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
-            **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), accuracy)),
+            **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), pooled[key])),
             "step_s": float(np.median(timed[cell["cell_id"]])) if len(timed.get(cell["cell_id"], [])) else np.nan,
-            "engine": str(cell.get("data_parallel") or "")}
+            "engine": str(cell.get("data_parallel") or "")})
+    return pd.DataFrame(out)
 
 
 def recorded_error(error, stderr_tail) -> str:
@@ -253,17 +238,12 @@ def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool
 
 def _step_vs_reference(ok: pd.DataFrame) -> list[str]:
     """Each cell's median timed step ÷ that of the --allreduce fp32 cell of the same workers and seed."""
-    same = ["model", "dataset", "framework", "precision", "workers", "seed"]
-    reference = {tuple(r[k] for k in same): r["step_s"] for _, r in ok.iterrows()
-                 if r["allreduce"] == ALLREDUCE_REFERENCE}
-    out = []
-    for _, r in ok.iterrows():
-        base = reference.get(tuple(r[k] for k in same), np.nan)
-        out.append("reference" if r["allreduce"] == ALLREDUCE_REFERENCE else
-                   f"{r['step_s'] / base:.2f}× ({1e3 * r['step_s']:.1f} against {1e3 * base:.1f} ms)"
-                   if np.isfinite(base) and np.isfinite(r.get("step_s", np.nan)) and base > 0 else
-                   "no --allreduce fp32 cell to compare with")
-    return out
+    keys = list(ok[["model", "dataset", "framework", "precision", "workers", "seed"]].itertuples(index=False))
+    reference = {k: s for k, s, a in zip(keys, ok["step_s"], ok["allreduce"]) if a == ALLREDUCE_REFERENCE}
+    return ["reference" if a == ALLREDUCE_REFERENCE else
+            f"{s / b:.2f}× ({1e3 * s:.1f} against {1e3 * b:.1f} ms)" if np.isfinite(b) and np.isfinite(s) and b > 0 else
+            "no --allreduce fp32 cell to compare with"
+            for a, s, b in zip(ok["allreduce"], ok["step_s"], (reference.get(k, np.nan) for k in keys))]
 
 
 def table(dp: pd.DataFrame) -> pd.DataFrame:
@@ -312,9 +292,8 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     if ok.empty:  # no N-worker cell was judged: the answer's lines say why
         return out
     ran = facts(frameworks=sorted(set(ok["framework"])))
-    torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()]
-    per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
-    floors = [int(t) for t in ok["floor_threads"].dropna()] if "floor_threads" in ok else []
+    per_worker = next((int(t) for t in ok.loc[ok["framework"] == "torch", "threads_per_worker"].dropna()), None)
+    floors = [int(t) for t in ok["floor_threads"].dropna()]
     return out + [wording.data_parallel_threads(ran, threads, per_worker, machine_range(environment), floors)
                   for threads in sorted(set(ok["threads_1"].astype(int)))]
 

@@ -138,11 +138,10 @@ def _recipes(fp8_runs: pd.DataFrame) -> pd.DataFrame:
 
 def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, layers: pd.DataFrame,
                device: str) -> list[str]:
-    out = []
-    if device != "cuda":
-        out.append("fp8 is emulated on this CPU (fp8 casts, float32 matmuls of the dequantized values): this section "
-                   "shows numerics only; no speed, memory or MFU is claimed for fp8. Every matmul ran in float32 on "
-                   "dequantized values, so each SQNR measures the casts' rounding, not an fp8 unit's accumulation.")
+    out = [] if device == "cuda" else [
+        "fp8 is emulated on this CPU (fp8 casts, float32 matmuls of the dequantized values): this section shows "
+        "numerics only; no speed, memory or MFU is claimed for fp8. Every matmul ran in float32 on dequantized values, "
+        "so each SQNR measures the casts' rounding, not an fp8 unit's accumulation."]
     if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
         out.append("The ViT headroom figure leaves fp8 out: it measures distance to float16's largest value, "
                    f"{FP16_MAX:,.0f}, while each fp8 tensor is scaled into its own format's range before its cast "
@@ -216,10 +215,8 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
 
 
 def markdown(sec: dict | None, table_markdown) -> list[str]:
-    if sec is None:
-        return []
     return ["", "### fp8 training", "", *[f"- {s}" for s in sec["sentences"]], "",
-            *([table_markdown(sec["table"])] if not sec["table"].empty else [])]
+            *([table_markdown(sec["table"])] if not sec["table"].empty else [])] if sec is not None else []
 
 
 def figure(sec: dict | None, out: Path) -> str | None:

@@ -30,6 +30,5 @@ def search_table(results: Iterable) -> pd.DataFrame:
              **{k: getattr(p, k) for k in _PROBE}, **{k: getattr(r, k) for k in _SEARCH}}
             for r in results for order, p in enumerate(r.probes)]
     table = pd.DataFrame(rows, columns=[*_IDENTITY, "probe", *_PROBE, *_SEARCH])
-    for name in ("peak_bytes", "cap_bytes", "first_failed"):  # None stays missing, not a float NaN
-        table[name] = table[name].astype("Int64")
-    return table.astype({"batch": "int64", "ok": "bool", "max_ok": "int64", "probe": "int64"})
+    return table.astype({"batch": "int64", "ok": "bool", "max_ok": "int64", "probe": "int64",
+                         **dict.fromkeys(("peak_bytes", "cap_bytes", "first_failed"), "Int64")})  # None: missing

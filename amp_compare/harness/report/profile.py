@@ -57,18 +57,14 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
     rows = []
     for _, run in ok[ok["precision"] != precisions.REFERENCE].iterrows():
         fp32 = run["cell_id"].replace(f"-{run['precision']}-", f"-{precisions.REFERENCE}-", 1)  # its fp32 cell's id
-        if fp32 not in ok.index or not run["median_step_s"] > 0:
-            continue
-        base = ok.loc[fp32]
-        ratio = base["median_step_s"] / run["median_step_s"]
-        if 1 / SPEED_BAND <= ratio <= SPEED_BAND:
-            continue
-        rows.append(explain(run, base, ops, prims))
+        ratio = ok.loc[fp32, "median_step_s"] / run["median_step_s"] if fp32 in ok.index and run["median_step_s"] > 0 \
+            else 1.0  # no fp32 cell or no step time: nothing to explain
+        if not 1 / SPEED_BAND <= ratio <= SPEED_BAND:
+            rows.append(explain(run, ok.loc[fp32], ops, prims))
     profiled = ok[ok["profile_step_s"].notna()]
-    sentences = [overhead_sentence(profiled)] if not profiled.empty else []
     traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
-    return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces, "none_moved": NONE_MOVED,
-            "band": BAND_TEXT}
+    return {"table": pd.DataFrame(rows), "sentences": [overhead_sentence(profiled)] if not profiled.empty else [],
+            "traces": traces, "none_moved": NONE_MOVED, "band": BAND_TEXT}
 
 
 def overhead_sentence(profiled: pd.DataFrame) -> str:
@@ -81,7 +77,5 @@ def overhead_sentence(profiled: pd.DataFrame) -> str:
 
 
 def markdown(profile: dict | None, table_markdown) -> list[str]:
-    if not profile:
-        return []
-    body = table_markdown(profile["table"]) if not profile["table"].empty else NONE_MOVED
-    return ["", "### Profile", "", body, "", *[f"- {s}" for s in profile["sentences"]]]
+    return ["", "### Profile", "", table_markdown(profile["table"]) if not profile["table"].empty else NONE_MOVED, "",
+            *[f"- {s}" for s in profile["sentences"]]] if profile else []

@@ -45,9 +45,9 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
         t, k = torch_used.get(key), keras_used.get(key)
         t_norm = TO_TORCH_CONVENTION["torch"].get(key, lambda v: v)(t) if key in torch_used else None
         k_norm = TO_TORCH_CONVENTION["tf"].get(key, lambda v: v)(k) if key in keras_used else None
-        match = key in torch_used and key in keras_used and _same(t_norm, k_norm)
         rows.append({"key": key, "torch": t, "keras": k, "torch_as_torch": t_norm, "keras_as_torch": k_norm,
-                     "recorded": {"torch": key in torch_used, "keras": key in keras_used}, "match": match})
+                     "recorded": {"torch": key in torch_used, "keras": key in keras_used},
+                     "match": key in torch_used and key in keras_used and _same(t_norm, k_norm)})
     return rows
 
 
@@ -159,14 +159,12 @@ PART_MODELS = {"bn_momentum": {"resnet18"}, "bn_epsilon": {"resnet18"}, "stride2
                "token_dtype": {"vit"}, "attention_core": {"vit"}}
 OPTIMIZER_ROWS = {"adam_epsilon": {"adam", "adamw"}, "adam_formula": {"adam", "adamw"},
                   "weight_decay": {"adam"}, "adamw_weight_decay": {"adamw"}}
-DYNAMIC_ROWS = {"init_scale", "growth_interval"}
+DYNAMIC_ROWS = dict.fromkeys(("init_scale", "growth_interval"), set(precision_table.names(loss_scaling="dynamic")))
 
 
 def differences_apply(key: str, models: set | None, optimizers: set | None, precisions: set | None) -> bool:
     """Whether a framework-differences row is about something the run has; a None set: the records do not say."""
-    dynamic = set(precision_table.names(loss_scaling="dynamic"))
-    for rows, have in ((PART_MODELS, models), (OPTIMIZER_ROWS, optimizers), (dict.fromkeys(DYNAMIC_ROWS, dynamic),
-                                                                               precisions)):
+    for rows, have in ((PART_MODELS, models), (OPTIMIZER_ROWS, optimizers), (DYNAMIC_ROWS, precisions)):
         if key in rows:
             return have is None or bool(rows[key] & have)
     return True
