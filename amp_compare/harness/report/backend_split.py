@@ -1,7 +1,6 @@
 """Keras or its backend? When one compare ran the Keras model on several backends, what the Keras cells share
 (settings read back, defaults of fresh objects) is Keras' own doing and what differs is the backend's: a table of
-them from the run's own records (each backend's speed, memory and settings are in the summary, timing and Environment
-tables). Framework-free."""
+them from the run's own records. Framework-free."""
 
 from __future__ import annotations
 
@@ -14,44 +13,36 @@ from amp_compare.harness.report.settings_check import value_text
 
 
 def _json(value) -> dict:
-    if isinstance(value, str) and value:
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-    return value if isinstance(value, dict) else {}
+    try:
+        return json.loads(value) if isinstance(value, str) and value else value if isinstance(value, dict) else {}
+    except json.JSONDecodeError:
+        return {}
 
 
 def keras_frameworks(runs: pd.DataFrame) -> list[str]:
     """The Keras frameworks with at least one finished cell, in display order."""
     if runs.empty or "framework" not in runs:
         return []
-    ok = runs[runs["status"] == "ok"] if "status" in runs else runs
-    return sorted({fw for fw in ok["framework"] if fw in KERAS_BACKENDS}, key=lambda f: DISPLAY_ORDER.get(f, 99))
+    ok = set(runs.loc[runs["status"] == "ok", "framework"])
+    return sorted(ok & set(KERAS_BACKENDS), key=lambda f: DISPLAY_ORDER.get(f, 99))
 
 
 def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
     """One row per Keras-level item: each backend's values (over its cells) and whether all backends agree."""
     ok = runs[(runs["status"] == "ok") & runs["framework"].isin(frameworks)]
     values: dict[str, dict[str, set]] = {}
-
-    def add(item: str, fw: str, value) -> None:
-        values.setdefault(item, {f: set() for f in frameworks})[fw].add(value_text(value))
-
     for row in ok.to_dict("records"):
-        fw, prec = row["framework"], row["precision"]
-        if row.get("amp_api"):
-            add(f"AMP API ({prec})", fw, row["amp_api"])
-        for key, value in _json(row.get("settings_used")).items():
-            if key != "tf32":  # the backend's setting: the Environment table shows it
-                add(f"{key} ({prec})" if key == "output_dtype" else key, fw, value)
-        for key, value in _json(row.get("framework_defaults")).items():
-            add(f"Keras default: {key}", fw, value)
+        prec = row["precision"]
+        items = [*([(f"AMP API ({prec})", row["amp_api"])] if row.get("amp_api") else []),
+                 *((f"{key} ({prec})" if key == "output_dtype" else key, value)  # tf32: the Environment table's
+                   for key, value in _json(row.get("settings_used")).items() if key != "tf32"),
+                 *((f"Keras default: {key}", value) for key, value in _json(row.get("framework_defaults")).items())]
+        for item, value in items:
+            values.setdefault(item, {f: set() for f in frameworks})[row["framework"]].add(value_text(value))
     rows = []
     for item, per_fw in sorted(values.items()):
         cells = {framework_label(fw): "; ".join(sorted(v)) or "not recorded" for fw, v in per_fw.items()}
-        recorded = [v for v in per_fw.values() if v]
-        same = len(recorded) == len(frameworks) and all(v == recorded[0] for v in recorded)
+        same = all(per_fw.values()) and len({frozenset(v) for v in per_fw.values()}) == 1
         rows.append({"item": item, **cells, "same on every backend": "✓" if same else "✗ differs"})
     return pd.DataFrame(rows)
 
@@ -62,8 +53,7 @@ INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer
 
 
 def split_sentences(frameworks: list[str], keras: pd.DataFrame) -> list[str]:
-    """What the Keras table says, in words, from its own rows (each backend's speed, memory and settings are the
-    summary's, timing and Environment tables')."""
+    """What the Keras table says, in words, from its own rows."""
     if keras.empty:
         return []
     same = keras["same on every backend"] == "✓"

@@ -1,40 +1,39 @@
-"""The report's "Data parallel" section, from a --replicas run's records (framework-free): each N-worker cell
-judged against its 1-worker cell of the same seed and that cell's floor (`rows`); `split` keeps them out of the
-other sections."""
+"""The report's "Data parallel" section: each N-worker cell of a --replicas run judged against its 1-worker cell of
+the same seed and that cell's floor (`rows`); `split` keeps them out of the other sections. Framework-free."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
-from amp_compare.contract.config import (
-    ALLREDUCE_REFERENCE,
-    ALLREDUCES,
-    display_order,
-    framework_label,
-)
+from amp_compare.contract.config import ALLREDUCE_REFERENCE, ALLREDUCES, display_order, framework_label
 from amp_compare.harness.common import UNSTEADY
 from amp_compare.harness.report import phrases, stats, verdicts, wording
 from amp_compare.harness.report.speed import calibration_checks
 
 KEY = ["model", "dataset", "framework", "precision", "seed"]
+POOL = ["model", "dataset", "framework", "precision", "cfg_replicas"]  # what an all-reduce's accuracy pools over
+NEAR_CHANCE_PP = 10.0  # validation accuracy this close to chance: a difference between two guessers
+STALL_FACTOR = 2.0  # a 1-worker cell whose floor cell ran this many times faster stalled
+AT_FLOOR_FACTOR = 2.0  # a loss gap within this factor of the floor's, or FLOAT32_ULPS of the loss, is at the floor
+FLOAT32_ULPS = 4
+_REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
+STEP_COLUMN = "Median step time vs --allreduce fp32 (same seed; <1×: shorter)"
+# A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) a verdict row keeps.
+TEST_KEYS = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
 
 
 def _flag(runs: pd.DataFrame, column: str, default) -> pd.Series:
     """A cfg_ column of the run table, with its default where the records predate it (or a failed row lacks it)."""
-    if column not in runs:
-        return pd.Series(default, index=runs.index)
-    return runs[column].where(runs[column].notna(), default)
+    return runs[column].where(runs[column].notna(), default) if column in runs else pd.Series(default, index=runs.index)
 
 
 def roles(runs: pd.DataFrame) -> pd.Series:
-    """Each run row's role in a --replicas run: "single" (a 1-worker cell: every other section's), "floor" or
-    "workers" (an N-worker cell)."""
+    """Each run row's role: "single" (a 1-worker cell, every other section's), "floor" or "workers" (N workers)."""
     replicas = _flag(runs, "cfg_replicas", 1).astype(int)
     floor = _flag(runs, "cfg_thread_floor", False).astype(bool)
     return pd.Series(np.where(replicas > 1, "workers", np.where(floor, "floor", "single")), index=runs.index)
@@ -56,27 +55,22 @@ def relative_gap(a: pd.Series, b: pd.Series) -> float:
     """The largest relative difference between two per-step loss series (by step; finite steps of both)."""
     both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
     both = both[np.isfinite(both["a"]) & np.isfinite(both["b"]) & (both["b"] != 0)]
-    if both.empty:
-        return float("nan")
     return float((both["a"] - both["b"]).abs().div(both["b"].abs()).max())
 
 
 def worker_agreement(workers: pd.DataFrame) -> dict:
-    """Whether every worker of one cell recorded the same loss scale and skipped flag at every step and, where
-    recorded, every step with a worker's own non-finite gradient was skipped everywhere; `disagreement`: the first
-    step where not."""
+    """Whether one cell's workers recorded the same loss scale and skipped flag at every step and skipped every step
+    where a worker's own gradients were non-finite (where recorded); `disagreement`: the first step where not."""
     if workers.empty:
         return {"agree": False, "workers": 0, "steps": 0, "disagreement": "no per-worker records"}
     w = workers.sort_values(["step", "worker"])
-    n_workers = w["worker"].nunique()
+    n_workers, per_step = w["worker"].nunique(), w.groupby("step")
     failed = {"agree": False, "workers": n_workers, "steps": w["step"].nunique()}
-    per_step = w.groupby("step")
     counts = per_step["worker"].nunique()
-    if (counts != n_workers).any():
-        step = int(counts.index[counts != n_workers][0])
-        return {**failed, "disagreement": f"step {step}: {int(counts[step])} of {n_workers} workers recorded it"}
-    differs = {column: per_step[column].nunique() > 1 for column in ("loss_scale", "skipped")}
-    first = {column: int(d.index[d][0]) for column, d in differs.items() if d.any()}
+    if len(short := counts[counts != n_workers]):
+        return {**failed, "disagreement": f"step {int(short.index[0])}: {int(short.iloc[0])} of {n_workers} workers "
+                                          "recorded it"}
+    first = {c: int(d.index[d][0]) for c in ("loss_scale", "skipped") if (d := per_step[c].nunique() > 1).any()}
     if first:  # the earliest step where any worker differs, and in what
         column = min(first, key=lambda c: (first[c], c != "skipped"))
         step, what = first[column], {"loss_scale": "loss scale", "skipped": "skipped flag"}[column]
@@ -88,19 +82,18 @@ def worker_agreement(workers: pd.DataFrame) -> dict:
     if checked and (missed := overflow & ~skipped).any():
         step = int(missed.index[missed][0])
         bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
-        return {**failed, "local_checked": True,
-                "disagreement": f"step {step}: worker {bad}'s own gradients were non-finite before the all-reduce, "
-                                "yet the update was applied (the overflow decision was not taken over every worker's "
-                                "gradients)"}
+        return {**failed, "local_checked": True, "disagreement": f"step {step}: worker {bad}'s own gradients were "
+                "non-finite before the all-reduce, yet the update was applied (the overflow decision was not taken "
+                "over every worker's gradients)"}
     return {**failed, "agree": True, "local_checked": checked, "overflows": int(overflow.sum()) if checked else None,
             "skipped_steps": int(skipped.sum()), "disagreement": ""}
 
 
-def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None = None) -> str:
+def _agreement_text(a: dict, framework: str, workers: pd.DataFrame) -> str:
     if not a["agree"]:
         return f"NO: {a['disagreement']}"
     if framework == "keras-jax":  # one compiled program for every device: one scale, one skip decision
-        lost = workers is not None and "loss" in workers and bool(workers["loss"].isna().all())
+        lost = "loss" in workers and bool(workers["loss"].isna().all())
         return (f"yes by construction: JAX runs one compiled step for all {a['workers']} devices, so the loss scale "
                 f"and the skip decision are replicated, not each worker's own ({a['steps']} steps, "
                 f"{a['skipped_steps']} skipped)" + ("; per-worker losses were not recorded" if lost else ""))
@@ -109,14 +102,6 @@ def _agreement_text(a: dict, framework: str = "", workers: pd.DataFrame | None =
         text += (f"; {a['overflows']} step(s) where a worker's own gradients overflowed, each skipped everywhere"
                  if a["overflows"] else "; no worker's own gradients overflowed")
     return text
-
-
-# What a reduced-precision all-reduce cell's accuracy is pooled over (its seeds' cells), beside its --allreduce
-POOL = ["model", "dataset", "framework", "precision", "cfg_replicas"]
-
-
-# within this many points of chance, validation accuracy says little: a difference there is between two guessers
-NEAR_CHANCE_PP = 10.0
 
 
 def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int, dict]:
@@ -130,19 +115,10 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
     if not pairs:
         return "no fp32 all-reduce cell to pair with", 0, {}
     res = stats.paired_test(pairs)
-    # near chance: the paired runs' validation accuracy within NEAR_CHANCE_PP of chance (stats.chance_accuracy)
     accuracy = 100.0 * float(np.mean([c.mean() for pair in pairs for c in pair]))
     test = {**res, "detectable": stats.detectable(res),
             "near_chance": bool(accuracy - 100.0 * stats.chance_accuracy(str(cell["dataset"])) <= NEAR_CHANCE_PP)}
     return phrases.paired(test, len(pairs)), len(pairs), test
-
-
-# A 1-worker baseline whose floor cell (its rerun with at most its threads) ran this many times faster stalled.
-STALL_FACTOR = 2.0
-# A loss gap within this factor of the floor's, or FLOAT32_ULPS float32 spacings of the loss, is at the floor.
-AT_FLOOR_FACTOR = 2.0
-FLOAT32_ULPS = 4
-_REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
 
 
 def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, environment: dict) -> dict:
@@ -150,63 +126,52 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
     ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
     speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
                                  [timed.get(cell["cell_id"], np.array([]))], [float(np.log(ratio))])
-    efficiency = ratio / int(cell["cfg_replicas"])
     rerun = (float(floor.iloc[0]["throughput_img_s"]) / float(one["throughput_img_s"])
              if not floor.empty and pd.notna(floor.iloc[0].get("throughput_img_s")) else float("nan"))
     notes = []
     if np.isfinite(rerun) and rerun > STALL_FACTOR:
         notes.append(f"1-worker baseline stalled: its own rerun (floor cell) was {rerun:.1f}× faster")
-    # do the N workers run on the cores of the one? torch: N workers × their threads no more than the 1-worker
-    # cell's; Keras: the replicas are logical devices of one process, so always
+    # on the 1-worker cell's cores? torch: where N × its threads fit them; Keras: one process's devices, always
     n, per = int(cell["cfg_replicas"]), cell.get("threads_per_worker")
-    if efficiency > 1 and (cell["framework"] != "torch" or pd.notna(per) and int(per) * n <= int(one["cfg_threads"])):
+    if ratio / n > 1 and (cell["framework"] != "torch" or pd.notna(per) and int(per) * n <= int(one["cfg_threads"])):
         notes.append(f"more than {n}× faster with {n} workers sharing the 1-worker cell's cores: impossible unless "
                      "the 1-worker baseline ran slow")
     if not (np.isfinite(speed["low"]) and np.isfinite(speed["high"])):
         notes.append(f"no interval: {speed['timed_steps']} timed steps per cell give fewer than two batch means")
-    else:
-        noisy = stats.ratio_verdict(ratio, speed["low"], speed["high"], 1, direction=True)
-        notes += [noisy] if noisy else []
-    machine = machine_range(environment)
-    if machine and not notes:
+    elif noisy := stats.ratio_verdict(ratio, speed["low"], speed["high"], 1, direction=True):
+        notes.append(noisy)
+    if not notes and (machine := machine_range(environment)):
         notes.append(f"the machine was unsteady over the run ({machine}) and the two cells ran at different times")
     return {"speed_ratio": ratio, "speed_low": speed["low"], "speed_high": speed["high"],
             "speed_note": "; ".join(notes)}
 
 
 def machine_range(environment: dict) -> str:
-    """The calibration checks' range over the run where it exceeds common.UNSTEADY ("" where steady or unchecked):
-    N vs 1 compares cells that ran at different times, which no seed pairs."""
+    """The calibration checks' range over the run where it exceeds common.UNSTEADY ("" where steady or unchecked)."""
     ms = calibration_checks(environment or {})
-    if len(ms) < 2 or max(ms) / min(ms) - 1 <= UNSTEADY:
-        return ""
-    return f"calibration checks ranged {min(ms):,.1f}–{max(ms):,.1f} ms over the run"
+    steady = len(ms) < 2 or max(ms) / min(ms) - 1 <= UNSTEADY
+    return "" if steady else f"calibration checks ranged {min(ms):,.1f}–{max(ms):,.1f} ms over the run"
 
 
 def floor_kind(one: pd.Series, floor: pd.Series) -> str:
-    """What the floor cell was, from the threads each cell recorded: another thread count, or a plain rerun
-    where the framework recorded the same for both."""
+    """What the floor cell was, from the threads both cells recorded: a plain rerun or another thread count."""
     column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(
-        str(one["framework"]), "")
+        str(one["framework"]))
     a, b = (as_written(one.get(column)), as_written(floor.get(column))) if column else (None, None)
-    if column and pd.notna(a) and pd.notna(b) and str(a) == str(b):
-        return f"a plain rerun (both recorded threads: {a})"
-    if column and pd.notna(a) and pd.notna(b):
-        return f"a rerun at another thread count ({b} against {a})"
+    if pd.notna(a) and pd.notna(b):
+        return f"a plain rerun (both recorded threads: {a})" if str(a) == str(b) else \
+            f"a rerun at another thread count ({b} against {a})"
     return f"a rerun with --threads {int(floor['cfg_threads'])} against {int(one['cfg_threads'])}"
 
 
 def as_written(value):
-    """A recorded number as written (2, not 2.0, a thread count read back through a float column); a text as it
-    is."""
-    if isinstance(value, float) and np.isfinite(value) and value.is_integer():
-        return int(value)
-    return value
+    """A recorded number as written (2, not 2.0, read back through a float column); a text as it is."""
+    return int(value) if isinstance(value, float) and np.isfinite(value) and value.is_integer() else value
 
 
 def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd.DataFrame:
-    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor (see the module docstring).
-    environment: the manifest's, whose calibration checks mark speed ratios (machine_range)."""
+    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor; environment: the
+    manifest's (machine_range)."""
     runs, steps = tables["run"], tables["steps"]
     workers = tables.get("workers", pd.DataFrame())
     if runs.empty:
@@ -217,64 +182,50 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     loss = {cell: g.set_index("step")["loss"] for cell, g in steps.groupby("cell_id")} if not steps.empty else {}
     timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
              if not steps.empty and "warmup" in steps else {})
-    pooled: dict[tuple, tuple[str, int, dict]] = {}
-
-    def accuracy(cell: pd.Series) -> tuple[str, int, dict]:  # pooled over the seeds' cells: once per group
-        key = tuple(str(cell[k]) for k in [*POOL, "cfg_allreduce"])
-        return pooled[key] if key in pooled else pooled.setdefault(key, _accuracy_vs_fp32_allreduce(cell, n_cells))
-
-    out = []
+    pooled: dict[tuple, tuple[str, int, dict]] = {}  # the accuracy test pools a group's seeds: once per group
+    out, none = [], pd.Series(dtype=float)
     for _, cell in n_cells.sort_values(KEY[:4], key=display_order).iterrows():
         same = (runs[KEY] == cell[KEY]).all(axis=1)
-        single = runs[same & (runs["role"] == "single") & (runs["status"] == "ok")]
-        floor = runs[same & (runs["role"] == "floor") & (runs["status"] == "ok")]
-        row = {"model": cell["model"], "dataset": cell["dataset"], "framework": cell["framework"],
-               "precision": cell["precision"], "seed": cell["seed"], "workers": int(cell["cfg_replicas"]),
+        single, floor = (runs[same & (runs["role"] == role) & (runs["status"] == "ok")] for role in ("single", "floor"))
+        row = {**{k: cell[k] for k in KEY}, "workers": int(cell["cfg_replicas"]),
                "allreduce": cell["cfg_allreduce"], "status": cell["status"],
                "error": recorded_error(cell.get("error"), cell.get("stderr_tail"))}
         if cell["status"] != "ok" or single.empty:
             out.append({**row, "error": row["error"] or "no finished 1-worker cell to compare with"})
             continue
-        out.append(_judged(row, cell, single.iloc[0], floor, accuracy, loss, timed, workers, environment or {}))
-    return pd.DataFrame(out)
-
-
-def _judged(row: dict, cell: pd.Series, one: pd.Series, floor: pd.DataFrame, accuracy: Callable[[pd.Series], tuple],
-            loss: dict, timed: dict, workers: pd.DataFrame, environment: dict) -> dict:
-    """A finished N-worker cell's row against its finished 1-worker cell `one` (accuracy: rows()' pooled one)."""
-    none = pd.Series(dtype=float)
-    losses_1 = loss.get(one["cell_id"], none)
-    level = float(losses_1[np.isfinite(losses_1) & (losses_1 != 0)].abs().min())  # where a float32 ulp is largest
-    gap = relative_gap(loss.get(cell["cell_id"], none), losses_1)
-    floor_gap = (relative_gap(loss.get(floor.iloc[0]["cell_id"], none), loss.get(one["cell_id"], none))
-                 if not floor.empty else float("nan"))
-    mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
-    agreement = worker_agreement(mine)
-    return {**row, "skipped_1": int(one.get("skipped_steps", 0)), "skipped_n": int(cell.get("skipped_steps", 0)),
+        key = tuple(str(cell[k]) for k in [*POOL, "cfg_allreduce"])
+        if key not in pooled:
+            pooled[key] = _accuracy_vs_fp32_allreduce(cell, n_cells)
+        one, losses_1 = single.iloc[0], loss.get(single.iloc[0]["cell_id"], none)
+        mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
+        agreement = worker_agreement(mine)
+        out.append({
+            **row, "skipped_1": int(one.get("skipped_steps", 0)), "skipped_n": int(cell.get("skipped_steps", 0)),
             "threads_1": int(one["cfg_threads"]), "threads_per_worker": cell.get("threads_per_worker"),
             "throughput_1": float(one["throughput_img_s"]), "throughput_n": float(cell["throughput_img_s"]),
-            **_speed(cell, one, floor, timed, environment),
+            **_speed(cell, one, floor, timed, environment or {}),
             "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
-            "loss_gap": gap, "floor_gap": floor_gap, "loss_scale": level,
+            "loss_gap": relative_gap(loss.get(cell["cell_id"], none), losses_1),
+            "floor_gap": relative_gap(loss.get(None if floor.empty else floor.iloc[0]["cell_id"], none), losses_1),
+            # the 1-worker run's smallest |loss|, where a float32 ulp is largest
+            "loss_scale": float(losses_1[np.isfinite(losses_1) & (losses_1 != 0)].abs().min()),
             "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
             "agree": agreement["agree"], "agreement": _agreement_text(agreement, str(cell["framework"]), mine),
-            **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), accuracy(cell))),
+            **dict(zip(("accuracy", "accuracy_seeds", "accuracy_test"), pooled[key])),
             "step_s": float(np.median(timed[cell["cell_id"]])) if len(timed.get(cell["cell_id"], [])) else np.nan,
-            "engine": str(cell.get("data_parallel") or "")}
+            "engine": str(cell.get("data_parallel") or "")})
+    return pd.DataFrame(out)
 
 
 def recorded_error(error, stderr_tail) -> str:
-    """A cell's error as recorded; where that is only the exit code, the exception line of its stderr (the last
-    'SomethingError: …' line), which says what failed."""
+    """A cell's error as recorded; where that is only the exit code, the last exception line of its stderr."""
     text = str(error or "").strip()
     if text and not re.fullmatch(r"exited with code -?\d+", text):
         return text
-    lines = [ln.strip() for ln in str(stderr_tail or "").splitlines()]
-    found = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:", ln)]
-    if found:
-        return found[-1] + (f" ({text})" if text else "")
-    return text
+    found = [ln.strip() for ln in str(stderr_tail or "").splitlines()
+             if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:", ln.strip())]
+    return found[-1] + (f" ({text})" if text else "") if found else text
 
 
 def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool:
@@ -285,37 +236,14 @@ def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool
     return bool(gap <= AT_FLOOR_FACTOR * floor or gap <= ulps)
 
 
-def _gap_text(gap: float, floor: float, kind: str = "") -> str:
-    """The loss gap beside its floor, as numbers: the answer's line words the verdict on them (phrases)."""
-    if not np.isfinite(gap):
-        return "n/a"
-    return f"{gap:.2e} against floor " + (f"{floor:.2e} ({kind or 'a rerun'})" if np.isfinite(floor) else
-                                            "none (no floor measured)")
-
-
-def _ratio_text(ratio: float, low: float, high: float, note: str) -> str:
-    """N vs 1 with its interval where there is one, and its ⚠ note whenever there is one (no interval is a note)."""
-    text = f"{ratio:.2f}×" + (f" [{low:.2f}–{high:.2f}]" if np.isfinite(low) and np.isfinite(high) else "")
-    return text + (f" ⚠ {note}" if note else "")
-
-
-STEP_COLUMN = "Median step time vs --allreduce fp32 (same seed; <1×: shorter)"
-
-
 def _step_vs_reference(ok: pd.DataFrame) -> list[str]:
-    """What the all-reduce's precision did to the step a user waits for: each cell's median timed step ÷ that of the
-    --allreduce fp32 cell of the same model, framework, precision, workers and seed."""
-    same = ["model", "dataset", "framework", "precision", "workers", "seed"]
-    reference = {tuple(r[k] for k in same): r["step_s"] for _, r in ok.iterrows()
-                 if r["allreduce"] == ALLREDUCE_REFERENCE}
-    out = []
-    for _, r in ok.iterrows():
-        base = reference.get(tuple(r[k] for k in same), np.nan)
-        out.append("reference" if r["allreduce"] == ALLREDUCE_REFERENCE else
-                   f"{r['step_s'] / base:.2f}× ({1e3 * r['step_s']:.1f} against {1e3 * base:.1f} ms)"
-                   if np.isfinite(base) and np.isfinite(r.get("step_s", np.nan)) and base > 0 else
-                   "no --allreduce fp32 cell to compare with")
-    return out
+    """Each cell's median timed step ÷ that of the --allreduce fp32 cell of the same workers and seed."""
+    keys = list(ok[["model", "dataset", "framework", "precision", "workers", "seed"]].itertuples(index=False))
+    reference = {k: s for k, s, a in zip(keys, ok["step_s"], ok["allreduce"]) if a == ALLREDUCE_REFERENCE}
+    return ["reference" if a == ALLREDUCE_REFERENCE else
+            f"{s / b:.2f}× ({1e3 * s:.1f} against {1e3 * b:.1f} ms)" if np.isfinite(b) and np.isfinite(s) and b > 0 else
+            "no --allreduce fp32 cell to compare with"
+            for a, s, b in zip(ok["allreduce"], ok["step_s"], (reference.get(k, np.nan) for k in keys))]
 
 
 def table(dp: pd.DataFrame) -> pd.DataFrame:
@@ -331,19 +259,22 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
         "All-reduce asked": ok["allreduce"], "All-reduce dtype (read back)": ok["allreduce_dtype"],
         "Images/s, 1 worker": ok["throughput_1"].map("{:,.0f}".format),
         "Images/s, N workers": ok["throughput_n"].map("{:,.0f}".format),
-        "N vs 1": [_ratio_text(r, lo, hi, n) for r, lo, hi, n in
-                   zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
+        "N vs 1": [f"{r:.2f}×" + (f" [{lo:.2f}–{hi:.2f}]" if np.isfinite(lo) and np.isfinite(hi) else "")
+                   + (f" ⚠ {n}" if n else "")
+                   for r, lo, hi, n in zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
         STEP_COLUMN: _step_vs_reference(ok),
-        "Loss gap vs 1 worker (max rel.)": [_gap_text(g, f, k) for g, f, k in
-                                            zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
+        # the gap beside its floor, as numbers: the answer's line words the verdict on them
+        "Loss gap vs 1 worker (max rel.)": [
+            f"{g:.2e} against floor "
+            + (f"{f:.2e} ({k or 'a rerun'})" if np.isfinite(f) else "none (no floor measured)") if np.isfinite(g)
+            else "n/a" for g, f, k in zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
         "Workers agree": ok["agreement"],
         "Accuracy vs fp32 all-reduce": pooled_once(ok),
     })
 
 
 def pooled_once(ok: pd.DataFrame) -> list[str]:
-    """The accuracy comparison is pooled over a group's seeds (one statistic per model, framework, precision,
-    workers and all-reduce): shown on the group's first row, the others pointing to it."""
+    """The accuracy comparison, pooled over a group's seeds: shown on the group's first row, the others point to it."""
     group = ok[["model", "dataset", "framework", "precision", "workers", "allreduce"]].astype(str).agg("|".join, axis=1)
     seen, out = set(), []
     for key, text, seeds in zip(group, ok["accuracy"], ok["accuracy_seeds"]):
@@ -353,27 +284,22 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
 
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
-    """What the section says beside its table and the answer's lines: what the workers were and their threads
-    (harness/report/wording.py: sentences fit what ran)."""
+    """What the section says beside its table and the answer's lines: what the workers were and their threads."""
     facts = partial(wording.RunFacts, precisions=[], seeds=[], device=device, rotated=False)
     every = facts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [])
     out = [s for s in [wording.data_parallel_workers(every, environment.get("cpu_model", ""))] if s]
-    # judged rows only: a finished N-worker cell without a finished 1-worker cell has nothing to be judged against
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
-    if ok.empty:  # no N-worker cell finished (all unavailable or failed): the answer's lines say why
+    if ok.empty:  # no N-worker cell was judged: the answer's lines say why
         return out
     ran = facts(frameworks=sorted(set(ok["framework"])))
-    torch = ok[(ok["framework"] == "torch") & ok["threads_per_worker"].notna()]
-    per_worker = int(torch["threads_per_worker"].iloc[0]) if not torch.empty else None
-    floors = [int(t) for t in ok["floor_threads"].dropna()] if "floor_threads" in ok else []
-    machine = machine_range(environment)  # run-wide
-    return out + [wording.data_parallel_threads(ran, threads, per_worker, machine, floors)
+    per_worker = next((int(t) for t in ok.loc[ok["framework"] == "torch", "threads_per_worker"].dropna()), None)
+    floors = [int(t) for t in ok["floor_threads"].dropna()]
+    return out + [wording.data_parallel_threads(ran, threads, per_worker, machine_range(environment), floors)
                   for threads in sorted(set(ok["threads_1"].astype(int)))]
 
 
 def unavailable_text(error: str) -> str:
-    """A cell's error as the answer says it: the child's reason, without the runner's 'unavailable:' prefix or
-    the stderr line's own, nor the name of a compiler dump file the run folder does not keep."""
+    """A cell's error without the 'unavailable' prefix or the name of a compiler dump file the run does not keep."""
     text = error.strip()
     for prefix in ("unavailable:", "unavailable —", "unavailable"):
         text = text.removeprefix(prefix).strip()
@@ -389,8 +315,7 @@ def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> 
 
 
 def intro(dp: pd.DataFrame) -> str:
-    """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran; the rules it
-    states are the ones _speed, verdict_rows and _agreement_text follow."""
+    """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran."""
     engines = "; ".join(e for e in dp.get("engine", pd.Series(dtype=str)).dropna().unique() if e)
     return (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
             "losses are compared with the 1-worker run's and judged against the floor: the same difference between "
@@ -423,13 +348,8 @@ def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) ->
     return [s for s in all_sections if s[0] != "data_parallel" or data_parallel]
 
 
-# A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) a verdict row keeps.
-TEST_KEYS = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
-
-
 def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
-    """The Data parallel answer's verdict rows (verdicts.DATA_PARALLEL), one per N-worker cell of `dp` (rows()):
-    its loss gap to the 1-worker cell against the floor, and whether its workers' own records agreed."""
+    """The Data parallel answer's verdict rows (verdicts.DATA_PARALLEL), one per N-worker cell of `dp` (rows())."""
     if dp is None or dp.empty:
         return []
     out = []

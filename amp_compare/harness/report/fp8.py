@@ -5,6 +5,7 @@ cells), `html`, `markdown` and `figure` render it. Framework-free."""
 from __future__ import annotations
 
 import json
+from html import escape
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,19 +18,14 @@ from amp_compare.harness.report import phrases, verdicts
 from amp_compare.harness.report.stats import budgeted, correct_pairs, paired_test
 from amp_compare.kit.fp16 import FP16_MAX
 
-# An fp8 cell off a GPU runs in emulation: no table, finding, answer or figure gives it a speed ratio or verdict.
+# An fp8 cell off a GPU runs in emulation: no speed ratio or verdict, and its memory and FLOP/s are the emulation's.
 EMULATED_SPEED = "emulated: not a speed result"
-
-# Its memory and FLOP/s are the emulation's too (float32 dequantized copies, no fp8 arithmetic).
 EMULATED_MEMORY = "emulated: not fp8 memory (float32 dequantized copies)"
 
 
-def speed_emulated(precision, device: str):
-    """Whether a mode's speed is an emulation's (a string, or each element of a pandas Series)."""
-    emulated = device != "cuda"
-    if isinstance(precision, pd.Series):
-        return precision.isin(contract.FP8_MODES) & emulated
-    return precision in contract.FP8_MODES and emulated
+def speed_emulated(precision: pd.Series, device: str) -> pd.Series:
+    """Whether each mode's speed is an emulation's."""
+    return precision.isin(contract.FP8_MODES) & (device != "cuda")
 
 
 def api_text(row: dict) -> str:
@@ -47,8 +43,7 @@ def api_text(row: dict) -> str:
 
 
 def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
-    """The headroom records less the fp8 cells': the headroom figure measures distance to float16's largest value,
-    which says nothing of an fp8 tensor (each is scaled to its format's largest before its cast)."""
+    """The headroom records less the fp8 cells': distance to float16's largest value says nothing of an fp8 tensor."""
     if headroom is None or headroom.empty or "precision" not in headroom:
         return headroom
     return headroom[~headroom["precision"].isin(contract.FP8_MODES)]
@@ -57,46 +52,32 @@ def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
 
 
-def _paired(runs: pd.DataFrame, cell, other: str) -> str:
-    """The fp8 cell's accuracy minus `other`'s of the same seed (framework, model, dataset), paired image by image:
-    a row of the table is one seed's cell (the answer pools the seeds)."""
+def _versus(runs: pd.DataFrame, cell, other: str) -> tuple[str, str]:
+    """The fp8 cell's loss and accuracy (paired image by image) minus `other`'s of the same seed: one seed's."""
     same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
                 & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
-    pairs = correct_pairs(same[same["precision"] == other], same[same["precision"] == cell.precision])
-    return phrases.paired(paired_test(pairs)) if pairs else "n/a"
+    base = same[same["precision"] == other]
+    pairs = correct_pairs(base, same[same["precision"] == cell.precision])
+    return ("n/a" if base.empty else f"{cell.final_val_loss - float(base.iloc[0]['final_val_loss']):+.4f}",
+            phrases.paired(paired_test(pairs)) if pairs else "n/a")
 
 
-def _loss_gap(runs: pd.DataFrame, cell, other: str) -> str:
-    base = runs[(runs["framework"] == cell.framework) & (runs["precision"] == other) & (runs["seed"] == cell.seed)
-                & (runs["model"] == cell.model) & (runs["dataset"] == cell.dataset)]
-    return "n/a" if base.empty else f"{cell.final_val_loss - float(base.iloc[0]['final_val_loss']):+.4f}"
-
-
-def _worst(row) -> str:
-    """A worst SQNR with its layer and tensor, and the share of its nonzero values flushed to 0 where ≥ 0.5%."""
-    if row is None:
-        return "n/a"
-    flushed = f", {row['zero_share']:.0%} of its nonzero values flushed to 0" if row["zero_share"] >= 0.005 else ""
-    return f"{row['sqnr_db']:.1f} ({row['layer']} {row['role']}{flushed})"
-
-
-def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, dict | None]:
-    """Of fp8_layers rows (one cell's, or several seeds'): the median over layers (and cells) of each layer's worst
-    SQNR of its three tensors at `when`, and the worst row's sqnr_db, layer and role (None without rows)."""
+def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, str]:
+    """Of one cell's fp8_layers rows: the median over layers of each layer's worst SQNR of its three tensors at
+    `when`, and the worst with its layer and tensor and, where ≥ 0.5%, the share of its nonzero values flushed to 0."""
     mine = cells[cells["when"] == when] if not cells.empty else cells
     if mine.empty:
-        return float("nan"), None
-    per_layer = mine.groupby(["cell_id", "layer"])["sqnr_db"].min()
+        return float("nan"), "n/a"
     worst = mine.loc[mine["sqnr_db"].idxmin()]
-    return float(per_layer.median()), {"sqnr_db": float(worst["sqnr_db"]), "layer": str(worst["layer"]),
-                                       "role": str(worst["role"]),
-                                       "zero_share": float(worst["zero_share"]) if "zero_share" in worst else 0.0}
+    zero = float(worst["zero_share"]) if "zero_share" in worst else 0.0
+    flushed = f", {zero:.0%} of its nonzero values flushed to 0" if zero >= 0.005 else ""
+    return (float(mine.groupby(["cell_id", "layer"])["sqnr_db"].min().median()),
+            f"{float(worst['sqnr_db']):.1f} ({worst['layer']} {worst['role']}{flushed})")
 
 
 def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | None) -> list[dict]:
     """The fp8 verdict rows (verdicts.FP8): per model x dataset x framework x fp8 mode, its accuracy paired image by
-    image against bf16 of the same seeds (fp32's seed range the margin, as the accuracy verdict's), with the recipe
-    read back from the live objects and the SQNR of its converted layers as evidence."""
+    image against bf16 of the same seeds, with the recipe read back and its layers' SQNR as evidence."""
     if acc.empty or runs.empty or not acc["precision"].isin(contract.FP8_MODES).any():
         return []
     ok = runs[(runs["status"] == "ok") & ~budgeted(runs)]
@@ -107,12 +88,11 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
         mine = same[same["precision"] == r.precision]
         pairs = correct_pairs(same[same["precision"] == contract.PARTNER], mine)
         test = paired_test(pairs) if pairs else {}
-        facts = {**r._asdict(), **{c: test.get(c, np.nan) for c in ("diff_pp", "ci_low", "ci_high", "p_value",
-                                                                    "images", "discordant")},
-                 "method": test.get("method", ""), "seeds": len(pairs)}
+        facts = {**r._asdict(), "method": test.get("method", ""), "seeds": len(pairs), **{
+            c: test.get(c, np.nan) for c in ("diff_pp", "ci_low", "ci_high", "p_value", "images", "discordant")}}
         row = verdicts.accuracy(SimpleNamespace(**facts), metric="fp8_vs_bf16")
-        cells = layers[layers["cell_id"].isin(set(mine["cell_id"]))] if not layers.empty else layers
-        last = cells[cells["when"] == "last step"] if not cells.empty else cells
+        last = (layers[layers["cell_id"].isin(set(mine["cell_id"])) & (layers["when"] == "last step")]
+                if not layers.empty else layers)
         roles = last.groupby("role")["sqnr_db"].median().astype(float).to_dict() if not last.empty else {}
         live = phrases.evidence(mine["fp8_settings"].iloc[0]) if not mine.empty else {}
         recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "power_of_2_scales")}
@@ -126,22 +106,18 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
 def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for cell in fp8_runs.itertuples():
-        settings = phrases.evidence(getattr(cell, "fp8_settings", ""))
         cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
         median, worst = sqnr(cells)
-        worst_first = sqnr(cells, "first step")[1]
+        (loss_b, acc_b), (loss_32, acc_32) = (_versus(runs, cell, p) for p in (contract.PARTNER, "fp32"))
         rows.append({
             "framework": framework_label(cell.framework), "precision": cell.precision, "seed": cell.seed,
-            "layers in fp8": len(settings.get("converted", [])),
+            "layers in fp8": len(phrases.evidence(getattr(cell, "fp8_settings", "")).get("converted", [])),
             "median layer SQNR, last step (dB)": f"{median:.1f}" if np.isfinite(median) else "n/a",
-            "worst SQNR, last step (dB)": _worst(worst),
-            "worst SQNR, first step (dB)": _worst(worst_first),
+            "worst SQNR, last step (dB)": worst, "worst SQNR, first step (dB)": sqnr(cells, "first step")[1],
             "val loss": f"{cell.final_val_loss:.4f}", "val acc.": f"{cell.final_val_accuracy:.2%}",
-            # one seed's loss difference: one reading, no interval (the column says so)
-            f"loss − {contract.PARTNER} (this seed)": _loss_gap(runs, cell, contract.PARTNER),
-            "loss − fp32 (this seed)": _loss_gap(runs, cell, "fp32"),
-            f"acc. − {contract.PARTNER}, this seed [interval]": _paired(runs, cell, contract.PARTNER),
-            "acc. − fp32, this seed [interval]": _paired(runs, cell, "fp32")})
+            f"loss − {contract.PARTNER} (this seed)": loss_b, "loss − fp32 (this seed)": loss_32,
+            f"acc. − {contract.PARTNER}, this seed [interval]": acc_b,
+            "acc. − fp32, this seed [interval]": acc_32})
     return pd.DataFrame(rows)
 
 
@@ -162,43 +138,37 @@ def _recipes(fp8_runs: pd.DataFrame) -> pd.DataFrame:
 
 def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, layers: pd.DataFrame,
                device: str) -> list[str]:
-    out = []
-    if device != "cuda":
-        out.append("fp8 is emulated on this CPU (fp8 casts, float32 matmuls of the dequantized values): this section "
-                   "shows numerics only; no speed, memory or MFU is claimed for fp8. Every "
-                   "matmul ran in float32 on dequantized values, so each SQNR measures the casts' rounding, "
-                   "not an fp8 unit's accumulation.")
+    out = [] if device == "cuda" else [
+        "fp8 is emulated on this CPU (fp8 casts, float32 matmuls of the dequantized values): this section shows "
+        "numerics only; no speed, memory or MFU is claimed for fp8. Every matmul ran in float32 on dequantized values, "
+        "so each SQNR measures the casts' rounding, not an fp8 unit's accumulation."]
     if "model" in fp8_runs and (fp8_runs["model"] == "vit").any():
         out.append("The ViT headroom figure leaves fp8 out: it measures distance to float16's largest value, "
                    f"{FP16_MAX:,.0f}, while each fp8 tensor is scaled into its own format's range before its cast "
                    "(by fmax / amax: torchao from this step's amax, Keras from an amax history), so that distance "
                    "says nothing of an fp8 tensor.")
     unavailable = runs[(runs["precision"].isin(contract.FP8_MODES)) & (runs["status"] == "unavailable")]
-    for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples():
-        reason = str(r.error).removeprefix("unavailable: ")
-        out.append(f"{framework_label(r.framework)} {r.precision}: unavailable — {reason}")
+    out += [f"{framework_label(r.framework)} {r.precision}: unavailable — {str(r.error).removeprefix('unavailable: ')}"
+            for r in unavailable.drop_duplicates(["framework", "precision"]).itertuples()]
     if not trace.empty:
         first = trace[(trace["step"] == 0) & (trace["role"] == "input")]
         for fw, group in first.groupby("framework"):
-            scales = group["scale"]
+            lo, hi = group["scale"].min(), group["scale"].max()
             out.append(f"{framework_label(fw)} ({', '.join(sorted(group['precision'].unique()))}): the first step's "
-                       + (f"input scales (fmax / amax) are all {scales.min():.3g}" if scales.min() == scales.max()
-                          else f"input scales (fmax / amax) range {scales.min():.3g}–{scales.max():.3g}")
+                       f"input scales (fmax / amax) {f'are all {lo:.3g}' if lo == hi else f'range {lo:.3g}–{hi:.3g}'}"
                        + (" — Keras' delayed scaling starts from 1.0 and takes its first amax from the history "
                           "after that step" if fw != "torch" else " — this step's own amax (dynamic)") + ".")
     if not layers.empty and (fp8_runs.get("cfg_fp8_outlier", pd.Series(dtype=bool)) == True).any():  # noqa: E712
         hit = layers[(layers["layer"] == OUTLIER_LAYER) & (layers["role"] == "input") & (layers["when"] == "last step")]
-        for r in hit.itertuples():
-            out.append(f"--fp8-outlier: {OUTLIER_LAYER}'s input under {framework_label(r.framework)} {r.precision}: "
-                       f"SQNR {r.sqnr_db:.1f} dB, {r.zero_share:.1%} of its nonzero values flushed to zero "
-                       f"(amax {r.amax:.3g}).")
+        out += [f"--fp8-outlier: {OUTLIER_LAYER}'s input under {framework_label(r.framework)} {r.precision}: SQNR "
+                f"{r.sqnr_db:.1f} dB, {r.zero_share:.1%} of its nonzero values flushed to zero (amax {r.amax:.3g})."
+                for r in hit.itertuples()]
     return out
 
 
 def _from_zero(trace: pd.DataFrame) -> pd.DataFrame:
-    """The trace with each cell's first traced step as step 0, as every other step of the report counts (the
-    children number the trace's steps from 1), less the per-row recipes' rows: their trace holds a per-tensor fmax /
-    amax that recipe never applies (it scales each row)."""
+    """The trace with each cell's first traced step as step 0, less the per-row recipes' rows (their trace holds a
+    per-tensor fmax / amax that recipe never applies)."""
     if trace is None or trace.empty or "cell_id" not in trace:
         return trace
     modes = trace[["framework", "precision"]].drop_duplicates().itertuples(index=False)
@@ -222,8 +192,6 @@ def section(tables: dict[str, pd.DataFrame], device: str = "cpu") -> dict | None
 def html(sec: dict | None, figure_path: str | None = None) -> str:
     if sec is None:
         return ""
-    from html import escape
-
     parts = ['<h2 id="fp8">fp8 training</h2>',
              "<p>Each framework's own fp8 recipe on a float32 base, as its cells recorded it: "
              f"{escape('; '.join(sec['apis']))}. SQNR: signal-to-quantization-"
@@ -242,26 +210,20 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
                      "<figcaption>Input scale (fmax / amax) of each converted layer per training step, one line "
                      "per layer and seed, of the per-tensor recipes (a per-row recipe's scales, one per row, are not "
                      "drawn): torchao's follows each step's amax; Keras' is the largest amax of up to 1,024 earlier "
-                     "steps.</figcaption>"
-                     "</figure>")
+                     "steps.</figcaption></figure>")
     return "\n".join(parts)
 
 
 def markdown(sec: dict | None, table_markdown) -> list[str]:
-    if sec is None:
-        return []
     return ["", "### fp8 training", "", *[f"- {s}" for s in sec["sentences"]], "",
-            *([table_markdown(sec["table"])] if not sec["table"].empty else [])]
+            *([table_markdown(sec["table"])] if not sec["table"].empty else [])] if sec is not None else []
 
 
 def figure(sec: dict | None, out: Path) -> str | None:
     """figures/fp8_scales.png: each converted layer's input scale per step, one panel per fp8 cell."""
     if sec is None or sec["trace"].empty:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from amp_compare.harness.report.figures import plt
 
     trace = sec["trace"][sec["trace"]["role"] == "input"]
     cells = list(trace.groupby(["framework", "precision"]))

@@ -19,9 +19,7 @@ NONE_MOVED = f"No mixed cell ran more than {BAND_TEXT} slower or faster than its
 
 
 def _per_step(ops: pd.DataFrame, cell: str, steps: float) -> pd.Series:
-    rows = ops[ops["cell_id"] == cell]
-    return rows.groupby("op")["self_time_s"].sum() / max(steps, 1.0)
-
+    return ops[ops["cell_id"] == cell].groupby("op")["self_time_s"].sum() / max(steps, 1.0)
 
 
 def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFrame) -> dict:
@@ -31,28 +29,21 @@ def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFr
     mine, theirs = (_per_step(ops, c["cell_id"], c.get("profile_steps", float("nan"))) for c in (run, base))
     if mine.empty or theirs.empty:
         return {**row, "operations behind the difference": NO_PROFILE, "library path": "", "casts": ""}
-    delta = mine.sub(theirs, fill_value=0.0)
-    moved = (delta.sort_values(ascending=ratio > 1)).head(SHOWN_OPS)
+    moved = mine.sub(theirs, fill_value=0.0).sort_values(ascending=ratio > 1).head(SHOWN_OPS)
     moved = moved[(moved < 0) if ratio > 1 else (moved > 0)]
     total = mine.sum() - theirs.sum()
     lib = ops[ops["cell_id"].isin([run["cell_id"], base["cell_id"]])].drop_duplicates("op").set_index("op")["library"]
-    names = [f"{op} {d * 1e3:+.1f} ms/step" for op, d in moved.items()]
     share = moved.sum() / total if total and math.isfinite(total) and (total > 0) == (ratio < 1) else float("nan")
-    text = "; ".join(names) + (f" ({share:.0%} of the window's {total * 1e3:+.1f} ms/step)" if math.isfinite(share)
-                               else "")
-    paths = [f"{op}: {lib.get(op) or 'not reported'}" for op in moved.index]
-    paths += _slow_primitives(prims, run["cell_id"])
+    text = "; ".join(f"{op} {d * 1e3:+.1f} ms/step" for op, d in moved.items()) + (
+        f" ({share:.0%} of the window's {total * 1e3:+.1f} ms/step)" if math.isfinite(share) else "")
+    # oneDNN's reference (non-JIT) kernels the cell ran: the library path that makes a half precision crawl
+    slow = prims[(prims["cell_id"] == row["cell"]) & prims["impl"].str.startswith("ref")] if not prims.empty else prims
+    paths = [f"{op}: {lib.get(op) or 'not reported'}" for op in moved.index] + [
+        f"oneDNN ran its reference kernel {r.impl} for {r.kind} {r.prop_kind} ({r.dtype})" for r in slow.itertuples()]
     nan = float("nan")
-    casts = f"{run.get('profile_cast_share', nan):.1%} vs fp32 {base.get('profile_cast_share', nan):.1%}"
     return {**row, "operations behind the difference": text or "no op moved in that direction in the window",
-            "library path": "; ".join(paths), "casts": casts}
-
-
-def _slow_primitives(prims: pd.DataFrame, cell: str) -> list[str]:
-    """oneDNN's reference (non-JIT) kernels a cell ran: the library path that makes a half precision crawl."""
-    mine = prims[(prims["cell_id"] == cell) & prims["impl"].str.startswith("ref")] if not prims.empty else prims
-    return [f"oneDNN ran its reference kernel {r.impl} for {r.kind} {r.prop_kind} ({r.dtype})"
-            for r in mine.itertuples()]
+            "library path": "; ".join(paths),
+            "casts": f"{run.get('profile_cast_share', nan):.1%} vs fp32 {base.get('profile_cast_share', nan):.1%}"}
 
 
 def section(tables: dict[str, pd.DataFrame]) -> dict | None:
@@ -66,18 +57,14 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
     rows = []
     for _, run in ok[ok["precision"] != precisions.REFERENCE].iterrows():
         fp32 = run["cell_id"].replace(f"-{run['precision']}-", f"-{precisions.REFERENCE}-", 1)  # its fp32 cell's id
-        if fp32 not in ok.index or not run["median_step_s"] > 0:
-            continue
-        base = ok.loc[fp32]
-        ratio = base["median_step_s"] / run["median_step_s"]
-        if 1 / SPEED_BAND <= ratio <= SPEED_BAND:
-            continue
-        rows.append(explain(run, base, ops, prims))
-    profiled = ok[ok["profile_step_s"].notna()] if "profile_step_s" in ok else ok.iloc[:0]
-    sentences = [overhead_sentence(profiled)] if not profiled.empty else []
+        ratio = ok.loc[fp32, "median_step_s"] / run["median_step_s"] if fp32 in ok.index and run["median_step_s"] > 0 \
+            else 1.0  # no fp32 cell or no step time: nothing to explain
+        if not 1 / SPEED_BAND <= ratio <= SPEED_BAND:
+            rows.append(explain(run, ok.loc[fp32], ops, prims))
+    profiled = ok[ok["profile_step_s"].notna()]
     traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
-    return {"table": pd.DataFrame(rows), "sentences": sentences, "traces": traces, "none_moved": NONE_MOVED,
-            "band": BAND_TEXT}
+    return {"table": pd.DataFrame(rows), "sentences": [overhead_sentence(profiled)] if not profiled.empty else [],
+            "traces": traces, "none_moved": NONE_MOVED, "band": BAND_TEXT}
 
 
 def overhead_sentence(profiled: pd.DataFrame) -> str:
@@ -90,8 +77,5 @@ def overhead_sentence(profiled: pd.DataFrame) -> str:
 
 
 def markdown(profile: dict | None, table_markdown) -> list[str]:
-    if not profile:
-        return []
-    body = table_markdown(profile["table"]) if not profile["table"].empty else NONE_MOVED
-
-    return ["", "### Profile", "", body, "", *[f"- {s}" for s in profile["sentences"]]]
+    return ["", "### Profile", "", table_markdown(profile["table"]) if not profile["table"].empty else NONE_MOVED, "",
+            *[f"- {s}" for s in profile["sentences"]]] if profile else []

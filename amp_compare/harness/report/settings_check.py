@@ -45,9 +45,9 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
         t, k = torch_used.get(key), keras_used.get(key)
         t_norm = TO_TORCH_CONVENTION["torch"].get(key, lambda v: v)(t) if key in torch_used else None
         k_norm = TO_TORCH_CONVENTION["tf"].get(key, lambda v: v)(k) if key in keras_used else None
-        match = key in torch_used and key in keras_used and _same(t_norm, k_norm)
         rows.append({"key": key, "torch": t, "keras": k, "torch_as_torch": t_norm, "keras_as_torch": k_norm,
-                     "recorded": {"torch": key in torch_used, "keras": key in keras_used}, "match": match})
+                     "recorded": {"torch": key in torch_used, "keras": key in keras_used},
+                     "match": key in torch_used and key in keras_used and _same(t_norm, k_norm)})
     return rows
 
 
@@ -59,8 +59,7 @@ def _settings(record: Mapping) -> dict | None:
 
 
 def _lr_shown(record: Mapping) -> str | None:
-    """The learning rate as the cell's config set it: "warmup-cosine, peak 0.003" or "constant 0.001" (None
-    without a config)."""
+    """The learning rate as the cell's config set it ("warmup-cosine, peak 0.003", "constant 0.001"; None if unset)."""
     lr = record.get("cfg_lr")
     if lr is None or lr != lr:  # absent or NaN
         return None
@@ -71,36 +70,19 @@ def _lr_shown(record: Mapping) -> str | None:
 def check_runs(records: Iterable[Mapping]) -> list[dict]:
     """Every (model, dataset, precision, seed) cell torch and a Keras framework ran: its comparison rows and
     mismatches, one entry per Keras framework (tf, keras-jax, keras-torch: each against the same torch cell)."""
-    cells: dict[tuple, dict[str, dict]] = {}
-    rates: dict[tuple, dict[str, str | None]] = {}
+    cells: dict[tuple, dict[str, tuple[dict, str | None]]] = {}  # (settings, learning rate shown) per framework
     for record in records:
-        settings = _settings(record)
-        framework = record.get("framework")
+        settings, framework = _settings(record), record.get("framework")
         if settings is not None and (framework == "torch" or is_keras(str(framework))):
-            cell = tuple(record.get(k) for k in CELL_KEYS)
-            cells.setdefault(cell, {})[framework] = settings
-            rates.setdefault(cell, {})[framework] = _lr_shown(record)
+            cells.setdefault(tuple(record.get(k) for k in CELL_KEYS), {})[framework] = (settings, _lr_shown(record))
     out = []
     for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
-        keras_fws = sorted(fw for fw in by_fw if is_keras(fw))
-        if "torch" not in by_fw:
-            continue
-        for fw in keras_fws:
-            rows = compare_settings(by_fw["torch"], by_fw[fw])
+        for fw in sorted(filter(is_keras, by_fw)) if "torch" in by_fw else []:
+            rows = compare_settings(by_fw["torch"][0], by_fw[fw][0])
             name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
             out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]],
-                        "lr_shown": {"torch": rates[cell]["torch"], "keras": rates[cell][fw]}})
+                        "lr_shown": {"torch": by_fw["torch"][1], "keras": by_fw[fw][1]}})
     return out
-
-
-def mismatch_note(checked: list[dict]) -> str:
-    """One sentence for the report: empty when every cell's settings match."""
-    bad = [c for c in checked if c["mismatches"]]
-    if not bad:
-        return ""
-    listed = "; ".join(f"{c['cell']}: {', '.join(c['mismatches'])}" for c in bad)
-    return (f"SETTINGS MISMATCH in aligned mode: {len(bad)} of {len(checked)} cells trained with settings "
-            f"that differ between the frameworks ({listed}). Their differences are not AMP alone.")
 
 
 def value_text(value) -> str:
@@ -109,9 +91,8 @@ def value_text(value) -> str:
 
 
 def side_by_side(records: Iterable[Mapping]) -> dict:
-    """The settings-used table: one row per setting with its distinct values over the cells and `match` ("✓",
-    said as such where it holds only after mapping conventions, or "✗ MISMATCH" with the cells), and the mismatch
-    note."""
+    """The settings-used table: one row per setting with its distinct values over the cells and whether they match
+    (before or only after mapping conventions), and the mismatch note (empty when every cell's settings match)."""
     checked = check_runs(records)
     by_key: dict[str, dict] = {}
     for cell in checked:
@@ -126,16 +107,14 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
             if not row["match"]:
                 entry["bad"].append(cell["cell"])
     rows = [{"setting": key, "torch": "; ".join(sorted(e["torch"])), "keras": "; ".join(sorted(e["keras"])),
-             "match": _match_text(e), "ok": not e["bad"]} for key, e in sorted(by_key.items())]
-    return {"rows": rows, "cells": len(checked), "note": mismatch_note(checked)}
-
-
-def _match_text(entry: dict) -> str:
-    if entry["bad"]:
-        return f"✗ MISMATCH ({', '.join(entry['bad'])})"
-    if entry["torch"] == entry["keras"]:
-        return "✓"
-    return f"✓ each cell's two records equal in torch's convention ({'; '.join(sorted(entry['mapped']))})"
+             "match": f"✗ MISMATCH ({', '.join(e['bad'])})" if e["bad"] else "✓" if e["torch"] == e["keras"] else
+             f"✓ each cell's two records equal in torch's convention ({'; '.join(sorted(e['mapped']))})",
+             "ok": not e["bad"]} for key, e in sorted(by_key.items())]
+    bad = [c for c in checked if c["mismatches"]]
+    listed = "; ".join(f"{c['cell']}: {', '.join(c['mismatches'])}" for c in bad)
+    note = (f"SETTINGS MISMATCH in aligned mode: {len(bad)} of {len(checked)} cells trained with settings that differ "
+            f"between the frameworks ({listed}). Their differences are not AMP alone.") if bad else ""
+    return {"rows": rows, "cells": len(checked), "note": note}
 
 
 def differences_paragraph(comparison: str, init: str) -> str:
@@ -162,24 +141,16 @@ def adam_gap_text(records: Iterable[Mapping]) -> str:
     """The defaults-mode Adam gap per framework, median (and max) over the cells that recorded it ("" if none)."""
     by_fw: dict[str, list[Mapping]] = {}
     for r in records:
-        value = r.get("adam_gap_max")
-        if isinstance(value, (int, float)) and math.isfinite(value) and (
-                r.get("framework") == "torch" or is_keras(str(r.get("framework")))):
-            by_fw.setdefault(r["framework"], []).append(r)
-    parts = []
-    for fw, label in FRAMEWORK_LABELS.items():
-        rows = by_fw.get(fw)
-        if not rows:
-            continue
-        parts.append(f"on {label}'s gradients ({len(rows)} cell{'s' * (len(rows) > 1)}): max "
-                     f"{max(r['adam_gap_max'] for r in rows):.3g}, median "
-                     f"{float(np.median([r['adam_gap_median'] for r in rows])):.3g}, "
-                     f"{float(np.median([r['adam_gap_over_1pct'] for r in rows])):.2%} of elements above 1%")
-    if not parts:
-        return ""
+        if isinstance(value := r.get("adam_gap_max"), (int, float)) and math.isfinite(value):
+            by_fw.setdefault(r.get("framework"), []).append(r)
+    parts = [f"on {label}'s gradients ({len(rows)} cell{'s' * (len(rows) > 1)}): max "
+             f"{max(r['adam_gap_max'] for r in rows):.3g}, median "
+             f"{float(np.median([r['adam_gap_median'] for r in rows])):.3g}, "
+             f"{float(np.median([r['adam_gap_over_1pct'] for r in rows])):.2%} of elements above 1%"
+             for fw, label in FRAMEWORK_LABELS.items() if (rows := by_fw.get(fw))]
     return ("Measured in this run: one Adam step of both formulas (each framework's default epsilon) applied to "
             "each cell's own first-batch gradient; relative difference |torch − Keras| / |torch| of the "
-            "update, " + "; ".join(parts) + ".")
+            "update, " + "; ".join(parts) + ".") if parts else ""
 
 
 # The models that have the part a framework-differences row is about (other rows: differences_apply).
@@ -188,23 +159,19 @@ PART_MODELS = {"bn_momentum": {"resnet18"}, "bn_epsilon": {"resnet18"}, "stride2
                "token_dtype": {"vit"}, "attention_core": {"vit"}}
 OPTIMIZER_ROWS = {"adam_epsilon": {"adam", "adamw"}, "adam_formula": {"adam", "adamw"},
                   "weight_decay": {"adam"}, "adamw_weight_decay": {"adamw"}}
-DYNAMIC_ROWS = {"init_scale", "growth_interval"}
+DYNAMIC_ROWS = dict.fromkeys(("init_scale", "growth_interval"), set(precision_table.names(loss_scaling="dynamic")))
 
 
 def differences_apply(key: str, models: set | None, optimizers: set | None, precisions: set | None) -> bool:
-    """Whether a framework-differences row is about something the run has (PART_MODELS, OPTIMIZER_ROWS,
-    DYNAMIC_ROWS); None where the records do not say."""
-    dynamic = set(precision_table.names(loss_scaling="dynamic"))
-    for rows, have in ((PART_MODELS, models), (OPTIMIZER_ROWS, optimizers), (dict.fromkeys(DYNAMIC_ROWS, dynamic),
-                                                                               precisions)):
+    """Whether a framework-differences row is about something the run has; a None set: the records do not say."""
+    for rows, have in ((PART_MODELS, models), (OPTIMIZER_ROWS, optimizers), (DYNAMIC_ROWS, precisions)):
         if key in rows:
             return have is None or bool(rows[key] & have)
     return True
 
 
 def ignored_settings(records: Iterable[Mapping]) -> list[str]:
-    """A configured --weight-decay that the chosen optimizer ignores (only adamw applies it), said once per
-    (value, optimizer)."""
+    """A configured --weight-decay that the chosen optimizer ignores, said once per (value, optimizer)."""
     said = {}
     for r in records:
         wd, optimizer = r.get("cfg_weight_decay"), str(r.get("cfg_optimizer") or "")
