@@ -276,6 +276,7 @@ UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_ta
          "static_scale": "scale", "attention_overflow": "step", "data_parallel": "relative loss gap",
          "fp8_vs_bf16": "pp"}
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
+GROUP = ["model", "dataset", "framework", "precision"]  # a mixed precision's cells, over step loops and batch sizes
 COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "interval_kind", "status", "reason",
            "evidence"]
 
@@ -326,11 +327,10 @@ def _speed(r, key: dict, trial: dict | None) -> dict:
 def _memory(r, key: dict, cut: int) -> dict:
     difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
     facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, difference=difference, resolution=resolution,
-                            resolved=_num(getattr(r, "memory_resolved", np.nan)), estimate=difference, low=np.nan,
-                            high=np.nan, margin=resolution)
-    evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution,
-                "budget_cut_cells": cut}
-    return row(key, "memory", facts, "none", evidence)
+                            resolved=_num(getattr(r, "memory_resolved", np.nan)), estimate=difference,
+                            margin=resolution)
+    return row(key, "memory", facts, "none", {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32),
+                                               "resolution_mib": resolution, "budget_cut_cells": cut})
 
 
 def accuracy(r, key: dict | None = None, cut: int | None = None, metric: str = "accuracy") -> dict:
@@ -356,18 +356,15 @@ def _time(r, key: dict, cut: int) -> dict:
                             reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
                             estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high),
                             margin=SAME_RATIO)
-    # a budget-cut precision's cells were not timed to the target: no count
-    reached_seeds, seeds = (np.nan, np.nan) if cut else (facts.reached, facts.seeds)
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
-                "reached_seeds": reached_seeds, "seeds": seeds, "time_s": _num(r.time_to_target_s),
-                "budget_cut_cells": cut}
+                "reached_seeds": np.nan if cut else facts.reached, "seeds": np.nan if cut else facts.seeds,
+                "time_s": _num(r.time_to_target_s), "budget_cut_cells": cut}  # a cut cell was not timed: no count
     return row(key, "time_to_target", facts, "t over seeds 95%" if facts.seeds >= 2 else "none", evidence)
 
 
 def _numerics(r, key: dict, diverged: int) -> dict:
-    facts = SimpleNamespace(diverged=diverged, estimate=_num(r.skipped_steps), low=np.nan, high=np.nan)
-    return row(key, "numerics", facts, "none", {"skipped_steps_median": _num(r.skipped_steps),
-                                                 "diverged_cells": diverged})
+    return row(key, "numerics", SimpleNamespace(diverged=diverged, estimate=_num(r.skipped_steps)), "none",
+               {"skipped_steps_median": _num(r.skipped_steps), "diverged_cells": diverged})
 
 
 def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
@@ -375,14 +372,11 @@ def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
     rows = []
     if runs.empty or "status" not in runs:
         return rows
-    mixed = runs[precisions.is_mixed(runs["precision"])]
-    for (model, dataset, fw, prec), cells in mixed.groupby(["model", "dataset", "framework", "precision"],
-                                                           sort=False):
-        if (model, dataset, fw, prec) in done:
+    for ident, cells in runs[precisions.is_mixed(runs["precision"])].groupby(GROUP, sort=False):
+        if ident in done:
             continue
         reason = FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed")
-        key = {"model": model, "dataset": dataset, "step_loop": "", "batch_size": np.nan, "framework": fw,
-               "precision": prec}
+        key = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan}
         evidence = json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})
         rows += [{**key, "metric": m, **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "unit": UNITS[m],
                   "interval_kind": "none", "status": "failed", "reason": reason, "evidence": evidence}
@@ -394,7 +388,7 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     """(model, dataset, framework, precision) -> how many of its cells `mask` marks."""
     if runs.empty or not mask.any():
         return {}
-    return runs[mask].groupby(["model", "dataset", "framework", "precision"]).size().to_dict()
+    return runs[mask].groupby(GROUP).size().to_dict()
 
 
 def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
