@@ -43,10 +43,10 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no gradient element lost at it (0 both "
                 "at it and without it)",
     "insufficient": "static scale: it overflowed or gradient elements were lost at it (0 both at it and without it)",
-    # naive attention (NAIVE_METRICS)
+    # naive attention
     "overflowed": "naive attention: training went non-finite (a skipped update or a non-finite loss)",
     "finite": "naive attention: no update skipped and every loss finite to the end",
-    # data parallel (DP_METRICS)
+    # data parallel
     "agrees": "data parallel: the N-worker run's losses within what a rerun at another thread count moved them by",
     "departs": "data parallel: the N-worker run's losses beyond that floor, or its workers disagreed",
 }
@@ -100,20 +100,20 @@ REASONS = {
     "overflowed": "non-finite gradients or losses at the static scale: updates skipped (PyTorch) or applied (Keras)",
     "underflowed": "gradient elements came out 0 even at the static scale",
     "no_overflow_no_underflow": "no skip, every loss finite and no gradient element came out 0 at the static scale",
-    # naive attention (NAIVE_METRICS)
+    # naive attention
     "forward_located": "the NaN/Inf locator found the first non-finite value in a layer's forward",
     "backward_located": "the NaN/Inf locator found the first non-finite value in the backward",
     "unlocated": "training went non-finite; the locator named no layer",
     "fp32_layers_kept_finite": "the layers given to --fp32-layers computed in float32, and training stayed finite",
     "stayed_finite": "training stayed finite with every layer in the precision's own dtype",
-    # data parallel (DP_METRICS)
+    # data parallel
     "workers_disagree": "the workers' own records disagreed (a skipped step or an update one worker did not make)",
     "within_thread_floor": "the loss gap to 1 worker is within the 1-worker run's gap at another thread count",
     "at_thread_floor": "the loss gap is within 2x that floor or a few float32 spacings of the loss: no evidence either "
                        "way",
     "beyond_thread_floor": "the loss gap to 1 worker is beyond the 1-worker run's gap at another thread count",
     "no_thread_floor": "no 1-worker rerun at another thread count finished: no floor to judge against",
-    # fp8 (FP8_METRICS)
+    # fp8 against bf16
     "no_bf16": "no finished bf16 cell of the same seed to pair with",
 }
 
