@@ -48,51 +48,51 @@ REASON = {  # a few words each, after "because" or in brackets
     "no_thread_floor": "no thread floor", "no_bf16": "no bf16 partner",
 }
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
-KIND = {"sign test 95%": "sign test", "trial 95%": "trial", "newcombe 95%": "Newcombe",
-        "exact 95% bound": "exact bound", "bootstrap 95%": "bootstrap", "t over seeds 95%": "t over seeds"}
+# an interval's kind in words; the sign test's is conservative: order statistics cover the median with at least 95%
+KIND = {"sign test 95%": "≥95% sign test", "trial 95%": "≥95% trial", "newcombe 95%": "95% Newcombe",
+        "exact 95% bound": "95% exact bound", "bootstrap 95%": "95% bootstrap", "t over seeds 95%": "95% t over seeds"}
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
 # the statuses and reasons a cell shows in brackets: why nothing was decided, or the margin a decision rests on
 SHOWN = {"not_comparable", "undecided", "failed"}
 SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
-
-
 # the one option that would decide an undecided verdict, where there is one
 DECIDES = {("speed", "interval_too_wide"): "a longer --trial-budget-s narrows it"}
+# the tables' column headers: a ratio column says once what its numbers are multiples of
+HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",
+          "time_to_target": "Time to target (× fp32's)", "numerics": "Numerics"}
+RATIO_UNITS = ("x fp32 speed", "x fp32 time")  # worded after the metric as multiples of fp32's: "speed 0.16× fp32's"
+# Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
+KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
+# why a torch N-worker cell can skip steps its 1-worker cell does not
+DDP_SKIPS = (" (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and DDP averages "
+             "the gradients afterwards, so the scaled half-precision gradients in a worker's backward are up to N× "
+             "larger and overflow at a lower loss scale)")
+ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradient"}  # fp8's three tensors
 
 
 def reason(v) -> str:
-    """The verdict's reason in a few words, with its measured margin where the reason quotes one, and the option
-    that would decide it where DECIDES has one."""
+    """The verdict's reason in a few words, with its margin where the reason quotes one and DECIDES' option."""
     option = DECIDES.get((getattr(v, "metric", ""), v.reason))
     spreads = f"fp32's and {v.precision}'s" if hasattr(v, "precision") else "fp32's and its"  # memory's margin
     return REASON[v.reason].format(margin=getattr(v, "margin", float("nan")), spreads=spreads) + (
         f": {option}" if option else "")
 
 
-# the tables' column headers: a ratio column says once what its numbers are multiples of
-HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",
-          "time_to_target": "Time to target (× fp32's)", "numerics": "Numerics"}
-RATIO_UNITS = ("x fp32 speed", "x fp32 time")  # worded after the metric as multiples of fp32's: "speed 0.16× fp32's"
-
-
 def ratio(v: float) -> str:
-    """Two decimals; three below 0.1 and where two would print 1.00 for a ratio that is not 1 (an interval that
-    excludes 1× must not read as touching it)."""
+    """Two decimals; three below 0.1 and where two would print 1.00 for a ratio that is not 1."""
     return f"{v:.3f}×" if v < 0.1 or (round(v, 2) == 1 and v != 1) else f"{v:.2f}×"
 
 
 def pp_bound(value: float, digits: int = 1) -> str:
-    """One end of an accuracy interval in pp: exactly 0 prints as 0 (the interval includes no change), one that
-    rounds to ±0.0 without being 0 gets a digit more (+0.03)."""
+    """One end of an accuracy interval in pp: exactly 0 prints as 0, one that rounds to ±0.0 gets a digit more."""
     if value == 0:
         return "0"
     return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.{digits}f}"
 
 
 def number(v, interval: bool = True, of: bool = True) -> str:
-    """The estimate in the verdict's unit with its 95% interval where it has one and `interval`; "" where none. A ratio
-    names what it is a multiple of unless `of` is False."""
+    """The estimate in the verdict's unit with its 95% interval where it has one and `interval`; "" where none."""
     if not np.isfinite(v.estimate):
         return ""
     if v.unit in RATIO_UNITS:
@@ -108,21 +108,15 @@ def number(v, interval: bool = True, of: bool = True) -> str:
     return text + (f" [{low}, {high}]" if interval and np.isfinite(v.low) else "")
 
 
-# The sign test's interval is conservative: order statistics cover the median with at least 95%
-AT_LEAST = ("sign test 95%", "trial 95%")
-
-
 def interval_words(v) -> str:
     """What the interval is: "≥95% sign test", "95% Newcombe", "" where there is none."""
-    level = "≥95%" if v.interval_kind in AT_LEAST else "95%"
-    return f"{level} {KIND[v.interval_kind]}" if v.interval_kind in KIND else ""
+    return KIND.get(v.interval_kind, "")
 
 
 def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False,
          contended: bool = False) -> str:
-    """A table cell: the number (with its interval) and the status, with the reason in brackets where it says why
-    nothing was decided (why) or what a "same" rests on (SHOWN_REASONS, wherever the interval is shown), and (why,
-    or `contended` where most of them were) how many of a decided speed trial's blocks were contended."""
+    """A table cell: the number (with its interval) and the status, the reason in brackets where it says why nothing
+    was decided (why) or what a decision rests on (SHOWN_REASONS), and a decided trial's contended blocks."""
     if v.reason == "unavailable":  # never run here: not a failure of what ran
         return "unavailable" if short else REASON["unavailable"]
     if short and v.status == "undecided":
@@ -151,9 +145,8 @@ def test(method, seeds) -> str:
 
 
 def paired(t: dict, seeds: int = 0) -> str:
-    """A paired accuracy test (stats.paired_test's diff_pp, ci_low, ci_high and method; detectable and near_chance
-    where given), worded once for every table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no
-    detectable change"."""
+    """A paired accuracy test (stats.paired_test's, with detectable and near_chance where given), worded once for every
+    table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no detectable change"."""
     kind = interval_words(SimpleNamespace(interval_kind=ACCURACY_KIND.get(t.get("method"), "")))
     said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
     text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
@@ -164,8 +157,7 @@ def paired(t: dict, seeds: int = 0) -> str:
 
 
 def accuracy(r) -> str:
-    """An accuracy-table row's comparison with fp32 (tables.accuracy_statistics) as its verdict words it
-    (verdicts.accuracy): the cell, then the interval's kind and p where a test ran."""
+    """An accuracy-table row's comparison with fp32 as its verdict's cell, then the interval's kind and p."""
     v = SimpleNamespace(**accuracy_verdict(r))
     p = evidence(v.evidence)["p_value"]
     said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
@@ -181,16 +173,14 @@ def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
         by = {r.metric: r for r in part.itertuples()}
         if not by.keys() & METRIC.keys():  # only an experiment's rows (the answer says them): no empty table row
             continue
-        who = {"Cells": f"{fw} {prec}"} if short else {"Framework": framework_label(fw),  # short: --frameworks' names
-                                                                           "Precision": prec}
+        who = {"Cells": f"{fw} {prec}"} if short else {"Framework": framework_label(fw), "Precision": prec}
         rows.append({**who, **{HEADER[m]: cell(by[m], not short, not short, of=False, short=short) if m in by else ""
                                for m in METRIC}})
     return pd.DataFrame(rows)
 
 
 def columns_note(verdicts: pd.DataFrame, conditions: tuple[str, str] = ("", "")) -> str:
-    """What the per-model tables' columns measure, each model's time-to-target target with how it was chosen;
-    `conditions`: how the training cells and the speed trials ran (speed.conditions)."""
+    """What the per-model tables' columns measure, with each model's target; `conditions`: speed.conditions."""
     targets = []
     for (model, _), part in verdicts[verdicts["metric"] == "time_to_target"].groupby(["model", "dataset"], sort=False):
         said = evidence(part["evidence"].iloc[0])
@@ -204,18 +194,16 @@ def columns_note(verdicts: pd.DataFrame, conditions: tuple[str, str] = ("", ""))
              *(["Keras' tracing in the first epoch included"] if verdicts["framework"].map(is_keras).any() else [])]
     about = f" ({'; '.join(about)})" if about else ""
     return ("Speed: fp32's step time ÷ the precision's, from a speed trial (fp32 and mixed blocks interleaved in one "
-            f"process{f', {trial}' if trial else ''}): exp of the median of its rounds' log ratios, with its "
-            "sign-test interval (order statistics of the rounds: at least 95%). Peak memory: the "
-            "precision's peak minus fp32's, median over seeds. Accuracy: final validation accuracy minus fp32's, in "
-            f"percentage points, with its 95% interval. Time to target: the training cells' training wall time, "
-            f"validation excluded{about}, until "
-            f"validation accuracy first reached the target{target}, ÷ fp32's of the same seed, the geometric mean "
-            "over seeds.")
+            f"process{f', {trial}' if trial else ''}): exp of the median of its rounds' log ratios, with its sign-test "
+            "interval (order statistics of the rounds: at least 95%). Peak memory: the precision's peak minus fp32's, "
+            "median over seeds. Accuracy: final validation accuracy minus fp32's, in percentage points, with its 95% "
+            f"interval. Time to target: the training cells' training wall time, validation excluded{about}, until "
+            f"validation accuracy first reached the target{target}, ÷ fp32's of the same seed, the geometric mean over "
+            "seeds.")
 
 
 def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
-    """(term, text) per status and per reason the run's verdict table holds: the word the tables print and what it
-    means (verdicts.STATUSES, verdicts.REASONS), so the glossary explains exactly the words on the page."""
+    """(term, text) per status and per reason the run's verdict table holds: the word printed and what it means."""
     if verdicts is None or verdicts.empty:
         return []
     statuses = "; ".join(f"\"{STATUS[s]}\": {STATUSES[s]}" for s in dict.fromkeys(verdicts["status"]))
@@ -228,14 +216,7 @@ def glossary(verdicts: pd.DataFrame) -> list[tuple[str, str]]:
             ("Verdict reasons", f"Why a verdict is what it is, in brackets beside it. {reasons}.")]
 
 
-# ---------------------------------------------------------------------------------------------
-# The loss-scaling lab's rows (verdicts.LAB_METRICS, harness/report/scaling.py): one line each in the answer
-# ---------------------------------------------------------------------------------------------
-
-FP16_MAX_TEXT = f"{FP16_MAX:,.0f}"
-# Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
-KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
-
+# The experiments' rows (verdicts.EXPERIMENTS): one line each in the answer
 
 def power(value) -> str:
     """A scale as 2^k where it is a power of two, else as recorded."""
@@ -298,7 +279,7 @@ def cause(f: dict) -> str:
     if not f.get("scale"):
         return f"{name} went {f['value']}"
     # the inf may have come from a tensor before it in the backward: the bound holds only if its own overflowed
-    return (f"{name} went {f['value']}: either its largest |gradient| × {power(f['scale'])} passed {FP16_MAX_TEXT} "
+    return (f"{name} went {f['value']}: either its largest |gradient| × {power(f['scale'])} passed {FP16_MAX:,.0f} "
             f"(≥ {_bound(FP16_MAX / f['scale'], 4, up=False)} unscaled) or a tensor before it in the backward did")
 
 
@@ -319,21 +300,17 @@ def _underflow(v, e: dict) -> str:
     lost = ", ".join(f"{s['lost']:,} of {s['nonzero']:,} ({share(s['lost'] / s['nonzero'])}, seed {s['seed']}"
                      + (f"; {s['residue']:,} more are attention key-bias residue)" if s.get("residue") else ")")
                      if s["nonzero"] else f"0 (seed {s['seed']})" for s in seeds)
-    acc = e.get("accuracy_status", "")
-    acc_text = (f"accuracy against fp32 {STATUS.get(acc, acc)}"
-                + (f" ({REASON[e['accuracy_reason']].format(margin=e.get('accuracy_margin', float('nan')))})"
-                   if e.get("accuracy_reason") in REASON and (acc in SHOWN or e["accuracy_reason"] in SHOWN_REASONS)
-                   else ""))
-    mattered = {"accuracy_lower": "it mattered", "accuracy_kept": "it did not matter",
-                "accuracy_not_lower": "it cost no accuracy here: "
-                                      f"{e.get('accuracy_pp', float('nan')):+.1f} pp against fp32"
-                                      + _differing(e),
-                "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
     said = (f"without loss scaling, non-zero gradient elements that came out exactly zero in the float16 backward at "
             f"the last step{_flushed(sum(s['lost'] for s in seeds), sum(s.get('flushed', 0) for s in seeds))}: "
             f"{lost}; ")
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
-        return said + mattered[v.reason]
+        return f"{said}it cost no accuracy here: {e.get('accuracy_pp', np.nan):+.1f} pp against fp32{_differing(e)}"
+    acc, why = e.get("accuracy_status", ""), e.get("accuracy_reason")
+    shown = why in REASON and (acc in SHOWN or why in SHOWN_REASONS)
+    acc_text = f"accuracy against fp32 {STATUS.get(acc, acc)}" + (
+        f" ({REASON[why].format(margin=e.get('accuracy_margin', float('nan')))})" if shown else "")
+    mattered = {"accuracy_lower": "it mattered", "accuracy_kept": "it did not matter",
+                "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
     return f"{said}{acc_text}: {mattered.get(v.reason, '')}".rstrip(": ")
 
 
@@ -379,7 +356,14 @@ def _naive(v, e: dict) -> str:
     forced = f"with --fp32-layers {e['forced']}: " if e.get("forced") else ""
     if v.status == "finite":
         top = max((s["largest_logit"] for s in seeds), default=float("nan"))
-        return f"{forced}every loss finite, no update skipped" + (f"; {_logit(top, e)}" if np.isfinite(top) else "")
+        said = f"{forced}every loss finite, no update skipped"
+        if not np.isfinite(top):
+            return said
+        said += (f"; largest attention logit {top:.3g}, {'past' if top > FP16_EXP_LIMIT else 'below'} ln(65,504) = "
+                 f"{FP16_EXP_LIMIT:.1f}, where exp overflows float16")
+        half = "" if e.get("forced") else e.get("half")  # the dtype the attention ran in: float32 where forced
+        ran = "" if half == "float16" else "bfloat16" if half == "bfloat16" else "float32"
+        return said + (f"; {ran} overflows only past {FP32_EXP_LIMIT:.1f}" if ran else "")
     said = []
     for s in (s for s in seeds if s["step"] >= 0 or s["status"] != "ok"):
         where = (f"the locator found it in the {s['where']} of {s['layer']} ({s['value']})" if s["where"] else
@@ -392,40 +376,19 @@ def _naive(v, e: dict) -> str:
     return forced + "; ".join(said) + (f" — rerun with --fp32-layers {fix}" if fix and not e.get("forced") else "")
 
 
-def _logit(top: float, e: dict) -> str:
-    """The largest attention logit against float16's exp limit, and the limit of the dtype the attention ran in
-    where that was not float16 (bfloat16, or float32: fp32, or the layers given to --fp32-layers)."""
-    side = "past" if top > FP16_EXP_LIMIT else "below"
-    said = f"largest attention logit {top:.3g}, {side} ln(65,504) = {FP16_EXP_LIMIT:.1f}, where exp overflows float16"
-    if e.get("half") == "float16" and not e.get("forced"):
-        return said
-    ran = "bfloat16" if e.get("half") == "bfloat16" and not e.get("forced") else "float32"
-    return f"{said}; {ran} overflows only past {FP32_EXP_LIMIT:.1f}"
-
-
-def _times(ratio: float) -> str:
-    return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.1f}×"
-
-
-# why a torch N-worker cell can skip steps its 1-worker cell does not
-DDP_SKIPS = (" (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and DDP averages "
-             "the gradients afterwards, so the scaled half-precision gradients in a worker's backward are up to N× "
-             "larger and overflow at a lower loss scale)")
-
-
 def _data_parallel(v, e: dict) -> str:
-    """An N-worker cell's row: whether its workers agreed, its largest per-step loss gap to 1 worker against the
-    thread floor (the 1-worker rerun at another thread count), its skips where they differ."""
+    """An N-worker cell's row: whether its workers agreed, its loss gap to 1 worker against the thread floor, skips."""
     who = (f"{e.get('workers')} workers, --allreduce {e.get('allreduce')}"
            + (f" (ran in {e['allreduce_dtype']})" if e.get("allreduce_dtype") not in ("", "not recorded") else ""))
     if v.status == "failed":
         return f"{who}: {REASON[v.reason]}" + (f" ({e['error']})" if e.get("error") else "")
     gap, floor = float(v.estimate), float(v.margin)
+    times = gap / floor if floor > 0 else np.nan
     rerun = f"the {e['floor_threads']}-thread 1-worker rerun" if e.get("floor_threads") else "the rerun"
     against = {"within_thread_floor": f"within {rerun}'s {floor:.1e}",
                "at_thread_floor": f"at {rerun}'s {floor:.1e}: no evidence either way",
-               "beyond_thread_floor": (f"beyond {rerun}'s {floor:.1e} ({_times(gap / floor)})" if floor > 0 else
-                                       f"where {rerun} gave the same bits"),
+               "beyond_thread_floor": (f"beyond {rerun}'s {floor:.1e} ({times:,.{0 if times >= 10 else 1}f}×)"
+                                       if floor > 0 else f"where {rerun} gave the same bits"),
                "no_thread_floor": "no rerun at another thread count to judge it by",
                "workers_disagree": ""}[v.reason]  # the disagreement decides: no floor to weigh a gap against
     agreed = "the workers' own records disagreed" if v.reason == "workers_disagree" else "workers agreed"
@@ -435,24 +398,15 @@ def _data_parallel(v, e: dict) -> str:
     skips = (f"; {n} skipped steps against 1 worker's {one}: a different loss-scale trajectory, so from there on not "
              "the same experiment" + (DDP_SKIPS if v.framework == "torch" else "")
              if isinstance(n, (int, float)) and isinstance(one, (int, float)) and n != one else "")
-    return (f"{who}: {agreed}" + (f"; {losses}" if losses else "") + (f", {against}" if against else "") + skips
-            + _allreduce_accuracy(e))
-
-
-def _allreduce_accuracy(e: dict) -> str:
-    """What a reduced-precision all-reduce did to accuracy: paired with the fp32 all-reduce of the same workers."""
+    # a reduced-precision all-reduce's accuracy, paired with the fp32 all-reduce of the same workers
     t, seeds = e.get("accuracy_test") or {}, e.get("accuracy_seeds") or 0
-    if "diff_pp" not in t:
-        return ""
-    return f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} {paired(t, int(seeds))}"
-
-
-ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradient"}  # fp8's three tensors
+    acc = (f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} {paired(t, int(seeds))}"
+           if "diff_pp" in t else "")
+    return f"{who}: {agreed}" + (f"; {losses}" if losses else "") + (f", {against}" if against else "") + skips + acc
 
 
 def recipe(scaling, granularity, amax_history=0, power_of_2: bool = False) -> str:
-    """How an fp8 recipe scales (contract/fp8.py's fields, declared or read back), worded once for the summary's
-    intro and the answer: "scaled by each step's own amax, one scale per tensor"."""
+    """How an fp8 recipe scales (contract/fp8.py's fields): "scaled by each step's own amax, one scale per tensor"."""
     said = {"dynamic": "scaled by each step's own amax", "delayed": f"scaled by the largest amax of up to "
             f"{amax_history or 0:,} past steps"}.get(scaling, "scaling not recorded")
     said += {"tensor": ", one scale per tensor", "row": ", one scale per row"}.get(granularity, "")
@@ -460,8 +414,7 @@ def recipe(scaling, granularity, amax_history=0, power_of_2: bool = False) -> st
 
 
 def _fp8(v, e: dict) -> str:
-    """An fp8 row: how its recipe as read back scales, its converted layers' median SQNR at the last step and its
-    accuracy against bf16 of the same seeds (the formats and the worst layers: the fp8 section's tables)."""
+    """An fp8 row: its recipe as read back, its layers' median SQNR at the last step and its accuracy against bf16."""
     r = e.get("recipe") or {}
     scales = recipe(r.get("scaling"), r.get("granularity"), r.get("amax_history"), r.get("power_of_2_scales"))
     over = "layers and seeds" if (e.get("fp8_seeds") or 0) > 1 else "layers"

@@ -1,15 +1,9 @@
-"""The statistics behind every accuracy and speed statement of a report (framework-free; scipy where a
-statistic needs it, imported there).
+"""The statistics behind every accuracy and speed statement of a report (framework-free; scipy imported where used).
 
-Accuracy is a paired comparison (same weights, same validation images, `val_correct` per cell): one seed gets
-McNemar's exact test with Newcombe's interval for the paired difference; several seeds a paired bootstrap over
-images (mean over seeds of the difference) with a sign test beside it. A difference is "detectable" only when
-p < ALPHA and the 95% interval excludes zero.
-
-Ratios (speed, memory, time to target) pair each mixed cell with its framework's fp32 cell of the same seed: the
-geometric mean over seeds with Student's t on the log ratios; one seed gets speed's within-seed interval from batch
-means of its timed steps (`cell_log_mean`) and no interval for memory or time to target. tests/test_coverage.py
-checks the intervals' coverage."""
+Accuracy is paired by seed and validation image: McNemar's exact test with Newcombe's interval for one seed, a paired
+bootstrap over images for several. Ratios (speed, memory, time to target) pair each mixed cell with its framework's
+fp32 cell of the same seed: the geometric mean over seeds with Student's t on the log ratios (one seed: speed's
+interval from batch means of its timed steps)."""
 
 from __future__ import annotations
 
@@ -31,20 +25,16 @@ NOISY_WIDTH = 1.3  # a speed interval whose high end exceeds its low end by more
 SAME = 0.05  # a ratio within this of 1 whose narrow interval includes 1 is "no difference", not noisy
 BLOCK = 20  # steps per batch mean, at least (a load burst of up to ~20 steps stays inside one batch)
 MAX_BATCHES = 10  # batch means per cell, at most (longer runs get longer batches)
-
-
 # The `method` of a paired accuracy comparison (phrases.METHOD words it).
 MCNEMAR, BOOTSTRAP, NO_DIFFERENCE = "mcnemar", "bootstrap", "exact_bound"
 # What a paired accuracy comparison gives, per mixed group (accuracy_tests' columns beyond the group's keys).
 ACC_COLS = ["diff_pp", "ci_low", "ci_high", "p_value", "method", "seeds", "images", "discordant"]
 
 
-# ---- accuracy ----------------------------------------------------------------------------------
-
-def no_discordance_bound(n: int) -> float:
-    """No image differed: the 95% upper bound (Clopper-Pearson, 0 of n) on the share of images that could
-    differ, in percentage points — the interval is ± this, not [0, 0]."""
-    return 100.0 * (1.0 - ((1.0 - CONFIDENCE) / 2) ** (1.0 / n))
+def _no_difference(n: int) -> dict:
+    """No image differed: ± the 95% upper bound (Clopper-Pearson, 0 of n) on the share that could differ, in pp."""
+    bound = 100.0 * (1.0 - ((1.0 - CONFIDENCE) / 2) ** (1.0 / n))
+    return {"ci_low": -bound, "ci_high": bound, "p_value": 1.0, "method": NO_DIFFERENCE}
 
 
 def _wilson(successes: int, n: int) -> tuple[float, float]:
@@ -69,8 +59,7 @@ def paired_difference_interval(both: int, lost: int, gained: int, neither: int) 
 
 
 def sign_test_p(successes: int, n: int) -> float:
-    """The exact two-sided binomial test of `successes` in `n` against one half (what scipy.stats.binomtest(successes,
-    n, 0.5) gives: the distribution is symmetric, so twice the smaller tail, at most 1)."""
+    """The exact two-sided binomial test of `successes` in `n` against one half (scipy's binomtest)."""
     tail = sum(math.comb(n, i) for i in range(min(successes, n - successes) + 1))
     return min(1.0, 2 * tail / 2**n)
 
@@ -78,34 +67,22 @@ def sign_test_p(successes: int, n: int) -> float:
 def mcnemar_exact(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     """McNemar's exact test on one pair of correctness vectors; diff_pp (mixed − fp32, points) with its 95% interval."""
     fp32, mixed = np.asarray(fp32, bool), np.asarray(mixed, bool)
-    n = len(fp32)
-    lost = int(np.sum(fp32 & ~mixed))  # right in fp32, wrong in mixed
-    gained = int(np.sum(~fp32 & mixed))
-    k = lost + gained
-    diff = 100.0 * (gained - lost) / n
-    if k == 0:
-        bound = no_discordance_bound(n)
-        return {"diff_pp": 0.0, "ci_low": -bound, "ci_high": bound, "p_value": 1.0, "method": NO_DIFFERENCE,
-                "discordant": 0, "images": n}
+    n, lost, gained = len(fp32), int(np.sum(fp32 & ~mixed)), int(np.sum(~fp32 & mixed))
+    if lost + gained == 0:
+        return {"diff_pp": 0.0, **_no_difference(n), "discordant": 0, "images": n}
     low, high = paired_difference_interval(int(np.sum(fp32 & mixed)), lost, gained, int(np.sum(~fp32 & ~mixed)))
-    return {"diff_pp": diff, "ci_low": 100.0 * low, "ci_high": 100.0 * high,
-            "p_value": sign_test_p(gained, k), "method": MCNEMAR, "discordant": k, "images": n}
+    return {"diff_pp": 100.0 * (gained - lost) / n, "ci_low": 100.0 * low, "ci_high": 100.0 * high,
+            "p_value": sign_test_p(gained, lost + gained), "method": MCNEMAR, "discordant": lost + gained, "images": n}
 
 
 def paired_bootstrap(fp32: np.ndarray, mixed: np.ndarray) -> dict:
     """Several seeds: arrays of shape (seeds, images), paired by seed and image."""
     fp32, mixed = np.asarray(fp32, float), np.asarray(mixed, float)
     per_image = (mixed - fp32).mean(axis=0)  # mean over seeds, per validation image
-    diff = 100.0 * float(per_image.mean())
-    per_seed = 100.0 * (mixed - fp32).mean(axis=1)
-    nonzero = per_seed[per_seed != 0]
-    sign_p = sign_test_p(int((nonzero > 0).sum()), len(nonzero)) if len(nonzero) else 1.0
-    base = {"diff_pp": diff, "method": BOOTSTRAP, "images": fp32.shape[1],
-            "discordant": int(np.sum(fp32 != mixed)), "sign_test_p": sign_p,
-            "seeds_lower": int((per_seed < 0).sum()), "seeds_higher": int((per_seed > 0).sum())}
+    base = {"diff_pp": 100.0 * float(per_image.mean()), "method": BOOTSTRAP, "images": fp32.shape[1],
+            "discordant": int(np.sum(fp32 != mixed))}
     if np.all(fp32 == mixed):  # no image differed in any seed: no bootstrap is drawn, the bound is exact
-        bound = no_discordance_bound(fp32.shape[1])
-        return {**base, "method": NO_DIFFERENCE, "ci_low": -bound, "ci_high": bound, "p_value": 1.0}
+        return {**base, **_no_difference(fp32.shape[1])}
     from scipy import stats as st  # imported here: its import is a quarter of a one-seed report's rendering
 
     res = st.bootstrap((per_image,), np.mean, confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
@@ -132,26 +109,22 @@ def paired_test(pairs: list[tuple[np.ndarray, np.ndarray]]) -> dict:
 
 
 def detectable(row) -> bool:
+    """p < ALPHA and the 95% interval excludes zero."""
     return bool(row["p_value"] < ALPHA and (row["ci_low"] > 0 or row["ci_high"] < 0))
 
 
 def budgeted(runs: pd.DataFrame) -> pd.Series:
-    """Per run row, whether the speed budget stopped the cell early (run table's budget_steps; kit/training.py):
-    its accuracy and loss come from a few dozen steps, not the run's epochs, and are compared with nothing."""
-    if "budget_steps" not in runs:
-        return pd.Series(False, index=runs.index)
-    return runs["budget_steps"].notna()
+    """Per run row, whether the speed budget stopped the cell early (the run table's budget_steps)."""
+    return runs["budget_steps"].notna() if "budget_steps" in runs else pd.Series(False, index=runs.index)
 
 
 def cut_groups(runs: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """Per run row, whether a cell of its group (`keys`: e.g. a framework x precision) was stopped by the speed
-    budget: such a group has no accuracy, memory or time to target of the run, not its other seeds' median."""
+    """Per run row, whether a cell of its group (`keys`, e.g. framework, precision) was stopped by the speed budget."""
     return budgeted(runs).groupby([runs[k] for k in keys], sort=False, dropna=False).transform("any")
 
 
 def whole_epochs(epochs: pd.DataFrame, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """epochs less the last one of each cell the speed budget stopped inside an epoch: its validation pass came
-    after a few steps of that epoch, and a curve or an epoch count would read it as a whole epoch."""
+    """`epochs` less the last, partial one of each cell the speed budget stopped inside an epoch."""
     cut = set(runs.loc[budgeted(runs), "cell_id"])
     if not cut or epochs.empty or steps.empty:
         return epochs
@@ -161,8 +134,7 @@ def whole_epochs(epochs: pd.DataFrame, steps: pd.DataFrame, runs: pd.DataFrame) 
 
 
 def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """One row per mixed group (keys + precision): the paired test against the same framework's fp32, budgeted
-    cells (and their seed's fp32 cell) left out."""
+    """One row per mixed group (keys + precision): the paired test against fp32, budget-cut cells left out."""
     cols = [*keys, "precision", *ACC_COLS]
     runs = runs[~budgeted(runs)]
     if runs.empty or "val_correct" not in runs:
@@ -173,8 +145,7 @@ def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
             if pairs := correct_pairs(fp32, cells):
                 rows.append({**dict(zip(keys, key)), "precision": prec, "seeds": len(pairs), **paired_test(pairs)})
-    out = pd.DataFrame(rows)
-    return out if not out.empty else pd.DataFrame(columns=cols)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=cols)
 
 
 def chance_accuracy(dataset: str) -> float:
@@ -188,8 +159,7 @@ STEEP_PP = 2.0  # fp32 still gaining more than this many points in its last epoc
 
 
 def too_short(epochs: pd.DataFrame, dataset: str) -> str | None:
-    """Why accuracy cannot be compared from these fp32 learning curves (epochs of the fp32 cells of one
-    model/dataset, all seeds), or None when it can."""
+    """Why accuracy cannot be compared from these fp32 learning curves (one model/dataset, all seeds), or None."""
     if epochs.empty:
         return "fp32 recorded no validation accuracy"
     chance = chance_accuracy(dataset)
@@ -207,8 +177,6 @@ def too_short(epochs: pd.DataFrame, dataset: str) -> str | None:
     return None
 
 
-# ---- time to accuracy ---------------------------------------------------------------------------
-
 TARGET_FRACTION = 0.95  # default target: this fraction of the fp32 median final validation accuracy
 
 
@@ -223,23 +191,15 @@ def time_to_accuracy(epochs: pd.DataFrame, target: float) -> float:
     return float(np.cumsum(e["train_time_s"].to_numpy(float))[int(np.argmax(reached))])
 
 
-# ---- ratios of paired cells: speed, memory, time to target ------------------------------------
-
-def cell_log_mean(times: np.ndarray) -> tuple[float, float, float]:
-    """One cell's timed steps as (log of the mean step time, its variance, degrees of freedom): the variance from
-    at most MAX_BATCHES batch means of at least BLOCK steps, taken to the log scale by the delta method; NaN and 0
-    degrees of freedom below two batches."""
-    t = np.asarray(times, float)
-    t = t[np.isfinite(t) & (t > 0)]
-    if t.size == 0:
-        return float("nan"), float("nan"), 0.0
-    mean = float(t.mean())
+def _log_mean_variance(t: np.ndarray) -> tuple[float, float]:
+    """(variance, degrees of freedom) of the log of a cell's mean step time, from at most MAX_BATCHES batch means of
+    at least BLOCK steps by the delta method; NaN and 0 below two batches."""
     size = max(BLOCK, -(-t.size // MAX_BATCHES))
     k = t.size // size
     if k < 2:
-        return float(np.log(mean)), float("nan"), 0.0
+        return float("nan"), 0.0
     means = t[t.size - k * size:].reshape(k, size).mean(axis=1)  # the remainder dropped from the start
-    return float(np.log(mean)), float(means.var(ddof=1) / k / mean**2), float(k - 1)
+    return float(means.var(ddof=1) / k / float(t.mean()) ** 2), float(k - 1)
 
 
 def ratio_interval(log_ratios, within_var: float = float("nan"), within_df: float = 0.0) -> dict:
@@ -264,31 +224,23 @@ def ratio_interval(log_ratios, within_var: float = float("nan"), within_df: floa
     return {**out, "low": float(np.exp(point - q * se)), "high": float(np.exp(point + q * se)), "basis": basis}
 
 
-def welch_df(variances: list[float], dfs: list[float]) -> float:
-    """Welch-Satterthwaite degrees of freedom of a sum of independent variance estimates."""
-    den = sum(v * v / d for v, d in zip(variances, dfs) if d > 0)
-    return float(sum(variances) ** 2 / den) if den > 0 else 0.0
-
-
 def speed_interval(fp32_steps: list[np.ndarray], mixed_steps: list[np.ndarray],
                    log_ratios: list[float] | None = None) -> dict:
     """Mixed's speed-up over fp32 (ratio_interval) from paired per-seed arrays of timed step times; `log_ratios`,
     where given, are the recorded throughputs' per-seed log ratios."""
-    fp32 = [np.asarray(a, float) for a in fp32_steps]
-    mixed = [np.asarray(b, float) for b in mixed_steps]
-    fp32, mixed = [a[np.isfinite(a) & (a > 0)] for a in fp32], [b[np.isfinite(b) & (b > 0)] for b in mixed]
+    fp32, mixed = ([a[np.isfinite(a) & (a > 0)] for a in (np.asarray(x, float) for x in steps)]
+                   for steps in (fp32_steps, mixed_steps))
     if log_ratios is None:  # log(mean fp32 step / mean mixed step) = log(mixed / fp32 throughput)
         log_ratios = [float(np.log(a.mean() / b.mean())) if a.size and b.size else float("nan")
                       for a, b in zip(fp32, mixed)]
     within, df = float("nan"), 0.0
-    if len(fp32) == 1:  # one seed: its interval can only come from its own steps
-        (_, v1, d1), (_, v2, d2) = cell_log_mean(fp32[0]), cell_log_mean(mixed[0])
-        within, df = v1 + v2, welch_df([v1, v2], [d1, d2])
+    if len(fp32) == 1:  # one seed: its interval can only come from its own steps; Welch-Satterthwaite's df
+        (v1, d1), (v2, d2) = _log_mean_variance(fp32[0]), _log_mean_variance(mixed[0])
+        den = sum(v * v / d for v, d in ((v1, d1), (v2, d2)) if d > 0)
+        within, df = v1 + v2, float((v1 + v2) ** 2 / den) if den > 0 else 0.0
     res = ratio_interval(log_ratios, within, df)
     return {**res, "timed_steps": int(min((min(a.size, b.size) for a, b in zip(fp32, mixed)), default=0))}
 
-
-ONE_SEED = "one seed: seed-to-seed spread unknown"
 
 def ratio_verdict(ratio: float, low: float, high: float, seeds: int, as_change: bool = False,
                   direction: bool = False) -> str:
@@ -297,7 +249,7 @@ def ratio_verdict(ratio: float, low: float, high: float, seeds: int, as_change: 
     if not np.isfinite(ratio):
         return "no paired cells"
     if not (np.isfinite(low) and np.isfinite(high)) or low <= 0:
-        return f"{ONE_SEED}, no interval" if seeds == 1 else "no interval"
+        return "one seed: seed-to-seed spread unknown, no interval" if seeds == 1 else "no interval"
     interval = f"{low - 1:+.0%} to {high - 1:+.0%}" if as_change else f"{low:.2f}–{high:.2f}×"
     if high / low > NOISY_WIDTH and not (direction and (low > 1 or high < 1)):
         return f"noisy: interval {interval}"

@@ -1,8 +1,7 @@
 """Every verdict of a run as data: one row per model x dataset x framework x mixed precision x metric.
 
-Each metric has an ordered rule table: the first rule whose condition holds (read from the run's tables, never a
-sentence) sets the row's status and reason, which phrases.py words. Speed is decided by the speed trials alone
-(no trials: not_comparable, no_trial). render writes the table as data/verdicts.parquet and .csv."""
+Each metric has an ordered rule table: the first rule whose condition holds (read from the run's tables) sets the
+row's status and reason, which phrases.py words. render writes the table as data/verdicts.parquet and .csv."""
 
 from __future__ import annotations
 
@@ -44,10 +43,10 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no gradient element lost at it (0 both "
                 "at it and without it)",
     "insufficient": "static scale: it overflowed or gradient elements were lost at it (0 both at it and without it)",
-    # naive attention (NAIVE_METRICS)
+    # naive attention
     "overflowed": "naive attention: training went non-finite (a skipped update or a non-finite loss)",
     "finite": "naive attention: no update skipped and every loss finite to the end",
-    # data parallel (DP_METRICS)
+    # data parallel
     "agrees": "data parallel: the N-worker run's losses within what a rerun at another thread count moved them by",
     "departs": "data parallel: the N-worker run's losses beyond that floor, or its workers disagreed",
 }
@@ -98,24 +97,23 @@ REASONS = {
     "accuracy_kept": "elements were lost and accuracy was the same as or higher than fp32's (the accuracy verdict)",
     "accuracy_undecided": "elements were lost; the accuracy verdict could not tell whether it mattered",
     "accuracy_not_lower": "elements were lost; the accuracy difference's 95% interval excludes any loss against fp32",
-    "overflowed": "non-finite gradients or losses at the static scale: updates skipped (PyTorch) or applied "
-                  "(Keras)",
+    "overflowed": "non-finite gradients or losses at the static scale: updates skipped (PyTorch) or applied (Keras)",
     "underflowed": "gradient elements came out 0 even at the static scale",
     "no_overflow_no_underflow": "no skip, every loss finite and no gradient element came out 0 at the static scale",
-    # naive attention (NAIVE_METRICS)
+    # naive attention
     "forward_located": "the NaN/Inf locator found the first non-finite value in a layer's forward",
     "backward_located": "the NaN/Inf locator found the first non-finite value in the backward",
     "unlocated": "training went non-finite; the locator named no layer",
     "fp32_layers_kept_finite": "the layers given to --fp32-layers computed in float32, and training stayed finite",
     "stayed_finite": "training stayed finite with every layer in the precision's own dtype",
-    # data parallel (DP_METRICS)
+    # data parallel
     "workers_disagree": "the workers' own records disagreed (a skipped step or an update one worker did not make)",
     "within_thread_floor": "the loss gap to 1 worker is within the 1-worker run's gap at another thread count",
     "at_thread_floor": "the loss gap is within 2x that floor or a few float32 spacings of the loss: no evidence either "
                        "way",
     "beyond_thread_floor": "the loss gap to 1 worker is beyond the 1-worker run's gap at another thread count",
     "no_thread_floor": "no 1-worker rerun at another thread count finished: no floor to judge against",
-    # fp8 (FP8_METRICS)
+    # fp8 against bf16
     "no_bf16": "no finished bf16 cell of the same seed to pair with",
 }
 
@@ -140,6 +138,12 @@ def _within(low, high, margin) -> bool:
     return _finite(low, high) and 1 - margin <= low and high <= 1 + margin
 
 
+def _inside(low: float, high: float, floor: float) -> bool:
+    """[low, high] within ±floor, up to rounding: an interval exactly as wide as fp32's seed range is within it."""
+    slack = 1e-9 * max(1.0, abs(floor))
+    return -floor - slack <= low and high <= floor + slack
+
+
 # Each table is read top to bottom; the first rule that holds decides. f: the row's facts.
 SPEED = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
@@ -157,10 +161,8 @@ MEMORY = [
     # peak RSS grows over a run (Keras' fp32 doubles after its first step): a shorter run's peak is not comparable
     Rule("a cell stopped by the speed budget", lambda f: f.budget_cut > 0, "not_comparable", "budget_cut"),
     Rule("no paired fp32 reading", lambda f: not _finite(f.difference), "not_comparable", "no_fp32"),
-    Rule("one seed: nothing to measure the noise by", lambda f: not _finite(f.resolution), "undecided",
-         "no_resolution"),
-    Rule("some seed's difference within the noise (memory.weakest_difference_mib)", lambda f: f.resolved != 1.0,
-         "undecided", "unresolved_memory"),
+    Rule("one seed: no noise to measure", lambda f: not _finite(f.resolution), "undecided", "no_resolution"),
+    Rule("a seed's difference within the noise", lambda f: f.resolved != 1.0, "undecided", "unresolved_memory"),
     Rule("lower than fp32 beyond the noise", lambda f: f.difference < 0, "smaller", "above_resolution"),
     Rule("otherwise: higher beyond the noise", lambda f: True, "larger", "above_resolution"),
 ]
@@ -173,8 +175,7 @@ ACCURACY = [
     Rule("significant, above 0", lambda f: f.significant and f.low > 0, "higher", "interval_excludes_0"),
     Rule("significant, below 0", lambda f: f.significant and f.high < 0, "lower", "interval_excludes_0"),
     Rule("fewer than two fp32 seeds: no measured floor", lambda f: not _finite(f.floor), "undecided", "no_floor"),
-    Rule("interval within ± fp32's seed-to-seed range", lambda f: _inside(f.low, f.high, f.floor), "same",
-         "within_floor"),
+    Rule("interval within ± fp32's seed range", lambda f: _inside(f.low, f.high, f.floor), "same", "within_floor"),
     Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
 ]
 
@@ -199,17 +200,14 @@ NUMERICS = [
 # Loss scaling (facts from scaling.py). f.estimate: the final scale / skipped updates / lost elements / static scale.
 SCALE_PATH = [
     Rule("no other framework ran it", lambda f: f.others == 0, "not_comparable", "one_framework"),
-    Rule("every seed's per-step scales equal the other frameworks'", lambda f: f.same and f.whole, "same",
-         "same_path"),
-    Rule("equal over the steps both ran, where the speed budget stopped one", lambda f: f.same, "same",
-         "same_path_until_cut"),
+    Rule("every seed's per-step scales equal the others'", lambda f: f.same and f.whole, "same", "same_path"),
+    Rule("equal over the steps both ran (one budget-cut)", lambda f: f.same, "same", "same_path_until_cut"),
     Rule("otherwise", lambda f: True, "differs", "different_path"),
 ]
 
 SKIPS = [
     Rule("no update skipped", lambda f: f.estimate == 0, "clean", "no_skip"),
-    Rule("the locator found a forward value non-finite", lambda f: "forward" in f.where, "skipped",
-         "forward_overflow"),
+    Rule("the locator found a forward non-finite", lambda f: "forward" in f.where, "skipped", "forward_overflow"),
     Rule("the locator named a backward gradient", lambda f: "backward" in f.where, "skipped", "overflow_located"),
     Rule("otherwise", lambda f: True, "skipped", "skip_unlocated"),
 ]
@@ -219,16 +217,13 @@ UNDERFLOW = [
     Rule("no element lost", lambda f: f.estimate == 0, "clean", "nothing_lost"),
     Rule("accuracy lower than fp32", lambda f: f.accuracy == "lower", "lost", "accuracy_lower"),
     Rule("accuracy same or higher", lambda f: f.accuracy in ("same", "higher"), "lost", "accuracy_kept"),
-    Rule("the accuracy interval excludes any loss", lambda f: getattr(f, "accuracy_low", np.nan) >= 0, "lost",
-         "accuracy_not_lower"),
+    Rule("the accuracy interval excludes a loss", lambda f: f.accuracy_low >= 0, "lost", "accuracy_not_lower"),
     Rule("otherwise", lambda f: True, "lost", "accuracy_undecided"),
 ]
 
 STATIC_SCALE = [
-    Rule("a skipped update or a non-finite loss", lambda f: f.skipped > 0 or f.nonfinite > 0, "insufficient",
-         "overflowed"),
-    Rule("elements lost at the static scale", lambda f: _finite(f.lost) and f.lost > 0, "insufficient",
-         "underflowed"),
+    Rule("a skip or a non-finite loss", lambda f: f.skipped > 0 or f.nonfinite > 0, "insufficient", "overflowed"),
+    Rule("elements lost at it", lambda f: _finite(f.lost) and f.lost > 0, "insufficient", "underflowed"),
     Rule("no probe recorded", lambda f: not _finite(f.lost), "undecided", "no_probe"),
     Rule("otherwise", lambda f: True, "sufficed", "no_overflow_no_underflow"),
 ]
@@ -236,18 +231,17 @@ STATIC_SCALE = [
 # The naive-attention ViT (facts from numerics.naive_rows). f.step: the first step a seed went non-finite (-1: none);
 # f.where: where the locator found it; f.forced: the --fp32-layers given; f.finite: every seed ended with finite losses.
 NAIVE = [
-    Rule("a seed went non-finite; the locator found it in a forward", lambda f: f.step >= 0 and f.where == "forward",
-         "overflowed", "forward_located"),
-    Rule("a seed went non-finite; the locator found it in the backward",
-         lambda f: f.step >= 0 and f.where == "backward", "overflowed", "backward_located"),
+    Rule("non-finite, found in a forward", lambda f: f.step >= 0 and f.where == "forward", "overflowed",
+         "forward_located"),
+    Rule("non-finite, found in the backward", lambda f: f.step >= 0 and f.where == "backward", "overflowed",
+         "backward_located"),
     Rule("a seed went non-finite otherwise", lambda f: f.step >= 0 or not f.finite, "overflowed", "unlocated"),
     Rule("finite, with layers forced to float32", lambda f: bool(f.forced), "finite", "fp32_layers_kept_finite"),
     Rule("otherwise", lambda f: True, "finite", "stayed_finite"),
 ]
 
-# Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.status (its run status), f.ok (finished
-# and judged against a 1-worker cell), f.agree (the workers' records),
-# f.gap and f.floor (relative loss gaps to the 1-worker cell), f.at_floor (dataparallel.at_floor).
+# Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.ok (finished and judged against a 1-worker
+# cell), f.agree (the workers' records), f.gap and f.floor (relative loss gaps to the 1-worker cell).
 DATA_PARALLEL = [
     Rule("the engine cannot run this all-reduce here", lambda f: f.status == "unavailable", "failed", "unavailable"),
     Rule("the N-worker cell ran out of time", lambda f: f.status == "timeout", "failed", "timeout"),
@@ -259,22 +253,18 @@ DATA_PARALLEL = [
     Rule("otherwise", lambda f: True, "departs", "beyond_thread_floor"),
 ]
 
-# fp8 against bf16 (facts from fp8.verdict_rows): ACCURACY's rules with bf16 as the partner, fp32's seed range the
-# margin, as the accuracy verdicts'
+# fp8 against bf16 (facts from fp8.verdict_rows): ACCURACY's rules with bf16 as the partner
 FP8 = [Rule("no finished bf16 cell of the same seed", lambda f: not _finite(f.estimate), "not_comparable", "no_bf16"),
        *ACCURACY]
 
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
-NAIVE_METRICS = ("attention_overflow",)
-DP_METRICS = ("data_parallel",)
-FP8_METRICS = ("fp8_vs_bf16",)
 LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
              "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # Each experiment's own question, answered first (answer.experiment_items): its header and its metrics
 EXPERIMENTS = (("Loss scaling (what this run asks)", LAB_METRICS),
-               ("Naive attention (what this run asks)", NAIVE_METRICS),
-               ("Data parallel (what this run asks)", DP_METRICS),
-               ("fp8 against bf16 (what this run asks)", FP8_METRICS))
+               ("Naive attention (what this run asks)", ("attention_overflow",)),
+               ("Data parallel (what this run asks)", ("data_parallel",)),
+               ("fp8 against bf16 (what this run asks)", ("fp8_vs_bf16",)))
 
 # a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
 FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
@@ -283,9 +273,10 @@ RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target
 # speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
-         "static_scale": "scale", "attention_overflow": "step",
-         "data_parallel": "relative loss gap", "fp8_vs_bf16": "pp"}
+         "static_scale": "scale", "attention_overflow": "step", "data_parallel": "relative loss gap",
+         "fp8_vs_bf16": "pp"}
 IDENTITY = ["model", "dataset", "step_loop", "batch_size", "framework", "precision"]
+GROUP = ["model", "dataset", "framework", "precision"]  # a mixed precision's cells, over step loops and batch sizes
 COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "interval_kind", "status", "reason",
            "evidence"]
 
@@ -294,13 +285,6 @@ def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
     """(status, reason) of the first rule of `metric`'s table that holds."""
     rule = next(r for r in {**RULES, **LAB_RULES}[metric] if r.test(facts))
     return rule.status, rule.reason
-
-
-def _inside(low: float, high: float, floor: float) -> bool:
-    """[low, high] within ±floor, up to rounding: both are differences of image counts over the same validation set,
-    so an interval exactly as wide as fp32's seed range must not fail on the last bit."""
-    slack = 1e-9 * max(1.0, abs(floor))
-    return -floor - slack <= low and high <= floor + slack
 
 
 def _num(value) -> float:
@@ -318,51 +302,40 @@ ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%"
 def row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
     """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
     status, reason = decide(metric, facts)
-    low, high = _num(getattr(facts, "low", np.nan)), _num(getattr(facts, "high", np.nan))
-    estimate = _num(facts.estimate)
+    estimate, low, high = (_num(getattr(facts, k, np.nan)) for k in ("estimate", "low", "high"))
     if reason == "budget_cut":  # a figure over the cells that ran in full, or beside a cut one's, is no verdict's
         estimate = low = high = np.nan
     return {**key, "metric": metric, "estimate": estimate, "low": low, "high": high,
             "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
             "interval_kind": kind if np.isfinite(low) else "none", "status": status, "reason": reason,
-            "evidence": json.dumps(evidence, default=_plain)}
-
-
-def _plain(value):
-    return value.item() if hasattr(value, "item") else str(value)
+            "evidence": json.dumps(evidence, default=lambda v: v.item() if hasattr(v, "item") else str(v))}
 
 
 def _speed(r, key: dict, trial: dict | None) -> dict:
+    from amp_compare.kit.trial import INTERVAL_KIND
+
     t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
     facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
                             low=t.get("low", np.nan), high=t.get("high", np.nan),
                             contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
     evidence = {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
                                   "fp32_step_s", "mixed_step_s") if k in t}
-    return row(key, "speed", facts, _trial_kind(str(t.get("interval_kind", ""))), evidence)
-
-
-def _trial_kind(kind: str) -> str:
-    """The trial summary's interval label as one of INTERVAL_KINDS."""
-    from amp_compare.kit.trial import INTERVAL_KIND
-
-    return {INTERVAL_KIND: "sign test 95%"}.get(kind, "trial 95%")
+    kind = "sign test 95%" if str(t.get("interval_kind", "")) == INTERVAL_KIND else "trial 95%"
+    return row(key, "speed", facts, kind, evidence)
 
 
 def _memory(r, key: dict, cut: int) -> dict:
     difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
     facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, difference=difference, resolution=resolution,
-                            resolved=_num(getattr(r, "memory_resolved", np.nan)), estimate=difference, low=np.nan,
-                            high=np.nan, margin=resolution)
-    evidence = {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32), "resolution_mib": resolution,
-                "budget_cut_cells": cut}
-    return row(key, "memory", facts, "none", evidence)
+                            resolved=_num(getattr(r, "memory_resolved", np.nan)), estimate=difference,
+                            margin=resolution)
+    return row(key, "memory", facts, "none", {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32),
+                                               "resolution_mib": resolution, "budget_cut_cells": cut})
 
 
 def accuracy(r, key: dict | None = None, cut: int | None = None, metric: str = "accuracy") -> dict:
-    """The accuracy verdict row of an accuracy-table row (tables.accuracy_statistics, or the full table): its paired
-    test, fp32's seed range (floor_pp) and its budget-cut cells decide it (ACCURACY; FP8 where `metric` is
-    fp8_vs_bf16 and the paired test is against bf16)."""
+    """The accuracy verdict row of an accuracy-table row (tables.accuracy_statistics, or the full table): ACCURACY,
+    or FP8 where `metric` is fp8_vs_bf16 and the paired test is against bf16."""
     method = r.method if isinstance(getattr(r, "method", None), str) else ""
     cut = int(np.nan_to_num(_num(getattr(r, "budget_cut", 0)))) if cut is None else cut
     floor, p = _num(getattr(r, "floor_pp", np.nan)), _num(r.p_value)
@@ -383,18 +356,15 @@ def _time(r, key: dict, cut: int) -> dict:
                             reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
                             estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high),
                             margin=SAME_RATIO)
-    # a budget-cut precision's cells were not timed to the target: no count
-    reached_seeds, seeds = (np.nan, np.nan) if cut else (facts.reached, facts.seeds)
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
-                "reached_seeds": reached_seeds, "seeds": seeds, "time_s": _num(r.time_to_target_s),
-                "budget_cut_cells": cut}
+                "reached_seeds": np.nan if cut else facts.reached, "seeds": np.nan if cut else facts.seeds,
+                "time_s": _num(r.time_to_target_s), "budget_cut_cells": cut}  # a cut cell was not timed: no count
     return row(key, "time_to_target", facts, "t over seeds 95%" if facts.seeds >= 2 else "none", evidence)
 
 
 def _numerics(r, key: dict, diverged: int) -> dict:
-    facts = SimpleNamespace(diverged=diverged, estimate=_num(r.skipped_steps), low=np.nan, high=np.nan)
-    return row(key, "numerics", facts, "none", {"skipped_steps_median": _num(r.skipped_steps),
-                                                 "diverged_cells": diverged})
+    return row(key, "numerics", SimpleNamespace(diverged=diverged, estimate=_num(r.skipped_steps)), "none",
+               {"skipped_steps_median": _num(r.skipped_steps), "diverged_cells": diverged})
 
 
 def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
@@ -402,14 +372,11 @@ def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
     rows = []
     if runs.empty or "status" not in runs:
         return rows
-    mixed = runs[precisions.is_mixed(runs["precision"])]
-    for (model, dataset, fw, prec), cells in mixed.groupby(["model", "dataset", "framework", "precision"],
-                                                           sort=False):
-        if (model, dataset, fw, prec) in done:
+    for ident, cells in runs[precisions.is_mixed(runs["precision"])].groupby(GROUP, sort=False):
+        if ident in done:
             continue
         reason = FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed")
-        key = {"model": model, "dataset": dataset, "step_loop": "", "batch_size": np.nan, "framework": fw,
-               "precision": prec}
+        key = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan}
         evidence = json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})
         rows += [{**key, "metric": m, **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "unit": UNITS[m],
                   "interval_kind": "none", "status": "failed", "reason": reason, "evidence": evidence}
@@ -421,12 +388,11 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     """(model, dataset, framework, precision) -> how many of its cells `mask` marks."""
     if runs.empty or not mask.any():
         return {}
-    return runs[mask].groupby(["model", "dataset", "framework", "precision"]).size().to_dict()
+    return runs[mask].groupby(GROUP).size().to_dict()
 
 
 def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The speed trials' summary (kit/trial.py trial_summary: one row per trial x mixed precision) of a run's
-    trials table; None where the run has none."""
+    """The speed trials' summary (kit/trial.py trial_summary) of a run's trials table; None where it has none."""
     if trials is None or trials.empty:
         return None
     from amp_compare.kit.trial import trial_summary
@@ -435,27 +401,24 @@ def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def with_rows(table: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
-    """The verdict table with the experiments' rows (scaling.rows, numerics.naive_rows, fp8.verdict_rows, the
-    N-worker cells') after its own."""
+    """The verdict table with the experiments' rows after its own."""
     return pd.concat([table, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True) if rows else table
 
 
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The verdict table of a run from `full` (tables.full_table), `runs` (the run table) and `trials` (trial_summary or
-    None); the experiments' rows go after it (with_rows)."""
+    """The verdict table of a run from `full` (tables.full_table), `runs` (the run table) and `trials` (trial_rows)."""
     by_trial = {}
     for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
         by_trial.setdefault((t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
                              t["precision"]), t)
-    cut = _counts(runs, stats.budgeted(runs)) if not runs.empty else {}
+    cut = _counts(runs, stats.budgeted(runs))
     diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
     rows, done = [], set()
     mixed = full[precisions.is_mixed(full["precision"])] if not full.empty else full
     for r in mixed.itertuples():
         ident = (r.model, r.dataset, r.framework, r.precision)
         done.add(ident)
-        key = {"model": r.model, "dataset": r.dataset, "step_loop": str(r.step_loop), "batch_size": _num(r.batch_size),
-               "framework": r.framework, "precision": r.precision}
+        key = {**{k: getattr(r, k) for k in IDENTITY}, "step_loop": str(r.step_loop), "batch_size": _num(r.batch_size)}
         n_cut = int(cut.get(ident, 0))
         trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
         rows += [_speed(r, key, trial), _memory(r, key, n_cut), accuracy(r, key, n_cut),
