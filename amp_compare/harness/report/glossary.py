@@ -58,18 +58,18 @@ class _Expander:
     a first use inside a parenthesis is marked instead (HTML <abbr title>, or a self-explaining short form)."""
 
     def __init__(self, markdown: bool):
-        self.markdown, self.found, self.nested, self.depth = markdown, {}, {}, 0
+        self.markdown, self.found, self.nested, self.depth = markdown, set(), {}, 0
 
-    def text(self, part: str, index: int) -> str:
+    def text(self, part: str) -> str:
         for abbr, (pattern, _) in ABBREVIATIONS.items():
             pos = 0
             while abbr not in self.found and (m := re.compile(pattern, re.M).search(part, pos)):
-                part, pos = self._one(abbr, part, m, index)
-        self.depth = _depth(part.rsplit("\n", 1)[-1] if self.markdown and "\n" in part else part,
-                            0 if self.markdown and "\n" in part else self.depth)
+                part, pos = self._one(abbr, part, m)
+        fresh = self.markdown and "\n" in part  # a Markdown line starts at depth 0
+        self.depth = _depth(part.rsplit("\n", 1)[-1]) if fresh else _depth(part, self.depth)
         return part
 
-    def _one(self, abbr: str, part: str, m: re.Match, index: int) -> tuple[str, int]:
+    def _one(self, abbr: str, part: str, m: re.Match) -> tuple[str, int]:
         end = m.end() + len(re.match(r"(?:/[A-Za-z]+)*", part[m.end():]).group())  # the whole unit token
         token = part[m.start():end]
         line_start = part.rfind("\n", 0, m.start()) + 1 if self.markdown else 0
@@ -78,19 +78,16 @@ class _Expander:
             f"{'billion' if token[0] == 'G' else 'trillion'} floating-point operations"
             + (" per second" if token.endswith("/s") else ""))
         if _depth(part[line_start:m.start()], before) == 0:
-            self.found[abbr] = index
+            self.found.add(abbr)
             words = f" ({expansion})" if self.markdown else html.escape(f" ({expansion})", quote=False)
             return part[:end] + words + part[end:], end + len(words)
         if abbr in self.nested:
             return part, end
         self.nested[abbr] = expansion
         shown = SHORT.get(abbr, token)
-        if self.markdown:
-            if abbr in SHORT:
-                self.found[abbr] = index
-            return part[:m.start()] + shown + part[end:], m.start() + len(shown)
-        self.found[abbr] = index
-        marked = f'<abbr title="{html.escape(expansion)}">{shown}</abbr>'
+        if not self.markdown or abbr in SHORT:
+            self.found.add(abbr)
+        marked = shown if self.markdown else f'<abbr title="{html.escape(expansion)}">{shown}</abbr>'
         return part[:m.start()] + marked + part[end:], m.start() + len(marked)
 
 
@@ -115,7 +112,7 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
             continue
         if skipping or not part.strip():
             continue
-        parts[i] = expander.text(part, i)
+        parts[i] = expander.text(part)
     out = "".join(parts)
     late = {a: e for a, e in expander.nested.items() if a not in expander.found}
     if markdown and late:

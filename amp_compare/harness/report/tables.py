@@ -61,27 +61,19 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok["log_memory"] = np.where(cut, np.nan, paired_log_ratio(ok, "peak_memory_bytes", base_keys))
     ok["peak_memory_bytes"] = ok["peak_memory_bytes"].where(~cut)
     agg = ok.groupby(group, sort=False, dropna=False).agg(
-        runs=("seed", "size"),
-        **_spread_of("throughput_img_s", "throughput"),
+        runs=("seed", "size"), **_spread_of("throughput_img_s", "throughput"),
         **_spread_of("final_val_accuracy", "accuracy", median="val_accuracy"),
-        log_speed=("log_speed", "mean"),
-        log_speed_min=("log_speed", "min"),
-        log_speed_max=("log_speed", "max"),
-        peak_memory_bytes=("peak_memory_bytes", "median"),
-        log_memory=("log_memory", "mean"),
-        skipped_steps=("skipped_steps", "median"),
-        budget_cut=("budget_cut", "sum"),
-        **{c: (c, "median") for c in PERF_MEDIANS},
-        **{c: (c, "first") for c in CEILING_WHY},
-    ).reset_index()
+        log_speed=("log_speed", "mean"), log_speed_min=("log_speed", "min"), log_speed_max=("log_speed", "max"),
+        peak_memory_bytes=("peak_memory_bytes", "median"), log_memory=("log_memory", "mean"),
+        skipped_steps=("skipped_steps", "median"), budget_cut=("budget_cut", "sum"),
+        **{c: (c, "median") for c in PERF_MEDIANS}, **{c: (c, "first") for c in CEILING_WHY}).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / memory.MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
     agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
     agg["memory_change_vs_fp32"] = np.expm1(agg["log_memory"])
     # a mode that cannot skip a step (no loss scaler, Keras' static one): n/a, not 0
     agg.loc[[scaling.cannot_skip(f, p) for f, p in zip(agg["framework"], agg["precision"])], "skipped_steps"] = np.nan
-    agg["timing_note"] = [timing_note(w, m) for w, m in zip(agg["throughput_img_s"],
-                                                             agg["median_step_throughput_img_s"])]
+    agg["timing_note"] = list(map(timing_note, agg["throughput_img_s"], agg["median_step_throughput_img_s"]))
     agg["bound"] = bound_verdicts(agg, group)
     agg = agg.sort_values([*group[:-6], "model", "dataset", "step_loop", "batch_size", "framework", "precision"],
                           key=display_order)
@@ -130,11 +122,11 @@ def _fmt(value, spec, suffix=""):
     return "n/a" if value is None or not np.isfinite(value) else f"{value:{spec}}{suffix}"
 
 
-def _spread(r, median, q1, q3, spec, scale=1.0, suffix="", lo=np.nan, hi=np.nan):
-    """A median with its spread where there are several runs: the min–max for up to 3 runs, the IQR above."""
-    text = _fmt(median * scale, spec, suffix)
+def _spread(r, median, name, spec, scale=1.0, suffix=""):
+    """A median with its spread (r's `name`_min etc.) over several runs: the min–max up to 3 runs, the IQR above."""
+    text, lo, hi = _fmt(median * scale, spec, suffix), getattr(r, f"{name}_min"), getattr(r, f"{name}_max")
     few = r.runs <= 3 and np.isfinite(lo) and np.isfinite(hi)
-    lo, hi, kind = (lo, hi, "min–max") if few else (q1, q3, "IQR")
+    lo, hi, kind = (lo, hi, "min–max") if few else (getattr(r, f"{name}_q1"), getattr(r, f"{name}_q3"), "IQR")
     if r.runs > 1 and np.isfinite(lo) and np.isfinite(hi):
         text += f" [{kind} {lo * scale:{spec}}–{hi * scale:{spec}}]"
     return text
@@ -161,12 +153,10 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
         **({"Machine": r.machine} if multi else {}),
         "Framework": _label(r.framework), "Model": r.model, "Dataset": r.dataset, "Step": r.step_loop,
         "Batch": _fmt(r.batch_size, ".0f"), "Precision": r.precision, "Runs": str(r.runs),
-        "Images/s": _spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f",
-                            lo=r.throughput_min, hi=r.throughput_max),
+        "Images/s": _spread(r, r.throughput_img_s, "throughput", ",.0f"),
         "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
         "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
-        "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%",
-                                 lo=r.accuracy_min, hi=r.accuracy_max),
+        "Val. accuracy": _spread(r, r.val_accuracy, "accuracy", ".1f", 100, "%"),
         "Skipped steps": _fmt(r.skipped_steps, ".0f"),
         **_hardware_cells(r, data_sheet),
     } for r in table.itertuples()])
@@ -194,11 +184,9 @@ def named_machines(table: pd.DataFrame) -> set:
 
 def group_label(key: dict, multi_machine: set, varying: set = frozenset()) -> str:
     """A group's name in sentences: model on dataset, the loop keys that vary, the machine where it must be named."""
-    text = f"{key['model']} on {key['dataset']}"
-    if "step_loop" in varying and "step_loop" in key:
-        text += f", {key['step_loop']} step"
-    if "batch_size" in varying and "batch_size" in key:
-        text += f", batch {key['batch_size']:.0f}"
+    said = {"step_loop": ", {} step", "batch_size": ", batch {:.0f}"}
+    text = f"{key['model']} on {key['dataset']}" + "".join(
+        w.format(key[k]) for k, w in said.items() if k in varying and k in key)
     named = "machine" in key and (key["model"], key["dataset"]) in multi_machine
     return text + (f" ({key['machine']})" if named else "")
 
@@ -228,9 +216,8 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
     out = {}
     for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):
         times = [per_cell[c] for c in cells["cell_id"] if not np.isnan(per_cell[c])]
-        finite = [t for t in times if np.isfinite(t)]
         row = {"time_to_target_s": float(np.median(times)) if times else float("nan"),
-               "reached_seeds": len(finite), "timed_seeds": len(times)}
+               "reached_seeds": int(np.isfinite(times).sum()), "timed_seeds": len(times)}
         fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
         fp32_time = {r.seed: per_cell[r.cell_id] for r in fp32.itertuples()}
         logs = [x for r in cells.itertuples() if np.isfinite(x := _log_ratio(fp32_time.get(r.seed, np.nan),
@@ -269,28 +256,15 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         times = _time_rows(group[~cut], epochs, target)
         n_cut = group[cut].groupby(["framework", "precision"]).size()
         times.update({k: {} for k in n_cut.index if k not in times})  # every cell budgeted: a row without either
-        for (fw, prec), time_row in times.items():
+        for (fw, prec), time_row in times.items():  # fp32's seed-to-seed range (pp) is the "same" margin (floor)
+            acc = fp32[fp32["framework"] == fw].groupby("seed")["final_val_accuracy"].median().dropna() * 100
             rows.append({**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
                          "target_basis": basis, **time_row, "budget_cut": int(n_cut.get((fw, prec), 0)),
-                         **_seed_range(fp32[fp32["framework"] == fw])})
+                         "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan, "floor_seeds": len(acc)})
     out = pd.DataFrame(rows)
     out = out.merge(tests, on=[*keys, "framework", "precision"], how="left") if not tests.empty else out
     out = out.reindex(columns=cols)
     return out.sort_values([*keys, "framework", "precision"], key=display_order).reset_index(drop=True)
-
-
-def _seed_range(fp32: pd.DataFrame) -> dict:
-    """fp32's seed-to-seed range of final validation accuracy in pp (NaN under two seeds) and its seed count."""
-    acc = fp32.groupby("seed")["final_val_accuracy"].median().dropna() * 100
-    return {"floor_pp": float(acc.max() - acc.min()) if len(acc) >= 2 else np.nan, "floor_seeds": len(acc)}
-
-
-def _pairs(ok: pd.DataFrame, keys: list[str]):
-    """(key, precision, [(fp32 row, mixed row) per seed]) for every mixed group of the run table."""
-    for key, group in ok.groupby(keys, sort=False, dropna=False):
-        fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
-        for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
-            yield key, prec, [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]
 
 
 def _log_ratio(a: float, b: float) -> float:
@@ -303,15 +277,17 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     keys = _keys(ok) + ["framework"]
     cols = [*keys, "precision", "memory_note", "memory_difference_mib", "memory_resolution_mib", "memory_resolved"]
     rows = []
-    for key, prec, pairs in _pairs(ok, keys) if not ok.empty else []:
-        res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
-        difference = memory.paired_difference_mib(pairs)
-        resolution = memory.resolution_mib(pairs)
-        known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
-        rows.append({**dict(zip(keys, key)), "precision": prec, "memory_difference_mib": difference,
-                     "memory_resolution_mib": resolution, "memory_resolved": known,
-                     "memory_note": "" if known == 0.0 else
-                     stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
+    for key, group in ok.groupby(keys, sort=False, dropna=False) if not ok.empty else []:
+        fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
+        for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
+            pairs = [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]  # (fp32 row, mixed row)
+            res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
+            resolution = memory.resolution_mib(pairs)
+            known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
+            rows.append({**dict(zip(keys, key)), "precision": prec, "memory_resolution_mib": resolution,
+                         "memory_difference_mib": memory.paired_difference_mib(pairs), "memory_resolved": known,
+                         "memory_note": "" if known == 0.0 else
+                         stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -368,8 +344,7 @@ def fewer_seeds_note(runs: pd.DataFrame) -> str:
 def legend(table: pd.DataFrame) -> str:
     """The summary table's legend: the brackets and words it can show, and only those."""
     several = "runs" in table and (table["runs"] > 1).any()
-    brackets = ("Brackets: the min–max of the seeds' values (3 or fewer seeds) or their IQR (more). " if several
-                else "")
+    brackets = "Brackets: the min–max of the seeds' values (3 or fewer seeds) or their IQR (more). " if several else ""
     keras_static = "framework" in table and any(scaling.cannot_skip(f, p) and precisions.of(p).loss_scaling
                                                 for f, p in zip(table["framework"], table["precision"]))
     scaler = "a mode without a loss scaler" + (", or with Keras' static one," if keras_static else "")
