@@ -121,8 +121,7 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
 
 
 def entries(facts, dtype_facts: dict, underflow_measured: bool) -> list[Entry]:
-    """The glossary's entries for this run's modes, frameworks and device (`dtype_facts`: numerics.op_dtype_facts;
-    `underflow_measured`: whether the Numerics section has a Gradient underflow part)."""
+    """The glossary's entries for what the run had (`dtype_facts`: numerics.op_dtype_facts)."""
     out = []
     if facts.ran(half="float16"):
         out.append(Entry("gl-loss-scaling", "Loss scaling", "Multiplying the loss by a factor S before the backward "

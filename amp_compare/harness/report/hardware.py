@@ -70,8 +70,7 @@ def _base_dtype(runs: pd.DataFrame) -> pd.Series:
 
 
 def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
-    """Adds ceiling_flops, the best ceiling_flops_measured of any cell on the same device in the same dtype, and
-    mfu_measured against it."""
+    """Adds ceiling_flops, the best ceiling_flops_measured per device and dtype, and mfu_measured."""
     runs = runs.copy()
     if "ceiling_dtype" in runs:
         runs["ceiling_dtype"] = runs["ceiling_dtype"].fillna("").astype(str)

@@ -57,8 +57,7 @@ def has_arithmetic(environment: dict, half: str) -> bool:
 
 
 def log_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -> list[str]:
-    """Where the summary has a mixed row: each framework log line about its half-precision path, quoted, with the
-    CPU's AVX-512 and float16-arithmetic flags and any instruction limit of the run beside it, not a reading of it."""
+    """With a mixed row: each framework's log line on kernels, quoted, with the CPU's flags and ISA limit."""
     if not precisions.is_mixed(table["precision"]).any():
         return []
     listed = {f.strip() for f in str(environment.get("cpu_amp_flags") or "").split(",")}
@@ -141,8 +140,7 @@ def calibration_checks(environment: dict) -> list[float]:
 
 
 def machine_note(environment: dict) -> str:
-    """How busy the machine was, in one line, from the calibration checks the run recorded; "" with fewer than two.
-    A note only: no verdict reads it."""
+    """How busy the machine was, from the run's calibration checks ("" under two); no verdict reads it."""
     ms = calibration_checks(environment)
     if len(ms) < 2:
         return ""
@@ -154,9 +152,8 @@ def machine_note(environment: dict) -> str:
                       for c in listed)
         where = " before the cells, between them and after them," if between else " before and after the cells,"
         read = f"read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms"
-    spreads = [float(c["spread"]) for c in listed if isinstance(c, dict) and c.get("spread") is not None] \
-        if isinstance(listed, list) else [float(environment[k]) for k in ("calibration_before_spread",
-                                                                        "calibration_after_spread") if k in environment]
+    old = [{"spread": environment.get(f"calibration_{when}_spread")} for when in ("before", "after")]
+    spreads = [float(c["spread"]) for c in (listed if isinstance(listed, list) else old) if c.get("spread") is not None]
     unsteady = (f"; within a check its rounds varied by up to {max(spreads):.0%} of their median (p10 to p90), more "
                 f"than the {UNSTEADY:.0%} of a steady machine" if spreads and max(spreads) > UNSTEADY else "")
     return (f"How busy the machine was: {len(ms)} calibration checks (a fixed {SIZE}×{SIZE} float32 matmul timed"
@@ -168,18 +165,16 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
     if phases is None or phases.empty:
         return {}
     mine = phases[phases["cell_id"].isin(set(cells["cell_id"]))]
-    by = mine.groupby(["cell_id", "phase"])[["seconds", "cpu_seconds"]].sum()
+    by = mine.groupby(["cell_id", "phase"])[["seconds", "cpu_seconds"]].sum().unstack("phase")
 
-    def median(phase: str, column: str, per_wall: bool = False) -> float:
-        if phase not in by.index.get_level_values("phase"):
+    def median(phase: str, per_wall: bool = False) -> float:
+        if ("seconds", phase) not in by:
             return float("nan")
-        rows = by.xs(phase, level="phase").reindex(mine["cell_id"].unique())
         # a cell that recorded no such phase spent no time in it
-        values = rows[column] / rows["seconds"] if per_wall else rows[column].fillna(0.0)
+        values = by["cpu_seconds"][phase] / by["seconds"][phase] if per_wall else by["seconds"][phase].fillna(0.0)
         return float(values.median())
 
-    return {"cpu": median("training", "cpu_seconds", per_wall=True), "warmup": median("compile/warm-up", "seconds"),
-            "eval": median("evaluation", "seconds")}
+    return {"cpu": median("training", per_wall=True), "warmup": median("compile/warm-up"), "eval": median("evaluation")}
 
 
 def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
@@ -221,8 +216,7 @@ def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
                     phases: pd.DataFrame | None, launcher: dict | None = None,
                     trials: pd.DataFrame | None = None) -> list[str]:
-    """One sentence per row where the training cells' wall-time ratio lies outside the speed trial's interval: the
-    cells' per-seed ratios, how they and the trial ran and their CPU, warm-up and evaluation times."""
+    """A sentence per speed trial whose interval misses the training cells' ratio: how each ran, CPU, warm-up."""
     out = []
     cells, trial = conditions(launcher or {}, runs.get("cfg_threads", pd.Series(dtype=float)).dropna(),
                               trials["threads"].dropna() if trials is not None and "threads" in trials else [])
@@ -250,8 +244,7 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
 
 
 def budget_note(runs: pd.DataFrame, limit_s: float) -> list[str]:
-    """The finished cells the speed budget stopped: which, after how many of their fp32 partners' steps, and what
-    that costs them."""
+    """Which finished cells the speed budget stopped, after how many of fp32's steps, and what it costs."""
     cut = runs[(runs["status"] == "ok") & budgeted(runs)] if not runs.empty else runs
     if cut.empty:
         return []

@@ -16,7 +16,6 @@ from amp_compare.harness.report import memory, scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
 
-GROUP = ["framework", "model", "dataset", "precision"]
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
 
 
@@ -45,7 +44,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Medians over seeds per (machine x) framework x model x dataset x loop x precision, with their spread, and
     ratios to that framework's fp32 (geometric mean of per-seed ratios)."""
     ok = with_loop_columns(ok_runs(runs).copy())
-    group = (["machine"] if "machine" in ok else []) + GROUP[:-1] + LOOP + GROUP[-1:]
+    group = (["machine"] if "machine" in ok else []) + ["framework", "model", "dataset", *LOOP, "precision"]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
                     "speedup_vs_fp32", "speed_min", "speed_max", "accuracy_min", "accuracy_max", "peak_memory_mib",
                     "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3", "skipped_steps",
@@ -93,10 +92,8 @@ def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
     if "step_loop" not in runs:
         runs["step_loop"] = runs["cfg_step"] if "cfg_step" in runs else "plain"
     runs["batch_size"] = runs["cfg_batch_size"] if "cfg_batch_size" in runs else np.nan
-    for col, default in {**dict.fromkeys(PERF_MEDIANS, np.nan), **dict.fromkeys(CEILING_WHY, "")}.items():
-        if col not in runs:
-            runs[col] = default
-    return runs
+    missing = {**dict.fromkeys(PERF_MEDIANS, np.nan), **dict.fromkeys(CEILING_WHY, "")}
+    return runs.assign(**{c: v for c, v in missing.items() if c not in runs})
 
 
 # formatted_summary's hardware-efficiency columns: their own table on the page, in the one table of summary.md.
@@ -134,15 +131,12 @@ def _spread(r, median, name, spec, scale=1.0, suffix=""):
 
 def _hardware_cells(r, data_sheet: bool) -> dict:
     return {
-        "GFLOP/image": _fmt(r.flops_per_image / 1e9, ".3g"),
-        "Achieved TFLOP/s": _fmt(r.achieved_flops / 1e12, ".3g"),
+        "GFLOP/image": _fmt(r.flops_per_image / 1e9, ".3g"), "Achieved TFLOP/s": _fmt(r.achieved_flops / 1e12, ".3g"),
         "Ceiling TFLOP/s (measured)": _fmt(r.ceiling_flops / 1e12, ".3g") + f" {r.ceiling_dtype or ''}".rstrip(),
         "MFU": _fmt(r.mfu_measured * 100, ".1f", "%") + (" ⚠" if r.mfu_measured > 1 else ""),
         **({"MFU (data-sheet ceiling)": _fmt(r.mfu_table * 100, ".1f", "%")} if data_sheet else {}),
-        "Bound": r.bound,
-        "Warm-up steps' extra time (ms)": milliseconds(r.compile_warmup_s),
-        "Timing note": r.timing_note or "—",
-    }
+        "Bound": r.bound, "Warm-up steps' extra time (ms)": milliseconds(r.compile_warmup_s),
+        "Timing note": r.timing_note or "—"}
 
 
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -157,9 +151,7 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
         "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
         "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
         "Val. accuracy": _spread(r, r.val_accuracy, "accuracy", ".1f", 100, "%"),
-        "Skipped steps": _fmt(r.skipped_steps, ".0f"),
-        **_hardware_cells(r, data_sheet),
-    } for r in table.itertuples()])
+        "Skipped steps": _fmt(r.skipped_steps, ".0f"), **_hardware_cells(r, data_sheet)} for r in table.itertuples()])
 
 
 # ---- statistics per group, for the table, the findings and the report's accuracy section -------
@@ -209,8 +201,7 @@ def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
 
 
 def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
-    """Per (framework, precision) of one group: median time to target, seeds reaching it and a mixed
-    precision's ratio to fp32's over the seeds where both reached it."""
+    """Per (framework, precision): median time to target, seeds reaching it and the ratio to fp32's."""
     per_cell = {c: stats.time_to_accuracy(epochs[epochs["cell_id"] == c], target) if np.isfinite(target)
                 else float("nan") for c in group["cell_id"]}
     out = {}
@@ -229,16 +220,14 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
     return out
 
 
-TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "ttt_ratio", "ttt_low", "ttt_high"]
-
-
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (machine x) model x dataset x framework x precision, in the summary table's order: the paired test
     against fp32, whether the run was too short to judge, and the time to target with its ratio to fp32's."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok)
-    cols = [*keys, "framework", "precision", *stats.ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
-            "budget_cut", "floor_pp", "floor_seeds"]
+    ids = [*keys, "framework", "precision"]
+    cols = [*ids, *stats.ACC_COLS, "too_short", "target", "target_basis", "time_to_target_s", "reached_seeds",
+            "timed_seeds", "ttt_ratio", "ttt_low", "ttt_high", "budget_cut", "floor_pp", "floor_seeds"]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     tests = stats.accuracy_tests(ok, keys + ["framework"])
@@ -262,9 +251,8 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
                          "target_basis": basis, **time_row, "budget_cut": int(n_cut.get((fw, prec), 0)),
                          "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan, "floor_seeds": len(acc)})
     out = pd.DataFrame(rows)
-    out = out.merge(tests, on=[*keys, "framework", "precision"], how="left") if not tests.empty else out
-    out = out.reindex(columns=cols)
-    return out.sort_values([*keys, "framework", "precision"], key=display_order).reset_index(drop=True)
+    out = out.merge(tests, on=ids, how="left") if not tests.empty else out
+    return out.reindex(columns=cols).sort_values(ids, key=display_order).reset_index(drop=True)
 
 
 def _log_ratio(a: float, b: float) -> float:
@@ -331,8 +319,7 @@ def fewer_seeds_note(runs: pd.DataFrame) -> str:
     devices = set(ok.get("cfg_device", pd.Series(dtype=str)).dropna()) if not ok.empty else set()
     if len(devices) != 1:
         return ""
-    device = next(iter(devices))
-    seeds = set(ok["seed"])
+    (device,), seeds = devices, set(ok["seed"])
     fewer = [(m, s) for m, s in DEFAULT_MODEL_SEEDS.get(device, {}).items()
              if set(ok.loc[ok["model"] == m, "seed"]) == set(s) and len(seeds) > len(s)]
     said = "; ".join(f"the {m} ran seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))} only" for m, s in fewer)
