@@ -1,6 +1,5 @@
-"""The Glossary section and the page's abbreviations, generated from the run: entries only for what it had
-(wording.RunFacts), each defining its term and pointing at the section that shows this run's evidence; each
-abbreviation written out at its first use (`expand_first_use`)."""
+"""The Glossary section, with entries only for what the run had, and the page's abbreviations, each written out at
+its first use (`expand_first_use`)."""
 
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ ABBREVIATIONS = {
 }
 # a first use inside a parenthesis reads as a word that explains itself rather than a nested parenthesis
 SHORT = {"p": "p-value"}
-UNIT_WORDS = {"G": "billion", "T": "trillion"}
 SKIP_TAGS = ("style", "title", "code", "pre", "nav", "script", "dt", "table")  # tables: headers and values, not prose
 BLOCK_TAGS = {"p", "li", "div", "td", "th", "dd", "dt", "h1", "h2", "h3", "h4", "h5", "h6", "figcaption", "section",
               "caption", "summary", "details", "ul", "ol", "br", "table", "tr", "figure", "body", "header"}
@@ -46,13 +44,6 @@ class Entry:
     id: str
     term: str
     text: str
-
-
-def _expansion(abbr: str, token: str) -> str:
-    """What `token` (the whole unit token, e.g. "TFLOP/s") stands for: one reading, not every variant's."""
-    if abbr == "GFLOP":
-        return f"{UNIT_WORDS[token[0]]} floating-point operations" + (" per second" if token.endswith("/s") else "")
-    return ABBREVIATIONS[abbr][1]
 
 
 def _depth(text: str, start: int = 0) -> int:
@@ -67,37 +58,36 @@ class _Expander:
     a first use inside a parenthesis is marked instead (HTML <abbr title>, or a self-explaining short form)."""
 
     def __init__(self, markdown: bool):
-        self.markdown, self.found, self.nested, self.depth = markdown, {}, {}, 0
+        self.markdown, self.found, self.nested, self.depth = markdown, set(), {}, 0
 
-    def text(self, part: str, index: int) -> str:
+    def text(self, part: str) -> str:
         for abbr, (pattern, _) in ABBREVIATIONS.items():
             pos = 0
             while abbr not in self.found and (m := re.compile(pattern, re.M).search(part, pos)):
-                part, pos = self._one(abbr, part, m, index)
-        self.depth = _depth(part.rsplit("\n", 1)[-1] if self.markdown and "\n" in part else part,
-                            0 if self.markdown and "\n" in part else self.depth)
+                part, pos = self._one(abbr, part, m)
+        fresh = self.markdown and "\n" in part  # a Markdown line starts at depth 0
+        self.depth = _depth(part.rsplit("\n", 1)[-1]) if fresh else _depth(part, self.depth)
         return part
 
-    def _one(self, abbr: str, part: str, m: re.Match, index: int) -> tuple[str, int]:
+    def _one(self, abbr: str, part: str, m: re.Match) -> tuple[str, int]:
         end = m.end() + len(re.match(r"(?:/[A-Za-z]+)*", part[m.end():]).group())  # the whole unit token
         token = part[m.start():end]
         line_start = part.rfind("\n", 0, m.start()) + 1 if self.markdown else 0
         before = self.depth if not (self.markdown and line_start) else 0
-        expansion = _expansion(abbr, token)
+        expansion = ABBREVIATIONS[abbr][1] if abbr != "GFLOP" else (  # the reading of this token, e.g. "TFLOP/s"
+            f"{'billion' if token[0] == 'G' else 'trillion'} floating-point operations"
+            + (" per second" if token.endswith("/s") else ""))
         if _depth(part[line_start:m.start()], before) == 0:
-            self.found[abbr] = index
+            self.found.add(abbr)
             words = f" ({expansion})" if self.markdown else html.escape(f" ({expansion})", quote=False)
             return part[:end] + words + part[end:], end + len(words)
         if abbr in self.nested:
             return part, end
         self.nested[abbr] = expansion
         shown = SHORT.get(abbr, token)
-        if self.markdown:
-            if abbr in SHORT:
-                self.found[abbr] = index
-            return part[:m.start()] + shown + part[end:], m.start() + len(shown)
-        self.found[abbr] = index
-        marked = f'<abbr title="{html.escape(expansion)}">{shown}</abbr>'
+        if not self.markdown or abbr in SHORT:
+            self.found.add(abbr)
+        marked = shown if self.markdown else f'<abbr title="{html.escape(expansion)}">{shown}</abbr>'
         return part[:m.start()] + marked + part[end:], m.start() + len(marked)
 
 
@@ -122,7 +112,7 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
             continue
         if skipping or not part.strip():
             continue
-        parts[i] = expander.text(part, i)
+        parts[i] = expander.text(part)
     out = "".join(parts)
     late = {a: e for a, e in expander.nested.items() if a not in expander.found}
     if markdown and late:
@@ -131,26 +121,33 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
 
 
 def entries(facts, dtype_facts: dict, underflow_measured: bool) -> list[Entry]:
-    """The glossary's entries for this run's modes, frameworks and device (`dtype_facts`: numerics.op_dtype_facts;
-    `underflow_measured`: whether the Numerics section has a Gradient underflow part)."""
+    """The glossary's entries for what the run had (`dtype_facts`: numerics.op_dtype_facts)."""
     out = []
     if facts.ran(half="float16"):
-        out.append(Entry("gl-loss-scaling", "Loss scaling",
-                         "Multiplying the loss by a factor S before the backward pass, so every gradient is S times "
-                         "larger while it is computed in float16, then dividing the gradients by S before the "
-                         "optimizer uses them. The Loss scaling part of the Numerics section says what it did here."))
+        out.append(Entry("gl-loss-scaling", "Loss scaling", "Multiplying the loss by a factor S before the backward "
+                         "pass, so every gradient is S times larger while it is computed in float16, then dividing the "
+                         "gradients by S before the optimizer uses them. The Loss scaling part of the Numerics section "
+                         "says what it did here."))
     if facts.ran(loss_scaling="dynamic"):
         defaults = "".join(([" PyTorch's GradScaler starts at 2^16 by default."] if facts.torch else []) +
                            ([" Keras' LossScaleOptimizer at 2^15 by default."] if facts.keras else []))
         interval = f"{facts.growth[0]:,} in this run, " if facts.growth else ""
-        out.append(Entry("gl-dynamic-scaling", "Dynamic loss scaling",
-                         "Choosing S automatically: start high (--init-scale), and when any gradient overflows to "
-                         "inf/NaN skip that update and halve S; after a run of clean steps "
-                         f"({interval}--growth-interval) double it.{defaults}"))
+        out.append(Entry("gl-dynamic-scaling", "Dynamic loss scaling", "Choosing S automatically: start high "
+                         "(--init-scale), and when any gradient overflows to inf/NaN skip that update and halve S; "
+                         f"after a run of clean steps ({interval}--growth-interval) double it.{defaults}"))
+    audit = " The Numerics section's dtype audit shows {} here." if dtype_facts.get("precision") else ""
     if facts.torch and facts.halves:
-        out.append(Entry("gl-autocast", "Autocast op lists (PyTorch)", _autocast_text(dtype_facts)))
+        out.append(Entry("gl-autocast", "Autocast op lists (PyTorch)", "torch.autocast decides per operation, from op "
+                         "lists that differ between devices (CPU and CUDA autocast each have their own); this run used "
+                         f"{dtype_facts['device']} autocast. Parameters stay float32 and are cast on the fly."
+                         + audit.format("which ops ran in which dtype")))
     if facts.keras and facts.halves:
-        out.append(Entry("gl-policy", "Dtype policies (Keras)", _policy_text(facts, dtype_facts)))
+        out.append(Entry("gl-policy", "Dtype policies (Keras)", "Keras decides per layer: under "
+                         f"{' or '.join(f'mixed_{h}' for h in sorted(facts.halves))} each layer computes in half "
+                         "precision and keeps float32 variables; a layer given dtype=\"float32\" computes in float32 "
+                         "(Keras' guide recommends it for the output layer, which defaults mode does; aligned mode "
+                         "keeps the output layer in the policy's dtype as torch does). Keras losses compute in float32."
+                         + audit.format("what each layer computed in")))
     if facts.halves:
         out.append(_half_formats(facts, underflow_measured))
     if facts.device == "cuda":
@@ -167,34 +164,14 @@ def abbreviations_html(used: list[str]) -> str:
                    f"{html.escape(ABBREVIATIONS[a][1][1:])}.</dd>\n" for i, a in enumerate(used))
 
 
-def _autocast_text(d: dict) -> str:
-    text = (f"torch.autocast decides per operation, from op lists that differ between devices (CPU and CUDA "
-            f"autocast each have their own); this run used {d['device']} autocast. Parameters stay float32 and are "
-            "cast on the fly.")
-    return text + (" The Numerics section's dtype audit shows which ops ran in which dtype here."
-                   if d.get("precision") else "")
-
-
-def _policy_text(facts, d: dict) -> str:
-    policies = " or ".join(f"mixed_{h}" for h in sorted(facts.halves))
-    text = (f"Keras decides per layer: under {policies} each layer computes in half precision and keeps float32 "
-            "variables; a layer given dtype=\"float32\" computes in float32 (Keras' guide recommends it for the "
-            "output layer, which defaults mode does; aligned mode keeps the output layer in the policy's dtype as "
-            "torch does). Keras losses compute in float32.")
-    return text + (" The Numerics section's dtype audit shows what each layer computed in here."
-                   if d.get("precision") else "")
-
-
 def _half_formats(facts, underflow_measured: bool) -> Entry:
-    both = {"float16", "bfloat16"} <= facts.halves
-    term = "bfloat16 vs float16" if both else next(iter(facts.halves))
+    term = "bfloat16 vs float16" if {"float16", "bfloat16"} <= facts.halves else next(iter(facts.halves))
     text = ""
     if "float16" in facts.halves:
         text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of only "
                  f"±{FP16_MAX:,.0f} down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
                  "Lesson: a gradient below 2^-25, half the smallest subnormal, rounds to zero in float16 (and "
-                 "below 2^-14 loses precision), "
-                 "which loss scaling exists to prevent."
+                 "below 2^-14 loses precision), which loss scaling exists to prevent."
                  + (" The Gradient underflow part of the Numerics section shows what float16 did to this run's "
                     "gradients." if underflow_measured else "") + " ")
     if "bfloat16" in facts.halves:

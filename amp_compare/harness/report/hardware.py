@@ -1,6 +1,5 @@
-"""What the report says of the step loops (--step plain|tuned), the batch-size sweep (--batch-sizes) and the
-host-/compute-bound verdict, with one FLOP/s ceiling per device and dtype that both frameworks' MFU is measured
-against (`with_run_ceiling`, `ceiling_clauses`). Framework-free."""
+"""The host-/compute-bound verdict and the one FLOP/s ceiling per device and dtype that both frameworks' MFU is
+measured against. Framework-free."""
 
 from __future__ import annotations
 
@@ -8,26 +7,10 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract.config import framework_label
-from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION
-from amp_compare.contract.log_words import HALF_FALLBACK
 
 TIMING_GAP = 0.10  # wall-time vs median-step throughput gap the report calls out
 HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to the next: fixed per-step cost
 COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matmul ceiling
-
-
-def log_line_flags(text: str, flags: str) -> str:
-    """Beside a framework's log line that names an instruction set, which AVX-512 and float16-arithmetic flags
-    this CPU lists ("" for any other line), without reading into the line which it meant."""
-    if HALF_FALLBACK not in text:
-        return ""
-    listed = {f.strip() for f in str(flags or "").split(",")}
-    family = (AVX512_FOUNDATION, *ARITHMETIC_FLAGS["float16"])
-    has = [f for f in family if f in listed]
-    lacks = [f for f in family if f not in listed]
-    if not has:
-        return f"beside it, this CPU's flags list none of {', '.join(lacks)}"
-    return f"beside it, this CPU's flags list {', '.join(has)}" + (f" but not {' or '.join(lacks)}" if lacks else "")
 
 
 def _text(table: pd.DataFrame, column: str) -> pd.Series:
@@ -37,36 +20,27 @@ def _text(table: pd.DataFrame, column: str) -> pd.Series:
 
 
 def on_fp32_ceiling(table: pd.DataFrame) -> pd.Series:
-    """Which cells' half format is measured against the fp32 matmul's ceiling for want of its arithmetic here
-    (kit/ceiling.ceiling_choice records it: ceiling_fp32_for set, no ceiling_isa_limit)."""
+    """Which cells' half format is measured against the fp32 ceiling for want of its arithmetic."""
     return (_text(table, "ceiling_fp32_for") != "") & (_text(table, "ceiling_isa_limit") == "")
 
 
 def ceiling_limits(table: pd.DataFrame) -> pd.Series:
-    """Per cell, the variables that kept its half format from the frameworks ("ONEDNN_MAX_CPU_ISA=AVX2"), so that
-    it is measured against the fp32 ceiling; "" where none did."""
+    """Per cell, the variables that kept its half format from the frameworks ("" where none did)."""
     return _text(table, "ceiling_isa_limit")
 
 
 def timing_note(wall: float, median: float) -> str:
     """The wall-time headline against the median-step figure: empty within TIMING_GAP, else what it means."""
-    if not (np.isfinite(wall) and np.isfinite(median) and median > 0):
-        return ""
-    gap = 1 - wall / median
-    if abs(gap) <= TIMING_GAP:
+    if not (np.isfinite(wall) and np.isfinite(median) and median > 0) or abs(gap := 1 - wall / median) <= TIMING_GAP:
         return ""
     if gap > 0:
         return f"wall {gap:.0%} below median step: stalled steps (host syncs, allocator, GC, busy machine)"
     return f"wall {-gap:.0%} above median step: uneven step times (a noisy machine)"
 
 
-MFU_RULE = f"MFU ≥ {COMPUTE_BOUND_MFU:.0%}, no --batch-sizes sweep"
-
-
 def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """host-bound / compute-bound per row from measured numbers, each verdict naming its rule: with a batch-size
-    sweep, host-bound where a larger batch raised throughput by more than HOST_BOUND_GAIN; without one, compute-bound
-    where MFU reaches COMPUTE_BOUND_MFU (at most 100%), else undetermined."""
+    """Per row: host-bound where a larger batch raised throughput by more than HOST_BOUND_GAIN, else compute-bound;
+    without a batch-size sweep, compute-bound where MFU reaches COMPUTE_BOUND_MFU (at most 100%)."""
     out = pd.Series("undetermined (run --batch-sizes)", index=table.index, dtype=object)
     group = [k for k in keys if k != "batch_size" and k in table]
     for _, g in table.groupby(group, sort=False, dropna=False) if group else [(None, table)]:
@@ -77,11 +51,10 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
                 out[i] = "host-bound" if thr[k + 1] / thr[k] > HOST_BOUND_GAIN else "compute-bound"
             elif k > 0 and thr[k - 1] > 0 and thr[k] / thr[k - 1] <= HOST_BOUND_GAIN:
                 out[i] = "compute-bound"  # the largest batch, already past where throughput levelled off
-            elif np.isfinite(row.get("mfu_measured", np.nan)) and row["mfu_measured"] > 1:
-                # faster than the matmul timed as its ceiling: that matmul is not this path's ceiling, so no MFU rule
+            elif np.isfinite(mfu := row.get("mfu_measured", np.nan)) and mfu > 1:
                 out[i] = "undetermined (MFU above 100%: the ceiling is not this path's; run --batch-sizes)"
-            elif np.isfinite(row.get("mfu_measured", np.nan)) and row["mfu_measured"] >= COMPUTE_BOUND_MFU:
-                out[i] = f"compute-bound ({MFU_RULE})"
+            elif np.isfinite(mfu) and mfu >= COMPUTE_BOUND_MFU:
+                out[i] = f"compute-bound (MFU ≥ {COMPUTE_BOUND_MFU:.0%}, no --batch-sizes sweep)"
     return out
 
 
@@ -97,11 +70,10 @@ def _base_dtype(runs: pd.DataFrame) -> pd.Series:
 
 
 def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each cell's MFU against the run's ceiling: the best ceiling_flops_measured of any cell on the same device
-    in the same ceiling dtype. Adds ceiling_flops; recomputes mfu_measured from it."""
+    """Adds ceiling_flops, the best ceiling_flops_measured per device and dtype, and mfu_measured."""
     runs = runs.copy()
     if "ceiling_dtype" in runs:
-        runs["ceiling_dtype"] = runs["ceiling_dtype"].fillna("").astype(str)  # a cell without one prints nothing
+        runs["ceiling_dtype"] = runs["ceiling_dtype"].fillna("").astype(str)
     if "ceiling_flops_measured" not in runs or "ceiling_dtype" not in runs:
         runs["ceiling_flops"] = np.nan
         return runs
@@ -115,7 +87,6 @@ def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _three_digits(value: float) -> str:
-    """Three significant digits, trailing zeros kept (0.190 beside 0.192, not 0.19)."""
     return f"{value:#.3g}".rstrip(".")
 
 
@@ -134,7 +105,6 @@ def ceiling_clauses(runs: pd.DataFrame) -> list[str]:
         own = ", ".join(f"{framework_label(fw)} {_three_digits(f.max() / 1e12)}"
                         for fw, f in g.groupby("framework", sort=False)["ceiling_flops_measured"])
         device = f" on {key[-2]}" if len(key) > 1 and str(key[-2]) not in ("", "cpu") else ""
-        # a cell may reuse an earlier cell's timing (kit/reuse.py): the same value, counted once
         timings = len(g.drop_duplicates(["framework", "ceiling_flops_measured"]))
         made = (f"of the run's {len(g)} timings of a {size}, one per cell" if timings == len(g) else
                 f"of the run's {timings} timing{'s' if timings > 1 else ''} of a {size}, which its cells share")

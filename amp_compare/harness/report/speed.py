@@ -12,14 +12,13 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import framework_label
-from amp_compare.contract.env import BELOW_AVX512, ISA_LIMITED
+from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION, BELOW_AVX512, ISA_LIMITED
 from amp_compare.contract.log_words import HALF_FALLBACK
 from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
-from amp_compare.harness.report.hardware import log_line_flags
 from amp_compare.harness.report.stats import budgeted
 
-# Lines a framework writes to stderr that say which kernels it fell back to: (pattern, half format it is about).
-FALLBACK_LINES = ((re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*"), "float16"),)
+# The line a framework writes to stderr that says which kernels it fell back to (for float16).
+FALLBACK_LINE = re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*")
 
 
 @dataclass(frozen=True)
@@ -33,76 +32,62 @@ class LogLine:
 
 
 def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
-    """Each distinct FALLBACK_LINES match per framework and precision, from the finished cells' stderr.log."""
-    out: dict[tuple, LogLine] = {}
-    ok = runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
-    for r in ok.itertuples():
+    """Each distinct FALLBACK_LINE per framework and precision, from the finished cells' stderr.log."""
+    lines = []
+    for r in (runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]).itertuples():
         path = Path(run_dir) / "cells" / str(r.cell_id) / "stderr.log"
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        for pattern, half in FALLBACK_LINES:
-            match = pattern.search(text)
-            if match:
-                key = (r.framework, r.precision, match.group(0))
-                out.setdefault(key, LogLine(r.framework, r.precision, half, " ".join(match.group(0).split())))
-    return list(out.values())
+        if path.is_file() and (match := FALLBACK_LINE.search(path.read_text(errors="replace"))):
+            lines.append(LogLine(r.framework, r.precision, "float16", " ".join(match.group(0).split())))
+    return list(dict.fromkeys(lines))
 
 
 def isa_limit(environment: dict) -> str:
-    """What the run did where it set the variables of contract/env.py ISA_LIMIT_VARS (recorded as cpu_isa_limits),
-    else ""."""
+    """What the run did where it set contract/env.py's ISA_LIMIT_VARS (recorded as cpu_isa_limits), else ""."""
     limits = str(environment.get("cpu_isa_limits") or "")
     if not limits:
         return ""
     pairs = [part.split("=", 1) for part in limits.split(", ")]
     libraries = " and ".join(dict.fromkeys(ISA_LIMITED.get(name, name) for name, _ in pairs))
-    if all(value.upper() in BELOW_AVX512.get(name, ()) for name, value in pairs):
-        return f"kept {libraries} from AVX-512 ({limits})"
-    return f"kept {libraries} from some of the CPU's instructions ({limits})"
+    below = all(value.upper() in BELOW_AVX512.get(name, ()) for name, value in pairs)
+    return f"kept {libraries} from " + ("AVX-512" if below else "some of the CPU's instructions") + f" ({limits})"
 
 
 def has_arithmetic(environment: dict, half: str) -> bool:
-    key = {"bfloat16": "cpu_bf16_hardware", "float16": "cpu_fp16_hardware"}[half]
-    return bool(environment.get(key))
+    return bool(environment.get({"bfloat16": "cpu_bf16_hardware", "float16": "cpu_fp16_hardware"}[half]))
 
 
 def log_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -> list[str]:
-    """Where the summary has a mixed row: each framework log line about its half-precision path, quoted, with the
-    CPU's flags and any instruction limit of the run beside it, not a reading of it."""
+    """With a mixed row: each framework's log line on kernels, quoted, with the CPU's flags and ISA limit."""
     if not precisions.is_mixed(table["precision"]).any():
         return []
+    listed = {f.strip() for f in str(environment.get("cpu_amp_flags") or "").split(",")}
+    family = (AVX512_FOUNDATION, *ARITHMETIC_FLAGS["float16"])
+    has, lacks = [f for f in family if f in listed], [f for f in family if f not in listed]
+    said = ", ".join(has) + (f" but not {' or '.join(lacks)}" if lacks else "")
+    flags = f"; beside it, this CPU's flags list {said if has else 'none of ' + ', '.join(lacks)}"
     did = isa_limit(environment)
-    out = []
-    for line in logs:
-        flags = log_line_flags(line.text, environment.get("cpu_amp_flags", ""))
-        limit = f"; and this run {did}: the line does not say which of the two made it fall back" if did else ""
-        out.append(f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own "
-                   "record of the path it took)" + (f"; {flags}{limit}." if flags else f"{limit}."))
-    return out
+    limit = f"; and this run {did}: the line does not say which of the two made it fall back" if did else ""
+    return [f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own record of "
+            f"the path it took){flags if HALF_FALLBACK in line.text else ''}{limit}." for line in logs]
 
 
 def timing_paragraph(warmup: int, cells: str = "") -> str:
-    """The Speed section's paragraph on the training cells' throughput figures and how the table relates them;
-    `cells`: how the cells ran (conditions)."""
+    """The Speed section's paragraph on how the training cells' throughput is measured (`cells`: how they ran)."""
     return (f"The training cells' throughput (what their training took{f', {cells}' if cells else ''}; not the speed "
-            f"verdicts, which are the trials' above) is the "
-            f"images of the timed steps divided by their wall time, with the first "
-            f"{warmup} steps excluded as warm-up, stalls and host syncs included (a whole epoch, warm-up included, is "
-            "the epoch-time column); training "
-            "is timed apart from validation, process start and imports. The median-step figure (batch size over the "
-            "p50, the median, step time) is shown beside it: a gap of more than 10% between them is called out in "
-            "the hardware table's timing note (stalled steps, syncs, or a noisy machine). Throughput from epoch "
-            "time divides all images by the whole training time, the warm-up steps included; the column beside it "
-            "says, per row, whether it came out lower or higher than the median-step figure and by how much. "
-            "\"First step's extra time\" is the first step's time beyond the median step (ms).")
+            "verdicts, which are the trials' above) is the images of the timed steps divided by their wall time, with "
+            f"the first {warmup} steps excluded as warm-up, stalls and host syncs included (a whole epoch, warm-up "
+            "included, is the epoch-time column); training is timed apart from validation, process start and imports. "
+            "The median-step figure (batch size over the p50, the median, step time) is shown beside it: a gap of "
+            "more than 10% between them is called out in the hardware table's timing note (stalled steps, syncs, or a "
+            "noisy machine). Throughput from epoch time divides all images by the whole training time, the warm-up "
+            "steps included; the column beside it says, per row, whether it came out lower or higher than the "
+            "median-step figure and by how much. \"First step's extra time\" is the first step's time beyond the "
+            "median step (ms).")
 
 
 def hardware_paragraph(emulated: bool, limited: bool = False, ceilings: tuple[str, ...] = ()) -> str:
-    """The Hardware efficiency table's paragraph (`emulated`: some cell is measured against the fp32 ceiling for
-    want of its format's arithmetic; `limited`: because the run kept the frameworks from its instructions;
-    `ceilings`: the run's ceilings, hardware.ceiling_clauses)."""
+    """The Hardware efficiency table's paragraph: which cells are measured against the fp32 ceiling, for want of
+    their format's arithmetic (`emulated`) or under an instruction limit (`limited`), and the run's `ceilings`."""
     text = ("Per cell: the median-step throughput beside the headline's wall-time one, training FLOPs per image "
             "(counted once from the layer shapes both frameworks share), the FLOP/s achieved over the timed steps' "
             "wall time, and MFU: that rate over the run's one FLOP/s ceiling per device and dtype, the best matmul "
@@ -117,10 +102,9 @@ def hardware_paragraph(emulated: bool, limited: bool = False, ceilings: tuple[st
              "marks a wall-time figure more than 10% from the median-step one.")
     if emulated:
         text += (" Where the CPU's flags list no arithmetic for a half format, that format's cells are measured "
-                 "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because "
-                 "this CPU has no arithmetic in that format: a matmul in that format would time its conversions to "
-                 "float32, not a ceiling, so none is timed. The "
-                 "mark says which ceiling was used, not which kernels the cells ran.")
+                 "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because this CPU has no "
+                 "arithmetic in that format: a matmul in that format would time its conversions to float32, not a "
+                 "ceiling, so none is timed. The mark says which ceiling was used, not which kernels the cells ran.")
     if limited:
         text += (" Where the run kept oneDNN or PyTorch's own kernels from a half format's instructions (marked "
                  "\"… arithmetic limited by\" and the variables that did it), that format's cells are measured "
@@ -148,8 +132,7 @@ def milliseconds(seconds: float) -> str:
 
 
 def calibration_checks(environment: dict) -> list[float]:
-    """The run's calibration checks in ms, in time order (harness/run/calibrate.py: before the matrix and after each
-    cell); an older record's before/after pair."""
+    """The run's calibration checks in ms, in time order (an older record's before/after pair)."""
     listed = environment.get("calibrations")
     if isinstance(listed, list) and listed:
         return [float(c["ms"]) for c in listed if isinstance(c, dict) and c.get("ms")]
@@ -157,23 +140,20 @@ def calibration_checks(environment: dict) -> list[float]:
 
 
 def machine_note(environment: dict) -> str:
-    """How busy the machine was, in one line, from the calibration checks the run recorded (when each ran: before
-    the cells, between them where they ran one after another, after them); "" with fewer than two. A note only: no
-    verdict reads it (speed is the speed trials')."""
+    """How busy the machine was, from the run's calibration checks ("" under two); no verdict reads it."""
     ms = calibration_checks(environment)
     if len(ms) < 2:
         return ""
     listed = environment.get("calibrations")
-    between = isinstance(listed, list) and any(str(c.get("when", "")).startswith("after ") and
-                                               c.get("when") != "after the matrix" for c in listed)
-    where = "before the cells, between them and after them" if between else "before and after the cells"
     if len(ms) == 2:  # in order: a median of two would hide which way it went
         where, read = "", f"read {ms[0]:.1f} ms before the cells and {ms[1]:.1f} ms after them"
-    else:
-        where, read = f" {where},", f"read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms"
-    spreads = [float(c["spread"]) for c in listed if isinstance(c, dict) and c.get("spread") is not None] \
-        if isinstance(listed, list) else [float(environment[k]) for k in ("calibration_before_spread",
-                                                                        "calibration_after_spread") if k in environment]
+    else:  # only a list of checks has more than two
+        between = any(str(c.get("when", "")).startswith("after ") and c.get("when") != "after the matrix"
+                      for c in listed)
+        where = " before the cells, between them and after them," if between else " before and after the cells,"
+        read = f"read {min(ms):.1f}–{max(ms):.1f} ms, median {float(np.median(ms)):.1f} ms"
+    old = [{"spread": environment.get(f"calibration_{when}_spread")} for when in ("before", "after")]
+    spreads = [float(c["spread"]) for c in (listed if isinstance(listed, list) else old) if c.get("spread") is not None]
     unsteady = (f"; within a check its rounds varied by up to {max(spreads):.0%} of their median (p10 to p90), more "
                 f"than the {UNSTEADY:.0%} of a steady machine" if spreads and max(spreads) > UNSTEADY else "")
     return (f"How busy the machine was: {len(ms)} calibration checks (a fixed {SIZE}×{SIZE} float32 matmul timed"
@@ -181,37 +161,30 @@ def machine_note(environment: dict) -> str:
 
 
 def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
-    """Median over a (framework, precision)'s cells of: CPU-seconds per wall second in training, and the seconds of
-    tracing/warm-up and of evaluation (kit/phases.py's phases)."""
+    """Medians over the cells of: CPU-seconds per wall second in training, and seconds of warm-up and evaluation."""
     if phases is None or phases.empty:
         return {}
     mine = phases[phases["cell_id"].isin(set(cells["cell_id"]))]
-    by = mine.groupby(["cell_id", "phase"])[["seconds", "cpu_seconds"]].sum()
+    by = mine.groupby(["cell_id", "phase"])[["seconds", "cpu_seconds"]].sum().unstack("phase")
 
-    def median(phase: str, column: str, per_wall: bool = False) -> float:
-        if phase not in by.index.get_level_values("phase"):
+    def median(phase: str, per_wall: bool = False) -> float:
+        if ("seconds", phase) not in by:
             return float("nan")
-        rows = by.xs(phase, level="phase").reindex(mine["cell_id"].unique())
-        # a cell that recorded no such phase spent no time in it: a median over every cell, not over those that did
-        values = rows[column] / rows["seconds"] if per_wall else rows[column].fillna(0.0)
+        # a cell that recorded no such phase spent no time in it
+        values = by["cpu_seconds"][phase] / by["seconds"][phase] if per_wall else by["seconds"][phase].fillna(0.0)
         return float(values.median())
 
-    return {"cpu": median("training", "cpu_seconds", per_wall=True), "warmup": median("compile/warm-up", "seconds"),
-            "eval": median("evaluation", "seconds")}
+    return {"cpu": median("training", per_wall=True), "warmup": median("compile/warm-up"), "eval": median("evaluation")}
 
 
 def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
-    """How the training cells ran and how the speed trials did, in a few words each, from the manifest's launcher and
-    the threads each recorded: ("up to 2 at once, 1 thread each", "no cell beside them, 2 threads"); ("", "") for a
-    submitit run. The trials ran after the cells, with none of the run's cells beside them; whether other work
-    shared the machine is what their contended blocks say."""
+    """How the training cells ran and how the speed trials did, from the launcher and the threads each recorded:
+    ("up to 2 at once, 1 thread each", "no cell beside them, 2 threads"); ("", "") for a submitit run."""
     if launcher.get("launcher") == "submitit":
         return "", ""
-    cell_threads, trial_threads = list(cell_threads), list(trial_threads)
-    parallel, cells = int(launcher.get("parallel") or 1), threads_text(cell_threads)
-    ran = f"up to {parallel} at once" if parallel > 1 else "one after another"
-    return (f"{ran}{f', {cells} each' if cells else ''}",
-            "no cell beside them" + (f", {threads_text(trial_threads)}" if trial_threads else ""))
+    cells, trials = threads_text(cell_threads), threads_text(trial_threads)
+    ran = f"up to {n} at once" if (n := int(launcher.get("parallel") or 1)) > 1 else "one after another"
+    return f"{ran}{f', {cells} each' if cells else ''}", "no cell beside them" + (f", {trials}" if trials else "")
 
 
 def manifest_conditions(manifest: dict) -> tuple[str, str]:
@@ -222,9 +195,7 @@ def manifest_conditions(manifest: dict) -> tuple[str, str]:
 
 
 def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
-    """The Speed section's table of the speed trials (every speed verdict rests on one row): per trial x mixed
-    precision, the ratio with its interval and verdict, the rounds, the contended blocks, the median step times and
-    the threads the trial ran with. Empty without trials."""
+    """The Speed section's table of the speed trials, one row per trial x mixed precision; empty without trials."""
     if trials is None or trials.empty or "threads" not in trials:
         return pd.DataFrame()
     from amp_compare.harness.report.phrases import ratio
@@ -245,9 +216,7 @@ def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
                     phases: pd.DataFrame | None, launcher: dict | None = None,
                     trials: pd.DataFrame | None = None) -> list[str]:
-    """One sentence per row where the training cells' wall-time ratio lies outside the speed trial's interval:
-    the cells' per-seed ratios, how they and the trial ran (conditions: threads first) and their CPU, tracing and
-    evaluation times."""
+    """A sentence per speed trial whose interval misses the training cells' ratio: how each ran, CPU, warm-up."""
     out = []
     cells, trial = conditions(launcher or {}, runs.get("cfg_threads", pd.Series(dtype=float)).dropna(),
                               trials["threads"].dropna() if trials is not None and "threads" in trials else [])
@@ -275,8 +244,7 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
 
 
 def budget_note(runs: pd.DataFrame, limit_s: float) -> list[str]:
-    """The finished cells the speed budget stopped (kit/training.py SpeedBudget): which, after how many of the steps
-    their fp32 partners ran, and what that costs them."""
+    """Which finished cells the speed budget stopped, after how many of fp32's steps, and what it costs."""
     cut = runs[(runs["status"] == "ok") & budgeted(runs)] if not runs.empty else runs
     if cut.empty:
         return []
@@ -288,6 +256,5 @@ def budget_note(runs: pd.DataFrame, limit_s: float) -> list[str]:
         + (f" of {int(planned[(f, m)])}" if (f, m) in planned else "") + " steps)"
         for (f, m, p), g in cut.groupby(["framework", "model", "precision"], sort=False))
     return [f"The speed budget stopped {len(cut)} cell{'s' * (len(cut) != 1)}: {said}. Their first steps projected "
-            f"more than the {limit_s:g} s cell budget; their precision's accuracy, memory and time to target "
-            "are compared with nothing "
-            "(their speed comes from the speed trials); --no-speed-budget runs them in full."]
+            f"more than the {limit_s:g} s cell budget; their precision's accuracy, memory and time to target are "
+            "compared with nothing (their speed comes from the speed trials); --no-speed-budget runs them in full."]

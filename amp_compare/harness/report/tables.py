@@ -16,7 +16,6 @@ from amp_compare.harness.report import memory, scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
 
-GROUP = ["framework", "model", "dataset", "precision"]
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
 
 
@@ -31,10 +30,8 @@ def _spread_of(column: str, name: str, median: str | None = None) -> dict:
             f"{name}_max": (column, "max")}
 
 
-
 def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.ndarray:
-    """log(value / that of the same framework's fp32 cell of the same seed, loop and batch size) per row: the
-    per-seed ratio every ratio of the report is built from (NaN without a positive pair)."""
+    """Per row, log(value / that of its fp32 cell of the same seed and base_keys); NaN without a positive pair."""
     keys = base_keys + ["seed"]
     fp32 = ok.loc[precisions.is_reference(ok["precision"]), keys + [column]].drop_duplicates(keys)
     merged = ok[keys].merge(fp32, on=keys, how="left")  # a left merge keeps ok's rows in order; NaN keys match
@@ -44,21 +41,18 @@ def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Medians over seeds per (machine x) framework x model x dataset x precision, with interquartile ranges, and
+    """Medians over seeds per (machine x) framework x model x dataset x loop x precision, with their spread, and
     ratios to that framework's fp32 (geometric mean of per-seed ratios)."""
     ok = with_loop_columns(ok_runs(runs).copy())
-    group = (["machine"] if "machine" in ok else []) + GROUP[:-1] + LOOP + GROUP[-1:]
+    group = (["machine"] if "machine" in ok else []) + ["framework", "model", "dataset", *LOOP, "precision"]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
-                    "speedup_vs_fp32", "speed_min", "speed_max", "accuracy_min", "accuracy_max",
-                    "peak_memory_mib", "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3",
-                    "skipped_steps", "budget_cut",
-                    *PERF_COLS]
+                    "speedup_vs_fp32", "speed_min", "speed_max", "accuracy_min", "accuracy_max", "peak_memory_mib",
+                    "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3", "skipped_steps",
+                    "budget_cut", *PERF_COLS]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     base_keys = [c for c in group if c != "precision"]
-    # a cell the speed budget stopped ended after a few dozen steps: neither its accuracy nor its peak memory (which
-    # grows over a run) is the run's, so a row with such a cell has neither (n/a here; the per-model tables say why),
-    # not a median over the seeds that ran in full beside a count of every seed
+    # a row with a cell the speed budget stopped has neither accuracy nor peak memory (n/a)
     ok["budget_cut"] = stats.budgeted(ok)
     cut = stats.cut_groups(ok, group)
     ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~cut)
@@ -66,27 +60,19 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok["log_memory"] = np.where(cut, np.nan, paired_log_ratio(ok, "peak_memory_bytes", base_keys))
     ok["peak_memory_bytes"] = ok["peak_memory_bytes"].where(~cut)
     agg = ok.groupby(group, sort=False, dropna=False).agg(
-        runs=("seed", "size"),
-        **_spread_of("throughput_img_s", "throughput"),
+        runs=("seed", "size"), **_spread_of("throughput_img_s", "throughput"),
         **_spread_of("final_val_accuracy", "accuracy", median="val_accuracy"),
-        log_speed=("log_speed", "mean"),
-        log_speed_min=("log_speed", "min"),
-        log_speed_max=("log_speed", "max"),
-        peak_memory_bytes=("peak_memory_bytes", "median"),
-        log_memory=("log_memory", "mean"),
-        skipped_steps=("skipped_steps", "median"),
-        budget_cut=("budget_cut", "sum"),
-        **{c: (c, "median") for c in PERF_MEDIANS},
-        **{c: (c, "first") for c in CEILING_WHY},
-    ).reset_index()
+        log_speed=("log_speed", "mean"), log_speed_min=("log_speed", "min"), log_speed_max=("log_speed", "max"),
+        peak_memory_bytes=("peak_memory_bytes", "median"), log_memory=("log_memory", "mean"),
+        skipped_steps=("skipped_steps", "median"), budget_cut=("budget_cut", "sum"),
+        **{c: (c, "median") for c in PERF_MEDIANS}, **{c: (c, "first") for c in CEILING_WHY}).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / memory.MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
     agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
     agg["memory_change_vs_fp32"] = np.expm1(agg["log_memory"])
     # a mode that cannot skip a step (no loss scaler, Keras' static one): n/a, not 0
     agg.loc[[scaling.cannot_skip(f, p) for f, p in zip(agg["framework"], agg["precision"])], "skipped_steps"] = np.nan
-    agg["timing_note"] = [timing_note(w, m) for w, m in zip(agg["throughput_img_s"],
-                                                             agg["median_step_throughput_img_s"])]
+    agg["timing_note"] = list(map(timing_note, agg["throughput_img_s"], agg["median_step_throughput_img_s"]))
     agg["bound"] = bound_verdicts(agg, group)
     agg = agg.sort_values([*group[:-6], "model", "dataset", "step_loop", "batch_size", "framework", "precision"],
                           key=display_order)
@@ -101,16 +87,13 @@ PERF_COLS = [*PERF_MEDIANS, *CEILING_WHY, "timing_note", "bound"]
 
 
 def with_loop_columns(runs: pd.DataFrame) -> pd.DataFrame:
-    """step_loop and batch_size columns, the performance columns (MFU against the run's ceiling) and today's
-    column names, on runs recorded before them too."""
+    """Runs with today's column names, step_loop, batch_size and the performance columns, older records too."""
     runs = with_run_ceiling(records.migrate(runs))
     if "step_loop" not in runs:
         runs["step_loop"] = runs["cfg_step"] if "cfg_step" in runs else "plain"
     runs["batch_size"] = runs["cfg_batch_size"] if "cfg_batch_size" in runs else np.nan
-    for col, default in {**dict.fromkeys(PERF_MEDIANS, np.nan), **dict.fromkeys(CEILING_WHY, "")}.items():
-        if col not in runs:
-            runs[col] = default
-    return runs
+    missing = {**dict.fromkeys(PERF_MEDIANS, np.nan), **dict.fromkeys(CEILING_WHY, "")}
+    return runs.assign(**{c: v for c, v in missing.items() if c not in runs})
 
 
 # formatted_summary's hardware-efficiency columns: their own table on the page, in the one table of summary.md.
@@ -120,10 +103,8 @@ IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch",
 
 
 def split_summary(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The formatted summary as (the summary table, the hardware-efficiency table, the loop text): both tables
-    with the identity columns, less Step and Batch where every row has the same one (the loop text names it)."""
-    # the page's Speed timing table gives the median-step throughput ("Images/s from p50"); summary.md, without
-    # that table, keeps it
+    """The formatted summary as (the summary table, the hardware-efficiency table, the loop text), less Step and
+    Batch where every row has the same one (the loop text names it) and the median-step throughput."""
     hardware = [c for c in HARDWARE_COLUMNS if c in summary]
     constant = [c for c in ("Step", "Batch") if c in summary and summary[c].nunique() == 1]
     loop = {"Step": "{} step loop", "Batch": "batch size {}"}
@@ -138,12 +119,11 @@ def _fmt(value, spec, suffix=""):
     return "n/a" if value is None or not np.isfinite(value) else f"{value:{spec}}{suffix}"
 
 
-def _spread(r, median, q1, q3, spec, scale=1.0, suffix="", lo=np.nan, hi=np.nan):
-    """A median with its spread where there are several runs, the bracket saying which: the values' min–max for
-    up to 3 runs (an interquartile range of 3 values says little), the IQR above."""
-    text = _fmt(median * scale, spec, suffix)
+def _spread(r, median, name, spec, scale=1.0, suffix=""):
+    """A median with its spread (r's `name`_min etc.) over several runs: the min–max up to 3 runs, the IQR above."""
+    text, lo, hi = _fmt(median * scale, spec, suffix), getattr(r, f"{name}_min"), getattr(r, f"{name}_max")
     few = r.runs <= 3 and np.isfinite(lo) and np.isfinite(hi)
-    lo, hi, kind = (lo, hi, "min–max") if few else (q1, q3, "IQR")
+    lo, hi, kind = (lo, hi, "min–max") if few else (getattr(r, f"{name}_q1"), getattr(r, f"{name}_q3"), "IQR")
     if r.runs > 1 and np.isfinite(lo) and np.isfinite(hi):
         text += f" [{kind} {lo * scale:{spec}}–{hi * scale:{spec}}]"
     return text
@@ -151,42 +131,33 @@ def _spread(r, median, q1, q3, spec, scale=1.0, suffix="", lo=np.nan, hi=np.nan)
 
 def _hardware_cells(r, data_sheet: bool) -> dict:
     return {
-        "GFLOP/image": _fmt(r.flops_per_image / 1e9, ".3g"),
-        "Achieved TFLOP/s": _fmt(r.achieved_flops / 1e12, ".3g"),
+        "GFLOP/image": _fmt(r.flops_per_image / 1e9, ".3g"), "Achieved TFLOP/s": _fmt(r.achieved_flops / 1e12, ".3g"),
         "Ceiling TFLOP/s (measured)": _fmt(r.ceiling_flops / 1e12, ".3g") + f" {r.ceiling_dtype or ''}".rstrip(),
         "MFU": _fmt(r.mfu_measured * 100, ".1f", "%") + (" ⚠" if r.mfu_measured > 1 else ""),
         **({"MFU (data-sheet ceiling)": _fmt(r.mfu_table * 100, ".1f", "%")} if data_sheet else {}),
-        "Bound": r.bound,
-        "Warm-up steps' extra time (ms)": milliseconds(r.compile_warmup_s),
-        "Timing note": r.timing_note or "—",
-    }
+        "Bound": r.bound, "Warm-up steps' extra time (ms)": milliseconds(r.compile_warmup_s),
+        "Timing note": r.timing_note or "—"}
 
 
 def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """The summary table as display strings (HTML and Markdown): what each precision's training cells measured.
-    Each comparison with fp32 is a verdict (verdicts.py), worded in the per-model tables, not here."""
+    """The summary table as display strings (HTML and Markdown): what each precision's training cells measured."""
     multi = "machine" in table and table["machine"].nunique() > 1
     data_sheet = bool(table["mfu_table"].notna().any()) if "mfu_table" in table else False
     return pd.DataFrame([{
         **({"Machine": r.machine} if multi else {}),
         "Framework": _label(r.framework), "Model": r.model, "Dataset": r.dataset, "Step": r.step_loop,
         "Batch": _fmt(r.batch_size, ".0f"), "Precision": r.precision, "Runs": str(r.runs),
-        "Images/s": _spread(r, r.throughput_img_s, r.throughput_q1, r.throughput_q3, ",.0f",
-                            lo=r.throughput_min, hi=r.throughput_max),
+        "Images/s": _spread(r, r.throughput_img_s, "throughput", ",.0f"),
         "Images/s (median step)": _fmt(r.median_step_throughput_img_s, ",.0f"),
         "Peak memory (MiB)": _fmt(r.peak_memory_mib, ",.1f"),
-        "Val. accuracy": _spread(r, r.val_accuracy, r.accuracy_q1, r.accuracy_q3, ".1f", 100, "%",
-                                 lo=r.accuracy_min, hi=r.accuracy_max),
-        "Skipped steps": _fmt(r.skipped_steps, ".0f"),
-        **_hardware_cells(r, data_sheet),
-    } for r in table.itertuples()])
+        "Val. accuracy": _spread(r, r.val_accuracy, "accuracy", ".1f", 100, "%"),
+        "Skipped steps": _fmt(r.skipped_steps, ".0f"), **_hardware_cells(r, data_sheet)} for r in table.itertuples()])
 
 
 # ---- statistics per group, for the table, the findings and the report's accuracy section -------
 
 def _keys(runs: pd.DataFrame) -> list[str]:
-    """The identity of a comparison group: (machine,) model, dataset and, where recorded, the step loop and
-    batch size (a fp32 cell is compared with the mixed cells of the same loop and batch size only)."""
+    """The identity of a comparison group: (machine,) model, dataset and, where recorded, step loop and batch size."""
     return (["machine"] if "machine" in runs else []) + ["model", "dataset"] + [k for k in LOOP if k in runs]
 
 
@@ -196,8 +167,7 @@ def varying_keys(table: pd.DataFrame) -> set:
 
 
 def named_machines(table: pd.DataFrame) -> set:
-    """(model, dataset) pairs that ran on more than one machine (run folder): only their sentences need to
-    name the machine."""
+    """(model, dataset) pairs that ran on more than one machine: only their sentences need to name it."""
     if "machine" not in table or table.empty:
         return set()
     n = table.groupby(["model", "dataset"])["machine"].nunique()
@@ -206,14 +176,11 @@ def named_machines(table: pd.DataFrame) -> set:
 
 def group_label(key: dict, multi_machine: set, varying: set = frozenset()) -> str:
     """A group's name in sentences: model on dataset, the loop keys that vary, the machine where it must be named."""
-    text = f"{key['model']} on {key['dataset']}"
-    if "step_loop" in varying and "step_loop" in key:
-        text += f", {key['step_loop']} step"
-    if "batch_size" in varying and "batch_size" in key:
-        text += f", batch {key['batch_size']:.0f}"
+    said = {"step_loop": ", {} step", "batch_size": ", batch {:.0f}"}
+    text = f"{key['model']} on {key['dataset']}" + "".join(
+        w.format(key[k]) for k, w in said.items() if k in varying and k in key)
     named = "machine" in key and (key["model"], key["dataset"]) in multi_machine
     return text + (f" ({key['machine']})" if named else "")
-
 
 
 def seeds_text(n: int) -> str:
@@ -234,23 +201,18 @@ def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
 
 
 def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
-    """Per (framework, precision) of one group: median time to target, seeds reaching it and a mixed
-    precision's ratio to fp32's (ratio_interval over the seeds where both reached it)."""
-    by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
-    empty = epochs.iloc[0:0]
-    per_cell = {c: stats.time_to_accuracy(by_cell.get(c, empty), target) if np.isfinite(target) else float("nan")
-                for c in group["cell_id"]}
+    """Per (framework, precision): median time to target, seeds reaching it and the ratio to fp32's."""
+    per_cell = {c: stats.time_to_accuracy(epochs[epochs["cell_id"] == c], target) if np.isfinite(target)
+                else float("nan") for c in group["cell_id"]}
     out = {}
     for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):
         times = [per_cell[c] for c in cells["cell_id"] if not np.isnan(per_cell[c])]
-        finite = [t for t in times if np.isfinite(t)]
         row = {"time_to_target_s": float(np.median(times)) if times else float("nan"),
-               "reached_seeds": len(finite), "timed_seeds": len(times)}
+               "reached_seeds": int(np.isfinite(times).sum()), "timed_seeds": len(times)}
         fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
         fp32_time = {r.seed: per_cell[r.cell_id] for r in fp32.itertuples()}
-        logs = [np.log(per_cell[r.cell_id] / fp32_time[r.seed]) for r in cells.itertuples()
-                if np.isfinite(fp32_time.get(r.seed, np.nan)) and np.isfinite(per_cell[r.cell_id])
-                and fp32_time[r.seed] > 0 and per_cell[r.cell_id] > 0]
+        logs = [x for r in cells.itertuples() if np.isfinite(x := _log_ratio(fp32_time.get(r.seed, np.nan),
+                                                                               per_cell[r.cell_id]))]
         if precisions.is_mixed(prec) and logs:
             res = stats.ratio_interval(logs)
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
@@ -258,18 +220,16 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
     return out
 
 
-TIME_COLS = ["time_to_target_s", "reached_seeds", "timed_seeds", "ttt_ratio", "ttt_low", "ttt_high"]
-
-
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (machine x) model x dataset x framework x precision, in the summary table's order: the paired test
     against fp32, whether the run was too short to judge, and the time to target with its ratio to fp32's."""
     ok = with_loop_columns(ok_runs(runs).copy())
-    cols = [*_keys(ok), "framework", "precision", *stats.ACC_COLS, "too_short", "target", "target_basis", *TIME_COLS,
-            "budget_cut", "floor_pp", "floor_seeds"]
+    keys = _keys(ok)
+    ids = [*keys, "framework", "precision"]
+    cols = [*ids, *stats.ACC_COLS, "too_short", "target", "target_basis", "time_to_target_s", "reached_seeds",
+            "timed_seeds", "ttt_ratio", "ttt_low", "ttt_high", "budget_cut", "floor_pp", "floor_seeds"]
     if ok.empty:
         return pd.DataFrame(columns=cols)
-    keys = _keys(ok)
     tests = stats.accuracy_tests(ok, keys + ["framework"])
     epochs = epochs if epochs is not None and not epochs.empty else pd.DataFrame(columns=["cell_id"])
     epochs = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]
@@ -284,31 +244,15 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
                          else (float("nan"), ""))
         times = _time_rows(group[~cut], epochs, target)
         n_cut = group[cut].groupby(["framework", "precision"]).size()
-        for fw_prec in n_cut.index:
-            times.setdefault(fw_prec, {})  # all its cells budgeted: a row without accuracy or time to target
-        for (fw, prec), time_row in times.items():
+        times.update({k: {} for k in n_cut.index if k not in times})  # every cell budgeted: a row without either
+        for (fw, prec), time_row in times.items():  # fp32's seed-to-seed range (pp) is the "same" margin (floor)
+            acc = fp32[fp32["framework"] == fw].groupby("seed")["final_val_accuracy"].median().dropna() * 100
             rows.append({**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
                          "target_basis": basis, **time_row, "budget_cut": int(n_cut.get((fw, prec), 0)),
-                         **_seed_range(fp32[fp32["framework"] == fw])})
-    out = pd.DataFrame(rows)  # a left merge keeps the rows' order; a missing key (NaN) matches itself
-    out = out.merge(tests, on=[*keys, "framework", "precision"], how="left") if not tests.empty else out
-    out = out.reindex(columns=cols)
-    return out.sort_values([*keys, "framework", "precision"], key=display_order).reset_index(drop=True)
-
-
-def _seed_range(fp32: pd.DataFrame) -> dict:
-    """fp32's seed-to-seed range of final validation accuracy in pp (NaN under two seeds), the margin an accuracy
-    change is judged "same" against (verdicts.ACCURACY), and its seeds."""
-    acc = fp32.groupby("seed")["final_val_accuracy"].median().dropna() * 100
-    return {"floor_pp": float(acc.max() - acc.min()) if len(acc) >= 2 else np.nan, "floor_seeds": len(acc)}
-
-
-def _pairs(ok: pd.DataFrame, keys: list[str]):
-    """(key, precision, [(fp32 row, mixed row) per seed]) for every mixed group of the run table."""
-    for key, group in ok.groupby(keys, sort=False, dropna=False):
-        fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
-        for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
-            yield key, prec, [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]
+                         "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan, "floor_seeds": len(acc)})
+    out = pd.DataFrame(rows)
+    out = out.merge(tests, on=ids, how="left") if not tests.empty else out
+    return out.reindex(columns=cols).sort_values(ids, key=display_order).reset_index(drop=True)
 
 
 def _log_ratio(a: float, b: float) -> float:
@@ -316,47 +260,42 @@ def _log_ratio(a: float, b: float) -> float:
 
 
 def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per mixed group: the peak-memory ratio's interval and verdict, the difference in MiB and whether it is
-    resolved (memory.py); an unresolved one gets no ⚠ note."""
+    """Per mixed group: the peak-memory ratio's verdict, the difference in MiB and whether it is resolved."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok) + ["framework"]
-    cols = [*keys, "precision", "memory_note", "memory_difference_mib",
-            "memory_resolution_mib", "memory_resolved"]
+    cols = [*keys, "precision", "memory_note", "memory_difference_mib", "memory_resolution_mib", "memory_resolved"]
     rows = []
-    for key, prec, pairs in _pairs(ok, keys) if not ok.empty else []:
-        res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
-        difference = memory.paired_difference_mib(pairs)
-        resolution = memory.resolution_mib(pairs)
-        known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
-        rows.append({**dict(zip(keys, key)), "precision": prec, "memory_difference_mib": difference,
-                     "memory_resolution_mib": resolution, "memory_resolved": known,
-                     "memory_note": "" if known == 0.0 else
-                     stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
+    for key, group in ok.groupby(keys, sort=False, dropna=False) if not ok.empty else []:
+        fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
+        for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
+            pairs = [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]  # (fp32 row, mixed row)
+            res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
+            resolution = memory.resolution_mib(pairs)
+            known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
+            rows.append({**dict(zip(keys, key)), "precision": prec, "memory_resolution_mib": resolution,
+                         "memory_difference_mib": memory.paired_difference_mib(pairs), "memory_resolved": known,
+                         "memory_note": "" if known == 0.0 else
+                         stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
     return pd.DataFrame(rows, columns=cols)
 
 
 def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environment: dict | None = None,
                accuracy: pd.DataFrame | None = None) -> pd.DataFrame:
-    """summary_table with the ratios' intervals and the paired accuracy tests beside each row (`accuracy`: the
-    caller's accuracy_statistics, where it has it)."""
+    """summary_table with memory_statistics and accuracy_statistics (`accuracy`, where the caller has it) per row."""
     table = summary_table(runs)
     if table.empty:
         return table
     keys = [*_keys(table), "framework", "precision"]
     out = table.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs) if accuracy is None else accuracy
-    out = out.drop(columns=[c for c in ("budget_cut",) if c in accuracy]).merge(accuracy, on=keys, how="left")
+    out = out.drop(columns="budget_cut").merge(accuracy, on=keys, how="left")
     for col in ("memory_note", "too_short"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
-    # fp8 off a GPU: the ratio is the emulation's; kept out of every verdict (report/fp8.py)
-    emulated = fp8_report.speed_emulated(out["precision"], (environment or {}).get("device", "cpu"))
-    out.loc[emulated, [c for c in ("speedup_vs_fp32", "speed_min", "speed_max",
-                                   "ttt_ratio", "ttt_low", "ttt_high",
-                                   # FLOP/s and MFU of an emulation measure float32 matmuls of dequantized values
-                                   "achieved_flops", "mfu_measured", "mfu_table") if c in out]] = np.nan
-    out["emulated"] = emulated  # what every sentence and table tests, rather than the notes' words
-    out.loc[emulated, [c for c in ("memory_change_vs_fp32", "memory_difference_mib",
-                                   "memory_resolved", "memory_resolution_mib") if c in out]] = np.nan
+    # fp8 off a GPU: what an emulation measured is kept out of every verdict (report/fp8.py)
+    out["emulated"] = emulated = fp8_report.speed_emulated(out["precision"], (environment or {}).get("device", "cpu"))
+    out.loc[emulated, ["speedup_vs_fp32", "speed_min", "speed_max", "ttt_ratio", "ttt_low", "ttt_high",
+                       "achieved_flops", "mfu_measured", "mfu_table", "memory_change_vs_fp32", "memory_difference_mib",
+                       "memory_resolved", "memory_resolution_mib"]] = np.nan
     out.loc[emulated, "memory_note"] = fp8_report.EMULATED_MEMORY
     return out
 
@@ -370,20 +309,17 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
     counts = ok.groupby(keys, sort=False, dropna=False)["seed"].nunique()
     if counts.nunique() == 1:
         return seed_list_text(sorted(set(ok["seed"])))
-
     multi = named_machines(ok)
     return " and ".join(f"{seeds_text(int(n))} for {group_label(dict(zip(keys, k)), multi)}" for k, n in counts.items())
 
 
 def fewer_seeds_note(runs: pd.DataFrame) -> str:
-    """Why a model ran fewer seeds than the rest ("" where none did, or not for that reason): a compare given
-    neither --seeds nor --repeats runs some models on fewer seeds on some devices (common.DEFAULT_MODEL_SEEDS)."""
+    """Why a model ran fewer seeds than the rest, where common.DEFAULT_MODEL_SEEDS is why ("" elsewhere)."""
     ok = ok_runs(runs)
     devices = set(ok.get("cfg_device", pd.Series(dtype=str)).dropna()) if not ok.empty else set()
     if len(devices) != 1:
         return ""
-    device = next(iter(devices))
-    seeds = set(ok["seed"])
+    (device,), seeds = devices, set(ok["seed"])
     fewer = [(m, s) for m, s in DEFAULT_MODEL_SEEDS.get(device, {}).items()
              if set(ok.loc[ok["model"] == m, "seed"]) == set(s) and len(seeds) > len(s)]
     said = "; ".join(f"the {m} ran seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))} only" for m, s in fewer)
@@ -393,11 +329,9 @@ def fewer_seeds_note(runs: pd.DataFrame) -> str:
 
 
 def legend(table: pd.DataFrame) -> str:
-    """The summary table's legend: the brackets and words it can show, and only those (a one-seed run has no seeds'
-    min–max or IQR)."""
+    """The summary table's legend: the brackets and words it can show, and only those."""
     several = "runs" in table and (table["runs"] > 1).any()
-    brackets = ("Brackets: the min–max of the seeds' values (3 or fewer seeds) or their IQR (more). " if several
-                else "")
+    brackets = "Brackets: the min–max of the seeds' values (3 or fewer seeds) or their IQR (more). " if several else ""
     keras_static = "framework" in table and any(scaling.cannot_skip(f, p) and precisions.of(p).loss_scaling
                                                 for f, p in zip(table["framework"], table["precision"]))
     scaler = "a mode without a loss scaler" + (", or with Keras' static one," if keras_static else "")
@@ -409,8 +343,7 @@ def legend(table: pd.DataFrame) -> str:
 
 
 def by_gpu_model(tables: dict) -> dict:
-    """A run whose cells ran on several GPU models gets a `machine` column of each cell's GPU model, so ratios
-    pair cells of one model; otherwise returned as it is."""
+    """A run whose cells ran on several GPU models gets a `machine` column of each cell's GPU model; others as is."""
     runs = tables.get("run")
     if runs is None or "device_name" not in runs:
         return tables
