@@ -42,9 +42,7 @@ def roles(runs: pd.DataFrame) -> pd.Series:
 def split(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """(the tables without the floor and N-worker cells, all tables) — the first for every other section."""
     runs = tables["run"]
-    if runs.empty or "cell_id" not in runs:
-        return tables, {}
-    extra = set(runs.loc[roles(runs) != "single", "cell_id"])
+    extra = set(runs.loc[roles(runs) != "single", "cell_id"]) if not runs.empty and "cell_id" in runs else set()
     if not extra:
         return tables, {}
     rest = {name: (df[~df["cell_id"].isin(extra)] if "cell_id" in df else df) for name, df in tables.items()}
@@ -353,9 +351,8 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
     if dp is None or dp.empty:
         return []
     out = []
-    order = dp.assign(_a=dp["allreduce"].map(lambda a: ALLREDUCES.index(a) if a in ALLREDUCES else len(ALLREDUCES)))
-    for r in order.sort_values(["model", "dataset", "framework", "precision", "_a", "seed"], kind="stable").to_dict(
-            "records"):
+    rank = dp["allreduce"].map(lambda a: ALLREDUCES.index(a) if a in ALLREDUCES else len(ALLREDUCES))  # fp32 first
+    for r in dp.assign(_a=rank).sort_values([*KEY[:4], "_a", "seed"], kind="stable").to_dict("records"):
         gap, floor = float(r.get("loss_gap", np.nan)), float(r.get("floor_gap", np.nan))
         judged = r["status"] == "ok" and np.isfinite(gap)
         level = r.get("loss_scale", np.nan)  # the run's smallest |loss|: what a float32 ulp is relative to

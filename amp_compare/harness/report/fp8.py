@@ -44,9 +44,8 @@ def api_text(row: dict) -> str:
 
 def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
     """The headroom records less the fp8 cells': distance to float16's largest value says nothing of an fp8 tensor."""
-    if headroom is None or headroom.empty or "precision" not in headroom:
-        return headroom
-    return headroom[~headroom["precision"].isin(contract.FP8_MODES)]
+    as_is = headroom is None or headroom.empty or "precision" not in headroom
+    return headroom if as_is else headroom[~headroom["precision"].isin(contract.FP8_MODES)]
 
 
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation

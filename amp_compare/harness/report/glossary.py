@@ -95,7 +95,6 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
     """(`page` with each abbreviation written out at its first use, the abbreviations found); HTML skips
     SKIP_TAGS, Markdown skips code spans and table rows and ends with the ones only used in parentheses."""
     expander = _Expander(markdown)
-    # Markdown: code spans and table rows are left alone (a header cell is no place for a definition)
     parts = re.split(r"(`[^`]*`|^\|.*$)" if markdown else r"(<[^>]+>)", page, flags=re.M)
     skipping: list[str] = []
     for i, part in enumerate(parts):

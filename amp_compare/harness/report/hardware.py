@@ -92,12 +92,11 @@ def _three_digits(value: float) -> str:
 
 def ceiling_clauses(runs: pd.DataFrame) -> list[str]:
     """Per device and ceiling dtype: the run's ceiling, the matmul it came from and each framework's own best."""
-    if "ceiling_flops_measured" not in runs or runs["ceiling_flops_measured"].notna().sum() == 0:
+    if "ceiling_flops_measured" not in runs:
         return []
-    runs = runs[runs["ceiling_flops_measured"].notna()].copy()
-    runs["_dtype"] = _base_dtype(runs)
+    runs = runs[runs["ceiling_flops_measured"].notna()]
     out = []
-    for key, g in runs.groupby([*_ceiling_key(runs), "_dtype"], sort=False):
+    for key, g in runs.groupby([*_ceiling_key(runs), _base_dtype(runs)], sort=False):
         sizes = sorted({int(v) for v in g.get("ceiling_matmul_size", pd.Series(dtype=float)).dropna()})
         size = (f"{sizes[0]}×{sizes[0]} matmul" if len(sizes) == 1 else
                 f"square matmul of {sizes[0]} to {sizes[-1]} (cells recorded before one size was fixed)" if sizes

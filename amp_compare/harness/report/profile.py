@@ -18,15 +18,12 @@ NO_PROFILE = "unexplained: no profile evidence for this cell or its fp32 cell (r
 NONE_MOVED = f"No mixed cell ran more than {BAND_TEXT} slower or faster than its fp32 cell."
 
 
-def _per_step(ops: pd.DataFrame, cell: str, steps: float) -> pd.Series:
-    return ops[ops["cell_id"] == cell].groupby("op")["self_time_s"].sum() / max(steps, 1.0)
-
-
 def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFrame) -> dict:
     """One mixed cell against its fp32 cell: the ops that moved most in the direction of the change."""
     ratio = base["median_step_s"] / run["median_step_s"]  # >1: the mixed cell is faster
     row = {"cell": run["cell_id"], "vs fp32": f"{ratio:.2f}x ({'faster' if ratio > 1 else 'slower'})"}
-    mine, theirs = (_per_step(ops, c["cell_id"], c.get("profile_steps", float("nan"))) for c in (run, base))
+    mine, theirs = (ops[ops["cell_id"] == c["cell_id"]].groupby("op")["self_time_s"].sum()  # self time per step
+                    / max(c.get("profile_steps", float("nan")), 1.0) for c in (run, base))
     if mine.empty or theirs.empty:
         return {**row, "operations behind the difference": NO_PROFILE, "library path": "", "casts": ""}
     moved = mine.sub(theirs, fill_value=0.0).sort_values(ascending=ratio > 1).head(SHOWN_OPS)

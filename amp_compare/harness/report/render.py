@@ -300,8 +300,7 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
 
 
 def _used_text(by_model: dict[str, set]) -> str:
-    """The values a framework's cells used, per model where the models used different ones ("simple_cnn 0; vit
-    0.05")."""
+    """The values a framework's cells used, per model where the models differ ("simple_cnn 0; vit 0.05")."""
     if len({frozenset(vs) for vs in by_model.values()}) <= 1:
         return "; ".join(sorted({v for vs in by_model.values() for v in vs})) or "not used"
     return "; ".join(f"{model} {', '.join(sorted(vs))}" for model, vs in sorted(by_model.items()))

@@ -14,8 +14,6 @@ from amp_compare.contract import precision as precision_table
 from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
 
-# What a record's value means in torch's convention, per key (identity when absent).
-_REDUCTIONS = {"mean": "mean", "sum_over_batch_size": "mean", "sum": "sum", "none": "none"}
 CELL_KEYS = ("model", "dataset", "precision", "seed")
 
 
@@ -23,10 +21,11 @@ def _no_decay(value):
     return 0.0 if value in (None, 0, 0.0) else value
 
 
+# What a record's value means in torch's convention, per key (identity when absent).
 TO_TORCH_CONVENTION = {
     "torch": {"weight_decay": _no_decay},
     "tf": {"bn_momentum": keras_bn_momentum,  # Keras weights the old average: 1 - m is torch's m
-           "loss_reduction": lambda v: _REDUCTIONS.get(v, v),
+           "loss_reduction": lambda v: "mean" if v == "sum_over_batch_size" else v,
            "weight_decay": _no_decay},
 }
 

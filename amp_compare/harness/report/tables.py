@@ -316,7 +316,7 @@ def seed_counts_text(runs: pd.DataFrame) -> str:
 def fewer_seeds_note(runs: pd.DataFrame) -> str:
     """Why a model ran fewer seeds than the rest, where common.DEFAULT_MODEL_SEEDS is why ("" elsewhere)."""
     ok = ok_runs(runs)
-    devices = set(ok.get("cfg_device", pd.Series(dtype=str)).dropna()) if not ok.empty else set()
+    devices = set(ok.get("cfg_device", pd.Series(dtype=str)).dropna())
     if len(devices) != 1:
         return ""
     (device,), seeds = devices, set(ok["seed"])
