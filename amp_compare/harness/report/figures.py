@@ -181,8 +181,7 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
                        height=3.6, aspect=1.3, estimator="median",
                        **({"col": "machine", "row": "Framework"} if _facet(df) else {"col": "Framework"}))
     _stagger_markers(grid)
-    # a line drawn exactly over an earlier one (PyTorch and Keras in aligned mode) hides it: it is redrawn wider,
-    # with larger markers, beneath the ones over it, as their border
+    # a line exactly under later ones (PyTorch and Keras aligned) is redrawn wider beneath them, as their border
     for ax in grid.axes.flat:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
         xys = [np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float) for ln in lines]
@@ -233,8 +232,7 @@ def loss_scale_grid(scaled: pd.DataFrame):
     return grid
 
 
-# A cell's wall time per step over its speed trial's median step above which the machine was busy (on the 2-core
-# EPYC: 0.64-1.36x idle, 1.5-9.3x when other work held it).
+# a cell's time per step over its speed trial's median step above which the machine was busy (idle: 0.64-1.36x)
 BUSY_SLOWDOWN = 1.4
 
 
