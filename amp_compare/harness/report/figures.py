@@ -238,12 +238,11 @@ BUSY_SLOWDOWN = 1.4
 
 def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     """Per finished cell that ran while the machine was busy: its time per step over its speed trial's."""
-    ok = tables.ok_runs(runs)
-    if trials is None or trials.empty or ok.empty or not {"throughput_img_s", "cfg_threads"} <= set(ok):
-        return pd.Series(dtype=float)
+    ok, trials = tables.ok_runs(runs), pd.DataFrame() if trials is None else trials
     keys = [*(["machine"] if "machine" in trials and "machine" in ok else []), "framework", "model", "dataset",
             "batch_size", "step_loop", "precision", "threads"]
-    if not all(k in trials for k in [*keys, "wall_s", "steps"]):  # records older than these columns: no judge
+    if (trials.empty or ok.empty or not {"throughput_img_s", "cfg_threads"} <= set(ok)
+            or not all(k in trials for k in [*keys, "wall_s", "steps"])):  # older records: no judge
         return pd.Series(dtype=float)
     blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
     step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
@@ -464,10 +463,8 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
 
 def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
     """--batch-sizes: speed-up against fp32 per batch size and mixed precision, a column per loop."""
-    if table.empty or table["batch_size"].nunique() < 2:
-        return []
-    data = table[precisions.is_mixed(table["precision"]) & np.isfinite(table["speedup_vs_fp32"].astype(float))]
-    if data.empty:
+    mixed = precisions.is_mixed(table["precision"]) & np.isfinite(table["speedup_vs_fp32"].astype(float))
+    if table["batch_size"].nunique() < 2 or (data := table[mixed]).empty:
         return []
     title = "Mixed-precision speed-up vs batch size"
     facet = {"col": "step_loop"} if table["step_loop"].nunique() > 1 else {}
