@@ -119,9 +119,8 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
         attributed = table[dtype_cols].notna().all(axis=1)
-        table["differs"] = attributed & (table[dtype_cols].nunique(axis=1) > 1) if len(dtype_cols) > 1 else False
-        table["attributed"] = attributed
-        out[prec] = table.fillna("-")
+        out[prec] = table.assign(differs=attributed & (table[dtype_cols].nunique(axis=1) > 1)
+                                 if len(dtype_cols) > 1 else False, attributed=attributed).fillna("-")
     return out
 
 
@@ -604,8 +603,7 @@ def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
     # a non-finite peak (inf, or NaN: a running maximum that met an overflowed value) wins, at its first epoch
     bad = logits[~np.isfinite(logits["max_abs"].to_numpy(dtype=float))].sort_values("epoch")["max_abs"]
     return {"seed": int(c["seed"]), "step": int(step) if pd.notna(step) else -1,
-            "where": str(c.get("nonfinite_where") or ""),
-            "layer": str(c.get("nonfinite_layer") or ""), "value": str(c.get("nonfinite_value") or ""),
+            **{k: str(c.get(f"nonfinite_{k}") or "") for k in ("where", "layer", "value")},
             "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total", 0) or 0),
             "finite": c.get("status") == "ok" and every_finite and skipped == 0,
             "largest_logit": float(bad.iloc[0] if len(bad) else logits["max_abs"].max())}
