@@ -1,6 +1,5 @@
-"""The report's Numerics and "What happened" sections, pure functions of the record tables: loss-scale
-counts, underflow shares, the dtype audit side by side, the NaN/Inf locator's findings, gradient headroom, the
-vit's attention headroom, and sentences whose every number comes from the records."""
+"""The report's Numerics and "What happened" sections from the record tables: loss-scale counts, underflow shares,
+the dtype audit side by side, the NaN/Inf locator's findings, gradient and attention headroom, and their sentences."""
 
 from __future__ import annotations
 
@@ -456,13 +455,6 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
     return out.sort_values(["framework", "precision", "block", "quantity", "epoch"], key=display_order)
 
 
-def cfg_text(value) -> str:
-    """A tuple-valued config column (fp32_layers) as read back from parquet: a list/array, a string, or empty."""
-    if isinstance(value, str):
-        return value
-    return "" if value is None or (isinstance(value, float) and np.isnan(value)) else ",".join(map(str, list(value)))
-
-
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     """Per precision, the median over steps (then seeds) of the relative loss gap between PyTorch and
     Keras cells of the same seed, before either's first non-finite loss or skipped update; "" without such pairs."""
@@ -581,10 +573,11 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
             continue
         seeds = [_naive_seed(c, blocks) for c in mine.to_dict("records")]
         first = min((s for s in seeds if s["step"] >= 0), key=lambda s: s["step"], default={"step": -1, "where": ""})
+        forced = mine["cfg_fp32_layers"].iloc[0] if "cfg_fp32_layers" in mine else ""
+        if not isinstance(forced, str):  # a tuple read back from parquet: a list/array, or None / NaN where empty
+            forced = ",".join(map(str, forced)) if isinstance(forced, (list, tuple, np.ndarray)) else ""
         facts = SimpleNamespace(estimate=first["step"] if first["step"] >= 0 else np.nan, step=first["step"],
-                                where=first["where"],
-                                forced=cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
-                                finite=all(s["finite"] for s in seeds))
+                                where=first["where"], forced=forced, finite=all(s["finite"] for s in seeds))
         key = {k: getattr(r, k) for k in verdicts.IDENTITY}
         half = getattr(precisions.BY_NAME.get(r.precision), "half", "") or ""
         out.append(verdicts.row(key, "attention_overflow", facts, "none",
