@@ -34,8 +34,7 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
         cells = done[(done["model"] == model) & (done["dataset"] == dataset)]
-        have = set(cells["precision"])
-        if not (have & set(DYNAMIC) and have & set(STATIC + UNSCALED)):
+        if not (cells["precision"].isin(DYNAMIC).any() and cells["precision"].isin(STATIC + UNSCALED).any()):
             continue
         for r in part.drop_duplicates(["framework", "precision"]).itertuples():
             key = {k: getattr(r, k) for k in verdicts.IDENTITY}
