@@ -40,6 +40,7 @@ _STYLES = {"fp32": ("", "o"), "fp16": ((5, 2), "s"), "bf16": ((1, 1.5), "^"), "f
            "fp16-static": ((8, 2, 2, 2), "D"), "fp8": ((2, 2), "X"), "fp8-rowwise": ((6, 1.5, 1, 1.5), "P")}
 LINES = {"hue": "Framework", "style": "Precision", "palette": FRAMEWORK_COLORS,  # every line chart's seaborn keywords
          "dashes": {p: d for p, (d, _) in _STYLES.items()}, "markers": {p: m for p, (_, m) in _STYLES.items()}}
+_CELL_KEYS = ("machine", "model", "dataset", *tables.LOOP, "framework", "precision")  # a cell's row in a table
 
 
 @dataclass
@@ -56,8 +57,7 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     labels = [FRAMEWORK_LABELS[f] for f in FRAMEWORK_LABELS if f in set(df["framework"])]
     df["Framework"] = pd.Categorical(df["framework"].map(framework_label), categories=labels)
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
-    if "machine" not in df:
-        df["machine"] = ""
+    df["machine"] = df.get("machine", "")
     varied = [c for c in ("model", "dataset") if c in df and df[c].nunique() > 1]
     if varied:
         df["machine"] = df[["machine", *varied]].astype(str).agg(lambda r: " · ".join(v for v in r if v), axis=1)
@@ -79,11 +79,10 @@ def _save(fig, out_dir: Path, key: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         for path in (out_dir / f"{key}.png", out_dir / f"{key}.svg"):
-            try:
-                fig.savefig(path, dpi=110, bbox_inches="tight")
-            except OSError as exc:  # a full disk: no half-written figure, and the error names it
-                path.unlink(missing_ok=True)
-                raise OSError(exc.errno, exc.strerror, str(path)) from exc
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+    except OSError as exc:  # a full disk: no half-written figure, and the error names it
+        path.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     finally:
         plt.close(fig)
 
@@ -102,15 +101,13 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
     df = _labelled(runs)
     grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
                        estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
-    precs = list(df["Precision"].cat.categories)
     for ax, part in _per_panel(grid, _labelled(table)):
         for container, framework in zip(ax.containers, df["Framework"].cat.categories):  # a bar per precision
             values = part[part["Framework"] == framework].set_index("precision")[annotate]
-            for bar, prec in zip(container, precs):
+            for bar, prec in zip(container, df["Precision"].cat.categories):
                 if not (label := values[prec] if prec in values else ""):
                     continue
-                left, right = bar.get_x(), bar.get_x() + bar.get_width()
-                top = bar.get_height()
+                left, right, top = bar.get_x(), bar.get_x() + bar.get_width(), bar.get_height()
                 for line in ax.get_lines():  # an error bar and its caps are one line, NaN between the parts
                     xs, ys = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
                     drawn = np.isfinite(xs) & np.isfinite(ys)
@@ -184,8 +181,7 @@ def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: st
                        height=3.6, aspect=1.3, estimator="median",
                        **({"col": "machine", "row": "Framework"} if _facet(df) else {"col": "Framework"}))
     _stagger_markers(grid)
-    # a line drawn exactly over an earlier one (PyTorch and Keras in aligned mode) hides it: it is redrawn wider,
-    # with larger markers, beneath the ones over it, as their border
+    # a line exactly under later ones (PyTorch and Keras aligned) is redrawn wider beneath them, as their border
     for ax in grid.axes.flat:
         lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
         xys = [np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float) for ln in lines]
@@ -236,19 +232,17 @@ def loss_scale_grid(scaled: pd.DataFrame):
     return grid
 
 
-# A cell's wall time per step over its speed trial's median step above which the machine was busy (on the 2-core
-# EPYC: 0.64-1.36x idle, 1.5-9.3x when other work held it).
+# a cell's time per step over its speed trial's median step above which the machine was busy (idle: 0.64-1.36x)
 BUSY_SLOWDOWN = 1.4
 
 
 def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     """Per finished cell that ran while the machine was busy: its time per step over its speed trial's."""
-    ok = tables.ok_runs(runs)
-    if trials is None or trials.empty or ok.empty or not {"throughput_img_s", "cfg_threads"} <= set(ok):
-        return pd.Series(dtype=float)
+    ok, trials = tables.ok_runs(runs), pd.DataFrame() if trials is None else trials
     keys = [*(["machine"] if "machine" in trials and "machine" in ok else []), "framework", "model", "dataset",
             "batch_size", "step_loop", "precision", "threads"]
-    if not all(k in trials for k in [*keys, "wall_s", "steps"]):  # records older than these columns: no judge
+    if (trials.empty or ok.empty or not {"throughput_img_s", "cfg_threads"} <= set(ok)
+            or not all(k in trials for k in [*keys, "wall_s", "steps"])):  # older records: no judge
         return pd.Series(dtype=float)
     blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
     step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
@@ -297,7 +291,6 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 0.9 + 0.5 * max(len(g) for _, g in groups)),
                              squeeze=False, layout="constrained")
     for ax, ((model, dataset), part) in zip(axes[0], groups):
-        labels = [f"{framework_label(f)} {p}" for f, p in zip(part["framework"], part["precision"])][::-1]
         for y, v in enumerate(part.iloc[::-1].itertuples()):
             color = {"faster": "#2a9d8f", "slower": "#d1495b"}.get(v.status, "#8d8d8d")
             if np.isfinite(v.low):
@@ -310,10 +303,10 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
         ax.set_xscale("log")
         ends = part[["estimate", "low", "high"]].astype(float).to_numpy()
         ax.set_xlim(min(np.nanmin(ends), 1) / 2, max(np.nanmax(ends), 1) * 2)  # the labels and 1× inside
+        labels = [f"{framework_label(f)} {p}" for f, p in zip(part["framework"], part["precision"])][::-1]
         ax.set_yticks(range(len(labels)), labels)
         ax.set_ylim(-0.6, len(labels) - 0.2)
-        ax.set_title(f"{model} on {dataset}")
-        ax.set_xlabel("× fp32's speed (log scale; right of 1: faster)")
+        ax.set(title=f"{model} on {dataset}", xlabel="× fp32's speed (log scale; right of 1: faster)")
     plain_log_labels(fig, "x")
     _save(fig, out_dir, "speed_verdicts")
     kinds = sorted({phrases.interval_words(v) for v in speed.itertuples()} - {""})
@@ -329,8 +322,7 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
     """The memory bars' labels: change against fp32 with the full table's ⚠ (`notes`), undecided or cut."""
     mem = tables.memory_statistics(ok)
-    keys = [c for c in mem.columns if c in table and c in ("machine", "model", "dataset", "step_loop", "batch_size",
-                                                           "framework", "precision")]
+    keys = [c for c in _CELL_KEYS if c in mem and c in table]
     out = table.merge(mem, on=keys, how="left") if not mem.empty else table.copy()
     out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
     out["memory_cut"] = out.get("budget_cut", pd.Series(0, index=out.index)).fillna(0).gt(0)  # no verdict
@@ -375,7 +367,7 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
 
 
 def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> list[Figure]:
-    """Training loss per step of the finished cells; `left` (left_out_note) names the others ("Left out: …")."""
+    """Training loss per step of the finished cells; `left`: the sentence naming the others."""
     if steps.empty:
         return []
     _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
@@ -394,8 +386,7 @@ def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> l
 
 def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
     """The Loss scaling section: the scale per step of the loss-scaled cells, skipped steps marked."""
-    scaled = steps[steps["precision"].isin(precisions.scaled_names())] if not steps.empty else steps
-    if scaled.empty:
+    if steps.empty or (scaled := steps[steps["precision"].isin(precisions.scaled_names())]).empty:
         return []
     grid = loss_scale_grid(scaled)
     _save(grid.figure, out_dir, "loss_scale")
@@ -416,8 +407,7 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
 def _marked(table: pd.DataFrame, labels: pd.Series, flagged: pd.DataFrame, symbol: str,
             eligible: pd.Series | bool = True) -> pd.Series:
     """`labels` with `symbol` after each non-empty `eligible` one whose row is among `flagged`'s rows."""
-    keys = [k for k in ("machine", "model", "dataset", *tables.LOOP, "framework", "precision")
-            if k in table and k in flagged]
+    keys = [k for k in _CELL_KEYS if k in table and k in flagged]
     hit = set(flagged[keys].astype(str).itertuples(index=False, name=None))
     marked = pd.Series([r in hit for r in table[keys].astype(str).itertuples(index=False, name=None)],
                        index=table.index) & (labels != "") & eligible
@@ -473,10 +463,8 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
 
 def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
     """--batch-sizes: speed-up against fp32 per batch size and mixed precision, a column per loop."""
-    if table.empty or table["batch_size"].nunique() < 2:
-        return []
-    data = table[precisions.is_mixed(table["precision"]) & np.isfinite(table["speedup_vs_fp32"].astype(float))]
-    if data.empty:
+    mixed = precisions.is_mixed(table["precision"]) & np.isfinite(table["speedup_vs_fp32"].astype(float))
+    if table["batch_size"].nunique() < 2 or (data := table[mixed]).empty:
         return []
     title = "Mixed-precision speed-up vs batch size"
     facet = {"col": "step_loop"} if table["step_loop"].nunique() > 1 else {}
@@ -568,16 +556,14 @@ def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -
     """Per model values: "step 87" where every model has the same ones, else "step 87 (simple_cnn), 131 (vit)"."""
     said = {m: " and ".join(f"{v:g}" for v in sorted(values)) for m, values in by_model.items()}
     word = plural if plural and any(len(v) > 1 for v in by_model) else word
-    if len(set(said.values())) == 1:
-        return f"{word} {next(iter(said.values()))}"
-    return f"{word} " + ", ".join(f"{v} ({m})" for m, v in said.items())
+    same = len(set(said.values())) == 1
+    return f"{word} " + (next(iter(said.values())) if same else ", ".join(f"{v} ({m})" for m, v in said.items()))
 
 
 def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Per framework: last-step scaled gradient magnitudes per power of two vs float16."""
     hist = nr.gradient_histogram(underflow)
-    hist = hist[hist["count"] > 0]  # empty powers of two would draw a flat line across the whole axis
-    if hist.empty:
+    if (hist := hist[hist["count"] > 0]).empty:  # an empty power of two would draw a flat line across the axis
         return None
     hist["scaled_log2"] = hist["log2"] + np.log2(hist["loss_scale"])
     per = [k for k in ("model",) if k in hist and hist[k].nunique() > 1]  # one panel per model and framework
@@ -609,8 +595,7 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
 
 def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
     """Per cell, whether the speed budget stopped a cell of its precision; the sentence naming them."""
-    group = [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok]
-    cut_group = stats.cut_groups(ok, group)
+    cut_group = stats.cut_groups(ok, [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok])
     named, whole = [], True
     for (f, m, p), part in ok[cut_group].groupby(["framework", "model", "precision"], sort=False):
         seeds = sorted(part.loc[stats.budgeted(part), "seed"])
@@ -630,17 +615,13 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     ok = tables.ok_runs(runs)
     cut_group, left = _budget_cut_precisions(ok)
     ok = ok[~cut_group]
-    if ok.empty or epochs.empty or acc.empty:
+    if ok.empty or epochs.empty or acc.empty or (e := epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]).empty:
         return None
     keys = (["machine"] if "machine" in ok else []) + ["model", "dataset"]
-    e = epochs[epochs["cell_id"].isin(set(ok["cell_id"]))].sort_values(["cell_id", "epoch"]).copy()
-    if e.empty:
-        return None
-    meta = ok.set_index("cell_id")
-    e = e.assign(**{k: e["cell_id"].map(meta[k]) for k in keys if k not in e})
-    e["train_wall_s"] = e.groupby("cell_id")["train_time_s"].cumsum()
-    e["val_accuracy_pct"] = e["val_accuracy"] * 100
-    e["panel"] = e[keys].astype(str).agg(" · ".join, axis=1)
+    e = e.sort_values(["cell_id", "epoch"])
+    e = e.assign(**{k: e["cell_id"].map(ok.set_index("cell_id")[k]) for k in keys if k not in e})
+    e = e.assign(train_wall_s=e.groupby("cell_id")["train_time_s"].cumsum(), val_accuracy_pct=e["val_accuracy"] * 100,
+                 panel=e[keys].astype(str).agg(" · ".join, axis=1))
     df = _labelled(e)
     panels = list(dict.fromkeys(df["panel"]))
     grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", **LINES, units="cell_id",
@@ -682,10 +663,9 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
         ax.plot(g["epoch"] + 1, g["max_abs"], line, marker=marker, color=colours[block], markersize=4,
                 linewidth=1.2, label=f"{block} · {label}")
     ax.set_yscale("log")
-    exp_limit = (FP16_EXP_LIMIT, "#a0761e", ":", f"naive exp overflows float16: ln({FP16_MAX:,.0f}) ≈ "
-                 f"{FP16_EXP_LIMIT:.1f}")  # far below the logit's own limit
+    exp = f"naive exp overflows float16: ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}"  # far below the logit's limit
     for level, colour, style, text in [(FP16_MAX, "#d1495b", "--", f"float16 max {FP16_MAX:,.0f}"),
-                                       *([exp_limit] if naive_logits else [])]:
+                                       (FP16_EXP_LIMIT, "#a0761e", ":", exp)][:1 + naive_logits]:
         ax.axhline(level, color=colour, linewidth=1, linestyle=style)
         ax.text(0.02, level, text, color=colour, fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
     low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
@@ -710,8 +690,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                              squeeze=False, sharex=True)
     naive = "attention" in blocks and (blocks["attention"] == "naive").any()
     for r, quantity in enumerate(quantities):
-        for c, prec in enumerate(precs):
-            ax = axes[r][c]
+        for c, (prec, ax) in enumerate(zip(precs, axes[r])):
             _headroom_panel(ax, df[(df["quantity"] == quantity) & (df["Precision"] == prec)], colours,
                             naive and quantity == "attention_logit")
             ax.set_title(f"{prec} · {QUANTITY_LABELS[quantity]}", fontsize=9)

@@ -1,6 +1,5 @@
-"""The report's Numerics and "What happened" sections, pure functions of the record tables: loss-scale
-counts, underflow shares, the dtype audit side by side, the NaN/Inf locator's findings, gradient headroom, the
-vit's attention headroom, and sentences whose every number comes from the records."""
+"""The report's Numerics and "What happened" sections from the record tables: loss-scale counts, underflow shares,
+the dtype audit side by side, the NaN/Inf locator's findings, gradient and attention headroom, and their sentences."""
 
 from __future__ import annotations
 
@@ -119,9 +118,8 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
         attributed = table[dtype_cols].notna().all(axis=1)
-        table["differs"] = attributed & (table[dtype_cols].nunique(axis=1) > 1) if len(dtype_cols) > 1 else False
-        table["attributed"] = attributed
-        out[prec] = table.fillna("-")
+        out[prec] = table.assign(differs=attributed & (table[dtype_cols].nunique(axis=1) > 1)
+                                 if len(dtype_cols) > 1 else False, attributed=attributed).fillna("-")
     return out
 
 
@@ -457,13 +455,6 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
     return out.sort_values(["framework", "precision", "block", "quantity", "epoch"], key=display_order)
 
 
-def cfg_text(value) -> str:
-    """A tuple-valued config column (fp32_layers) as read back from parquet: a list/array, a string, or empty."""
-    if isinstance(value, str):
-        return value
-    return "" if value is None or (isinstance(value, float) and np.isnan(value)) else ",".join(map(str, list(value)))
-
-
 def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     """Per precision, the median over steps (then seeds) of the relative loss gap between PyTorch and
     Keras cells of the same seed, before either's first non-finite loss or skipped update; "" without such pairs."""
@@ -582,10 +573,11 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
             continue
         seeds = [_naive_seed(c, blocks) for c in mine.to_dict("records")]
         first = min((s for s in seeds if s["step"] >= 0), key=lambda s: s["step"], default={"step": -1, "where": ""})
+        forced = mine["cfg_fp32_layers"].iloc[0] if "cfg_fp32_layers" in mine else ""
+        if not isinstance(forced, str):  # a tuple read back from parquet: a list/array, or None / NaN where empty
+            forced = ",".join(map(str, forced)) if isinstance(forced, (list, tuple, np.ndarray)) else ""
         facts = SimpleNamespace(estimate=first["step"] if first["step"] >= 0 else np.nan, step=first["step"],
-                                where=first["where"],
-                                forced=cfg_text(mine["cfg_fp32_layers"].iloc[0]) if "cfg_fp32_layers" in mine else "",
-                                finite=all(s["finite"] for s in seeds))
+                                where=first["where"], forced=forced, finite=all(s["finite"] for s in seeds))
         key = {k: getattr(r, k) for k in verdicts.IDENTITY}
         half = getattr(precisions.BY_NAME.get(r.precision), "half", "") or ""
         out.append(verdicts.row(key, "attention_overflow", facts, "none",
@@ -604,8 +596,7 @@ def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
     # a non-finite peak (inf, or NaN: a running maximum that met an overflowed value) wins, at its first epoch
     bad = logits[~np.isfinite(logits["max_abs"].to_numpy(dtype=float))].sort_values("epoch")["max_abs"]
     return {"seed": int(c["seed"]), "step": int(step) if pd.notna(step) else -1,
-            "where": str(c.get("nonfinite_where") or ""),
-            "layer": str(c.get("nonfinite_layer") or ""), "value": str(c.get("nonfinite_value") or ""),
+            **{k: str(c.get(f"nonfinite_{k}") or "") for k in ("where", "layer", "value")},
             "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total", 0) or 0),
             "finite": c.get("status") == "ok" and every_finite and skipped == 0,
             "largest_logit": float(bad.iloc[0] if len(bad) else logits["max_abs"].max())}

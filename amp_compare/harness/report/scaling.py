@@ -34,8 +34,7 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
         cells = done[(done["model"] == model) & (done["dataset"] == dataset)]
-        have = set(cells["precision"])
-        if not (have & set(DYNAMIC) and have & set(STATIC + UNSCALED)):
+        if not (cells["precision"].isin(DYNAMIC).any() and cells["precision"].isin(STATIC + UNSCALED).any()):
             continue
         for r in part.drop_duplicates(["framework", "precision"]).itertuples():
             key = {k: getattr(r, k) for k in verdicts.IDENTITY}
@@ -120,20 +119,19 @@ def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd
 
 
 # Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
-ZERO_GRADIENT_PARAM = re.compile(r"(^|\.)(key|k_proj)\.bias$")
+ZERO_GRADIENT_PARAM = re.compile(r"(?:^|\.)(?:key|k_proj)\.bias$")
 
 
 def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
     """Per underflow row: whether its parameter's exact gradient is zero (ZERO_GRADIENT_PARAM): residue, not loss."""
-    names = underflow["layer"].astype(str) + "." + underflow["param"].astype(str)
-    return names.map(lambda name: bool(ZERO_GRADIENT_PARAM.search(name)))
+    return (underflow["layer"].astype(str) + "." + underflow["param"].astype(str)).str.contains(ZERO_GRADIENT_PARAM)
 
 
-def lost_elements(underflow: pd.DataFrame | None, cell_id: str, column: str, when: str = "last step",
-                  flush: str = "") -> tuple:
-    """(lost, non-zero, flushed, residue) elements of one cell's probe at `when`: non-zero reference elements zero in
-    the float16 backward (`column`), outside zero-gradient parameters; how many of those the reference's `flush`
-    column explains; the zeros in zero-gradient parameters. (NaN, 0, 0, 0) where the probe was not recorded."""
+def lost_elements(underflow: pd.DataFrame | None, cell_id: str, at: str, when: str = "last step") -> tuple:
+    """(lost, non-zero, flushed, residue) elements of one cell's probe at `when`, `at` "scaled" or "unscaled":
+    non-zero reference elements zero in the float16 backward, outside zero-gradient parameters; how many of those
+    the reference's flush explains; the zeros in zero-gradient parameters. (NaN, 0, 0, 0) where not recorded."""
+    column, flush = f"lost_fraction_mixed_{at}", f"flush_fraction_{at}"
     if underflow is None or underflow.empty or column not in underflow:
         return np.nan, 0, 0, 0
     sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]
@@ -149,8 +147,7 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
     """What dropping loss scaling lost at the last step's probe, per seed, beside the same cells' accuracy verdict."""
     seeds = []
     for c in mine.sort_values("seed").itertuples():
-        lost, nonzero, flushed, residue = lost_elements(underflow, c.cell_id, "lost_fraction_mixed_unscaled",
-                                                        flush="flush_fraction_unscaled")
+        lost, nonzero, flushed, residue = lost_elements(underflow, c.cell_id, "unscaled")
         if np.isfinite(lost):
             seeds.append({"seed": int(c.seed), "lost": lost, "nonzero": nonzero, "flushed": flushed,
                           "residue": residue})
@@ -176,8 +173,7 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
         skipped += int(g["skipped"].astype(bool).sum())
         nonfinite += int((~np.isfinite(g["loss"].astype(float))).sum()) + int(getattr(c, "status", "") == "diverged")
         for when in ("first step", "last step"):
-            n, _, f, _ = lost_elements(underflow, c.cell_id, "lost_fraction_mixed_scaled", when,
-                                       flush="flush_fraction_scaled")
+            n, _, f, _ = lost_elements(underflow, c.cell_id, "scaled", when)
             if np.isfinite(n):
                 lost, flushed, counted = lost + n, flushed + f, True
                 lost_at += [{"seed": int(c.seed), "when": when, "lost": int(n)}] if n else []
