@@ -78,7 +78,8 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
     """Whether the run kept the frameworks from instructions (speed.isa_limit), or which half formats' arithmetic the
     CPU's flags do not list; then each precision the speed trials found FAR_SLOWER, and where its kernels are named."""
     did = speed.isa_limit(environment)
-    missing = [half for half in ("bfloat16", "float16") if not speed.has_arithmetic(environment, half)]
+    missing = [half for half, key in (("bfloat16", "cpu_bf16_hardware"), ("float16", "cpu_fp16_hardware"))
+               if not environment.get(key)]
     said = [f"This run {did}: every number is what the frameworks did under that limit." if did else
             f"This CPU's flags list no {' or '.join(missing)} arithmetic." if device == "cpu" and missing else ""]
     far = verdicts[(verdicts["metric"] == "speed") & (verdicts["status"] == "slower")

@@ -283,7 +283,7 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     """What the section says beside its table and the answer's lines: what the workers were and their threads."""
-    facts = partial(wording.RunFacts, precisions=[], seeds=[], device=device, rotated=False)
+    facts = partial(wording.RunFacts, precisions=[], device=device)
     every = facts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [])
     out = [s for s in [wording.data_parallel_workers(every, environment.get("cpu_model", ""))] if s]
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
@@ -339,11 +339,6 @@ def short_intro() -> str:
             f"{STALL_FACTOR:g}× faster), where N workers ran more than N× faster though they share the 1-worker "
             "cell's cores, where there is no interval or a noisy one, or where the machine was unsteady over the "
             "run.")
-
-
-def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) -> list[tuple[str, str]]:
-    """The page's navigation: the Data parallel section only where the run has one."""
-    return [s for s in all_sections if s[0] != "data_parallel" or data_parallel]
 
 
 def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:

@@ -19,14 +19,11 @@ def _text(table: pd.DataFrame, column: str) -> pd.Series:
     return table[column].astype(object).where(table[column].notna(), "").astype(str)  # missing: "", never "nan"
 
 
-def on_fp32_ceiling(table: pd.DataFrame) -> pd.Series:
-    """Which cells' half format is measured against the fp32 ceiling for want of its arithmetic."""
-    return (_text(table, "ceiling_fp32_for") != "") & (_text(table, "ceiling_isa_limit") == "")
-
-
-def ceiling_limits(table: pd.DataFrame) -> pd.Series:
-    """Per cell, the variables that kept its half format from the frameworks ("" where none did)."""
-    return _text(table, "ceiling_isa_limit")
+def ceiling_marks(table: pd.DataFrame) -> tuple[bool, bool]:
+    """Whether some cell's half format is measured against the fp32 ceiling for want of its arithmetic, and whether
+    some is under an instruction limit (the frameworks kept from its instructions)."""
+    limited = _text(table, "ceiling_isa_limit") != ""
+    return bool(((_text(table, "ceiling_fp32_for") != "") & ~limited).any()), bool(limited.any())
 
 
 def timing_note(wall: float, median: float) -> str:

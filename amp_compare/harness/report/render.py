@@ -35,7 +35,7 @@ from amp_compare.harness.report import tables as tb
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
-from amp_compare.harness.report.hardware import ceiling_clauses, ceiling_limits, on_fp32_ceiling, with_run_ceiling
+from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.stats import whole_epochs
 
@@ -502,7 +502,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     full = tb.full_table(runs, epochs, evidence, accuracy)
     summary = tb.formatted_summary(full)
     main_table, hardware, loop_text = tb.split_summary(summary)
-    sentences = finding_parts(runs, steps, evidence, epochs, table=full).sentences
+    sentences = finding_parts(runs, steps, evidence, epochs, table=full)
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = tb.seed_counts_text(runs) or tb.seed_list_text(manifest["matrix"]["seeds"])
     verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
@@ -523,9 +523,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             "summary_html": table_html(main_table), "legend": tb.legend(full),
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in tb.HARDWARE_COLUMNS) else None,
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"], conditions[0]),
-                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
-                                                                 bool((ceiling_limits(full) != "").any()),
-                                                                 tuple(ceiling_clauses(tb.ok_runs(runs))))},
+                            "hardware": speed.hardware_paragraph(full, ceiling_clauses(tb.ok_runs(runs)))},
             "verdict_tables": [(title, table_html(t)) for title, t in per_model], "verdict_tables_md": per_model,
             "verdict_columns": phrases.columns_note(verdict_table, conditions) if per_model else "",
             "conditions": conditions,
@@ -604,7 +602,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     status = dict(zip(counted["run"]["cell_id"], counted["run"]["status"])) if not counted["run"].empty else {}
     context = {**_page_context(run_dir, manifest, single, draw, said),
                "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
-               "sections": dataparallel.sections(SECTIONS, parallel), "records": held,
+               "sections": [s for s in SECTIONS if s[0] != "data_parallel" or parallel], "records": held,
                "n_ok": sum(v == "ok" for v in status.values()),
                "cells": _cells(counted["run"], whole_epochs(counted["epochs"], counted["steps"], counted["run"]),
                                counted["steps"]),

@@ -15,12 +15,9 @@ from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
+from amp_compare.harness.report.stats import ok_runs
 
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
-
-
-def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
 
 
 def _spread_of(column: str, name: str, median: str | None = None) -> dict:

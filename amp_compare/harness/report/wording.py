@@ -18,9 +18,7 @@ from amp_compare.harness.report.phrases import KERAS_STATIC
 class RunFacts:
     frameworks: list[str]
     precisions: list[str]
-    seeds: list[int]
     device: str
-    rotated: bool = False  # not read: its callers still pass it
     loss_scale: float | None = None  # fp16-static's fixed scale
     growth: tuple[int, int] | None = None  # (growth interval, steps each dynamic cell ran)
     skipped: int | None = None  # steps skipped in all loss-scaled cells; None: no loss-scaled cell
@@ -47,10 +45,9 @@ def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFac
     frameworks = sorted(set(source["framework"]) if "framework" in source else matrix.get("frameworks", []),
                         key=lambda f: display_order(pd.Series([f])).iloc[0])
     modes = [p for p in precisions.NAMES if p in set(source.get("precision", matrix.get("precisions", [])))]
-    seeds = sorted(set(source["seed"]) if "seed" in source else matrix.get("seeds", []))
     scaled = steps[steps["precision"].isin(precisions.scaled_names())] if "precision" in steps else steps.iloc[0:0]
     static = done.get("cfg_loss_scale", pd.Series(dtype=float)).dropna() if not done.empty else pd.Series()
-    return RunFacts(frameworks=frameworks, precisions=modes, seeds=seeds, device=manifest.get("device", "cpu"),
+    return RunFacts(frameworks=frameworks, precisions=modes, device=manifest.get("device", "cpu"),
                     loss_scale=float(static.iloc[0]) if not static.empty else None,
                     growth=growth_facts(done, steps) if not done.empty and "cell_id" in steps else None,
                     skipped=int(scaled["skipped"].sum()) if not scaled.empty else None,
