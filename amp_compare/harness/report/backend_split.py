@@ -4,19 +4,11 @@ them from the run's own records. Framework-free."""
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
+from amp_compare.harness.report.phrases import evidence
 from amp_compare.harness.report.settings_check import value_text
-
-
-def _json(value) -> dict:
-    try:
-        return json.loads(value) if isinstance(value, str) and value else value if isinstance(value, dict) else {}
-    except json.JSONDecodeError:
-        return {}
 
 
 def keras_frameworks(runs: pd.DataFrame) -> list[str]:
@@ -35,8 +27,8 @@ def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
         prec = row["precision"]
         items = [*([(f"AMP API ({prec})", row["amp_api"])] if row.get("amp_api") else []),
                  *((f"{key} ({prec})" if key == "output_dtype" else key, value)  # tf32: the Environment table's
-                   for key, value in _json(row.get("settings_used")).items() if key != "tf32"),
-                 *((f"Keras default: {key}", value) for key, value in _json(row.get("framework_defaults")).items())]
+                   for key, value in evidence(row.get("settings_used")).items() if key != "tf32"),
+                 *((f"Keras default: {key}", value) for key, value in evidence(row.get("framework_defaults")).items())]
         for item, value in items:
             values.setdefault(item, {f: set() for f in frameworks})[row["framework"]].add(value_text(value))
     rows = []

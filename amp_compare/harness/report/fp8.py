@@ -222,7 +222,7 @@ def figure(sec: dict | None, out: Path) -> str | None:
     """figures/fp8_scales.png: each converted layer's input scale per step, one panel per fp8 cell."""
     if sec is None or sec["trace"].empty:
         return None
-    from amp_compare.harness.report.figures import plt
+    import matplotlib.pyplot as plt  # the Agg backend: render imports figures.py, which chose it, before this
 
     trace = sec["trace"][sec["trace"]["role"] == "input"]
     cells = list(trace.groupby(["framework", "precision"]))

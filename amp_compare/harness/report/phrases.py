@@ -226,8 +226,13 @@ def power(value) -> str:
 
 
 def evidence(text) -> dict:
-    """A verdict row's evidence (JSON text) as a dict; {} where empty."""
-    return json.loads(text) if isinstance(text, str) and text else {}
+    """A verdict row's evidence or a record's JSON column (JSON text, or a dict) as a dict; {} where empty or bad."""
+    if isinstance(text, dict):
+        return text
+    try:
+        return json.loads(text) if isinstance(text, str) and text else {}
+    except json.JSONDecodeError:
+        return {}
 
 
 def _plural(n: int, word: str) -> str:

@@ -274,19 +274,17 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
     defaults: dict[str, dict] = {}  # per engine: every Keras backend's cells together
     for row in ok.to_dict("records"):
-        if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
-            defaults.setdefault("keras" if is_keras(row["framework"]) else row["framework"],
-                                json.loads(row["framework_defaults"]))
+        if said := phrases.evidence(row.get("framework_defaults")):
+            defaults.setdefault("keras" if is_keras(row["framework"]) else row["framework"], said)
     used: dict[str, dict] = {}
     for row in recorded.to_dict("records"):
         mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
-        if isinstance(row.get("settings_used"), str) and row["settings_used"]:
-            settings = json.loads(row["settings_used"])
-            if "attention" in settings:  # a vit cell: its attention items (the core is the --attention it ran)
-                settings = {"mha_bias": "used (setting not recorded)", **settings,
-                            "attention_core": f"--attention {settings['attention']}"}
-            for key, value in settings.items():
-                mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(sc.value_text(value))
+        settings = phrases.evidence(row.get("settings_used"))
+        if "attention" in settings:  # a vit cell: its attention items (the core is the --attention it ran)
+            settings = {"mha_bias": "used (setting not recorded)", **settings,
+                        "attention_core": f"--attention {settings['attention']}"}
+        for key, value in settings.items():
+            mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(sc.value_text(value))
         if row.get("init_source"):  # " (this cell)" marks the cell that wrote the shared file: the same file
             mine.setdefault("initial_weights", {}).setdefault("", set()).add(
                 str(row["init_source"]).removesuffix(" (this cell)"))

@@ -4,7 +4,6 @@ by side with a loud note on any mismatch. Framework-free."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 
@@ -13,6 +12,7 @@ import numpy as np
 from amp_compare.contract import precision as precision_table
 from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
+from amp_compare.harness.report.phrases import evidence
 
 CELL_KEYS = ("model", "dataset", "precision", "seed")
 
@@ -50,13 +50,6 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
     return rows
 
 
-def _settings(record: Mapping) -> dict | None:
-    value = record.get("settings_used")
-    if isinstance(value, str):
-        return json.loads(value) if value else None
-    return dict(value) if isinstance(value, Mapping) else None
-
-
 def _lr_shown(record: Mapping) -> str | None:
     """The learning rate as the cell's config set it ("warmup-cosine, peak 0.003", "constant 0.001"; None if unset)."""
     lr = record.get("cfg_lr")
@@ -71,8 +64,8 @@ def check_runs(records: Iterable[Mapping]) -> list[dict]:
     mismatches, one entry per Keras framework (tf, keras-jax, keras-torch: each against the same torch cell)."""
     cells: dict[tuple, dict[str, tuple[dict, str | None]]] = {}  # (settings, learning rate shown) per framework
     for record in records:
-        settings, framework = _settings(record), record.get("framework")
-        if settings is not None and (framework == "torch" or is_keras(str(framework))):
+        settings, framework = evidence(record.get("settings_used")), record.get("framework")
+        if settings and (framework == "torch" or is_keras(str(framework))):
             cells.setdefault(tuple(record.get(k) for k in CELL_KEYS), {})[framework] = (settings, _lr_shown(record))
     out = []
     for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
