@@ -15,7 +15,7 @@ import pandas as pd
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import phrases, verdicts
-from amp_compare.harness.report.stats import budgeted, correct_pairs, paired_test
+from amp_compare.harness.report.stats import ACC_COLS, budgeted, correct_pairs, paired_test
 from amp_compare.kit.fp16 import FP16_MAX
 
 # An fp8 cell off a GPU runs in emulation: no speed ratio or verdict, and its memory and FLOP/s are the emulation's.
@@ -86,10 +86,8 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
         same = ok[(ok["model"] == r.model) & (ok["dataset"] == r.dataset) & (ok["framework"] == r.framework)]
         mine = same[same["precision"] == r.precision]
         pairs = correct_pairs(same[same["precision"] == contract.PARTNER], mine)
-        test = paired_test(pairs) if pairs else {}
-        facts = {**r._asdict(), "method": test.get("method", ""), "seeds": len(pairs), **{
-            c: test.get(c, np.nan) for c in ("diff_pp", "ci_low", "ci_high", "p_value", "images", "discordant")}}
-        row = verdicts.accuracy(SimpleNamespace(**facts), metric="fp8_vs_bf16")
+        test = {**dict.fromkeys(ACC_COLS, np.nan), "method": "", **(paired_test(pairs) if pairs else {})}
+        row = verdicts.accuracy(SimpleNamespace(**{**r._asdict(), **test, "seeds": len(pairs)}), metric="fp8_vs_bf16")
         last = (layers[layers["cell_id"].isin(set(mine["cell_id"])) & (layers["when"] == "last step")]
                 if not layers.empty else layers)
         roles = last.groupby("role")["sqnr_db"].median().astype(float).to_dict() if not last.empty else {}

@@ -503,19 +503,22 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     sentences = finding_parts(runs, steps, evidence, epochs, table=full)
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = tb.seed_counts_text(runs) or tb.seed_list_text(manifest["matrix"]["seeds"])
-    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
-    verdict_table = verdicts.with_rows(verdict_table, [  # said: the N-worker cells' (answer.experiment_items)
-        *scaling.rows(verdict_table, runs, steps, tables.get("underflow")),
-        *nr.naive_rows(verdict_table, runs, tables.get("headroom")),
-        *fp8_report.verdict_rows(accuracy, runs, tables.get("fp8_layers")), *said])
+    verdict_table = verdicts.build(full, runs, tables.get("trials"))
+    said = [*scaling.rows(verdict_table, runs, steps, tables.get("underflow")),  # the experiments' rows after its own
+            *nr.naive_rows(verdict_table, runs, tables.get("headroom")),
+            *fp8_report.verdict_rows(accuracy, runs, tables.get("fp8_layers")), *said]
+    if said:
+        verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
     tables_check("verdicts", verdict_table)
-    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"),
-                                                  manifest.get("launcher", {}), tables.get("trials"))
+    launcher = manifest.get("launcher", {})
+    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"), launcher,
+                                                  tables.get("trials"))
     first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"), verdict_table,
                                  bool(manifest.get("defaults", {}).get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
-    conditions = speed.manifest_conditions(manifest)
+    cells = [t] if (t := manifest.get("defaults", {}).get("threads")) else []  # the trials': the launcher's
+    conditions = speed.conditions(launcher, cells, [t] if (t := launcher.get("trial_threads")) else cells)
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
             "facts": facts, "intro": wording.summary_intro(facts, seeds_text + tb.fewer_seeds_note(runs), loop_text),
             "summary_html": table_html(main_table), "legend": tb.legend(full),

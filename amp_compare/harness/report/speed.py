@@ -184,13 +184,6 @@ def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
     return f"{ran}{f', {cells} each' if cells else ''}", "no cell beside them" + (f", {trials}" if trials else "")
 
 
-def manifest_conditions(manifest: dict) -> tuple[str, str]:
-    """conditions() from the manifest alone: the cells' threads its defaults hold, the trials' its launcher entry."""
-    launcher = manifest.get("launcher", {})
-    cells = [t] if (t := manifest.get("defaults", {}).get("threads")) else []
-    return conditions(launcher, cells, [launcher["trial_threads"]] if launcher.get("trial_threads") else cells)
-
-
 def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
     """The Speed section's table of the speed trials, one row per trial x mixed precision; empty without trials."""
     if trials is None or trials.empty or "threads" not in trials:

@@ -391,24 +391,13 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     return runs[mask].groupby(GROUP).size().to_dict()
 
 
-def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The speed trials' summary (kit/trial.py trial_summary) of a run's trials table; None where it has none."""
-    if trials is None or trials.empty:
-        return None
+def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The verdict table of a run from `full` (tables.full_table), `runs` (the run table) and `trials` (its trials
+    table, summarised by kit/trial.py's trial_summary)."""
     from amp_compare.kit.trial import trial_summary
 
-    return trial_summary(trials)
-
-
-def with_rows(table: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
-    """The verdict table with the experiments' rows after its own."""
-    return pd.concat([table, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True) if rows else table
-
-
-def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The verdict table of a run from `full` (tables.full_table), `runs` (the run table) and `trials` (trial_rows)."""
     by_trial = {}
-    for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
+    for t in ([] if trials is None or trials.empty else trial_summary(trials).to_dict("records")):
         by_trial.setdefault((t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
                              t["precision"]), t)
     cut = _counts(runs, stats.budgeted(runs))

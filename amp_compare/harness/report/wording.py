@@ -60,10 +60,24 @@ def _both(facts: RunFacts, torch: str, keras: str) -> str:
 
 
 def mode_text(facts: RunFacts, name: str) -> str:
-    """One precision mode as the summary's intro describes it, for this run's frameworks and settings."""
+    """One precision mode as the summary's intro describes it, for this run's frameworks and settings; an fp8 mode
+    by each framework's own recipe (contract/fp8.py) and base, "emulated" only on a CPU."""
     p = precisions.of(name)
-    if p.fp8:  # contract/fp8.py: each framework's own recipe; the fp8 section shows them read back
-        return fp8_mode_text(facts, name)
+    if p.fp8:
+        from amp_compare.contract.fp8 import RECIPES
+
+        parts, base = [], "float32"
+        for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
+            recipe = RECIPES.get((key, name))
+            if recipe is None or not (facts.torch if key == "torch" else facts.keras):
+                continue
+            layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
+            parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
+                recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
+            base = recipe.base
+        # "a float32 base": the audits show casts to other dtypes inside layers (Keras fp8 attention: bfloat16)
+        return (("; ".join(parts) or "float8 matmuls") + f"; the rest on a {base} base, with the casts the dtype "
+                "audit lists" + (", emulated on a CPU" if facts.device == "cpu" else ""))
     if p.half is None:
         return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
     scale = f" {facts.loss_scale:g}" if facts.loss_scale else ""
@@ -72,26 +86,6 @@ def mode_text(facts: RunFacts, name: str) -> str:
         "static": f", with the fixed loss scale{scale} (--loss-scale), never grown or backed off"}.get(
         p.loss_scaling, ", with no loss scaling at all (gradients below float16's range flush to zero)"
         if p.half == "float16" else " (float32's exponent range, so no loss scaling)")
-
-
-def fp8_mode_text(facts: RunFacts, name: str) -> str:
-    """An fp8 mode for the summary's intro: each of this run's frameworks' own recipe (contract/fp8.py), the
-    base precision, and "emulated" only on a CPU (torchao's emulate=True; Keras' float8 matmul in software)."""
-    from amp_compare.contract.fp8 import RECIPES
-
-    parts, base = [], "float32"
-    for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
-        recipe = RECIPES.get((key, name))
-        if recipe is None or not (facts.torch if key == "torch" else facts.keras):
-            continue
-        layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
-        parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
-            recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
-        base = recipe.base
-    text = "; ".join(parts) or "float8 matmuls"
-    # "a float32 base": the audits show casts to other dtypes inside layers (Keras fp8 attention: bfloat16)
-    return (text + f"; the rest on a {base} base, with the casts the dtype audit lists"
-            + (", emulated on a CPU" if facts.device == "cpu" else ""))
 
 
 def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
