@@ -57,8 +57,7 @@ def _seeds(part: pd.DataFrame) -> float:
 
 
 def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
-    """Each experiment's rows (verdicts.EXPERIMENTS: loss scaling, naive attention, data parallel) of one model x
-    dataset under its header, framework by framework in its metrics' order; [] where the run is none of them."""
+    """Each experiment's rows (verdicts.EXPERIMENTS) of one model x dataset under its header, framework by framework."""
     out = []
     for header, metrics in EXPERIMENTS:
         rows = part[part["metric"].isin(metrics)]

@@ -38,8 +38,7 @@ INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer
 
 
 def keras_backend_split(runs: pd.DataFrame) -> dict:
-    """The report's "Keras or its backend?" part: the table of the Keras frameworks with a finished cell and what it
-    says in words, or a note when it cannot be told."""
+    """The report's "Keras or its backend?" part: the Keras frameworks' table and sentences, or a note."""
     ok = set(ok_runs(runs).get("framework", ()))
     frameworks = sorted(ok & set(KERAS_BACKENDS), key=lambda f: DISPLAY_ORDER.get(f, 99))
     if len(frameworks) < 2:

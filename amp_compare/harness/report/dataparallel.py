@@ -168,8 +168,7 @@ def as_written(value):
 
 
 def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd.DataFrame:
-    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor; environment: the
-    manifest's (machine_range)."""
+    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor (machine_range)."""
     runs, steps = tables["run"], tables["steps"]
     workers = tables.get("workers", pd.DataFrame())
     if runs.empty:
@@ -360,8 +359,7 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
                 "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
                 "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"),
                 "error": unavailable_text(str(r.get("error") or "")),
-                "accuracy_test": {k: (v.item() if hasattr(v, "item") else v)  # as JSON can hold them
-                                  for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS},
+                "accuracy_test": {k: v for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS},
                 "accuracy_seeds": r.get("accuracy_seeds")}
         out.append(verdicts.row(key, "data_parallel", facts, "none", said))
     return out

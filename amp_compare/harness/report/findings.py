@@ -27,8 +27,7 @@ def _too_short(table: pd.DataFrame) -> list[str]:
 
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                   epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
-    """The findings' sentences in order: diverged cells, the machine's steadiness, the frameworks' log lines on their
-    half-precision path (every cell on one CPU model), runs too short for accuracy."""
+    """The findings' sentences: diverged cells, the machine's steadiness, log lines, runs too short."""
     table = full_table(runs, epochs, environment) if table is None else table
     if table.empty:
         return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]

@@ -75,8 +75,7 @@ def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, str]:
 
 
 def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | None) -> list[dict]:
-    """The fp8 verdict rows (verdicts.FP8): per model x dataset x framework x fp8 mode, its accuracy paired image by
-    image against bf16 of the same seeds, with the recipe read back and its layers' SQNR as evidence."""
+    """The fp8 verdict rows (verdicts.FP8): accuracy paired against bf16; recipe and SQNR as evidence."""
     if acc.empty or runs.empty or not acc["precision"].isin(contract.FP8_MODES).any():
         return []
     ok = runs[(runs["status"] == "ok") & ~budgeted(runs)]

@@ -20,8 +20,7 @@ def _text(table: pd.DataFrame, column: str) -> pd.Series:
 
 
 def ceiling_marks(table: pd.DataFrame) -> tuple[bool, bool]:
-    """Whether some cell's half format is measured against the fp32 ceiling for want of its arithmetic, and whether
-    some is under an instruction limit (the frameworks kept from its instructions)."""
+    """(a cell on the fp32 ceiling for want of its half format's arithmetic, one under an instruction limit)."""
     limited = _text(table, "ceiling_isa_limit") != ""
     return bool(((_text(table, "ceiling_fp32_for") != "") & ~limited).any()), bool(limited.any())
 

@@ -130,8 +130,7 @@ def _identity(df: pd.DataFrame) -> dict:
 
 
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
-    """One row per --find-max-batch search (model, dataset, framework, precision): the largest batch that fit, the
-    memory it used, the cap, and whether the search converged or stopped early (its time budget spent)."""
+    """One row per --find-max-batch search: the largest batch that fit, its memory, the cap, how it ended."""
     if maxbatch.empty:
         return maxbatch
     keys = [k for k in ("model", "dataset") if k in maxbatch] + ["framework", "precision"]
@@ -490,8 +489,7 @@ def _evidence(manifest: dict) -> dict:
 
 
 def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
-    """The answer, the Summary and Speed sections: the verdict tables, the summary table and the findings
-    (`sentences`); `said`: verdict rows of cells these tables leave out (dataparallel.verdict_rows)."""
+    """The answer, the Summary and Speed sections; `said`: verdict rows of cells these tables leave out."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
     logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels

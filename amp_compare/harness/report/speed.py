@@ -82,8 +82,7 @@ def timing_paragraph(warmup: int, cells: str = "") -> str:
 
 
 def hardware_paragraph(table: pd.DataFrame, ceilings: list[str] | tuple[str, ...] = ()) -> str:
-    """The Hardware efficiency table's paragraph: which of `table`'s cells are measured against the fp32 ceiling
-    (hardware.ceiling_marks), and the run's `ceilings` (hardware.ceiling_clauses)."""
+    """The Hardware efficiency table's paragraph, from `table`'s ceiling marks and the run's `ceilings`."""
     emulated, limited = ceiling_marks(table)
     text = ("Per cell: the median-step throughput beside the headline's wall-time one, training FLOPs per image "
             "(counted once from the layer shapes both frameworks share), the FLOP/s achieved over the timed steps' "

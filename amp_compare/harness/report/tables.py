@@ -38,8 +38,7 @@ def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Medians over seeds per (machine x) framework x model x dataset x loop x precision, with their spread, and
-    ratios to that framework's fp32 (geometric mean of per-seed ratios)."""
+    """Medians over seeds per (machine x) framework x model x dataset x loop x precision, ratios to fp32's."""
     ok = with_loop_columns(ok_runs(runs).copy())
     group = (["machine"] if "machine" in ok else []) + ["framework", "model", "dataset", *LOOP, "precision"]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
@@ -218,8 +217,7 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
 
 
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per (machine x) model x dataset x framework x precision, in the summary table's order: the paired test
-    against fp32, whether the run was too short to judge, and the time to target with its ratio to fp32's."""
+    """Per group, framework and precision: the paired test against fp32, too_short, the time to target."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok)
     ids = [*keys, "framework", "precision"]

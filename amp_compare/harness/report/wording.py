@@ -60,8 +60,7 @@ def _both(facts: RunFacts, torch: str, keras: str) -> str:
 
 
 def mode_text(facts: RunFacts, name: str) -> str:
-    """One precision mode as the summary's intro describes it, for this run's frameworks and settings; an fp8 mode
-    by each framework's own recipe (contract/fp8.py) and base, "emulated" only on a CPU."""
+    """One precision mode as the summary's intro describes it, for this run's frameworks and settings."""
     p = precisions.of(name)
     if p.fp8:
         from amp_compare.contract.fp8 import RECIPES
@@ -157,8 +156,7 @@ def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
 
 def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | None, machine: str,
                           floor_threads: list[int] | None = None) -> str:
-    """How many threads the 1-worker, floor and N-worker cells had and, where the calibrations saw the
-    machine unsteady, their range over the run and what it does to N vs 1."""
+    """The threads of the 1-worker, floor and N-worker cells; the machine's unsteadiness where seen."""
     parts = [f"Threads: each 1-worker cell was given --threads {threads_1}"]
     if floor_threads:
         parts.append(f"its floor cell --threads {', '.join(map(str, sorted(set(floor_threads))))}")
