@@ -353,8 +353,7 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
         facts = SimpleNamespace(status=r["status"], ok=judged, agree=bool(r.get("agree", True)) if judged else True,
                                 gap=gap, floor=floor, estimate=gap, margin=floor,
                                 at_floor=judged and np.isfinite(floor) and at_floor(gap, floor, level))
-        key = {"model": r["model"], "dataset": r["dataset"], "step_loop": "", "batch_size": np.nan,
-               "framework": r["framework"], "precision": r["precision"]}
+        key = {**{k: r[k] for k in KEY[:4]}, "step_loop": "", "batch_size": np.nan}
         said = {"seed": r["seed"], "workers": r["workers"], "allreduce": r["allreduce"],
                 "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
                 "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"),

@@ -184,10 +184,8 @@ def columns_note(verdicts: pd.DataFrame, conditions: tuple[str, str] = ("", ""))
     targets = []
     for (model, _), part in verdicts[verdicts["metric"] == "time_to_target"].groupby(["model", "dataset"], sort=False):
         said = evidence(part["evidence"].iloc[0])
-        target = said.get("target")
-        if isinstance(target, float) and np.isfinite(target):
-            basis = said.get("target_basis", "")
-            targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
+        if isinstance(target := said.get("target"), float) and np.isfinite(target):
+            targets.append(f"{model} {target:.1%}" + (f", {basis}" if (basis := said.get("target_basis")) else ""))
     target = f" ({'; '.join(targets)})" if targets else ""
     cells, trial = conditions
     about = [*([f"they ran {cells}"] if cells else []),

@@ -265,10 +265,9 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
             pairs = [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]  # (fp32 row, mixed row)
             res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
-            resolution = memory.resolution_mib(pairs)
-            known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
+            difference, resolution, known = memory.paired_difference(pairs)
             rows.append({**dict(zip(keys, key)), "precision": prec, "memory_resolution_mib": resolution,
-                         "memory_difference_mib": memory.paired_difference_mib(pairs), "memory_resolved": known,
+                         "memory_difference_mib": difference, "memory_resolved": known,
                          "memory_note": "" if known == 0.0 else
                          stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
     return pd.DataFrame(rows, columns=cols)
