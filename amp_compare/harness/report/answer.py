@@ -34,7 +34,9 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
             use, reason = choose(group)
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})",
                                [_line(prec, rows) for prec, rows in group.groupby("precision", sort=False)]))
-        out.append((f"{model} on {dataset}" + (" (one seed)" if _seeds(part) == 1 else ""), frameworks))
+        said = [phrases.evidence(e).get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
+        seeds = max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))  # accuracy's
+        out.append((f"{model} on {dataset}" + (" (one seed)" if seeds == 1 else ""), frameworks))
     return out
 
 
@@ -48,12 +50,6 @@ def uses(verdicts: pd.DataFrame) -> str:
     return "; ".join(f"{model}/{dataset}: " + ", ".join(f"{framework_label(fw)} {choose(group)[0]}" for fw, group
                                                        in _answerable(part).groupby("framework", sort=False))
                      for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False))
-
-
-def _seeds(part: pd.DataFrame) -> float:
-    """The most seeds a model's accuracy verdicts rest on (their evidence), NaN where none says."""
-    said = [phrases.evidence(e).get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
-    return max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))
 
 
 def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:

@@ -42,12 +42,6 @@ def api_text(row: dict) -> str:
     return f"Keras dtype policy {live.get('policy') or '(not recorded)'} {layers}"
 
 
-def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
-    """The headroom records less the fp8 cells': distance to float16's largest value says nothing of an fp8 tensor."""
-    as_is = headroom is None or headroom.empty or "precision" not in headroom
-    return headroom if as_is else headroom[~headroom["precision"].isin(contract.FP8_MODES)]
-
-
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
 
 

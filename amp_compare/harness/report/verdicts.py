@@ -311,19 +311,6 @@ def row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dic
             "evidence": json.dumps(evidence, default=lambda v: v.item() if hasattr(v, "item") else str(v))}
 
 
-def _speed(r, key: dict, trial: dict | None) -> dict:
-    from amp_compare.kit.trial import INTERVAL_KIND
-
-    t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
-    facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
-                            low=t.get("low", np.nan), high=t.get("high", np.nan),
-                            contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
-    evidence = {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
-                                  "fp32_step_s", "mixed_step_s") if k in t}
-    kind = "sign test 95%" if str(t.get("interval_kind", "")) == INTERVAL_KIND else "trial 95%"
-    return row(key, "speed", facts, kind, evidence)
-
-
 def accuracy(r, key: dict | None = None, cut: int | None = None, metric: str = "accuracy") -> dict:
     """The accuracy verdict row of an accuracy-table row: ACCURACY, or FP8 where `metric` is fp8_vs_bf16."""
     method = r.method if isinstance(getattr(r, "method", None), str) else ""
@@ -378,7 +365,7 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
 
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """The verdict table of a run from `full` (tables.full_table), its run table and its trials table."""
-    from amp_compare.kit.trial import trial_summary
+    from amp_compare.kit.trial import INTERVAL_KIND, trial_summary
 
     by_trial = {}
     for t in ([] if trials is None or trials.empty else trial_summary(trials).to_dict("records")):
@@ -395,13 +382,20 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         n_cut, n_diverged = int(cut.get(ident, 0)), int(diverged.get(ident, 0))
         resolution = _num(r.memory_resolution_mib)
         trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
+        t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
+        facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
+                                low=t.get("low", np.nan), high=t.get("high", np.nan),
+                                contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
+        speed = row(key, "speed", facts, "sign test 95%" if t.get("interval_kind") == INTERVAL_KIND else "trial 95%",
+                    {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
+                                       "fp32_step_s", "mixed_step_s") if k in t})
         facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=n_cut, estimate=_num(r.memory_difference_mib),
                                 resolved=_num(getattr(r, "memory_resolved", np.nan)), margin=resolution)
         memory = row(key, "memory", facts, "none", {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32),
                                                     "resolution_mib": resolution, "budget_cut_cells": n_cut})
         numerics = row(key, "numerics", SimpleNamespace(diverged=n_diverged, estimate=_num(r.skipped_steps)), "none",
                        {"skipped_steps_median": _num(r.skipped_steps), "diverged_cells": n_diverged})
-        rows += [_speed(r, key, trial), memory, accuracy(r, key, n_cut), _time(r, key, n_cut), numerics]
+        rows += [speed, memory, accuracy(r, key, n_cut), _time(r, key, n_cut), numerics]
     rows += _failed_rows(runs, done)
     return pd.DataFrame(rows, columns=COLUMNS)
 
