@@ -35,6 +35,7 @@ from amp_compare.harness.report import settings_check as sc
 from amp_compare.harness.report import tables as tb
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
+from amp_compare.harness.report.dataparallel import as_written
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
@@ -268,8 +269,7 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
 
 
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
-    """Each item of contract.mapping.DIFFERENCES the run's models have: both frameworks' defaults as their children
-    read them from the installed versions, and the values the cells that recorded them (diverged ones too) used."""
+    """Each item of contract.mapping.DIFFERENCES the run's models have: both frameworks' defaults and used values."""
     ok = tb.ok_runs(runs)
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
     defaults: dict[str, dict] = {}  # per engine: every Keras backend's cells together
@@ -392,20 +392,15 @@ ENV_COLUMNS = {
 BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
 
 
-def _env_value(value) -> str:
-    return str(dataparallel.as_written(value))
-
-
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
                      ) -> list[tuple[str, str | list[str]]]:
-    """The Environment table: the host as the parent recorded it, the threads each framework's speed trials ran with,
-    then what its cells reported (build-time CUDA/cuDNN versions labelled as such)."""
-    rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), _env_value(environment[k]))
+    """The Environment table: the host, each framework's speed trials' threads, then what its cells reported."""
+    rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), str(as_written(environment[k])))
                                                for k in sorted(environment)]
     if trials is not None and not trials.empty and {"framework", "threads"} <= set(trials):
         for fw, part in trials.groupby("framework", sort=False):
             rows.append((f"{framework_label(fw)}: threads (speed trials)",
-                         ", ".join(dict.fromkeys(_env_value(v) for v in part["threads"].dropna()))))
+                         ", ".join(dict.fromkeys(str(as_written(v)) for v in part["threads"].dropna()))))
     if runs.empty or "framework" not in runs:
         return rows
     ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
@@ -414,12 +409,12 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     for col, label in ((c, label) for c, label in ENV_COLUMNS.items() if c in ordered):
         for fw, part in ordered.groupby("framework", sort=False):
             if col == "amp_api" and "precision" in part:  # per precision, a list
-                pairs = list(dict.fromkeys(f"{p}: {_env_value(v)}" for p, v in zip(part["precision"], part[col])
+                pairs = list(dict.fromkeys(f"{p}: {as_written(v)}" for p, v in zip(part["precision"], part[col])
                                            if pd.notna(v) and str(v)))
                 rows += [(f"{framework_label(fw)}: {label}", pairs)] if pairs else []
                 continue
             devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
-            if values := list(dict.fromkeys(_env_value(v) for v in part[col].dropna() if str(v))):
+            if values := list(dict.fromkeys(str(as_written(v)) for v in part[col].dropna() if str(v))):
                 rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
                     " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
                     if col in BUILD_INFO and devices <= {"cpu", ""} else "")))
@@ -637,9 +632,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
-    """A run's headline in the runs index: the precision its answer says each framework should use (its verdict
-    table); a run recorded before verdicts were: each mixed precision's training throughput against fp32's
-    (geometric mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
+    """A run's headline in the runs index: the precision its answer says each framework should use; a run
+    recorded before verdicts were: each mixed precision's speed against fp32's (or "emulated") and accuracy."""
     if (stored := run_dir / "data" / "verdicts.parquet").exists():
         return "use " + answer_block.uses(pd.read_parquet(stored))
     table = tb.summary_table(single) if single is not None and not single.empty else pd.DataFrame()
@@ -659,8 +653,7 @@ HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept 
 
 
 def render_runs_index(reports_dir: Path) -> Path:
-    """reports/index.html: every compare run in the folder with its headline (_index_headline, cached in each run's
-    HEADLINE_FILE keyed by the size and time of its records and of this code)."""
+    """reports/index.html: every compare run in the folder with its headline, cached in each run's HEADLINE_FILE."""
     rows = []
     for run_dir in sorted((p for p in Path(reports_dir).iterdir() if (p / "manifest.json").exists()), reverse=True):
         data = run_dir / "data"

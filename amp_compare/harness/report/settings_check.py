@@ -83,8 +83,7 @@ def value_text(value) -> str:
 
 
 def side_by_side(records: Iterable[Mapping]) -> dict:
-    """The settings-used table: one row per setting with its distinct values over the cells and whether they match
-    (before or only after mapping conventions), and the mismatch note (empty when every cell's settings match)."""
+    """The settings-used table (per setting: its values over the cells, whether they match) and its note."""
     checked = check_runs(records)
     by_key: dict[str, dict] = {}
     for cell in checked:

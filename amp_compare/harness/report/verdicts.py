@@ -331,8 +331,7 @@ def _time(r, key: dict, cut: int) -> dict:
     reached, seeds = _num(getattr(r, "reached_seeds", np.nan)), _num(getattr(r, "timed_seeds", np.nan))
     facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, too_short=bool(r.too_short),
                             reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
-                            estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high),
-                            margin=SAME_RATIO)
+                            estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high), margin=SAME_RATIO)
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
                 "reached_seeds": np.nan if cut else facts.reached, "seeds": np.nan if cut else facts.seeds,
                 "time_s": _num(r.time_to_target_s), "budget_cut_cells": cut}  # a cut cell was not timed: no count
