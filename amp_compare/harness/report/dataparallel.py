@@ -103,8 +103,7 @@ def _agreement_text(a: dict, framework: str, workers: pd.DataFrame) -> str:
 
 
 def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int, dict]:
-    """(a reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers, paired
-    by seed and image over the group's seeds; how many seeds were paired; the paired test, {} where none)."""
+    """(a cell's accuracy against the fp32 all-reduce cell of its workers, seeds paired, the paired test)."""
     if cell["cfg_allreduce"] == ALLREDUCE_REFERENCE:
         return "reference", 0, {}
     group = n_cells[(n_cells["status"] == "ok") & (n_cells[POOL] == cell[POOL]).all(axis=1)]

@@ -29,8 +29,7 @@ def speed_emulated(precision: pd.Series, device: str) -> pd.Series:
 
 
 def api_text(row: dict) -> str:
-    """The AMP API an fp8 cell ran, from its fp8_settings (its child's amp_api names only the autocast/policy
-    machinery, "none" for fp8); any other cell's amp_api as recorded."""
+    """The AMP API a cell ran: an fp8 cell's from its fp8_settings (its amp_api says "none"), others' as recorded."""
     recorded = row.get("amp_api") if isinstance(row.get("amp_api"), str) else ""  # a crashed cell's is missing (NaN)
     live = phrases.evidence(row.get("fp8_settings"))
     if row.get("precision") not in contract.FP8_MODES or not live:

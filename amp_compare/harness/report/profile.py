@@ -37,10 +37,9 @@ def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFr
     slow = prims[(prims["cell_id"] == row["cell"]) & prims["impl"].str.startswith("ref")] if not prims.empty else prims
     paths = [f"{op}: {lib.get(op) or 'not reported'}" for op in moved.index] + [
         f"oneDNN ran its reference kernel {r.impl} for {r.kind} {r.prop_kind} ({r.dtype})" for r in slow.itertuples()]
-    nan = float("nan")
     return {**row, "operations behind the difference": text or "no op moved in that direction in the window",
-            "library path": "; ".join(paths),
-            "casts": f"{run.get('profile_cast_share', nan):.1%} vs fp32 {base.get('profile_cast_share', nan):.1%}"}
+            "library path": "; ".join(paths), "casts": f"{run.get('profile_cast_share', math.nan):.1%} vs fp32 "
+                                                       f"{base.get('profile_cast_share', math.nan):.1%}"}
 
 
 def section(tables: dict[str, pd.DataFrame]) -> dict | None:

@@ -60,8 +60,7 @@ def _lr_shown(record: Mapping) -> str | None:
 
 
 def check_runs(records: Iterable[Mapping]) -> list[dict]:
-    """Every (model, dataset, precision, seed) cell torch and a Keras framework ran: its comparison rows and
-    mismatches, one entry per Keras framework (tf, keras-jax, keras-torch: each against the same torch cell)."""
+    """Per cell torch and a Keras framework ran, one entry per Keras framework: its rows and mismatches."""
     cells: dict[tuple, dict[str, tuple[dict, str | None]]] = {}  # (settings, learning rate shown) per framework
     for record in records:
         settings, framework = evidence(record.get("settings_used")), record.get("framework")

@@ -99,8 +99,7 @@ IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch",
 
 
 def split_summary(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The formatted summary as (the summary table, the hardware-efficiency table, the loop text), less Step and
-    Batch where every row has the same one (the loop text names it) and the median-step throughput."""
+    """(the summary table, the hardware-efficiency table, the loop text: Step and Batch where constant)."""
     hardware = [c for c in HARDWARE_COLUMNS if c in summary]
     constant = [c for c in ("Step", "Batch") if c in summary and summary[c].nunique() == 1]
     loop = {"Step": "{} step loop", "Batch": "batch size {}"}

@@ -176,8 +176,7 @@ def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | Non
 
 
 def reproduce_note(environment) -> str:
-    """Where the run's git_sha ends in -dirty, that the Reproduce command rebuilds it only from a tree with the same
-    uncommitted changes; "" for a clean tree."""
+    """Where the run's git_sha ends in -dirty: that Reproduce needs a tree with the same changes; else ""."""
     dirty = sorted({str(v)[:-len("-dirty")] for k, v in environment.items()
                     if (k == "git_sha" or str(k).endswith(": git_sha")) and str(v).endswith("-dirty")})
     return (f"The code that ran was commit {', '.join(dirty)} with uncommitted changes (its git_sha ends in "
