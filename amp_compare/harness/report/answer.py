@@ -59,9 +59,9 @@ def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
         rows = part[part["metric"].isin(metrics)]
         if rows.empty:
             continue
-        order = {m: i for i, m in enumerate(metrics)}
-        out.append((header, [phrases.lab_line(v) for _, mine in rows.groupby("framework", sort=False)
-                             for v in sorted(mine.itertuples(), key=lambda v: (_rank(v.precision), order[v.metric]))]))
+        at = {**{p: i for i, p in enumerate(NAMES)}, **{m: i for i, m in enumerate(metrics)}}  # precision, metric
+        out.append((header, [phrases.lab_line(v) for _, g in rows.groupby("framework", sort=False)
+                             for v in sorted(g.itertuples(), key=lambda v: (at.get(v.precision, 99), at[v.metric]))]))
     return out
 
 
@@ -87,10 +87,6 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
                     + ("the Profile section names the kernels." if profiled
                        else "this run recorded no profile: rerun with --profile to name the kernels."))
     return " ".join(filter(None, said))
-
-
-def _rank(precision: str) -> int:
-    return NAMES.index(precision) if precision in NAMES else len(NAMES)
 
 
 def _listed(names: list[str]) -> str:

@@ -23,8 +23,7 @@ AT_FLOOR_FACTOR = 2.0  # a loss gap within this factor of the floor's, or FLOAT3
 FLOAT32_ULPS = 4
 _REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
 STEP_COLUMN = "Median step time vs --allreduce fp32 (same seed; <1×: shorter)"
-# A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) a verdict row keeps.
-TEST_KEYS = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
+TEST_KEYS = (*stats.ACC_COLS[:5], "detectable", "near_chance")  # the paired test's numbers a verdict row keeps
 
 
 def _flag(runs: pd.DataFrame, column: str, default) -> pd.Series:

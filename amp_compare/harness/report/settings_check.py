@@ -14,8 +14,6 @@ from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
 from amp_compare.harness.report.phrases import evidence
 
-CELL_KEYS = ("model", "dataset", "precision", "seed")
-
 
 def _no_decay(value):
     return 0.0 if value in (None, 0, 0.0) else value
@@ -65,7 +63,8 @@ def check_runs(records: Iterable[Mapping]) -> list[dict]:
     for record in records:
         settings, framework = evidence(record.get("settings_used")), record.get("framework")
         if settings and (framework == "torch" or is_keras(str(framework))):
-            cells.setdefault(tuple(record.get(k) for k in CELL_KEYS), {})[framework] = (settings, _lr_shown(record))
+            cell = tuple(record.get(k) for k in ("model", "dataset", "precision", "seed"))
+            cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
     out = []
     for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
         for fw in sorted(filter(is_keras, by_fw)) if "torch" in by_fw else []:

@@ -327,6 +327,17 @@ def accuracy(r, key: dict | None = None, cut: int | None = None, metric: str = "
     return row(key, metric, facts, ACCURACY_KIND.get(method, "none"), evidence)
 
 
+def _time(r, key: dict, cut: int) -> dict:
+    reached, seeds = _num(getattr(r, "reached_seeds", np.nan)), _num(getattr(r, "timed_seeds", np.nan))
+    facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, too_short=bool(r.too_short),
+                            reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
+                            estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high), margin=SAME_RATIO)
+    evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
+                "reached_seeds": np.nan if cut else facts.reached, "seeds": np.nan if cut else facts.seeds,
+                "time_s": _num(r.time_to_target_s), "budget_cut_cells": cut}  # a cut cell was not timed: no count
+    return row(key, "time_to_target", facts, "t over seeds 95%" if facts.seeds >= 2 else "none", evidence)
+
+
 def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
     """Every metric failed for a mixed (model, dataset, framework, precision) of the run with no finished cell."""
     rows = []
@@ -383,16 +394,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
                                                     "resolution_mib": resolution, "budget_cut_cells": n_cut})
         numerics = row(key, "numerics", SimpleNamespace(diverged=n_diverged, estimate=_num(r.skipped_steps)), "none",
                        {"skipped_steps_median": _num(r.skipped_steps), "diverged_cells": n_diverged})
-        reached, seeds = (_num(getattr(r, c, np.nan)) for c in ("reached_seeds", "timed_seeds"))
-        reached, seeds = (reached if np.isfinite(reached) else 0), (seeds if np.isfinite(seeds) else 0)
-        facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=n_cut, too_short=bool(r.too_short),
-                                reached=reached, seeds=seeds, estimate=_num(r.ttt_ratio), low=_num(r.ttt_low),
-                                high=_num(r.ttt_high), margin=SAME_RATIO)
-        time = row(key, "time_to_target", facts, "t over seeds 95%" if seeds >= 2 else "none", {
-            "target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
-            "reached_seeds": np.nan if n_cut else reached, "seeds": np.nan if n_cut else seeds,  # a cut cell: untimed
-            "time_s": _num(r.time_to_target_s), "budget_cut_cells": n_cut})
-        rows += [speed, memory, accuracy(r, key, n_cut), time, numerics]
+        rows += [speed, memory, accuracy(r, key, n_cut), _time(r, key, n_cut), numerics]
     rows += _failed_rows(runs, done)
     return pd.DataFrame(rows, columns=COLUMNS)
 
