@@ -146,7 +146,7 @@ def test_fp8_on_a_cpu_has_no_speed_or_memory_verdict(tmp_path):
 
     full = full_table(t["run"], t["epochs"], {"device": "cpu"})
     trials = _trials(run_dir, {("torch", "bf16"): 1.3, ("torch", "fp8"): 2.0}).assign(model="vit")
-    v = verdicts.build(full, t["run"], verdicts.trial_rows(trials))
+    v = verdicts.build(full, t["run"], trials)
     fp8 = v[v["precision"] == "fp8"].set_index("metric")
     assert fp8.loc["speed", "reason"] == fp8.loc["memory", "reason"] == "emulated"
     # the trial timed the emulation too: its ratio is printed nowhere ("0.25× n/a" in the terminal, audit)

@@ -199,7 +199,7 @@ def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
                     "framework's own best: PyTorch 0.210, Keras (TF) 0.430)"]
     # the Hardware efficiency caption states it
     assert f"MFU against that ceiling too. This run's ceiling: {said[0]}. The verdict" in speed.hardware_paragraph(
-        False, False, tuple(said))
+        runs, said)
     # cells that reuse an earlier cell's timing (kit/reuse.py) share it: counted once
     shared = runs.assign(ceiling_flops_measured=[2.0e11, 4.3e11, 2.0e11, 4.3e11])
     assert "the best of the run's 2 timings of a 1024×1024 matmul, which its cells share" in ceiling_clauses(
@@ -217,7 +217,7 @@ def test_an_mfu_over_100_percent_is_flagged_not_passed_off():
                           timing_note="")
     assert _hardware_cells(row, False)["MFU"] == "556.0% ⚠"
     assert _hardware_cells(SimpleNamespace(**{**vars(row), "mfu_measured": 0.29}), False)["MFU"] == "29.0%"
-    assert "An MFU over 100% is marked ⚠" in speed.hardware_paragraph(False, False, ())
+    assert "An MFU over 100% is marked ⚠" in speed.hardware_paragraph(pd.DataFrame())
 
 
 def test_bound_verdict_from_the_sweep():

@@ -271,7 +271,7 @@ def test_the_dtype_audit_counts_the_rows_that_differ_instead_of_saying_every_row
     from amp_compare.harness.report import numerics
     from amp_compare.harness.report.wording import RunFacts
 
-    facts = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp16"], seeds=[0], device="cpu", rotated=False)
+    facts = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp16"], device="cpu")
     differing = {"fp16": {"rows": 3, "of": 72, "layers": ["(unnamed)", "blocks.1.attn", "blocks.0.attn"]},
                  "bf16": {"rows": 2, "of": 72, "layers": ["blocks.1.attn", "blocks.0.attn"]}}
     said = numerics.section_words(facts, {"differing": differing})["dtype_audit"]
@@ -302,7 +302,7 @@ def test_a_dtype_audit_row_one_framework_does_not_attribute_is_no_difference():
                                                          "blocks.0.attn": True}
     facts = numerics.op_dtype_facts(dtypes, "cpu")
     assert facts["differing"]["fp8"] == {"rows": 1, "of": 2, "unattributed": 1, "layers": ["blocks.0.attn"]}
-    rf = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp8"], seeds=[0], device="cpu", rotated=False)
+    rf = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp8"], device="cpu")
     said = numerics.section_words(rf, facts)["dtype_audit"]
     assert "fp8: 1 of 2 rows (blocks.0.attn)" in said and "1 row (fp8: 1) one framework's audit does not " \
            "attribute" in said, said
@@ -317,8 +317,8 @@ def test_whether_the_scale_could_grow_counts_clean_steps_in_a_row_not_steps():
     from amp_compare.harness.report.wording import RunFacts, loss_scaling_intro
 
     def said(growth):  # the Loss scaling paragraph of a run with these growth facts
-        return loss_scaling_intro(RunFacts(frameworks=["torch"], precisions=["fp32", "fp16"], seeds=[0],
-                                           device="cpu", rotated=False, growth=growth, halves={"float16"}))[0]
+        return loss_scaling_intro(RunFacts(frameworks=["torch"], precisions=["fp32", "fp16"], device="cpu",
+                                           growth=growth, halves={"float16"}))[0]
 
     runs = pd.DataFrame({"cell_id": ["a"], "precision": ["fp16"], "cfg_growth_interval": [20]})
     skipped = [False, True, False, False, True, False, True] + [True] * 20

@@ -27,7 +27,7 @@ def test_the_epoch_time_figure_is_said_lower_or_higher_per_row():
 
 
 def test_the_findings_do_not_read_the_flags_as_what_the_kernels_computed():
-    said = " ".join(finding_parts(_runs(), pd.DataFrame(), FP16_HW).sentences)
+    said = " ".join(finding_parts(_runs(), pd.DataFrame(), FP16_HW))
     assert "computes both bfloat16 and float16 in hardware" not in said
 
 
@@ -49,7 +49,7 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
                                        "what the frameworks did under that limit.")
     assert "This run kept" not in answer.preface(AVX512_BF16)
     # a framework's fallback line beside the flags and the limit: either could have made it fall back
-    line = speed.LogLine("tf", "fp16", "float16", "oneDNN supports DT_HALF only on platforms with AVX-512.")
+    line = speed.LogLine("tf", "fp16", "oneDNN supports DT_HALF only on platforms with AVX-512.")
     logged = speed.log_sentences(pd.DataFrame({"precision": ["fp16"], "speedup_vs_fp32": [0.3]}),
                                  {**limited, "cpu_amp_flags": "avx512f"}, [line])[-1]
     assert logged.endswith("; and this run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): the line does not say "
@@ -66,11 +66,11 @@ def test_a_run_that_kept_the_frameworks_from_instructions_does_not_read_the_flag
     assert ceiling.ceiling_dtype("bf16", "off", "cpu", AVX512_BF16) == ("bf16", "")
     table = pd.DataFrame([{"framework": "torch", "precision": "bf16", "batch_size": 64, "mfu_measured": 0.04,
                            **{k: v for k, v in recorded.items() if k.startswith("ceiling_")}}])
-    from amp_compare.harness.report.hardware import ceiling_limits, on_fp32_ceiling
+    from amp_compare.harness.report.hardware import ceiling_marks
 
-    assert not on_fp32_ceiling(table).any() and (ceiling_limits(table) != "").any()
-    assert "arithmetic limited by" in speed.hardware_paragraph(False, True)
-    assert "arithmetic limited by" not in speed.hardware_paragraph(True)
+    assert ceiling_marks(table) == (False, True)
+    assert "arithmetic limited by" in speed.hardware_paragraph(table)
+    assert "arithmetic limited by" not in speed.hardware_paragraph(table.assign(ceiling_isa_limit=""))
     assert answer.preface(limited) == ("This run kept oneDNN from AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2): every number "
                                        "is what the frameworks did under that limit.")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
@@ -83,8 +83,8 @@ def test_a_framework_log_line_is_the_evidence_it_is(tmp_path):
     (cell / "stderr.log").write_text("I tensorflow: oneDNN supports DT_HALF only on platforms with AVX-512. Falling "
                                      "back to the default Eigen-based implementation if present.\n")
     lines = speed.framework_log_lines(tmp_path, runs)
-    assert [(x.framework, x.precision, x.half) for x in lines] == [("tf", "fp16", "float16")]
-    said = finding_parts(runs, pd.DataFrame(), {**AVX512_BF16, "framework_logs": lines}).sentences
+    assert [(x.framework, x.precision) for x in lines] == [("tf", "fp16")]
+    said = finding_parts(runs, pd.DataFrame(), {**AVX512_BF16, "framework_logs": lines})
     logged = next(s for s in said if s.startswith("Keras (TF)'s fp16 cells logged: \"oneDNN supports DT_HALF"))
     # the line is the framework's record of its path; beside it the CPU's flags, side by side, with no claim of
     # which AVX-512 the line meant (no record says)
@@ -113,8 +113,8 @@ def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
 def test_the_half_formats_entry_defines_them_and_points_at_the_runs_evidence():
     from amp_compare.harness.report.wording import RunFacts
 
-    facts = RunFacts(frameworks=["torch"], precisions=["fp32", "fp16", "bf16"], seeds=[0], device="cpu",
-                     rotated=False, halves={"float16", "bfloat16"})
+    facts = RunFacts(frameworks=["torch"], precisions=["fp32", "fp16", "bf16"], device="cpu",
+                     halves={"float16", "bfloat16"})
     text = next(e.text for e in glossary.entries(facts, {"device": "CPU"}, True) if e.id == "gl-half-formats")
     assert "Lesson: a half format can make training faster only where the hardware computes in it" in text
     # the bf16 sentence reads as English and says what it means (the audit found it garbled)
@@ -156,7 +156,7 @@ def test_an_expansion_never_splits_a_unit_or_nests_a_parenthesis():
 def test_the_fp8_mode_is_worded_from_each_frameworks_recipe_without_repeating_its_name():
     from amp_compare.harness.report.wording import RunFacts, summary_intro
 
-    both = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp8"], seeds=[0], device="cpu", rotated=False)
+    both = RunFacts(frameworks=["torch", "tf"], precisions=["fp32", "fp8"], device="cpu")
     intro = summary_intro(both, "1 seed", "")
     assert "fp8 (fp8" not in intro and "where offered" not in intro
     assert "PyTorch: the matmuls of Linear layers in float8, scaled by each step's own amax, one scale per tensor" \
@@ -165,6 +165,6 @@ def test_the_fp8_mode_is_worded_from_each_frameworks_recipe_without_repeating_it
     assert "up to 1,024 past steps" in intro and intro.count("emulated on a CPU") == 1
     # the audits show casts inside layers (Keras fp8 attention to bfloat16): no "everything else in float32"
     assert "everything else in float32" not in intro and "the rest on a float32 base, with the casts" in intro
-    keras_gpu = RunFacts(frameworks=["tf"], precisions=["fp32", "fp8"], seeds=[0], device="cuda", rotated=False)
+    keras_gpu = RunFacts(frameworks=["tf"], precisions=["fp32", "fp8"], device="cuda")
     text = summary_intro(keras_gpu, "1 seed", "")
     assert "emulated" not in text and "PyTorch" not in text and "past steps" in text

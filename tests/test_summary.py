@@ -36,7 +36,7 @@ def test_findings_are_sentences_from_the_numbers():
                           "step": [0, 1], "step_time_s": [0.1, 0.1],
                           "loss_scale": [2.0**15, 2.0**14], "skipped": [True, False]})
     env = {"cpu_amp_flags": "avx2,f16c", "cpu_bf16_hardware": False, "cpu_fp16_hardware": False}
-    text = finding_parts(_runs(), steps, env).sentences
+    text = finding_parts(_runs(), steps, env)
     assert not any("images/s" in s for s in text)  # no wall-time speed sentence: speed is the trials' verdict
     # said once, elsewhere: the CPU's flags in the Answer's first line, the skips and the scale the Loss scaling table
     assert answer.preface(env) == "This CPU's flags list no bfloat16 or float16 arithmetic."
@@ -90,7 +90,7 @@ ENV = {"cpu_amp_flags": "avx2,f16c", "cpu_bf16_hardware": False, "cpu_fp16_hardw
 
 
 def _findings(runs, epochs, steps, env=ENV):
-    return finding_parts(runs, steps, env, epochs).sentences
+    return finding_parts(runs, steps, env, epochs)
 
 
 def _verdict(runs, epochs, steps, metric: str, precision: str = "fp16"):

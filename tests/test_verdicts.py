@@ -43,7 +43,7 @@ def _trials(run_dir, ratios: dict, rounds: int = 8, contended: tuple = ()) -> pd
 def _verdicts(run_dir, trials=None) -> pd.DataFrame:
     t = records.read_run(run_dir)
     full = full_table(t["run"], t["epochs"], {"device": "cpu"})
-    return verdicts.build(full, t["run"], verdicts.trial_rows(trials))
+    return verdicts.build(full, t["run"], trials)
 
 
 def _one(v: pd.DataFrame, fw: str, prec: str, metric: str) -> pd.Series:
@@ -221,9 +221,9 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
                             "cpu_seconds": s * (1.9 if p == "fp32" else 1.0)}
                            for c, p in zip(t["run"]["cell_id"], t["run"]["precision"])
                            for phase, s in (("training", 10.0), ("compile/warm-up", 2.0), ("evaluation", 1.0))])
-    agree = verdicts.build(full, t["run"], verdicts.trial_rows(_trials(run_dir, {("torch", "fp16"): 0.5})))
+    agree = verdicts.build(full, t["run"], _trials(run_dir, {("torch", "fp16"): 0.5}))
     assert speed.trial_and_cells(agree, full, t["run"], phases) == []
-    differ = verdicts.build(full, t["run"], verdicts.trial_rows(_trials(run_dir, {("torch", "fp16"): 0.2})))
+    differ = verdicts.build(full, t["run"], _trials(run_dir, {("torch", "fp16"): 0.2}))
     said = speed.trial_and_cells(differ, full, t["run"], phases)
     assert len(said) == 1 and said[0].startswith(
         "simple_cnn on synthetic, PyTorch fp16: the training cells ran at 0.500× fp32's throughput (seeds "

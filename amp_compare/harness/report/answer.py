@@ -34,7 +34,9 @@ def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]
             use, reason = choose(group)
             frameworks.append((f"{framework_label(fw)}: use {use} ({phrases.REASON[reason]})",
                                [_line(prec, rows) for prec, rows in group.groupby("precision", sort=False)]))
-        out.append((f"{model} on {dataset}" + (" (one seed)" if _seeds(part) == 1 else ""), frameworks))
+        said = [phrases.evidence(e).get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
+        seeds = max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))  # accuracy's
+        out.append((f"{model} on {dataset}" + (" (one seed)" if seeds == 1 else ""), frameworks))
     return out
 
 
@@ -50,23 +52,16 @@ def uses(verdicts: pd.DataFrame) -> str:
                      for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False))
 
 
-def _seeds(part: pd.DataFrame) -> float:
-    """The most seeds a model's accuracy verdicts rest on (their evidence), NaN where none says."""
-    said = [phrases.evidence(e).get("seeds") for e in part.loc[part["metric"] == "accuracy", "evidence"]]
-    return max((float(n) for n in said if isinstance(n, (int, float))), default=float("nan"))
-
-
 def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
-    """Each experiment's rows (verdicts.EXPERIMENTS: loss scaling, naive attention, data parallel) of one model x
-    dataset under its header, framework by framework in its metrics' order; [] where the run is none of them."""
+    """Each experiment's rows (verdicts.EXPERIMENTS) of one model x dataset under its header, framework by framework."""
     out = []
     for header, metrics in EXPERIMENTS:
         rows = part[part["metric"].isin(metrics)]
         if rows.empty:
             continue
-        order = {m: i for i, m in enumerate(metrics)}
-        out.append((header, [phrases.lab_line(v) for _, mine in rows.groupby("framework", sort=False)
-                             for v in sorted(mine.itertuples(), key=lambda v: (_rank(v.precision), order[v.metric]))]))
+        at = {**{p: i for i, p in enumerate(NAMES)}, **{m: i for i, m in enumerate(metrics)}}  # precision, metric
+        out.append((header, [phrases.lab_line(v) for _, g in rows.groupby("framework", sort=False)
+                             for v in sorted(g.itertuples(), key=lambda v: (at.get(v.precision, 99), at[v.metric]))]))
     return out
 
 
@@ -78,7 +73,8 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
     """Whether the run kept the frameworks from instructions (speed.isa_limit), or which half formats' arithmetic the
     CPU's flags do not list; then each precision the speed trials found FAR_SLOWER, and where its kernels are named."""
     did = speed.isa_limit(environment)
-    missing = [half for half in ("bfloat16", "float16") if not speed.has_arithmetic(environment, half)]
+    missing = [half for half, key in (("bfloat16", "cpu_bf16_hardware"), ("float16", "cpu_fp16_hardware"))
+               if not environment.get(key)]
     said = [f"This run {did}: every number is what the frameworks did under that limit." if did else
             f"This CPU's flags list no {' or '.join(missing)} arithmetic." if device == "cpu" and missing else ""]
     far = verdicts[(verdicts["metric"] == "speed") & (verdicts["status"] == "slower")
@@ -91,10 +87,6 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
                     + ("the Profile section names the kernels." if profiled
                        else "this run recorded no profile: rerun with --profile to name the kernels."))
     return " ".join(filter(None, said))
-
-
-def _rank(precision: str) -> int:
-    return NAMES.index(precision) if precision in NAMES else len(NAMES)
 
 
 def _listed(names: list[str]) -> str:

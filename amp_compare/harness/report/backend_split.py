@@ -4,27 +4,12 @@ them from the run's own records. Framework-free."""
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
 from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
+from amp_compare.harness.report.phrases import evidence
 from amp_compare.harness.report.settings_check import value_text
-
-
-def _json(value) -> dict:
-    try:
-        return json.loads(value) if isinstance(value, str) and value else value if isinstance(value, dict) else {}
-    except json.JSONDecodeError:
-        return {}
-
-
-def keras_frameworks(runs: pd.DataFrame) -> list[str]:
-    """The Keras frameworks with at least one finished cell, in display order."""
-    if runs.empty or "framework" not in runs:
-        return []
-    ok = set(runs.loc[runs["status"] == "ok", "framework"])
-    return sorted(ok & set(KERAS_BACKENDS), key=lambda f: DISPLAY_ORDER.get(f, 99))
+from amp_compare.harness.report.stats import ok_runs
 
 
 def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
@@ -35,8 +20,8 @@ def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
         prec = row["precision"]
         items = [*([(f"AMP API ({prec})", row["amp_api"])] if row.get("amp_api") else []),
                  *((f"{key} ({prec})" if key == "output_dtype" else key, value)  # tf32: the Environment table's
-                   for key, value in _json(row.get("settings_used")).items() if key != "tf32"),
-                 *((f"Keras default: {key}", value) for key, value in _json(row.get("framework_defaults")).items())]
+                   for key, value in evidence(row.get("settings_used")).items() if key != "tf32"),
+                 *((f"Keras default: {key}", value) for key, value in evidence(row.get("framework_defaults")).items())]
         for item, value in items:
             values.setdefault(item, {f: set() for f in frameworks})[row["framework"]].add(value_text(value))
     rows = []
@@ -52,23 +37,18 @@ INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer
          "Keras columns share is Keras' own; what differs between them belongs to the backend.")
 
 
-def split_sentences(frameworks: list[str], keras: pd.DataFrame) -> list[str]:
-    """What the Keras table says, in words, from its own rows."""
-    if keras.empty:
-        return []
-    same = keras["same on every backend"] == "✓"
-    return [f"Keras' side: {int(same.sum())} of {len(keras)} settings and defaults the Keras children read back are "
-            f"identical on {', '.join(framework_label(fw) for fw in frameworks)}: those differences from PyTorch "
-            "belong to Keras, not to TensorFlow."
-            + (f" Differing between backends: {', '.join(keras.loc[~same, 'item'].head(8))}." if (~same).any() else "")]
-
-
 def keras_backend_split(runs: pd.DataFrame) -> dict:
-    """The report's "Keras or its backend?" part: tables and sentences, or a note when it cannot be told."""
-    frameworks = keras_frameworks(runs)
+    """The report's "Keras or its backend?" part: the Keras frameworks' table and sentences, or a note."""
+    ok = set(ok_runs(runs).get("framework", ()))
+    frameworks = sorted(ok & set(KERAS_BACKENDS), key=lambda f: DISPLAY_ORDER.get(f, 99))
     if len(frameworks) < 2:
         return {"note": ("Only one Keras backend ran, so what belongs to Keras and what to its backend cannot be "
                          "told apart here; add keras-jax or keras-torch to --frameworks.") if frameworks else "",
                 "keras_table": pd.DataFrame(), "sentences": []}
     keras = keras_table(runs, frameworks)
-    return {"note": "", "keras_table": keras, "sentences": split_sentences(frameworks, keras)}
+    same = keras.get("same on every backend", pd.Series(dtype=str)) == "✓"
+    said = (f"Keras' side: {int(same.sum())} of {len(keras)} settings and defaults the Keras children read back are "
+            f"identical on {', '.join(framework_label(fw) for fw in frameworks)}: those differences from PyTorch "
+            "belong to Keras, not to TensorFlow."
+            + (f" Differing between backends: {', '.join(keras.loc[~same, 'item'].head(8))}." if (~same).any() else ""))
+    return {"note": "", "keras_table": keras, "sentences": [said] if len(keras) else []}

@@ -23,8 +23,7 @@ AT_FLOOR_FACTOR = 2.0  # a loss gap within this factor of the floor's, or FLOAT3
 FLOAT32_ULPS = 4
 _REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
 STEP_COLUMN = "Median step time vs --allreduce fp32 (same seed; <1×: shorter)"
-# A paired accuracy test's numbers (stats.paired_test, with detectable and near_chance) a verdict row keeps.
-TEST_KEYS = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
+TEST_KEYS = (*stats.ACC_COLS[:5], "detectable", "near_chance")  # the paired test's numbers a verdict row keeps
 
 
 def _flag(runs: pd.DataFrame, column: str, default) -> pd.Series:
@@ -103,8 +102,7 @@ def _agreement_text(a: dict, framework: str, workers: pd.DataFrame) -> str:
 
 
 def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple[str, int, dict]:
-    """(a reduced-precision all-reduce cell's accuracy against the fp32 all-reduce cell of the same workers, paired
-    by seed and image over the group's seeds; how many seeds were paired; the paired test, {} where none)."""
+    """(a cell's accuracy against the fp32 all-reduce cell of its workers, seeds paired, the paired test)."""
     if cell["cfg_allreduce"] == ALLREDUCE_REFERENCE:
         return "reference", 0, {}
     group = n_cells[(n_cells["status"] == "ok") & (n_cells[POOL] == cell[POOL]).all(axis=1)]
@@ -168,8 +166,7 @@ def as_written(value):
 
 
 def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd.DataFrame:
-    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor; environment: the
-    manifest's (machine_range)."""
+    """One row per N-worker cell, judged against its 1-worker cell and that cell's floor (machine_range)."""
     runs, steps = tables["run"], tables["steps"]
     workers = tables.get("workers", pd.DataFrame())
     if runs.empty:
@@ -283,7 +280,7 @@ def pooled_once(ok: pd.DataFrame) -> list[str]:
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     """What the section says beside its table and the answer's lines: what the workers were and their threads."""
-    facts = partial(wording.RunFacts, precisions=[], seeds=[], device=device, rotated=False)
+    facts = partial(wording.RunFacts, precisions=[], device=device)
     every = facts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [])
     out = [s for s in [wording.data_parallel_workers(every, environment.get("cpu_model", ""))] if s]
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
@@ -341,11 +338,6 @@ def short_intro() -> str:
             "run.")
 
 
-def sections(all_sections: list[tuple[str, str]], data_parallel: dict | None) -> list[tuple[str, str]]:
-    """The page's navigation: the Data parallel section only where the run has one."""
-    return [s for s in all_sections if s[0] != "data_parallel" or data_parallel]
-
-
 def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
     """The Data parallel answer's verdict rows (verdicts.DATA_PARALLEL), one per N-worker cell of `dp` (rows())."""
     if dp is None or dp.empty:
@@ -359,14 +351,12 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
         facts = SimpleNamespace(status=r["status"], ok=judged, agree=bool(r.get("agree", True)) if judged else True,
                                 gap=gap, floor=floor, estimate=gap, margin=floor,
                                 at_floor=judged and np.isfinite(floor) and at_floor(gap, floor, level))
-        key = {"model": r["model"], "dataset": r["dataset"], "step_loop": "", "batch_size": np.nan,
-               "framework": r["framework"], "precision": r["precision"]}
+        key = {**{k: r[k] for k in KEY[:4]}, "step_loop": "", "batch_size": np.nan}
         said = {"seed": r["seed"], "workers": r["workers"], "allreduce": r["allreduce"],
                 "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
                 "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"),
                 "error": unavailable_text(str(r.get("error") or "")),
-                "accuracy_test": {k: (v.item() if hasattr(v, "item") else v)  # as JSON can hold them
-                                  for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS},
+                "accuracy_test": {k: v for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS},
                 "accuracy_seeds": r.get("accuracy_seeds")}
         out.append(verdicts.row(key, "data_parallel", facts, "none", said))
     return out

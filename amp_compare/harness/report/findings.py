@@ -3,21 +3,12 @@ full_table and the records."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report.speed import LogLine, log_sentences, machine_note
 from amp_compare.harness.report.tables import LOOP, full_table, group_label, named_machines, varying_keys
-
-
-@dataclass
-class Findings:
-    """The findings as facts the page lays out: every sentence in order."""
-
-    sentences: list[str]
 
 
 def _too_short(table: pd.DataFrame) -> list[str]:
@@ -35,12 +26,11 @@ def _too_short(table: pd.DataFrame) -> list[str]:
 
 
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
-                  epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> Findings:
-    """The findings' sentences in order: diverged cells, the machine's steadiness, the frameworks' log lines on their
-    half-precision path (every cell on one CPU model), runs too short for accuracy."""
+                  epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
+    """The findings' sentences: diverged cells, the machine's steadiness, log lines, runs too short."""
     table = full_table(runs, epochs, environment) if table is None else table
     if table.empty:
-        return Findings(["No cell finished, so there is nothing to compare yet; see the failed cells below."])
+        return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
     out = [note] if (note := machine_note(environment)) else []
     one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
     if set(runs.get("cfg_device", pd.Series(dtype=str)).dropna()) == {"cpu"} and one_cpu:
@@ -49,4 +39,4 @@ def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     diverged = nr.with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
     ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
              + (f"; {nr.ending_text(r, since=False)}." if nr.ending_text(r) else ".") for r in diverged.itertuples()]
-    return Findings(ended[::-1] + out + _too_short(table))
+    return ended[::-1] + out + _too_short(table)

@@ -15,7 +15,7 @@ import pandas as pd
 from amp_compare.contract import fp8 as contract
 from amp_compare.contract.config import framework_label
 from amp_compare.harness.report import phrases, verdicts
-from amp_compare.harness.report.stats import budgeted, correct_pairs, paired_test
+from amp_compare.harness.report.stats import ACC_COLS, budgeted, correct_pairs, paired_test
 from amp_compare.kit.fp16 import FP16_MAX
 
 # An fp8 cell off a GPU runs in emulation: no speed ratio or verdict, and its memory and FLOP/s are the emulation's.
@@ -29,8 +29,7 @@ def speed_emulated(precision: pd.Series, device: str) -> pd.Series:
 
 
 def api_text(row: dict) -> str:
-    """The AMP API an fp8 cell ran, from its fp8_settings (its child's amp_api names only the autocast/policy
-    machinery, "none" for fp8); any other cell's amp_api as recorded."""
+    """The AMP API a cell ran: an fp8 cell's from its fp8_settings (its amp_api says "none"), others' as recorded."""
     recorded = row.get("amp_api") if isinstance(row.get("amp_api"), str) else ""  # a crashed cell's is missing (NaN)
     live = phrases.evidence(row.get("fp8_settings"))
     if row.get("precision") not in contract.FP8_MODES or not live:
@@ -40,12 +39,6 @@ def api_text(row: dict) -> str:
         emulated = ", emulated: float32 matmuls of dequantized values" if live.get("emulate") else ""
         return f"{live.get('module') or 'fp8 layers (class not recorded)'} {layers}{emulated}"
     return f"Keras dtype policy {live.get('policy') or '(not recorded)'} {layers}"
-
-
-def without_fp8(headroom: pd.DataFrame) -> pd.DataFrame:
-    """The headroom records less the fp8 cells': distance to float16's largest value says nothing of an fp8 tensor."""
-    as_is = headroom is None or headroom.empty or "precision" not in headroom
-    return headroom if as_is else headroom[~headroom["precision"].isin(contract.FP8_MODES)]
 
 
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
@@ -75,8 +68,7 @@ def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, str]:
 
 
 def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | None) -> list[dict]:
-    """The fp8 verdict rows (verdicts.FP8): per model x dataset x framework x fp8 mode, its accuracy paired image by
-    image against bf16 of the same seeds, with the recipe read back and its layers' SQNR as evidence."""
+    """The fp8 verdict rows (verdicts.FP8): accuracy paired against bf16; recipe and SQNR as evidence."""
     if acc.empty or runs.empty or not acc["precision"].isin(contract.FP8_MODES).any():
         return []
     ok = runs[(runs["status"] == "ok") & ~budgeted(runs)]
@@ -86,10 +78,8 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
         same = ok[(ok["model"] == r.model) & (ok["dataset"] == r.dataset) & (ok["framework"] == r.framework)]
         mine = same[same["precision"] == r.precision]
         pairs = correct_pairs(same[same["precision"] == contract.PARTNER], mine)
-        test = paired_test(pairs) if pairs else {}
-        facts = {**r._asdict(), "method": test.get("method", ""), "seeds": len(pairs), **{
-            c: test.get(c, np.nan) for c in ("diff_pp", "ci_low", "ci_high", "p_value", "images", "discordant")}}
-        row = verdicts.accuracy(SimpleNamespace(**facts), metric="fp8_vs_bf16")
+        test = {**dict.fromkeys(ACC_COLS, np.nan), "method": "", **(paired_test(pairs) if pairs else {})}
+        row = verdicts.accuracy(SimpleNamespace(**{**r._asdict(), **test, "seeds": len(pairs)}), metric="fp8_vs_bf16")
         last = (layers[layers["cell_id"].isin(set(mine["cell_id"])) & (layers["when"] == "last step")]
                 if not layers.empty else layers)
         roles = last.groupby("role")["sqnr_db"].median().astype(float).to_dict() if not last.empty else {}

@@ -19,14 +19,10 @@ def _text(table: pd.DataFrame, column: str) -> pd.Series:
     return table[column].astype(object).where(table[column].notna(), "").astype(str)  # missing: "", never "nan"
 
 
-def on_fp32_ceiling(table: pd.DataFrame) -> pd.Series:
-    """Which cells' half format is measured against the fp32 ceiling for want of its arithmetic."""
-    return (_text(table, "ceiling_fp32_for") != "") & (_text(table, "ceiling_isa_limit") == "")
-
-
-def ceiling_limits(table: pd.DataFrame) -> pd.Series:
-    """Per cell, the variables that kept its half format from the frameworks ("" where none did)."""
-    return _text(table, "ceiling_isa_limit")
+def ceiling_marks(table: pd.DataFrame) -> tuple[bool, bool]:
+    """(a cell on the fp32 ceiling for want of its half format's arithmetic, one under an instruction limit)."""
+    limited = _text(table, "ceiling_isa_limit") != ""
+    return bool(((_text(table, "ceiling_fp32_for") != "") & ~limited).any()), bool(limited.any())
 
 
 def timing_note(wall: float, median: float) -> str:
@@ -60,8 +56,7 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
 
 # ---- one FLOP/s ceiling per device and dtype, both frameworks measured against it ------------------------
 
-def _ceiling_key(runs: pd.DataFrame) -> list[str]:
-    return [k for k in ("machine", "device_name") if k in runs]
+CEILING_KEYS = ("machine", "device_name")  # a ceiling per device (and machine, in a combined report) and dtype
 
 
 def _base_dtype(runs: pd.DataFrame) -> pd.Series:
@@ -78,7 +73,7 @@ def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
         runs["ceiling_flops"] = np.nan
         return runs
     base = _base_dtype(runs)
-    keys = [runs[k].astype(str) for k in _ceiling_key(runs)] + [base]
+    keys = [runs[k].astype(str) for k in CEILING_KEYS if k in runs] + [base]
     best = runs["ceiling_flops_measured"].astype(float).groupby(keys).transform("max")
     runs["ceiling_flops"] = best.where(base != "")
     if "achieved_flops" in runs:
@@ -96,7 +91,7 @@ def ceiling_clauses(runs: pd.DataFrame) -> list[str]:
         return []
     runs = runs[runs["ceiling_flops_measured"].notna()]
     out = []
-    for key, g in runs.groupby([*_ceiling_key(runs), _base_dtype(runs)], sort=False):
+    for key, g in runs.groupby([*(k for k in CEILING_KEYS if k in runs), _base_dtype(runs)], sort=False):
         sizes = sorted({int(v) for v in g.get("ceiling_matmul_size", pd.Series(dtype=float)).dropna()})
         size = (f"{sizes[0]}×{sizes[0]} matmul" if len(sizes) == 1 else
                 f"square matmul of {sizes[0]} to {sizes[-1]} (cells recorded before one size was fixed)" if sizes

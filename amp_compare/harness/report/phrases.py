@@ -184,10 +184,8 @@ def columns_note(verdicts: pd.DataFrame, conditions: tuple[str, str] = ("", ""))
     targets = []
     for (model, _), part in verdicts[verdicts["metric"] == "time_to_target"].groupby(["model", "dataset"], sort=False):
         said = evidence(part["evidence"].iloc[0])
-        target = said.get("target")
-        if isinstance(target, float) and np.isfinite(target):
-            basis = said.get("target_basis", "")
-            targets.append(f"{model} {target:.1%}" + (f", {basis}" if basis else ""))
+        if isinstance(target := said.get("target"), float) and np.isfinite(target):
+            targets.append(f"{model} {target:.1%}" + (f", {basis}" if (basis := said.get("target_basis")) else ""))
     target = f" ({'; '.join(targets)})" if targets else ""
     cells, trial = conditions
     about = [*([f"they ran {cells}"] if cells else []),
@@ -226,8 +224,13 @@ def power(value) -> str:
 
 
 def evidence(text) -> dict:
-    """A verdict row's evidence (JSON text) as a dict; {} where empty."""
-    return json.loads(text) if isinstance(text, str) and text else {}
+    """A verdict row's evidence or a record's JSON column (JSON text, or a dict) as a dict; {} where empty or bad."""
+    if isinstance(text, dict):
+        return text
+    try:
+        return json.loads(text) if isinstance(text, str) and text else {}
+    except json.JSONDecodeError:
+        return {}
 
 
 def _plural(n: int, word: str) -> str:

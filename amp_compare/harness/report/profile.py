@@ -37,10 +37,9 @@ def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFr
     slow = prims[(prims["cell_id"] == row["cell"]) & prims["impl"].str.startswith("ref")] if not prims.empty else prims
     paths = [f"{op}: {lib.get(op) or 'not reported'}" for op in moved.index] + [
         f"oneDNN ran its reference kernel {r.impl} for {r.kind} {r.prop_kind} ({r.dtype})" for r in slow.itertuples()]
-    nan = float("nan")
     return {**row, "operations behind the difference": text or "no op moved in that direction in the window",
-            "library path": "; ".join(paths),
-            "casts": f"{run.get('profile_cast_share', nan):.1%} vs fp32 {base.get('profile_cast_share', nan):.1%}"}
+            "library path": "; ".join(paths), "casts": f"{run.get('profile_cast_share', math.nan):.1%} vs fp32 "
+                                                       f"{base.get('profile_cast_share', math.nan):.1%}"}
 
 
 def section(tables: dict[str, pd.DataFrame]) -> dict | None:
@@ -60,17 +59,13 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
             rows.append(explain(run, ok.loc[fp32], ops, prims))
     profiled = ok[ok["profile_step_s"].notna()]
     traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
-    return {"table": pd.DataFrame(rows), "sentences": [overhead_sentence(profiled)] if not profiled.empty else [],
-            "traces": traces, "none_moved": NONE_MOVED, "band": BAND_TEXT}
-
-
-def overhead_sentence(profiled: pd.DataFrame) -> str:
-    """How the window was kept out of the timed steps, and what the profiler cost per step."""
-    over = profiled["profile_overhead"].dropna()
+    over = profiled["profile_overhead"].dropna()  # how the window was kept out of the timed steps, and its cost
     cost = (f"a profiled step took {over.median():.2f}x a bare one (median over {len(over)} cells, range "
             f"{over.min():.2f}-{over.max():.2f}x)" if len(over) else "no cell timed both windows")
-    return (f"The profiled steps ran after each cell's timed epochs, never among them: {PLAIN_STEPS} bare steps, "
-            f"then {int(profiled['profile_steps'].max())} under the profiler; {cost}.")
+    said = [f"The profiled steps ran after each cell's timed epochs, never among them: {PLAIN_STEPS} bare steps, "
+            f"then {int(profiled['profile_steps'].max())} under the profiler; {cost}."] if not profiled.empty else []
+    return {"table": pd.DataFrame(rows), "sentences": said, "traces": traces, "none_moved": NONE_MOVED,
+            "band": BAND_TEXT}
 
 
 def markdown(profile: dict | None, table_markdown) -> list[str]:

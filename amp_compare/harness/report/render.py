@@ -23,6 +23,7 @@ from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import ARITHMETIC_FLAGS
+from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.contract.tables import check as tables_check
 from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, scaling, speed, verdicts, wording
@@ -34,8 +35,9 @@ from amp_compare.harness.report import settings_check as sc
 from amp_compare.harness.report import tables as tb
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
+from amp_compare.harness.report.dataparallel import as_written
 from amp_compare.harness.report.findings import finding_parts
-from amp_compare.harness.report.hardware import ceiling_clauses, ceiling_limits, on_fp32_ceiling, with_run_ceiling
+from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.stats import whole_epochs
 
@@ -130,8 +132,7 @@ def _identity(df: pd.DataFrame) -> dict:
 
 
 def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
-    """One row per --find-max-batch search (model, dataset, framework, precision): the largest batch that fit, the
-    memory it used, the cap, and whether the search converged or stopped early (its time budget spent)."""
+    """One row per --find-max-batch search: the largest batch that fit, its memory, the cap, how it ended."""
     if maxbatch.empty:
         return maxbatch
     keys = [k for k in ("model", "dataset") if k in maxbatch] + ["framework", "precision"]
@@ -268,25 +269,22 @@ def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> lis
 
 
 def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[dict]:
-    """Each item of contract.mapping.DIFFERENCES the run's models have: both frameworks' defaults as their children
-    read them from the installed versions, and the values the cells that recorded them (diverged ones too) used."""
+    """Each item of contract.mapping.DIFFERENCES the run's models have: both frameworks' defaults and used values."""
     ok = tb.ok_runs(runs)
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
     defaults: dict[str, dict] = {}  # per engine: every Keras backend's cells together
     for row in ok.to_dict("records"):
-        if isinstance(row.get("framework_defaults"), str) and row["framework_defaults"]:
-            defaults.setdefault("keras" if is_keras(row["framework"]) else row["framework"],
-                                json.loads(row["framework_defaults"]))
+        if said := phrases.evidence(row.get("framework_defaults")):
+            defaults.setdefault("keras" if is_keras(row["framework"]) else row["framework"], said)
     used: dict[str, dict] = {}
     for row in recorded.to_dict("records"):
         mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
-        if isinstance(row.get("settings_used"), str) and row["settings_used"]:
-            settings = json.loads(row["settings_used"])
-            if "attention" in settings:  # a vit cell: its attention items (the core is the --attention it ran)
-                settings = {"mha_bias": "used (setting not recorded)", **settings,
-                            "attention_core": f"--attention {settings['attention']}"}
-            for key, value in settings.items():
-                mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(sc.value_text(value))
+        settings = phrases.evidence(row.get("settings_used"))
+        if "attention" in settings:  # a vit cell: its attention items (the core is the --attention it ran)
+            settings = {"mha_bias": "used (setting not recorded)", **settings,
+                        "attention_core": f"--attention {settings['attention']}"}
+        for key, value in settings.items():
+            mine.setdefault(key, {}).setdefault(row.get("model", ""), set()).add(sc.value_text(value))
         if row.get("init_source"):  # " (this cell)" marks the cell that wrote the shared file: the same file
             mine.setdefault("initial_weights", {}).setdefault("", set()).add(
                 str(row["init_source"]).removesuffix(" (this cell)"))
@@ -394,20 +392,15 @@ ENV_COLUMNS = {
 BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
 
 
-def _env_value(value) -> str:
-    return str(dataparallel.as_written(value))
-
-
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
                      ) -> list[tuple[str, str | list[str]]]:
-    """The Environment table: the host as the parent recorded it, the threads each framework's speed trials ran with,
-    then what its cells reported (build-time CUDA/cuDNN versions labelled as such)."""
-    rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), _env_value(environment[k]))
+    """The Environment table: the host, each framework's speed trials' threads, then what its cells reported."""
+    rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), str(as_written(environment[k])))
                                                for k in sorted(environment)]
     if trials is not None and not trials.empty and {"framework", "threads"} <= set(trials):
         for fw, part in trials.groupby("framework", sort=False):
             rows.append((f"{framework_label(fw)}: threads (speed trials)",
-                         ", ".join(dict.fromkeys(_env_value(v) for v in part["threads"].dropna()))))
+                         ", ".join(dict.fromkeys(str(as_written(v)) for v in part["threads"].dropna()))))
     if runs.empty or "framework" not in runs:
         return rows
     ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
@@ -416,12 +409,12 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     for col, label in ((c, label) for c, label in ENV_COLUMNS.items() if c in ordered):
         for fw, part in ordered.groupby("framework", sort=False):
             if col == "amp_api" and "precision" in part:  # per precision, a list
-                pairs = list(dict.fromkeys(f"{p}: {_env_value(v)}" for p, v in zip(part["precision"], part[col])
+                pairs = list(dict.fromkeys(f"{p}: {as_written(v)}" for p, v in zip(part["precision"], part[col])
                                            if pd.notna(v) and str(v)))
                 rows += [(f"{framework_label(fw)}: {label}", pairs)] if pairs else []
                 continue
             devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
-            if values := list(dict.fromkeys(_env_value(v) for v in part[col].dropna() if str(v))):
+            if values := list(dict.fromkeys(str(as_written(v)) for v in part[col].dropna() if str(v))):
                 rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
                     " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
                     if col in BUILD_INFO and devices <= {"cpu", ""} else "")))
@@ -434,7 +427,8 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], summary: dict, device:
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow = tables.get("underflow", pd.DataFrame())
-    headroom = fp8_report.without_fp8(tables.get("headroom", pd.DataFrame()))  # float16's range: not fp8's
+    headroom = tables.get("headroom", pd.DataFrame())  # less the fp8 cells': float16's range says nothing of fp8
+    headroom = headroom[~headroom["precision"].isin(FP8_MODES)] if "precision" in headroom else headroom
     trials = tables.get("trials", pd.DataFrame())
     tasks = [(fg.make_speed_verdict_figure, (summary["verdicts"], out)),
              (fg.make_figures, (runs, steps, out, device, summary["full"], trials)),
@@ -492,8 +486,7 @@ def _evidence(manifest: dict) -> dict:
 
 
 def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
-    """The answer, the Summary and Speed sections: the verdict tables, the summary table and the findings
-    (`sentences`); `said`: verdict rows of cells these tables leave out (dataparallel.verdict_rows)."""
+    """The answer, the Summary and Speed sections; `said`: verdict rows of cells these tables leave out."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
     logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
@@ -502,30 +495,31 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     full = tb.full_table(runs, epochs, evidence, accuracy)
     summary = tb.formatted_summary(full)
     main_table, hardware, loop_text = tb.split_summary(summary)
-    sentences = finding_parts(runs, steps, evidence, epochs, table=full).sentences
+    sentences = finding_parts(runs, steps, evidence, epochs, table=full)
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = tb.seed_counts_text(runs) or tb.seed_list_text(manifest["matrix"]["seeds"])
-    verdict_table = verdicts.build(full, runs, verdicts.trial_rows(tables.get("trials")))
-    verdict_table = verdicts.with_rows(verdict_table, [  # said: the N-worker cells' (answer.experiment_items)
-        *scaling.rows(verdict_table, runs, steps, tables.get("underflow")),
-        *nr.naive_rows(verdict_table, runs, tables.get("headroom")),
-        *fp8_report.verdict_rows(accuracy, runs, tables.get("fp8_layers")), *said])
+    verdict_table = verdicts.build(full, runs, tables.get("trials"))
+    said = [*scaling.rows(verdict_table, runs, steps, tables.get("underflow")),  # the experiments' rows after its own
+            *nr.naive_rows(verdict_table, runs, tables.get("headroom")),
+            *fp8_report.verdict_rows(accuracy, runs, tables.get("fp8_layers")), *said]
+    if said:
+        verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
     tables_check("verdicts", verdict_table)
-    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"),
-                                                  manifest.get("launcher", {}), tables.get("trials"))
+    launcher = manifest.get("launcher", {})
+    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"), launcher,
+                                                  tables.get("trials"))
     first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"), verdict_table,
                                  bool(manifest.get("defaults", {}).get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
-    conditions = speed.manifest_conditions(manifest)
+    cells = [t] if (t := manifest.get("defaults", {}).get("threads")) else []  # the trials': the launcher's
+    conditions = speed.conditions(launcher, cells, [t] if (t := launcher.get("trial_threads")) else cells)
     return {"full": full, "verdicts": verdict_table, "accuracy": accuracy, "summary": summary, "sentences": sentences,
             "facts": facts, "intro": wording.summary_intro(facts, seeds_text + tb.fewer_seeds_note(runs), loop_text),
             "summary_html": table_html(main_table), "legend": tb.legend(full),
             "hardware_table": _html_or_none(hardware) if any(c in summary for c in tb.HARDWARE_COLUMNS) else None,
             "speed_words": {"timing": speed.timing_paragraph(manifest["defaults"]["warmup_steps"], conditions[0]),
-                            "hardware": speed.hardware_paragraph(bool(on_fp32_ceiling(full).any()),
-                                                                 bool((ceiling_limits(full) != "").any()),
-                                                                 tuple(ceiling_clauses(tb.ok_runs(runs))))},
+                            "hardware": speed.hardware_paragraph(full, ceiling_clauses(tb.ok_runs(runs)))},
             "verdict_tables": [(title, table_html(t)) for title, t in per_model], "verdict_tables_md": per_model,
             "verdict_columns": phrases.columns_note(verdict_table, conditions) if per_model else "",
             "conditions": conditions,
@@ -604,7 +598,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     status = dict(zip(counted["run"]["cell_id"], counted["run"]["status"])) if not counted["run"].empty else {}
     context = {**_page_context(run_dir, manifest, single, draw, said),
                "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
-               "sections": dataparallel.sections(SECTIONS, parallel), "records": held,
+               "sections": [s for s in SECTIONS if s[0] != "data_parallel" or parallel], "records": held,
                "n_ok": sum(v == "ok" for v in status.values()),
                "cells": _cells(counted["run"], whole_epochs(counted["epochs"], counted["steps"], counted["run"]),
                                counted["steps"]),
@@ -638,9 +632,8 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
-    """A run's headline in the runs index: the precision its answer says each framework should use (its verdict
-    table); a run recorded before verdicts were: each mixed precision's training throughput against fp32's
-    (geometric mean over seeds) and its accuracy, or "emulated" where its time is an emulation's."""
+    """A run's headline in the runs index: the precision its answer says each framework should use; a run
+    recorded before verdicts were: each mixed precision's speed against fp32's (or "emulated") and accuracy."""
     if (stored := run_dir / "data" / "verdicts.parquet").exists():
         return "use " + answer_block.uses(pd.read_parquet(stored))
     table = tb.summary_table(single) if single is not None and not single.empty else pd.DataFrame()
@@ -660,8 +653,7 @@ HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept 
 
 
 def render_runs_index(reports_dir: Path) -> Path:
-    """reports/index.html: every compare run in the folder with its headline (_index_headline, cached in each run's
-    HEADLINE_FILE keyed by the size and time of its records and of this code)."""
+    """reports/index.html: every compare run in the folder with its headline, cached in each run's HEADLINE_FILE."""
     rows = []
     for run_dir in sorted((p for p in Path(reports_dir).iterdir() if (p / "manifest.json").exists()), reverse=True):
         data = run_dir / "data"

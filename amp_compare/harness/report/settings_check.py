@@ -4,7 +4,6 @@ by side with a loud note on any mismatch. Framework-free."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 
@@ -13,8 +12,7 @@ import numpy as np
 from amp_compare.contract import precision as precision_table
 from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
-
-CELL_KEYS = ("model", "dataset", "precision", "seed")
+from amp_compare.harness.report.phrases import evidence
 
 
 def _no_decay(value):
@@ -50,13 +48,6 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
     return rows
 
 
-def _settings(record: Mapping) -> dict | None:
-    value = record.get("settings_used")
-    if isinstance(value, str):
-        return json.loads(value) if value else None
-    return dict(value) if isinstance(value, Mapping) else None
-
-
 def _lr_shown(record: Mapping) -> str | None:
     """The learning rate as the cell's config set it ("warmup-cosine, peak 0.003", "constant 0.001"; None if unset)."""
     lr = record.get("cfg_lr")
@@ -67,13 +58,13 @@ def _lr_shown(record: Mapping) -> str | None:
 
 
 def check_runs(records: Iterable[Mapping]) -> list[dict]:
-    """Every (model, dataset, precision, seed) cell torch and a Keras framework ran: its comparison rows and
-    mismatches, one entry per Keras framework (tf, keras-jax, keras-torch: each against the same torch cell)."""
+    """Per cell torch and a Keras framework ran, one entry per Keras framework: its rows and mismatches."""
     cells: dict[tuple, dict[str, tuple[dict, str | None]]] = {}  # (settings, learning rate shown) per framework
     for record in records:
-        settings, framework = _settings(record), record.get("framework")
-        if settings is not None and (framework == "torch" or is_keras(str(framework))):
-            cells.setdefault(tuple(record.get(k) for k in CELL_KEYS), {})[framework] = (settings, _lr_shown(record))
+        settings, framework = evidence(record.get("settings_used")), record.get("framework")
+        if settings and (framework == "torch" or is_keras(str(framework))):
+            cell = tuple(record.get(k) for k in ("model", "dataset", "precision", "seed"))
+            cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
     out = []
     for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
         for fw in sorted(filter(is_keras, by_fw)) if "torch" in by_fw else []:
@@ -90,8 +81,7 @@ def value_text(value) -> str:
 
 
 def side_by_side(records: Iterable[Mapping]) -> dict:
-    """The settings-used table: one row per setting with its distinct values over the cells and whether they match
-    (before or only after mapping conventions), and the mismatch note (empty when every cell's settings match)."""
+    """The settings-used table (per setting: its values over the cells, whether they match) and its note."""
     checked = check_runs(records)
     by_key: dict[str, dict] = {}
     for cell in checked:

@@ -15,7 +15,8 @@ from amp_compare.contract.config import framework_label
 from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION, BELOW_AVX512, ISA_LIMITED
 from amp_compare.contract.log_words import HALF_FALLBACK
 from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
-from amp_compare.harness.report.stats import budgeted
+from amp_compare.harness.report.hardware import ceiling_marks
+from amp_compare.harness.report.stats import budgeted, ok_runs
 
 # The line a framework writes to stderr that says which kernels it fell back to (for float16).
 FALLBACK_LINE = re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*")
@@ -27,17 +28,16 @@ class LogLine:
 
     framework: str
     precision: str
-    half: str
     text: str
 
 
 def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
     """Each distinct FALLBACK_LINE per framework and precision, from the finished cells' stderr.log."""
     lines = []
-    for r in (runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]).itertuples():
+    for r in ok_runs(runs).itertuples():
         path = Path(run_dir) / "cells" / str(r.cell_id) / "stderr.log"
         if path.is_file() and (match := FALLBACK_LINE.search(path.read_text(errors="replace"))):
-            lines.append(LogLine(r.framework, r.precision, "float16", " ".join(match.group(0).split())))
+            lines.append(LogLine(r.framework, r.precision, " ".join(match.group(0).split())))
     return list(dict.fromkeys(lines))
 
 
@@ -50,10 +50,6 @@ def isa_limit(environment: dict) -> str:
     libraries = " and ".join(dict.fromkeys(ISA_LIMITED.get(name, name) for name, _ in pairs))
     below = all(value.upper() in BELOW_AVX512.get(name, ()) for name, value in pairs)
     return f"kept {libraries} from " + ("AVX-512" if below else "some of the CPU's instructions") + f" ({limits})"
-
-
-def has_arithmetic(environment: dict, half: str) -> bool:
-    return bool(environment.get({"bfloat16": "cpu_bf16_hardware", "float16": "cpu_fp16_hardware"}[half]))
 
 
 def log_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -> list[str]:
@@ -85,9 +81,9 @@ def timing_paragraph(warmup: int, cells: str = "") -> str:
             "median step (ms).")
 
 
-def hardware_paragraph(emulated: bool, limited: bool = False, ceilings: tuple[str, ...] = ()) -> str:
-    """The Hardware efficiency table's paragraph: which cells are measured against the fp32 ceiling, for want of
-    their format's arithmetic (`emulated`) or under an instruction limit (`limited`), and the run's `ceilings`."""
+def hardware_paragraph(table: pd.DataFrame, ceilings: list[str] | tuple[str, ...] = ()) -> str:
+    """The Hardware efficiency table's paragraph, from `table`'s ceiling marks and the run's `ceilings`."""
+    emulated, limited = ceiling_marks(table)
     text = ("Per cell: the median-step throughput beside the headline's wall-time one, training FLOPs per image "
             "(counted once from the layer shapes both frameworks share), the FLOP/s achieved over the timed steps' "
             "wall time, and MFU: that rate over the run's one FLOP/s ceiling per device and dtype, the best matmul "
@@ -187,13 +183,6 @@ def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
     return f"{ran}{f', {cells} each' if cells else ''}", "no cell beside them" + (f", {trials}" if trials else "")
 
 
-def manifest_conditions(manifest: dict) -> tuple[str, str]:
-    """conditions() from the manifest alone: the cells' threads its defaults hold, the trials' its launcher entry."""
-    launcher = manifest.get("launcher", {})
-    cells = [t] if (t := manifest.get("defaults", {}).get("threads")) else []
-    return conditions(launcher, cells, [launcher["trial_threads"]] if launcher.get("trial_threads") else cells)
-
-
 def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
     """The Speed section's table of the speed trials, one row per trial x mixed precision; empty without trials."""
     if trials is None or trials.empty or "threads" not in trials:
@@ -223,7 +212,7 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
     ran = f"the cells ran {cells}; the trial with {trial.replace('them', 'it')}" if cells else \
         "the cells ran as submitit jobs"
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
-    ok = runs[runs["status"] == "ok"] if "status" in runs else runs
+    ok = ok_runs(runs)
     for v in timed.itertuples():
         row = full[(full["model"] == v.model) & (full["dataset"] == v.dataset) & (full["framework"] == v.framework)
                    & (full["precision"] == v.precision)]
@@ -245,10 +234,10 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
 
 def budget_note(runs: pd.DataFrame, limit_s: float) -> list[str]:
     """Which finished cells the speed budget stopped, after how many of fp32's steps, and what it costs."""
-    cut = runs[(runs["status"] == "ok") & budgeted(runs)] if not runs.empty else runs
-    if cut.empty:
+    ok = ok_runs(runs)
+    if (cut := ok[budgeted(ok)]).empty:
         return []
-    full = runs[(runs["status"] == "ok") & (runs["precision"] == precisions.REFERENCE)]
+    full = ok[ok["precision"] == precisions.REFERENCE]
     planned = full.groupby(["framework", "model"])["steps_total"].median()
     said = ", ".join(
         f"{framework_label(f)} {m} {p} ({len(g)} cell{'s' * (len(g) != 1)}, "

@@ -113,6 +113,11 @@ def detectable(row) -> bool:
     return bool(row["p_value"] < ALPHA and (row["ci_low"] > 0 or row["ci_high"] < 0))
 
 
+def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The finished cells' rows (none where the table has no status)."""
+    return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+
+
 def budgeted(runs: pd.DataFrame) -> pd.Series:
     """Per run row, whether the speed budget stopped the cell early (the run table's budget_steps)."""
     return runs["budget_steps"].notna() if "budget_steps" in runs else pd.Series(False, index=runs.index)

@@ -15,12 +15,9 @@ from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
+from amp_compare.harness.report.stats import ok_runs
 
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
-
-
-def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
 
 
 def _spread_of(column: str, name: str, median: str | None = None) -> dict:
@@ -41,8 +38,7 @@ def paired_log_ratio(ok: pd.DataFrame, column: str, base_keys: list[str]) -> np.
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Medians over seeds per (machine x) framework x model x dataset x loop x precision, with their spread, and
-    ratios to that framework's fp32 (geometric mean of per-seed ratios)."""
+    """Medians over seeds per (machine x) framework x model x dataset x loop x precision, ratios to fp32's."""
     ok = with_loop_columns(ok_runs(runs).copy())
     group = (["machine"] if "machine" in ok else []) + ["framework", "model", "dataset", *LOOP, "precision"]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
@@ -103,8 +99,7 @@ IDENTITY_COLUMNS = ("Machine", "Framework", "Model", "Dataset", "Step", "Batch",
 
 
 def split_summary(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The formatted summary as (the summary table, the hardware-efficiency table, the loop text), less Step and
-    Batch where every row has the same one (the loop text names it) and the median-step throughput."""
+    """(the summary table, the hardware-efficiency table, the loop text: Step and Batch where constant)."""
     hardware = [c for c in HARDWARE_COLUMNS if c in summary]
     constant = [c for c in ("Step", "Batch") if c in summary and summary[c].nunique() == 1]
     loop = {"Step": "{} step loop", "Batch": "batch size {}"}
@@ -221,8 +216,7 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
 
 
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per (machine x) model x dataset x framework x precision, in the summary table's order: the paired test
-    against fp32, whether the run was too short to judge, and the time to target with its ratio to fp32's."""
+    """Per group, framework and precision: the paired test against fp32, too_short, the time to target."""
     ok = with_loop_columns(ok_runs(runs).copy())
     keys = _keys(ok)
     ids = [*keys, "framework", "precision"]
@@ -270,10 +264,9 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
             pairs = [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]  # (fp32 row, mixed row)
             res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
-            resolution = memory.resolution_mib(pairs)
-            known = memory.resolved(memory.weakest_difference_mib(pairs), resolution)
+            difference, resolution, known = memory.paired_difference(pairs)
             rows.append({**dict(zip(keys, key)), "precision": prec, "memory_resolution_mib": resolution,
-                         "memory_difference_mib": memory.paired_difference_mib(pairs), "memory_resolved": known,
+                         "memory_difference_mib": difference, "memory_resolved": known,
                          "memory_note": "" if known == 0.0 else
                          stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
     return pd.DataFrame(rows, columns=cols)

@@ -160,10 +160,10 @@ MEMORY = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
     # peak RSS grows over a run (Keras' fp32 doubles after its first step): a shorter run's peak is not comparable
     Rule("a cell stopped by the speed budget", lambda f: f.budget_cut > 0, "not_comparable", "budget_cut"),
-    Rule("no paired fp32 reading", lambda f: not _finite(f.difference), "not_comparable", "no_fp32"),
-    Rule("one seed: no noise to measure", lambda f: not _finite(f.resolution), "undecided", "no_resolution"),
+    Rule("no paired fp32 reading", lambda f: not _finite(f.estimate), "not_comparable", "no_fp32"),
+    Rule("one seed: no noise to measure", lambda f: not _finite(f.margin), "undecided", "no_resolution"),
     Rule("a seed's difference within the noise", lambda f: f.resolved != 1.0, "undecided", "unresolved_memory"),
-    Rule("lower than fp32 beyond the noise", lambda f: f.difference < 0, "smaller", "above_resolution"),
+    Rule("lower than fp32 beyond the noise", lambda f: f.estimate < 0, "smaller", "above_resolution"),
     Rule("otherwise: higher beyond the noise", lambda f: True, "larger", "above_resolution"),
 ]
 
@@ -311,31 +311,8 @@ def row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dic
             "evidence": json.dumps(evidence, default=lambda v: v.item() if hasattr(v, "item") else str(v))}
 
 
-def _speed(r, key: dict, trial: dict | None) -> dict:
-    from amp_compare.kit.trial import INTERVAL_KIND
-
-    t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
-    facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
-                            low=t.get("low", np.nan), high=t.get("high", np.nan),
-                            contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
-    evidence = {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
-                                  "fp32_step_s", "mixed_step_s") if k in t}
-    kind = "sign test 95%" if str(t.get("interval_kind", "")) == INTERVAL_KIND else "trial 95%"
-    return row(key, "speed", facts, kind, evidence)
-
-
-def _memory(r, key: dict, cut: int) -> dict:
-    difference, resolution = _num(r.memory_difference_mib), _num(r.memory_resolution_mib)
-    facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, difference=difference, resolution=resolution,
-                            resolved=_num(getattr(r, "memory_resolved", np.nan)), estimate=difference,
-                            margin=resolution)
-    return row(key, "memory", facts, "none", {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32),
-                                               "resolution_mib": resolution, "budget_cut_cells": cut})
-
-
 def accuracy(r, key: dict | None = None, cut: int | None = None, metric: str = "accuracy") -> dict:
-    """The accuracy verdict row of an accuracy-table row (tables.accuracy_statistics, or the full table): ACCURACY,
-    or FP8 where `metric` is fp8_vs_bf16 and the paired test is against bf16."""
+    """The accuracy verdict row of an accuracy-table row: ACCURACY, or FP8 where `metric` is fp8_vs_bf16."""
     method = r.method if isinstance(getattr(r, "method", None), str) else ""
     cut = int(np.nan_to_num(_num(getattr(r, "budget_cut", 0)))) if cut is None else cut
     floor, p = _num(getattr(r, "floor_pp", np.nan)), _num(r.p_value)
@@ -354,17 +331,11 @@ def _time(r, key: dict, cut: int) -> dict:
     reached, seeds = _num(getattr(r, "reached_seeds", np.nan)), _num(getattr(r, "timed_seeds", np.nan))
     facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, too_short=bool(r.too_short),
                             reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
-                            estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high),
-                            margin=SAME_RATIO)
+                            estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high), margin=SAME_RATIO)
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
                 "reached_seeds": np.nan if cut else facts.reached, "seeds": np.nan if cut else facts.seeds,
                 "time_s": _num(r.time_to_target_s), "budget_cut_cells": cut}  # a cut cell was not timed: no count
     return row(key, "time_to_target", facts, "t over seeds 95%" if facts.seeds >= 2 else "none", evidence)
-
-
-def _numerics(r, key: dict, diverged: int) -> dict:
-    return row(key, "numerics", SimpleNamespace(diverged=diverged, estimate=_num(r.skipped_steps)), "none",
-               {"skipped_steps_median": _num(r.skipped_steps), "diverged_cells": diverged})
 
 
 def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
@@ -391,24 +362,12 @@ def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     return runs[mask].groupby(GROUP).size().to_dict()
 
 
-def trial_rows(trials: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The speed trials' summary (kit/trial.py trial_summary) of a run's trials table; None where it has none."""
-    if trials is None or trials.empty:
-        return None
-    from amp_compare.kit.trial import trial_summary
-
-    return trial_summary(trials)
-
-
-def with_rows(table: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
-    """The verdict table with the experiments' rows after its own."""
-    return pd.concat([table, pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True) if rows else table
-
-
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The verdict table of a run from `full` (tables.full_table), `runs` (the run table) and `trials` (trial_rows)."""
+    """The verdict table of a run from `full` (tables.full_table), its run table and its trials table."""
+    from amp_compare.kit.trial import INTERVAL_KIND, trial_summary
+
     by_trial = {}
-    for t in ([] if trials is None or trials.empty else trials.to_dict("records")):
+    for t in ([] if trials is None or trials.empty else trial_summary(trials).to_dict("records")):
         by_trial.setdefault((t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
                              t["precision"]), t)
     cut = _counts(runs, stats.budgeted(runs))
@@ -419,10 +378,23 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         ident = (r.model, r.dataset, r.framework, r.precision)
         done.add(ident)
         key = {**{k: getattr(r, k) for k in IDENTITY}, "step_loop": str(r.step_loop), "batch_size": _num(r.batch_size)}
-        n_cut = int(cut.get(ident, 0))
+        n_cut, n_diverged = int(cut.get(ident, 0)), int(diverged.get(ident, 0))
+        resolution = _num(r.memory_resolution_mib)
         trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
-        rows += [_speed(r, key, trial), _memory(r, key, n_cut), accuracy(r, key, n_cut),
-                 _time(r, key, n_cut), _numerics(r, key, int(diverged.get(ident, 0)))]
+        t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
+        facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
+                                low=t.get("low", np.nan), high=t.get("high", np.nan),
+                                contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
+        speed = row(key, "speed", facts, "sign test 95%" if t.get("interval_kind") == INTERVAL_KIND else "trial 95%",
+                    {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
+                                       "fp32_step_s", "mixed_step_s") if k in t})
+        facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=n_cut, estimate=_num(r.memory_difference_mib),
+                                resolved=_num(getattr(r, "memory_resolved", np.nan)), margin=resolution)
+        memory = row(key, "memory", facts, "none", {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32),
+                                                    "resolution_mib": resolution, "budget_cut_cells": n_cut})
+        numerics = row(key, "numerics", SimpleNamespace(diverged=n_diverged, estimate=_num(r.skipped_steps)), "none",
+                       {"skipped_steps_median": _num(r.skipped_steps), "diverged_cells": n_diverged})
+        rows += [speed, memory, accuracy(r, key, n_cut), _time(r, key, n_cut), numerics]
     rows += _failed_rows(runs, done)
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -18,9 +18,7 @@ from amp_compare.harness.report.phrases import KERAS_STATIC
 class RunFacts:
     frameworks: list[str]
     precisions: list[str]
-    seeds: list[int]
     device: str
-    rotated: bool = False  # not read: its callers still pass it
     loss_scale: float | None = None  # fp16-static's fixed scale
     growth: tuple[int, int] | None = None  # (growth interval, steps each dynamic cell ran)
     skipped: int | None = None  # steps skipped in all loss-scaled cells; None: no loss-scaled cell
@@ -47,10 +45,9 @@ def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFac
     frameworks = sorted(set(source["framework"]) if "framework" in source else matrix.get("frameworks", []),
                         key=lambda f: display_order(pd.Series([f])).iloc[0])
     modes = [p for p in precisions.NAMES if p in set(source.get("precision", matrix.get("precisions", [])))]
-    seeds = sorted(set(source["seed"]) if "seed" in source else matrix.get("seeds", []))
     scaled = steps[steps["precision"].isin(precisions.scaled_names())] if "precision" in steps else steps.iloc[0:0]
     static = done.get("cfg_loss_scale", pd.Series(dtype=float)).dropna() if not done.empty else pd.Series()
-    return RunFacts(frameworks=frameworks, precisions=modes, seeds=seeds, device=manifest.get("device", "cpu"),
+    return RunFacts(frameworks=frameworks, precisions=modes, device=manifest.get("device", "cpu"),
                     loss_scale=float(static.iloc[0]) if not static.empty else None,
                     growth=growth_facts(done, steps) if not done.empty and "cell_id" in steps else None,
                     skipped=int(scaled["skipped"].sum()) if not scaled.empty else None,
@@ -65,8 +62,21 @@ def _both(facts: RunFacts, torch: str, keras: str) -> str:
 def mode_text(facts: RunFacts, name: str) -> str:
     """One precision mode as the summary's intro describes it, for this run's frameworks and settings."""
     p = precisions.of(name)
-    if p.fp8:  # contract/fp8.py: each framework's own recipe; the fp8 section shows them read back
-        return fp8_mode_text(facts, name)
+    if p.fp8:
+        from amp_compare.contract.fp8 import RECIPES
+
+        parts, base = [], "float32"
+        for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
+            recipe = RECIPES.get((key, name))
+            if recipe is None or not (facts.torch if key == "torch" else facts.keras):
+                continue
+            layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
+            parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
+                recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
+            base = recipe.base
+        # "a float32 base": the audits show casts to other dtypes inside layers (Keras fp8 attention: bfloat16)
+        return (("; ".join(parts) or "float8 matmuls") + f"; the rest on a {base} base, with the casts the dtype "
+                "audit lists" + (", emulated on a CPU" if facts.device == "cpu" else ""))
     if p.half is None:
         return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
     scale = f" {facts.loss_scale:g}" if facts.loss_scale else ""
@@ -75,26 +85,6 @@ def mode_text(facts: RunFacts, name: str) -> str:
         "static": f", with the fixed loss scale{scale} (--loss-scale), never grown or backed off"}.get(
         p.loss_scaling, ", with no loss scaling at all (gradients below float16's range flush to zero)"
         if p.half == "float16" else " (float32's exponent range, so no loss scaling)")
-
-
-def fp8_mode_text(facts: RunFacts, name: str) -> str:
-    """An fp8 mode for the summary's intro: each of this run's frameworks' own recipe (contract/fp8.py), the
-    base precision, and "emulated" only on a CPU (torchao's emulate=True; Keras' float8 matmul in software)."""
-    from amp_compare.contract.fp8 import RECIPES
-
-    parts, base = [], "float32"
-    for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
-        recipe = RECIPES.get((key, name))
-        if recipe is None or not (facts.torch if key == "torch" else facts.keras):
-            continue
-        layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
-        parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
-            recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
-        base = recipe.base
-    text = "; ".join(parts) or "float8 matmuls"
-    # "a float32 base": the audits show casts to other dtypes inside layers (Keras fp8 attention: bfloat16)
-    return (text + f"; the rest on a {base} base, with the casts the dtype audit lists"
-            + (", emulated on a CPU" if facts.device == "cpu" else ""))
 
 
 def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
@@ -166,8 +156,7 @@ def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
 
 def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | None, machine: str,
                           floor_threads: list[int] | None = None) -> str:
-    """How many threads the 1-worker, floor and N-worker cells had and, where the calibrations saw the
-    machine unsteady, their range over the run and what it does to N vs 1."""
+    """The threads of the 1-worker, floor and N-worker cells; the machine's unsteadiness where seen."""
     parts = [f"Threads: each 1-worker cell was given --threads {threads_1}"]
     if floor_threads:
         parts.append(f"its floor cell --threads {', '.join(map(str, sorted(set(floor_threads))))}")
@@ -187,8 +176,7 @@ def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | Non
 
 
 def reproduce_note(environment) -> str:
-    """Where the run's git_sha ends in -dirty, that the Reproduce command rebuilds it only from a tree with the same
-    uncommitted changes; "" for a clean tree."""
+    """Where the run's git_sha ends in -dirty: that Reproduce needs a tree with the same changes; else ""."""
     dirty = sorted({str(v)[:-len("-dirty")] for k, v in environment.items()
                     if (k == "git_sha" or str(k).endswith(": git_sha")) and str(v).endswith("-dirty")})
     return (f"The code that ran was commit {', '.join(dirty)} with uncommitted changes (its git_sha ends in "
