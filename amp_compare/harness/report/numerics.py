@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
-from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
+from amp_compare.contract.config import KERAS_BACKENDS, display_order, ordered
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
@@ -95,7 +95,7 @@ def audit_methods(dtypes: pd.DataFrame) -> list[str]:
     said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
         if "audit_method" in dtypes else {}
     return [f"{_label(fw)}: {said.get(fw) or AUDIT_METHOD_DEFAULTS.get(fw, 'not recorded')}"
-            for fw in sorted(set(dtypes["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99))] if len(dtypes) else []
+            for fw in ordered(dtypes["framework"])] if len(dtypes) else []
 
 
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -105,14 +105,14 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         return out
     first_seed = dtypes[dtypes["seed"] == dtypes["seed"].min()]
     per = [k for k in ("model",) if k in first_seed and first_seed[k].nunique() > 1]  # a row names its model
-    for prec in sorted(set(first_seed["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
+    for prec in ordered(set(first_seed["precision"]) - {precisions.REFERENCE}):
         d = first_seed[first_seed["precision"] == prec]
-        table = pd.concat({_label(fw): g.groupby([*per, "layer", "phase"], sort=False).agg(
+        table = pd.concat({_label(fw): d[d["framework"] == fw].groupby([*per, "layer", "phase"], sort=False).agg(
             # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
             dtypes=("compute_dtype", lambda s: ", ".join(sorted({x for v in s for x in v.split("+")}))),
             ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
             params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
-            for fw, g in sorted(d.groupby("framework"), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99))}, axis=1)
+            for fw in ordered(d["framework"])}, axis=1)
         table = table.reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
@@ -416,7 +416,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     if dtypes.empty or (first := dtypes[(dtypes["seed"] == dtypes["seed"].min())
                                         & precisions.is_mixed(dtypes["precision"])]).empty:
         return facts
-    facts["precision"] = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
+    facts["precision"] = ordered(first["precision"])[0]
     facts["inputs_recorded"] = recorded_inputs(dtypes)
     for p, table in dtype_side_by_side(dtypes).items():
         facts["differing"][p] = _differing_rows(table)
@@ -464,7 +464,7 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
     if keras_fw is None or "torch" not in set(mine["framework"]):
         return ""
-    same_recipe = sorted(set(mine["precision"]) - set(FP8_MODES), key=lambda p: DISPLAY_ORDER.get(p, 99))
+    same_recipe = ordered(set(mine["precision"]) - set(FP8_MODES))
     parts = [part for prec in same_recipe  # fp8: the two frameworks run different recipes, not one attention core
              if (part := _gap_part(prec, mine[mine["precision"] == prec], keras_fw))]
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
