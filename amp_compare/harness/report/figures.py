@@ -20,8 +20,9 @@ from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_or
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, stats, tables  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
-from amp_compare.harness.report.numerics import FP16_MAX, QUANTITY_LABELS  # noqa: E402
-from amp_compare.kit.fp16 import FP16_EXP_LIMIT  # noqa: E402
+from amp_compare.harness.report.numerics import QUANTITY_LABELS  # noqa: E402
+from amp_compare.harness.report.scaling import zero_gradient  # noqa: E402
+from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX  # noqa: E402
 
 
 def laid_out(fig):
@@ -260,26 +261,6 @@ def busy_text(busy: pd.Series, what: str) -> str:
         f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; {what}")
 
 
-def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
-                        busy: pd.Series) -> list[Figure]:
-    """Throughput bars; † on a label whose own or fp32 divisor's cells include a busy cell."""
-    hit = ok[ok["cell_id"].isin(set(busy.index))]
-    reference = hit[hit["precision"] == precisions.REFERENCE]  # a busy fp32 cell: every ratio of its framework
-    flagged = pd.concat([hit, *(reference.assign(precision=p) for p in set(table["precision"]))])
-    table = table.assign(speed_label=_marked(table, table["speed_label"].astype(str), flagged, " †"))
-    _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
-               "Training throughput", "speed_label"), out_dir, "throughput")
-    return [Figure("throughput", "speed", "Training throughput by precision",
-                   "Images per second over the wall time of the training cells' timed steps (warm-up, tracing "
-                   "and evaluation excluded). A bar's height is the median over seeds of its cells' images/s; "
-                   "the label above it is not the quotient of two bars but the cells' throughput against the "
-                   "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
-                   "took, not a speed verdict (those come from the speed trials, in the tables above)."
-                   + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
-                               "than about the precision.") + spread + sweep_note,
-                   "Bar chart of training images per second for each framework and precision mode.")]
-
-
 def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Each speed verdict's ratio to fp32 and its interval, per model x dataset, against 1×."""
     from amp_compare.harness.report import phrases
@@ -414,31 +395,21 @@ def _marked(table: pd.DataFrame, labels: pd.Series, flagged: pd.DataFrame, symbo
     return labels.where(~marked, labels + symbol)
 
 
-def speed_labels(table: pd.DataFrame) -> pd.Series:
-    """Each bar's speed-ratio label as the summary table prints it (what training took, not a verdict)."""
-    return pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
-                     index=table.index)
-
-
 def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device: str = "cpu",
                  notes: pd.DataFrame | None = None, trials: pd.DataFrame | None = None) -> list[Figure]:
     """Every figure the data allows, drawn into out_dir, in report order; notes: the full table (its ⚠ on the
-    labels); trials: the speed trials (busy_cells)."""
+    labels); trials: unused (the time-to-accuracy figure judges busy cells)."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = tables.summary_table(runs)
     if table.empty:
         return []
-    emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
-    table.loc[emulated, "speedup_vs_fp32"] = np.nan
-    table["speed_label"] = speed_labels(table)
-    ok, shown, sweep_note = tables.with_loop_columns(tables.ok_runs(runs).copy()), table, ""
+    table.loc[fp8_report.speed_emulated(table["precision"], device), "speedup_vs_fp32"] = np.nan  # not a speed
+    ok, shown = tables.with_loop_columns(tables.ok_runs(runs).copy()), table
     if table["batch_size"].nunique() > 1 or table["step_loop"].nunique() > 1:  # a sweep: one loop, largest batch
         step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
         batch = table.loc[table["step_loop"] == step, "batch_size"].max()
         ok = ok[(ok["step_loop"] == step) & (ok["batch_size"] == batch)]
         shown = table[(table["step_loop"] == step) & (table["batch_size"] == batch)]
-        sweep_note = (f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
-                      "speed-up-vs-batch figure and the summary table.")
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     ok_ids = set(ok["cell_id"])
     steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
@@ -446,17 +417,13 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
     spread = (f" Bars are medians over {tables.seed_counts_text(ok)}; error bars span the interquartile range"
               + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
               " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")
-    if emulated.any():
-        sweep_note += (f" {', '.join(sorted(set(shown.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
-                       "bar has no ratio label (not a speed result).")
     left = runs[~runs["cell_id"].isin(ok_ids)].sort_values("cell_id")  # named with how each ended
     said, one = ", ".join(f"{r.cell_id} ({getattr(r, 'status', 'failed')})" for r in left.itertuples()), len(left) == 1
     left_out = "" if left.empty else (
         f" Left out: {said}: {'it' if one else 'they'} did not finish"
         + (" (a diverged cell's losses went non-finite)" if (left.get("status") == "diverged").any() else "")
         + f", so {'its curve is' if one else 'their curves are'} not drawn.")
-    return [*_throughput_figures(ok, shown, out_dir, spread, sweep_note, busy_cells(ok, trials)),
-            *_memory_figures(ok, shown, out_dir, spread, device, notes),
+    return [*_memory_figures(ok, shown, out_dir, spread, device, notes),
             *_loss_curve_figures(steps, out_dir, left_out),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(table, out_dir)]
 
@@ -504,7 +471,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     """Share of each layer's gradient float16 flushes to 0, unscaled vs scaled, zero gradients aside."""
     if underflow.empty or (last := underflow[underflow["when"] == "last step"]).empty:
         return None
-    zero = nr.zero_gradient(last)
+    zero = zero_gradient(last)
     residue, df = last[zero], _labelled(last[~zero])
     if df.empty:
         return None
