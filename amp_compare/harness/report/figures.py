@@ -253,14 +253,6 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     return pd.Series(slowdown[busy].to_numpy(dtype=float), index=cells.loc[busy, "cell_id"]).sort_index()
 
 
-def busy_text(busy: pd.Series, what: str) -> str:
-    """The caption's sentence naming the busy cells ("" when none was)."""
-    return "" if busy.empty else (
-        f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the median step of the speed "
-        f"trial's uncontended blocks of the same framework, precision and thread count): "
-        f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; {what}")
-
-
 def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Each speed verdict's ratio to fp32 and its interval, per model x dataset, against 1×."""
     from amp_compare.harness.report import phrases
@@ -301,7 +293,8 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
 
 
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The memory bars' labels: change against fp32 with the full table's ⚠ (`notes`), undecided or cut."""
+    """The memory bars' labels: change against fp32, undecided or cut; ⚠ on a change whose row the full table
+    (`notes`) gives a memory note."""
     mem = tables.memory_statistics(ok)
     keys = [c for c in _CELL_KEYS if c in mem and c in table]
     out = table.merge(mem, on=keys, how="left") if not mem.empty else table.copy()
@@ -312,7 +305,11 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
     noted = (notes[notes["memory_note"].fillna("").astype(str) != ""] if notes is not None and "memory_note" in notes
              else pd.DataFrame())
-    out["memory_label"] = _marked(out, labels, noted, " ⚠", ~out["memory_unresolved"] & ~out["memory_cut"])
+    keys = [k for k in _CELL_KEYS if k in out and k in noted]
+    hit = set(noted[keys].astype(str).itertuples(index=False, name=None))
+    marked = pd.Series([r in hit for r in out[keys].astype(str).itertuples(index=False, name=None)], index=out.index)
+    out["memory_label"] = labels.where(~(marked & (labels != "") & ~out["memory_unresolved"] & ~out["memory_cut"]),
+                                       labels + " ⚠")
     return out
 
 
@@ -383,16 +380,6 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    f"skipped at ({counts}).",
                    "Step chart of the loss scale per step, in powers of two, one line per seed of each "
                    "loss-scaled run of each framework.")]
-
-
-def _marked(table: pd.DataFrame, labels: pd.Series, flagged: pd.DataFrame, symbol: str,
-            eligible: pd.Series | bool = True) -> pd.Series:
-    """`labels` with `symbol` after each non-empty `eligible` one whose row is among `flagged`'s rows."""
-    keys = [k for k in _CELL_KEYS if k in table and k in flagged]
-    hit = set(flagged[keys].astype(str).itertuples(index=False, name=None))
-    marked = pd.Series([r in hit for r in table[keys].astype(str).itertuples(index=False, name=None)],
-                       index=table.index) & (labels != "") & eligible
-    return labels.where(~marked, labels + symbol)
 
 
 def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device: str = "cpu",
@@ -613,11 +600,15 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                    + "; the first point above it is that cell's time to accuracy. A line that never crosses it did "
                    "not reach the target — a result, not an error." if bases else
                    "No target line: the run is too short to judge accuracy (see the note).")
+    busy = busy_cells(ok, trials)
+    busy_said = "" if busy.empty else (
+        f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the median step of the speed "
+        f"trial's uncontended blocks of the same framework, precision and thread count): "
+        f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; their lines' times say more about the machine "
+        "than about the precision.")
     return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
-                  f"the training time spent so far. {target_text}"
-                  + busy_text(busy_cells(ok, trials), "their lines' times say more about the machine than about the "
-                              "precision.") + " Panels: " + "; ".join(panels) + "." + left,
+                  f"the training time spent so far. {target_text}{busy_said} Panels: " + "; ".join(panels) + "." + left,
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
 
