@@ -24,14 +24,13 @@ def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
     if steps.empty:
         return pd.DataFrame()
-    rows, per = [], [k for k in ("model", "dataset") if k in steps]  # per model: never a median over two
-    for key, g in steps.sort_values("step").groupby([*per, "framework", "precision", "cell_id"]):
-        scale = g["loss_scale"].to_numpy()
-        rows.append({**dict(zip([*per, "framework", "precision"], key[:-1])), "steps": len(g),
-                     "skipped": int(g["skipped"].sum()), "growth_events": int((np.diff(scale) > 0).sum()),
-                     "first_scale": scale[0], "final_scale": scale[-1]})
-    df = pd.DataFrame(rows).groupby([*per, "framework", "precision"], as_index=False).median(numeric_only=True)
-    return df.sort_values([*per, "framework", "precision"], key=display_order)
+    keys = [*(k for k in ("model", "dataset") if k in steps), "framework", "precision"]  # never a median over models
+    cells = steps.sort_values("step").groupby([*keys, "cell_id"])
+    scale = cells["loss_scale"]
+    df = pd.DataFrame({"steps": cells.size(), "skipped": cells["skipped"].sum().astype(int),
+                       "growth_events": scale.agg(lambda s: int((np.diff(s) > 0).sum())),
+                       "first_scale": scale.first(), "final_scale": scale.last()})
+    return df.groupby(keys, as_index=False).median().sort_values(keys, key=display_order)
 
 
 # What each underflow column counts: the same method in both frameworks (kit/fp16.py UNDERFLOW_METHOD).
