@@ -391,20 +391,20 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
     if table.empty:
         return []
     table.loc[fp8_report.speed_emulated(table["precision"], device), "speedup_vs_fp32"] = np.nan  # not a speed
-    ok, shown = tables.with_loop_columns(tables.ok_runs(runs).copy()), table
+    finished = tables.ok_runs(runs)
+    ok, shown = tables.with_loop_columns(finished.copy()), table
     if table["batch_size"].nunique() > 1 or table["step_loop"].nunique() > 1:  # a sweep: one loop, largest batch
         step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
         batch = table.loc[table["step_loop"] == step, "batch_size"].max()
         ok = ok[(ok["step_loop"] == step) & (ok["batch_size"] == batch)]
         shown = table[(table["step_loop"] == step) & (table["batch_size"] == batch)]
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
-    ok_ids = set(ok["cell_id"])
-    steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
+    steps = steps[steps["cell_id"].isin(set(ok["cell_id"]))] if not steps.empty else steps
     n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
     spread = (f" Bars are medians over {tables.seed_counts_text(ok)}; error bars span the interquartile range"
               + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
               " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")
-    left = runs[~runs["cell_id"].isin(ok_ids)].sort_values("cell_id")  # named with how each ended
+    left = runs[~runs["cell_id"].isin(set(finished["cell_id"]))].sort_values("cell_id")  # named with how each ended
     said, one = ", ".join(f"{r.cell_id} ({getattr(r, 'status', 'failed')})" for r in left.itertuples()), len(left) == 1
     left_out = "" if left.empty else (
         f" Left out: {said}: {'it' if one else 'they'} did not finish"
