@@ -18,10 +18,8 @@ import seaborn as sns  # noqa: E402
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
-from amp_compare.harness.report import memory, stats, tables  # noqa: E402
+from amp_compare.harness.report import memory, phrases, scaling, stats, tables  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
-from amp_compare.harness.report.numerics import QUANTITY_LABELS  # noqa: E402
-from amp_compare.harness.report.scaling import zero_gradient  # noqa: E402
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX  # noqa: E402
 
 
@@ -255,8 +253,6 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
 
 def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Each speed verdict's ratio to fp32 and its interval, per model x dataset, against 1×."""
-    from amp_compare.harness.report import phrases
-
     speed = verdicts[(verdicts["metric"] == "speed") & np.isfinite(verdicts["estimate"].astype(float))]
     if speed.empty:
         return None
@@ -458,7 +454,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     """Share of each layer's gradient float16 flushes to 0, unscaled vs scaled, zero gradients aside."""
     if underflow.empty or (last := underflow[underflow["when"] == "last step"]).empty:
         return None
-    zero = zero_gradient(last)
+    zero = scaling.zero_gradient(last)
     residue, df = last[zero], _labelled(last[~zero])
     if df.empty:
         return None
@@ -641,7 +637,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
         return None
     df = _labelled(blocks)
     precs = list(df["Precision"].cat.categories)
-    quantities = [q for q in QUANTITY_LABELS if q in set(df["quantity"])]
+    quantities = [q for q in nr.QUANTITY_LABELS if q in set(df["quantity"])]
     names = sorted(set(df["block"]), key=lambda b: (b == "norm", b))
     colours = dict(zip(names, sns.color_palette("viridis", len(names))))
     fig, axes = plt.subplots(len(quantities), len(precs), figsize=(3.4 * len(precs), 2.9 * len(quantities)),
@@ -651,7 +647,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
         for c, (prec, ax) in enumerate(zip(precs, axes[r])):
             _headroom_panel(ax, df[(df["quantity"] == quantity) & (df["Precision"] == prec)], colours,
                             naive and quantity == "attention_logit")
-            ax.set_title(f"{prec} · {QUANTITY_LABELS[quantity]}", fontsize=9)
+            ax.set_title(f"{prec} · {nr.QUANTITY_LABELS[quantity]}", fontsize=9)
             ax.set_xlabel("Epoch (counting from 1)" if r == len(quantities) - 1 else "")
             ax.set_ylabel("Largest |value| (log)" if c == 0 else "")
     shown = {}  # every block x framework that appears anywhere, once, in order of first appearance
@@ -662,7 +658,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     fig.suptitle("ViT headroom per block over training", y=1.02)
     fig.tight_layout()
     cpu = ", ".join(sorted(set(runs.get("cpu_model", pd.Series(dtype=str)).dropna().astype(str)) - {""}))
-    bad = headroom[headroom["quantity"].isin(QUANTITY_LABELS) & ~np.isfinite(headroom["max_abs"].to_numpy(dtype=float))]
+    bad = headroom[headroom["quantity"].isin(nr.QUANTITY_LABELS) & ~np.isfinite(headroom["max_abs"].astype(float))]
     bad = "; ".join(f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} from epoch "
                     f"{int(g['epoch'].min()) + 1}" for (fw, prec), g in bad.sort_values(
                         ["framework", "precision"], key=display_order).groupby(["framework", "precision"], sort=False))

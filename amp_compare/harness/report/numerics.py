@@ -149,19 +149,18 @@ def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Data
 
 
 def ending_text(r, since: bool = True) -> str:
-    """How a cell went non-finite, from with_loss_history's columns on a row (dict or namedtuple); "" where not
+    """How a cell went non-finite, from with_loss_history's columns on a row (namedtuple); "" where not
     recorded. `since`: say where the non-finite run that stopped it began."""
-    get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
-    first, skip, start = (pd.to_numeric(get(k, np.nan), errors="coerce")
+    first, skip, start = (pd.to_numeric(getattr(r, k, np.nan), errors="coerce")
                           for k in ("first_nonfinite_loss_step", "first_skipped_step", "diverged_at_step"))
     if pd.isna(first):
         return ""
     said = [f"first non-finite loss at step {int(first)}" if first >= 0 else "every loss finite"]
     if 0 <= skip < (first if first >= 0 else np.inf):  # NaN compares False
         said.append(f"the loss scaler skipped its first update at step {int(skip)}, with a finite loss")
-    if get("status") == "diverged" and start >= 0:
+    if getattr(r, "status", None) == "diverged" and start >= 0:
         said.append((f"non-finite from step {int(start)} on, " if since else "")
-                    + f"it was stopped after step {int(get('last_step'))}")
+                    + f"it was stopped after step {int(r.last_step)}")
     return "steps counted from 0: " + "; ".join(said)
 
 
