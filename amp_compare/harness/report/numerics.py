@@ -89,14 +89,6 @@ AUDIT_METHOD_DEFAULTS = {"torch": "aten ops seen by a TorchDispatchMode inside a
                          "tf": "ops of the traced training step (TensorFlow graph), by layer scope"}
 
 
-def audit_methods(dtypes: pd.DataFrame) -> list[str]:
-    """"<framework label>: <how its dtype audit was taken>" per framework in the audit, in display order."""
-    said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
-        if "audit_method" in dtypes else {}
-    return [f"{_label(fw)}: {said.get(fw) or AUDIT_METHOD_DEFAULTS.get(fw, 'not recorded')}"
-            for fw in ordered(dtypes["framework"])] if len(dtypes) else []
-
-
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per mixed precision: each (layer, phase) with the dtypes torch and Keras computed it in."""
     out: dict[str, pd.DataFrame] = {}
@@ -128,8 +120,7 @@ HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", 
 
 def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
     """The run table with HISTORY_COLS beside each cell, from its step records (steps from 0; -1 / NaN where they
-    were not recorded): first non-finite loss, first skipped update, last step, skip count, first/last loss scale,
-    non-finite loss count (and how many skipped), and the loss at the NaN/Inf locator's step."""
+    were not recorded); nonfinite_step_loss: the loss at the NaN/Inf locator's step."""
     located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
                if "nonfinite_step" in runs and "cell_id" in runs else {})
     rows = []
@@ -408,9 +399,13 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
-    first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited."""
+    first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited;
+    methods: "<framework label>: <how its audit was taken>" per framework."""
+    said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
+        if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
-                   "methods": audit_methods(dtypes)}
+                   "methods": [f"{_label(fw)}: {said.get(fw) or AUDIT_METHOD_DEFAULTS.get(fw, 'not recorded')}"
+                               for fw in ordered(dtypes["framework"])] if len(dtypes) else []}
     if dtypes.empty or (first := dtypes[(dtypes["seed"] == dtypes["seed"].min())
                                         & precisions.is_mixed(dtypes["precision"])]).empty:
         return facts
@@ -462,36 +457,31 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
     if keras_fw is None or "torch" not in set(mine["framework"]):
         return ""
-    same_recipe = ordered(set(mine["precision"]) - set(FP8_MODES))
-    parts = [part for prec in same_recipe  # fp8: the two frameworks run different recipes, not one attention core
-             if (part := _gap_part(prec, mine[mine["precision"] == prec], keras_fw))]
+    parts = []
+    for prec in ordered(set(mine["precision"]) - set(FP8_MODES)):  # fp8: each framework its own recipe
+        found = []  # per seed: (median gap, steps compared, steps both ran)
+        for _, sel in mine[mine["precision"] == prec].groupby("seed"):
+            t, k = (sel[sel["framework"] == fw].set_index("step") for fw in ("torch", keras_fw))
+            both = pd.concat([t["loss"], k["loss"]], axis=1, keys=["t", "k"], join="inner")  # NaN losses kept
+            bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
+            for x in (t, k) if "skipped" in sel else ():  # after a skipped update the two scalers' paths differ
+                bad |= x["skipped"].reindex(both.index).fillna(False).astype(bool).to_numpy()
+            kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
+            if len(kept):
+                found.append((float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))), len(kept),
+                              len(both)))
+        if not found:
+            continue
+        gaps, counts, totals = zip(*found)  # a seed's steps, marked where a skip or non-finite loss cut them short
+        n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+        per = " per seed" if len(counts) > 1 else ""
+        covered = (f"{n} steps{per}" if counts == totals else f"only its first {n} of {max(totals)} steps{per}: a "
+                   "skip or non-finite loss cut it short, not comparable")
+        parts.append(f"{prec} {float(np.median(gaps)):.2g} ({covered})")
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
             f"same weights and batches, over the steps before either cell's first non-finite loss or skipped update: "
             f"{', '.join(parts)} (fp32's gap is the floor: summation order alone; a precision cut short covers "
             "fewer, earlier steps and is not compared with it).") if parts else ""
-
-
-def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
-    """One precision's gap (median over seeds) and the steps each seed's median covers, marked where a non-finite
-    loss or a skipped update cut it short; "" without a seed with both frameworks' steps."""
-    found = []  # per seed: (median gap, steps compared, steps both ran)
-    for _, sel in mine.groupby("seed"):
-        t, k = (sel[sel["framework"] == fw].set_index("step") for fw in ("torch", keras_fw))
-        both = pd.concat([t["loss"], k["loss"]], axis=1, keys=["t", "k"], join="inner")  # NaN losses kept
-        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
-        for x in (t, k):  # after a skipped update the two scalers' paths differ
-            bad |= x["skipped"].reindex(both.index).fillna(False).astype(bool).to_numpy() if "skipped" in x else False
-        kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
-        if len(kept):
-            found.append((float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))), len(kept), len(both)))
-    if not found:
-        return ""
-    gaps, counts, totals = zip(*found)
-    n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
-    per = " per seed" if len(counts) > 1 else ""
-    steps = (f"{n} steps{per}" if counts == totals else
-             f"only its first {n} of {max(totals)} steps{per}: a skip or non-finite loss cut it short, not comparable")
-    return f"{prec} {float(np.median(gaps)):.2g} ({steps})"
 
 
 def _rows_text(f: dict) -> str:
