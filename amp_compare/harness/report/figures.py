@@ -543,10 +543,13 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                   "gradient magnitude, with float16's underflow and overflow regions shaded.")
 
 
-def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
-    """Per cell, whether the speed budget stopped a cell of its precision; the sentence naming them."""
+def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
+                                 out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
+    """Validation accuracy against cumulative training time per cell, each panel's target dotted; the
+    caption names busy cells and leaves out (named) the precisions the speed budget stopped."""
+    ok = tables.ok_runs(runs)
     cut_group = stats.cut_groups(ok, [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok])
-    named, whole = [], True
+    named, whole = [], True  # the precisions the speed budget stopped a cell of, with the seeds where not all
     for (f, m, p), part in ok[cut_group].groupby(["framework", "model", "precision"], sort=False):
         seeds = sorted(part.loc[stats.budgeted(part), "seed"])
         whole = whole and len(seeds) == len(part)
@@ -555,15 +558,6 @@ def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
     left = ("" if not named else f" Not drawn: {', '.join(named)} (the speed budget stopped "
             + ("them: their time to accuracy is not compared)." if whole else
                "them, or the seeds named: a precision with a stopped cell has no time to accuracy compared)."))
-    return cut_group, left
-
-
-def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
-                                 out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
-    """Validation accuracy against cumulative training time per cell, each panel's target dotted; the
-    caption names busy cells and leaves out (named) the precisions the speed budget stopped."""
-    ok = tables.ok_runs(runs)
-    cut_group, left = _budget_cut_precisions(ok)
     ok = ok[~cut_group]
     if ok.empty or epochs.empty or acc.empty or (e := epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]).empty:
         return None
