@@ -616,9 +616,8 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
                                        (FP16_EXP_LIMIT, "#a0761e", ":", exp)][:1 + naive_logits]:
         ax.axhline(level, color=colour, linewidth=1, linestyle=style)
         ax.text(0.02, level, text, color=colour, fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
-    low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
-    if naive_logits:  # the exp limit's line inside every panel
-        low = min(low, FP16_EXP_LIMIT / 2)
+    low = min(float(part["max_abs"].min()) / 3 if not part.empty else 0.1,
+              FP16_EXP_LIMIT / 2 if naive_logits else np.inf)  # the exp limit's line inside every panel
     ax.set_ylim(max(low, 1e-3), FP16_MAX * 4)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
