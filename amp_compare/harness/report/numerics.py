@@ -15,7 +15,6 @@ from amp_compare.contract.config import KERAS_BACKENDS, display_order, ordered
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
-from amp_compare.harness.report.scaling import zero_gradient
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -56,7 +55,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     a column was not recorded; residue_<column>: the part of it held by zero-gradient parameters (zero_gradient)."""
     if underflow.empty:
         return pd.DataFrame()
-    underflow = underflow.assign(zero_gradient=zero_gradient(underflow))
+    underflow = underflow.assign(zero_gradient=scaling.zero_gradient(underflow))
 
     def weighted(g: pd.DataFrame) -> pd.Series:
         w, elements = g["nonzero"].to_numpy(dtype=float), max(g["elements"].sum(), 1)
@@ -313,7 +312,7 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
             continue
-        zero = zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
+        zero = scaling.zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero, residue = int(lost.sum()), int(g["nonzero"].sum()), int(lost[zero].sum())
         alone = int((g["lost_fraction_mixed_unscaled"].fillna(0) * g["nonzero"]).round().sum())  # with no scale
