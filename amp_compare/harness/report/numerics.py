@@ -188,9 +188,7 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
     sel = _float16_probe(underflow)
     rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
-        total: Counter = Counter()
-        for text in g["log2_hist"]:
-            total.update(stats.log2_histogram(text))
+        total = sum((Counter(stats.log2_histogram(text)) for text in g["log2_hist"]), Counter())  # zeros dropped
         rows += [{**dict(zip(per, key[:len(per)])), "framework": key[-2], "precision": key[-1], "log2": k,
                   "count": v, "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
     out = pd.DataFrame(rows, columns=[*per, *cols])
