@@ -165,9 +165,8 @@ def plain_log_labels(fig, axis: str) -> None:
             if not any(box.padded(2).overlaps(k) for k in kept_boxes):
                 keep.append(loc)
                 kept_boxes.append(box.padded(2))
-        kept = np.array(keep)
         a.set_minor_formatter(matplotlib.ticker.FuncFormatter(
-            lambda v, _, kept=kept: f"{v:g}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
+            lambda v, _, kept=np.array(keep): f"{v:g}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
         if sum(major for _, major, _ in drawn) + len(keep) < 2:  # inside one decade and no minor tick: even steps
             a.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
             a.set_minor_locator(matplotlib.ticker.NullLocator())
