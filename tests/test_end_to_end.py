@@ -8,7 +8,7 @@ import pandas as pd
 
 from amp_compare.contract.config import DEFAULT_PRECISIONS as PRECISIONS
 
-FIGURES = ["speed_verdicts", "throughput", "memory", "loss_curves", "loss_scale", "underflow"]
+FIGURES = ["speed_verdicts", "memory", "loss_curves", "loss_scale", "underflow"]
 
 
 def test_tiny_compare_writes_records_and_report(tiny_run):
@@ -39,9 +39,9 @@ def test_tiny_compare_writes_records_and_report(tiny_run):
     assert "&lt;table" not in html and html.count("<table") >= 4  # tables render as HTML, not escaped text
     for key in FIGURES:
         assert f'src="figures/{key}.png"' in html
-    # under the answer: the speed verdicts drawn (the trials'), not the cells' throughput (inside the Speed section)
+    # under the answer: the speed verdicts drawn (the trials'), the other figures inside the rest
     assert html.index('src="figures/speed_verdicts.png"') < html.index('<details class="rest">') \
-        < html.index('src="figures/throughput.png"')
+        < html.index('src="figures/memory.png"')
     for section in ("Summary", "Speed", "Memory", "Accuracy", "Numerics", "Framework differences",
                     "Environment", "Glossary", "Reproduce", "Appendix"):
         assert f">{section}</h2>" in html

@@ -372,25 +372,13 @@ def _busy_run(tmp_path):
     return t, trials, busy
 
 
-def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_path, monkeypatch):
-    """The audit's throughput.png: bars of 3.06× (a busy fp32 cell) beside a speed trial of 0.33×, unflagged."""
+def test_the_time_to_accuracy_caption_names_the_cells_that_ran_on_a_busy_machine(tmp_path, monkeypatch):
+    """A busy fp32 cell (3× its speed trial's step) is named in the time-to-accuracy caption."""
     from amp_compare.harness.report.tables import accuracy_statistics
 
     t, trials, busy = _busy_run(tmp_path)
     assert list(figures.busy_cells(t["run"], trials).round(1).items()) == [(busy, 3.0)]
     drawn = _drawn(monkeypatch, figures)
-    # the cells' records alone: the throughput figure is drawn from them and the trials, and without the steps
-    # make_figures draws no curves (their own tests are above), most of its time
-    nothing = pd.DataFrame()
-    made = {f.key: f for f in figures.make_figures(t["run"], nothing, tmp_path / "f", trials=trials)}
-    caption = made["throughput"].caption
-    assert "not a speed verdict (those come from the speed trials" in caption
-    assert (f"Ran while the machine was busy (wall time per step over 1.4× the median step of the speed trial's "
-            f"uncontended blocks of the same framework, precision and thread count): {busy} (3.0×); a label marked † "
-            "rests on one "
-            "of them") in caption, caption
-    labels = [t.get_text() for t in drawn[0].axes[0].texts]
-    assert sum("†" in label for label in labels) == 3, labels  # torch's fp32, fp16 and bf16: each divides by fp32
     tta = figures.make_time_to_accuracy_figure(t["run"], t["epochs"], accuracy_statistics(t["run"], t["epochs"]),
                                                tmp_path / "f", trials)
     assert f"busy (wall time per step over 1.4× the median step of the speed trial's uncontended blocks of the same " \
@@ -402,12 +390,9 @@ def test_the_throughput_figure_flags_the_cells_that_ran_on_a_busy_machine(tmp_pa
     # and with no mark to explain the captions say nothing of busy cells
     more = trials.assign(threads=trials["threads"] + 1)
     assert figures.busy_cells(t["run"], more).empty
-    made = {f.key: f for f in figures.make_figures(t["run"], nothing, tmp_path / "g", trials=more)}
     tta = figures.make_time_to_accuracy_figure(t["run"], t["epochs"], accuracy_statistics(t["run"], t["epochs"]),
                                                tmp_path / "g", more)
-    for caption in (made["throughput"].caption, tta.caption):
-        assert "busy" not in caption and "thread" not in caption, caption
-    assert figures.busy_text(figures.busy_cells(t["run"], None), "") == ""
+    assert "busy" not in tta.caption and "thread" not in tta.caption, tta.caption
 
 
 

@@ -43,7 +43,7 @@ def test_combined_report_has_the_machine_in_every_figure(tiny_run, tmp_path, uns
     assert runs["cell_id"].is_unique
     html = index.read_text()
     assert "Combined report of 2 runs" in html and html.count("<h2") >= 9
-    for key in ("throughput", "memory", "loss_curves", "loss_scale"):
+    for key in ("memory", "loss_curves", "loss_scale"):
         assert f'src="figures/{key}.png"' in html  # a figure is on the page once make_figures has drawn it
     md = (tmp_path / "combined/summary.md").read_text()
     assert "| Machine |" in md

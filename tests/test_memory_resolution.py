@@ -32,7 +32,7 @@ def _draw_only(monkeypatch, *groups):
     checked in tests/test_figures.py and on the shared tiny compare."""
     from amp_compare.harness.report import figures
 
-    for group in ("_throughput_figures", "_memory_figures", "_loss_curve_figures", "_loss_scale_figures"):
+    for group in ("_memory_figures", "_loss_curve_figures", "_loss_scale_figures"):
         if group not in groups:
             monkeypatch.setattr(figures, group, lambda *args, **kwargs: [])
 
@@ -155,10 +155,10 @@ def test_the_bar_figures_captions_name_the_runs_per_bar_from_the_run(tmp_path, u
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
 
-    _draw_only(monkeypatch, "_throughput_figures")
+    _draw_only(monkeypatch, "_memory_figures")
     for seeds, said in (((0,), "One run (one seed) per bar, so no error bar"),
                         ((0, 1), "interquartile range (interpolated between the 2 seeds' values)")):
         t = records.read_run(write_run(tmp_path / str(len(seeds)), seeds=seeds))
         caption = next(f for f in figures.make_figures(t["run"], t["steps"], tmp_path / "f")
-                       if f.key == "throughput").caption
+                       if f.key == "memory").caption
         assert said in caption, caption

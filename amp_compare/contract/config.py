@@ -84,6 +84,11 @@ FRAMEWORK_LABELS = {"torch": "PyTorch", "tf": "Keras (TF)", "keras-jax": "Keras 
 DISPLAY_ORDER = {**{f: i for i, f in enumerate(FRAMEWORKS)}, **{p: i for i, p in enumerate(PRECISIONS)}}
 
 
+def ordered(values) -> list:
+    """The distinct values, frameworks and precisions in DISPLAY_ORDER (others last)."""
+    return sorted(set(values), key=lambda x: DISPLAY_ORDER.get(x, 99))
+
+
 def framework_label(framework: str) -> str:
     return FRAMEWORK_LABELS.get(framework, framework)
 

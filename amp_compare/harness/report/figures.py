@@ -18,10 +18,9 @@ import seaborn as sns  # noqa: E402
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
-from amp_compare.harness.report import memory, stats, tables  # noqa: E402
+from amp_compare.harness.report import memory, phrases, scaling, stats, tables  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
-from amp_compare.harness.report.numerics import FP16_MAX, QUANTITY_LABELS  # noqa: E402
-from amp_compare.kit.fp16 import FP16_EXP_LIMIT  # noqa: E402
+from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX  # noqa: E402
 
 
 def laid_out(fig):
@@ -166,9 +165,8 @@ def plain_log_labels(fig, axis: str) -> None:
             if not any(box.padded(2).overlaps(k) for k in kept_boxes):
                 keep.append(loc)
                 kept_boxes.append(box.padded(2))
-        kept = np.array(keep)
         a.set_minor_formatter(matplotlib.ticker.FuncFormatter(
-            lambda v, _, kept=kept: f"{v:g}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
+            lambda v, _, kept=np.array(keep): f"{v:g}" if kept.size and np.isclose(kept, v, rtol=1e-6).any() else ""))
         if sum(major for _, major, _ in drawn) + len(keep) < 2:  # inside one decade and no minor tick: even steps
             a.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
             a.set_minor_locator(matplotlib.ticker.NullLocator())
@@ -252,38 +250,8 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     return pd.Series(slowdown[busy].to_numpy(dtype=float), index=cells.loc[busy, "cell_id"]).sort_index()
 
 
-def busy_text(busy: pd.Series, what: str) -> str:
-    """The caption's sentence naming the busy cells ("" when none was)."""
-    return "" if busy.empty else (
-        f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the median step of the speed "
-        f"trial's uncontended blocks of the same framework, precision and thread count): "
-        f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; {what}")
-
-
-def _throughput_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, sweep_note: str,
-                        busy: pd.Series) -> list[Figure]:
-    """Throughput bars; † on a label whose own or fp32 divisor's cells include a busy cell."""
-    hit = ok[ok["cell_id"].isin(set(busy.index))]
-    reference = hit[hit["precision"] == precisions.REFERENCE]  # a busy fp32 cell: every ratio of its framework
-    flagged = pd.concat([hit, *(reference.assign(precision=p) for p in set(table["precision"]))])
-    table = table.assign(speed_label=_marked(table, table["speed_label"].astype(str), flagged, " †"))
-    _save(_bar(ok, table, "throughput_img_s", "Training throughput (images/s, wall time of the timed steps)",
-               "Training throughput", "speed_label"), out_dir, "throughput")
-    return [Figure("throughput", "speed", "Training throughput by precision",
-                   "Images per second over the wall time of the training cells' timed steps (warm-up, tracing "
-                   "and evaluation excluded). A bar's height is the median over seeds of its cells' images/s; "
-                   "the label above it is not the quotient of two bars but the cells' throughput against the "
-                   "same framework's fp32 (the geometric mean over seeds of each seed's ratio): what training "
-                   "took, not a speed verdict (those come from the speed trials, in the tables above)."
-                   + busy_text(busy, "a label marked † rests on one of them, so it says more about the machine "
-                               "than about the precision.") + spread + sweep_note,
-                   "Bar chart of training images per second for each framework and precision mode.")]
-
-
 def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
     """Each speed verdict's ratio to fp32 and its interval, per model x dataset, against 1×."""
-    from amp_compare.harness.report import phrases
-
     speed = verdicts[(verdicts["metric"] == "speed") & np.isfinite(verdicts["estimate"].astype(float))]
     if speed.empty:
         return None
@@ -320,7 +288,8 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
 
 
 def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The memory bars' labels: change against fp32 with the full table's ⚠ (`notes`), undecided or cut."""
+    """The memory bars' labels: change against fp32, undecided or cut; ⚠ on a change whose row the full table
+    (`notes`) gives a memory note."""
     mem = tables.memory_statistics(ok)
     keys = [c for c in _CELL_KEYS if c in mem and c in table]
     out = table.merge(mem, on=keys, how="left") if not mem.empty else table.copy()
@@ -331,7 +300,11 @@ def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | 
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
     noted = (notes[notes["memory_note"].fillna("").astype(str) != ""] if notes is not None and "memory_note" in notes
              else pd.DataFrame())
-    out["memory_label"] = _marked(out, labels, noted, " ⚠", ~out["memory_unresolved"] & ~out["memory_cut"])
+    keys = [k for k in _CELL_KEYS if k in out and k in noted]
+    hit = set(noted[keys].astype(str).itertuples(index=False, name=None))
+    marked = pd.Series([r in hit for r in out[keys].astype(str).itertuples(index=False, name=None)], index=out.index)
+    out["memory_label"] = labels.where(~(marked & (labels != "") & ~out["memory_unresolved"] & ~out["memory_cut"]),
+                                       labels + " ⚠")
     return out
 
 
@@ -404,59 +377,35 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    "loss-scaled run of each framework.")]
 
 
-def _marked(table: pd.DataFrame, labels: pd.Series, flagged: pd.DataFrame, symbol: str,
-            eligible: pd.Series | bool = True) -> pd.Series:
-    """`labels` with `symbol` after each non-empty `eligible` one whose row is among `flagged`'s rows."""
-    keys = [k for k in _CELL_KEYS if k in table and k in flagged]
-    hit = set(flagged[keys].astype(str).itertuples(index=False, name=None))
-    marked = pd.Series([r in hit for r in table[keys].astype(str).itertuples(index=False, name=None)],
-                       index=table.index) & (labels != "") & eligible
-    return labels.where(~marked, labels + symbol)
-
-
-def speed_labels(table: pd.DataFrame) -> pd.Series:
-    """Each bar's speed-ratio label as the summary table prints it (what training took, not a verdict)."""
-    return pd.Series([f"{v:.2f}×" if np.isfinite(v) else "" for v in table["speedup_vs_fp32"].astype(float)],
-                     index=table.index)
-
-
 def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device: str = "cpu",
                  notes: pd.DataFrame | None = None, trials: pd.DataFrame | None = None) -> list[Figure]:
     """Every figure the data allows, drawn into out_dir, in report order; notes: the full table (its ⚠ on the
-    labels); trials: the speed trials (busy_cells)."""
+    labels); trials: unused (the time-to-accuracy figure judges busy cells)."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = tables.summary_table(runs)
     if table.empty:
         return []
-    emulated = fp8_report.speed_emulated(table["precision"], device)  # no ratio label on an emulation's bar
-    table.loc[emulated, "speedup_vs_fp32"] = np.nan
-    table["speed_label"] = speed_labels(table)
-    ok, shown, sweep_note = tables.with_loop_columns(tables.ok_runs(runs).copy()), table, ""
+    table.loc[fp8_report.speed_emulated(table["precision"], device), "speedup_vs_fp32"] = np.nan  # not a speed
+    finished = tables.ok_runs(runs)
+    ok, shown = tables.with_loop_columns(finished.copy()), table
     if table["batch_size"].nunique() > 1 or table["step_loop"].nunique() > 1:  # a sweep: one loop, largest batch
         step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
         batch = table.loc[table["step_loop"] == step, "batch_size"].max()
         ok = ok[(ok["step_loop"] == step) & (ok["batch_size"] == batch)]
         shown = table[(table["step_loop"] == step) & (table["batch_size"] == batch)]
-        sweep_note = (f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
-                      "speed-up-vs-batch figure and the summary table.")
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
-    ok_ids = set(ok["cell_id"])
-    steps = steps[steps["cell_id"].isin(ok_ids)] if not steps.empty else steps
+    steps = steps[steps["cell_id"].isin(set(ok["cell_id"]))] if not steps.empty else steps
     n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
     spread = (f" Bars are medians over {tables.seed_counts_text(ok)}; error bars span the interquartile range"
               + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
               " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")
-    if emulated.any():
-        sweep_note += (f" {', '.join(sorted(set(shown.loc[emulated, 'precision'])))}: emulated on this CPU, so its "
-                       "bar has no ratio label (not a speed result).")
-    left = runs[~runs["cell_id"].isin(ok_ids)].sort_values("cell_id")  # named with how each ended
+    left = runs[~runs["cell_id"].isin(set(finished["cell_id"]))].sort_values("cell_id")  # named with how each ended
     said, one = ", ".join(f"{r.cell_id} ({getattr(r, 'status', 'failed')})" for r in left.itertuples()), len(left) == 1
     left_out = "" if left.empty else (
         f" Left out: {said}: {'it' if one else 'they'} did not finish"
         + (" (a diverged cell's losses went non-finite)" if (left.get("status") == "diverged").any() else "")
         + f", so {'its curve is' if one else 'their curves are'} not drawn.")
-    return [*_throughput_figures(ok, shown, out_dir, spread, sweep_note, busy_cells(ok, trials)),
-            *_memory_figures(ok, shown, out_dir, spread, device, notes),
+    return [*_memory_figures(ok, shown, out_dir, spread, device, notes),
             *_loss_curve_figures(steps, out_dir, left_out),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(table, out_dir)]
 
@@ -504,7 +453,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     """Share of each layer's gradient float16 flushes to 0, unscaled vs scaled, zero gradients aside."""
     if underflow.empty or (last := underflow[underflow["when"] == "last step"]).empty:
         return None
-    zero = nr.zero_gradient(last)
+    zero = scaling.zero_gradient(last)
     residue, df = last[zero], _labelled(last[~zero])
     if df.empty:
         return None
@@ -593,10 +542,13 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                   "gradient magnitude, with float16's underflow and overflow regions shaded.")
 
 
-def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
-    """Per cell, whether the speed budget stopped a cell of its precision; the sentence naming them."""
+def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
+                                 out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
+    """Validation accuracy against cumulative training time per cell, each panel's target dotted; the
+    caption names busy cells and leaves out (named) the precisions the speed budget stopped."""
+    ok = tables.ok_runs(runs)
     cut_group = stats.cut_groups(ok, [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok])
-    named, whole = [], True
+    named, whole = [], True  # the precisions the speed budget stopped a cell of, with the seeds where not all
     for (f, m, p), part in ok[cut_group].groupby(["framework", "model", "precision"], sort=False):
         seeds = sorted(part.loc[stats.budgeted(part), "seed"])
         whole = whole and len(seeds) == len(part)
@@ -605,15 +557,6 @@ def _budget_cut_precisions(ok: pd.DataFrame) -> tuple[pd.Series, str]:
     left = ("" if not named else f" Not drawn: {', '.join(named)} (the speed budget stopped "
             + ("them: their time to accuracy is not compared)." if whole else
                "them, or the seeds named: a precision with a stopped cell has no time to accuracy compared)."))
-    return cut_group, left
-
-
-def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
-                                 out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
-    """Validation accuracy against cumulative training time per cell, each panel's target dotted; the
-    caption names busy cells and leaves out (named) the precisions the speed budget stopped."""
-    ok = tables.ok_runs(runs)
-    cut_group, left = _budget_cut_precisions(ok)
     ok = ok[~cut_group]
     if ok.empty or epochs.empty or acc.empty or (e := epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]).empty:
         return None
@@ -646,11 +589,15 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                    + "; the first point above it is that cell's time to accuracy. A line that never crosses it did "
                    "not reach the target — a result, not an error." if bases else
                    "No target line: the run is too short to judge accuracy (see the note).")
+    busy = busy_cells(ok, trials)
+    busy_said = "" if busy.empty else (
+        f" Ran while the machine was busy (wall time per step over {BUSY_SLOWDOWN:g}× the median step of the speed "
+        f"trial's uncontended blocks of the same framework, precision and thread count): "
+        f"{', '.join(f'{c} ({x:.1f}×)' for c, x in busy.items())}; their lines' times say more about the machine "
+        "than about the precision.")
     return Figure("time_to_accuracy", "accuracy", "Time to accuracy",
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
-                  f"the training time spent so far. {target_text}"
-                  + busy_text(busy_cells(ok, trials), "their lines' times say more about the machine than about the "
-                              "precision.") + " Panels: " + "; ".join(panels) + "." + left,
+                  f"the training time spent so far. {target_text}{busy_said} Panels: " + "; ".join(panels) + "." + left,
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
                   "with a dotted horizontal target line.")
 
@@ -668,9 +615,8 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
                                        (FP16_EXP_LIMIT, "#a0761e", ":", exp)][:1 + naive_logits]:
         ax.axhline(level, color=colour, linewidth=1, linestyle=style)
         ax.text(0.02, level, text, color=colour, fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
-    low = float(part["max_abs"].min()) / 3 if not part.empty else 0.1
-    if naive_logits:  # the exp limit's line inside every panel
-        low = min(low, FP16_EXP_LIMIT / 2)
+    low = min(float(part["max_abs"].min()) / 3 if not part.empty else 0.1,
+              FP16_EXP_LIMIT / 2 if naive_logits else np.inf)  # the exp limit's line inside every panel
     ax.set_ylim(max(low, 1e-3), FP16_MAX * 4)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
@@ -683,7 +629,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
         return None
     df = _labelled(blocks)
     precs = list(df["Precision"].cat.categories)
-    quantities = [q for q in QUANTITY_LABELS if q in set(df["quantity"])]
+    quantities = [q for q in nr.QUANTITY_LABELS if q in set(df["quantity"])]
     names = sorted(set(df["block"]), key=lambda b: (b == "norm", b))
     colours = dict(zip(names, sns.color_palette("viridis", len(names))))
     fig, axes = plt.subplots(len(quantities), len(precs), figsize=(3.4 * len(precs), 2.9 * len(quantities)),
@@ -693,7 +639,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
         for c, (prec, ax) in enumerate(zip(precs, axes[r])):
             _headroom_panel(ax, df[(df["quantity"] == quantity) & (df["Precision"] == prec)], colours,
                             naive and quantity == "attention_logit")
-            ax.set_title(f"{prec} · {QUANTITY_LABELS[quantity]}", fontsize=9)
+            ax.set_title(f"{prec} · {nr.QUANTITY_LABELS[quantity]}", fontsize=9)
             ax.set_xlabel("Epoch (counting from 1)" if r == len(quantities) - 1 else "")
             ax.set_ylabel("Largest |value| (log)" if c == 0 else "")
     shown = {}  # every block x framework that appears anywhere, once, in order of first appearance
@@ -704,7 +650,7 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     fig.suptitle("ViT headroom per block over training", y=1.02)
     fig.tight_layout()
     cpu = ", ".join(sorted(set(runs.get("cpu_model", pd.Series(dtype=str)).dropna().astype(str)) - {""}))
-    bad = headroom[headroom["quantity"].isin(QUANTITY_LABELS) & ~np.isfinite(headroom["max_abs"].to_numpy(dtype=float))]
+    bad = headroom[headroom["quantity"].isin(nr.QUANTITY_LABELS) & ~np.isfinite(headroom["max_abs"].astype(float))]
     bad = "; ".join(f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} from epoch "
                     f"{int(g['epoch'].min()) + 1}" for (fw, prec), g in bad.sort_values(
                         ["framework", "precision"], key=display_order).groupby(["framework", "precision"], sort=False))

@@ -11,11 +11,10 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
-from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order
+from amp_compare.contract.config import KERAS_BACKENDS, display_order, ordered
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
-from amp_compare.harness.report.scaling import zero_gradient
 from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
 from amp_compare.kit.fp16 import FP16_MAX
 
@@ -24,14 +23,13 @@ def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
     if steps.empty:
         return pd.DataFrame()
-    rows, per = [], [k for k in ("model", "dataset") if k in steps]  # per model: never a median over two
-    for key, g in steps.sort_values("step").groupby([*per, "framework", "precision", "cell_id"]):
-        scale = g["loss_scale"].to_numpy()
-        rows.append({**dict(zip([*per, "framework", "precision"], key[:-1])), "steps": len(g),
-                     "skipped": int(g["skipped"].sum()), "growth_events": int((np.diff(scale) > 0).sum()),
-                     "first_scale": scale[0], "final_scale": scale[-1]})
-    df = pd.DataFrame(rows).groupby([*per, "framework", "precision"], as_index=False).median(numeric_only=True)
-    return df.sort_values([*per, "framework", "precision"], key=display_order)
+    keys = [*(k for k in ("model", "dataset") if k in steps), "framework", "precision"]  # never a median over models
+    cells = steps.sort_values("step").groupby([*keys, "cell_id"])
+    scale = cells["loss_scale"]
+    df = pd.DataFrame({"steps": cells.size(), "skipped": cells["skipped"].sum().astype(int),
+                       "growth_events": scale.agg(lambda s: int((np.diff(s) > 0).sum())),
+                       "first_scale": scale.first(), "final_scale": scale.last()})
+    return df.groupby(keys, as_index=False).median().sort_values(keys, key=display_order)
 
 
 # What each underflow column counts: the same method in both frameworks (kit/fp16.py UNDERFLOW_METHOD).
@@ -57,7 +55,7 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     a column was not recorded; residue_<column>: the part of it held by zero-gradient parameters (zero_gradient)."""
     if underflow.empty:
         return pd.DataFrame()
-    underflow = underflow.assign(zero_gradient=zero_gradient(underflow))
+    underflow = underflow.assign(zero_gradient=scaling.zero_gradient(underflow))
 
     def weighted(g: pd.DataFrame) -> pd.Series:
         w, elements = g["nonzero"].to_numpy(dtype=float), max(g["elements"].sum(), 1)
@@ -90,14 +88,6 @@ AUDIT_METHOD_DEFAULTS = {"torch": "aten ops seen by a TorchDispatchMode inside a
                          "tf": "ops of the traced training step (TensorFlow graph), by layer scope"}
 
 
-def audit_methods(dtypes: pd.DataFrame) -> list[str]:
-    """"<framework label>: <how its dtype audit was taken>" per framework in the audit, in display order."""
-    said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
-        if "audit_method" in dtypes else {}
-    return [f"{_label(fw)}: {said.get(fw) or AUDIT_METHOD_DEFAULTS.get(fw, 'not recorded')}"
-            for fw in sorted(set(dtypes["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99))] if len(dtypes) else []
-
-
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per mixed precision: each (layer, phase) with the dtypes torch and Keras computed it in."""
     out: dict[str, pd.DataFrame] = {}
@@ -105,14 +95,14 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         return out
     first_seed = dtypes[dtypes["seed"] == dtypes["seed"].min()]
     per = [k for k in ("model",) if k in first_seed and first_seed[k].nunique() > 1]  # a row names its model
-    for prec in sorted(set(first_seed["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
+    for prec in ordered(set(first_seed["precision"]) - {precisions.REFERENCE}):
         d = first_seed[first_seed["precision"] == prec]
-        table = pd.concat({_label(fw): g.groupby([*per, "layer", "phase"], sort=False).agg(
+        table = pd.concat({_label(fw): d[d["framework"] == fw].groupby([*per, "layer", "phase"], sort=False).agg(
             # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
             dtypes=("compute_dtype", lambda s: ", ".join(sorted({x for v in s for x in v.split("+")}))),
             ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
             params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
-            for fw, g in sorted(d.groupby("framework"), key=lambda kv: DISPLAY_ORDER.get(kv[0], 99))}, axis=1)
+            for fw in ordered(d["framework"])}, axis=1)
         table = table.reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
@@ -129,8 +119,7 @@ HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", 
 
 def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
     """The run table with HISTORY_COLS beside each cell, from its step records (steps from 0; -1 / NaN where they
-    were not recorded): first non-finite loss, first skipped update, last step, skip count, first/last loss scale,
-    non-finite loss count (and how many skipped), and the loss at the NaN/Inf locator's step."""
+    were not recorded); nonfinite_step_loss: the loss at the NaN/Inf locator's step."""
     located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
                if "nonfinite_step" in runs and "cell_id" in runs else {})
     rows = []
@@ -150,19 +139,18 @@ def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Data
 
 
 def ending_text(r, since: bool = True) -> str:
-    """How a cell went non-finite, from with_loss_history's columns on a row (dict or namedtuple); "" where not
+    """How a cell went non-finite, from with_loss_history's columns on a row (namedtuple); "" where not
     recorded. `since`: say where the non-finite run that stopped it began."""
-    get = r.get if isinstance(r, dict) else lambda k, d=None: getattr(r, k, d)
-    first, skip, start = (pd.to_numeric(get(k, np.nan), errors="coerce")
+    first, skip, start = (pd.to_numeric(getattr(r, k, np.nan), errors="coerce")
                           for k in ("first_nonfinite_loss_step", "first_skipped_step", "diverged_at_step"))
     if pd.isna(first):
         return ""
     said = [f"first non-finite loss at step {int(first)}" if first >= 0 else "every loss finite"]
     if 0 <= skip < (first if first >= 0 else np.inf):  # NaN compares False
         said.append(f"the loss scaler skipped its first update at step {int(skip)}, with a finite loss")
-    if get("status") == "diverged" and start >= 0:
+    if getattr(r, "status", None) == "diverged" and start >= 0:
         said.append((f"non-finite from step {int(start)} on, " if since else "")
-                    + f"it was stopped after step {int(get('last_step'))}")
+                    + f"it was stopped after step {int(r.last_step)}")
     return "steps counted from 0: " + "; ".join(said)
 
 
@@ -200,9 +188,7 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
     sel = _float16_probe(underflow)
     rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
     for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
-        total: Counter = Counter()
-        for text in g["log2_hist"]:
-            total.update(stats.log2_histogram(text))
+        total = sum((Counter(stats.log2_histogram(text)) for text in g["log2_hist"]), Counter())  # zeros dropped
         rows += [{**dict(zip(per, key[:len(per)])), "framework": key[-2], "precision": key[-1], "log2": k,
                   "count": v, "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
     out = pd.DataFrame(rows, columns=[*per, *cols])
@@ -324,7 +310,7 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
             continue
-        zero = zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
+        zero = scaling.zero_gradient(g).to_numpy()  # a key bias's zero is residue (exact gradient 0), not cancellation
         lost = (g[column].fillna(0) * g["nonzero"]).round().astype(int)
         total, nonzero, residue = int(lost.sum()), int(g["nonzero"].sum()), int(lost[zero].sum())
         alone = int((g["lost_fraction_mixed_unscaled"].fillna(0) * g["nonzero"]).round().sum())  # with no scale
@@ -410,13 +396,17 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
-    first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited."""
+    first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited;
+    methods: "<framework label>: <how its audit was taken>" per framework."""
+    said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
+        if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
-                   "methods": audit_methods(dtypes)}
+                   "methods": [f"{_label(fw)}: {said.get(fw) or AUDIT_METHOD_DEFAULTS.get(fw, 'not recorded')}"
+                               for fw in ordered(dtypes["framework"])] if len(dtypes) else []}
     if dtypes.empty or (first := dtypes[(dtypes["seed"] == dtypes["seed"].min())
                                         & precisions.is_mixed(dtypes["precision"])]).empty:
         return facts
-    facts["precision"] = sorted(set(first["precision"]), key=lambda p: DISPLAY_ORDER.get(p, 99))[0]
+    facts["precision"] = ordered(first["precision"])[0]
     facts["inputs_recorded"] = recorded_inputs(dtypes)
     for p, table in dtype_side_by_side(dtypes).items():
         facts["differing"][p] = _differing_rows(table)
@@ -464,36 +454,31 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
     keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
     if keras_fw is None or "torch" not in set(mine["framework"]):
         return ""
-    same_recipe = sorted(set(mine["precision"]) - set(FP8_MODES), key=lambda p: DISPLAY_ORDER.get(p, 99))
-    parts = [part for prec in same_recipe  # fp8: the two frameworks run different recipes, not one attention core
-             if (part := _gap_part(prec, mine[mine["precision"] == prec], keras_fw))]
+    parts = []
+    for prec in ordered(set(mine["precision"]) - set(FP8_MODES)):  # fp8: each framework its own recipe
+        found = []  # per seed: (median gap, steps compared, steps both ran)
+        for _, sel in mine[mine["precision"] == prec].groupby("seed"):
+            t, k = (sel[sel["framework"] == fw].set_index("step") for fw in ("torch", keras_fw))
+            both = pd.concat([t["loss"], k["loss"]], axis=1, keys=["t", "k"], join="inner")  # NaN losses kept
+            bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
+            for x in (t, k) if "skipped" in sel else ():  # after a skipped update the two scalers' paths differ
+                bad |= x["skipped"].reindex(both.index).fillna(False).astype(bool).to_numpy()
+            kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
+            if len(kept):
+                found.append((float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))), len(kept),
+                              len(both)))
+        if not found:
+            continue
+        gaps, counts, totals = zip(*found)  # a seed's steps, marked where a skip or non-finite loss cut them short
+        n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+        per = " per seed" if len(counts) > 1 else ""
+        covered = (f"{n} steps{per}" if counts == totals else f"only its first {n} of {max(totals)} steps{per}: a "
+                   "skip or non-finite loss cut it short, not comparable")
+        parts.append(f"{prec} {float(np.median(gaps)):.2g} ({covered})")
     return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
             f"same weights and batches, over the steps before either cell's first non-finite loss or skipped update: "
             f"{', '.join(parts)} (fp32's gap is the floor: summation order alone; a precision cut short covers "
             "fewer, earlier steps and is not compared with it).") if parts else ""
-
-
-def _gap_part(prec: str, mine: pd.DataFrame, keras_fw: str) -> str:
-    """One precision's gap (median over seeds) and the steps each seed's median covers, marked where a non-finite
-    loss or a skipped update cut it short; "" without a seed with both frameworks' steps."""
-    found = []  # per seed: (median gap, steps compared, steps both ran)
-    for _, sel in mine.groupby("seed"):
-        t, k = (sel[sel["framework"] == fw].set_index("step") for fw in ("torch", keras_fw))
-        both = pd.concat([t["loss"], k["loss"]], axis=1, keys=["t", "k"], join="inner")  # NaN losses kept
-        bad = ~np.isfinite(both.to_numpy(dtype=float)).all(axis=1)
-        for x in (t, k):  # after a skipped update the two scalers' paths differ
-            bad |= x["skipped"].reindex(both.index).fillna(False).astype(bool).to_numpy() if "skipped" in x else False
-        kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
-        if len(kept):
-            found.append((float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))), len(kept), len(both)))
-    if not found:
-        return ""
-    gaps, counts, totals = zip(*found)
-    n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
-    per = " per seed" if len(counts) > 1 else ""
-    steps = (f"{n} steps{per}" if counts == totals else
-             f"only its first {n} of {max(totals)} steps{per}: a skip or non-finite loss cut it short, not comparable")
-    return f"{prec} {float(np.median(gaps)):.2g} ({steps})"
 
 
 def _rows_text(f: dict) -> str:

@@ -132,9 +132,8 @@ def lost_elements(underflow: pd.DataFrame | None, cell_id: str, at: str, when: s
     non-zero reference elements zero in the float16 backward, outside zero-gradient parameters; how many of those
     the reference's flush explains; the zeros in zero-gradient parameters. (NaN, 0, 0, 0) where not recorded."""
     column, flush = f"lost_fraction_mixed_{at}", f"flush_fraction_{at}"
-    if underflow is None or underflow.empty or column not in underflow:
-        return np.nan, 0, 0, 0
-    sel = underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]
+    sel = (underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]
+           if underflow is not None and column in underflow else pd.DataFrame())
     if sel.empty or sel[column].isna().all():
         return np.nan, 0, 0, 0
     zeros, residue = (sel[column].fillna(0) * sel["nonzero"]).round(), zero_gradient(sel).to_numpy()

@@ -8,8 +8,8 @@ import re
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
-from amp_compare.contract.config import DISPLAY_ORDER
 from amp_compare.contract.config import framework_label as _label
+from amp_compare.contract.config import ordered
 
 # The parts of a vit, by canonical layer name (both audits name layers alike); "core" is the attention core:
 # its ops are split into the matmuls (Q·Kᵀ, ·V) and the rest (the logits' scale and the softmax).
@@ -78,13 +78,13 @@ def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         return out
     first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["phase"] == "forward")]
     first = first[first["layer"].astype(str).str.match(r"blocks\.|embed$|norm$|fc$")]
-    for prec in sorted(set(first["precision"]) - {precisions.REFERENCE}, key=lambda p: DISPLAY_ORDER.get(p, 99)):
+    for prec in ordered(set(first["precision"]) - {precisions.REFERENCE}):
         d = first[first["precision"] == prec]
         rows = []
         for component, pattern, kind in VIT_COMPONENTS:
             part = d[d["layer"].astype(str).str.contains(pattern, regex=True)]
             row = {"part": component}
-            for fw in sorted(set(d["framework"]), key=lambda f: DISPLAY_ORDER.get(f, 99)):
+            for fw in ordered(d["framework"]):
                 row[_label(fw)], row[f"{_label(fw)} computed in"] = _cell(part[part["framework"] == fw], kind)
             computed = [row[c] for c in row if c.endswith(" computed in")]
             # "-": that framework's audit attributes no op to this part: not attributed, so no difference
