@@ -586,7 +586,7 @@ def test_aligned_vit_audits_agree_but_for_the_attention_gradients(precision):
     shows LayerNorm, the token stream and the class-token/position add computing in float32 and the matmuls in
     the half dtype in both, and each framework's own softmax."""
     from amp_compare.contract.config import RunConfig
-    from amp_compare.harness.report.numerics import vit_dtype_table
+    from amp_compare.harness.report.vit_dtypes import vit_dtype_table
 
     def cfg(framework):
         return RunConfig(framework=framework, model="vit", dataset="digits", precision=precision, vit_dim=16,

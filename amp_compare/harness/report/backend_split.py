@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, framework_label
+from amp_compare.contract.config import KERAS_BACKENDS, framework_label, ordered
 from amp_compare.harness.report.phrases import evidence
 from amp_compare.harness.report.settings_check import value_text
 from amp_compare.harness.report.stats import ok_runs
@@ -40,7 +40,7 @@ INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer
 def keras_backend_split(runs: pd.DataFrame) -> dict:
     """The report's "Keras or its backend?" part: the Keras frameworks' table and sentences, or a note."""
     ok = set(ok_runs(runs).get("framework", ()))
-    frameworks = sorted(ok & set(KERAS_BACKENDS), key=lambda f: DISPLAY_ORDER.get(f, 99))
+    frameworks = ordered(ok & set(KERAS_BACKENDS))
     if len(frameworks) < 2:
         return {"note": ("Only one Keras backend ran, so what belongs to Keras and what to its backend cannot be "
                          "told apart here; add keras-jax or keras-torch to --frameworks.") if frameworks else "",

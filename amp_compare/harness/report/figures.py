@@ -378,21 +378,23 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
 
 
 def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device: str = "cpu",
-                 notes: pd.DataFrame | None = None, trials: pd.DataFrame | None = None) -> list[Figure]:
+                 notes: pd.DataFrame | None = None) -> list[Figure]:
     """Every figure the data allows, drawn into out_dir, in report order; notes: the full table (its ⚠ on the
-    labels); trials: unused (the time-to-accuracy figure judges busy cells)."""
+    labels)."""
     sns.set_theme(style="whitegrid", context="notebook")
     table = tables.summary_table(runs)
     if table.empty:
         return []
     table.loc[fp8_report.speed_emulated(table["precision"], device), "speedup_vs_fp32"] = np.nan  # not a speed
     finished = tables.ok_runs(runs)
-    ok, shown = tables.with_loop_columns(finished.copy()), table
+    ok, shown, sweep = tables.with_loop_columns(finished.copy()), table, ""
     if table["batch_size"].nunique() > 1 or table["step_loop"].nunique() > 1:  # a sweep: one loop, largest batch
         step = "plain" if (table["step_loop"] == "plain").any() else str(table["step_loop"].iloc[0])
         batch = table.loc[table["step_loop"] == step, "batch_size"].max()
         ok = ok[(ok["step_loop"] == step) & (ok["batch_size"] == batch)]
         shown = table[(table["step_loop"] == step) & (table["batch_size"] == batch)]
+        sweep = (f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
+                 "speed-up-vs-batch figure and the summary table.")
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     steps = steps[steps["cell_id"].isin(set(ok["cell_id"]))] if not steps.empty else steps
     n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
@@ -405,8 +407,8 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
         f" Left out: {said}: {'it' if one else 'they'} did not finish"
         + (" (a diverged cell's losses went non-finite)" if (left.get("status") == "diverged").any() else "")
         + f", so {'its curve is' if one else 'their curves are'} not drawn.")
-    return [*_memory_figures(ok, shown, out_dir, spread, device, notes),
-            *_loss_curve_figures(steps, out_dir, left_out),
+    return [*_memory_figures(ok, shown, out_dir, spread + sweep, device, notes),
+            *_loss_curve_figures(steps, out_dir, left_out + sweep),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(table, out_dir)]
 
 

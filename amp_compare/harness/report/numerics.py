@@ -15,7 +15,7 @@ from amp_compare.contract.config import KERAS_BACKENDS, display_order, ordered
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
-from amp_compare.harness.report.vit_dtypes import recorded_inputs, vit_dtype_table  # noqa: F401 (the section's table)
+from amp_compare.harness.report.vit_dtypes import recorded_inputs
 from amp_compare.kit.fp16 import FP16_MAX
 
 

@@ -40,6 +40,7 @@ from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.stats import whole_epochs
+from amp_compare.harness.report.vit_dtypes import vit_dtype_table
 
 TEMPLATES = Path(__file__).parent / "templates"
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
@@ -191,7 +192,7 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
 
 def _with_residue(s: pd.DataFrame, column: str) -> pd.Series:
     """A share as a percentage, with the part of it in attention key biases said to be residue: their exact gradient
-    is zero (numerics.zero_gradient), so a share there is rounding residue, not underflow."""
+    is zero (scaling.zero_gradient), so a share there is rounding residue, not underflow."""
     residue = s.get(f"residue_{column}", pd.Series(0.0, index=s.index)).fillna(0.0)
     return pd.Series([_pct(3)(v) + ("" if pd.isna(v) or r <= 0 else " (all attention key-bias residue)"
                                     if np.isclose(r, v, rtol=1e-9, atol=0) else
@@ -431,7 +432,7 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], summary: dict, device:
     headroom = headroom[~headroom["precision"].isin(FP8_MODES)] if "precision" in headroom else headroom
     trials = tables.get("trials", pd.DataFrame())
     tasks = [(fg.make_speed_verdict_figure, (summary["verdicts"], out)),
-             (fg.make_figures, (runs, steps, out, device, summary["full"], trials)),
+             (fg.make_figures, (runs, steps, out, device, summary["full"])),
              (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
              (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
              (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
@@ -560,7 +561,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "underflow_methods": nr.UNDERFLOW_METHODS, "dtype_facts": dtype_facts,
         "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
                          for p, t in nr.dtype_side_by_side(dtypes).items()},
-        "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()},
+        "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in vit_dtype_table(dtypes).items()},
         "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
         "said": nr.numerics_said(runs, underflow, steps, acc_stats),
         "words": nr.section_words(summary["facts"], dtype_facts), "run_id": manifest["run_id"],
