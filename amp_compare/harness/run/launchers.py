@@ -4,7 +4,7 @@ records atomically as on one machine; only where and when that happens changes.
 
 * The default (cells_at_once): on a CPU without --threads, one cell per usable CPU at once, one thread each (the
   speed trials, which decide speed, time their rounds after them with no cell beside them, at --threads' default,
-  having built and warmed up their models beside the last cells on cores no cell was using: trials.Ahead); on a
+  having built and warmed up their models beside the last cells, each on a CPU a finished cell left: trials.Ahead); on a
   GPU, with --replicas or --threads, one after another.
 * `--parallel 1`: the cells one after another, the calibration checked between them (cli.run_cells).
 * `--parallel N` (local launcher): N cells at once. On a GPU each cell gets its own device(s) through
@@ -564,8 +564,8 @@ def launch(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float, p
                    "and caches: "
                    "their times are what training took beside other cells, not alone"
                    + (f"; the speed trials timed their rounds after them, with no cell beside them, "
-                      f"{threads_text([trials])} (their models were built and warmed up before that, on cores no "
-                      "cell was using)."
+                      f"{threads_text([trials])} (each trial's models were built and warmed up before that, on a "
+                      "CPU that a finished cell had left once no cell was waiting to start)."
                       if (trials := manifest["launcher"].get("trial_threads")) else ".")))
     if note not in notes:
         notes.append(note)
