@@ -174,8 +174,7 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
 
 
 def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
-    """How the training cells ran and how the speed trials did, from the launcher and the threads each recorded:
-    ("up to 2 at once, 1 thread each", "no cell beside them, 2 threads"); ("", "") for a submitit run."""
+    """(how the training cells ran, how the speed trials did) from the launcher and threads; ("", "") under submitit."""
     if launcher.get("launcher") == "submitit":
         return "", ""
     cells, trials = threads_text(cell_threads), threads_text(trial_threads)

@@ -144,8 +144,7 @@ def numerics_intro(facts: RunFacts) -> str:
 
 
 def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
-    """The Data parallel section's first sentence on a CPU: what its N workers were, for the engines that ran
-    N-worker cells (facts.frameworks), and that the speed figures measure sharing one CPU (None on a GPU)."""
+    """The Data parallel section's first sentence on a CPU: what its N workers were (None on a GPU)."""
     if facts.device != "cpu" or not facts.frameworks:
         return None
     what = _both(facts, "processes (torch: torchrun's workers)", "logical devices of one process (Keras: "
