@@ -111,12 +111,11 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
                 "says how it works)")
         if facts.growth:
             interval, n = facts.growth
-            text += f": after {interval:,} clean steps in a row the scale doubles"
-            text += (f". No dynamically scaled cell had more than {n:,} clean steps in a row, so in this run the "
-                     "scale could not grow, only back off." if n <= interval else
-                     f". A dynamically scaled cell had {n:,} clean steps in a row, so in this run the scale could "
-                     "grow.")
-        out.append(text + ("" if facts.growth else "."))
+            text += f": after {interval:,} clean steps in a row the scale doubles. " + (
+                f"No dynamically scaled cell had more than {n:,} clean steps in a row, so in this run the scale "
+                "could not grow, only back off" if n <= interval else
+                f"A dynamically scaled cell had {n:,} clean steps in a row, so in this run the scale could grow")
+        out.append(text + ".")
     for name in facts.ran(loss_scaling="static"):
         how = "; ".join(["PyTorch: GradScaler held at it"] * facts.torch + ["Keras: the optimizer's loss_scale_factor"]
                         * facts.keras)
