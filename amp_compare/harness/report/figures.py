@@ -481,12 +481,10 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
         names = sorted(set((residue["model"].astype(str) + ": " if models.nunique() > 1 else "")
                            + residue["layer"].astype(str) + "." + residue["param"].astype(str)))
         flushed = int((residue["flush_fraction_unscaled"] * residue["nonzero"]).round().sum())
-        cells = (residue["cell_id"].nunique() if "cell_id" in residue
-                 else len(residue.groupby(["framework", "precision", "seed"])))
         text += (f" Not drawn: {', '.join(names)}, of whose {int(residue['nonzero'].sum()):,} non-zero elements "
-                 f"over {cells} cells {flushed:,} would flush without scaling: an attention key bias's exact "
-                 "gradient is zero (softmax ignores the constant shift it adds), so what the probe finds there is "
-                 "rounding residue, not underflow.")
+                 f"over {residue['cell_id'].nunique()} cells {flushed:,} would flush without scaling: an attention "
+                 "key bias's exact gradient is zero (softmax ignores the constant shift it adds), so what the probe "
+                 "finds there is rounding residue, not underflow.")
     return Figure("underflow", "numerics", "Gradient underflow per layer", text,
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
                   "unscaled and scaled, per framework and precision.")
@@ -552,7 +550,6 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
         return None
     keys = (["machine"] if "machine" in ok else []) + ["model", "dataset"]
     e = e.sort_values(["cell_id", "epoch"])
-    e = e.assign(**{k: e["cell_id"].map(ok.set_index("cell_id")[k]) for k in keys if k not in e})
     e = e.assign(train_wall_s=e.groupby("cell_id")["train_time_s"].cumsum(), val_accuracy_pct=e["val_accuracy"] * 100,
                  panel=e[keys].astype(str).agg(" · ".join, axis=1))
     df = _labelled(e)

@@ -127,7 +127,6 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _identity(df: pd.DataFrame) -> dict:
-    """The columns a numerics or memory table opens with: model and dataset where recorded, framework, precision."""
     return {**{k.title(): df[k] for k in ("model", "dataset") if k in df},
             "Framework": df["framework"].map(framework_label), "Precision": df["precision"]}
 
@@ -200,7 +199,6 @@ def _with_residue(s: pd.DataFrame, column: str) -> pd.Series:
 
 
 def _pct(digits: int):
-    """A fraction as a percentage, "n/a" where the records hold no such measurement."""
     return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
 
 

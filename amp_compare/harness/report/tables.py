@@ -149,8 +149,6 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
         "Skipped steps": _fmt(r.skipped_steps, ".0f"), **_hardware_cells(r, data_sheet)} for r in table.itertuples()])
 
 
-# ---- statistics per group, for the table, the findings and the report's accuracy section -------
-
 def _keys(runs: pd.DataFrame) -> list[str]:
     """The identity of a comparison group: (machine,) model, dataset and, where recorded, step loop and batch size."""
     return (["machine"] if "machine" in runs else []) + ["model", "dataset"] + [k for k in LOOP if k in runs]
