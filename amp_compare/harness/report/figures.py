@@ -386,7 +386,7 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
                  "speed-up-vs-batch figure and the summary table.")
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     steps = steps[steps["cell_id"].isin(set(ok["cell_id"]))] if not steps.empty else steps
-    n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
+    n = int(shown["runs"].max())  # seeds per bar
     spread = (f" Bars are medians over {tables.seed_counts_text(ok)}; error bars span the interquartile range"
               + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
               " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")

@@ -551,8 +551,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     return {
         **summary, "loss_scaling_intro": wording.loss_scaling_intro(summary["facts"]),
         "numerics_intro": wording.numerics_intro(summary["facts"]), "underflow_table": underflow_table,
-        "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
-        "underflow_methods": nr.UNDERFLOW_METHODS, "dtype_facts": dtype_facts,
+        "scale_counts": _html_or_none(_scale_counts_table(runs, steps)), "underflow_methods": nr.UNDERFLOW_METHODS,
         "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
                          for p, t in nr.dtype_side_by_side(dtypes).items()},
         "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in vit_dtype_table(dtypes).items()},

@@ -16,7 +16,9 @@ from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION, BELOW_
 from amp_compare.contract.log_words import HALF_FALLBACK
 from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
 from amp_compare.harness.report.hardware import text_column
+from amp_compare.harness.report.phrases import ratio
 from amp_compare.harness.report.stats import budgeted, ok_runs
+from amp_compare.kit.trial import speed_status, trial_summary
 
 # The line a framework writes to stderr that says which kernels it fell back to (for float16).
 FALLBACK_LINE = re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*")
@@ -179,9 +181,6 @@ def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
     """The Speed section's table of the speed trials, one row per trial x mixed precision; empty without trials."""
     if trials is None or trials.empty or "threads" not in trials:
         return pd.DataFrame()
-    from amp_compare.harness.report.phrases import ratio
-    from amp_compare.kit.trial import speed_status, trial_summary
-
     summary = trial_summary(trials)
     threads = trials.groupby("trial_id")["threads"].first()
     return pd.DataFrame([{"model": r.model, "dataset": r.dataset, "framework": framework_label(r.framework),

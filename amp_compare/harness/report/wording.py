@@ -9,6 +9,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.contract.fp8 import RECIPES
 from amp_compare.harness.report import phrases
 from amp_compare.harness.report.numerics import growth_facts
 from amp_compare.harness.report.phrases import KERAS_STATIC
@@ -63,8 +64,6 @@ def mode_text(facts: RunFacts, name: str) -> str:
     """One precision mode as the summary's intro describes it, for this run's frameworks and settings."""
     p = precisions.of(name)
     if p.fp8:
-        from amp_compare.contract.fp8 import RECIPES
-
         parts, base = [], "float32"
         for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
             recipe = RECIPES.get((key, name))
@@ -93,8 +92,7 @@ def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
                                                               if facts.frameworks else "The run")
     n = len(facts.precisions)
     modes = "; ".join(f"{p} ({mode_text(facts, p)})" for p in facts.precisions)
-    text = (f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: "
-            f"{modes}.")
+    text = f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: {modes}."
     if facts.ran(half="float16") or facts.ran(half="bfloat16"):
         text += (" This table is what the training cells took, one row per framework and precision; the speed "
                  "verdicts above come from the speed trials.")
