@@ -13,10 +13,16 @@ HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to
 COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matmul ceiling
 
 
-def text_column(table: pd.DataFrame, column: str) -> pd.Series:
+def _text(table: pd.DataFrame, column: str) -> pd.Series:
     if column not in table:
         return pd.Series("", index=table.index)
     return table[column].astype(object).where(table[column].notna(), "").astype(str)  # missing: "", never "nan"
+
+
+def ceiling_marks(table: pd.DataFrame) -> tuple[bool, bool]:
+    """(a cell on the fp32 ceiling for want of its half format's arithmetic, one under an instruction limit)."""
+    limited = _text(table, "ceiling_isa_limit") != ""
+    return bool(((_text(table, "ceiling_fp32_for") != "") & ~limited).any()), bool(limited.any())
 
 
 def timing_note(wall: float, median: float) -> str:
@@ -52,7 +58,7 @@ CEILING_KEYS = ("machine", "device_name")  # a ceiling per device (and machine, 
 
 def _base_dtype(runs: pd.DataFrame) -> pd.Series:
     """The dtype of each cell's ceiling matmul: fp32 where its half format is measured against it."""
-    return text_column(runs, "ceiling_dtype").where(text_column(runs, "ceiling_fp32_for") == "", "fp32")
+    return _text(runs, "ceiling_dtype").where(_text(runs, "ceiling_fp32_for") == "", "fp32")
 
 
 def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from amp_compare.contract.config import framework_label
 from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION, BELOW_AVX512, ISA_LIMITED
 from amp_compare.contract.log_words import HALF_FALLBACK
 from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
-from amp_compare.harness.report.hardware import text_column
+from amp_compare.harness.report.hardware import ceiling_marks
 from amp_compare.harness.report.phrases import ratio
 from amp_compare.harness.report.stats import budgeted, ok_runs
 from amp_compare.kit.trial import speed_status, trial_summary
@@ -78,7 +78,7 @@ def timing_paragraph(warmup: int, cells: str = "") -> str:
 
 def hardware_paragraph(table: pd.DataFrame, ceilings: list[str] | tuple[str, ...] = ()) -> str:
     """The Hardware efficiency table's paragraph, from `table`'s ceiling marks and the run's `ceilings`."""
-    limited = text_column(table, "ceiling_isa_limit") != ""  # else on the fp32 ceiling for want of arithmetic
+    emulated, limited = ceiling_marks(table)
     text = ("Per cell: the median-step throughput beside the headline's wall-time one, training FLOPs per image "
             "(counted once from the layer shapes both frameworks share), the FLOP/s achieved over the timed steps' "
             "wall time, and MFU: that rate over the run's one FLOP/s ceiling per device and dtype, the best matmul "
@@ -91,12 +91,12 @@ def hardware_paragraph(table: pd.DataFrame, ceilings: list[str] | tuple[str, ...
              "50%). \"Warm-up steps' extra time\" is what the warm-up steps took beyond as many median steps (ms), "
              "whatever it went to (first-call setup, tracing or compilation where the loop compiles); a timing note "
              "marks a wall-time figure more than 10% from the median-step one.")
-    if ((text_column(table, "ceiling_fp32_for") != "") & ~limited).any():
+    if emulated:
         text += (" Where the CPU's flags list no arithmetic for a half format, that format's cells are measured "
                  "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because this CPU has no "
                  "arithmetic in that format: a matmul in that format would time its conversions to float32, not a "
                  "ceiling, so none is timed. The mark says which ceiling was used, not which kernels the cells ran.")
-    if limited.any():
+    if limited:
         text += (" Where the run kept oneDNN or PyTorch's own kernels from a half format's instructions (marked "
                  "\"… arithmetic limited by\" and the variables that did it), that format's cells are measured "
                  "against the fp32 matmul's ceiling: a matmul in that format timed under the limit is no ceiling.")
