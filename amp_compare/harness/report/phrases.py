@@ -147,7 +147,7 @@ def test(method, seeds) -> str:
 def paired(t: dict, seeds: int = 0) -> str:
     """A paired accuracy test (stats.paired_test's, with detectable and near_chance where given), worded once for every
     table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no detectable change"."""
-    kind = interval_words(SimpleNamespace(interval_kind=ACCURACY_KIND.get(t.get("method"), "")))
+    kind = KIND.get(ACCURACY_KIND.get(t.get("method")), "")
     said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
     text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
             + (f" ({', '.join(said)})" if said else ""))
@@ -241,9 +241,9 @@ def _path(v, e: dict) -> str:
     seeds = e.get("seeds", [])
     if not seeds:
         return "scale not recorded"
-    ends = {(s["final"], s["growths"], s["backoffs"]): [] for s in seeds}
+    ends: dict[tuple, list[str]] = {}
     for s in seeds:
-        ends[(s["final"], s["growths"], s["backoffs"])].append(str(s["seed"]))
+        ends.setdefault((s["final"], s["growths"], s["backoffs"]), []).append(str(s["seed"]))
     finals = ", ".join(f"{power(f)} (seed{'s' if len(w) > 1 else ''} {', '.join(w)}: {_plural(g, 'doubling')}, "
                        f"{_plural(b, 'halving')})" for (f, g, b), w in ends.items())
     every = f", doubling after every {e['growth_interval']:,} clean steps" if e.get("growth_interval") else ""
