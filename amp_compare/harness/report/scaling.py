@@ -154,7 +154,7 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
                & (part["metric"] == "accuracy")]
     a = acc.iloc[0] if not acc.empty else dict.fromkeys(["estimate", "low", "high", "margin"], np.nan) | {
         "status": "", "reason": "", "evidence": None}
-    said = phrases.evidence(a["evidence"]) if not acc.empty else {}
+    said = phrases.evidence(a["evidence"])
     facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan, accuracy=a["status"],
                             accuracy_low=float(a["low"]) if np.isfinite(a["low"]) else np.nan)
     return verdicts.row(key, "underflow", facts, {

@@ -81,7 +81,7 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
             entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "mapped": set(), "bad": []})
             for fw in ("torch", "keras"):
                 # the learning rate as scheduled (compared above as the optimizers recorded it)
-                shown = cell.get("lr_shown", {}).get(fw) if row["key"] == "learning_rate" else None
+                shown = cell["lr_shown"][fw] if row["key"] == "learning_rate" else None
                 entry[fw].add(shown or (value_text(row[fw]) if row["recorded"][fw] else "not recorded"))
             if row["recorded"]["torch"] and row["recorded"]["keras"]:
                 entry["mapped"].add(value_text(row["torch_as_torch"]))
