@@ -233,12 +233,11 @@ def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool
 
 def _step_vs_reference(ok: pd.DataFrame) -> list[str]:
     """Each cell's median timed step ÷ that of the --allreduce fp32 cell of the same workers and seed."""
-    keys = list(ok[["model", "dataset", "framework", "precision", "workers", "seed"]].itertuples(index=False))
-    reference = {k: s for k, s, a in zip(keys, ok["step_s"], ok["allreduce"]) if a == ALLREDUCE_REFERENCE}
+    reference = ok["step_s"].where(ok["allreduce"] == ALLREDUCE_REFERENCE).groupby(
+        [ok[k] for k in (*KEY, "workers")]).transform("first")
     return ["reference" if a == ALLREDUCE_REFERENCE else
             f"{s / b:.2f}× ({1e3 * s:.1f} against {1e3 * b:.1f} ms)" if np.isfinite(b) and np.isfinite(s) and b > 0 else
-            "no --allreduce fp32 cell to compare with"
-            for a, s, b in zip(ok["allreduce"], ok["step_s"], (reference.get(k, np.nan) for k in keys))]
+            "no --allreduce fp32 cell to compare with" for a, s, b in zip(ok["allreduce"], ok["step_s"], reference)]
 
 
 def table(dp: pd.DataFrame) -> pd.DataFrame:

@@ -389,8 +389,7 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
-    first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited;
-    methods: "<framework label>: <how its audit was taken>" per framework."""
+    first mixed precision, `device`'s autocast); methods: "<framework label>: <how its audit was taken>"."""
     said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
         if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
@@ -421,8 +420,8 @@ QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layern
 
 
 def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude and its float16
-    headroom 65504 / max; `attention` from the runs' config where given."""
+    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude; `attention` from the
+    runs' config where given."""
     if headroom is None or headroom.empty:
         return pd.DataFrame()
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
@@ -430,8 +429,6 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
     df["block"] = [".".join(p[:2]) if p[0] == "blocks" else p[0] for p in df["layer"].str.split(".")]
     keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
     out = df.groupby(keys, as_index=False)["max_abs"].max()
-    out["quantity_label"] = out["quantity"].map(QUANTITY_LABELS)
-    out["float16_headroom"] = FP16_MAX / out["max_abs"].replace(0, np.nan)
     if runs is not None and "cfg_attention" in runs:
         out = out.merge(runs[["cell_id", "cfg_attention"]].rename(columns={"cfg_attention": "attention"}),
                         on="cell_id", how="left")

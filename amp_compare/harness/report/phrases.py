@@ -129,9 +129,8 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
 
 def test(method, seeds) -> str:
     """The paired accuracy test by name, with its seeds: "McNemar exact, 1 seed"."""
-    if method not in METHOD:
-        return ""
-    return METHOD[method] + (f", {seeds:.0f} seed{'s' * (seeds != 1)}" if np.isfinite(seeds) else "")
+    return METHOD[method] + (f", {seeds:.0f} seed{'s' * (seeds != 1)}" if np.isfinite(seeds) else "") \
+        if method in METHOD else ""
 
 
 def paired(t: dict, seeds: int = 0) -> str:
