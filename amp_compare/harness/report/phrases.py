@@ -258,8 +258,7 @@ def _skips(v, e: dict) -> str:
 
 def _until_cut(e: dict) -> str:
     """Where the speed budget stopped a cell of the row: how far what it says reaches."""
-    n = e.get("cut_steps")
-    return f" (in the {n} steps a cell ran before the speed budget stopped it)" if n else ""
+    return f" (in the {n} steps a cell ran before the speed budget stopped it)" if (n := e.get("cut_steps")) else ""
 
 
 def cause(f: dict) -> str:
