@@ -142,7 +142,7 @@ def test_submitit_records_and_report_equal_a_sequential_run(submitit_run, tiny_r
                 np.testing.assert_array_equal(a[c].to_numpy(), b[c].to_numpy(), err_msg=f"{name}.{c}")
     assert "loss" in seq["steps"] and "val_correct" in seq["run"]  # the comparison covered the results
     # a copy: the shared tiny run is only read (rendering it in place without figures took the browser test's images);
-    # without its Keras cells, whose fp32 accuracy would move the run-wide time-to-accuracy target (tables._target)
+    # without its Keras cells, whose fp32 accuracy would move the run-wide time-to-accuracy target
     seq_copy = tmp_path / "seq"
 
     def ignore(folder: str, names: list[str]) -> list[str]:

@@ -120,12 +120,12 @@ def test_the_memory_figures_bar_labels_say_undecided_where_the_table_does(memory
                                                                          monkeypatch):
     from amp_compare.contract import records
     from amp_compare.harness.report import figures
-    from amp_compare.harness.report.tables import ok_runs, summary_table, with_loop_columns
+    from amp_compare.harness.report.tables import full_table
 
     _draw_only(monkeypatch, "_memory_figures")
     run_dir = memory_run[2]
     runs = records.read_run(run_dir)["run"]
-    labels = figures._memory_labels(with_loop_columns(ok_runs(runs).copy()), summary_table(runs))
+    labels = figures._memory_labels(full_table(runs))
     by = labels.set_index(["framework", "precision"])["memory_label"]
     assert by[("torch", "fp16")] == "undecided" and by[("torch", "bf16")].startswith("+601%"), by
     assert by[("tf", "bf16")] == "+95%" and not any(v.endswith("%") for v in labels.loc[

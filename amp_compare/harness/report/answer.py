@@ -70,8 +70,7 @@ FAR_SLOWER = 0.1  # a speed verdict whose interval stays at or below this x fp32
 
 def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | None = None,
             profiled: bool = False) -> str:
-    """Whether the run kept the frameworks from instructions (speed.isa_limit), or which half formats' arithmetic the
-    CPU's flags do not list; then each precision the speed trials found FAR_SLOWER, and where its kernels are named."""
+    """The run's instruction limit or missing half arithmetic, then the precisions found FAR_SLOWER."""
     did = speed.isa_limit(environment)
     missing = [half for half, key in (("bfloat16", "cpu_bf16_hardware"), ("float16", "cpu_fp16_hardware"))
                if not environment.get(key)]

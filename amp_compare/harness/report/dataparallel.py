@@ -233,12 +233,11 @@ def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool
 
 def _step_vs_reference(ok: pd.DataFrame) -> list[str]:
     """Each cell's median timed step ÷ that of the --allreduce fp32 cell of the same workers and seed."""
-    keys = list(ok[["model", "dataset", "framework", "precision", "workers", "seed"]].itertuples(index=False))
-    reference = {k: s for k, s, a in zip(keys, ok["step_s"], ok["allreduce"]) if a == ALLREDUCE_REFERENCE}
+    reference = ok["step_s"].where(ok["allreduce"] == ALLREDUCE_REFERENCE).groupby(
+        [ok[k] for k in (*KEY, "workers")]).transform("first")
     return ["reference" if a == ALLREDUCE_REFERENCE else
             f"{s / b:.2f}× ({1e3 * s:.1f} against {1e3 * b:.1f} ms)" if np.isfinite(b) and np.isfinite(s) and b > 0 else
-            "no --allreduce fp32 cell to compare with"
-            for a, s, b in zip(ok["allreduce"], ok["step_s"], (reference.get(k, np.nan) for k in keys))]
+            "no --allreduce fp32 cell to compare with" for a, s, b in zip(ok["allreduce"], ok["step_s"], reference)]
 
 
 def table(dp: pd.DataFrame) -> pd.DataFrame:
@@ -264,18 +263,11 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
             + (f"{f:.2e} ({k or 'a rerun'})" if np.isfinite(f) else "none (no floor measured)") if np.isfinite(g)
             else "n/a" for g, f, k in zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
         "Workers agree": ok["agreement"],
-        "Accuracy vs fp32 all-reduce": pooled_once(ok),
+        # pooled over a group's seeds: shown on the group's first row, the others point to it
+        "Accuracy vs fp32 all-reduce": ok["accuracy"].where(
+            ~(ok["accuracy_seeds"] > 1) | ~ok[[*KEY[:4], "workers", "allreduce"]].duplicated(),
+            "same pooled comparison as the group's first row"),
     })
-
-
-def pooled_once(ok: pd.DataFrame) -> list[str]:
-    """The accuracy comparison, pooled over a group's seeds: shown on the group's first row, the others point to it."""
-    group = ok[["model", "dataset", "framework", "precision", "workers", "allreduce"]].astype(str).agg("|".join, axis=1)
-    seen, out = set(), []
-    for key, text, seeds in zip(group, ok["accuracy"], ok["accuracy_seeds"]):
-        out.append("same pooled comparison as the group's first row" if seeds > 1 and key in seen else text)
-        seen.add(key)
-    return out
 
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
@@ -358,5 +350,5 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
                 "error": unavailable_text(str(r.get("error") or "")),
                 "accuracy_test": {k: v for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS},
                 "accuracy_seeds": r.get("accuracy_seeds")}
-        out.append(verdicts.row(key, "data_parallel", facts, "none", said))
+        out.append(verdicts.row(key, "data_parallel", facts, said))
     return out

@@ -39,7 +39,6 @@ _STYLES = {"fp32": ("", "o"), "fp16": ((5, 2), "s"), "bf16": ((1, 1.5), "^"), "f
            "fp16-static": ((8, 2, 2, 2), "D"), "fp8": ((2, 2), "X"), "fp8-rowwise": ((6, 1.5, 1, 1.5), "P")}
 LINES = {"hue": "Framework", "style": "Precision", "palette": FRAMEWORK_COLORS,  # every line chart's seaborn keywords
          "dashes": {p: d for p, (d, _) in _STYLES.items()}, "markers": {p: m for p, (_, m) in _STYLES.items()}}
-_CELL_KEYS = ("machine", "model", "dataset", *tables.LOOP, "framework", "precision")  # a cell's row in a table
 
 
 @dataclass
@@ -287,34 +286,26 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
                   "log axis with a line at 1x.")
 
 
-def _memory_labels(ok: pd.DataFrame, table: pd.DataFrame, notes: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The memory bars' labels: change against fp32, undecided or cut; ⚠ on a change whose row the full table
-    (`notes`) gives a memory note."""
-    mem = tables.memory_statistics(ok)
-    keys = [c for c in _CELL_KEYS if c in mem and c in table]
-    out = table.merge(mem, on=keys, how="left") if not mem.empty else table.copy()
+def _memory_labels(table: pd.DataFrame) -> pd.DataFrame:
+    """The memory bars' labels of full_table's rows: change against fp32, undecided or cut; ⚠ on a memory note."""
+    out = table.copy()
     out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
-    out["memory_cut"] = out.get("budget_cut", pd.Series(0, index=out.index)).fillna(0).gt(0)  # no verdict
+    out["memory_cut"] = out["budget_cut"].fillna(0).gt(0)  # no verdict
     labels = pd.Series(["cut" if r.memory_cut else "undecided" if r.memory_unresolved
                         else "" if not np.isfinite(r.memory_change_vs_fp32)
                         else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
-    noted = (notes[notes["memory_note"].fillna("").astype(str) != ""] if notes is not None and "memory_note" in notes
-             else pd.DataFrame())
-    keys = [k for k in _CELL_KEYS if k in out and k in noted]
-    hit = set(noted[keys].astype(str).itertuples(index=False, name=None))
-    marked = pd.Series([r in hit for r in out[keys].astype(str).itertuples(index=False, name=None)], index=out.index)
+    marked = out["memory_note"].fillna("").astype(str) != ""
     out["memory_label"] = labels.where(~(marked & (labels != "") & ~out["memory_unresolved"] & ~out["memory_cut"]),
                                        labels + " ⚠")
     return out
 
 
-def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str, device: str = "cpu",
-                    notes: pd.DataFrame | None = None) -> list[Figure]:
+def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread: str) -> list[Figure]:
     """Peak memory bars (an emulated fp8 left out: its memory is the emulation's), _memory_labels' labels."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
-    left_out = sorted(set(ok.loc[fp8_report.speed_emulated(ok["precision"], device), "precision"]))
+    left_out = sorted(set(table.loc[table["emulated"], "precision"]))
     measured = ~ok["precision"].isin(left_out)
-    mem_table = _memory_labels(ok[measured], table[~table["precision"].isin(left_out)], notes)
+    mem_table = _memory_labels(table[~table["emulated"]])
     _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
                "memory_label"), out_dir, "memory")
     ratios = (np.isfinite(mem_table["memory_change_vs_fp32"].astype(float)) & ~mem_table["memory_unresolved"]
@@ -379,13 +370,11 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
 
 def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device: str = "cpu",
                  notes: pd.DataFrame | None = None) -> list[Figure]:
-    """Every figure the data allows, drawn into out_dir, in report order; notes: the full table (its ⚠ on the
-    labels)."""
+    """Every figure the data allows, drawn into out_dir, in report order; notes: full_table(runs), else computed."""
     sns.set_theme(style="whitegrid", context="notebook")
-    table = tables.summary_table(runs)
+    table = tables.full_table(runs, environment={"device": device}) if notes is None else notes
     if table.empty:
         return []
-    table.loc[fp8_report.speed_emulated(table["precision"], device), "speedup_vs_fp32"] = np.nan  # not a speed
     finished = tables.ok_runs(runs)
     ok, shown, sweep = tables.with_loop_columns(finished.copy()), table, ""
     if table["batch_size"].nunique() > 1 or table["step_loop"].nunique() > 1:  # a sweep: one loop, largest batch
@@ -397,7 +386,7 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
                  "speed-up-vs-batch figure and the summary table.")
     ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
     steps = steps[steps["cell_id"].isin(set(ok["cell_id"]))] if not steps.empty else steps
-    n = int(ok.groupby([c for c in ("machine", "model", "dataset", "framework", "precision") if c in ok]).size().max())
+    n = int(shown["runs"].max())  # seeds per bar
     spread = (f" Bars are medians over {tables.seed_counts_text(ok)}; error bars span the interquartile range"
               + (f" (interpolated between the {n} seeds' values)" if n <= 3 else "") + "." if n > 1 else
               " One run (one seed) per bar, so no error bar: --seeds 0,1,2 (or --repeats 3) shows the spread.")
@@ -407,7 +396,7 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
         f" Left out: {said}: {'it' if one else 'they'} did not finish"
         + (" (a diverged cell's losses went non-finite)" if (left.get("status") == "diverged").any() else "")
         + f", so {'its curve is' if one else 'their curves are'} not drawn.")
-    return [*_memory_figures(ok, shown, out_dir, spread + sweep, device, notes),
+    return [*_memory_figures(ok, shown, out_dir, spread + sweep),
             *_loss_curve_figures(steps, out_dir, left_out + sweep),
             *_loss_scale_figures(steps, out_dir), *make_batch_figures(table, out_dir)]
 
@@ -492,12 +481,10 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
         names = sorted(set((residue["model"].astype(str) + ": " if models.nunique() > 1 else "")
                            + residue["layer"].astype(str) + "." + residue["param"].astype(str)))
         flushed = int((residue["flush_fraction_unscaled"] * residue["nonzero"]).round().sum())
-        cells = (residue["cell_id"].nunique() if "cell_id" in residue
-                 else len(residue.groupby(["framework", "precision", "seed"])))
         text += (f" Not drawn: {', '.join(names)}, of whose {int(residue['nonzero'].sum()):,} non-zero elements "
-                 f"over {cells} cells {flushed:,} would flush without scaling: an attention key bias's exact "
-                 "gradient is zero (softmax ignores the constant shift it adds), so what the probe finds there is "
-                 "rounding residue, not underflow.")
+                 f"over {residue['cell_id'].nunique()} cells {flushed:,} would flush without scaling: an attention "
+                 "key bias's exact gradient is zero (softmax ignores the constant shift it adds), so what the probe "
+                 "finds there is rounding residue, not underflow.")
     return Figure("underflow", "numerics", "Gradient underflow per layer", text,
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
                   "unscaled and scaled, per framework and precision.")
@@ -546,8 +533,7 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
 
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
                                  out_dir: Path, trials: pd.DataFrame | None = None) -> Figure | None:
-    """Validation accuracy against cumulative training time per cell, each panel's target dotted; the
-    caption names busy cells and leaves out (named) the precisions the speed budget stopped."""
+    """Validation accuracy against cumulative training time per cell, each panel's target dotted."""
     ok = tables.ok_runs(runs)
     cut_group = stats.cut_groups(ok, [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok])
     named, whole = [], True  # the precisions the speed budget stopped a cell of, with the seeds where not all
@@ -564,7 +550,6 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
         return None
     keys = (["machine"] if "machine" in ok else []) + ["model", "dataset"]
     e = e.sort_values(["cell_id", "epoch"])
-    e = e.assign(**{k: e["cell_id"].map(ok.set_index("cell_id")[k]) for k in keys if k not in e})
     e = e.assign(train_wall_s=e.groupby("cell_id")["train_time_s"].cumsum(), val_accuracy_pct=e["val_accuracy"] * 100,
                  panel=e[keys].astype(str).agg(" · ".join, axis=1))
     df = _labelled(e)

@@ -15,14 +15,10 @@ def _too_short(table: pd.DataFrame) -> list[str]:
     """Per group (machine, model/dataset, loop) whose fp32 did not learn enough: what to change to compare accuracy."""
     keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
     multi, varying = named_machines(table), varying_keys(table)
-    out = []
-    for k, group in table.groupby(keys, sort=False, dropna=False):
-        if short := group["too_short"].iloc[0]:
-            label = group_label(dict(zip(keys, k if isinstance(k, tuple) else (k,))), multi, varying)
-            out.append(f"Accuracy cannot be compared from this run for {label}: {short}. Train longer "
-                       "(more --epochs, no --steps-per-epoch cap) or on the real dataset before reading accuracy "
-                       "differences.")
-    return out
+    return [f"Accuracy cannot be compared from this run for {group_label(dict(zip(keys, k)), multi, varying)}: "
+            f"{short}. Train longer (more --epochs, no --steps-per-epoch cap) or on the real dataset before reading "
+            "accuracy differences." for k, group in table.groupby(keys, sort=False, dropna=False)
+            if (short := group["too_short"].iloc[0])]
 
 
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,

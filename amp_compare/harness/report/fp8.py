@@ -72,7 +72,6 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
     if acc.empty or runs.empty or not acc["precision"].isin(contract.FP8_MODES).any():
         return []
     ok = runs[(runs["status"] == "ok") & ~budgeted(runs)]
-    layers = layers if layers is not None else pd.DataFrame()
     out = []
     for r in acc[acc["precision"].isin(contract.FP8_MODES)].itertuples():
         same = ok[(ok["model"] == r.model) & (ok["dataset"] == r.dataset) & (ok["framework"] == r.framework)]
@@ -81,7 +80,7 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
         test = {**dict.fromkeys(ACC_COLS, np.nan), "method": "", **(paired_test(pairs) if pairs else {})}
         row = verdicts.accuracy(SimpleNamespace(**{**r._asdict(), **test, "seeds": len(pairs)}), metric="fp8_vs_bf16")
         last = (layers[layers["cell_id"].isin(set(mine["cell_id"])) & (layers["when"] == "last step")]
-                if not layers.empty else layers)
+                if layers is not None and not layers.empty else pd.DataFrame())
         roles = last.groupby("role")["sqnr_db"].median().astype(float).to_dict() if not last.empty else {}
         live = phrases.evidence(mine["fp8_settings"].iloc[0]) if not mine.empty else {}
         recipe = {k: live.get(k) for k in ("scaling", "granularity", "amax_history", "power_of_2_scales")}

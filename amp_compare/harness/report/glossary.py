@@ -54,8 +54,7 @@ def _depth(text: str, start: int = 0) -> int:
 
 
 class _Expander:
-    """Writes out the first use of each abbreviation in visible text after the whole token at parenthesis depth 0;
-    a first use inside a parenthesis is marked instead (HTML <abbr title>, or a self-explaining short form)."""
+    """Writes out each abbreviation's first use at parenthesis depth 0; marks one inside a parenthesis instead."""
 
     def __init__(self, markdown: bool):
         self.markdown, self.found, self.nested, self.depth = markdown, set(), {}, 0
@@ -92,8 +91,7 @@ class _Expander:
 
 
 def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]:
-    """(`page` with each abbreviation written out at its first use, the abbreviations found); HTML skips
-    SKIP_TAGS, Markdown skips code spans and table rows and ends with the ones only used in parentheses."""
+    """(`page` with each abbreviation written out at its first use, the abbreviations found)."""
     expander = _Expander(markdown)
     parts = re.split(r"(`[^`]*`|^\|.*$)" if markdown else r"(<[^>]+>)", page, flags=re.M)
     skipping: list[str] = []
@@ -148,7 +146,22 @@ def entries(facts, dtype_facts: dict, underflow_measured: bool) -> list[Entry]:
                          "keeps the output layer in the policy's dtype as torch does). Keras losses compute in float32."
                          + audit.format("what each layer computed in")))
     if facts.halves:
-        out.append(_half_formats(facts, underflow_measured))
+        term = "bfloat16 vs float16" if {"float16", "bfloat16"} <= facts.halves else next(iter(facts.halves))
+        text = ""
+        if "float16" in facts.halves:
+            text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of "
+                     f"only ±{FP16_MAX:,.0f} down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ "
+                     "6.0e-8). Lesson: a gradient below 2^-25, half the smallest subnormal, rounds to zero in float16 "
+                     "(and below 2^-14 loses precision), which loss scaling exists to prevent."
+                     + (" The Gradient underflow part of the Numerics section shows what float16 did to this run's "
+                        "gradients." if underflow_measured else "") + " ")
+        if "bfloat16" in facts.halves:
+            text += ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
+                     "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
+                     "underflow in bfloat16, so no loss scaling is used. ")
+        out.append(Entry("gl-half-formats", term, text + "Lesson: a half format can make training faster only where "
+                         "the hardware computes in it (needed, not enough: the kernels a framework picks decide the "
+                         "rest)."))
     if facts.device == "cuda":
         out.append(Entry("gl-tf32", "TF32", "TensorFloat-32: on NVIDIA Ampere and newer GPUs, float32 matrix "
                          "multiplies and convolutions may internally round inputs to a 10-bit mantissa on tensor "
@@ -161,22 +174,3 @@ def abbreviations_html(used: list[str]) -> str:
     """The glossary's entries of the abbreviations the page used, as <dt>/<dd> pairs."""
     return "".join(f'<dt id="gl-abbr-{i}">{html.escape(a)}</dt><dd>{html.escape(ABBREVIATIONS[a][1][0].upper())}'
                    f"{html.escape(ABBREVIATIONS[a][1][1:])}.</dd>\n" for i, a in enumerate(used))
-
-
-def _half_formats(facts, underflow_measured: bool) -> Entry:
-    term = "bfloat16 vs float16" if {"float16", "bfloat16"} <= facts.halves else next(iter(facts.halves))
-    text = ""
-    if "float16" in facts.halves:
-        text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of only "
-                 f"±{FP16_MAX:,.0f} down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
-                 "Lesson: a gradient below 2^-25, half the smallest subnormal, rounds to zero in float16 (and "
-                 "below 2^-14 loses precision), which loss scaling exists to prevent."
-                 + (" The Gradient underflow part of the Numerics section shows what float16 did to this run's "
-                    "gradients." if underflow_measured else "") + " ")
-    if "bfloat16" in facts.halves:
-        text += ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
-                 "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
-                 "underflow in bfloat16, so no loss scaling is used. ")
-    text += ("Lesson: a half format can make training faster only where the hardware computes in it (needed, "
-             "not enough: the kernels a framework picks decide the rest).")
-    return Entry("gl-half-formats", term, text)

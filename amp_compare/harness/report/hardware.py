@@ -35,8 +35,7 @@ def timing_note(wall: float, median: float) -> str:
 
 
 def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """Per row: host-bound where a larger batch raised throughput by more than HOST_BOUND_GAIN, else compute-bound;
-    without a batch-size sweep, compute-bound where MFU reaches COMPUTE_BOUND_MFU (at most 100%)."""
+    """Per row: host- or compute-bound from how throughput moved with the batch size, else from MFU."""
     out = pd.Series("undetermined (run --batch-sizes)", index=table.index, dtype=object)
     group = [k for k in keys if k != "batch_size" and k in table]
     for _, g in table.groupby(group, sort=False, dropna=False) if group else [(None, table)]:
@@ -53,8 +52,6 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
                 out[i] = f"compute-bound (MFU ≥ {COMPUTE_BOUND_MFU:.0%}, no --batch-sizes sweep)"
     return out
 
-
-# ---- one FLOP/s ceiling per device and dtype, both frameworks measured against it ------------------------
 
 CEILING_KEYS = ("machine", "device_name")  # a ceiling per device (and machine, in a combined report) and dtype
 

@@ -9,10 +9,8 @@ MIB = 2**20
 
 
 def paired_difference(pairs) -> tuple[float, float, float]:
-    """Of (fp32 row, mixed row) pairs that recorded both peaks: the median mixed − fp32 peak (MiB), the resolution
-    (the larger max−min peak of fp32's and the mixed precision's seeds, MiB; NaN under two pairs) and whether the
-    difference is resolved: 1.0 where the seeds' difference nearest 0 (0 where they point both ways) exceeds the
-    resolution, 0.0 where not or unknown, NaN where none was measured."""
+    """Of (fp32 row, mixed row) pairs: the median mixed − fp32 peak (MiB), the resolution (the larger max−min peak of
+    either side's seeds; NaN under two pairs) and whether the difference is past it (1.0, 0.0; NaN: unmeasured)."""
     both = [(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs
             if np.isfinite(a.peak_memory_bytes) and np.isfinite(b.peak_memory_bytes)]
     resolution = float(np.ptp(both, axis=0).max()) / MIB if len(both) >= 2 else float("nan")

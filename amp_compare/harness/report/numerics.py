@@ -58,24 +58,21 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     underflow = underflow.assign(zero_gradient=scaling.zero_gradient(underflow))
 
     def weighted(g: pd.DataFrame) -> pd.Series:
-        w, elements = g["nonzero"].to_numpy(dtype=float), max(g["elements"].sum(), 1)
         has = set(g.columns[g.notna().all()])  # the columns recorded
 
-        def by_nonzero(col: str, only: np.ndarray | bool = True) -> float:
+        def mean(col: str, by: str = "nonzero", only: np.ndarray | bool = True) -> float:
+            w = g[by].to_numpy(dtype=float)
             return float((g[col] * w * only).sum() / (w.sum() or 1.0)) if col in has else float("nan")
 
         return pd.Series({
             "elements": int(g["elements"].sum()),
-            "zero_fraction": float((g["zero_fraction"] * g["elements"]).sum() / elements),
-            "zero_fraction_mixed": float((g["zero_fraction_mixed"] * g["elements"]).sum() / elements)
-            if "zero_fraction_mixed" in has else float("nan"),
-            **{name: by_nonzero(col) for name, col in RESIDUE_COLUMNS.items()},
+            **{col: mean(col, "elements") for col in ("zero_fraction", "zero_fraction_mixed")},
+            **{name: mean(col) for name, col in RESIDUE_COLUMNS.items()},
             "loss_scale": float(g["loss_scale"].iloc[0]),
             "at_step": int(g["at_step"].iloc[0]) if "at_step" in has else -1,
-            "method": g["method"].iloc[0] if "method" in g else "",
-            **{f"residue_{name}": by_nonzero(col, g["zero_gradient"].to_numpy())
+            **{f"residue_{name}": mean(col, only=g["zero_gradient"].to_numpy())
                for name, col in RESIDUE_COLUMNS.items()},
-        })
+        }, dtype=object)  # at_step stays an int
 
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]  # one seed shows the mechanism
     keys = _per_model(first_seed) + ["framework", "precision", "when"]
@@ -113,8 +110,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", "skipped_count", "first_scale",
-                "last_scale", "nonfinite_loss_count", "nonfinite_skipped_count", "nonfinite_step_loss"]
+HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", "nonfinite_step_loss"]
 
 
 def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
@@ -126,13 +122,10 @@ def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Data
     for cell, g in ([] if steps is None or steps.empty or "loss" not in steps else
                     steps.sort_values(["cell_id", "step"]).groupby("cell_id", sort=False)):
         bad = g.loc[~np.isfinite(g["loss"].astype(float)), "step"]
-        skipped, scale = g.loc[g["skipped"].astype(bool), "step"], g["loss_scale"].astype(float)
-        at = g.loc[g["step"] == located.get(cell, -1), "loss"]
+        skipped, at = g.loc[g["skipped"].astype(bool), "step"], g.loc[g["step"] == located.get(cell, -1), "loss"]
         rows.append({"cell_id": cell, "first_nonfinite_loss_step": int(bad.iloc[0]) if len(bad) else -1,
                      "first_skipped_step": int(skipped.iloc[0]) if len(skipped) else -1,
-                     "last_step": int(g["step"].iloc[-1]), "skipped_count": len(skipped),
-                     "first_scale": float(scale.iloc[0]), "last_scale": float(scale.iloc[-1]),
-                     "nonfinite_loss_count": len(bad), "nonfinite_skipped_count": int(bad.isin(skipped).sum()),
+                     "last_step": int(g["step"].iloc[-1]),
                      "nonfinite_step_loss": float(at.iloc[0]) if len(at) else np.nan})
     return runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(
         pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS]), on="cell_id", how="left")
@@ -396,8 +389,7 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
     """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
-    first mixed precision, `device`'s autocast). Without "precision" when no mixed precision was audited;
-    methods: "<framework label>: <how its audit was taken>" per framework."""
+    first mixed precision, `device`'s autocast); methods: "<framework label>: <how its audit was taken>"."""
     said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
         if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
@@ -428,8 +420,8 @@ QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layern
 
 
 def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude and its float16
-    headroom 65504 / max; `attention` from the runs' config where given."""
+    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude; `attention` from the
+    runs' config where given."""
     if headroom is None or headroom.empty:
         return pd.DataFrame()
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
@@ -437,20 +429,18 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
     df["block"] = [".".join(p[:2]) if p[0] == "blocks" else p[0] for p in df["layer"].str.split(".")]
     keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
     out = df.groupby(keys, as_index=False)["max_abs"].max()
-    out["quantity_label"] = out["quantity"].map(QUANTITY_LABELS)
-    out["float16_headroom"] = FP16_MAX / out["max_abs"].replace(0, np.nan)
     if runs is not None and "cfg_attention" in runs:
         out = out.merge(runs[["cell_id", "cfg_attention"]].rename(columns={"cfg_attention": "attention"}),
                         on="cell_id", how="left")
     return out.sort_values(["framework", "precision", "block", "quantity", "epoch"], key=display_order)
 
 
-def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
-    """Per precision, the median over steps (then seeds) of the relative loss gap between PyTorch and
+def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
+    """Per precision, the median over steps (then seeds) of the relative loss gap between the vit's PyTorch and
     Keras cells of the same seed, before either's first non-finite loss or skipped update; "" without such pairs."""
     if steps.empty or "model" not in steps:
         return ""
-    mine = steps[steps["model"] == model]
+    mine = steps[steps["model"] == "vit"]
     keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
     if keras_fw is None or "torch" not in set(mine["framework"]):
         return ""
@@ -475,7 +465,7 @@ def cross_framework_loss_gap(steps: pd.DataFrame, model: str = "vit") -> str:
         covered = (f"{n} steps{per}" if counts == totals else f"only its first {n} of {max(totals)} steps{per}: a "
                    "skip or non-finite loss cut it short, not comparable")
         parts.append(f"{prec} {float(np.median(gaps)):.2g} ({covered})")
-    return (f"Measured in this run ({model}): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
+    return (f"Measured in this run (vit): median per-step relative loss gap PyTorch vs {_label(keras_fw)} from the "
             f"same weights and batches, over the steps before either cell's first non-finite loss or skipped update: "
             f"{', '.join(parts)} (fp32's gap is the floor: summation order alone; a precision cut short covers "
             "fewer, earlier steps and is not compared with it).") if parts else ""
@@ -565,8 +555,7 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
                                 where=first["where"], forced=forced, finite=all(s["finite"] for s in seeds))
         key = {k: getattr(r, k) for k in verdicts.IDENTITY}
         half = getattr(precisions.BY_NAME.get(r.precision), "half", "") or ""
-        out.append(verdicts.row(key, "attention_overflow", facts, "none",
-                                {"seeds": seeds, "forced": facts.forced, "half": half}))
+        out.append(verdicts.row(key, "attention_overflow", facts, {"seeds": seeds, "forced": forced, "half": half}))
     return out
 
 

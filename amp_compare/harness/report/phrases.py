@@ -12,41 +12,31 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label, is_keras
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.verdicts import ACCURACY_KIND, REASONS, STATUSES
+from amp_compare.harness.report.verdicts import ACCURACY_KIND, METRICS, REASONS, STATUSES
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
-METRIC = {"speed": "speed", "memory": "peak memory", "accuracy": "accuracy", "time_to_target": "time to target",
-          "numerics": "numerics"}
+METRIC = {**{m: m.replace("_", " ") for m in METRICS}, "memory": "peak memory"}
 # the word a table prints for each status: the status itself but for these three
 STATUS = {**{s: s for s in STATUSES}, "smaller": "less memory", "larger": "more memory", "not_comparable": "n/a"}
-REASON = {  # a few words each, after "because" or in brackets
-    "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
-    "interval_too_wide": "wide interval", "no_interval": "no interval", "contended": "CPU contended",
-    "no_trial": "no trial", "emulated": "fp8 emulated off a GPU",
-    "above_resolution": "every seed beyond {spreads} seed-to-seed spreads, up to {margin:,.1f} MiB",
-    "unresolved_memory": "within {spreads} seed-to-seed spreads, up to {margin:,.1f} MiB",
-    "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
-    "within_floor": "fp32 seeds {margin:.2f} pp apart", "no_floor": "one fp32 seed: no seed range",
-    "no_image_differed": "no image differed",
-    "too_short": "fp32 too short to judge", "budget_cut": "cut by the speed budget",
-    "not_reached": "a seed never reached it", "one_seed": "one seed", "no_fp32": "no fp32 partner",
-    "all_finite": "finite throughout", "diverged": "diverged", "cell_failed": "crashed", "timeout": "timed out",
-    "unavailable": "unavailable here", "none_faster": "none faster in the speed trials with accuracy kept",
-    "all_slower": "every mixed precision slower in the speed trials",
-    "one_framework": "one framework", "same_path": "same path", "different_path": "different path",
-    "same_path_until_cut": "same path until cut",
-    "no_skip": "no skip", "overflow_located": "overflow located", "forward_overflow": "forward overflow",
-    "skip_unlocated": "not located", "no_probe": "no probe", "nothing_lost": "nothing lost",
-    "accuracy_lower": "accuracy lower", "accuracy_kept": "accuracy kept", "accuracy_undecided": "accuracy undecided",
-    "accuracy_not_lower": "no accuracy lost",
-    "overflowed": "overflowed", "underflowed": "underflowed", "no_overflow_no_underflow": "no overflow, no underflow",
-    "forward_located": "in a forward", "backward_located": "in the backward", "unlocated": "no layer named",
-    "fp32_layers_kept_finite": "--fp32-layers kept it finite", "stayed_finite": "stayed finite",
-    "workers_disagree": "workers disagreed", "within_thread_floor": "within the thread floor",
-    "at_thread_floor": "at the thread floor", "beyond_thread_floor": "beyond the thread floor",
-    "no_thread_floor": "no thread floor", "no_bf16": "no bf16 partner",
-}
+# a few words each, after "because" or in brackets: the reason's own words but for these
+REASON = {**{r: r.replace("_", " ") for r in REASONS},
+          "interval_excludes_1": "interval excludes 1×", "within_5pct": "interval within ±5%",
+          "interval_too_wide": "wide interval", "contended": "CPU contended", "emulated": "fp8 emulated off a GPU",
+          "above_resolution": "every seed beyond {spreads} seed-to-seed spreads, up to {margin:,.1f} MiB",
+          "unresolved_memory": "within {spreads} seed-to-seed spreads, up to {margin:,.1f} MiB",
+          "no_resolution": "one seed, noise unknown", "interval_excludes_0": "significant",
+          "within_floor": "fp32 seeds {margin:.2f} pp apart", "no_floor": "one fp32 seed: no seed range",
+          "too_short": "fp32 too short to judge", "budget_cut": "cut by the speed budget",
+          "not_reached": "a seed never reached it", "no_fp32": "no fp32 partner", "all_finite": "finite throughout",
+          "cell_failed": "crashed", "timeout": "timed out", "unavailable": "unavailable here",
+          "none_faster": "none faster in the speed trials with accuracy kept",
+          "all_slower": "every mixed precision slower in the speed trials", "skip_unlocated": "not located",
+          "accuracy_not_lower": "no accuracy lost", "no_overflow_no_underflow": "no overflow, no underflow",
+          "forward_located": "in a forward", "backward_located": "in the backward", "unlocated": "no layer named",
+          "fp32_layers_kept_finite": "--fp32-layers kept it finite", "workers_disagree": "workers disagreed",
+          "within_thread_floor": "within the thread floor", "at_thread_floor": "at the thread floor",
+          "beyond_thread_floor": "beyond the thread floor", "no_bf16": "no bf16 partner"}
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 # an interval's kind in words; the sign test's is conservative: order statistics cover the median with at least 95%
 KIND = {"sign test 95%": "≥95% sign test", "trial 95%": "≥95% trial", "newcombe 95%": "95% Newcombe",
@@ -139,15 +129,14 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
 
 def test(method, seeds) -> str:
     """The paired accuracy test by name, with its seeds: "McNemar exact, 1 seed"."""
-    if method not in METHOD:
-        return ""
-    return METHOD[method] + (f", {seeds:.0f} seed{'s' * (seeds != 1)}" if np.isfinite(seeds) else "")
+    return METHOD[method] + (f", {seeds:.0f} seed{'s' * (seeds != 1)}" if np.isfinite(seeds) else "") \
+        if method in METHOD else ""
 
 
 def paired(t: dict, seeds: int = 0) -> str:
     """A paired accuracy test (stats.paired_test's, with detectable and near_chance where given), worded once for every
     table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no detectable change"."""
-    kind = interval_words(SimpleNamespace(interval_kind=ACCURACY_KIND.get(t.get("method"), "")))
+    kind = KIND.get(ACCURACY_KIND.get(t.get("method")), "")
     said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
     text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
             + (f" ({', '.join(said)})" if said else ""))
@@ -241,9 +230,9 @@ def _path(v, e: dict) -> str:
     seeds = e.get("seeds", [])
     if not seeds:
         return "scale not recorded"
-    ends = {(s["final"], s["growths"], s["backoffs"]): [] for s in seeds}
+    ends: dict[tuple, list[str]] = {}
     for s in seeds:
-        ends[(s["final"], s["growths"], s["backoffs"])].append(str(s["seed"]))
+        ends.setdefault((s["final"], s["growths"], s["backoffs"]), []).append(str(s["seed"]))
     finals = ", ".join(f"{power(f)} (seed{'s' if len(w) > 1 else ''} {', '.join(w)}: {_plural(g, 'doubling')}, "
                        f"{_plural(b, 'halving')})" for (f, g, b), w in ends.items())
     every = f", doubling after every {e['growth_interval']:,} clean steps" if e.get("growth_interval") else ""
@@ -269,8 +258,7 @@ def _skips(v, e: dict) -> str:
 
 def _until_cut(e: dict) -> str:
     """Where the speed budget stopped a cell of the row: how far what it says reaches."""
-    n = e.get("cut_steps")
-    return f" (in the {n} steps a cell ran before the speed budget stopped it)" if n else ""
+    return f" (in the {n} steps a cell ran before the speed budget stopped it)" if (n := e.get("cut_steps")) else ""
 
 
 def cause(f: dict) -> str:
@@ -338,18 +326,17 @@ def _differing(e: dict) -> str:
 
 def _static(v, e: dict) -> str:
     no_skip = "no skip, " if e.get("skips", True) else ""  # a Keras static scale applies every update: none to skip
-    scale = f"static scale {power(v.estimate)}"
-    said = {"no_overflow_no_underflow": f"{scale} sufficed{_until_cut(e)}: {no_skip}every loss finite, no gradient "
-                                        "element lost at it (exactly zero in the float16 backward both at it and "
-                                        "without it)",
+    scale, finite = f"static scale {power(v.estimate)}", f"{no_skip}every loss finite"
+    zero = "exactly zero in the float16 backward both at it and without it"
+    said = {"no_overflow_no_underflow": f"{scale} sufficed{_until_cut(e)}: {finite}, no gradient element lost at it "
+                                        f"({zero})",
             "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
                           f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
-            "underflowed": f"{scale}: {no_skip}every loss finite; {_plural(e.get('lost', 0), 'gradient element')} "
-                           "lost at it (exactly zero in the float16 backward both at it and without it; "
+            "underflowed": f"{scale}: {finite}; {_plural(e.get('lost', 0), 'gradient element')} lost at it ({zero}; "
                            + (", ".join(f"{a['lost']:,} at seed {a['seed']}'s {a['when']}" for a in e["lost_at"])
                               if e.get("lost_at") else "both probes, all seeds")
                            + _flushed(e.get("lost", 0), e.get("flushed", 0), "; "),
-            "no_probe": f"{scale}: {no_skip}every loss finite; no underflow probe"}
+            "no_probe": f"{scale}: {finite}; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 
 

@@ -127,7 +127,6 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _identity(df: pd.DataFrame) -> dict:
-    """The columns a numerics or memory table opens with: model and dataset where recorded, framework, precision."""
     return {**{k.title(): df[k] for k in ("model", "dataset") if k in df},
             "Framework": df["framework"].map(framework_label), "Precision": df["precision"]}
 
@@ -191,8 +190,7 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
 
 
 def _with_residue(s: pd.DataFrame, column: str) -> pd.Series:
-    """A share as a percentage, with the part of it in attention key biases said to be residue: their exact gradient
-    is zero (scaling.zero_gradient), so a share there is rounding residue, not underflow."""
+    """A share as a percentage, with the part in attention key biases (zero exact gradient) called residue."""
     residue = s.get(f"residue_{column}", pd.Series(0.0, index=s.index)).fillna(0.0)
     return pd.Series([_pct(3)(v) + ("" if pd.isna(v) or r <= 0 else " (all attention key-bias residue)"
                                     if np.isclose(r, v, rtol=1e-9, atol=0) else
@@ -201,7 +199,6 @@ def _with_residue(s: pd.DataFrame, column: str) -> pd.Series:
 
 
 def _pct(digits: int):
-    """A fraction as a percentage, "n/a" where the records hold no such measurement."""
     return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
 
 
@@ -254,15 +251,12 @@ def table_markdown(df: pd.DataFrame) -> str:
                       *("| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False))])
 
 
-# What the Cells section says of a cell without a stderr tail, by its status.
-NO_STDERR = {"diverged": "its own divergence watch stopped it and its child ended normally, so no stderr was kept "
-                         "(the step records and the NaN/Inf locator say what happened)"}
-
-
 def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
     return [{"cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
              "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r) or "not recorded",
-             "no_stderr": NO_STDERR.get(r["status"], "no stderr in its records"),
+             "no_stderr": "its own divergence watch stopped it and its child ended normally, so no stderr was kept "
+             "(the step records and the NaN/Inf locator say what happened)" if r["status"] == "diverged"
+             else "no stderr in its records",
              "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
              "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
              "wall": f"{wall:.1f}" if isinstance(wall := r.get("child_wall_s"), float) and pd.notna(wall) else ""}
@@ -557,8 +551,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     return {
         **summary, "loss_scaling_intro": wording.loss_scaling_intro(summary["facts"]),
         "numerics_intro": wording.numerics_intro(summary["facts"]), "underflow_table": underflow_table,
-        "scale_counts": _html_or_none(_scale_counts_table(runs, steps)),
-        "underflow_methods": nr.UNDERFLOW_METHODS, "dtype_facts": dtype_facts,
+        "scale_counts": _html_or_none(_scale_counts_table(runs, steps)), "underflow_methods": nr.UNDERFLOW_METHODS,
         "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
                          for p, t in nr.dtype_side_by_side(dtypes).items()},
         "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in vit_dtype_table(dtypes).items()},
@@ -633,8 +626,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
 
 
 def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
-    """A run's headline in the runs index: the precision its answer says each framework should use; a run
-    recorded before verdicts were: each mixed precision's speed against fp32's (or "emulated") and accuracy."""
+    """A run's headline in the runs index: its answer's precisions, else each mixed precision's speed and accuracy."""
     if (stored := run_dir / "data" / "verdicts.parquet").exists():
         return "use " + answer_block.uses(pd.read_parquet(stored))
     table = tb.summary_table(single) if single is not None and not single.empty else pd.DataFrame()

@@ -76,7 +76,7 @@ def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.Data
     interval = pd.to_numeric(mine.get("cfg_growth_interval", pd.Series(dtype=float)), errors="coerce").dropna()
     facts = SimpleNamespace(estimate=seeds[0]["final"] if seeds else np.nan, others=len(others), same=same,
                             whole=not shorter)
-    return verdicts.row(key, "scale_path", facts, "none", {
+    return verdicts.row(key, "scale_path", facts, {
         "seeds": seeds, "others": sorted(others), "common_steps": min(shorter) if shorter else None,
         "growth_interval": int(interval.iloc[0]) if len(interval) else None})
 
@@ -114,8 +114,8 @@ def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd
         if pd.to_numeric(c.get("nonfinite_step", -1), errors="coerce") >= 0 and str(c.get("nonfinite_where", "")):
             located.append(finding(c, g, underflow))
     facts = SimpleNamespace(estimate=float(len(skips)), where={f["where"] for f in located})
-    return verdicts.row(key, "skipped_steps", facts, "none",
-                        {"skips": skips, "located": located, "cut_steps": cut_steps(mine, steps)})
+    return verdicts.row(key, "skipped_steps", facts, {"skips": skips, "located": located,
+                                                      "cut_steps": cut_steps(mine, steps)})
 
 
 # Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
@@ -154,10 +154,10 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
                & (part["metric"] == "accuracy")]
     a = acc.iloc[0] if not acc.empty else dict.fromkeys(["estimate", "low", "high", "margin"], np.nan) | {
         "status": "", "reason": "", "evidence": None}
-    said = phrases.evidence(a["evidence"]) if not acc.empty else {}
+    said = phrases.evidence(a["evidence"])
     facts = SimpleNamespace(estimate=float(sum(s["lost"] for s in seeds)) if seeds else np.nan, accuracy=a["status"],
                             accuracy_low=float(a["low"]) if np.isfinite(a["low"]) else np.nan)
-    return verdicts.row(key, "underflow", facts, "none", {
+    return verdicts.row(key, "underflow", facts, {
         "seeds": seeds, "accuracy_status": facts.accuracy, "accuracy_reason": a["reason"], "accuracy_pp": a["estimate"],
         "accuracy_low": facts.accuracy_low, "accuracy_high": a["high"], "accuracy_margin": a["margin"],
         "discordant": said.get("discordant"), "images": said.get("images"), "seeds_paired": said.get("seeds")})
@@ -180,7 +180,7 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
     facts = SimpleNamespace(estimate=float(scale.iloc[0]) if len(scale) else np.nan, skipped=skipped,
                             nonfinite=nonfinite, lost=lost if counted else np.nan)
     keras = key["framework"] in KERAS_BACKENDS  # Keras' static scale never skips: it applies a non-finite update
-    return verdicts.row(key, "static_scale", facts, "none", {
+    return verdicts.row(key, "static_scale", facts, {
         "skipped": skipped, "nonfinite_losses": nonfinite, "cut_steps": cut_steps(mine, steps), "skips": not keras,
         "lost": lost if counted else None, "flushed": flushed, "lost_at": lost_at,
         "applies_nonfinite": keras and bool(skipped or nonfinite)})

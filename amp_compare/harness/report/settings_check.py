@@ -14,18 +14,10 @@ from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
 from amp_compare.harness.report.phrases import evidence
 
-
-def _no_decay(value):
-    return 0.0 if value in (None, 0, 0.0) else value
-
-
 # What a record's value means in torch's convention, per key (identity when absent).
-TO_TORCH_CONVENTION = {
-    "torch": {"weight_decay": _no_decay},
-    "tf": {"bn_momentum": keras_bn_momentum,  # Keras weights the old average: 1 - m is torch's m
-           "loss_reduction": lambda v: "mean" if v == "sum_over_batch_size" else v,
-           "weight_decay": _no_decay},
-}
+TORCH_CONVENTION = {"weight_decay": lambda v: 0.0 if v in (None, 0, 0.0) else v}
+KERAS_CONVENTION = {**TORCH_CONVENTION, "bn_momentum": keras_bn_momentum,  # Keras weights the old average: 1 - m
+                    "loss_reduction": lambda v: "mean" if v == "sum_over_batch_size" else v}
 
 
 def _same(a, b) -> bool:
@@ -40,8 +32,8 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
     rows = []
     for key in sorted(set(torch_used) | set(keras_used)):
         t, k = torch_used.get(key), keras_used.get(key)
-        t_norm = TO_TORCH_CONVENTION["torch"].get(key, lambda v: v)(t) if key in torch_used else None
-        k_norm = TO_TORCH_CONVENTION["tf"].get(key, lambda v: v)(k) if key in keras_used else None
+        t_norm = TORCH_CONVENTION.get(key, lambda v: v)(t) if key in torch_used else None
+        k_norm = KERAS_CONVENTION.get(key, lambda v: v)(k) if key in keras_used else None
         rows.append({"key": key, "torch": t, "keras": k, "torch_as_torch": t_norm, "keras_as_torch": k_norm,
                      "recorded": {"torch": key in torch_used, "keras": key in keras_used},
                      "match": key in torch_used and key in keras_used and _same(t_norm, k_norm)})
@@ -89,7 +81,7 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
             entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "mapped": set(), "bad": []})
             for fw in ("torch", "keras"):
                 # the learning rate as scheduled (compared above as the optimizers recorded it)
-                shown = cell.get("lr_shown", {}).get(fw) if row["key"] == "learning_rate" else None
+                shown = cell["lr_shown"][fw] if row["key"] == "learning_rate" else None
                 entry[fw].add(shown or (value_text(row[fw]) if row["recorded"][fw] else "not recorded"))
             if row["recorded"]["torch"] and row["recorded"]["keras"]:
                 entry["mapped"].add(value_text(row["torch_as_torch"]))

@@ -4,7 +4,7 @@ the frameworks' own log lines on their half-precision path."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -16,19 +16,14 @@ from amp_compare.contract.env import ARITHMETIC_FLAGS, AVX512_FOUNDATION, BELOW_
 from amp_compare.contract.log_words import HALF_FALLBACK
 from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
 from amp_compare.harness.report.hardware import ceiling_marks
+from amp_compare.harness.report.phrases import ratio
 from amp_compare.harness.report.stats import budgeted, ok_runs
+from amp_compare.kit.trial import speed_status, trial_summary
 
 # The line a framework writes to stderr that says which kernels it fell back to (for float16).
 FALLBACK_LINE = re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*")
-
-
-@dataclass(frozen=True)
-class LogLine:
-    """One framework log line about kernels, as found in a cell's stderr.log."""
-
-    framework: str
-    precision: str
-    text: str
+# One framework log line about kernels, as found in a cell's stderr.log.
+LogLine = namedtuple("LogLine", ["framework", "precision", "text"])
 
 
 def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
@@ -174,8 +169,7 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
 
 
 def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
-    """How the training cells ran and how the speed trials did, from the launcher and the threads each recorded:
-    ("up to 2 at once, 1 thread each", "no cell beside them, 2 threads"); ("", "") for a submitit run."""
+    """(how the training cells ran, how the speed trials did) from the launcher and threads; ("", "") under submitit."""
     if launcher.get("launcher") == "submitit":
         return "", ""
     cells, trials = threads_text(cell_threads), threads_text(trial_threads)
@@ -187,9 +181,6 @@ def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
     """The Speed section's table of the speed trials, one row per trial x mixed precision; empty without trials."""
     if trials is None or trials.empty or "threads" not in trials:
         return pd.DataFrame()
-    from amp_compare.harness.report.phrases import ratio
-    from amp_compare.kit.trial import speed_status, trial_summary
-
     summary = trial_summary(trials)
     threads = trials.groupby("trial_id")["threads"].first()
     return pd.DataFrame([{"model": r.model, "dataset": r.dataset, "framework": framework_label(r.framework),

@@ -269,8 +269,6 @@ MORE_SEEDS = "--seeds 0,1,2 given explicitly"
 
 def log2_histogram(text) -> dict[int, int]:
     """A row's log2_hist (JSON text of {floor(log2|g|): count}) as a dict; {} where absent."""
-    if isinstance(text, dict):
-        return {int(k): int(v) for k, v in text.items() if v is not None}
     try:
         return {int(k): int(v) for k, v in json.loads(text).items()}
     except (TypeError, ValueError):

@@ -149,8 +149,6 @@ def formatted_summary(table: pd.DataFrame) -> pd.DataFrame:
         "Skipped steps": _fmt(r.skipped_steps, ".0f"), **_hardware_cells(r, data_sheet)} for r in table.itertuples()])
 
 
-# ---- statistics per group, for the table, the findings and the report's accuracy section -------
-
 def _keys(runs: pd.DataFrame) -> list[str]:
     """The identity of a comparison group: (machine,) model, dataset and, where recorded, step loop and batch size."""
     return (["machine"] if "machine" in runs else []) + ["model", "dataset"] + [k for k in LOOP if k in runs]
@@ -185,14 +183,6 @@ def seeds_text(n: int) -> str:
 def seed_list_text(seeds: list) -> str:
     """"3 seeds (0, 1, 2)" or "one seed (0)"."""
     return f"{seeds_text(len(seeds))} ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
-
-
-def _target(ok: pd.DataFrame, fp32_final: float) -> tuple[float, str]:
-    """The time-to-accuracy target of a model/dataset and how it was chosen."""
-    given = ok["cfg_target_accuracy"].dropna() if "cfg_target_accuracy" in ok else pd.Series(dtype=float)
-    if not given.empty:
-        return float(given.iloc[0]), "--target-accuracy"
-    return stats.TARGET_FRACTION * fp32_final, f"{stats.TARGET_FRACTION:.0%} of fp32's {fp32_final:.1%}"
 
 
 def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
@@ -234,8 +224,11 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         fp32 = group[precisions.is_reference(group["precision"]) & ~cut]
         fp32_epochs = epochs[epochs["cell_id"].isin(set(fp32["cell_id"]))]
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
-        target, basis = (_target(group, float(fp32["final_val_accuracy"].median())) if not fp32.empty
-                         else (float("nan"), ""))
+        given = group.get("cfg_target_accuracy", pd.Series(dtype=float)).dropna()  # else a share of fp32's final
+        final = float(fp32["final_val_accuracy"].median())
+        target, basis = ((float("nan"), "") if fp32.empty else (float(given.iloc[0]), "--target-accuracy")
+                         if not given.empty else (stats.TARGET_FRACTION * final,
+                                                  f"{stats.TARGET_FRACTION:.0%} of fp32's {final:.1%}"))
         times = _time_rows(group[~cut], epochs, target)
         n_cut = group[cut].groupby(["framework", "precision"]).size()
         times.update({k: {} for k in n_cut.index if k not in times})  # every cell budgeted: a row without either

@@ -299,7 +299,7 @@ ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%"
                  stats.NO_DIFFERENCE: "exact 95% bound"}
 
 
-def row(key: dict, metric: str, facts: SimpleNamespace, kind: str, evidence: dict) -> dict:
+def row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict, kind: str = "none") -> dict:
     """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
     status, reason = decide(metric, facts)
     estimate, low, high = (_num(getattr(facts, k, np.nan)) for k in ("estimate", "low", "high"))
@@ -324,7 +324,7 @@ def accuracy(r, key: dict | None = None, cut: int | None = None, metric: str = "
                 "images": _num(getattr(r, "images", np.nan)), "discordant": _num(getattr(r, "discordant", np.nan)),
                 "too_short": r.too_short or "", "budget_cut_cells": cut,
                 "floor_fp32_seeds": _num(getattr(r, "floor_seeds", np.nan))}
-    return row(key, metric, facts, ACCURACY_KIND.get(method, "none"), evidence)
+    return row(key, metric, facts, evidence, ACCURACY_KIND.get(method, "none"))
 
 
 def _time(r, key: dict, cut: int) -> dict:
@@ -335,7 +335,7 @@ def _time(r, key: dict, cut: int) -> dict:
     evidence = {"target": _num(r.target), "target_basis": str(getattr(r, "target_basis", "") or ""),
                 "reached_seeds": np.nan if cut else facts.reached, "seeds": np.nan if cut else facts.seeds,
                 "time_s": _num(r.time_to_target_s), "budget_cut_cells": cut}  # a cut cell was not timed: no count
-    return row(key, "time_to_target", facts, "t over seeds 95%" if facts.seeds >= 2 else "none", evidence)
+    return row(key, "time_to_target", facts, evidence, "t over seeds 95%" if facts.seeds >= 2 else "none")
 
 
 def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
@@ -357,9 +357,7 @@ def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
 
 def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
     """(model, dataset, framework, precision) -> how many of its cells `mask` marks."""
-    if runs.empty or not mask.any():
-        return {}
-    return runs[mask].groupby(GROUP).size().to_dict()
+    return runs[mask].groupby(GROUP).size().to_dict() if mask.any() else {}
 
 
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -385,14 +383,15 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
                                 low=t.get("low", np.nan), high=t.get("high", np.nan),
                                 contended=int(t.get("contended_blocks", 0) or 0), margin=SAME_RATIO if t else np.nan)
-        speed = row(key, "speed", facts, "sign test 95%" if t.get("interval_kind") == INTERVAL_KIND else "trial 95%",
-                    {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions",
-                                       "fp32_step_s", "mixed_step_s") if k in t})
+        said = {k: t[k] for k in ("trial_id", "rounds", "contended_blocks", "contended_precisions", "fp32_step_s",
+                                  "mixed_step_s") if k in t}
+        speed = row(key, "speed", facts, said, "sign test 95%" if t.get("interval_kind") == INTERVAL_KIND else
+                    "trial 95%")
         facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=n_cut, estimate=_num(r.memory_difference_mib),
                                 resolved=_num(getattr(r, "memory_resolved", np.nan)), margin=resolution)
-        memory = row(key, "memory", facts, "none", {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32),
-                                                    "resolution_mib": resolution, "budget_cut_cells": n_cut})
-        numerics = row(key, "numerics", SimpleNamespace(diverged=n_diverged, estimate=_num(r.skipped_steps)), "none",
+        memory = row(key, "memory", facts, {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32),
+                                            "resolution_mib": resolution, "budget_cut_cells": n_cut})
+        numerics = row(key, "numerics", SimpleNamespace(diverged=n_diverged, estimate=_num(r.skipped_steps)),
                        {"skipped_steps_median": _num(r.skipped_steps), "diverged_cells": n_diverged})
         rows += [speed, memory, accuracy(r, key, n_cut), _time(r, key, n_cut), numerics]
     rows += _failed_rows(runs, done)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.contract.fp8 import RECIPES
 from amp_compare.harness.report import phrases
 from amp_compare.harness.report.numerics import growth_facts
 from amp_compare.harness.report.phrases import KERAS_STATIC
@@ -63,8 +64,6 @@ def mode_text(facts: RunFacts, name: str) -> str:
     """One precision mode as the summary's intro describes it, for this run's frameworks and settings."""
     p = precisions.of(name)
     if p.fp8:
-        from amp_compare.contract.fp8 import RECIPES
-
         parts, base = [], "float32"
         for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
             recipe = RECIPES.get((key, name))
@@ -93,8 +92,7 @@ def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
                                                               if facts.frameworks else "The run")
     n = len(facts.precisions)
     modes = "; ".join(f"{p} ({mode_text(facts, p)})" for p in facts.precisions)
-    text = (f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: "
-            f"{modes}.")
+    text = f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: {modes}."
     if facts.ran(half="float16") or facts.ran(half="bfloat16"):
         text += (" This table is what the training cells took, one row per framework and precision; the speed "
                  "verdicts above come from the speed trials.")
@@ -111,12 +109,11 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
                 "says how it works)")
         if facts.growth:
             interval, n = facts.growth
-            text += f": after {interval:,} clean steps in a row the scale doubles"
-            text += (f". No dynamically scaled cell had more than {n:,} clean steps in a row, so in this run the "
-                     "scale could not grow, only back off." if n <= interval else
-                     f". A dynamically scaled cell had {n:,} clean steps in a row, so in this run the scale could "
-                     "grow.")
-        out.append(text + ("" if facts.growth else "."))
+            text += f": after {interval:,} clean steps in a row the scale doubles. " + (
+                f"No dynamically scaled cell had more than {n:,} clean steps in a row, so in this run the scale "
+                "could not grow, only back off" if n <= interval else
+                f"A dynamically scaled cell had {n:,} clean steps in a row, so in this run the scale could grow")
+        out.append(text + ".")
     for name in facts.ran(loss_scaling="static"):
         how = "; ".join(["PyTorch: GradScaler held at it"] * facts.torch + ["Keras: the optimizer's loss_scale_factor"]
                         * facts.keras)
@@ -144,8 +141,7 @@ def numerics_intro(facts: RunFacts) -> str:
 
 
 def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
-    """The Data parallel section's first sentence on a CPU: what its N workers were, for the engines that ran
-    N-worker cells (facts.frameworks), and that the speed figures measure sharing one CPU (None on a GPU)."""
+    """The Data parallel section's first sentence on a CPU: what its N workers were (None on a GPU)."""
     if facts.device != "cpu" or not facts.frameworks:
         return None
     what = _both(facts, "processes (torch: torchrun's workers)", "logical devices of one process (Keras: "
