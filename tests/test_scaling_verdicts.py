@@ -109,7 +109,7 @@ def test_answer_says_the_lab_first_one_line_per_finding():
     assert "step by step the same as Keras (TF) in every seed" in text
     assert ("seed 0 step 25 at 2^17 (fc.weight went inf: either its largest |gradient| × 2^17 passed 65,504 "
             "(≥ 0.4997 unscaled) or a tensor before it in the backward did)") in text
-    assert "3 of 1,000 (0.30%, seed 0)" in text and "it did not matter" in text
+    assert "3 of 1,000 (0.30%, seed 0)" in text and "no accuracy cost seen here" in text
     assert "PyTorch fp16-static: static scale 2^10 sufficed" in text
     keras_static = next(line for line in lines if line.startswith("Keras (TF) fp16-static"))
     # the static scale sufficed here: Keras' way with a non-finite update (applied, where PyTorch skips it) is the
@@ -148,7 +148,7 @@ def test_numerics_section_connects_the_skip_to_its_tensor_and_headroom():
 
 def test_elements_lost_without_scaling_cost_no_accuracy_where_the_interval_excludes_a_loss():
     """An undecided accuracy verdict (its interval wider than fp32's seed range) can still exclude any loss: the lab
-    says so instead of "not known whether it mattered" (an outside audit: [0, +0.4] pp was worded as unknown)."""
+    says so instead of "not known whether it cost accuracy" (an outside audit: [0, +0.4] pp was worded as unknown)."""
     from types import SimpleNamespace
 
     def decide(low: float) -> tuple[str, str]:

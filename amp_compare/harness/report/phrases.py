@@ -300,8 +300,8 @@ def _underflow(v, e: dict) -> str:
     shown = why in REASON and (acc in SHOWN or why in SHOWN_REASONS)
     acc_text = f"accuracy against fp32 {STATUS.get(acc, acc)}" + (
         f" ({REASON[why].format(margin=e.get('accuracy_margin', float('nan')))})" if shown else "")
-    mattered = {"accuracy_lower": "it mattered", "accuracy_kept": "it did not matter",
-                "accuracy_undecided": "not known whether it mattered", "nothing_lost": "nothing to matter"}
+    mattered = {"accuracy_lower": "it cost accuracy here", "accuracy_kept": "no accuracy cost seen here",
+                "accuracy_undecided": "not known whether it cost accuracy", "nothing_lost": "nothing was lost"}
     return f"{said}{acc_text}: {mattered.get(v.reason, '')}".rstrip(": ")
 
 

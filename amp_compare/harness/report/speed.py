@@ -210,15 +210,18 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
         if row.empty or not np.isfinite(cells := float(row["speedup_vs_fp32"].iloc[0])) or v.low <= cells <= v.high:
             continue
         lo, hi = float(row["speed_min"].iloc[0]), float(row["speed_max"].iloc[0])
+        seeds = "one seed" if int(row["runs"].iloc[0]) == 1 else f"seeds {lo:.3f}–{hi:.3f}×"
         same = ok[(ok["model"] == v.model) & (ok["dataset"] == v.dataset) & (ok["framework"] == v.framework)]
         fp32, mixed = (_phase_medians(phases, same[same["precision"] == p]) for p in ("fp32", v.precision))
         text = (f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}: the training cells ran at "
-                f"{cells:.3f}× fp32's throughput (seeds {lo:.3f}–{hi:.3f}×), outside the speed trial's "
-                f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]; {ran}")
+                f"{cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
+                f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]" + ("" if out else f"; {ran}"))
         if fp32 and mixed:
+            s = {k: "n/a" if np.isnan(x) else f"{x:.1f} s" for k, x in (
+                ("w32", fp32["warmup"]), ("w", mixed["warmup"]), ("e32", fp32["eval"]), ("e", mixed["eval"]))}
             text += (f"; the cells used {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds "
-                     f"per second of training, and spent {fp32['warmup']:.1f} and {mixed['warmup']:.1f} s tracing and "
-                     f"warming up, {fp32['eval']:.1f} and {mixed['eval']:.1f} s evaluating, outside the timed steps")
+                     f"per second of training, and spent {s['w32']} and {s['w']} tracing and warming up, "
+                     f"{s['e32']} and {s['e']} evaluating, outside the timed steps")
         out.append(text + ".")
     return out
 

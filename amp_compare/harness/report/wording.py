@@ -120,7 +120,9 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
         overflow = KERAS_STATIC if facts.torch else "Keras applies the update anyway"
         out.append(f"{name} multiplies the loss by a fixed scale{scale} ({how})."
-                   + (f" By design, where its gradients overflow, {overflow}." if facts.keras else ""))
+                   + (f" By design, where its gradients overflow, {overflow} (Keras' BaseOptimizer.apply divides "
+                      "the gradients by loss_scale_factor and applies them with no finiteness check)." if facts.keras
+                      else ""))
     for name in facts.ran(half="float16", loss_scaling=None):
         out.append(f"{name} does not scale at all: what float16 cannot hold is lost.")
     if facts.ran(half="bfloat16"):
