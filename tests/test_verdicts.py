@@ -229,7 +229,10 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
         "simple_cnn on synthetic, PyTorch fp16: the training cells ran at 0.500× fp32's throughput (seeds "
         "0.500–0.501×), outside the speed trial's")
     assert "the cells used 1.90 (fp32) and 1.00 (fp16) CPU-seconds per second of training" in said[0]
-    assert "2.0 and 2.0 s tracing and warming up, 1.0 and 1.0 s evaluating" in said[0]
+    assert "2.0 s and 2.0 s tracing and warming up, 1.0 s and 1.0 s evaluating" in said[0]
+    # a phase no cell of a precision recorded (a cell the speed budget stopped in it) is n/a, not "nan s"
+    no_warmup = phases[~((phases["phase"] == "compile/warm-up") & phases["cell_id"].str.contains("fp16"))]
+    assert "2.0 s and n/a tracing and warming up" in speed.trial_and_cells(differ, full, t["run"], no_warmup)[0]
     threads = int(t["run"]["cfg_threads"].iloc[0])
     assert f"; the cells ran one after another, {threads} thread" in said[0], said[0]
     # cells at once with one thread, the trial alone with two: said as what ran, threads first
