@@ -427,3 +427,6 @@ def test_every_path_option_is_made_absolute_before_a_child_starts(monkeypatch, t
     made = absolute_paths({"out": Path("reports"), "config": Path("c.json"), "data_dir": "archives", "seeds": (0,)})
     assert made == {"out": tmp_path / "reports", "config": tmp_path / "c.json", "data_dir": str(tmp_path / "archives"),
                     "seeds": (0,)}
+    from amp_compare.harness.run.cli import build_parser  # report's run folders too
+
+    assert build_parser().parse_args(["report", "reports/r1"]).run_dirs == [tmp_path / "reports" / "r1"]

@@ -171,7 +171,7 @@ def build_parser() -> ArgumentParser:
             kwargs["metavar"] = d.spec.metavar or d.name.upper()
         c.add_argument(d.flag, dest=d.name, **kwargs)
     r = sub.add_parser("report", help="re-render the report of one or more run folders")
-    r.add_argument("run_dirs", nargs="+", type=Path)
+    r.add_argument("run_dirs", nargs="+", type=absolute_path)  # the user's folder, not the children's
     figures = compare_options()["figures"]  # the same declared option as compare's
     r.add_argument(figures.flag, dest=figures.name, action=argparse.BooleanOptionalAction, default=figures.default,
                    help=help_text(figures))
@@ -217,13 +217,18 @@ def compare_settings(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**absolute_paths(values), command="compare", given=set(given), resolved_device=device)
 
 
+def absolute_path(text: str) -> Path:
+    """A path from the command line resolved against the user's working directory (the children run elsewhere)."""
+    return Path(text).expanduser().absolute()
+
+
 def absolute_paths(values: dict) -> dict:
     """The path options (declared Path, or path=True) resolved against the user's working directory: the children run
     in the project's folder (harness/run/runner.py), so a relative --out or --data-dir would name another folder."""
     resolved = dict(values)
     for name in PATH_OPTIONS:
         if resolved.get(name) is not None:
-            path = Path(resolved[name]).expanduser().absolute()
+            path = absolute_path(resolved[name])
             resolved[name] = path if isinstance(values[name], Path) else str(path)
     return resolved
 
