@@ -7,8 +7,7 @@ import html
 
 import pandas as pd
 
-from amp_compare.contract.config import framework_label
-from amp_compare.contract.precision import NAMES
+from amp_compare.contract.config import DISPLAY_ORDER, framework_label
 from amp_compare.harness.report import phrases, speed
 from amp_compare.harness.report.verdicts import EXPERIMENTS, choose
 
@@ -59,9 +58,9 @@ def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
         rows = part[part["metric"].isin(metrics)]
         if rows.empty:
             continue
-        at = {**{p: i for i, p in enumerate(NAMES)}, **{m: i for i, m in enumerate(metrics)}}  # precision, metric
         out.append((header, [phrases.lab_line(v) for _, g in rows.groupby("framework", sort=False)
-                             for v in sorted(g.itertuples(), key=lambda v: (at.get(v.precision, 99), at[v.metric]))]))
+                             for v in sorted(g.itertuples(), key=lambda v: (DISPLAY_ORDER.get(v.precision, 99),
+                                                                            metrics.index(v.metric)))]))
     return out
 
 

@@ -23,7 +23,8 @@ AT_FLOOR_FACTOR = 2.0  # a loss gap within this factor of the floor's, or FLOAT3
 FLOAT32_ULPS = 4
 _REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
 STEP_COLUMN = "Median step time vs --allreduce fp32 (same seed; <1×: shorter)"
-TEST_KEYS = (*stats.ACC_COLS[:5], "detectable", "near_chance")  # the paired test's numbers a verdict row keeps
+# the paired test's numbers a verdict row keeps
+TEST_KEYS = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
 
 
 def _flag(runs: pd.DataFrame, column: str, default) -> pd.Series:
@@ -153,16 +154,11 @@ def floor_kind(one: pd.Series, floor: pd.Series) -> str:
     """What the floor cell was, from the threads both cells recorded: a plain rerun or another thread count."""
     column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(
         str(one["framework"]))
-    a, b = (as_written(one.get(column)), as_written(floor.get(column))) if column else (None, None)
+    a, b = (phrases.as_written(one.get(column)), phrases.as_written(floor.get(column))) if column else (None, None)
     if pd.notna(a) and pd.notna(b):
         return f"a plain rerun (both recorded threads: {a})" if str(a) == str(b) else \
             f"a rerun at another thread count ({b} against {a})"
     return f"a rerun with --threads {int(floor['cfg_threads'])} against {int(one['cfg_threads'])}"
-
-
-def as_written(value):
-    """A recorded number as written (2, not 2.0, read back through a float column); a text as it is."""
-    return int(value) if isinstance(value, float) and np.isfinite(value) and value.is_integer() else value
 
 
 def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd.DataFrame:

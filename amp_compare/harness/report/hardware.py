@@ -56,6 +56,11 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
 CEILING_KEYS = ("machine", "device_name")  # a ceiling per device (and machine, in a combined report) and dtype
 
 
+def _ceiling_keys(runs: pd.DataFrame) -> list[str]:
+    """The CEILING_KEYS this table has."""
+    return [k for k in CEILING_KEYS if k in runs]
+
+
 def _base_dtype(runs: pd.DataFrame) -> pd.Series:
     """The dtype of each cell's ceiling matmul: fp32 where its half format is measured against it."""
     return _text(runs, "ceiling_dtype").where(_text(runs, "ceiling_fp32_for") == "", "fp32")
@@ -70,7 +75,7 @@ def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
         runs["ceiling_flops"] = np.nan
         return runs
     base = _base_dtype(runs)
-    keys = [runs[k].astype(str) for k in CEILING_KEYS if k in runs] + [base]
+    keys = [runs[k].astype(str) for k in _ceiling_keys(runs)] + [base]
     best = runs["ceiling_flops_measured"].astype(float).groupby(keys).transform("max")
     runs["ceiling_flops"] = best.where(base != "")
     if "achieved_flops" in runs:
@@ -88,7 +93,7 @@ def ceiling_clauses(runs: pd.DataFrame) -> list[str]:
         return []
     runs = runs[runs["ceiling_flops_measured"].notna()]
     out = []
-    for key, g in runs.groupby([*(k for k in CEILING_KEYS if k in runs), _base_dtype(runs)], sort=False):
+    for key, g in runs.groupby([*_ceiling_keys(runs), _base_dtype(runs)], sort=False):
         sizes = sorted({int(v) for v in g.get("ceiling_matmul_size", pd.Series(dtype=float)).dropna()})
         size = (f"{sizes[0]}×{sizes[0]} matmul" if len(sizes) == 1 else
                 f"square matmul of {sizes[0]} to {sizes[-1]} (cells recorded before one size was fixed)" if sizes

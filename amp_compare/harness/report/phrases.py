@@ -212,6 +212,11 @@ def power(value) -> str:
     return f"2^{int(k)}" if np.isfinite(k) and k == int(k) else f"{v:g}"
 
 
+def as_written(value):
+    """A recorded number as written (2, not 2.0, read back through a float column); a text as it is."""
+    return int(value) if isinstance(value, float) and np.isfinite(value) and value.is_integer() else value
+
+
 def evidence(text) -> dict:
     """A verdict row's evidence or a record's JSON column (JSON text, or a dict) as a dict; {} where empty or bad."""
     if isinstance(text, dict):

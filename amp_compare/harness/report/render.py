@@ -35,7 +35,6 @@ from amp_compare.harness.report import settings_check as sc
 from amp_compare.harness.report import tables as tb
 from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
-from amp_compare.harness.report.dataparallel import as_written
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
@@ -390,12 +389,12 @@ BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "t
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
                      ) -> list[tuple[str, str | list[str]]]:
     """The Environment table: the host, each framework's speed trials' threads, then what its cells reported."""
-    rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), str(as_written(environment[k])))
+    rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), str(phrases.as_written(environment[k])))
                                                for k in sorted(environment)]
     if trials is not None and not trials.empty and {"framework", "threads"} <= set(trials):
         for fw, part in trials.groupby("framework", sort=False):
             rows.append((f"{framework_label(fw)}: threads (speed trials)",
-                         ", ".join(dict.fromkeys(str(as_written(v)) for v in part["threads"].dropna()))))
+                         ", ".join(dict.fromkeys(str(phrases.as_written(v)) for v in part["threads"].dropna()))))
     if runs.empty or "framework" not in runs:
         return rows
     ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
@@ -404,12 +403,12 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     for col, label in ((c, label) for c, label in ENV_COLUMNS.items() if c in ordered):
         for fw, part in ordered.groupby("framework", sort=False):
             if col == "amp_api" and "precision" in part:  # per precision, a list
-                pairs = list(dict.fromkeys(f"{p}: {as_written(v)}" for p, v in zip(part["precision"], part[col])
+                pairs = list(dict.fromkeys(f"{p}: {phrases.as_written(v)}" for p, v in zip(part["precision"], part[col])
                                            if pd.notna(v) and str(v)))
                 rows += [(f"{framework_label(fw)}: {label}", pairs)] if pairs else []
                 continue
             devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
-            if values := list(dict.fromkeys(str(as_written(v)) for v in part[col].dropna() if str(v))):
+            if values := list(dict.fromkeys(str(phrases.as_written(v)) for v in part[col].dropna() if str(v))):
                 rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
                     " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
                     if col in BUILD_INFO and devices <= {"cpu", ""} else "")))

@@ -57,6 +57,7 @@ def _scales(steps: pd.DataFrame, cell_id: str) -> pd.DataFrame:
 def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.DataFrame) -> dict:
     """The dynamic scale's path per seed, against every other framework's cell of the same precision and seed."""
     seeds, same, others, shorter = [], True, set(), []
+    cut_cells = stats.budgeted(cells)
     for c in mine.sort_values("seed").itertuples():
         scale = _scales(steps, c.cell_id)["loss_scale"].astype(float).to_numpy()
         if not len(scale):
@@ -69,7 +70,7 @@ def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.Data
             others.add(t.framework)
             theirs = _scales(steps, t.cell_id)["loss_scale"].astype(float).to_numpy()
             # compared over the steps both ran only where the speed budget stopped either cell
-            cut = bool(stats.budgeted(cells.loc[[c.Index, t.Index]]).any()) and len(theirs) != len(scale)
+            cut = bool(cut_cells[[c.Index, t.Index]].any()) and len(theirs) != len(scale)
             n = min(len(theirs), len(scale)) if cut else None
             same = same and bool(np.array_equal(theirs[:n], scale[:n]))
             shorter += [n] if cut else []

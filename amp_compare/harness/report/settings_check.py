@@ -59,7 +59,9 @@ def check_runs(records: Iterable[Mapping]) -> list[dict]:
             cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
     out = []
     for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
-        for fw in sorted(filter(is_keras, by_fw)) if "torch" in by_fw else []:
+        if "torch" not in by_fw:
+            continue
+        for fw in sorted(filter(is_keras, by_fw)):
             rows = compare_settings(by_fw["torch"][0], by_fw[fw][0])
             name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
             out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]],

@@ -59,7 +59,7 @@ def log_sentences(table: pd.DataFrame, environment: dict, logs: list[LogLine]) -
     did = isa_limit(environment)
     limit = f"; and this run {did}: the line does not say which of the two made it fall back" if did else ""
     return [f"{framework_label(line.framework)}'s {line.precision} cells logged: \"{line.text}\" (its own record of "
-            f"the path it took){flags if HALF_FALLBACK in line.text else ''}{limit}." for line in logs]
+            f"the path it took){flags}{limit}." for line in logs]
 
 
 def timing_paragraph(warmup: int, cells: str = "") -> str:

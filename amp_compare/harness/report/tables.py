@@ -187,7 +187,8 @@ def seed_list_text(seeds: list) -> str:
 
 def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
     """Per (framework, precision): median time to target, seeds reaching it and the ratio to fp32's."""
-    per_cell = {c: stats.time_to_accuracy(epochs[epochs["cell_id"] == c], target) if np.isfinite(target)
+    by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
+    per_cell = {c: stats.time_to_accuracy(by_cell.get(c, epochs.iloc[0:0]), target) if np.isfinite(target)
                 else float("nan") for c in group["cell_id"]}
     out = {}
     for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):
