@@ -541,29 +541,19 @@ def run_cells(cells: list[RunConfig], run_dir: Path, run_id: str, timeout: float
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): no cell ran, nothing to lose
             return outcomes, exc
         progress.remove_task(starting)
-        overall = progress.add_task("matrix", total=len(cells))
+        bars = launchers.CellBars(progress, len(cells))
         for cfg in cells:
-            task = progress.add_task(f"  {cfg.cell_id}", total=None)
-
-            def on_event(event: dict, task=task) -> None:
-                if event.get("kind") == "step":
-                    total = event["epochs"] * event["steps"]
-                    progress.update(task, total=total, completed=event["epoch"] * event["steps"] + event["step"])
-
+            on_event = bars.start(cfg)
             try:
                 outcome = run_cell(cfg, run_dir, run_id, timeout, on_event)
             except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
-                progress.update(task, description=f"  {cfg.cell_id} [interrupted]")
+                bars.state(cfg, "interrupted")
                 return outcomes, exc
             except Exception as exc:  # a harness fault in one cell: recorded, and the other cells run
                 outcome = harness_fault(cfg, run_dir, run_id, exc)
             outcomes.append(outcome)
             after_cell(cfg)
-            if outcome.status == "ok":  # the matrix bar counts it; a cell that did not finish keeps its bar and why
-                progress.remove_task(task)
-            else:
-                progress.update(task, description=f"  {cfg.cell_id} [{outcome.status.upper()}: {outcome.error}]")
-            progress.advance(overall)
+            bars.end(cfg, outcome)
     return outcomes, None
 
 

@@ -234,8 +234,8 @@ class CellBars:
     def __init__(self, progress, total: int):
         self.progress, self.overall, self.tasks = progress, progress.add_task("matrix", total=total), {}
 
-    def start(self, cfg: RunConfig, where: str) -> Callable[[dict], None]:
-        task = self.progress.add_task(f"  {cfg.cell_id} [{where}]", total=None)
+    def start(self, cfg: RunConfig, where: str | None = None) -> Callable[[dict], None]:
+        task = self.progress.add_task(f"  {cfg.cell_id}" + (f" [{where}]" if where else ""), total=None)
         self.tasks[cfg.cell_id] = task
 
         def on_event(event: dict) -> None:
