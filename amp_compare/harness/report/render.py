@@ -41,7 +41,9 @@ from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.stats import whole_epochs
 from amp_compare.harness.report.vit_dtypes import vit_dtype_table
 
-TEMPLATES = Path(__file__).parent / "templates"
+JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
+                           undefined=jinja2.StrictUndefined)
+LEFT = " class='l'"  # the first four columns of a table are left-aligned
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
             ("numerics", "Numerics"), ("data_parallel", "Data parallel"), ("differences", "Framework differences"),
             ("cells", "Cells"), ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
@@ -55,23 +57,14 @@ def load_manifest(run_dir: Path) -> dict:
         raise FileNotFoundError(f"{run_dir} is not a compare run folder (no manifest.json)") from None
 
 
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                              undefined=jinja2.StrictUndefined)
-
-
-def _left(i: int) -> str:
-    """The first four columns of a table are left-aligned."""
-    return " class='l'" if i < 4 else ""
-
-
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
     """An HTML table, `highlight` rows marked; `grouped`: columns named "group: name" share a header cell."""
     cols = [c for c in df.columns if c != highlight]
     head = _grouped_head(cols) if grouped else "<tr>" + "".join(
-        f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
+        f"<th{LEFT * (i < 4)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
     rows = "".join("<tr{}>{}</tr>".format(" class='differs'" if highlight and rec.get(highlight) else "", "".join(
-        f"<td{_left(i)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))) for rec in df.to_dict("records"))
+        f"<td{LEFT * (i < 4)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols)))
+                   for rec in df.to_dict("records"))
     return f"<table>{head}{rows}</table>"
 
 
@@ -80,7 +73,7 @@ def _grouped_head(cols: list[str]) -> str:
     for group, named in itertools.groupby(enumerate(cols), key=lambda ic: str(ic[1]).rpartition(": ")[0]):
         named = list(named)
         if not group:  # a column of its own
-            top += [f"<th rowspan='2'{_left(i)}>{html.escape(str(c))}</th>" for i, c in named]
+            top += [f"<th rowspan='2'{LEFT * (i < 4)}>{html.escape(str(c))}</th>" for i, c in named]
             continue
         top.append(f"<th colspan='{len(named)}'>{html.escape(group)}</th>")
         sub += [f"<th>{html.escape(str(c).rpartition(': ')[2])}</th>" for _, c in named]
@@ -416,26 +409,19 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
 
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], summary: dict, device: str) -> Callable[[], list]:
-    """Every figure of the page, started now; collect() gives them in page order, collect(cancel=True) drops them."""
+    """Every figure task of the page, started now (_in_parallel); the figures are those it gives, in page order."""
     from amp_compare.harness.report import figures as fg
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
-    underflow = tables.get("underflow", pd.DataFrame())
-    headroom = tables.get("headroom", pd.DataFrame())  # less the fp8 cells': float16's range says nothing of fp8
-    headroom = headroom[~headroom["precision"].isin(FP8_MODES)] if "precision" in headroom else headroom
-    trials = tables.get("trials", pd.DataFrame())
-    tasks = [(fg.make_speed_verdict_figure, (summary["verdicts"], out)),
-             (fg.make_figures, (runs, steps, out, device, summary["full"])),
-             (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
-             (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
-             (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
-             (fg.make_time_to_accuracy_figure, (runs, epochs, summary["accuracy"], out, trials))]
-    pending = _in_parallel([t for t in tasks if t])
-
-    def collect(cancel: bool = False) -> list:
-        return [f for made in pending(cancel) for f in (made if isinstance(made, list) else [made]) if f]
-
-    return collect
+    underflow, headroom, trials = tables["underflow"], tables["headroom"], tables["trials"]
+    headroom = headroom[~headroom["precision"].isin(FP8_MODES)]  # less the fp8 cells': float16's range says nothing
+    return _in_parallel([t for t in [
+        (fg.make_speed_verdict_figure, (summary["verdicts"], out)),
+        (fg.make_figures, (runs, steps, out, device, summary["full"])),
+        (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
+        (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
+        (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
+        (fg.make_time_to_accuracy_figure, (runs, epochs, summary["accuracy"], out, trials))] if t])
 
 
 def _themed(fn, args):
@@ -520,21 +506,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
 
-def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool,
-                  said: list[dict]) -> dict:
-    """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
-    summary = _summary_context(run_dir, manifest, tables, said)
-    figures = _draw(run_dir, tables, summary, manifest["device"]) if draw else lambda cancel=False: []
-    try:
-        rest = _page_rest(run_dir, manifest, tables, summary, draw)
-    except BaseException:
-        figures(cancel=True)  # no drawing process outlives a failed page
-        raise
-    return {**rest, "figures": figures()}
-
-
 def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], summary: dict, draw: bool) -> dict:
-    """The page's context but its figures (_page_context)."""
+    """The page's context but its figures, which are drawn meanwhile (_render)."""
     runs, steps, acc_stats = tables["run"], tables["steps"], summary["accuracy"]
     comparison, init = manifest["defaults"].get("comparison", "aligned"), manifest["defaults"].get("init", "shared")
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
@@ -589,7 +562,14 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     said = dataparallel.verdict_rows(parallel and parallel["rows"])
     counted = every or single  # the page's counts are over every cell
     status = dict(zip(counted["run"]["cell_id"], counted["run"]["status"])) if not counted["run"].empty else {}
-    context = {**_page_context(run_dir, manifest, single, draw, said),
+    summary = _summary_context(run_dir, manifest, single, said)
+    figures = _draw(run_dir, single, summary, manifest["device"]) if draw else lambda cancel=False: []
+    try:
+        rest = _page_rest(run_dir, manifest, single, summary, draw)
+    except BaseException:
+        figures(cancel=True)  # no drawing process outlives a failed page
+        raise
+    context = {**rest, "figures": [f for made in figures() for f in (made if isinstance(made, list) else [made]) if f],
                "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
                "sections": [s for s in SECTIONS if s[0] != "data_parallel" or parallel], "records": held,
                "n_ok": sum(v == "ok" for v in status.values()),
@@ -603,7 +583,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
     fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (report/fp8.py)
     context["fp8_html"] = fp8_report.html(fp8, fp8_report.figure(fp8, run_dir / "figures") if draw else None)
-    page, used = glossary.expand_first_use(_env().get_template("report.html").render(**context))
+    page, used = glossary.expand_first_use(JINJA.get_template("report.html").render(**context))
     atomic_write_text(run_dir / "index.html", page.replace("<!--abbreviations-->", glossary.abbreviations_html(used)))
     md = [f"## amp-compare `{manifest['run_id']}` ({manifest['environment'].get('cpu_model', '')}, "
           f"{manifest['device']})", "",
@@ -641,11 +621,8 @@ def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) 
         for r, fake in zip(table.itertuples(), emulated) if precisions.is_mixed(r.precision))
 
 
-HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept beside its records
-
-
 def render_runs_index(reports_dir: Path) -> Path:
-    """reports/index.html: every compare run in the folder with its headline, cached in each run's HEADLINE_FILE."""
+    """reports/index.html: every compare run in the folder with its headline, cached in each run's cache/."""
     rows = []
     for run_dir in sorted((p for p in Path(reports_dir).iterdir() if (p / "manifest.json").exists()), reverse=True):
         data = run_dir / "data"
@@ -657,7 +634,7 @@ def render_runs_index(reports_dir: Path) -> Path:
         sources = [run_dir / "manifest.json", data / "run.csv", data / "steps.parquet", data / "verdicts.parquet",
                    *sorted(Path(__file__).parent.glob("*.py"))]
         key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
-        headline, path = None, run_dir / HEADLINE_FILE
+        headline, path = None, run_dir / "cache" / "index_headline.json"
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             stored = json.loads(path.read_text())
             headline = stored["headline"] if stored["key"] == key else None
@@ -677,5 +654,5 @@ def render_runs_index(reports_dir: Path) -> Path:
             "headline": headline or "n/a",
         })
     path = Path(reports_dir) / "index.html"
-    atomic_write_text(path, _env().get_template("index.html").render(runs=rows))
+    atomic_write_text(path, JINJA.get_template("index.html").render(runs=rows))
     return path
