@@ -168,30 +168,25 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     s = nr.underflow_summary(underflow)
     if s.empty:
         return s
-    when = [f"{w} (step {n})" if n >= 0 else w for w, n in zip(s["when"], s["at_step"])]
-    return pd.DataFrame({**_identity(s), "When": when,
+    return pd.DataFrame({**_identity(s), "When": [f"{w} (step {n})" if n >= 0 else w
+                                                  for w, n in zip(s["when"], s["at_step"])],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
-                         "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
-                         "float32 reference: would flush in fp16, no scaling": _with_residue(s, "flush_unscaled"),
-                         "float32 reference: would flush at that scale": _with_residue(s, "flush_scaled"),
-                         "mixed backward: exactly zero (unscaled loss)": s["zero_fraction_mixed"].map(_pct(2)),
-                         "mixed backward: lost, no scaling": _with_residue(s, "lost_unscaled"),
-                         "mixed backward: lost at that scale": _with_residue(s, "lost_scaled"),
-                         "mixed backward: cancelled at that scale only": _with_residue(s, "cancelled_scaled")})
+                         "float32 reference: exactly zero": _share(s, "zero_fraction", 2),
+                         "float32 reference: would flush in fp16, no scaling": _share(s, "flush_unscaled"),
+                         "float32 reference: would flush at that scale": _share(s, "flush_scaled"),
+                         "mixed backward: exactly zero (unscaled loss)": _share(s, "zero_fraction_mixed", 2),
+                         "mixed backward: lost, no scaling": _share(s, "lost_unscaled"),
+                         "mixed backward: lost at that scale": _share(s, "lost_scaled"),
+                         "mixed backward: cancelled at that scale only": _share(s, "cancelled_scaled")})
 
 
-def _with_residue(s: pd.DataFrame, column: str) -> pd.Series:
-    """A share as a percentage, with the part in attention key biases (zero exact gradient) called residue."""
+def _share(s: pd.DataFrame, column: str, digits: int = 3) -> pd.Series:
+    """A share as a percentage, with the part in attention key biases (zero exact gradient), if any, called residue."""
     residue = s.get(f"residue_{column}", pd.Series(0.0, index=s.index)).fillna(0.0)
-    return pd.Series([_pct(3)(v) + ("" if pd.isna(v) or r <= 0 else " (all attention key-bias residue)"
-                                    if np.isclose(r, v, rtol=1e-9, atol=0) else
-                                    f" (of it {r:.3%} attention key-bias residue)")
-                      for v, r in zip(s[column], residue)], index=s.index)
-
-
-def _pct(digits: int):
-    return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
+    return pd.Series(["n/a" if pd.isna(v) else f"{v:.{digits}%}" + (
+        "" if r <= 0 else " (all attention key-bias residue)" if np.isclose(r, v, rtol=1e-9, atol=0)
+        else f" (of it {r:.3%} attention key-bias residue)") for v, r in zip(s[column], residue)], index=s.index)
 
 
 def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -337,10 +332,9 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
             parts.setdefault(name, []).append(df.assign(machine=label))
         environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
     first, envs = manifests[0], [m["environment"] for m in manifests]
-    for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware", "cpu_isa_limits"):  # where runs agree
-        if len({str(e.get(key)) for e in envs}) == 1 and key in first["environment"]:
-            environment[key] = first["environment"][key]
-    environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+    environment.update({k: envs[0][k] for k in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware",
+                        "cpu_isa_limits") if k in envs[0] and len({str(e.get(k)) for e in envs}) == 1},  # runs agree
+                       timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
                        cpu_model=" / ".join(dict.fromkeys(e.get("cpu_model", "?") for e in envs)))
     matrix = {k: list(dict.fromkeys(v for m in manifests for v in m["matrix"].get(k, []))) for k in first["matrix"]}
     seeds, devices = sorted({s for m in manifests for s in m["matrix"]["seeds"]}), {m["device"] for m in manifests}
@@ -388,23 +382,20 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
         for fw, part in trials.groupby("framework", sort=False):
             rows.append((f"{framework_label(fw)}: threads (speed trials)",
                          ", ".join(dict.fromkeys(str(phrases.as_written(v)) for v in part["threads"].dropna()))))
-    if runs.empty or "framework" not in runs:
-        return rows
-    ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
+    ordered = runs.sort_values(["framework", "precision"], key=display_order)
     if "amp_api" in ordered and "fp8_settings" in ordered:  # fp8: what ran is in its fp8_settings
         ordered = ordered.assign(amp_api=[fp8_report.api_text(r) for r in ordered.to_dict("records")])
     for col, label in ((c, label) for c, label in ENV_COLUMNS.items() if c in ordered):
         for fw, part in ordered.groupby("framework", sort=False):
-            if col == "amp_api" and "precision" in part:  # per precision, a list
+            if col == "amp_api":  # per precision, a list
                 pairs = list(dict.fromkeys(f"{p}: {phrases.as_written(v)}" for p, v in zip(part["precision"], part[col])
                                            if pd.notna(v) and str(v)))
                 rows += [(f"{framework_label(fw)}: {label}", pairs)] if pairs else []
-                continue
-            devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
-            if values := list(dict.fromkeys(str(phrases.as_written(v)) for v in part[col].dropna() if str(v))):
+            elif values := list(dict.fromkeys(str(phrases.as_written(v)) for v in part[col].dropna() if str(v))):
+                cpu = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str)) <= {"cpu", ""}
                 rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
                     " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
-                    if col in BUILD_INFO and devices <= {"cpu", ""} else "")))
+                    if col in BUILD_INFO and cpu else "")))
     return rows
 
 
@@ -434,13 +425,11 @@ def _themed(fn, args):
 
 def _in_parallel(tasks: list) -> Callable[[], list]:
     """Each (function, args) task started on up to two forked processes; results(cancel=False) gives them in order."""
-    # a process that loaded a framework may hold thread pools a fork cannot copy: it draws in turn
-    framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
-
     def here(cancel: bool = False) -> list:
         return [] if cancel else [_themed(fn, args) for fn, args in tasks]
 
-    if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2 or framework:
+    # a process that loaded a framework may hold thread pools a fork cannot copy: it draws in turn
+    if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2 or {"torch", "tensorflow", "jax"} & sys.modules.keys():
         return here
     import concurrent.futures
     import multiprocessing
@@ -459,23 +448,17 @@ def _in_parallel(tasks: list) -> Callable[[], list]:
     return results
 
 
-def _evidence(manifest: dict) -> dict:
-    """The environment the statistics judge the machine from: every calibration check of the run with it."""
-    return {**manifest["environment"], "calibrations": manifest.get("calibrations", []),
-            "device": manifest.get("device", "cpu")}
-
-
-def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
+def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict],
+                     evidence: dict) -> dict:
     """The answer, the Summary and Speed sections; `said`: verdict rows of cells these tables leave out."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
     logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
-    evidence = {**_evidence(manifest), "framework_logs": list(logs)}
+    evidence = {**evidence, "framework_logs": list(logs)}
     accuracy = tb.accuracy_statistics(runs, epochs)
     full = tb.full_table(runs, epochs, evidence, accuracy)
     summary = tb.formatted_summary(full)
     main_table, hardware, loop_text = tb.split_summary(summary)
-    sentences = finding_parts(runs, steps, evidence, epochs, table=full)
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = tb.seed_counts_text(runs) or tb.seed_list_text(manifest["matrix"]["seeds"])
     verdict_table = verdicts.build(full, runs, tables.get("trials"))
@@ -486,10 +469,10 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
         verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
     tables_check("verdicts", verdict_table)
     launcher = manifest.get("launcher", {})
-    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"), launcher,
-                                                  tables.get("trials"))
-    first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"), verdict_table,
-                                 bool(manifest.get("defaults", {}).get("profile")))
+    sentences = finding_parts(runs, steps, evidence, epochs, table=full) + speed.trial_and_cells(
+        verdict_table, full, runs, tables["phases"], launcher, tables["trials"])
+    first = answer_block.preface(manifest["environment"], manifest["device"], verdict_table,
+                                 bool(manifest["defaults"].get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     cells = [t] if (t := manifest.get("defaults", {}).get("threads")) else []  # the trials': the launcher's
@@ -553,16 +536,16 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
     # data/run: each cell's MFU against the run's one ceiling per device and dtype, as the report prints it
-    records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
-                          if "run" in tables else tables)
-    held = [name for name, df in tables.items() if df is not None and not df.empty] + ["verdicts"]  # data/'s
-    # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
-    single, every = dataparallel.split(tables)
-    parallel = dataparallel.section(every, _evidence(manifest), manifest["device"])  # DATA PARALLEL (None: none)
+    records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))})
+    held = [name for name, df in tables.items() if not df.empty] + ["verdicts"]  # data/'s
+    single, every = dataparallel.split(tables)  # the Data parallel section's cells (none without replicas): every
+    evidence = {**manifest["environment"], "calibrations": manifest.get("calibrations", []),
+                "device": manifest["device"]}  # what the statistics judge the machine from
+    parallel = dataparallel.section(every, evidence, manifest["device"])  # DATA PARALLEL (None: none)
     said = dataparallel.verdict_rows(parallel and parallel["rows"])
     counted = every or single  # the page's counts are over every cell
     status = dict(zip(counted["run"]["cell_id"], counted["run"]["status"])) if not counted["run"].empty else {}
-    summary = _summary_context(run_dir, manifest, single, said)
+    summary = _summary_context(run_dir, manifest, single, said, evidence)
     figures = _draw(run_dir, single, summary, manifest["device"]) if draw else lambda cancel=False: []
     try:
         rest = _page_rest(run_dir, manifest, single, summary, draw)
@@ -604,11 +587,12 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                     context["answer_text"], context["verdicts"], context["conditions"])
 
 
-def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
-    """A run's headline in the runs index: its answer's precisions, else each mixed precision's speed and accuracy."""
+def _index_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -> str:
+    """A run's headline in the runs index: its answer's uses, else its 1-worker cells' mixed speeds and accuracy."""
     if (stored := run_dir / "data" / "verdicts.parquet").exists():
         return "use " + answer_block.uses(pd.read_parquet(stored))
-    table = tb.summary_table(single) if single is not None and not single.empty else pd.DataFrame()
+    single = runs[dataparallel.roles(runs) == "single"] if runs is not None and not runs.empty else pd.DataFrame()
+    table = tb.summary_table(single) if not single.empty else single
     if table.empty:
         return ""
     emulated = fp8_report.speed_emulated(table["precision"], manifest.get("device", "cpu"))
@@ -638,21 +622,17 @@ def render_runs_index(reports_dir: Path) -> Path:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             stored = json.loads(path.read_text())
             headline = stored["headline"] if stored["key"] == key else None
-        if headline is None:  # the 1-worker cells' headline; the count of finished cells is all of them
-            headline = _index_headline(run_dir, manifest, runs[dataparallel.roles(runs) == "single"]
-                                       if runs is not None and not runs.empty else runs)
+        if headline is None:
+            headline = _index_headline(run_dir, manifest, runs)
             with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
                 path.parent.mkdir(exist_ok=True)
                 atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
-        m = manifest["matrix"]
-        rows.append({
-            "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
-            "machine": f"{manifest['environment'].get('cpu_model', '')} / {manifest['device']}",
-            "matrix": " × ".join(",".join(map(str, m[k])) for k in ("frameworks", "models", "datasets",
-                                                                      "precisions", "seeds")),
-            "ok": f"{int((runs['status'] == 'ok').sum()) if runs is not None else 0}/{len(manifest['cells'])}",
-            "headline": headline or "n/a",
-        })
+        rows.append({"run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
+                     "machine": f"{manifest['environment'].get('cpu_model', '')} / {manifest['device']}",
+                     "matrix": " × ".join(",".join(map(str, manifest["matrix"][k])) for k in (
+                         "frameworks", "models", "datasets", "precisions", "seeds")),  # every cell counted in ok
+                     "ok": f"{int((runs['status'] == 'ok').sum()) if runs is not None else 0}/{len(manifest['cells'])}",
+                     "headline": headline or "n/a"})
     path = Path(reports_dir) / "index.html"
     atomic_write_text(path, JINJA.get_template("index.html").render(runs=rows))
     return path
