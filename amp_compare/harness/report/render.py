@@ -323,8 +323,7 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     for run_dir, manifest in zip(run_dirs, manifests):
         tables = records.read_run(run_dir)
         gpus = sorted(set(tables["run"].get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
-        where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")  # its accelerator or CPU
-        hardware.add(where)
+        hardware.add(where := ", ".join(gpus) or manifest["environment"].get("cpu_model", "CPU"))  # accelerator or CPU
         label = f"{where} · {Path(run_dir).name}"  # how the run is named: its machine and its folder
         for name, df in tables.items():
             if "cell_id" in df:  # the speed trials' blocks have no cell
@@ -356,8 +355,7 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
 HOST_LABELS = {f"cpu_{short}_hardware": f"cpu_{short}_hardware ({' or '.join(flags)} in the CPU's flags; whether a "
                "framework's kernels use them shows in its speed)"
                for short, flags in (("bf16", ARITHMETIC_FLAGS["bfloat16"]), ("fp16", ARITHMETIC_FLAGS["float16"]))}
-# Per-framework columns of the run table shown in the Environment section, with how each is labelled.
-ENV_COLUMNS = {
+ENV_COLUMNS = {  # the run table's per-framework columns the Environment section shows, and their labels
     "framework_version": "version", "keras_version": "Keras version", "keras_backend": "Keras backend",
     "device_name": "device", "compute_capability": "compute capability",
     "torch_cuda_version": "CUDA version PyTorch was built with (torch.version.cuda; build info)",
