@@ -114,8 +114,7 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
                                            zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
         "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
         **({"First step's dispatch, device mode (ms)": t["first_step_dispatch_s"].map(speed.milliseconds)}
-           if dispatch else {}),
-    })
+           if dispatch else {})})
 
 
 def _identity(df: pd.DataFrame) -> dict:
@@ -137,8 +136,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
                                              for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
         "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),
-        "Search": first.get("stopped_early", pd.Series("", index=first.index)).fillna("").replace("", "converged"),
-    })
+        "Search": first.get("stopped_early", pd.Series("", index=first.index)).fillna("").replace("", "converged")})
 
 
 def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -215,14 +213,12 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
     rows = []
     for r in acc.itertuples():
         cut = phrases.REASON["budget_cut"] if (getattr(r, "budget_cut", 0) or 0) > 0 else ""
-        tested = isinstance(r.method, str) and not r.too_short
         timed = np.isfinite(r.target) and not r.too_short and not cut
         rows.append({
             **({"Machine": r.machine} if multi else {}),
-            "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
-            "Precision": r.precision,
+            "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework), "Precision": r.precision,
             "Accuracy vs fp32 (pp)": phrases.accuracy(r) if precisions.is_mixed(r.precision) else "",
-            "Test": phrases.test(r.method, r.seeds) if tested else "",
+            "Test": phrases.test(r.method, r.seeds) if isinstance(r.method, str) and not r.too_short else "",
             "Comparable": "no: " + (r.too_short or cut) if r.too_short or cut else "yes",
             "Target": f"{r.target * 100:.1f}%" if timed else "",
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
