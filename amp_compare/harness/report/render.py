@@ -364,7 +364,6 @@ ENV_COLUMNS = {  # the run table's per-framework columns the Environment section
     "tf32": "TF32", "compiled": "compilation", "step_values": "per-step values", "amp_api": "AMP API per precision",
     "memory_kind": "memory measured as", "dataset_source": "dataset",
 }
-BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
 
 
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
@@ -389,7 +388,7 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
                 cpu = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str)) <= {"cpu", ""}
                 rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
                     " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
-                    if col in BUILD_INFO and cpu else "")))
+                    if col.endswith(("_cuda_version", "_cudnn_version")) and cpu else "")))
     return rows
 
 
