@@ -230,7 +230,7 @@ def test_a_drawing_process_that_dies_is_answered_by_drawing_here(monkeypatch):
 
 
 def test_the_figures_are_drawn_while_the_rest_of_the_page_is_built_and_dropped_when_it_fails(tmp_path, monkeypatch):
-    """render._page_context starts the drawing before the page's other sections and collects it after them; a page
+    """render._render starts the drawing before the page's other sections and collects it after them; a page
     that fails on the way drops the drawing (no drawing process outlives it)."""
     from amp_compare.harness.report import render
     from tests.test_report_sentences import write_run

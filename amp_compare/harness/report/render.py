@@ -41,7 +41,9 @@ from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.stats import whole_epochs
 from amp_compare.harness.report.vit_dtypes import vit_dtype_table
 
-TEMPLATES = Path(__file__).parent / "templates"
+JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
+                           undefined=jinja2.StrictUndefined)
+LEFT = " class='l'"  # the first four columns of a table are left-aligned
 SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
             ("numerics", "Numerics"), ("data_parallel", "Data parallel"), ("differences", "Framework differences"),
             ("cells", "Cells"), ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
@@ -55,23 +57,14 @@ def load_manifest(run_dir: Path) -> dict:
         raise FileNotFoundError(f"{run_dir} is not a compare run folder (no manifest.json)") from None
 
 
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                              undefined=jinja2.StrictUndefined)
-
-
-def _left(i: int) -> str:
-    """The first four columns of a table are left-aligned."""
-    return " class='l'" if i < 4 else ""
-
-
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
     """An HTML table, `highlight` rows marked; `grouped`: columns named "group: name" share a header cell."""
     cols = [c for c in df.columns if c != highlight]
     head = _grouped_head(cols) if grouped else "<tr>" + "".join(
-        f"<th{_left(i)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
+        f"<th{LEFT * (i < 4)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
     rows = "".join("<tr{}>{}</tr>".format(" class='differs'" if highlight and rec.get(highlight) else "", "".join(
-        f"<td{_left(i)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols))) for rec in df.to_dict("records"))
+        f"<td{LEFT * (i < 4)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols)))
+                   for rec in df.to_dict("records"))
     return f"<table>{head}{rows}</table>"
 
 
@@ -80,7 +73,7 @@ def _grouped_head(cols: list[str]) -> str:
     for group, named in itertools.groupby(enumerate(cols), key=lambda ic: str(ic[1]).rpartition(": ")[0]):
         named = list(named)
         if not group:  # a column of its own
-            top += [f"<th rowspan='2'{_left(i)}>{html.escape(str(c))}</th>" for i, c in named]
+            top += [f"<th rowspan='2'{LEFT * (i < 4)}>{html.escape(str(c))}</th>" for i, c in named]
             continue
         top.append(f"<th colspan='{len(named)}'>{html.escape(group)}</th>")
         sub += [f"<th>{html.escape(str(c).rpartition(': ')[2])}</th>" for _, c in named]
@@ -121,8 +114,7 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
                                            zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
         "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
         **({"First step's dispatch, device mode (ms)": t["first_step_dispatch_s"].map(speed.milliseconds)}
-           if dispatch else {}),
-    })
+           if dispatch else {})})
 
 
 def _identity(df: pd.DataFrame) -> dict:
@@ -144,8 +136,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
                                              for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
         "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),
-        "Search": first.get("stopped_early", pd.Series("", index=first.index)).fillna("").replace("", "converged"),
-    })
+        "Search": first.get("stopped_early", pd.Series("", index=first.index)).fillna("").replace("", "converged")})
 
 
 def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -175,30 +166,25 @@ def _underflow_table(underflow: pd.DataFrame) -> pd.DataFrame:
     s = nr.underflow_summary(underflow)
     if s.empty:
         return s
-    when = [f"{w} (step {n})" if n >= 0 else w for w, n in zip(s["when"], s["at_step"])]
-    return pd.DataFrame({**_identity(s), "When": when,
+    return pd.DataFrame({**_identity(s), "When": [f"{w} (step {n})" if n >= 0 else w
+                                                  for w, n in zip(s["when"], s["at_step"])],
                          "Gradient elements": s["elements"].map(lambda n: f"{int(n):,}"),
                          "Loss scale": s["loss_scale"].map("{:g}".format),
-                         "float32 reference: exactly zero": s["zero_fraction"].map(_pct(2)),
-                         "float32 reference: would flush in fp16, no scaling": _with_residue(s, "flush_unscaled"),
-                         "float32 reference: would flush at that scale": _with_residue(s, "flush_scaled"),
-                         "mixed backward: exactly zero (unscaled loss)": s["zero_fraction_mixed"].map(_pct(2)),
-                         "mixed backward: lost, no scaling": _with_residue(s, "lost_unscaled"),
-                         "mixed backward: lost at that scale": _with_residue(s, "lost_scaled"),
-                         "mixed backward: cancelled at that scale only": _with_residue(s, "cancelled_scaled")})
+                         "float32 reference: exactly zero": _share(s, "zero_fraction", 2),
+                         "float32 reference: would flush in fp16, no scaling": _share(s, "flush_unscaled"),
+                         "float32 reference: would flush at that scale": _share(s, "flush_scaled"),
+                         "mixed backward: exactly zero (unscaled loss)": _share(s, "zero_fraction_mixed", 2),
+                         "mixed backward: lost, no scaling": _share(s, "lost_unscaled"),
+                         "mixed backward: lost at that scale": _share(s, "lost_scaled"),
+                         "mixed backward: cancelled at that scale only": _share(s, "cancelled_scaled")})
 
 
-def _with_residue(s: pd.DataFrame, column: str) -> pd.Series:
-    """A share as a percentage, with the part in attention key biases (zero exact gradient) called residue."""
+def _share(s: pd.DataFrame, column: str, digits: int = 3) -> pd.Series:
+    """A share as a percentage, with the part in attention key biases (zero exact gradient), if any, called residue."""
     residue = s.get(f"residue_{column}", pd.Series(0.0, index=s.index)).fillna(0.0)
-    return pd.Series([_pct(3)(v) + ("" if pd.isna(v) or r <= 0 else " (all attention key-bias residue)"
-                                    if np.isclose(r, v, rtol=1e-9, atol=0) else
-                                    f" (of it {r:.3%} attention key-bias residue)")
-                      for v, r in zip(s[column], residue)], index=s.index)
-
-
-def _pct(digits: int):
-    return lambda v: "n/a" if pd.isna(v) else f"{v:.{digits}%}"
+    return pd.Series(["n/a" if pd.isna(v) else f"{v:.{digits}%}" + (
+        "" if r <= 0 else " (all attention key-bias residue)" if np.isclose(r, v, rtol=1e-9, atol=0)
+        else f" (of it {r:.3%} attention key-bias residue)") for v, r in zip(s[column], residue)], index=s.index)
 
 
 def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -227,14 +213,12 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
     rows = []
     for r in acc.itertuples():
         cut = phrases.REASON["budget_cut"] if (getattr(r, "budget_cut", 0) or 0) > 0 else ""
-        tested = isinstance(r.method, str) and not r.too_short
         timed = np.isfinite(r.target) and not r.too_short and not cut
         rows.append({
             **({"Machine": r.machine} if multi else {}),
-            "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework),
-            "Precision": r.precision,
+            "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework), "Precision": r.precision,
             "Accuracy vs fp32 (pp)": phrases.accuracy(r) if precisions.is_mixed(r.precision) else "",
-            "Test": phrases.test(r.method, r.seeds) if tested else "",
+            "Test": phrases.test(r.method, r.seeds) if isinstance(r.method, str) and not r.too_short else "",
             "Comparable": "no: " + (r.too_short or cut) if r.too_short or cut else "yes",
             "Target": f"{r.target * 100:.1f}%" if timed else "",
             "Time to target (s)": ("" if not timed else "not reached" if not np.isfinite(r.time_to_target_s)
@@ -335,8 +319,7 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     for run_dir, manifest in zip(run_dirs, manifests):
         tables = records.read_run(run_dir)
         gpus = sorted(set(tables["run"].get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
-        where = ", ".join(gpus) if gpus else manifest["environment"].get("cpu_model", "CPU")  # its accelerator or CPU
-        hardware.add(where)
+        hardware.add(where := ", ".join(gpus) or manifest["environment"].get("cpu_model", "CPU"))  # accelerator or CPU
         label = f"{where} · {Path(run_dir).name}"  # how the run is named: its machine and its folder
         for name, df in tables.items():
             if "cell_id" in df:  # the speed trials' blocks have no cell
@@ -344,10 +327,9 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
             parts.setdefault(name, []).append(df.assign(machine=label))
         environment.update({f"{label}: {k}": v for k, v in manifest["environment"].items()})
     first, envs = manifests[0], [m["environment"] for m in manifests]
-    for key in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware", "cpu_isa_limits"):  # where runs agree
-        if len({str(e.get(key)) for e in envs}) == 1 and key in first["environment"]:
-            environment[key] = first["environment"][key]
-    environment.update(timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+    environment.update({k: envs[0][k] for k in ("cpu_amp_flags", "cpu_bf16_hardware", "cpu_fp16_hardware",
+                        "cpu_isa_limits") if k in envs[0] and len({str(e.get(k)) for e in envs}) == 1},  # runs agree
+                       timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
                        cpu_model=" / ".join(dict.fromkeys(e.get("cpu_model", "?") for e in envs)))
     matrix = {k: list(dict.fromkeys(v for m in manifests for v in m["matrix"].get(k, []))) for k in first["matrix"]}
     seeds, devices = sorted({s for m in manifests for s in m["matrix"]["seeds"]}), {m["device"] for m in manifests}
@@ -369,8 +351,7 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
 HOST_LABELS = {f"cpu_{short}_hardware": f"cpu_{short}_hardware ({' or '.join(flags)} in the CPU's flags; whether a "
                "framework's kernels use them shows in its speed)"
                for short, flags in (("bf16", ARITHMETIC_FLAGS["bfloat16"]), ("fp16", ARITHMETIC_FLAGS["float16"]))}
-# Per-framework columns of the run table shown in the Environment section, with how each is labelled.
-ENV_COLUMNS = {
+ENV_COLUMNS = {  # the run table's per-framework columns the Environment section shows, and their labels
     "framework_version": "version", "keras_version": "Keras version", "keras_backend": "Keras backend",
     "device_name": "device", "compute_capability": "compute capability",
     "torch_cuda_version": "CUDA version PyTorch was built with (torch.version.cuda; build info)",
@@ -383,7 +364,6 @@ ENV_COLUMNS = {
     "tf32": "TF32", "compiled": "compilation", "step_values": "per-step values", "amp_api": "AMP API per precision",
     "memory_kind": "memory measured as", "dataset_source": "dataset",
 }
-BUILD_INFO = ("torch_cuda_version", "torch_cudnn_version", "tf_cuda_version", "tf_cudnn_version")
 
 
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
@@ -395,47 +375,37 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
         for fw, part in trials.groupby("framework", sort=False):
             rows.append((f"{framework_label(fw)}: threads (speed trials)",
                          ", ".join(dict.fromkeys(str(phrases.as_written(v)) for v in part["threads"].dropna()))))
-    if runs.empty or "framework" not in runs:
-        return rows
-    ordered = runs.sort_values(["framework", "precision"], key=display_order) if "precision" in runs else runs
+    ordered = runs.sort_values(["framework", "precision"], key=display_order)
     if "amp_api" in ordered and "fp8_settings" in ordered:  # fp8: what ran is in its fp8_settings
         ordered = ordered.assign(amp_api=[fp8_report.api_text(r) for r in ordered.to_dict("records")])
     for col, label in ((c, label) for c, label in ENV_COLUMNS.items() if c in ordered):
         for fw, part in ordered.groupby("framework", sort=False):
-            if col == "amp_api" and "precision" in part:  # per precision, a list
+            if col == "amp_api":  # per precision, a list
                 pairs = list(dict.fromkeys(f"{p}: {phrases.as_written(v)}" for p, v in zip(part["precision"], part[col])
                                            if pd.notna(v) and str(v)))
                 rows += [(f"{framework_label(fw)}: {label}", pairs)] if pairs else []
-                continue
-            devices = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str))
-            if values := list(dict.fromkeys(str(phrases.as_written(v)) for v in part[col].dropna() if str(v))):
+            elif values := list(dict.fromkeys(str(phrases.as_written(v)) for v in part[col].dropna() if str(v))):
+                cpu = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str)) <= {"cpu", ""}
                 rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
                     " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
-                    if col in BUILD_INFO and devices <= {"cpu", ""} else "")))
+                    if col.endswith(("_cuda_version", "_cudnn_version")) and cpu else "")))
     return rows
 
 
 def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], summary: dict, device: str) -> Callable[[], list]:
-    """Every figure of the page, started now; collect() gives them in page order, collect(cancel=True) drops them."""
+    """Every figure task of the page, started now (_in_parallel); the figures are those it gives, in page order."""
     from amp_compare.harness.report import figures as fg
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
-    underflow = tables.get("underflow", pd.DataFrame())
-    headroom = tables.get("headroom", pd.DataFrame())  # less the fp8 cells': float16's range says nothing of fp8
-    headroom = headroom[~headroom["precision"].isin(FP8_MODES)] if "precision" in headroom else headroom
-    trials = tables.get("trials", pd.DataFrame())
-    tasks = [(fg.make_speed_verdict_figure, (summary["verdicts"], out)),
-             (fg.make_figures, (runs, steps, out, device, summary["full"])),
-             (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
-             (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
-             (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
-             (fg.make_time_to_accuracy_figure, (runs, epochs, summary["accuracy"], out, trials))]
-    pending = _in_parallel([t for t in tasks if t])
-
-    def collect(cancel: bool = False) -> list:
-        return [f for made in pending(cancel) for f in (made if isinstance(made, list) else [made]) if f]
-
-    return collect
+    underflow, headroom, trials = tables["underflow"], tables["headroom"], tables["trials"]
+    headroom = headroom[~headroom["precision"].isin(FP8_MODES)]  # less the fp8 cells': float16's range says nothing
+    return _in_parallel([t for t in [
+        (fg.make_speed_verdict_figure, (summary["verdicts"], out)),
+        (fg.make_figures, (runs, steps, out, device, summary["full"])),
+        (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
+        (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
+        (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
+        (fg.make_time_to_accuracy_figure, (runs, epochs, summary["accuracy"], out, trials))] if t])
 
 
 def _themed(fn, args):
@@ -448,13 +418,11 @@ def _themed(fn, args):
 
 def _in_parallel(tasks: list) -> Callable[[], list]:
     """Each (function, args) task started on up to two forked processes; results(cancel=False) gives them in order."""
-    # a process that loaded a framework may hold thread pools a fork cannot copy: it draws in turn
-    framework = any(name in sys.modules for name in ("torch", "tensorflow", "jax"))
-
     def here(cancel: bool = False) -> list:
         return [] if cancel else [_themed(fn, args) for fn, args in tasks]
 
-    if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2 or framework:
+    # a process that loaded a framework may hold thread pools a fork cannot copy: it draws in turn
+    if len(tasks) < 2 or len(os.sched_getaffinity(0)) < 2 or {"torch", "tensorflow", "jax"} & sys.modules.keys():
         return here
     import concurrent.futures
     import multiprocessing
@@ -473,23 +441,17 @@ def _in_parallel(tasks: list) -> Callable[[], list]:
     return results
 
 
-def _evidence(manifest: dict) -> dict:
-    """The environment the statistics judge the machine from: every calibration check of the run with it."""
-    return {**manifest["environment"], "calibrations": manifest.get("calibrations", []),
-            "device": manifest.get("device", "cpu")}
-
-
-def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict]) -> dict:
+def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], said: list[dict],
+                     evidence: dict) -> dict:
     """The answer, the Summary and Speed sections; `said`: verdict rows of cells these tables leave out."""
     runs, epochs, steps = tables["run"], tables["epochs"], tables["steps"]
     dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
     logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
-    evidence = {**_evidence(manifest), "framework_logs": list(logs)}
+    evidence = {**evidence, "framework_logs": list(logs)}
     accuracy = tb.accuracy_statistics(runs, epochs)
     full = tb.full_table(runs, epochs, evidence, accuracy)
     summary = tb.formatted_summary(full)
     main_table, hardware, loop_text = tb.split_summary(summary)
-    sentences = finding_parts(runs, steps, evidence, epochs, table=full)
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = tb.seed_counts_text(runs) or tb.seed_list_text(manifest["matrix"]["seeds"])
     verdict_table = verdicts.build(full, runs, tables.get("trials"))
@@ -500,10 +462,10 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
         verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
     tables_check("verdicts", verdict_table)
     launcher = manifest.get("launcher", {})
-    sentences = sentences + speed.trial_and_cells(verdict_table, full, runs, tables.get("phases"), launcher,
-                                                  tables.get("trials"))
-    first = answer_block.preface(manifest["environment"], manifest.get("device", "cpu"), verdict_table,
-                                 bool(manifest.get("defaults", {}).get("profile")))
+    sentences = finding_parts(runs, steps, evidence, epochs, table=full) + speed.trial_and_cells(
+        verdict_table, full, runs, tables["phases"], launcher, tables["trials"])
+    first = answer_block.preface(manifest["environment"], manifest["device"], verdict_table,
+                                 bool(manifest["defaults"].get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))
                  for (model, dataset), part in verdict_table.groupby(["model", "dataset"], sort=False)]
     cells = [t] if (t := manifest.get("defaults", {}).get("threads")) else []  # the trials': the launcher's
@@ -520,21 +482,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             **{f"answer_{fmt}": answer_block.render(verdict_table, fmt, first) for fmt in ("html", "markdown", "text")}}
 
 
-def _page_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool,
-                  said: list[dict]) -> dict:
-    """Everything report.html is rendered from: the figures are drawn while the rest of the page is built."""
-    summary = _summary_context(run_dir, manifest, tables, said)
-    figures = _draw(run_dir, tables, summary, manifest["device"]) if draw else lambda cancel=False: []
-    try:
-        rest = _page_rest(run_dir, manifest, tables, summary, draw)
-    except BaseException:
-        figures(cancel=True)  # no drawing process outlives a failed page
-        raise
-    return {**rest, "figures": figures()}
-
-
 def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], summary: dict, draw: bool) -> dict:
-    """The page's context but its figures (_page_context)."""
+    """The page's context but its figures, which are drawn meanwhile (_render)."""
     runs, steps, acc_stats = tables["run"], tables["steps"], summary["accuracy"]
     comparison, init = manifest["defaults"].get("comparison", "aligned"), manifest["defaults"].get("init", "shared")
     device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
@@ -580,16 +529,23 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
     # data/run: each cell's MFU against the run's one ceiling per device and dtype, as the report prints it
-    records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))}
-                          if "run" in tables else tables)
-    held = [name for name, df in tables.items() if df is not None and not df.empty] + ["verdicts"]  # data/'s
-    # the Data parallel section reads every cell, the others the 1-worker cells (`every` is empty without replicas)
-    single, every = dataparallel.split(tables)
-    parallel = dataparallel.section(every, _evidence(manifest), manifest["device"])  # DATA PARALLEL (None: none)
+    records.export_tables(run_dir, {**tables, "run": with_run_ceiling(records.migrate(tables["run"]))})
+    held = [name for name, df in tables.items() if not df.empty] + ["verdicts"]  # data/'s
+    single, every = dataparallel.split(tables)  # the Data parallel section's cells (none without replicas): every
+    evidence = {**manifest["environment"], "calibrations": manifest.get("calibrations", []),
+                "device": manifest["device"]}  # what the statistics judge the machine from
+    parallel = dataparallel.section(every, evidence, manifest["device"])  # DATA PARALLEL (None: none)
     said = dataparallel.verdict_rows(parallel and parallel["rows"])
     counted = every or single  # the page's counts are over every cell
     status = dict(zip(counted["run"]["cell_id"], counted["run"]["status"])) if not counted["run"].empty else {}
-    context = {**_page_context(run_dir, manifest, single, draw, said),
+    summary = _summary_context(run_dir, manifest, single, said, evidence)
+    figures = _draw(run_dir, single, summary, manifest["device"]) if draw else lambda cancel=False: []
+    try:
+        rest = _page_rest(run_dir, manifest, single, summary, draw)
+    except BaseException:
+        figures(cancel=True)  # no drawing process outlives a failed page
+        raise
+    context = {**rest, "figures": [f for made in figures() for f in (made if isinstance(made, list) else [made]) if f],
                "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
                "sections": [s for s in SECTIONS if s[0] != "data_parallel" or parallel], "records": held,
                "n_ok": sum(v == "ok" for v in status.values()),
@@ -603,7 +559,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
     fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (report/fp8.py)
     context["fp8_html"] = fp8_report.html(fp8, fp8_report.figure(fp8, run_dir / "figures") if draw else None)
-    page, used = glossary.expand_first_use(_env().get_template("report.html").render(**context))
+    page, used = glossary.expand_first_use(JINJA.get_template("report.html").render(**context))
     atomic_write_text(run_dir / "index.html", page.replace("<!--abbreviations-->", glossary.abbreviations_html(used)))
     md = [f"## amp-compare `{manifest['run_id']}` ({manifest['environment'].get('cpu_model', '')}, "
           f"{manifest['device']})", "",
@@ -624,11 +580,12 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
                     context["answer_text"], context["verdicts"], context["conditions"])
 
 
-def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) -> str:
-    """A run's headline in the runs index: its answer's precisions, else each mixed precision's speed and accuracy."""
+def _index_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) -> str:
+    """A run's headline in the runs index: its answer's uses, else its 1-worker cells' mixed speeds and accuracy."""
     if (stored := run_dir / "data" / "verdicts.parquet").exists():
         return "use " + answer_block.uses(pd.read_parquet(stored))
-    table = tb.summary_table(single) if single is not None and not single.empty else pd.DataFrame()
+    single = runs[dataparallel.roles(runs) == "single"] if runs is not None and not runs.empty else pd.DataFrame()
+    table = tb.summary_table(single) if not single.empty else single
     if table.empty:
         return ""
     emulated = fp8_report.speed_emulated(table["precision"], manifest.get("device", "cpu"))
@@ -641,11 +598,8 @@ def _index_headline(run_dir: Path, manifest: dict, single: pd.DataFrame | None) 
         for r, fake in zip(table.itertuples(), emulated) if precisions.is_mixed(r.precision))
 
 
-HEADLINE_FILE = Path("cache") / "index_headline.json"  # a run's headline, kept beside its records
-
-
 def render_runs_index(reports_dir: Path) -> Path:
-    """reports/index.html: every compare run in the folder with its headline, cached in each run's HEADLINE_FILE."""
+    """reports/index.html: every compare run in the folder with its headline, cached in each run's cache/."""
     rows = []
     for run_dir in sorted((p for p in Path(reports_dir).iterdir() if (p / "manifest.json").exists()), reverse=True):
         data = run_dir / "data"
@@ -657,25 +611,21 @@ def render_runs_index(reports_dir: Path) -> Path:
         sources = [run_dir / "manifest.json", data / "run.csv", data / "steps.parquet", data / "verdicts.parquet",
                    *sorted(Path(__file__).parent.glob("*.py"))]
         key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
-        headline, path = None, run_dir / HEADLINE_FILE
+        headline, path = None, run_dir / "cache" / "index_headline.json"
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             stored = json.loads(path.read_text())
             headline = stored["headline"] if stored["key"] == key else None
-        if headline is None:  # the 1-worker cells' headline; the count of finished cells is all of them
-            headline = _index_headline(run_dir, manifest, runs[dataparallel.roles(runs) == "single"]
-                                       if runs is not None and not runs.empty else runs)
+        if headline is None:
+            headline = _index_headline(run_dir, manifest, runs)
             with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
                 path.parent.mkdir(exist_ok=True)
                 atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
-        m = manifest["matrix"]
-        rows.append({
-            "run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
-            "machine": f"{manifest['environment'].get('cpu_model', '')} / {manifest['device']}",
-            "matrix": " × ".join(",".join(map(str, m[k])) for k in ("frameworks", "models", "datasets",
-                                                                      "precisions", "seeds")),
-            "ok": f"{int((runs['status'] == 'ok').sum()) if runs is not None else 0}/{len(manifest['cells'])}",
-            "headline": headline or "n/a",
-        })
+        rows.append({"run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
+                     "machine": f"{manifest['environment'].get('cpu_model', '')} / {manifest['device']}",
+                     "matrix": " × ".join(",".join(map(str, manifest["matrix"][k])) for k in (
+                         "frameworks", "models", "datasets", "precisions", "seeds")),  # every cell counted in ok
+                     "ok": f"{int((runs['status'] == 'ok').sum()) if runs is not None else 0}/{len(manifest['cells'])}",
+                     "headline": headline or "n/a"})
     path = Path(reports_dir) / "index.html"
-    atomic_write_text(path, _env().get_template("index.html").render(runs=rows))
+    atomic_write_text(path, JINJA.get_template("index.html").render(runs=rows))
     return path
