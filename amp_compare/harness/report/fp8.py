@@ -55,8 +55,7 @@ def _versus(runs: pd.DataFrame, cell, other: str) -> tuple[str, str]:
 
 
 def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, str]:
-    """Of one cell's fp8_layers rows: the median over layers of each layer's worst SQNR of its three tensors at
-    `when`, and the worst with its layer and tensor and, where ≥ 0.5%, the share of its nonzero values flushed to 0."""
+    """Of one cell's fp8_layers rows at `when`: the median of each layer's worst SQNR, and the worst, described."""
     mine = cells[cells["when"] == when] if not cells.empty else cells
     if mine.empty:
         return float("nan"), "n/a"
@@ -155,9 +154,8 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
 
 
 def _from_zero(trace: pd.DataFrame) -> pd.DataFrame:
-    """The trace with each cell's first traced step as step 0, less the per-row recipes' rows (their trace holds a
-    per-tensor fmax / amax that recipe never applies)."""
-    if trace is None or trace.empty or "cell_id" not in trace:
+    """The per-tensor recipes' trace (a per-row recipe never applies its per-tensor fmax / amax), steps from 0."""
+    if trace.empty:
         return trace
     modes = trace[["framework", "precision"]].drop_duplicates().itertuples(index=False)
     tensorwise = {(fw, p) for fw, p in modes if getattr(contract.recipe(fw, p), "granularity", "") == "tensor"}
@@ -211,11 +209,7 @@ def figure(sec: dict | None, out: Path) -> str | None:
     """figures/fp8_scales.png: each converted layer's input scale per step, one panel per fp8 cell."""
     if sec is None or sec["trace"].empty:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from amp_compare.harness.report.figures import plt  # on the Agg backend
     trace = sec["trace"][sec["trace"]["role"] == "input"]
     cells = list(trace.groupby(["framework", "precision"]))
     # one colour and dash per layer, the same in every panel, so one legend names them all
