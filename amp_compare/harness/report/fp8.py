@@ -44,10 +44,8 @@ def api_text(row: dict) -> str:
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
 
 
-def _versus(runs: pd.DataFrame, cell, other: str) -> tuple[str, str]:
-    """The fp8 cell's loss and accuracy (paired image by image) minus `other`'s of the same seed: one seed's."""
-    same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
-                & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
+def _versus(same: pd.DataFrame, cell, other: str) -> tuple[str, str]:
+    """The fp8 cell's loss and accuracy (paired image by image) minus `other`'s among `same`, its seed's cells."""
     base = same[same["precision"] == other]
     pairs = correct_pairs(base, same[same["precision"] == cell.precision])
     return ("n/a" if base.empty else f"{cell.final_val_loss - float(base.iloc[0]['final_val_loss']):+.4f}",
@@ -95,7 +93,9 @@ def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> 
     for cell in fp8_runs.itertuples():
         cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
         median, worst = sqnr(cells)
-        (loss_b, acc_b), (loss_32, acc_32) = (_versus(runs, cell, p) for p in (contract.PARTNER, "fp32"))
+        same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
+                    & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
+        (loss_b, acc_b), (loss_32, acc_32) = (_versus(same, cell, p) for p in (contract.PARTNER, "fp32"))
         rows.append({
             "framework": framework_label(cell.framework), "precision": cell.precision, "seed": cell.seed,
             "layers in fp8": len(phrases.evidence(getattr(cell, "fp8_settings", "")).get("converted", [])),
