@@ -40,8 +40,10 @@ LINES = {"hue": "Framework", "style": "Precision", "palette": FRAMEWORK_COLORS, 
          "dashes": {p: d for p, (d, _) in _STYLES.items()}, "markers": {p: m for p, (_, m) in _STYLES.items()}}
 
 
-# key: the file stem under figures/; section: the report section it belongs to; caption: what to notice
-Figure = namedtuple("Figure", "key section title caption alt")
+class Figure(namedtuple("Figure", "key section title caption alt")):  # key: its file stem under figures/
+    def saved(self, fig, out_dir: Path) -> Figure:  # `fig` written to out_dir as <key>.png and .svg
+        _save(fig, out_dir, self.key)
+        return self
 
 
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
@@ -267,7 +269,6 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
         ax.set_ylim(-0.6, len(labels) - 0.2)
         ax.set(title=f"{model} on {dataset}", xlabel="× fp32's speed (log scale; right of 1: faster)")
     plain_log_labels(fig, "x")
-    _save(fig, out_dir, "speed_verdicts")
     kinds = sorted({phrases.interval_words(v) for v in speed.itertuples()} - {""})
     return Figure("speed_verdicts", "speed", "Speed verdicts",
                   "Each point is a mixed precision's speed verdict from the speed trials: fp32's step time over its "
@@ -275,7 +276,7 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
                   + (f" ({', '.join(kinds)})" if kinds else "") + ", coloured by the verdict (teal faster, red "
                   "slower, grey neither). Right of the dashed 1× line: faster than fp32.",
                   "Dot plot of each framework and mixed precision's speed relative to fp32, with intervals, on a "
-                  "log axis with a line at 1x.")
+                  "log axis with a line at 1x.").saved(fig, out_dir)
 
 
 def _memory_labels(table: pd.DataFrame) -> pd.DataFrame:
@@ -340,7 +341,6 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
     """The Loss scaling section: the scale per step of the loss-scaled cells, skipped steps marked."""
     if steps.empty or (scaled := steps[steps["precision"].isin(precisions.scaled_names())]).empty:
         return []
-    _save(loss_scale_grid(scaled).figure, out_dir, "loss_scale")
     per = [k for k in ("model", "dataset") if k in scaled and scaled[k].nunique() > 1]
     counts = ", ".join(
         f"{' '.join(map(str, key[:len(per)]))}{' ' if per else ''}{framework_label(key[-1])} {key[-2]}: "
@@ -352,7 +352,7 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    f"records, not a median over seeds); an X marks that cell's own skipped step, at the scale it "
                    f"skipped at ({counts}).",
                    "Step chart of the loss scale per step, in powers of two, one line per seed of each "
-                   "loss-scaled run of each framework.")]
+                   "loss-scaled run of each framework.").saved(loss_scale_grid(scaled).figure, out_dir)]
 
 
 def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device: str = "cpu",
@@ -407,13 +407,13 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
         grid.set_titles("{col_name} loop")
     grid.set_axis_labels("Batch size (images per step, log scale)", "Speed-up against fp32 at the same batch (×)")
     grid.figure.suptitle(title, y=1.03)
-    _save(grid.figure, out_dir, "speedup_vs_batch")
     return [Figure("speedup_vs_batch", "speed", title,
                    "Each line is one framework in one mixed precision: its throughput (wall time) over the same "
                    "framework's fp32 at the same batch size and loop. A speed-up that grows with the batch means the "
                    "smaller batches were bound by per-step host cost (Python, kernel launches, syncs), not by "
                    "arithmetic: a property of the loop and the batch size, not of AMP.",
-                   "Line chart of speed-up against batch size for each framework and precision.")]
+                   "Line chart of speed-up against batch size for each framework and "
+                   "precision.").saved(grid.figure, out_dir)]
 
 
 def untangle_x_labels(fig) -> None:
@@ -451,7 +451,6 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     grid.set_titles("{row_name}, {col_name}")
     grid.figure.suptitle("Gradient underflow in float16 at the last step", y=1.02)
     untangle_x_labels(grid.figure)
-    _save(grid.figure, out_dir, "underflow")
     models = shown["model"].astype(str) if "model" in shown else pd.Series("", index=shown.index)
     params = ", ".join(sorted(set(shown["param"].astype(str)), key=lambda p: (p != "weight", p)))
     seeds = _per_model_text(shown.groupby(models)["seed"].nunique().map(lambda n: [n]), "seeds per bar:")
@@ -473,7 +472,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
                  "finds there is rounding residue, not underflow.")
     return Figure("underflow", "numerics", "Gradient underflow per layer", text,
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
-                  "unscaled and scaled, per framework and precision.")
+                  "unscaled and scaled, per framework and precision.").saved(grid.figure, out_dir)
 
 
 def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -> str:
@@ -504,7 +503,6 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
         ax.set_xlim(min(low, -26), high)
     _finish(grid, "Gradient magnitudes against float16's range, last step",
             "log2 |gradient × loss scale in use|\n(float16: 0 below −25, inf above 16)", "Non-zero elements (%)")
-    _save(grid.figure, out_dir, "gradient_histogram")
     return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
                   "layers), by power of two of |gradient| times the loss scale the cell used. Shaded: what float16 "
@@ -514,7 +512,8 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                   "long as the right one stays out of the shade. The Numerics section says how close each cell came "
                   "to float16's largest value.",
                   "Step chart per framework of the percentage of gradient elements per power of two of the scaled "
-                  "gradient magnitude, with float16's underflow and overflow regions shaded.")
+                  "gradient magnitude, with float16's underflow and overflow regions "
+                  "shaded.").saved(grid.figure, out_dir)
 
 
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
@@ -551,7 +550,6 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
             ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
         name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
         ax.set_title(name + (f" — dotted: target {row['target'].iloc[0]:.1%}" if shown else ""))
-    _save(grid.figure, out_dir, "time_to_accuracy")
     judged = targets[(targets["too_short"] == "") & np.isfinite(targets["target"].astype(float))]
     bases = [f"{r.panel}: {r.target:.1%}, {r.target_basis}" for r in judged.itertuples()]
     target_text = ((f"The dotted line is the target ({bases[0].split(': ', 1)[1]})" if len(bases) == 1 else
@@ -569,7 +567,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
                   f"the training time spent so far. {target_text}{busy_said} Panels: " + "; ".join(panels) + "." + left,
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
-                  "with a dotted horizontal target line.")
+                  "with a dotted horizontal target line.").saved(grid.figure, out_dir)
 
 
 def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
@@ -624,7 +622,6 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     bad = "; ".join(f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} from epoch "
                     f"{int(g['epoch'].min()) + 1}" for (fw, prec), g in bad.sort_values(
                         ["framework", "precision"], key=display_order).groupby(["framework", "precision"], sort=False))
-    _save(fig, out_dir, "headroom")
     return Figure("headroom", "numerics", "ViT headroom per block",
                   "The largest |attention logit| (what enters the softmax) and the largest |input| of the block's "
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
@@ -639,4 +636,5 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                      f"ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}." if naive else "")
                   + (f" Measured on {cpu}." if cpu else ""),
                   "Line charts, log scale, of the largest attention logit and LayerNorm input per epoch for each "
-                  "transformer block, per precision and framework, with float16's maximum as a reference line.")
+                  "transformer block, per precision and framework, with float16's maximum as a reference "
+                  "line.").saved(fig, out_dir)
