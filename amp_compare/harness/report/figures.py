@@ -3,7 +3,7 @@ style / marker per precision, PNG and SVG, each with a title, axis units, a capt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +17,7 @@ import seaborn as sns  # noqa: E402
 
 from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
+from amp_compare.contract.fp8 import FP8_MODES  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
 from amp_compare.harness.report import memory, phrases, scaling, stats, tables  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
@@ -30,9 +31,7 @@ def laid_out(fig):
 
 
 # seaborn sizes a legend outside a grid by drawing the figure twice; all it reads is the layout (same PNGs)
-for _module in (sns.axisgrid, sns.categorical):
-    if hasattr(_module, "_draw_figure"):
-        _module._draw_figure = laid_out
+sns.axisgrid._draw_figure = sns.categorical._draw_figure = laid_out
 
 FRAMEWORK_COLORS = dict(zip(FRAMEWORK_LABELS.values(), ("#d1495b", "#00798c", "#edae49", "#66a182")))
 _STYLES = {"fp32": ("", "o"), "fp16": ((5, 2), "s"), "bf16": ((1, 1.5), "^"), "fp16-noscale": ((3, 1, 1, 1), "v"),
@@ -41,13 +40,10 @@ LINES = {"hue": "Framework", "style": "Precision", "palette": FRAMEWORK_COLORS, 
          "dashes": {p: d for p, (d, _) in _STYLES.items()}, "markers": {p: m for p, (_, m) in _STYLES.items()}}
 
 
-@dataclass
-class Figure:
-    key: str  # file stem under figures/
-    section: str  # report section it belongs to
-    title: str
-    caption: str  # what to notice
-    alt: str
+class Figure(namedtuple("Figure", "key section title caption alt")):  # key: its file stem under figures/
+    def saved(self, fig, out_dir: Path) -> Figure:  # `fig` written to out_dir as <key>.png and .svg
+        _save(fig, out_dir, self.key)
+        return self
 
 
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
@@ -100,10 +96,10 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
     grid = sns.catplot(data=df, kind="bar", x="Precision", y=y, hue="Framework", palette=FRAMEWORK_COLORS,
                        estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
     for ax, part in _per_panel(grid, _labelled(table)):
+        labels = dict(zip(zip(part["Framework"], part["precision"]), part[annotate]))
         for container, framework in zip(ax.containers, df["Framework"].cat.categories):  # a bar per precision
-            values = part[part["Framework"] == framework].set_index("precision")[annotate]
             for bar, prec in zip(container, df["Precision"].cat.categories):
-                if not (label := values[prec] if prec in values else ""):
+                if not (label := labels.get((framework, prec), "")):
                     continue
                 left, right, top = bar.get_x(), bar.get_x() + bar.get_width(), bar.get_height()
                 for line in ax.get_lines():  # an error bar and its caps are one line, NaN between the parts
@@ -229,8 +225,7 @@ def loss_scale_grid(scaled: pd.DataFrame):
     return grid
 
 
-# a cell's time per step over its speed trial's median step above which the machine was busy (idle: 0.64-1.36x)
-BUSY_SLOWDOWN = 1.4
+BUSY_SLOWDOWN = 1.4  # a cell's step time over its speed trial's median step beyond which the machine was busy
 
 
 def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
@@ -244,9 +239,8 @@ def busy_cells(runs: pd.DataFrame, trials: pd.DataFrame | None) -> pd.Series:
     blocks = trials[~trials["contended"].astype(bool)] if "contended" in trials else trials
     step = (blocks["wall_s"] / blocks["steps"]).groupby([blocks[k] for k in keys]).median().rename("trial_step")
     cells = tables.with_loop_columns(ok.assign(threads=ok["cfg_threads"])).join(step, on=keys)  # its thread count
-    slowdown = (cells["batch_size"] / cells["throughput_img_s"]) / cells["trial_step"]
-    busy = slowdown > BUSY_SLOWDOWN
-    return pd.Series(slowdown[busy].to_numpy(dtype=float), index=cells.loc[busy, "cell_id"]).sort_index()
+    slowdown = ((cells["batch_size"] / cells["throughput_img_s"]) / cells["trial_step"]).set_axis(cells["cell_id"])
+    return slowdown[slowdown > BUSY_SLOWDOWN].astype(float).sort_index()
 
 
 def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure | None:
@@ -275,7 +269,6 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
         ax.set_ylim(-0.6, len(labels) - 0.2)
         ax.set(title=f"{model} on {dataset}", xlabel="× fp32's speed (log scale; right of 1: faster)")
     plain_log_labels(fig, "x")
-    _save(fig, out_dir, "speed_verdicts")
     kinds = sorted({phrases.interval_words(v) for v in speed.itertuples()} - {""})
     return Figure("speed_verdicts", "speed", "Speed verdicts",
                   "Each point is a mixed precision's speed verdict from the speed trials: fp32's step time over its "
@@ -283,7 +276,7 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
                   + (f" ({', '.join(kinds)})" if kinds else "") + ", coloured by the verdict (teal faster, red "
                   "slower, grey neither). Right of the dashed 1× line: faster than fp32.",
                   "Dot plot of each framework and mixed precision's speed relative to fp32, with intervals, on a "
-                  "log axis with a line at 1x.")
+                  "log axis with a line at 1x.").saved(fig, out_dir)
 
 
 def _memory_labels(table: pd.DataFrame) -> pd.DataFrame:
@@ -291,12 +284,9 @@ def _memory_labels(table: pd.DataFrame) -> pd.DataFrame:
     out = table.copy()
     out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
     out["memory_cut"] = out["budget_cut"].fillna(0).gt(0)  # no verdict
-    labels = pd.Series(["cut" if r.memory_cut else "undecided" if r.memory_unresolved
-                        else "" if not np.isfinite(r.memory_change_vs_fp32)
-                        else f"{r.memory_change_vs_fp32:+.0%}" for r in out.itertuples()], index=out.index)
-    marked = out["memory_note"].fillna("").astype(str) != ""
-    out["memory_label"] = labels.where(~(marked & (labels != "") & ~out["memory_unresolved"] & ~out["memory_cut"]),
-                                       labels + " ⚠")
+    out["memory_label"] = ["cut" if r.memory_cut else "undecided" if r.memory_unresolved
+                           else "" if not np.isfinite(r.memory_change_vs_fp32) else f"{r.memory_change_vs_fp32:+.0%}"
+                           + (" ⚠" if pd.notna(r.memory_note) and str(r.memory_note) else "") for r in out.itertuples()]
     return out
 
 
@@ -304,10 +294,9 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
     """Peak memory bars (an emulated fp8 left out: its memory is the emulation's), _memory_labels' labels."""
     kinds = ", ".join(sorted(set(ok["memory_kind"].dropna())))
     left_out = sorted(set(table.loc[table["emulated"], "precision"]))
-    measured = ~ok["precision"].isin(left_out)
     mem_table = _memory_labels(table[~table["emulated"]])
-    _save(_bar(ok[measured], mem_table, "peak_memory_mib", "Peak memory during training (MiB)", "Peak memory",
-               "memory_label"), out_dir, "memory")
+    _save(_bar(ok[~ok["precision"].isin(left_out)], mem_table, "peak_memory_mib", "Peak memory during training (MiB)",
+               "Peak memory", "memory_label"), out_dir, "memory")
     ratios = (np.isfinite(mem_table["memory_change_vs_fp32"].astype(float)) & ~mem_table["memory_unresolved"]
               & ~mem_table["precision"].isin([precisions.REFERENCE]))  # a decided mixed precision: its change
     not_drawn = (f" Not drawn: {', '.join(left_out)}, emulated on this CPU ({fp8_report.EMULATED_MEMORY})."
@@ -352,8 +341,6 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
     """The Loss scaling section: the scale per step of the loss-scaled cells, skipped steps marked."""
     if steps.empty or (scaled := steps[steps["precision"].isin(precisions.scaled_names())]).empty:
         return []
-    grid = loss_scale_grid(scaled)
-    _save(grid.figure, out_dir, "loss_scale")
     per = [k for k in ("model", "dataset") if k in scaled and scaled[k].nunique() > 1]
     counts = ", ".join(
         f"{' '.join(map(str, key[:len(per)]))}{' ' if per else ''}{framework_label(key[-1])} {key[-2]}: "
@@ -365,7 +352,7 @@ def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
                    f"records, not a median over seeds); an X marks that cell's own skipped step, at the scale it "
                    f"skipped at ({counts}).",
                    "Step chart of the loss scale per step, in powers of two, one line per seed of each "
-                   "loss-scaled run of each framework.")]
+                   "loss-scaled run of each framework.").saved(loss_scale_grid(scaled).figure, out_dir)]
 
 
 def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device: str = "cpu",
@@ -420,13 +407,13 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
         grid.set_titles("{col_name} loop")
     grid.set_axis_labels("Batch size (images per step, log scale)", "Speed-up against fp32 at the same batch (×)")
     grid.figure.suptitle(title, y=1.03)
-    _save(grid.figure, out_dir, "speedup_vs_batch")
     return [Figure("speedup_vs_batch", "speed", title,
                    "Each line is one framework in one mixed precision: its throughput (wall time) over the same "
                    "framework's fp32 at the same batch size and loop. A speed-up that grows with the batch means the "
                    "smaller batches were bound by per-step host cost (Python, kernel launches, syncs), not by "
                    "arithmetic: a property of the loop and the batch size, not of AMP.",
-                   "Line chart of speed-up against batch size for each framework and precision.")]
+                   "Line chart of speed-up against batch size for each framework and "
+                   "precision.").saved(grid.figure, out_dir)]
 
 
 def untangle_x_labels(fig) -> None:
@@ -445,8 +432,8 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     if underflow.empty or (last := underflow[underflow["when"] == "last step"]).empty:
         return None
     zero = scaling.zero_gradient(last)
-    residue, df = last[zero], _labelled(last[~zero])
-    if df.empty:
+    residue, shown = last[zero], last[~zero]
+    if (df := _labelled(shown)).empty:
         return None
     if "model" in df and df["model"].nunique() > 1:  # two models' `fc` layers are two bars
         df = df.assign(layer=df["model"].astype(str) + ": " + df["layer"].astype(str))
@@ -464,8 +451,6 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
     grid.set_titles("{row_name}, {col_name}")
     grid.figure.suptitle("Gradient underflow in float16 at the last step", y=1.02)
     untangle_x_labels(grid.figure)
-    _save(grid.figure, out_dir, "underflow")
-    shown = last.drop(residue.index)
     models = shown["model"].astype(str) if "model" in shown else pd.Series("", index=shown.index)
     params = ", ".join(sorted(set(shown["param"].astype(str)), key=lambda p: (p != "weight", p)))
     seeds = _per_model_text(shown.groupby(models)["seed"].nunique().map(lambda n: [n]), "seeds per bar:")
@@ -487,7 +472,7 @@ def make_underflow_figure(underflow: pd.DataFrame, out_dir: Path) -> Figure | No
                  "finds there is rounding residue, not underflow.")
     return Figure("underflow", "numerics", "Gradient underflow per layer", text,
                   "Bar charts of the percentage of gradient elements per layer that float16 would flush to zero, "
-                  "unscaled and scaled, per framework and precision.")
+                  "unscaled and scaled, per framework and precision.").saved(grid.figure, out_dir)
 
 
 def _per_model_text(by_model: pd.Series, word: str, plural: str | None = None) -> str:
@@ -518,7 +503,6 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
         ax.set_xlim(min(low, -26), high)
     _finish(grid, "Gradient magnitudes against float16's range, last step",
             "log2 |gradient × loss scale in use|\n(float16: 0 below −25, inf above 16)", "Non-zero elements (%)")
-    _save(grid.figure, out_dir, "gradient_histogram")
     return Figure("gradient_histogram", "numerics", "Gradient magnitudes against float16's range",
                   "Each framework's non-zero float32 reference gradient elements at the last step (first seed, all "
                   "layers), by power of two of |gradient| times the loss scale the cell used. Shaded: what float16 "
@@ -528,7 +512,8 @@ def make_gradient_histogram_figure(underflow: pd.DataFrame, out_dir: Path) -> Fi
                   "long as the right one stays out of the shade. The Numerics section says how close each cell came "
                   "to float16's largest value.",
                   "Step chart per framework of the percentage of gradient elements per power of two of the scaled "
-                  "gradient magnitude, with float16's underflow and overflow regions shaded.")
+                  "gradient magnitude, with float16's underflow and overflow regions "
+                  "shaded.").saved(grid.figure, out_dir)
 
 
 def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: pd.DataFrame,
@@ -536,14 +521,12 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     """Validation accuracy against cumulative training time per cell, each panel's target dotted."""
     ok = tables.ok_runs(runs)
     cut_group = stats.cut_groups(ok, [c for c in ("machine", "framework", "model", "dataset", "precision") if c in ok])
-    named, whole = [], True  # the precisions the speed budget stopped a cell of, with the seeds where not all
-    for (f, m, p), part in ok[cut_group].groupby(["framework", "model", "precision"], sort=False):
-        seeds = sorted(part.loc[stats.budgeted(part), "seed"])
-        whole = whole and len(seeds) == len(part)
-        named.append(f"{framework_label(f)} {m} {p}" + ("" if len(seeds) == len(part) else
-                     f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} of {len(part)} stopped)"))
-    left = ("" if not named else f" Not drawn: {', '.join(named)} (the speed budget stopped "
-            + ("them: their time to accuracy is not compared)." if whole else
+    cut = [(f"{framework_label(f)} {m} {p}", sorted(part.loc[stats.budgeted(part), "seed"]), len(part))  # stopped
+           for (f, m, p), part in ok[cut_group].groupby(["framework", "model", "precision"], sort=False)]
+    named = [name + ("" if len(s) == n else f" (seed{'s' * (len(s) > 1)} {', '.join(map(str, s))} of {n} stopped)")
+             for name, s, n in cut]  # the seeds named where not all
+    left = ("" if not cut else f" Not drawn: {', '.join(named)} (the speed budget stopped "
+            + ("them: their time to accuracy is not compared)." if all(len(s) == n for _, s, n in cut) else
                "them, or the seeds named: a precision with a stopped cell has no time to accuracy compared)."))
     ok = ok[~cut_group]
     if ok.empty or epochs.empty or acc.empty or (e := epochs[epochs["cell_id"].isin(set(ok["cell_id"]))]).empty:
@@ -557,8 +540,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     grid = sns.relplot(data=df, kind="line", x="train_wall_s", y="val_accuracy_pct", **LINES, units="cell_id",
                        estimator=None, linewidth=1, height=4.2, aspect=1.7,
                        **({"col": "panel", "col_order": panels} if len(panels) > 1 else {}))
-    targets = acc.drop_duplicates(keys).copy()
-    targets["panel"] = targets[keys].astype(str).agg(" · ".join, axis=1)
+    targets = acc.drop_duplicates(keys).assign(panel=lambda t: t[keys].astype(str).agg(" · ".join, axis=1))
     _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
             "excluded)", "Validation accuracy (%)")
     for panel, ax in zip(panels, grid.axes.flat):  # the target's line, and its value in the title, clear of the data
@@ -568,7 +550,6 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
             ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
         name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
         ax.set_title(name + (f" — dotted: target {row['target'].iloc[0]:.1%}" if shown else ""))
-    _save(grid.figure, out_dir, "time_to_accuracy")
     judged = targets[(targets["too_short"] == "") & np.isfinite(targets["target"].astype(float))]
     bases = [f"{r.panel}: {r.target:.1%}, {r.target_basis}" for r in judged.itertuples()]
     target_text = ((f"The dotted line is the target ({bases[0].split(': ', 1)[1]})" if len(bases) == 1 else
@@ -586,7 +567,7 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
                   f"Each line is one cell (one seed), a point per epoch: validation accuracy after that epoch against "
                   f"the training time spent so far. {target_text}{busy_said} Panels: " + "; ".join(panels) + "." + left,
                   "Line chart of validation accuracy in percent against cumulative training seconds per cell, "
-                  "with a dotted horizontal target line.")
+                  "with a dotted horizontal target line.").saved(grid.figure, out_dir)
 
 
 def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -> None:
@@ -610,6 +591,7 @@ def _headroom_panel(ax, part: pd.DataFrame, colours: dict, naive_logits: bool) -
 
 def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Figure | None:
     """The vit's largest attention logit and LayerNorm input per block and epoch against float16's max."""
+    headroom = headroom[~headroom["precision"].isin(FP8_MODES)]  # float16's range says nothing of fp8
     blocks = nr.headroom_per_block(headroom, runs)
     if blocks.empty or (blocks := blocks[np.isfinite(blocks["max_abs"].to_numpy(dtype=float))
                                          & (blocks["max_abs"] > 0)]).empty:
@@ -629,9 +611,8 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
             ax.set_title(f"{prec} · {nr.QUANTITY_LABELS[quantity]}", fontsize=9)
             ax.set_xlabel("Epoch (counting from 1)" if r == len(quantities) - 1 else "")
             ax.set_ylabel("Largest |value| (log)" if c == 0 else "")
-    shown = {}  # every block x framework that appears anywhere, once, in order of first appearance
-    for ax in axes.flat:
-        shown.update({lab: h for h, lab in zip(*ax.get_legend_handles_labels()) if lab not in shown})
+    # every block x framework that appears anywhere, once, in order of first appearance (alike in every panel)
+    shown = {lab: h for ax in axes.flat for h, lab in zip(*ax.get_legend_handles_labels())}
     fig.legend(list(shown.values()), list(shown), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
                title="block · framework")
     fig.suptitle("ViT headroom per block over training", y=1.02)
@@ -641,7 +622,6 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
     bad = "; ".join(f"{framework_label(fw)} {prec}: {', '.join(dict.fromkeys(g['layer']))} from epoch "
                     f"{int(g['epoch'].min()) + 1}" for (fw, prec), g in bad.sort_values(
                         ["framework", "precision"], key=display_order).groupby(["framework", "precision"], sort=False))
-    _save(fig, out_dir, "headroom")
     return Figure("headroom", "numerics", "ViT headroom per block",
                   "The largest |attention logit| (what enters the softmax) and the largest |input| of the block's "
                   "LayerNorms in each epoch's training steps, per block, framework and precision (recorded inside "
@@ -656,4 +636,5 @@ def make_headroom_figure(headroom: pd.DataFrame, runs: pd.DataFrame, out_dir: Pa
                      f"ln({FP16_MAX:,.0f}) ≈ {FP16_EXP_LIMIT:.1f}." if naive else "")
                   + (f" Measured on {cpu}." if cpu else ""),
                   "Line charts, log scale, of the largest attention logit and LayerNorm input per epoch for each "
-                  "transformer block, per precision and framework, with float16's maximum as a reference line.")
+                  "transformer block, per precision and framework, with float16's maximum as a reference "
+                  "line.").saved(fig, out_dir)

@@ -44,10 +44,8 @@ def api_text(row: dict) -> str:
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
 
 
-def _versus(runs: pd.DataFrame, cell, other: str) -> tuple[str, str]:
-    """The fp8 cell's loss and accuracy (paired image by image) minus `other`'s of the same seed: one seed's."""
-    same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
-                & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
+def _versus(same: pd.DataFrame, cell, other: str) -> tuple[str, str]:
+    """The fp8 cell's loss and accuracy (paired image by image) minus `other`'s among `same`, its seed's cells."""
     base = same[same["precision"] == other]
     pairs = correct_pairs(base, same[same["precision"] == cell.precision])
     return ("n/a" if base.empty else f"{cell.final_val_loss - float(base.iloc[0]['final_val_loss']):+.4f}",
@@ -55,8 +53,7 @@ def _versus(runs: pd.DataFrame, cell, other: str) -> tuple[str, str]:
 
 
 def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, str]:
-    """Of one cell's fp8_layers rows: the median over layers of each layer's worst SQNR of its three tensors at
-    `when`, and the worst with its layer and tensor and, where ≥ 0.5%, the share of its nonzero values flushed to 0."""
+    """Of one cell's fp8_layers rows at `when`: the median of each layer's worst SQNR, and the worst, described."""
     mine = cells[cells["when"] == when] if not cells.empty else cells
     if mine.empty:
         return float("nan"), "n/a"
@@ -96,7 +93,9 @@ def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> 
     for cell in fp8_runs.itertuples():
         cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
         median, worst = sqnr(cells)
-        (loss_b, acc_b), (loss_32, acc_32) = (_versus(runs, cell, p) for p in (contract.PARTNER, "fp32"))
+        same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
+                    & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
+        (loss_b, acc_b), (loss_32, acc_32) = (_versus(same, cell, p) for p in (contract.PARTNER, "fp32"))
         rows.append({
             "framework": framework_label(cell.framework), "precision": cell.precision, "seed": cell.seed,
             "layers in fp8": len(phrases.evidence(getattr(cell, "fp8_settings", "")).get("converted", [])),
@@ -155,9 +154,8 @@ def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, 
 
 
 def _from_zero(trace: pd.DataFrame) -> pd.DataFrame:
-    """The trace with each cell's first traced step as step 0, less the per-row recipes' rows (their trace holds a
-    per-tensor fmax / amax that recipe never applies)."""
-    if trace is None or trace.empty or "cell_id" not in trace:
+    """The per-tensor recipes' trace (a per-row recipe never applies its per-tensor fmax / amax), steps from 0."""
+    if trace.empty:
         return trace
     modes = trace[["framework", "precision"]].drop_duplicates().itertuples(index=False)
     tensorwise = {(fw, p) for fw, p in modes if getattr(contract.recipe(fw, p), "granularity", "") == "tensor"}
@@ -211,11 +209,7 @@ def figure(sec: dict | None, out: Path) -> str | None:
     """figures/fp8_scales.png: each converted layer's input scale per step, one panel per fp8 cell."""
     if sec is None or sec["trace"].empty:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from amp_compare.harness.report.figures import plt  # on the Agg backend
     trace = sec["trace"][sec["trace"]["role"] == "input"]
     cells = list(trace.groupby(["framework", "precision"]))
     # one colour and dash per layer, the same in every panel, so one legend names them all
