@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
-from amp_compare.contract.config import KERAS_BACKENDS, display_order, ordered
+from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order, ordered
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
@@ -178,20 +178,24 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
     cols = ["framework", "precision", "log2", "count", "loss_scale"]
     if underflow.empty or "log2_hist" not in underflow:
         return pd.DataFrame(columns=cols)
-    sel = _float16_probe(underflow)
-    rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
-    for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
+    rows, per = [], [k for k in ("model", "dataset") if k in underflow]  # never two models' elements in one count
+    for _, g in _float16_probe(underflow):
         total = sum((Counter(stats.log2_histogram(text)) for text in g["log2_hist"]), Counter())  # zeros dropped
-        rows += [{**dict(zip(per, key[:len(per)])), "framework": key[-2], "precision": key[-1], "log2": k,
-                  "count": v, "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
+        rows += [{**{k: g[k].iloc[0] for k in [*per, "framework", "precision"]}, "log2": k, "count": v,
+                  "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
     out = pd.DataFrame(rows, columns=[*per, *cols])
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
 
-def _float16_probe(underflow: pd.DataFrame) -> pd.DataFrame:
-    """The underflow probe's rows of the float16 modes at the last step, first seed."""
+def _float16_probe(underflow: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The underflow probe's rows of the float16 modes at the last step, first seed, per [model x] framework x
+    precision in display order, each with its words ("vit on synthetic, PyTorch fp16")."""
     sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
-    return sel[sel["seed"] == sel["seed"].min()]
+    if (sel := sel[sel["seed"] == sel["seed"].min()]).empty:
+        return []
+    sel, per = sel.sort_values(["framework", "precision"], key=display_order, kind="stable"), _per_model(underflow)
+    return [(f"{_who(per, key)}{_label(key[-2])} {key[-1]}", g)
+            for key, g in sel.groupby([*per, "framework", "precision"], sort=False)]
 
 
 def _per_model(df: pd.DataFrame) -> list[str]:
@@ -213,24 +217,24 @@ def scaled_bound(top: int, scale: float) -> tuple[float, str]:
 def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
     """Per framework x float16 mode: the probe's largest parameter gradient after the last step against
     float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
-    hist = gradient_histogram(underflow)
-    if hist.empty:
+    if underflow.empty or "log2_hist" not in underflow:
         return []
-    probe, per = _float16_probe(underflow), [k for k in _per_model(underflow) if k in hist]
+    groups = [(who, g, tops) for who, g in _float16_probe(underflow)
+              if (tops := [k for text in g["log2_hist"] for k, n in stats.log2_histogram(text).items() if n > 0])]
+    # in gradient_histogram's row order: framework, precision, then the smallest magnitude held
+    groups.sort(key=lambda t: (*(DISPLAY_ORDER[t[1][k].iloc[0]] for k in ("framework", "precision")), min(t[2])))
     out, explained = [], set()
-    groups = list(hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False))
-    for key, g in groups:
-        top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
+    for who, g, tops in groups:
+        top, scale = max(tops), float(g["loss_scale"].iloc[0])
         bound, below = scaled_bound(top, scale)
-        rows = probe[np.logical_and.reduce([probe[k] == v for k, v in zip([*per, "framework", "precision"], key)])]
-        w = rows["nonzero"].to_numpy(float)
-        over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
+        w = g["nonzero"].to_numpy(float)
+        over = float((g["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
         scaled = f"; {below}" if scale != 1 else ""
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
-        record = scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]], explained) \
+        record = scale_record_text(steps[steps["cell_id"] == g["cell_id"].iloc[0]], explained) \
             if steps is not None and not steps.empty else ""  # what a skip means: said in the first that has one
-        out.append(f"{_who(per, key)}{_label(key[-2])} {key[-1]}, after the last step (the first batch again): the "
-                   f"largest |parameter gradient| was below 2^{top + 1}{scaled}{reach}"
+        out.append(f"{who}, after the last step (the first batch again): the largest |parameter gradient| was below "
+                   f"2^{top + 1}{scaled}{reach}"
                    + ("" if out else  # what the bound does not bound, said once
                       f" — a bound{', like each below,' if len(groups) > 1 else ''} on the parameter gradients at "
                       f"{'its' if len(groups) > 1 else 'this'} probe only, not on other steps' nor on the intermediate "
@@ -295,10 +299,8 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     (UNDERFLOW_METHODS' second) and in which layers, with those zero only at the scale (cancellation) apart."""
     if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
         return []
-    sel = _float16_probe(underflow)
-    sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
-    out, per = [], _per_model(sel)
-    for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
+    out = []
+    for who, g in _float16_probe(underflow):
         scale = float(g["loss_scale"].iloc[0])
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
@@ -323,8 +325,8 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
                  + (f", then {said[1]}" if len(said) > 1 else "") if 2 * top > total else  # "most": over half
                  f"they were spread over {len(order)} layers, none holding most of them: {', '.join(said[:3])}"
                  + (f" and {len(order) - 3} more layers" if len(order) > 3 else ""))
-        out.append(f"{_who(per, key)}{_label(key[-2])} {key[-1]}, after the last step: {counted} came out exactly "
-                   f"zero in the real float16 backward{at}" + (f"; {where}{residue}" if total else "")
+        out.append(f"{who}, after the last step: {counted} came out exactly zero in the real float16 backward{at}"
+                   + (f"; {where}{residue}" if total else "")
                    + (f"; {int(gone):,} ({phrases.share(gone / nonzero)}) did only at the scale (float16 cancellation)."
                       if gone else "."))
     return out
@@ -528,7 +530,6 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
                      "one in elements the loss does not read (the vit's head reads only the class token's row): it "
                      "reached the update through the gradients.",
         "no_nonfinite": "No cell met a non-finite loss or gradient.",
-        "nothing_happened": "No loss-scaling or numerics events to report in this run.",
         "no_scaled": "No loss-scaled cell in this run, so no loss-scale figure.",
     }
 
