@@ -1,5 +1,4 @@
-"""The report's Numerics and "What happened" sections from the record tables: loss-scale counts, underflow shares,
-the dtype audit side by side, the NaN/Inf locator's findings, gradient and attention headroom, and their sentences."""
+"""The report's Numerics and "What happened" sections: their tables and sentences, from the record tables."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_o
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
-from amp_compare.harness.report.vit_dtypes import recorded_inputs
 from amp_compare.kit.fp16 import FP16_MAX
 
 
@@ -57,27 +55,25 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     underflow = underflow.assign(zero_gradient=scaling.zero_gradient(underflow))
 
-    def weighted(g: pd.DataFrame) -> pd.Series:
+    def weighted(g: pd.DataFrame) -> dict:
         has = set(g.columns[g.notna().all()])  # the columns recorded
 
         def mean(col: str, by: str = "nonzero", only: np.ndarray | bool = True) -> float:
             w = g[by].to_numpy(dtype=float)
             return float((g[col] * w * only).sum() / (w.sum() or 1.0)) if col in has else float("nan")
 
-        return pd.Series({
-            "elements": int(g["elements"].sum()),
-            **{col: mean(col, "elements") for col in ("zero_fraction", "zero_fraction_mixed")},
-            **{name: mean(col) for name, col in RESIDUE_COLUMNS.items()},
-            "loss_scale": float(g["loss_scale"].iloc[0]),
-            "at_step": int(g["at_step"].iloc[0]) if "at_step" in has else -1,
-            **{f"residue_{name}": mean(col, only=g["zero_gradient"].to_numpy())
-               for name, col in RESIDUE_COLUMNS.items()},
-        }, dtype=object)  # at_step stays an int
+        return {"elements": int(g["elements"].sum()),
+                **{col: mean(col, "elements") for col in ("zero_fraction", "zero_fraction_mixed")},
+                **{name: mean(col) for name, col in RESIDUE_COLUMNS.items()},
+                "loss_scale": float(g["loss_scale"].iloc[0]),
+                "at_step": int(g["at_step"].iloc[0]) if "at_step" in has else -1,
+                **{f"residue_{name}": mean(col, only=g["zero_gradient"].to_numpy())
+                   for name, col in RESIDUE_COLUMNS.items()}}
 
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]  # one seed shows the mechanism
     keys = _per_model(first_seed) + ["framework", "precision", "when"]
-    out = first_seed.groupby(keys).apply(weighted, include_groups=False).reset_index()
-    return out.sort_values(keys, key=display_order)
+    rows = [{**dict(zip(keys, key)), **weighted(g)} for key, g in first_seed.groupby(keys)]
+    return pd.DataFrame(rows).sort_values(keys, key=display_order)
 
 
 # How each framework's audit was taken, for records written before the audit_method column existed.
@@ -99,8 +95,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
             dtypes=("compute_dtype", lambda s: ", ".join(sorted({x for v in s for x in v.split("+")}))),
             ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
             params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
-            for fw in ordered(d["framework"])}, axis=1)
-        table = table.reset_index()
+            for fw in ordered(d["framework"])}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
@@ -161,8 +156,7 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
 
 
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
-    """(growth interval, the most clean steps in a row of any dynamic-scaling cell: the scale doubles only after
-    growth-interval of them), or None without a recorded interval or such a cell."""
+    """(growth interval, the most clean steps in a row of any dynamic-scaling cell), or None without either."""
     cells = runs[runs["precision"].isin(precisions.names(loss_scaling="dynamic"))] if "precision" in runs else runs[:0]
     if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all() \
             or (mine := steps[steps["cell_id"].isin(set(cells["cell_id"]))]).empty:
@@ -188,8 +182,7 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
 
 
 def _float16_probe(underflow: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The underflow probe's rows of the float16 modes at the last step, first seed, per [model x] framework x
-    precision in display order, each with its words ("vit on synthetic, PyTorch fp16")."""
+    """("vit on synthetic, PyTorch fp16", its probe rows at the last step, first seed) per float16 mode, in order."""
     sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
     if (sel := sel[sel["seed"] == sel["seed"].min()]).empty:
         return []
@@ -215,8 +208,7 @@ def scaled_bound(top: int, scale: float) -> tuple[float, str]:
 
 
 def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
-    """Per framework x float16 mode: the probe's largest parameter gradient after the last step against
-    float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
+    """Per float16 mode: the last step's largest |parameter gradient| against float16's max; scale_record_text."""
     if underflow.empty or "log2_hist" not in underflow:
         return []
     groups = [(who, g, tops) for who, g in _float16_probe(underflow)
@@ -253,8 +245,7 @@ SKIP_WHY = {"with a finite loss": " (non-finite gradients at the scale then in u
 
 
 def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) -> str:
-    """What one loss-scaled cell's step records show of overflow: the skipped updates by finite and non-finite loss,
-    their steps and scales, and the last step's scale; "" where it never scaled, skipped nothing or has no records."""
+    """What a loss-scaled cell's step records show of overflow (its skips, their steps and scales); "" for none."""
     if cell_steps.empty or "loss_scale" not in cell_steps:
         return ""
     g = cell_steps.sort_values("step")
@@ -295,8 +286,7 @@ def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
 
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
-    """Per framework x float16 mode (last step, first seed): how many elements the real float16 backward lost
-    (UNDERFLOW_METHODS' second) and in which layers, with those zero only at the scale (cancellation) apart."""
+    """Per float16 mode (last step): the elements the real float16 backward lost, by layer, cancellation apart."""
     if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
         return []
     out = []
@@ -332,10 +322,8 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     return out
 
 
-def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
-                         underflow: pd.DataFrame | None) -> list[str]:
-    """Per cell whose first skip the NaN/Inf locator traced to a parameter's gradient: the locator's finding
-    at the skip beside the probe's largest |gradient| after the last step at the scale then held."""
+def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None, underflow: pd.DataFrame | None) -> list[str]:
+    """Per cell whose first skip the locator traced to a parameter's gradient: that finding beside the probe's bound."""
     if steps is None or steps.empty or "nonfinite_where" not in runs:
         return []
     out, per = [], _per_model(runs)
@@ -358,8 +346,7 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
 
 
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
-    """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with its paired
-    test against fp32 from `acc`; a precision with a cell the speed budget stopped is left out (verdicts.ACCURACY)."""
+    """Per framework with fp16 both dynamically scaled and unscaled: both accuracies, each tested against fp32."""
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     if ok.empty:
         return []
@@ -390,8 +377,7 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
 
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
-    """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
-    first mixed precision, `device`'s autocast); methods: "<framework label>: <how its audit was taken>"."""
+    """What the glossary and dtype-audit section say of op dtypes, from the audit (first seed, first mixed mode)."""
     said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
         if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
@@ -401,7 +387,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
                                         & precisions.is_mixed(dtypes["precision"])]).empty:
         return facts
     facts["precision"] = ordered(first["precision"])[0]
-    facts["inputs_recorded"] = recorded_inputs(dtypes)
+    facts["inputs_recorded"] = "input_dtype" in dtypes and dtypes["input_dtype"].fillna("").astype(str).ne("").any()
     for p, table in dtype_side_by_side(dtypes).items():
         facts["differing"][p] = _differing_rows(table)
         if "model" in table:  # a two-model table: the rows counted per model as well
@@ -422,8 +408,7 @@ QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layern
 
 
 def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude; `attention` from the
-    runs' config where given."""
+    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude (`attention`: from runs)."""
     if headroom is None or headroom.empty:
         return pd.DataFrame()
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
@@ -438,8 +423,7 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
-    """Per precision, the median over steps (then seeds) of the relative loss gap between the vit's PyTorch and
-    Keras cells of the same seed, before either's first non-finite loss or skipped update; "" without such pairs."""
+    """The vit's median relative loss gap per precision, PyTorch vs Keras by seed, before either's first skip or NaN."""
     if steps.empty or "model" not in steps:
         return ""
     mine = steps[steps["model"] == "vit"]
@@ -535,8 +519,7 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
 
 
 def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame | None) -> list[dict]:
-    """The naive-attention verdict rows (verdicts.NAIVE): per model x framework x precision run with --attention
-    naive, the first step a seed went non-finite and where the locator put it, or that training stayed finite."""
+    """The verdicts.NAIVE rows: per model x framework x precision run with --attention naive, how it went."""
     if table.empty or runs.empty or "cfg_attention" not in runs:
         return []
     done = runs[runs["status"].isin(["ok", "diverged"]) & (runs["cfg_attention"] == "naive")]
