@@ -1,6 +1,5 @@
-"""Keras or its backend? When one compare ran the Keras model on several backends, what the Keras cells share
-(settings read back, defaults of fresh objects) is Keras' own doing and what differs is the backend's: a table of
-them from the run's own records. Framework-free."""
+"""Keras or its backend? Across the Keras backends of one compare, what the Keras cells share (settings read back,
+defaults of fresh objects) is Keras' own doing and what differs is the backend's."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer
 
 
 def keras_backend_split(runs: pd.DataFrame) -> dict:
-    """The report's "Keras or its backend?" part: per Keras-level item (settings read back, defaults), each Keras
-    backend's values over its finished cells and whether all agree, with sentences; or a note."""
+    """The "Keras or its backend?" part: each Keras-level item's values per backend and whether all agree; or a note."""
     ok = ok_runs(runs)
     frameworks = ordered(set(ok.get("framework", ())) & set(KERAS_BACKENDS))
     if len(frameworks) < 2:

@@ -1,6 +1,5 @@
 """The Profile section: per mixed cell more than SPEED_BAND slower or faster than its fp32 cell, the ops and
-library path accounting for the difference in self time per profiled step (--profile tables, kit/profile.py); an
-op run in one cell only counts whole on its side."""
+library path accounting for the difference in self time per profiled step (--profile tables, kit/profile.py)."""
 
 from __future__ import annotations
 
