@@ -1,6 +1,5 @@
-"""Keras or its backend? When one compare ran the Keras model on several backends, what the Keras cells share
-(settings read back, defaults of fresh objects) is Keras' own doing and what differs is the backend's: a table of
-them from the run's own records. Framework-free."""
+"""Keras or its backend? Across the Keras backends of one compare, what the Keras cells share (settings read back,
+defaults of fresh objects) is Keras' own doing and what differs is the backend's."""
 
 from __future__ import annotations
 
@@ -11,12 +10,21 @@ from amp_compare.harness.report.phrases import evidence
 from amp_compare.harness.report.settings_check import value_text
 from amp_compare.harness.report.stats import ok_runs
 
+INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer for fp16), loss and records ran on "
+         "each Keras backend, each in its own process with KERAS_BACKEND set before Keras was imported. What the "
+         "Keras columns share is Keras' own; what differs between them belongs to the backend.")
 
-def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
-    """One row per Keras-level item: each backend's values (over its cells) and whether all backends agree."""
-    ok = runs[(runs["status"] == "ok") & runs["framework"].isin(frameworks)]
+
+def keras_backend_split(runs: pd.DataFrame) -> dict:
+    """The "Keras or its backend?" part: each Keras-level item's values per backend and whether all agree; or a note."""
+    ok = ok_runs(runs)
+    frameworks = ordered(set(ok.get("framework", ())) & set(KERAS_BACKENDS))
+    if len(frameworks) < 2:
+        return {"note": ("Only one Keras backend ran, so what belongs to Keras and what to its backend cannot be "
+                         "told apart here; add keras-jax or keras-torch to --frameworks.") if frameworks else "",
+                "keras_table": pd.DataFrame(), "sentences": []}
     values: dict[str, dict[str, set]] = {}
-    for row in ok.to_dict("records"):
+    for row in ok[ok["framework"].isin(frameworks)].to_dict("records"):
         prec = row["precision"]
         items = [*([(f"AMP API ({prec})", row["amp_api"])] if row.get("amp_api") else []),
                  *((f"{key} ({prec})" if key == "output_dtype" else key, value)  # tf32: the Environment table's
@@ -27,25 +35,9 @@ def keras_table(runs: pd.DataFrame, frameworks: list[str]) -> pd.DataFrame:
     rows = []
     for item, per_fw in sorted(values.items()):
         cells = {framework_label(fw): "; ".join(sorted(v)) or "not recorded" for fw, v in per_fw.items()}
-        same = all(per_fw.values()) and len({frozenset(v) for v in per_fw.values()}) == 1
-        rows.append({"item": item, **cells, "same on every backend": "✓" if same else "✗ differs"})
-    return pd.DataFrame(rows)
-
-
-INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer for fp16), loss and records ran on "
-         "each Keras backend, each in its own process with KERAS_BACKEND set before Keras was imported. What the "
-         "Keras columns share is Keras' own; what differs between them belongs to the backend.")
-
-
-def keras_backend_split(runs: pd.DataFrame) -> dict:
-    """The report's "Keras or its backend?" part: the Keras frameworks' table and sentences, or a note."""
-    ok = set(ok_runs(runs).get("framework", ()))
-    frameworks = ordered(ok & set(KERAS_BACKENDS))
-    if len(frameworks) < 2:
-        return {"note": ("Only one Keras backend ran, so what belongs to Keras and what to its backend cannot be "
-                         "told apart here; add keras-jax or keras-torch to --frameworks.") if frameworks else "",
-                "keras_table": pd.DataFrame(), "sentences": []}
-    keras = keras_table(runs, frameworks)
+        agree = all(per_fw.values()) and len({frozenset(v) for v in per_fw.values()}) == 1
+        rows.append({"item": item, **cells, "same on every backend": "✓" if agree else "✗ differs"})
+    keras = pd.DataFrame(rows)
     same = keras.get("same on every backend", pd.Series(dtype=str)) == "✓"
     said = (f"Keras' side: {int(same.sum())} of {len(keras)} settings and defaults the Keras children read back are "
             f"identical on {', '.join(framework_label(fw) for fw in frameworks)}: those differences from PyTorch "

@@ -1,5 +1,4 @@
-"""The report's Numerics and "What happened" sections from the record tables: loss-scale counts, underflow shares,
-the dtype audit side by side, the NaN/Inf locator's findings, gradient and attention headroom, and their sentences."""
+"""The report's Numerics and "What happened" sections: their tables and sentences, from the record tables."""
 
 from __future__ import annotations
 
@@ -11,11 +10,10 @@ import numpy as np
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
-from amp_compare.contract.config import KERAS_BACKENDS, display_order, ordered
+from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_order, ordered
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
-from amp_compare.harness.report.vit_dtypes import recorded_inputs
 from amp_compare.kit.fp16 import FP16_MAX
 
 
@@ -57,27 +55,25 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     underflow = underflow.assign(zero_gradient=scaling.zero_gradient(underflow))
 
-    def weighted(g: pd.DataFrame) -> pd.Series:
+    def weighted(g: pd.DataFrame) -> dict:
         has = set(g.columns[g.notna().all()])  # the columns recorded
 
         def mean(col: str, by: str = "nonzero", only: np.ndarray | bool = True) -> float:
             w = g[by].to_numpy(dtype=float)
             return float((g[col] * w * only).sum() / (w.sum() or 1.0)) if col in has else float("nan")
 
-        return pd.Series({
-            "elements": int(g["elements"].sum()),
-            **{col: mean(col, "elements") for col in ("zero_fraction", "zero_fraction_mixed")},
-            **{name: mean(col) for name, col in RESIDUE_COLUMNS.items()},
-            "loss_scale": float(g["loss_scale"].iloc[0]),
-            "at_step": int(g["at_step"].iloc[0]) if "at_step" in has else -1,
-            **{f"residue_{name}": mean(col, only=g["zero_gradient"].to_numpy())
-               for name, col in RESIDUE_COLUMNS.items()},
-        }, dtype=object)  # at_step stays an int
+        return {"elements": int(g["elements"].sum()),
+                **{col: mean(col, "elements") for col in ("zero_fraction", "zero_fraction_mixed")},
+                **{name: mean(col) for name, col in RESIDUE_COLUMNS.items()},
+                "loss_scale": float(g["loss_scale"].iloc[0]),
+                "at_step": int(g["at_step"].iloc[0]) if "at_step" in has else -1,
+                **{f"residue_{name}": mean(col, only=g["zero_gradient"].to_numpy())
+                   for name, col in RESIDUE_COLUMNS.items()}}
 
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]  # one seed shows the mechanism
     keys = _per_model(first_seed) + ["framework", "precision", "when"]
-    out = first_seed.groupby(keys).apply(weighted, include_groups=False).reset_index()
-    return out.sort_values(keys, key=display_order)
+    rows = [{**dict(zip(keys, key)), **weighted(g)} for key, g in first_seed.groupby(keys)]
+    return pd.DataFrame(rows).sort_values(keys, key=display_order)
 
 
 # How each framework's audit was taken, for records written before the audit_method column existed.
@@ -99,8 +95,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
             dtypes=("compute_dtype", lambda s: ", ".join(sorted({x for v in s for x in v.split("+")}))),
             ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
             params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
-            for fw in ordered(d["framework"])}, axis=1)
-        table = table.reset_index()
+            for fw in ordered(d["framework"])}, axis=1).reset_index()
         table.columns = [" ".join(c).strip() if isinstance(c, tuple) else c for c in table.columns]
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
@@ -161,8 +156,7 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
 
 
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
-    """(growth interval, the most clean steps in a row of any dynamic-scaling cell: the scale doubles only after
-    growth-interval of them), or None without a recorded interval or such a cell."""
+    """(growth interval, the most clean steps in a row of any dynamic-scaling cell), or None without either."""
     cells = runs[runs["precision"].isin(precisions.names(loss_scaling="dynamic"))] if "precision" in runs else runs[:0]
     if cells.empty or "cfg_growth_interval" not in cells or cells["cfg_growth_interval"].isna().all() \
             or (mine := steps[steps["cell_id"].isin(set(cells["cell_id"]))]).empty:
@@ -178,20 +172,23 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
     cols = ["framework", "precision", "log2", "count", "loss_scale"]
     if underflow.empty or "log2_hist" not in underflow:
         return pd.DataFrame(columns=cols)
-    sel = _float16_probe(underflow)
-    rows, per = [], [k for k in ("model", "dataset") if k in sel]  # never two models' elements in one count
-    for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
+    rows, per = [], [k for k in ("model", "dataset") if k in underflow]  # never two models' elements in one count
+    for _, g in _float16_probe(underflow):
         total = sum((Counter(stats.log2_histogram(text)) for text in g["log2_hist"]), Counter())  # zeros dropped
-        rows += [{**dict(zip(per, key[:len(per)])), "framework": key[-2], "precision": key[-1], "log2": k,
-                  "count": v, "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
+        rows += [{**{k: g[k].iloc[0] for k in [*per, "framework", "precision"]}, "log2": k, "count": v,
+                  "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
     out = pd.DataFrame(rows, columns=[*per, *cols])
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
 
-def _float16_probe(underflow: pd.DataFrame) -> pd.DataFrame:
-    """The underflow probe's rows of the float16 modes at the last step, first seed."""
+def _float16_probe(underflow: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """("vit on synthetic, PyTorch fp16", its probe rows at the last step, first seed) per float16 mode, in order."""
     sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
-    return sel[sel["seed"] == sel["seed"].min()]
+    if (sel := sel[sel["seed"] == sel["seed"].min()]).empty:
+        return []
+    sel, per = sel.sort_values(["framework", "precision"], key=display_order, kind="stable"), _per_model(underflow)
+    return [(f"{_who(per, key)}{_label(key[-2])} {key[-1]}", g)
+            for key, g in sel.groupby([*per, "framework", "precision"], sort=False)]
 
 
 def _per_model(df: pd.DataFrame) -> list[str]:
@@ -211,26 +208,25 @@ def scaled_bound(top: int, scale: float) -> tuple[float, str]:
 
 
 def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
-    """Per framework x float16 mode: the probe's largest parameter gradient after the last step against
-    float16's largest value, as a bound on parameter gradients only, with the cell's scale_record_text."""
-    hist = gradient_histogram(underflow)
-    if hist.empty:
+    """Per float16 mode: the last step's largest |parameter gradient| against float16's max; scale_record_text."""
+    if underflow.empty or "log2_hist" not in underflow:
         return []
-    probe, per = _float16_probe(underflow), [k for k in _per_model(underflow) if k in hist]
+    groups = [(who, g, tops) for who, g in _float16_probe(underflow)
+              if (tops := [k for text in g["log2_hist"] for k, n in stats.log2_histogram(text).items() if n > 0])]
+    # in gradient_histogram's row order: framework, precision, then the smallest magnitude held
+    groups.sort(key=lambda t: (*(DISPLAY_ORDER[t[1][k].iloc[0]] for k in ("framework", "precision")), min(t[2])))
     out, explained = [], set()
-    groups = list(hist[hist["count"] > 0].groupby([*per, "framework", "precision"], sort=False))
-    for key, g in groups:
-        top, scale = int(g["log2"].max()), float(g["loss_scale"].iloc[0])
+    for who, g, tops in groups:
+        top, scale = max(tops), float(g["loss_scale"].iloc[0])
         bound, below = scaled_bound(top, scale)
-        rows = probe[np.logical_and.reduce([probe[k] == v for k, v in zip([*per, "framework", "precision"], key)])]
-        w = rows["nonzero"].to_numpy(float)
-        over = float((rows["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
+        w = g["nonzero"].to_numpy(float)
+        over = float((g["overflow_fraction_scaled"] * w).sum() / w.sum()) if w.sum() else 0.0
         scaled = f"; {below}" if scale != 1 else ""
         reach = f", {over:.3%} of them overflowing to inf at that scale" if bound > FP16_MAX else ""
-        record = scale_record_text(steps[steps["cell_id"] == rows["cell_id"].iloc[0]], explained) \
+        record = scale_record_text(steps[steps["cell_id"] == g["cell_id"].iloc[0]], explained) \
             if steps is not None and not steps.empty else ""  # what a skip means: said in the first that has one
-        out.append(f"{_who(per, key)}{_label(key[-2])} {key[-1]}, after the last step (the first batch again): the "
-                   f"largest |parameter gradient| was below 2^{top + 1}{scaled}{reach}"
+        out.append(f"{who}, after the last step (the first batch again): the largest |parameter gradient| was below "
+                   f"2^{top + 1}{scaled}{reach}"
                    + ("" if out else  # what the bound does not bound, said once
                       f" — a bound{', like each below,' if len(groups) > 1 else ''} on the parameter gradients at "
                       f"{'its' if len(groups) > 1 else 'this'} probe only, not on other steps' nor on the intermediate "
@@ -249,8 +245,7 @@ SKIP_WHY = {"with a finite loss": " (non-finite gradients at the scale then in u
 
 
 def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) -> str:
-    """What one loss-scaled cell's step records show of overflow: the skipped updates by finite and non-finite loss,
-    their steps and scales, and the last step's scale; "" where it never scaled, skipped nothing or has no records."""
+    """What a loss-scaled cell's step records show of overflow (its skips, their steps and scales); "" for none."""
     if cell_steps.empty or "loss_scale" not in cell_steps:
         return ""
     g = cell_steps.sort_values("step")
@@ -291,14 +286,11 @@ def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
 
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
-    """Per framework x float16 mode (last step, first seed): how many elements the real float16 backward lost
-    (UNDERFLOW_METHODS' second) and in which layers, with those zero only at the scale (cancellation) apart."""
+    """Per float16 mode (last step): the elements the real float16 backward lost, by layer, cancellation apart."""
     if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
         return []
-    sel = _float16_probe(underflow)
-    sel = sel.sort_values(["framework", "precision"], key=display_order, kind="stable") if not sel.empty else sel
-    out, per = [], _per_model(sel)
-    for key, g in sel.groupby([*per, "framework", "precision"], sort=False):
+    out = []
+    for who, g in _float16_probe(underflow):
         scale = float(g["loss_scale"].iloc[0])
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
@@ -323,17 +315,15 @@ def lost_sentences(underflow: pd.DataFrame) -> list[str]:
                  + (f", then {said[1]}" if len(said) > 1 else "") if 2 * top > total else  # "most": over half
                  f"they were spread over {len(order)} layers, none holding most of them: {', '.join(said[:3])}"
                  + (f" and {len(order) - 3} more layers" if len(order) > 3 else ""))
-        out.append(f"{_who(per, key)}{_label(key[-2])} {key[-1]}, after the last step: {counted} came out exactly "
-                   f"zero in the real float16 backward{at}" + (f"; {where}{residue}" if total else "")
+        out.append(f"{who}, after the last step: {counted} came out exactly zero in the real float16 backward{at}"
+                   + (f"; {where}{residue}" if total else "")
                    + (f"; {int(gone):,} ({phrases.share(gone / nonzero)}) did only at the scale (float16 cancellation)."
                       if gone else "."))
     return out
 
 
-def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
-                         underflow: pd.DataFrame | None) -> list[str]:
-    """Per cell whose first skip the NaN/Inf locator traced to a parameter's gradient: the locator's finding
-    at the skip beside the probe's largest |gradient| after the last step at the scale then held."""
+def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None, underflow: pd.DataFrame | None) -> list[str]:
+    """Per cell whose first skip the locator traced to a parameter's gradient: that finding beside the probe's bound."""
     if steps is None or steps.empty or "nonfinite_where" not in runs:
         return []
     out, per = [], _per_model(runs)
@@ -356,8 +346,7 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None,
 
 
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
-    """Per framework with fp16 both dynamically scaled and unscaled: both validation accuracies, each with its paired
-    test against fp32 from `acc`; a precision with a cell the speed budget stopped is left out (verdicts.ACCURACY)."""
+    """Per framework with fp16 both dynamically scaled and unscaled: both accuracies, each tested against fp32."""
     ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
     if ok.empty:
         return []
@@ -388,8 +377,7 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
 
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
-    """What the glossary and the dtype-audit section say about op dtypes, from this run's own audit (first seed,
-    first mixed precision, `device`'s autocast); methods: "<framework label>: <how its audit was taken>"."""
+    """What the glossary and dtype-audit section say of op dtypes, from the audit (first seed, first mixed mode)."""
     said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
         if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
@@ -399,7 +387,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
                                         & precisions.is_mixed(dtypes["precision"])]).empty:
         return facts
     facts["precision"] = ordered(first["precision"])[0]
-    facts["inputs_recorded"] = recorded_inputs(dtypes)
+    facts["inputs_recorded"] = "input_dtype" in dtypes and dtypes["input_dtype"].fillna("").astype(str).ne("").any()
     for p, table in dtype_side_by_side(dtypes).items():
         facts["differing"][p] = _differing_rows(table)
         if "model" in table:  # a two-model table: the rows counted per model as well
@@ -420,8 +408,7 @@ QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layern
 
 
 def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude; `attention` from the
-    runs' config where given."""
+    """Per framework x precision x seed x epoch x block x quantity: the largest magnitude (`attention`: from runs)."""
     if headroom is None or headroom.empty:
         return pd.DataFrame()
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
@@ -436,8 +423,7 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
 
 
 def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
-    """Per precision, the median over steps (then seeds) of the relative loss gap between the vit's PyTorch and
-    Keras cells of the same seed, before either's first non-finite loss or skipped update; "" without such pairs."""
+    """The vit's median relative loss gap per precision, PyTorch vs Keras by seed, before either's first skip or NaN."""
     if steps.empty or "model" not in steps:
         return ""
     mine = steps[steps["model"] == "vit"]
@@ -528,14 +514,12 @@ def section_words(facts, dtype_facts: dict) -> dict[str, str]:
                      "one in elements the loss does not read (the vit's head reads only the class token's row): it "
                      "reached the update through the gradients.",
         "no_nonfinite": "No cell met a non-finite loss or gradient.",
-        "nothing_happened": "No loss-scaling or numerics events to report in this run.",
         "no_scaled": "No loss-scaled cell in this run, so no loss-scale figure.",
     }
 
 
 def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame | None) -> list[dict]:
-    """The naive-attention verdict rows (verdicts.NAIVE): per model x framework x precision run with --attention
-    naive, the first step a seed went non-finite and where the locator put it, or that training stayed finite."""
+    """The verdicts.NAIVE rows: per model x framework x precision run with --attention naive, how it went."""
     if table.empty or runs.empty or "cfg_attention" not in runs:
         return []
     done = runs[runs["status"].isin(["ok", "diverged"]) & (runs["cfg_attention"] == "naive")]

@@ -1,6 +1,5 @@
 """The Profile section: per mixed cell more than SPEED_BAND slower or faster than its fp32 cell, the ops and
-library path accounting for the difference in self time per profiled step (--profile tables, kit/profile.py); an
-op run in one cell only counts whole on its side."""
+library path accounting for the difference in self time per profiled step (--profile tables, kit/profile.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ NO_PROFILE = "unexplained: no profile evidence for this cell or its fp32 cell (r
 NONE_MOVED = f"No mixed cell ran more than {BAND_TEXT} slower or faster than its fp32 cell."
 
 
-def explain(run: pd.Series, base: pd.Series, ops: pd.DataFrame, prims: pd.DataFrame) -> dict:
-    """One mixed cell against its fp32 cell: the ops that moved most in the direction of the change."""
-    ratio = base["median_step_s"] / run["median_step_s"]  # >1: the mixed cell is faster
+def explain(run: pd.Series, base: pd.Series, ratio: float, ops: pd.DataFrame, prims: pd.DataFrame) -> dict:
+    """The ops that moved most in the direction of a mixed cell's step `ratio` to its fp32 cell (>1: it is faster)."""
     row = {"cell": run["cell_id"], "vs fp32": f"{ratio:.2f}x ({'faster' if ratio > 1 else 'slower'})"}
     mine, theirs = (ops[ops["cell_id"] == c["cell_id"]].groupby("op")["self_time_s"].sum()  # self time per step
                     / max(c.get("profile_steps", float("nan")), 1.0) for c in (run, base))
@@ -56,7 +54,7 @@ def section(tables: dict[str, pd.DataFrame]) -> dict | None:
         ratio = ok.loc[fp32, "median_step_s"] / run["median_step_s"] if fp32 in ok.index and run["median_step_s"] > 0 \
             else 1.0  # no fp32 cell or no step time: nothing to explain
         if not 1 / SPEED_BAND <= ratio <= SPEED_BAND:
-            rows.append(explain(run, ok.loc[fp32], ops, prims))
+            rows.append(explain(run, ok.loc[fp32], ratio, ops, prims))
     profiled = ok[ok["profile_step_s"].notna()]
     traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
     over = profiled["profile_overhead"].dropna()  # how the window was kept out of the timed steps, and its cost

@@ -1,10 +1,10 @@
-"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS) per model x framework, where a run has fp16-noscale
-or fp16-static beside fp16: the scale's path, the skipped updates and their causes, what no scaling lost, whether a
-static scale sufficed. Rules: verdicts.py; words: phrases.lab_line."""
+"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS), where a run has fp16-noscale or fp16-static beside
+fp16: the scale's path, the skips and their causes, what no scaling lost, whether a static scale sufficed."""
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,6 +32,7 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
     if table.empty or runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
     done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    by_cell = defaultdict(lambda: steps[:0], list(steps.sort_values("step").groupby("cell_id")))  # each cell's steps
     for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
         cells = done[(done["model"] == model) & (done["dataset"] == dataset)]
         if not (cells["precision"].isin(DYNAMIC).any() and cells["precision"].isin(STATIC + UNSCALED).any()):
@@ -42,24 +43,20 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
             if mine.empty:
                 continue
             if r.precision in DYNAMIC:
-                out += [_path_row(key, mine, cells, steps), _skips_row(key, mine, steps, underflow)]
+                out += [_path_row(key, mine, cells, by_cell), _skips_row(key, mine, by_cell, underflow)]
             elif r.precision in UNSCALED:
                 out.append(_underflow_row(key, mine, underflow, part))
             elif r.precision in STATIC:
-                out.append(_static_row(key, mine, steps, underflow))
+                out.append(_static_row(key, mine, by_cell, underflow))
     return out
 
 
-def _scales(steps: pd.DataFrame, cell_id: str) -> pd.DataFrame:
-    return steps[steps["cell_id"] == cell_id].sort_values("step")
-
-
-def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.DataFrame) -> dict:
+def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, by_cell: dict) -> dict:
     """The dynamic scale's path per seed, against every other framework's cell of the same precision and seed."""
     seeds, same, others, shorter = [], True, set(), []
     cut_cells = stats.budgeted(cells)
     for c in mine.sort_values("seed").itertuples():
-        scale = _scales(steps, c.cell_id)["loss_scale"].astype(float).to_numpy()
+        scale = by_cell[c.cell_id]["loss_scale"].astype(float).to_numpy()
         if not len(scale):
             continue
         seeds.append({"seed": int(c.seed), "start": scale[0], "final": scale[-1], "steps": len(scale),
@@ -68,7 +65,7 @@ def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.Data
                       & (cells["framework"] != key["framework"])]
         for t in twins.itertuples():
             others.add(t.framework)
-            theirs = _scales(steps, t.cell_id)["loss_scale"].astype(float).to_numpy()
+            theirs = by_cell[t.cell_id]["loss_scale"].astype(float).to_numpy()
             # compared over the steps both ran only where the speed budget stopped either cell
             cut = bool(cut_cells[[c.Index, t.Index]].any()) and len(theirs) != len(scale)
             n = min(len(theirs), len(scale)) if cut else None
@@ -82,17 +79,15 @@ def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, steps: pd.Data
         "growth_interval": int(interval.iloc[0]) if len(interval) else None})
 
 
-def cut_steps(mine: pd.DataFrame, steps: pd.DataFrame) -> int | None:
+def cut_steps(mine: pd.DataFrame, by_cell: dict) -> int | None:
     """The fewest steps a cell of `mine` ran where the speed budget stopped one (None: every cell ran in full)."""
-    cut = mine[stats.budgeted(mine)]
-    return min(len(_scales(steps, c)) for c in cut["cell_id"]) if not cut.empty else None
+    return min((len(by_cell[c]) for c in mine.loc[stats.budgeted(mine), "cell_id"]), default=None)
 
 
 def finding(c: dict, g: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
     """The NaN/Inf locator's finding of run record `c` (`g`: its steps), with the scale that step ran at; `named`:
-    layer.tensor is a parameter (PyTorch's always; Keras' tensor is a variable's own name, of a sublayer's where the
-    layer has them, so named only where the probe has it); `probe_top_log2`: k such that the last step's probe put
-    that parameter's largest |float32 gradient| in [2^k, 2^(k+1)), None where it was not probed."""
+    layer.tensor is a parameter (PyTorch's always; Keras' where the probe has it); `probe_top_log2`: the k whose
+    [2^k, 2^(k+1)) held that parameter's largest |float32 gradient| at the last step's probe (None: not probed)."""
     step, layer, tensor = int(pd.to_numeric(c["nonfinite_step"])), str(c["nonfinite_layer"]), str(c["nonfinite_tensor"])
     at = g.loc[g["step"] == step, "loss_scale"].astype(float)
     probed = underflow[(underflow["cell_id"] == c["cell_id"]) & (underflow["layer"] == layer)
@@ -105,18 +100,18 @@ def finding(c: dict, g: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
             "probe_top_log2": max(tops) if tops else None}
 
 
-def _skips_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
+def _skips_row(key: dict, mine: pd.DataFrame, by_cell: dict, underflow: pd.DataFrame | None) -> dict:
     """Each skipped update (seed, step, the scale it ran at) and the locator's finding at each cell's first."""
     skips, located = [], []
     for c in mine.sort_values("seed").to_dict("records"):
-        g = _scales(steps, c["cell_id"])
+        g = by_cell[c["cell_id"]]
         skips += [{"seed": int(c["seed"]), "step": int(s.step), "scale": float(s.loss_scale)}
                   for s in g[g["skipped"].astype(bool)].itertuples()]
         if pd.to_numeric(c.get("nonfinite_step", -1), errors="coerce") >= 0 and str(c.get("nonfinite_where", "")):
             located.append(finding(c, g, underflow))
     facts = SimpleNamespace(estimate=float(len(skips)), where={f["where"] for f in located})
     return verdicts.row(key, "skipped_steps", facts, {"skips": skips, "located": located,
-                                                      "cut_steps": cut_steps(mine, steps)})
+                                                      "cut_steps": cut_steps(mine, by_cell)})
 
 
 # Parameters whose exact gradient is zero (softmax ignores a key bias's constant shift): the reference holds residue.
@@ -129,9 +124,8 @@ def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
 
 
 def lost_elements(underflow: pd.DataFrame | None, cell_id: str, at: str, when: str = "last step") -> tuple:
-    """(lost, non-zero, flushed, residue) elements of one cell's probe at `when`, `at` "scaled" or "unscaled":
-    non-zero reference elements zero in the float16 backward, outside zero-gradient parameters; how many of those
-    the reference's flush explains; the zeros in zero-gradient parameters. (NaN, 0, 0, 0) where not recorded."""
+    """(lost outside zero-gradient parameters, non-zero, of the lost those the reference's flush explains, residue)
+    elements of one cell's probe at `when`, `at` "scaled" or "unscaled"; (NaN, 0, 0, 0) where not recorded."""
     column, flush = f"lost_fraction_mixed_{at}", f"flush_fraction_{at}"
     sel = (underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]
            if underflow is not None and column in underflow else pd.DataFrame())
@@ -147,10 +141,9 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
     """What dropping loss scaling lost at the last step's probe, per seed, beside the same cells' accuracy verdict."""
     seeds = []
     for c in mine.sort_values("seed").itertuples():
-        lost, nonzero, flushed, residue = lost_elements(underflow, c.cell_id, "unscaled")
-        if np.isfinite(lost):
-            seeds.append({"seed": int(c.seed), "lost": lost, "nonzero": nonzero, "flushed": flushed,
-                          "residue": residue})
+        counts = lost_elements(underflow, c.cell_id, "unscaled")
+        if np.isfinite(counts[0]):
+            seeds.append({"seed": int(c.seed), **dict(zip(("lost", "nonzero", "flushed", "residue"), counts))})
     acc = part[(part["framework"] == key["framework"]) & (part["precision"] == key["precision"])
                & (part["metric"] == "accuracy")]
     a = acc.iloc[0] if not acc.empty else dict.fromkeys(["estimate", "low", "high", "margin"], np.nan) | {
@@ -164,12 +157,12 @@ def _underflow_row(key: dict, mine: pd.DataFrame, underflow: pd.DataFrame | None
         "discordant": said.get("discordant"), "images": said.get("images"), "seeds_paired": said.get("seeds")})
 
 
-def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
+def _static_row(key: dict, mine: pd.DataFrame, by_cell: dict, underflow: pd.DataFrame | None) -> dict:
     """Whether the fixed scale sufficed: no skipped update, no non-finite loss, nothing lost at it (both probes)."""
     skipped = nonfinite = lost = flushed = 0
     counted, lost_at = False, []
     for c in mine.sort_values("seed").itertuples():
-        g = _scales(steps, c.cell_id)
+        g = by_cell[c.cell_id]
         skipped += int(g["skipped"].astype(bool).sum())
         nonfinite += int((~np.isfinite(g["loss"].astype(float))).sum()) + int(getattr(c, "status", "") == "diverged")
         for when in ("first step", "last step"):
@@ -182,6 +175,6 @@ def _static_row(key: dict, mine: pd.DataFrame, steps: pd.DataFrame, underflow: p
                             nonfinite=nonfinite, lost=lost if counted else np.nan)
     keras = key["framework"] in KERAS_BACKENDS  # Keras' static scale never skips: it applies a non-finite update
     return verdicts.row(key, "static_scale", facts, {
-        "skipped": skipped, "nonfinite_losses": nonfinite, "cut_steps": cut_steps(mine, steps), "skips": not keras,
+        "skipped": skipped, "nonfinite_losses": nonfinite, "cut_steps": cut_steps(mine, by_cell), "skips": not keras,
         "lost": lost if counted else None, "flushed": flushed, "lost_at": lost_at,
         "applies_nonfinite": keras and bool(skipped or nonfinite)})

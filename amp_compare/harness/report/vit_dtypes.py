@@ -1,5 +1,4 @@
-"""The ViT's table of computed dtypes: per part, framework and mixed precision, the dtype its arithmetic read (the
-audits' input dtypes, first seed, forward of the audited step; the output dtypes in records without them)."""
+"""The ViT's table of computed dtypes: per part, framework and mixed precision, the dtype its arithmetic read."""
 
 from __future__ import annotations
 
@@ -92,8 +91,3 @@ def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
             rows.append(row)
         out[prec] = pd.DataFrame(rows)
     return out
-
-
-def recorded_inputs(dtypes: pd.DataFrame) -> bool:
-    """Whether the audits recorded each op's input dtypes (records from before that column give outputs)."""
-    return "input_dtype" in dtypes and dtypes["input_dtype"].fillna("").astype(str).ne("").any()
