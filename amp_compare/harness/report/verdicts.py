@@ -134,14 +134,10 @@ def _finite(*values) -> bool:
     return all(isinstance(v, (int, float, np.floating)) and np.isfinite(v) for v in values)
 
 
-def _within(low, high, margin) -> bool:
-    return _finite(low, high) and 1 - margin <= low and high <= 1 + margin
-
-
-def _inside(low: float, high: float, floor: float) -> bool:
-    """[low, high] within ±floor, up to rounding: an interval exactly as wide as fp32's seed range is within it."""
-    slack = 1e-9 * max(1.0, abs(floor))
-    return -floor - slack <= low and high <= floor + slack
+def _within(low, high, margin, centre=1.0, rounding=0.0) -> bool:
+    """[low, high] within centre ± margin, up to `rounding` (relative): an interval exactly as wide is within."""
+    slack = rounding * max(1.0, abs(margin))
+    return _finite(low, high) and centre - margin - slack <= low and high <= centre + margin + slack
 
 
 # Each table is read top to bottom; the first rule that holds decides. f: the row's facts.
@@ -175,7 +171,7 @@ ACCURACY = [
     Rule("significant, above 0", lambda f: f.significant and f.low > 0, "higher", "interval_excludes_0"),
     Rule("significant, below 0", lambda f: f.significant and f.high < 0, "lower", "interval_excludes_0"),
     Rule("fewer than two fp32 seeds: no measured floor", lambda f: not _finite(f.floor), "undecided", "no_floor"),
-    Rule("interval within ± fp32's seed range", lambda f: _inside(f.low, f.high, f.floor), "same", "within_floor"),
+    Rule("within ± fp32's seed range", lambda f: _within(f.low, f.high, f.floor, 0, 1e-9), "same", "within_floor"),
     Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
 ]
 
@@ -301,10 +297,9 @@ ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%"
 
 def row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict, kind: str = "none") -> dict:
     """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
-    status, reason = decide(metric, facts)
-    estimate, low, high = (_num(getattr(facts, k, np.nan)) for k in ("estimate", "low", "high"))
-    if reason == "budget_cut":  # a figure over the cells that ran in full, or beside a cut one's, is no verdict's
-        estimate = low = high = np.nan
+    status, reason = decide(metric, facts)  # budget_cut: a figure beside a cut cell's is no verdict's
+    estimate, low, high = (np.nan if reason == "budget_cut" else _num(getattr(facts, k, np.nan))
+                           for k in ("estimate", "low", "high"))
     return {**key, "metric": metric, "estimate": estimate, "low": low, "high": high,
             "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
             "interval_kind": kind if np.isfinite(low) else "none", "status": status, "reason": reason,
@@ -338,21 +333,18 @@ def _time(r, key: dict, cut: int) -> dict:
     return row(key, "time_to_target", facts, evidence, "t over seeds 95%" if facts.seeds >= 2 else "none")
 
 
-def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
+def _failed_rows(runs: pd.DataFrame, done: set):
     """Every metric failed for a mixed (model, dataset, framework, precision) of the run with no finished cell."""
-    rows = []
     if runs.empty or "status" not in runs:
-        return rows
+        return
     for ident, cells in runs[precisions.is_mixed(runs["precision"])].groupby(GROUP, sort=False):
         if ident in done:
             continue
-        reason = FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed")
-        key = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan}
-        evidence = json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})
-        rows += [{**key, "metric": m, **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "unit": UNITS[m],
-                  "interval_kind": "none", "status": "failed", "reason": reason, "evidence": evidence}
-                 for m in METRICS]
-    return rows
+        failed = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan, "interval_kind": "none",
+                  **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "status": "failed",
+                  "reason": FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed"),
+                  "evidence": json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})}
+        yield from ({**failed, "metric": m, "unit": UNITS[m]} for m in METRICS)
 
 
 def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
@@ -364,10 +356,9 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
     """The verdict table of a run from `full` (tables.full_table), its run table and its trials table."""
     from amp_compare.kit.trial import INTERVAL_KIND, trial_summary
 
-    by_trial = {}
-    for t in ([] if trials is None or trials.empty else trial_summary(trials).to_dict("records")):
-        by_trial.setdefault((t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
-                             t["precision"]), t)
+    summaries = [] if trials is None or trials.empty else trial_summary(trials).to_dict("records")
+    by_trial = {(t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
+                 t["precision"]): t for t in summaries[::-1]}  # the first trial of each pair
     cut = _counts(runs, stats.budgeted(runs))
     diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
     rows, done = [], set()

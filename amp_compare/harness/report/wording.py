@@ -55,9 +55,9 @@ def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFac
                     halves={precisions.of(p).half for p in modes} - {None})
 
 
-def _both(facts: RunFacts, torch: str, keras: str) -> str:
-    """The torch and the Keras words, of the frameworks that ran, joined by "and"."""
-    return " and ".join([torch] * facts.torch + [keras] * facts.keras)
+def _both(facts: RunFacts, torch: str, keras: str, sep: str = " and ") -> str:
+    """The torch and the Keras words, of the frameworks that ran, joined by `sep`."""
+    return sep.join([torch] * facts.torch + [keras] * facts.keras)
 
 
 def mode_text(facts: RunFacts, name: str) -> str:
@@ -65,9 +65,8 @@ def mode_text(facts: RunFacts, name: str) -> str:
     p = precisions.of(name)
     if p.fp8:
         parts, base = [], "float32"
-        for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
-            recipe = RECIPES.get((key, name))
-            if recipe is None or not (facts.torch if key == "torch" else facts.keras):
+        for key, label in [("torch", "PyTorch")] * facts.torch + [("keras", "Keras")] * facts.keras:
+            if (recipe := RECIPES.get((key, name))) is None:
                 continue
             layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
             parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
@@ -115,8 +114,7 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
                 f"A dynamically scaled cell had {n:,} clean steps in a row, so in this run the scale could grow")
         out.append(text + ".")
     for name in facts.ran(loss_scaling="static"):
-        how = "; ".join(["PyTorch: GradScaler held at it"] * facts.torch + ["Keras: the optimizer's loss_scale_factor"]
-                        * facts.keras)
+        how = _both(facts, "PyTorch: GradScaler held at it", "Keras: the optimizer's loss_scale_factor", "; ")
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
         overflow = KERAS_STATIC if facts.torch else "Keras applies the update anyway"
         out.append(f"{name} multiplies the loss by a fixed scale{scale} ({how})."
