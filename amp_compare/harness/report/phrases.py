@@ -251,9 +251,8 @@ def _skips(v, e: dict) -> str:
     skips = e.get("skips", [])
     if not skips:
         return "no update skipped" + _until_cut(e)
-    found = {(f["seed"], f["step"]): f for f in e.get("located", [])}
-    said = [f"seed {s['seed']} step {s['step']} at {power(s['scale'])}"
-            + (f" ({cause(found[(s['seed'], s['step'])])})" if (s["seed"], s["step"]) in found else "")
+    found = {(f["seed"], f["step"]): f" ({cause(f)})" for f in e.get("located", [])}
+    said = [f"seed {s['seed']} step {s['step']} at {power(s['scale'])}{found.get((s['seed'], s['step']), '')}"
             for s in skips[:6]]
     return f"skipped {len(skips)}: " + "; ".join(said) + (f"; and {len(skips) - 6} more" if len(skips) > 6 else "")
 
@@ -297,11 +296,15 @@ def _underflow(v, e: dict) -> str:
             f"the last step{_flushed(sum(s['lost'] for s in seeds), sum(s.get('flushed', 0) for s in seeds))}: "
             f"{lost}; ")
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
-        return f"{said}it cost no accuracy here: {e.get('accuracy_pp', np.nan):+.1f} pp against fp32{_differing(e)}"
+        d, n, k = e.get("discordant"), e.get("images"), e.get("seeds_paired")  # paired predictions: seeds x images
+        k = int(k) if isinstance(k, (int, float)) and np.isfinite(k) else 1
+        differing = (f", {int(d):,} of {int(n) * k:,} paired predictions differing"
+                     if all(isinstance(x, (int, float)) and np.isfinite(x) for x in (d, n)) else "")
+        return f"{said}it cost no accuracy here: {e.get('accuracy_pp', np.nan):+.1f} pp against fp32{differing}"
     acc, why = e.get("accuracy_status", ""), e.get("accuracy_reason")
     shown = why in REASON and (acc in SHOWN or why in SHOWN_REASONS)
     acc_text = f"accuracy against fp32 {STATUS.get(acc, acc)}" + (
-        f" ({REASON[why].format(margin=e.get('accuracy_margin', float('nan')))})" if shown else "")
+        f" ({reason(SimpleNamespace(reason=why, margin=e.get('accuracy_margin', np.nan)))})" if shown else "")
     mattered = {"accuracy_lower": "it cost accuracy here", "accuracy_kept": "no accuracy cost seen here",
                 "accuracy_undecided": "not known whether it cost accuracy", "nothing_lost": "nothing was lost"}
     return f"{said}{acc_text}: {mattered.get(v.reason, '')}".rstrip(": ")
@@ -315,15 +318,6 @@ def _flushed(zeros: int, flushed: int, inside: str = " (") -> str:
 def share(x: float) -> str:
     """A share as a percentage with its first significant digit shown (1 of 28,975: 0.003%, not 0.00%)."""
     return f"{x:.2%}" if x == 0 or x >= 1e-4 else f"{x:.{int(-np.floor(np.log10(x * 100)))}%}"
-
-
-def _differing(e: dict) -> str:
-    """How many paired validation predictions differed from fp32's (seeds x images), where recorded."""
-    d, n, k = e.get("discordant"), e.get("images"), e.get("seeds_paired")
-    if not all(isinstance(x, (int, float)) and np.isfinite(x) for x in (d, n)):
-        return ""
-    pairs = int(n) * (int(k) if isinstance(k, (int, float)) and np.isfinite(k) else 1)
-    return f", {int(d):,} of {pairs:,} paired predictions differing"
 
 
 def _static(v, e: dict) -> str:

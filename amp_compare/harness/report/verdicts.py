@@ -33,7 +33,6 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "undecided": "measured, but the run cannot tell which way",
     "not_comparable": "nothing to compare (no trial, an emulation, a cut or too short run, no fp32 partner)",
     "failed": "the mixed cells did not finish",
-    # loss scaling (LAB_METRICS)
     "differs": "loss scale path: the frameworks' scales differed at some step of the same seed",
     "skipped": "skipped steps: the scaler skipped updates (non-finite gradients at the scale then in use)",
     "clean": "skipped steps, underflow: no update skipped / no gradient element came out 0 in the float16 backward "
@@ -43,10 +42,8 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no gradient element lost at it (0 both "
                 "at it and without it)",
     "insufficient": "static scale: it overflowed or gradient elements were lost at it (0 both at it and without it)",
-    # naive attention
     "overflowed": "naive attention: training went non-finite (a skipped update or a non-finite loss)",
     "finite": "naive attention: no update skipped and every loss finite to the end",
-    # data parallel
     "agrees": "data parallel: the N-worker run's losses within what a rerun at another thread count moved them by",
     "departs": "data parallel: the N-worker run's losses beyond that floor, or its workers disagreed",
 }
@@ -227,10 +224,8 @@ STATIC_SCALE = [
 # The naive-attention ViT (facts from numerics.naive_rows). f.step: the first step a seed went non-finite (-1: none);
 # f.where: where the locator found it; f.forced: the --fp32-layers given; f.finite: every seed ended with finite losses.
 NAIVE = [
-    Rule("non-finite, found in a forward", lambda f: f.step >= 0 and f.where == "forward", "overflowed",
-         "forward_located"),
-    Rule("non-finite, found in the backward", lambda f: f.step >= 0 and f.where == "backward", "overflowed",
-         "backward_located"),
+    Rule("non-finite in a forward", lambda f: f.step >= 0 and f.where == "forward", "overflowed", "forward_located"),
+    Rule("non-finite in a backward", lambda f: f.step >= 0 and f.where == "backward", "overflowed", "backward_located"),
     Rule("a seed went non-finite otherwise", lambda f: f.step >= 0 or not f.finite, "overflowed", "unlocated"),
     Rule("finite, with layers forced to float32", lambda f: bool(f.forced), "finite", "fp32_layers_kept_finite"),
     Rule("otherwise", lambda f: True, "finite", "stayed_finite"),
@@ -250,17 +245,15 @@ DATA_PARALLEL = [
 ]
 
 # fp8 against bf16 (facts from fp8.verdict_rows): ACCURACY's rules with bf16 as the partner
-FP8 = [Rule("no finished bf16 cell of the same seed", lambda f: not _finite(f.estimate), "not_comparable", "no_bf16"),
-       *ACCURACY]
+FP8 = [Rule("no bf16 partner", lambda f: not _finite(f.estimate), "not_comparable", "no_bf16"), *ACCURACY]
 
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
 LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
              "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # Each experiment's own question, answered first (answer.experiment_items): its header and its metrics
-EXPERIMENTS = (("Loss scaling (what this run asks)", LAB_METRICS),
-               ("Naive attention (what this run asks)", ("attention_overflow",)),
-               ("Data parallel (what this run asks)", ("data_parallel",)),
-               ("fp8 against bf16 (what this run asks)", ("fp8_vs_bf16",)))
+EXPERIMENTS = tuple((f"{name} (what this run asks)", metrics) for name, metrics in (
+    ("Loss scaling", LAB_METRICS), ("Naive attention", ("attention_overflow",)), ("Data parallel", ("data_parallel",)),
+    ("fp8 against bf16", ("fp8_vs_bf16",))))
 
 # a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
 FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
