@@ -13,8 +13,8 @@ from amp_compare.harness.report.tables import LOOP, full_table, group_label, nam
 
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                   epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
-    """The findings' sentences: diverged cells, the machine's steadiness, log lines, and per group (machine,
-    model/dataset, loop) whose fp32 did not learn enough what to change to compare accuracy."""
+    """The findings' sentences: diverged cells, the machine's steadiness, log lines and, per group (machine,
+    model/dataset, loop) whose fp32 did not learn enough, what to change to compare accuracy."""
     table = full_table(runs, epochs, environment) if table is None else table
     if table.empty:
         return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
