@@ -11,8 +11,6 @@ from amp_compare.contract.config import DISPLAY_ORDER, framework_label
 from amp_compare.harness.report import phrases, speed
 from amp_compare.harness.report.verdicts import EXPERIMENTS, choose
 
-SHOWN = ("speed", "accuracy")  # the metrics each precision's line gives; the tables give every metric
-
 
 def _line(prec: str, rows: pd.DataFrame) -> str:
     """A mixed precision's line: its speed (with interval) and accuracy verdicts, or one word where it did not run."""
@@ -20,8 +18,8 @@ def _line(prec: str, rows: pd.DataFrame) -> str:
         return f"{prec}: {phrases.REASON['unavailable']}"
     by = {r.metric: r for r in rows.itertuples()}
     return f"{prec}: " + "; ".join(  # n/a's reason and the rest of the intervals: the tables (80 columns)
-        f"{phrases.METRIC[m]} " + ("n/a" if v.status == "not_comparable" else phrases.cell(
-            v, m == "speed", v.status == "failed", contended=True)) for m, v in ((m, by[m]) for m in SHOWN if m in by))
+        f"{phrases.METRIC[m]} " + ("n/a" if by[m].status == "not_comparable" else phrases.cell(
+            by[m], m == "speed", by[m].status == "failed", contended=True)) for m in ("speed", "accuracy") if m in by)
 
 
 def items(verdicts: pd.DataFrame) -> list[tuple[str, list[tuple[str, list[str]]]]]:
@@ -53,15 +51,9 @@ def uses(verdicts: pd.DataFrame) -> str:
 
 def experiment_items(part: pd.DataFrame) -> list[tuple[str, list[str]]]:
     """Each experiment's rows (verdicts.EXPERIMENTS) of one model x dataset under its header, framework by framework."""
-    out = []
-    for header, metrics in EXPERIMENTS:
-        rows = part[part["metric"].isin(metrics)]
-        if rows.empty:
-            continue
-        out.append((header, [phrases.lab_line(v) for _, g in rows.groupby("framework", sort=False)
-                             for v in sorted(g.itertuples(), key=lambda v: (DISPLAY_ORDER.get(v.precision, 99),
-                                                                            metrics.index(v.metric)))]))
-    return out
+    return [(header, [phrases.lab_line(v) for _, g in rows.groupby("framework", sort=False) for v in sorted(
+        g.itertuples(), key=lambda v: (DISPLAY_ORDER.get(v.precision, 99), metrics.index(v.metric)))])
+        for header, metrics in EXPERIMENTS if not (rows := part[part["metric"].isin(metrics)]).empty]
 
 
 FAR_SLOWER = 0.1  # a speed verdict whose interval stays at or below this x fp32's: the kernels are the question
@@ -78,9 +70,9 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
     far = verdicts[(verdicts["metric"] == "speed") & (verdicts["status"] == "slower")
                    & (verdicts["high"] <= FAR_SLOWER)] if verdicts is not None and not verdicts.empty else None
     if far is not None and not far.empty:  # per framework x model: which precisions, and how much slower
-        parts = [f"{framework_label(fw)} {model} {_listed(list(dict.fromkeys(rows['precision'])))} "
-                 f"{_span(sorted(1 / rows['estimate']))}×" for (fw, model), rows
-                 in far.groupby(["framework", "model"], sort=False)]
+        parts = [f"{framework_label(fw)} {model} {_listed(list(dict.fromkeys(rows['precision'])))} "  # 42× or 42–95×
+                 + "–".join(dict.fromkeys(f"{x:.0f}" for x in (1 / rows["estimate"]).agg(["min", "max"]))) + "×"
+                 for (fw, model), rows in far.groupby(["framework", "model"], sort=False)]
         said.append(f"{_listed(parts)} slower than fp32 in the speed trials; "  # no profile: the option says where
                     + ("the Profile section names the kernels." if profiled
                        else "this run recorded no profile: rerun with --profile to name the kernels."))
@@ -89,10 +81,6 @@ def preface(environment: dict, device: str = "cpu", verdicts: pd.DataFrame | Non
 
 def _listed(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
-def _span(times: list[float]) -> str:
-    return f"{times[0]:.0f}" + (f"–{times[-1]:.0f}" if round(times[-1]) != round(times[0]) else "")
 
 
 def render(verdicts: pd.DataFrame, fmt: str, first: str = "") -> str:

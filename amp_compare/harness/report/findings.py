@@ -11,19 +11,10 @@ from amp_compare.harness.report.speed import LogLine, log_sentences, machine_not
 from amp_compare.harness.report.tables import LOOP, full_table, group_label, named_machines, varying_keys
 
 
-def _too_short(table: pd.DataFrame) -> list[str]:
-    """Per group (machine, model/dataset, loop) whose fp32 did not learn enough: what to change to compare accuracy."""
-    keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
-    multi, varying = named_machines(table), varying_keys(table)
-    return [f"Accuracy cannot be compared from this run for {group_label(dict(zip(keys, k)), multi, varying)}: "
-            f"{short}. Train longer (more --epochs, no --steps-per-epoch cap) or on the real dataset before reading "
-            "accuracy differences." for k, group in table.groupby(keys, sort=False, dropna=False)
-            if (short := group["too_short"].iloc[0])]
-
-
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                   epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
-    """The findings' sentences: diverged cells, the machine's steadiness, log lines, runs too short."""
+    """The findings' sentences: diverged cells, the machine's steadiness, log lines and, per group (machine,
+    model/dataset, loop) whose fp32 did not learn enough, what to change to compare accuracy."""
     table = full_table(runs, epochs, environment) if table is None else table
     if table.empty:
         return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
@@ -35,4 +26,10 @@ def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
     diverged = nr.with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
     ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
              + (f"; {said}." if (said := nr.ending_text(r, since=False)) else ".") for r in diverged.itertuples()]
-    return ended[::-1] + out + _too_short(table)
+    keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
+    multi, varying = named_machines(table), varying_keys(table)
+    return ended[::-1] + out + [
+        f"Accuracy cannot be compared from this run for {group_label(dict(zip(keys, k)), multi, varying)}: {short}. "
+        "Train longer (more --epochs, no --steps-per-epoch cap) or on the real dataset before reading accuracy "
+        "differences." for k, group in table.groupby(keys, sort=False, dropna=False)
+        if (short := group["too_short"].iloc[0])]

@@ -51,7 +51,6 @@ DECIDES = {("speed", "interval_too_wide"): "a longer --trial-budget-s narrows it
 # the tables' column headers: a ratio column says once what its numbers are multiples of
 HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",
           "time_to_target": "Time to target (× fp32's)", "numerics": "Numerics"}
-RATIO_UNITS = ("x fp32 speed", "x fp32 time")  # worded after the metric as multiples of fp32's: "speed 0.16× fp32's"
 # Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
 KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
 # why a torch N-worker cell can skip steps its 1-worker cell does not
@@ -85,7 +84,7 @@ def number(v, interval: bool = True, of: bool = True) -> str:
     """The estimate in the verdict's unit with its 95% interval where it has one and `interval`; "" where none."""
     if not np.isfinite(v.estimate):
         return ""
-    if v.unit in RATIO_UNITS:
+    if v.unit in ("x fp32 speed", "x fp32 time"):  # worded as multiples of fp32's: "speed 0.16× fp32's"
         text = ratio(v.estimate) + (" fp32's" if of else "")
         low, high = (ratio(v.low)[:-1], ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
     elif v.unit == "pp":
@@ -119,9 +118,7 @@ def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: boo
         of_all = f" of {2 * rounds:,}" if isinstance(rounds, (int, float)) and rounds else ""
         most = isinstance(rounds, (int, float)) and blocks > rounds  # more than half of the trial's blocks
         status += f" ({blocks}{of_all} blocks contended)" if blocks and (why or most) else ""
-    if v.metric == "numerics" and v.status != "failed":
-        if v.status != "same":
-            return status
+    if v.metric == "numerics" and v.status == "same":
         skips = v.estimate if np.isfinite(v.estimate) else 0  # the seeds' median of skipped updates (lab audit)
         return "finite losses" + (f", {skips:g} skipped update{'s' * (skips != 1)} (median)" if skips else "")
     return f"{number(v, interval, of)} {status}".strip()
@@ -155,8 +152,8 @@ def accuracy(r) -> str:
 
 
 def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
-    """short (the terminal): framework and precision in one column, cells without interval or reason."""
-    # one row per framework x mixed precision (of one model's verdicts), one column per metric: the cells
+    """One row per framework x mixed precision of one model's verdicts, one cell per metric; short (the terminal):
+    framework and precision in one column, cells without interval or reason."""
     rows = []
     for (fw, prec), part in verdicts.groupby(["framework", "precision"], sort=False):
         by = {r.metric: r for r in part.itertuples()}
@@ -254,9 +251,8 @@ def _skips(v, e: dict) -> str:
     skips = e.get("skips", [])
     if not skips:
         return "no update skipped" + _until_cut(e)
-    found = {(f["seed"], f["step"]): f for f in e.get("located", [])}
-    said = [f"seed {s['seed']} step {s['step']} at {power(s['scale'])}"
-            + (f" ({cause(found[(s['seed'], s['step'])])})" if (s["seed"], s["step"]) in found else "")
+    found = {(f["seed"], f["step"]): f" ({cause(f)})" for f in e.get("located", [])}
+    said = [f"seed {s['seed']} step {s['step']} at {power(s['scale'])}{found.get((s['seed'], s['step']), '')}"
             for s in skips[:6]]
     return f"skipped {len(skips)}: " + "; ".join(said) + (f"; and {len(skips) - 6} more" if len(skips) > 6 else "")
 
@@ -300,11 +296,15 @@ def _underflow(v, e: dict) -> str:
             f"the last step{_flushed(sum(s['lost'] for s in seeds), sum(s.get('flushed', 0) for s in seeds))}: "
             f"{lost}; ")
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
-        return f"{said}it cost no accuracy here: {e.get('accuracy_pp', np.nan):+.1f} pp against fp32{_differing(e)}"
+        d, n, k = e.get("discordant"), e.get("images"), e.get("seeds_paired")  # paired predictions: seeds x images
+        k = int(k) if isinstance(k, (int, float)) and np.isfinite(k) else 1
+        differing = (f", {int(d):,} of {int(n) * k:,} paired predictions differing"
+                     if all(isinstance(x, (int, float)) and np.isfinite(x) for x in (d, n)) else "")
+        return f"{said}it cost no accuracy here: {e.get('accuracy_pp', np.nan):+.1f} pp against fp32{differing}"
     acc, why = e.get("accuracy_status", ""), e.get("accuracy_reason")
     shown = why in REASON and (acc in SHOWN or why in SHOWN_REASONS)
     acc_text = f"accuracy against fp32 {STATUS.get(acc, acc)}" + (
-        f" ({REASON[why].format(margin=e.get('accuracy_margin', float('nan')))})" if shown else "")
+        f" ({reason(SimpleNamespace(reason=why, margin=e.get('accuracy_margin', np.nan)))})" if shown else "")
     mattered = {"accuracy_lower": "it cost accuracy here", "accuracy_kept": "no accuracy cost seen here",
                 "accuracy_undecided": "not known whether it cost accuracy", "nothing_lost": "nothing was lost"}
     return f"{said}{acc_text}: {mattered.get(v.reason, '')}".rstrip(": ")
@@ -318,15 +318,6 @@ def _flushed(zeros: int, flushed: int, inside: str = " (") -> str:
 def share(x: float) -> str:
     """A share as a percentage with its first significant digit shown (1 of 28,975: 0.003%, not 0.00%)."""
     return f"{x:.2%}" if x == 0 or x >= 1e-4 else f"{x:.{int(-np.floor(np.log10(x * 100)))}%}"
-
-
-def _differing(e: dict) -> str:
-    """How many paired validation predictions differed from fp32's (seeds x images), where recorded."""
-    d, n, k = e.get("discordant"), e.get("images"), e.get("seeds_paired")
-    if not all(isinstance(x, (int, float)) and np.isfinite(x) for x in (d, n)):
-        return ""
-    pairs = int(n) * (int(k) if isinstance(k, (int, float)) and np.isfinite(k) else 1)
-    return f", {int(d):,} of {pairs:,} paired predictions differing"
 
 
 def _static(v, e: dict) -> str:
@@ -384,8 +375,7 @@ def _data_parallel(v, e: dict) -> str:
                "at_thread_floor": f"at {rerun}'s {floor:.1e}: no evidence either way",
                "beyond_thread_floor": (f"beyond {rerun}'s {floor:.1e} ({times:,.{0 if times >= 10 else 1}f}×)"
                                        if floor > 0 else f"where {rerun} gave the same bits"),
-               "no_thread_floor": "no rerun at another thread count to judge it by",
-               "workers_disagree": ""}[v.reason]  # the disagreement decides: no floor to weigh a gap against
+               "no_thread_floor": "no rerun at another thread count to judge it by"}.get(v.reason, "")  # disagreed
     agreed = "the workers' own records disagreed" if v.reason == "workers_disagree" else "workers agreed"
     share = f"{_bound(100 * gap, 2, up=True)}%" if gap >= 1e-4 else "less than 0.01%"  # "within": a bound, rounded up
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""

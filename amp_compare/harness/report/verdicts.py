@@ -33,7 +33,6 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "undecided": "measured, but the run cannot tell which way",
     "not_comparable": "nothing to compare (no trial, an emulation, a cut or too short run, no fp32 partner)",
     "failed": "the mixed cells did not finish",
-    # loss scaling (LAB_METRICS)
     "differs": "loss scale path: the frameworks' scales differed at some step of the same seed",
     "skipped": "skipped steps: the scaler skipped updates (non-finite gradients at the scale then in use)",
     "clean": "skipped steps, underflow: no update skipped / no gradient element came out 0 in the float16 backward "
@@ -43,10 +42,8 @@ STATUSES = {  # the closed set; the metric says which direction words apply
     "sufficed": "static scale: no overflow (no skip, no non-finite loss) and no gradient element lost at it (0 both "
                 "at it and without it)",
     "insufficient": "static scale: it overflowed or gradient elements were lost at it (0 both at it and without it)",
-    # naive attention
     "overflowed": "naive attention: training went non-finite (a skipped update or a non-finite loss)",
     "finite": "naive attention: no update skipped and every loss finite to the end",
-    # data parallel
     "agrees": "data parallel: the N-worker run's losses within what a rerun at another thread count moved them by",
     "departs": "data parallel: the N-worker run's losses beyond that floor, or its workers disagreed",
 }
@@ -134,14 +131,10 @@ def _finite(*values) -> bool:
     return all(isinstance(v, (int, float, np.floating)) and np.isfinite(v) for v in values)
 
 
-def _within(low, high, margin) -> bool:
-    return _finite(low, high) and 1 - margin <= low and high <= 1 + margin
-
-
-def _inside(low: float, high: float, floor: float) -> bool:
-    """[low, high] within ±floor, up to rounding: an interval exactly as wide as fp32's seed range is within it."""
-    slack = 1e-9 * max(1.0, abs(floor))
-    return -floor - slack <= low and high <= floor + slack
+def _within(low, high, margin, centre=1.0, rounding=0.0) -> bool:
+    """[low, high] within centre ± margin, up to `rounding` (relative): an interval exactly as wide is within."""
+    slack = rounding * max(1.0, abs(margin))
+    return _finite(low, high) and centre - margin - slack <= low and high <= centre + margin + slack
 
 
 # Each table is read top to bottom; the first rule that holds decides. f: the row's facts.
@@ -175,7 +168,7 @@ ACCURACY = [
     Rule("significant, above 0", lambda f: f.significant and f.low > 0, "higher", "interval_excludes_0"),
     Rule("significant, below 0", lambda f: f.significant and f.high < 0, "lower", "interval_excludes_0"),
     Rule("fewer than two fp32 seeds: no measured floor", lambda f: not _finite(f.floor), "undecided", "no_floor"),
-    Rule("interval within ± fp32's seed range", lambda f: _inside(f.low, f.high, f.floor), "same", "within_floor"),
+    Rule("within ± fp32's seed range", lambda f: _within(f.low, f.high, f.floor, 0, 1e-9), "same", "within_floor"),
     Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
 ]
 
@@ -231,10 +224,8 @@ STATIC_SCALE = [
 # The naive-attention ViT (facts from numerics.naive_rows). f.step: the first step a seed went non-finite (-1: none);
 # f.where: where the locator found it; f.forced: the --fp32-layers given; f.finite: every seed ended with finite losses.
 NAIVE = [
-    Rule("non-finite, found in a forward", lambda f: f.step >= 0 and f.where == "forward", "overflowed",
-         "forward_located"),
-    Rule("non-finite, found in the backward", lambda f: f.step >= 0 and f.where == "backward", "overflowed",
-         "backward_located"),
+    Rule("non-finite in a forward", lambda f: f.step >= 0 and f.where == "forward", "overflowed", "forward_located"),
+    Rule("non-finite in a backward", lambda f: f.step >= 0 and f.where == "backward", "overflowed", "backward_located"),
     Rule("a seed went non-finite otherwise", lambda f: f.step >= 0 or not f.finite, "overflowed", "unlocated"),
     Rule("finite, with layers forced to float32", lambda f: bool(f.forced), "finite", "fp32_layers_kept_finite"),
     Rule("otherwise", lambda f: True, "finite", "stayed_finite"),
@@ -254,17 +245,15 @@ DATA_PARALLEL = [
 ]
 
 # fp8 against bf16 (facts from fp8.verdict_rows): ACCURACY's rules with bf16 as the partner
-FP8 = [Rule("no finished bf16 cell of the same seed", lambda f: not _finite(f.estimate), "not_comparable", "no_bf16"),
-       *ACCURACY]
+FP8 = [Rule("no bf16 partner", lambda f: not _finite(f.estimate), "not_comparable", "no_bf16"), *ACCURACY]
 
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
 LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
              "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # Each experiment's own question, answered first (answer.experiment_items): its header and its metrics
-EXPERIMENTS = (("Loss scaling (what this run asks)", LAB_METRICS),
-               ("Naive attention (what this run asks)", ("attention_overflow",)),
-               ("Data parallel (what this run asks)", ("data_parallel",)),
-               ("fp8 against bf16 (what this run asks)", ("fp8_vs_bf16",)))
+EXPERIMENTS = tuple((f"{name} (what this run asks)", metrics) for name, metrics in (
+    ("Loss scaling", LAB_METRICS), ("Naive attention", ("attention_overflow",)), ("Data parallel", ("data_parallel",)),
+    ("fp8 against bf16", ("fp8_vs_bf16",))))
 
 # a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
 FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
@@ -301,10 +290,9 @@ ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%"
 
 def row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict, kind: str = "none") -> dict:
     """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
-    status, reason = decide(metric, facts)
-    estimate, low, high = (_num(getattr(facts, k, np.nan)) for k in ("estimate", "low", "high"))
-    if reason == "budget_cut":  # a figure over the cells that ran in full, or beside a cut one's, is no verdict's
-        estimate = low = high = np.nan
+    status, reason = decide(metric, facts)  # budget_cut: a figure beside a cut cell's is no verdict's
+    estimate, low, high = (np.nan if reason == "budget_cut" else _num(getattr(facts, k, np.nan))
+                           for k in ("estimate", "low", "high"))
     return {**key, "metric": metric, "estimate": estimate, "low": low, "high": high,
             "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
             "interval_kind": kind if np.isfinite(low) else "none", "status": status, "reason": reason,
@@ -338,21 +326,18 @@ def _time(r, key: dict, cut: int) -> dict:
     return row(key, "time_to_target", facts, evidence, "t over seeds 95%" if facts.seeds >= 2 else "none")
 
 
-def _failed_rows(runs: pd.DataFrame, done: set) -> list[dict]:
+def _failed_rows(runs: pd.DataFrame, done: set):
     """Every metric failed for a mixed (model, dataset, framework, precision) of the run with no finished cell."""
-    rows = []
     if runs.empty or "status" not in runs:
-        return rows
+        return
     for ident, cells in runs[precisions.is_mixed(runs["precision"])].groupby(GROUP, sort=False):
         if ident in done:
             continue
-        reason = FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed")
-        key = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan}
-        evidence = json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})
-        rows += [{**key, "metric": m, **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "unit": UNITS[m],
-                  "interval_kind": "none", "status": "failed", "reason": reason, "evidence": evidence}
-                 for m in METRICS]
-    return rows
+        failed = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan, "interval_kind": "none",
+                  **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "status": "failed",
+                  "reason": FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed"),
+                  "evidence": json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})}
+        yield from ({**failed, "metric": m, "unit": UNITS[m]} for m in METRICS)
 
 
 def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
@@ -364,10 +349,9 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
     """The verdict table of a run from `full` (tables.full_table), its run table and its trials table."""
     from amp_compare.kit.trial import INTERVAL_KIND, trial_summary
 
-    by_trial = {}
-    for t in ([] if trials is None or trials.empty else trial_summary(trials).to_dict("records")):
-        by_trial.setdefault((t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
-                             t["precision"]), t)
+    summaries = [] if trials is None or trials.empty else trial_summary(trials).to_dict("records")
+    by_trial = {(t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
+                 t["precision"]): t for t in summaries[::-1]}  # the first trial of each pair
     cut = _counts(runs, stats.budgeted(runs))
     diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
     rows, done = [], set()

@@ -55,9 +55,9 @@ def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFac
                     halves={precisions.of(p).half for p in modes} - {None})
 
 
-def _both(facts: RunFacts, torch: str, keras: str) -> str:
-    """The torch and the Keras words, of the frameworks that ran, joined by "and"."""
-    return " and ".join([torch] * facts.torch + [keras] * facts.keras)
+def _both(facts: RunFacts, torch: str, keras: str, sep: str = " and ") -> str:
+    """The torch and the Keras words, of the frameworks that ran, joined by `sep`."""
+    return sep.join([torch] * facts.torch + [keras] * facts.keras)
 
 
 def mode_text(facts: RunFacts, name: str) -> str:
@@ -65,9 +65,8 @@ def mode_text(facts: RunFacts, name: str) -> str:
     p = precisions.of(name)
     if p.fp8:
         parts, base = [], "float32"
-        for key, label in (("torch", "PyTorch"), ("keras", "Keras")):
-            recipe = RECIPES.get((key, name))
-            if recipe is None or not (facts.torch if key == "torch" else facts.keras):
+        for key, label in [("torch", "PyTorch")] * facts.torch + [("keras", "Keras")] * facts.keras:
+            if (recipe := RECIPES.get((key, name))) is None:
                 continue
             layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
             parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
@@ -92,11 +91,10 @@ def summary_intro(facts: RunFacts, seeds_text: str, loop_text: str) -> str:
                                                               if facts.frameworks else "The run")
     n = len(facts.precisions)
     modes = "; ".join(f"{p} ({mode_text(facts, p)})" for p in facts.precisions)
-    text = f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: {modes}."
-    if facts.ran(half="float16") or facts.ran(half="bfloat16"):
-        text += (" This table is what the training cells took, one row per framework and precision; the speed "
-                 "verdicts above come from the speed trials.")
-    return text + f" Numbers are medians over {seeds_text}{f'; {loop_text}' if loop_text else ''}."
+    table = (" This table is what the training cells took, one row per framework and precision; the speed verdicts "
+             "above come from the speed trials." if facts.ran(half="float16") or facts.ran(half="bfloat16") else "")
+    return (f"{who} trained the same network on the same data in {n} precision mode{'s' if n != 1 else ''}: {modes}."
+            f"{table} Numbers are medians over {seeds_text}{f'; {loop_text}' if loop_text else ''}.")
 
 
 def loss_scaling_intro(facts: RunFacts) -> list[str]:
@@ -115,8 +113,7 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
                 f"A dynamically scaled cell had {n:,} clean steps in a row, so in this run the scale could grow")
         out.append(text + ".")
     for name in facts.ran(loss_scaling="static"):
-        how = "; ".join(["PyTorch: GradScaler held at it"] * facts.torch + ["Keras: the optimizer's loss_scale_factor"]
-                        * facts.keras)
+        how = _both(facts, "PyTorch: GradScaler held at it", "Keras: the optimizer's loss_scale_factor", "; ")
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
         overflow = KERAS_STATIC if facts.torch else "Keras applies the update anyway"
         out.append(f"{name} multiplies the loss by a fixed scale{scale} ({how})."
@@ -134,12 +131,11 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
 
 
 def numerics_intro(facts: RunFacts) -> str:
-    text = ("Measured outside the timed loop on each cell's first batch: which dtype every layer computes in "
-            "during one training step (the dtype audit)")
-    if "float16" in facts.halves:
-        text += (", and how the float32 gradients of every layer compare with float16's range at the first and "
-                 "the last step")
-    return text + ". Each part says what happened there, from the records."
+    """The Numerics section's first sentence: the dtype audit, and the gradient probe where float16 ran."""
+    probe = (", and how the float32 gradients of every layer compare with float16's range at the first and the last "
+             "step" if "float16" in facts.halves else "")
+    return ("Measured outside the timed loop on each cell's first batch: which dtype every layer computes in during "
+            f"one training step (the dtype audit){probe}. Each part says what happened there, from the records.")
 
 
 def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
@@ -155,22 +151,16 @@ def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
 def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | None, machine: str,
                           floor_threads: list[int] | None = None) -> str:
     """The threads of the 1-worker, floor and N-worker cells; the machine's unsteadiness where seen."""
-    parts = [f"Threads: each 1-worker cell was given --threads {threads_1}"]
-    if floor_threads:
-        parts.append(f"its floor cell --threads {', '.join(map(str, sorted(set(floor_threads))))}")
-    if facts.torch and per_worker is not None:
-        parts.append(f"each torch worker of an N-worker cell used {per_worker} (the cell's --threads shared among "
-                     "its workers, so N workers use the cores one worker would)")
-    if facts.keras:
-        parts.append("Keras' replicas share their one process's threads")
-    if "keras-jax" in facts.frameworks:
-        parts.append("JAX takes no thread count from a running process (XLA's own pool, as its records say), so "
-                     "--threads does not reach its cells")
-    text = "; ".join(parts) + "."
-    if machine:
-        text += (f" The machine was unsteady over the run ({machine}): N vs 1 compares cells that ran at different "
-                 "times, so it carries that as well as data parallelism.")
-    return text
+    parts = [f"Threads: each 1-worker cell was given --threads {threads_1}",
+             f"its floor cell --threads {', '.join(map(str, sorted(set(floor_threads))))}" if floor_threads else "",
+             f"each torch worker of an N-worker cell used {per_worker} (the cell's --threads shared among its workers, "
+             "so N workers use the cores one worker would)" if facts.torch and per_worker is not None else "",
+             "Keras' replicas share their one process's threads" if facts.keras else "",
+             "JAX takes no thread count from a running process (XLA's own pool, as its records say), so --threads "
+             "does not reach its cells" if "keras-jax" in facts.frameworks else ""]
+    return "; ".join(filter(None, parts)) + "." + (
+        f" The machine was unsteady over the run ({machine}): N vs 1 compares cells that ran at different times, so "
+        "it carries that as well as data parallelism." if machine else "")
 
 
 def reproduce_note(environment) -> str:
