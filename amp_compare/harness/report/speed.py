@@ -89,8 +89,7 @@ def hardware_paragraph(table: pd.DataFrame, ceilings: list[str] | tuple[str, ...
     text += (" The verdict host-bound / compute-bound comes from how throughput moved with the batch size; "
              "without --batch-sizes it is \"undetermined\", or \"compute-bound\" with its rule beside it (MFU ≥ "
              "50%). \"Warm-up steps' extra time\" is what the warm-up steps took beyond as many median steps (ms), "
-             "whatever it went to (first-call setup, tracing or compilation where the loop compiles); a timing note "
-             "marks a wall-time figure more than 10% from the median-step one.")
+             "whatever it went to (first-call setup, tracing or compilation where the loop compiles).")
     if emulated:
         text += (" Where the CPU's flags list no arithmetic for a half format, that format's cells are measured "
                  "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because this CPU has no "

@@ -221,10 +221,9 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         fp32_epochs = epochs[epochs["cell_id"].isin(set(fp32["cell_id"]))]
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
         given = group.get("cfg_target_accuracy", pd.Series(dtype=float)).dropna()  # else a share of fp32's final
-        final = float(fp32["final_val_accuracy"].median())
+        final, share = float(fp32["final_val_accuracy"].median()), stats.TARGET_FRACTION
         target, basis = ((float("nan"), "") if fp32.empty else (float(given.iloc[0]), "--target-accuracy")
-                         if not given.empty else (stats.TARGET_FRACTION * final,
-                                                  f"{stats.TARGET_FRACTION:.0%} of fp32's {final:.1%}"))
+                         if not given.empty else (share * final, f"{share:.0%} of fp32's {final:.1%}"))
         times = _time_rows(group[~cut], epochs, target)
         n_cut = group[cut].groupby(["framework", "precision"]).size()
         times.update({k: {} for k in n_cut.index if k not in times})  # every cell budgeted: a row without either
