@@ -53,12 +53,9 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
     return out
 
 
-CEILING_KEYS = ("machine", "device_name")  # a ceiling per device (and machine, in a combined report) and dtype
-
-
 def _ceiling_keys(runs: pd.DataFrame) -> list[str]:
-    """The CEILING_KEYS this table has."""
-    return [k for k in CEILING_KEYS if k in runs]
+    """What a ceiling is per besides its dtype, of what this table has: device, and machine in a combined report."""
+    return [k for k in ("machine", "device_name") if k in runs]
 
 
 def _base_dtype(runs: pd.DataFrame) -> pd.Series:

@@ -89,8 +89,7 @@ def hardware_paragraph(table: pd.DataFrame, ceilings: list[str] | tuple[str, ...
     text += (" The verdict host-bound / compute-bound comes from how throughput moved with the batch size; "
              "without --batch-sizes it is \"undetermined\", or \"compute-bound\" with its rule beside it (MFU ≥ "
              "50%). \"Warm-up steps' extra time\" is what the warm-up steps took beyond as many median steps (ms), "
-             "whatever it went to (first-call setup, tracing or compilation where the loop compiles); a timing note "
-             "marks a wall-time figure more than 10% from the median-step one.")
+             "whatever it went to (first-call setup, tracing or compilation where the loop compiles).")
     if emulated:
         text += (" Where the CPU's flags list no arithmetic for a half format, that format's cells are measured "
                  "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because this CPU has no "
@@ -156,16 +155,12 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
     if phases is None or phases.empty:
         return {}
     mine = phases[phases["cell_id"].isin(set(cells["cell_id"]))]
-    by = mine.groupby(["cell_id", "phase"])[["seconds", "cpu_seconds"]].sum().unstack("phase")
-
-    def median(phase: str, per_wall: bool = False) -> float:
-        if ("seconds", phase) not in by:
-            return float("nan")
-        # a cell that recorded no such phase spent no time in it
-        values = by["cpu_seconds"][phase] / by["seconds"][phase] if per_wall else by["seconds"][phase].fillna(0.0)
-        return float(values.median())
-
-    return {"cpu": median("training", per_wall=True), "warmup": median("compile/warm-up"), "eval": median("evaluation")}
+    # a cell that recorded no such phase spent no time in it; a phase no cell recorded has no median
+    by = mine.groupby(["cell_id", "phase"])[["seconds", "cpu_seconds"]].sum().unstack("phase").fillna(0.0)
+    by[("cpu", "training")] = by.get(("cpu_seconds", "training"), np.nan) / by.get(("seconds", "training"), np.nan)
+    median = by.median()
+    return {key: float(median.get(column, np.nan)) for key, column in (
+        ("cpu", ("cpu", "training")), ("warmup", ("seconds", "compile/warm-up")), ("eval", ("seconds", "evaluation")))}
 
 
 def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:

@@ -190,10 +190,8 @@ def time_to_accuracy(epochs: pd.DataFrame, target: float) -> float:
     if epochs.empty or "epoch" not in epochs:
         return float("nan")  # no per-epoch record: unknown, not "not reached"
     e = epochs.sort_values("epoch")
-    reached = (e["val_accuracy"].to_numpy(float) >= target)
-    if not reached.any():
-        return float("inf")
-    return float(np.cumsum(e["train_time_s"].to_numpy(float))[int(np.argmax(reached))])
+    reached = e["val_accuracy"].to_numpy(float) >= target
+    return float(np.cumsum(e["train_time_s"].to_numpy(float))[np.argmax(reached)]) if reached.any() else float("inf")
 
 
 def _log_mean_variance(t: np.ndarray) -> tuple[float, float]:
@@ -212,14 +210,11 @@ def ratio_interval(log_ratios, within_var: float = float("nan"), within_df: floa
     else the within-seed one (`within_var`, `within_df`); `basis` says which ("seeds", "steps" or none)."""
     r = np.asarray(log_ratios, float)
     r = r[np.isfinite(r)]
-    out = {"ratio": float("nan"), "low": float("nan"), "high": float("nan"), "seeds": int(r.size), "basis": ""}
-    if r.size == 0:
-        return out
-    point = float(r.mean())
-    out["ratio"] = float(np.exp(point))
+    point = float(r.mean()) if r.size else float("nan")
+    out = {"ratio": float(np.exp(point)), "low": float("nan"), "high": float("nan"), "seeds": int(r.size), "basis": ""}
     if r.size >= 2:
         se, df, basis = float(r.std(ddof=1) / np.sqrt(r.size)), r.size - 1.0, "seeds"
-    elif np.isfinite(within_var) and within_var >= 0 and (within_df >= 1 or within_var == 0):
+    elif r.size and np.isfinite(within_var) and within_var >= 0 and (within_df >= 1 or within_var == 0):
         se, df, basis = float(np.sqrt(within_var)), max(float(within_df), 1.0), "steps"  # 0: steps all alike
     else:
         return out

@@ -43,13 +43,11 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     group = (["machine"] if "machine" in ok else []) + ["framework", "model", "dataset", *LOOP, "precision"]
     cols = group + ["runs", "throughput_img_s", "throughput_q1", "throughput_q3", "throughput_min", "throughput_max",
                     "speedup_vs_fp32", "speed_min", "speed_max", "accuracy_min", "accuracy_max", "peak_memory_mib",
-                    "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3", "skipped_steps",
-                    "budget_cut", *PERF_COLS]
+                    "memory_change_vs_fp32", "val_accuracy", "accuracy_q1", "accuracy_q3", "skipped_steps", *PERF_COLS]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     base_keys = [c for c in group if c != "precision"]
     # a row with a cell the speed budget stopped has neither accuracy nor peak memory (n/a)
-    ok["budget_cut"] = stats.budgeted(ok)
     cut = stats.cut_groups(ok, group)
     ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~cut)
     ok["log_speed"] = paired_log_ratio(ok, "throughput_img_s", base_keys)
@@ -59,9 +57,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         runs=("seed", "size"), **_spread_of("throughput_img_s", "throughput"),
         **_spread_of("final_val_accuracy", "accuracy", median="val_accuracy"),
         log_speed=("log_speed", "mean"), log_speed_min=("log_speed", "min"), log_speed_max=("log_speed", "max"),
-        peak_memory_bytes=("peak_memory_bytes", "median"), log_memory=("log_memory", "mean"),
-        skipped_steps=("skipped_steps", "median"), budget_cut=("budget_cut", "sum"),
-        **{c: (c, "median") for c in PERF_MEDIANS}, **{c: (c, "first") for c in CEILING_WHY}).reset_index()
+        log_memory=("log_memory", "mean"), **{c: (c, "first") for c in CEILING_WHY},
+        **{c: (c, "median") for c in ("peak_memory_bytes", "skipped_steps", *PERF_MEDIANS)}).reset_index()
     agg["peak_memory_mib"] = agg["peak_memory_bytes"] / memory.MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
     agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
@@ -70,8 +67,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     agg.loc[[scaling.cannot_skip(f, p) for f, p in zip(agg["framework"], agg["precision"])], "skipped_steps"] = np.nan
     agg["timing_note"] = list(map(timing_note, agg["throughput_img_s"], agg["median_step_throughput_img_s"]))
     agg["bound"] = bound_verdicts(agg, group)
-    agg = agg.sort_values([*group[:-6], "model", "dataset", "step_loop", "batch_size", "framework", "precision"],
-                          key=display_order)
+    agg = agg.sort_values([*group[:-6], "model", "dataset", *LOOP, "framework", "precision"], key=display_order)
     return agg[cols].reset_index(drop=True)
 
 
@@ -197,10 +193,9 @@ def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict
                "reached_seeds": int(np.isfinite(times).sum()), "timed_seeds": len(times)}
         fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
         fp32_time = {r.seed: per_cell[r.cell_id] for r in fp32.itertuples()}
-        logs = [x for r in cells.itertuples() if np.isfinite(x := _log_ratio(fp32_time.get(r.seed, np.nan),
-                                                                               per_cell[r.cell_id]))]
-        if precisions.is_mixed(prec) and logs:
-            res = stats.ratio_interval(logs)
+        if precisions.is_mixed(prec):  # NaN where no seed has both times
+            res = stats.ratio_interval([_log_ratio(fp32_time.get(r.seed, np.nan), per_cell[r.cell_id])
+                                        for r in cells.itertuples()])
             row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
         out[(fw, prec)] = row
     return out
@@ -226,10 +221,9 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         fp32_epochs = epochs[epochs["cell_id"].isin(set(fp32["cell_id"]))]
         short = stats.too_short(fp32_epochs, key["dataset"]) if not fp32.empty else "no fp32 cell finished"
         given = group.get("cfg_target_accuracy", pd.Series(dtype=float)).dropna()  # else a share of fp32's final
-        final = float(fp32["final_val_accuracy"].median())
+        final, share = float(fp32["final_val_accuracy"].median()), stats.TARGET_FRACTION
         target, basis = ((float("nan"), "") if fp32.empty else (float(given.iloc[0]), "--target-accuracy")
-                         if not given.empty else (stats.TARGET_FRACTION * final,
-                                                  f"{stats.TARGET_FRACTION:.0%} of fp32's {final:.1%}"))
+                         if not given.empty else (share * final, f"{share:.0%} of fp32's {final:.1%}"))
         times = _time_rows(group[~cut], epochs, target)
         n_cut = group[cut].groupby(["framework", "precision"]).size()
         times.update({k: {} for k in n_cut.index if k not in times})  # every cell budgeted: a row without either
@@ -258,11 +252,9 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
         for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
             pairs = [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]  # (fp32 row, mixed row)
             res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
+            verdict = stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)
             difference, resolution, known = memory.paired_difference(pairs)
-            rows.append({**dict(zip(keys, key)), "precision": prec, "memory_resolution_mib": resolution,
-                         "memory_difference_mib": difference, "memory_resolved": known,
-                         "memory_note": "" if known == 0.0 else
-                         stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)})
+            rows.append([*key, prec, "" if known == 0.0 else verdict, difference, resolution, known])
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -275,7 +267,7 @@ def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environme
     keys = [*_keys(table), "framework", "precision"]
     out = table.merge(memory_statistics(runs), on=keys, how="left")
     accuracy = accuracy_statistics(runs, epochs) if accuracy is None else accuracy
-    out = out.drop(columns="budget_cut").merge(accuracy, on=keys, how="left")
+    out = out.merge(accuracy, on=keys, how="left")
     for col in ("memory_note", "too_short"):
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     # fp8 off a GPU: what an emulation measured is kept out of every verdict (report/fp8.py)
