@@ -1,6 +1,4 @@
-"""Every run checks itself: the settings both frameworks actually trained with (`settings_used`, read back from
-the live objects), mapped to one convention and compared per cell (`compare_settings`, `check_runs`), shown side
-by side with a loud note on any mismatch. Framework-free."""
+"""The settings both frameworks trained with (`settings_used`), in torch's convention, compared per cell and shown."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
 from amp_compare.harness.report.phrases import evidence
 
-# What a record's value means in torch's convention, per key (identity when absent).
-TORCH_CONVENTION = {"weight_decay": lambda v: 0.0 if v in (None, 0, 0.0) else v}
+TORCH_CONVENTION = {"weight_decay": lambda v: 0.0 if v in (None, 0, 0.0) else v}  # per key; absent: as recorded
 KERAS_CONVENTION = {**TORCH_CONVENTION, "bn_momentum": keras_bn_momentum,  # Keras weights the old average: 1 - m
                     "loss_reduction": lambda v: "mean" if v == "sum_over_batch_size" else v}
 
@@ -42,8 +39,7 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
 
 def _lr_shown(record: Mapping) -> str | None:
     """The learning rate as the cell's config set it ("warmup-cosine, peak 0.003", "constant 0.001"; None if unset)."""
-    lr = record.get("cfg_lr")
-    if lr is None or lr != lr:  # absent or NaN
+    if (lr := record.get("cfg_lr")) is None or lr != lr:  # absent or NaN
         return None
     schedule = str(record.get("cfg_lr_schedule") or "constant")
     return f"constant {float(lr):g}" if schedule == "constant" else f"{schedule}, peak {float(lr):g}"
@@ -59,9 +55,7 @@ def check_runs(records: Iterable[Mapping]) -> list[dict]:
             cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
     out = []
     for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
-        if "torch" not in by_fw:
-            continue
-        for fw in sorted(filter(is_keras, by_fw)):
+        for fw in sorted(filter(is_keras, by_fw)) if "torch" in by_fw else ():
             rows = compare_settings(by_fw["torch"][0], by_fw[fw][0])
             name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
             out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]],
@@ -136,10 +130,9 @@ def adam_gap_text(records: Iterable[Mapping]) -> str:
             "update, " + "; ".join(parts) + ".") if parts else ""
 
 
-# The models that have the part a framework-differences row is about (other rows: differences_apply).
-PART_MODELS = {"bn_momentum": {"resnet18"}, "bn_epsilon": {"resnet18"}, "stride2_padding": {"resnet18"},
-               "ln_epsilon": {"vit"}, "gelu_approximate": {"vit"}, "mha_bias": {"vit"}, "mha_dropout": {"vit"},
-               "token_dtype": {"vit"}, "attention_core": {"vit"}}
+# The models, optimizers or precisions that have what a framework-differences row is about (differences_apply).
+PART_MODELS = {**dict.fromkeys(("bn_momentum", "bn_epsilon", "stride2_padding"), {"resnet18"}), **dict.fromkeys(
+    ("ln_epsilon", "gelu_approximate", "mha_bias", "mha_dropout", "token_dtype", "attention_core"), {"vit"})}
 OPTIMIZER_ROWS = {"adam_epsilon": {"adam", "adamw"}, "adam_formula": {"adam", "adamw"},
                   "weight_decay": {"adam"}, "adamw_weight_decay": {"adamw"}}
 DYNAMIC_ROWS = dict.fromkeys(("init_scale", "growth_interval"), set(precision_table.names(loss_scaling="dynamic")))

@@ -1,5 +1,4 @@
-"""What a compare prints when it ends: the answer, one table per model (one line per framework x mixed precision,
-each metric's verdict in short: phrases.cell), and where the report is."""
+"""What a compare prints when it ends: the answer, per model a table of short verdicts, and where the report is."""
 
 from __future__ import annotations
 
