@@ -46,9 +46,8 @@ def split(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dic
 
 def relative_gap(a: pd.Series, b: pd.Series) -> float:
     """The largest relative difference between two per-step loss series (by step; finite steps of both)."""
-    both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
-    both = both[np.isfinite(both["a"]) & np.isfinite(both["b"]) & (both["b"] != 0)]
-    return float((both["a"] - both["b"]).abs().div(both["b"].abs()).max())
+    gap = (a - b).abs() / b.abs()  # aligned by step: NaN where either lacks it
+    return float(gap[np.isfinite(gap)].max())
 
 
 def worker_agreement(workers: pd.DataFrame) -> dict:
@@ -69,9 +68,9 @@ def worker_agreement(workers: pd.DataFrame) -> dict:
         return {**failed, "disagreement": f"step {step}: {what} differs ({values})"}
     local = w["local_nonfinite"] if "local_nonfinite" in w else pd.Series(np.nan, index=w.index)
     checked = bool(local.notna().any())
-    overflow, skipped = (local.fillna(0) > 0).groupby(w["step"]).any(), w.groupby("step")["skipped"].all()
-    if checked and (missed := overflow & ~skipped).any():
-        step = int(missed.index[missed][0])
+    overflow, skipped = (local.fillna(0) > 0).groupby(w["step"]).any(), per_step["skipped"].all()
+    if (missed := overflow & ~skipped).any():  # none where no worker recorded its own overflow
+        step = int(missed.idxmax())
         bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
         return {**failed, "local_checked": True, "disagreement": f"step {step}: worker {bad}'s own gradients were "
                 "non-finite before the all-reduce, yet the update was applied (the overflow decision was not taken "
@@ -234,10 +233,9 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
                       "no --allreduce fp32 cell to compare with"
                       for a, s, b in zip(ok["allreduce"], ok["step_s"], reference)],
         # the gap beside its floor, as numbers: the answer's line words the verdict on them
-        "Loss gap vs 1 worker (max rel.)": [
-            f"{g:.2e} against floor "
-            + (f"{f:.2e} ({k or 'a rerun'})" if np.isfinite(f) else "none (no floor measured)") if np.isfinite(g)
-            else "n/a" for g, f, k in zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
+        "Loss gap vs 1 worker (max rel.)": ["n/a" if not np.isfinite(g) else f"{g:.2e} against floor " + (
+            f"{f:.2e} ({k or 'a rerun'})" if np.isfinite(f) else "none (no floor measured)")
+            for g, f, k in zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
         "Workers agree": ok["agreement"],
         # pooled over a group's seeds: shown on the group's first row, the others point to it
         "Accuracy vs fp32 all-reduce": ok["accuracy"].where(
@@ -279,29 +277,27 @@ def intro(dp: pd.DataFrame) -> str:
     """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran."""
     engines = "; ".join(e for e in dp.get("engine", pd.Series(dtype=str)).dropna().unique() if e)
     return (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
-            "losses are compared with the 1-worker run's and judged against the floor: the same difference between "
-            "the 1-worker run and its floor cell (a rerun of it; the Loss gap column says, from the records, whether "
-            f"at another thread count or a plain rerun); a gap within {AT_FLOOR_FACTOR:g}× the floor or "
-            f"{FLOAT32_ULPS} float32 ulps of the loss is at the floor, no evidence either way. Where each worker "
-            "records its own loss scale and skipped flag (torch, TensorFlow) they must be the same on every worker; "
-            "JAX runs one compiled step for all devices, so they agree by construction. The all-reduce dtype is what "
-            "the child read back from what ran (torch: the profiler's record of the backend's all_reduce; "
-            "TensorFlow: the gradients handed to the optimizer's all-reduce; JAX: the compiled step's HLO), and a "
-            "reduced-precision all-reduce is paired image by image with the fp32 all-reduce of the same workers, "
-            "pooled over seeds, as the Accuracy section pairs mixed precision with fp32. Each row is one seed's "
-            "pair: its N vs 1 is the two cells' recorded throughputs, with a 95% interval from batch means of their "
-            "timed steps where each cell has enough of them for two batch means (else the row says no interval, "
-            "and why).")
+            "losses are compared with the 1-worker run's and judged against the floor: the same difference between the "
+            "1-worker run and its floor cell (a rerun of it; the Loss gap column says, from the records, whether at "
+            f"another thread count or a plain rerun); a gap within {AT_FLOOR_FACTOR:g}× the floor or {FLOAT32_ULPS} "
+            "float32 ulps of the loss is at the floor, no evidence either way. Where each worker records its own loss "
+            "scale and skipped flag (torch, TensorFlow) they must be the same on every worker; JAX runs one compiled "
+            "step for all devices, so they agree by construction. The all-reduce dtype is what the child read back "
+            "from what ran (torch: the profiler's record of the backend's all_reduce; TensorFlow: the gradients handed "
+            "to the optimizer's all-reduce; JAX: the compiled step's HLO), and a reduced-precision all-reduce is "
+            "paired image by image with the fp32 all-reduce of the same workers, pooled over seeds, as the Accuracy "
+            "section pairs mixed precision with fp32. Each row is one seed's pair: its N vs 1 is the two cells' "
+            "recorded throughputs, with a 95% interval from batch means of their timed steps where each cell has "
+            "enough of them for two batch means (else the row says no interval, and why).")
 
 
 def short_intro() -> str:
     """What a row is and what ⚠ on N vs 1 means: the section's and summary.md's table both open with it."""
     return ("Each N-worker cell trains the same experiment as its 1-worker cell of the same seed: the same fixed "
-            "global batch from the same seeded order, split across the workers (each takes its contiguous 1/N). "
-            "N vs 1 is marked ⚠ where the 1-worker baseline stalled (its own rerun, the floor cell, ran more than "
-            f"{STALL_FACTOR:g}× faster), where N workers ran more than N× faster though they share the 1-worker "
-            "cell's cores, where there is no interval or a noisy one, or where the machine was unsteady over the "
-            "run.")
+            "global batch from the same seeded order, split across the workers (each takes its contiguous 1/N). N vs 1 "
+            "is marked ⚠ where the 1-worker baseline stalled (its own rerun, the floor cell, ran more than "
+            f"{STALL_FACTOR:g}× faster), where N workers ran more than N× faster though they share the 1-worker cell's "
+            "cores, where there is no interval or a noisy one, or where the machine was unsteady over the run.")
 
 
 def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:

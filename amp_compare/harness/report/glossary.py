@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import re
-from dataclasses import dataclass
+from collections import namedtuple
 
 from amp_compare.contract.fp8 import FP8_MAX
 from amp_compare.kit.fp16 import FP16_MAX
@@ -38,11 +38,7 @@ BLOCK_TAGS = {"p", "li", "div", "td", "th", "dd", "dt", "h1", "h2", "h3", "h4", 
               "caption", "summary", "details", "ul", "ol", "br", "table", "tr", "figure", "body", "header"}
 
 
-@dataclass(frozen=True)
-class Entry:
-    id: str
-    term: str
-    text: str
+Entry = namedtuple("Entry", "id term text")  # a glossary entry: its anchor, term and text
 
 
 def _depth(text: str, start: int = 0) -> int:

@@ -45,24 +45,6 @@ def _lr_shown(record: Mapping) -> str | None:
     return f"constant {float(lr):g}" if schedule == "constant" else f"{schedule}, peak {float(lr):g}"
 
 
-def check_runs(records: Iterable[Mapping]) -> list[dict]:
-    """Per cell torch and a Keras framework ran, one entry per Keras framework: its rows and mismatches."""
-    cells: dict[tuple, dict[str, tuple[dict, str | None]]] = {}  # (settings, learning rate shown) per framework
-    for record in records:
-        settings, framework = evidence(record.get("settings_used")), record.get("framework")
-        if settings and (framework == "torch" or is_keras(str(framework))):
-            cell = tuple(record.get(k) for k in ("model", "dataset", "precision", "seed"))
-            cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
-    out = []
-    for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
-        for fw in sorted(filter(is_keras, by_fw)) if "torch" in by_fw else ():
-            rows = compare_settings(by_fw["torch"][0], by_fw[fw][0])
-            name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
-            out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]],
-                        "lr_shown": {"torch": by_fw["torch"][1], "keras": by_fw[fw][1]}})
-    return out
-
-
 def value_text(value) -> str:
     """A recorded value as the settings tables print it (floats as %g)."""
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -70,28 +52,37 @@ def value_text(value) -> str:
 
 def side_by_side(records: Iterable[Mapping]) -> dict:
     """The settings-used table (per setting: its values over the cells, whether they match) and its note."""
-    checked = check_runs(records)
+    cells: dict[tuple, dict[str, tuple[dict, str | None]]] = {}  # (settings, learning rate shown) per framework
+    for record in records:
+        settings, framework = evidence(record.get("settings_used")), record.get("framework")
+        if settings and (framework == "torch" or is_keras(str(framework))):
+            cell = tuple(record.get(k) for k in ("model", "dataset", "precision", "seed"))
+            cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
+    pairs = [(cell, by_fw, fw) for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0])))
+             if "torch" in by_fw for fw in sorted(filter(is_keras, by_fw))]  # torch beside each Keras framework
     by_key: dict[str, dict] = {}
-    for cell in checked:
-        for row in cell["rows"]:
+    bad: dict[str, list[str]] = {}  # each mismatching cell's settings
+    for cell, by_fw, fw in pairs:
+        name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
+        for row in compare_settings(by_fw["torch"][0], by_fw[fw][0]):
             entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "mapped": set(), "bad": []})
-            for fw in ("torch", "keras"):
+            for side, (_, lr) in (("torch", by_fw["torch"]), ("keras", by_fw[fw])):
                 # the learning rate as scheduled (compared above as the optimizers recorded it)
-                shown = cell["lr_shown"][fw] if row["key"] == "learning_rate" else None
-                entry[fw].add(shown or (value_text(row[fw]) if row["recorded"][fw] else "not recorded"))
+                shown = lr if row["key"] == "learning_rate" else None
+                entry[side].add(shown or (value_text(row[side]) if row["recorded"][side] else "not recorded"))
             if row["recorded"]["torch"] and row["recorded"]["keras"]:
                 entry["mapped"].add(value_text(row["torch_as_torch"]))
             if not row["match"]:
-                entry["bad"].append(cell["cell"])
+                entry["bad"].append(name)
+                bad.setdefault(name, []).append(row["key"])
     rows = [{"setting": key, "torch": "; ".join(sorted(e["torch"])), "keras": "; ".join(sorted(e["keras"])),
              "match": f"✗ MISMATCH ({', '.join(e['bad'])})" if e["bad"] else "✓" if e["torch"] == e["keras"] else
              f"✓ each cell's two records equal in torch's convention ({'; '.join(sorted(e['mapped']))})",
              "ok": not e["bad"]} for key, e in sorted(by_key.items())]
-    bad = [c for c in checked if c["mismatches"]]
-    listed = "; ".join(f"{c['cell']}: {', '.join(c['mismatches'])}" for c in bad)
-    note = (f"SETTINGS MISMATCH in aligned mode: {len(bad)} of {len(checked)} cells trained with settings that differ "
+    listed = "; ".join(f"{name}: {', '.join(keys)}" for name, keys in bad.items())
+    note = (f"SETTINGS MISMATCH in aligned mode: {len(bad)} of {len(pairs)} cells trained with settings that differ "
             f"between the frameworks ({listed}). Their differences are not AMP alone.") if bad else ""
-    return {"rows": rows, "cells": len(checked), "note": note}
+    return {"rows": rows, "cells": len(pairs), "note": note}
 
 
 def differences_paragraph(comparison: str, init: str) -> str:

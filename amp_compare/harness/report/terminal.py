@@ -42,8 +42,7 @@ def print_summary(console, title: str, rendered) -> None:
     console.print(title, markup=False)
     if rendered.answer:
         console.print(rendered.answer, **plain)
-    said = tables(rendered.verdicts)
-    for t in said:
+    for t in (said := tables(rendered.verdicts)):
         console.print(t)
     if said:
         console.print(LEGEND, **plain)
