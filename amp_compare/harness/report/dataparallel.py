@@ -46,8 +46,7 @@ def split(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dic
 
 def relative_gap(a: pd.Series, b: pd.Series) -> float:
     """The largest relative difference between two per-step loss series (by step; finite steps of both)."""
-    gap = (a - b).abs() / b.abs()  # aligned by step: NaN where either lacks it
-    return float(gap[np.isfinite(gap)].max())
+    return float((gap := (a - b).abs() / b.abs())[np.isfinite(gap)].max())  # aligned by step
 
 
 def worker_agreement(workers: pd.DataFrame) -> dict:
@@ -100,8 +99,7 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
         return "reference", 0, {}
     group = n_cells[(n_cells["status"] == "ok") & (n_cells[POOL] == cell[POOL]).all(axis=1)]
     base, mine = (group[group["cfg_allreduce"] == a] for a in (ALLREDUCE_REFERENCE, cell["cfg_allreduce"]))
-    pairs = stats.correct_pairs(base, mine)
-    if not pairs:
+    if not (pairs := stats.correct_pairs(base, mine)):
         return "no fp32 all-reduce cell to pair with", 0, {}
     res = stats.paired_test(pairs)
     accuracy = 100.0 * float(np.mean([c.mean() for pair in pairs for c in pair]))
@@ -266,29 +264,25 @@ def unavailable_text(error: str) -> str:
 
 
 def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> dict | None:
-    """What the template's Data parallel section shows (None: not a --replicas run)."""
+    """What the template's Data parallel section shows (None: not a --replicas run); its intro names the engines."""
     if not tables:
         return None
     dp = rows(tables, environment)
-    return {"rows": dp, "table": table(dp), "sentences": sentences(dp, environment, device), "intro": intro(dp)}
-
-
-def intro(dp: pd.DataFrame) -> str:
-    """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran."""
     engines = "; ".join(e for e in dp.get("engine", pd.Series(dtype=str)).dropna().unique() if e)
-    return (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
-            "losses are compared with the 1-worker run's and judged against the floor: the same difference between the "
-            "1-worker run and its floor cell (a rerun of it; the Loss gap column says, from the records, whether at "
-            f"another thread count or a plain rerun); a gap within {AT_FLOOR_FACTOR:g}× the floor or {FLOAT32_ULPS} "
-            "float32 ulps of the loss is at the floor, no evidence either way. Where each worker records its own loss "
-            "scale and skipped flag (torch, TensorFlow) they must be the same on every worker; JAX runs one compiled "
-            "step for all devices, so they agree by construction. The all-reduce dtype is what the child read back "
-            "from what ran (torch: the profiler's record of the backend's all_reduce; TensorFlow: the gradients handed "
-            "to the optimizer's all-reduce; JAX: the compiled step's HLO), and a reduced-precision all-reduce is "
-            "paired image by image with the fp32 all-reduce of the same workers, pooled over seeds, as the Accuracy "
-            "section pairs mixed precision with fp32. Each row is one seed's pair: its N vs 1 is the two cells' "
-            "recorded throughputs, with a 95% interval from batch means of their timed steps where each cell has "
-            "enough of them for two batch means (else the row says no interval, and why).")
+    intro = (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
+             "losses are compared with the 1-worker run's and judged against the floor: the same difference between "
+             "the 1-worker run and its floor cell (a rerun of it; the Loss gap column says, from the records, whether "
+             f"at another thread count or a plain rerun); a gap within {AT_FLOOR_FACTOR:g}× the floor or "
+             f"{FLOAT32_ULPS} float32 ulps of the loss is at the floor, no evidence either way. Where each worker "
+             "records its own loss scale and skipped flag (torch, TensorFlow) they must be the same on every worker; "
+             "JAX runs one compiled step for all devices, so they agree by construction. The all-reduce dtype is what "
+             "the child read back from what ran (torch: the profiler's record of the backend's all_reduce; TensorFlow: "
+             "the gradients handed to the optimizer's all-reduce; JAX: the compiled step's HLO), and a "
+             "reduced-precision all-reduce is paired image by image with the fp32 all-reduce of the same workers, "
+             "pooled over seeds, as the Accuracy section pairs mixed precision with fp32. Each row is one seed's pair: "
+             "its N vs 1 is the two cells' recorded throughputs, with a 95% interval from batch means of their timed "
+             "steps where each cell has enough of them for two batch means (else the row says no interval, and why).")
+    return {"rows": dp, "table": table(dp), "sentences": sentences(dp, environment, device), "intro": intro}
 
 
 def short_intro() -> str:

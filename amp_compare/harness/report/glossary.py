@@ -31,8 +31,7 @@ ABBREVIATIONS = {
     "e4m3": (r"\be4m3\b", "fp8 with 4 exponent and 3 mantissa bits: more precision, less range"),
     "e5m2": (r"\be5m2\b", "fp8 with 5 exponent and 2 mantissa bits: more range, less precision"),
 }
-# a first use inside a parenthesis reads as a word that explains itself rather than a nested parenthesis
-SHORT = {"p": "p-value"}
+SHORT = {"p": "p-value"}  # a first use inside a parenthesis: a word that explains itself, not a nested parenthesis
 SKIP_TAGS = ("style", "title", "code", "pre", "nav", "script", "dt", "table")  # tables: headers and values, not prose
 BLOCK_TAGS = {"p", "li", "div", "td", "th", "dd", "dt", "h1", "h2", "h3", "h4", "h5", "h6", "figcaption", "section",
               "caption", "summary", "details", "ul", "ol", "br", "table", "tr", "figure", "body", "header"}
@@ -136,7 +135,7 @@ def entries(facts, dtype_facts: dict, underflow_measured: bool) -> list[Entry]:
                          "keeps the output layer in the policy's dtype as torch does). Keras losses compute in float32."
                          + audit.format("what each layer computed in")))
     if facts.halves:
-        term = "bfloat16 vs float16" if {"float16", "bfloat16"} <= facts.halves else next(iter(facts.halves))
+        term = " vs ".join(sorted(facts.halves))  # "bfloat16 vs float16" where both ran
         text = ""
         if "float16" in facts.halves:
             text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of "
