@@ -48,7 +48,7 @@ def _depth(text: str, start: int = 0) -> int:
 
 
 class _Expander:
-    """Writes out each abbreviation's first use at parenthesis depth 0; marks one inside a parenthesis instead."""
+    """Writes out an abbreviation's first use at parenthesis depth 0 (0 again on a new Markdown line), else marks it."""
 
     def __init__(self, markdown: bool):
         self.markdown, self.found, self.nested, self.depth = markdown, set(), {}, 0
@@ -58,18 +58,16 @@ class _Expander:
             pos, unit = 0, re.compile(f"(?:{pattern})(?:/[A-Za-z]+)*", re.M)  # the whole unit token: TFLOP/s
             while abbr not in self.found and (m := unit.search(part, pos)):
                 part, pos = self._one(abbr, part, m)
-        fresh = self.markdown and "\n" in part  # a Markdown line starts at depth 0
-        self.depth = _depth(part.rsplit("\n", 1)[-1]) if fresh else _depth(part, self.depth)
+        self.depth = _depth(part.rsplit("\n", 1)[-1]) if self.markdown and "\n" in part else _depth(part, self.depth)
         return part
 
     def _one(self, abbr: str, part: str, m: re.Match) -> tuple[str, int]:
         end, token = m.end(), m.group()
         line_start = part.rfind("\n", 0, m.start()) + 1 if self.markdown else 0
-        before = 0 if line_start else self.depth
         expansion = ABBREVIATIONS[abbr][1] if abbr != "GFLOP" else (  # the reading of this token, e.g. "TFLOP/s"
             f"{'billion' if token[0] == 'G' else 'trillion'} floating-point operations"
             + (" per second" if token.endswith("/s") else ""))
-        if _depth(part[line_start:m.start()], before) == 0:
+        if _depth(part[line_start:m.start()], 0 if line_start else self.depth) == 0:
             self.found.add(abbr)
             words = f" ({expansion})" if self.markdown else html.escape(f" ({expansion})", quote=False)
             return part[:end] + words + part[end:], end + len(words)

@@ -19,8 +19,7 @@ KERAS_CONVENTION = {**TORCH_CONVENTION, "bn_momentum": keras_bn_momentum,  # Ker
 
 def _same(a, b) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        # float32-held values (Keras keeps the learning rate as a float32 variable) read back with ~1e-8 error
-        return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=0.0)
+        return math.isclose(float(a), float(b), rel_tol=1e-6)  # Keras' float32 learning rate reads back ~1e-8 off
     return a == b
 
 
@@ -67,8 +66,7 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
         for row in compare_settings(by_fw["torch"][0], by_fw[fw][0]):
             entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "mapped": set(), "bad": []})
             for side, (_, lr) in (("torch", by_fw["torch"]), ("keras", by_fw[fw])):
-                # the learning rate as scheduled (compared above as the optimizers recorded it)
-                shown = lr if row["key"] == "learning_rate" else None
+                shown = lr if row["key"] == "learning_rate" else None  # as scheduled (compared as recorded)
                 entry[side].add(shown or (value_text(row[side]) if row["recorded"][side] else "not recorded"))
             if row["recorded"]["torch"] and row["recorded"]["keras"]:
                 entry["mapped"].add(value_text(row["torch_as_torch"]))

@@ -25,11 +25,10 @@ def tables(verdicts) -> list:
 
     out = []
     for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False):
-        rows = verdict_table(part, short=True)[["Cells", *(HEADER[m] for m in HEADERS)]]
         t = Table(*(Column(col, no_wrap=True) for col in ["Cells", *HEADERS.values()]), title=f"{model} on {dataset}",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
                   title_justify="left")  # no blank edge lines: the answer fits 80x40
-        for row in rows.itertuples(index=False):
+        for row in verdict_table(part, short=True)[["Cells", *(HEADER[m] for m in HEADERS)]].itertuples(index=False):
             t.add_row(*map(Text, row))  # Text: "[…]" is no rich markup
         out.append(t)
     return out
