@@ -1,5 +1,4 @@
-"""The report's "Data parallel" section: each N-worker cell of a --replicas run judged against its 1-worker cell of
-the same seed and that cell's floor (`rows`); `split` keeps them out of the other sections. Framework-free."""
+"""The report's "Data parallel" section: a --replicas run's N-worker cells against their 1-worker cells (`rows`)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ AT_FLOOR_FACTOR = 2.0  # a loss gap within this factor of the floor's, or FLOAT3
 FLOAT32_ULPS = 4
 _REL_ULP = float(np.finfo(np.float32).eps)  # the float32 spacing at 1, relative: the largest relative ulp of a value
 STEP_COLUMN = "Median step time vs --allreduce fp32 (same seed; <1×: shorter)"
-# the paired test's numbers a verdict row keeps
 TEST_KEYS = ("diff_pp", "ci_low", "ci_high", "p_value", "method", "detectable", "near_chance")
 
 
@@ -34,51 +32,44 @@ def _flag(runs: pd.DataFrame, column: str, default) -> pd.Series:
 
 def roles(runs: pd.DataFrame) -> pd.Series:
     """Each run row's role: "single" (a 1-worker cell, every other section's), "floor" or "workers" (N workers)."""
-    replicas = _flag(runs, "cfg_replicas", 1).astype(int)
-    floor = _flag(runs, "cfg_thread_floor", False).astype(bool)
-    return pd.Series(np.where(replicas > 1, "workers", np.where(floor, "floor", "single")), index=runs.index)
+    floor = np.where(_flag(runs, "cfg_thread_floor", False).astype(bool), "floor", "single")
+    return pd.Series(np.where(_flag(runs, "cfg_replicas", 1).astype(int) > 1, "workers", floor), index=runs.index)
 
 
 def split(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """(the tables without the floor and N-worker cells, all tables) — the first for every other section."""
     runs = tables["run"]
-    extra = set(runs.loc[roles(runs) != "single", "cell_id"]) if not runs.empty and "cell_id" in runs else set()
-    if not extra:
+    if not (extra := set(runs.loc[roles(runs) != "single", "cell_id"]) if "cell_id" in runs else set()):
         return tables, {}
-    rest = {name: (df[~df["cell_id"].isin(extra)] if "cell_id" in df else df) for name, df in tables.items()}
-    return rest, tables
+    return {name: (df[~df["cell_id"].isin(extra)] if "cell_id" in df else df) for name, df in tables.items()}, tables
 
 
 def relative_gap(a: pd.Series, b: pd.Series) -> float:
     """The largest relative difference between two per-step loss series (by step; finite steps of both)."""
-    both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
-    both = both[np.isfinite(both["a"]) & np.isfinite(both["b"]) & (both["b"] != 0)]
-    return float((both["a"] - both["b"]).abs().div(both["b"].abs()).max())
+    return float((gap := (a - b).abs() / b.abs())[np.isfinite(gap)].max())  # aligned by step
 
 
 def worker_agreement(workers: pd.DataFrame) -> dict:
-    """Whether one cell's workers recorded the same loss scale and skipped flag at every step and skipped every step
-    where a worker's own gradients were non-finite (where recorded); `disagreement`: the first step where not."""
+    """Whether a cell's workers agree on loss scale and skips and skip each step one overflowed (`disagreement`)."""
     if workers.empty:
         return {"agree": False, "workers": 0, "steps": 0, "disagreement": "no per-worker records"}
     w = workers.sort_values(["step", "worker"])
     n_workers, per_step = w["worker"].nunique(), w.groupby("step")
     failed = {"agree": False, "workers": n_workers, "steps": w["step"].nunique()}
-    counts = per_step["worker"].nunique()
-    if len(short := counts[counts != n_workers]):
+    if len(short := (counts := per_step["worker"].nunique())[counts != n_workers]):
         return {**failed, "disagreement": f"step {int(short.index[0])}: {int(short.iloc[0])} of {n_workers} workers "
                                           "recorded it"}
-    first = {c: int(d.index[d][0]) for c in ("loss_scale", "skipped") if (d := per_step[c].nunique() > 1).any()}
-    if first:  # the earliest step where any worker differs, and in what
-        column = min(first, key=lambda c: (first[c], c != "skipped"))
-        step, what = first[column], {"loss_scale": "loss scale", "skipped": "skipped flag"}[column]
+    differs = per_step[["skipped", "loss_scale"]].nunique().gt(1).stack()  # by step, the skipped flag first
+    if differs.any():
+        step, column = differs.idxmax()
         values = ", ".join(f"worker {int(r.worker)}: {getattr(r, column)}" for r in w[w["step"] == step].itertuples())
+        what = {"loss_scale": "loss scale", "skipped": "skipped flag"}[column]
         return {**failed, "disagreement": f"step {step}: {what} differs ({values})"}
     local = w["local_nonfinite"] if "local_nonfinite" in w else pd.Series(np.nan, index=w.index)
     checked = bool(local.notna().any())
-    overflow, skipped = (local.fillna(0) > 0).groupby(w["step"]).any(), w.groupby("step")["skipped"].all()
-    if checked and (missed := overflow & ~skipped).any():
-        step = int(missed.index[missed][0])
+    overflow, skipped = (local.fillna(0) > 0).groupby(w["step"]).any(), per_step["skipped"].all()
+    if (missed := overflow & ~skipped).any():  # none where no worker recorded its own overflow
+        step = int(missed.idxmax())
         bad = ", ".join(str(int(r.worker)) for r in w[(w["step"] == step) & (local > 0)].itertuples())
         return {**failed, "local_checked": True, "disagreement": f"step {step}: worker {bad}'s own gradients were "
                 "non-finite before the all-reduce, yet the update was applied (the overflow decision was not taken "
@@ -108,8 +99,7 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
         return "reference", 0, {}
     group = n_cells[(n_cells["status"] == "ok") & (n_cells[POOL] == cell[POOL]).all(axis=1)]
     base, mine = (group[group["cfg_allreduce"] == a] for a in (ALLREDUCE_REFERENCE, cell["cfg_allreduce"]))
-    pairs = stats.correct_pairs(base, mine)
-    if not pairs:
+    if not (pairs := stats.correct_pairs(base, mine)):
         return "no fp32 all-reduce cell to pair with", 0, {}
     res = stats.paired_test(pairs)
     accuracy = 100.0 * float(np.mean([c.mean() for pair in pairs for c in pair]))
@@ -121,12 +111,10 @@ def _accuracy_vs_fp32_allreduce(cell: pd.Series, n_cells: pd.DataFrame) -> tuple
 def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, environment: dict) -> dict:
     """N vs 1 for one seed's pair of cells, with its interval and its ⚠ note (see intro for the rules)."""
     ratio = float(cell["throughput_img_s"]) / float(one["throughput_img_s"])
-    speed = stats.speed_interval([timed.get(one["cell_id"], np.array([]))],
-                                 [timed.get(cell["cell_id"], np.array([]))], [float(np.log(ratio))])
-    rerun = (float(floor.iloc[0]["throughput_img_s"]) / float(one["throughput_img_s"])
-             if not floor.empty and pd.notna(floor.iloc[0].get("throughput_img_s")) else float("nan"))
+    speed = stats.speed_interval(*([timed.get(c["cell_id"], np.array([]))] for c in (one, cell)), [np.log(ratio)])
+    rerun = float(floor["throughput_img_s"].iloc[0]) / float(one["throughput_img_s"]) if len(floor) else np.nan
     notes = []
-    if np.isfinite(rerun) and rerun > STALL_FACTOR:
+    if rerun > STALL_FACTOR:
         notes.append(f"1-worker baseline stalled: its own rerun (floor cell) was {rerun:.1f}× faster")
     # on the 1-worker cell's cores? torch: where N × its threads fit them; Keras: one process's devices, always
     n, per = int(cell["cfg_replicas"]), cell.get("threads_per_worker")
@@ -139,8 +127,7 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
         notes.append(noisy)
     if not notes and (machine := machine_range(environment)):
         notes.append(f"the machine was unsteady over the run ({machine}) and the two cells ran at different times")
-    return {"speed_ratio": ratio, "speed_low": speed["low"], "speed_high": speed["high"],
-            "speed_note": "; ".join(notes)}
+    return dict(speed_ratio=ratio, speed_low=speed["low"], speed_high=speed["high"], speed_note="; ".join(notes))
 
 
 def machine_range(environment: dict) -> str:
@@ -152,9 +139,8 @@ def machine_range(environment: dict) -> str:
 
 def floor_kind(one: pd.Series, floor: pd.Series) -> str:
     """What the floor cell was, from the threads both cells recorded: a plain rerun or another thread count."""
-    column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(
-        str(one["framework"]))
-    a, b = (phrases.as_written(one.get(column)), phrases.as_written(floor.get(column))) if column else (None, None)
+    column = {"torch": "torch_threads", "tf": "tf_intra_op_threads", "keras-jax": "jax_threads"}.get(one["framework"])
+    a, b = (phrases.as_written(cell.get(column)) for cell in (one, floor))
     if pd.notna(a) and pd.notna(b):
         return f"a plain rerun (both recorded threads: {a})" if str(a) == str(b) else \
             f"a rerun at another thread count ({b} against {a})"
@@ -163,8 +149,7 @@ def floor_kind(one: pd.Series, floor: pd.Series) -> str:
 
 def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd.DataFrame:
     """One row per N-worker cell, judged against its 1-worker cell and that cell's floor (machine_range)."""
-    runs, steps = tables["run"], tables["steps"]
-    workers = tables.get("workers", pd.DataFrame())
+    runs, steps, workers = tables["run"], tables["steps"], tables.get("workers", pd.DataFrame())
     if runs.empty:
         return pd.DataFrame()
     runs = runs.assign(role=roles(runs), cfg_allreduce=_flag(runs, "cfg_allreduce", ALLREDUCE_REFERENCE),
@@ -173,8 +158,7 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
     loss = {cell: g.set_index("step")["loss"] for cell, g in steps.groupby("cell_id")} if not steps.empty else {}
     timed = ({cell: g.loc[~g["warmup"], "step_time_s"].to_numpy(float) for cell, g in steps.groupby("cell_id")}
              if not steps.empty and "warmup" in steps else {})
-    pooled: dict[tuple, tuple[str, int, dict]] = {}  # the accuracy test pools a group's seeds: once per group
-    out, none = [], pd.Series(dtype=float)
+    pooled, out, none = {}, [], pd.Series(dtype=float)
     for _, cell in n_cells.sort_values(KEY[:4], key=display_order).iterrows():
         same = (runs[KEY] == cell[KEY]).all(axis=1)
         single, floor = (runs[same & (runs["role"] == role) & (runs["status"] == "ok")] for role in ("single", "floor"))
@@ -185,8 +169,7 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
             out.append({**row, "error": row["error"] or "no finished 1-worker cell to compare with"})
             continue
         key = tuple(str(cell[k]) for k in [*POOL, "cfg_allreduce"])
-        if key not in pooled:
-            pooled[key] = _accuracy_vs_fp32_allreduce(cell, n_cells)
+        pooled[key] = pooled.get(key) or _accuracy_vs_fp32_allreduce(cell, n_cells)  # once per group of seeds
         one, losses_1 = single.iloc[0], loss.get(single.iloc[0]["cell_id"], none)
         mine = workers[workers["cell_id"] == cell["cell_id"]] if not workers.empty else workers
         agreement = worker_agreement(mine)
@@ -198,7 +181,6 @@ def rows(tables: dict[str, pd.DataFrame], environment: dict | None = None) -> pd
             "allreduce_dtype": str(cell.get("allreduce_dtype") or "not recorded"),
             "loss_gap": relative_gap(loss.get(cell["cell_id"], none), losses_1),
             "floor_gap": relative_gap(loss.get(None if floor.empty else floor.iloc[0]["cell_id"], none), losses_1),
-            # the 1-worker run's smallest |loss|, where a float32 ulp is largest
             "loss_scale": float(losses_1[np.isfinite(losses_1) & (losses_1 != 0)].abs().min()),
             "floor_threads": int(floor.iloc[0]["cfg_threads"]) if not floor.empty else None,
             "floor_kind": floor_kind(one, floor.iloc[0]) if not floor.empty else "",
@@ -220,20 +202,10 @@ def recorded_error(error, stderr_tail) -> str:
 
 
 def at_floor(gap: float, floor: float, loss_level: float = float("nan")) -> bool:
-    """A gap no larger than AT_FLOOR_FACTOR × the floor, or than FLOAT32_ULPS float32 spacings of the run's loss
-    (relative to its smallest |loss|), is at the floor: no evidence either way."""
+    """Whether `gap` is within AT_FLOOR_FACTOR × `floor` or FLOAT32_ULPS float32 ulps of `loss_level` (least |loss|)."""
     ulps = FLOAT32_ULPS * _REL_ULP * (2.0 ** np.floor(np.log2(loss_level)) / loss_level) \
         if np.isfinite(loss_level) and loss_level > 0 else FLOAT32_ULPS * _REL_ULP
     return bool(gap <= AT_FLOOR_FACTOR * floor or gap <= ulps)
-
-
-def _step_vs_reference(ok: pd.DataFrame) -> list[str]:
-    """Each cell's median timed step ÷ that of the --allreduce fp32 cell of the same workers and seed."""
-    reference = ok["step_s"].where(ok["allreduce"] == ALLREDUCE_REFERENCE).groupby(
-        [ok[k] for k in (*KEY, "workers")]).transform("first")
-    return ["reference" if a == ALLREDUCE_REFERENCE else
-            f"{s / b:.2f}× ({1e3 * s:.1f} against {1e3 * b:.1f} ms)" if np.isfinite(b) and np.isfinite(s) and b > 0 else
-            "no --allreduce fp32 cell to compare with" for a, s, b in zip(ok["allreduce"], ok["step_s"], reference)]
 
 
 def table(dp: pd.DataFrame) -> pd.DataFrame:
@@ -242,6 +214,8 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
     if ok.empty or "speed_ratio" not in ok:
         return pd.DataFrame()
     several = ok[["model", "dataset"]].drop_duplicates().shape[0] > 1
+    reference = ok["step_s"].where(ok["allreduce"] == ALLREDUCE_REFERENCE).groupby(
+        [ok[k] for k in (*KEY, "workers")]).transform("first")
     return pd.DataFrame({
         **({"Model": ok["model"], "Dataset": ok["dataset"]} if several else {}),
         "Framework": ok["framework"].map(framework_label), "Precision": ok["precision"],
@@ -252,12 +226,14 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
         "N vs 1": [f"{r:.2f}×" + (f" [{lo:.2f}–{hi:.2f}]" if np.isfinite(lo) and np.isfinite(hi) else "")
                    + (f" ⚠ {n}" if n else "")
                    for r, lo, hi, n in zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
-        STEP_COLUMN: _step_vs_reference(ok),
+        STEP_COLUMN: ["reference" if a == ALLREDUCE_REFERENCE else
+                      f"{s / b:.2f}× ({1e3 * s:.1f} against {1e3 * b:.1f} ms)" if b > 0 and np.isfinite(s * b) else
+                      "no --allreduce fp32 cell to compare with"
+                      for a, s, b in zip(ok["allreduce"], ok["step_s"], reference)],
         # the gap beside its floor, as numbers: the answer's line words the verdict on them
-        "Loss gap vs 1 worker (max rel.)": [
-            f"{g:.2e} against floor "
-            + (f"{f:.2e} ({k or 'a rerun'})" if np.isfinite(f) else "none (no floor measured)") if np.isfinite(g)
-            else "n/a" for g, f, k in zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
+        "Loss gap vs 1 worker (max rel.)": ["n/a" if not np.isfinite(g) else f"{g:.2e} against floor " + (
+            f"{f:.2e} ({k or 'a rerun'})" if np.isfinite(f) else "none (no floor measured)")
+            for g, f, k in zip(ok["loss_gap"], ok["floor_gap"], ok["floor_kind"])],
         "Workers agree": ok["agreement"],
         # pooled over a group's seeds: shown on the group's first row, the others point to it
         "Accuracy vs fp32 all-reduce": ok["accuracy"].where(
@@ -283,47 +259,39 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
 
 def unavailable_text(error: str) -> str:
     """A cell's error without the 'unavailable' prefix or the name of a compiler dump file the run does not keep."""
-    text = error.strip()
-    for prefix in ("unavailable:", "unavailable —", "unavailable"):
-        text = text.removeprefix(prefix).strip()
+    text = re.sub(r"^unavailable(?::|\s*—)?", "", error.strip()).strip()
     return re.sub(r",?\s*XLA HLO after optimizations: \S+\.txt", "", text)
 
 
 def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> dict | None:
-    """What the template's Data parallel section shows (None: not a --replicas run)."""
+    """What the template's Data parallel section shows (None: not a --replicas run); its intro names the engines."""
     if not tables:
         return None
     dp = rows(tables, environment)
-    return {"rows": dp, "table": table(dp), "sentences": sentences(dp, environment, device), "intro": intro(dp)}
-
-
-def intro(dp: pd.DataFrame) -> str:
-    """The section's first paragraph: how an N-worker cell is compared, naming the engines that ran."""
     engines = "; ".join(e for e in dp.get("engine", pd.Series(dtype=str)).dropna().unique() if e)
-    return (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
-            "losses are compared with the 1-worker run's and judged against the floor: the same difference between "
-            "the 1-worker run and its floor cell (a rerun of it; the Loss gap column says, from the records, whether "
-            f"at another thread count or a plain rerun); a gap within {AT_FLOOR_FACTOR:g}× the floor or "
-            f"{FLOAT32_ULPS} float32 ulps of the loss is at the floor, no evidence either way. Where each worker "
-            "records its own loss scale and skipped flag (torch, TensorFlow) they must be the same on every worker; "
-            "JAX runs one compiled step for all devices, so they agree by construction. The all-reduce dtype is what "
-            "the child read back from what ran (torch: the profiler's record of the backend's all_reduce; "
-            "TensorFlow: the gradients handed to the optimizer's all-reduce; JAX: the compiled step's HLO), and a "
-            "reduced-precision all-reduce is paired image by image with the fp32 all-reduce of the same workers, "
-            "pooled over seeds, as the Accuracy section pairs mixed precision with fp32. Each row is one seed's "
-            "pair: its N vs 1 is the two cells' recorded throughputs, with a 95% interval from batch means of their "
-            "timed steps where each cell has enough of them for two batch means (else the row says no interval, "
-            "and why).")
+    intro = (f"{short_intro()} Each N-worker cell ran through the framework's own engine ({engines}). Its per-step "
+             "losses are compared with the 1-worker run's and judged against the floor: the same difference between "
+             "the 1-worker run and its floor cell (a rerun of it; the Loss gap column says, from the records, whether "
+             f"at another thread count or a plain rerun); a gap within {AT_FLOOR_FACTOR:g}× the floor or "
+             f"{FLOAT32_ULPS} float32 ulps of the loss is at the floor, no evidence either way. Where each worker "
+             "records its own loss scale and skipped flag (torch, TensorFlow) they must be the same on every worker; "
+             "JAX runs one compiled step for all devices, so they agree by construction. The all-reduce dtype is what "
+             "the child read back from what ran (torch: the profiler's record of the backend's all_reduce; TensorFlow: "
+             "the gradients handed to the optimizer's all-reduce; JAX: the compiled step's HLO), and a "
+             "reduced-precision all-reduce is paired image by image with the fp32 all-reduce of the same workers, "
+             "pooled over seeds, as the Accuracy section pairs mixed precision with fp32. Each row is one seed's pair: "
+             "its N vs 1 is the two cells' recorded throughputs, with a 95% interval from batch means of their timed "
+             "steps where each cell has enough of them for two batch means (else the row says no interval, and why).")
+    return {"rows": dp, "table": table(dp), "sentences": sentences(dp, environment, device), "intro": intro}
 
 
 def short_intro() -> str:
     """What a row is and what ⚠ on N vs 1 means: the section's and summary.md's table both open with it."""
     return ("Each N-worker cell trains the same experiment as its 1-worker cell of the same seed: the same fixed "
-            "global batch from the same seeded order, split across the workers (each takes its contiguous 1/N). "
-            "N vs 1 is marked ⚠ where the 1-worker baseline stalled (its own rerun, the floor cell, ran more than "
-            f"{STALL_FACTOR:g}× faster), where N workers ran more than N× faster though they share the 1-worker "
-            "cell's cores, where there is no interval or a noisy one, or where the machine was unsteady over the "
-            "run.")
+            "global batch from the same seeded order, split across the workers (each takes its contiguous 1/N). N vs 1 "
+            "is marked ⚠ where the 1-worker baseline stalled (its own rerun, the floor cell, ran more than "
+            f"{STALL_FACTOR:g}× faster), where N workers ran more than N× faster though they share the 1-worker cell's "
+            "cores, where there is no interval or a noisy one, or where the machine was unsteady over the run.")
 
 
 def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
@@ -335,16 +303,13 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
     for r in dp.assign(_a=rank).sort_values([*KEY[:4], "_a", "seed"], kind="stable").to_dict("records"):
         gap, floor = float(r.get("loss_gap", np.nan)), float(r.get("floor_gap", np.nan))
         judged = r["status"] == "ok" and np.isfinite(gap)
-        level = r.get("loss_scale", np.nan)  # the run's smallest |loss|: what a float32 ulp is relative to
         facts = SimpleNamespace(status=r["status"], ok=judged, agree=bool(r.get("agree", True)) if judged else True,
-                                gap=gap, floor=floor, estimate=gap, margin=floor,
-                                at_floor=judged and np.isfinite(floor) and at_floor(gap, floor, level))
+                                gap=gap, floor=floor, estimate=gap, margin=floor, at_floor=judged and np.isfinite(floor)
+                                and at_floor(gap, floor, r.get("loss_scale", np.nan)))
         key = {**{k: r[k] for k in KEY[:4]}, "step_loop": "", "batch_size": np.nan}
-        said = {"seed": r["seed"], "workers": r["workers"], "allreduce": r["allreduce"],
-                "allreduce_dtype": r.get("allreduce_dtype") or "", "floor_threads": r.get("floor_threads"),
-                "skipped_n": r.get("skipped_n"), "skipped_1": r.get("skipped_1"),
-                "error": unavailable_text(str(r.get("error") or "")),
-                "accuracy_test": {k: v for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS},
-                "accuracy_seeds": r.get("accuracy_seeds")}
+        said = {k: r.get(k) for k in ("seed", "workers", "allreduce", "allreduce_dtype", "floor_threads", "skipped_n",
+                                      "skipped_1", "error", "accuracy_test", "accuracy_seeds")}
+        said.update(allreduce_dtype=r.get("allreduce_dtype") or "", error=unavailable_text(str(r.get("error") or "")),
+                    accuracy_test={k: v for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS})
         out.append(verdicts.row(key, "data_parallel", facts, said))
     return out

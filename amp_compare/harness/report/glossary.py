@@ -1,11 +1,10 @@
-"""The Glossary section, with entries only for what the run had, and the page's abbreviations, each written out at
-its first use (`expand_first_use`)."""
+"""The Glossary section's entries for what the run had, and each abbreviation written out at its first use."""
 
 from __future__ import annotations
 
 import html
 import re
-from dataclasses import dataclass
+from collections import namedtuple
 
 from amp_compare.contract.fp8 import FP8_MAX
 from amp_compare.kit.fp16 import FP16_MAX
@@ -32,18 +31,13 @@ ABBREVIATIONS = {
     "e4m3": (r"\be4m3\b", "fp8 with 4 exponent and 3 mantissa bits: more precision, less range"),
     "e5m2": (r"\be5m2\b", "fp8 with 5 exponent and 2 mantissa bits: more range, less precision"),
 }
-# a first use inside a parenthesis reads as a word that explains itself rather than a nested parenthesis
-SHORT = {"p": "p-value"}
+SHORT = {"p": "p-value"}  # a first use inside a parenthesis: a word that explains itself, not a nested parenthesis
 SKIP_TAGS = ("style", "title", "code", "pre", "nav", "script", "dt", "table")  # tables: headers and values, not prose
 BLOCK_TAGS = {"p", "li", "div", "td", "th", "dd", "dt", "h1", "h2", "h3", "h4", "h5", "h6", "figcaption", "section",
               "caption", "summary", "details", "ul", "ol", "br", "table", "tr", "figure", "body", "header"}
 
 
-@dataclass(frozen=True)
-class Entry:
-    id: str
-    term: str
-    text: str
+Entry = namedtuple("Entry", "id term text")  # a glossary entry: its anchor, term and text
 
 
 def _depth(text: str, start: int = 0) -> int:
@@ -54,29 +48,26 @@ def _depth(text: str, start: int = 0) -> int:
 
 
 class _Expander:
-    """Writes out each abbreviation's first use at parenthesis depth 0; marks one inside a parenthesis instead."""
+    """Writes out an abbreviation's first use at parenthesis depth 0 (0 again on a new Markdown line), else marks it."""
 
     def __init__(self, markdown: bool):
         self.markdown, self.found, self.nested, self.depth = markdown, set(), {}, 0
 
     def text(self, part: str) -> str:
         for abbr, (pattern, _) in ABBREVIATIONS.items():
-            pos = 0
-            while abbr not in self.found and (m := re.compile(pattern, re.M).search(part, pos)):
+            pos, unit = 0, re.compile(f"(?:{pattern})(?:/[A-Za-z]+)*", re.M)  # the whole unit token: TFLOP/s
+            while abbr not in self.found and (m := unit.search(part, pos)):
                 part, pos = self._one(abbr, part, m)
-        fresh = self.markdown and "\n" in part  # a Markdown line starts at depth 0
-        self.depth = _depth(part.rsplit("\n", 1)[-1]) if fresh else _depth(part, self.depth)
+        self.depth = _depth(part.rsplit("\n", 1)[-1]) if self.markdown and "\n" in part else _depth(part, self.depth)
         return part
 
     def _one(self, abbr: str, part: str, m: re.Match) -> tuple[str, int]:
-        end = m.end() + len(re.match(r"(?:/[A-Za-z]+)*", part[m.end():]).group())  # the whole unit token
-        token = part[m.start():end]
+        end, token = m.end(), m.group()
         line_start = part.rfind("\n", 0, m.start()) + 1 if self.markdown else 0
-        before = self.depth if not (self.markdown and line_start) else 0
         expansion = ABBREVIATIONS[abbr][1] if abbr != "GFLOP" else (  # the reading of this token, e.g. "TFLOP/s"
             f"{'billion' if token[0] == 'G' else 'trillion'} floating-point operations"
             + (" per second" if token.endswith("/s") else ""))
-        if _depth(part[line_start:m.start()], before) == 0:
+        if _depth(part[line_start:m.start()], 0 if line_start else self.depth) == 0:
             self.found.add(abbr)
             words = f" ({expansion})" if self.markdown else html.escape(f" ({expansion})", quote=False)
             return part[:end] + words + part[end:], end + len(words)
@@ -97,19 +88,15 @@ def expand_first_use(page: str, markdown: bool = False) -> tuple[str, list[str]]
     skipping: list[str] = []
     for i, part in enumerate(parts):
         if markdown and part.startswith(("`", "|")) or not markdown and part.startswith("<"):
-            tag = re.match(r"</?\s*([a-zA-Z0-9]+)", part) if not markdown else None
-            name = tag.group(1).lower() if tag else ""
+            name = tag.group(1).lower() if not markdown and (tag := re.match(r"</?\s*([a-zA-Z0-9]+)", part)) else ""
             if name in BLOCK_TAGS:
                 expander.depth = 0
-            if name in SKIP_TAGS:
-                if part.startswith("</"):
-                    skipping = [t for t in skipping if t != name]
-                elif not part.endswith("/>"):
-                    skipping.append(name)
-            continue
-        if skipping or not part.strip():
-            continue
-        parts[i] = expander.text(part)
+            if name in SKIP_TAGS and part.startswith("</"):
+                skipping = [t for t in skipping if t != name]
+            elif name in SKIP_TAGS and not part.endswith("/>"):
+                skipping.append(name)
+        elif not skipping and part.strip():
+            parts[i] = expander.text(part)
     out = "".join(parts)
     late = {a: e for a, e in expander.nested.items() if a not in expander.found}
     if markdown and late:
@@ -126,8 +113,8 @@ def entries(facts, dtype_facts: dict, underflow_measured: bool) -> list[Entry]:
                          "gradients by S before the optimizer uses them. The Loss scaling part of the Numerics section "
                          "says what it did here."))
     if facts.ran(loss_scaling="dynamic"):
-        defaults = "".join(([" PyTorch's GradScaler starts at 2^16 by default."] if facts.torch else []) +
-                           ([" Keras' LossScaleOptimizer at 2^15 by default."] if facts.keras else []))
+        defaults = ((" PyTorch's GradScaler starts at 2^16 by default." if facts.torch else "")
+                    + (" Keras' LossScaleOptimizer at 2^15 by default." if facts.keras else ""))
         interval = f"{facts.growth[0]:,} in this run, " if facts.growth else ""
         out.append(Entry("gl-dynamic-scaling", "Dynamic loss scaling", "Choosing S automatically: start high "
                          "(--init-scale), and when any gradient overflows to inf/NaN skip that update and halve S; "
@@ -146,7 +133,7 @@ def entries(facts, dtype_facts: dict, underflow_measured: bool) -> list[Entry]:
                          "keeps the output layer in the policy's dtype as torch does). Keras losses compute in float32."
                          + audit.format("what each layer computed in")))
     if facts.halves:
-        term = "bfloat16 vs float16" if {"float16", "bfloat16"} <= facts.halves else next(iter(facts.halves))
+        term = " vs ".join(sorted(facts.halves))  # "bfloat16 vs float16" where both ran
         text = ""
         if "float16" in facts.halves:
             text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of "

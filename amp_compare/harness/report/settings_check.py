@@ -1,6 +1,4 @@
-"""Every run checks itself: the settings both frameworks actually trained with (`settings_used`, read back from
-the live objects), mapped to one convention and compared per cell (`compare_settings`, `check_runs`), shown side
-by side with a loud note on any mismatch. Framework-free."""
+"""The settings both frameworks trained with (`settings_used`), in torch's convention, compared per cell and shown."""
 
 from __future__ import annotations
 
@@ -14,16 +12,14 @@ from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
 from amp_compare.contract.mapping import keras_bn_momentum
 from amp_compare.harness.report.phrases import evidence
 
-# What a record's value means in torch's convention, per key (identity when absent).
-TORCH_CONVENTION = {"weight_decay": lambda v: 0.0 if v in (None, 0, 0.0) else v}
+TORCH_CONVENTION = {"weight_decay": lambda v: 0.0 if v in (None, 0, 0.0) else v}  # per key; absent: as recorded
 KERAS_CONVENTION = {**TORCH_CONVENTION, "bn_momentum": keras_bn_momentum,  # Keras weights the old average: 1 - m
                     "loss_reduction": lambda v: "mean" if v == "sum_over_batch_size" else v}
 
 
 def _same(a, b) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        # float32-held values (Keras keeps the learning rate as a float32 variable) read back with ~1e-8 error
-        return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=0.0)
+        return math.isclose(float(a), float(b), rel_tol=1e-6)  # Keras' float32 learning rate reads back ~1e-8 off
     return a == b
 
 
@@ -42,31 +38,10 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
 
 def _lr_shown(record: Mapping) -> str | None:
     """The learning rate as the cell's config set it ("warmup-cosine, peak 0.003", "constant 0.001"; None if unset)."""
-    lr = record.get("cfg_lr")
-    if lr is None or lr != lr:  # absent or NaN
+    if (lr := record.get("cfg_lr")) is None or lr != lr:  # absent or NaN
         return None
     schedule = str(record.get("cfg_lr_schedule") or "constant")
     return f"constant {float(lr):g}" if schedule == "constant" else f"{schedule}, peak {float(lr):g}"
-
-
-def check_runs(records: Iterable[Mapping]) -> list[dict]:
-    """Per cell torch and a Keras framework ran, one entry per Keras framework: its rows and mismatches."""
-    cells: dict[tuple, dict[str, tuple[dict, str | None]]] = {}  # (settings, learning rate shown) per framework
-    for record in records:
-        settings, framework = evidence(record.get("settings_used")), record.get("framework")
-        if settings and (framework == "torch" or is_keras(str(framework))):
-            cell = tuple(record.get(k) for k in ("model", "dataset", "precision", "seed"))
-            cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
-    out = []
-    for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0]))):
-        if "torch" not in by_fw:
-            continue
-        for fw in sorted(filter(is_keras, by_fw)):
-            rows = compare_settings(by_fw["torch"][0], by_fw[fw][0])
-            name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
-            out.append({"cell": name, "rows": rows, "mismatches": [r["key"] for r in rows if not r["match"]],
-                        "lr_shown": {"torch": by_fw["torch"][1], "keras": by_fw[fw][1]}})
-    return out
 
 
 def value_text(value) -> str:
@@ -76,28 +51,36 @@ def value_text(value) -> str:
 
 def side_by_side(records: Iterable[Mapping]) -> dict:
     """The settings-used table (per setting: its values over the cells, whether they match) and its note."""
-    checked = check_runs(records)
+    cells: dict[tuple, dict[str, tuple[dict, str | None]]] = {}  # (settings, learning rate shown) per framework
+    for record in records:
+        settings, framework = evidence(record.get("settings_used")), record.get("framework")
+        if settings and (framework == "torch" or is_keras(str(framework))):
+            cell = tuple(record.get(k) for k in ("model", "dataset", "precision", "seed"))
+            cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
+    pairs = [(cell, by_fw, fw) for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0])))
+             if "torch" in by_fw for fw in sorted(filter(is_keras, by_fw))]  # torch beside each Keras framework
     by_key: dict[str, dict] = {}
-    for cell in checked:
-        for row in cell["rows"]:
+    bad: dict[str, list[str]] = {}  # each mismatching cell's settings
+    for cell, by_fw, fw in pairs:
+        name = "/".join(map(str, cell)) + ("" if fw == "tf" else f" ({fw})")
+        for row in compare_settings(by_fw["torch"][0], by_fw[fw][0]):
             entry = by_key.setdefault(row["key"], {"torch": set(), "keras": set(), "mapped": set(), "bad": []})
-            for fw in ("torch", "keras"):
-                # the learning rate as scheduled (compared above as the optimizers recorded it)
-                shown = cell["lr_shown"][fw] if row["key"] == "learning_rate" else None
-                entry[fw].add(shown or (value_text(row[fw]) if row["recorded"][fw] else "not recorded"))
+            for side, (_, lr) in (("torch", by_fw["torch"]), ("keras", by_fw[fw])):
+                shown = lr if row["key"] == "learning_rate" else None  # as scheduled (compared as recorded)
+                entry[side].add(shown or (value_text(row[side]) if row["recorded"][side] else "not recorded"))
             if row["recorded"]["torch"] and row["recorded"]["keras"]:
                 entry["mapped"].add(value_text(row["torch_as_torch"]))
             if not row["match"]:
-                entry["bad"].append(cell["cell"])
+                entry["bad"].append(name)
+                bad.setdefault(name, []).append(row["key"])
     rows = [{"setting": key, "torch": "; ".join(sorted(e["torch"])), "keras": "; ".join(sorted(e["keras"])),
              "match": f"✗ MISMATCH ({', '.join(e['bad'])})" if e["bad"] else "✓" if e["torch"] == e["keras"] else
              f"✓ each cell's two records equal in torch's convention ({'; '.join(sorted(e['mapped']))})",
              "ok": not e["bad"]} for key, e in sorted(by_key.items())]
-    bad = [c for c in checked if c["mismatches"]]
-    listed = "; ".join(f"{c['cell']}: {', '.join(c['mismatches'])}" for c in bad)
-    note = (f"SETTINGS MISMATCH in aligned mode: {len(bad)} of {len(checked)} cells trained with settings that differ "
+    listed = "; ".join(f"{name}: {', '.join(keys)}" for name, keys in bad.items())
+    note = (f"SETTINGS MISMATCH in aligned mode: {len(bad)} of {len(pairs)} cells trained with settings that differ "
             f"between the frameworks ({listed}). Their differences are not AMP alone.") if bad else ""
-    return {"rows": rows, "cells": len(checked), "note": note}
+    return {"rows": rows, "cells": len(pairs), "note": note}
 
 
 def differences_paragraph(comparison: str, init: str) -> str:
@@ -136,10 +119,9 @@ def adam_gap_text(records: Iterable[Mapping]) -> str:
             "update, " + "; ".join(parts) + ".") if parts else ""
 
 
-# The models that have the part a framework-differences row is about (other rows: differences_apply).
-PART_MODELS = {"bn_momentum": {"resnet18"}, "bn_epsilon": {"resnet18"}, "stride2_padding": {"resnet18"},
-               "ln_epsilon": {"vit"}, "gelu_approximate": {"vit"}, "mha_bias": {"vit"}, "mha_dropout": {"vit"},
-               "token_dtype": {"vit"}, "attention_core": {"vit"}}
+# The models, optimizers or precisions that have what a framework-differences row is about (differences_apply).
+PART_MODELS = {**dict.fromkeys(("bn_momentum", "bn_epsilon", "stride2_padding"), {"resnet18"}), **dict.fromkeys(
+    ("ln_epsilon", "gelu_approximate", "mha_bias", "mha_dropout", "token_dtype", "attention_core"), {"vit"})}
 OPTIMIZER_ROWS = {"adam_epsilon": {"adam", "adamw"}, "adam_formula": {"adam", "adamw"},
                   "weight_decay": {"adam"}, "adamw_weight_decay": {"adamw"}}
 DYNAMIC_ROWS = dict.fromkeys(("init_scale", "growth_interval"), set(precision_table.names(loss_scaling="dynamic")))

@@ -1,5 +1,4 @@
-"""What a compare prints when it ends: the answer, one table per model (one line per framework x mixed precision,
-each metric's verdict in short: phrases.cell), and where the report is."""
+"""What a compare prints when it ends: the answer, per model a table of short verdicts, and where the report is."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ def console_for_stderr():
 def tables(verdicts) -> list:
     """The per-model tables (rich renderables) of a verdict table."""
     from rich import box
-    from rich.table import Table
+    from rich.table import Column, Table
     from rich.text import Text
 
     from amp_compare.harness.report.phrases import HEADER
@@ -26,12 +25,10 @@ def tables(verdicts) -> list:
 
     out = []
     for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False):
-        rows = verdict_table(part, short=True)[["Cells", *(HEADER[m] for m in HEADERS)]]
-        t = Table(title=f"{model} on {dataset}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                  padding=(0, 1, 0, 0), title_justify="left")  # no blank edge lines: the answer fits 80x40
-        for col in ["Cells", *HEADERS.values()]:
-            t.add_column(col, no_wrap=True)
-        for row in rows.itertuples(index=False):
+        t = Table(*(Column(col, no_wrap=True) for col in ["Cells", *HEADERS.values()]), title=f"{model} on {dataset}",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  title_justify="left")  # no blank edge lines: the answer fits 80x40
+        for row in verdict_table(part, short=True)[["Cells", *(HEADER[m] for m in HEADERS)]].itertuples(index=False):
             t.add_row(*map(Text, row))  # Text: "[…]" is no rich markup
         out.append(t)
     return out
@@ -43,8 +40,7 @@ def print_summary(console, title: str, rendered) -> None:
     console.print(title, markup=False)
     if rendered.answer:
         console.print(rendered.answer, **plain)
-    said = tables(rendered.verdicts)
-    for t in said:
+    for t in (said := tables(rendered.verdicts)):
         console.print(t)
     if said:
         console.print(LEGEND, **plain)
