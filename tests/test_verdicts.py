@@ -405,3 +405,23 @@ def test_a_precision_with_a_budget_cut_cell_has_no_memory_verdict_and_no_summary
     t = records.read_run(run_dir)
     (mem,) = [f for f in figures.make_figures(t["run"], t["steps"], tmp_path / "f") if f.key == "memory"]
     assert '"cut": the speed budget stopped a cell of it' in mem.caption  # its bar's label, not a percentage
+
+
+def test_a_trial_is_set_beside_the_cells_of_its_own_batch_size(tmp_path):
+    """A --batch-sizes run: each trial's sentence quotes the cells of its batch size, and names it."""
+    from amp_compare.harness.report import speed
+
+    run_dir = write_run(tmp_path, frameworks=("torch",), seeds=(0, 1))  # the cells: mixed at 0.5x fp32
+    t = records.read_run(run_dir)
+    batch = int(t["run"]["cfg_batch_size"].iloc[0])
+    twice = t["run"].assign(cfg_batch_size=2 * batch, cell_id=t["run"]["cell_id"] + "-b2",  # mixed at 0.25x there
+                            throughput_img_s=t["run"]["throughput_img_s"] / (t["run"]["precision"] != "fp32").add(1))
+    runs = pd.concat([t["run"], twice], ignore_index=True)
+    epochs = pd.concat([t["epochs"], t["epochs"].assign(cell_id=t["epochs"]["cell_id"] + "-b2")], ignore_index=True)
+    full = full_table(runs, epochs, {"device": "cpu"})
+    one = _trials(run_dir, {("torch", "fp16"): 0.1})
+    trials = pd.concat([one, one.assign(batch_size=2 * batch, trial_id=one["trial_id"] + "-b2")], ignore_index=True)
+    said = speed.trial_and_cells(verdicts.build(full, runs, trials), full, runs, None)
+    assert {s.split(": the training cells ran at ")[0] + " " + s.split("ran at ")[1][:6] for s in said} == {
+        f"simple_cnn on synthetic, batch {batch}, PyTorch fp16 0.500×",
+        f"simple_cnn on synthetic, batch {2 * batch}, PyTorch fp16 0.250×"}, said

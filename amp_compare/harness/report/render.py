@@ -23,7 +23,6 @@ from amp_compare.contract import records
 from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import ARITHMETIC_FLAGS
-from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.contract.tables import check as tables_check
 from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, scaling, speed, verdicts, wording
@@ -398,7 +397,6 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], summary: dict, device:
 
     runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
     underflow, headroom, trials = tables["underflow"], tables["headroom"], tables["trials"]
-    headroom = headroom[~headroom["precision"].isin(FP8_MODES)]  # less the fp8 cells': float16's range says nothing
     return _in_parallel([t for t in [
         (fg.make_speed_verdict_figure, (summary["verdicts"], out)),
         (fg.make_figures, (runs, steps, out, device, summary["full"])),

@@ -79,8 +79,8 @@ def timing_paragraph(warmup: int, cells: str = "") -> str:
 def hardware_paragraph(table: pd.DataFrame, ceilings: list[str] | tuple[str, ...] = ()) -> str:
     """The Hardware efficiency table's paragraph, from `table`'s ceiling marks and the run's `ceilings`."""
     emulated, limited = ceiling_marks(table)
-    text = ("Per cell: the median-step throughput beside the headline's wall-time one, training FLOPs per image "
-            "(counted once from the layer shapes both frameworks share), the FLOP/s achieved over the timed steps' "
+    text = ("Per cell: training FLOPs per image (counted once from the layer shapes both frameworks share), the "
+            "FLOP/s achieved over the timed steps' "
             "wall time, and MFU: that rate over the run's one FLOP/s ceiling per device and dtype, the best matmul "
             "of one fixed size timed by any cell of the run, in either framework, so both frameworks are measured "
             "against the same ceiling; where the device is in the data-sheet table, MFU against that ceiling too.")
@@ -192,24 +192,30 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
                     phases: pd.DataFrame | None, launcher: dict | None = None,
                     trials: pd.DataFrame | None = None) -> list[str]:
     """A sentence per speed trial whose interval misses the training cells' ratio: how each ran, CPU, warm-up."""
+    from amp_compare.harness.report.tables import LOOP, group_label, with_loop_columns  # tables imports this module
+
     out = []
     cells, trial = conditions(launcher or {}, runs.get("cfg_threads", pd.Series(dtype=float)).dropna(),
                               trials["threads"].dropna() if trials is not None and "threads" in trials else [])
     ran = f"the cells ran {cells}; the trial with {trial.replace('them', 'it')}" if cells else \
         "the cells ran as submitit jobs"
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
-    ok = ok_runs(runs)
-    for v in timed.itertuples():
-        row = full[(full["model"] == v.model) & (full["dataset"] == v.dataset) & (full["framework"] == v.framework)
-                   & (full["precision"] == v.precision)]
+    ok, varying = with_loop_columns(ok_runs(runs).copy()), {k for k in LOOP if full[k].nunique() > 1}
+
+    def same(table: pd.DataFrame, v, keys=("model", "dataset", "framework", *LOOP)) -> pd.DataFrame:
+        return table[np.logical_and.reduce([(table[k] == (x := getattr(v, k))) | (table[k].isna() & pd.isna(x))
+                                            for k in keys])]
+    for v in timed.itertuples():  # the cells of the trial's own model, framework, step loop and batch size
+        row = same(full, v)
+        row = row[row["precision"] == v.precision]
         if row.empty or not np.isfinite(cells := float(row["speedup_vs_fp32"].iloc[0])) or v.low <= cells <= v.high:
             continue
         lo, hi = float(row["speed_min"].iloc[0]), float(row["speed_max"].iloc[0])
         seeds = "one seed" if int(row["runs"].iloc[0]) == 1 else f"seeds {lo:.3f}–{hi:.3f}×"
-        same = ok[(ok["model"] == v.model) & (ok["dataset"] == v.dataset) & (ok["framework"] == v.framework)]
-        fp32, mixed = (_phase_medians(phases, same[same["precision"] == p]) for p in ("fp32", v.precision))
-        text = (f"{v.model} on {v.dataset}, {framework_label(v.framework)} {v.precision}: the training cells ran at "
-                f"{cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
+        mine = same(ok, v)
+        fp32, mixed = (_phase_medians(phases, mine[mine["precision"] == p]) for p in ("fp32", v.precision))
+        text = (f"{group_label(v._asdict(), set(), varying)}, {framework_label(v.framework)} {v.precision}: the "
+                f"training cells ran at {cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
                 f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]" + ("" if out else f"; {ran}"))
         if fp32 and mixed:
             s = {k: "n/a" if np.isnan(x) else f"{x:.1f} s" for k, x in (
