@@ -1,7 +1,8 @@
-"""The report's Numerics and "What happened" sections: their tables and sentences, from the record tables."""
+"""The report's Numerics and "What happened" sections and the Summary's findings, from the record tables."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from itertools import groupby
 from types import SimpleNamespace
@@ -14,14 +15,16 @@ from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_o
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
+from amp_compare.harness.report.speed import LogLine, log_sentences, machine_note
+from amp_compare.harness.report.tables import LOOP, full_table, group_label, named_machines, varying_keys
 from amp_compare.kit.fp16 import FP16_MAX
 
 
 def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
-    if steps.empty:
-        return pd.DataFrame()
     keys = [*(k for k in ("model", "dataset") if k in steps), "framework", "precision"]  # never a median over models
+    if steps.empty:
+        return pd.DataFrame(columns=[*keys, "steps", "skipped", "growth_events", "first_scale", "final_scale"])
     cells = steps.sort_values("step").groupby([*keys, "cell_id"])
     scale = cells["loss_scale"]
     df = pd.DataFrame({"steps": cells.size(), "skipped": cells["skipped"].sum().astype(int),
@@ -91,8 +94,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     for prec in ordered(set(first_seed["precision"]) - {precisions.REFERENCE}):
         d = first_seed[first_seed["precision"] == prec]
         table = pd.concat({_label(fw): d[d["framework"] == fw].groupby([*per, "layer", "phase"], sort=False).agg(
-            # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
-            dtypes=("compute_dtype", lambda s: ", ".join(sorted({x for v in s for x in v.split("+")}))),
+            dtypes=("compute_dtype", _dtypes),  # the dtypes the layer's ops produced ("float16+float32": one op)
             ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
             params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
             for fw in ordered(d["framework"])}, axis=1).reset_index()
@@ -126,9 +128,8 @@ def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Data
         pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS]), on="cell_id", how="left")
 
 
-def ending_text(r, since: bool = True) -> str:
-    """How a cell went non-finite, from with_loss_history's columns on a row (namedtuple); "" where not
-    recorded. `since`: say where the non-finite run that stopped it began."""
+def ending_text(r) -> str:
+    """How a cell went non-finite, from with_loss_history's columns on a row (namedtuple); "" where not recorded."""
     first, skip, start = (pd.to_numeric(getattr(r, k, np.nan), errors="coerce")
                           for k in ("first_nonfinite_loss_step", "first_skipped_step", "diverged_at_step"))
     if pd.isna(first):
@@ -137,22 +138,44 @@ def ending_text(r, since: bool = True) -> str:
     if 0 <= skip < (first if first >= 0 else np.inf):  # NaN compares False
         said.append(f"the loss scaler skipped its first update at step {int(skip)}, with a finite loss")
     if getattr(r, "status", None) == "diverged" and start >= 0:
-        said.append((f"non-finite from step {int(start)} on, " if since else "")
-                    + f"it was stopped after step {int(r.last_step)}")
+        said.append(f"it was stopped after step {int(r.last_step)}")
     return "steps counted from 0: " + "; ".join(said)
+
+
+def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
+                  epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
+    """The findings' sentences: diverged cells, the machine's steadiness, log lines and, per group (machine,
+    model/dataset, loop) whose fp32 did not learn enough, what to change to compare accuracy."""
+    table = full_table(runs, epochs, environment) if table is None else table
+    if table.empty:
+        return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
+    out = [note] if (note := machine_note(environment)) else []
+    one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
+    if set(runs.get("cfg_device", pd.Series(dtype=str)).dropna()) == {"cpu"} and one_cpu:
+        out += log_sentences(table, environment,
+                             [line for line in environment.get("framework_logs", []) if isinstance(line, LogLine)])
+    diverged = with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
+    ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
+             + (f"; {said}." if (said := ending_text(r)) else ".") for r in diverged.itertuples()]
+    keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
+    multi, varying = named_machines(table), varying_keys(table)
+    return ended[::-1] + out + [
+        f"Accuracy cannot be compared from this run for {group_label(dict(zip(keys, k)), multi, varying)}: {short}. "
+        "Train longer (more --epochs, no --steps-per-epoch cap) or on the real dataset before reading accuracy "
+        "differences." for k, group in table.groupby(keys, sort=False, dropna=False)
+        if (short := group["too_short"].iloc[0])]
 
 
 def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """The NaN/Inf locator's rows, each with the loss of the step it ran at (nonfinite_step_loss, from `steps`)."""
-    if "nonfinite_step" not in runs:
-        return pd.DataFrame()
-    runs = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
-    found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
-    per = _per_model(runs)  # a run with two models names each row's model: their layers share names (fc)
+    per, history = _per_model(runs), steps is not None and "cell_id" in runs  # two models: their layers share names
     cols = [*per, "framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
-            "nonfinite_value", *(["nonfinite_step_loss"] if "nonfinite_step_loss" in found else [])]
-    return found[cols].sort_values([*per, "framework", "precision", "seed"], key=display_order) \
-        if not found.empty else pd.DataFrame()
+            "nonfinite_value", *(["nonfinite_step_loss"] if history else [])]
+    if "nonfinite_step" not in runs:
+        return pd.DataFrame(columns=cols)
+    runs = with_loss_history(runs, steps) if history else runs
+    found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
+    return found[cols].sort_values([*per, "framework", "precision", "seed"], key=display_order)
 
 
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
@@ -169,20 +192,20 @@ def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | N
 def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
     """Per framework x float16 precision (first seed, last step): how many non-zero float32 reference gradient
     elements fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""
-    cols = ["framework", "precision", "log2", "count", "loss_scale"]
-    if underflow.empty or "log2_hist" not in underflow:
-        return pd.DataFrame(columns=cols)
     rows, per = [], [k for k in ("model", "dataset") if k in underflow]  # never two models' elements in one count
-    for _, g in _float16_probe(underflow):
+    for _, g in _float16_probe(underflow, "log2_hist"):
         total = sum((Counter(stats.log2_histogram(text)) for text in g["log2_hist"]), Counter())  # zeros dropped
         rows += [{**{k: g[k].iloc[0] for k in [*per, "framework", "precision"]}, "log2": k, "count": v,
                   "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
-    out = pd.DataFrame(rows, columns=[*per, *cols])
+    out = pd.DataFrame(rows, columns=[*per, "framework", "precision", "log2", "count", "loss_scale"])
     return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
 
 
-def _float16_probe(underflow: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """("vit on synthetic, PyTorch fp16", its probe rows at the last step, first seed) per float16 mode, in order."""
+def _float16_probe(underflow: pd.DataFrame, column: str) -> list[tuple[str, pd.DataFrame]]:
+    """("vit on synthetic, PyTorch fp16", its probe rows at the last step, first seed) per float16 mode, in order;
+    none where `column` was not recorded."""
+    if underflow.empty or column not in underflow:
+        return []
     sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
     if (sel := sel[sel["seed"] == sel["seed"].min()]).empty:
         return []
@@ -209,9 +232,7 @@ def scaled_bound(top: int, scale: float) -> tuple[float, str]:
 
 def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
     """Per float16 mode: the last step's largest |parameter gradient| against float16's max; scale_record_text."""
-    if underflow.empty or "log2_hist" not in underflow:
-        return []
-    groups = [(who, g, tops) for who, g in _float16_probe(underflow)
+    groups = [(who, g, tops) for who, g in _float16_probe(underflow, "log2_hist")
               if (tops := [k for text in g["log2_hist"] for k, n in stats.log2_histogram(text).items() if n > 0])]
     # in gradient_histogram's row order: framework, precision, then the smallest magnitude held
     groups.sort(key=lambda t: (*(DISPLAY_ORDER[t[1][k].iloc[0]] for k in ("framework", "precision")), min(t[2])))
@@ -287,10 +308,8 @@ def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     """Per float16 mode (last step): the elements the real float16 backward lost, by layer, cancellation apart."""
-    if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
-        return []
     out = []
-    for who, g in _float16_probe(underflow):
+    for who, g in _float16_probe(underflow, "lost_fraction_mixed_unscaled"):
         scale = float(g["loss_scale"].iloc[0])
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
@@ -347,8 +366,7 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None, underfl
 
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
     """Per framework with fp16 both dynamically scaled and unscaled: both accuracies, each tested against fp32."""
-    ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
-    if ok.empty:
+    if (ok := stats.finished(runs)).empty:
         return []
     ok = ok[~stats.cut_groups(ok, [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok])]
     out, per, acc = [], _per_model(ok), acc if acc is not None and not acc.empty else None  # never two models' median
@@ -376,8 +394,9 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
             "underflow": headroom_sentences(underflow, steps) + lost_sentences(underflow)}
 
 
-def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
-    """What the glossary and dtype-audit section say of op dtypes, from the audit (first seed, first mixed mode)."""
+def op_dtype_facts(dtypes: pd.DataFrame, device: str, side_by_side: dict | None = None) -> dict:
+    """What the glossary and dtype-audit section say of op dtypes (first seed, first mixed mode; side_by_side: its
+    dtype_side_by_side, where the caller has it)."""
     said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
         if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
@@ -388,7 +407,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
         return facts
     facts["precision"] = ordered(first["precision"])[0]
     facts["inputs_recorded"] = "input_dtype" in dtypes and dtypes["input_dtype"].fillna("").astype(str).ne("").any()
-    for p, table in dtype_side_by_side(dtypes).items():
+    for p, table in (dtype_side_by_side(dtypes) if side_by_side is None else side_by_side).items():
         facts["differing"][p] = _differing_rows(table)
         if "model" in table:  # a two-model table: the rows counted per model as well
             facts["differing"][p]["models"] = {m: _differing_rows(g) for m, g in table.groupby("model", sort=False)}
@@ -403,6 +422,89 @@ def _differing_rows(table: pd.DataFrame) -> dict:
 
 
 # The vit: headroom, the attention/normalisation dtype table, the naive attention's story
+
+# The parts of a vit, by canonical layer name (both audits name layers alike); "core" is the attention core:
+# its ops are split into the matmuls (Q·Kᵀ, ·V) and the rest (the logits' scale and the softmax).
+VIT_COMPONENTS = (
+    ("LayerNorm", r"\.ln[12]$|^norm$", "all"),
+    ("attention: Q/K/V/output projections", r"\.attn\.(?:query|key|value|out)$", "all"),
+    ("Q·Kᵀ", r"\.attn$", "matmul"),
+    ("softmax (with the logits' scale)", r"\.attn$", "softmax"),
+    ("·V", r"\.attn$", "matmul"),
+    ("GELU", r"\.mlp\.act$", "all"),
+    ("residual adds", r"\.res[12]$", "all"),
+    ("class token + position embedding", r"^embed$", "all"),
+    ("head (fc)", r"^fc$", "all"),
+)
+CAST_OPS = {"_to_copy", "Cast"}
+LAYOUT_OPS = {"Transpose"}  # TensorFlow's transpose of K moves data, computes nothing (torch's is a view)
+MATMUL_OPS = {"bmm", "mm", "matmul", "baddbmm", "einsum", "BatchMatMulV2", "BatchMatMulV3", "MatMul", "Einsum"}
+FUSED_ATTENTION = re.compile(r"scaled_dot_product|dot_product_attention|flash_attention", re.IGNORECASE)
+# What a fused kernel does inside, where its source says so (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp).
+FUSED_INSIDE = {"_scaled_dot_product_flash_attention_for_cpu":
+                "float32 accumulation inside (PyTorch's CPU flash-attention kernel accumulates in at::opmath_type, "
+                "float32 for half inputs; its float32 output is the log-sum-exp it keeps for the backward)"}
+
+
+def _dtypes(values) -> str:
+    return ", ".join(sorted({x for v in values for x in str(v).split("+") if x}))
+
+
+def _computed_in(rows: pd.DataFrame) -> pd.Series:
+    """The dtype each op computed in: its floating inputs' dtype; where they mix, its (first) output's; with no
+    input recorded, its outputs'."""
+    inputs = rows["input_dtype"].fillna("").astype(str) if "input_dtype" in rows else pd.Series("", rows.index)
+    out = []
+    for i, o in zip(inputs, rows["compute_dtype"].astype(str)):
+        ins, outs = {x for x in i.split("+") if x}, [x for x in o.split("+") if x]
+        out.append(ins.pop() if len(ins) == 1 else outs[0] if outs and (ins or len(outs) == 1) else o)
+    return pd.Series(out, index=rows.index, dtype=object)
+
+
+def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
+    """One framework's (ops text, computed-in text) for one part."""
+    math = rows[~rows["op"].isin(CAST_OPS | LAYOUT_OPS)]
+    fused = math[math["op"].astype(str).str.contains(FUSED_ATTENTION)]
+    if kind != "all" and not fused.empty:  # named once, in the middle row of the three the kernel does
+        op, inputs = str(fused["op"].iloc[0]), _dtypes(_computed_in(fused))
+        inside = f"; {FUSED_INSIDE[op]}" if op in FUSED_INSIDE else ""
+        return (f"fused kernel {op}, inputs {inputs}{inside}" if kind == "softmax" else
+                f"the fused kernel, inputs {inputs}"), inputs
+    if kind != "all":
+        math = math[math["op"].isin(MATMUL_OPS) == (kind == "matmul")]
+    per_op = math.assign(computed=_computed_in(math)).groupby("op", sort=False)["computed"].agg(_dtypes)
+    text = "; ".join(f"{op}: {dt}" for op, dt in per_op.items()) or "-"
+    if kind == "matmul" and per_op.str.contains(",").any():
+        text += " (the audit counts both attention matmuls as one op: which is which is not recorded)"
+    casts = _dtypes(rows.loc[rows["op"].isin(CAST_OPS), "compute_dtype"])
+    if casts and kind == "all":  # the attention core's casts serve its input and its softmax: not said per row
+        text += f" (casts to {casts})"
+    return text, _dtypes(per_op) or "-"
+
+
+def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per mixed precision: each vit part (VIT_COMPONENTS) with, per framework, the ops that did its arithmetic and
+    the dtype each computed in; `differs` where the frameworks' "computed in" differ. Empty for the CNNs."""
+    out: dict[str, pd.DataFrame] = {}
+    if dtypes.empty or not dtypes["layer"].astype(str).str.match(r"blocks\.\d+\.attn$").any():
+        return out
+    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["phase"] == "forward")]
+    first = first[first["layer"].astype(str).str.match(r"blocks\.|embed$|norm$|fc$")]
+    for prec in ordered(set(first["precision"]) - {precisions.REFERENCE}):
+        d = first[first["precision"] == prec]
+        rows = []
+        for component, pattern, kind in VIT_COMPONENTS:
+            part = d[d["layer"].astype(str).str.contains(pattern, regex=True)]
+            row = {"part": component}
+            for fw in ordered(d["framework"]):
+                row[_label(fw)], row[f"{_label(fw)} computed in"] = _cell(part[part["framework"] == fw], kind)
+            computed = [row[c] for c in row if c.endswith(" computed in")]
+            # "-": that framework's audit attributes no op to this part: not attributed, so no difference
+            row["differs"] = "-" not in computed and len(set(computed)) > 1
+            rows.append(row)
+        out[prec] = pd.DataFrame(rows)
+    return out
+
 
 QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layernorm_input": "LayerNorm input"}
 
@@ -522,7 +624,7 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
     """The verdicts.NAIVE rows: per model x framework x precision run with --attention naive, how it went."""
     if table.empty or runs.empty or "cfg_attention" not in runs:
         return []
-    done = runs[runs["status"].isin(["ok", "diverged"]) & (runs["cfg_attention"] == "naive")]
+    done = stats.finished(runs[runs["cfg_attention"] == "naive"])
     blocks = headroom_per_block(headroom)
     out = []
     for r in table.drop_duplicates(["model", "dataset", "framework", "precision"]).itertuples():

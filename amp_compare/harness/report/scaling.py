@@ -31,7 +31,7 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
     out: list[dict] = []
     if table.empty or runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
-    done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    done = stats.finished(runs)
     by_cell = defaultdict(lambda: steps[:0], list(steps.sort_values("step").groupby("cell_id")))  # each cell's steps
     for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
         cells = done[(done["model"] == model) & (done["dataset"] == dataset)]

@@ -118,6 +118,11 @@ def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
 
 
+def finished(runs: pd.DataFrame) -> pd.DataFrame:
+    """The cells that ran to an end, ok or diverged (all where the table has no status)."""
+    return runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+
+
 def budgeted(runs: pd.DataFrame) -> pd.Series:
     """Per run row, whether the speed budget stopped the cell early (the run table's budget_steps)."""
     return runs["budget_steps"].notna() if "budget_steps" in runs else pd.Series(False, index=runs.index)
