@@ -52,8 +52,7 @@ RESIDUE_COLUMNS = {"flush_unscaled": "flush_fraction_unscaled", "flush_scaled": 
 
 
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
-    """Element-weighted underflow fractions (both UNDERFLOW_METHODS) per framework x precision x when; NaN where
-    a column was not recorded; residue_<column>: the part of it held by zero-gradient parameters (zero_gradient)."""
+    """Element-weighted UNDERFLOW_METHODS shares per framework x precision x when, with their residue_ parts."""
     if underflow.empty:
         return pd.DataFrame()
     underflow = underflow.assign(zero_gradient=scaling.zero_gradient(underflow))
@@ -111,8 +110,7 @@ HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", 
 
 
 def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
-    """The run table with HISTORY_COLS beside each cell, from its step records (steps from 0; -1 / NaN where they
-    were not recorded); nonfinite_step_loss: the loss at the NaN/Inf locator's step."""
+    """The run table with HISTORY_COLS beside each cell from its step records (-1 / NaN where not recorded)."""
     located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
                if "nonfinite_step" in runs and "cell_id" in runs else {})
     rows = []
@@ -144,8 +142,7 @@ def ending_text(r) -> str:
 
 def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                   epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
-    """The findings' sentences: diverged cells, the machine's steadiness, log lines and, per group (machine,
-    model/dataset, loop) whose fp32 did not learn enough, what to change to compare accuracy."""
+    """The findings: diverged cells, the machine's steadiness, log lines, groups whose fp32 learnt too little."""
     table = full_table(runs, epochs, environment) if table is None else table
     if table.empty:
         return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
@@ -190,8 +187,7 @@ def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | N
 
 
 def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
-    """Per framework x float16 precision (first seed, last step): how many non-zero float32 reference gradient
-    elements fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""
+    """Per float16 probe (_float16_probe): its non-zero reference gradient elements per power of two, |g| >= 2^k."""
     rows, per = [], [k for k in ("model", "dataset") if k in underflow]  # never two models' elements in one count
     for _, g in _float16_probe(underflow, "log2_hist"):
         total = sum((Counter(stats.log2_histogram(text)) for text in g["log2_hist"]), Counter())  # zeros dropped
@@ -202,8 +198,7 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
 
 
 def _float16_probe(underflow: pd.DataFrame, column: str) -> list[tuple[str, pd.DataFrame]]:
-    """("vit on synthetic, PyTorch fp16", its probe rows at the last step, first seed) per float16 mode, in order;
-    none where `column` was not recorded."""
+    """("vit on synthetic, PyTorch fp16", its last-step probe rows, first seed) per float16 mode with `column`."""
     if underflow.empty or column not in underflow:
         return []
     sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
@@ -395,8 +390,7 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
 
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str, side_by_side: dict | None = None) -> dict:
-    """What the glossary and dtype-audit section say of op dtypes (first seed, first mixed mode; side_by_side: its
-    dtype_side_by_side, where the caller has it)."""
+    """What the glossary and dtype-audit section say of op dtypes (side_by_side: dtype_side_by_side(dtypes))."""
     said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
         if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
@@ -451,8 +445,7 @@ def _dtypes(values) -> str:
 
 
 def _computed_in(rows: pd.DataFrame) -> pd.Series:
-    """The dtype each op computed in: its floating inputs' dtype; where they mix, its (first) output's; with no
-    input recorded, its outputs'."""
+    """The dtype each op computed in: its floating inputs'; where they mix or are not recorded, its outputs'."""
     inputs = rows["input_dtype"].fillna("").astype(str) if "input_dtype" in rows else pd.Series("", rows.index)
     out = []
     for i, o in zip(inputs, rows["compute_dtype"].astype(str)):
@@ -483,8 +476,7 @@ def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
 
 
 def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per mixed precision: each vit part (VIT_COMPONENTS) with, per framework, the ops that did its arithmetic and
-    the dtype each computed in; `differs` where the frameworks' "computed in" differ. Empty for the CNNs."""
+    """Per mixed precision: each VIT_COMPONENTS part's ops and computed-in dtype per framework (CNNs: empty)."""
     out: dict[str, pd.DataFrame] = {}
     if dtypes.empty or not dtypes["layer"].astype(str).str.match(r"blocks\.\d+\.attn$").any():
         return out
