@@ -4,7 +4,7 @@ false or unreadable sentence, through the functions a render calls, on synthetic
 import pandas as pd
 
 from amp_compare.harness.report import accuracy, glossary, speed, stats
-from amp_compare.harness.report.numerics import finding_parts
+from amp_compare.harness.report.findings import finding_parts
 from tests.test_summary import _cells, _runs
 
 AVX512_BF16 = {"cpu_model": "Test CPU", "cpu_amp_flags": "avx512f,avx512_bf16,f16c", "cpu_bf16_hardware": True,

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from amp_compare.harness.report import answer, phrases, render, verdicts
-from amp_compare.harness.report.numerics import finding_parts
+from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.tables import formatted_summary, full_table, summary_table
 
 

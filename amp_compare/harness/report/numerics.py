@@ -1,4 +1,4 @@
-"""The report's Numerics and "What happened" sections and the Summary's findings, from the record tables."""
+"""The report's Numerics and "What happened" sections: their tables and sentences, from the record tables."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from amp_compare.contract.config import DISPLAY_ORDER, KERAS_BACKENDS, display_o
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.contract.fp8 import FP8_MODES
 from amp_compare.harness.report import phrases, scaling, stats, verdicts
-from amp_compare.harness.report.speed import LogLine, log_sentences, machine_note
-from amp_compare.harness.report.tables import LOOP, full_table, group_label, named_machines, varying_keys
 from amp_compare.kit.fp16 import FP16_MAX
 
 
@@ -140,29 +138,6 @@ def ending_text(r) -> str:
     return "steps counted from 0: " + "; ".join(said)
 
 
-def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
-                  epochs: pd.DataFrame | None = None, table: pd.DataFrame | None = None) -> list[str]:
-    """The findings: diverged cells, the machine's steadiness, log lines, groups whose fp32 learnt too little."""
-    table = full_table(runs, epochs, environment) if table is None else table
-    if table.empty:
-        return ["No cell finished, so there is nothing to compare yet; see the failed cells below."]
-    out = [note] if (note := machine_note(environment)) else []
-    one_cpu = runs["cpu_model"].nunique() <= 1 if "cpu_model" in runs else "machine" not in runs
-    if set(runs.get("cfg_device", pd.Series(dtype=str)).dropna()) == {"cpu"} and one_cpu:
-        out += log_sentences(table, environment,
-                             [line for line in environment.get("framework_logs", []) if isinstance(line, LogLine)])
-    diverged = with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
-    ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
-             + (f"; {said}." if (said := ending_text(r)) else ".") for r in diverged.itertuples()]
-    keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
-    multi, varying = named_machines(table), varying_keys(table)
-    return ended[::-1] + out + [
-        f"Accuracy cannot be compared from this run for {group_label(dict(zip(keys, k)), multi, varying)}: {short}. "
-        "Train longer (more --epochs, no --steps-per-epoch cap) or on the real dataset before reading accuracy "
-        "differences." for k, group in table.groupby(keys, sort=False, dropna=False)
-        if (short := group["too_short"].iloc[0])]
-
-
 def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """The NaN/Inf locator's rows, each with the loss of the step it ran at (nonfinite_step_loss, from `steps`)."""
     per, history = _per_model(runs), steps is not None and "cell_id" in runs  # two models: their layers share names
@@ -187,7 +162,7 @@ def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | N
 
 
 def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
-    """Per float16 probe (_float16_probe): its non-zero reference gradient elements per power of two, |g| >= 2^k."""
+    """Per float16 probe (_float16_probe): its non-zero reference gradient elements per 2^k <= |g| < 2^(k+1)."""
     rows, per = [], [k for k in ("model", "dataset") if k in underflow]  # never two models' elements in one count
     for _, g in _float16_probe(underflow, "log2_hist"):
         total = sum((Counter(stats.log2_histogram(text)) for text in g["log2_hist"]), Counter())  # zeros dropped
