@@ -237,12 +237,10 @@ SKIP_WHY = {"with a finite loss": " (non-finite gradients at the scale then in u
 
 def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) -> str:
     """What a loss-scaled cell's step records show of overflow (its skips, their steps and scales); "" for none."""
-    if cell_steps.empty or "loss_scale" not in cell_steps:
+    if cell_steps.empty or "loss_scale" not in cell_steps or (cell_steps["loss_scale"].astype(float) == 1).all():
         return ""
     g = cell_steps.sort_values("step")
     scale = g["loss_scale"].astype(float).to_numpy()
-    if (scale == 1).all():
-        return ""
     skipped, finite = g["skipped"].astype(bool).to_numpy(), np.isfinite(g["loss"].astype(float).to_numpy())
     last = f"the last step (step {int(g['step'].iloc[-1])}, counting from 0) ran at {phrases.power(scale[-1])}"
     fw, prec = (str(g[k].iloc[0]) if k in g else "" for k in ("framework", "precision"))
@@ -478,12 +476,12 @@ QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layern
 
 def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per framework x precision x seed x epoch x block x quantity: the largest magnitude (`attention`: from runs)."""
+    keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
     if headroom is None or headroom.empty:
-        return pd.DataFrame()
+        return pd.DataFrame(columns=[*keys, "max_abs"])
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
     # blocks.1.attn -> blocks.1; norm -> norm (the final LayerNorm is a block of its own here)
     df["block"] = [".".join(p[:2]) if p[0] == "blocks" else p[0] for p in df["layer"].str.split(".")]
-    keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
     out = df.groupby(keys, as_index=False)["max_abs"].max()
     if runs is not None and "cfg_attention" in runs:
         out = out.merge(runs[["cell_id", "cfg_attention"]].rename(columns={"cfg_attention": "attention"}),
@@ -493,11 +491,9 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
 
 def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
     """The vit's median relative loss gap per precision, PyTorch vs Keras by seed, before either's first skip or NaN."""
-    if steps.empty or "model" not in steps:
-        return ""
-    mine = steps[steps["model"] == "vit"]
-    keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
-    if keras_fw is None or "torch" not in set(mine["framework"]):
+    mine = steps[steps["model"] == "vit"] if "model" in steps else steps[:0]
+    ran = set(mine.get("framework", ()))
+    if "torch" not in ran or (keras_fw := next((fw for fw in KERAS_BACKENDS if fw in ran), None)) is None:
         return ""
     parts = []
     for prec in ordered(set(mine["precision"]) - set(FP8_MODES)):  # fp8: each framework its own recipe
@@ -618,8 +614,7 @@ def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
                              for k in ("nonfinite_step", "first_nonfinite_loss_step", "final_train_loss"))
     every_finite = bool(first_bad < 0) if pd.notna(first_bad) else bool(np.isfinite(loss))
     skipped = int(c.get("skipped_steps", 0) or 0)
-    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
-        if not blocks.empty else pd.DataFrame({"epoch": [], "max_abs": []})
+    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")]
     # a non-finite peak (inf, or NaN: a running maximum that met an overflowed value) wins, at its first epoch
     bad = logits[~np.isfinite(logits["max_abs"].to_numpy(dtype=float))].sort_values("epoch")["max_abs"]
     return {"seed": int(c["seed"]), "step": int(step) if pd.notna(step) else -1,
