@@ -339,17 +339,13 @@ def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = No
     ok = ok[~stats.cut_groups(ok, [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok])]
     out, per, acc = [], _per_model(ok), acc if acc is not None and not acc.empty else None  # never two models' median
     median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median()
-
-    def tested(key: tuple) -> str:
-        sel = acc[np.logical_and.reduce([acc[k] == v for k, v in zip([*per, "framework", "precision"], key)])] \
-            if acc is not None else []
-        return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if len(sel) else ""
-
+    tested = {} if acc is None else {key: f" (against fp32: {phrases.accuracy(g.iloc[0])})"
+                                     for key, g in acc.groupby([*per, "framework", "precision"])}
     for group in dict.fromkeys(k[:-1] for k in median.index):
         dyn, none = (*group, scaling.DYNAMIC[0]), (*group, scaling.UNSCALED[0])
         if dyn in median and none in median:
             out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {median[dyn]:.1%} with dynamic "
-                       f"loss scaling{tested(dyn)}, {median[none]:.1%} without any{tested(none)}"
+                       f"loss scaling{tested.get(dyn, '')}, {median[none]:.1%} without any{tested.get(none, '')}"
                        + (" — each tested against fp32 image by image, as the Accuracy section does." if acc
                           is not None else "."))
     return out
