@@ -169,7 +169,7 @@ def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
         rows += [{**{k: g[k].iloc[0] for k in [*per, "framework", "precision"]}, "log2": k, "count": v,
                   "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
     out = pd.DataFrame(rows, columns=[*per, "framework", "precision", "log2", "count", "loss_scale"])
-    return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
+    return out.sort_values(["framework", "precision", "log2"], key=display_order)
 
 
 def _float16_probe(underflow: pd.DataFrame, column: str) -> list[tuple[str, pd.DataFrame]]:
@@ -177,9 +177,8 @@ def _float16_probe(underflow: pd.DataFrame, column: str) -> list[tuple[str, pd.D
     if underflow.empty or column not in underflow:
         return []
     sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
-    if (sel := sel[sel["seed"] == sel["seed"].min()]).empty:
-        return []
-    sel, per = sel.sort_values(["framework", "precision"], key=display_order, kind="stable"), _per_model(underflow)
+    sel, per = sel[sel["seed"] == sel["seed"].min()].sort_values(["framework", "precision"], key=display_order,
+                                                                 kind="stable"), _per_model(underflow)
     return [(f"{_who(per, key)}{_label(key[-2])} {key[-1]}", g)
             for key, g in sel.groupby([*per, "framework", "precision"], sort=False)]
 
