@@ -582,11 +582,11 @@ VIT_AUDIT_DIFFERENCES = {("", "backward"), ("blocks.0.attn", "backward")}
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_aligned_vit_audits_agree_but_for_the_attention_gradients(precision):
     """The vit built as an aligned compare builds it: every (layer, phase) row in both audits, the same dtypes
-    everywhere but the rows VIT_AUDIT_DIFFERENCES names; the computed-dtype table (harness/report/vit_dtypes.py)
+    everywhere but the rows VIT_AUDIT_DIFFERENCES names; the computed-dtype table (harness/report/numerics.py)
     shows LayerNorm, the token stream and the class-token/position add computing in float32 and the matmuls in
     the half dtype in both, and each framework's own softmax."""
     from amp_compare.contract.config import RunConfig
-    from amp_compare.harness.report.vit_dtypes import vit_dtype_table
+    from amp_compare.harness.report.numerics import vit_dtype_table
 
     def cfg(framework):
         return RunConfig(framework=framework, model="vit", dataset="digits", precision=precision, vit_dim=16,

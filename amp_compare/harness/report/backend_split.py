@@ -1,5 +1,4 @@
-"""Keras or its backend? Across the Keras backends of one compare, what the Keras cells share (settings read back,
-defaults of fresh objects) is Keras' own doing and what differs is the backend's."""
+"""Keras or its backend? What the Keras backends of a compare share is Keras' own doing, what differs, its backend's."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def finding_parts(runs: pd.DataFrame, steps: pd.DataFrame, environment: dict,
                              [line for line in environment.get("framework_logs", []) if isinstance(line, LogLine)])
     diverged = nr.with_loss_history(runs[runs["status"] == "diverged"], steps) if "status" in runs else runs.iloc[0:0]
     ended = [f"{r.model} on {r.dataset}, {_label(r.framework)} {r.precision} (seed {r.seed}) diverged: {r.error}"
-             + (f"; {said}." if (said := nr.ending_text(r, since=False)) else ".") for r in diverged.itertuples()]
+             + (f"; {said}." if (said := nr.ending_text(r)) else ".") for r in diverged.itertuples()]
     keys = [k for k in ("machine", "model", "dataset", *LOOP) if k in table]
     multi, varying = named_machines(table), varying_keys(table)
     return ended[::-1] + out + [

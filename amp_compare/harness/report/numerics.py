@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from itertools import groupby
 from types import SimpleNamespace
@@ -19,9 +20,9 @@ from amp_compare.kit.fp16 import FP16_MAX
 
 def scale_counts(steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x precision (medians over seeds): skipped steps, growth events, final scale."""
-    if steps.empty:
-        return pd.DataFrame()
     keys = [*(k for k in ("model", "dataset") if k in steps), "framework", "precision"]  # never a median over models
+    if steps.empty:
+        return pd.DataFrame(columns=[*keys, "steps", "skipped", "growth_events", "first_scale", "final_scale"])
     cells = steps.sort_values("step").groupby([*keys, "cell_id"])
     scale = cells["loss_scale"]
     df = pd.DataFrame({"steps": cells.size(), "skipped": cells["skipped"].sum().astype(int),
@@ -49,8 +50,7 @@ RESIDUE_COLUMNS = {"flush_unscaled": "flush_fraction_unscaled", "flush_scaled": 
 
 
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
-    """Element-weighted underflow fractions (both UNDERFLOW_METHODS) per framework x precision x when; NaN where
-    a column was not recorded; residue_<column>: the part of it held by zero-gradient parameters (zero_gradient)."""
+    """Element-weighted UNDERFLOW_METHODS shares per framework x precision x when, with their residue_ parts."""
     if underflow.empty:
         return pd.DataFrame()
     underflow = underflow.assign(zero_gradient=scaling.zero_gradient(underflow))
@@ -91,8 +91,7 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
     for prec in ordered(set(first_seed["precision"]) - {precisions.REFERENCE}):
         d = first_seed[first_seed["precision"] == prec]
         table = pd.concat({_label(fw): d[d["framework"] == fw].groupby([*per, "layer", "phase"], sort=False).agg(
-            # the set of dtypes the layer's ops produced ("float16+float32": one op with both outputs)
-            dtypes=("compute_dtype", lambda s: ", ".join(sorted({x for v in s for x in v.split("+")}))),
+            dtypes=("compute_dtype", _dtypes),  # the dtypes the layer's ops produced ("float16+float32": one op)
             ops=("op", lambda s: ", ".join(dict.fromkeys(s))),
             params=("param_dtype", lambda s: ", ".join(sorted(set(s) - {""})) or "-"))
             for fw in ordered(d["framework"])}, axis=1).reset_index()
@@ -109,8 +108,7 @@ HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", 
 
 
 def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
-    """The run table with HISTORY_COLS beside each cell, from its step records (steps from 0; -1 / NaN where they
-    were not recorded); nonfinite_step_loss: the loss at the NaN/Inf locator's step."""
+    """The run table with HISTORY_COLS beside each cell from its step records (-1 / NaN where not recorded)."""
     located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
                if "nonfinite_step" in runs and "cell_id" in runs else {})
     rows = []
@@ -126,9 +124,8 @@ def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Data
         pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS]), on="cell_id", how="left")
 
 
-def ending_text(r, since: bool = True) -> str:
-    """How a cell went non-finite, from with_loss_history's columns on a row (namedtuple); "" where not
-    recorded. `since`: say where the non-finite run that stopped it began."""
+def ending_text(r) -> str:
+    """How a cell went non-finite, from with_loss_history's columns on a row (namedtuple); "" where not recorded."""
     first, skip, start = (pd.to_numeric(getattr(r, k, np.nan), errors="coerce")
                           for k in ("first_nonfinite_loss_step", "first_skipped_step", "diverged_at_step"))
     if pd.isna(first):
@@ -137,22 +134,20 @@ def ending_text(r, since: bool = True) -> str:
     if 0 <= skip < (first if first >= 0 else np.inf):  # NaN compares False
         said.append(f"the loss scaler skipped its first update at step {int(skip)}, with a finite loss")
     if getattr(r, "status", None) == "diverged" and start >= 0:
-        said.append((f"non-finite from step {int(start)} on, " if since else "")
-                    + f"it was stopped after step {int(r.last_step)}")
+        said.append(f"it was stopped after step {int(r.last_step)}")
     return "steps counted from 0: " + "; ".join(said)
 
 
 def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """The NaN/Inf locator's rows, each with the loss of the step it ran at (nonfinite_step_loss, from `steps`)."""
-    if "nonfinite_step" not in runs:
-        return pd.DataFrame()
-    runs = with_loss_history(runs, steps) if steps is not None and "cell_id" in runs else runs
-    found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
-    per = _per_model(runs)  # a run with two models names each row's model: their layers share names (fc)
+    per, history = _per_model(runs), steps is not None and "cell_id" in runs  # two models: their layers share names
     cols = [*per, "framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
-            "nonfinite_value", *(["nonfinite_step_loss"] if "nonfinite_step_loss" in found else [])]
-    return found[cols].sort_values([*per, "framework", "precision", "seed"], key=display_order) \
-        if not found.empty else pd.DataFrame()
+            "nonfinite_value", *(["nonfinite_step_loss"] if history else [])]
+    if "nonfinite_step" not in runs:
+        return pd.DataFrame(columns=cols)
+    runs = with_loss_history(runs, steps) if history else runs
+    found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
+    return found[cols].sort_values([*per, "framework", "precision", "seed"], key=display_order)
 
 
 def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | None:
@@ -167,26 +162,23 @@ def growth_facts(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[int, int] | N
 
 
 def gradient_histogram(underflow: pd.DataFrame) -> pd.DataFrame:
-    """Per framework x float16 precision (first seed, last step): how many non-zero float32 reference gradient
-    elements fell in each power of two, |g| in [2^k, 2^(k+1)), summed over layers, with the loss scale in use."""
-    cols = ["framework", "precision", "log2", "count", "loss_scale"]
-    if underflow.empty or "log2_hist" not in underflow:
-        return pd.DataFrame(columns=cols)
+    """Per float16 probe (_float16_probe): its non-zero reference gradient elements per 2^k <= |g| < 2^(k+1)."""
     rows, per = [], [k for k in ("model", "dataset") if k in underflow]  # never two models' elements in one count
-    for _, g in _float16_probe(underflow):
+    for _, g in _float16_probe(underflow, "log2_hist"):
         total = sum((Counter(stats.log2_histogram(text)) for text in g["log2_hist"]), Counter())  # zeros dropped
         rows += [{**{k: g[k].iloc[0] for k in [*per, "framework", "precision"]}, "log2": k, "count": v,
                   "loss_scale": float(g["loss_scale"].iloc[0])} for k, v in sorted(total.items())]
-    out = pd.DataFrame(rows, columns=[*per, *cols])
-    return out.sort_values(["framework", "precision", "log2"], key=display_order) if not out.empty else out
+    out = pd.DataFrame(rows, columns=[*per, "framework", "precision", "log2", "count", "loss_scale"])
+    return out.sort_values(["framework", "precision", "log2"], key=display_order)
 
 
-def _float16_probe(underflow: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """("vit on synthetic, PyTorch fp16", its probe rows at the last step, first seed) per float16 mode, in order."""
-    sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
-    if (sel := sel[sel["seed"] == sel["seed"].min()]).empty:
+def _float16_probe(underflow: pd.DataFrame, column: str) -> list[tuple[str, pd.DataFrame]]:
+    """("vit on synthetic, PyTorch fp16", its last-step probe rows, first seed) per float16 mode with `column`."""
+    if underflow.empty or column not in underflow:
         return []
-    sel, per = sel.sort_values(["framework", "precision"], key=display_order, kind="stable"), _per_model(underflow)
+    sel = underflow[(underflow["when"] == "last step") & underflow["precision"].isin(precisions.names(half="float16"))]
+    sel, per = sel[sel["seed"] == sel["seed"].min()].sort_values(["framework", "precision"], key=display_order,
+                                                                 kind="stable"), _per_model(underflow)
     return [(f"{_who(per, key)}{_label(key[-2])} {key[-1]}", g)
             for key, g in sel.groupby([*per, "framework", "precision"], sort=False)]
 
@@ -209,9 +201,7 @@ def scaled_bound(top: int, scale: float) -> tuple[float, str]:
 
 def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
     """Per float16 mode: the last step's largest |parameter gradient| against float16's max; scale_record_text."""
-    if underflow.empty or "log2_hist" not in underflow:
-        return []
-    groups = [(who, g, tops) for who, g in _float16_probe(underflow)
+    groups = [(who, g, tops) for who, g in _float16_probe(underflow, "log2_hist")
               if (tops := [k for text in g["log2_hist"] for k, n in stats.log2_histogram(text).items() if n > 0])]
     # in gradient_histogram's row order: framework, precision, then the smallest magnitude held
     groups.sort(key=lambda t: (*(DISPLAY_ORDER[t[1][k].iloc[0]] for k in ("framework", "precision")), min(t[2])))
@@ -246,12 +236,10 @@ SKIP_WHY = {"with a finite loss": " (non-finite gradients at the scale then in u
 
 def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) -> str:
     """What a loss-scaled cell's step records show of overflow (its skips, their steps and scales); "" for none."""
-    if cell_steps.empty or "loss_scale" not in cell_steps:
+    if cell_steps.empty or "loss_scale" not in cell_steps or (cell_steps["loss_scale"].astype(float) == 1).all():
         return ""
     g = cell_steps.sort_values("step")
     scale = g["loss_scale"].astype(float).to_numpy()
-    if (scale == 1).all():
-        return ""
     skipped, finite = g["skipped"].astype(bool).to_numpy(), np.isfinite(g["loss"].astype(float).to_numpy())
     last = f"the last step (step {int(g['step'].iloc[-1])}, counting from 0) ran at {phrases.power(scale[-1])}"
     fw, prec = (str(g[k].iloc[0]) if k in g else "" for k in ("framework", "precision"))
@@ -287,10 +275,8 @@ def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
     """Per float16 mode (last step): the elements the real float16 backward lost, by layer, cancellation apart."""
-    if underflow.empty or "lost_fraction_mixed_unscaled" not in underflow:
-        return []
     out = []
-    for who, g in _float16_probe(underflow):
+    for who, g in _float16_probe(underflow, "lost_fraction_mixed_unscaled"):
         scale = float(g["loss_scale"].iloc[0])
         column = "lost_fraction_mixed_scaled" if scale != 1 else "lost_fraction_mixed_unscaled"
         if g[column].isna().all():
@@ -347,23 +333,18 @@ def skip_cause_sentences(runs: pd.DataFrame, steps: pd.DataFrame | None, underfl
 
 def scaling_accuracy_sentences(runs: pd.DataFrame, acc: pd.DataFrame | None = None) -> list[str]:
     """Per framework with fp16 both dynamically scaled and unscaled: both accuracies, each tested against fp32."""
-    ok = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
-    if ok.empty:
+    if (ok := stats.finished(runs)).empty:
         return []
     ok = ok[~stats.cut_groups(ok, [k for k in ("machine", "model", "dataset", "framework", "precision") if k in ok])]
     out, per, acc = [], _per_model(ok), acc if acc is not None and not acc.empty else None  # never two models' median
     median = ok.groupby([*per, "framework", "precision"])["final_val_accuracy"].median()
-
-    def tested(key: tuple) -> str:
-        sel = acc[np.logical_and.reduce([acc[k] == v for k, v in zip([*per, "framework", "precision"], key)])] \
-            if acc is not None else []
-        return f" (against fp32: {phrases.accuracy(sel.iloc[0])})" if len(sel) else ""
-
+    tested = {} if acc is None else {key: f" (against fp32: {phrases.accuracy(g.iloc[0])})"
+                                     for key, g in acc.groupby([*per, "framework", "precision"])}
     for group in dict.fromkeys(k[:-1] for k in median.index):
         dyn, none = (*group, scaling.DYNAMIC[0]), (*group, scaling.UNSCALED[0])
         if dyn in median and none in median:
             out.append(f"{_who(per, group)}{_label(group[-1])}: validation accuracy {median[dyn]:.1%} with dynamic "
-                       f"loss scaling{tested(dyn)}, {median[none]:.1%} without any{tested(none)}"
+                       f"loss scaling{tested.get(dyn, '')}, {median[none]:.1%} without any{tested.get(none, '')}"
                        + (" — each tested against fp32 image by image, as the Accuracy section does." if acc
                           is not None else "."))
     return out
@@ -376,8 +357,8 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
             "underflow": headroom_sentences(underflow, steps) + lost_sentences(underflow)}
 
 
-def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
-    """What the glossary and dtype-audit section say of op dtypes, from the audit (first seed, first mixed mode)."""
+def op_dtype_facts(dtypes: pd.DataFrame, device: str, side_by_side: dict | None = None) -> dict:
+    """What the glossary and dtype-audit section say of op dtypes (side_by_side: dtype_side_by_side(dtypes))."""
     said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
         if "audit_method" in dtypes else {}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
@@ -388,7 +369,7 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str) -> dict:
         return facts
     facts["precision"] = ordered(first["precision"])[0]
     facts["inputs_recorded"] = "input_dtype" in dtypes and dtypes["input_dtype"].fillna("").astype(str).ne("").any()
-    for p, table in dtype_side_by_side(dtypes).items():
+    for p, table in (dtype_side_by_side(dtypes) if side_by_side is None else side_by_side).items():
         facts["differing"][p] = _differing_rows(table)
         if "model" in table:  # a two-model table: the rows counted per model as well
             facts["differing"][p]["models"] = {m: _differing_rows(g) for m, g in table.groupby("model", sort=False)}
@@ -404,17 +385,98 @@ def _differing_rows(table: pd.DataFrame) -> dict:
 
 # The vit: headroom, the attention/normalisation dtype table, the naive attention's story
 
+# The parts of a vit, by canonical layer name (both audits name layers alike); "core" is the attention core:
+# its ops are split into the matmuls (Q·Kᵀ, ·V) and the rest (the logits' scale and the softmax).
+VIT_COMPONENTS = (
+    ("LayerNorm", r"\.ln[12]$|^norm$", "all"),
+    ("attention: Q/K/V/output projections", r"\.attn\.(?:query|key|value|out)$", "all"),
+    ("Q·Kᵀ", r"\.attn$", "matmul"),
+    ("softmax (with the logits' scale)", r"\.attn$", "softmax"),
+    ("·V", r"\.attn$", "matmul"),
+    ("GELU", r"\.mlp\.act$", "all"),
+    ("residual adds", r"\.res[12]$", "all"),
+    ("class token + position embedding", r"^embed$", "all"),
+    ("head (fc)", r"^fc$", "all"),
+)
+CAST_OPS = {"_to_copy", "Cast"}
+LAYOUT_OPS = {"Transpose"}  # TensorFlow's transpose of K moves data, computes nothing (torch's is a view)
+MATMUL_OPS = {"bmm", "mm", "matmul", "baddbmm", "einsum", "BatchMatMulV2", "BatchMatMulV3", "MatMul", "Einsum"}
+FUSED_ATTENTION = re.compile(r"scaled_dot_product|dot_product_attention|flash_attention", re.IGNORECASE)
+# What a fused kernel does inside, where its source says so (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp).
+FUSED_INSIDE = {"_scaled_dot_product_flash_attention_for_cpu":
+                "float32 accumulation inside (PyTorch's CPU flash-attention kernel accumulates in at::opmath_type, "
+                "float32 for half inputs; its float32 output is the log-sum-exp it keeps for the backward)"}
+
+
+def _dtypes(values) -> str:
+    return ", ".join(sorted({x for v in values for x in str(v).split("+") if x}))
+
+
+def _computed_in(rows: pd.DataFrame) -> pd.Series:
+    """The dtype each op computed in: its floating inputs'; where they mix or are not recorded, its outputs'."""
+    inputs = rows["input_dtype"].fillna("").astype(str) if "input_dtype" in rows else pd.Series("", rows.index)
+    out = []
+    for i, o in zip(inputs, rows["compute_dtype"].astype(str)):
+        ins, outs = {x for x in i.split("+") if x}, [x for x in o.split("+") if x]
+        out.append(ins.pop() if len(ins) == 1 else outs[0] if outs and (ins or len(outs) == 1) else o)
+    return pd.Series(out, index=rows.index, dtype=object)
+
+
+def _cell(rows: pd.DataFrame, kind: str) -> tuple[str, str]:
+    """One framework's (ops text, computed-in text) for one part."""
+    math = rows[~rows["op"].isin(CAST_OPS | LAYOUT_OPS)]
+    fused = math[math["op"].astype(str).str.contains(FUSED_ATTENTION)]
+    if kind != "all" and not fused.empty:  # named once, in the middle row of the three the kernel does
+        op, inputs = str(fused["op"].iloc[0]), _dtypes(_computed_in(fused))
+        inside = f"; {FUSED_INSIDE[op]}" if op in FUSED_INSIDE else ""
+        return (f"fused kernel {op}, inputs {inputs}{inside}" if kind == "softmax" else
+                f"the fused kernel, inputs {inputs}"), inputs
+    if kind != "all":
+        math = math[math["op"].isin(MATMUL_OPS) == (kind == "matmul")]
+    per_op = math.assign(computed=_computed_in(math)).groupby("op", sort=False)["computed"].agg(_dtypes)
+    text = "; ".join(f"{op}: {dt}" for op, dt in per_op.items()) or "-"
+    if kind == "matmul" and per_op.str.contains(",").any():
+        text += " (the audit counts both attention matmuls as one op: which is which is not recorded)"
+    casts = _dtypes(rows.loc[rows["op"].isin(CAST_OPS), "compute_dtype"])
+    if casts and kind == "all":  # the attention core's casts serve its input and its softmax: not said per row
+        text += f" (casts to {casts})"
+    return text, _dtypes(per_op) or "-"
+
+
+def vit_dtype_table(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per mixed precision: each VIT_COMPONENTS part's ops and computed-in dtype per framework (CNNs: empty)."""
+    out: dict[str, pd.DataFrame] = {}
+    if dtypes.empty or not dtypes["layer"].astype(str).str.match(r"blocks\.\d+\.attn$").any():
+        return out
+    first = dtypes[(dtypes["seed"] == dtypes["seed"].min()) & (dtypes["phase"] == "forward")]
+    first = first[first["layer"].astype(str).str.match(r"blocks\.|embed$|norm$|fc$")]
+    for prec in ordered(set(first["precision"]) - {precisions.REFERENCE}):
+        d = first[first["precision"] == prec]
+        rows = []
+        for component, pattern, kind in VIT_COMPONENTS:
+            part = d[d["layer"].astype(str).str.contains(pattern, regex=True)]
+            row = {"part": component}
+            for fw in ordered(d["framework"]):
+                row[_label(fw)], row[f"{_label(fw)} computed in"] = _cell(part[part["framework"] == fw], kind)
+            computed = [row[c] for c in row if c.endswith(" computed in")]
+            # "-": that framework's audit attributes no op to this part: not attributed, so no difference
+            row["differs"] = "-" not in computed and len(set(computed)) > 1
+            rows.append(row)
+        out[prec] = pd.DataFrame(rows)
+    return out
+
+
 QUANTITY_LABELS = {"attention_logit": "attention logit (softmax input)", "layernorm_input": "LayerNorm input"}
 
 
 def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per framework x precision x seed x epoch x block x quantity: the largest magnitude (`attention`: from runs)."""
+    keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
     if headroom is None or headroom.empty:
-        return pd.DataFrame()
+        return pd.DataFrame(columns=[*keys, "max_abs"])
     df = headroom[headroom["quantity"].isin(QUANTITY_LABELS)].copy()
     # blocks.1.attn -> blocks.1; norm -> norm (the final LayerNorm is a block of its own here)
     df["block"] = [".".join(p[:2]) if p[0] == "blocks" else p[0] for p in df["layer"].str.split(".")]
-    keys = ["framework", "precision", "seed", "cell_id", "epoch", "block", "quantity"]
     out = df.groupby(keys, as_index=False)["max_abs"].max()
     if runs is not None and "cfg_attention" in runs:
         out = out.merge(runs[["cell_id", "cfg_attention"]].rename(columns={"cfg_attention": "attention"}),
@@ -424,11 +486,9 @@ def headroom_per_block(headroom: pd.DataFrame, runs: pd.DataFrame | None = None)
 
 def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
     """The vit's median relative loss gap per precision, PyTorch vs Keras by seed, before either's first skip or NaN."""
-    if steps.empty or "model" not in steps:
-        return ""
-    mine = steps[steps["model"] == "vit"]
-    keras_fw = next((fw for fw in KERAS_BACKENDS if fw in set(mine["framework"])), None)
-    if keras_fw is None or "torch" not in set(mine["framework"]):
+    mine = steps[steps["model"] == "vit"] if "model" in steps else steps[:0]
+    ran = set(mine.get("framework", ()))
+    if "torch" not in ran or (keras_fw := next((fw for fw in KERAS_BACKENDS if fw in ran), None)) is None:
         return ""
     parts = []
     for prec in ordered(set(mine["precision"]) - set(FP8_MODES)):  # fp8: each framework its own recipe
@@ -522,7 +582,7 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
     """The verdicts.NAIVE rows: per model x framework x precision run with --attention naive, how it went."""
     if table.empty or runs.empty or "cfg_attention" not in runs:
         return []
-    done = runs[runs["status"].isin(["ok", "diverged"]) & (runs["cfg_attention"] == "naive")]
+    done = stats.finished(runs[runs["cfg_attention"] == "naive"])
     blocks = headroom_per_block(headroom)
     out = []
     for r in table.drop_duplicates(["model", "dataset", "framework", "precision"]).itertuples():
@@ -549,8 +609,7 @@ def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
                              for k in ("nonfinite_step", "first_nonfinite_loss_step", "final_train_loss"))
     every_finite = bool(first_bad < 0) if pd.notna(first_bad) else bool(np.isfinite(loss))
     skipped = int(c.get("skipped_steps", 0) or 0)
-    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")] \
-        if not blocks.empty else pd.DataFrame({"epoch": [], "max_abs": []})
+    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")]
     # a non-finite peak (inf, or NaN: a running maximum that met an overflowed value) wins, at its first epoch
     bad = logits[~np.isfinite(logits["max_abs"].to_numpy(dtype=float))].sort_values("epoch")["max_abs"]
     return {"seed": int(c["seed"]), "step": int(step) if pd.notna(step) else -1,

@@ -1,5 +1,4 @@
-"""The Profile section: per mixed cell more than SPEED_BAND slower or faster than its fp32 cell, the ops and
-library path accounting for the difference in self time per profiled step (--profile tables, kit/profile.py)."""
+"""The Profile section: the ops and library path behind a mixed cell's step time outside SPEED_BAND of fp32's."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS), where a run has fp16-noscale or fp16-static beside
-fp16: the scale's path, the skips and their causes, what no scaling lost, whether a static scale sufficed."""
+"""The loss-scaling lab's verdict rows (verdicts.LAB_METRICS): fp16 beside fp16-noscale or fp16-static."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ def rows(table: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, underflow
     out: list[dict] = []
     if table.empty or runs.empty or steps is None or steps.empty or "cell_id" not in runs:
         return out
-    done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
+    done = stats.finished(runs)
     by_cell = defaultdict(lambda: steps[:0], list(steps.sort_values("step").groupby("cell_id")))  # each cell's steps
     for (model, dataset), part in table.groupby(["model", "dataset"], sort=False):
         cells = done[(done["model"] == model) & (done["dataset"] == dataset)]
@@ -85,9 +84,8 @@ def cut_steps(mine: pd.DataFrame, by_cell: dict) -> int | None:
 
 
 def finding(c: dict, g: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
-    """The NaN/Inf locator's finding of run record `c` (`g`: its steps), with the scale that step ran at; `named`:
-    layer.tensor is a parameter (PyTorch's always; Keras' where the probe has it); `probe_top_log2`: the k whose
-    [2^k, 2^(k+1)) held that parameter's largest |float32 gradient| at the last step's probe (None: not probed)."""
+    """The NaN/Inf locator's finding of run record `c` (`g`: its steps), with its step's scale and the last step's
+    probe's largest power of two of that parameter's gradient (probe_top_log2; None: not probed)."""
     step, layer, tensor = int(pd.to_numeric(c["nonfinite_step"])), str(c["nonfinite_layer"]), str(c["nonfinite_tensor"])
     at = g.loc[g["step"] == step, "loss_scale"].astype(float)
     probed = underflow[(underflow["cell_id"] == c["cell_id"]) & (underflow["layer"] == layer)
@@ -124,8 +122,7 @@ def zero_gradient(underflow: pd.DataFrame) -> pd.Series:
 
 
 def lost_elements(underflow: pd.DataFrame | None, cell_id: str, at: str, when: str = "last step") -> tuple:
-    """(lost outside zero-gradient parameters, non-zero, of the lost those the reference's flush explains, residue)
-    elements of one cell's probe at `when`, `at` "scaled" or "unscaled"; (NaN, 0, 0, 0) where not recorded."""
+    """One cell's probe at `when`: (lost but residue, non-zero, flushed of the lost, residue) elements, or NaN."""
     column, flush = f"lost_fraction_mixed_{at}", f"flush_fraction_{at}"
     sel = (underflow[(underflow["cell_id"] == cell_id) & (underflow["when"] == when)]
            if underflow is not None and column in underflow else pd.DataFrame())

@@ -1,8 +1,7 @@
 """The statistics behind every accuracy and speed statement of a report (framework-free; scipy imported where used).
 
-Accuracy is paired by seed and validation image: McNemar's exact test with Newcombe's interval for one seed, a paired
-bootstrap over images for several. Ratios (speed, memory, time to target) pair each mixed cell with its framework's
-fp32 cell of the same seed: the geometric mean over seeds with Student's t on the log ratios (one seed: speed's
+Accuracy: paired by seed and image (one seed: McNemar's exact test, Newcombe's interval; several: a paired bootstrap).
+Ratios: a mixed cell over its fp32 cell of the same seed, geometric mean with Student's t over seeds (one seed: speed's
 interval from batch means of its timed steps)."""
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ def _wilson(successes: int, n: int) -> tuple[float, float]:
 
 
 def paired_difference_interval(both: int, lost: int, gained: int, neither: int) -> tuple[float, float]:
-    """The 95% interval of mixed minus fp32 accuracy (a fraction) from the paired 2x2 counts: Newcombe's hybrid
-    score interval (Statistics in Medicine 17, 1998, method 10)."""
+    """Mixed minus fp32 accuracy's 95% interval from the paired 2x2 counts: Newcombe's method 10 (1998)."""
     n = both + lost + gained + neither
     p_mixed, p_fp32 = (both + gained) / n, (both + lost) / n
     (l1, u1), (l2, u2) = _wilson(both + gained, n), _wilson(both + lost, n)
@@ -116,6 +114,11 @@ def detectable(row) -> bool:
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """The finished cells' rows (none where the table has no status)."""
     return runs[runs["status"] == "ok"] if "status" in runs else runs.iloc[0:0]
+
+
+def finished(runs: pd.DataFrame) -> pd.DataFrame:
+    """The cells that ran to an end, ok or diverged (all where the table has no status)."""
+    return runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs else runs
 
 
 def budgeted(runs: pd.DataFrame) -> pd.Series:
@@ -195,8 +198,7 @@ def time_to_accuracy(epochs: pd.DataFrame, target: float) -> float:
 
 
 def _log_mean_variance(t: np.ndarray) -> tuple[float, float]:
-    """(variance, degrees of freedom) of the log of a cell's mean step time, from at most MAX_BATCHES batch means of
-    at least BLOCK steps by the delta method; NaN and 0 below two batches."""
+    """(variance, df) of log mean step time from batch means of >= BLOCK steps (delta method); NaN, 0 below two."""
     size = max(BLOCK, -(-t.size // MAX_BATCHES))
     k = t.size // size
     if k < 2:
@@ -206,8 +208,7 @@ def _log_mean_variance(t: np.ndarray) -> tuple[float, float]:
 
 
 def ratio_interval(log_ratios, within_var: float = float("nan"), within_df: float = 0.0) -> dict:
-    """The geometric mean of per-seed log ratios with its 95% interval: Student's t over seeds from two seeds on,
-    else the within-seed one (`within_var`, `within_df`); `basis` says which ("seeds", "steps" or none)."""
+    """Geometric mean of per-seed log ratios, 95% t interval over seeds, else within one (`basis`: which)."""
     r = np.asarray(log_ratios, float)
     r = r[np.isfinite(r)]
     point = float(r.mean()) if r.size else float("nan")
@@ -226,8 +227,7 @@ def ratio_interval(log_ratios, within_var: float = float("nan"), within_df: floa
 
 def speed_interval(fp32_steps: list[np.ndarray], mixed_steps: list[np.ndarray],
                    log_ratios: list[float] | None = None) -> dict:
-    """Mixed's speed-up over fp32 (ratio_interval) from paired per-seed arrays of timed step times; `log_ratios`,
-    where given, are the recorded throughputs' per-seed log ratios."""
+    """Mixed's speed-up over fp32 (ratio_interval) from paired per-seed step times, or given `log_ratios`."""
     fp32, mixed = ([a[np.isfinite(a) & (a > 0)] for a in (np.asarray(x, float) for x in steps)]
                    for steps in (fp32_steps, mixed_steps))
     if log_ratios is None:  # log(mean fp32 step / mean mixed step) = log(mixed / fp32 throughput)
