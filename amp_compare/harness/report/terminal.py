@@ -7,13 +7,6 @@ HEADERS = {"speed": "Speed", "memory": "Memory", "accuracy": "Accuracy", "time_t
 LEGEND = "Speed: × fp32's speed (<1×: slower). To target: × fp32's time (>1×: slower)."
 
 
-def console_for_stderr():
-    """A rich console on stderr, rich's own width where stderr is no terminal (COLUMNS, else 80)."""
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
 def tables(verdicts) -> list:
     """The per-model tables (rich renderables) of a verdict table."""
     from rich import box
