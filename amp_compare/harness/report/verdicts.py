@@ -232,14 +232,14 @@ NAIVE = [
 ]
 
 # Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.ok (finished and judged against a 1-worker
-# cell), f.agree (the workers' records), f.gap and f.floor (relative loss gaps to the 1-worker cell).
+# cell), f.agree (the workers' records), f.estimate and f.margin (its and the floor's relative loss gaps to 1 worker).
 DATA_PARALLEL = [
     Rule("the engine cannot run this all-reduce here", lambda f: f.status == "unavailable", "failed", "unavailable"),
     Rule("the N-worker cell ran out of time", lambda f: f.status == "timeout", "failed", "timeout"),
     Rule("the N-worker cell did not finish", lambda f: not f.ok, "failed", "cell_failed"),
     Rule("the workers' records disagree", lambda f: not f.agree, "departs", "workers_disagree"),
-    Rule("no floor run finished", lambda f: not _finite(f.floor), "undecided", "no_thread_floor"),
-    Rule("gap within the floor", lambda f: f.gap <= f.floor, "agrees", "within_thread_floor"),
+    Rule("no floor run finished", lambda f: not _finite(f.margin), "undecided", "no_thread_floor"),
+    Rule("gap within the floor", lambda f: f.estimate <= f.margin, "agrees", "within_thread_floor"),
     Rule("gap at the floor", lambda f: f.at_floor, "undecided", "at_thread_floor"),
     Rule("otherwise", lambda f: True, "departs", "beyond_thread_floor"),
 ]
