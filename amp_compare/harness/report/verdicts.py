@@ -340,11 +340,6 @@ def _failed_rows(runs: pd.DataFrame, done: set):
         yield from ({**failed, "metric": m, "unit": UNITS[m]} for m in METRICS)
 
 
-def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
-    """(model, dataset, framework, precision) -> how many of its cells `mask` marks."""
-    return runs[mask].groupby(GROUP).size().to_dict() if mask.any() else {}
-
-
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """The verdict table of a run from `full` (tables.full_table), its run table and its trials table."""
     from amp_compare.kit.trial import INTERVAL_KIND, trial_summary
@@ -352,15 +347,14 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
     summaries = [] if trials is None or trials.empty else trial_summary(trials).to_dict("records")
     by_trial = {(t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
                  t["precision"]): t for t in summaries[::-1]}  # the first trial of each pair
-    cut = _counts(runs, stats.budgeted(runs))
-    diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
+    diverged = runs[runs["status"].eq("diverged")].groupby(GROUP).size().to_dict() if "status" in runs else {}
     rows, done = [], set()
     mixed = full[precisions.is_mixed(full["precision"])] if not full.empty else full
     for r in mixed.itertuples():
         ident = (r.model, r.dataset, r.framework, r.precision)
         done.add(ident)
         key = {**{k: getattr(r, k) for k in IDENTITY}, "step_loop": str(r.step_loop), "batch_size": _num(r.batch_size)}
-        n_cut, n_diverged = int(cut.get(ident, 0)), int(diverged.get(ident, 0))
+        n_cut, n_diverged = int(np.nan_to_num(_num(r.budget_cut))), int(diverged.get(ident, 0))
         resolution = _num(r.memory_resolution_mib)
         trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
         t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
