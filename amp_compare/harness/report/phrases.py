@@ -12,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label, is_keras
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.verdicts import ACCURACY_KIND, METRICS, REASONS, STATUSES
+from amp_compare.harness.report.verdicts import ACCURACY_KIND, INTERVAL_KINDS, METRICS, REASONS, STATUSES
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
@@ -38,9 +38,6 @@ REASON = {**{r: r.replace("_", " ") for r in REASONS},
           "within_thread_floor": "within the thread floor", "at_thread_floor": "at the thread floor",
           "beyond_thread_floor": "beyond the thread floor", "no_bf16": "no bf16 partner"}
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
-# an interval's kind in words; the sign test's is conservative: order statistics cover the median with at least 95%
-KIND = {"sign test 95%": "≥95% sign test", "trial 95%": "≥95% trial", "newcombe 95%": "95% Newcombe",
-        "exact 95% bound": "95% exact bound", "bootstrap 95%": "95% bootstrap", "t over seeds 95%": "95% t over seeds"}
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
 # the statuses and reasons a cell shows in brackets: why nothing was decided, or the margin a decision rests on
@@ -75,9 +72,7 @@ def ratio(v: float) -> str:
 
 def pp_bound(value: float, digits: int = 1) -> str:
     """One end of an accuracy interval in pp: exactly 0 prints as 0, one that rounds to ±0.0 gets a digit more."""
-    if value == 0:
-        return "0"
-    return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.{digits}f}"
+    return "0" if value == 0 else f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.{digits}f}"
 
 
 def number(v, interval: bool = True, of: bool = True) -> str:
@@ -99,7 +94,7 @@ def number(v, interval: bool = True, of: bool = True) -> str:
 
 def interval_words(v) -> str:
     """What the interval is: "≥95% sign test", "95% Newcombe", "" where there is none."""
-    return KIND.get(v.interval_kind, "")
+    return INTERVAL_KINDS.get(v.interval_kind, "")
 
 
 def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False,
@@ -133,7 +128,7 @@ def test(method, seeds) -> str:
 def paired(t: dict, seeds: int = 0) -> str:
     """A paired accuracy test (stats.paired_test's, with detectable and near_chance where given), worded once for every
     table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no detectable change"."""
-    kind = KIND.get(ACCURACY_KIND.get(t.get("method")), "")
+    kind = INTERVAL_KINDS.get(ACCURACY_KIND.get(t.get("method")), "")
     said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
     text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
             + (f" ({', '.join(said)})" if said else ""))
@@ -347,8 +342,7 @@ def _naive(v, e: dict) -> str:
             return said
         said += (f"; largest attention logit {top:.3g}, {'past' if top > FP16_EXP_LIMIT else 'below'} ln(65,504) = "
                  f"{FP16_EXP_LIMIT:.1f}, where exp overflows float16")
-        half = "" if e.get("forced") else e.get("half")  # the dtype the attention ran in: float32 where forced
-        ran = "" if half == "float16" else "bfloat16" if half == "bfloat16" else "float32"
+        ran = "float32" if e.get("forced") else {"float16": "", "bfloat16": "bfloat16"}.get(e.get("half"), "float32")
         return said + (f"; {ran} overflows only past {FP32_EXP_LIMIT:.1f}" if ran else "")
     said = []
     for s in (s for s in seeds if s["step"] >= 0 or s["status"] != "ok"):

@@ -6,8 +6,7 @@ row's status and reason, which phrases.py words. render writes the table as data
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import namedtuple
 from types import SimpleNamespace
 
 import numpy as np
@@ -114,17 +113,15 @@ REASONS = {
     "no_bf16": "no finished bf16 cell of the same seed to pair with",
 }
 
-INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
-                  "none")
+# each interval's kind -> its words; the sign test's is conservative: order statistics cover the median with ≥95%
+INTERVAL_KINDS = {"sign test 95%": "≥95% sign test", "trial 95%": "≥95% trial", "newcombe 95%": "95% Newcombe",
+                  "exact 95% bound": "95% exact bound", "bootstrap 95%": "95% bootstrap",
+                  "t over seeds 95%": "95% t over seeds", "none": ""}
 SAME_RATIO = 0.05  # speed, time to target: an interval within 1 ± this is "same"
 
 
-@dataclass(frozen=True)
-class Rule:
-    when: str  # the condition, in words a reader scans
-    test: Callable[[SimpleNamespace], bool]
-    status: str
-    reason: str
+# when: the condition, in words a reader scans; test(facts) -> whether it holds; the status and reason it sets
+Rule = namedtuple("Rule", "when test status reason")
 
 
 def _finite(*values) -> bool:
@@ -395,13 +392,11 @@ CHOICE = [
 
 
 def choose(group: pd.DataFrame) -> tuple[str, str]:
-    """(the precision to use, the reason) for one model x framework's verdicts: CHOICE's first rule that holds."""
+    """(the precision to use: the fastest one _kept, else fp32; the reason: CHOICE's first rule that holds) for one
+    model x framework's verdicts."""
     by = {prec: {r.metric: r for r in part.itertuples()} for prec, part in group.groupby("precision", sort=False)}
-    rule = next(r for r in CHOICE if r.test(by))
-    if rule.status != "faster":
-        return "fp32", rule.reason
     kept = {prec: rows["speed"].estimate for prec, rows in by.items() if _kept(rows)}
-    return max(kept, key=kept.get), rule.reason
+    return max(kept, key=kept.get) if kept else "fp32", next(r for r in CHOICE if r.test(by)).reason
 
 
 def of(verdicts: pd.DataFrame, metric: str) -> pd.DataFrame:
