@@ -120,7 +120,7 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
     if ratio / n > 1 and (cell["framework"] != "torch" or pd.notna(per) and int(per) * n <= int(one["cfg_threads"])):
         notes.append(f"more than {n}× faster with {n} workers sharing the 1-worker cell's cores: impossible unless "
                      "the 1-worker baseline ran slow")
-    if not (np.isfinite(speed["low"]) and np.isfinite(speed["high"])):
+    if not verdicts.finite(speed["low"], speed["high"]):
         notes.append(f"no interval: {speed['timed_steps']} timed steps per cell give fewer than two batch means")
     elif noisy := stats.ratio_verdict(ratio, speed["low"], speed["high"], 1, direction=True):
         notes.append(noisy)
@@ -222,7 +222,7 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
         "All-reduce asked": ok["allreduce"], "All-reduce dtype (read back)": ok["allreduce_dtype"],
         "Images/s, 1 worker": ok["throughput_1"].map("{:,.0f}".format),
         "Images/s, N workers": ok["throughput_n"].map("{:,.0f}".format),
-        "N vs 1": [f"{r:.2f}×" + (f" [{lo:.2f}–{hi:.2f}]" if np.isfinite(lo) and np.isfinite(hi) else "")
+        "N vs 1": [f"{r:.2f}×" + (f" [{lo:.2f}–{hi:.2f}]" if verdicts.finite(lo, hi) else "")
                    + (f" ⚠ {n}" if n else "")
                    for r, lo, hi, n in zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
         STEP_COLUMN: ["reference" if a == ALLREDUCE_REFERENCE else

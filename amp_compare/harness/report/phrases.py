@@ -12,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label, is_keras
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.verdicts import ACCURACY_KIND, INTERVAL_KINDS, METRICS, REASONS, STATUSES
+from amp_compare.harness.report.verdicts import ACCURACY_KIND, INTERVAL_KINDS, METRICS, REASONS, STATUSES, finite
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
@@ -141,7 +141,7 @@ def accuracy(r) -> str:
     """An accuracy-table row's comparison with fp32 as its verdict's cell, then the interval's kind and p."""
     v = SimpleNamespace(**accuracy_verdict(r))
     p = evidence(v.evidence)["p_value"]
-    said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
+    said = [w for w in (interval_words(v),  # "" where no interval
                         f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
     return cell(v) + (f" ({', '.join(said)})" if said else "")
 
@@ -292,9 +292,8 @@ def _underflow(v, e: dict) -> str:
             f"{lost}; ")
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
         d, n, k = e.get("discordant"), e.get("images"), e.get("seeds_paired")  # paired predictions: seeds x images
-        k = int(k) if isinstance(k, (int, float)) and np.isfinite(k) else 1
-        differing = (f", {int(d):,} of {int(n) * k:,} paired predictions differing"
-                     if all(isinstance(x, (int, float)) and np.isfinite(x) for x in (d, n)) else "")
+        k = int(k) if finite(k) else 1
+        differing = f", {int(d):,} of {int(n) * k:,} paired predictions differing" if finite(d, n) else ""
         return f"{said}it cost no accuracy here: {e.get('accuracy_pp', np.nan):+.1f} pp against fp32{differing}"
     acc, why = e.get("accuracy_status", ""), e.get("accuracy_reason")
     shown = why in REASON and (acc in SHOWN or why in SHOWN_REASONS)
