@@ -66,12 +66,11 @@ def mode_text(facts: RunFacts, name: str) -> str:
     if p.fp8:
         parts, base = [], "float32"
         for key, label in [("torch", "PyTorch")] * facts.torch + [("keras", "Keras")] * facts.keras:
-            if (recipe := RECIPES.get((key, name))) is None:
-                continue
-            layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
-            parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
-                recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
-            base = recipe.base
+            if recipe := RECIPES.get((key, name)):
+                layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
+                parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
+                    recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
+                base = recipe.base
         # "a float32 base": the audits show casts to other dtypes inside layers (Keras fp8 attention: bfloat16)
         return (("; ".join(parts) or "float8 matmuls") + f"; the rest on a {base} base, with the casts the dtype "
                 "audit lists" + (", emulated on a CPU" if facts.device == "cpu" else ""))
