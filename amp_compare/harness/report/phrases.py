@@ -316,17 +316,17 @@ def share(x: float) -> str:
 
 def _static(v, e: dict) -> str:
     no_skip = "no skip, " if e.get("skips", True) else ""  # a Keras static scale applies every update: none to skip
-    scale, finite = f"static scale {power(v.estimate)}", f"{no_skip}every loss finite"
+    scale, kept = f"static scale {power(v.estimate)}", f"{no_skip}every loss finite"
     zero = "exactly zero in the float16 backward both at it and without it"
-    said = {"no_overflow_no_underflow": f"{scale} sufficed{_until_cut(e)}: {finite}, no gradient element lost at it "
+    said = {"no_overflow_no_underflow": f"{scale} sufficed{_until_cut(e)}: {kept}, no gradient element lost at it "
                                         f"({zero})",
             "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
                           f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
-            "underflowed": f"{scale}: {finite}; {_plural(e.get('lost', 0), 'gradient element')} lost at it ({zero}; "
+            "underflowed": f"{scale}: {kept}; {_plural(e.get('lost', 0), 'gradient element')} lost at it ({zero}; "
                            + (", ".join(f"{a['lost']:,} at seed {a['seed']}'s {a['when']}" for a in e["lost_at"])
                               if e.get("lost_at") else "both probes, all seeds")
                            + _flushed(e.get("lost", 0), e.get("flushed", 0), "; "),
-            "no_probe": f"{scale}: {finite}; no underflow probe"}
+            "no_probe": f"{scale}: {kept}; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 
 
