@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -121,7 +120,7 @@ def _speed(cell: pd.Series, one: pd.Series, floor: pd.DataFrame, timed: dict, en
     if ratio / n > 1 and (cell["framework"] != "torch" or pd.notna(per) and int(per) * n <= int(one["cfg_threads"])):
         notes.append(f"more than {n}× faster with {n} workers sharing the 1-worker cell's cores: impossible unless "
                      "the 1-worker baseline ran slow")
-    if not (np.isfinite(speed["low"]) and np.isfinite(speed["high"])):
+    if not verdicts.finite(speed["low"], speed["high"]):
         notes.append(f"no interval: {speed['timed_steps']} timed steps per cell give fewer than two batch means")
     elif noisy := stats.ratio_verdict(ratio, speed["low"], speed["high"], 1, direction=True):
         notes.append(noisy)
@@ -223,7 +222,7 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
         "All-reduce asked": ok["allreduce"], "All-reduce dtype (read back)": ok["allreduce_dtype"],
         "Images/s, 1 worker": ok["throughput_1"].map("{:,.0f}".format),
         "Images/s, N workers": ok["throughput_n"].map("{:,.0f}".format),
-        "N vs 1": [f"{r:.2f}×" + (f" [{lo:.2f}–{hi:.2f}]" if np.isfinite(lo) and np.isfinite(hi) else "")
+        "N vs 1": [f"{r:.2f}×" + (f" [{lo:.2f}–{hi:.2f}]" if verdicts.finite(lo, hi) else "")
                    + (f" ⚠ {n}" if n else "")
                    for r, lo, hi, n in zip(ok["speed_ratio"], ok["speed_low"], ok["speed_high"], ok["speed_note"])],
         STEP_COLUMN: ["reference" if a == ALLREDUCE_REFERENCE else
@@ -244,17 +243,15 @@ def table(dp: pd.DataFrame) -> pd.DataFrame:
 
 def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
     """What the section says beside its table and the answer's lines: what the workers were and their threads."""
-    facts = partial(wording.RunFacts, precisions=[], device=device)
-    every = facts(frameworks=sorted(set(dp["framework"])) if not dp.empty else [])
-    out = [s for s in [wording.data_parallel_workers(every, environment.get("cpu_model", ""))] if s]
+    workers = wording.data_parallel_workers(set(dp.get("framework", ())), device, environment.get("cpu_model", ""))
+    out = [workers] if workers else []
     ok = dp[(dp["status"] == "ok") & dp["speed_ratio"].notna()] if "speed_ratio" in dp else dp.iloc[0:0]
     if ok.empty:  # no N-worker cell was judged: the answer's lines say why
         return out
-    ran = facts(frameworks=sorted(set(ok["framework"])))
     per_worker = next((int(t) for t in ok.loc[ok["framework"] == "torch", "threads_per_worker"].dropna()), None)
     floors = [int(t) for t in ok["floor_threads"].dropna()]
-    return out + [wording.data_parallel_threads(ran, threads, per_worker, machine_range(environment), floors)
-                  for threads in sorted(set(ok["threads_1"].astype(int)))]
+    return out + [wording.data_parallel_threads(set(ok["framework"]), threads, per_worker, machine_range(environment),
+                                                floors) for threads in sorted(set(ok["threads_1"].astype(int)))]
 
 
 def unavailable_text(error: str) -> str:
@@ -303,8 +300,8 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
     for r in dp.assign(_a=rank).sort_values([*KEY[:4], "_a", "seed"], kind="stable").to_dict("records"):
         gap, floor = float(r.get("loss_gap", np.nan)), float(r.get("floor_gap", np.nan))
         judged = r["status"] == "ok" and np.isfinite(gap)
-        facts = SimpleNamespace(status=r["status"], ok=judged, agree=bool(r.get("agree", True)) if judged else True,
-                                gap=gap, floor=floor, estimate=gap, margin=floor, at_floor=judged and np.isfinite(floor)
+        facts = SimpleNamespace(status=r["status"], ok=judged, agree=not judged or bool(r.get("agree", True)),
+                                estimate=gap, margin=floor, at_floor=judged and np.isfinite(floor)
                                 and at_floor(gap, floor, r.get("loss_scale", np.nan)))
         key = {**{k: r[k] for k in KEY[:4]}, "step_loop": "", "batch_size": np.nan}
         said = {k: r.get(k) for k in ("seed", "workers", "allreduce", "allreduce_dtype", "floor_threads", "skipped_n",

@@ -12,7 +12,7 @@ import pandas as pd
 
 from amp_compare.contract.config import framework_label, is_keras
 from amp_compare.harness.report import stats
-from amp_compare.harness.report.verdicts import ACCURACY_KIND, METRICS, REASONS, STATUSES
+from amp_compare.harness.report.verdicts import ACCURACY_KIND, INTERVAL_KINDS, METRICS, REASONS, STATUSES, finite
 from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
@@ -38,9 +38,6 @@ REASON = {**{r: r.replace("_", " ") for r in REASONS},
           "within_thread_floor": "within the thread floor", "at_thread_floor": "at the thread floor",
           "beyond_thread_floor": "beyond the thread floor", "no_bf16": "no bf16 partner"}
 SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
-# an interval's kind in words; the sign test's is conservative: order statistics cover the median with at least 95%
-KIND = {"sign test 95%": "≥95% sign test", "trial 95%": "≥95% trial", "newcombe 95%": "95% Newcombe",
-        "exact 95% bound": "95% exact bound", "bootstrap 95%": "95% bootstrap", "t over seeds 95%": "95% t over seeds"}
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
 # the statuses and reasons a cell shows in brackets: why nothing was decided, or the margin a decision rests on
@@ -75,9 +72,7 @@ def ratio(v: float) -> str:
 
 def pp_bound(value: float, digits: int = 1) -> str:
     """One end of an accuracy interval in pp: exactly 0 prints as 0, one that rounds to ±0.0 gets a digit more."""
-    if value == 0:
-        return "0"
-    return f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.{digits}f}"
+    return "0" if value == 0 else f"{value:+.2f}" if abs(value) < 0.05 else f"{value:+.{digits}f}"
 
 
 def number(v, interval: bool = True, of: bool = True) -> str:
@@ -99,7 +94,7 @@ def number(v, interval: bool = True, of: bool = True) -> str:
 
 def interval_words(v) -> str:
     """What the interval is: "≥95% sign test", "95% Newcombe", "" where there is none."""
-    return KIND.get(v.interval_kind, "")
+    return INTERVAL_KINDS.get(v.interval_kind, "")
 
 
 def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False,
@@ -133,7 +128,7 @@ def test(method, seeds) -> str:
 def paired(t: dict, seeds: int = 0) -> str:
     """A paired accuracy test (stats.paired_test's, with detectable and near_chance where given), worded once for every
     table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no detectable change"."""
-    kind = KIND.get(ACCURACY_KIND.get(t.get("method")), "")
+    kind = INTERVAL_KINDS.get(ACCURACY_KIND.get(t.get("method")), "")
     said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
     text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
             + (f" ({', '.join(said)})" if said else ""))
@@ -146,7 +141,7 @@ def accuracy(r) -> str:
     """An accuracy-table row's comparison with fp32 as its verdict's cell, then the interval's kind and p."""
     v = SimpleNamespace(**accuracy_verdict(r))
     p = evidence(v.evidence)["p_value"]
-    said = [w for w in (interval_words(v) if np.isfinite(v.low) else "",
+    said = [w for w in (interval_words(v),  # "" where no interval
                         f"p = {p:.2g}" if v.interval_kind != "exact 95% bound" and np.isfinite(p) else "") if w]
     return cell(v) + (f" ({', '.join(said)})" if said else "")
 
@@ -297,9 +292,8 @@ def _underflow(v, e: dict) -> str:
             f"{lost}; ")
     if v.reason == "accuracy_not_lower":  # its own words: the interval, not the verdict's "undecided"
         d, n, k = e.get("discordant"), e.get("images"), e.get("seeds_paired")  # paired predictions: seeds x images
-        k = int(k) if isinstance(k, (int, float)) and np.isfinite(k) else 1
-        differing = (f", {int(d):,} of {int(n) * k:,} paired predictions differing"
-                     if all(isinstance(x, (int, float)) and np.isfinite(x) for x in (d, n)) else "")
+        k = int(k) if finite(k) else 1
+        differing = f", {int(d):,} of {int(n) * k:,} paired predictions differing" if finite(d, n) else ""
         return f"{said}it cost no accuracy here: {e.get('accuracy_pp', np.nan):+.1f} pp against fp32{differing}"
     acc, why = e.get("accuracy_status", ""), e.get("accuracy_reason")
     shown = why in REASON and (acc in SHOWN or why in SHOWN_REASONS)
@@ -322,17 +316,17 @@ def share(x: float) -> str:
 
 def _static(v, e: dict) -> str:
     no_skip = "no skip, " if e.get("skips", True) else ""  # a Keras static scale applies every update: none to skip
-    scale, finite = f"static scale {power(v.estimate)}", f"{no_skip}every loss finite"
+    scale, kept = f"static scale {power(v.estimate)}", f"{no_skip}every loss finite"
     zero = "exactly zero in the float16 backward both at it and without it"
-    said = {"no_overflow_no_underflow": f"{scale} sufficed{_until_cut(e)}: {finite}, no gradient element lost at it "
+    said = {"no_overflow_no_underflow": f"{scale} sufficed{_until_cut(e)}: {kept}, no gradient element lost at it "
                                         f"({zero})",
             "overflowed": f"{scale} overflowed: {_plural(e.get('skipped', 0), 'update')} skipped, "
                           f"{_plural(e.get('nonfinite_losses', 0), 'non-finite loss')}",
-            "underflowed": f"{scale}: {finite}; {_plural(e.get('lost', 0), 'gradient element')} lost at it ({zero}; "
+            "underflowed": f"{scale}: {kept}; {_plural(e.get('lost', 0), 'gradient element')} lost at it ({zero}; "
                            + (", ".join(f"{a['lost']:,} at seed {a['seed']}'s {a['when']}" for a in e["lost_at"])
                               if e.get("lost_at") else "both probes, all seeds")
                            + _flushed(e.get("lost", 0), e.get("flushed", 0), "; "),
-            "no_probe": f"{scale}: {finite}; no underflow probe"}
+            "no_probe": f"{scale}: {kept}; no underflow probe"}
     return said[v.reason] + (f"; {KERAS_STATIC}" if e.get("applies_nonfinite") else "")
 
 
@@ -347,8 +341,7 @@ def _naive(v, e: dict) -> str:
             return said
         said += (f"; largest attention logit {top:.3g}, {'past' if top > FP16_EXP_LIMIT else 'below'} ln(65,504) = "
                  f"{FP16_EXP_LIMIT:.1f}, where exp overflows float16")
-        half = "" if e.get("forced") else e.get("half")  # the dtype the attention ran in: float32 where forced
-        ran = "" if half == "float16" else "bfloat16" if half == "bfloat16" else "float32"
+        ran = "float32" if e.get("forced") else {"float16": "", "bfloat16": "bfloat16"}.get(e.get("half"), "float32")
         return said + (f"; {ran} overflows only past {FP32_EXP_LIMIT:.1f}" if ran else "")
     said = []
     for s in (s for s in seeds if s["step"] >= 0 or s["status"] != "ok"):

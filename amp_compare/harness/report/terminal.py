@@ -7,15 +7,8 @@ HEADERS = {"speed": "Speed", "memory": "Memory", "accuracy": "Accuracy", "time_t
 LEGEND = "Speed: × fp32's speed (<1×: slower). To target: × fp32's time (>1×: slower)."
 
 
-def console_for_stderr():
-    """A rich console on stderr, rich's own width where stderr is no terminal (COLUMNS, else 80)."""
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-def tables(verdicts) -> list:
-    """The per-model tables (rich renderables) of a verdict table."""
+def print_summary(console, title: str, rendered) -> None:
+    """The answer, a table of short verdicts per model and the report's path (render.Rendered) on `console`."""
     from rich import box
     from rich.table import Column, Table
     from rich.text import Text
@@ -23,26 +16,18 @@ def tables(verdicts) -> list:
     from amp_compare.harness.report.phrases import HEADER
     from amp_compare.harness.report.phrases import table as verdict_table
 
-    out = []
-    for (model, dataset), part in verdicts.groupby(["model", "dataset"], sort=False):
+    plain = {"markup": False, "highlight": False}
+    console.print(title, markup=False)
+    if rendered.answer:
+        console.print(rendered.answer, **plain)
+    for (model, dataset), part in (models := rendered.verdicts.groupby(["model", "dataset"], sort=False)):
         t = Table(*(Column(col, no_wrap=True) for col in ["Cells", *HEADERS.values()]), title=f"{model} on {dataset}",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
                   title_justify="left")  # no blank edge lines: the answer fits 80x40
         for row in verdict_table(part, short=True)[["Cells", *(HEADER[m] for m in HEADERS)]].itertuples(index=False):
             t.add_row(*map(Text, row))  # Text: "[…]" is no rich markup
-        out.append(t)
-    return out
-
-
-def print_summary(console, title: str, rendered) -> None:
-    """The answer, the per-model verdict tables and the report's path (render.Rendered) on `console`."""
-    plain = {"markup": False, "highlight": False}
-    console.print(title, markup=False)
-    if rendered.answer:
-        console.print(rendered.answer, **plain)
-    for t in (said := tables(rendered.verdicts)):
         console.print(t)
-    if said:
+    if models.ngroups:
         console.print(LEGEND, **plain)
         cells, trial = rendered.conditions
         if cells:

@@ -6,8 +6,7 @@ row's status and reason, which phrases.py words. render writes the table as data
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import namedtuple
 from types import SimpleNamespace
 
 import numpy as np
@@ -114,34 +113,33 @@ REASONS = {
     "no_bf16": "no finished bf16 cell of the same seed to pair with",
 }
 
-INTERVAL_KINDS = ("sign test 95%", "trial 95%", "newcombe 95%", "exact 95% bound", "bootstrap 95%", "t over seeds 95%",
-                  "none")
+# each interval's kind -> its words; the sign test's is conservative: order statistics cover the median with ≥95%
+INTERVAL_KINDS = {"sign test 95%": "≥95% sign test", "trial 95%": "≥95% trial", "newcombe 95%": "95% Newcombe",
+                  "exact 95% bound": "95% exact bound", "bootstrap 95%": "95% bootstrap",
+                  "t over seeds 95%": "95% t over seeds", "none": ""}
 SAME_RATIO = 0.05  # speed, time to target: an interval within 1 ± this is "same"
 
 
-@dataclass(frozen=True)
-class Rule:
-    when: str  # the condition, in words a reader scans
-    test: Callable[[SimpleNamespace], bool]
-    status: str
-    reason: str
+# when: the condition, in words a reader scans; test(facts) -> whether it holds; the status and reason it sets
+Rule = namedtuple("Rule", "when test status reason")
 
 
-def _finite(*values) -> bool:
+def finite(*values) -> bool:
+    """Whether every value is a finite number (None and text are not)."""
     return all(isinstance(v, (int, float, np.floating)) and np.isfinite(v) for v in values)
 
 
 def _within(low, high, margin, centre=1.0, rounding=0.0) -> bool:
     """[low, high] within centre ± margin, up to `rounding` (relative): an interval exactly as wide is within."""
     slack = rounding * max(1.0, abs(margin))
-    return _finite(low, high) and centre - margin - slack <= low and high <= centre + margin + slack
+    return finite(low, high) and centre - margin - slack <= low and high <= centre + margin + slack
 
 
 # Each table is read top to bottom; the first rule that holds decides. f: the row's facts.
 SPEED = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
     Rule("no speed trial of this pair", lambda f: not f.trial, "not_comparable", "no_trial"),
-    Rule("no interval", lambda f: not _finite(f.low, f.high), "undecided", "no_interval"),
+    Rule("no interval", lambda f: not finite(f.low, f.high), "undecided", "no_interval"),
     Rule("interval above 1 (mixed faster)", lambda f: f.low > 1, "faster", "interval_excludes_1"),
     Rule("interval below 1 (mixed slower)", lambda f: f.high < 1, "slower", "interval_excludes_1"),
     Rule("interval within ±5% of 1", lambda f: _within(f.low, f.high, SAME_RATIO), "same", "within_5pct"),
@@ -153,8 +151,8 @@ MEMORY = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
     # peak RSS grows over a run (Keras' fp32 doubles after its first step): a shorter run's peak is not comparable
     Rule("a cell stopped by the speed budget", lambda f: f.budget_cut > 0, "not_comparable", "budget_cut"),
-    Rule("no paired fp32 reading", lambda f: not _finite(f.estimate), "not_comparable", "no_fp32"),
-    Rule("one seed: no noise to measure", lambda f: not _finite(f.margin), "undecided", "no_resolution"),
+    Rule("no paired fp32 reading", lambda f: not finite(f.estimate), "not_comparable", "no_fp32"),
+    Rule("one seed: no noise to measure", lambda f: not finite(f.margin), "undecided", "no_resolution"),
     Rule("a seed's difference within the noise", lambda f: f.resolved != 1.0, "undecided", "unresolved_memory"),
     Rule("lower than fp32 beyond the noise", lambda f: f.estimate < 0, "smaller", "above_resolution"),
     Rule("otherwise: higher beyond the noise", lambda f: True, "larger", "above_resolution"),
@@ -163,11 +161,11 @@ MEMORY = [
 ACCURACY = [
     Rule("a cell stopped by the speed budget", lambda f: f.budget_cut > 0, "not_comparable", "budget_cut"),
     Rule("fp32 too short to judge", lambda f: f.too_short, "not_comparable", "too_short"),
-    Rule("no paired test", lambda f: not _finite(f.estimate), "not_comparable", "no_fp32"),
+    Rule("no paired test", lambda f: not finite(f.estimate), "not_comparable", "no_fp32"),
     Rule("no image differed", lambda f: f.no_difference, "same", "no_image_differed"),
     Rule("significant, above 0", lambda f: f.significant and f.low > 0, "higher", "interval_excludes_0"),
     Rule("significant, below 0", lambda f: f.significant and f.high < 0, "lower", "interval_excludes_0"),
-    Rule("fewer than two fp32 seeds: no measured floor", lambda f: not _finite(f.floor), "undecided", "no_floor"),
+    Rule("fewer than two fp32 seeds: no measured floor", lambda f: not finite(f.floor), "undecided", "no_floor"),
     Rule("within ± fp32's seed range", lambda f: _within(f.low, f.high, f.floor, 0, 1e-9), "same", "within_floor"),
     Rule("otherwise", lambda f: True, "undecided", "interval_too_wide"),
 ]
@@ -177,8 +175,8 @@ TIME_TO_TARGET = [
     Rule("a cell stopped by the speed budget", lambda f: f.budget_cut > 0, "not_comparable", "budget_cut"),
     Rule("fp32 too short to judge", lambda f: f.too_short, "not_comparable", "too_short"),
     Rule("a seed never reached the target", lambda f: f.reached < f.seeds, "undecided", "not_reached"),
-    Rule("no paired times", lambda f: not _finite(f.estimate), "not_comparable", "no_fp32"),
-    Rule("one seed", lambda f: f.seeds < 2 or not _finite(f.low, f.high), "undecided", "one_seed"),
+    Rule("no paired times", lambda f: not finite(f.estimate), "not_comparable", "no_fp32"),
+    Rule("one seed", lambda f: f.seeds < 2 or not finite(f.low, f.high), "undecided", "one_seed"),
     Rule("interval below 1 (mixed took less time)", lambda f: f.high < 1, "faster", "interval_excludes_1"),
     Rule("interval above 1 (mixed took more time)", lambda f: f.low > 1, "slower", "interval_excludes_1"),
     Rule("interval within ±5% of 1", lambda f: _within(f.low, f.high, SAME_RATIO), "same", "within_5pct"),
@@ -206,7 +204,7 @@ SKIPS = [
 ]
 
 UNDERFLOW = [
-    Rule("no probe recorded", lambda f: not _finite(f.estimate), "not_comparable", "no_probe"),
+    Rule("no probe recorded", lambda f: not finite(f.estimate), "not_comparable", "no_probe"),
     Rule("no element lost", lambda f: f.estimate == 0, "clean", "nothing_lost"),
     Rule("accuracy lower than fp32", lambda f: f.accuracy == "lower", "lost", "accuracy_lower"),
     Rule("accuracy same or higher", lambda f: f.accuracy in ("same", "higher"), "lost", "accuracy_kept"),
@@ -216,8 +214,8 @@ UNDERFLOW = [
 
 STATIC_SCALE = [
     Rule("a skip or a non-finite loss", lambda f: f.skipped > 0 or f.nonfinite > 0, "insufficient", "overflowed"),
-    Rule("elements lost at it", lambda f: _finite(f.lost) and f.lost > 0, "insufficient", "underflowed"),
-    Rule("no probe recorded", lambda f: not _finite(f.lost), "undecided", "no_probe"),
+    Rule("elements lost at it", lambda f: finite(f.lost) and f.lost > 0, "insufficient", "underflowed"),
+    Rule("no probe recorded", lambda f: not finite(f.lost), "undecided", "no_probe"),
     Rule("otherwise", lambda f: True, "sufficed", "no_overflow_no_underflow"),
 ]
 
@@ -232,20 +230,20 @@ NAIVE = [
 ]
 
 # Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.ok (finished and judged against a 1-worker
-# cell), f.agree (the workers' records), f.gap and f.floor (relative loss gaps to the 1-worker cell).
+# cell), f.agree (the workers' records), f.estimate and f.margin (its and the floor's relative loss gaps to 1 worker).
 DATA_PARALLEL = [
     Rule("the engine cannot run this all-reduce here", lambda f: f.status == "unavailable", "failed", "unavailable"),
     Rule("the N-worker cell ran out of time", lambda f: f.status == "timeout", "failed", "timeout"),
     Rule("the N-worker cell did not finish", lambda f: not f.ok, "failed", "cell_failed"),
     Rule("the workers' records disagree", lambda f: not f.agree, "departs", "workers_disagree"),
-    Rule("no floor run finished", lambda f: not _finite(f.floor), "undecided", "no_thread_floor"),
-    Rule("gap within the floor", lambda f: f.gap <= f.floor, "agrees", "within_thread_floor"),
+    Rule("no floor run finished", lambda f: not finite(f.margin), "undecided", "no_thread_floor"),
+    Rule("gap within the floor", lambda f: f.estimate <= f.margin, "agrees", "within_thread_floor"),
     Rule("gap at the floor", lambda f: f.at_floor, "undecided", "at_thread_floor"),
     Rule("otherwise", lambda f: True, "departs", "beyond_thread_floor"),
 ]
 
 # fp8 against bf16 (facts from fp8.verdict_rows): ACCURACY's rules with bf16 as the partner
-FP8 = [Rule("no bf16 partner", lambda f: not _finite(f.estimate), "not_comparable", "no_bf16"), *ACCURACY]
+FP8 = [Rule("no bf16 partner", lambda f: not finite(f.estimate), "not_comparable", "no_bf16"), *ACCURACY]
 
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
 LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
@@ -276,9 +274,10 @@ def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
     return rule.status, rule.reason
 
 
-def _num(value) -> float:
+def _num(value, attr: str = "") -> float:
+    """`value`, or its attribute `attr` where given (NaN where it has none), as a float; NaN where not a number."""
     try:
-        return float(value)
+        return float(getattr(value, attr, np.nan) if attr else value)
     except (TypeError, ValueError):
         return float("nan")
 
@@ -291,10 +290,9 @@ ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%"
 def row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict, kind: str = "none") -> dict:
     """One verdict row: the first rule of `metric` that holds for `facts` decides its status and reason."""
     status, reason = decide(metric, facts)  # budget_cut: a figure beside a cut cell's is no verdict's
-    estimate, low, high = (np.nan if reason == "budget_cut" else _num(getattr(facts, k, np.nan))
-                           for k in ("estimate", "low", "high"))
+    estimate, low, high = (np.nan if reason == "budget_cut" else _num(facts, k) for k in ("estimate", "low", "high"))
     return {**key, "metric": metric, "estimate": estimate, "low": low, "high": high,
-            "margin": _num(getattr(facts, "margin", np.nan)), "unit": UNITS[metric],
+            "margin": _num(facts, "margin"), "unit": UNITS[metric],
             "interval_kind": kind if np.isfinite(low) else "none", "status": status, "reason": reason,
             "evidence": json.dumps(evidence, default=lambda v: v.item() if hasattr(v, "item") else str(v))}
 
@@ -302,21 +300,19 @@ def row(key: dict, metric: str, facts: SimpleNamespace, evidence: dict, kind: st
 def accuracy(r, key: dict | None = None, cut: int | None = None, metric: str = "accuracy") -> dict:
     """The accuracy verdict row of an accuracy-table row: ACCURACY, or FP8 where `metric` is fp8_vs_bf16."""
     method = r.method if isinstance(getattr(r, "method", None), str) else ""
-    cut = int(np.nan_to_num(_num(getattr(r, "budget_cut", 0)))) if cut is None else cut
-    floor, p = _num(getattr(r, "floor_pp", np.nan)), _num(r.p_value)
+    cut = int(np.nan_to_num(_num(r, "budget_cut"))) if cut is None else cut
+    floor, p = _num(r, "floor_pp"), _num(r.p_value)
     key = key or {k: getattr(r, k, "") for k in IDENTITY}
     facts = SimpleNamespace(budget_cut=cut, too_short=bool(r.too_short), estimate=_num(r.diff_pp),
                             low=_num(r.ci_low), high=_num(r.ci_high), no_difference=method == stats.NO_DIFFERENCE,
                             significant=np.isfinite(p) and p < stats.ALPHA, floor=floor, margin=floor)
-    evidence = {"method": method, "p_value": p, "seeds": _num(getattr(r, "seeds", np.nan)),
-                "images": _num(getattr(r, "images", np.nan)), "discordant": _num(getattr(r, "discordant", np.nan)),
-                "too_short": r.too_short or "", "budget_cut_cells": cut,
-                "floor_fp32_seeds": _num(getattr(r, "floor_seeds", np.nan))}
+    evidence = {"method": method, "p_value": p, **{k: _num(r, k) for k in ("seeds", "images", "discordant")},
+                "too_short": r.too_short or "", "budget_cut_cells": cut, "floor_fp32_seeds": _num(r, "floor_seeds")}
     return row(key, metric, facts, evidence, ACCURACY_KIND.get(method, "none"))
 
 
 def _time(r, key: dict, cut: int) -> dict:
-    reached, seeds = _num(getattr(r, "reached_seeds", np.nan)), _num(getattr(r, "timed_seeds", np.nan))
+    reached, seeds = _num(r, "reached_seeds"), _num(r, "timed_seeds")
     facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=cut, too_short=bool(r.too_short),
                             reached=reached if np.isfinite(reached) else 0, seeds=seeds if np.isfinite(seeds) else 0,
                             estimate=_num(r.ttt_ratio), low=_num(r.ttt_low), high=_num(r.ttt_high), margin=SAME_RATIO)
@@ -340,11 +336,6 @@ def _failed_rows(runs: pd.DataFrame, done: set):
         yield from ({**failed, "metric": m, "unit": UNITS[m]} for m in METRICS)
 
 
-def _counts(runs: pd.DataFrame, mask: pd.Series) -> dict:
-    """(model, dataset, framework, precision) -> how many of its cells `mask` marks."""
-    return runs[mask].groupby(GROUP).size().to_dict() if mask.any() else {}
-
-
 def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """The verdict table of a run from `full` (tables.full_table), its run table and its trials table."""
     from amp_compare.kit.trial import INTERVAL_KIND, trial_summary
@@ -352,15 +343,14 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
     summaries = [] if trials is None or trials.empty else trial_summary(trials).to_dict("records")
     by_trial = {(t["model"], t["dataset"], str(t["step_loop"]), _num(t["batch_size"]), t["framework"],
                  t["precision"]): t for t in summaries[::-1]}  # the first trial of each pair
-    cut = _counts(runs, stats.budgeted(runs))
-    diverged = _counts(runs, runs["status"].eq("diverged")) if "status" in runs else {}
+    diverged = runs[runs["status"].eq("diverged")].groupby(GROUP).size().to_dict() if "status" in runs else {}
     rows, done = [], set()
     mixed = full[precisions.is_mixed(full["precision"])] if not full.empty else full
     for r in mixed.itertuples():
         ident = (r.model, r.dataset, r.framework, r.precision)
         done.add(ident)
         key = {**{k: getattr(r, k) for k in IDENTITY}, "step_loop": str(r.step_loop), "batch_size": _num(r.batch_size)}
-        n_cut, n_diverged = int(cut.get(ident, 0)), int(diverged.get(ident, 0))
+        n_cut, n_diverged = int(np.nan_to_num(_num(r.budget_cut))), int(diverged.get(ident, 0))
         resolution = _num(r.memory_resolution_mib)
         trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
         t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
@@ -372,7 +362,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         speed = row(key, "speed", facts, said, "sign test 95%" if t.get("interval_kind") == INTERVAL_KIND else
                     "trial 95%")
         facts = SimpleNamespace(emulated=bool(r.emulated), budget_cut=n_cut, estimate=_num(r.memory_difference_mib),
-                                resolved=_num(getattr(r, "memory_resolved", np.nan)), margin=resolution)
+                                resolved=_num(r, "memory_resolved"), margin=resolution)
         memory = row(key, "memory", facts, {"seeds": int(r.runs), "change": _num(r.memory_change_vs_fp32),
                                             "resolution_mib": resolution, "budget_cut_cells": n_cut})
         numerics = row(key, "numerics", SimpleNamespace(diverged=n_diverged, estimate=_num(r.skipped_steps)),
@@ -401,13 +391,10 @@ CHOICE = [
 
 
 def choose(group: pd.DataFrame) -> tuple[str, str]:
-    """(the precision to use, the reason) for one model x framework's verdicts: CHOICE's first rule that holds."""
+    """(the fastest precision _kept, else fp32; the reason: CHOICE's first rule that holds) of a model x framework."""
     by = {prec: {r.metric: r for r in part.itertuples()} for prec, part in group.groupby("precision", sort=False)}
-    rule = next(r for r in CHOICE if r.test(by))
-    if rule.status != "faster":
-        return "fp32", rule.reason
     kept = {prec: rows["speed"].estimate for prec, rows in by.items() if _kept(rows)}
-    return max(kept, key=kept.get), rule.reason
+    return max(kept, key=kept.get) if kept else "fp32", next(r for r in CHOICE if r.test(by)).reason
 
 
 def of(verdicts: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -55,9 +55,9 @@ def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFac
                     halves={precisions.of(p).half for p in modes} - {None})
 
 
-def _both(facts: RunFacts, torch: str, keras: str, sep: str = " and ") -> str:
+def _both(frameworks, torch: str, keras: str, sep: str = " and ") -> str:
     """The torch and the Keras words, of the frameworks that ran, joined by `sep`."""
-    return sep.join([torch] * facts.torch + [keras] * facts.keras)
+    return sep.join([torch] * ("torch" in frameworks) + [keras] * any(map(is_keras, frameworks)))
 
 
 def mode_text(facts: RunFacts, name: str) -> str:
@@ -66,19 +66,19 @@ def mode_text(facts: RunFacts, name: str) -> str:
     if p.fp8:
         parts, base = [], "float32"
         for key, label in [("torch", "PyTorch")] * facts.torch + [("keras", "Keras")] * facts.keras:
-            if (recipe := RECIPES.get((key, name))) is None:
-                continue
-            layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
-            parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
-                recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
-            base = recipe.base
+            if recipe := RECIPES.get((key, name)):
+                layers = " and ".join(c.strip().rsplit(".", 1)[-1] for c in recipe.converts.split(","))
+                parts.append(f"{label}: the matmuls of {layers} layers in float8, " + phrases.recipe(
+                    recipe.scaling, recipe.granularity, recipe.amax_history, recipe.power_of_2_scales))
+                base = recipe.base
         # "a float32 base": the audits show casts to other dtypes inside layers (Keras fp8 attention: bfloat16)
         return (("; ".join(parts) or "float8 matmuls") + f"; the rest on a {base} base, with the casts the dtype "
                 "audit lists" + (", emulated on a CPU" if facts.device == "cpu" else ""))
     if p.half is None:
         return "everything in float32" + ("; see TF32 in the glossary" if facts.device == "cuda" else "")
     scale = f" {facts.loss_scale:g}" if facts.loss_scale else ""
-    return f"{_both(facts, 'autocast in PyTorch', 'a dtype policy in Keras')}, computing most layers in {p.half}" + {
+    how = _both(facts.frameworks, "autocast in PyTorch", "a dtype policy in Keras")
+    return f"{how}, computing most layers in {p.half}" + {
         "dynamic": ", with dynamic loss scaling",
         "static": f", with the fixed loss scale{scale} (--loss-scale), never grown or backed off"}.get(
         p.loss_scaling, ", with no loss scaling at all (gradients below float16's range flush to zero)"
@@ -101,7 +101,7 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
     """The Loss scaling section's explanation: only the modes this run had, and what happened to them."""
     out = []
     if facts.ran(loss_scaling="dynamic"):
-        apis = _both(facts, "torch.amp.GradScaler", "Keras' LossScaleOptimizer")
+        apis = _both(facts.frameworks, "torch.amp.GradScaler", "Keras' LossScaleOptimizer")
         # how loss scaling works is the glossary's (said once there); here only what this run's scaler could do
         text = (f"{', '.join(facts.ran(loss_scaling='dynamic'))} uses dynamic loss scaling ({apis}; the glossary "
                 "says how it works)")
@@ -113,7 +113,8 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
                 f"A dynamically scaled cell had {n:,} clean steps in a row, so in this run the scale could grow")
         out.append(text + ".")
     for name in facts.ran(loss_scaling="static"):
-        how = _both(facts, "PyTorch: GradScaler held at it", "Keras: the optimizer's loss_scale_factor", "; ")
+        how = _both(facts.frameworks, "PyTorch: GradScaler held at it", "Keras: the optimizer's loss_scale_factor",
+                    "; ")
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
         overflow = KERAS_STATIC if facts.torch else "Keras applies the update anyway"
         out.append(f"{name} multiplies the loss by a fixed scale{scale} ({how})."
@@ -138,26 +139,26 @@ def numerics_intro(facts: RunFacts) -> str:
             f"one training step (the dtype audit){probe}. Each part says what happened there, from the records.")
 
 
-def data_parallel_workers(facts: RunFacts, cpu_model: str) -> str | None:
+def data_parallel_workers(frameworks, device: str, cpu_model: str) -> str | None:
     """The Data parallel section's first sentence on a CPU: what its N workers were (None on a GPU)."""
-    if facts.device != "cpu" or not facts.frameworks:
+    if device != "cpu" or not frameworks:
         return None
-    what = _both(facts, "processes (torch: torchrun's workers)", "logical devices of one process (Keras: "
+    what = _both(frameworks, "processes (torch: torchrun's workers)", "logical devices of one process (Keras: "
                  "MirroredStrategy's CPU devices, JAX's host devices)")
     return (f"On this CPU ({cpu_model or 'CPU'}) the N workers are {what} sharing the same cores and memory: the "
             "speed figures measure that sharing and the engines' overhead, not a network or more hardware.")
 
 
-def data_parallel_threads(facts: RunFacts, threads_1: int, per_worker: int | None, machine: str,
+def data_parallel_threads(frameworks, threads_1: int, per_worker: int | None, machine: str,
                           floor_threads: list[int] | None = None) -> str:
     """The threads of the 1-worker, floor and N-worker cells; the machine's unsteadiness where seen."""
     parts = [f"Threads: each 1-worker cell was given --threads {threads_1}",
              f"its floor cell --threads {', '.join(map(str, sorted(set(floor_threads))))}" if floor_threads else "",
              f"each torch worker of an N-worker cell used {per_worker} (the cell's --threads shared among its workers, "
-             "so N workers use the cores one worker would)" if facts.torch and per_worker is not None else "",
-             "Keras' replicas share their one process's threads" if facts.keras else "",
+             "so N workers use the cores one worker would)" if "torch" in frameworks and per_worker is not None else "",
+             "Keras' replicas share their one process's threads" if any(map(is_keras, frameworks)) else "",
              "JAX takes no thread count from a running process (XLA's own pool, as its records say), so --threads "
-             "does not reach its cells" if "keras-jax" in facts.frameworks else ""]
+             "does not reach its cells" if "keras-jax" in frameworks else ""]
     return "; ".join(filter(None, parts)) + "." + (
         f" The machine was unsteady over the run ({machine}): N vs 1 compares cells that ran at different times, so "
         "it carries that as well as data parallelism." if machine else "")

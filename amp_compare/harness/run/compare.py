@@ -570,9 +570,10 @@ def harness_fault(cfg: RunConfig, run_dir: Path, run_id: str, exc: Exception):
 
 
 def _console():
-    from amp_compare.harness.report.terminal import console_for_stderr
+    """A rich console on stderr, rich's own width where stderr is no terminal (COLUMNS, else 80)."""
+    from rich.console import Console
 
-    return console_for_stderr()
+    return Console(stderr=True)
 
 
 def _render(run_dir: Path, console, figures: bool = True) -> Path:
