@@ -281,9 +281,8 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
 
 def _memory_labels(table: pd.DataFrame) -> pd.DataFrame:
     """The memory bars' labels of full_table's rows: change against fp32, undecided or cut; ⚠ on a memory note."""
-    out = table.copy()
-    out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
-    out["memory_cut"] = out["budget_cut"].fillna(0).gt(0)  # no verdict
+    known = table["memory_resolved"].astype(float)  # NaN: not measured
+    out = table.assign(memory_unresolved=known.notna() & (known != 1), memory_cut=table["budget_cut"].fillna(0) > 0)
     out["memory_label"] = ["cut" if r.memory_cut else "undecided" if r.memory_unresolved
                            else "" if not np.isfinite(r.memory_change_vs_fp32) else f"{r.memory_change_vs_fp32:+.0%}"
                            + (" ⚠" if pd.notna(r.memory_note) and str(r.memory_note) else "") for r in out.itertuples()]
@@ -543,14 +542,13 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     targets = acc.drop_duplicates(keys).assign(panel=lambda t: t[keys].astype(str).agg(" · ".join, axis=1))
     _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
             "excluded)", "Validation accuracy (%)")
-    for panel, ax in zip(panels, grid.axes.flat):  # the target's line, and its value in the title, clear of the data
-        row = targets[targets["panel"] == panel]
-        shown = not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]
-        if shown:
-            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
-        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
-        ax.set_title(name + (f" — dotted: target {row['target'].iloc[0]:.1%}" if shown else ""))
     judged = targets[(targets["too_short"] == "") & np.isfinite(targets["target"].astype(float))]
+    target = dict(zip(judged["panel"], judged["target"]))
+    for panel, ax in zip(panels, grid.axes.flat):  # the target's line, and its value in the title, clear of the data
+        if panel in target:
+            ax.axhline(target[panel] * 100, color="#555", linestyle=":", linewidth=1.2)
+        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
+        ax.set_title(name + (f" — dotted: target {target[panel]:.1%}" if panel in target else ""))
     bases = [f"{r.panel}: {r.target:.1%}, {r.target_basis}" for r in judged.itertuples()]
     target_text = ((f"The dotted line is the target ({bases[0].split(': ', 1)[1]})" if len(bases) == 1 else
                     f"Each panel's dotted line is its own target ({'; '.join(bases)})")
