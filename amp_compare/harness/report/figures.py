@@ -402,8 +402,7 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
         ax.set_xticks(sizes, [f"{b:.0f}" for b in sizes])
         ax.minorticks_off()
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-    if facet:
-        grid.set_titles("{col_name} loop")
+    grid.set_titles("{col_name} loop")  # nothing without a column per loop
     grid.set_axis_labels("Batch size (images per step, log scale)", "Speed-up against fp32 at the same batch (×)")
     grid.figure.suptitle(title, y=1.03)
     return [Figure("speedup_vs_batch", "speed", title,
