@@ -167,30 +167,6 @@ def plain_log_labels(fig, axis: str) -> None:
             a.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
-def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str):
-    """One panel per framework (and machine), a line per precision (median over seeds), log y, staggered markers."""
-    df = _labelled(df)
-    grid = sns.relplot(data=df, kind="line", x=x, y=y, **LINES, errorbar=None, markersize=6, linewidth=1.2,
-                       height=3.6, aspect=1.3, estimator="median",
-                       **({"col": "machine", "row": "Framework"} if _facet(df) else {"col": "Framework"}))
-    _stagger_markers(grid)
-    # a line exactly under later ones (PyTorch and Keras aligned) is redrawn wider beneath them, as their border
-    for ax in grid.axes.flat:
-        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
-        xys = [np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float) for ln in lines]
-        for i, low in enumerate(lines):  # within float32's rounding: one pixel cannot tell them apart
-            over = sum(len(up) == len(xys[i]) and np.allclose(up, xys[i], rtol=1e-6, atol=1e-9, equal_nan=True)
-                       for up in xys[i + 1:])
-            if over:  # the more lines on top, the wider: each of a stack shows as its own border
-                low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
-                low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
-                low.set_zorder(low.get_zorder() - over)
-    grid.set(yscale="log")
-    _finish(grid, title, xlabel, ylabel)
-    plain_log_labels(grid.figure, "y")  # last: it measures the labels where the finished figure draws them
-    return grid.figure
-
-
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
     """Largest relative gap of a precision's median curve from its framework's fp32 one (None without)."""
     keys = [k for k in ("machine", "model", "dataset", "framework") if k in frame]
@@ -319,11 +295,29 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
 
 
 def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> list[Figure]:
-    """Training loss per step of the finished cells; `left`: the sentence naming the others."""
+    """Loss per step, a panel per framework (and machine), a line per precision; `left`: the cells not drawn."""
     if steps.empty:
         return []
-    _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
-                 "Batch cross-entropy loss (nats, log scale)"), out_dir, "loss_curves")
+    df = _labelled(steps)
+    grid = sns.relplot(data=df, kind="line", x="step", y="loss", **LINES, errorbar=None, markersize=6, linewidth=1.2,
+                       height=3.6, aspect=1.3, estimator="median",
+                       **({"col": "machine", "row": "Framework"} if _facet(df) else {"col": "Framework"}))
+    _stagger_markers(grid)
+    # a line exactly under later ones (PyTorch and Keras aligned) is redrawn wider beneath them, as their border
+    for ax in grid.axes.flat:
+        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
+        xys = [np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float) for ln in lines]
+        for i, low in enumerate(lines):  # within float32's rounding: one pixel cannot tell them apart
+            over = sum(len(up) == len(xys[i]) and np.allclose(up, xys[i], rtol=1e-6, atol=1e-9, equal_nan=True)
+                       for up in xys[i + 1:])
+            if over:  # the more lines on top, the wider: each of a stack shows as its own border
+                low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
+                low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
+                low.set_zorder(low.get_zorder() - over)
+    grid.set(yscale="log")
+    _finish(grid, "Training loss per step", "Optimizer step (counting from 0)",
+            "Batch cross-entropy loss (nats, log scale)")
+    plain_log_labels(grid.figure, "y")  # last: it measures the labels where the finished figure draws them
     gap = curves_coincide(steps, "step", "loss")
     overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
                f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
@@ -333,7 +327,8 @@ def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> l
     return [Figure("loss_curves", "accuracy", "Training loss per step",
                    f"One panel per {panels}; each line is one precision, the median over seeds of the loss at each "
                    "step, all from the same initial weights, with its own marker; no band is drawn." + overlap + left,
-                   "Line charts of per-step training loss, one panel per framework, one line per precision.")]
+                   "Line charts of per-step training loss, one panel per framework, one line per "
+                   "precision.").saved(grid.figure, out_dir)]
 
 
 def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
