@@ -227,14 +227,13 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         final, share = float(fp32["final_val_accuracy"].median()), stats.TARGET_FRACTION
         target, basis = ((float("nan"), "") if fp32.empty else (float(given.iloc[0]), "--target-accuracy")
                          if not given.empty else (share * final, f"{share:.0%} of fp32's {final:.1%}"))
-        times = _time_rows(group[~cut], epochs, target)
-        n_cut = group[cut].groupby(["framework", "precision"]).size()
-        times.update({k: {} for k in n_cut.index if k not in times})  # every cell budgeted: a row without either
-        for (fw, prec), time_row in times.items():  # fp32's seed-to-seed range (pp) is the "same" margin (floor)
+        times = _time_rows(group[~cut], epochs, target)  # none for a mode whose every cell was budgeted
+        for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):  # floor: fp32's seed range
             acc = fp32[fp32["framework"] == fw].groupby("seed")["final_val_accuracy"].median().dropna() * 100
             rows.append({**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
-                         "target_basis": basis, **time_row, "budget_cut": int(n_cut.get((fw, prec), 0)),
-                         "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan, "floor_seeds": len(acc)})
+                         "target_basis": basis, **times.get((fw, prec), {}), "floor_seeds": len(acc),
+                         "budget_cut": int(stats.budgeted(cells).sum()),
+                         "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan})
     out = pd.DataFrame(rows)
     out = out.merge(tests, on=ids, how="left") if not tests.empty else out
     return out.reindex(columns=cols).sort_values(ids, key=display_order).reset_index(drop=True)
