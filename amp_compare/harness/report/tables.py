@@ -344,16 +344,16 @@ def cap_label(device: str, cap_bytes: int | None) -> str:
     return f"a {format_size(cap_bytes)} cap on each probe process's CPU memory (RSS)" if cap_bytes else "no cap"
 
 
-_IDENTITY = ("framework", "model", "dataset", "precision", "device")  # of a search's cfg
+_SEARCH_CFG = ("framework", "model", "dataset", "precision", "device")  # of a search's cfg
 _PROBE = ("batch", "ok", "peak_bytes", "memory_kind", "reason")  # of each probe
 _SEARCH = ("cap_bytes", "max_ok", "first_failed", "stopped_early")  # of the search
 
 
 def search_table(results: Iterable) -> pd.DataFrame:
     """One row per probe of every search (harness/run/maxbatch.py SearchResult objects), identity in columns."""
-    rows = [{**({k: getattr(r.cfg, k) for k in _IDENTITY} if r.cfg is not None else {}), "probe": order,
+    rows = [{**({k: getattr(r.cfg, k) for k in _SEARCH_CFG} if r.cfg is not None else {}), "probe": order,
              **{k: getattr(p, k) for k in _PROBE}, **{k: getattr(r, k) for k in _SEARCH}}
             for r in results for order, p in enumerate(r.probes)]
-    table = pd.DataFrame(rows, columns=[*_IDENTITY, "probe", *_PROBE, *_SEARCH])
+    table = pd.DataFrame(rows, columns=[*_SEARCH_CFG, "probe", *_PROBE, *_SEARCH])
     return table.astype({"batch": "int64", "ok": "bool", "max_ok": "int64", "probe": "int64",
                          **dict.fromkeys(("peak_bytes", "cap_bytes", "first_failed"), "Int64")})  # None: missing
