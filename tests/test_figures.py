@@ -3,6 +3,8 @@ had, and loss curves where lines that coincide stay distinguishable (panels, sta
 
 import os
 import sys
+from pathlib import Path
+from unittest import mock
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -10,7 +12,7 @@ import pandas as pd
 import pytest
 
 from amp_compare.harness.report import figures
-from amp_compare.harness.report.figures import _lines, curves_coincide, loss_scale_grid
+from amp_compare.harness.report.figures import curves_coincide, loss_scale_grid
 
 
 def _steps(precisions=("fp32", "fp16", "bf16"), scale=2.0**15, n=24, gap=0.0):
@@ -22,6 +24,14 @@ def _steps(precisions=("fp32", "fp16", "bf16"), scale=2.0**15, n=24, gap=0.0):
                              "loss": 2.3 - 0.01 * step + gap * i, "skipped": False,
                              "loss_scale": scale if prec.startswith("fp16") else 1.0})
     return pd.DataFrame(rows)
+
+
+def _lines(steps):
+    """The loss-curves figure as _loss_curve_figures draws it, kept open."""
+    drawn = []
+    with mock.patch.object(figures, "_save", lambda fig, out_dir, key: drawn.append(fig)):
+        figures._loss_curve_figures(steps, Path("unused"))
+    return drawn[0]
 
 
 def _tick_labels(ax):
@@ -74,7 +84,7 @@ def test_the_loss_curves_caption_counts_its_panels(tmp_path):
 
 def test_coinciding_loss_curves_stay_distinguishable():
     steps = _steps()  # six identical curves: what a tiny run from shared weights draws
-    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss")
+    fig = _lines(steps)
     axes = fig.axes[:2]
     assert [ax.get_title() for ax in axes] == ["PyTorch", "Keras (TF)"]  # one panel per framework
     for ax in axes:
@@ -152,7 +162,7 @@ def test_a_log_loss_axis_over_three_decades_has_no_overprinted_labels():
 
     steps = _steps()
     steps["loss"] = 3.0 * np.exp(-np.log(3.0 / 0.007) * steps["step"] / 23)
-    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss")
+    fig = _lines(steps)
     assert figures.tick_label_overlaps(fig, "y") == 0
     assert {"0.01", "0.1", "1"} <= set(_tick_labels(fig.axes[0]))  # plain numbers, not 10^-1
     plt.close(fig)
@@ -295,7 +305,7 @@ def test_a_log_loss_axis_inside_one_decade_still_has_labelled_ticks():
     """The audit's naive loss_curves.png: losses of 2.0–2.5 on a log axis, no tick inside, no number on the axis."""
     steps = _steps()
     steps["loss"] = 2.47 - 0.02 * steps["step"]
-    fig = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss")
+    fig = _lines(steps)
 
     fig.canvas.draw()
     shown = figures._drawn_tick_labels(fig.axes[0].yaxis, fig.canvas.get_renderer())  # major and minor, in view
@@ -411,7 +421,7 @@ def test_figures_measured_from_the_layout_alone_are_the_pngs_full_draws_give(tmp
                          "Framework": ["PyTorch", "Keras (TensorFlow)"] * 6, "Scaling": ["none"] * 6 + ["used"] * 6})
 
     def pngs(name):
-        curves = _lines(steps, "step", "loss", "Training loss per step", "Optimizer step", "loss")
+        curves = _lines(steps)
         grid = sns.catplot(data=bars, kind="bar", x="Layer", y="Share", hue="Framework", col="Scaling", height=2)
         out = []
         for i, fig in enumerate((curves, grid.figure)):

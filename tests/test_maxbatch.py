@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from amp_compare.contract.config import ConfigError, RunConfig
-from amp_compare.harness.report.maxbatch_table import search_table
+from amp_compare.harness.report.tables import search_table
 from amp_compare.harness.run import maxbatch
 from amp_compare.harness.run.maxbatch import ProbeResult, SearchResult, find_max_batch, probe
 from amp_compare.kit import probe as probe_child

@@ -306,7 +306,7 @@ def test_batch_sweep_renders_speedup_figure_and_mfu_columns(tmp_path, unsaved_fi
 
 
 def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_path):
-    from amp_compare.harness.report.maxbatch_table import search_table
+    from amp_compare.harness.report.tables import search_table
     from amp_compare.harness.run import maxbatch
 
     calls = []
@@ -332,7 +332,7 @@ def test_max_batch_search_stops_at_its_time_budget_and_says_so(monkeypatch, tmp_
 
 
 def test_gpu_cap_is_enforced_by_the_framework_in_the_probe(tmp_path, capsys):
-    from amp_compare.harness.report.maxbatch_table import cap_label
+    from amp_compare.harness.report.tables import cap_label
     from amp_compare.harness.run import maxbatch
     from amp_compare.kit import probe as probe_child
 

@@ -167,30 +167,6 @@ def plain_log_labels(fig, axis: str) -> None:
             a.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
-def _lines(df: pd.DataFrame, x: str, y: str, title: str, xlabel: str, ylabel: str):
-    """One panel per framework (and machine), a line per precision (median over seeds), log y, staggered markers."""
-    df = _labelled(df)
-    grid = sns.relplot(data=df, kind="line", x=x, y=y, **LINES, errorbar=None, markersize=6, linewidth=1.2,
-                       height=3.6, aspect=1.3, estimator="median",
-                       **({"col": "machine", "row": "Framework"} if _facet(df) else {"col": "Framework"}))
-    _stagger_markers(grid)
-    # a line exactly under later ones (PyTorch and Keras aligned) is redrawn wider beneath them, as their border
-    for ax in grid.axes.flat:
-        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
-        xys = [np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float) for ln in lines]
-        for i, low in enumerate(lines):  # within float32's rounding: one pixel cannot tell them apart
-            over = sum(len(up) == len(xys[i]) and np.allclose(up, xys[i], rtol=1e-6, atol=1e-9, equal_nan=True)
-                       for up in xys[i + 1:])
-            if over:  # the more lines on top, the wider: each of a stack shows as its own border
-                low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
-                low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
-                low.set_zorder(low.get_zorder() - over)
-    grid.set(yscale="log")
-    _finish(grid, title, xlabel, ylabel)
-    plain_log_labels(grid.figure, "y")  # last: it measures the labels where the finished figure draws them
-    return grid.figure
-
-
 def curves_coincide(frame: pd.DataFrame, x: str, y: str) -> float | None:
     """Largest relative gap of a precision's median curve from its framework's fp32 one (None without)."""
     keys = [k for k in ("machine", "model", "dataset", "framework") if k in frame]
@@ -281,9 +257,8 @@ def make_speed_verdict_figure(verdicts: pd.DataFrame, out_dir: Path) -> Figure |
 
 def _memory_labels(table: pd.DataFrame) -> pd.DataFrame:
     """The memory bars' labels of full_table's rows: change against fp32, undecided or cut; ⚠ on a memory note."""
-    out = table.copy()
-    out["memory_unresolved"] = [memory.unresolved(r) for r in out.itertuples()]
-    out["memory_cut"] = out["budget_cut"].fillna(0).gt(0)  # no verdict
+    known = table["memory_resolved"].astype(float)  # NaN: not measured
+    out = table.assign(memory_unresolved=known.notna() & (known != 1), memory_cut=table["budget_cut"].fillna(0) > 0)
     out["memory_label"] = ["cut" if r.memory_cut else "undecided" if r.memory_unresolved
                            else "" if not np.isfinite(r.memory_change_vs_fp32) else f"{r.memory_change_vs_fp32:+.0%}"
                            + (" ⚠" if pd.notna(r.memory_note) and str(r.memory_note) else "") for r in out.itertuples()]
@@ -320,11 +295,29 @@ def _memory_figures(ok: pd.DataFrame, table: pd.DataFrame, out_dir: Path, spread
 
 
 def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> list[Figure]:
-    """Training loss per step of the finished cells; `left`: the sentence naming the others."""
+    """Loss per step, a panel per framework (and machine), a line per precision; `left`: the cells not drawn."""
     if steps.empty:
         return []
-    _save(_lines(steps, "step", "loss", "Training loss per step", "Optimizer step (counting from 0)",
-                 "Batch cross-entropy loss (nats, log scale)"), out_dir, "loss_curves")
+    df = _labelled(steps)
+    grid = sns.relplot(data=df, kind="line", x="step", y="loss", **LINES, errorbar=None, markersize=6, linewidth=1.2,
+                       height=3.6, aspect=1.3, estimator="median",
+                       **({"col": "machine", "row": "Framework"} if _facet(df) else {"col": "Framework"}))
+    _stagger_markers(grid)
+    # a line exactly under later ones (PyTorch and Keras aligned) is redrawn wider beneath them, as their border
+    for ax in grid.axes.flat:
+        lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 0]
+        xys = [np.column_stack([ln.get_xdata(), ln.get_ydata()]).astype(float) for ln in lines]
+        for i, low in enumerate(lines):  # within float32's rounding: one pixel cannot tell them apart
+            over = sum(len(up) == len(xys[i]) and np.allclose(up, xys[i], rtol=1e-6, atol=1e-9, equal_nan=True)
+                       for up in xys[i + 1:])
+            if over:  # the more lines on top, the wider: each of a stack shows as its own border
+                low.set_linewidth(low.get_linewidth() * (1 + 1.8 * over))
+                low.set_markersize(low.get_markersize() * (1 + 0.6 * over))
+                low.set_zorder(low.get_zorder() - over)
+    grid.set(yscale="log")
+    _finish(grid, "Training loss per step", "Optimizer step (counting from 0)",
+            "Batch cross-entropy loss (nats, log scale)")
+    plain_log_labels(grid.figure, "y")  # last: it measures the labels where the finished figure draws them
     gap = curves_coincide(steps, "step", "loss")
     overlap = (f" Here the precisions' curves coincide: within each framework no mixed-precision loss is more "
                f"than {gap:.1%} from fp32's at any step, so the lines draw on top of each other; the staggered "
@@ -334,7 +327,8 @@ def _loss_curve_figures(steps: pd.DataFrame, out_dir: Path, left: str = "") -> l
     return [Figure("loss_curves", "accuracy", "Training loss per step",
                    f"One panel per {panels}; each line is one precision, the median over seeds of the loss at each "
                    "step, all from the same initial weights, with its own marker; no band is drawn." + overlap + left,
-                   "Line charts of per-step training loss, one panel per framework, one line per precision.")]
+                   "Line charts of per-step training loss, one panel per framework, one line per "
+                   "precision.").saved(grid.figure, out_dir)]
 
 
 def _loss_scale_figures(steps: pd.DataFrame, out_dir: Path) -> list[Figure]:
@@ -403,8 +397,7 @@ def make_batch_figures(table: pd.DataFrame, out_dir: Path) -> list[Figure]:
         ax.set_xticks(sizes, [f"{b:.0f}" for b in sizes])
         ax.minorticks_off()
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-    if facet:
-        grid.set_titles("{col_name} loop")
+    grid.set_titles("{col_name} loop")  # nothing without a column per loop
     grid.set_axis_labels("Batch size (images per step, log scale)", "Speed-up against fp32 at the same batch (×)")
     grid.figure.suptitle(title, y=1.03)
     return [Figure("speedup_vs_batch", "speed", title,
@@ -543,14 +536,13 @@ def make_time_to_accuracy_figure(runs: pd.DataFrame, epochs: pd.DataFrame, acc: 
     targets = acc.drop_duplicates(keys).assign(panel=lambda t: t[keys].astype(str).agg(" · ".join, axis=1))
     _finish(grid, "Validation accuracy against training time", "Training wall time (s, cumulative, validation "
             "excluded)", "Validation accuracy (%)")
-    for panel, ax in zip(panels, grid.axes.flat):  # the target's line, and its value in the title, clear of the data
-        row = targets[targets["panel"] == panel]
-        shown = not row.empty and np.isfinite(row["target"].iloc[0]) and not row["too_short"].iloc[0]
-        if shown:
-            ax.axhline(row["target"].iloc[0] * 100, color="#555", linestyle=":", linewidth=1.2)
-        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
-        ax.set_title(name + (f" — dotted: target {row['target'].iloc[0]:.1%}" if shown else ""))
     judged = targets[(targets["too_short"] == "") & np.isfinite(targets["target"].astype(float))]
+    target = dict(zip(judged["panel"], judged["target"]))
+    for panel, ax in zip(panels, grid.axes.flat):  # the target's line, and its value in the title, clear of the data
+        if panel in target:
+            ax.axhline(target[panel] * 100, color="#555", linestyle=":", linewidth=1.2)
+        name = f"Validation accuracy against training time ({panel})" if len(panels) == 1 else panel
+        ax.set_title(name + (f" — dotted: target {target[panel]:.1%}" if panel in target else ""))
     bases = [f"{r.panel}: {r.target:.1%}, {r.target_basis}" for r in judged.itertuples()]
     target_text = ((f"The dotted line is the target ({bases[0].split(': ', 1)[1]})" if len(bases) == 1 else
                     f"Each panel's dotted line is its own target ({'; '.join(bases)})")

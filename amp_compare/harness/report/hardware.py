@@ -11,6 +11,7 @@ from amp_compare.contract.config import framework_label
 TIMING_GAP = 0.10  # wall-time vs median-step throughput gap the report calls out
 HOST_BOUND_GAIN = 1.2  # throughput rising more than this from one batch size to the next: fixed per-step cost
 COMPUTE_BOUND_MFU = 0.5  # achieved FLOP/s at least half the run's measured matmul ceiling
+CEILING_KEYS = ("machine", "device_name")  # what a ceiling is per besides its dtype: the device (and machine, combined)
 
 
 def _text(table: pd.DataFrame, column: str) -> pd.Series:
@@ -53,11 +54,6 @@ def bound_verdicts(table: pd.DataFrame, keys: list[str]) -> pd.Series:
     return out
 
 
-def _ceiling_keys(runs: pd.DataFrame) -> list[str]:
-    """What a ceiling is per besides its dtype, of what this table has: device, and machine in a combined report."""
-    return [k for k in ("machine", "device_name") if k in runs]
-
-
 def _base_dtype(runs: pd.DataFrame) -> pd.Series:
     """The dtype of each cell's ceiling matmul: fp32 where its half format is measured against it."""
     return _text(runs, "ceiling_dtype").where(_text(runs, "ceiling_fp32_for") == "", "fp32")
@@ -72,7 +68,7 @@ def with_run_ceiling(runs: pd.DataFrame) -> pd.DataFrame:
         runs["ceiling_flops"] = np.nan
         return runs
     base = _base_dtype(runs)
-    keys = [runs[k].astype(str) for k in _ceiling_keys(runs)] + [base]
+    keys = [runs[k].astype(str) for k in CEILING_KEYS if k in runs] + [base]
     best = runs["ceiling_flops_measured"].astype(float).groupby(keys).transform("max")
     runs["ceiling_flops"] = best.where(base != "")
     if "achieved_flops" in runs:
@@ -90,7 +86,7 @@ def ceiling_clauses(runs: pd.DataFrame) -> list[str]:
         return []
     runs = runs[runs["ceiling_flops_measured"].notna()]
     out = []
-    for key, g in runs.groupby([*_ceiling_keys(runs), _base_dtype(runs)], sort=False):
+    for key, g in runs.groupby([*(k for k in CEILING_KEYS if k in runs), _base_dtype(runs)], sort=False):
         sizes = sorted({int(v) for v in g.get("ceiling_matmul_size", pd.Series(dtype=float)).dropna()})
         size = (f"{sizes[0]}×{sizes[0]} matmul" if len(sizes) == 1 else
                 f"square matmul of {sizes[0]} to {sizes[-1]} (cells recorded before one size was fixed)" if sizes

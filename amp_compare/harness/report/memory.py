@@ -18,9 +18,3 @@ def paired_difference(pairs) -> tuple[float, float, float]:
         return float("nan"), resolution, float("nan")
     weakest = 0.0 if min(diffs) < 0 < max(diffs) else min(diffs, key=abs)
     return float(np.median(diffs)), resolution, float(np.isfinite(resolution) and abs(weakest) > resolution)
-
-
-def unresolved(r) -> bool:
-    """Whether a row of the full table measured a memory difference the run does not resolve."""
-    known = getattr(r, "memory_resolved", float("nan"))
-    return bool(np.isfinite(known) and known != 1.0)

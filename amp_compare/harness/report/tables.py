@@ -1,7 +1,9 @@
 """The summary table and the statistics beside it, pure functions of the run table that the HTML report,
-summary.md, the terminal and the findings all read."""
+summary.md, the terminal and the findings all read; a --find-max-batch search as one table, its cap in words."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -16,6 +18,7 @@ from amp_compare.harness.report import memory, scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.stats import ok_runs
+from amp_compare.kit.probe import format_size
 
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
 
@@ -224,14 +227,13 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         final, share = float(fp32["final_val_accuracy"].median()), stats.TARGET_FRACTION
         target, basis = ((float("nan"), "") if fp32.empty else (float(given.iloc[0]), "--target-accuracy")
                          if not given.empty else (share * final, f"{share:.0%} of fp32's {final:.1%}"))
-        times = _time_rows(group[~cut], epochs, target)
-        n_cut = group[cut].groupby(["framework", "precision"]).size()
-        times.update({k: {} for k in n_cut.index if k not in times})  # every cell budgeted: a row without either
-        for (fw, prec), time_row in times.items():  # fp32's seed-to-seed range (pp) is the "same" margin (floor)
+        times = _time_rows(group[~cut], epochs, target)  # none for a mode whose every cell was budgeted
+        for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):  # floor: fp32's seed range
             acc = fp32[fp32["framework"] == fw].groupby("seed")["final_val_accuracy"].median().dropna() * 100
             rows.append({**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
-                         "target_basis": basis, **time_row, "budget_cut": int(n_cut.get((fw, prec), 0)),
-                         "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan, "floor_seeds": len(acc)})
+                         "target_basis": basis, **times.get((fw, prec), {}), "floor_seeds": len(acc),
+                         "budget_cut": int(stats.budgeted(cells).sum()),
+                         "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan})
     out = pd.DataFrame(rows)
     out = out.merge(tests, on=ids, how="left") if not tests.empty else out
     return out.reindex(columns=cols).sort_values(ids, key=display_order).reset_index(drop=True)
@@ -331,3 +333,27 @@ def by_gpu_model(tables: dict) -> dict:
         return tables
     return {name: df.assign(machine=df["cell_id"].map(models)) if "cell_id" in df else df
             for name, df in tables.items()}
+
+
+def cap_label(device: str, cap_bytes: int | None) -> str:
+    """What a search's memory cap is, in words (console, report note, figure caption)."""
+    if device == "cuda":
+        return ("the GPU's whole memory" if cap_bytes is None else
+                f"a {format_size(cap_bytes)} GPU memory cap (torch set_per_process_memory_fraction, "
+                "TensorFlow logical-device memory limit)")
+    return f"a {format_size(cap_bytes)} cap on each probe process's CPU memory (RSS)" if cap_bytes else "no cap"
+
+
+_SEARCH_CFG = ("framework", "model", "dataset", "precision", "device")  # of a search's cfg
+_PROBE = ("batch", "ok", "peak_bytes", "memory_kind", "reason")  # of each probe
+_SEARCH = ("cap_bytes", "max_ok", "first_failed", "stopped_early")  # of the search
+
+
+def search_table(results: Iterable) -> pd.DataFrame:
+    """One row per probe of every search (harness/run/maxbatch.py SearchResult objects), identity in columns."""
+    rows = [{**({k: getattr(r.cfg, k) for k in _SEARCH_CFG} if r.cfg is not None else {}), "probe": order,
+             **{k: getattr(p, k) for k in _PROBE}, **{k: getattr(r, k) for k in _SEARCH}}
+            for r in results for order, p in enumerate(r.probes)]
+    table = pd.DataFrame(rows, columns=[*_SEARCH_CFG, "probe", *_PROBE, *_SEARCH])
+    return table.astype({"batch": "int64", "ok": "bool", "max_ok": "int64", "probe": "int64",
+                         **dict.fromkeys(("peak_bytes", "cap_bytes", "first_failed"), "Int64")})  # None: missing

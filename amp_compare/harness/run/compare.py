@@ -206,7 +206,7 @@ def _max_batch_settings(args: argparse.Namespace, device: str, notes: list[str])
     """--find-max-batch's settings for the manifest (None without it), its cap said in `notes`."""
     if not args.find_max_batch:
         return None
-    from amp_compare.harness.report.maxbatch_table import cap_label
+    from amp_compare.harness.report.tables import cap_label
     from amp_compare.kit.probe import parse_size
 
     cap = parse_size(args.memory_cap or "4GiB") if device == "cpu" or args.memory_cap else None
@@ -489,7 +489,7 @@ def run_max_batch(cells: list[RunConfig], run_dir: Path, settings: dict, timeout
     """--find-max-batch: one search per framework x precision (first model, dataset and seed), each written
     to maxbatch/<framework>-<precision>.parquet once it finishes. Returns the interruption, if any."""
     from amp_compare.contract.atomic import atomic_write_bytes
-    from amp_compare.harness.report.maxbatch_table import cap_label, search_table
+    from amp_compare.harness.report.tables import cap_label, search_table
     from amp_compare.harness.run.maxbatch import find_max_batch
 
     seen, searches = set(), []
