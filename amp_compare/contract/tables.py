@@ -59,7 +59,7 @@ TABLES: dict[str, dict[str, Column]] = {
         ("layer", "str"), ("op", "str", "", "the framework's op name"), ("phase", "str", "", "forward or backward"),
         ("compute_dtype", "str"), ("param_dtype", "str"), ("count", "int", "ops"),
         ("audit_method", "str", "", "how the dtypes were read (graph ops or layer policies)"),
-        ("input_dtype", "str", "", "the op's floating inputs' dtypes: what it computed in (report/vit_dtypes.py)")),
+        ("input_dtype", "str", "", "the op's floating inputs' dtypes: what it computed in (report/numerics.py)")),
     "underflow": _columns(
         ("layer", "str"), ("param", "str"), ("method", "str"), ("elements", "int"), ("nonzero", "int"),
         ("zero_fraction", "float", "fraction"), ("flush_fraction_unscaled", "float", "fraction"),

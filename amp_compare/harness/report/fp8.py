@@ -209,7 +209,10 @@ def figure(sec: dict | None, out: Path) -> str | None:
     """figures/fp8_scales.png: each converted layer's input scale per step, one panel per fp8 cell."""
     if sec is None or sec["trace"].empty:
         return None
-    from amp_compare.harness.report.figures import plt  # on the Agg backend
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     trace = sec["trace"][sec["trace"]["role"] == "input"]
     cells = list(trace.groupby(["framework", "precision"]))
     # one colour and dash per layer, the same in every panel, so one legend names them all

@@ -38,7 +38,6 @@ from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
 from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.stats import whole_epochs
-from amp_compare.harness.report.vit_dtypes import vit_dtype_table
 
 JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
                            undefined=jinja2.StrictUndefined)
@@ -111,8 +110,8 @@ def _timing_table(runs: pd.DataFrame) -> pd.DataFrame:
         **{name: t[c].map("{:,.0f}".format) for name, c in TIMING_IMAGES.items()},
         "Epoch-time figure vs p50 figure": [speed.relation(e, m) for e, m in
                                            zip(t["epoch_throughput_img_s"], t["median_step_throughput_img_s"])],
-        "First step's extra time (ms)": t["first_step_overhead_s"].map(speed.milliseconds),
-        **({"First step's dispatch, device mode (ms)": t["first_step_dispatch_s"].map(speed.milliseconds)}
+        "First step's extra time (ms)": t["first_step_overhead_s"].map(tb.milliseconds),
+        **({"First step's dispatch, device mode (ms)": t["first_step_dispatch_s"].map(tb.milliseconds)}
            if dispatch else {})})
 
 
@@ -141,7 +140,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
 def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x loss-scaled mode: steps, skips, growth events (or "could not grow"), first and final scale."""
     counts = nr.scale_counts(steps)
-    if counts.empty or (counts := counts[counts["precision"].isin(precisions.scaled_names())]).empty:
+    if (counts := counts[counts["precision"].isin(precisions.scaled_names())]).empty:
         return counts
 
     def growth(r) -> str:
@@ -189,8 +188,6 @@ def _share(s: pd.DataFrame, column: str, digits: int = 3) -> pd.Series:
 def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """The NaN/Inf locator's rows, with the loss recorded at the step it ran at."""
     f = nr.nonfinite_findings(runs, steps)
-    if f.empty:
-        return f
     return pd.DataFrame({**_identity(f), "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
                          **({"That step's loss": f["nonfinite_step_loss"].map(
@@ -492,15 +489,16 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     checked = sc.side_by_side(tb.ok_runs(runs).to_dict("records"))
     env = environment_rows(manifest["environment"], runs, tables.get("trials"))  # the appendix lists the packages
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
-    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"])
+    side = nr.dtype_side_by_side(dtypes)
+    dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"], side)
     underflow_table = _html_or_none(_underflow_table(underflow), grouped=True)
     return {
         **summary, "loss_scaling_intro": wording.loss_scaling_intro(summary["facts"]),
         "numerics_intro": wording.numerics_intro(summary["facts"]), "underflow_table": underflow_table,
         "scale_counts": _html_or_none(_scale_counts_table(runs, steps)), "underflow_methods": nr.UNDERFLOW_METHODS,
         "dtype_tables": {p: table_html(t.drop(columns="attributed", errors="ignore"), highlight="differs")
-                         for p, t in nr.dtype_side_by_side(dtypes).items()},
-        "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in vit_dtype_table(dtypes).items()},
+                         for p, t in side.items()},
+        "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()},
         "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
         "said": nr.numerics_said(runs, underflow, steps, acc_stats),
         "words": nr.section_words(summary["facts"], dtype_facts), "run_id": manifest["run_id"],

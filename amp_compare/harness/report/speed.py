@@ -18,6 +18,7 @@ from amp_compare.harness.common import SIZE, UNSTEADY, threads_text
 from amp_compare.harness.report.hardware import ceiling_marks
 from amp_compare.harness.report.phrases import ratio
 from amp_compare.harness.report.stats import budgeted, ok_runs
+from amp_compare.harness.report.tables import LOOP, group_label, with_loop_columns
 from amp_compare.kit.trial import speed_status, trial_summary
 
 # The line a framework writes to stderr that says which kernels it fell back to (for float16).
@@ -113,14 +114,6 @@ def relation(value: float, reference: float) -> str:
     return f"{abs(change):.0%} {'higher' if change > 0 else 'lower'}"
 
 
-def milliseconds(seconds: float) -> str:
-    """A duration in ms, with as many digits as a few-ms value needs (never "0.00 s")."""
-    if seconds is None or not np.isfinite(seconds):
-        return "n/a"
-    ms = seconds * 1e3
-    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
-
-
 def calibration_checks(environment: dict) -> list[float]:
     """The run's calibration checks in ms, in time order (an older record's before/after pair)."""
     listed = environment.get("calibrations")
@@ -192,8 +185,6 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
                     phases: pd.DataFrame | None, launcher: dict | None = None,
                     trials: pd.DataFrame | None = None) -> list[str]:
     """A sentence per speed trial whose interval misses the training cells' ratio: how each ran, CPU, warm-up."""
-    from amp_compare.harness.report.tables import LOOP, group_label, with_loop_columns  # tables imports this module
-
     out = []
     cells, trial = conditions(launcher or {}, runs.get("cfg_threads", pd.Series(dtype=float)).dropna(),
                               trials["threads"].dropna() if trials is not None and "threads" in trials else [])

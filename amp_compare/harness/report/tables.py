@@ -16,7 +16,6 @@ from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import memory, scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
-from amp_compare.harness.report.speed import milliseconds
 from amp_compare.harness.report.stats import ok_runs
 from amp_compare.kit.probe import format_size
 
@@ -107,6 +106,14 @@ def split_summary(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, st
     lean = [c for c in identity if c in ("Framework", "Precision") or summary[c].nunique() > 1]  # fits the page
     p50 = [c for c in ("Images/s (median step)",) if c in summary]
     return summary.drop(columns=hardware + constant + p50), summary[lean + hardware], text
+
+
+def milliseconds(seconds: float) -> str:
+    """A duration in ms, with as many digits as a few-ms value needs (never "0.00 s")."""
+    if seconds is None or not np.isfinite(seconds):
+        return "n/a"
+    ms = seconds * 1e3
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
 
 
 def _fmt(value, spec, suffix=""):

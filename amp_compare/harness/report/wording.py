@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from amp_compare.contract import precision as precisions
-from amp_compare.contract.config import display_order, framework_label, is_keras
+from amp_compare.contract.config import framework_label, is_keras, ordered
 from amp_compare.contract.fp8 import RECIPES
 from amp_compare.harness.report import phrases
 from amp_compare.harness.report.numerics import growth_facts
 from amp_compare.harness.report.phrases import KERAS_STATIC
+from amp_compare.harness.report.stats import finished
 
 
 @dataclass
@@ -40,11 +41,10 @@ class RunFacts:
 
 def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
     """What the run contains: its finished cells (any cell, where none finished) and the manifest's order."""
-    done = runs[runs["status"].isin(["ok", "diverged"])] if "status" in runs and not runs.empty else runs
+    done = finished(runs)
     source = done if not done.empty else runs
     matrix = manifest.get("matrix", {})
-    frameworks = sorted(set(source["framework"]) if "framework" in source else matrix.get("frameworks", []),
-                        key=lambda f: display_order(pd.Series([f])).iloc[0])
+    frameworks = ordered(source["framework"] if "framework" in source else matrix.get("frameworks", []))
     modes = [p for p in precisions.NAMES if p in set(source.get("precision", matrix.get("precisions", [])))]
     scaled = steps[steps["precision"].isin(precisions.scaled_names())] if "precision" in steps else steps.iloc[0:0]
     static = done.get("cfg_loss_scale", pd.Series(dtype=float)).dropna() if not done.empty else pd.Series()
