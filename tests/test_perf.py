@@ -198,8 +198,11 @@ def test_both_frameworks_mfu_is_against_one_ceiling_per_device_and_dtype():
     assert said == ["fp32 0.430 TFLOP/s, the best of the run's 4 timings of a 1024×1024 matmul, one per cell (each "
                     "framework's own best: PyTorch 0.210, Keras (TF) 0.430)"]
     # the Hardware efficiency caption states it
-    assert f"MFU against that ceiling too. This run's ceiling: {said[0]}. The verdict" in speed.hardware_paragraph(
-        runs, said)
+    assert f"the same ceiling. This run's ceiling: {said[0]}. The verdict" in speed.hardware_paragraph(runs, said)
+    # a data-sheet MFU is promised only where a row has one
+    assert "data-sheet" not in speed.hardware_paragraph(runs, said)
+    assert "; MFU against the device's data-sheet ceiling too. This run's" in speed.hardware_paragraph(
+        runs.assign(mfu_table=0.4), said)
     # cells that reuse an earlier cell's timing (kit/reuse.py) share it: counted once
     shared = runs.assign(ceiling_flops_measured=[2.0e11, 4.3e11, 2.0e11, 4.3e11])
     assert "the best of the run's 2 timings of a 1024×1024 matmul, which its cells share" in ceiling_clauses(

@@ -233,13 +233,7 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
     # a phase no cell of a precision recorded (a cell the speed budget stopped in it) is n/a, not "nan s"
     no_warmup = phases[~((phases["phase"] == "compile/warm-up") & phases["cell_id"].str.contains("fp16"))]
     assert "2.0 s and n/a tracing and warming up" in speed.trial_and_cells(differ, full, t["run"], no_warmup)[0]
-    threads = int(t["run"]["cfg_threads"].iloc[0])
-    assert f"; the cells ran one after another, {threads} thread" in said[0], said[0]
-    # cells at once with one thread, the trial alone with two: said as what ran, threads first
-    at_once = speed.trial_and_cells(differ, full, t["run"].assign(cfg_threads=1), phases,
-                                    {"launcher": "local", "parallel": 2}, pd.DataFrame({"threads": [2, 2]}))
-    assert ("; the cells ran up to 2 at once, 1 thread each; the trial with no cell beside it, 2 threads; the cells "
-            "used") in at_once[0]
+    assert "ran one after another" not in said[0], said[0]  # how cells and trials ran: the verdicts' legend, once
 
 
 def test_every_status_and_reason_is_worded():

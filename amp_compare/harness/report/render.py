@@ -458,7 +458,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     tables_check("verdicts", verdict_table)
     launcher = manifest.get("launcher", {})
     sentences = finding_parts(runs, steps, evidence, epochs, table=full) + speed.trial_and_cells(
-        verdict_table, full, runs, tables["phases"], launcher, tables["trials"])
+        verdict_table, full, runs, tables["phases"])
     first = answer_block.preface(manifest["environment"], manifest["device"], verdict_table,
                                  bool(manifest["defaults"].get("profile")))
     per_model = [(f"{model} on {dataset}", phrases.table(part))

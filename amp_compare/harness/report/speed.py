@@ -80,17 +80,19 @@ def timing_paragraph(warmup: int, cells: str = "") -> str:
 def hardware_paragraph(table: pd.DataFrame, ceilings: list[str] | tuple[str, ...] = ()) -> str:
     """The Hardware efficiency table's paragraph, from `table`'s ceiling marks and the run's `ceilings`."""
     emulated, limited = ceiling_marks(table)
-    text = ("Per cell: training FLOPs per image (counted once from the layer shapes both frameworks share), the "
-            "FLOP/s achieved over the timed steps' "
-            "wall time, and MFU: that rate over the run's one FLOP/s ceiling per device and dtype, the best matmul "
-            "of one fixed size timed by any cell of the run, in either framework, so both frameworks are measured "
-            "against the same ceiling; where the device is in the data-sheet table, MFU against that ceiling too.")
+    text = ("Per row, each column the median over the row's cells (its seeds): training FLOPs per image (counted "
+            "once from the layer shapes both frameworks share), the FLOP/s achieved over the timed steps' wall "
+            "time, and MFU: that rate over the run's one FLOP/s ceiling per device and dtype, the best "
+            "matmul of one fixed size timed by any cell of the run, in either framework, so both frameworks are "
+            "measured against the same ceiling" + ("; MFU against the device's data-sheet ceiling too."
+                                                   if table.get("mfu_table", pd.Series()).notna().any() else "."))
     if ceilings:
         text += f" This run's ceiling{'s' if len(ceilings) > 1 else ''}: {'; '.join(ceilings)}."
     text += (" The verdict host-bound / compute-bound comes from how throughput moved with the batch size; "
              "without --batch-sizes it is \"undetermined\", or \"compute-bound\" with its rule beside it (MFU ≥ "
-             "50%). \"Warm-up steps' extra time\" is what the warm-up steps took beyond as many median steps (ms), "
-             "whatever it went to (first-call setup, tracing or compilation where the loop compiles).")
+             "50%). \"Warm-up steps' extra time\" is, summed over the warm-up steps slower than the median step, each "
+             "one's time beyond it (ms), whatever it went to (first-call setup, tracing or compilation where the "
+             "loop compiles).")
     if emulated:
         text += (" Where the CPU's flags list no arithmetic for a half format, that format's cells are measured "
                  "against the fp32 matmul's ceiling (marked \"no … arithmetic\"), used because this CPU has no "
@@ -182,14 +184,10 @@ def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
-                    phases: pd.DataFrame | None, launcher: dict | None = None,
-                    trials: pd.DataFrame | None = None) -> list[str]:
-    """A sentence per speed trial whose interval misses the training cells' ratio: how each ran, CPU, warm-up."""
+                    phases: pd.DataFrame | None) -> list[str]:
+    """A sentence per speed trial whose interval misses the training cells' ratio: the cells' CPU and extra time (how
+    cells and trials ran is the verdicts' legend: conditions)."""
     out = []
-    cells, trial = conditions(launcher or {}, runs.get("cfg_threads", pd.Series(dtype=float)).dropna(),
-                              trials["threads"].dropna() if trials is not None and "threads" in trials else [])
-    ran = f"the cells ran {cells}; the trial with {trial.replace('them', 'it')}" if cells else \
-        "the cells ran as submitit jobs"
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
     ok, varying = with_loop_columns(ok_runs(runs).copy()), {k for k in LOOP if full[k].nunique() > 1}
 
@@ -207,7 +205,7 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
         fp32, mixed = (_phase_medians(phases, mine[mine["precision"] == p]) for p in ("fp32", v.precision))
         text = (f"{group_label(v._asdict(), set(), varying)}, {framework_label(v.framework)} {v.precision}: the "
                 f"training cells ran at {cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
-                f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]" + ("" if out else f"; {ran}"))
+                f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]")
         if fp32 and mixed:
             s = {k: "n/a" if np.isnan(x) else f"{x:.1f} s" for k, x in (
                 ("w32", fp32["warmup"]), ("w", mixed["warmup"]), ("e32", fp32["eval"]), ("e", mixed["eval"]))}
