@@ -57,25 +57,17 @@ def load_manifest(run_dir: Path) -> dict:
 
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
     """An HTML table, `highlight` rows marked; `grouped`: columns named "group: name" share a header cell."""
-    cols = [c for c in df.columns if c != highlight]
-    head = _grouped_head(cols) if grouped else "<tr>" + "".join(
-        f"<th{LEFT * (i < 4)}>{html.escape(str(c))}</th>" for i, c in enumerate(cols)) + "</tr>"
+    cols, top, sub, span = [c for c in df.columns if c != highlight], [], [], " rowspan='2'" * grouped
+    for group, named in itertools.groupby(enumerate(cols), key=lambda ic: grouped and str(ic[1]).rpartition(": ")[0]):
+        if not group:  # columns of their own
+            top += [f"<th{span}{LEFT * (i < 4)}>{html.escape(str(c))}</th>" for i, c in named]
+            continue
+        top.append(f"<th colspan='{len(named := list(named))}'>{html.escape(group)}</th>")
+        sub += [f"<th>{html.escape(str(c).rpartition(': ')[2])}</th>" for _, c in named]
     rows = "".join("<tr{}>{}</tr>".format(" class='differs'" if highlight and rec.get(highlight) else "", "".join(
         f"<td{LEFT * (i < 4)}>{html.escape(str(rec[c]))}</td>" for i, c in enumerate(cols)))
                    for rec in df.to_dict("records"))
-    return f"<table>{head}{rows}</table>"
-
-
-def _grouped_head(cols: list[str]) -> str:
-    top, sub = [], []
-    for group, named in itertools.groupby(enumerate(cols), key=lambda ic: str(ic[1]).rpartition(": ")[0]):
-        named = list(named)
-        if not group:  # a column of its own
-            top += [f"<th rowspan='2'{LEFT * (i < 4)}>{html.escape(str(c))}</th>" for i, c in named]
-            continue
-        top.append(f"<th colspan='{len(named)}'>{html.escape(group)}</th>")
-        sub += [f"<th>{html.escape(str(c).rpartition(': ')[2])}</th>" for _, c in named]
-    return f"<tr>{''.join(top)}</tr><tr>{''.join(sub)}</tr>"
+    return "<table><tr>{}</tr>{}{}</table>".format("".join(top), f"<tr>{''.join(sub)}</tr>" * grouped, rows)
 
 
 def _html_or_none(df: pd.DataFrame | None, grouped: bool = False) -> str | None:
@@ -146,9 +138,8 @@ def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
     def growth(r) -> str:
         if r.precision not in precisions.names(loss_scaling="dynamic"):
             return "n/a (fixed scale)"
-        cells = runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)
-                     & (runs["model"] == getattr(r, "model", runs["model"]))]
-        facts = nr.growth_facts(cells, steps)
+        facts = nr.growth_facts(runs[(runs["framework"] == r.framework) & (runs["precision"] == r.precision)
+                                     & (runs["model"] == getattr(r, "model", runs["model"]))], steps)
         return ("could not grow (--growth-interval ≥ clean steps in a row)" if facts and facts[1] <= facts[0]
                 else f"{r.growth_events:.0f}")
 
@@ -233,9 +224,6 @@ def table_markdown(df: pd.DataFrame) -> str:
 def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
     return [{"cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
              "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r) or "not recorded",
-             "no_stderr": "its own divergence watch stopped it and its child ended normally, so no stderr was kept "
-             "(the step records and the NaN/Inf locator say what happened)" if r["status"] == "diverged"
-             else "no stderr in its records",
              "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
              "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
              "wall": f"{wall:.1f}" if isinstance(wall := r.get("child_wall_s"), float) and pd.notna(wall) else ""}
@@ -376,13 +364,11 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
         ordered = ordered.assign(amp_api=[fp8_report.api_text(r) for r in ordered.to_dict("records")])
     for col, label in ((c, label) for c, label in ENV_COLUMNS.items() if c in ordered):
         for fw, part in ordered.groupby("framework", sort=False):
-            if col == "amp_api":  # per precision, a list
-                pairs = list(dict.fromkeys(f"{p}: {phrases.as_written(v)}" for p, v in zip(part["precision"], part[col])
-                                           if pd.notna(v) and str(v)))
-                rows += [(f"{framework_label(fw)}: {label}", pairs)] if pairs else []
-            elif values := list(dict.fromkeys(str(phrases.as_written(v)) for v in part[col].dropna() if str(v))):
+            kept = part[part[col].notna()]  # amp_api: per precision, a list
+            if values := list(dict.fromkeys(f"{p}: " * (col == "amp_api") + str(phrases.as_written(v))
+                                            for p, v in zip(kept["precision"], kept[col]) if str(v))):
                 cpu = set(part.get("device_name", pd.Series(dtype=str)).dropna().astype(str)) <= {"cpu", ""}
-                rows.append((f"{framework_label(fw)}: {label}", ", ".join(values) + (
+                rows.append((f"{framework_label(fw)}: {label}", values if col == "amp_api" else ", ".join(values) + (
                     " (describes the build only: this run used no GPU, so no CUDA or cuDNN was in use)"
                     if col.endswith(("_cuda_version", "_cudnn_version")) and cpu else "")))
     return rows
@@ -392,15 +378,14 @@ def _draw(run_dir: Path, tables: dict[str, pd.DataFrame], summary: dict, device:
     """Every figure task of the page, started now (_in_parallel); the figures are those it gives, in page order."""
     from amp_compare.harness.report import figures as fg
 
-    runs, epochs, steps, out = tables["run"], tables["epochs"], tables["steps"], run_dir / "figures"
-    underflow, headroom, trials = tables["underflow"], tables["headroom"], tables["trials"]
+    runs, underflow, headroom, out = tables["run"], tables["underflow"], tables["headroom"], run_dir / "figures"
     return _in_parallel([t for t in [
         (fg.make_speed_verdict_figure, (summary["verdicts"], out)),
-        (fg.make_figures, (runs, steps, out, device, summary["full"])),
+        (fg.make_figures, (runs, tables["steps"], out, device, summary["full"])),
         (fg.make_underflow_figure, (underflow, out)) if not underflow.empty else None,
         (fg.make_headroom_figure, (headroom, runs, out)) if not headroom.empty else None,  # the vit
         (fg.make_gradient_histogram_figure, (underflow, out)) if not underflow.empty else None,
-        (fg.make_time_to_accuracy_figure, (runs, epochs, summary["accuracy"], out, trials))] if t])
+        (fg.make_time_to_accuracy_figure, (runs, tables["epochs"], summary["accuracy"], out, tables["trials"]))] if t])
 
 
 def _themed(fn, args):
@@ -565,8 +550,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(["", "### Data parallel", "", dataparallel.short_intro(), "", table_markdown(parallel["table"]), "",
              *[f"- {s}" for s in parallel["sentences"]]] if parallel and not parallel["table"].empty else []),
-          *profile_report.markdown(profile, table_markdown),
-          *fp8_report.markdown(fp8, table_markdown),
+          *profile_report.markdown(profile, table_markdown), *fp8_report.markdown(fp8, table_markdown),
           *(["", f"Cells without a result: {', '.join(context['missing'])}."] if context["missing"] else []),
           "", f"Reproduce: `{manifest['command']}`", *filter(None, [context["reproduce_note"]]), ""]
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
@@ -581,8 +565,7 @@ def _index_headline(run_dir: Path, manifest: dict, runs: pd.DataFrame | None) ->
     if (stored := run_dir / "data" / "verdicts.parquet").exists():
         return "use " + answer_block.uses(pd.read_parquet(stored))
     single = runs[dataparallel.roles(runs) == "single"] if runs is not None and not runs.empty else pd.DataFrame()
-    table = tb.summary_table(single) if not single.empty else single
-    if table.empty:
+    if single.empty or (table := tb.summary_table(single)).empty:
         return ""
     emulated = fp8_report.speed_emulated(table["precision"], manifest.get("device", "cpu"))
     several = len(table.groupby(["model", "dataset"])) > 1
@@ -609,8 +592,7 @@ def render_runs_index(reports_dir: Path) -> Path:
         key = [[f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else None for f in sources]
         headline, path = None, run_dir / "cache" / "index_headline.json"
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            stored = json.loads(path.read_text())
-            headline = stored["headline"] if stored["key"] == key else None
+            headline = stored["headline"] if (stored := json.loads(path.read_text()))["key"] == key else None
         if headline is None:
             headline = _index_headline(run_dir, manifest, runs)
             with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
