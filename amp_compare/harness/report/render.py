@@ -42,10 +42,6 @@ from amp_compare.harness.report.stats import whole_epochs
 JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
                            undefined=jinja2.StrictUndefined)
 LEFT = " class='l'"  # the first four columns of a table are left-aligned
-SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
-            ("numerics", "Numerics"), ("data_parallel", "Data parallel"), ("differences", "Framework differences"),
-            ("cells", "Cells"), ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
-            ("appendix", "Appendix")]  # the appendix: the package versions
 
 
 def load_manifest(run_dir: Path) -> dict:
@@ -355,10 +351,9 @@ def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame
     """The Environment table: the host, each framework's speed trials' threads, then what its cells reported."""
     rows: list[tuple[str, str | list[str]]] = [(HOST_LABELS.get(k, k), str(phrases.as_written(environment[k])))
                                                for k in sorted(environment)]
-    if trials is not None and not trials.empty and {"framework", "threads"} <= set(trials):
-        for fw, part in trials.groupby("framework", sort=False):
-            rows.append((f"{framework_label(fw)}: threads (speed trials)",
-                         ", ".join(dict.fromkeys(str(phrases.as_written(v)) for v in part["threads"].dropna()))))
+    if trials is not None and {"framework", "threads"} <= set(trials):
+        rows += [(f"{framework_label(fw)}: threads (speed trials)", ", ".join(dict.fromkeys(str(phrases.as_written(v))
+                  for v in part["threads"].dropna()))) for fw, part in trials.groupby("framework", sort=False)]
     ordered = runs.sort_values(["framework", "precision"], key=display_order)
     if "amp_api" in ordered and "fp8_settings" in ordered:  # fp8: what ran is in its fp8_settings
         ordered = ordered.assign(amp_api=[fp8_report.api_text(r) for r in ordered.to_dict("records")])
@@ -528,8 +523,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
         raise
     context = {**rest, "figures": [f for made in figures() for f in (made if isinstance(made, list) else [made]) if f],
                "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
-               "sections": [s for s in SECTIONS if s[0] != "data_parallel" or parallel], "records": held,
-               "n_ok": sum(v == "ok" for v in status.values()),
+               "records": held, "n_ok": sum(v == "ok" for v in status.values()),
                "cells": _cells(counted["run"], whole_epochs(counted["epochs"], counted["steps"], counted["run"]),
                                counted["steps"]),
                "missing": [f"{c} ({status.get(c, 'missing')})" for c in manifest["cells"] if status.get(c) != "ok"]}
