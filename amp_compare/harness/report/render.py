@@ -24,7 +24,6 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import ARITHMETIC_FLAGS
 from amp_compare.contract.mapping import DIFFERENCES
-from amp_compare.contract.tables import check as tables_check
 from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, scaling, speed, verdicts, wording
 from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import fp8 as fp8_report
@@ -36,7 +35,6 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
-from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.stats import whole_epochs
 
 JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
@@ -118,7 +116,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         **_identity(first), "Largest batch that fit": first["max_ok"].astype(str),
         "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
-        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / MIB:,.0f}"
+        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / 2**20:,.0f}"
                                              for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
         "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),
@@ -173,7 +171,6 @@ def _share(s: pd.DataFrame, column: str, digits: int = 3) -> pd.Series:
 
 
 def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The NaN/Inf locator's rows, with the loss recorded at the step it ran at."""
     f = nr.nonfinite_findings(runs, steps)
     return pd.DataFrame({**_identity(f), "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
@@ -230,10 +227,8 @@ def framework_differences(runs: pd.DataFrame, steps: pd.DataFrame | None = None)
     """Each item of contract.mapping.DIFFERENCES the run's models have: both frameworks' defaults and used values."""
     ok = tb.ok_runs(runs)
     recorded = runs[runs["settings_used"].fillna("").astype(str) != ""] if "settings_used" in runs else ok
-    defaults: dict[str, dict] = {}  # per engine: every Keras backend's cells together
-    for row in ok.to_dict("records"):
-        if said := phrases.evidence(row.get("framework_defaults")):
-            defaults.setdefault("keras" if is_keras(row["framework"]) else row["framework"], said)
+    defaults = {"keras" if is_keras(r["framework"]) else r["framework"]: said for r in reversed(ok.to_dict("records"))
+                if (said := phrases.evidence(r.get("framework_defaults")))}  # per engine: its first cell's
     used: dict[str, dict] = {}
     for row in recorded.to_dict("records"):
         mine = used.setdefault("keras" if is_keras(row["framework"]) else row["framework"], {})
@@ -277,8 +272,7 @@ class Rendered:
 
 def render(run_dir: Path, figures: bool = True) -> Rendered:
     """Render one compare run's folder from its manifest and cell records (figures=False: no figures drawn)."""
-    run_dir = Path(run_dir)
-    tables = records.read_run(run_dir)
+    tables = records.read_run(run_dir := Path(run_dir))
     searches = []
     for path in sorted((run_dir / "maxbatch").glob("*.parquet")):
         try:
@@ -327,7 +321,6 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
                    draw=figures).index
 
 
-# Host facts whose key alone reads as more than it is: a flag in /proc/cpuinfo is not a framework's kernel using it.
 HOST_LABELS = {f"cpu_{short}_hardware": f"cpu_{short}_hardware ({' or '.join(flags)} in the CPU's flags; whether a "
                "framework's kernels use them shows in its speed)"
                for short, flags in (("bf16", ARITHMETIC_FLAGS["bfloat16"]), ("fp16", ARITHMETIC_FLAGS["float16"]))}
@@ -342,8 +335,7 @@ ENV_COLUMNS = {  # the run table's per-framework columns the Environment section
     "tf_intra_op_threads": "intra-op threads (training cells)",
     "tf_inter_op_threads": "inter-op threads (training cells)", "jax_threads": "threads (training cells)",
     "tf32": "TF32", "compiled": "compilation", "step_values": "per-step values", "amp_api": "AMP API per precision",
-    "memory_kind": "memory measured as", "dataset_source": "dataset",
-}
+    "memory_kind": "memory measured as", "dataset_source": "dataset"}
 
 
 def environment_rows(environment: dict, runs: pd.DataFrame, trials: pd.DataFrame | None = None
@@ -435,7 +427,7 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
             *fp8_report.verdict_rows(accuracy, runs, tables.get("fp8_layers")), *said]
     if said:
         verdict_table = pd.concat([verdict_table, pd.DataFrame(said, columns=verdicts.COLUMNS)], ignore_index=True)
-    tables_check("verdicts", verdict_table)
+    records.validate_table("verdicts", verdict_table)
     launcher = manifest.get("launcher", {})
     sentences = finding_parts(runs, steps, evidence, epochs, table=full) + speed.trial_and_cells(
         verdict_table, full, runs, tables["phases"])
@@ -467,7 +459,6 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         f"python -m amp_compare report {run_dir} draws them."]) + sc.ignored_settings(runs.to_dict("records")) \
         + speed.budget_note(runs, manifest.get("cell_budget", {}).get("limit_s", float("nan")))
     checked = sc.side_by_side(tb.ok_runs(runs).to_dict("records"))
-    env = environment_rows(manifest["environment"], runs, tables.get("trials"))  # the appendix lists the packages
     underflow, dtypes = tables.get("underflow", pd.DataFrame()), tables.get("dtypes", pd.DataFrame())
     side = nr.dtype_side_by_side(dtypes)
     dtype_facts = nr.op_dtype_facts(dtypes, manifest["device"], side)
@@ -486,8 +477,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "n_cells": len(manifest["cells"]), "comparison": comparison,
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
-        "env_rows": [r for r in env if not r[0].startswith("version_")],
-        "package_rows": [r for r in env if r[0].startswith("version_")],
+        "env_rows": environment_rows(manifest["environment"], runs, tables.get("trials")),  # packages: the appendix
         "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
         "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
