@@ -26,13 +26,12 @@ from amp_compare.contract.env import ARITHMETIC_FLAGS
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, scaling, speed, verdicts, wording
 from amp_compare.harness.report import answer as answer_block
+from amp_compare.harness.report import backend_split as bs
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report import settings_check as sc
 from amp_compare.harness.report import tables as tb
-from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
-from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
 from amp_compare.harness.report.stats import whole_epochs
@@ -288,8 +287,7 @@ def render_combined(run_dirs: list[Path], out_dir: Path, figures: bool = True) -
     """One report over several compare runs: every table gains a `machine` column, every figure a column per machine."""
     if len({Path(d).resolve() for d in run_dirs}) != len(run_dirs):
         raise ValueError("the same run folder was given twice")
-    parts: dict[str, list[pd.DataFrame]] = {}
-    manifests, environment, hardware = [load_manifest(d) for d in run_dirs], {}, set()
+    manifests, parts, environment, hardware = [load_manifest(d) for d in run_dirs], {}, {}, set()
     for run_dir, manifest in zip(run_dirs, manifests):
         tables = records.read_run(run_dir)
         gpus = sorted(set(tables["run"].get("device_name", pd.Series(dtype=str)).dropna()) - {"", "cpu"})
@@ -453,7 +451,6 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
     """The page's context but its figures, which are drawn meanwhile (_render)."""
     runs, steps, acc_stats = tables["run"], tables["steps"], summary["accuracy"]
     comparison, init = manifest["defaults"].get("comparison", "aligned"), manifest["defaults"].get("init", "shared")
-    device_names = ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?"
     notes = manifest.get("notes", []) + ([] if draw else [
         "Figures were not drawn for this run (--no-figures): the tables below are complete; "
         f"python -m amp_compare report {run_dir} draws them."]) + sc.ignored_settings(runs.to_dict("records")) \
@@ -471,26 +468,23 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
                          for p, t in side.items()},
         "vit_dtype_tables": {p: table_html(t, highlight="differs") for p, t in nr.vit_dtype_table(dtypes).items()},
         "nonfinite_table": _html_or_none(_nonfinite_table(runs, steps)),
-        "said": nr.numerics_said(runs, underflow, steps, acc_stats),
-        "words": nr.section_words(summary["facts"], dtype_facts), "run_id": manifest["run_id"],
-        "env": manifest["environment"], "device": manifest["device"], "device_names": device_names,
-        "n_cells": len(manifest["cells"]), "comparison": comparison,
+        "said": nr.numerics_said(runs, underflow, steps, acc_stats), "comparison": comparison,
+        "words": nr.section_words(summary["facts"], dtype_facts), "notes": notes, "manifest": manifest,
+        "device_names": ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?",
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
         "accuracy_words": accuracy.section_paragraph(acc_stats),
         "env_rows": environment_rows(manifest["environment"], runs, tables.get("trials")),  # packages: the appendix
-        "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
+        "reproduce_note": wording.reproduce_note(manifest["environment"]),
         "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
-                        for k, v in keras_backend_split(runs).items()},
-        "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
+                        for k, v in bs.keras_backend_split(runs).items()},
+        "timing_table": _html_or_none(_timing_table(runs)),
         "trials_table": _html_or_none(speed.trials_table(tables.get("trials"))),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": BACKEND_INTRO,
+        "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": bs.INTRO,
         "settings_check": checked, "settings_words": sc.settings_paragraph(checked["cells"], comparison),
         "glossary_entries": glossary.entries(summary["facts"], dtype_facts, underflow_table is not None)
-        + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
-            summary["verdicts"]))],
-    }
+        + [glossary.Entry(f"gl-verdict-{i}", *entry) for i, entry in enumerate(phrases.glossary(summary["verdicts"]))]}
 
 
 def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw: bool = True) -> Rendered:
@@ -582,12 +576,8 @@ def render_runs_index(reports_dir: Path) -> Path:
             with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
                 path.parent.mkdir(exist_ok=True)
                 atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
-        rows.append({"run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
-                     "machine": f"{manifest['environment'].get('cpu_model', '')} / {manifest['device']}",
-                     "matrix": " × ".join(",".join(map(str, manifest["matrix"][k])) for k in (
-                         "frameworks", "models", "datasets", "precisions", "seeds")),  # every cell counted in ok
-                     "ok": f"{int((runs['status'] == 'ok').sum()) if runs is not None else 0}/{len(manifest['cells'])}",
-                     "headline": headline or "n/a"})
+        rows.append({"manifest": manifest, "ok": int((runs["status"] == "ok").sum()) if runs is not None else 0,
+                     "headline": headline or "n/a"})  # the template words the manifest's facts
     path = Path(reports_dir) / "index.html"
     atomic_write_text(path, JINJA.get_template("index.html").render(runs=rows))
     return path
