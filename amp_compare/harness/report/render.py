@@ -42,10 +42,9 @@ LEFT = " class='l'"  # the first four columns of a table are left-aligned
 
 
 def load_manifest(run_dir: Path) -> dict:
-    try:
-        return json.loads((Path(run_dir) / "manifest.json").read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{run_dir} is not a compare run folder (no manifest.json)") from None
+    if not (path := Path(run_dir) / "manifest.json").exists():
+        raise FileNotFoundError(f"{run_dir} is not a compare run folder (no manifest.json)")
+    return json.loads(path.read_text())
 
 
 def table_html(df: pd.DataFrame, highlight: str | None = None, grouped: bool = False) -> str:
@@ -124,8 +123,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
 
 def _scale_counts_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per framework x loss-scaled mode: steps, skips, growth events (or "could not grow"), first and final scale."""
-    counts = nr.scale_counts(steps)
-    if (counts := counts[counts["precision"].isin(precisions.scaled_names())]).empty:
+    if (counts := nr.scale_counts(steps).loc[lambda c: c["precision"].isin(precisions.scaled_names())]).empty:
         return counts
 
     def growth(r) -> str:
@@ -182,7 +180,6 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
     """Each mixed cell's paired comparison with fp32 and every cell's time to target, with its verdict."""
     if acc.empty:
         return acc
-    multi = "machine" in acc and acc["machine"].nunique() > 1
 
     def key(r) -> tuple:
         size = float(r.batch_size) if pd.notna(getattr(r, "batch_size", np.nan)) else -1.0
@@ -194,7 +191,7 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
         cut = phrases.REASON["budget_cut"] if (getattr(r, "budget_cut", 0) or 0) > 0 else ""
         timed = np.isfinite(r.target) and not r.too_short and not cut
         rows.append({
-            **({"Machine": r.machine} if multi else {}),
+            **({"Machine": r.machine} if "machine" in acc and acc["machine"].nunique() > 1 else {}),
             "Model": r.model, "Dataset": r.dataset, "Framework": framework_label(r.framework), "Precision": r.precision,
             "Accuracy vs fp32 (pp)": phrases.accuracy(r) if precisions.is_mixed(r.precision) else "",
             "Test": phrases.test(r.method, r.seeds) if isinstance(r.method, str) and not r.too_short else "",
@@ -413,10 +410,8 @@ def _summary_context(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFra
     dirs = [Path(d) for d in manifest.get("sources", [])] or [run_dir]  # a combined report: its sources' cells
     logs = dict.fromkeys(line for d in dirs for line in speed.framework_log_lines(d, runs))  # about kernels
     evidence = {**evidence, "framework_logs": list(logs)}
-    accuracy = tb.accuracy_statistics(runs, epochs)
-    full = tb.full_table(runs, epochs, evidence, accuracy)
-    summary = tb.formatted_summary(full)
-    main_table, hardware, loop_text = tb.split_summary(summary)
+    full = tb.full_table(runs, epochs, evidence, accuracy := tb.accuracy_statistics(runs, epochs))
+    main_table, hardware, loop_text = tb.split_summary(summary := tb.formatted_summary(full))
     facts = wording.run_facts(manifest, runs, steps)
     seeds_text = tb.seed_counts_text(runs) or tb.seed_list_text(manifest["matrix"]["seeds"])
     verdict_table = verdicts.build(full, runs, tables.get("trials"))
@@ -578,6 +573,5 @@ def render_runs_index(reports_dir: Path) -> Path:
                 atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
         rows.append({"manifest": manifest, "ok": int((runs["status"] == "ok").sum()) if runs is not None else 0,
                      "headline": headline or "n/a"})  # the template words the manifest's facts
-    path = Path(reports_dir) / "index.html"
-    atomic_write_text(path, JINJA.get_template("index.html").render(runs=rows))
+    atomic_write_text(path := Path(reports_dir) / "index.html", JINJA.get_template("index.html").render(runs=rows))
     return path
