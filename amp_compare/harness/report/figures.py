@@ -52,8 +52,7 @@ def _labelled(df: pd.DataFrame) -> pd.DataFrame:
     df["Framework"] = pd.Categorical(df["framework"].map(framework_label), categories=labels)
     df["Precision"] = pd.Categorical(df["precision"], categories=[p for p in PRECISIONS if p in set(df["precision"])])
     df["machine"] = df.get("machine", "")
-    varied = [c for c in ("model", "dataset") if c in df and df[c].nunique() > 1]
-    if varied:
+    if varied := [c for c in ("model", "dataset") if c in df and df[c].nunique() > 1]:
         df["machine"] = df[["machine", *varied]].astype(str).agg(lambda r: " · ".join(v for v in r if v), axis=1)
     return df
 
@@ -97,17 +96,16 @@ def _bar(runs: pd.DataFrame, table: pd.DataFrame, y: str, ylabel: str, title: st
                        estimator=np.median, errorbar=("pi", 50), capsize=0.1, height=4, aspect=1.6, **_facet(df))
     for ax, part in _per_panel(grid, _labelled(table)):
         labels = dict(zip(zip(part["Framework"], part["precision"]), part[annotate]))
+        xys = [np.asarray(line.get_xydata(), dtype=float) for line in ax.get_lines()]  # an error bar with its caps
+        errs = [(xy[d, 0].min(), xy[d, 0].max(), xy[d, 1].max()) for xy in xys  # is one line, NaN between the parts
+                if (d := np.isfinite(xy).all(axis=1)).any()]
         for container, framework in zip(ax.containers, df["Framework"].cat.categories):  # a bar per precision
             for bar, prec in zip(container, df["Precision"].cat.categories):
                 if not (label := labels.get((framework, prec), "")):
                     continue
-                left, right, top = bar.get_x(), bar.get_x() + bar.get_width(), bar.get_height()
-                for line in ax.get_lines():  # an error bar and its caps are one line, NaN between the parts
-                    xs, ys = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
-                    drawn = np.isfinite(xs) & np.isfinite(ys)
-                    if drawn.any() and np.all((xs[drawn] >= left - 1e-9) & (xs[drawn] <= right + 1e-9)):
-                        top = max(top, float(ys[drawn].max()))
-                ax.annotate(label, (left + bar.get_width() / 2, top), xytext=(0, 2), textcoords="offset points",
+                left, right = bar.get_x() - 1e-9, bar.get_x() + bar.get_width() + 1e-9
+                top = max([bar.get_height(), *(y for lo, hi, y in errs if lo >= left and hi <= right)])
+                ax.annotate(label, (bar.get_x() + bar.get_width() / 2, top), xytext=(0, 2), textcoords="offset points",
                             ha="center", va="bottom", fontsize=8)
             ax.margins(y=0.12)  # room above the tallest label
     _finish(grid, title, "Precision mode", ylabel)

@@ -44,14 +44,6 @@ def api_text(row: dict) -> str:
 OUTLIER_LAYER = "blocks.0.attn.query"  # a projection whose input carries --fp8-outlier's activation
 
 
-def _versus(same: pd.DataFrame, cell, other: str) -> tuple[str, str]:
-    """The fp8 cell's loss and accuracy (paired image by image) minus `other`'s among `same`, its seed's cells."""
-    base = same[same["precision"] == other]
-    pairs = correct_pairs(base, same[same["precision"] == cell.precision])
-    return ("n/a" if base.empty else f"{cell.final_val_loss - float(base.iloc[0]['final_val_loss']):+.4f}",
-            phrases.paired(paired_test(pairs)) if pairs else "n/a")
-
-
 def sqnr(cells: pd.DataFrame, when: str = "last step") -> tuple[float, str]:
     """Of one cell's fp8_layers rows at `when`: the median of each layer's worst SQNR, and the worst, described."""
     mine = cells[cells["when"] == when] if not cells.empty else cells
@@ -86,41 +78,6 @@ def verdict_rows(acc: pd.DataFrame, runs: pd.DataFrame, layers: pd.DataFrame | N
                                       "sqnr_by_role_db": roles}, default=str)
         out.append(row)
     return out
-
-
-def _table(runs: pd.DataFrame, fp8_runs: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for cell in fp8_runs.itertuples():
-        cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
-        median, worst = sqnr(cells)
-        same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
-                    & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
-        (loss_b, acc_b), (loss_32, acc_32) = (_versus(same, cell, p) for p in (contract.PARTNER, "fp32"))
-        rows.append({
-            "framework": framework_label(cell.framework), "precision": cell.precision, "seed": cell.seed,
-            "layers in fp8": len(phrases.evidence(getattr(cell, "fp8_settings", "")).get("converted", [])),
-            "median layer SQNR, last step (dB)": f"{median:.1f}" if np.isfinite(median) else "n/a",
-            "worst SQNR, last step (dB)": worst, "worst SQNR, first step (dB)": sqnr(cells, "first step")[1],
-            "val loss": f"{cell.final_val_loss:.4f}", "val acc.": f"{cell.final_val_accuracy:.2%}",
-            f"loss − {contract.PARTNER} (this seed)": loss_b, "loss − fp32 (this seed)": loss_32,
-            f"acc. − {contract.PARTNER}, this seed [interval]": acc_b,
-            "acc. − fp32, this seed [interval]": acc_32})
-    return pd.DataFrame(rows)
-
-
-def _recipes(fp8_runs: pd.DataFrame) -> pd.DataFrame:
-    """Each recipe's settings as the child read them from the live objects, beside contract/fp8.py's."""
-    rows = []
-    for cell in fp8_runs.drop_duplicates(["framework", "precision"]).itertuples():
-        live = phrases.evidence(getattr(cell, "fp8_settings", ""))
-        declared = contract.recipe(cell.framework, cell.precision)
-        for key in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales", "scale_convention"):
-            want = list(declared.formats) if key == "formats" else getattr(declared, key)
-            rows.append({"framework": framework_label(cell.framework), "precision": cell.precision, "setting": key,
-                         "read back": str(live.get(key, "not recorded")), "declared": str(want),
-                         "match": "yes" if live.get(key) == want else "NO",
-                         "why it matters": contract.DIFFERENCES.get(key, "")})
-    return pd.DataFrame(rows)
 
 
 def _sentences(runs: pd.DataFrame, fp8_runs: pd.DataFrame, trace: pd.DataFrame, layers: pd.DataFrame,
@@ -169,16 +126,45 @@ def section(tables: dict[str, pd.DataFrame], device: str = "cpu") -> dict | None
         return None
     fp8_runs = runs[runs["precision"].isin(contract.FP8_MODES) & (runs["status"] == "ok")]
     layers, trace = tables.get("fp8_layers", pd.DataFrame()), _from_zero(tables.get("fp8_trace", pd.DataFrame()))
-    return {"table": _table(runs, fp8_runs, layers), "recipes": _recipes(fp8_runs),
-            "sentences": _sentences(runs, fp8_runs, trace, layers, device), "layers": layers, "trace": trace,
-            "apis": [f"{framework_label(r['framework'])} {r['precision']}: {api_text(r)}"
-                     for r in fp8_runs.drop_duplicates(["framework", "precision"]).to_dict("records")]}
+    rows, recipes, apis = [], [], []
+    for cell in fp8_runs.itertuples():
+        cells = layers[layers["cell_id"] == cell.cell_id] if not layers.empty else layers
+        median, worst = sqnr(cells)
+        same = runs[(runs["framework"] == cell.framework) & (runs["model"] == cell.model)
+                    & (runs["dataset"] == cell.dataset) & (runs["seed"] == cell.seed)]
+        versus = []  # loss, then accuracy paired image by image, minus bf16's, then fp32's, of the same seed
+        for other in (contract.PARTNER, "fp32"):
+            base = same[same["precision"] == other]
+            pairs = correct_pairs(base, same[same["precision"] == cell.precision])
+            versus += ["n/a" if base.empty else f"{cell.final_val_loss - float(base.iloc[0]['final_val_loss']):+.4f}",
+                       phrases.paired(paired_test(pairs)) if pairs else "n/a"]
+        rows.append({
+            "framework": framework_label(cell.framework), "precision": cell.precision, "seed": cell.seed,
+            "layers in fp8": len(phrases.evidence(getattr(cell, "fp8_settings", "")).get("converted", [])),
+            "median layer SQNR, last step (dB)": f"{median:.1f}" if np.isfinite(median) else "n/a",
+            "worst SQNR, last step (dB)": worst, "worst SQNR, first step (dB)": sqnr(cells, "first step")[1],
+            "val loss": f"{cell.final_val_loss:.4f}", "val acc.": f"{cell.final_val_accuracy:.2%}",
+            f"loss − {contract.PARTNER} (this seed)": versus[0], "loss − fp32 (this seed)": versus[2],
+            f"acc. − {contract.PARTNER}, this seed [interval]": versus[1],
+            "acc. − fp32, this seed [interval]": versus[3]})
+    for cell in fp8_runs.drop_duplicates(["framework", "precision"]).to_dict("records"):  # recipe as read, declared
+        label, live = framework_label(cell["framework"]), phrases.evidence(cell.get("fp8_settings", ""))
+        declared = contract.recipe(cell["framework"], cell["precision"])
+        apis.append(f"{label} {cell['precision']}: {api_text(cell)}")
+        for key in ("scaling", "granularity", "amax_history", "formats", "power_of_2_scales", "scale_convention"):
+            want = list(declared.formats) if key == "formats" else getattr(declared, key)
+            recipes.append({"framework": label, "precision": cell["precision"], "setting": key,
+                            "read back": str(live.get(key, "not recorded")), "declared": str(want),
+                            "match": "yes" if live.get(key) == want else "NO",
+                            "why it matters": contract.DIFFERENCES.get(key, "")})
+    return {"table": pd.DataFrame(rows), "recipes": pd.DataFrame(recipes), "layers": layers, "trace": trace,
+            "sentences": _sentences(runs, fp8_runs, trace, layers, device), "apis": apis}
 
 
 def html(sec: dict | None, figure_path: str | None = None) -> str:
     if sec is None:
         return ""
-    parts = ['<h2 id="fp8">fp8 training</h2>',
+    return "\n".join(['<h2 id="fp8">fp8 training</h2>',
              "<p>Each framework's own fp8 recipe on a float32 base, as its cells recorded it: "
              f"{escape('; '.join(sec['apis']))}. SQNR: signal-to-quantization-"
              "noise ratio of each converted layer's input, kernel and output gradient as its recipe quantizes them, "
@@ -190,14 +176,12 @@ def html(sec: dict | None, figure_path: str | None = None) -> str:
              sec["table"].to_html(index=False, escape=True, border=0) if not sec["table"].empty else
              "<p>No fp8 cell finished.</p>",
              "<h3>Recipes, read back from the live objects</h3>",
-             sec["recipes"].to_html(index=False, escape=True, border=0) if not sec["recipes"].empty else ""]
-    if figure_path:
-        parts.append(f'<figure><img src="{figure_path}" alt="fp8 input scale per step and layer, each framework">'
-                     "<figcaption>Input scale (fmax / amax) of each converted layer per training step, one line "
-                     "per layer and seed, of the per-tensor recipes (a per-row recipe's scales, one per row, are not "
-                     "drawn): torchao's follows each step's amax; Keras' is the largest amax of up to 1,024 earlier "
-                     "steps.</figcaption></figure>")
-    return "\n".join(parts)
+             sec["recipes"].to_html(index=False, escape=True, border=0) if not sec["recipes"].empty else "",
+             *([f'<figure><img src="{figure_path}" alt="fp8 input scale per step and layer, each framework">'
+               "<figcaption>Input scale (fmax / amax) of each converted layer per training step, one line "
+               "per layer and seed, of the per-tensor recipes (a per-row recipe's scales, one per row, are not "
+               "drawn): torchao's follows each step's amax; Keras' is the largest amax of up to 1,024 earlier "
+               "steps.</figcaption></figure>"] if figure_path else [])])
 
 
 def markdown(sec: dict | None, table_markdown) -> list[str]:
