@@ -483,8 +483,7 @@ def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
                 bad |= x["skipped"].reindex(both.index).fillna(False).astype(bool).to_numpy()
             kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
             if len(kept):
-                found.append((float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))), len(kept),
-                              len(both)))
+                found.append((float(np.median(np.abs(kept.t - kept.k) / np.abs(kept.t))), len(kept), len(both)))
         if not found:
             continue
         gaps, counts, totals = zip(*found)  # a seed's steps, marked where a skip or non-finite loss cut them short
@@ -499,15 +498,14 @@ def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
             "fewer, earlier steps and is not compared with it).") if parts else ""
 
 
-def _differing_text(differing: dict) -> str:
-    """How many audit rows differ between the frameworks, how many only one attributes, and why rows may differ."""
-    rows = sum(f["rows"] for f in differing.values())
+def section_words(facts, dtype_facts: dict) -> dict[str, str]:
+    """The Numerics section's paragraphs (wording.RunFacts; op_dtype_facts' differing rows and audit methods)."""
+    differing = dtype_facts.get("differing", {})
+    rows = sum(f["rows"] for f in differing.values())  # rows both frameworks attribute that differ; lone: the others
     lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
     n = sum(lone.values())
     apart = (f" {n} row{'s' if n != 1 else ''} ({', '.join(f'{p}: {k}' for p, k in lone.items())}) one framework's "
              "audit does not attribute (\"-\" in its column): not attributed, so not compared." if lone else "")
-    if not rows:
-        return "No row both frameworks attribute differs between them." + apart
 
     def _rows_text(f: dict) -> str:  # "3 of 40 rows (fc, …)", "…" where more rows differ than layers are named
         named = ", ".join(f["layers"]) + (", …" if f["rows"] > len(f["layers"]) else "")
@@ -515,19 +513,14 @@ def _differing_text(differing: dict) -> str:
 
     per = "; ".join(f"{p}: " + (", ".join(f"{m} {_rows_text(g)}" for m, g in f["models"].items())
                                 if "models" in f else _rows_text(f)) for p, f in differing.items() if f["rows"])
-    return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red, counted over "
-            f"the rows both attribute — {per}.{apart} Aligned "
-            "mode (the default) aligns every difference a setting can, and tests/test_numerics.py checks those "
-            "layers row by row; a row in red is one no setting aligns (contract/mapping.py names them, e.g. "
-            "PyTorch's fused attention, which runs Q·Kᵀ, softmax and ·V in one op) or, in defaults mode, each "
-            "framework's own default.")
-
-
-def section_words(facts, dtype_facts: dict) -> dict[str, str]:
-    """The Numerics section's paragraphs (wording.RunFacts; op_dtype_facts' differing rows and audit methods)."""
     dtype = "Dtypes each layer computed in during one training step (first seed)."
     if len(facts.frameworks) > 1:
-        dtype += " " + _differing_text(dtype_facts.get("differing", {}))
+        dtype += " " + (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red, counted "
+                        f"over the rows both attribute — {per}.{apart} Aligned mode (the default) aligns every "
+                        "difference a setting can, and tests/test_numerics.py checks those layers row by row; a row in "
+                        "red is one no setting aligns (contract/mapping.py names them, e.g. PyTorch's fused attention, "
+                        "which runs Q·Kᵀ, softmax and ·V in one op) or, in defaults mode, each framework's own default."
+                        if rows else "No row both frameworks attribute differs between them." + apart)
     if dtype_facts.get("methods"):
         dtype += f" How each column was taken: {'; '.join(dtype_facts['methods'])}."
     return {
