@@ -1,5 +1,4 @@
-"""The findings: the Summary's sentences on what the verdict tables and the other sections do not say, from
-full_table and the records."""
+"""The Summary's findings: what the verdict tables and the other sections do not say."""
 
 from __future__ import annotations
 

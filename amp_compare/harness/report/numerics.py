@@ -43,17 +43,14 @@ UNDERFLOW_METHODS = (
 )
 
 
-# The summary's share columns (residue can sit in each) and the record columns they weight.
-RESIDUE_COLUMNS = {"flush_unscaled": "flush_fraction_unscaled", "flush_scaled": "flush_fraction_scaled",
-                   "lost_unscaled": "lost_fraction_mixed_unscaled", "lost_scaled": "lost_fraction_mixed_scaled",
-                   "cancelled_scaled": "cancelled_fraction_mixed_scaled"}
-
-
 def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
     """Element-weighted UNDERFLOW_METHODS shares per framework x precision x when, with their residue_ parts."""
     if underflow.empty:
         return pd.DataFrame()
     underflow = underflow.assign(zero_gradient=scaling.zero_gradient(underflow))
+    shares = {"flush_unscaled": "flush_fraction_unscaled", "flush_scaled": "flush_fraction_scaled",  # residue in each
+              "lost_unscaled": "lost_fraction_mixed_unscaled", "lost_scaled": "lost_fraction_mixed_scaled",
+              "cancelled_scaled": "cancelled_fraction_mixed_scaled"}
 
     def weighted(g: pd.DataFrame) -> dict:
         has = set(g.columns[g.notna().all()])  # the columns recorded
@@ -64,21 +61,15 @@ def underflow_summary(underflow: pd.DataFrame) -> pd.DataFrame:
 
         return {"elements": int(g["elements"].sum()),
                 **{col: mean(col, "elements") for col in ("zero_fraction", "zero_fraction_mixed")},
-                **{name: mean(col) for name, col in RESIDUE_COLUMNS.items()},
+                **{name: mean(col) for name, col in shares.items()},
                 "loss_scale": float(g["loss_scale"].iloc[0]),
                 "at_step": int(g["at_step"].iloc[0]) if "at_step" in has else -1,
-                **{f"residue_{name}": mean(col, only=g["zero_gradient"].to_numpy())
-                   for name, col in RESIDUE_COLUMNS.items()}}
+                **{f"residue_{name}": mean(col, only=g["zero_gradient"].to_numpy()) for name, col in shares.items()}}
 
     first_seed = underflow[underflow["seed"] == underflow["seed"].min()]  # one seed shows the mechanism
     keys = _per_model(first_seed) + ["framework", "precision", "when"]
     rows = [{**dict(zip(keys, key)), **weighted(g)} for key, g in first_seed.groupby(keys)]
     return pd.DataFrame(rows).sort_values(keys, key=display_order)
-
-
-# How each framework's audit was taken, for records written before the audit_method column existed.
-AUDIT_METHOD_DEFAULTS = {"torch": "aten ops seen by a TorchDispatchMode inside autocast",
-                         "tf": "ops of the traced training step (TensorFlow graph), by layer scope"}
 
 
 def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -99,16 +90,14 @@ def dtype_side_by_side(dtypes: pd.DataFrame) -> dict[str, pd.DataFrame]:
         dtype_cols = [c for c in table.columns if c.endswith(" dtypes")]
         # only rows every framework attributes are compared, the others counted apart (_differing_rows)
         attributed = table[dtype_cols].notna().all(axis=1)
-        out[prec] = table.assign(differs=attributed & (table[dtype_cols].nunique(axis=1) > 1)
-                                 if len(dtype_cols) > 1 else False, attributed=attributed).fillna("-")
+        out[prec] = table.assign(differs=attributed & (table[dtype_cols].nunique(axis=1) > 1),
+                                 attributed=attributed).fillna("-")
     return out
 
 
-HISTORY_COLS = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", "nonfinite_step_loss"]
-
-
 def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
-    """The run table with HISTORY_COLS beside each cell from its step records (-1 / NaN where not recorded)."""
+    """The run table with `history` beside each cell from its step records (-1 / NaN where not recorded)."""
+    history = ["first_nonfinite_loss_step", "first_skipped_step", "last_step", "nonfinite_step_loss"]
     located = (dict(zip(runs["cell_id"], pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1)))
                if "nonfinite_step" in runs and "cell_id" in runs else {})
     rows = []
@@ -120,8 +109,8 @@ def with_loss_history(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Data
                      "first_skipped_step": int(skipped.iloc[0]) if len(skipped) else -1,
                      "last_step": int(g["step"].iloc[-1]),
                      "nonfinite_step_loss": float(at.iloc[0]) if len(at) else np.nan})
-    return runs.drop(columns=[c for c in HISTORY_COLS if c in runs]).merge(
-        pd.DataFrame(rows, columns=["cell_id", *HISTORY_COLS]), on="cell_id", how="left")
+    return runs.drop(columns=history, errors="ignore").merge(pd.DataFrame(rows, columns=["cell_id", *history]),
+                                                             on="cell_id", how="left")
 
 
 def ending_text(r) -> str:
@@ -226,14 +215,6 @@ def headroom_sentences(underflow: pd.DataFrame, steps: pd.DataFrame | None = Non
     return out
 
 
-# What a skipped update with a finite or a non-finite loss means, said at its first mention only
-SKIP_WHY = {"with a finite loss": " (non-finite gradients at the scale then in use: a backward overflow, which a lower "
-                                  "scale cures, or a forward value the loss does not read, which it does not — the "
-                                  "NaN/Inf locator says which at the first)",
-            "with a non-finite loss": " (the forward overflowed: no loss scale helps, since the scale multiplies only "
-                                      "the backward)"}
-
-
 def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) -> str:
     """What a loss-scaled cell's step records show of overflow (its skips, their steps and scales); "" for none."""
     if cell_steps.empty or "loss_scale" not in cell_steps or (cell_steps["loss_scale"].astype(float) == 1).all():
@@ -248,29 +229,30 @@ def scale_record_text(cell_steps: pd.DataFrame, explained: set | None = None) ->
                 f"finite (a Keras static scale applies every update, so no skip can show an overflow); {last}")
     if not skipped.any():  # the Loss scaling part's table and paragraph say so: not again beside each probe
         return ""
-    steps, explained = g["step"].astype(int).to_numpy(), set() if explained is None else explained
-    kinds = [_skips_text(steps[skipped & mask], scale[skipped & mask], said + ("" if said in explained else why))
-             for mask, (said, why) in zip((finite, ~finite), SKIP_WHY.items())]
-    explained.update(said for said, text in zip(SKIP_WHY, kinds) if text)
+    steps, explained, kinds = g["step"].astype(int).to_numpy(), set() if explained is None else explained, []
+    why = {"with a finite loss": " (non-finite gradients at the scale then in use: a backward overflow, which a lower "
+                                 "scale cures, or a forward value the loss does not read, which it does not — the "
+                                 "NaN/Inf locator says which at the first)",  # each said at its first mention only
+           "with a non-finite loss": " (the forward overflowed: no loss scale helps, since the scale multiplies only "
+                                     "the backward)"}
+    for mask, said in zip((skipped & finite, skipped & ~finite), why):  # "N <said>: steps 1–2, 5, at <scales>"
+        if not (n := int(mask.sum())):
+            continue
+        at = pd.Series(scale[mask]).value_counts().sort_index(ascending=False)
+        scales = (", ".join(f"{phrases.power(v)} ({k}×)" for v, k in at.items()) if len(at) <= 4 else  # a collapse
+                  f"{len(at)} scales from {phrases.power(at.index[0])} down to {phrases.power(at.index[-1])}")
+        runs = [[s for _, s in run] for _, run in groupby(enumerate(steps[mask].tolist()), lambda t: t[1] - t[0])]
+        ranges = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+        kinds.append(f"{n} {said}{'' if said in explained else why[said]}: step{'s' if n > 1 else ''} {ranges}, "
+                     f"at {scales}")
+        explained.add(said)
     late = steps[~finite]
     irrelevant = (f"; from step {int(late[0])} (the first non-finite loss) on, the scale's fall could not help: "
                   f"compute the layer the NaN/Inf locator names in float32 (--fp32-layers) or use a max-subtracted "
                   f"softmax" if len(late) else "")
     ending = f"was skipped, with a {'' if finite[-1] else 'non-'}finite loss" if skipped[-1] else "was not skipped"
     return (f"The step records: the scaler skipped {int(skipped.sum())} of {len(g):,} updates, "
-            + "; ".join(k for k in kinds if k) + f"{irrelevant}; {last} and {ending}")
-
-
-def _skips_text(steps: np.ndarray, scales: np.ndarray, what: str) -> str:
-    """"N <what>: steps 1–2, 5, 7–9, at <scales>" for one kind of skipped update ("" for none)."""
-    if not len(steps):
-        return ""
-    at = pd.Series(scales).value_counts().sort_index(ascending=False)
-    said = (", ".join(f"{phrases.power(v)} ({n}×)" for v, n in at.items()) if len(at) <= 4 else  # a collapse
-            f"{len(at)} scales from {phrases.power(at.index[0])} down to {phrases.power(at.index[-1])}")
-    runs = [[s for _, s in run] for _, run in groupby(enumerate(sorted(int(v) for v in steps)), lambda t: t[1] - t[0])]
-    ranges = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
-    return f"{len(steps)} {what}: step{'s' if len(steps) > 1 else ''} {ranges}, at {said}"
+            + "; ".join(kinds) + f"{irrelevant}; {last} and {ending}")
 
 
 def lost_sentences(underflow: pd.DataFrame) -> list[str]:
@@ -359,10 +341,13 @@ def numerics_said(runs: pd.DataFrame, underflow: pd.DataFrame, steps: pd.DataFra
 
 def op_dtype_facts(dtypes: pd.DataFrame, device: str, side_by_side: dict | None = None) -> dict:
     """What the glossary and dtype-audit section say of op dtypes (side_by_side: dtype_side_by_side(dtypes))."""
-    said = dtypes.groupby("framework")["audit_method"].agg(lambda s: "; ".join(sorted(set(s.dropna()) - {""}))) \
-        if "audit_method" in dtypes else {}
+    said = {"torch": "aten ops seen by a TorchDispatchMode inside autocast",  # records without audit_method
+            "tf": "ops of the traced training step (TensorFlow graph), by layer scope"}
+    if "audit_method" in dtypes:
+        said |= {fw: m for fw, m in dtypes.groupby("framework")["audit_method"].agg(
+            lambda s: "; ".join(sorted(set(s.dropna()) - {""}))).items() if m}
     facts: dict = {"device": "CUDA" if device == "cuda" else "CPU", "precision": "", "differing": {},
-                   "methods": [f"{_label(fw)}: {said.get(fw) or AUDIT_METHOD_DEFAULTS.get(fw, 'not recorded')}"
+                   "methods": [f"{_label(fw)}: {said.get(fw, 'not recorded')}"
                                for fw in ordered(dtypes["framework"])] if len(dtypes) else []}
     if dtypes.empty or (first := dtypes[(dtypes["seed"] == dtypes["seed"].min())
                                         & precisions.is_mixed(dtypes["precision"])]).empty:
@@ -370,9 +355,8 @@ def op_dtype_facts(dtypes: pd.DataFrame, device: str, side_by_side: dict | None 
     facts["precision"] = ordered(first["precision"])[0]
     facts["inputs_recorded"] = "input_dtype" in dtypes and dtypes["input_dtype"].fillna("").astype(str).ne("").any()
     for p, table in (dtype_side_by_side(dtypes) if side_by_side is None else side_by_side).items():
-        facts["differing"][p] = _differing_rows(table)
-        if "model" in table:  # a two-model table: the rows counted per model as well
-            facts["differing"][p]["models"] = {m: _differing_rows(g) for m, g in table.groupby("model", sort=False)}
+        facts["differing"][p] = _differing_rows(table) | ({"models": {  # a two-model table: per model as well
+            m: _differing_rows(g) for m, g in table.groupby("model", sort=False)}} if "model" in table else {})
     return facts
 
 
@@ -382,8 +366,6 @@ def _differing_rows(table: pd.DataFrame) -> dict:
     return {"rows": int(table["differs"].sum()), "of": int(both.sum()), "unattributed": int((~both).sum()),
             "layers": list(dict.fromkeys(differing))[:8]}
 
-
-# The vit: headroom, the attention/normalisation dtype table, the naive attention's story
 
 # The parts of a vit, by canonical layer name (both audits name layers alike); "core" is the attention core:
 # its ops are split into the matmuls (Q·Kᵀ, ·V) and the rest (the logits' scale and the softmax).
@@ -501,8 +483,7 @@ def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
                 bad |= x["skipped"].reindex(both.index).fillna(False).astype(bool).to_numpy()
             kept = both.iloc[:int(np.argmax(bad))] if bad.any() else both
             if len(kept):
-                found.append((float(np.median(np.abs(kept["t"] - kept["k"]) / np.abs(kept["t"]))), len(kept),
-                              len(both)))
+                found.append((float(np.median(np.abs(kept.t - kept.k) / np.abs(kept.t))), len(kept), len(both)))
         if not found:
             continue
         gaps, counts, totals = zip(*found)  # a seed's steps, marked where a skip or non-finite loss cut them short
@@ -517,36 +498,29 @@ def cross_framework_loss_gap(steps: pd.DataFrame) -> str:
             "fewer, earlier steps and is not compared with it).") if parts else ""
 
 
-def _rows_text(f: dict) -> str:
-    """"3 of 40 rows (fc, …)": a differing-rows entry, "…" where more rows differ than layers are named."""
-    more = ", …" if f["rows"] > len(f["layers"]) else ""
-    return f"{f['rows']} of {f['of']} rows" + (f" ({', '.join(f['layers'])}{more})" if f["layers"] else "")
-
-
-def _differing_text(differing: dict) -> str:
-    """How many audit rows differ between the frameworks, how many only one attributes, and why rows may differ."""
-    rows = sum(f["rows"] for f in differing.values())
+def section_words(facts, dtype_facts: dict) -> dict[str, str]:
+    """The Numerics section's paragraphs (wording.RunFacts; op_dtype_facts' differing rows and audit methods)."""
+    differing = dtype_facts.get("differing", {})
+    rows = sum(f["rows"] for f in differing.values())  # rows both frameworks attribute that differ; lone: the others
     lone = {p: f["unattributed"] for p, f in differing.items() if f.get("unattributed")}
     n = sum(lone.values())
     apart = (f" {n} row{'s' if n != 1 else ''} ({', '.join(f'{p}: {k}' for p, k in lone.items())}) one framework's "
              "audit does not attribute (\"-\" in its column): not attributed, so not compared." if lone else "")
-    if not rows:
-        return "No row both frameworks attribute differs between them." + apart
+
+    def _rows_text(f: dict) -> str:  # "3 of 40 rows (fc, …)", "…" where more rows differ than layers are named
+        named = ", ".join(f["layers"]) + (", …" if f["rows"] > len(f["layers"]) else "")
+        return f"{f['rows']} of {f['of']} rows" + (f" ({named})" if f["layers"] else "")
+
     per = "; ".join(f"{p}: " + (", ".join(f"{m} {_rows_text(g)}" for m, g in f["models"].items())
                                 if "models" in f else _rows_text(f)) for p, f in differing.items() if f["rows"])
-    return (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red, counted over "
-            f"the rows both attribute — {per}.{apart} Aligned "
-            "mode (the default) aligns every difference a setting can, and tests/test_numerics.py checks those "
-            "layers row by row; a row in red is one no setting aligns (contract/mapping.py names them, e.g. "
-            "PyTorch's fused attention, which runs Q·Kᵀ, softmax and ·V in one op) or, in defaults mode, each "
-            "framework's own default.")
-
-
-def section_words(facts, dtype_facts: dict) -> dict[str, str]:
-    """The Numerics section's paragraphs (wording.RunFacts; op_dtype_facts' differing rows and audit methods)."""
     dtype = "Dtypes each layer computed in during one training step (first seed)."
     if len(facts.frameworks) > 1:
-        dtype += " " + _differing_text(dtype_facts.get("differing", {}))
+        dtype += " " + (f"{rows} row{'s' if rows != 1 else ''} differ between the frameworks, marked in red, counted "
+                        f"over the rows both attribute — {per}.{apart} Aligned mode (the default) aligns every "
+                        "difference a setting can, and tests/test_numerics.py checks those layers row by row; a row in "
+                        "red is one no setting aligns (contract/mapping.py names them, e.g. PyTorch's fused attention, "
+                        "which runs Q·Kᵀ, softmax and ·V in one op) or, in defaults mode, each framework's own default."
+                        if rows else "No row both frameworks attribute differs between them." + apart)
     if dtype_facts.get("methods"):
         dtype += f" How each column was taken: {'; '.join(dtype_facts['methods'])}."
     return {
@@ -583,14 +557,26 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
     if table.empty or runs.empty or "cfg_attention" not in runs:
         return []
     done = stats.finished(runs[runs["cfg_attention"] == "naive"])
-    blocks = headroom_per_block(headroom)
-    out = []
+    logits = headroom_per_block(headroom)
+    logits, out = logits[logits["quantity"] == "attention_logit"], []
     for r in table.drop_duplicates(["model", "dataset", "framework", "precision"]).itertuples():
         mine = done[(done["model"] == r.model) & (done["dataset"] == r.dataset) & (done["framework"] == r.framework)
                     & (done["precision"] == r.precision)].sort_values("seed")
         if mine.empty:
             continue
-        seeds = [_naive_seed(c, blocks) for c in mine.to_dict("records")]
+        seeds = []
+        for c in mine.to_dict("records"):  # where it went non-finite, how it ended, its largest attention logit
+            step, first_bad, loss = (pd.to_numeric(c.get(k, np.nan), errors="coerce")
+                                     for k in ("nonfinite_step", "first_nonfinite_loss_step", "final_train_loss"))
+            every_finite = bool(first_bad < 0) if pd.notna(first_bad) else bool(np.isfinite(loss))
+            skipped, peaks = int(c.get("skipped_steps", 0) or 0), logits[logits["cell_id"] == c["cell_id"]]
+            # a non-finite peak (inf, or NaN: a running maximum that met an overflowed value) wins, at its first epoch
+            bad = peaks[~np.isfinite(peaks["max_abs"].to_numpy(dtype=float))].sort_values("epoch")["max_abs"]
+            seeds.append({"seed": int(c["seed"]), "step": int(step) if pd.notna(step) else -1,
+                          **{k: str(c.get(f"nonfinite_{k}") or "") for k in ("where", "layer", "value")},
+                          "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total") or 0),
+                          "finite": c.get("status") == "ok" and every_finite and skipped == 0,
+                          "largest_logit": float(bad.iloc[0] if len(bad) else peaks["max_abs"].max())})
         first = min((s for s in seeds if s["step"] >= 0), key=lambda s: s["step"], default={"step": -1, "where": ""})
         forced = mine["cfg_fp32_layers"].iloc[0] if "cfg_fp32_layers" in mine else ""
         if not isinstance(forced, str):  # a tuple read back from parquet: a list/array, or None / NaN where empty
@@ -602,18 +588,3 @@ def naive_rows(table: pd.DataFrame, runs: pd.DataFrame, headroom: pd.DataFrame |
         out.append(verdicts.row(key, "attention_overflow", facts, {"seeds": seeds, "forced": forced, "half": half}))
     return out
 
-
-def _naive_seed(c: dict, blocks: pd.DataFrame) -> dict:
-    """One naive-attention cell's facts: where it went non-finite, how it ended, its largest attention logit."""
-    step, first_bad, loss = (pd.to_numeric(c.get(k, np.nan), errors="coerce")
-                             for k in ("nonfinite_step", "first_nonfinite_loss_step", "final_train_loss"))
-    every_finite = bool(first_bad < 0) if pd.notna(first_bad) else bool(np.isfinite(loss))
-    skipped = int(c.get("skipped_steps", 0) or 0)
-    logits = blocks[(blocks["cell_id"] == c["cell_id"]) & (blocks["quantity"] == "attention_logit")]
-    # a non-finite peak (inf, or NaN: a running maximum that met an overflowed value) wins, at its first epoch
-    bad = logits[~np.isfinite(logits["max_abs"].to_numpy(dtype=float))].sort_values("epoch")["max_abs"]
-    return {"seed": int(c["seed"]), "step": int(step) if pd.notna(step) else -1,
-            **{k: str(c.get(f"nonfinite_{k}") or "") for k in ("where", "layer", "value")},
-            "status": str(c.get("status")), "skipped": skipped, "steps": int(c.get("steps_total", 0) or 0),
-            "finite": c.get("status") == "ok" and every_finite and skipped == 0,
-            "largest_logit": float(bad.iloc[0] if len(bad) else logits["max_abs"].max())}

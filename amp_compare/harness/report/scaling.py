@@ -12,7 +12,6 @@ import pandas as pd
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.config import KERAS_BACKENDS
 from amp_compare.harness.report import phrases, stats, verdicts
-from amp_compare.harness.report.stats import log2_histogram
 
 DYNAMIC = precisions.names(half="float16", loss_scaling="dynamic")
 STATIC = precisions.names(half="float16", loss_scaling="static")
@@ -60,9 +59,8 @@ def _path_row(key: dict, mine: pd.DataFrame, cells: pd.DataFrame, by_cell: dict)
             continue
         seeds.append({"seed": int(c.seed), "start": scale[0], "final": scale[-1], "steps": len(scale),
                       "growths": int((np.diff(scale) > 0).sum()), "backoffs": int((np.diff(scale) < 0).sum())})
-        twins = cells[(cells["precision"] == key["precision"]) & (cells["seed"] == c.seed)
-                      & (cells["framework"] != key["framework"])]
-        for t in twins.itertuples():
+        for t in cells[(cells["precision"] == key["precision"]) & (cells["seed"] == c.seed)
+                       & (cells["framework"] != key["framework"])].itertuples():
             others.add(t.framework)
             theirs = by_cell[t.cell_id]["loss_scale"].astype(float).to_numpy()
             # compared over the steps both ran only where the speed budget stopped either cell
@@ -84,14 +82,13 @@ def cut_steps(mine: pd.DataFrame, by_cell: dict) -> int | None:
 
 
 def finding(c: dict, g: pd.DataFrame, underflow: pd.DataFrame | None) -> dict:
-    """The NaN/Inf locator's finding of run record `c` (`g`: its steps), with its step's scale and the last step's
-    probe's largest power of two of that parameter's gradient (probe_top_log2; None: not probed)."""
+    """The locator's finding of run record `c` (`g`: its steps): its step's scale, the last probe's top log2 of it."""
     step, layer, tensor = int(pd.to_numeric(c["nonfinite_step"])), str(c["nonfinite_layer"]), str(c["nonfinite_tensor"])
     at = g.loc[g["step"] == step, "loss_scale"].astype(float)
     probed = underflow[(underflow["cell_id"] == c["cell_id"]) & (underflow["layer"] == layer)
                        & (underflow["param"] == tensor)] if underflow is not None and "param" in underflow else None
     last = probed[probed["when"] == "last step"] if probed is not None and "log2_hist" in probed else []
-    tops = [k for k, v in log2_histogram(last["log2_hist"].iloc[0]).items() if v > 0] if len(last) else []
+    tops = [k for k, v in stats.log2_histogram(last["log2_hist"].iloc[0]).items() if v > 0] if len(last) else []
     return {"seed": int(c["seed"]), "step": step, "where": str(c["nonfinite_where"]), "layer": layer, "tensor": tensor,
             "value": str(c["nonfinite_value"]), "scale": float(at.iloc[0]) if len(at) else None,
             "named": c["framework"] not in KERAS_BACKENDS or (probed is not None and not probed.empty),
