@@ -37,14 +37,11 @@ REASON = {**{r: r.replace("_", " ") for r in REASONS},
           "fp32_layers_kept_finite": "--fp32-layers kept it finite", "workers_disagree": "workers disagreed",
           "within_thread_floor": "within the thread floor", "at_thread_floor": "at the thread floor",
           "beyond_thread_floor": "beyond the thread floor", "no_bf16": "no bf16 partner"}
-SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
 # the statuses and reasons a cell shows in brackets: why nothing was decided, or the margin a decision rests on
 SHOWN = {"not_comparable", "undecided", "failed"}
 SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
-# the one option that would decide an undecided verdict, where there is one
-DECIDES = {("speed", "interval_too_wide"): "a longer --trial-budget-s narrows it"}
 # the tables' column headers: a ratio column says once what its numbers are multiples of
 HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",
           "time_to_target": "Time to target (× fp32's)", "numerics": "Numerics"}
@@ -58,11 +55,11 @@ ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradi
 
 
 def reason(v) -> str:
-    """The verdict's reason in a few words, with its margin where the reason quotes one and DECIDES' option."""
-    option = DECIDES.get((getattr(v, "metric", ""), v.reason))
+    """The verdict's reason in a few words, with its margin where the reason quotes one, and what would decide it."""
+    wide = (getattr(v, "metric", ""), v.reason) == ("speed", "interval_too_wide")
     spreads = f"fp32's and {v.precision}'s" if hasattr(v, "precision") else "fp32's and its"  # memory's margin
     return REASON[v.reason].format(margin=getattr(v, "margin", float("nan")), spreads=spreads) + (
-        f": {option}" if option else "")
+        ": a longer --trial-budget-s narrows it" if wide else "")
 
 
 def ratio(v: float) -> str:
@@ -99,14 +96,14 @@ def interval_words(v) -> str:
 
 def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False,
          contended: bool = False) -> str:
-    """A table cell: the number (with its interval) and the status, the reason in brackets where it says why nothing
-    was decided (why) or what a decision rests on (SHOWN_REASONS), and a decided trial's contended blocks."""
+    """A table cell: the number (with its interval), the status, the reason where shown, contended blocks."""
     if v.reason == "unavailable":  # never run here: not a failure of what ran
         return "unavailable" if short else REASON["unavailable"]
     if short and v.status == "undecided":
         return STATUS[v.status]  # the terminal's 80 columns: its number decides nothing, the answer and page give it
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
-    status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
+    status = ((short and {"smaller": "less", "larger": "more"}.get(v.status) or STATUS[v.status])
+              + (f" ({reason(v)})" if shown else ""))
     if (why or contended) and v.metric == "speed" and v.reason != "contended":
         said = evidence(getattr(v, "evidence", ""))  # a decided trial that still lost its cores at times
         blocks, rounds = said.get("contended_blocks") or 0, said.get("rounds")
@@ -126,8 +123,7 @@ def test(method, seeds) -> str:
 
 
 def paired(t: dict, seeds: int = 0) -> str:
-    """A paired accuracy test (stats.paired_test's, with detectable and near_chance where given), worded once for every
-    table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no detectable change"."""
+    """A paired accuracy test (stats.paired_test's): "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired)"."""
     kind = INTERVAL_KINDS.get(ACCURACY_KIND.get(t.get("method")), "")
     said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
     text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
@@ -147,8 +143,7 @@ def accuracy(r) -> str:
 
 
 def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
-    """One row per framework x mixed precision of one model's verdicts, one cell per metric; short (the terminal):
-    framework and precision in one column, cells without interval or reason."""
+    """One row per framework x mixed precision of one model's verdicts, one cell per metric; short: the terminal's."""
     rows = []
     for (fw, prec), part in verdicts.groupby(["framework", "precision"], sort=False):
         by = {r.metric: r for r in part.itertuples()}
@@ -271,8 +266,7 @@ def cause(f: dict) -> str:
 
 
 def _bound(bound: float, digits: int, up: bool) -> str:
-    """`bound` to `digits` significant digits, rounded away from what it bounds: up for an upper bound (a largest
-    gap of 0.0208% is within 0.021%), down for a lower one (65,504 / 2^18 = 0.249878 is ≥ 0.2498, not 0.2499)."""
+    """`bound` to `digits` significant digits, rounded up for an upper bound, down for a lower one."""
     if not bound > 0:
         return f"{bound:g}"
     step = 10.0 ** (np.floor(np.log10(bound)) - digits + 1)

@@ -1,7 +1,5 @@
-"""Every verdict of a run as data: one row per model x dataset x framework x mixed precision x metric.
-
-Each metric has an ordered rule table: the first rule whose condition holds (read from the run's tables) sets the
-row's status and reason, which phrases.py words. render writes the table as data/verdicts.parquet and .csv."""
+"""Every verdict of a run as data: one row per model x dataset x framework x mixed precision x metric. Each metric
+has an ordered rule table: the first rule that holds for the row's facts sets its status and reason."""
 
 from __future__ import annotations
 
@@ -120,7 +118,6 @@ INTERVAL_KINDS = {"sign test 95%": "≥95% sign test", "trial 95%": "≥95% tria
 SAME_RATIO = 0.05  # speed, time to target: an interval within 1 ± this is "same"
 
 
-# when: the condition, in words a reader scans; test(facts) -> whether it holds; the status and reason it sets
 Rule = namedtuple("Rule", "when test status reason")
 
 
@@ -135,7 +132,6 @@ def _within(low, high, margin, centre=1.0, rounding=0.0) -> bool:
     return finite(low, high) and centre - margin - slack <= low and high <= centre + margin + slack
 
 
-# Each table is read top to bottom; the first rule that holds decides. f: the row's facts.
 SPEED = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
     Rule("no speed trial of this pair", lambda f: not f.trial, "not_comparable", "no_trial"),
@@ -246,17 +242,14 @@ DATA_PARALLEL = [
 FP8 = [Rule("no bf16 partner", lambda f: not finite(f.estimate), "not_comparable", "no_bf16"), *ACCURACY]
 
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
-LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
-             "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # Each experiment's own question, answered first (answer.experiment_items): its header and its metrics
 EXPERIMENTS = tuple((f"{name} (what this run asks)", metrics) for name, metrics in (
     ("Loss scaling", LAB_METRICS), ("Naive attention", ("attention_overflow",)), ("Data parallel", ("data_parallel",)),
     ("fp8 against bf16", ("fp8_vs_bf16",))))
 
-# a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
-FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
-
-RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET, "numerics": NUMERICS}
+RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET, "numerics": NUMERICS,
+         "scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
+         "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
@@ -270,7 +263,7 @@ COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "in
 
 def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
     """(status, reason) of the first rule of `metric`'s table that holds."""
-    rule = next(r for r in {**RULES, **LAB_RULES}[metric] if r.test(facts))
+    rule = next(r for r in RULES[metric] if r.test(facts))
     return rule.status, rule.reason
 
 
@@ -331,7 +324,8 @@ def _failed_rows(runs: pd.DataFrame, done: set):
             continue
         failed = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan, "interval_kind": "none",
                   **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "status": "failed",
-                  "reason": FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed"),
+                  "reason": s if (s := str(cells["status"].mode().iloc[0])) in ("diverged", "timeout", "unavailable")
+                  else "cell_failed",
                   "evidence": json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})}
         yield from ({**failed, "metric": m, "unit": UNITS[m]} for m in METRICS)
 

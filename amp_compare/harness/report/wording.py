@@ -1,5 +1,4 @@
-"""The report's explanatory sentences, built from what the run contains (`RunFacts`): section intros, the list
-of precision modes, the loss-scaling explanation; what did not run is not explained."""
+"""The report's explanatory sentences, built from what the run contains (`RunFacts`): what did not run is not said."""
 
 from __future__ import annotations
 
@@ -30,13 +29,8 @@ class RunFacts:
         """The modes of this run with the given attributes (precision.names' keywords)."""
         return [p for p in precisions.names(**where) if p in self.precisions]
 
-    @property
-    def torch(self) -> bool:
-        return "torch" in self.frameworks
-
-    @property
-    def keras(self) -> bool:
-        return any(is_keras(f) for f in self.frameworks)
+    torch = property(lambda self: "torch" in self.frameworks)
+    keras = property(lambda self: any(map(is_keras, self.frameworks)))
 
 
 def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
