@@ -215,8 +215,7 @@ STATIC_SCALE = [
     Rule("otherwise", lambda f: True, "sufficed", "no_overflow_no_underflow"),
 ]
 
-# The naive-attention ViT (facts from numerics.naive_rows). f.step: the first step a seed went non-finite (-1: none);
-# f.where: where the locator found it; f.forced: the --fp32-layers given; f.finite: every seed ended with finite losses.
+# The naive-attention ViT (facts from numerics.naive_rows). f.step: the first step a seed went non-finite (-1: none)
 NAIVE = [
     Rule("non-finite in a forward", lambda f: f.step >= 0 and f.where == "forward", "overflowed", "forward_located"),
     Rule("non-finite in a backward", lambda f: f.step >= 0 and f.where == "backward", "overflowed", "backward_located"),
@@ -346,7 +345,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         key = {**{k: getattr(r, k) for k in IDENTITY}, "step_loop": str(r.step_loop), "batch_size": _num(r.batch_size)}
         n_cut, n_diverged = int(np.nan_to_num(_num(r.budget_cut))), int(diverged.get(ident, 0))
         resolution = _num(r.memory_resolution_mib)
-        trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
+        trial = by_trial.get(tuple(key.values()))  # key's order: IDENTITY's
         t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
         facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
                                 low=t.get("low", np.nan), high=t.get("high", np.nan),
@@ -366,29 +365,17 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _kept(rows: dict) -> bool:
-    """A precision that was faster with its accuracy not lower and its numerics not failed."""
-    return (rows["speed"].status == "faster" and rows["accuracy"].status not in ("lower", "failed")
-            and rows["numerics"].status != "failed")
-
-
-# What to use per model x framework: the first rule that holds. p: {precision: {metric: verdict row}}.
-CHOICE = [
-    Rule("a precision faster, accuracy not lower, numerics finite: the fastest of them", lambda p: any(
-        _kept(rows) for rows in p.values()), "faster", "interval_excludes_1"),
-    Rule("no speed trial of any precision", lambda p: all(rows["speed"].reason == "no_trial" for rows in p.values()),
-         "not_comparable", "no_trial"),
-    Rule("every mixed precision slower in its speed trial: fp32", lambda p: all(
-        rows["speed"].status == "slower" for rows in p.values()), "slower", "all_slower"),
-    Rule("otherwise: fp32", lambda p: True, "same", "none_faster"),
-]
-
-
 def choose(group: pd.DataFrame) -> tuple[str, str]:
-    """(the fastest precision _kept, else fp32; the reason: CHOICE's first rule that holds) of a model x framework."""
+    """(the fastest precision faster than fp32 with accuracy not lower and numerics not failed, else fp32; the reason)
+    of a model x framework."""
     by = {prec: {r.metric: r for r in part.itertuples()} for prec, part in group.groupby("precision", sort=False)}
-    kept = {prec: rows["speed"].estimate for prec, rows in by.items() if _kept(rows)}
-    return max(kept, key=kept.get) if kept else "fp32", next(r for r in CHOICE if r.test(by)).reason
+    kept = {prec: rows["speed"].estimate for prec, rows in by.items() if rows["speed"].status == "faster"
+            and rows["accuracy"].status not in ("lower", "failed") and rows["numerics"].status != "failed"}
+    if kept:
+        return max(kept, key=kept.get), "interval_excludes_1"
+    speeds = [rows["speed"] for rows in by.values()]
+    return "fp32", ("no_trial" if all(v.reason == "no_trial" for v in speeds) else
+                    "all_slower" if all(v.status == "slower" for v in speeds) else "none_faster")
 
 
 def of(verdicts: pd.DataFrame, metric: str) -> pd.DataFrame:
