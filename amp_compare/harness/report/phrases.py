@@ -17,7 +17,6 @@ from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
 METRIC = {**{m: m.replace("_", " ") for m in METRICS}, "memory": "peak memory"}
-# the word a table prints for each status: the status itself but for these three
 STATUS = {**{s: s for s in STATUSES}, "smaller": "less memory", "larger": "more memory", "not_comparable": "n/a"}
 # a few words each, after "because" or in brackets: the reason's own words but for these
 REASON = {**{r: r.replace("_", " ") for r in REASONS},
@@ -77,8 +76,7 @@ def number(v, interval: bool = True, of: bool = True) -> str:
     if not np.isfinite(v.estimate):
         return ""
     if v.unit in ("x fp32 speed", "x fp32 time"):  # worded as multiples of fp32's: "speed 0.16× fp32's"
-        text = ratio(v.estimate) + (" fp32's" if of else "")
-        low, high = (ratio(v.low)[:-1], ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
+        text, low, high = ratio(v.estimate) + (" fp32's" if of else ""), ratio(v.low)[:-1], ratio(v.high)[:-1]
     elif v.unit == "pp":
         digits = 2 if np.isfinite(getattr(v, "margin", np.nan)) else 1  # as the margin prints: within it, visibly
         text, low, high = f"{v.estimate:+.1f} pp", pp_bound(v.low, digits), pp_bound(v.high, digits)
@@ -370,7 +368,6 @@ def _data_parallel(v, e: dict) -> str:
     skips = (f"; {n} skipped steps against 1 worker's {one}: a different loss-scale trajectory, so from there on not "
              "the same experiment" + (DDP_SKIPS if v.framework == "torch" else "")
              if isinstance(n, (int, float)) and isinstance(one, (int, float)) and n != one else "")
-    # a reduced-precision all-reduce's accuracy, paired with the fp32 all-reduce of the same workers
     t, seeds = e.get("accuracy_test") or {}, e.get("accuracy_seeds") or 0
     acc = (f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} {paired(t, int(seeds))}"
            if "diff_pp" in t else "")

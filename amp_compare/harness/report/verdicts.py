@@ -246,9 +246,10 @@ EXPERIMENTS = tuple((f"{name} (what this run asks)", metrics) for name, metrics 
     ("Loss scaling", LAB_METRICS), ("Naive attention", ("attention_overflow",)), ("Data parallel", ("data_parallel",)),
     ("fp8 against bf16", ("fp8_vs_bf16",))))
 
-RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET, "numerics": NUMERICS,
-         "scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
-         "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
+FAILED = ("diverged", "timeout", "unavailable")  # run statuses that are the reason of a failed cell's rows
+RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET, "numerics": NUMERICS}
+LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
+             "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
@@ -262,7 +263,7 @@ COLUMNS = [*IDENTITY, "metric", "estimate", "low", "high", "margin", "unit", "in
 
 def decide(metric: str, facts: SimpleNamespace) -> tuple[str, str]:
     """(status, reason) of the first rule of `metric`'s table that holds."""
-    rule = next(r for r in RULES[metric] if r.test(facts))
+    rule = next(r for r in {**RULES, **LAB_RULES}[metric] if r.test(facts))
     return rule.status, rule.reason
 
 
@@ -323,8 +324,7 @@ def _failed_rows(runs: pd.DataFrame, done: set):
             continue
         failed = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan, "interval_kind": "none",
                   **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "status": "failed",
-                  "reason": s if (s := str(cells["status"].mode().iloc[0])) in ("diverged", "timeout", "unavailable")
-                  else "cell_failed",
+                  "reason": s if (s := str(cells["status"].mode().iloc[0])) in FAILED else "cell_failed",
                   "evidence": json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})}
         yield from ({**failed, "metric": m, "unit": UNITS[m]} for m in METRICS)
 

@@ -11,7 +11,6 @@ from amp_compare.contract.config import framework_label, is_keras, ordered
 from amp_compare.contract.fp8 import RECIPES
 from amp_compare.harness.report import phrases
 from amp_compare.harness.report.numerics import growth_facts
-from amp_compare.harness.report.phrases import KERAS_STATIC
 from amp_compare.harness.report.stats import finished
 
 
@@ -110,7 +109,7 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
         how = _both(facts.frameworks, "PyTorch: GradScaler held at it", "Keras: the optimizer's loss_scale_factor",
                     "; ")
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
-        overflow = KERAS_STATIC if facts.torch else "Keras applies the update anyway"
+        overflow = phrases.KERAS_STATIC if facts.torch else "Keras applies the update anyway"
         out.append(f"{name} multiplies the loss by a fixed scale{scale} ({how})."
                    + (f" By design, where its gradients overflow, {overflow} (Keras' BaseOptimizer.apply divides "
                       "the gradients by loss_scale_factor and applies them with no finiteness check)." if facts.keras
