@@ -41,15 +41,10 @@ METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap ove
 # the statuses and reasons a cell shows in brackets: why nothing was decided, or the margin a decision rests on
 SHOWN = {"not_comparable", "undecided", "failed"}
 SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
-# the tables' column headers: a ratio column says once what its numbers are multiples of
-HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",
+HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",  # the tables' column headers
           "time_to_target": "Time to target (× fp32's)", "numerics": "Numerics"}
 # Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
 KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
-# why a torch N-worker cell can skip steps its 1-worker cell does not
-DDP_SKIPS = (" (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and DDP averages "
-             "the gradients afterwards, so the scaled half-precision gradients in a worker's backward are up to N× "
-             "larger and overflow at a lower loss scale)")
 ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradient"}  # fp8's three tensors
 
 
@@ -258,7 +253,6 @@ def cause(f: dict) -> str:
             if f.get("named", True) else f"a {f['tensor']} of {f['layer']}")  # named: a parameter of that name
     if not f.get("scale"):
         return f"{name} went {f['value']}"
-    # the inf may have come from a tensor before it in the backward: the bound holds only if its own overflowed
     return (f"{name} went {f['value']}: either its largest |gradient| × {power(f['scale'])} passed {FP16_MAX:,.0f} "
             f"(≥ {_bound(FP16_MAX / f['scale'], 4, up=False)} unscaled) or a tensor before it in the backward did")
 
@@ -366,7 +360,10 @@ def _data_parallel(v, e: dict) -> str:
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
     n, one = e.get("skipped_n"), e.get("skipped_1")
     skips = (f"; {n} skipped steps against 1 worker's {one}: a different loss-scale trajectory, so from there on not "
-             "the same experiment" + (DDP_SKIPS if v.framework == "torch" else "")
+             "the same experiment" + (" (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the "
+                                      "batch and DDP averages the gradients afterwards, so the scaled half-precision "
+                                      "gradients in a worker's backward are up to N× larger and overflow at a lower "
+                                      "loss scale)" if v.framework == "torch" else "")
              if isinstance(n, (int, float)) and isinstance(one, (int, float)) and n != one else "")
     t, seeds = e.get("accuracy_test") or {}, e.get("accuracy_seeds") or 0
     acc = (f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} {paired(t, int(seeds))}"
@@ -397,10 +394,8 @@ def _fp8(v, e: dict) -> str:
     return f"{e.get('layers', 0)} layers in fp8, {scales}; {sqnr}; accuracy against bf16{paired} {said}"
 
 
-LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
-             "attention_overflow": _naive, "data_parallel": _data_parallel, "fp8_vs_bf16": _fp8}
-
-
 def lab_line(v) -> str:
     """One experiment's verdict row (verdicts.EXPERIMENTS) as the answer's line: "PyTorch fp16: loss scale ..."."""
-    return f"{framework_label(v.framework)} {v.precision}: {LAB_WORDS[v.metric](v, evidence(v.evidence))}"
+    words = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
+             "attention_overflow": _naive, "data_parallel": _data_parallel, "fp8_vs_bf16": _fp8}[v.metric]
+    return f"{framework_label(v.framework)} {v.precision}: {words(v, evidence(v.evidence))}"

@@ -224,8 +224,7 @@ NAIVE = [
     Rule("otherwise", lambda f: True, "finite", "stayed_finite"),
 ]
 
-# Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.ok (finished and judged against a 1-worker
-# cell), f.agree (the workers' records), f.estimate and f.margin (its and the floor's relative loss gaps to 1 worker).
+# Data parallel (facts: dataparallel.verdict_rows), per N-worker cell; f.estimate, f.margin: its, the floor's loss gap
 DATA_PARALLEL = [
     Rule("the engine cannot run this all-reduce here", lambda f: f.status == "unavailable", "failed", "unavailable"),
     Rule("the N-worker cell ran out of time", lambda f: f.status == "timeout", "failed", "timeout"),
@@ -275,7 +274,6 @@ def _num(value, attr: str = "") -> float:
         return float("nan")
 
 
-# stats.accuracy_tests' method -> the kind of its interval
 ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%",
                  stats.NO_DIFFERENCE: "exact 95% bound"}
 
@@ -366,16 +364,14 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
 
 
 def choose(group: pd.DataFrame) -> tuple[str, str]:
-    """(the fastest precision faster than fp32 with accuracy not lower and numerics not failed, else fp32; the reason)
-    of a model x framework."""
+    """(what a model x framework should use: its fastest precision that kept accuracy and numerics, else fp32; why)."""
     by = {prec: {r.metric: r for r in part.itertuples()} for prec, part in group.groupby("precision", sort=False)}
     kept = {prec: rows["speed"].estimate for prec, rows in by.items() if rows["speed"].status == "faster"
             and rows["accuracy"].status not in ("lower", "failed") and rows["numerics"].status != "failed"}
     if kept:
         return max(kept, key=kept.get), "interval_excludes_1"
-    speeds = [rows["speed"] for rows in by.values()]
-    return "fp32", ("no_trial" if all(v.reason == "no_trial" for v in speeds) else
-                    "all_slower" if all(v.status == "slower" for v in speeds) else "none_faster")
+    return "fp32", ("no_trial" if all(rows["speed"].reason == "no_trial" for rows in by.values()) else
+                    "all_slower" if all(rows["speed"].status == "slower" for rows in by.values()) else "none_faster")
 
 
 def of(verdicts: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -95,7 +95,6 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
     out = []
     if facts.ran(loss_scaling="dynamic"):
         apis = _both(facts.frameworks, "torch.amp.GradScaler", "Keras' LossScaleOptimizer")
-        # how loss scaling works is the glossary's (said once there); here only what this run's scaler could do
         text = (f"{', '.join(facts.ran(loss_scaling='dynamic'))} uses dynamic loss scaling ({apis}; the glossary "
                 "says how it works)")
         if facts.growth:
