@@ -333,9 +333,8 @@ def _naive(v, e: dict) -> str:
     for s in (s for s in seeds if s["step"] >= 0 or s["status"] != "ok"):
         where = (f"the locator found it in the {s['where']} of {s['layer']} ({s['value']})" if s["where"] else
                  "the locator named no layer")
-        ended = ("the run diverged" if s["status"] == "diverged" else
-                 f"the scaler skipped {s['skipped']:,} of {s['steps']:,} steps" if s["skipped"] else
-                 f"ended {s['status']}")
+        ended = ("the run diverged" if s["status"] == "diverged" else f"ended {s['status']}" if not s["skipped"] else
+                 f"the scaler skipped {s['skipped']:,} of {s['steps']:,} steps")
         said.append(f"seed {s['seed']}: first skip or non-finite loss at step {s['step']}; {where}; {ended}")
     fix = next((s["layer"] for s in seeds if s["layer"]), "")
     return forced + "; ".join(said) + (f" — rerun with --fp32-layers {fix}" if fix and not e.get("forced") else "")
