@@ -133,22 +133,18 @@ def entries(facts, dtype_facts: dict, underflow_measured: bool) -> list[Entry]:
                          "keeps the output layer in the policy's dtype as torch does). Keras losses compute in float32."
                          + audit.format("what each layer computed in")))
     if facts.halves:
-        term = " vs ".join(sorted(facts.halves))  # "bfloat16 vs float16" where both ran
-        text = ""
-        if "float16" in facts.halves:
-            text += ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of "
-                     f"only ±{FP16_MAX:,.0f} down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ "
-                     "6.0e-8). Lesson: a gradient below 2^-25, half the smallest subnormal, rounds to zero in float16 "
-                     "(and below 2^-14 loses precision), which loss scaling exists to prevent."
-                     + (" The Gradient underflow part of the Numerics section shows what float16 did to this run's "
-                        "gradients." if underflow_measured else "") + " ")
-        if "bfloat16" in facts.halves:
-            text += ("bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal "
-                     "digits over float32's whole range. A gradient that float32 holds as a normal number does not "
-                     "underflow in bfloat16, so no loss scaling is used. ")
-        out.append(Entry("gl-half-formats", term, text + "Lesson: a half format can make training faster only where "
-                         "the hardware computes in it (needed, not enough: the kernels a framework picks decide the "
-                         "rest)."))
+        text = ("float16 has 16 bits, 5 exponent and 10 mantissa bits: about 3 decimal digits over a range of only "
+                f"±{FP16_MAX:,.0f} down to 6e-8 (smallest normal 2^-14 ≈ 6.1e-5, smallest subnormal 2^-24 ≈ 6.0e-8). "
+                "Lesson: a gradient below 2^-25, half the smallest subnormal, rounds to zero in float16 (and below "
+                "2^-14 loses precision), which loss scaling exists to prevent."
+                + (" The Gradient underflow part of the Numerics section shows what float16 did to this run's "
+                   "gradients." if underflow_measured else "") + " " if "float16" in facts.halves else "") + (
+            "bfloat16 has 16 bits too: float32's 8 exponent bits and only 7 mantissa bits, so about 2 decimal digits "
+            "over float32's whole range. A gradient that float32 holds as a normal number does not underflow in "
+            "bfloat16, so no loss scaling is used. " if "bfloat16" in facts.halves else "")
+        out.append(Entry("gl-half-formats", " vs ".join(sorted(facts.halves)), text + "Lesson: a half format can make "
+                         "training faster only where the hardware computes in it (needed, not enough: the kernels a "
+                         "framework picks decide the rest)."))
     if facts.device == "cuda":
         out.append(Entry("gl-tf32", "TF32", "TensorFloat-32: on NVIDIA Ampere and newer GPUs, float32 matrix "
                          "multiplies and convolutions may internally round inputs to a 10-bit mantissa on tensor "

@@ -17,7 +17,6 @@ from amp_compare.harness.report.verdicts import accuracy as accuracy_verdict
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX, FP32_EXP_LIMIT
 
 METRIC = {**{m: m.replace("_", " ") for m in METRICS}, "memory": "peak memory"}
-# the word a table prints for each status: the status itself but for these three
 STATUS = {**{s: s for s in STATUSES}, "smaller": "less memory", "larger": "more memory", "not_comparable": "n/a"}
 # a few words each, after "because" or in brackets: the reason's own words but for these
 REASON = {**{r: r.replace("_", " ") for r in REASONS},
@@ -37,32 +36,24 @@ REASON = {**{r: r.replace("_", " ") for r in REASONS},
           "fp32_layers_kept_finite": "--fp32-layers kept it finite", "workers_disagree": "workers disagreed",
           "within_thread_floor": "within the thread floor", "at_thread_floor": "at the thread floor",
           "beyond_thread_floor": "beyond the thread floor", "no_bf16": "no bf16 partner"}
-SHORT_STATUS = {"smaller": "less", "larger": "more"}  # the terminal's Memory column: the header says memory
 METHOD = {stats.MCNEMAR: "McNemar exact", stats.BOOTSTRAP: "paired bootstrap over images",
           stats.NO_DIFFERENCE: "none: no image differed"}
 # the statuses and reasons a cell shows in brackets: why nothing was decided, or the margin a decision rests on
 SHOWN = {"not_comparable", "undecided", "failed"}
 SHOWN_REASONS = {"within_floor", "no_image_differed", "above_resolution"}
-# the one option that would decide an undecided verdict, where there is one
-DECIDES = {("speed", "interval_too_wide"): "a longer --trial-budget-s narrows it"}
-# the tables' column headers: a ratio column says once what its numbers are multiples of
-HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",
+HEADER = {"speed": "Speed (× fp32's)", "memory": "Peak memory", "accuracy": "Accuracy",  # the tables' column headers
           "time_to_target": "Time to target (× fp32's)", "numerics": "Numerics"}
 # Said wherever a Keras fp16-static row is: the framework difference a static scale exposes.
 KERAS_STATIC = "Keras applies an update whose gradients are not finite, where PyTorch skips it"
-# why a torch N-worker cell can skip steps its 1-worker cell does not
-DDP_SKIPS = (" (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the batch and DDP averages "
-             "the gradients afterwards, so the scaled half-precision gradients in a worker's backward are up to N× "
-             "larger and overflow at a lower loss scale)")
 ROLE_WORDS = {"input": "input", "kernel": "kernel", "grad_output": "output gradient"}  # fp8's three tensors
 
 
 def reason(v) -> str:
-    """The verdict's reason in a few words, with its margin where the reason quotes one and DECIDES' option."""
-    option = DECIDES.get((getattr(v, "metric", ""), v.reason))
+    """The verdict's reason in a few words, with its margin where the reason quotes one, and what would decide it."""
+    wide = (getattr(v, "metric", ""), v.reason) == ("speed", "interval_too_wide")
     spreads = f"fp32's and {v.precision}'s" if hasattr(v, "precision") else "fp32's and its"  # memory's margin
     return REASON[v.reason].format(margin=getattr(v, "margin", float("nan")), spreads=spreads) + (
-        f": {option}" if option else "")
+        ": a longer --trial-budget-s narrows it" if wide else "")
 
 
 def ratio(v: float) -> str:
@@ -80,8 +71,7 @@ def number(v, interval: bool = True, of: bool = True) -> str:
     if not np.isfinite(v.estimate):
         return ""
     if v.unit in ("x fp32 speed", "x fp32 time"):  # worded as multiples of fp32's: "speed 0.16× fp32's"
-        text = ratio(v.estimate) + (" fp32's" if of else "")
-        low, high = (ratio(v.low)[:-1], ratio(v.high)[:-1]) if np.isfinite(v.low) else ("", "")  # no ×
+        text, low, high = ratio(v.estimate) + (" fp32's" if of else ""), ratio(v.low)[:-1], ratio(v.high)[:-1]
     elif v.unit == "pp":
         digits = 2 if np.isfinite(getattr(v, "margin", np.nan)) else 1  # as the margin prints: within it, visibly
         text, low, high = f"{v.estimate:+.1f} pp", pp_bound(v.low, digits), pp_bound(v.high, digits)
@@ -99,14 +89,14 @@ def interval_words(v) -> str:
 
 def cell(v, interval: bool = True, why: bool = True, of: bool = True, short: bool = False,
          contended: bool = False) -> str:
-    """A table cell: the number (with its interval) and the status, the reason in brackets where it says why nothing
-    was decided (why) or what a decision rests on (SHOWN_REASONS), and a decided trial's contended blocks."""
+    """A table cell: the number (with its interval), the status, the reason where shown, contended blocks."""
     if v.reason == "unavailable":  # never run here: not a failure of what ran
         return "unavailable" if short else REASON["unavailable"]
     if short and v.status == "undecided":
         return STATUS[v.status]  # the terminal's 80 columns: its number decides nothing, the answer and page give it
     shown = (v.status in SHOWN and why) or (v.reason in SHOWN_REASONS and interval)
-    status = (short and SHORT_STATUS.get(v.status) or STATUS[v.status]) + (f" ({reason(v)})" if shown else "")
+    status = ((short and {"smaller": "less", "larger": "more"}.get(v.status) or STATUS[v.status])
+              + (f" ({reason(v)})" if shown else ""))
     if (why or contended) and v.metric == "speed" and v.reason != "contended":
         said = evidence(getattr(v, "evidence", ""))  # a decided trial that still lost its cores at times
         blocks, rounds = said.get("contended_blocks") or 0, said.get("rounds")
@@ -126,8 +116,7 @@ def test(method, seeds) -> str:
 
 
 def paired(t: dict, seeds: int = 0) -> str:
-    """A paired accuracy test (stats.paired_test's, with detectable and near_chance where given), worded once for every
-    table and line: "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired): no detectable change"."""
+    """A paired accuracy test (stats.paired_test's): "-0.3 pp [-0.8, +0.3] (95% Newcombe, 2 seeds paired)"."""
     kind = INTERVAL_KINDS.get(ACCURACY_KIND.get(t.get("method")), "")
     said = [w for w in (kind, f"{seeds} seed{'s' * (seeds != 1)} paired" if seeds else "") if w]
     text = (f"{t['diff_pp']:+.1f} pp [{pp_bound(t['ci_low'])}, {pp_bound(t['ci_high'])}]"
@@ -147,8 +136,7 @@ def accuracy(r) -> str:
 
 
 def table(verdicts: pd.DataFrame, short: bool = False) -> pd.DataFrame:
-    """One row per framework x mixed precision of one model's verdicts, one cell per metric; short (the terminal):
-    framework and precision in one column, cells without interval or reason."""
+    """One row per framework x mixed precision of one model's verdicts, one cell per metric; short: the terminal's."""
     rows = []
     for (fw, prec), part in verdicts.groupby(["framework", "precision"], sort=False):
         by = {r.metric: r for r in part.itertuples()}
@@ -265,14 +253,12 @@ def cause(f: dict) -> str:
             if f.get("named", True) else f"a {f['tensor']} of {f['layer']}")  # named: a parameter of that name
     if not f.get("scale"):
         return f"{name} went {f['value']}"
-    # the inf may have come from a tensor before it in the backward: the bound holds only if its own overflowed
     return (f"{name} went {f['value']}: either its largest |gradient| × {power(f['scale'])} passed {FP16_MAX:,.0f} "
             f"(≥ {_bound(FP16_MAX / f['scale'], 4, up=False)} unscaled) or a tensor before it in the backward did")
 
 
 def _bound(bound: float, digits: int, up: bool) -> str:
-    """`bound` to `digits` significant digits, rounded away from what it bounds: up for an upper bound (a largest
-    gap of 0.0208% is within 0.021%), down for a lower one (65,504 / 2^18 = 0.249878 is ≥ 0.2498, not 0.2499)."""
+    """`bound` to `digits` significant digits, rounded up for an upper bound, down for a lower one."""
     if not bound > 0:
         return f"{bound:g}"
     step = 10.0 ** (np.floor(np.log10(bound)) - digits + 1)
@@ -347,9 +333,8 @@ def _naive(v, e: dict) -> str:
     for s in (s for s in seeds if s["step"] >= 0 or s["status"] != "ok"):
         where = (f"the locator found it in the {s['where']} of {s['layer']} ({s['value']})" if s["where"] else
                  "the locator named no layer")
-        ended = ("the run diverged" if s["status"] == "diverged" else
-                 f"the scaler skipped {s['skipped']:,} of {s['steps']:,} steps" if s["skipped"] else
-                 f"ended {s['status']}")
+        ended = ("the run diverged" if s["status"] == "diverged" else f"ended {s['status']}" if not s["skipped"] else
+                 f"the scaler skipped {s['skipped']:,} of {s['steps']:,} steps")
         said.append(f"seed {s['seed']}: first skip or non-finite loss at step {s['step']}; {where}; {ended}")
     fix = next((s["layer"] for s in seeds if s["layer"]), "")
     return forced + "; ".join(said) + (f" — rerun with --fp32-layers {fix}" if fix and not e.get("forced") else "")
@@ -374,9 +359,11 @@ def _data_parallel(v, e: dict) -> str:
     losses = f"losses within {share} of 1 worker's at every step ({gap:.1e})" if np.isfinite(gap) else ""
     n, one = e.get("skipped_n"), e.get("skipped_1")
     skips = (f"; {n} skipped steps against 1 worker's {one}: a different loss-scale trajectory, so from there on not "
-             "the same experiment" + (DDP_SKIPS if v.framework == "torch" else "")
+             "the same experiment" + (" (torch DDP: each worker's backward runs on the mean loss of its own 1/N of the "
+                                      "batch and DDP averages the gradients afterwards, so the scaled half-precision "
+                                      "gradients in a worker's backward are up to N× larger and overflow at a lower "
+                                      "loss scale)" if v.framework == "torch" else "")
              if isinstance(n, (int, float)) and isinstance(one, (int, float)) and n != one else "")
-    # a reduced-precision all-reduce's accuracy, paired with the fp32 all-reduce of the same workers
     t, seeds = e.get("accuracy_test") or {}, e.get("accuracy_seeds") or 0
     acc = (f"; accuracy against the --allreduce fp32 cell{'s' * (seeds > 1)} {paired(t, int(seeds))}"
            if "diff_pp" in t else "")
@@ -406,10 +393,8 @@ def _fp8(v, e: dict) -> str:
     return f"{e.get('layers', 0)} layers in fp8, {scales}; {sqnr}; accuracy against bf16{paired} {said}"
 
 
-LAB_WORDS = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
-             "attention_overflow": _naive, "data_parallel": _data_parallel, "fp8_vs_bf16": _fp8}
-
-
 def lab_line(v) -> str:
     """One experiment's verdict row (verdicts.EXPERIMENTS) as the answer's line: "PyTorch fp16: loss scale ..."."""
-    return f"{framework_label(v.framework)} {v.precision}: {LAB_WORDS[v.metric](v, evidence(v.evidence))}"
+    words = {"scale_path": _path, "skipped_steps": _skips, "underflow": _underflow, "static_scale": _static,
+             "attention_overflow": _naive, "data_parallel": _data_parallel, "fp8_vs_bf16": _fp8}[v.metric]
+    return f"{framework_label(v.framework)} {v.precision}: {words(v, evidence(v.evidence))}"

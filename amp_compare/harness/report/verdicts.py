@@ -1,7 +1,5 @@
-"""Every verdict of a run as data: one row per model x dataset x framework x mixed precision x metric.
-
-Each metric has an ordered rule table: the first rule whose condition holds (read from the run's tables) sets the
-row's status and reason, which phrases.py words. render writes the table as data/verdicts.parquet and .csv."""
+"""Every verdict of a run as data: one row per model x dataset x framework x mixed precision x metric. Each metric
+has an ordered rule table: the first rule that holds for the row's facts sets its status and reason."""
 
 from __future__ import annotations
 
@@ -120,7 +118,6 @@ INTERVAL_KINDS = {"sign test 95%": "≥95% sign test", "trial 95%": "≥95% tria
 SAME_RATIO = 0.05  # speed, time to target: an interval within 1 ± this is "same"
 
 
-# when: the condition, in words a reader scans; test(facts) -> whether it holds; the status and reason it sets
 Rule = namedtuple("Rule", "when test status reason")
 
 
@@ -135,7 +132,6 @@ def _within(low, high, margin, centre=1.0, rounding=0.0) -> bool:
     return finite(low, high) and centre - margin - slack <= low and high <= centre + margin + slack
 
 
-# Each table is read top to bottom; the first rule that holds decides. f: the row's facts.
 SPEED = [
     Rule("fp8 emulated off a GPU", lambda f: f.emulated, "not_comparable", "emulated"),
     Rule("no speed trial of this pair", lambda f: not f.trial, "not_comparable", "no_trial"),
@@ -219,8 +215,7 @@ STATIC_SCALE = [
     Rule("otherwise", lambda f: True, "sufficed", "no_overflow_no_underflow"),
 ]
 
-# The naive-attention ViT (facts from numerics.naive_rows). f.step: the first step a seed went non-finite (-1: none);
-# f.where: where the locator found it; f.forced: the --fp32-layers given; f.finite: every seed ended with finite losses.
+# The naive-attention ViT (facts from numerics.naive_rows). f.step: the first step a seed went non-finite (-1: none)
 NAIVE = [
     Rule("non-finite in a forward", lambda f: f.step >= 0 and f.where == "forward", "overflowed", "forward_located"),
     Rule("non-finite in a backward", lambda f: f.step >= 0 and f.where == "backward", "overflowed", "backward_located"),
@@ -229,8 +224,7 @@ NAIVE = [
     Rule("otherwise", lambda f: True, "finite", "stayed_finite"),
 ]
 
-# Data parallel (facts from dataparallel.verdict_rows), per N-worker cell: f.ok (finished and judged against a 1-worker
-# cell), f.agree (the workers' records), f.estimate and f.margin (its and the floor's relative loss gaps to 1 worker).
+# Data parallel (facts: dataparallel.verdict_rows), per N-worker cell; f.estimate, f.margin: its, the floor's loss gap
 DATA_PARALLEL = [
     Rule("the engine cannot run this all-reduce here", lambda f: f.status == "unavailable", "failed", "unavailable"),
     Rule("the N-worker cell ran out of time", lambda f: f.status == "timeout", "failed", "timeout"),
@@ -246,17 +240,15 @@ DATA_PARALLEL = [
 FP8 = [Rule("no bf16 partner", lambda f: not finite(f.estimate), "not_comparable", "no_bf16"), *ACCURACY]
 
 LAB_METRICS = ("scale_path", "skipped_steps", "underflow", "static_scale")
-LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
-             "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # Each experiment's own question, answered first (answer.experiment_items): its header and its metrics
 EXPERIMENTS = tuple((f"{name} (what this run asks)", metrics) for name, metrics in (
     ("Loss scaling", LAB_METRICS), ("Naive attention", ("attention_overflow",)), ("Data parallel", ("data_parallel",)),
     ("fp8 against bf16", ("fp8_vs_bf16",))))
 
-# a (framework, precision) with no finished cell: its run status -> the reason of every metric's "failed" row
-FAILED = {"diverged": "diverged", "timeout": "timeout", "unavailable": "unavailable"}
-
+FAILED = ("diverged", "timeout", "unavailable")  # run statuses that are the reason of a failed cell's rows
 RULES = {"speed": SPEED, "memory": MEMORY, "accuracy": ACCURACY, "time_to_target": TIME_TO_TARGET, "numerics": NUMERICS}
+LAB_RULES = {"scale_path": SCALE_PATH, "skipped_steps": SKIPS, "underflow": UNDERFLOW, "static_scale": STATIC_SCALE,
+             "attention_overflow": NAIVE, "data_parallel": DATA_PARALLEL, "fp8_vs_bf16": FP8}
 # speed: fp32's step time / the precision's (above 1: faster); time to target: the precision's / fp32's
 UNITS = {"speed": "x fp32 speed", "memory": "MiB", "accuracy": "pp", "time_to_target": "x fp32 time",
          "numerics": "steps", "scale_path": "scale", "skipped_steps": "steps", "underflow": "elements",
@@ -282,7 +274,6 @@ def _num(value, attr: str = "") -> float:
         return float("nan")
 
 
-# stats.accuracy_tests' method -> the kind of its interval
 ACCURACY_KIND = {stats.MCNEMAR: "newcombe 95%", stats.BOOTSTRAP: "bootstrap 95%",
                  stats.NO_DIFFERENCE: "exact 95% bound"}
 
@@ -331,7 +322,7 @@ def _failed_rows(runs: pd.DataFrame, done: set):
             continue
         failed = {**dict(zip(GROUP, ident)), "step_loop": "", "batch_size": np.nan, "interval_kind": "none",
                   **dict.fromkeys(("estimate", "low", "high", "margin"), np.nan), "status": "failed",
-                  "reason": FAILED.get(str(cells["status"].mode().iloc[0]), "cell_failed"),
+                  "reason": s if (s := str(cells["status"].mode().iloc[0])) in FAILED else "cell_failed",
                   "evidence": json.dumps({"cells": sorted(cells["cell_id"]), "statuses": sorted(set(cells["status"]))})}
         yield from ({**failed, "metric": m, "unit": UNITS[m]} for m in METRICS)
 
@@ -352,7 +343,7 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
         key = {**{k: getattr(r, k) for k in IDENTITY}, "step_loop": str(r.step_loop), "batch_size": _num(r.batch_size)}
         n_cut, n_diverged = int(np.nan_to_num(_num(r.budget_cut))), int(diverged.get(ident, 0))
         resolution = _num(r.memory_resolution_mib)
-        trial = by_trial.get((r.model, r.dataset, key["step_loop"], key["batch_size"], r.framework, r.precision))
+        trial = by_trial.get(tuple(key.values()))  # key's order: IDENTITY's
         t = trial if trial and not r.emulated else {}  # an emulation's time: no ratio printed anywhere (fp8.py)
         facts = SimpleNamespace(emulated=bool(r.emulated), trial=trial is not None, estimate=t.get("ratio", np.nan),
                                 low=t.get("low", np.nan), high=t.get("high", np.nan),
@@ -372,29 +363,15 @@ def build(full: pd.DataFrame, runs: pd.DataFrame, trials: pd.DataFrame | None = 
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _kept(rows: dict) -> bool:
-    """A precision that was faster with its accuracy not lower and its numerics not failed."""
-    return (rows["speed"].status == "faster" and rows["accuracy"].status not in ("lower", "failed")
-            and rows["numerics"].status != "failed")
-
-
-# What to use per model x framework: the first rule that holds. p: {precision: {metric: verdict row}}.
-CHOICE = [
-    Rule("a precision faster, accuracy not lower, numerics finite: the fastest of them", lambda p: any(
-        _kept(rows) for rows in p.values()), "faster", "interval_excludes_1"),
-    Rule("no speed trial of any precision", lambda p: all(rows["speed"].reason == "no_trial" for rows in p.values()),
-         "not_comparable", "no_trial"),
-    Rule("every mixed precision slower in its speed trial: fp32", lambda p: all(
-        rows["speed"].status == "slower" for rows in p.values()), "slower", "all_slower"),
-    Rule("otherwise: fp32", lambda p: True, "same", "none_faster"),
-]
-
-
 def choose(group: pd.DataFrame) -> tuple[str, str]:
-    """(the fastest precision _kept, else fp32; the reason: CHOICE's first rule that holds) of a model x framework."""
+    """(what a model x framework should use: its fastest precision that kept accuracy and numerics, else fp32; why)."""
     by = {prec: {r.metric: r for r in part.itertuples()} for prec, part in group.groupby("precision", sort=False)}
-    kept = {prec: rows["speed"].estimate for prec, rows in by.items() if _kept(rows)}
-    return max(kept, key=kept.get) if kept else "fp32", next(r for r in CHOICE if r.test(by)).reason
+    kept = {prec: rows["speed"].estimate for prec, rows in by.items() if rows["speed"].status == "faster"
+            and rows["accuracy"].status not in ("lower", "failed") and rows["numerics"].status != "failed"}
+    if kept:
+        return max(kept, key=kept.get), "interval_excludes_1"
+    return "fp32", ("no_trial" if all(rows["speed"].reason == "no_trial" for rows in by.values()) else
+                    "all_slower" if all(rows["speed"].status == "slower" for rows in by.values()) else "none_faster")
 
 
 def of(verdicts: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -1,5 +1,4 @@
-"""The report's explanatory sentences, built from what the run contains (`RunFacts`): section intros, the list
-of precision modes, the loss-scaling explanation; what did not run is not explained."""
+"""The report's explanatory sentences, built from what the run contains (`RunFacts`): what did not run is not said."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from amp_compare.contract.config import framework_label, is_keras, ordered
 from amp_compare.contract.fp8 import RECIPES
 from amp_compare.harness.report import phrases
 from amp_compare.harness.report.numerics import growth_facts
-from amp_compare.harness.report.phrases import KERAS_STATIC
 from amp_compare.harness.report.stats import finished
 
 
@@ -30,13 +28,8 @@ class RunFacts:
         """The modes of this run with the given attributes (precision.names' keywords)."""
         return [p for p in precisions.names(**where) if p in self.precisions]
 
-    @property
-    def torch(self) -> bool:
-        return "torch" in self.frameworks
-
-    @property
-    def keras(self) -> bool:
-        return any(is_keras(f) for f in self.frameworks)
+    torch = property(lambda self: "torch" in self.frameworks)
+    keras = property(lambda self: any(map(is_keras, self.frameworks)))
 
 
 def run_facts(manifest: dict, runs: pd.DataFrame, steps: pd.DataFrame) -> RunFacts:
@@ -102,7 +95,6 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
     out = []
     if facts.ran(loss_scaling="dynamic"):
         apis = _both(facts.frameworks, "torch.amp.GradScaler", "Keras' LossScaleOptimizer")
-        # how loss scaling works is the glossary's (said once there); here only what this run's scaler could do
         text = (f"{', '.join(facts.ran(loss_scaling='dynamic'))} uses dynamic loss scaling ({apis}; the glossary "
                 "says how it works)")
         if facts.growth:
@@ -116,7 +108,7 @@ def loss_scaling_intro(facts: RunFacts) -> list[str]:
         how = _both(facts.frameworks, "PyTorch: GradScaler held at it", "Keras: the optimizer's loss_scale_factor",
                     "; ")
         scale = f" ({facts.loss_scale:g})" if facts.loss_scale else ""
-        overflow = KERAS_STATIC if facts.torch else "Keras applies the update anyway"
+        overflow = phrases.KERAS_STATIC if facts.torch else "Keras applies the update anyway"
         out.append(f"{name} multiplies the loss by a fixed scale{scale} ({how})."
                    + (f" By design, where its gradients overflow, {overflow} (Keras' BaseOptimizer.apply divides "
                       "the gradients by loss_scale_factor and applies them with no finiteness check)." if facts.keras
