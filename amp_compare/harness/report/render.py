@@ -25,8 +25,8 @@ from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import ARITHMETIC_FLAGS
 from amp_compare.contract.mapping import DIFFERENCES
 from amp_compare.contract.tables import check as tables_check
-from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, scaling, speed, verdicts, wording
 from amp_compare.harness.report import answer as answer_block
+from amp_compare.harness.report import dataparallel, glossary, phrases, scaling, speed, verdicts, wording
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
@@ -36,8 +36,8 @@ from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
 from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
-from amp_compare.harness.report.memory import MIB
 from amp_compare.harness.report.stats import whole_epochs
+from amp_compare.harness.report.tables import MIB
 
 JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
                            undefined=jinja2.StrictUndefined)
@@ -505,7 +505,7 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "env": manifest["environment"], "device": manifest["device"], "device_names": device_names,
         "n_cells": len(manifest["cells"]), "comparison": comparison,
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
-        "accuracy_words": accuracy.section_paragraph(acc_stats),
+        "accuracy_words": tb.section_paragraph(acc_stats),
         "env_rows": [r for r in env if not r[0].startswith("version_")],
         "package_rows": [r for r in env if r[0].startswith("version_")],
         "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),

@@ -14,12 +14,13 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
 from amp_compare.harness.report import fp8 as fp8_report
-from amp_compare.harness.report import memory, scaling, stats
+from amp_compare.harness.report import scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.stats import ok_runs
 from amp_compare.kit.probe import format_size
 
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
+MIB = 2**20
 
 
 def _spread_of(column: str, name: str, median: str | None = None) -> dict:
@@ -61,7 +62,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         log_speed=("log_speed", "mean"), log_speed_min=("log_speed", "min"), log_speed_max=("log_speed", "max"),
         log_memory=("log_memory", "mean"), **{c: (c, "first") for c in CEILING_WHY},
         **{c: (c, "median") for c in ("peak_memory_bytes", "skipped_steps", *PERF_MEDIANS)}).reset_index()
-    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / memory.MIB
+    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
     agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
     agg["memory_change_vs_fp32"] = np.expm1(agg["log_memory"])
@@ -262,9 +263,45 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
             pairs = [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]  # (fp32 row, mixed row)
             res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
             verdict = stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)
-            difference, resolution, known = memory.paired_difference(pairs)
+            difference, resolution, known = paired_difference(pairs)
             rows.append([*key, prec, "" if known == 0.0 else verdict, difference, resolution, known])
     return pd.DataFrame(rows, columns=cols)
+
+
+HOW = {  # how each of stats' methods makes a paired comparison, and what its interval is
+    stats.MCNEMAR: "McNemar's exact test where there is one seed (its interval: Newcombe's score interval for a "
+                   "paired difference, which lets the number of images that differ vary)",
+    stats.BOOTSTRAP: "a paired bootstrap over images (the same images resampled for every seed) where there are "
+                     "several (its interval: the bootstrap's 95% percentile interval)",
+    stats.NO_DIFFERENCE: "no test where every image was classified right or wrong exactly as in fp32: the interval "
+                         "is then the exact 95% bound on the share of images that could differ",
+}
+
+
+def section_paragraph(acc: pd.DataFrame) -> str:
+    """The paragraph above the accuracy table, naming only the tests this run ran."""
+    how = [text for method, text in HOW.items() if method in set(acc.get("method", pd.Series(dtype=str)).dropna())]
+    return ("Accuracy differences are paired: cells of one model, dataset and seed start from the same weights and "
+            "are scored on the same validation images, so each mixed cell is compared image by image with its fp32"
+            + (": " + "; ".join(how) if how else "") + ". A difference counts as detectable only when p (the "
+            "probability of a difference at least this large if precision changed nothing) is below "
+            f"{stats.ALPHA} and its 95% interval excludes zero. \"Not comparable\" means fp32 itself was near chance "
+            "or still improving steeply at the last epoch, so the run is too short to say anything about accuracy. "
+            "Time to target is the training time (validation excluded) until the validation accuracy, checked after "
+            "every epoch, first reached the target.")
+
+
+def paired_difference(pairs) -> tuple[float, float, float]:
+    """Of (fp32 row, mixed row) pairs: the median mixed − fp32 peak (MiB), the resolution (the larger max−min peak of
+    either side's seeds; NaN under two pairs: one seed's is unknown) and whether every seed's difference is past it
+    (1.0, 0.0; NaN: unmeasured)."""
+    both = [(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs
+            if np.isfinite(a.peak_memory_bytes) and np.isfinite(b.peak_memory_bytes)]
+    resolution = float(np.ptp(both, axis=0).max()) / MIB if len(both) >= 2 else float("nan")
+    if not (diffs := [(b - a) / MIB for a, b in both]):
+        return float("nan"), resolution, float("nan")
+    weakest = 0.0 if min(diffs) < 0 < max(diffs) else min(diffs, key=abs)
+    return float(np.median(diffs)), resolution, float(np.isfinite(resolution) and abs(weakest) > resolution)
 
 
 def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environment: dict | None = None,
