@@ -32,8 +32,6 @@ from amp_compare.harness.report import numerics as nr
 from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report import settings_check as sc
 from amp_compare.harness.report import tables as tb
-from amp_compare.harness.report.backend_split import INTRO as BACKEND_INTRO
-from amp_compare.harness.report.backend_split import keras_backend_split
 from amp_compare.harness.report.findings import finding_parts
 from amp_compare.harness.report.hardware import ceiling_clauses, with_run_ceiling
 from amp_compare.harness.report.stats import whole_epochs
@@ -511,11 +509,11 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "command": manifest["command"], "reproduce_note": wording.reproduce_note(manifest["environment"]),
         "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
-                        for k, v in keras_backend_split(runs).items()},
+                        for k, v in sc.keras_backend_split(runs).items()},
         "notes": notes, "timing_table": _html_or_none(_timing_table(runs)),
         "trials_table": _html_or_none(speed.trials_table(tables.get("trials"))),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": BACKEND_INTRO,
+        "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": sc.INTRO,
         "settings_check": checked, "settings_words": sc.settings_paragraph(checked["cells"], comparison),
         "glossary_entries": glossary.entries(summary["facts"], dtype_facts, underflow_table is not None)
         + [glossary.Entry(f"gl-verdict-{i}", term, text) for i, (term, text) in enumerate(phrases.glossary(
