@@ -29,7 +29,6 @@ from amp_compare.harness.report import answer as answer_block
 from amp_compare.harness.report import dataparallel, glossary, phrases, scaling, speed, verdicts, wording
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
-from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report import settings_check as sc
 from amp_compare.harness.report import tables as tb
 from amp_compare.harness.report.findings import finding_parts
@@ -549,7 +548,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
         context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
                               "cells are in the Data parallel section.")
-    profile = profile_report.section(single)  # --profile: where the mixed cells' time went (report/profile.py)
+    profile = speed.profile_section(single)  # --profile: where the mixed cells' time went (report/speed.py)
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
     fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (report/fp8.py)
     context["fp8_html"] = fp8_report.html(fp8, fp8_report.figure(fp8, run_dir / "figures") if draw else None)
@@ -563,7 +562,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(["", "### Data parallel", "", dataparallel.short_intro(), "", table_markdown(parallel["table"]), "",
              *[f"- {s}" for s in parallel["sentences"]]] if parallel and not parallel["table"].empty else []),
-          *profile_report.markdown(profile, table_markdown),
+          *speed.profile_markdown(profile, table_markdown),
           *fp8_report.markdown(fp8, table_markdown),
           *(["", f"Cells without a result: {', '.join(context['missing'])}."] if context["missing"] else []),
           "", f"Reproduce: `{manifest['command']}`", *filter(None, [context["reproduce_note"]]), ""]
