@@ -20,12 +20,6 @@ KERAS_CONVENTION = {**TORCH_CONVENTION, "bn_momentum": keras_bn_momentum,  # Ker
                     "loss_reduction": lambda v: "mean" if v == "sum_over_batch_size" else v}
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(float(a), float(b), rel_tol=1e-6)  # Keras' float32 learning rate reads back ~1e-8 off
-    return a == b
-
-
 def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, object]) -> list[dict]:
     """One row per setting either side recorded: both raw values, both in torch's convention, and match."""
     rows = []
@@ -33,18 +27,12 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
         t, k = torch_used.get(key), keras_used.get(key)
         t_norm = TORCH_CONVENTION.get(key, lambda v: v)(t) if key in torch_used else None
         k_norm = KERAS_CONVENTION.get(key, lambda v: v)(k) if key in keras_used else None
+        numbers = isinstance(t_norm, (int, float)) and isinstance(k_norm, (int, float)) and not isinstance(t_norm, bool)
+        same = math.isclose(t_norm, k_norm, rel_tol=1e-6) if numbers else t_norm == k_norm  # Keras: lr ~1e-8 off
         rows.append({"key": key, "torch": t, "keras": k, "torch_as_torch": t_norm, "keras_as_torch": k_norm,
                      "recorded": {"torch": key in torch_used, "keras": key in keras_used},
-                     "match": key in torch_used and key in keras_used and _same(t_norm, k_norm)})
+                     "match": key in torch_used and key in keras_used and same})
     return rows
-
-
-def _lr_shown(record: Mapping) -> str | None:
-    """The learning rate as the cell's config set it ("warmup-cosine, peak 0.003", "constant 0.001"; None if unset)."""
-    if (lr := record.get("cfg_lr")) is None or lr != lr:  # absent or NaN
-        return None
-    schedule = str(record.get("cfg_lr_schedule") or "constant")
-    return f"constant {float(lr):g}" if schedule == "constant" else f"{schedule}, peak {float(lr):g}"
 
 
 def value_text(value) -> str:
@@ -59,7 +47,9 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
         settings, framework = evidence(record.get("settings_used")), record.get("framework")
         if settings and (framework == "torch" or is_keras(str(framework))):
             cell = tuple(record.get(k) for k in ("model", "dataset", "precision", "seed"))
-            cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
+            lr, schedule = record.get("cfg_lr"), str(record.get("cfg_lr_schedule") or "constant")  # as configured
+            cells.setdefault(cell, {})[framework] = (settings, None if lr is None or lr != lr else f"constant {lr:g}"
+                                                     if schedule == "constant" else f"{schedule}, peak {lr:g}")
     pairs = [(cell, by_fw, fw) for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0])))
              if "torch" in by_fw for fw in sorted(filter(is_keras, by_fw))]  # torch beside each Keras framework
     by_key: dict[str, dict] = {}
