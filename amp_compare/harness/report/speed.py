@@ -23,10 +23,8 @@ from amp_compare.harness.report.tables import LOOP, group_label, with_loop_colum
 from amp_compare.kit.profile import PLAIN_STEPS
 from amp_compare.kit.trial import speed_status, trial_summary
 
-# The line a framework writes to stderr that says which kernels it fell back to (for float16).
-FALLBACK_LINE = re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*")
-# One framework log line about kernels, as found in a cell's stderr.log.
-LogLine = namedtuple("LogLine", ["framework", "precision", "text"])
+FALLBACK_LINE = re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*")  # float16's, in stderr
+LogLine = namedtuple("LogLine", ["framework", "precision", "text"])  # a FALLBACK_LINE found in a cell's stderr.log
 
 
 def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
@@ -187,8 +185,7 @@ def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
 
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
                     phases: pd.DataFrame | None) -> list[str]:
-    """A sentence per speed trial whose interval misses the training cells' ratio: the cells' CPU and extra time (how
-    cells and trials ran is the verdicts' legend: conditions)."""
+    """A sentence per speed trial whose interval misses the training cells' ratio: the cells' CPU and extra time."""
     out = []
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
     ok, varying = with_loop_columns(ok_runs(runs).copy()), {k for k in LOOP if full[k].nunique() > 1}

@@ -258,12 +258,18 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     cols = [*keys, "precision", "memory_note", "memory_difference_mib", "memory_resolution_mib", "memory_resolved"]
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False) if not ok.empty else []:
-        fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
+        fp32 = {r.seed: r.peak_memory_bytes for r in group[precisions.is_reference(group["precision"])].itertuples()}
         for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
-            pairs = [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]  # (fp32 row, mixed row)
-            res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
+            pairs = [(fp32[r.seed], r.peak_memory_bytes) for r in cells.itertuples() if r.seed in fp32]  # peak bytes
+            res = stats.ratio_interval([_log_ratio(a, b) for a, b in pairs])
             verdict = stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)
-            difference, resolution, known = paired_difference(pairs)
+            # resolved: every seed's difference past the larger max−min peak of either side's seeds (none under two)
+            both = [(a, b) for a, b in pairs if np.isfinite(a) and np.isfinite(b)]
+            resolution = float(np.ptp(both, axis=0).max()) / MIB if len(both) >= 2 else np.nan
+            diffs = [(b - a) / MIB for a, b in both]
+            weakest = 0.0 if not diffs or min(diffs) < 0 < max(diffs) else min(diffs, key=abs)
+            difference, known = (float(np.median(diffs)), float(np.isfinite(resolution) and abs(weakest) > resolution)
+                                 ) if diffs else (np.nan, np.nan)
             rows.append([*key, prec, "" if known == 0.0 else verdict, difference, resolution, known])
     return pd.DataFrame(rows, columns=cols)
 
@@ -290,18 +296,6 @@ def section_paragraph(acc: pd.DataFrame) -> str:
             "Time to target is the training time (validation excluded) until the validation accuracy, checked after "
             "every epoch, first reached the target.")
 
-
-def paired_difference(pairs) -> tuple[float, float, float]:
-    """Of (fp32 row, mixed row) pairs: the median mixed − fp32 peak (MiB), the resolution (the larger max−min peak of
-    either side's seeds; NaN under two pairs: one seed's is unknown) and whether every seed's difference is past it
-    (1.0, 0.0; NaN: unmeasured)."""
-    both = [(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs
-            if np.isfinite(a.peak_memory_bytes) and np.isfinite(b.peak_memory_bytes)]
-    resolution = float(np.ptp(both, axis=0).max()) / MIB if len(both) >= 2 else float("nan")
-    if not (diffs := [(b - a) / MIB for a, b in both]):
-        return float("nan"), resolution, float("nan")
-    weakest = 0.0 if min(diffs) < 0 < max(diffs) else min(diffs, key=abs)
-    return float(np.median(diffs)), resolution, float(np.isfinite(resolution) and abs(weakest) > resolution)
 
 
 def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environment: dict | None = None,
