@@ -192,26 +192,6 @@ def seed_list_text(seeds: list) -> str:
     return f"{seeds_text(len(seeds))} ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
 
 
-def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
-    """Per (framework, precision): median time to target, seeds reaching it and the ratio to fp32's."""
-    by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
-    per_cell = {c: stats.time_to_accuracy(by_cell.get(c, epochs.iloc[0:0]), target) if np.isfinite(target)
-                else float("nan") for c in group["cell_id"]}
-    out = {}
-    for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):
-        times = [per_cell[c] for c in cells["cell_id"] if not np.isnan(per_cell[c])]
-        row = {"time_to_target_s": float(np.median(times)) if times else float("nan"),
-               "reached_seeds": int(np.isfinite(times).sum()), "timed_seeds": len(times)}
-        fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
-        fp32_time = {r.seed: per_cell[r.cell_id] for r in fp32.itertuples()}
-        if precisions.is_mixed(prec):  # NaN where no seed has both times
-            res = stats.ratio_interval([_log_ratio(fp32_time.get(r.seed, np.nan), per_cell[r.cell_id])
-                                        for r in cells.itertuples()])
-            row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
-        out[(fw, prec)] = row
-    return out
-
-
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per group, framework and precision: the paired test against fp32, too_short, the time to target."""
     ok = with_loop_columns(ok_runs(runs).copy())
@@ -235,13 +215,25 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         final, share = float(fp32["final_val_accuracy"].median()), stats.TARGET_FRACTION
         target, basis = ((float("nan"), "") if fp32.empty else (float(given.iloc[0]), "--target-accuracy")
                          if not given.empty else (share * final, f"{share:.0%} of fp32's {final:.1%}"))
-        times = _time_rows(group[~cut], epochs, target)  # none for a mode whose every cell was budgeted
+        by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
+        per_cell = {c: stats.time_to_accuracy(by_cell.get(c, epochs.iloc[0:0]), target) if np.isfinite(target)
+                    else np.nan for c in group.loc[~cut, "cell_id"]}
         for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):  # floor: fp32's seed range
-            acc = fp32[fp32["framework"] == fw].groupby("seed")["final_val_accuracy"].median().dropna() * 100
-            rows.append({**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
-                         "target_basis": basis, **times.get((fw, prec), {}), "floor_seeds": len(acc),
-                         "budget_cut": int(stats.budgeted(cells).sum()),
-                         "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan})
+            base, budgeted = fp32[fp32["framework"] == fw], stats.budgeted(cells)
+            acc, timed = base.groupby("seed")["final_val_accuracy"].median().dropna() * 100, cells[~budgeted]
+            row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
+                   "target_basis": basis, "floor_seeds": len(acc), "budget_cut": int(budgeted.sum()),
+                   "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan}
+            if not timed.empty:  # no time to target for a mode whose every cell was budgeted
+                times = [per_cell[c] for c in timed["cell_id"] if not np.isnan(per_cell[c])]
+                row.update(time_to_target_s=float(np.median(times)) if times else np.nan,
+                           reached_seeds=int(np.isfinite(times).sum()), timed_seeds=len(times))
+            if precisions.is_mixed(prec) and not timed.empty:  # NaN where no seed has both times
+                fp32_time = {r.seed: per_cell[r.cell_id] for r in base.itertuples()}
+                res = stats.ratio_interval([_log_ratio(fp32_time.get(r.seed, np.nan), per_cell[r.cell_id])
+                                            for r in timed.itertuples()])
+                row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
+            rows.append(row)
     out = pd.DataFrame(rows)
     out = out.merge(tests, on=ids, how="left") if not tests.empty else out
     return out.reindex(columns=cols).sort_values(ids, key=display_order).reset_index(drop=True)
