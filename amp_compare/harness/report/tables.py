@@ -50,8 +50,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     if ok.empty:
         return pd.DataFrame(columns=cols)
     base_keys = [c for c in group if c != "precision"]
-    # a row with a cell the speed budget stopped has neither accuracy nor peak memory (n/a)
-    cut = stats.cut_groups(ok, group)
+    cut = stats.cut_groups(ok, group)  # a row with a cell the speed budget stopped: no accuracy nor peak memory (n/a)
     ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~cut)
     ok["log_speed"] = paired_log_ratio(ok, "throughput_img_s", base_keys)
     ok["log_memory"] = np.where(cut, np.nan, paired_log_ratio(ok, "peak_memory_bytes", base_keys))
