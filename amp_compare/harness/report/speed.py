@@ -190,18 +190,16 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
     ok, varying = with_loop_columns(ok_runs(runs).copy()), {k for k in LOOP if full[k].nunique() > 1}
 
-    def same(table: pd.DataFrame, v, keys=("model", "dataset", "framework", *LOOP)) -> pd.DataFrame:
-        return table[np.logical_and.reduce([(table[k] == (x := getattr(v, k))) | (table[k].isna() & pd.isna(x))
-                                            for k in keys])]
-    for v in timed.itertuples():  # the cells of the trial's own model, framework, step loop and batch size
-        row = same(full, v)
-        row = row[row["precision"] == v.precision]
+    def same(table: pd.DataFrame, v, precision: str) -> pd.DataFrame:  # the trial's model, framework, loop and batch
+        want = {**{k: getattr(v, k) for k in ("model", "dataset", "framework", *LOOP)}, "precision": precision}
+        return table[np.logical_and.reduce([(table[k] == x) | (table[k].isna() & pd.isna(x)) for k, x in want.items()])]
+    for v in timed.itertuples():
+        row = same(full, v, v.precision)
         if row.empty or not np.isfinite(cells := float(row["speedup_vs_fp32"].iloc[0])) or v.low <= cells <= v.high:
             continue
         lo, hi = float(row["speed_min"].iloc[0]), float(row["speed_max"].iloc[0])
         seeds = "one seed" if int(row["runs"].iloc[0]) == 1 else f"seeds {lo:.3f}–{hi:.3f}×"
-        mine = same(ok, v)
-        fp32, mixed = (_phase_medians(phases, mine[mine["precision"] == p]) for p in ("fp32", v.precision))
+        fp32, mixed = (_phase_medians(phases, same(ok, v, p)) for p in ("fp32", v.precision))
         text = (f"{group_label(v._asdict(), set(), varying)}, {framework_label(v.framework)} {v.precision}: the "
                 f"training cells ran at {cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
                 f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]")
