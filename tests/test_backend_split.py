@@ -1,4 +1,4 @@
-"""The report's "Keras or its backend?" part is made from the run's own records (harness/report/backend_split.py)."""
+"""The report's "Keras or its backend?" part is made from the run's own records (harness/report/settings_check.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from amp_compare.harness.report.backend_split import keras_backend_split
+from amp_compare.harness.report.settings_check import keras_backend_split
 
 
 def runs(frameworks: tuple[str, ...], eps: dict[str, float]) -> pd.DataFrame:

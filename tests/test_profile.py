@@ -7,7 +7,7 @@ import os
 import pandas as pd
 
 from amp_compare.contract import env
-from amp_compare.harness.report import profile as profile_report
+from amp_compare.harness.report import speed
 from amp_compare.kit import profile as kit
 
 # Lines as oneDNN 3.x writes them (TensorFlow 2.21's creation log; torch 2.13's execution log).
@@ -117,7 +117,7 @@ def _tables(profiled: bool) -> dict:
 
 
 def test_report_names_the_ops_and_library_behind_a_slow_cell():
-    section = profile_report.section(_tables(True))
+    section = speed.profile_section(_tables(True))
     rows = section["table"].set_index("cell")
     assert list(rows.index) == ["tf-simple_cnn-digits-fp16-s0"]  # bf16 is within 10% of fp32: not explained
     assert section["band"] == "10%"  # the page's paragraph names the band the rows were chosen by
@@ -130,5 +130,5 @@ def test_report_names_the_ops_and_library_behind_a_slow_cell():
 
 
 def test_report_says_unexplained_without_evidence():
-    row = profile_report.section(_tables(False))["table"].iloc[0]
+    row = speed.profile_section(_tables(False))["table"].iloc[0]
     assert row["operations behind the difference"].startswith("unexplained")

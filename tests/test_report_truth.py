@@ -3,7 +3,7 @@ false or unreadable sentence, through the functions a render calls, on synthetic
 
 import pandas as pd
 
-from amp_compare.harness.report import accuracy, glossary, speed, stats, tables
+from amp_compare.harness.report import glossary, speed, stats, tables
 from amp_compare.harness.report.findings import finding_parts
 from tests.test_summary import _cells, _runs
 
@@ -104,8 +104,8 @@ def test_no_image_differing_names_the_exact_bound_not_a_bootstrap():
     assert phrases.cell(acc).endswith("same (no image differed)") and phrases.interval_words(acc) == "95% exact bound"
     assert "bootstrap" not in phrases.cell(acc) and "p =" not in phrases.cell(acc)  # no test ran
     table = pd.DataFrame({"method": [stats.NO_DIFFERENCE]})
-    assert "bootstrap" not in accuracy.section_paragraph(table) and "exact 95% bound" in \
-        accuracy.section_paragraph(table)
+    assert "bootstrap" not in tables.section_paragraph(table) and "exact 95% bound" in \
+        tables.section_paragraph(table)
 
 
 

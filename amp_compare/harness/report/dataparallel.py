@@ -254,12 +254,6 @@ def sentences(dp: pd.DataFrame, environment: dict, device: str) -> list[str]:
                                                 floors) for threads in sorted(set(ok["threads_1"].astype(int)))]
 
 
-def unavailable_text(error: str) -> str:
-    """A cell's error without the 'unavailable' prefix or the name of a compiler dump file the run does not keep."""
-    text = re.sub(r"^unavailable(?::|\s*—)?", "", error.strip()).strip()
-    return re.sub(r",?\s*XLA HLO after optimizations: \S+\.txt", "", text)
-
-
 def section(tables: dict[str, pd.DataFrame], environment: dict, device: str) -> dict | None:
     """What the template's Data parallel section shows (None: not a --replicas run); its intro names the engines."""
     if not tables:
@@ -306,7 +300,9 @@ def verdict_rows(dp: pd.DataFrame | None) -> list[dict]:
         key = {**{k: r[k] for k in KEY[:4]}, "step_loop": "", "batch_size": np.nan}
         said = {k: r.get(k) for k in ("seed", "workers", "allreduce", "allreduce_dtype", "floor_threads", "skipped_n",
                                       "skipped_1", "error", "accuracy_test", "accuracy_seeds")}
-        said.update(allreduce_dtype=r.get("allreduce_dtype") or "", error=unavailable_text(str(r.get("error") or "")),
+        error = re.sub(r"^unavailable(?::|\s*—)?", "", str(r.get("error") or "").strip()).strip()
+        said.update(allreduce_dtype=r.get("allreduce_dtype") or "",  # the error without a dump file the run lacks
+                    error=re.sub(r",?\s*XLA HLO after optimizations: \S+\.txt", "", error),
                     accuracy_test={k: v for k, v in (r.get("accuracy_test") or {}).items() if k in TEST_KEYS})
         out.append(verdicts.row(key, "data_parallel", facts, said))
     return out

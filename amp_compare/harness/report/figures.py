@@ -19,8 +19,8 @@ from amp_compare.contract import precision as precisions  # noqa: E402
 from amp_compare.contract.config import FRAMEWORK_LABELS, PRECISIONS, display_order, framework_label  # noqa: E402
 from amp_compare.contract.fp8 import FP8_MODES  # noqa: E402
 from amp_compare.harness.report import fp8 as fp8_report  # noqa: E402
-from amp_compare.harness.report import memory, phrases, scaling, stats, tables  # noqa: E402
 from amp_compare.harness.report import numerics as nr  # noqa: E402
+from amp_compare.harness.report import phrases, scaling, stats, tables  # noqa: E402
 from amp_compare.kit.fp16 import FP16_EXP_LIMIT, FP16_MAX  # noqa: E402
 
 
@@ -363,7 +363,7 @@ def make_figures(runs: pd.DataFrame, steps: pd.DataFrame, out_dir: Path, device:
         shown = table[(table["step_loop"] == step) & (table["batch_size"] == batch)]
         sweep = (f" Shown: the {step} loop at batch {batch:.0f}; every batch size and loop is in the "
                  "speed-up-vs-batch figure and the summary table.")
-    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / memory.MIB
+    ok["peak_memory_mib"] = ok["peak_memory_bytes"] / tables.MIB
     steps = steps[steps["cell_id"].isin(set(ok["cell_id"]))] if not steps.empty else steps
     n = int(shown["runs"].max())  # seeds per bar
     spread = (f" Bars are medians over {tables.seed_counts_text(ok)}; error bars span the interquartile range"

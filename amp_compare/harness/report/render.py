@@ -24,12 +24,10 @@ from amp_compare.contract.atomic import atomic_write_text
 from amp_compare.contract.config import display_order, framework_label, is_keras
 from amp_compare.contract.env import ARITHMETIC_FLAGS
 from amp_compare.contract.mapping import DIFFERENCES
-from amp_compare.harness.report import accuracy, dataparallel, glossary, phrases, scaling, speed, verdicts, wording
 from amp_compare.harness.report import answer as answer_block
-from amp_compare.harness.report import backend_split as bs
+from amp_compare.harness.report import dataparallel, glossary, phrases, scaling, speed, verdicts, wording
 from amp_compare.harness.report import fp8 as fp8_report
 from amp_compare.harness.report import numerics as nr
-from amp_compare.harness.report import profile as profile_report
 from amp_compare.harness.report import settings_check as sc
 from amp_compare.harness.report import tables as tb
 from amp_compare.harness.report.findings import finding_parts
@@ -114,7 +112,7 @@ def _maxbatch_table(maxbatch: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         **_identity(first), "Largest batch that fit": first["max_ok"].astype(str),
         "Smallest that did not": first["first_failed"].map(lambda v: "none up to the limit" if pd.isna(v) else str(v)),
-        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / 2**20:,.0f}"
+        "Peak memory at the largest (MiB)": [f"{peak.get(tuple(k), float('nan')) / tb.MIB:,.0f}"
                                              for k in first[keys].itertuples(index=False)],
         "Cap": first["cap_bytes"].map(lambda v: "device memory" if pd.isna(v) else f"{v / 2**30:.2f} GiB"),
         "Probes": maxbatch.groupby(keys, sort=False).size().to_numpy().astype(str),
@@ -467,16 +465,16 @@ def _page_rest(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], s
         "words": nr.section_words(summary["facts"], dtype_facts), "notes": notes, "manifest": manifest,
         "device_names": ", ".join(sorted(set(runs.get("device_name", pd.Series(dtype=str)).dropna()) - {""})) or "?",
         "accuracy_table": _html_or_none(_accuracy_table(acc_stats, summary["verdicts"])),
-        "accuracy_words": accuracy.section_paragraph(acc_stats),
+        "accuracy_words": tb.section_paragraph(acc_stats),
         "env_rows": environment_rows(manifest["environment"], runs, tables.get("trials")),  # packages: the appendix
         "reproduce_note": wording.reproduce_note(manifest["environment"]),
         "differences": framework_differences(runs, steps),
         "keras_split": {k: (_html_or_none(v) if isinstance(v, pd.DataFrame) else v)
-                        for k, v in bs.keras_backend_split(runs).items()},
+                        for k, v in sc.keras_backend_split(runs).items()},
         "timing_table": _html_or_none(_timing_table(runs)),
         "trials_table": _html_or_none(speed.trials_table(tables.get("trials"))),
         "maxbatch_table": _html_or_none(_maxbatch_table(tables.get("maxbatch", pd.DataFrame()))),
-        "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": bs.INTRO,
+        "differences_words": sc.differences_paragraph(comparison, init), "keras_split_intro": sc.INTRO,
         "settings_check": checked, "settings_words": sc.settings_paragraph(checked["cells"], comparison),
         "glossary_entries": glossary.entries(summary["facts"], dtype_facts, underflow_table is not None)
         + [glossary.Entry(f"gl-verdict-{i}", *entry) for i, entry in enumerate(phrases.glossary(summary["verdicts"]))]}
@@ -509,7 +507,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
     if parallel:  # the summary's rows, figures and Runs column count the 1-worker cells alone
         context["legend"] += (" Rows, figures and the Runs column are the 1-worker cells'; the floor and N-worker "
                               "cells are in the Data parallel section.")
-    profile = profile_report.section(single)  # --profile: where the mixed cells' time went (report/profile.py)
+    profile = speed.profile_section(single)  # --profile: where the mixed cells' time went (report/speed.py)
     context["profile"] = profile and {**profile, "table": _html_or_none(profile["table"])}
     fp8 = fp8_report.section(single, manifest["device"])  # fp8 cells' section (report/fp8.py)
     context["fp8_html"] = fp8_report.html(fp8, fp8_report.figure(fp8, run_dir / "figures") if draw else None)
@@ -523,7 +521,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(["", "### Data parallel", "", dataparallel.short_intro(), "", table_markdown(parallel["table"]), "",
              *[f"- {s}" for s in parallel["sentences"]]] if parallel and not parallel["table"].empty else []),
-          *profile_report.markdown(profile, table_markdown), *fp8_report.markdown(fp8, table_markdown),
+          *speed.profile_markdown(profile, table_markdown), *fp8_report.markdown(fp8, table_markdown),
           *(["", f"Cells without a result: {', '.join(context['missing'])}."] if context["missing"] else []),
           "", f"Reproduce: `{manifest['command']}`", *filter(None, [context["reproduce_note"]]), ""]
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])

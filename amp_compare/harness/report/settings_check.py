@@ -1,4 +1,5 @@
-"""The settings both frameworks trained with (`settings_used`), in torch's convention, compared per cell and shown."""
+"""The settings both frameworks trained with (`settings_used`), in torch's convention, compared per cell and shown;
+Keras or its backend? (what the Keras backends of a compare share is Keras' own doing, what differs, its backend's)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,17 @@ import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
+import pandas as pd
 
 from amp_compare.contract import precision as precision_table
-from amp_compare.contract.config import FRAMEWORK_LABELS, is_keras
+from amp_compare.contract.config import FRAMEWORK_LABELS, KERAS_BACKENDS, framework_label, is_keras, ordered
 from amp_compare.contract.mapping import keras_bn_momentum
 from amp_compare.harness.report.phrases import evidence
+from amp_compare.harness.report.stats import ok_runs
 
 TORCH_CONVENTION = {"weight_decay": lambda v: 0.0 if v in (None, 0, 0.0) else v}  # per key; absent: as recorded
 KERAS_CONVENTION = {**TORCH_CONVENTION, "bn_momentum": keras_bn_momentum,  # Keras weights the old average: 1 - m
                     "loss_reduction": lambda v: "mean" if v == "sum_over_batch_size" else v}
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(float(a), float(b), rel_tol=1e-6)  # Keras' float32 learning rate reads back ~1e-8 off
-    return a == b
 
 
 def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, object]) -> list[dict]:
@@ -30,18 +27,12 @@ def compare_settings(torch_used: Mapping[str, object], keras_used: Mapping[str, 
         t, k = torch_used.get(key), keras_used.get(key)
         t_norm = TORCH_CONVENTION.get(key, lambda v: v)(t) if key in torch_used else None
         k_norm = KERAS_CONVENTION.get(key, lambda v: v)(k) if key in keras_used else None
+        numbers = isinstance(t_norm, (int, float)) and isinstance(k_norm, (int, float)) and not isinstance(t_norm, bool)
+        same = math.isclose(t_norm, k_norm, rel_tol=1e-6) if numbers else t_norm == k_norm  # Keras: lr ~1e-8 off
         rows.append({"key": key, "torch": t, "keras": k, "torch_as_torch": t_norm, "keras_as_torch": k_norm,
                      "recorded": {"torch": key in torch_used, "keras": key in keras_used},
-                     "match": key in torch_used and key in keras_used and _same(t_norm, k_norm)})
+                     "match": key in torch_used and key in keras_used and same})
     return rows
-
-
-def _lr_shown(record: Mapping) -> str | None:
-    """The learning rate as the cell's config set it ("warmup-cosine, peak 0.003", "constant 0.001"; None if unset)."""
-    if (lr := record.get("cfg_lr")) is None or lr != lr:  # absent or NaN
-        return None
-    schedule = str(record.get("cfg_lr_schedule") or "constant")
-    return f"constant {float(lr):g}" if schedule == "constant" else f"{schedule}, peak {float(lr):g}"
 
 
 def value_text(value) -> str:
@@ -56,7 +47,9 @@ def side_by_side(records: Iterable[Mapping]) -> dict:
         settings, framework = evidence(record.get("settings_used")), record.get("framework")
         if settings and (framework == "torch" or is_keras(str(framework))):
             cell = tuple(record.get(k) for k in ("model", "dataset", "precision", "seed"))
-            cells.setdefault(cell, {})[framework] = (settings, _lr_shown(record))
+            lr, schedule = record.get("cfg_lr"), str(record.get("cfg_lr_schedule") or "constant")  # as configured
+            cells.setdefault(cell, {})[framework] = (settings, None if lr is None or lr != lr else f"constant {lr:g}"
+                                                     if schedule == "constant" else f"{schedule}, peak {lr:g}")
     pairs = [(cell, by_fw, fw) for cell, by_fw in sorted(cells.items(), key=lambda item: tuple(map(str, item[0])))
              if "torch" in by_fw for fw in sorted(filter(is_keras, by_fw))]  # torch beside each Keras framework
     by_key: dict[str, dict] = {}
@@ -145,3 +138,39 @@ def ignored_settings(records: Iterable[Mapping]) -> list[str]:
     return [f"{', '.join(sorted(models))}: weight decay {wd:g} was configured but not used: its optimizer, "
             f"{optimizer}, trains without weight decay in both frameworks; only adamw applies it (--optimizer adamw)."
             for (wd, optimizer), models in sorted(said.items())]
+
+
+INTRO = ("The same Keras model code, dtype policy, optimizer (LossScaleOptimizer for fp16), loss and records ran on "
+         "each Keras backend, each in its own process with KERAS_BACKEND set before Keras was imported. What the "
+         "Keras columns share is Keras' own; what differs between them belongs to the backend.")
+
+
+def keras_backend_split(runs: pd.DataFrame) -> dict:
+    """The "Keras or its backend?" part: each Keras-level item's values per backend and whether all agree; or a note."""
+    ok = ok_runs(runs)
+    frameworks = ordered(set(ok.get("framework", ())) & set(KERAS_BACKENDS))
+    if len(frameworks) < 2:
+        return {"note": ("Only one Keras backend ran, so what belongs to Keras and what to its backend cannot be "
+                         "told apart here; add keras-jax or keras-torch to --frameworks.") if frameworks else "",
+                "keras_table": pd.DataFrame(), "sentences": []}
+    values: dict[str, dict[str, set]] = {}
+    for row in ok[ok["framework"].isin(frameworks)].to_dict("records"):
+        prec = row["precision"]
+        items = [*([(f"AMP API ({prec})", row["amp_api"])] if row.get("amp_api") else []),
+                 *((f"{key} ({prec})" if key == "output_dtype" else key, value)  # tf32: the Environment table's
+                   for key, value in evidence(row.get("settings_used")).items() if key != "tf32"),
+                 *((f"Keras default: {key}", value) for key, value in evidence(row.get("framework_defaults")).items())]
+        for item, value in items:
+            values.setdefault(item, {f: set() for f in frameworks})[row["framework"]].add(value_text(value))
+    rows = []
+    for item, per_fw in sorted(values.items()):
+        cells = {framework_label(fw): "; ".join(sorted(v)) or "not recorded" for fw, v in per_fw.items()}
+        agree = all(per_fw.values()) and len({frozenset(v) for v in per_fw.values()}) == 1
+        rows.append({"item": item, **cells, "same on every backend": "✓" if agree else "✗ differs"})
+    keras = pd.DataFrame(rows)
+    same = keras.get("same on every backend", pd.Series(dtype=str)) == "✓"
+    said = (f"Keras' side: {int(same.sum())} of {len(keras)} settings and defaults the Keras children read back are "
+            f"identical on {', '.join(framework_label(fw) for fw in frameworks)}: those differences from PyTorch "
+            "belong to Keras, not to TensorFlow."
+            + (f" Differing between backends: {', '.join(keras.loc[~same, 'item'].head(8))}." if (~same).any() else ""))
+    return {"note": "", "keras_table": keras, "sentences": [said] if len(keras) else []}

@@ -1,5 +1,6 @@
 """The Speed section's words: how throughput and warm-up are measured, what the CPU's flags do and do not say, and
-the frameworks' own log lines on their half-precision path."""
+the frameworks' own log lines on their half-precision path; the Profile section: the ops and library path behind a
+mixed cell's step time outside SPEED_BAND of fp32's."""
 
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ from amp_compare.harness.report.hardware import ceiling_marks
 from amp_compare.harness.report.phrases import ratio
 from amp_compare.harness.report.stats import budgeted, ok_runs
 from amp_compare.harness.report.tables import LOOP, group_label, with_loop_columns
+from amp_compare.kit.profile import PLAIN_STEPS
 from amp_compare.kit.trial import speed_status, trial_summary
 
-# The line a framework writes to stderr that says which kernels it fell back to (for float16).
-FALLBACK_LINE = re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*")
-# One framework log line about kernels, as found in a cell's stderr.log.
-LogLine = namedtuple("LogLine", ["framework", "precision", "text"])
+FALLBACK_LINE = re.compile(re.escape(HALF_FALLBACK) + r"[^.]*\.\s*Falling back to [^.\n]*")  # float16's, in stderr
+LogLine = namedtuple("LogLine", ["framework", "precision", "text"])  # a FALLBACK_LINE found in a cell's stderr.log
 
 
 def framework_log_lines(run_dir: Path, runs: pd.DataFrame) -> list[LogLine]:
@@ -185,24 +185,21 @@ def trials_table(trials: pd.DataFrame | None) -> pd.DataFrame:
 
 def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFrame,
                     phases: pd.DataFrame | None) -> list[str]:
-    """A sentence per speed trial whose interval misses the training cells' ratio: the cells' CPU and extra time (how
-    cells and trials ran is the verdicts' legend: conditions)."""
+    """A sentence per speed trial whose interval misses the training cells' ratio: the cells' CPU and extra time."""
     out = []
     timed = verdicts[(verdicts["metric"] == "speed") & verdicts["low"].notna()]
     ok, varying = with_loop_columns(ok_runs(runs).copy()), {k for k in LOOP if full[k].nunique() > 1}
 
-    def same(table: pd.DataFrame, v, keys=("model", "dataset", "framework", *LOOP)) -> pd.DataFrame:
-        return table[np.logical_and.reduce([(table[k] == (x := getattr(v, k))) | (table[k].isna() & pd.isna(x))
-                                            for k in keys])]
-    for v in timed.itertuples():  # the cells of the trial's own model, framework, step loop and batch size
-        row = same(full, v)
-        row = row[row["precision"] == v.precision]
+    def same(table: pd.DataFrame, v, precision: str) -> pd.DataFrame:  # the trial's model, framework, loop and batch
+        want = {**{k: getattr(v, k) for k in ("model", "dataset", "framework", *LOOP)}, "precision": precision}
+        return table[np.logical_and.reduce([(table[k] == x) | (table[k].isna() & pd.isna(x)) for k, x in want.items()])]
+    for v in timed.itertuples():
+        row = same(full, v, v.precision)
         if row.empty or not np.isfinite(cells := float(row["speedup_vs_fp32"].iloc[0])) or v.low <= cells <= v.high:
             continue
         lo, hi = float(row["speed_min"].iloc[0]), float(row["speed_max"].iloc[0])
         seeds = "one seed" if int(row["runs"].iloc[0]) == 1 else f"seeds {lo:.3f}–{hi:.3f}×"
-        mine = same(ok, v)
-        fp32, mixed = (_phase_medians(phases, mine[mine["precision"] == p]) for p in ("fp32", v.precision))
+        fp32, mixed = (_phase_medians(phases, same(ok, v, p)) for p in ("fp32", v.precision))
         text = (f"{group_label(v._asdict(), set(), varying)}, {framework_label(v.framework)} {v.precision}: the "
                 f"training cells ran at {cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
                 f"{v.estimate:.3f}× [{v.low:.3f}, {v.high:.3f}]")
@@ -231,3 +228,64 @@ def budget_note(runs: pd.DataFrame, limit_s: float) -> list[str]:
     return [f"The speed budget stopped {len(cut)} cell{'s' * (len(cut) != 1)}: {said}. Their first steps projected "
             f"more than the {limit_s:g} s cell budget; their precision's accuracy, memory and time to target are "
             "compared with nothing (their speed comes from the speed trials); --no-speed-budget runs them in full."]
+
+
+SPEED_BAND = 1.1  # mixed vs fp32 median step ratio outside [1/1.1, 1.1]: a slowdown or speed-up worth explaining
+BAND_TEXT = f"{SPEED_BAND - 1:.0%}"
+SHOWN_OPS = 3  # operations named per cell
+NO_PROFILE = "unexplained: no profile evidence for this cell or its fp32 cell (run with --profile)"
+NONE_MOVED = f"No mixed cell ran more than {BAND_TEXT} slower or faster than its fp32 cell."
+
+
+def _explain(run: pd.Series, base: pd.Series, ratio: float, ops: pd.DataFrame, prims: pd.DataFrame) -> dict:
+    """The ops that moved most in the direction of a mixed cell's step `ratio` to its fp32 cell (>1: it is faster)."""
+    row = {"cell": run["cell_id"], "vs fp32": f"{ratio:.2f}x ({'faster' if ratio > 1 else 'slower'})"}
+    mine, theirs = (ops[ops["cell_id"] == c["cell_id"]].groupby("op")["self_time_s"].sum()  # self time per step
+                    / max(c.get("profile_steps", float("nan")), 1.0) for c in (run, base))
+    if mine.empty or theirs.empty:
+        return {**row, "operations behind the difference": NO_PROFILE, "library path": "", "casts": ""}
+    moved = mine.sub(theirs, fill_value=0.0).sort_values(ascending=ratio > 1).head(SHOWN_OPS)
+    moved = moved[(moved < 0) if ratio > 1 else (moved > 0)]
+    total = mine.sum() - theirs.sum()
+    lib = ops[ops["cell_id"].isin([run["cell_id"], base["cell_id"]])].drop_duplicates("op").set_index("op")["library"]
+    share = moved.sum() / total if total and np.isfinite(total) and (total > 0) == (ratio < 1) else float("nan")
+    text = "; ".join(f"{op} {d * 1e3:+.1f} ms/step" for op, d in moved.items()) + (
+        f" ({share:.0%} of the window's {total * 1e3:+.1f} ms/step)" if np.isfinite(share) else "")
+    # oneDNN's reference (non-JIT) kernels the cell ran: the library path that makes a half precision crawl
+    slow = prims[(prims["cell_id"] == row["cell"]) & prims["impl"].str.startswith("ref")] if not prims.empty else prims
+    paths = [f"{op}: {lib.get(op) or 'not reported'}" for op in moved.index] + [
+        f"oneDNN ran its reference kernel {r.impl} for {r.kind} {r.prop_kind} ({r.dtype})" for r in slow.itertuples()]
+    return {**row, "operations behind the difference": text or "no op moved in that direction in the window",
+            "library path": "; ".join(paths), "casts": f"{run.get('profile_cast_share', np.nan):.1%} vs fp32 "
+                                                       f"{base.get('profile_cast_share', np.nan):.1%}"}
+
+
+def profile_section(tables: dict[str, pd.DataFrame]) -> dict | None:
+    """The section's table and sentences, or None when no cell of the run was profiled."""
+    runs = tables.get("run", pd.DataFrame())
+    if runs.empty or "profile_step_s" not in runs.columns:
+        return None
+    ops = tables.get("profile_ops", pd.DataFrame(columns=["cell_id", "op", "self_time_s", "library"]))
+    prims = tables.get("profile_primitives", pd.DataFrame(columns=["cell_id", "impl"]))
+    ok = runs[runs["status"] == "ok"].set_index("cell_id", drop=False)
+    rows = []
+    for _, run in ok[ok["precision"] != precisions.REFERENCE].iterrows():
+        fp32 = run["cell_id"].replace(f"-{run['precision']}-", f"-{precisions.REFERENCE}-", 1)  # its fp32 cell's id
+        ratio = ok.loc[fp32, "median_step_s"] / run["median_step_s"] if fp32 in ok.index and run["median_step_s"] > 0 \
+            else 1.0  # no fp32 cell or no step time: nothing to explain
+        if not 1 / SPEED_BAND <= ratio <= SPEED_BAND:
+            rows.append(_explain(run, ok.loc[fp32], ratio, ops, prims))
+    profiled = ok[ok["profile_step_s"].notna()]
+    traces = [f"{c}: cells/{c}/{t}" for c, t in zip(profiled["cell_id"], profiled["profile_trace"]) if t]
+    over = profiled["profile_overhead"].dropna()  # how the window was kept out of the timed steps, and its cost
+    cost = (f"a profiled step took {over.median():.2f}x a bare one (median over {len(over)} cells, range "
+            f"{over.min():.2f}-{over.max():.2f}x)" if len(over) else "no cell timed both windows")
+    said = [f"The profiled steps ran after each cell's timed epochs, never among them: {PLAIN_STEPS} bare steps, "
+            f"then {int(profiled['profile_steps'].max())} under the profiler; {cost}."] if not profiled.empty else []
+    return {"table": pd.DataFrame(rows), "sentences": said, "traces": traces, "none_moved": NONE_MOVED,
+            "band": BAND_TEXT}
+
+
+def profile_markdown(profile: dict | None, table_markdown) -> list[str]:
+    return ["", "### Profile", "", table_markdown(profile["table"]) if not profile["table"].empty else NONE_MOVED, "",
+            *[f"- {s}" for s in profile["sentences"]]] if profile else []

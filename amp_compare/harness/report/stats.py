@@ -15,6 +15,7 @@ import pandas as pd
 
 from amp_compare.contract import precision as precisions
 from amp_compare.contract.records import unpack_correct
+from amp_compare.kit.data import NUM_CLASSES
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
@@ -157,8 +158,6 @@ def accuracy_tests(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def chance_accuracy(dataset: str) -> float:
-    from amp_compare.kit.data import NUM_CLASSES
-
     return 1.0 / NUM_CLASSES.get(dataset, 10)
 
 
@@ -258,8 +257,7 @@ def ratio_verdict(ratio: float, low: float, high: float, seeds: int, as_change: 
     return ""
 
 
-# --seeds given explicitly: a seed list left to its default runs the vit on one seed on a CPU (DEFAULT_MODEL_SEEDS)
-MORE_SEEDS = "--seeds 0,1,2 given explicitly"
+MORE_SEEDS = "--seeds 0,1,2 given explicitly"  # by default a CPU runs the vit on one seed (DEFAULT_MODEL_SEEDS)
 
 
 def log2_histogram(text) -> dict[int, int]:

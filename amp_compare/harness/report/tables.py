@@ -14,12 +14,13 @@ from amp_compare.contract.config import display_order
 from amp_compare.contract.config import framework_label as _label
 from amp_compare.harness.common import DEFAULT_MODEL_SEEDS
 from amp_compare.harness.report import fp8 as fp8_report
-from amp_compare.harness.report import memory, scaling, stats
+from amp_compare.harness.report import scaling, stats
 from amp_compare.harness.report.hardware import bound_verdicts, timing_note, with_run_ceiling
 from amp_compare.harness.report.stats import ok_runs
 from amp_compare.kit.probe import format_size
 
 LOOP = ["step_loop", "batch_size"]  # plain/tuned step and batch size: a cell's fp32 is at the same two
+MIB = 2**20
 
 
 def _spread_of(column: str, name: str, median: str | None = None) -> dict:
@@ -49,8 +50,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     if ok.empty:
         return pd.DataFrame(columns=cols)
     base_keys = [c for c in group if c != "precision"]
-    # a row with a cell the speed budget stopped has neither accuracy nor peak memory (n/a)
-    cut = stats.cut_groups(ok, group)
+    cut = stats.cut_groups(ok, group)  # a row with a cell the speed budget stopped: no accuracy nor peak memory (n/a)
     ok["final_val_accuracy"] = ok["final_val_accuracy"].where(~cut)
     ok["log_speed"] = paired_log_ratio(ok, "throughput_img_s", base_keys)
     ok["log_memory"] = np.where(cut, np.nan, paired_log_ratio(ok, "peak_memory_bytes", base_keys))
@@ -61,7 +61,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         log_speed=("log_speed", "mean"), log_speed_min=("log_speed", "min"), log_speed_max=("log_speed", "max"),
         log_memory=("log_memory", "mean"), **{c: (c, "first") for c in CEILING_WHY},
         **{c: (c, "median") for c in ("peak_memory_bytes", "skipped_steps", *PERF_MEDIANS)}).reset_index()
-    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / memory.MIB
+    agg["peak_memory_mib"] = agg["peak_memory_bytes"] / MIB
     agg["speedup_vs_fp32"] = np.exp(agg["log_speed"])
     agg["speed_min"], agg["speed_max"] = np.exp(agg["log_speed_min"]), np.exp(agg["log_speed_max"])
     agg["memory_change_vs_fp32"] = np.expm1(agg["log_memory"])
@@ -191,26 +191,6 @@ def seed_list_text(seeds: list) -> str:
     return f"{seeds_text(len(seeds))} ({', '.join(map(str, seeds))})" if len(seeds) > 1 else f"one seed ({seeds[0]})"
 
 
-def _time_rows(group: pd.DataFrame, epochs: pd.DataFrame, target: float) -> dict:
-    """Per (framework, precision): median time to target, seeds reaching it and the ratio to fp32's."""
-    by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
-    per_cell = {c: stats.time_to_accuracy(by_cell.get(c, epochs.iloc[0:0]), target) if np.isfinite(target)
-                else float("nan") for c in group["cell_id"]}
-    out = {}
-    for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):
-        times = [per_cell[c] for c in cells["cell_id"] if not np.isnan(per_cell[c])]
-        row = {"time_to_target_s": float(np.median(times)) if times else float("nan"),
-               "reached_seeds": int(np.isfinite(times).sum()), "timed_seeds": len(times)}
-        fp32 = group[(group["framework"] == fw) & precisions.is_reference(group["precision"])]
-        fp32_time = {r.seed: per_cell[r.cell_id] for r in fp32.itertuples()}
-        if precisions.is_mixed(prec):  # NaN where no seed has both times
-            res = stats.ratio_interval([_log_ratio(fp32_time.get(r.seed, np.nan), per_cell[r.cell_id])
-                                        for r in cells.itertuples()])
-            row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
-        out[(fw, prec)] = row
-    return out
-
-
 def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per group, framework and precision: the paired test against fp32, too_short, the time to target."""
     ok = with_loop_columns(ok_runs(runs).copy())
@@ -234,13 +214,25 @@ def accuracy_statistics(runs: pd.DataFrame, epochs: pd.DataFrame | None = None) 
         final, share = float(fp32["final_val_accuracy"].median()), stats.TARGET_FRACTION
         target, basis = ((float("nan"), "") if fp32.empty else (float(given.iloc[0]), "--target-accuracy")
                          if not given.empty else (share * final, f"{share:.0%} of fp32's {final:.1%}"))
-        times = _time_rows(group[~cut], epochs, target)  # none for a mode whose every cell was budgeted
+        by_cell = dict(tuple(epochs[epochs["cell_id"].isin(set(group["cell_id"]))].groupby("cell_id")))
+        per_cell = {c: stats.time_to_accuracy(by_cell.get(c, epochs.iloc[0:0]), target) if np.isfinite(target)
+                    else np.nan for c in group.loc[~cut, "cell_id"]}
         for (fw, prec), cells in group.groupby(["framework", "precision"], sort=False):  # floor: fp32's seed range
-            acc = fp32[fp32["framework"] == fw].groupby("seed")["final_val_accuracy"].median().dropna() * 100
-            rows.append({**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
-                         "target_basis": basis, **times.get((fw, prec), {}), "floor_seeds": len(acc),
-                         "budget_cut": int(stats.budgeted(cells).sum()),
-                         "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan})
+            base, budgeted = fp32[fp32["framework"] == fw], stats.budgeted(cells)
+            acc, timed = base.groupby("seed")["final_val_accuracy"].median().dropna() * 100, cells[~budgeted]
+            row = {**key, "framework": fw, "precision": prec, "too_short": short or "", "target": target,
+                   "target_basis": basis, "floor_seeds": len(acc), "budget_cut": int(budgeted.sum()),
+                   "floor_pp": float(acc.max() - acc.min()) if len(acc) > 1 else np.nan}
+            if not timed.empty:  # no time to target for a mode whose every cell was budgeted
+                times = [per_cell[c] for c in timed["cell_id"] if not np.isnan(per_cell[c])]
+                row.update(time_to_target_s=float(np.median(times)) if times else np.nan,
+                           reached_seeds=int(np.isfinite(times).sum()), timed_seeds=len(times))
+            if precisions.is_mixed(prec) and not timed.empty:  # NaN where no seed has both times
+                fp32_time = {r.seed: per_cell[r.cell_id] for r in base.itertuples()}
+                res = stats.ratio_interval([_log_ratio(fp32_time.get(r.seed, np.nan), per_cell[r.cell_id])
+                                            for r in timed.itertuples()])
+                row.update(ttt_ratio=res["ratio"], ttt_low=res["low"], ttt_high=res["high"])
+            rows.append(row)
     out = pd.DataFrame(rows)
     out = out.merge(tests, on=ids, how="left") if not tests.empty else out
     return out.reindex(columns=cols).sort_values(ids, key=display_order).reset_index(drop=True)
@@ -257,14 +249,44 @@ def memory_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     cols = [*keys, "precision", "memory_note", "memory_difference_mib", "memory_resolution_mib", "memory_resolved"]
     rows = []
     for key, group in ok.groupby(keys, sort=False, dropna=False) if not ok.empty else []:
-        fp32 = {r.seed: r for r in group[precisions.is_reference(group["precision"])].itertuples()}
+        fp32 = {r.seed: r.peak_memory_bytes for r in group[precisions.is_reference(group["precision"])].itertuples()}
         for prec, cells in group[precisions.is_mixed(group["precision"])].groupby("precision", sort=False):
-            pairs = [(fp32[r.seed], r) for r in cells.itertuples() if r.seed in fp32]  # (fp32 row, mixed row)
-            res = stats.ratio_interval([_log_ratio(a.peak_memory_bytes, b.peak_memory_bytes) for a, b in pairs])
+            pairs = [(fp32[r.seed], r.peak_memory_bytes) for r in cells.itertuples() if r.seed in fp32]  # peak bytes
+            res = stats.ratio_interval([_log_ratio(a, b) for a, b in pairs])
             verdict = stats.ratio_verdict(res["ratio"], res["low"], res["high"], res["seeds"], as_change=True)
-            difference, resolution, known = memory.paired_difference(pairs)
+            # resolved: every seed's difference past the larger max−min peak of either side's seeds (none under two)
+            both = [(a, b) for a, b in pairs if np.isfinite(a) and np.isfinite(b)]
+            resolution = float(np.ptp(both, axis=0).max()) / MIB if len(both) >= 2 else np.nan
+            diffs = [(b - a) / MIB for a, b in both]
+            weakest = 0.0 if not diffs or min(diffs) < 0 < max(diffs) else min(diffs, key=abs)
+            difference, known = (float(np.median(diffs)), float(np.isfinite(resolution) and abs(weakest) > resolution)
+                                 ) if diffs else (np.nan, np.nan)
             rows.append([*key, prec, "" if known == 0.0 else verdict, difference, resolution, known])
     return pd.DataFrame(rows, columns=cols)
+
+
+HOW = {  # how each of stats' methods makes a paired comparison, and what its interval is
+    stats.MCNEMAR: "McNemar's exact test where there is one seed (its interval: Newcombe's score interval for a "
+                   "paired difference, which lets the number of images that differ vary)",
+    stats.BOOTSTRAP: "a paired bootstrap over images (the same images resampled for every seed) where there are "
+                     "several (its interval: the bootstrap's 95% percentile interval)",
+    stats.NO_DIFFERENCE: "no test where every image was classified right or wrong exactly as in fp32: the interval "
+                         "is then the exact 95% bound on the share of images that could differ",
+}
+
+
+def section_paragraph(acc: pd.DataFrame) -> str:
+    """The paragraph above the accuracy table, naming only the tests this run ran."""
+    how = [text for method, text in HOW.items() if method in set(acc.get("method", pd.Series(dtype=str)).dropna())]
+    return ("Accuracy differences are paired: cells of one model, dataset and seed start from the same weights and "
+            "are scored on the same validation images, so each mixed cell is compared image by image with its fp32"
+            + (": " + "; ".join(how) if how else "") + ". A difference counts as detectable only when p (the "
+            "probability of a difference at least this large if precision changed nothing) is below "
+            f"{stats.ALPHA} and its 95% interval excludes zero. \"Not comparable\" means fp32 itself was near chance "
+            "or still improving steeply at the last epoch, so the run is too short to say anything about accuracy. "
+            "Time to target is the training time (validation excluded) until the validation accuracy, checked after "
+            "every epoch, first reached the target.")
+
 
 
 def full_table(runs: pd.DataFrame, epochs: pd.DataFrame | None = None, environment: dict | None = None,
