@@ -177,7 +177,7 @@ def test_the_floor_is_fp32s_seed_range_and_printed_beside_same(tmp_path):
     assert list(mixed["floor_pp"]) == pytest.approx([fp32.max() - fp32.min()] * len(mixed))
     assert set(mixed["floor_seeds"]) == {3}
     v = verdicts.build(full_table(run), run)
-    assert list(verdicts.of(v, "accuracy")["margin"]) == pytest.approx([fp32.max() - fp32.min()] * len(mixed))
+    assert list(v[v["metric"] == "accuracy"]["margin"]) == pytest.approx([fp32.max() - fp32.min()] * len(mixed))
     one = accuracy_statistics(run[run["seed"] == 0])
     assert one["floor_pp"].isna().all() and set(one["floor_seeds"]) == {1}
     from amp_compare.harness.report import phrases

@@ -131,10 +131,10 @@ def nonfinite_findings(runs: pd.DataFrame, steps: pd.DataFrame | None = None) ->
     """The NaN/Inf locator's rows, each with the loss of the step it ran at (nonfinite_step_loss, from `steps`)."""
     per, history = _per_model(runs), steps is not None and "cell_id" in runs  # two models: their layers share names
     cols = [*per, "framework", "precision", "seed", "nonfinite_step", "nonfinite_where", "nonfinite_layer",
-            "nonfinite_value", *(["nonfinite_step_loss"] if history else [])]
+            "nonfinite_value", "nonfinite_step_loss"]
     if "nonfinite_step" not in runs:
         return pd.DataFrame(columns=cols)
-    runs = with_loss_history(runs, steps) if history else runs
+    runs = with_loss_history(runs, steps) if history else runs.assign(nonfinite_step_loss=np.nan)
     found = runs[pd.to_numeric(runs["nonfinite_step"], errors="coerce").fillna(-1) >= 0]
     return found[cols].sort_values([*per, "framework", "precision", "seed"], key=display_order)
 

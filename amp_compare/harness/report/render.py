@@ -37,6 +37,10 @@ from amp_compare.harness.report.stats import whole_epochs
 JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
                            undefined=jinja2.StrictUndefined)
 LEFT = " class='l'"  # the first four columns of a table are left-aligned
+SECTIONS = [("summary", "Summary"), ("speed", "Speed"), ("memory", "Memory"), ("accuracy", "Accuracy"),
+            ("numerics", "Numerics"), ("data_parallel", "Data parallel"), ("differences", "Framework differences"),
+            ("cells", "Cells"), ("environment", "Environment"), ("glossary", "Glossary"), ("reproduce", "Reproduce"),
+            ("appendix", "Appendix")]  # the appendix: the package versions
 
 
 def load_manifest(run_dir: Path) -> dict:
@@ -169,9 +173,8 @@ def _nonfinite_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
     f = nr.nonfinite_findings(runs, steps)
     return pd.DataFrame({**_identity(f), "Seed": f["seed"], "Step (counting from 0)": f["nonfinite_step"],
                          "Where": f["nonfinite_where"], "Layer": f["nonfinite_layer"], "Value": f["nonfinite_value"],
-                         **({"That step's loss": f["nonfinite_step_loss"].map(
-                             lambda v: "not recorded" if pd.isna(v) else f"{v:.4g}")}
-                            if "nonfinite_step_loss" in f else {})})
+                         "That step's loss": f["nonfinite_step_loss"].map(lambda v: "not recorded" if pd.isna(v)
+                                                                          else f"{v:.4g}")})
 
 
 def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFrame:
@@ -183,7 +186,7 @@ def _accuracy_table(acc: pd.DataFrame, verdict_table: pd.DataFrame) -> pd.DataFr
         size = float(r.batch_size) if pd.notna(getattr(r, "batch_size", np.nan)) else -1.0
         return r.model, r.dataset, r.framework, r.precision, str(getattr(r, "step_loop", "")), size
 
-    times = {key(v): v for v in verdicts.of(verdict_table, "time_to_target").itertuples()}
+    times = {key(v): v for v in verdict_table[verdict_table["metric"] == "time_to_target"].itertuples()}
     rows = []
     for r in acc.itertuples():
         cut = phrases.REASON["budget_cut"] if (getattr(r, "budget_cut", 0) or 0) > 0 else ""
@@ -211,6 +214,9 @@ def table_markdown(df: pd.DataFrame) -> str:
 def _cells(runs: pd.DataFrame, epochs: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
     return [{"cell_id": r["cell_id"], "status": r["status"], "error": r.get("error") or "",
              "stderr_tail": r.get("stderr_tail") or "", "amp_api": fp8_report.api_text(r) or "not recorded",
+             "no_stderr": "its own divergence watch stopped it and its child ended normally, so no stderr was kept "
+             "(the step records and the NaN/Inf locator say what happened)" if r["status"] == "diverged"
+             else "no stderr in its records",
              "epochs": int((epochs["cell_id"] == r["cell_id"]).sum()) if not epochs.empty else 0,
              "steps": int((steps["cell_id"] == r["cell_id"]).sum()) if not steps.empty else 0,
              "wall": f"{wall:.1f}" if isinstance(wall := r.get("child_wall_s"), float) and pd.notna(wall) else ""}
@@ -500,6 +506,7 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
         raise
     context = {**rest, "figures": [f for made in figures() for f in (made if isinstance(made, list) else [made]) if f],
                "data_parallel": parallel and {**parallel, "table": _html_or_none(parallel["table"])},
+               "sections": [s for s in SECTIONS if s[0] != "data_parallel" or parallel],
                "records": held, "n_ok": sum(v == "ok" for v in status.values()),
                "cells": _cells(counted["run"], whole_epochs(counted["epochs"], counted["steps"], counted["run"]),
                                counted["steps"]),
@@ -521,7 +528,9 @@ def _render(run_dir: Path, manifest: dict, tables: dict[str, pd.DataFrame], draw
           table_markdown(context["summary"]), "", context["legend"], "", *[f"- {s}" for s in context["sentences"]],
           *(["", "### Data parallel", "", dataparallel.short_intro(), "", table_markdown(parallel["table"]), "",
              *[f"- {s}" for s in parallel["sentences"]]] if parallel and not parallel["table"].empty else []),
-          *speed.profile_markdown(profile, table_markdown), *fp8_report.markdown(fp8, table_markdown),
+          *(["", "### Profile", "", speed.NONE_MOVED if profile["table"].empty else table_markdown(profile["table"]),
+             "", *[f"- {s}" for s in profile["sentences"]]] if profile else []),
+          *fp8_report.markdown(fp8, table_markdown),
           *(["", f"Cells without a result: {', '.join(context['missing'])}."] if context["missing"] else []),
           "", f"Reproduce: `{manifest['command']}`", *filter(None, [context["reproduce_note"]]), ""]
     atomic_write_text(run_dir / "summary.md", glossary.expand_first_use("\n".join(md), markdown=True)[0])
@@ -569,7 +578,11 @@ def render_runs_index(reports_dir: Path) -> Path:
             with contextlib.suppress(OSError):  # a run folder this user cannot write: computed each time
                 path.parent.mkdir(exist_ok=True)
                 atomic_write_text(path, json.dumps({"key": key, "headline": headline}))
-        rows.append({"manifest": manifest, "ok": int((runs["status"] == "ok").sum()) if runs is not None else 0,
-                     "headline": headline or "n/a"})  # the template words the manifest's facts
+        rows.append({"run_id": manifest["run_id"], "timestamp": manifest["environment"].get("timestamp", ""),
+                     "machine": f"{manifest['environment'].get('cpu_model', '')} / {manifest['device']}",
+                     "matrix": " × ".join(",".join(map(str, manifest["matrix"][k])) for k in (
+                         "frameworks", "models", "datasets", "precisions", "seeds")),  # every cell counted in ok
+                     "ok": f"{int((runs['status'] == 'ok').sum()) if runs is not None else 0}/{len(manifest['cells'])}",
+                     "headline": headline or "n/a"})
     atomic_write_text(path := Path(reports_dir) / "index.html", JINJA.get_template("index.html").render(runs=rows))
     return path

@@ -284,8 +284,3 @@ def profile_section(tables: dict[str, pd.DataFrame]) -> dict | None:
             f"then {int(profiled['profile_steps'].max())} under the profiler; {cost}."] if not profiled.empty else []
     return {"table": pd.DataFrame(rows), "sentences": said, "traces": traces, "none_moved": NONE_MOVED,
             "band": BAND_TEXT}
-
-
-def profile_markdown(profile: dict | None, table_markdown) -> list[str]:
-    return ["", "### Profile", "", table_markdown(profile["table"]) if not profile["table"].empty else NONE_MOVED, "",
-            *[f"- {s}" for s in profile["sentences"]]] if profile else []

@@ -372,8 +372,3 @@ def choose(group: pd.DataFrame) -> tuple[str, str]:
         return max(kept, key=kept.get), "interval_excludes_1"
     return "fp32", ("no_trial" if all(rows["speed"].reason == "no_trial" for rows in by.values()) else
                     "all_slower" if all(rows["speed"].status == "slower" for rows in by.values()) else "none_faster")
-
-
-def of(verdicts: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """The rows of one metric."""
-    return verdicts[verdicts["metric"] == metric]
