@@ -191,14 +191,17 @@ def test_the_floor_is_fp32s_seed_range_and_printed_beside_same(tmp_path):
 
 
 def test_a_phase_some_cells_did_not_record_counts_as_zero_seconds_in_the_median():
-    """Round 2 of the audit: "0.4 s tracing and warming up" for seeds that spent 0, 0.41 and 0 s."""
+    """Round 2 of the audit: "0.4 s tracing and warming up" for seeds that spent 0, 0.41 and 0 s. The warm-up is the
+    run table's compile_warmup_s (the child writes no compile/warm-up phase for 0 s: a recheck found "n/a" there)."""
     from amp_compare.harness.report import speed
 
     phases = pd.DataFrame([{"cell_id": f"c{i}", "phase": phase, "seconds": s, "cpu_seconds": s}
                            for i in range(3) for phase, s in (("training", 10.0), ("evaluation", 1.0))]
-                          + [{"cell_id": "c1", "phase": "compile/warm-up", "seconds": 0.41, "cpu_seconds": 0.4}])
-    medians = speed._phase_medians(phases, pd.DataFrame({"cell_id": ["c0", "c1", "c2"]}))
+                          + [{"cell_id": "c2", "phase": "evaluation", "seconds": 0.0, "cpu_seconds": 0.0}])
+    cells = pd.DataFrame({"cell_id": ["c0", "c1", "c2"], "compile_warmup_s": [0.0, 0.41, 0.0]})
+    medians = speed._phase_medians(phases, cells)
     assert medians["warmup"] == 0.0 and medians["eval"] == 1.0 and medians["cpu"] == 1.0, medians
+    assert np.isnan(speed._phase_medians(phases, cells.assign(compile_warmup_s=np.nan))["warmup"])
 
 
 def test_an_interval_that_excludes_one_does_not_print_as_touching_it():
@@ -220,19 +223,21 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
     phases = pd.DataFrame([{"cell_id": c, "phase": phase, "seconds": s,
                             "cpu_seconds": s * (1.9 if p == "fp32" else 1.0)}
                            for c, p in zip(t["run"]["cell_id"], t["run"]["precision"])
-                           for phase, s in (("training", 10.0), ("compile/warm-up", 2.0), ("evaluation", 1.0))])
+                           for phase, s in (("training", 10.0), ("evaluation", 1.0))])
+    t["run"]["compile_warmup_s"] = 2.0
     agree = verdicts.build(full, t["run"], _trials(run_dir, {("torch", "fp16"): 0.5}))
     assert speed.trial_and_cells(agree, full, t["run"], phases) == []
     differ = verdicts.build(full, t["run"], _trials(run_dir, {("torch", "fp16"): 0.2}))
     said = speed.trial_and_cells(differ, full, t["run"], phases)
     assert len(said) == 1 and said[0].startswith(
-        "simple_cnn on synthetic, PyTorch fp16: the training cells ran at 0.500× fp32's throughput (seeds "
-        "0.500–0.501×), outside the speed trial's")
+        "simple_cnn on synthetic, PyTorch fp16: the training cells ran at 0.500× fp32's throughput (the geometric "
+        "mean of its 2 seeds' ratios, 0.500–0.501×), outside the speed trial's")
     assert "the cells used 1.90 (fp32) and 1.00 (fp16) CPU-seconds per second of training" in said[0]
-    assert "2.0 s and 2.0 s tracing and warming up, 1.0 s and 1.0 s evaluating" in said[0]
-    # a phase no cell of a precision recorded (a cell the speed budget stopped in it) is n/a, not "nan s"
-    no_warmup = phases[~((phases["phase"] == "compile/warm-up") & phases["cell_id"].str.contains("fp16"))]
-    assert "2.0 s and n/a tracing and warming up" in speed.trial_and_cells(differ, full, t["run"], no_warmup)[0]
+    assert ("their warm-up steps took 2.0 s and 2.0 s beyond as many median steps, and they spent 1.0 s and 1.0 s "
+            "evaluating") in said[0], said[0]
+    # a precision none of whose cells timed its warm-up (compile_warmup_s NaN) is n/a, not "nan s"
+    untimed = t["run"].assign(compile_warmup_s=np.where(t["run"]["precision"] == "fp16", np.nan, 2.0))
+    assert "took 2.0 s and n/a beyond" in speed.trial_and_cells(differ, full, untimed, phases)[0]
     assert "ran one after another" not in said[0], said[0]  # how cells and trials ran: the verdicts' legend, once
 
 

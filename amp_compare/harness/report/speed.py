@@ -146,7 +146,8 @@ def machine_note(environment: dict) -> str:
 
 
 def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
-    """Medians over the cells of: CPU-seconds per wall second in training, and seconds of warm-up and evaluation."""
+    """Medians over the cells of: CPU-seconds per wall second in training, seconds of evaluation, and the warm-up
+    steps' time beyond as many median steps (the run table's compile_warmup_s; NaN where no cell timed its steps)."""
     if phases is None or phases.empty:
         return {}
     mine = phases[phases["cell_id"].isin(set(cells["cell_id"]))]
@@ -154,8 +155,8 @@ def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
     by = mine.groupby(["cell_id", "phase"])[["seconds", "cpu_seconds"]].sum().unstack("phase").fillna(0.0)
     by[("cpu", "training")] = by.get(("cpu_seconds", "training"), np.nan) / by.get(("seconds", "training"), np.nan)
     median = by.median()
-    return {key: float(median.get(column, np.nan)) for key, column in (
-        ("cpu", ("cpu", "training")), ("warmup", ("seconds", "compile/warm-up")), ("eval", ("seconds", "evaluation")))}
+    return {"cpu": float(median.get(("cpu", "training"), np.nan)), "eval": float(median.get(("seconds", "evaluation"),
+            np.nan)), "warmup": float(cells.get("compile_warmup_s", pd.Series(dtype=float)).median())}
 
 
 def conditions(launcher: dict, cell_threads, trial_threads) -> tuple[str, str]:
@@ -198,7 +199,8 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
         if row.empty or not np.isfinite(cells := float(row["speedup_vs_fp32"].iloc[0])) or v.low <= cells <= v.high:
             continue
         lo, hi = float(row["speed_min"].iloc[0]), float(row["speed_max"].iloc[0])
-        seeds = "one seed" if int(row["runs"].iloc[0]) == 1 else f"seeds {lo:.3f}–{hi:.3f}×"
+        seeds = "one seed" if int(row["runs"].iloc[0]) == 1 else \
+            f"the geometric mean of its {int(row['runs'].iloc[0])} seeds' ratios, {lo:.3f}–{hi:.3f}×"
         fp32, mixed = (_phase_medians(phases, same(ok, v, p)) for p in ("fp32", v.precision))
         text = (f"{group_label(v._asdict(), set(), varying)}, {framework_label(v.framework)} {v.precision}: the "
                 f"training cells ran at {cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
@@ -207,8 +209,8 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
             s = {k: "n/a" if np.isnan(x) else f"{x:.1f} s" for k, x in (
                 ("w32", fp32["warmup"]), ("w", mixed["warmup"]), ("e32", fp32["eval"]), ("e", mixed["eval"]))}
             text += (f"; the cells used {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds "
-                     f"per second of training, and spent {s['w32']} and {s['w']} tracing and warming up, "
-                     f"{s['e32']} and {s['e']} evaluating, outside the timed steps")
+                     f"per second of training, their warm-up steps took {s['w32']} and {s['w']} beyond as many median "
+                     f"steps, and they spent {s['e32']} and {s['e']} evaluating, outside the timed steps")
         out.append(text + ".")
     return out
 
