@@ -146,8 +146,7 @@ def machine_note(environment: dict) -> str:
 
 
 def _phase_medians(phases: pd.DataFrame | None, cells: pd.DataFrame) -> dict:
-    """Medians over the cells of: CPU-seconds per wall second in training, seconds of evaluation, and the warm-up
-    steps' time beyond as many median steps (the run table's compile_warmup_s; NaN where no cell timed its steps)."""
+    """Medians over the cells: CPU-s per training second, evaluation seconds, warm-up (compile_warmup_s) seconds."""
     if phases is None or phases.empty:
         return {}
     mine = phases[phases["cell_id"].isin(set(cells["cell_id"]))]
@@ -199,8 +198,8 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
         if row.empty or not np.isfinite(cells := float(row["speedup_vs_fp32"].iloc[0])) or v.low <= cells <= v.high:
             continue
         lo, hi = float(row["speed_min"].iloc[0]), float(row["speed_max"].iloc[0])
-        seeds = "one seed" if int(row["runs"].iloc[0]) == 1 else \
-            f"the geometric mean of its {int(row['runs'].iloc[0])} seeds' ratios, {lo:.3f}–{hi:.3f}×"
+        n = int(row["runs"].iloc[0])
+        seeds = "one seed" if n == 1 else f"the geometric mean of its {n} seeds' ratios, {lo:.3f}–{hi:.3f}×"
         fp32, mixed = (_phase_medians(phases, same(ok, v, p)) for p in ("fp32", v.precision))
         text = (f"{group_label(v._asdict(), set(), varying)}, {framework_label(v.framework)} {v.precision}: the "
                 f"training cells ran at {cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
