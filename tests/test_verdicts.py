@@ -231,13 +231,13 @@ def test_a_trial_the_cells_disagree_with_gets_one_sentence_with_their_cpu_and_ex
     said = speed.trial_and_cells(differ, full, t["run"], phases)
     assert len(said) == 1 and said[0].startswith(
         "simple_cnn on synthetic, PyTorch fp16: the training cells ran at 0.500× fp32's throughput (the geometric "
-        "mean of its 2 seeds' ratios, 0.500–0.501×), outside the speed trial's")
-    assert "the cells used 1.90 (fp32) and 1.00 (fp16) CPU-seconds per second of training" in said[0]
-    assert ("their warm-up steps took 2.0 s and 2.0 s beyond as many median steps, and they spent 1.0 s and 1.0 s "
-            "evaluating") in said[0], said[0]
+        "mean of the 2 seeds' ratios, 0.500–0.501×), outside the speed trial's")
+    assert "the cells (medians over seeds) used 1.90 (fp32) and 1.00 (fp16) CPU-seconds per second" in said[0]
+    assert ("their warm-up steps slower than the median step took 2.0 s and 2.0 s beyond it in all, and they spent "
+            "1.0 s and 1.0 s evaluating") in said[0], said[0]
     # a precision none of whose cells timed its warm-up (compile_warmup_s NaN) is n/a, not "nan s"
     untimed = t["run"].assign(compile_warmup_s=np.where(t["run"]["precision"] == "fp16", np.nan, 2.0))
-    assert "took 2.0 s and n/a beyond" in speed.trial_and_cells(differ, full, untimed, phases)[0]
+    assert "took 2.0 s and n/a beyond it" in speed.trial_and_cells(differ, full, untimed, phases)[0]
     assert "ran one after another" not in said[0], said[0]  # how cells and trials ran: the verdicts' legend, once
 
 

@@ -197,9 +197,8 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
         row = same(full, v, v.precision)
         if row.empty or not np.isfinite(cells := float(row["speedup_vs_fp32"].iloc[0])) or v.low <= cells <= v.high:
             continue
-        lo, hi = float(row["speed_min"].iloc[0]), float(row["speed_max"].iloc[0])
-        n = int(row["runs"].iloc[0])
-        seeds = "one seed" if n == 1 else f"the geometric mean of its {n} seeds' ratios, {lo:.3f}–{hi:.3f}×"
+        lo, hi, n = row[["speed_min", "speed_max", "runs"]].astype(float).iloc[0]
+        seeds = "one seed" if n == 1 else f"the geometric mean of the {n:.0f} seeds' ratios, {lo:.3f}–{hi:.3f}×"
         fp32, mixed = (_phase_medians(phases, same(ok, v, p)) for p in ("fp32", v.precision))
         text = (f"{group_label(v._asdict(), set(), varying)}, {framework_label(v.framework)} {v.precision}: the "
                 f"training cells ran at {cells:.3f}× fp32's throughput ({seeds}), outside the speed trial's "
@@ -207,9 +206,10 @@ def trial_and_cells(verdicts: pd.DataFrame, full: pd.DataFrame, runs: pd.DataFra
         if fp32 and mixed:
             s = {k: "n/a" if np.isnan(x) else f"{x:.1f} s" for k, x in (
                 ("w32", fp32["warmup"]), ("w", mixed["warmup"]), ("e32", fp32["eval"]), ("e", mixed["eval"]))}
-            text += (f"; the cells used {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} ({v.precision}) CPU-seconds "
-                     f"per second of training, their warm-up steps took {s['w32']} and {s['w']} beyond as many median "
-                     f"steps, and they spent {s['e32']} and {s['e']} evaluating, outside the timed steps")
+            text += (f"; the cells (medians over seeds) used {fp32['cpu']:.2f} (fp32) and {mixed['cpu']:.2f} "
+                     f"({v.precision}) CPU-seconds per second of training, their warm-up steps slower than the median "
+                     f"step took {s['w32']} and {s['w']} beyond it in all, and they spent {s['e32']} and {s['e']} "
+                     "evaluating, outside the timed steps")
         out.append(text + ".")
     return out
 
