@@ -102,8 +102,9 @@ def block_order(n: int, round_: int) -> list[int]:
     return order if round_ % 2 == 0 else order[::-1]
 
 
-# The steps whose mean sets k, where they fit in a K_STEPS-th of a block (a fast step timed alone, one scheduler tick
-# beside it, gave blocks a quarter of BLOCK_S on a 2-core Xeon); a slow step is timed once
+# The steps whose fastest sets k, where they fit in a K_STEPS-th of a block (a fast step timed alone, one scheduler
+# tick beside it, gave blocks a quarter of BLOCK_S on a 2-core Xeon; their mean, one slow step among three, gave a
+# fifth); a slow step is timed once
 K_STEPS = 5
 
 
@@ -124,8 +125,8 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
                on_round: Callable[[int, int], None] = lambda done, planned: None,
                clock: Callable[[], float] = time.perf_counter,
                cpu_clock: Callable[[], float] = time.process_time, start: float | None = None) -> list[dict]:
-    """Warm every model up (warmup steps: 0 where warm_up ran them already; then up to K_STEPS timed steps, their
-    mean setting its k),
+    """Warm every model up (warmup steps: 0 where warm_up ran them already; then up to K_STEPS timed steps, the
+    fastest setting its k),
     then mirrored pairs of rounds until the budget (seconds of rounds: from `start`, a `clock` time, where given,
     else from the end of the warm-up) would be
     passed, MIN_ROUNDS at least, or until the rounds decide every mixed precision (decided). Returns one dict per
@@ -134,11 +135,12 @@ def run_blocks(steppers: list[Stepper], budget_s: float, warmup: int = WARMUP_ST
     for s in steppers:
         if warmup:
             s.run(warmup)
-        t0, timed = clock(), 0
-        while not timed or (timed < K_STEPS and clock() - t0 < block_s / K_STEPS):  # one jittered step misleads
+        times = []
+        while not times or (len(times) < K_STEPS and sum(times) < block_s / K_STEPS):  # one jittered step misleads
+            t0 = clock()
             s.run(1)
-            timed += 1
-        ks[s.precision] = block_steps((clock() - t0) / timed, block_s)
+            times.append(clock() - t0)
+        ks[s.precision] = block_steps(min(times), block_s)  # a block lasts block_s even at the fastest step
     start = clock() if start is None else start
     rows, round_ = [], 0
     pair_s = None
